@@ -1,0 +1,259 @@
+//! Where everything lives in the region. All addresses are byte offsets from the start
+//! of the mapping, computed from the capacities in the header, so any process that maps
+//! the file anywhere agrees on them.
+//!
+//! ```text
+//! [header 4 KiB][control block 4 KiB]
+//! [topic 0: meta | sequence line | log control per broker | GOI ring | per broker: PBR ring, segment map]
+//! [topic 1: ...] ... [topic max_topics-1]
+//! [broker 0 segments][broker 1 segments] ...
+//! ```
+
+use crate::RegionError;
+
+pub const REGION_MAGIC: [u8; 8] = *b"EMBREGN\0";
+pub const LAYOUT_VERSION: u32 = 1;
+pub const PAGE: u64 = 4096;
+
+pub const HEADER_LEN: u64 = PAGE;
+pub const CONTROL_LEN: u64 = PAGE;
+/// Topic metadata, written by the control plane.
+pub const TOPIC_META_LEN: u64 = 512;
+/// Sequencer-owned line of a topic: committed_seq, next_position.
+pub const TOPIC_SEQ_LEN: u64 = 128;
+/// Doorbell rung when a topic's readable frontier moves.
+pub const TOPIC_BELL_LEN: u64 = 64;
+/// Per (topic, broker): a broker-owned line, a sequencer-owned line, a replica-owned line.
+pub const LOG_CONTROL_LEN: u64 = 3 * 128;
+pub const PBR_SLOT_LEN: u64 = 128;
+pub const GOI_ENTRY_LEN: u64 = 128;
+pub const SEG_MAP_ENTRY_LEN: u64 = 16;
+/// Most brokers one region can describe (one doorbell each in the control block).
+pub const MAX_BROKERS: u32 = 64;
+
+/// Capacities of a region. Stored in its header; an attaching process must agree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacities {
+    pub max_topics: u32,
+    pub brokers: u32,
+    /// GOI ring slots per topic, a power of two.
+    pub goi_slots: u64,
+    /// PBR ring slots per (topic, broker), a power of two.
+    pub pbr_slots: u64,
+    /// Bytes per BLog segment, a multiple of 4096; the largest batch must fit in one.
+    pub segment_bytes: u64,
+    /// Segments in each broker's pool, shared by that broker's topics.
+    pub segments_per_broker: u32,
+    /// Segment-map ring slots per (topic, broker), a power of two above segments_per_broker.
+    pub seg_map_slots: u64,
+}
+
+impl Default for Capacities {
+    /// About 0.9 GiB of (sparse) file for 4 brokers and 16 topics.
+    fn default() -> Self {
+        Self {
+            max_topics: 16,
+            brokers: 4,
+            goi_slots: 32768,
+            pbr_slots: 8192,
+            segment_bytes: 8 << 20,
+            segments_per_broker: 24,
+            seg_map_slots: 64,
+        }
+    }
+}
+
+impl Capacities {
+    pub fn validate(&self) -> Result<(), RegionError> {
+        let bad = |what: String| Err(RegionError::BadCapacities(what));
+        if self.brokers == 0 || self.brokers > MAX_BROKERS {
+            return bad(format!(
+                "brokers must be 1..={MAX_BROKERS}, got {}",
+                self.brokers
+            ));
+        }
+        if self.max_topics == 0 || self.max_topics > 4096 {
+            return bad(format!(
+                "max_topics must be 1..=4096, got {}",
+                self.max_topics
+            ));
+        }
+        for (name, v) in [
+            ("goi_slots", self.goi_slots),
+            ("pbr_slots", self.pbr_slots),
+            ("seg_map_slots", self.seg_map_slots),
+        ] {
+            if v < 8 || !v.is_power_of_two() {
+                return bad(format!("{name} must be a power of two >= 8, got {v}"));
+            }
+        }
+        if self.segment_bytes < PAGE || self.segment_bytes % PAGE != 0 {
+            return bad(format!(
+                "segment_bytes must be a multiple of 4096, got {}",
+                self.segment_bytes
+            ));
+        }
+        if self.segments_per_broker < 2 {
+            return bad("segments_per_broker must be at least 2".into());
+        }
+        if self.seg_map_slots <= self.segments_per_broker as u64 {
+            return bad(format!(
+                "seg_map_slots ({}) must exceed segments_per_broker ({})",
+                self.seg_map_slots, self.segments_per_broker
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Offsets computed from [`Capacities`].
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    pub caps: Capacities,
+    pub control_off: u64,
+    pub topics_off: u64,
+    pub topic_stride: u64,
+    pub topic_seq_rel: u64,
+    pub topic_bell_rel: u64,
+    pub log_control_rel: u64,
+    pub goi_rel: u64,
+    pub per_broker_rel: u64,
+    pub per_broker_stride: u64,
+    pub seg_map_rel_in_broker: u64,
+    pub segments_off: u64,
+    pub total_len: u64,
+}
+
+const fn round_up(n: u64, to: u64) -> u64 {
+    n.div_ceil(to) * to
+}
+
+impl Layout {
+    pub fn new(caps: Capacities) -> Result<Self, RegionError> {
+        caps.validate()?;
+        let b = caps.brokers as u64;
+        let topic_seq_rel = TOPIC_META_LEN;
+        let topic_bell_rel = topic_seq_rel + TOPIC_SEQ_LEN;
+        let log_control_rel = topic_bell_rel + TOPIC_BELL_LEN;
+        let goi_rel = round_up(log_control_rel + b * LOG_CONTROL_LEN, PAGE);
+        let per_broker_rel = goi_rel + caps.goi_slots * GOI_ENTRY_LEN;
+        let seg_map_rel_in_broker = caps.pbr_slots * PBR_SLOT_LEN;
+        let per_broker_stride = round_up(
+            seg_map_rel_in_broker + caps.seg_map_slots * SEG_MAP_ENTRY_LEN,
+            PAGE,
+        );
+        let topic_stride = round_up(per_broker_rel + b * per_broker_stride, PAGE);
+        let control_off = HEADER_LEN;
+        let topics_off = control_off + CONTROL_LEN;
+        let segments_off = round_up(topics_off + caps.max_topics as u64 * topic_stride, 1 << 21);
+        let total_len = segments_off + b * caps.segments_per_broker as u64 * caps.segment_bytes;
+        Ok(Self {
+            caps,
+            control_off,
+            topics_off,
+            topic_stride,
+            topic_seq_rel,
+            topic_bell_rel,
+            log_control_rel,
+            goi_rel,
+            per_broker_rel,
+            per_broker_stride,
+            seg_map_rel_in_broker,
+            segments_off,
+            total_len,
+        })
+    }
+
+    pub fn topic_off(&self, topic: u32) -> u64 {
+        debug_assert!(topic < self.caps.max_topics);
+        self.topics_off + topic as u64 * self.topic_stride
+    }
+
+    pub fn log_control_off(&self, topic: u32, broker: u32) -> u64 {
+        debug_assert!(broker < self.caps.brokers);
+        self.topic_off(topic) + self.log_control_rel + broker as u64 * LOG_CONTROL_LEN
+    }
+
+    pub fn goi_entry_off(&self, topic: u32, index: u64) -> u64 {
+        self.topic_off(topic) + self.goi_rel + (index & (self.caps.goi_slots - 1)) * GOI_ENTRY_LEN
+    }
+
+    pub fn pbr_slot_off(&self, topic: u32, broker: u32, index: u64) -> u64 {
+        self.topic_off(topic)
+            + self.per_broker_rel
+            + broker as u64 * self.per_broker_stride
+            + (index & (self.caps.pbr_slots - 1)) * PBR_SLOT_LEN
+    }
+
+    pub fn seg_map_off(&self, topic: u32, broker: u32, logical_segment: u64) -> u64 {
+        self.topic_off(topic)
+            + self.per_broker_rel
+            + broker as u64 * self.per_broker_stride
+            + self.seg_map_rel_in_broker
+            + (logical_segment & (self.caps.seg_map_slots - 1)) * SEG_MAP_ENTRY_LEN
+    }
+
+    pub fn segment_off(&self, broker: u32, physical: u32) -> u64 {
+        debug_assert!(physical < self.caps.segments_per_broker);
+        self.segments_off
+            + (broker as u64 * self.caps.segments_per_broker as u64 + physical as u64)
+                * self.caps.segment_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_region_is_at_most_one_gib() {
+        let l = Layout::new(Capacities::default()).unwrap();
+        assert!(l.total_len <= 1 << 30, "{} bytes", l.total_len);
+    }
+
+    #[test]
+    fn sections_do_not_overlap() {
+        let caps = Capacities {
+            max_topics: 3,
+            brokers: 2,
+            goi_slots: 16,
+            pbr_slots: 8,
+            segment_bytes: 8192,
+            segments_per_broker: 3,
+            seg_map_slots: 8,
+        };
+        let l = Layout::new(caps).unwrap();
+        let last_topic_end = l.topic_off(2) + l.topic_stride;
+        assert!(last_topic_end <= l.segments_off);
+        let last_pbr = l.pbr_slot_off(2, 1, 7) + PBR_SLOT_LEN;
+        assert!(last_pbr <= l.seg_map_off(2, 1, 0));
+        assert!(l.seg_map_off(2, 1, 7) + SEG_MAP_ENTRY_LEN <= last_topic_end);
+        assert!(l.goi_entry_off(0, 15) + GOI_ENTRY_LEN <= l.pbr_slot_off(0, 0, 0));
+        assert!(l.log_control_off(0, 1) + LOG_CONTROL_LEN <= l.goi_entry_off(0, 0));
+        assert_eq!(l.segment_off(1, 2) + 8192, l.total_len);
+        // Rings wrap by masking.
+        assert_eq!(l.goi_entry_off(1, 3), l.goi_entry_off(1, 19));
+    }
+
+    #[test]
+    fn bad_capacities_are_refused() {
+        let ok = Capacities::default();
+        for bad in [
+            Capacities { brokers: 0, ..ok },
+            Capacities {
+                goi_slots: 1000,
+                ..ok
+            },
+            Capacities {
+                segment_bytes: 1000,
+                ..ok
+            },
+            Capacities {
+                seg_map_slots: 16,
+                ..ok
+            },
+        ] {
+            assert!(Layout::new(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,779 @@
+//! Mapping the region file and typed access to its fields.
+
+use crate::coherence::{flush_range, store_fence};
+use crate::layout::*;
+use crate::slots::{GoiEntry, TopicMeta, TopicState};
+use crate::{Doorbell, RegionError};
+use embarcadero_wire::{batch::offsets as bo, BatchHeader};
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+// Header words.
+const H_MAGIC: u64 = 0;
+const H_VERSION: u64 = 8;
+const H_CAPS: u64 = 16; // 7 words of capacities
+const H_TOTAL_LEN: u64 = 72;
+const H_CREATED_NS: u64 = 80;
+const H_INIT_DONE: u64 = 88;
+const INIT_DONE_TOKEN: u64 = 0x454d_4244_5245_4459; // "EMBDREDY"
+
+// Control block: fencing epoch and sequencer lease, then doorbells on their own lines.
+const C_FENCING_EPOCH: u64 = 0;
+const C_SEQUENCER_ID: u64 = 8;
+const C_LEASE_DEADLINE_NS: u64 = 16;
+const C_SEQUENCER_BELL: u64 = 512;
+const C_BROKER_BELLS: u64 = 1024;
+
+// Topic meta words.
+const T_STATE: u64 = 0;
+const T_GENERATION: u64 = 8;
+const T_PACKED: u64 = 16; // order | rf << 8 | default_ack << 16 | name_len << 24
+const T_NAME: u64 = 24; // 64 bytes = 8 words
+const T_CREATED_MS: u64 = 88;
+
+/// The mapped region. Cheap to share behind an `Arc`; all access is through atomics
+/// on 8-byte words or through the BLog byte accessors.
+pub struct Region {
+    ptr: *mut u8,
+    len: u64,
+    layout: Layout,
+    path: PathBuf,
+    _file: File,
+}
+
+// SAFETY: the mapping is plain shared memory; every access from Rust code goes through
+// atomics (metadata) or through BLog ranges whose exclusive ownership the broker
+// protocol guarantees. Moving or sharing the handle across threads is therefore fine.
+unsafe impl Send for Region {}
+// SAFETY: see `Send`.
+unsafe impl Sync for Region {}
+
+/// Per (topic, broker) frontiers. Each line has exactly one writer.
+pub struct LogControl<'a> {
+    // --- written by the broker that owns the log ---
+    /// PBR slots below this index are committed (valid or void).
+    pub written_frontier: &'a AtomicU64,
+    /// Messages in the valid slots below `written_frontier`: the per-broker position.
+    pub frontier_msgs: &'a AtomicU64,
+    /// PBR slots below this index have been reclaimed and may be overwritten.
+    pub reclaimed_pbr: &'a AtomicU64,
+    /// Log bytes below this logical offset have been reclaimed.
+    pub reclaimed_blog: &'a AtomicU64,
+    // --- written by the sequencer ---
+    /// PBR slots below this index are in the committed GOI prefix (orders 2, 5).
+    pub ordered_pbr: &'a AtomicU64,
+    /// The sequencer needs slots below this index reclaimed to reuse GOI slots.
+    pub reclaim_request: &'a AtomicU64,
+    // --- written by the replication chain ---
+    /// PBR slots below this index are on every replica's disk.
+    pub durable_pbr: &'a AtomicU64,
+}
+
+/// The sequencer-owned line of a topic.
+pub struct TopicSeq<'a> {
+    /// GOI entries below this index are committed (the contiguous committed prefix).
+    pub committed_seq: &'a AtomicU64,
+    /// Messages covered by the committed prefix: the next global position.
+    pub next_position: &'a AtomicU64,
+}
+
+impl Region {
+    /// Creates (or replaces) the region file at `path`, sparse, and initialises its header.
+    pub fn create(path: &Path, caps: Capacities) -> Result<Self, RegionError> {
+        let layout = Layout::new(caps)?;
+        let io = |source| RegionError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let _ = std::fs::remove_file(path);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(io)?;
+        file.set_len(layout.total_len).map_err(io)?;
+        let region = Self::map(path, file, layout)?;
+        let w = |off: u64, v: u64| region.word(off).store(v, Ordering::Relaxed);
+        w(H_MAGIC, u64::from_le_bytes(REGION_MAGIC));
+        w(H_VERSION, LAYOUT_VERSION as u64);
+        for (i, v) in caps_words(&caps).iter().enumerate() {
+            w(H_CAPS + 8 * i as u64, *v);
+        }
+        w(H_TOTAL_LEN, layout.total_len);
+        w(H_CREATED_NS, now_ns());
+        store_fence();
+        region
+            .word(H_INIT_DONE)
+            .store(INIT_DONE_TOKEN, Ordering::Release);
+        Ok(region)
+    }
+
+    /// Attaches to an existing region, checking magic, version and, when given, that
+    /// its capacities are the ones this process was configured with.
+    pub fn attach(path: &Path, expected: Option<Capacities>) -> Result<Self, RegionError> {
+        let io = |source| RegionError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io)?;
+        let file_len = file.metadata().map_err(io)?.len();
+        let mut head = [0u8; 96];
+        if file_len < head.len() as u64 {
+            return Err(RegionError::BadMagic {
+                path: path.to_path_buf(),
+            });
+        }
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut head, 0).map_err(io)?;
+        let word = |off: usize| u64::from_le_bytes(head[off..off + 8].try_into().unwrap());
+        if head[0..8] != REGION_MAGIC {
+            return Err(RegionError::BadMagic {
+                path: path.to_path_buf(),
+            });
+        }
+        let version = word(H_VERSION as usize) as u32;
+        if version != LAYOUT_VERSION {
+            return Err(RegionError::VersionMismatch {
+                path: path.to_path_buf(),
+                found: version,
+                expected: LAYOUT_VERSION,
+            });
+        }
+        if word(H_INIT_DONE as usize) != INIT_DONE_TOKEN {
+            return Err(RegionError::Uninitialised {
+                path: path.to_path_buf(),
+            });
+        }
+        let found: Vec<u64> = (0..7).map(|i| word(H_CAPS as usize + 8 * i)).collect();
+        if let Some(exp) = expected {
+            let names = [
+                "max_topics",
+                "brokers",
+                "goi_slots",
+                "pbr_slots",
+                "segment_bytes",
+                "segments_per_broker",
+                "seg_map_slots",
+            ];
+            for ((name, f), e) in names.iter().zip(&found).zip(caps_words(&exp)) {
+                if *f != e {
+                    return Err(RegionError::LayoutMismatch {
+                        path: path.to_path_buf(),
+                        field: name,
+                        found: *f,
+                        expected: e,
+                    });
+                }
+            }
+        }
+        let caps = Capacities {
+            max_topics: found[0] as u32,
+            brokers: found[1] as u32,
+            goi_slots: found[2],
+            pbr_slots: found[3],
+            segment_bytes: found[4],
+            segments_per_broker: found[5] as u32,
+            seg_map_slots: found[6],
+        };
+        let layout = Layout::new(caps)?;
+        let declared = word(H_TOTAL_LEN as usize);
+        if declared != layout.total_len || file_len < layout.total_len {
+            return Err(RegionError::Truncated {
+                path: path.to_path_buf(),
+                found: file_len,
+                expected: layout.total_len,
+            });
+        }
+        Self::map(path, file, layout)
+    }
+
+    fn map(path: &Path, file: File, layout: Layout) -> Result<Self, RegionError> {
+        // SAFETY: mapping a file we hold open, read/write, shared; the kernel picks the
+        // address. The result is checked against MAP_FAILED below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                layout.total_len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(RegionError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(Self {
+            ptr: ptr as *mut u8,
+            len: layout.total_len,
+            layout,
+            path: path.to_path_buf(),
+            _file: file,
+        })
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn capacities(&self) -> Capacities {
+        self.layout.caps
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The 8-byte word at byte offset `off`. Panics if `off` is unaligned or outside
+    /// the mapping: offsets come from [`Layout`], never from the network.
+    #[inline]
+    pub fn word(&self, off: u64) -> &AtomicU64 {
+        assert!(
+            off % 8 == 0 && off + 8 <= self.len,
+            "region word offset {off} out of bounds"
+        );
+        // SAFETY: in bounds and 8-aligned (the mapping is page-aligned); AtomicU64 has
+        // the size and alignment of u64; the mapping lives as long as `self`.
+        unsafe { &*(self.ptr.add(off as usize) as *const AtomicU64) }
+    }
+
+    #[inline]
+    fn word32(&self, off: u64) -> &AtomicU32 {
+        assert!(
+            off % 4 == 0 && off + 4 <= self.len,
+            "region word offset {off} out of bounds"
+        );
+        // SAFETY: as in `word`, for a 4-byte aligned u32.
+        unsafe { &*(self.ptr.add(off as usize) as *const AtomicU32) }
+    }
+
+    fn bell_at(&self, off: u64) -> Doorbell<'_> {
+        Doorbell {
+            count: self.word32(off),
+            waiters: self.word32(off + 4),
+        }
+    }
+
+    // ---------------------------------------------------------------- control block
+
+    /// Rung by brokers when they commit a PBR slot; the sequencer sleeps on it.
+    pub fn sequencer_bell(&self) -> Doorbell<'_> {
+        self.bell_at(self.layout.control_off + C_SEQUENCER_BELL)
+    }
+
+    /// Rung when anything a broker's ack/service thread waits for moves.
+    pub fn broker_bell(&self, broker: u32) -> Doorbell<'_> {
+        assert!(broker < self.layout.caps.brokers);
+        self.bell_at(self.layout.control_off + C_BROKER_BELLS + broker as u64 * 64)
+    }
+
+    pub fn fencing_epoch(&self) -> &AtomicU64 {
+        self.word(self.layout.control_off + C_FENCING_EPOCH)
+    }
+
+    pub fn sequencer_id(&self) -> &AtomicU64 {
+        self.word(self.layout.control_off + C_SEQUENCER_ID)
+    }
+
+    pub fn lease_deadline_ns(&self) -> &AtomicU64 {
+        self.word(self.layout.control_off + C_LEASE_DEADLINE_NS)
+    }
+
+    // ---------------------------------------------------------------- topics
+
+    /// Writes a topic's metadata; the state word goes last. Control plane only.
+    pub fn write_topic_meta(&self, topic: u32, meta: &TopicMeta) {
+        let base = self.layout.topic_off(topic);
+        let name = meta.name.as_bytes();
+        assert!(name.len() <= 64);
+        self.word(base + T_STATE)
+            .store(TopicState::Free as u64, Ordering::Release);
+        self.word(base + T_GENERATION)
+            .store(meta.generation, Ordering::Relaxed);
+        let packed = meta.order as u64
+            | (meta.replication_factor as u64) << 8
+            | (meta.default_ack as u64) << 16
+            | (name.len() as u64) << 24;
+        self.word(base + T_PACKED).store(packed, Ordering::Relaxed);
+        let mut padded = [0u8; 64];
+        padded[..name.len()].copy_from_slice(name);
+        for i in 0..8 {
+            let v = u64::from_le_bytes(padded[i * 8..i * 8 + 8].try_into().unwrap());
+            self.word(base + T_NAME + 8 * i as u64)
+                .store(v, Ordering::Relaxed);
+        }
+        self.word(base + T_CREATED_MS)
+            .store(meta.created_unix_ms, Ordering::Relaxed);
+        store_fence();
+        self.word(base + T_STATE)
+            .store(TopicState::Active as u64, Ordering::Release);
+    }
+
+    /// Reads a topic's metadata if the slot is active.
+    pub fn topic_meta(&self, topic: u32) -> Option<TopicMeta> {
+        let base = self.layout.topic_off(topic);
+        if self.word(base + T_STATE).load(Ordering::Acquire) != TopicState::Active as u64 {
+            return None;
+        }
+        let packed = self.word(base + T_PACKED).load(Ordering::Relaxed);
+        let name_len = ((packed >> 24) & 0xff).min(64) as usize;
+        let mut bytes = [0u8; 64];
+        for i in 0..8 {
+            let v = self
+                .word(base + T_NAME + 8 * i as u64)
+                .load(Ordering::Relaxed);
+            bytes[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        Some(TopicMeta {
+            name: String::from_utf8_lossy(&bytes[..name_len]).into_owned(),
+            order: packed as u8,
+            replication_factor: (packed >> 8) as u8,
+            default_ack: (packed >> 16) as u8,
+            generation: self.word(base + T_GENERATION).load(Ordering::Relaxed),
+            created_unix_ms: self.word(base + T_CREATED_MS).load(Ordering::Relaxed),
+        })
+    }
+
+    pub fn topic_seq(&self, topic: u32) -> TopicSeq<'_> {
+        let base = self.layout.topic_off(topic) + self.layout.topic_seq_rel;
+        TopicSeq {
+            committed_seq: self.word(base),
+            next_position: self.word(base + 8),
+        }
+    }
+
+    /// Rung when a topic's readable frontier moves; subscribers sleep on it.
+    pub fn topic_bell(&self, topic: u32) -> Doorbell<'_> {
+        self.bell_at(self.layout.topic_off(topic) + self.layout.topic_bell_rel)
+    }
+
+    pub fn log(&self, topic: u32, broker: u32) -> LogControl<'_> {
+        let base = self.layout.log_control_off(topic, broker);
+        LogControl {
+            written_frontier: self.word(base),
+            frontier_msgs: self.word(base + 8),
+            reclaimed_pbr: self.word(base + 16),
+            reclaimed_blog: self.word(base + 24),
+            ordered_pbr: self.word(base + 128),
+            reclaim_request: self.word(base + 136),
+            durable_pbr: self.word(base + 256),
+        }
+    }
+
+    // ---------------------------------------------------------------- PBR
+
+    fn pbr_word(&self, topic: u32, broker: u32, index: u64, field: usize) -> &AtomicU64 {
+        self.word(self.layout.pbr_slot_off(topic, broker, index) + field as u64)
+    }
+
+    /// Publishes a PBR slot: every field, then the commit token `index + 1` with
+    /// `Release`. Only the broker connection that reserved `index` may call this.
+    pub fn pbr_commit(&self, topic: u32, broker: u32, index: u64, h: &BatchHeader) {
+        let bytes = h.encode();
+        let base = self.layout.pbr_slot_off(topic, broker, index);
+        for field in (0..bo::PUBLISH_COMMIT).step_by(8) {
+            let v = u64::from_le_bytes(bytes[field..field + 8].try_into().unwrap());
+            self.word(base + field as u64).store(v, Ordering::Relaxed);
+        }
+        flush_range(self.word(base).as_ptr() as *const u8, 128);
+        store_fence();
+        self.word(base + bo::PUBLISH_COMMIT as u64)
+            .store(index + 1, Ordering::Release);
+        flush_range(self.word(base + 120).as_ptr() as *const u8, 8);
+    }
+
+    /// Reads the PBR slot for absolute `index` if its token says it holds that index.
+    pub fn pbr_read(&self, topic: u32, broker: u32, index: u64) -> Option<BatchHeader> {
+        let commit = self.pbr_word(topic, broker, index, bo::PUBLISH_COMMIT);
+        if commit.load(Ordering::Acquire) != index + 1 {
+            return None;
+        }
+        let mut bytes = [0u8; 128];
+        for field in (0..128).step_by(8) {
+            let v = self
+                .pbr_word(topic, broker, index, field)
+                .load(Ordering::Acquire);
+            bytes[field..field + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        let h = BatchHeader::decode(&bytes).expect("128 bytes");
+        (h.publish_commit == index + 1).then_some(h)
+    }
+
+    /// True while slot `index` still holds that index (a reader's seqlock re-check).
+    pub fn pbr_holds(&self, topic: u32, broker: u32, index: u64) -> bool {
+        self.pbr_word(topic, broker, index, bo::PUBLISH_COMMIT)
+            .load(Ordering::Acquire)
+            == index + 1
+    }
+
+    /// Per-broker position of the slot's first message; written by the owning broker's
+    /// frontier pass after the commit, read by readers below `written_frontier`.
+    pub fn pbr_set_start_offset(&self, topic: u32, broker: u32, index: u64, v: u64) {
+        self.pbr_word(topic, broker, index, bo::START_LOGICAL_OFFSET)
+            .store(v, Ordering::Release);
+    }
+
+    /// Global position of the slot's first message; written by the sequencer.
+    pub fn pbr_set_total_order(&self, topic: u32, broker: u32, index: u64, v: u64) {
+        self.pbr_word(topic, broker, index, bo::TOTAL_ORDER)
+            .store(v, Ordering::Release);
+    }
+
+    // ---------------------------------------------------------------- GOI
+
+    /// Writes GOI entry `index` with its token (`index + 1`) last. Sequencer only.
+    pub fn goi_write(&self, topic: u32, index: u64, e: &GoiEntry) {
+        let base = self.layout.goi_entry_off(topic, index);
+        for (i, v) in e.to_words().iter().enumerate() {
+            self.word(base + 8 + 8 * i as u64)
+                .store(*v, Ordering::Relaxed);
+        }
+        flush_range(self.word(base).as_ptr() as *const u8, 128);
+        store_fence();
+        self.word(base).store(index + 1, Ordering::Release);
+        flush_range(self.word(base).as_ptr() as *const u8, 8);
+    }
+
+    /// Reads GOI entry `index` if the slot holds it; re-check with [`Region::goi_holds`]
+    /// after using data it points to.
+    pub fn goi_read(&self, topic: u32, index: u64) -> Option<GoiEntry> {
+        let base = self.layout.goi_entry_off(topic, index);
+        if self.word(base).load(Ordering::Acquire) != index + 1 {
+            return None;
+        }
+        let mut w = [0u64; 15];
+        for (i, slot) in w.iter_mut().enumerate() {
+            *slot = self.word(base + 8 + 8 * i as u64).load(Ordering::Acquire);
+        }
+        let e = GoiEntry::from_words(&w);
+        (self.word(base).load(Ordering::Acquire) == index + 1).then_some(e)
+    }
+
+    pub fn goi_holds(&self, topic: u32, index: u64) -> bool {
+        self.word(self.layout.goi_entry_off(topic, index))
+            .load(Ordering::Acquire)
+            == index + 1
+    }
+
+    /// The GOI index currently stored in the slot `index` maps to, if any.
+    pub fn goi_slot_occupant(&self, topic: u32, index: u64) -> Option<u64> {
+        let token = self
+            .word(self.layout.goi_entry_off(topic, index))
+            .load(Ordering::Acquire);
+        token.checked_sub(1)
+    }
+
+    // ---------------------------------------------------------------- BLog segments
+
+    /// Records that logical segment `logical` of the (topic, broker) log lives in
+    /// physical segment `physical` of that broker's pool. Owning broker only.
+    pub fn seg_map_publish(&self, topic: u32, broker: u32, logical: u64, physical: u32) {
+        assert!(physical < self.layout.caps.segments_per_broker);
+        let off = self.layout.seg_map_off(topic, broker, logical);
+        self.word(off + 8).store(physical as u64, Ordering::Relaxed);
+        self.word(off).store(logical + 1, Ordering::Release);
+    }
+
+    /// The physical segment holding logical segment `logical`, if mapped.
+    pub fn seg_map_lookup(&self, topic: u32, broker: u32, logical: u64) -> Option<u32> {
+        let off = self.layout.seg_map_off(topic, broker, logical);
+        if self.word(off).load(Ordering::Acquire) != logical + 1 {
+            return None;
+        }
+        let physical = self.word(off + 8).load(Ordering::Relaxed);
+        (physical < self.layout.caps.segments_per_broker as u64).then_some(physical as u32)
+    }
+
+    /// Address of `len` log bytes at logical offset `at` of a (topic, broker) log, if
+    /// the segment is mapped and the range lies inside it. The memory may be reclaimed
+    /// and overwritten concurrently: use the pointer only for copies whose result is
+    /// re-validated against [`LogControl::reclaimed_blog`], or for ranges the caller
+    /// owns (see [`Region::blog_bytes_mut`]).
+    pub fn blog_ptr(&self, topic: u32, broker: u32, at: u64, len: u64) -> Option<*mut u8> {
+        let seg = self.layout.caps.segment_bytes;
+        let logical = at / seg;
+        let within = at % seg;
+        if within.checked_add(len)? > seg {
+            return None;
+        }
+        let physical = self.seg_map_lookup(topic, broker, logical)?;
+        let off = self.layout.segment_off(broker, physical) + within;
+        debug_assert!(off + len <= self.len);
+        // SAFETY: `off + len` lies within the segment area of the mapping (checked via
+        // the capacities above), so the pointer stays inside the mapping.
+        Some(unsafe { self.ptr.add(off as usize) })
+    }
+
+    /// Mutable access to a log range the caller has reserved and not yet committed.
+    ///
+    /// # Safety
+    /// The caller must own `[at, at + len)` of the (topic, broker) log: reserved by
+    /// this broker process, not committed, not reclaimable. No other Rust code reads
+    /// or writes that range until the caller commits the PBR slot that covers it.
+    pub unsafe fn blog_bytes_mut(
+        &self,
+        topic: u32,
+        broker: u32,
+        at: u64,
+        len: u64,
+    ) -> Option<&mut [u8]> {
+        let p = self.blog_ptr(topic, broker, at, len)?;
+        // SAFETY: in bounds (blog_ptr) and exclusively owned per the caller's contract.
+        Some(unsafe { std::slice::from_raw_parts_mut(p, len as usize) })
+    }
+
+    /// Shared access to a committed log range that cannot be reclaimed while borrowed.
+    ///
+    /// # Safety
+    /// The caller must hold back reclamation of `[at, at + len)` for the lifetime of
+    /// the slice (the owning broker's own reads before it may reclaim).
+    pub unsafe fn blog_bytes(&self, topic: u32, broker: u32, at: u64, len: u64) -> Option<&[u8]> {
+        let p = self.blog_ptr(topic, broker, at, len)?;
+        // SAFETY: in bounds (blog_ptr); no writer per the caller's contract.
+        Some(unsafe { std::slice::from_raw_parts(p, len as usize) })
+    }
+
+    /// Zeroes every per-topic structure of a topic slot (when the slot is first used).
+    pub fn reset_topic(&self, topic: u32) {
+        let base = self.layout.topic_off(topic);
+        for off in (self.layout.topic_seq_rel..self.layout.topic_stride).step_by(8) {
+            self.word(base + off).store(0, Ordering::Relaxed);
+        }
+        store_fence();
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping created in `map`; no references into
+        // it outlive `self` (all accessors borrow `self`).
+        unsafe {
+            libc::munmap(self.ptr as *mut libc::c_void, self.len as usize);
+        }
+    }
+}
+
+fn caps_words(c: &Capacities) -> [u64; 7] {
+    [
+        c.max_topics as u64,
+        c.brokers as u64,
+        c.goi_slots,
+        c.pbr_slots,
+        c.segment_bytes,
+        c.segments_per_broker as u64,
+        c.seg_map_slots,
+    ]
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embarcadero_wire::BatchFlags;
+    use std::sync::Arc;
+
+    fn small() -> Capacities {
+        Capacities {
+            max_topics: 2,
+            brokers: 2,
+            goi_slots: 16,
+            pbr_slots: 8,
+            segment_bytes: 8192,
+            segments_per_broker: 4,
+            seg_map_slots: 8,
+        }
+    }
+
+    #[test]
+    fn create_then_attach_from_another_handle_shares_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("region");
+        let a = Region::create(&path, small()).unwrap();
+        let b = Region::attach(&path, Some(small())).unwrap();
+        a.topic_seq(1).committed_seq.store(42, Ordering::Release);
+        assert_eq!(b.topic_seq(1).committed_seq.load(Ordering::Acquire), 42);
+        // The file is sparse: far fewer blocks than its length.
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(&path).unwrap();
+        assert!(md.blocks() * 512 < md.len());
+    }
+
+    #[test]
+    fn attach_checks_magic_version_and_capacities() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("region");
+        drop(Region::create(&path, small()).unwrap());
+        let other = Capacities {
+            pbr_slots: 16,
+            ..small()
+        };
+        match Region::attach(&path, Some(other)) {
+            Err(RegionError::LayoutMismatch { field, .. }) => assert_eq!(field, "pbr_slots"),
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("mismatched capacities accepted"),
+        }
+        // Corrupt the version.
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &9u64.to_le_bytes(), H_VERSION).unwrap();
+        assert!(matches!(
+            Region::attach(&path, None),
+            Err(RegionError::VersionMismatch { found: 9, .. })
+        ));
+        std::os::unix::fs::FileExt::write_all_at(&f, b"NOTAREGN", 0).unwrap();
+        assert!(matches!(
+            Region::attach(&path, None),
+            Err(RegionError::BadMagic { .. })
+        ));
+        let garbage = dir.path().join("garbage");
+        std::fs::write(&garbage, b"hello").unwrap();
+        assert!(Region::attach(&garbage, None).is_err());
+    }
+
+    #[test]
+    fn topic_meta_roundtrip() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Region::create(&dir.path().join("r"), small()).unwrap();
+        assert!(r.topic_meta(0).is_none());
+        let meta = TopicMeta {
+            name: "orders".into(),
+            order: 2,
+            replication_factor: 1,
+            default_ack: 1,
+            generation: 3,
+            created_unix_ms: 99,
+        };
+        r.write_topic_meta(0, &meta);
+        assert_eq!(r.topic_meta(0).unwrap(), meta);
+    }
+
+    #[test]
+    fn pbr_token_guards_slot_and_detects_reuse() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Region::create(&dir.path().join("r"), small()).unwrap();
+        assert!(r.pbr_read(0, 1, 3).is_none());
+        let h = BatchHeader {
+            batch_seq: 5,
+            num_msg: 2,
+            flags: BatchFlags::VALID,
+            pbr_index: 3,
+            total_size: 128,
+            ..Default::default()
+        };
+        r.pbr_commit(0, 1, 3, &h);
+        let got = r.pbr_read(0, 1, 3).unwrap();
+        assert_eq!(got.batch_seq, 5);
+        assert_eq!(got.publish_commit, 4);
+        // Index 11 maps to the same slot (8 slots): the old token must not satisfy it.
+        assert!(r.pbr_read(0, 1, 11).is_none());
+        r.pbr_commit(0, 1, 11, &h);
+        assert!(!r.pbr_holds(0, 1, 3));
+        assert!(r.pbr_read(0, 1, 3).is_none());
+    }
+
+    #[test]
+    fn goi_entry_roundtrip_and_wrap_detection() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Region::create(&dir.path().join("r"), small()).unwrap();
+        let e = GoiEntry {
+            batch_id: 1,
+            total_order: 100,
+            blog_offset: 4096,
+            pbr_index: 7,
+            client_id: 9,
+            client_seq: 3,
+            session_epoch: 0,
+            payload_size: 640,
+            num_msg: 10,
+            broker_id: 1,
+            flags: 0,
+            replication_token: 0,
+        };
+        r.goi_write(1, 5, &e);
+        assert_eq!(r.goi_read(1, 5).unwrap(), e);
+        assert_eq!(r.goi_slot_occupant(1, 21), Some(5));
+        r.goi_write(1, 21, &e);
+        assert!(r.goi_read(1, 5).is_none());
+    }
+
+    #[test]
+    fn blog_pointers_stay_inside_one_mapped_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Region::create(&dir.path().join("r"), small()).unwrap();
+        assert!(r.blog_ptr(0, 0, 0, 64).is_none(), "unmapped segment");
+        r.seg_map_publish(0, 0, 0, 2);
+        assert!(r.blog_ptr(0, 0, 0, 8192).is_some());
+        assert!(r.blog_ptr(0, 0, 8000, 200).is_none(), "straddles a segment");
+        assert!(r.blog_ptr(0, 0, 0, u64::MAX).is_none(), "overflow");
+        assert!(r.blog_ptr(0, 0, 8192, 1).is_none(), "next segment unmapped");
+        // SAFETY: nothing else uses this log in the test.
+        let bytes = unsafe { r.blog_bytes_mut(0, 0, 64, 4).unwrap() };
+        bytes.copy_from_slice(b"abcd");
+        let other = Region::attach(r.path(), None).unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { other.blog_bytes(0, 0, 64, 4).unwrap() }, b"abcd");
+    }
+
+    /// A writer publishes PBR slots around a small ring while a reader follows with
+    /// the token protocol and reclaims behind itself: the reader sees every index
+    /// exactly once, in order, with the payload field the writer stored for it.
+    #[test]
+    fn pbr_ring_writer_reader_stress() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Arc::new(Region::create(&dir.path().join("r"), small()).unwrap());
+        const N: u64 = 200_000;
+        let w = r.clone();
+        let writer = std::thread::spawn(move || {
+            let log = w.log(0, 0);
+            for i in 0..N {
+                while i >= log.reclaimed_pbr.load(Ordering::Acquire) + 8 {
+                    std::hint::spin_loop();
+                }
+                let h = BatchHeader {
+                    batch_seq: i * 3,
+                    num_msg: 1,
+                    total_size: 64,
+                    pbr_index: i,
+                    ..Default::default()
+                };
+                w.pbr_commit(0, 0, i, &h);
+            }
+        });
+        let log = r.log(0, 0);
+        let mut next = 0;
+        while next < N {
+            match r.pbr_read(0, 0, next) {
+                Some(h) => {
+                    assert_eq!(h.batch_seq, next * 3);
+                    assert_eq!(h.pbr_index, next);
+                    next += 1;
+                    log.reclaimed_pbr.store(next, Ordering::Release);
+                }
+                None => std::hint::spin_loop(),
+            }
+        }
+        writer.join().unwrap();
+    }
+}

@@ -1,0 +1,84 @@
+//! Plain-value forms of the region's slots. The region stores them as 64-bit words so
+//! that fields written after a commit (a PBR slot's `total_order`) are atomics too.
+
+/// One entry of a topic's global order index. `global_seq` (the GOI index + 1) is the
+/// readiness token, written last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GoiEntry {
+    pub batch_id: u64,
+    /// Global position of the batch's first message.
+    pub total_order: u64,
+    /// Logical offset of the payload in the broker's log.
+    pub blog_offset: u64,
+    pub pbr_index: u64,
+    pub client_id: u64,
+    /// The batch's sequence number from its client (per connection or per session).
+    pub client_seq: u64,
+    pub session_epoch: u64,
+    pub payload_size: u32,
+    pub num_msg: u32,
+    pub broker_id: u16,
+    pub flags: u16,
+    /// Reserved for the replication chain.
+    pub replication_token: u32,
+}
+
+impl GoiEntry {
+    pub(crate) fn to_words(self) -> [u64; 15] {
+        [
+            self.batch_id,
+            self.total_order,
+            self.blog_offset,
+            self.pbr_index,
+            self.client_id,
+            self.client_seq,
+            self.session_epoch,
+            self.payload_size as u64 | (self.num_msg as u64) << 32,
+            self.broker_id as u64
+                | (self.flags as u64) << 16
+                | (self.replication_token as u64) << 32,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ]
+    }
+
+    pub(crate) fn from_words(w: &[u64; 15]) -> Self {
+        Self {
+            batch_id: w[0],
+            total_order: w[1],
+            blog_offset: w[2],
+            pbr_index: w[3],
+            client_id: w[4],
+            client_seq: w[5],
+            session_epoch: w[6],
+            payload_size: w[7] as u32,
+            num_msg: (w[7] >> 32) as u32,
+            broker_id: w[8] as u16,
+            flags: (w[8] >> 16) as u16,
+            replication_token: (w[8] >> 32) as u32,
+        }
+    }
+}
+
+/// Lifecycle of a topic slot; the state word is written last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopicState {
+    Free = 0,
+    Active = 1,
+}
+
+/// Metadata of one topic slot, written by the control plane only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicMeta {
+    pub name: String,
+    pub order: u8,
+    pub replication_factor: u8,
+    pub default_ack: u8,
+    /// Bumped each time the slot is (re)used, so stale readers can tell.
+    pub generation: u64,
+    pub created_unix_ms: u64,
+}

@@ -1,0 +1,569 @@
+//! Handshake and control frames.
+//!
+//! Client to broker: one [`Hello`] (128 bytes), then for a publisher a stream of
+//! `[BatchHeader][messages]`; a subscriber sends nothing after its hello (and its
+//! per-broker cursors, for orders 0 and 1).
+//! Broker to client: frames that start with a 16-byte [`FrameHeader`].
+
+use crate::le::{put_u16, put_u32, put_u64, u16_at, u32_at, u64_at};
+use crate::{
+    need, validate_topic_name, WireError, DELIVERY_HEADER_LEN, FRAME_HEADER_LEN, HELLO_LEN,
+    HELLO_OK_LEN, MAX_ERROR_TEXT_LEN, MAX_TOPIC_NAME_LEN, PROTOCOL_MAGIC, PROTOCOL_VERSION,
+};
+
+/// What a connection is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Publish = 1,
+    Subscribe = 2,
+}
+
+/// First frame on every connection, client to broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    pub role: Role,
+    /// Requested acknowledgement level (publish only, 0..=2).
+    pub ack_level: u8,
+    pub client_id: u64,
+    /// Order-5 session epoch, 0 otherwise.
+    pub session_epoch: u64,
+    /// Subscribe: first message position wanted (orders 2 and 5).
+    pub start_position: u64,
+    /// Publish: index of this connection among the client's connections to the broker.
+    pub connection_index: u32,
+    /// Subscribe, orders 0 and 1: number of little-endian u64 per-broker start positions
+    /// that follow the hello (0 means "every broker from 0").
+    pub cursor_count: u32,
+    pub topic: String,
+}
+
+impl Hello {
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[0..4].copy_from_slice(&PROTOCOL_MAGIC);
+        put_u16(&mut b, 4, PROTOCOL_VERSION);
+        b[6] = self.role as u8;
+        b[7] = self.ack_level;
+        put_u64(&mut b, 8, self.client_id);
+        put_u64(&mut b, 16, self.session_epoch);
+        put_u64(&mut b, 24, self.start_position);
+        put_u32(&mut b, 32, self.connection_index);
+        put_u32(&mut b, 36, self.cursor_count);
+        let name = self.topic.as_bytes();
+        let n = name.len().min(MAX_TOPIC_NAME_LEN);
+        b[40] = n as u8;
+        b[41..41 + n].copy_from_slice(&name[..n]);
+        b
+    }
+
+    /// Decodes and validates a hello: magic, version, role, ack level, topic name.
+    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+        need(b, HELLO_LEN)?;
+        let magic: [u8; 4] = b[0..4].try_into().expect("4 bytes");
+        if magic != PROTOCOL_MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        let version = u16_at(b, 4);
+        if version != PROTOCOL_VERSION {
+            return Err(WireError::UnsupportedVersion(version));
+        }
+        let role = match b[6] {
+            1 => Role::Publish,
+            2 => Role::Subscribe,
+            other => {
+                return Err(WireError::InvalidField {
+                    field: "role",
+                    value: other as u64,
+                })
+            }
+        };
+        let ack_level = b[7];
+        if ack_level > 2 {
+            return Err(WireError::InvalidField {
+                field: "ack_level",
+                value: ack_level as u64,
+            });
+        }
+        let name_len = b[40] as usize;
+        if name_len > MAX_TOPIC_NAME_LEN {
+            return Err(WireError::InvalidField {
+                field: "topic_len",
+                value: name_len as u64,
+            });
+        }
+        let topic = std::str::from_utf8(&b[41..41 + name_len])
+            .map_err(|_| WireError::InvalidTopicName("topic name is not UTF-8".into()))?
+            .to_string();
+        validate_topic_name(&topic)?;
+        Ok(Self {
+            role,
+            ack_level,
+            client_id: u64_at(b, 8),
+            session_epoch: u64_at(b, 16),
+            start_position: u64_at(b, 24),
+            connection_index: u32_at(b, 32),
+            cursor_count: u32_at(b, 36),
+            topic,
+        })
+    }
+}
+
+/// Kind byte of a broker-to-client frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameKind {
+    /// Handshake accepted; body is a [`HelloOk`].
+    HelloOk = 1,
+    /// Cumulative acknowledgement; `arg` is the number of batches acknowledged.
+    Ack = 2,
+    /// An error; body is an [`ErrorFrame`]; `arg` is the batch sequence it concerns.
+    Error = 3,
+    /// A batch for a subscriber; body is a [`DeliveryHeader`] then the messages.
+    Delivery = 4,
+    /// Every delivery up to and including batch position `arg` is intact.
+    BatchOk = 5,
+}
+
+impl FrameKind {
+    pub fn from_u8(v: u8) -> Result<Self, WireError> {
+        Ok(match v {
+            1 => Self::HelloOk,
+            2 => Self::Ack,
+            3 => Self::Error,
+            4 => Self::Delivery,
+            5 => Self::BatchOk,
+            other => {
+                return Err(WireError::InvalidField {
+                    field: "frame kind",
+                    value: other as u64,
+                })
+            }
+        })
+    }
+}
+
+/// 16-byte header of every broker-to-client frame:
+/// `kind u8 | flags u8 | reserved u16 | body_len u32 | arg u64`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub kind: FrameKind,
+    pub flags: u8,
+    pub body_len: u32,
+    pub arg: u64,
+}
+
+impl FrameHeader {
+    pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
+        let mut b = [0u8; FRAME_HEADER_LEN];
+        b[0] = self.kind as u8;
+        b[1] = self.flags;
+        put_u32(&mut b, 4, self.body_len);
+        put_u64(&mut b, 8, self.arg);
+        b
+    }
+
+    /// Decodes a frame header, refusing bodies longer than `max_body` bytes.
+    pub fn decode(b: &[u8], max_body: u32) -> Result<Self, WireError> {
+        need(b, FRAME_HEADER_LEN)?;
+        let kind = FrameKind::from_u8(b[0])?;
+        let body_len = u32_at(b, 4);
+        if body_len > max_body {
+            return Err(WireError::InvalidField {
+                field: "body_len",
+                value: body_len as u64,
+            });
+        }
+        Ok(Self {
+            kind,
+            flags: b[1],
+            body_len,
+            arg: u64_at(b, 8),
+        })
+    }
+}
+
+/// Body of a [`FrameKind::HelloOk`] frame: what the broker accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HelloOk {
+    pub broker_id: u16,
+    pub num_brokers: u16,
+    pub order: u8,
+    pub ack_level: u8,
+    pub replication_factor: u8,
+    pub topic_id: u32,
+    pub max_message_bytes: u32,
+    pub max_batch_bytes: u32,
+    /// Publish: the batch sequence number the broker expects next on this connection.
+    pub next_batch_seq: u64,
+    /// Subscribe: the first position still retained.
+    pub first_retained: u64,
+}
+
+impl HelloOk {
+    pub fn encode(&self) -> [u8; HELLO_OK_LEN] {
+        let mut b = [0u8; HELLO_OK_LEN];
+        put_u16(&mut b, 0, PROTOCOL_VERSION);
+        put_u16(&mut b, 2, self.broker_id);
+        put_u16(&mut b, 4, self.num_brokers);
+        b[6] = self.order;
+        b[7] = self.ack_level;
+        b[8] = self.replication_factor;
+        put_u32(&mut b, 12, self.topic_id);
+        put_u32(&mut b, 16, self.max_message_bytes);
+        put_u32(&mut b, 20, self.max_batch_bytes);
+        put_u64(&mut b, 24, self.next_batch_seq);
+        put_u64(&mut b, 32, self.first_retained);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+        need(b, HELLO_OK_LEN)?;
+        let version = u16_at(b, 0);
+        if version != PROTOCOL_VERSION {
+            return Err(WireError::UnsupportedVersion(version));
+        }
+        Ok(Self {
+            broker_id: u16_at(b, 2),
+            num_brokers: u16_at(b, 4),
+            order: b[6],
+            ack_level: b[7],
+            replication_factor: b[8],
+            topic_id: u32_at(b, 12),
+            max_message_bytes: u32_at(b, 16),
+            max_batch_bytes: u32_at(b, 20),
+            next_batch_seq: u64_at(b, 24),
+            first_retained: u64_at(b, 32),
+        })
+    }
+}
+
+/// A cumulative acknowledgement: batches `0..count` of the connection reached `level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ack {
+    pub level: u8,
+    pub count: u64,
+}
+
+impl Ack {
+    pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
+        FrameHeader {
+            kind: FrameKind::Ack,
+            flags: self.level,
+            body_len: 0,
+            arg: self.count,
+        }
+        .encode()
+    }
+}
+
+/// Error codes carried by [`ErrorFrame`]. Only [`ErrorCode::Backpressure`] is retriable
+/// on the same connection; the broker closes the connection after any other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    BadMagic = 1,
+    UnsupportedVersion = 2,
+    UnknownTopic = 3,
+    InvalidRole = 4,
+    AckNotAllowed = 5,
+    MalformedBatch = 6,
+    MessageTooLarge = 7,
+    BatchTooLarge = 8,
+    Backpressure = 9,
+    OutOfSequence = 10,
+    PositionNotRetained = 11,
+    InvalidTopicName = 12,
+    Internal = 13,
+    ShuttingDown = 14,
+    BadCursor = 15,
+}
+
+impl ErrorCode {
+    pub fn from_u16(v: u16) -> Option<Self> {
+        use ErrorCode::*;
+        Some(match v {
+            1 => BadMagic,
+            2 => UnsupportedVersion,
+            3 => UnknownTopic,
+            4 => InvalidRole,
+            5 => AckNotAllowed,
+            6 => MalformedBatch,
+            7 => MessageTooLarge,
+            8 => BatchTooLarge,
+            9 => Backpressure,
+            10 => OutOfSequence,
+            11 => PositionNotRetained,
+            12 => InvalidTopicName,
+            13 => Internal,
+            14 => ShuttingDown,
+            15 => BadCursor,
+            _ => return None,
+        })
+    }
+
+    pub fn is_retriable(self) -> bool {
+        matches!(self, ErrorCode::Backpressure)
+    }
+
+    /// The code a validation failure of peer input maps to.
+    pub fn for_wire_error(e: &WireError) -> Self {
+        match e {
+            WireError::BadMagic(_) => ErrorCode::BadMagic,
+            WireError::UnsupportedVersion(_) => ErrorCode::UnsupportedVersion,
+            WireError::InvalidTopicName(_) => ErrorCode::InvalidTopicName,
+            WireError::MessageTooLarge { .. } => ErrorCode::MessageTooLarge,
+            WireError::BatchTooLarge { .. } => ErrorCode::BatchTooLarge,
+            WireError::Short { .. }
+            | WireError::InvalidField { .. }
+            | WireError::MalformedBatch(_) => ErrorCode::MalformedBatch,
+        }
+    }
+}
+
+/// Body of a [`FrameKind::Error`] frame: `code u16 | retriable u8 | reserved u8 |
+/// text_len u32 | text (UTF-8)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorFrame {
+    pub code: ErrorCode,
+    /// The batch sequence number the error concerns, or `u64::MAX`.
+    pub batch_seq: u64,
+    pub message: String,
+}
+
+impl ErrorFrame {
+    /// Encodes header and body into one buffer, truncating over-long text.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut text = self.message.as_bytes();
+        if text.len() > MAX_ERROR_TEXT_LEN {
+            let mut cut = MAX_ERROR_TEXT_LEN;
+            while !self.message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text = &text[..cut];
+        }
+        let body_len = 8 + text.len();
+        let mut b = Vec::with_capacity(FRAME_HEADER_LEN + body_len);
+        b.extend_from_slice(
+            &FrameHeader {
+                kind: FrameKind::Error,
+                flags: 0,
+                body_len: body_len as u32,
+                arg: self.batch_seq,
+            }
+            .encode(),
+        );
+        b.extend_from_slice(&(self.code as u16).to_le_bytes());
+        b.push(self.code.is_retriable() as u8);
+        b.push(0);
+        b.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        b.extend_from_slice(text);
+        b
+    }
+
+    pub fn decode(header: &FrameHeader, body: &[u8]) -> Result<Self, WireError> {
+        need(body, 8)?;
+        let raw = u16_at(body, 0);
+        let code = ErrorCode::from_u16(raw).ok_or(WireError::InvalidField {
+            field: "error code",
+            value: raw as u64,
+        })?;
+        let len = u32_at(body, 4) as usize;
+        if len > MAX_ERROR_TEXT_LEN || 8 + len > body.len() {
+            return Err(WireError::InvalidField {
+                field: "error text length",
+                value: len as u64,
+            });
+        }
+        Ok(Self {
+            code,
+            batch_seq: header.arg,
+            message: String::from_utf8_lossy(&body[8..8 + len]).into_owned(),
+        })
+    }
+}
+
+/// Header of a delivered batch, inside a [`FrameKind::Delivery`] frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeliveryHeader {
+    /// GOI index (orders 2, 5) or PBR index (orders 0, 1) of the batch.
+    pub batch_position: u64,
+    /// Position of the batch's first message: global (orders 2, 5) or per broker (0, 1).
+    pub first_position: u64,
+    pub client_id: u64,
+    pub batch_seq: u64,
+    pub num_msg: u32,
+    /// Messages at the front of the batch that the subscriber already has (resume).
+    pub skip: u32,
+    pub broker_id: u16,
+    pub order: u8,
+    pub payload_len: u32,
+    pub session_epoch: u64,
+}
+
+impl DeliveryHeader {
+    pub fn encode(&self) -> [u8; DELIVERY_HEADER_LEN] {
+        let mut b = [0u8; DELIVERY_HEADER_LEN];
+        put_u64(&mut b, 0, self.batch_position);
+        put_u64(&mut b, 8, self.first_position);
+        put_u64(&mut b, 16, self.client_id);
+        put_u64(&mut b, 24, self.batch_seq);
+        put_u32(&mut b, 32, self.num_msg);
+        put_u32(&mut b, 36, self.skip);
+        put_u16(&mut b, 40, self.broker_id);
+        b[42] = self.order;
+        put_u32(&mut b, 44, self.payload_len);
+        put_u64(&mut b, 48, self.session_epoch);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+        need(b, DELIVERY_HEADER_LEN)?;
+        let h = Self {
+            batch_position: u64_at(b, 0),
+            first_position: u64_at(b, 8),
+            client_id: u64_at(b, 16),
+            batch_seq: u64_at(b, 24),
+            num_msg: u32_at(b, 32),
+            skip: u32_at(b, 36),
+            broker_id: u16_at(b, 40),
+            order: b[42],
+            payload_len: u32_at(b, 44),
+            session_epoch: u64_at(b, 48),
+        };
+        if h.skip > h.num_msg {
+            return Err(WireError::InvalidField {
+                field: "skip",
+                value: h.skip as u64,
+            });
+        }
+        Ok(h)
+    }
+
+    /// The complete frame header announcing this delivery.
+    pub fn frame_header(&self) -> FrameHeader {
+        FrameHeader {
+            kind: FrameKind::Delivery,
+            flags: 0,
+            body_len: DELIVERY_HEADER_LEN as u32 + self.payload_len,
+            arg: self.batch_position,
+        }
+    }
+}
+
+/// Validation trailer for subscribers: deliveries up to batch position `upto` are intact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchOk {
+    pub upto: u64,
+}
+
+impl BatchOk {
+    pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
+        FrameHeader {
+            kind: FrameKind::BatchOk,
+            flags: 0,
+            body_len: 0,
+            arg: self.upto,
+        }
+        .encode()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello() -> Hello {
+        Hello {
+            role: Role::Publish,
+            ack_level: 1,
+            client_id: 77,
+            session_epoch: 0,
+            start_position: 0,
+            connection_index: 2,
+            cursor_count: 0,
+            topic: "orders".into(),
+        }
+    }
+
+    #[test]
+    fn hello_roundtrip() {
+        let h = hello();
+        assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
+    }
+
+    #[test]
+    fn hello_rejects_bad_magic_version_role_ack_and_name() {
+        let good = hello().encode();
+        let mut b = good;
+        b[0] = b'X';
+        assert!(matches!(Hello::decode(&b), Err(WireError::BadMagic(_))));
+        let mut b = good;
+        b[4] = 9;
+        assert!(matches!(
+            Hello::decode(&b),
+            Err(WireError::UnsupportedVersion(9))
+        ));
+        let mut b = good;
+        b[6] = 3;
+        assert!(Hello::decode(&b).is_err());
+        let mut b = good;
+        b[7] = 3;
+        assert!(Hello::decode(&b).is_err());
+        let mut b = good;
+        b[40] = 64;
+        assert!(Hello::decode(&b).is_err());
+        let mut b = good;
+        b[41] = b' ';
+        assert!(matches!(
+            Hello::decode(&b),
+            Err(WireError::InvalidTopicName(_))
+        ));
+    }
+
+    #[test]
+    fn error_frame_roundtrip_and_truncation() {
+        let e = ErrorFrame {
+            code: ErrorCode::Backpressure,
+            batch_seq: 5,
+            message: "slow down".into(),
+        };
+        let bytes = e.encode();
+        let h = FrameHeader::decode(&bytes, 1 << 16).unwrap();
+        assert_eq!(h.kind, FrameKind::Error);
+        assert_eq!(ErrorFrame::decode(&h, &bytes[16..]).unwrap(), e);
+        let long = ErrorFrame {
+            message: "é".repeat(5000),
+            ..e
+        };
+        let bytes = long.encode();
+        let h = FrameHeader::decode(&bytes, 1 << 16).unwrap();
+        assert!(ErrorFrame::decode(&h, &bytes[16..]).unwrap().message.len() <= 4096);
+    }
+
+    #[test]
+    fn frame_header_rejects_oversized_body_and_unknown_kind() {
+        let mut b = Ack { level: 1, count: 3 }.encode();
+        assert_eq!(FrameHeader::decode(&b, 0).unwrap().arg, 3);
+        b[6] = 0x01;
+        assert!(FrameHeader::decode(&b, 1024).is_err());
+        b[0] = 99;
+        assert!(FrameHeader::decode(&b, u32::MAX).is_err());
+    }
+
+    #[test]
+    fn delivery_roundtrip_and_skip_check() {
+        let d = DeliveryHeader {
+            batch_position: 3,
+            first_position: 100,
+            client_id: 1,
+            batch_seq: 2,
+            num_msg: 10,
+            skip: 4,
+            broker_id: 3,
+            order: 2,
+            payload_len: 640,
+            session_epoch: 0,
+        };
+        assert_eq!(DeliveryHeader::decode(&d.encode()).unwrap(), d);
+        let bad = DeliveryHeader { skip: 11, ..d };
+        assert!(DeliveryHeader::decode(&bad.encode()).is_err());
+    }
+}
