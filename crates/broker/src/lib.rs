@@ -1,1 +1,300 @@
-//! placeholder
+//! A broker: one TCP port, one log per topic in the shared region.
+//!
+//! Owns: its listening socket and connections; the writer side of its (topic, broker)
+//! logs (reservation, PBR commits, segment pool, reclamation); its line of each log's
+//! control block (`written_frontier`, `reclaimed_*`); acknowledgements to its
+//! publishers; serving subscribers (any broker can serve any topic: the data is all in
+//! the region). It reads, but never writes, sequencer-owned fields (`ordered_pbr`,
+//! GOI, `committed_seq`) and topic metadata (control plane).
+//!
+//! Threads: one acceptor, one thread per connection (blocking sockets, payload read
+//! straight into the region), and one service thread that advances frontiers,
+//! reclaims memory and sends acknowledgements.
+
+mod log_writer;
+mod net;
+mod publish;
+mod service;
+mod subscribe;
+
+pub use log_writer::{LogWriter, ReserveError, Reservation, SegmentPool};
+
+use embarcadero_region::Region;
+use registry::Registry;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Settings of one broker.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    pub broker_id: u32,
+    pub listen: SocketAddr,
+    pub max_message_bytes: u64,
+    pub max_batch_bytes: u64,
+    /// Stop reading from publishers when this fraction of the broker's segments or of
+    /// a PBR ring is in use and cannot be reclaimed...
+    pub high_watermark: f64,
+    /// ...and resume below this fraction.
+    pub low_watermark: f64,
+    /// Time spent above the high watermark before a publish is answered with a
+    /// retriable BACKPRESSURE error.
+    pub backpressure_timeout: Duration,
+    /// Longest sleep of an idle poller.
+    pub idle_sleep_max: Duration,
+}
+
+impl BrokerConfig {
+    pub fn new(broker_id: u32, listen: SocketAddr) -> Self {
+        Self {
+            broker_id,
+            listen,
+            max_message_bytes: 1 << 20,
+            max_batch_bytes: 4 << 20,
+            high_watermark: 0.90,
+            low_watermark: 0.75,
+            backpressure_timeout: Duration::from_secs(5),
+            idle_sleep_max: Duration::from_millis(5),
+        }
+    }
+}
+
+/// Counters exported on `/metrics`; updated once per batch, never per message.
+#[derive(Debug, Default)]
+pub struct BrokerMetrics {
+    pub publish_batches: AtomicU64,
+    pub publish_messages: AtomicU64,
+    pub publish_bytes: AtomicU64,
+    pub subscribe_batches: AtomicU64,
+    pub subscribe_bytes: AtomicU64,
+    pub acks_sent: AtomicU64,
+    pub errors_sent: AtomicU64,
+    pub backpressure_errors: AtomicU64,
+    pub backpressure_waits: AtomicU64,
+    pub connections_open: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub reclaimed_batches: AtomicU64,
+}
+
+/// State shared by a broker's threads.
+pub(crate) struct Shared {
+    pub config: BrokerConfig,
+    pub region: Arc<Region>,
+    pub pool: Arc<SegmentPool>,
+    /// One writer per topic slot, created when the first publisher arrives.
+    pub writers: Vec<OnceLock<Arc<LogWriter>>>,
+    pub metrics: Arc<BrokerMetrics>,
+    pub shutdown: AtomicBool,
+    /// Set by the service thread while memory is above the high watermark.
+    pub paused: AtomicBool,
+    pub new_publishers: crossbeam_channel::Sender<Arc<publish::PublishConn>>,
+    pub connections: Registry,
+}
+
+impl Shared {
+    pub fn writer(&self, topic: u32) -> &Arc<LogWriter> {
+        self.writers[topic as usize].get_or_init(|| {
+            Arc::new(LogWriter::new(
+                self.region.clone(),
+                self.pool.clone(),
+                topic,
+                self.config.broker_id,
+            ))
+        })
+    }
+}
+
+/// A running broker. Dropping it stops it.
+pub struct Broker {
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Broker {
+    /// Binds the port and starts the broker's threads.
+    pub fn start(config: BrokerConfig, region: Arc<Region>) -> std::io::Result<Self> {
+        let caps = region.capacities();
+        if config.broker_id >= caps.brokers {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "broker id {} is outside the region's {} brokers",
+                    config.broker_id, caps.brokers
+                ),
+            ));
+        }
+        if config.max_batch_bytes > caps.segment_bytes {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "max_batch_bytes {} exceeds the region's segment size {}",
+                    config.max_batch_bytes, caps.segment_bytes
+                ),
+            ));
+        }
+        let listener = TcpListener::bind(config.listen).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "broker {} cannot listen on {}: {e} (is another server running? choose another port with --base-port)",
+                    config.broker_id, config.listen
+                ),
+            )
+        })?;
+        let local_addr = listener.local_addr()?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let shared = Arc::new(Shared {
+            pool: Arc::new(SegmentPool::new(caps.segments_per_broker)),
+            writers: (0..caps.max_topics).map(|_| OnceLock::new()).collect(),
+            metrics: Arc::new(BrokerMetrics::default()),
+            shutdown: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
+            new_publishers: tx,
+            connections: Registry::default(),
+            config,
+            region,
+        });
+        let mut threads = Vec::new();
+        let s = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("broker{}-service", s.config.broker_id))
+                .spawn(move || service::run(s, rx))?,
+        );
+        let s = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("broker{}-accept", s.config.broker_id))
+                .spawn(move || accept_loop(s, listener))?,
+        );
+        Ok(Self {
+            shared,
+            local_addr,
+            threads,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn id(&self) -> u32 {
+        self.shared.config.broker_id
+    }
+
+    pub fn metrics(&self) -> Arc<BrokerMetrics> {
+        self.shared.metrics.clone()
+    }
+
+    /// Free segments in this broker's pool.
+    pub fn free_segments(&self) -> u32 {
+        self.shared.pool.free_count()
+    }
+
+    /// Stops accepting, closes every connection and joins the broker's threads.
+    pub fn stop(&mut self) {
+        if self.shared.shutdown.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Wake the acceptor with a connection of our own, then close every socket so
+        // connection threads blocked in reads return.
+        let _ = TcpStream::connect_timeout(&self.local_addr, Duration::from_secs(1));
+        self.shared.connections.shutdown_all();
+        self.shared.region.broker_bell(self.shared.config.broker_id).ring();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        self.shared.connections.wait_empty(Duration::from_secs(5));
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    for stream in listener.incoming() {
+        if shared.shutdown.load(Ordering::SeqCst) {
+            break;
+        }
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(broker = shared.config.broker_id, "accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let s = shared.clone();
+        let clone = match stream.try_clone() {
+            Ok(c) => c,
+            Err(_) => continue,
+        };
+        let id = shared.connections.add(clone);
+        let spawned = std::thread::Builder::new()
+            .name(format!("broker{}-conn", shared.config.broker_id))
+            .spawn(move || {
+                s.metrics.connections_total.fetch_add(1, Ordering::Relaxed);
+                s.metrics.connections_open.fetch_add(1, Ordering::Relaxed);
+                net::handle_connection(&s, stream);
+                s.metrics.connections_open.fetch_sub(1, Ordering::Relaxed);
+                s.connections.remove(id);
+            });
+        match spawned {
+            Ok(_detached) => {}
+            Err(e) => {
+                tracing::error!("cannot spawn a connection thread: {e}");
+                shared.connections.remove(id);
+            }
+        }
+    }
+}
+
+/// Open connections, so that `stop` can close them. Touched on connect and
+/// disconnect only, never per batch.
+mod registry {
+    use std::collections::HashMap;
+    use std::net::{Shutdown, TcpStream};
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    #[derive(Default)]
+    pub struct Registry {
+        inner: Mutex<(u64, HashMap<u64, TcpStream>)>,
+    }
+
+    impl Registry {
+        pub fn add(&self, stream: TcpStream) -> u64 {
+            let mut g = self.inner.lock().unwrap();
+            g.0 += 1;
+            let id = g.0;
+            g.1.insert(id, stream);
+            id
+        }
+
+        pub fn remove(&self, id: u64) {
+            self.inner.lock().unwrap().1.remove(&id);
+        }
+
+        pub fn shutdown_all(&self) {
+            for stream in self.inner.lock().unwrap().1.values() {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+        }
+
+        /// Waits (bounded) for every connection thread to deregister after
+        /// `shutdown_all`; connection threads are detached, so this is how `stop`
+        /// knows they are gone.
+        pub fn wait_empty(&self, limit: Duration) {
+            let deadline = Instant::now() + limit;
+            while !self.inner.lock().unwrap().1.is_empty() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    }
+}

@@ -351,6 +351,13 @@ impl Region {
         })
     }
 
+    /// Finds an active topic by name: its slot id and metadata.
+    pub fn find_topic(&self, name: &str) -> Option<(u32, TopicMeta)> {
+        (0..self.layout.caps.max_topics)
+            .filter_map(|t| self.topic_meta(t).map(|m| (t, m)))
+            .find(|(_, m)| m.name == name)
+    }
+
     pub fn topic_seq(&self, topic: u32) -> TopicSeq<'_> {
         let base = self.layout.topic_off(topic) + self.layout.topic_seq_rel;
         TopicSeq {

@@ -1,0 +1,208 @@
+//! Connection set-up: socket options, the handshake, and the error path every
+//! connection shares (error frame, then close).
+
+use crate::{publish, subscribe, Shared};
+use embarcadero_region::TopicMeta;
+use embarcadero_wire::{
+    ErrorCode, ErrorFrame, FrameHeader, FrameKind, Hello, HelloOk, Role, WireError, HELLO_LEN,
+    HELLO_OK_LEN,
+};
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// Socket buffer size for data connections: large enough for several batches in flight.
+pub const SOCKET_BUFFER_BYTES: usize = 4 << 20;
+/// How long a new connection has to send its hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub fn tune_socket(stream: &TcpStream) {
+    let sock = socket2::SockRef::from(stream);
+    let _ = sock.set_nodelay(true);
+    let _ = sock.set_recv_buffer_size(SOCKET_BUFFER_BYTES);
+    let _ = sock.set_send_buffer_size(SOCKET_BUFFER_BYTES);
+}
+
+/// A refusal: sent as an error frame before the connection is closed.
+#[derive(Debug)]
+pub struct Refusal {
+    pub code: ErrorCode,
+    pub batch_seq: u64,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            batch_seq: u64::MAX,
+            message: message.into(),
+        }
+    }
+
+    pub fn from_wire(e: &WireError, batch_seq: u64) -> Self {
+        Self {
+            code: ErrorCode::for_wire_error(e),
+            batch_seq,
+            message: e.to_string(),
+        }
+    }
+
+    pub fn frame(&self) -> Vec<u8> {
+        ErrorFrame {
+            code: self.code,
+            batch_seq: self.batch_seq,
+            message: self.message.clone(),
+        }
+        .encode()
+    }
+}
+
+/// Why a connection ended.
+pub enum End {
+    /// The peer closed or the socket failed: nothing to tell it.
+    Gone,
+    /// Tell the peer why, then close.
+    Refused(Refusal),
+}
+
+impl From<io::Error> for End {
+    fn from(_: io::Error) -> Self {
+        End::Gone
+    }
+}
+
+impl From<Refusal> for End {
+    fn from(r: Refusal) -> Self {
+        End::Refused(r)
+    }
+}
+
+pub fn handle_connection(shared: &Shared, mut stream: TcpStream) {
+    tune_socket(&stream);
+    let result = handshake(shared, &mut stream);
+    let end = match result {
+        Ok((hello, topic, meta, cursors)) => match hello.role {
+            Role::Publish => publish::run(shared, stream.try_clone(), &mut stream, hello, topic, meta),
+            Role::Subscribe => subscribe::run(shared, &mut stream, hello, topic, meta, cursors),
+        },
+        Err(end) => end,
+    };
+    if let End::Refused(refusal) = end {
+        shared.metrics.errors_sent.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            broker = shared.config.broker_id,
+            code = ?refusal.code,
+            "closing connection: {}",
+            refusal.message
+        );
+        let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
+        let _ = stream.write_all(&refusal.frame());
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
+type Accepted = (Hello, u32, TopicMeta, Vec<u64>);
+
+fn handshake(shared: &Shared, stream: &mut TcpStream) -> Result<Accepted, End> {
+    stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
+    let mut raw = [0u8; HELLO_LEN];
+    stream.read_exact(&mut raw)?;
+    let hello = Hello::decode(&raw).map_err(|e| Refusal::from_wire(&e, u64::MAX))?;
+    let (topic, meta) = shared.region.find_topic(&hello.topic).ok_or_else(|| {
+        Refusal::new(
+            ErrorCode::UnknownTopic,
+            format!(
+                "topic {:?} does not exist; create it with `embarcadero topic create {} --order 2`",
+                hello.topic, hello.topic
+            ),
+        )
+    })?;
+    let mut cursors = Vec::new();
+    match hello.role {
+        Role::Publish => {
+            if hello.ack_level == 2 && meta.replication_factor < 2 {
+                return Err(Refusal::new(
+                    ErrorCode::AckNotAllowed,
+                    format!(
+                        "ack level 2 needs a replicated topic, but {:?} has replication factor {}; publish with --ack 1 or use a topic created with --rf 2 or more",
+                        meta.name, meta.replication_factor
+                    ),
+                )
+                .into());
+            }
+        }
+        Role::Subscribe => {
+            if hello.cursor_count != 0 {
+                if meta.order >= 2 || hello.cursor_count != shared.region.capacities().brokers {
+                    return Err(Refusal::new(
+                        ErrorCode::BadCursor,
+                        format!(
+                            "{} per-broker cursors sent; topic {:?} (order {}) takes {}",
+                            hello.cursor_count,
+                            meta.name,
+                            meta.order,
+                            if meta.order >= 2 {
+                                0
+                            } else {
+                                shared.region.capacities().brokers
+                            }
+                        ),
+                    )
+                    .into());
+                }
+                let mut raw = vec![0u8; 8 * hello.cursor_count as usize];
+                stream.read_exact(&mut raw)?;
+                cursors = raw
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                    .collect();
+            }
+        }
+    }
+    stream.set_read_timeout(None)?;
+    Ok((hello, topic, meta, cursors))
+}
+
+/// Sends the HelloOk frame.
+pub fn send_hello_ok(stream: &mut TcpStream, ok: &HelloOk) -> io::Result<()> {
+    let mut frame = Vec::with_capacity(16 + HELLO_OK_LEN);
+    frame.extend_from_slice(
+        &FrameHeader {
+            kind: FrameKind::HelloOk,
+            flags: 0,
+            body_len: HELLO_OK_LEN as u32,
+            arg: 0,
+        }
+        .encode(),
+    );
+    frame.extend_from_slice(&ok.encode());
+    stream.write_all(&frame)
+}
+
+pub fn hello_ok(shared: &Shared, hello: &Hello, topic: u32, meta: &TopicMeta) -> HelloOk {
+    HelloOk {
+        broker_id: shared.config.broker_id as u16,
+        num_brokers: shared.region.capacities().brokers as u16,
+        order: meta.order,
+        ack_level: hello.ack_level,
+        replication_factor: meta.replication_factor,
+        topic_id: topic,
+        max_message_bytes: shared.config.max_message_bytes as u32,
+        max_batch_bytes: shared.config.max_batch_bytes as u32,
+        next_batch_seq: 0,
+        first_retained: 0,
+    }
+}
+
+/// Reads and discards `len` bytes (a batch the broker will not keep).
+pub fn drain(stream: &mut TcpStream, mut len: u64) -> io::Result<()> {
+    let mut scratch = [0u8; 64 * 1024];
+    while len > 0 {
+        let n = (scratch.len() as u64).min(len) as usize;
+        stream.read_exact(&mut scratch[..n])?;
+        len -= n as u64;
+    }
+    Ok(())
+}

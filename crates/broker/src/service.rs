@@ -1,0 +1,250 @@
+//! The broker's service thread: advances the written frontier of its logs, reclaims
+//! memory under pressure, raises and clears backpressure, and sends acknowledgements.
+//! It is the only writer of the broker-owned line of each log's control block.
+
+use crate::publish::PublishConn;
+use crate::Shared;
+use embarcadero_region::backoff::Backoff;
+use embarcadero_wire::{Ack, BatchFlags};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Most PBR slots one log advances per round, so one busy log cannot starve acks.
+const MAX_SLOTS_PER_ROUND: u64 = 4096;
+
+/// What the service thread remembers about one of its logs.
+struct LogState {
+    order: u8,
+    replication_factor: u8,
+    /// Mirror of `written_frontier` and `frontier_msgs`.
+    frontier: u64,
+    msgs: u64,
+    /// End of the last committed batch's log bytes.
+    written_end: u64,
+    reclaimed_pbr: u64,
+    /// Logical segments below this one have been returned to the pool.
+    freed_segments_below: u64,
+}
+
+struct AckState {
+    conn: Arc<PublishConn>,
+    /// A pending entry popped but not yet acknowledgeable.
+    head: Option<(u64, u64)>,
+}
+
+pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<PublishConn>>) {
+    let region = shared.region.clone();
+    let broker = shared.config.broker_id;
+    let caps = region.capacities();
+    let mut logs: Vec<Option<LogState>> = (0..caps.max_topics).map(|_| None).collect();
+    let mut acks: Vec<AckState> = Vec::new();
+    let mut backoff = Backoff::new(shared.config.idle_sleep_max);
+    let bell = region.broker_bell(broker);
+    let total_segments = shared.pool.total() as f64;
+    // Reclaim to keep usage at or below the low watermark; pause above the high one.
+    let reclaim_below_free = (total_segments * (1.0 - shared.config.low_watermark)).ceil() as u32;
+    let pause_below_free = (total_segments * (1.0 - shared.config.high_watermark)).ceil() as u32;
+    while !shared.shutdown.load(Ordering::Relaxed) {
+        let seen = bell.seen();
+        let mut progress = false;
+        while let Ok(conn) = new_conns.try_recv() {
+            acks.push(AckState { conn, head: None });
+        }
+        for (topic, slot) in logs.iter_mut().enumerate() {
+            let topic = topic as u32;
+            if slot.is_none() {
+                if shared.writers[topic as usize].get().is_none() {
+                    continue;
+                }
+                let Some(meta) = region.topic_meta(topic) else {
+                    continue;
+                };
+                *slot = Some(LogState {
+                    order: meta.order,
+                    replication_factor: meta.replication_factor,
+                    frontier: 0,
+                    msgs: 0,
+                    written_end: 0,
+                    reclaimed_pbr: 0,
+                    freed_segments_below: 0,
+                });
+            }
+            let st = slot.as_mut().expect("initialised above");
+            progress |= advance_frontier(&shared, topic, st);
+            let segment_pressure = shared.pool.free_count() < reclaim_below_free;
+            progress |= reclaim(&shared, topic, st, segment_pressure);
+        }
+        let free = shared.pool.free_count();
+        let paused = shared.paused.load(Ordering::Relaxed);
+        if !paused && free < pause_below_free {
+            shared.paused.store(true, Ordering::Release);
+            tracing::debug!(broker, free, "log memory above high watermark: pausing publishers");
+        } else if paused && free >= reclaim_below_free {
+            shared.paused.store(false, Ordering::Release);
+            tracing::debug!(broker, free, "log memory below low watermark: resuming publishers");
+        }
+        progress |= send_acks(&shared, &logs, &mut acks);
+        if progress {
+            backoff.reset();
+        } else {
+            backoff.idle(Some((&bell, seen)));
+        }
+    }
+}
+
+/// Moves `written_frontier` over newly committed slots, numbering their messages.
+fn advance_frontier(shared: &Shared, topic: u32, st: &mut LogState) -> bool {
+    let region = &shared.region;
+    let broker = shared.config.broker_id;
+    let start = st.frontier;
+    while st.frontier - start < MAX_SLOTS_PER_ROUND {
+        let Some(h) = region.pbr_read(topic, broker, st.frontier) else {
+            break;
+        };
+        region.pbr_set_start_offset(topic, broker, st.frontier, st.msgs);
+        if h.flags & BatchFlags::VALID != 0 {
+            st.msgs += h.num_msg as u64;
+        }
+        st.written_end = h.log_offset + h.total_size;
+        st.frontier += 1;
+    }
+    if st.frontier == start {
+        return false;
+    }
+    let log = region.log(topic, broker);
+    log.frontier_msgs.store(st.msgs, Ordering::Release);
+    log.written_frontier.store(st.frontier, Ordering::Release);
+    if st.order <= 1 {
+        region.topic_bell(topic).ring();
+    }
+    true
+}
+
+/// Releases the oldest batches of a log when memory is needed: ring pressure, a
+/// sequencer request (it must reuse GOI slots), or the broker's segment pool running
+/// low. Only batches every consumer is done with are eligible: written, ordered
+/// (orders 2 and 5), durable (replicated topics).
+fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, segment_pressure: bool) -> bool {
+    let region = &shared.region;
+    let broker = shared.config.broker_id;
+    let caps = region.capacities();
+    let log = region.log(topic, broker);
+    let mut eligible = st.frontier;
+    if st.order >= 2 {
+        eligible = eligible.min(log.ordered_pbr.load(Ordering::Acquire));
+    }
+    if st.replication_factor >= 2 {
+        eligible = eligible.min(log.durable_pbr.load(Ordering::Acquire));
+    }
+    let mut target = st.reclaimed_pbr;
+    let reserved = shared.writers[topic as usize]
+        .get()
+        .map_or(0, |w| w.reserved_pbr());
+    let ring_high = (caps.pbr_slots as f64 * shared.config.high_watermark) as u64;
+    let ring_low = (caps.pbr_slots as f64 * shared.config.low_watermark) as u64;
+    if reserved - st.reclaimed_pbr > ring_high {
+        target = target.max(reserved - ring_low);
+    }
+    target = target.max(log.reclaim_request.load(Ordering::Acquire));
+    if segment_pressure {
+        // Free this log's oldest segment if it is not the one being written.
+        let seg = caps.segment_bytes;
+        let oldest_end = (log.reclaimed_blog.load(Ordering::Relaxed) / seg + 1) * seg;
+        if oldest_end <= st.written_end {
+            let mut i = target.max(st.reclaimed_pbr);
+            while i < eligible {
+                match region.pbr_read(topic, broker, i) {
+                    Some(h) if h.log_offset < oldest_end => i += 1,
+                    _ => break,
+                }
+            }
+            target = target.max(i);
+        }
+    }
+    let target = target.min(eligible);
+    if target <= st.reclaimed_pbr {
+        return false;
+    }
+    let new_blog = if target < st.frontier {
+        region
+            .pbr_read(topic, broker, target)
+            .map(|h| h.log_offset)
+            .expect("committed slot below the frontier is readable by its owner")
+    } else {
+        st.written_end
+    };
+    // Readers re-check these after copying, so they must move before the memory is
+    // handed out again.
+    log.reclaimed_blog.store(new_blog, Ordering::Release);
+    log.reclaimed_pbr.store(target, Ordering::Release);
+    let seg = caps.segment_bytes;
+    while st.freed_segments_below < new_blog / seg {
+        let logical = st.freed_segments_below;
+        if let Some(physical) = region.seg_map_lookup(topic, broker, logical) {
+            shared.pool.push(physical);
+        }
+        st.freed_segments_below += 1;
+    }
+    shared
+        .metrics
+        .reclaimed_batches
+        .fetch_add(target - st.reclaimed_pbr, Ordering::Relaxed);
+    st.reclaimed_pbr = target;
+    true
+}
+
+/// Acknowledges, per connection, every pending batch that reached the ack level.
+fn send_acks(shared: &Shared, logs: &[Option<LogState>], acks: &mut Vec<AckState>) -> bool {
+    let region = &shared.region;
+    let broker = shared.config.broker_id;
+    let mut progress = false;
+    acks.retain_mut(|a| {
+        let conn = &a.conn;
+        if conn.closed.load(Ordering::Acquire) {
+            return false;
+        }
+        let log = region.log(conn.topic, broker);
+        let written = logs[conn.topic as usize].as_ref().map_or(0, |s| s.frontier);
+        // PBR indices below `limit` have reached the connection's ack level.
+        let limit = match (conn.ack_level, conn.order) {
+            (2, _) => log.durable_pbr.load(Ordering::Acquire),
+            (_, 0) => u64::MAX,
+            (_, 1) => written,
+            _ => log.ordered_pbr.load(Ordering::Acquire),
+        };
+        let mut count = None;
+        loop {
+            if a.head.is_none() {
+                a.head = conn.pending.pop();
+            }
+            match a.head {
+                Some((seq, pbr)) if pbr < limit => {
+                    count = Some(seq + 1);
+                    a.head = None;
+                }
+                _ => break,
+            }
+        }
+        let mut out = conn.out.lock().unwrap();
+        if conn.closed.load(Ordering::Acquire) {
+            return false;
+        }
+        let result = match count {
+            Some(count) => {
+                progress = true;
+                shared.metrics.acks_sent.fetch_add(1, Ordering::Relaxed);
+                out.send_nonblocking(
+                    &Ack {
+                        level: conn.ack_level,
+                        count,
+                    }
+                    .encode(),
+                )
+            }
+            None if !out.unsent.is_empty() => out.send_nonblocking(&[]),
+            None => Ok(()),
+        };
+        result.is_ok()
+    });
+    progress
+}

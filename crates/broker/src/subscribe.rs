@@ -1,0 +1,444 @@
+//! Serving a subscriber: batches go from the region to the socket with `writev`, no
+//! copy in user space. Memory may be reclaimed while a batch is in flight (retention),
+//! so after each write the server re-checks the tokens and reclaimed frontiers it
+//! relied on, and only then confirms the deliveries with a BatchOk frame.
+
+use crate::net::{self, End, Refusal};
+use crate::Shared;
+use embarcadero_region::backoff::Backoff;
+use embarcadero_region::{Region, TopicMeta};
+use embarcadero_wire::{
+    BatchFlags, BatchOk, DeliveryHeader, ErrorCode, Hello, DELIVERY_HEADER_LEN, FRAME_HEADER_LEN,
+};
+use std::io::{self, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+
+/// Most batches and bytes sent per `writev` round.
+const MAX_BATCHES_PER_ROUND: usize = 64;
+const MAX_BYTES_PER_ROUND: u64 = 16 << 20;
+const FRAME_AND_DELIVERY: usize = FRAME_HEADER_LEN + DELIVERY_HEADER_LEN;
+
+pub fn run(
+    shared: &Shared,
+    stream: &mut TcpStream,
+    hello: Hello,
+    topic: u32,
+    meta: TopicMeta,
+    cursors: Vec<u64>,
+) -> End {
+    let ok = net::hello_ok(shared, &hello, topic, &meta);
+    if let Err(e) = net::send_hello_ok(stream, &ok) {
+        return e.into();
+    }
+    let result = if meta.order >= 2 {
+        serve_global(shared, stream, topic, &meta, hello.start_position)
+    } else {
+        let brokers = shared.region.capacities().brokers as usize;
+        let cursors = if cursors.is_empty() {
+            vec![0; brokers]
+        } else {
+            cursors
+        };
+        serve_per_broker(shared, stream, topic, &meta, cursors)
+    };
+    match result {
+        Ok(()) => End::Gone,
+        Err(end) => end,
+    }
+}
+
+/// One batch chosen for a round, with what must be re-checked after sending it.
+struct Planned {
+    header: DeliveryHeader,
+    ptr: *const u8,
+    broker: u32,
+    log_offset: u64,
+    /// GOI index (orders 2, 5) or PBR index (orders 0, 1) whose token is re-checked.
+    token_index: u64,
+}
+
+/// Sends the planned batches, re-validates them, then confirms them.
+fn send_round(
+    shared: &Shared,
+    stream: &mut TcpStream,
+    topic: u32,
+    global: bool,
+    plan: &[Planned],
+) -> Result<(), End> {
+    let mut headers = vec![0u8; plan.len() * FRAME_AND_DELIVERY];
+    let mut iov: Vec<libc::iovec> = Vec::with_capacity(plan.len() * 2);
+    for (i, p) in plan.iter().enumerate() {
+        let h = &mut headers[i * FRAME_AND_DELIVERY..(i + 1) * FRAME_AND_DELIVERY];
+        h[..FRAME_HEADER_LEN].copy_from_slice(&p.header.frame_header().encode());
+        h[FRAME_HEADER_LEN..].copy_from_slice(&p.header.encode());
+    }
+    for (i, p) in plan.iter().enumerate() {
+        iov.push(libc::iovec {
+            iov_base: headers[i * FRAME_AND_DELIVERY..].as_ptr() as *mut libc::c_void,
+            iov_len: FRAME_AND_DELIVERY,
+        });
+        iov.push(libc::iovec {
+            iov_base: p.ptr as *mut libc::c_void,
+            iov_len: p.header.payload_len as usize,
+        });
+    }
+    writev_all(stream, &mut iov)?;
+    let region = &shared.region;
+    for p in plan {
+        let token_ok = if global {
+            region.goi_holds(topic, p.token_index)
+        } else {
+            region.pbr_holds(topic, p.broker, p.token_index)
+        };
+        let reclaimed = region
+            .log(topic, p.broker)
+            .reclaimed_blog
+            .load(Ordering::Acquire);
+        if !token_ok || reclaimed > p.log_offset {
+            return Err(not_retained(p.header.first_position, None));
+        }
+    }
+    stream.write_all(
+        &BatchOk {
+            upto: plan.len() as u64,
+        }
+        .encode(),
+    )?;
+    let bytes: u64 = plan.iter().map(|p| p.header.payload_len as u64).sum();
+    shared
+        .metrics
+        .subscribe_batches
+        .fetch_add(plan.len() as u64, Ordering::Relaxed);
+    shared
+        .metrics
+        .subscribe_bytes
+        .fetch_add(bytes, Ordering::Relaxed);
+    Ok(())
+}
+
+fn not_retained(position: u64, first: Option<u64>) -> End {
+    let message = match first {
+        Some(first) => format!(
+            "position {position} is no longer retained; the first available position is {first}; subscribe again with --from {first}"
+        ),
+        None => format!(
+            "the subscriber fell behind: batch at position {position} was reclaimed while being sent; resubscribe from a later position"
+        ),
+    };
+    Refusal::new(ErrorCode::PositionNotRetained, message).into()
+}
+
+/// Writes every byte the iovecs describe, resuming after partial writes.
+fn writev_all(stream: &TcpStream, iov: &mut [libc::iovec]) -> io::Result<()> {
+    let fd = stream.as_raw_fd();
+    let mut first = 0;
+    while first < iov.len() {
+        let count = (iov.len() - first).min(1024);
+        // SAFETY: every iovec points into live memory: header buffers owned by the
+        // caller, or region payload ranges inside the mapping (which lives as long as
+        // `shared`). The kernel only reads them.
+        let n = unsafe { libc::writev(fd, iov[first..].as_ptr(), count as libc::c_int) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let mut n = n as usize;
+        while first < iov.len() && n >= iov[first].iov_len {
+            n -= iov[first].iov_len;
+            first += 1;
+        }
+        if n > 0 {
+            let v = &mut iov[first];
+            // SAFETY: advancing within the same buffer by fewer bytes than its length.
+            v.iov_base = unsafe { (v.iov_base as *mut u8).add(n) } as *mut libc::c_void;
+            v.iov_len -= n;
+        }
+        while first < iov.len() && iov[first].iov_len == 0 {
+            first += 1;
+        }
+    }
+    Ok(())
+}
+
+fn retained(region: &Region, topic: u32, broker: u32, log_offset: u64) -> bool {
+    region
+        .log(topic, broker)
+        .reclaimed_blog
+        .load(Ordering::Acquire)
+        <= log_offset
+}
+
+enum Locate {
+    At { index: u64, skip: u32 },
+    NotYet,
+    Gone { first: u64 },
+}
+
+// ------------------------------------------------------------------ orders 2 and 5
+
+/// Finds the GOI entry holding global position `pos`.
+fn locate_global(region: &Region, topic: u32, pos: u64) -> Locate {
+    let committed = region.topic_seq(topic).committed_seq.load(Ordering::Acquire);
+    if committed == 0 {
+        return Locate::NotYet;
+    }
+    let Some(last) = region.goi_read(topic, committed - 1) else {
+        return Locate::NotYet;
+    };
+    if pos >= last.total_order + last.num_msg as u64 {
+        return Locate::NotYet;
+    }
+    let goi_slots = region.capacities().goi_slots;
+    let usable = |g: u64| {
+        region
+            .goi_read(topic, g)
+            .filter(|e| retained(region, topic, e.broker_id as u32, e.blog_offset))
+    };
+    let mut lo = committed.saturating_sub(goi_slots);
+    while lo < committed && usable(lo).is_none() {
+        lo += 1;
+    }
+    let Some(first) = usable(lo) else {
+        return Locate::Gone {
+            first: last.total_order + last.num_msg as u64,
+        };
+    };
+    if pos < first.total_order {
+        return Locate::Gone {
+            first: first.total_order,
+        };
+    }
+    // Largest g in [lo, committed) whose first position is <= pos.
+    let (mut a, mut b) = (lo, committed - 1);
+    while a < b {
+        let mid = a + (b - a).div_ceil(2);
+        match region.goi_read(topic, mid) {
+            Some(e) if e.total_order <= pos => a = mid,
+            Some(_) => b = mid - 1,
+            None => return Locate::NotYet, // overwritten meanwhile: try again
+        }
+    }
+    match region.goi_read(topic, a) {
+        Some(e) => Locate::At {
+            index: a,
+            skip: (pos - e.total_order) as u32,
+        },
+        None => Locate::NotYet,
+    }
+}
+
+fn serve_global(
+    shared: &Shared,
+    stream: &mut TcpStream,
+    topic: u32,
+    meta: &TopicMeta,
+    start: u64,
+) -> Result<(), End> {
+    let region = &shared.region;
+    let bell = region.topic_bell(topic);
+    let mut backoff = Backoff::new(shared.config.idle_sleep_max);
+    let mut cursor: Option<(u64, u32)> = None;
+    while !shared.shutdown.load(Ordering::Relaxed) {
+        let seen = bell.seen();
+        if cursor.is_none() {
+            match locate_global(region, topic, start) {
+                Locate::At { index, skip } => cursor = Some((index, skip)),
+                Locate::Gone { first } => return Err(not_retained(start, Some(first))),
+                Locate::NotYet => {}
+            }
+        }
+        let committed = region.topic_seq(topic).committed_seq.load(Ordering::Acquire);
+        let Some((mut g, mut skip)) = cursor.filter(|(g, _)| *g < committed) else {
+            backoff.idle(Some((&bell, seen)));
+            continue;
+        };
+        backoff.reset();
+        let mut plan = Vec::new();
+        let mut bytes = 0u64;
+        while g < committed && plan.len() < MAX_BATCHES_PER_ROUND && bytes < MAX_BYTES_PER_ROUND {
+            let entry = region.goi_read(topic, g);
+            let planned = entry.and_then(|e| {
+                let broker = e.broker_id as u32;
+                if !retained(region, topic, broker, e.blog_offset) {
+                    return None;
+                }
+                let ptr = region.blog_ptr(topic, broker, e.blog_offset, e.payload_size as u64)?;
+                Some(Planned {
+                    header: DeliveryHeader {
+                        batch_position: g,
+                        first_position: e.total_order,
+                        client_id: e.client_id,
+                        batch_seq: e.client_seq,
+                        num_msg: e.num_msg,
+                        skip: skip.min(e.num_msg),
+                        broker_id: e.broker_id,
+                        order: meta.order,
+                        payload_len: e.payload_size,
+                        session_epoch: e.session_epoch,
+                    },
+                    ptr,
+                    broker,
+                    log_offset: e.blog_offset,
+                    token_index: g,
+                })
+            });
+            let Some(p) = planned else {
+                let pos = entry.map_or(0, |e| e.total_order);
+                return Err(not_retained(pos, None));
+            };
+            bytes += p.header.payload_len as u64;
+            plan.push(p);
+            skip = 0;
+            g += 1;
+        }
+        send_round(shared, stream, topic, true, &plan)?;
+        cursor = Some((g, 0));
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ orders 0 and 1
+
+/// Finds the PBR slot of `broker` holding per-broker position `pos`.
+fn locate_in_broker(region: &Region, topic: u32, broker: u32, pos: u64) -> Locate {
+    let log = region.log(topic, broker);
+    let frontier = log.written_frontier.load(Ordering::Acquire);
+    let lo = log.reclaimed_pbr.load(Ordering::Acquire);
+    let start_of = |i: u64| region.pbr_read(topic, broker, i).map(|h| h.start_logical_offset);
+    if lo >= frontier {
+        let msgs = log.frontier_msgs.load(Ordering::Acquire);
+        return if pos >= msgs {
+            if pos == msgs {
+                Locate::At {
+                    index: frontier,
+                    skip: 0,
+                }
+            } else {
+                Locate::NotYet
+            }
+        } else {
+            Locate::Gone { first: msgs }
+        };
+    }
+    let Some(first) = start_of(lo) else {
+        return Locate::NotYet;
+    };
+    if pos < first {
+        return Locate::Gone { first };
+    }
+    let (mut a, mut b) = (lo, frontier - 1);
+    while a < b {
+        let mid = a + (b - a).div_ceil(2);
+        match start_of(mid) {
+            Some(s) if s <= pos => a = mid,
+            Some(_) => b = mid - 1,
+            None => return Locate::NotYet,
+        }
+    }
+    let Some(h) = region.pbr_read(topic, broker, a) else {
+        return Locate::NotYet;
+    };
+    let n = if h.flags & BatchFlags::VALID != 0 {
+        h.num_msg as u64
+    } else {
+        0
+    };
+    let start = h.start_logical_offset;
+    if pos < start + n {
+        Locate::At {
+            index: a,
+            skip: (pos - start) as u32,
+        }
+    } else if pos == start + n {
+        Locate::At {
+            index: a + 1,
+            skip: 0,
+        }
+    } else {
+        Locate::NotYet
+    }
+}
+
+fn serve_per_broker(
+    shared: &Shared,
+    stream: &mut TcpStream,
+    topic: u32,
+    meta: &TopicMeta,
+    positions: Vec<u64>,
+) -> Result<(), End> {
+    let region = &shared.region;
+    let bell = region.topic_bell(topic);
+    let mut backoff = Backoff::new(shared.config.idle_sleep_max);
+    let brokers = positions.len() as u32;
+    let mut cursors: Vec<Option<(u64, u32)>> = vec![None; brokers as usize];
+    let per_broker_limit = (MAX_BATCHES_PER_ROUND / brokers as usize).max(1);
+    while !shared.shutdown.load(Ordering::Relaxed) {
+        let seen = bell.seen();
+        let mut plan = Vec::new();
+        for broker in 0..brokers {
+            let c = &mut cursors[broker as usize];
+            if c.is_none() {
+                match locate_in_broker(region, topic, broker, positions[broker as usize]) {
+                    Locate::At { index, skip } => *c = Some((index, skip)),
+                    Locate::Gone { first } => {
+                        return Err(not_retained(positions[broker as usize], Some(first)))
+                    }
+                    Locate::NotYet => continue,
+                }
+            }
+            let (mut i, mut skip) = c.expect("located");
+            let log = region.log(topic, broker);
+            let frontier = log.written_frontier.load(Ordering::Acquire);
+            let mut taken = 0;
+            while i < frontier && taken < per_broker_limit {
+                let Some(h) = region.pbr_read(topic, broker, i) else {
+                    return Err(not_retained(positions[broker as usize], None));
+                };
+                if h.flags & BatchFlags::VALID == 0 {
+                    i += 1;
+                    continue;
+                }
+                if !retained(region, topic, broker, h.log_offset) {
+                    return Err(not_retained(h.start_logical_offset, None));
+                }
+                let Some(ptr) = region.blog_ptr(topic, broker, h.log_offset, h.total_size) else {
+                    return Err(not_retained(h.start_logical_offset, None));
+                };
+                plan.push(Planned {
+                    header: DeliveryHeader {
+                        batch_position: i,
+                        first_position: h.start_logical_offset,
+                        client_id: h.client_id,
+                        batch_seq: h.batch_seq,
+                        num_msg: h.num_msg,
+                        skip: skip.min(h.num_msg),
+                        broker_id: broker as u16,
+                        order: meta.order,
+                        payload_len: h.total_size as u32,
+                        session_epoch: h.session_epoch,
+                    },
+                    ptr,
+                    broker,
+                    log_offset: h.log_offset,
+                    token_index: i,
+                });
+                skip = 0;
+                taken += 1;
+                i += 1;
+            }
+            *c = Some((i, skip));
+        }
+        if plan.is_empty() {
+            backoff.idle(Some((&bell, seen)));
+            continue;
+        }
+        backoff.reset();
+        send_round(shared, stream, topic, false, &plan)?;
+    }
+    Ok(())
+}
