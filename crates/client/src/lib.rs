@@ -1,1 +1,82 @@
-//! placeholder
+//! The Rust client library: [`Publisher`], [`Subscriber`] and [`Admin`].
+//!
+//! Owns: client-side batching (messages are written once, in their final wire form,
+//! into pooled batch buffers), the per-connection queues and their sender/ack-reader
+//! threads, acknowledgement tracking, and subscriber reassembly of positions. It talks
+//! to brokers only through the protocol in `embarcadero-wire` and to the control plane
+//! only through its HTTP API; it never maps the region.
+
+mod admin;
+mod conn;
+mod publisher;
+mod subscriber;
+
+pub use admin::{Admin, BrokerAddr, ClusterInfo, TopicInfo, TopicSpec};
+pub use publisher::{Publisher, PublisherConfig, PublisherStats, QueueStats};
+pub use subscriber::{Cursor, Message, MessageRef, Subscriber, SubscriberConfig};
+
+use embarcadero_wire::ErrorCode;
+
+/// Everything that can go wrong in the client.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    #[error("cannot reach {what} at {addr}: {message}")]
+    Connect {
+        what: &'static str,
+        addr: String,
+        message: String,
+    },
+    #[error("admin API error ({status}): {message}")]
+    Admin { status: u16, message: String },
+    #[error("broker {broker} refused: {message} ({code:?})")]
+    Broker {
+        broker: String,
+        code: ErrorCode,
+        message: String,
+    },
+    #[error("connection to broker {broker} lost: {message}")]
+    ConnectionLost { broker: String, message: String },
+    #[error("protocol violation from {peer}: {message}")]
+    Protocol { peer: String, message: String },
+    #[error("message of {size} bytes exceeds the broker's maximum of {max} bytes")]
+    MessageTooLarge { size: usize, max: usize },
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("timed out after {0:?}")]
+    Timeout(std::time::Duration),
+    #[error("the publisher is closed")]
+    Closed,
+}
+
+impl Error {
+    /// The broker error code, if the broker refused something.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Error::Broker { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A client id that is unique with overwhelming probability (time, pid, hasher seed).
+pub fn random_client_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.write_u32(std::process::id());
+    h.finish() | 1
+}
+
+pub(crate) fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}

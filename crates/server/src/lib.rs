@@ -1,1 +1,240 @@
-//! placeholder
+//! The embedded server: control plane, N brokers and the sequencer in one process,
+//! all attached to one region file in the data directory.
+//!
+//! Owns: the data directory (region file, `topics.json`, a lock file), the control
+//! plane (the only writer of topic metadata), the admin HTTP API and `/metrics`, and
+//! the lifecycle of the brokers and the sequencer it starts. It does not touch the
+//! data path itself: brokers and the sequencer do.
+
+pub mod config;
+pub mod control;
+mod http;
+
+pub use config::ServerConfig;
+pub use control::{BrokerLogInfo, TopicInfo, TopicSpec};
+
+use embarcadero_broker::{Broker, BrokerConfig, BrokerMetrics, SegmentPool};
+use embarcadero_region::Region;
+use embarcadero_sequencer::{Sequencer, SequencerConfig, SequencerMetrics};
+use std::fs::File;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(
+        "cannot use data directory {path}: {source}; choose a writable directory with --data-dir"
+    )]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("data directory {0} is in use by another embarcadero server; stop it or choose another --data-dir")]
+    Locked(PathBuf),
+    #[error(transparent)]
+    Region(#[from] embarcadero_region::RegionError),
+    #[error(transparent)]
+    Topics(#[from] control::TopicError),
+    #[error("{0}")]
+    Start(String),
+}
+
+/// What the admin API needs to know about one broker.
+pub(crate) struct BrokerInfo {
+    pub id: u32,
+    pub addr: SocketAddr,
+    pub metrics: Arc<BrokerMetrics>,
+    pub pool: Arc<SegmentPool>,
+}
+
+/// State shared with the admin API thread.
+pub(crate) struct Inner {
+    pub config: ServerConfig,
+    pub region: Arc<Region>,
+    pub control: control::ControlPlane,
+    pub brokers: Vec<BrokerInfo>,
+    pub sequencer_metrics: Arc<SequencerMetrics>,
+    pub started: Instant,
+}
+
+/// A running embedded server. Dropping it stops it.
+pub struct Server {
+    inner: Arc<Inner>,
+    brokers: Vec<Broker>,
+    sequencer: Sequencer,
+    http: Arc<tiny_http::Server>,
+    http_thread: Option<std::thread::JoinHandle<()>>,
+    control_addr: SocketAddr,
+    _lock: File,
+}
+
+impl Server {
+    pub fn start(config: ServerConfig) -> Result<Self, ServerError> {
+        config.validate()?;
+        let dir = &config.data_dir;
+        let dir_err = |source| ServerError::DataDir {
+            path: dir.clone(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(dir_err)?;
+        let lock = lock_data_dir(dir)?;
+        // Region contents are memory: a restart starts from an empty log and keeps the
+        // topics (recovery of data across restarts comes with disk replicas).
+        let region = Arc::new(Region::create(&dir.join("region"), config.capacities())?);
+        let control = control::ControlPlane::open(region.clone(), dir)?;
+        let ip: IpAddr = config.bind.parse().map_err(|e| {
+            ServerError::Start(format!(
+                "bind address {:?} is not an IP address: {e}",
+                config.bind
+            ))
+        })?;
+        let sequencer = Sequencer::start(
+            region.clone(),
+            SequencerConfig {
+                epoch: Duration::from_micros(config.sequencer.epoch_us),
+                idle_sleep_max: Duration::from_micros(config.broker.idle_sleep_max_us),
+            },
+        )
+        .map_err(|e| ServerError::Start(format!("cannot start the sequencer: {e}")))?;
+        let mut brokers = Vec::new();
+        for id in 0..config.brokers {
+            let port = if config.base_port == 0 {
+                0
+            } else {
+                config.base_port.checked_add(id as u16).ok_or_else(|| {
+                    ServerError::Start(format!(
+                        "base port {} + broker {id} exceeds 65535",
+                        config.base_port
+                    ))
+                })?
+            };
+            let b = &config.broker;
+            let broker_config = BrokerConfig {
+                broker_id: id,
+                listen: SocketAddr::new(ip, port),
+                max_message_bytes: b.max_message_bytes,
+                max_batch_bytes: b.max_batch_bytes,
+                high_watermark: b.high_watermark,
+                low_watermark: b.low_watermark,
+                backpressure_timeout: Duration::from_millis(b.backpressure_timeout_ms),
+                idle_sleep_max: Duration::from_micros(b.idle_sleep_max_us),
+            };
+            brokers.push(
+                Broker::start(broker_config, region.clone())
+                    .map_err(|e| ServerError::Start(e.to_string()))?,
+            );
+        }
+        let http = tiny_http::Server::http(SocketAddr::new(ip, config.control_port))
+            .map_err(|e| {
+                ServerError::Start(format!(
+                    "cannot listen on control port {}:{}: {e} (is another server running? choose another port with --control-port)",
+                    ip, config.control_port
+                ))
+            })?;
+        let control_addr = http
+            .server_addr()
+            .to_ip()
+            .ok_or_else(|| ServerError::Start("control API is not on an IP socket".into()))?;
+        let http = Arc::new(http);
+        let inner = Arc::new(Inner {
+            brokers: brokers
+                .iter()
+                .map(|b| BrokerInfo {
+                    id: b.id(),
+                    addr: b.local_addr(),
+                    metrics: b.metrics(),
+                    pool: b.segment_pool(),
+                })
+                .collect(),
+            sequencer_metrics: sequencer.metrics(),
+            config,
+            region,
+            control,
+            started: Instant::now(),
+        });
+        let (h, i) = (http.clone(), inner.clone());
+        let http_thread = std::thread::Builder::new()
+            .name("control-http".into())
+            .spawn(move || http::serve(h, i))
+            .map_err(|e| ServerError::Start(format!("cannot start the admin API: {e}")))?;
+        tracing::info!(
+            control = %control_addr,
+            brokers = ?inner.brokers.iter().map(|b| b.addr.to_string()).collect::<Vec<_>>(),
+            data_dir = %inner.config.data_dir.display(),
+            "embarcadero server started"
+        );
+        Ok(Self {
+            inner,
+            brokers,
+            sequencer,
+            http,
+            http_thread: Some(http_thread),
+            control_addr,
+            _lock: lock,
+        })
+    }
+
+    /// Address of the admin API (`http://{addr}/v1/...`).
+    pub fn control_addr(&self) -> SocketAddr {
+        self.control_addr
+    }
+
+    pub fn broker_addrs(&self) -> Vec<SocketAddr> {
+        self.brokers.iter().map(|b| b.local_addr()).collect()
+    }
+
+    pub fn config(&self) -> &ServerConfig {
+        &self.inner.config
+    }
+
+    pub fn region(&self) -> &Arc<Region> {
+        &self.inner.region
+    }
+
+    pub fn create_topic(&self, spec: TopicSpec) -> Result<TopicInfo, control::TopicError> {
+        let spec = self.inner.control.create(spec)?;
+        self.inner.control.describe(&spec.name)
+    }
+
+    pub fn topic(&self, name: &str) -> Result<TopicInfo, control::TopicError> {
+        self.inner.control.describe(name)
+    }
+
+    /// Stops the admin API, the brokers and the sequencer.
+    pub fn stop(&mut self) {
+        self.http.unblock();
+        if let Some(t) = self.http_thread.take() {
+            let _ = t.join();
+        }
+        for b in &mut self.brokers {
+            b.stop();
+        }
+        self.sequencer.stop();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn lock_data_dir(dir: &Path) -> Result<File, ServerError> {
+    let path = dir.join("LOCK");
+    let file = File::create(&path).map_err(|source| ServerError::DataDir {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(ServerError::Locked(dir.to_path_buf())),
+        Err(std::fs::TryLockError::Error(source)) => Err(ServerError::DataDir {
+            path: dir.to_path_buf(),
+            source,
+        }),
+    }
+}

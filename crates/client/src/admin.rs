@@ -1,0 +1,146 @@
+//! The admin client: topics and cluster discovery over the control plane's HTTP API.
+
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// What to create.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TopicSpec {
+    pub name: String,
+    pub order: u8,
+    pub replication_factor: u8,
+    pub default_ack: u8,
+}
+
+impl TopicSpec {
+    pub fn new(name: impl Into<String>, order: u8) -> Self {
+        Self {
+            name: name.into(),
+            order,
+            replication_factor: 1,
+            default_ack: 1,
+        }
+    }
+}
+
+/// A topic as the control plane describes it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TopicInfo {
+    pub name: String,
+    pub id: u32,
+    pub order: u8,
+    pub replication_factor: u8,
+    pub default_ack: u8,
+    pub created_unix_ms: u64,
+    pub committed_batches: u64,
+    pub next_position: u64,
+    pub brokers: Vec<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BrokerAddr {
+    pub id: u32,
+    pub addr: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClusterInfo {
+    pub brokers: Vec<BrokerAddr>,
+    pub max_message_bytes: u64,
+    pub max_batch_bytes: u64,
+}
+
+/// Client of the admin API at `host:port` (default `127.0.0.1:12140`).
+#[derive(Debug, Clone)]
+pub struct Admin {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Admin {
+    pub fn new(control: &str) -> Self {
+        let base = if control.starts_with("http://") {
+            control.trim_end_matches('/').to_string()
+        } else {
+            format!("http://{}", control.trim_end_matches('/'))
+        };
+        let agent = ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(10))
+            .build();
+        Self { base, agent }
+    }
+
+    pub fn control_url(&self) -> &str {
+        &self.base
+    }
+
+    fn call(
+        &self,
+        req: ureq::Request,
+        body: Option<serde_json::Value>,
+    ) -> Result<serde_json::Value> {
+        let result = match body {
+            Some(b) => req.send_json(b),
+            None => req.call(),
+        };
+        match result {
+            Ok(resp) => resp.into_json().map_err(|e| Error::Admin {
+                status: 200,
+                message: format!("unreadable response: {e}"),
+            }),
+            Err(ureq::Error::Status(status, resp)) => {
+                let message = resp
+                    .into_json::<serde_json::Value>()
+                    .ok()
+                    .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(String::from))
+                    .unwrap_or_else(|| "no error text".into());
+                Err(Error::Admin { status, message })
+            }
+            Err(e) => Err(Error::Connect {
+                what: "the control plane",
+                addr: self.base.clone(),
+                message: format!(
+                    "{e}; is `embarcadero serve` running? (set --control or EMBARCADERO_CONTROL)"
+                ),
+            }),
+        }
+    }
+
+    fn get(&self, path: &str) -> Result<serde_json::Value> {
+        self.call(self.agent.get(&format!("{}{path}", self.base)), None)
+    }
+
+    pub fn create_topic(&self, spec: &TopicSpec) -> Result<TopicInfo> {
+        let v = self.call(
+            self.agent.post(&format!("{}/v1/topics", self.base)),
+            Some(serde_json::to_value(spec).expect("serialisable")),
+        )?;
+        parse(v)
+    }
+
+    pub fn list_topics(&self) -> Result<Vec<TopicInfo>> {
+        let v = self.get("/v1/topics")?;
+        parse(v.get("topics").cloned().unwrap_or_default())
+    }
+
+    pub fn describe_topic(&self, name: &str) -> Result<TopicInfo> {
+        parse(self.get(&format!("/v1/topics/{name}"))?)
+    }
+
+    pub fn cluster(&self) -> Result<ClusterInfo> {
+        parse(self.get("/v1/cluster")?)
+    }
+
+    /// The raw `/v1/status` document.
+    pub fn status(&self) -> Result<serde_json::Value> {
+        self.get("/v1/status")
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T> {
+    serde_json::from_value(v).map_err(|e| Error::Admin {
+        status: 200,
+        message: format!("unexpected response shape: {e}"),
+    })
+}

@@ -1,0 +1,741 @@
+//! The publisher: messages are appended in their final wire form (64-byte header,
+//! payload, padding) into a pooled batch buffer; sealed batches go round-robin to one
+//! queue per connection, deflecting to the next queue when one is full and blocking
+//! only when all are. Each connection has a sender thread (writes batches, resends on
+//! BACKPRESSURE) and a reader thread (acks and errors).
+
+use crate::admin::Admin;
+use crate::conn::{self, Frame};
+use crate::{now_ns, Error, Result};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender, TrySendError};
+use embarcadero_wire::{
+    message_stride, BatchHeader, BlogMessageHeader, ErrorCode, Hello, Role, MESSAGE_HEADER_LEN,
+};
+use hdrhistogram::Histogram;
+use parking_lot::{Condvar, Mutex};
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::io::{IoSlice, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct PublisherConfig {
+    /// 0: fire and forget; 1: ordered/visible; 2: durable.
+    pub ack_level: u8,
+    /// A batch is sealed once it holds this many bytes of messages.
+    pub batch_bytes: usize,
+    /// A non-empty batch is sealed at the latest this long after its first message.
+    pub linger: Duration,
+    /// Connections (and queues) per broker.
+    pub threads_per_broker: usize,
+    /// Sealed batches each queue holds before the producer deflects to the next.
+    pub queue_depth: usize,
+    /// Batches a connection may have unacknowledged before its sender waits.
+    pub max_inflight_batches: usize,
+    pub client_id: Option<u64>,
+    /// Longest `flush` wait.
+    pub flush_timeout: Duration,
+}
+
+impl Default for PublisherConfig {
+    fn default() -> Self {
+        Self {
+            ack_level: 1,
+            batch_bytes: 512 * 1024,
+            linger: Duration::from_millis(1),
+            threads_per_broker: 1,
+            queue_depth: 4,
+            max_inflight_batches: 16,
+            client_id: None,
+            flush_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Per-queue counters, reported at the end of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueStats {
+    pub broker: String,
+    pub connection: usize,
+    pub batches: u64,
+    /// Batches round-robin chose for this queue that went elsewhere because it was full.
+    pub deflected: u64,
+    /// Times the producer blocked because every queue was full when this one was due.
+    pub producer_waits: u64,
+    pub backpressure_retries: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PublisherStats {
+    pub client_id: u64,
+    pub messages: u64,
+    pub bytes: u64,
+    pub batches: u64,
+    pub acked_batches: u64,
+    /// Seal-to-acknowledgement latency of batches, microseconds.
+    pub ack_latency_us: LatencySummary,
+    pub queues: Vec<QueueStats>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LatencySummary {
+    pub count: u64,
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
+}
+
+struct Sealed {
+    buf: Vec<u8>,
+    num_msg: u32,
+    sealed_at: Instant,
+    batch_id: u64,
+}
+
+struct InFlight {
+    seq: u64,
+    batch: Sealed,
+}
+
+/// State of one connection shared by its sender and reader threads (never by others).
+struct ConnShared {
+    unacked: Mutex<VecDeque<InFlight>>,
+    sent: AtomicU64,
+    acked: AtomicU64,
+    /// Batch sequence to resend from after BACKPRESSURE, `u64::MAX` for none.
+    resend_from: AtomicU64,
+    backpressure_retries: AtomicU64,
+    failed: Mutex<Option<Error>>,
+    latency: Mutex<Histogram<u64>>,
+}
+
+struct Queue {
+    tx: Sender<Sealed>,
+    conn: Arc<ConnShared>,
+    broker: String,
+    connection: usize,
+    dispatched: AtomicU64,
+    deflected: AtomicU64,
+    producer_waits: AtomicU64,
+    stream: TcpStream,
+}
+
+struct Builder {
+    buf: Vec<u8>,
+    num_msg: u32,
+    first_at: Option<Instant>,
+    round_robin: usize,
+}
+
+struct Inner {
+    config: PublisherConfig,
+    client_id: u64,
+    max_message: usize,
+    max_batch: usize,
+    builder: Mutex<Builder>,
+    batch_opened: Condvar,
+    queues: Vec<Queue>,
+    pool: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
+    progress: (Mutex<()>, Condvar),
+    closed: AtomicBool,
+    messages: AtomicU64,
+    bytes: AtomicU64,
+    batches: AtomicU64,
+    counter: AtomicU64,
+    next_batch_id: AtomicU64,
+}
+
+/// Publishes to one topic through every broker of a cluster.
+pub struct Publisher {
+    inner: Arc<Inner>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Publisher {
+    /// Discovers the brokers from the control plane at `control` and connects.
+    pub fn connect(control: &str, topic: &str, config: PublisherConfig) -> Result<Self> {
+        let cluster = Admin::new(control).cluster()?;
+        let addrs: Vec<String> = cluster.brokers.into_iter().map(|b| b.addr).collect();
+        Self::connect_brokers(&addrs, topic, config)
+    }
+
+    /// Connects to the given brokers directly.
+    pub fn connect_brokers(
+        brokers: &[String],
+        topic: &str,
+        config: PublisherConfig,
+    ) -> Result<Self> {
+        if config.ack_level > 2 {
+            return Err(Error::Config(format!(
+                "ack level {} does not exist",
+                config.ack_level
+            )));
+        }
+        if brokers.is_empty() || config.threads_per_broker == 0 || config.queue_depth == 0 {
+            return Err(Error::Config(
+                "need at least one broker, one connection per broker and a queue depth of 1".into(),
+            ));
+        }
+        let client_id = config.client_id.unwrap_or_else(crate::random_client_id);
+        let mut queues = Vec::new();
+        let mut receivers = Vec::new();
+        let mut limits = (u32::MAX as usize, u32::MAX as usize);
+        for addr in brokers {
+            for connection in 0..config.threads_per_broker {
+                let hello = Hello {
+                    role: Role::Publish,
+                    ack_level: config.ack_level,
+                    client_id,
+                    session_epoch: 0,
+                    start_position: 0,
+                    connection_index: connection as u32,
+                    cursor_count: 0,
+                    topic: topic.to_string(),
+                };
+                let (stream, ok) = conn::open(addr, &hello, &[])?;
+                limits.0 = limits.0.min(ok.max_message_bytes as usize);
+                limits.1 = limits.1.min(ok.max_batch_bytes as usize);
+                let (tx, rx) = crossbeam_channel::bounded(config.queue_depth);
+                queues.push(Queue {
+                    tx,
+                    conn: Arc::new(ConnShared {
+                        unacked: Mutex::new(VecDeque::new()),
+                        sent: AtomicU64::new(0),
+                        acked: AtomicU64::new(0),
+                        resend_from: AtomicU64::new(u64::MAX),
+                        backpressure_retries: AtomicU64::new(0),
+                        failed: Mutex::new(None),
+                        latency: Mutex::new(Histogram::new(3).expect("valid histogram")),
+                    }),
+                    broker: addr.clone(),
+                    connection,
+                    dispatched: AtomicU64::new(0),
+                    deflected: AtomicU64::new(0),
+                    producer_waits: AtomicU64::new(0),
+                    stream,
+                });
+                receivers.push((rx, ok.next_batch_seq));
+            }
+        }
+        let (max_message, max_batch) = limits;
+        let batch_bytes = config.batch_bytes.clamp(MESSAGE_HEADER_LEN, max_batch);
+        let inner = Arc::new(Inner {
+            builder: Mutex::new(Builder {
+                buf: Vec::with_capacity(batch_bytes + MESSAGE_HEADER_LEN * 2),
+                num_msg: 0,
+                first_at: None,
+                round_robin: 0,
+            }),
+            config: PublisherConfig {
+                batch_bytes,
+                ..config
+            },
+            client_id,
+            max_message,
+            max_batch,
+            batch_opened: Condvar::new(),
+            queues,
+            pool: crossbeam_channel::unbounded(),
+            progress: (Mutex::new(()), Condvar::new()),
+            closed: AtomicBool::new(false),
+            messages: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            counter: AtomicU64::new(0),
+            next_batch_id: AtomicU64::new(0),
+        });
+        let mut threads = Vec::new();
+        for (i, (rx, first_seq)) in receivers.into_iter().enumerate() {
+            let spawn_err =
+                |e: std::io::Error| Error::Config(format!("cannot spawn a thread: {e}"));
+            let (a, b) = (inner.clone(), inner.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("pub-send-{i}"))
+                    .spawn(move || sender(a, i, rx, first_seq))
+                    .map_err(spawn_err)?,
+            );
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("pub-acks-{i}"))
+                    .spawn(move || reader(b, i))
+                    .map_err(spawn_err)?,
+            );
+        }
+        let l = inner.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("pub-linger".into())
+                .spawn(move || linger(l))
+                .map_err(|e| Error::Config(format!("cannot spawn a thread: {e}")))?,
+        );
+        Ok(Self { inner, threads })
+    }
+
+    pub fn client_id(&self) -> u64 {
+        self.inner.client_id
+    }
+
+    /// Largest payload the brokers accept.
+    pub fn max_message_bytes(&self) -> usize {
+        self.inner.max_message
+    }
+
+    /// Appends one message. Returns once it is in a batch; see [`Publisher::flush`].
+    pub fn publish(&self, payload: &[u8]) -> Result<()> {
+        let inner = &self.inner;
+        if inner.closed.load(Ordering::Relaxed) {
+            return Err(Error::Closed);
+        }
+        inner.first_error()?;
+        if payload.len() > inner.max_message {
+            return Err(Error::MessageTooLarge {
+                size: payload.len(),
+                max: inner.max_message,
+            });
+        }
+        let stride = message_stride(payload.len() as u64) as usize;
+        let mut b = inner.builder.lock();
+        if b.num_msg > 0 && b.buf.len() + stride > inner.max_batch {
+            inner.seal(&mut b)?;
+        }
+        let at = b.buf.len();
+        b.buf.resize(at + stride, 0);
+        let header = BlogMessageHeader {
+            size: payload.len() as u32,
+            publish_ts_ns: now_ns(),
+            counter: inner.counter.fetch_add(1, Ordering::Relaxed),
+            client_id: inner.client_id,
+            ..Default::default()
+        };
+        header.encode_into(&mut b.buf[at..at + MESSAGE_HEADER_LEN]);
+        b.buf[at + MESSAGE_HEADER_LEN..at + MESSAGE_HEADER_LEN + payload.len()]
+            .copy_from_slice(payload);
+        b.num_msg += 1;
+        if b.num_msg == 1 {
+            b.first_at = Some(Instant::now());
+            inner.batch_opened.notify_one();
+        }
+        inner.messages.fetch_add(1, Ordering::Relaxed);
+        inner
+            .bytes
+            .fetch_add(payload.len() as u64, Ordering::Relaxed);
+        if b.buf.len() >= inner.config.batch_bytes {
+            inner.seal(&mut b)?;
+        }
+        Ok(())
+    }
+
+    /// Seals the open batch and waits until everything published so far is
+    /// acknowledged at the configured level (for ack 0: written to the sockets).
+    pub fn flush(&self) -> Result<()> {
+        let inner = &self.inner;
+        {
+            let mut b = inner.builder.lock();
+            if b.num_msg > 0 {
+                inner.seal(&mut b)?;
+            }
+        }
+        let deadline = Instant::now() + inner.config.flush_timeout;
+        loop {
+            inner.first_error()?;
+            let done = inner.queues.iter().all(|q| {
+                let sent = q.conn.sent.load(Ordering::Acquire);
+                sent == q.dispatched.load(Ordering::Acquire)
+                    && (inner.config.ack_level == 0 || q.conn.acked.load(Ordering::Acquire) >= sent)
+            });
+            if done {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout(inner.config.flush_timeout));
+            }
+            let mut g = inner.progress.0.lock();
+            inner.progress.1.wait_for(&mut g, Duration::from_millis(20));
+        }
+    }
+
+    pub fn stats(&self) -> PublisherStats {
+        let inner = &self.inner;
+        let mut all = Histogram::<u64>::new(3).expect("valid histogram");
+        for q in &inner.queues {
+            let _ = all.add(&*q.conn.latency.lock());
+        }
+        PublisherStats {
+            client_id: inner.client_id,
+            messages: inner.messages.load(Ordering::Relaxed),
+            bytes: inner.bytes.load(Ordering::Relaxed),
+            batches: inner.batches.load(Ordering::Relaxed),
+            acked_batches: inner
+                .queues
+                .iter()
+                .map(|q| q.conn.acked.load(Ordering::Relaxed))
+                .sum(),
+            ack_latency_us: LatencySummary {
+                count: all.len(),
+                p50: all.value_at_quantile(0.5),
+                p90: all.value_at_quantile(0.9),
+                p99: all.value_at_quantile(0.99),
+                p999: all.value_at_quantile(0.999),
+                max: all.max(),
+            },
+            queues: inner
+                .queues
+                .iter()
+                .map(|q| QueueStats {
+                    broker: q.broker.clone(),
+                    connection: q.connection,
+                    batches: q.dispatched.load(Ordering::Relaxed),
+                    deflected: q.deflected.load(Ordering::Relaxed),
+                    producer_waits: q.producer_waits.load(Ordering::Relaxed),
+                    backpressure_retries: q.conn.backpressure_retries.load(Ordering::Relaxed),
+                })
+                .collect(),
+        }
+    }
+
+    /// Flushes, then closes every connection.
+    pub fn close(mut self) -> Result<PublisherStats> {
+        let flushed = self.flush();
+        let stats = self.stats();
+        self.shutdown();
+        flushed.map(|_| stats)
+    }
+
+    fn shutdown(&mut self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.batch_opened.notify_all();
+        for q in &self.inner.queues {
+            let _ = q.stream.shutdown(std::net::Shutdown::Both);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Inner {
+    fn first_error(&self) -> Result<()> {
+        for q in &self.queues {
+            if let Some(e) = q.conn.failed.lock().clone() {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn notify_progress(&self) {
+        let _g = self.progress.0.lock();
+        self.progress.1.notify_all();
+    }
+
+    /// Hands the open batch to a queue: round-robin, deflecting past full queues,
+    /// blocking only when every queue is full.
+    fn seal(&self, b: &mut Builder) -> Result<()> {
+        let fresh = self.pool.1.try_recv().unwrap_or_else(|_| {
+            Vec::with_capacity(self.config.batch_bytes + MESSAGE_HEADER_LEN * 2)
+        });
+        let mut sealed = Sealed {
+            buf: std::mem::replace(&mut b.buf, fresh),
+            num_msg: b.num_msg,
+            sealed_at: Instant::now(),
+            batch_id: self.next_batch_id.fetch_add(1, Ordering::Relaxed),
+        };
+        b.num_msg = 0;
+        b.first_at = None;
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        let n = self.queues.len();
+        let due = b.round_robin;
+        b.round_robin = (due + 1) % n;
+        for i in 0..n {
+            let q = &self.queues[(due + i) % n];
+            match q.tx.try_send(sealed) {
+                Ok(()) => {
+                    q.dispatched.fetch_add(1, Ordering::Release);
+                    if i > 0 {
+                        self.queues[due].deflected.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Ok(());
+                }
+                Err(TrySendError::Full(s)) => sealed = s,
+                Err(TrySendError::Disconnected(_)) => {
+                    self.first_error()?;
+                    return Err(Error::Closed);
+                }
+            }
+        }
+        self.queues[due]
+            .producer_waits
+            .fetch_add(1, Ordering::Relaxed);
+        loop {
+            self.first_error()?;
+            let mut select = Select::new();
+            for q in &self.queues {
+                select.send(&q.tx);
+            }
+            if let Ok(op) = select.select_timeout(Duration::from_millis(100)) {
+                let index = op.index();
+                let q = &self.queues[index];
+                return match op.send(&q.tx, sealed) {
+                    Ok(()) => {
+                        q.dispatched.fetch_add(1, Ordering::Release);
+                        Ok(())
+                    }
+                    Err(_) => Err(Error::Closed),
+                };
+            }
+            if self.closed.load(Ordering::Relaxed) {
+                return Err(Error::Closed);
+            }
+        }
+    }
+
+    fn recycle(&self, mut buf: Vec<u8>) {
+        buf.clear();
+        let _ = self.pool.0.send(buf);
+    }
+}
+
+/// Seals batches that have lingered long enough.
+fn linger(inner: Arc<Inner>) {
+    let mut b = inner.builder.lock();
+    while !inner.closed.load(Ordering::Relaxed) {
+        match b.first_at {
+            None => {
+                inner
+                    .batch_opened
+                    .wait_for(&mut b, Duration::from_millis(100));
+            }
+            Some(first) => {
+                let due = first + inner.config.linger;
+                let now = Instant::now();
+                if now >= due {
+                    if inner.seal(&mut b).is_err() {
+                        return;
+                    }
+                } else {
+                    inner.batch_opened.wait_for(&mut b, due - now);
+                }
+            }
+        }
+    }
+}
+
+fn write_batch(stream: &mut TcpStream, header: &[u8], payload: &[u8]) -> std::io::Result<()> {
+    let mut slices = [IoSlice::new(header), IoSlice::new(payload)];
+    let mut bufs = &mut slices[..];
+    while !bufs.is_empty() {
+        let n = stream.write_vectored(bufs)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
+/// Writes the batches of one queue; resends from the refused batch after BACKPRESSURE.
+fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64) {
+    let q = &inner.queues[index];
+    let conn = &q.conn;
+    let Ok(mut stream) = q.stream.try_clone() else {
+        return;
+    };
+    let mut next_seq = first_seq;
+    let mut backoff = Duration::from_millis(5);
+    let fail = |e: std::io::Error| {
+        let mut f = conn.failed.lock();
+        if f.is_none() && !inner.closed.load(Ordering::Relaxed) {
+            *f = Some(Error::ConnectionLost {
+                broker: q.broker.clone(),
+                message: e.to_string(),
+            });
+        }
+        drop(f);
+        inner.notify_progress();
+    };
+    loop {
+        if conn.failed.lock().is_some() {
+            return;
+        }
+        let resend_from = conn.resend_from.swap(u64::MAX, Ordering::AcqRel);
+        if resend_from != u64::MAX {
+            conn.backpressure_retries.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+            let tail: Vec<InFlight> = {
+                let mut unacked = conn.unacked.lock();
+                let keep = unacked.iter().take_while(|f| f.seq < resend_from).count();
+                unacked.drain(keep..).collect()
+            };
+            for f in &tail {
+                let header = batch_header(&inner, f.seq, &f.batch);
+                if let Err(e) = write_batch(&mut stream, &header, &f.batch.buf) {
+                    return fail(e);
+                }
+            }
+            let acked = conn.acked.load(Ordering::Acquire);
+            let mut unacked = conn.unacked.lock();
+            for f in tail {
+                if f.seq < acked {
+                    inner.recycle(f.batch.buf);
+                } else {
+                    unacked.push_back(f);
+                }
+            }
+            continue;
+        }
+        if inner.config.ack_level > 0
+            && conn.unacked.lock().len() >= inner.config.max_inflight_batches
+        {
+            let mut g = inner.progress.0.lock();
+            inner.progress.1.wait_for(&mut g, Duration::from_millis(5));
+            continue;
+        }
+        let mut batch = match rx.recv_timeout(Duration::from_millis(5)) {
+            Ok(b) => b,
+            Err(RecvTimeoutError::Timeout) => {
+                if inner.closed.load(Ordering::Relaxed) {
+                    return;
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        let seq = next_seq;
+        next_seq += 1;
+        stamp_batch_seq(&mut batch.buf, seq);
+        let header = batch_header(&inner, seq, &batch);
+        if let Err(e) = write_batch(&mut stream, &header, &batch.buf) {
+            return fail(e);
+        }
+        backoff = Duration::from_millis(5);
+        if inner.config.ack_level > 0 {
+            conn.unacked.lock().push_back(InFlight { seq, batch });
+        } else {
+            inner.recycle(batch.buf);
+        }
+        conn.sent.fetch_add(1, Ordering::Release);
+        inner.notify_progress();
+    }
+}
+
+/// Writes the connection's batch sequence into every message header of a batch.
+fn stamp_batch_seq(buf: &mut [u8], seq: u64) {
+    let mut at = 0;
+    while at + MESSAGE_HEADER_LEN <= buf.len() {
+        let size = u32::from_le_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as u64;
+        buf[at + 56..at + 64].copy_from_slice(&seq.to_le_bytes());
+        at += message_stride(size) as usize;
+    }
+}
+
+fn batch_header(inner: &Inner, seq: u64, batch: &Sealed) -> [u8; 128] {
+    BatchHeader {
+        batch_seq: seq,
+        client_id: inner.client_id,
+        num_msg: batch.num_msg,
+        epoch_created: now_ns(),
+        batch_id: batch.batch_id,
+        total_size: batch.buf.len() as u64,
+        ..Default::default()
+    }
+    .encode()
+}
+
+/// Reads acks and errors of one connection.
+fn reader(inner: Arc<Inner>, index: usize) {
+    let q = &inner.queues[index];
+    let conn = &q.conn;
+    let Ok(mut stream) = q.stream.try_clone() else {
+        return;
+    };
+    loop {
+        match conn::read_frame(&mut stream, &q.broker, 64) {
+            Ok(Frame::Ack { count }) => {
+                let now = Instant::now();
+                let mut done = Vec::new();
+                {
+                    let mut unacked = conn.unacked.lock();
+                    while unacked.front().is_some_and(|f| f.seq < count) {
+                        done.push(unacked.pop_front().expect("front exists"));
+                    }
+                }
+                {
+                    let mut h = conn.latency.lock();
+                    for f in &done {
+                        let us = now.duration_since(f.batch.sealed_at).as_micros() as u64;
+                        let _ = h.record(us.max(1));
+                    }
+                }
+                for f in done {
+                    inner.recycle(f.batch.buf);
+                }
+                conn.acked.fetch_max(count, Ordering::AcqRel);
+                inner.notify_progress();
+            }
+            Ok(Frame::Error(e)) if e.code == ErrorCode::Backpressure => {
+                conn.resend_from.store(e.batch_seq, Ordering::Release);
+            }
+            Ok(Frame::Error(e)) => {
+                *conn.failed.lock() = Some(conn::broker_error(&q.broker, e));
+                inner.notify_progress();
+                return;
+            }
+            Ok(other) => {
+                *conn.failed.lock() = Some(Error::Protocol {
+                    peer: q.broker.clone(),
+                    message: format!("unexpected frame on a publish connection: {other:?}"),
+                });
+                inner.notify_progress();
+                return;
+            }
+            Err(e) => {
+                if !inner.closed.load(Ordering::Relaxed) {
+                    let mut f = conn.failed.lock();
+                    if f.is_none() {
+                        *f = Some(e);
+                    }
+                }
+                inner.notify_progress();
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamping_sets_every_message_header() {
+        let mut buf = Vec::new();
+        for size in [0u32, 5, 70] {
+            let at = buf.len();
+            buf.resize(at + message_stride(size as u64) as usize, 0);
+            BlogMessageHeader {
+                size,
+                ..Default::default()
+            }
+            .encode_into(&mut buf[at..]);
+        }
+        stamp_batch_seq(&mut buf, 42);
+        let seqs: Vec<u64> = embarcadero_wire::MessageIter::new(&buf, 3)
+            .map(|m| m.unwrap().header.batch_seq)
+            .collect();
+        assert_eq!(seqs, vec![42, 42, 42]);
+    }
+}

@@ -1,0 +1,469 @@
+//! The subscriber: reads a topic in order from any broker, reconstructs each
+//! message's position (batch position + index in batch), and resumes after a lost
+//! connection from the next position it has not delivered.
+
+use crate::admin::Admin;
+use crate::conn::{self, Frame};
+use crate::{Error, Result};
+use embarcadero_wire::{DeliveryHeader, Hello, MessageIter, Role, DELIVERY_HEADER_LEN};
+use std::collections::VecDeque;
+use std::io::Read;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// Largest delivery body accepted from a broker.
+const MAX_DELIVERY_BYTES: u32 = 256 << 20;
+
+/// Where a subscriber is in a topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cursor {
+    /// Orders 2 and 5: the next global position.
+    Global(u64),
+    /// Orders 0 and 1: the next position in each broker's log.
+    PerBroker(Vec<u64>),
+}
+
+#[derive(Debug, Clone)]
+pub struct SubscriberConfig {
+    /// Where to start; `None` means from the beginning.
+    pub start: Option<Cursor>,
+    pub client_id: Option<u64>,
+    /// How many times in a row to reconnect after a lost connection.
+    pub max_reconnects: u32,
+}
+
+impl Default for SubscriberConfig {
+    fn default() -> Self {
+        Self {
+            start: None,
+            client_id: None,
+            max_reconnects: 10,
+        }
+    }
+}
+
+/// One delivered message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Global position (orders 2, 5) or position in its broker's log (orders 0, 1).
+    pub position: u64,
+    pub broker_id: u16,
+    pub client_id: u64,
+    pub batch_seq: u64,
+    pub index_in_batch: u32,
+    pub publish_ts_ns: u64,
+    pub counter: u64,
+    pub payload: Vec<u8>,
+}
+
+/// A message borrowed from the subscriber's buffers (no copy).
+#[derive(Debug, Clone, Copy)]
+pub struct MessageRef<'a> {
+    pub position: u64,
+    pub broker_id: u16,
+    pub client_id: u64,
+    pub batch_seq: u64,
+    pub index_in_batch: u32,
+    pub publish_ts_ns: u64,
+    pub counter: u64,
+    pub payload: &'a [u8],
+}
+
+impl MessageRef<'_> {
+    pub fn to_owned(&self) -> Message {
+        Message {
+            position: self.position,
+            broker_id: self.broker_id,
+            client_id: self.client_id,
+            batch_seq: self.batch_seq,
+            index_in_batch: self.index_in_batch,
+            publish_ts_ns: self.publish_ts_ns,
+            counter: self.counter,
+            payload: self.payload.to_vec(),
+        }
+    }
+}
+
+struct Batch {
+    header: DeliveryHeader,
+    payload: Vec<u8>,
+}
+
+pub struct Subscriber {
+    brokers: Vec<String>,
+    topic: String,
+    client_id: u64,
+    config: SubscriberConfig,
+    next_broker: usize,
+    stream: Option<(TcpStream, String)>,
+    order: Option<u8>,
+    num_brokers: usize,
+    cursor: Option<Cursor>,
+    unconfirmed: VecDeque<Batch>,
+    ready: VecDeque<Batch>,
+    spare: Vec<Vec<u8>>,
+}
+
+impl Subscriber {
+    pub fn connect(control: &str, topic: &str, config: SubscriberConfig) -> Result<Self> {
+        let cluster = Admin::new(control).cluster()?;
+        let addrs: Vec<String> = cluster.brokers.into_iter().map(|b| b.addr).collect();
+        Self::connect_brokers(&addrs, topic, config)
+    }
+
+    pub fn connect_brokers(
+        brokers: &[String],
+        topic: &str,
+        config: SubscriberConfig,
+    ) -> Result<Self> {
+        if brokers.is_empty() {
+            return Err(Error::Config("no brokers to subscribe from".into()));
+        }
+        let client_id = config.client_id.unwrap_or_else(crate::random_client_id);
+        let mut s = Self {
+            brokers: brokers.to_vec(),
+            topic: topic.to_string(),
+            client_id,
+            next_broker: (client_id as usize) % brokers.len(),
+            stream: None,
+            order: None,
+            num_brokers: brokers.len(),
+            cursor: config.start.clone(),
+            config,
+            unconfirmed: VecDeque::new(),
+            ready: VecDeque::new(),
+            spare: Vec::new(),
+        };
+        s.reconnect()?;
+        Ok(s)
+    }
+
+    /// The topic's order level, as the broker reported it.
+    pub fn order(&self) -> u8 {
+        self.order.unwrap_or(2)
+    }
+
+    /// The position of the next message this subscriber will deliver.
+    pub fn position(&self) -> Cursor {
+        self.cursor.clone().unwrap_or_else(|| self.default_cursor())
+    }
+
+    fn default_cursor(&self) -> Cursor {
+        if self.order() >= 2 {
+            Cursor::Global(0)
+        } else {
+            Cursor::PerBroker(vec![0; self.num_brokers])
+        }
+    }
+
+    /// Continues from `cursor`, discarding anything buffered.
+    pub fn seek(&mut self, cursor: Cursor) -> Result<()> {
+        self.cursor = Some(cursor);
+        self.ready.clear();
+        self.unconfirmed.clear();
+        self.stream = None;
+        self.reconnect()
+    }
+
+    fn reconnect(&mut self) -> Result<()> {
+        self.unconfirmed.clear();
+        let mut last_err = None;
+        for _ in 0..self.brokers.len() {
+            let addr = self.brokers[self.next_broker % self.brokers.len()].clone();
+            self.next_broker += 1;
+            let cursor = Self::position(self);
+            let (start, extra) = match &cursor {
+                Cursor::Global(p) => (*p, Vec::new()),
+                Cursor::PerBroker(v) => (0, v.iter().flat_map(|p| p.to_le_bytes()).collect()),
+            };
+            let hello = Hello {
+                role: Role::Subscribe,
+                ack_level: 0,
+                client_id: self.client_id,
+                session_epoch: 0,
+                start_position: start,
+                connection_index: 0,
+                cursor_count: (extra.len() / 8) as u32,
+                topic: self.topic.clone(),
+            };
+            match conn::open(&addr, &hello, &extra) {
+                Ok((stream, ok)) => {
+                    self.order = Some(ok.order);
+                    self.num_brokers = ok.num_brokers as usize;
+                    if self.cursor.is_none() {
+                        self.cursor = Some(self.default_cursor());
+                    }
+                    self.stream = Some((stream, addr));
+                    return Ok(());
+                }
+                Err(e @ Error::Broker { .. }) => return Err(e),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or(Error::Closed))
+    }
+
+    /// Waits up to `timeout` for confirmed batches, then hands each of their messages
+    /// to `f` without copying. Returns how many messages were delivered.
+    pub fn poll_with(
+        &mut self,
+        timeout: Duration,
+        mut f: impl FnMut(MessageRef<'_>),
+    ) -> Result<usize> {
+        if self.ready.is_empty() {
+            self.fill(timeout)?;
+        }
+        let mut delivered = 0;
+        while let Some(batch) = self.ready.pop_front() {
+            delivered += self.deliver(&batch, &mut f)?;
+            self.spare.push(batch.payload);
+        }
+        Ok(delivered)
+    }
+
+    /// The next message, waiting at most `timeout`.
+    pub fn poll(&mut self, timeout: Duration) -> Result<Option<Message>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(m) = self.pop_one()? {
+                return Ok(Some(m));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            self.fill(deadline - now)?;
+        }
+    }
+
+    /// Takes one message off the front batch (owned copy).
+    fn pop_one(&mut self) -> Result<Option<Message>> {
+        while let Some(batch) = self.ready.front_mut() {
+            let h = batch.header;
+            if h.num_msg == 0 {
+                let b = self.ready.pop_front().expect("front exists");
+                self.spare.push(b.payload);
+                continue;
+            }
+            let mut found = None;
+            let mut consumed = 0u32;
+            for (i, m) in MessageIter::new(&batch.payload, h.num_msg).enumerate() {
+                let m = m.map_err(|e| Error::Protocol {
+                    peer: "broker".into(),
+                    message: e.to_string(),
+                })?;
+                consumed = i as u32 + 1;
+                let position = h.first_position + i as u64;
+                if i < h.skip as usize || !wanted(&self.cursor, h.broker_id, position) {
+                    continue;
+                }
+                found = Some(
+                    MessageRef {
+                        position,
+                        broker_id: h.broker_id,
+                        client_id: h.client_id,
+                        batch_seq: h.batch_seq,
+                        index_in_batch: i as u32,
+                        publish_ts_ns: m.header.publish_ts_ns,
+                        counter: m.header.counter,
+                        payload: m.payload,
+                    }
+                    .to_owned(),
+                );
+                break;
+            }
+            match found {
+                Some(m) => {
+                    self.advance(m.broker_id, m.position);
+                    if consumed == h.num_msg {
+                        let b = self.ready.pop_front().expect("front exists");
+                        self.spare.push(b.payload);
+                    }
+                    return Ok(Some(m));
+                }
+                None => {
+                    let b = self.ready.pop_front().expect("front exists");
+                    self.spare.push(b.payload);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn wanted(&self, broker: u16, position: u64) -> bool {
+        wanted(&self.cursor, broker, position)
+    }
+
+    fn advance(&mut self, broker: u16, position: u64) {
+        match &mut self.cursor {
+            Some(Cursor::Global(next)) => *next = position + 1,
+            Some(Cursor::PerBroker(v)) => {
+                if let Some(n) = v.get_mut(broker as usize) {
+                    *n = position + 1;
+                }
+            }
+            None => {}
+        }
+    }
+
+    fn deliver(&mut self, batch: &Batch, f: &mut impl FnMut(MessageRef<'_>)) -> Result<usize> {
+        let h = batch.header;
+        let mut n = 0;
+        for (i, m) in MessageIter::new(&batch.payload, h.num_msg).enumerate() {
+            let m = m.map_err(|e| Error::Protocol {
+                peer: "broker".into(),
+                message: e.to_string(),
+            })?;
+            let position = h.first_position + i as u64;
+            if i < h.skip as usize || !self.wanted(h.broker_id, position) {
+                continue;
+            }
+            f(MessageRef {
+                position,
+                broker_id: h.broker_id,
+                client_id: h.client_id,
+                batch_seq: h.batch_seq,
+                index_in_batch: i as u32,
+                publish_ts_ns: m.header.publish_ts_ns,
+                counter: m.header.counter,
+                payload: m.payload,
+            });
+            self.advance(h.broker_id, position);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Reads frames until at least one batch is confirmed or `timeout` passes.
+    fn fill(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut reconnects = 0;
+        while self.ready.is_empty() {
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(());
+            }
+            match self.read_one(deadline - now) {
+                Ok(()) => reconnects = 0,
+                Err(Error::ConnectionLost { .. }) if reconnects < self.config.max_reconnects => {
+                    reconnects += 1;
+                    self.stream = None;
+                    std::thread::sleep(Duration::from_millis(10 * reconnects as u64));
+                    self.reconnect()?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one frame if one starts within `wait`; a broker error ends the connection.
+    fn read_one(&mut self, wait: Duration) -> Result<()> {
+        let result = self.read_frame_within(wait);
+        if matches!(result, Err(Error::Broker { .. })) {
+            self.stream = None;
+        }
+        result
+    }
+
+    fn read_frame_within(&mut self, wait: Duration) -> Result<()> {
+        if self.stream.is_none() {
+            self.reconnect()?;
+        }
+        let (stream, addr) = self.stream.as_mut().expect("connected");
+        let lost = |e: std::io::Error| Error::ConnectionLost {
+            broker: addr.clone(),
+            message: e.to_string(),
+        };
+        // Wait for the start of a frame with a timeout, then read it whole, blocking.
+        stream
+            .set_read_timeout(Some(wait.max(Duration::from_millis(1))))
+            .map_err(lost)?;
+        let mut probe = [0u8; 1];
+        match stream.peek(&mut probe) {
+            Ok(0) => return Err(lost(std::io::ErrorKind::UnexpectedEof.into())),
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Ok(())
+            }
+            Err(e) => return Err(lost(e)),
+        }
+        stream.set_read_timeout(None).map_err(lost)?;
+        match conn::read_frame(stream, addr, 64)? {
+            Frame::Delivery(fh) => {
+                if fh.body_len < DELIVERY_HEADER_LEN as u32 || fh.body_len > MAX_DELIVERY_BYTES {
+                    return Err(Error::Protocol {
+                        peer: addr.clone(),
+                        message: format!("delivery of {} bytes", fh.body_len),
+                    });
+                }
+                let mut raw = [0u8; DELIVERY_HEADER_LEN];
+                stream.read_exact(&mut raw).map_err(lost)?;
+                let header = DeliveryHeader::decode(&raw).map_err(|e| Error::Protocol {
+                    peer: addr.clone(),
+                    message: e.to_string(),
+                })?;
+                if header.payload_len != fh.body_len - DELIVERY_HEADER_LEN as u32 {
+                    return Err(Error::Protocol {
+                        peer: addr.clone(),
+                        message: "delivery header and frame disagree on the payload length".into(),
+                    });
+                }
+                let mut payload = self.spare.pop().unwrap_or_default();
+                payload.resize(header.payload_len as usize, 0);
+                stream.read_exact(&mut payload).map_err(lost)?;
+                self.unconfirmed.push_back(Batch { header, payload });
+                Ok(())
+            }
+            Frame::BatchOk { count } => {
+                if count as usize > self.unconfirmed.len() {
+                    return Err(Error::Protocol {
+                        peer: addr.clone(),
+                        message: format!(
+                            "BatchOk confirms {count} deliveries but {} are pending",
+                            self.unconfirmed.len()
+                        ),
+                    });
+                }
+                for _ in 0..count {
+                    let b = self.unconfirmed.pop_front().expect("counted");
+                    self.ready.push_back(b);
+                }
+                Ok(())
+            }
+            Frame::Error(e) => Err(conn::broker_error(addr, e)),
+            other => Err(Error::Protocol {
+                peer: addr.clone(),
+                message: format!("unexpected frame on a subscription: {other:?}"),
+            }),
+        }
+    }
+}
+
+fn wanted(cursor: &Option<Cursor>, broker: u16, position: u64) -> bool {
+    match cursor {
+        Some(Cursor::Global(next)) => position >= *next,
+        Some(Cursor::PerBroker(v)) => v.get(broker as usize).is_some_and(|n| position >= *n),
+        None => true,
+    }
+}
+
+impl Iterator for Subscriber {
+    type Item = Result<Message>;
+
+    /// Blocks until the next message (or an error).
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            match self.poll(Duration::from_secs(3600)) {
+                Ok(Some(m)) => return Some(Ok(m)),
+                Ok(None) => continue,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+}

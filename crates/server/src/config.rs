@@ -1,0 +1,330 @@
+//! Server configuration: built-in defaults, then a TOML file, then `EMBARCADERO_*`
+//! environment variables, then command-line flags (applied by the caller).
+//!
+//! Environment names: `EMBARCADERO_<KEY>` for top-level keys (`EMBARCADERO_BROKERS`)
+//! and `EMBARCADERO_<SECTION>_<KEY>` for sectioned ones
+//! (`EMBARCADERO_SEQUENCER_EPOCH_US`). Variables that name no setting are ignored,
+//! so client-side knobs can share the prefix.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Directory for the region file and topic metadata.
+    pub data_dir: PathBuf,
+    /// Address every port binds to. Loopback by default.
+    pub bind: String,
+    /// Number of brokers in the embedded server.
+    pub brokers: u32,
+    /// Broker i listens on `base_port + i`; 0 picks ephemeral ports.
+    pub base_port: u16,
+    /// Admin HTTP API and `/metrics`; 0 picks an ephemeral port.
+    pub control_port: u16,
+    pub region: RegionSettings,
+    pub broker: BrokerSettings,
+    pub sequencer: SequencerSettings,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegionSettings {
+    pub max_topics: u32,
+    pub goi_slots: u64,
+    pub pbr_slots: u64,
+    pub segment_bytes: u64,
+    pub segments_per_broker: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BrokerSettings {
+    pub max_message_bytes: u64,
+    pub max_batch_bytes: u64,
+    pub high_watermark: f64,
+    pub low_watermark: f64,
+    pub backpressure_timeout_ms: u64,
+    pub idle_sleep_max_us: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SequencerSettings {
+    pub epoch_us: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("embarcadero-data"),
+            bind: "127.0.0.1".into(),
+            brokers: 4,
+            base_port: 1214,
+            control_port: 12140,
+            region: RegionSettings::default(),
+            broker: BrokerSettings::default(),
+            sequencer: SequencerSettings::default(),
+        }
+    }
+}
+
+impl Default for RegionSettings {
+    fn default() -> Self {
+        let c = embarcadero_region::Capacities::default();
+        Self {
+            max_topics: c.max_topics,
+            goi_slots: c.goi_slots,
+            pbr_slots: c.pbr_slots,
+            segment_bytes: c.segment_bytes,
+            segments_per_broker: c.segments_per_broker,
+        }
+    }
+}
+
+impl Default for BrokerSettings {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 1 << 20,
+            max_batch_bytes: 4 << 20,
+            high_watermark: 0.90,
+            low_watermark: 0.75,
+            backpressure_timeout_ms: 5000,
+            idle_sleep_max_us: 5000,
+        }
+    }
+}
+
+impl Default for SequencerSettings {
+    fn default() -> Self {
+        Self { epoch_us: 500 }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("environment variable {name}={value:?} is not valid: {message}")]
+    Env {
+        name: String,
+        value: String,
+        message: String,
+    },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl ServerConfig {
+    /// Defaults, overridden by `file` (if given), overridden by the environment.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_with_env(file, std::env::vars())
+    }
+
+    pub fn load_with_env(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut value = toml::Value::try_from(ServerConfig::default()).expect("defaults serialise");
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            let from_file: toml::Value = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
+            merge(&mut value, from_file);
+        }
+        for (name, raw) in env {
+            let Some(key) = name.strip_prefix("EMBARCADERO_") else {
+                continue;
+            };
+            let key = key.to_ascii_lowercase();
+            let table = value.as_table_mut().expect("config is a table");
+            let slot = if table.contains_key(&key) && !table[&key].is_table() {
+                table.get_mut(&key)
+            } else {
+                key.split_once('_').and_then(|(section, field)| {
+                    table
+                        .get_mut(section)
+                        .and_then(|s| s.as_table_mut())
+                        .and_then(|s| s.get_mut(field))
+                })
+            };
+            let Some(slot) = slot else { continue };
+            *slot = parse_like(slot, &raw).map_err(|message| ConfigError::Env {
+                name: name.clone(),
+                value: raw.clone(),
+                message,
+            })?;
+        }
+        let config: ServerConfig =
+            value
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::Parse {
+                    path: file.map(Path::to_path_buf).unwrap_or_default(),
+                    message: e.to_string(),
+                })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.brokers == 0 || self.brokers > embarcadero_region::MAX_BROKERS {
+            return bad(format!(
+                "brokers must be between 1 and {}, got {}",
+                embarcadero_region::MAX_BROKERS,
+                self.brokers
+            ));
+        }
+        let b = &self.broker;
+        if !(0.0 < b.low_watermark && b.low_watermark < b.high_watermark && b.high_watermark <= 1.0)
+        {
+            return bad(format!(
+                "watermarks must satisfy 0 < low ({}) < high ({}) <= 1",
+                b.low_watermark, b.high_watermark
+            ));
+        }
+        if b.max_message_bytes == 0 || b.max_message_bytes + 128 > b.max_batch_bytes {
+            return bad(format!(
+                "broker.max_batch_bytes ({}) must hold one message of broker.max_message_bytes ({}) plus its header",
+                b.max_batch_bytes, b.max_message_bytes
+            ));
+        }
+        if b.max_batch_bytes > self.region.segment_bytes {
+            return bad(format!(
+                "broker.max_batch_bytes ({}) must not exceed region.segment_bytes ({})",
+                b.max_batch_bytes, self.region.segment_bytes
+            ));
+        }
+        let epoch = std::time::Duration::from_micros(self.sequencer.epoch_us);
+        if epoch < embarcadero_sequencer::MIN_EPOCH {
+            return bad(format!(
+                "sequencer.epoch_us must be at least {}, got {}",
+                embarcadero_sequencer::MIN_EPOCH.as_micros(),
+                self.sequencer.epoch_us
+            ));
+        }
+        self.capacities()
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))
+    }
+
+    pub fn capacities(&self) -> embarcadero_region::Capacities {
+        let r = &self.region;
+        embarcadero_region::Capacities {
+            max_topics: r.max_topics,
+            brokers: self.brokers,
+            goi_slots: r.goi_slots,
+            pbr_slots: r.pbr_slots,
+            segment_bytes: r.segment_bytes,
+            segments_per_broker: r.segments_per_broker,
+            seg_map_slots: (r.segments_per_broker as u64 + 1)
+                .next_power_of_two()
+                .max(8),
+        }
+    }
+
+    /// The configuration as a commented TOML document (`embarcadero serve --print-config`).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("config serialises")
+    }
+}
+
+fn merge(base: &mut toml::Value, overlay: toml::Value) {
+    match (base, overlay) {
+        (toml::Value::Table(b), toml::Value::Table(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(existing) if existing.is_table() && v.is_table() => merge(existing, v),
+                    _ => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
+/// Parses `raw` as the same TOML type as the default in `like`.
+fn parse_like(like: &toml::Value, raw: &str) -> Result<toml::Value, String> {
+    Ok(match like {
+        toml::Value::Integer(_) => toml::Value::Integer(
+            raw.trim()
+                .parse()
+                .map_err(|e| format!("expected an integer: {e}"))?,
+        ),
+        toml::Value::Float(_) => toml::Value::Float(
+            raw.trim()
+                .parse()
+                .map_err(|e| format!("expected a number: {e}"))?,
+        ),
+        toml::Value::Boolean(_) => toml::Value::Boolean(
+            raw.trim()
+                .parse()
+                .map_err(|e| format!("expected true or false: {e}"))?,
+        ),
+        _ => toml::Value::String(raw.to_string()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = ServerConfig::load_with_env(None, env(&[])).unwrap();
+        assert_eq!(c, ServerConfig::default());
+    }
+
+    #[test]
+    fn file_then_env_override_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "brokers = 2\n[sequencer]\nepoch_us = 200\n").unwrap();
+        let c = ServerConfig::load_with_env(
+            Some(&path),
+            env(&[
+                ("EMBARCADERO_SEQUENCER_EPOCH_US", "100"),
+                ("EMBARCADERO_DATA_DIR", "/tmp/x"),
+                ("EMBARCADERO_SLOW_CONSUMER_QUEUE", "3"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.brokers, 2);
+        assert_eq!(c.sequencer.epoch_us, 100);
+        assert_eq!(c.data_dir, PathBuf::from("/tmp/x"));
+    }
+
+    #[test]
+    fn bad_values_are_clear_errors() {
+        let e =
+            ServerConfig::load_with_env(None, env(&[("EMBARCADERO_BROKERS", "many")])).unwrap_err();
+        assert!(e.to_string().contains("EMBARCADERO_BROKERS"), "{e}");
+        let e = ServerConfig::load_with_env(None, env(&[("EMBARCADERO_SEQUENCER_EPOCH_US", "10")]))
+            .unwrap_err();
+        assert!(e.to_string().contains("epoch_us"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "brokerz = 2\n").unwrap();
+        let e = ServerConfig::load_with_env(Some(&path), env(&[])).unwrap_err();
+        assert!(e.to_string().contains("brokerz"), "{e}");
+    }
+}

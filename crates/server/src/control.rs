@@ -1,0 +1,257 @@
+//! The control plane: the one writer of topic metadata. Topics are kept in
+//! `<data-dir>/topics.json` (written atomically) and in the region's topic table.
+
+use embarcadero_region::{Region, TopicMeta};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A topic as the admin API describes it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TopicSpec {
+    pub name: String,
+    pub order: u8,
+    #[serde(default = "one")]
+    pub replication_factor: u8,
+    #[serde(default = "one")]
+    pub default_ack: u8,
+}
+
+fn one() -> u8 {
+    1
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct PersistedTopic {
+    #[serde(flatten)]
+    spec: TopicSpec,
+    slot: u32,
+    created_unix_ms: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TopicError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("topic {0:?} already exists")]
+    Exists(String),
+    #[error("topic {0:?} does not exist")]
+    NotFound(String),
+    #[error("all {0} topic slots are in use; raise region.max_topics (EMBARCADERO_REGION_MAX_TOPICS) and restart with a fresh data dir")]
+    Full(u32),
+    #[error("cannot save topic metadata in {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+pub struct ControlPlane {
+    region: Arc<Region>,
+    topics_file: PathBuf,
+    /// Serialises topic creation (admin requests only, never the data path).
+    lock: parking_lot::Mutex<Vec<PersistedTopic>>,
+}
+
+impl ControlPlane {
+    /// Loads persisted topics and publishes them into the (fresh) region.
+    pub fn open(region: Arc<Region>, data_dir: &Path) -> Result<Self, TopicError> {
+        let topics_file = data_dir.join("topics.json");
+        let topics: Vec<PersistedTopic> = match std::fs::read(&topics_file) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| TopicError::Io {
+                path: topics_file.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(source) => {
+                return Err(TopicError::Io {
+                    path: topics_file,
+                    source,
+                })
+            }
+        };
+        let max = region.capacities().max_topics;
+        for t in &topics {
+            if t.slot >= max {
+                return Err(TopicError::Invalid(format!(
+                    "topic {:?} uses slot {} but the region has {max} topic slots; raise region.max_topics",
+                    t.spec.name, t.slot
+                )));
+            }
+            region.write_topic_meta(t.slot, &meta_of(t));
+        }
+        Ok(Self {
+            region,
+            topics_file,
+            lock: parking_lot::Mutex::new(topics),
+        })
+    }
+
+    pub fn create(&self, spec: TopicSpec) -> Result<TopicSpec, TopicError> {
+        validate_spec(&spec)?;
+        let mut topics = self.lock.lock();
+        if topics.iter().any(|t| t.spec.name == spec.name) {
+            return Err(TopicError::Exists(spec.name));
+        }
+        let max = self.region.capacities().max_topics;
+        let slot = (0..max)
+            .find(|s| topics.iter().all(|t| t.slot != *s))
+            .ok_or(TopicError::Full(max))?;
+        let created_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let topic = PersistedTopic {
+            spec: spec.clone(),
+            slot,
+            created_unix_ms,
+        };
+        let mut next = topics.clone();
+        next.push(topic.clone());
+        save(&self.topics_file, &next)?;
+        self.region.write_topic_meta(slot, &meta_of(&topic));
+        *topics = next;
+        tracing::info!(topic = %spec.name, order = spec.order, slot, "topic created");
+        Ok(spec)
+    }
+
+    pub fn list(&self) -> Vec<TopicInfo> {
+        let topics = self.lock.lock().clone();
+        topics.iter().map(|t| self.info(t)).collect()
+    }
+
+    pub fn describe(&self, name: &str) -> Result<TopicInfo, TopicError> {
+        let topics = self.lock.lock();
+        topics
+            .iter()
+            .find(|t| t.spec.name == name)
+            .map(|t| self.info(t))
+            .ok_or_else(|| TopicError::NotFound(name.to_string()))
+    }
+
+    fn info(&self, t: &PersistedTopic) -> TopicInfo {
+        let r = &self.region;
+        let seq = r.topic_seq(t.slot);
+        let brokers = (0..r.capacities().brokers)
+            .map(|b| {
+                let log = r.log(t.slot, b);
+                BrokerLogInfo {
+                    broker: b,
+                    written_batches: log.written_frontier.load(Ordering::Acquire),
+                    messages: log.frontier_msgs.load(Ordering::Acquire),
+                    ordered_batches: log.ordered_pbr.load(Ordering::Acquire),
+                    reclaimed_batches: log.reclaimed_pbr.load(Ordering::Acquire),
+                }
+            })
+            .collect();
+        TopicInfo {
+            name: t.spec.name.clone(),
+            id: t.slot,
+            order: t.spec.order,
+            replication_factor: t.spec.replication_factor,
+            default_ack: t.spec.default_ack,
+            created_unix_ms: t.created_unix_ms,
+            committed_batches: seq.committed_seq.load(Ordering::Acquire),
+            next_position: seq.next_position.load(Ordering::Acquire),
+            brokers,
+        }
+    }
+}
+
+/// A topic with its live counters.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TopicInfo {
+    pub name: String,
+    pub id: u32,
+    pub order: u8,
+    pub replication_factor: u8,
+    pub default_ack: u8,
+    pub created_unix_ms: u64,
+    /// Orders 2 and 5: batches in the committed global order.
+    pub committed_batches: u64,
+    /// Orders 2 and 5: the next global message position.
+    pub next_position: u64,
+    pub brokers: Vec<BrokerLogInfo>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BrokerLogInfo {
+    pub broker: u32,
+    pub written_batches: u64,
+    pub messages: u64,
+    pub ordered_batches: u64,
+    pub reclaimed_batches: u64,
+}
+
+fn meta_of(t: &PersistedTopic) -> TopicMeta {
+    TopicMeta {
+        name: t.spec.name.clone(),
+        order: t.spec.order,
+        replication_factor: t.spec.replication_factor,
+        default_ack: t.spec.default_ack,
+        generation: 1,
+        created_unix_ms: t.created_unix_ms,
+    }
+}
+
+pub fn validate_spec(spec: &TopicSpec) -> Result<(), TopicError> {
+    embarcadero_wire::validate_topic_name(&spec.name)
+        .map_err(|e| TopicError::Invalid(e.to_string()))?;
+    match spec.order {
+        0..=2 => {}
+        5 => {
+            return Err(TopicError::Invalid(
+                "order 5 (per-session FIFO) is not available in this version; use --order 2 for total order".into(),
+            ))
+        }
+        other => {
+            return Err(TopicError::Invalid(format!(
+                "order {other} does not exist; choose 0 (none), 1 (FIFO per broker) or 2 (total order)"
+            )))
+        }
+    }
+    if spec.replication_factor == 0 {
+        return Err(TopicError::Invalid(
+            "replication factor counts the in-memory copy and must be at least 1".into(),
+        ));
+    }
+    if spec.replication_factor > 1 {
+        return Err(TopicError::Invalid(format!(
+            "replication factor {} needs disk replicas, which this version does not have yet; use --rf 1",
+            spec.replication_factor
+        )));
+    }
+    if spec.default_ack > 2 {
+        return Err(TopicError::Invalid(format!(
+            "ack level {} does not exist; choose 0, 1 or 2",
+            spec.default_ack
+        )));
+    }
+    if spec.default_ack == 2 && spec.replication_factor < 2 {
+        return Err(TopicError::Invalid(
+            "default ack 2 (durable) requires a replication factor of at least 2".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn save(path: &Path, topics: &[PersistedTopic]) -> Result<(), TopicError> {
+    let io = |source| TopicError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let tmp = path.with_extension("json.tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(io)?;
+    f.write_all(&serde_json::to_vec_pretty(topics).expect("serialisable"))
+        .map_err(io)?;
+    f.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,330 @@
+//! The admin API (HTTP/JSON) and Prometheus `/metrics`, on the control port.
+//!
+//! | method | path | |
+//! |---|---|---|
+//! | GET | `/v1/cluster` | brokers and their addresses (clients discover brokers here) |
+//! | GET | `/v1/status` | cluster, topics with counters, broker and sequencer metrics |
+//! | GET | `/v1/topics` | every topic |
+//! | POST | `/v1/topics` | create: `{"name","order","replication_factor","default_ack"}` |
+//! | GET | `/v1/topics/{name}` | one topic |
+//! | GET | `/metrics` | Prometheus text format |
+//! | GET | `/healthz` | `ok` |
+
+use crate::control::{TopicError, TopicSpec};
+use crate::Inner;
+use serde_json::json;
+use std::fmt::Write as _;
+use std::io::Read;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Largest request body accepted.
+const MAX_BODY: u64 = 64 * 1024;
+
+pub fn serve(server: Arc<tiny_http::Server>, inner: Arc<Inner>) {
+    for mut request in server.incoming_requests() {
+        let (status, content_type, body) = route(&inner, &mut request);
+        let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], content_type.as_bytes())
+            .expect("static header");
+        let response = tiny_http::Response::from_string(body)
+            .with_status_code(status)
+            .with_header(header);
+        let _ = request.respond(response);
+    }
+}
+
+fn route(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'static str, String) {
+    use tiny_http::Method::*;
+    let url = request.url().split('?').next().unwrap_or("").to_string();
+    let method = request.method().clone();
+    let json_ok = |v: serde_json::Value| (200, "application/json", v.to_string());
+    match (method, url.as_str()) {
+        (Get, "/healthz") => (200, "text/plain", "ok\n".into()),
+        (Get, "/metrics") => (200, "text/plain; version=0.0.4", metrics(inner)),
+        (Get, "/v1/cluster") => json_ok(cluster(inner)),
+        (Get, "/v1/status") => json_ok(status(inner)),
+        (Get, "/v1/topics") => json_ok(json!({ "topics": inner.control.list() })),
+        (Post, "/v1/topics") => {
+            let mut body = String::new();
+            if request
+                .as_reader()
+                .take(MAX_BODY)
+                .read_to_string(&mut body)
+                .is_err()
+            {
+                return error(400, "request body is not UTF-8 text".into());
+            }
+            let spec: TopicSpec = match serde_json::from_str(&body) {
+                Ok(s) => s,
+                Err(e) => {
+                    return error(
+                        400,
+                        format!("request body is not a topic: {e}; expected {{\"name\": \"t\", \"order\": 2}}"),
+                    )
+                }
+            };
+            match inner.control.create(spec) {
+                Ok(spec) => match inner.control.describe(&spec.name) {
+                    Ok(info) => (
+                        201,
+                        "application/json",
+                        serde_json::to_string(&info).expect("serialisable"),
+                    ),
+                    Err(e) => topic_error(e),
+                },
+                Err(e) => topic_error(e),
+            }
+        }
+        (Get, path) if path.starts_with("/v1/topics/") => {
+            match inner.control.describe(&path["/v1/topics/".len()..]) {
+                Ok(info) => json_ok(serde_json::to_value(info).expect("serialisable")),
+                Err(e) => topic_error(e),
+            }
+        }
+        (_, path) => error(404, format!("no such endpoint: {path}")),
+    }
+}
+
+fn error(status: u16, message: String) -> (u16, &'static str, String) {
+    (
+        status,
+        "application/json",
+        json!({ "error": message }).to_string(),
+    )
+}
+
+fn topic_error(e: TopicError) -> (u16, &'static str, String) {
+    let status = match e {
+        TopicError::Invalid(_) => 400,
+        TopicError::NotFound(_) => 404,
+        TopicError::Exists(_) => 409,
+        TopicError::Full(_) => 507,
+        TopicError::Io { .. } => 500,
+    };
+    error(status, e.to_string())
+}
+
+fn cluster(inner: &Inner) -> serde_json::Value {
+    json!({
+        "brokers": inner.brokers.iter().map(|b| json!({
+            "id": b.id,
+            "addr": b.addr.to_string(),
+        })).collect::<Vec<_>>(),
+        "epoch_us": inner.config.sequencer.epoch_us,
+        "max_message_bytes": inner.config.broker.max_message_bytes,
+        "max_batch_bytes": inner.config.broker.max_batch_bytes,
+        "region": {
+            "path": inner.region.path().display().to_string(),
+            "bytes": inner.region.len(),
+        },
+    })
+}
+
+fn status(inner: &Inner) -> serde_json::Value {
+    let seq = &inner.sequencer_metrics;
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_s": inner.started.elapsed().as_secs(),
+        "cluster": cluster(inner),
+        "topics": inner.control.list(),
+        "brokers": inner.brokers.iter().map(|b| {
+            let m = &b.metrics;
+            json!({
+                "id": b.id,
+                "addr": b.addr.to_string(),
+                "state": "up",
+                "publish_bytes": m.publish_bytes.load(Ordering::Relaxed),
+                "publish_batches": m.publish_batches.load(Ordering::Relaxed),
+                "publish_messages": m.publish_messages.load(Ordering::Relaxed),
+                "subscribe_bytes": m.subscribe_bytes.load(Ordering::Relaxed),
+                "connections": m.connections_open.load(Ordering::Relaxed),
+                "free_segments": b.pool.free_count(),
+            })
+        }).collect::<Vec<_>>(),
+        "sequencer": {
+            "state": "active",
+            "epochs": seq.epochs_sealed.load(Ordering::Relaxed),
+            "batches_ordered": seq.batches_ordered.load(Ordering::Relaxed),
+            "messages_ordered": seq.messages_ordered.load(Ordering::Relaxed),
+        },
+    })
+}
+
+fn metrics(inner: &Inner) -> String {
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
+        let _ = writeln!(out, "# HELP embarcadero_{name} {help}");
+        let _ = writeln!(out, "# TYPE embarcadero_{name} {kind}");
+        for (labels, v) in samples {
+            let _ = writeln!(out, "embarcadero_{name}{labels} {v}");
+        }
+    };
+    type Field = fn(&embarcadero_broker::BrokerMetrics) -> &std::sync::atomic::AtomicU64;
+    let per_broker: [(&str, &str, &str, Field); 11] = [
+        (
+            "publish_bytes_total",
+            "counter",
+            "Message bytes received from publishers.",
+            |m| &m.publish_bytes,
+        ),
+        (
+            "publish_batches_total",
+            "counter",
+            "Batches committed to the broker's log.",
+            |m| &m.publish_batches,
+        ),
+        (
+            "publish_messages_total",
+            "counter",
+            "Messages committed to the broker's log.",
+            |m| &m.publish_messages,
+        ),
+        (
+            "subscribe_bytes_total",
+            "counter",
+            "Message bytes sent to subscribers.",
+            |m| &m.subscribe_bytes,
+        ),
+        (
+            "subscribe_batches_total",
+            "counter",
+            "Batches sent to subscribers.",
+            |m| &m.subscribe_batches,
+        ),
+        (
+            "acks_sent_total",
+            "counter",
+            "Acknowledgement frames sent.",
+            |m| &m.acks_sent,
+        ),
+        (
+            "errors_sent_total",
+            "counter",
+            "Error frames sent before closing a connection.",
+            |m| &m.errors_sent,
+        ),
+        (
+            "backpressure_errors_total",
+            "counter",
+            "Batches refused with a retriable BACKPRESSURE error.",
+            |m| &m.backpressure_errors,
+        ),
+        (
+            "backpressure_waits_total",
+            "counter",
+            "Times a publisher connection had to wait for log memory.",
+            |m| &m.backpressure_waits,
+        ),
+        (
+            "reclaimed_batches_total",
+            "counter",
+            "Batches whose memory was reclaimed.",
+            |m| &m.reclaimed_batches,
+        ),
+        (
+            "connections_open",
+            "gauge",
+            "Open client connections.",
+            |m| &m.connections_open,
+        ),
+    ];
+    for (name, kind, help, field) in per_broker {
+        family(
+            name,
+            kind,
+            help,
+            inner
+                .brokers
+                .iter()
+                .map(|b| {
+                    (
+                        format!("{{broker=\"{}\"}}", b.id),
+                        field(&b.metrics).load(Ordering::Relaxed),
+                    )
+                })
+                .collect(),
+        );
+    }
+    family(
+        "free_segments",
+        "gauge",
+        "Free BLog segments in the broker's pool.",
+        inner
+            .brokers
+            .iter()
+            .map(|b| {
+                (
+                    format!("{{broker=\"{}\"}}", b.id),
+                    b.pool.free_count() as u64,
+                )
+            })
+            .collect(),
+    );
+    let s = &inner.sequencer_metrics;
+    family(
+        "sequencer_epochs_total",
+        "counter",
+        "Epochs sealed by the sequencer.",
+        vec![(String::new(), s.epochs_sealed.load(Ordering::Relaxed))],
+    );
+    family(
+        "sequencer_batches_ordered_total",
+        "counter",
+        "Batches given a global position.",
+        vec![(String::new(), s.batches_ordered.load(Ordering::Relaxed))],
+    );
+    family(
+        "sequencer_messages_ordered_total",
+        "counter",
+        "Messages given a global position.",
+        vec![(String::new(), s.messages_ordered.load(Ordering::Relaxed))],
+    );
+    family(
+        "sequencer_seal_nanoseconds_total",
+        "counter",
+        "Time spent sealing epochs.",
+        vec![(String::new(), s.seal_nanos.load(Ordering::Relaxed))],
+    );
+    family(
+        "sequencer_goi_full_stalls_total",
+        "counter",
+        "Epochs cut short because GOI slots were still in use.",
+        vec![(String::new(), s.goi_full_stalls.load(Ordering::Relaxed))],
+    );
+    let topics = inner.control.list();
+    family(
+        "topic_committed_batches",
+        "gauge",
+        "Batches in the topic's committed global order (orders 2, 5).",
+        topics
+            .iter()
+            .map(|t| (format!("{{topic=\"{}\"}}", t.name), t.committed_batches))
+            .collect(),
+    );
+    family(
+        "topic_next_position",
+        "gauge",
+        "Next global message position of the topic (orders 2, 5).",
+        topics
+            .iter()
+            .map(|t| (format!("{{topic=\"{}\"}}", t.name), t.next_position))
+            .collect(),
+    );
+    family(
+        "topic_broker_messages",
+        "gauge",
+        "Messages written per topic and broker.",
+        topics
+            .iter()
+            .flat_map(|t| {
+                t.brokers.iter().map(move |b| {
+                    (
+                        format!("{{topic=\"{}\",broker=\"{}\"}}", t.name, b.broker),
+                        b.messages,
+                    )
+                })
+            })
+            .collect(),
+    );
+    out
+}

@@ -1,0 +1,64 @@
+//! Helpers shared by the integration tests: an embedded server on ephemeral ports in
+//! a temporary data directory, with small capacities so wrap-around happens quickly.
+
+#![allow(dead_code)]
+
+use embarcadero_client::{Admin, TopicSpec};
+use embarcadero_server::{Server, ServerConfig};
+
+pub struct TestServer {
+    pub server: Server,
+    pub dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    pub fn control(&self) -> String {
+        self.server.control_addr().to_string()
+    }
+
+    pub fn brokers(&self) -> Vec<String> {
+        self.server
+            .broker_addrs()
+            .iter()
+            .map(|a| a.to_string())
+            .collect()
+    }
+
+    pub fn admin(&self) -> Admin {
+        Admin::new(&self.control())
+    }
+
+    pub fn create_topic(&self, name: &str, order: u8) {
+        self.admin()
+            .create_topic(&TopicSpec::new(name, order))
+            .expect("create topic");
+    }
+}
+
+pub fn config(dir: &std::path::Path) -> ServerConfig {
+    let mut c = ServerConfig {
+        data_dir: dir.to_path_buf(),
+        base_port: 0,
+        control_port: 0,
+        ..ServerConfig::default()
+    };
+    c.region.max_topics = 4;
+    c.region.goi_slots = 4096;
+    c.region.pbr_slots = 1024;
+    c.region.segment_bytes = 4 << 20;
+    c.region.segments_per_broker = 8;
+    c.sequencer.epoch_us = 200;
+    c
+}
+
+pub fn start() -> TestServer {
+    start_with(|_| {})
+}
+
+pub fn start_with(tweak: impl FnOnce(&mut ServerConfig)) -> TestServer {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut c = config(dir.path());
+    tweak(&mut c);
+    let server = Server::start(c).expect("server starts");
+    TestServer { server, dir }
+}
