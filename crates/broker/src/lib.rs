@@ -17,7 +17,7 @@ mod publish;
 mod service;
 mod subscribe;
 
-pub use log_writer::{LogWriter, ReserveError, Reservation, SegmentPool};
+pub use log_writer::{LogWriter, Reservation, ReserveError, SegmentPool};
 
 use embarcadero_region::Region;
 use registry::Registry;
@@ -189,9 +189,9 @@ impl Broker {
         self.shared.metrics.clone()
     }
 
-    /// Free segments in this broker's pool.
-    pub fn free_segments(&self) -> u32 {
-        self.shared.pool.free_count()
+    /// This broker's pool of BLog segments (for gauges).
+    pub fn segment_pool(&self) -> Arc<SegmentPool> {
+        self.shared.pool.clone()
     }
 
     /// Stops accepting, closes every connection and joins the broker's threads.
@@ -203,7 +203,10 @@ impl Broker {
         // connection threads blocked in reads return.
         let _ = TcpStream::connect_timeout(&self.local_addr, Duration::from_secs(1));
         self.shared.connections.shutdown_all();
-        self.shared.region.broker_bell(self.shared.config.broker_id).ring();
+        self.shared
+            .region
+            .broker_bell(self.shared.config.broker_id)
+            .ring();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

@@ -96,7 +96,10 @@ impl LogWriter {
     pub fn reserve(&self, len: u64) -> Result<Reservation, ReserveError> {
         let caps = self.region.capacities();
         let seg = caps.segment_bytes;
-        assert!(len > 0 && len <= seg, "batch of {len} bytes cannot fit a segment");
+        assert!(
+            len > 0 && len <= seg,
+            "batch of {len} bytes cannot fit a segment"
+        );
         let log = self.region.log(self.topic, self.broker);
         let mut current = self.state.load(Ordering::Acquire);
         loop {
@@ -186,7 +189,11 @@ mod tests {
         let a = w.reserve(3000).unwrap();
         let b = w.reserve(3000).unwrap();
         assert_eq!((a.pbr_index, a.log_offset), (0, 0));
-        assert_eq!((b.pbr_index, b.log_offset), (1, 4096), "skips to the next segment");
+        assert_eq!(
+            (b.pbr_index, b.log_offset),
+            (1, 4096),
+            "skips to the next segment"
+        );
         assert_eq!(pool.free_count(), 14);
         assert!(region.blog_ptr(0, 0, b.log_offset, 3000).is_some());
     }

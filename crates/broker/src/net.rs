@@ -84,7 +84,9 @@ pub fn handle_connection(shared: &Shared, mut stream: TcpStream) {
     let result = handshake(shared, &mut stream);
     let end = match result {
         Ok((hello, topic, meta, cursors)) => match hello.role {
-            Role::Publish => publish::run(shared, stream.try_clone(), &mut stream, hello, topic, meta),
+            Role::Publish => {
+                publish::run(shared, stream.try_clone(), &mut stream, hello, topic, meta)
+            }
             Role::Subscribe => subscribe::run(shared, &mut stream, hello, topic, meta, cursors),
         },
         Err(end) => end,

@@ -2,15 +2,14 @@
 //! the log, validation, PBR commit. Acknowledgements are sent by the service thread,
 //! which this connection feeds through a single-producer queue.
 
-use crate::log_writer::{ReserveError, Reservation};
+use crate::log_writer::{Reservation, ReserveError};
 use crate::net::{self, End, Refusal};
 use crate::Shared;
 use crossbeam_queue::ArrayQueue;
 use embarcadero_region::backoff::Backoff;
 use embarcadero_region::TopicMeta;
 use embarcadero_wire::{
-    validate_batch_payload, BatchFlags, BatchHeader, ErrorCode, ErrorFrame, Hello,
-    BATCH_HEADER_LEN,
+    validate_batch_payload, BatchFlags, BatchHeader, ErrorCode, ErrorFrame, Hello, BATCH_HEADER_LEN,
 };
 use std::io::{self, Read, Write};
 use std::net::TcpStream;

@@ -78,10 +78,18 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
         let paused = shared.paused.load(Ordering::Relaxed);
         if !paused && free < pause_below_free {
             shared.paused.store(true, Ordering::Release);
-            tracing::debug!(broker, free, "log memory above high watermark: pausing publishers");
+            tracing::debug!(
+                broker,
+                free,
+                "log memory above high watermark: pausing publishers"
+            );
         } else if paused && free >= reclaim_below_free {
             shared.paused.store(false, Ordering::Release);
-            tracing::debug!(broker, free, "log memory below low watermark: resuming publishers");
+            tracing::debug!(
+                broker,
+                free,
+                "log memory below low watermark: resuming publishers"
+            );
         }
         progress |= send_acks(&shared, &logs, &mut acks);
         if progress {

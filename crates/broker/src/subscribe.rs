@@ -183,7 +183,10 @@ enum Locate {
 
 /// Finds the GOI entry holding global position `pos`.
 fn locate_global(region: &Region, topic: u32, pos: u64) -> Locate {
-    let committed = region.topic_seq(topic).committed_seq.load(Ordering::Acquire);
+    let committed = region
+        .topic_seq(topic)
+        .committed_seq
+        .load(Ordering::Acquire);
     if committed == 0 {
         return Locate::NotYet;
     }
@@ -252,7 +255,10 @@ fn serve_global(
                 Locate::NotYet => {}
             }
         }
-        let committed = region.topic_seq(topic).committed_seq.load(Ordering::Acquire);
+        let committed = region
+            .topic_seq(topic)
+            .committed_seq
+            .load(Ordering::Acquire);
         let Some((mut g, mut skip)) = cursor.filter(|(g, _)| *g < committed) else {
             backoff.idle(Some((&bell, seen)));
             continue;
@@ -309,7 +315,11 @@ fn locate_in_broker(region: &Region, topic: u32, broker: u32, pos: u64) -> Locat
     let log = region.log(topic, broker);
     let frontier = log.written_frontier.load(Ordering::Acquire);
     let lo = log.reclaimed_pbr.load(Ordering::Acquire);
-    let start_of = |i: u64| region.pbr_read(topic, broker, i).map(|h| h.start_logical_offset);
+    let start_of = |i: u64| {
+        region
+            .pbr_read(topic, broker, i)
+            .map(|h| h.start_logical_offset)
+    };
     if lo >= frontier {
         let msgs = log.frontier_msgs.load(Ordering::Acquire);
         return if pos >= msgs {

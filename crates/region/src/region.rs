@@ -556,15 +556,6 @@ impl Region {
         // SAFETY: in bounds (blog_ptr); no writer per the caller's contract.
         Some(unsafe { std::slice::from_raw_parts(p, len as usize) })
     }
-
-    /// Zeroes every per-topic structure of a topic slot (when the slot is first used).
-    pub fn reset_topic(&self, topic: u32) {
-        let base = self.layout.topic_off(topic);
-        for off in (self.layout.topic_seq_rel..self.layout.topic_stride).step_by(8) {
-            self.word(base + off).store(0, Ordering::Relaxed);
-        }
-        store_fence();
-    }
 }
 
 impl Drop for Region {

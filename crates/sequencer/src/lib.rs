@@ -65,7 +65,10 @@ impl Sequencer {
         if config.epoch < MIN_EPOCH {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
-                format!("epoch {:?} is below the minimum of {MIN_EPOCH:?}", config.epoch),
+                format!(
+                    "epoch {:?} is below the minimum of {MIN_EPOCH:?}",
+                    config.epoch
+                ),
             ));
         }
         let shutdown = Arc::new(AtomicBool::new(false));
@@ -389,7 +392,11 @@ mod tests {
                 client_id: broker as u64,
                 num_msg,
                 broker_id: broker as u16,
-                flags: if valid { BatchFlags::VALID } else { BatchFlags::VOID },
+                flags: if valid {
+                    BatchFlags::VALID
+                } else {
+                    BatchFlags::VOID
+                },
                 pbr_index: index,
                 total_size: 64 * num_msg as u64,
                 log_offset: index * 1024,
