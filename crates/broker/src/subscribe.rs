@@ -196,15 +196,18 @@ fn locate_global(region: &Region, topic: u32, pos: u64) -> Locate {
     if pos >= last.total_order + last.num_msg as u64 {
         return Locate::NotYet;
     }
+    // Brokers reclaim independently, so the readable suffix of the GOI starts above
+    // the newest entry that is no longer usable, not at the oldest usable one.
     let goi_slots = region.capacities().goi_slots;
     let usable = |g: u64| {
         region
             .goi_read(topic, g)
             .filter(|e| retained(region, topic, e.broker_id as u32, e.blog_offset))
     };
-    let mut lo = committed.saturating_sub(goi_slots);
-    while lo < committed && usable(lo).is_none() {
-        lo += 1;
+    let floor = committed.saturating_sub(goi_slots);
+    let mut lo = committed;
+    while lo > floor && usable(lo - 1).is_some() {
+        lo -= 1;
     }
     let Some(first) = usable(lo) else {
         return Locate::Gone {

@@ -1,1 +1,314 @@
-fn main() {}
+//! `embarcadero`: the one binary. Serves (the embedded server), administers topics,
+//! publishes, subscribes, reports status, and benchmarks.
+//!
+//! Owns: argument parsing, human and `--json` output, progress bars, exit codes. All
+//! real work is done by the server and client crates.
+
+mod bench;
+mod publish;
+mod subscribe;
+
+use clap::{Parser, Subcommand};
+use embarcadero_client::{Admin, TopicSpec};
+use embarcadero_server::{Server, ServerConfig};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "embarcadero",
+    version,
+    about = "A totally ordered shared log with pub/sub on top",
+    long_about = "A totally ordered shared log with pub/sub on top.\n\nStart a server with `embarcadero serve`, create a topic with `embarcadero topic create NAME --order 2`, then `embarcadero pub` and `embarcadero sub`."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Where the control plane is; shared by the client subcommands.
+#[derive(clap::Args, Clone)]
+pub struct ControlArg {
+    /// Address of the server's control API (host:port).
+    #[arg(long, env = "EMBARCADERO_CONTROL", default_value = "127.0.0.1:12140")]
+    pub control: String,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the embedded server: control plane, brokers and sequencer in one process.
+    Serve(ServeArgs),
+    /// Create, list and describe topics.
+    #[command(subcommand)]
+    Topic(TopicCommand),
+    /// Publish messages: one per line from stdin, or generated load with --count.
+    Pub(publish::PubArgs),
+    /// Print a topic's messages in order.
+    Sub(subscribe::SubArgs),
+    /// Show brokers, sequencer and topics of a running server.
+    Status {
+        #[command(flatten)]
+        control: ControlArg,
+        /// Print the raw status document as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure throughput and latency, next to the machine's own ceilings.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// TOML config file; see `embarcadero serve --print-config` for every key.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Directory for the region file and topic metadata [default: embarcadero-data].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Number of brokers [default: 4].
+    #[arg(long)]
+    brokers: Option<u32>,
+    /// Address to listen on [default: 127.0.0.1].
+    #[arg(long)]
+    bind: Option<String>,
+    /// Broker i listens on base-port + i; 0 for ephemeral ports [default: 1214].
+    #[arg(long)]
+    base_port: Option<u16>,
+    /// Port of the admin API and /metrics [default: 12140].
+    #[arg(long)]
+    control_port: Option<u16>,
+    /// Sequencer epoch in microseconds, at least 50 [default: 500].
+    #[arg(long)]
+    epoch_us: Option<u64>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+#[derive(Subcommand)]
+enum TopicCommand {
+    /// Create a topic.
+    Create {
+        name: String,
+        /// 0: no order; 1: FIFO per broker; 2: total order.
+        #[arg(long, default_value_t = 2)]
+        order: u8,
+        /// Replication factor, counting the in-memory copy.
+        #[arg(long, default_value_t = 1)]
+        rf: u8,
+        /// Acknowledgement level publishers get by default.
+        #[arg(long, default_value_t = 1)]
+        default_ack: u8,
+        #[command(flatten)]
+        control: ControlArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List topics.
+    List {
+        #[command(flatten)]
+        control: ControlArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Describe one topic with its counters.
+    Describe {
+        name: String,
+        #[command(flatten)]
+        control: ControlArg,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Topic(cmd) => topic(cmd),
+        Command::Pub(args) => publish::run(args),
+        Command::Sub(args) => subscribe::run(args),
+        Command::Status { control, json } => status(&control, json),
+        Command::Bench(args) => bench::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub type CliResult = Result<(), String>;
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("EMBARCADERO_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn serve(args: ServeArgs) -> CliResult {
+    let mut config = ServerConfig::load(args.config.as_deref()).map_err(|e| e.to_string())?;
+    if let Some(v) = args.data_dir {
+        config.data_dir = v;
+    }
+    if let Some(v) = args.brokers {
+        config.brokers = v;
+    }
+    if let Some(v) = args.bind {
+        config.bind = v;
+    }
+    if let Some(v) = args.base_port {
+        config.base_port = v;
+    }
+    if let Some(v) = args.control_port {
+        config.control_port = v;
+    }
+    if let Some(v) = args.epoch_us {
+        config.sequencer.epoch_us = v;
+    }
+    config.validate().map_err(|e| e.to_string())?;
+    if args.print_config {
+        print!("{}", config.to_toml());
+        return Ok(());
+    }
+    init_logging();
+    let (tx, rx) = std::sync::mpsc::channel();
+    ctrlc::set_handler(move || {
+        let _ = tx.send(());
+    })
+    .map_err(|e| format!("cannot install the signal handler: {e}"))?;
+    let mut server = Server::start(config).map_err(|e| e.to_string())?;
+    eprintln!(
+        "embarcadero is serving: control API http://{}  brokers {}",
+        server.control_addr(),
+        server
+            .broker_addrs()
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let _ = rx.recv();
+    eprintln!("shutting down");
+    server.stop();
+    Ok(())
+}
+
+fn topic(cmd: TopicCommand) -> CliResult {
+    match cmd {
+        TopicCommand::Create {
+            name,
+            order,
+            rf,
+            default_ack,
+            control,
+            json,
+        } => {
+            let info = Admin::new(&control.control)
+                .create_topic(&TopicSpec {
+                    name,
+                    order,
+                    replication_factor: rf,
+                    default_ack,
+                })
+                .map_err(|e| e.to_string())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&info).expect("json"));
+            } else {
+                println!(
+                    "created topic {} (order {}, rf {}, default ack {})",
+                    info.name, info.order, info.replication_factor, info.default_ack
+                );
+            }
+        }
+        TopicCommand::List { control, json } => {
+            let topics = Admin::new(&control.control)
+                .list_topics()
+                .map_err(|e| e.to_string())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&topics).expect("json"));
+            } else {
+                println!("{:<32} {:>5} {:>3} {:>4} {:>14}", "NAME", "ORDER", "RF", "ACK", "NEXT POSITION");
+                for t in topics {
+                    println!(
+                        "{:<32} {:>5} {:>3} {:>4} {:>14}",
+                        t.name, t.order, t.replication_factor, t.default_ack, t.next_position
+                    );
+                }
+            }
+        }
+        TopicCommand::Describe {
+            name,
+            control,
+            json,
+        } => {
+            let t = Admin::new(&control.control)
+                .describe_topic(&name)
+                .map_err(|e| e.to_string())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&t).expect("json"));
+            } else {
+                println!("topic            {}", t.name);
+                println!("order            {}", t.order);
+                println!("replication      {}", t.replication_factor);
+                println!("default ack      {}", t.default_ack);
+                println!("committed batches {}", t.committed_batches);
+                println!("next position    {}", t.next_position);
+                for b in &t.brokers {
+                    println!("broker           {b}");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn status(control: &ControlArg, json: bool) -> CliResult {
+    let s = Admin::new(&control.control)
+        .status()
+        .map_err(|e| e.to_string())?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s).expect("json"));
+        return Ok(());
+    }
+    println!(
+        "embarcadero {}  up {} s  control {}",
+        s["version"].as_str().unwrap_or("?"),
+        s["uptime_s"],
+        control.control
+    );
+    println!(
+        "sequencer: {}  epochs {}  batches ordered {}",
+        s["sequencer"]["state"].as_str().unwrap_or("?"),
+        s["sequencer"]["epochs"],
+        s["sequencer"]["batches_ordered"]
+    );
+    println!("{:<4} {:<22} {:<5} {:>14} {:>12} {:>6} {:>5}", "ID", "ADDRESS", "STATE", "PUBLISH BYTES", "MESSAGES", "CONNS", "FREE");
+    for b in s["brokers"].as_array().into_iter().flatten() {
+        println!(
+            "{:<4} {:<22} {:<5} {:>14} {:>12} {:>6} {:>5}",
+            b["id"].to_string(),
+            b["addr"].as_str().unwrap_or("?"),
+            b["state"].as_str().unwrap_or("?"),
+            b["publish_bytes"].to_string(),
+            b["publish_messages"].to_string(),
+            b["connections"].to_string(),
+            b["free_segments"].to_string()
+        );
+    }
+    println!("topics: {}", s["topics"].as_array().map_or(0, |t| t.len()));
+    for t in s["topics"].as_array().into_iter().flatten() {
+        println!(
+            "  {} (order {}): next position {}",
+            t["name"].as_str().unwrap_or("?"),
+            t["order"],
+            t["next_position"]
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,352 @@
+//! The machine's own ceilings: loopback TCP, memory copy and durable-write
+//! bandwidth, measured in-process so the system's throughput has honest
+//! numbers to be compared against.
+//!
+//! Every figure is bytes moved divided by wall time, with MB = 1e6 bytes.
+//! For memcpy a "byte" is one byte copied (read once and written once).
+
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::fs::{self, OpenOptions};
+use std::hint::black_box;
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, Shutdown, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// Socket buffer size the product uses for its data connections.
+const SOCKET_BUFFER_BYTES: usize = 4 << 20;
+const MIB: u64 = 1 << 20;
+
+/// One measured ceiling.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Ceiling {
+    pub name: String,
+    pub bytes: u64,
+    pub seconds: f64,
+    /// Throughput in MB/s, MB = 1e6 bytes.
+    pub mb_per_s: f64,
+    /// Median latency of one operation (fdatasync only), microseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p50_us: Option<f64>,
+    /// 99th-percentile latency of one operation (fdatasync only), microseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_us: Option<f64>,
+}
+
+impl Ceiling {
+    fn new(name: String, bytes: u64, elapsed: Duration) -> Self {
+        let seconds = elapsed.as_secs_f64().max(1e-9);
+        Self {
+            name,
+            bytes,
+            seconds,
+            mb_per_s: bytes as f64 / 1e6 / seconds,
+            p50_us: None,
+            p99_us: None,
+        }
+    }
+}
+
+/// Loopback TCP: `streams` connections on 127.0.0.1, each with its own sender
+/// and receiver thread, socket options as in the product (TCP_NODELAY, 4 MiB
+/// buffers). Time runs from the first byte sent to the last byte received.
+pub fn loopback_tcp(total_bytes: u64, chunk_bytes: usize, streams: usize) -> io::Result<Ceiling> {
+    let chunk_bytes = chunk_bytes.max(1);
+    let streams = streams.max(1);
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    let addr = listener.local_addr()?;
+    // Connect everything first, so a failure cannot strand threads at the barrier.
+    let mut pairs = Vec::with_capacity(streams);
+    for _ in 0..streams {
+        let tx = TcpStream::connect(addr)?;
+        let (rx, _) = listener.accept()?;
+        tune_socket(&tx);
+        tune_socket(&rx);
+        pairs.push((tx, rx));
+    }
+    let barrier = Arc::new(Barrier::new(streams));
+    let mut senders = Vec::with_capacity(streams);
+    let mut receivers = Vec::with_capacity(streams);
+    for (i, (tx, rx)) in pairs.into_iter().enumerate() {
+        let share =
+            total_bytes / streams as u64 + u64::from((i as u64) < total_bytes % streams as u64);
+        let barrier = Arc::clone(&barrier);
+        senders.push(thread::spawn(move || {
+            send(tx, share, chunk_bytes, &barrier)
+        }));
+        receivers.push(thread::spawn(move || receive(rx, share, chunk_bytes)));
+    }
+    let mut first_sent: Option<Instant> = None;
+    for handle in senders {
+        let t = join(handle)?;
+        first_sent = Some(first_sent.map_or(t, |f| f.min(t)));
+    }
+    let (mut bytes, mut last_received) = (0, None::<Instant>);
+    for handle in receivers {
+        let (n, t) = join(handle)?;
+        bytes += n;
+        last_received = Some(last_received.map_or(t, |l| l.max(t)));
+    }
+    let elapsed = match (first_sent, last_received) {
+        (Some(first), Some(last)) => last.saturating_duration_since(first),
+        _ => Duration::ZERO,
+    };
+    let name = format!("loopback_tcp streams={streams} chunk={chunk_bytes}");
+    Ok(Ceiling::new(name, bytes, elapsed))
+}
+
+fn tune_socket(stream: &TcpStream) {
+    let sock = socket2::SockRef::from(stream);
+    let _ = sock.set_nodelay(true);
+    let _ = sock.set_recv_buffer_size(SOCKET_BUFFER_BYTES);
+    let _ = sock.set_send_buffer_size(SOCKET_BUFFER_BYTES);
+}
+
+/// Size of the next piece of at most `chunk` bytes out of `left`.
+fn next_piece(left: u64, chunk: usize) -> usize {
+    usize::try_from(left).map_or(chunk, |l| l.min(chunk))
+}
+
+fn send(mut stream: TcpStream, bytes: u64, chunk: usize, start: &Barrier) -> io::Result<Instant> {
+    let buf = vec![0x5a_u8; chunk];
+    start.wait();
+    let first = Instant::now();
+    let mut left = bytes;
+    while left > 0 {
+        let n = next_piece(left, chunk);
+        stream.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    stream.shutdown(Shutdown::Write)?;
+    Ok(first)
+}
+
+fn receive(mut stream: TcpStream, bytes: u64, chunk: usize) -> io::Result<(u64, Instant)> {
+    let mut buf = vec![0xa5_u8; chunk];
+    let mut left = bytes;
+    while left > 0 {
+        let n = next_piece(left, chunk);
+        stream.read_exact(&mut buf[..n])?;
+        left -= n as u64;
+    }
+    Ok((bytes, Instant::now()))
+}
+
+fn join<T>(handle: JoinHandle<io::Result<T>>) -> io::Result<T> {
+    handle
+        .join()
+        .map_err(|_| io::Error::other("measurement thread panicked"))?
+}
+
+/// Memory copy: `total_bytes` copied, `buffer_bytes` at a time, between two
+/// buffers that are written (so faulted in) before the clock starts.
+pub fn memcpy_bandwidth(buffer_bytes: usize, total_bytes: u64) -> Ceiling {
+    let buffer_bytes = buffer_bytes.max(1);
+    // Non-zero fill: a zeroed allocation may come back as untouched pages.
+    let src = vec![0xa5_u8; buffer_bytes];
+    let mut dst = vec![0x5a_u8; buffer_bytes];
+    let start = Instant::now();
+    let mut left = total_bytes;
+    while left > 0 {
+        let n = next_piece(left, buffer_bytes);
+        black_box(&mut dst[..n]).copy_from_slice(black_box(&src[..n]));
+        left -= n as u64;
+    }
+    let elapsed = start.elapsed();
+    black_box(&dst);
+    Ceiling::new(
+        format!("memcpy buffer={buffer_bytes}"),
+        total_bytes,
+        elapsed,
+    )
+}
+
+/// Durable sequential writes: `write_bytes` at a time to a new file in `dir`,
+/// fdatasync after every write. Also reports p50/p99 of the fdatasync calls.
+/// The file is removed afterwards, also on error.
+pub fn fdatasync_bandwidth(
+    dir: &Path,
+    total_bytes: u64,
+    write_bytes: usize,
+) -> io::Result<Ceiling> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let write_bytes = write_bytes.max(1);
+    let path = dir.join(format!(
+        ".embarcadero-ceiling-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
+    let _remove = RemoveOnDrop(path);
+    let buf = vec![0xc3_u8; write_bytes];
+    let mut latencies = Vec::new();
+    let start = Instant::now();
+    let mut left = total_bytes;
+    while left > 0 {
+        let n = next_piece(left, write_bytes);
+        file.write_all(&buf[..n])?;
+        let t = Instant::now();
+        // SAFETY: the descriptor belongs to `file`, which is open for the whole call.
+        if unsafe { libc::fdatasync(file.as_raw_fd()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        latencies.push(t.elapsed());
+        left -= n as u64;
+    }
+    let elapsed = start.elapsed();
+    latencies.sort_unstable();
+    let mut ceiling = Ceiling::new(
+        format!("fdatasync write={write_bytes}"),
+        total_bytes,
+        elapsed,
+    );
+    ceiling.p50_us = percentile_us(&latencies, 50.0);
+    ceiling.p99_us = percentile_us(&latencies, 99.0);
+    Ok(ceiling)
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+/// Nearest-rank percentile of sorted durations, in microseconds.
+fn percentile_us(sorted: &[Duration], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    let i = rank.clamp(1, sorted.len()) - 1;
+    Some(sorted[i].as_secs_f64() * 1e6)
+}
+
+/// All ceilings. `quick` uses small sizes (well under two seconds in all);
+/// otherwise 2 GiB over TCP (one stream, then two), 4 GiB memcpy through
+/// 64 MiB buffers and 512 MiB of fdatasync'd 1 MiB writes into `dir`.
+pub fn measure_all(dir: &Path, quick: bool) -> io::Result<Vec<Ceiling>> {
+    let chunk = MIB as usize;
+    let (tcp, memcpy_buffer, memcpy, sync) = if quick {
+        (32 * MIB, 8 * MIB, 64 * MIB, 4 * MIB)
+    } else {
+        (2048 * MIB, 64 * MIB, 4096 * MIB, 512 * MIB)
+    };
+    let mut out = vec![loopback_tcp(tcp, chunk, 1)?];
+    if !quick {
+        out.push(loopback_tcp(tcp, chunk, 2)?);
+    }
+    out.push(memcpy_bandwidth(memcpy_buffer as usize, memcpy));
+    out.push(fdatasync_bandwidth(dir, sync, chunk)?);
+    Ok(out)
+}
+
+/// A plain-text table of ceilings, one per line after a header.
+pub fn format_table(ceilings: &[Ceiling]) -> String {
+    let width = ceilings
+        .iter()
+        .map(|c| c.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(4);
+    let mut out = format!(
+        "{:<width$} {:>14} {:>9} {:>10} {:>10} {:>10}\n",
+        "name", "bytes", "seconds", "MB/s", "p50 us", "p99 us"
+    );
+    let us = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.0}"));
+    for c in ceilings {
+        let _ = writeln!(
+            out,
+            "{:<width$} {:>14} {:>9.3} {:>10.1} {:>10} {:>10}",
+            c.name,
+            c.bytes,
+            c.seconds,
+            c.mb_per_s,
+            us(c.p50_us),
+            us(c.p99_us)
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_sane(c: &Ceiling, bytes: u64) {
+        assert_eq!(c.bytes, bytes, "{c:?}");
+        assert!(c.seconds > 0.0 && c.mb_per_s > 0.0, "{c:?}");
+    }
+
+    #[test]
+    fn tcp_single_stream_moves_every_byte() {
+        let total = MIB + 123;
+        assert_sane(&loopback_tcp(total, 64 << 10, 1).unwrap(), total);
+    }
+
+    #[test]
+    fn tcp_uneven_split_over_streams() {
+        let total = 3 * MIB + 7;
+        let c = loopback_tcp(total, 100_000, 3).unwrap();
+        assert_sane(&c, total);
+        assert!(c.name.contains("streams=3"));
+    }
+
+    #[test]
+    fn memcpy_counts_partial_last_copy() {
+        let total = 3 * MIB + 7;
+        assert_sane(&memcpy_bandwidth(MIB as usize, total), total);
+    }
+
+    #[test]
+    fn fdatasync_reports_latency_and_cleans_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let total = 2 * (256 << 10) + 5;
+        let c = fdatasync_bandwidth(dir.path(), total, 256 << 10).unwrap();
+        assert_sane(&c, total);
+        let (p50, p99) = (c.p50_us.unwrap(), c.p99_us.unwrap());
+        assert!(p50 > 0.0 && p50 <= p99, "{c:?}");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn fdatasync_into_missing_dir_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(fdatasync_bandwidth(&dir.path().join("absent"), 10, 4).is_err());
+    }
+
+    #[test]
+    fn percentile_is_nearest_rank() {
+        let d: Vec<_> = (1..=100).map(Duration::from_micros).collect();
+        assert_eq!(percentile_us(&d, 50.0), Some(50.0));
+        assert_eq!(percentile_us(&d, 99.0), Some(99.0));
+        assert_eq!(percentile_us(&d[..1], 99.0), Some(1.0));
+        assert_eq!(percentile_us(&[], 50.0), None);
+    }
+
+    #[test]
+    fn quick_measure_all_formats_and_serializes() {
+        let dir = tempfile::tempdir().unwrap();
+        let all = measure_all(dir.path(), true).unwrap();
+        assert_eq!(all.len(), 3);
+        let expected = [32 * MIB, 64 * MIB, 4 * MIB];
+        for (c, bytes) in all.iter().zip(expected) {
+            assert_sane(c, bytes);
+        }
+        let table = format_table(&all);
+        assert_eq!(table.lines().count(), 4);
+        assert!(all.iter().all(|c| table.contains(&c.name)));
+        let json = serde_json::to_value(&all).unwrap();
+        assert!(json[0].get("p50_us").is_none());
+        assert!(json[2]["p99_us"].as_f64().unwrap() > 0.0);
+    }
+}

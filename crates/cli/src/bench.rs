@@ -1,0 +1,235 @@
+//! `embarcadero bench`: publish-only and publish+subscribe runs against an embedded
+//! server (or a running one), with the machine's ceilings measured in the same run.
+
+use crate::publish::report;
+use crate::CliResult;
+use embarcadero_client::{
+    Admin, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
+};
+use embarcadero_server::{Server, ServerConfig};
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// `publish`: publish-only; `e2e`: publish while one subscriber reads in order.
+    #[arg(long, default_value = "publish", value_parser = ["publish", "e2e"])]
+    pub mode: String,
+    /// Order level of the benchmark topic.
+    #[arg(long, default_value_t = 2)]
+    pub order: u8,
+    #[arg(long, default_value_t = 1)]
+    pub ack: u8,
+    /// Message payload size in bytes.
+    #[arg(long, default_value_t = 1024)]
+    pub size: usize,
+    /// Total payload bytes to publish.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub total_bytes: u64,
+    /// Brokers of the embedded server.
+    #[arg(long, default_value_t = 4)]
+    pub brokers: u32,
+    #[arg(long, default_value_t = 1)]
+    pub threads_per_broker: usize,
+    #[arg(long, default_value_t = 512 * 1024)]
+    pub batch_bytes: usize,
+    #[arg(long, default_value_t = 1000)]
+    pub linger_us: u64,
+    /// Sequencer epoch of the embedded server, microseconds.
+    #[arg(long, default_value_t = 500)]
+    pub epoch_us: u64,
+    /// Use a running server instead of starting an embedded one.
+    #[arg(long)]
+    pub control: Option<String>,
+    /// Also measure loopback TCP, memcpy and fdatasync ceilings in this run.
+    #[arg(long)]
+    pub ceilings: bool,
+    /// Print every figure as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: BenchArgs) -> CliResult {
+    let count = (args.total_bytes / args.size.max(1) as u64).max(1);
+    let scratch = tempdir()?;
+    let mut server = None;
+    let control = match &args.control {
+        Some(c) => c.clone(),
+        None => {
+            let mut config = ServerConfig {
+                data_dir: scratch.join("data"),
+                base_port: 0,
+                control_port: 0,
+                brokers: args.brokers,
+                ..ServerConfig::default()
+            };
+            config.sequencer.epoch_us = args.epoch_us;
+            let s = Server::start(config).map_err(|e| e.to_string())?;
+            let addr = s.control_addr().to_string();
+            server = Some(s);
+            addr
+        }
+    };
+    let topic = format!("bench-{}-{}", args.order, std::process::id());
+    Admin::new(&control)
+        .create_topic(&TopicSpec::new(&topic, args.order))
+        .map_err(|e| e.to_string())?;
+    let publisher = Publisher::connect(
+        &control,
+        &topic,
+        PublisherConfig {
+            ack_level: args.ack,
+            batch_bytes: args.batch_bytes,
+            linger: Duration::from_micros(args.linger_us),
+            threads_per_broker: args.threads_per_broker,
+            ..PublisherConfig::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let subscriber = if args.mode == "e2e" {
+        let mut sub = Subscriber::connect(&control, &topic, SubscriberConfig::default())
+            .map_err(|e| e.to_string())?;
+        Some(std::thread::spawn(move || -> Result<(u64, Instant, Histogram<u64>), String> {
+            let mut received = 0u64;
+            let mut e2e = Histogram::<u64>::new(3).expect("histogram");
+            while received < count {
+                sub.poll_with(Duration::from_secs(30), |m| {
+                    if received % 64 == 0 {
+                        let now = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| d.as_nanos() as u64)
+                            .unwrap_or(0);
+                        let _ = e2e.record(now.saturating_sub(m.publish_ts_ns) / 1000 + 1);
+                    }
+                    received += 1;
+                })
+                .map_err(|e| e.to_string())?;
+            }
+            Ok((received, Instant::now(), e2e))
+        }))
+    } else {
+        None
+    };
+    let bar = if std::io::stderr().is_terminal() {
+        ProgressBar::new(count).with_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} messages {per_sec} eta {eta}")
+                .expect("template"),
+        )
+    } else {
+        ProgressBar::hidden()
+    };
+    let payload: Vec<u8> = (0..args.size).map(|i| (i % 251) as u8).collect();
+    let cpu_before = process_cpu_seconds();
+    let start = Instant::now();
+    for i in 0..count {
+        publisher.publish(&payload).map_err(|e| e.to_string())?;
+        if i % 8192 == 0 {
+            bar.set_position(i);
+        }
+    }
+    let stats = publisher.close().map_err(|e| e.to_string())?;
+    let publish_elapsed = start.elapsed();
+    let e2e = match subscriber {
+        Some(handle) => {
+            let (received, done, hist) = handle
+                .join()
+                .map_err(|_| "subscriber thread panicked".to_string())??;
+            Some((received, done.duration_since(start), hist))
+        }
+        None => None,
+    };
+    bar.finish_and_clear();
+    let cpu = process_cpu_seconds() - cpu_before;
+    let elapsed = e2e.as_ref().map_or(publish_elapsed, |e| e.1);
+    let bytes = stats.bytes as f64;
+    let ceilings = if args.ceilings {
+        embarcadero_bench::ceilings::measure_all(&scratch, false)
+            .map_err(|e| format!("cannot measure the machine's ceilings: {e}"))?
+    } else {
+        Vec::new()
+    };
+    let mb_s = bytes / elapsed.as_secs_f64() / 1e6;
+    let embedded = server.is_some();
+    let figures = serde_json::json!({
+        "mode": args.mode,
+        "order": args.order,
+        "ack": args.ack,
+        "message_bytes": args.size,
+        "messages": stats.messages,
+        "payload_bytes": stats.bytes,
+        "brokers": args.brokers,
+        "threads_per_broker": args.threads_per_broker,
+        "batch_bytes": args.batch_bytes,
+        "linger_us": args.linger_us,
+        "epoch_us": args.epoch_us,
+        "seconds": elapsed.as_secs_f64(),
+        "publish_seconds": publish_elapsed.as_secs_f64(),
+        "mb_per_s": mb_s,
+        "messages_per_s": stats.messages as f64 / elapsed.as_secs_f64(),
+        "ack_latency_us": stats.ack_latency_us,
+        "e2e_latency_us": e2e.as_ref().map(|(_, _, h)| serde_json::json!({
+            "p50": h.value_at_quantile(0.5),
+            "p99": h.value_at_quantile(0.99),
+            "p999": h.value_at_quantile(0.999),
+            "max": h.max(),
+            "samples": h.len(),
+        })),
+        "process_cpu_seconds_per_gb": embedded.then(|| cpu / (bytes / 1e9)),
+        "queues": stats.queues,
+        "ceilings": ceilings,
+    });
+    drop(server);
+    let _ = std::fs::remove_dir_all(&scratch);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&figures).expect("json"));
+        return Ok(());
+    }
+    println!(
+        "mode {}  order {}  ack {}  {} B messages  {} brokers x {} connections",
+        args.mode, args.order, args.ack, args.size, args.brokers, args.threads_per_broker
+    );
+    report(&stats, publish_elapsed, false, args.ack);
+    if let Some((received, t, h)) = &e2e {
+        println!(
+            "subscriber received {received} messages in {:.3} s: {:.1} MB/s; end-to-end latency p50 {} us, p99 {} us",
+            t.as_secs_f64(),
+            mb_s,
+            h.value_at_quantile(0.5),
+            h.value_at_quantile(0.99)
+        );
+    }
+    if embedded {
+        println!("process CPU (server and client): {:.2} s per GB", cpu / (bytes / 1e9));
+    }
+    for c in figures["ceilings"].as_array().into_iter().flatten() {
+        let ceiling = c["mb_per_s"].as_f64().unwrap_or(0.0);
+        println!(
+            "ceiling {:<28} {:>9.1} MB/s   this run = {:.0}% of it",
+            c["name"].as_str().unwrap_or("?"),
+            ceiling,
+            100.0 * mb_s / ceiling.max(1e-9)
+        );
+    }
+    Ok(())
+}
+
+fn tempdir() -> Result<std::path::PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!("embarcadero-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// User + system CPU time of this process (server and client together when embedded).
+fn process_cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of /proc/pid/stat: 11 and 12 after the name.
+    (ticks(11) + ticks(12)) / 100.0
+}

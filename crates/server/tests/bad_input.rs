@@ -1,0 +1,328 @@
+//! Bad input gets a clear error frame and a closed connection, and nothing else is
+//! disturbed: a well-behaved publisher connected to the same broker before the bad
+//! client keeps publishing, and every one of its messages is delivered in order.
+
+mod common;
+
+use embarcadero_client::{
+    Admin, Error, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
+};
+use embarcadero_wire::{
+    message_stride, BatchHeader, BlogMessageHeader, ErrorCode, ErrorFrame, FrameHeader,
+    FrameKind, Hello, HelloOk, Role, PROTOCOL_VERSION,
+};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+const CLIENT: u64 = 77;
+
+fn hello(topic: &str, role: Role, ack: u8) -> Hello {
+    Hello {
+        role,
+        ack_level: ack,
+        client_id: CLIENT,
+        session_epoch: 0,
+        start_position: 0,
+        connection_index: 0,
+        cursor_count: 0,
+        topic: topic.into(),
+    }
+}
+
+/// Reads frames until an error frame; returns it, after checking the broker closed.
+fn expect_error(stream: &mut TcpStream) -> ErrorFrame {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    loop {
+        let mut raw = [0u8; 16];
+        stream.read_exact(&mut raw).expect("a frame before the close");
+        let h = FrameHeader::decode(&raw, 1 << 20).unwrap();
+        let mut body = vec![0u8; h.body_len as usize];
+        stream.read_exact(&mut body).unwrap();
+        if h.kind == FrameKind::Error {
+            let e = ErrorFrame::decode(&h, &body).unwrap();
+            let mut rest = Vec::new();
+            let n = stream.read_to_end(&mut rest).unwrap_or(0);
+            assert_eq!(n, 0, "the broker closes after an error");
+            return e;
+        }
+    }
+}
+
+fn connect(t: &common::TestServer, broker: usize, h: &Hello) -> (TcpStream, HelloOk) {
+    let mut s = TcpStream::connect(&t.brokers()[broker]).unwrap();
+    s.write_all(&h.encode()).unwrap();
+    let mut raw = [0u8; 16];
+    s.read_exact(&mut raw).unwrap();
+    let fh = FrameHeader::decode(&raw, 1 << 20).unwrap();
+    let mut body = vec![0u8; fh.body_len as usize];
+    s.read_exact(&mut body).unwrap();
+    assert_eq!(fh.kind, FrameKind::HelloOk, "{:?}", ErrorFrame::decode(&fh, &body));
+    (s, HelloOk::decode(&body).unwrap())
+}
+
+/// A batch with messages of the given sizes, as a client would send it.
+fn batch(seq: u64, sizes: &[u32]) -> (BatchHeader, Vec<u8>) {
+    let mut payload = Vec::new();
+    for &size in sizes {
+        let at = payload.len();
+        payload.resize(at + message_stride(size as u64) as usize, b'z');
+        BlogMessageHeader {
+            size,
+            client_id: CLIENT,
+            batch_seq: seq,
+            ..Default::default()
+        }
+        .encode_into(&mut payload[at..]);
+    }
+    let h = BatchHeader {
+        batch_seq: seq,
+        client_id: CLIENT,
+        num_msg: sizes.len() as u32,
+        total_size: payload.len() as u64,
+        ..Default::default()
+    };
+    (h, payload)
+}
+
+/// A publisher that keeps working while the bad client misbehaves on broker 0.
+struct Bystander {
+    publisher: Publisher,
+    sent: u64,
+}
+
+impl Bystander {
+    fn start(t: &common::TestServer) -> Self {
+        let publisher = Publisher::connect_brokers(
+            &t.brokers(),
+            "t",
+            PublisherConfig {
+                batch_bytes: 4096,
+                ..PublisherConfig::default()
+            },
+        )
+        .unwrap();
+        let mut b = Self { publisher, sent: 0 };
+        b.publish(500);
+        b
+    }
+
+    fn publish(&mut self, n: u64) {
+        for _ in 0..n {
+            self.publisher
+                .publish(format!("good-{}", self.sent).as_bytes())
+                .unwrap();
+            self.sent += 1;
+        }
+        self.publisher.flush().expect("bystander still acknowledged");
+    }
+
+    /// Publishes more, then checks that the topic holds exactly the bystander's messages.
+    fn finish(mut self, t: &common::TestServer) {
+        self.publish(500);
+        let total = self.sent;
+        self.publisher.close().unwrap();
+        let mut s = Subscriber::connect_brokers(&t.brokers(), "t", SubscriberConfig::default())
+            .unwrap();
+        for i in 0..total {
+            let m = s.poll(Duration::from_secs(10)).unwrap().expect("message");
+            assert_eq!(m.position, i);
+            assert_eq!(m.payload, format!("good-{}", m.counter).as_bytes());
+        }
+        assert!(s.poll(Duration::from_millis(300)).unwrap().is_none(), "nothing extra visible");
+    }
+}
+
+fn server() -> common::TestServer {
+    let t = common::start();
+    t.create_topic("t", 2);
+    t
+}
+
+#[test]
+fn wrong_magic_and_version_are_refused() {
+    let t = server();
+    let by = Bystander::start(&t);
+    let mut raw = hello("t", Role::Publish, 1).encode();
+    raw[0] = b'X';
+    let mut s = TcpStream::connect(&t.brokers()[0]).unwrap();
+    s.write_all(&raw).unwrap();
+    assert_eq!(expect_error(&mut s).code, ErrorCode::BadMagic);
+
+    let mut raw = hello("t", Role::Publish, 1).encode();
+    raw[4..6].copy_from_slice(&(PROTOCOL_VERSION + 1).to_le_bytes());
+    let mut s = TcpStream::connect(&t.brokers()[0]).unwrap();
+    s.write_all(&raw).unwrap();
+    let e = expect_error(&mut s);
+    assert_eq!(e.code, ErrorCode::UnsupportedVersion);
+    assert!(e.message.contains("version"), "{}", e.message);
+    by.finish(&t);
+}
+
+#[test]
+fn unknown_topic_invalid_name_and_ack_2_without_replicas_are_refused() {
+    let t = server();
+    let by = Bystander::start(&t);
+    let mut s = TcpStream::connect(&t.brokers()[1]).unwrap();
+    s.write_all(&hello("nope", Role::Publish, 1).encode()).unwrap();
+    let e = expect_error(&mut s);
+    assert_eq!(e.code, ErrorCode::UnknownTopic);
+    assert!(e.message.contains("topic create"), "says what to do: {}", e.message);
+
+    let mut raw = hello("t", Role::Publish, 1).encode();
+    raw[41] = b'/';
+    let mut s = TcpStream::connect(&t.brokers()[1]).unwrap();
+    s.write_all(&raw).unwrap();
+    assert_eq!(expect_error(&mut s).code, ErrorCode::InvalidTopicName);
+
+    let mut s = TcpStream::connect(&t.brokers()[1]).unwrap();
+    s.write_all(&hello("t", Role::Publish, 2).encode()).unwrap();
+    assert_eq!(expect_error(&mut s).code, ErrorCode::AckNotAllowed);
+
+    // The client library reports the same refusal as a typed error.
+    let e = Publisher::connect_brokers(
+        &t.brokers(),
+        "t",
+        PublisherConfig {
+            ack_level: 2,
+            ..PublisherConfig::default()
+        },
+    )
+    .err()
+    .expect("ack 2 refused");
+    assert_eq!(e.code(), Some(ErrorCode::AckNotAllowed));
+    by.finish(&t);
+}
+
+#[test]
+fn malformed_batches_are_refused() {
+    let t = server();
+    let by = Bystander::start(&t);
+    let cases: Vec<(&str, Box<dyn Fn() -> Vec<u8>>, ErrorCode)> = vec![
+        (
+            "sizes disagree",
+            Box::new(|| {
+                let (mut h, p) = batch(0, &[10, 20]);
+                h.total_size += 64;
+                [h.encode().to_vec(), p, vec![0; 64]].concat()
+            }),
+            ErrorCode::MalformedBatch,
+        ),
+        (
+            "zero messages",
+            Box::new(|| {
+                let (mut h, p) = batch(0, &[10]);
+                h.num_msg = 0;
+                [h.encode().to_vec(), p].concat()
+            }),
+            ErrorCode::MalformedBatch,
+        ),
+        (
+            "too many messages for the size",
+            Box::new(|| {
+                let (mut h, p) = batch(0, &[10]);
+                h.num_msg = 1000;
+                [h.encode().to_vec(), p].concat()
+            }),
+            ErrorCode::MalformedBatch,
+        ),
+        (
+            "message over the maximum",
+            Box::new(|| {
+                let (h, p) = batch(0, &[(1 << 20) + 1]);
+                [h.encode().to_vec(), p].concat()
+            }),
+            ErrorCode::MessageTooLarge,
+        ),
+        (
+            "batch over the maximum",
+            Box::new(|| {
+                let (mut h, _) = batch(0, &[10]);
+                h.total_size = 64 << 20;
+                h.encode().to_vec()
+            }),
+            ErrorCode::BatchTooLarge,
+        ),
+        (
+            "foreign client id",
+            Box::new(|| {
+                let (mut h, p) = batch(0, &[10]);
+                h.client_id = 5;
+                [h.encode().to_vec(), p].concat()
+            }),
+            ErrorCode::MalformedBatch,
+        ),
+        (
+            "out of sequence",
+            Box::new(|| {
+                let (h, p) = batch(7, &[10]);
+                [h.encode().to_vec(), p].concat()
+            }),
+            ErrorCode::OutOfSequence,
+        ),
+    ];
+    for (what, bytes, code) in cases {
+        let (mut s, _) = connect(&t, 0, &hello("t", Role::Publish, 1));
+        s.write_all(&bytes()).unwrap();
+        let e = expect_error(&mut s);
+        assert_eq!(e.code, code, "{what}: {}", e.message);
+    }
+    by.finish(&t);
+}
+
+#[test]
+fn a_batch_cut_off_mid_payload_never_becomes_visible() {
+    let t = server();
+    let by = Bystander::start(&t);
+    for broker in 0..4 {
+        let (mut s, _) = connect(&t, broker, &hello("t", Role::Publish, 1));
+        let (h, p) = batch(0, &[100, 100, 100]);
+        s.write_all(&h.encode()).unwrap();
+        s.write_all(&p[..p.len() / 2]).unwrap();
+        drop(s);
+    }
+    by.finish(&t);
+}
+
+#[test]
+fn invalid_topics_are_refused_by_the_admin_api() {
+    let t = server();
+    let admin = Admin::new(&t.control());
+    for (spec, status) in [
+        (TopicSpec::new("bad name", 2), 400),
+        (TopicSpec::new("t", 2), 409),
+        (TopicSpec::new("x", 3), 400),
+        (
+            TopicSpec {
+                default_ack: 2,
+                ..TopicSpec::new("y", 2)
+            },
+            400,
+        ),
+    ] {
+        match admin.create_topic(&spec) {
+            Err(Error::Admin { status: got, message }) => {
+                assert_eq!(got, status, "{spec:?}: {message}")
+            }
+            other => panic!("{spec:?} accepted: {other:?}"),
+        }
+    }
+    match admin.describe_topic("missing") {
+        Err(Error::Admin { status: 404, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_client_that_sends_garbage_instead_of_a_hello_is_dropped() {
+    let t = server();
+    let by = Bystander::start(&t);
+    let mut s = TcpStream::connect(&t.brokers()[2]).unwrap();
+    s.write_all(&[0xffu8; 128]).unwrap();
+    assert_eq!(expect_error(&mut s).code, ErrorCode::BadMagic);
+    // A client that connects and says nothing does not block the broker either.
+    let _silent = TcpStream::connect(&t.brokers()[2]).unwrap();
+    by.finish(&t);
+}

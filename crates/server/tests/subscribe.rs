@@ -1,0 +1,231 @@
+//! Subscriber behaviour: resume from a position (also mid-batch), automatic reconnect
+//! after a lost connection, waiting at the end of the log, and the error for
+//! positions that are no longer retained.
+
+mod common;
+
+use embarcadero_client::{Cursor, Publisher, PublisherConfig, Subscriber, SubscriberConfig};
+use embarcadero_wire::ErrorCode;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::time::Duration;
+
+fn publish(t: &common::TestServer, topic: &str, from: u64, n: u64, batch_bytes: usize) {
+    let p = Publisher::connect_brokers(
+        &t.brokers(),
+        topic,
+        PublisherConfig {
+            batch_bytes,
+            ..PublisherConfig::default()
+        },
+    )
+    .unwrap();
+    for i in from..from + n {
+        p.publish(format!("msg-{i}").as_bytes()).unwrap();
+    }
+    p.close().unwrap();
+}
+
+fn payload_index(m: &embarcadero_client::Message) -> u64 {
+    String::from_utf8_lossy(&m.payload)[4..].parse().unwrap()
+}
+
+#[test]
+fn a_new_subscriber_resumes_exactly_where_another_stopped_even_mid_batch() {
+    let t = common::start();
+    t.create_topic("r", 2);
+    publish(&t, "r", 0, 5000, 16 * 1024);
+    let mut first = Subscriber::connect_brokers(&t.brokers(), "r", SubscriberConfig::default())
+        .unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..1234 {
+        seen.push(first.poll(Duration::from_secs(10)).unwrap().unwrap());
+    }
+    assert_eq!(first.position(), Cursor::Global(1234));
+    let mut second = Subscriber::connect_brokers(
+        &t.brokers(),
+        "r",
+        SubscriberConfig {
+            start: Some(first.position()),
+            ..SubscriberConfig::default()
+        },
+    )
+    .unwrap();
+    for i in 1234..5000u64 {
+        let m = second.poll(Duration::from_secs(10)).unwrap().unwrap();
+        assert_eq!(m.position, i);
+        seen.push(m);
+    }
+    // Positions and payloads line up with a reader that never stopped.
+    let mut whole = Subscriber::connect_brokers(&t.brokers(), "r", SubscriberConfig::default())
+        .unwrap();
+    for expected in &seen {
+        assert_eq!(&whole.poll(Duration::from_secs(10)).unwrap().unwrap(), expected);
+    }
+    // seek() goes back.
+    second.seek(Cursor::Global(10)).unwrap();
+    assert_eq!(second.poll(Duration::from_secs(10)).unwrap().unwrap(), seen[10]);
+}
+
+/// Forwards one connection to `upstream` and cuts it after `limit` bytes downstream.
+fn cutting_proxy(upstream: String, limit: usize) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let (client, _) = listener.accept().unwrap();
+        let server = TcpStream::connect(upstream).unwrap();
+        let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = c2.read(&mut buf) {
+                if n == 0 || s2.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        });
+        let (mut s, mut c) = (server, client);
+        let mut forwarded = 0;
+        let mut buf = [0u8; 1000];
+        while forwarded < limit {
+            let Ok(n) = s.read(&mut buf) else { break };
+            if n == 0 {
+                break;
+            }
+            let n = n.min(limit - forwarded);
+            if c.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            forwarded += n;
+        }
+        let _ = c.shutdown(Shutdown::Both);
+        let _ = s.shutdown(Shutdown::Both);
+    });
+    addr
+}
+
+#[test]
+fn a_subscriber_reconnects_after_a_lost_connection_and_resumes() {
+    let t = common::start();
+    t.create_topic("c", 2);
+    publish(&t, "c", 0, 3000, 8 * 1024);
+    // The proxy cuts the stream mid-frame after ~20 KB; the next address is a real broker.
+    let brokers = vec![cutting_proxy(t.brokers()[0].clone(), 20_000), t.brokers()[1].clone()];
+    let mut s = Subscriber::connect_brokers(
+        &brokers,
+        "c",
+        SubscriberConfig {
+            client_id: Some(0), // start with the proxy
+            ..SubscriberConfig::default()
+        },
+    )
+    .unwrap();
+    let mut reference =
+        Subscriber::connect_brokers(&t.brokers(), "c", SubscriberConfig::default()).unwrap();
+    for i in 0..3000u64 {
+        let m = s.poll(Duration::from_secs(10)).unwrap().unwrap();
+        assert_eq!(m.position, i);
+        assert_eq!(m, reference.poll(Duration::from_secs(10)).unwrap().unwrap());
+    }
+}
+
+#[test]
+fn subscribing_ahead_of_the_end_waits_for_new_data() {
+    let t = common::start();
+    t.create_topic("w", 2);
+    publish(&t, "w", 0, 10, 4096);
+    let brokers = t.brokers();
+    let reader = std::thread::spawn(move || {
+        let mut s = Subscriber::connect_brokers(
+            &brokers,
+            "w",
+            SubscriberConfig {
+                start: Some(Cursor::Global(15)),
+                ..SubscriberConfig::default()
+            },
+        )
+        .unwrap();
+        let m = s.poll(Duration::from_secs(30)).unwrap().expect("message 15 arrives");
+        (m.position, payload_index(&m))
+    });
+    publish(&t, "w", 10, 10, 4096);
+    assert_eq!(reader.join().unwrap(), (15, 15));
+}
+
+#[test]
+fn order_1_subscribers_resume_from_per_broker_cursors() {
+    let t = common::start();
+    t.create_topic("f", 1);
+    publish(&t, "f", 0, 2000, 4096);
+    let mut a = Subscriber::connect_brokers(&t.brokers(), "f", SubscriberConfig::default())
+        .unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..700 {
+        seen.insert(payload_index(&a.poll(Duration::from_secs(10)).unwrap().unwrap()));
+    }
+    let cursor = a.position();
+    assert!(matches!(&cursor, Cursor::PerBroker(v) if v.len() == 4 && v.iter().sum::<u64>() == 700));
+    let mut b = Subscriber::connect_brokers(
+        &t.brokers(),
+        "f",
+        SubscriberConfig {
+            start: Some(cursor),
+            ..SubscriberConfig::default()
+        },
+    )
+    .unwrap();
+    for _ in 700..2000 {
+        assert!(seen.insert(payload_index(&b.poll(Duration::from_secs(10)).unwrap().unwrap())));
+    }
+    assert_eq!(seen.len(), 2000);
+}
+
+#[test]
+fn reading_below_the_retained_start_names_the_first_available_position() {
+    // Four 256 KiB segments per broker: publishing 8 MB forces reclamation.
+    let t = common::start_with(|c| {
+        c.region.segment_bytes = 256 * 1024;
+        c.region.segments_per_broker = 4;
+        c.broker.max_batch_bytes = 200 * 1024;
+        c.broker.max_message_bytes = 64 * 1024;
+    });
+    t.create_topic("small", 2);
+    let p = Publisher::connect_brokers(
+        &t.brokers(),
+        "small",
+        PublisherConfig {
+            batch_bytes: 32 * 1024,
+            ..PublisherConfig::default()
+        },
+    )
+    .unwrap();
+    let payload = vec![7u8; 1000];
+    for _ in 0..8000 {
+        p.publish(&payload).unwrap();
+    }
+    p.close().unwrap();
+    let err = Subscriber::connect_brokers(&t.brokers(), "small", SubscriberConfig::default())
+        .and_then(|mut s| s.poll(Duration::from_secs(10)))
+        .expect_err("position 0 is gone");
+    assert_eq!(err.code(), Some(ErrorCode::PositionNotRetained));
+    let text = err.to_string();
+    let first: u64 = text
+        .split("first available position is ")
+        .nth(1)
+        .and_then(|r| r.split(';').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no position in {text}"));
+    assert!(first > 0 && first < 8000);
+    // From there on, everything up to the end is readable.
+    let mut s = Subscriber::connect_brokers(
+        &t.brokers(),
+        "small",
+        SubscriberConfig {
+            start: Some(Cursor::Global(first)),
+            ..SubscriberConfig::default()
+        },
+    )
+    .unwrap();
+    for i in first..8000 {
+        assert_eq!(s.poll(Duration::from_secs(10)).unwrap().unwrap().position, i);
+    }
+}
