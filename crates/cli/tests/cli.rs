@@ -1,0 +1,279 @@
+//! The `embarcadero` binary as a user runs it: a real `serve` process, the quickstart
+//! commands against it, a restart that keeps topics, and clear errors.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_embarcadero");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Serve {
+    child: Child,
+    control: String,
+}
+
+impl Serve {
+    /// Starts `embarcadero serve` and waits for its "serving" line.
+    fn start(data_dir: &Path) -> Self {
+        let control_port = free_port();
+        let mut child = Command::new(BIN)
+            .args(["serve", "--base-port", "0", "--control-port"])
+            .arg(control_port.to_string())
+            .arg("--data-dir")
+            .arg(data_dir)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("embarcadero is serving") {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("server reports it is serving");
+        assert!(line.contains(&format!("127.0.0.1:{control_port}")), "{line}");
+        Self {
+            child,
+            control: format!("127.0.0.1:{control_port}"),
+        }
+    }
+
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .args(["--control", &self.control])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        if let Some(text) = stdin {
+            input.write_all(text.as_bytes()).unwrap();
+        }
+        drop(input);
+        child.wait_with_output().unwrap()
+    }
+
+    /// SIGTERM, as an operator's service manager would send, then wait.
+    fn stop(mut self) {
+        let status = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let exit = self.child.wait().unwrap();
+        assert!(exit.success(), "graceful shutdown exits 0: {exit:?}");
+    }
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "command failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+#[test]
+fn quickstart_then_restart_keeps_topics() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let serve = Serve::start(&data);
+    ok(&serve.run(&["topic", "create", "orders", "--order", "2"], None));
+    ok(&serve.run(&["topic", "create", "logs", "--order", "0"], None));
+    let published = ok(&serve.run(
+        &["pub", "orders", "--json"],
+        Some("first\nsecond\nthird é\n"),
+    ));
+    let summary: serde_json::Value = serde_json::from_str(&published).unwrap();
+    assert_eq!(summary["messages"], 3);
+    assert_eq!(summary["acked_batches"], summary["batches"]);
+    let lines = ok(&serve.run(
+        &["sub", "orders", "--count", "3", "--format", "jsonl"],
+        None,
+    ));
+    let got: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let payloads: Vec<&str> = got.iter().map(|v| v["payload"].as_str().unwrap()).collect();
+    assert_eq!(payloads, vec!["first", "second", "third é"]);
+    let seqs: Vec<u64> = got.iter().map(|v| v["global_seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, vec![0, 1, 2]);
+    let text = ok(&serve.run(&["sub", "orders", "--from", "1", "--count", "2"], None));
+    assert_eq!(text, "second\nthird é\n");
+    let generated = ok(&serve.run(
+        &["pub", "logs", "--count", "5000", "--size", "100", "--json"],
+        None,
+    ));
+    let summary: serde_json::Value = serde_json::from_str(&generated).unwrap();
+    assert_eq!(summary["messages"], 5000);
+    assert!(summary["ack_latency_us"]["p99"].as_u64().unwrap() > 0);
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(&serve.run(&["status", "--json"], None))).unwrap();
+    assert_eq!(status["brokers"].as_array().unwrap().len(), 4);
+    let described: serde_json::Value = serde_json::from_str(&ok(&serve.run(
+        &["topic", "describe", "orders", "--json"],
+        None,
+    )))
+    .unwrap();
+    assert_eq!(described["next_position"], 3);
+    serve.stop();
+
+    let serve = Serve::start(&data);
+    let topics: serde_json::Value =
+        serde_json::from_str(&ok(&serve.run(&["topic", "list", "--json"], None))).unwrap();
+    let mut names: Vec<&str> = topics
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["logs", "orders"]);
+    serve.stop();
+}
+
+#[test]
+fn binary_payloads_are_base64_in_jsonl() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(&dir.path().join("d"));
+    ok(&serve.run(&["topic", "create", "bin", "--order", "1"], None));
+    ok(&serve.run(&["pub", "bin"], Some("\u{0}\u{1}\n")));
+    // A non-UTF-8 byte cannot come through a Rust &str; publish raw bytes instead.
+    let mut child = Command::new(BIN)
+        .args(["pub", "bin", "--control", &serve.control])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&[0xff, 0xfe, b'\n']).unwrap();
+    assert!(child.wait().unwrap().success());
+    let out = ok(&serve.run(&["sub", "bin", "--count", "2", "--format", "jsonl"], None));
+    let lines: Vec<serde_json::Value> =
+        out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(lines.iter().any(|v| v["payload_b64"] == "//4="), "{out}");
+    assert!(lines.iter().all(|v| v["global_seq"].is_null() && v["broker_seq"].is_u64()));
+    serve.stop();
+}
+
+#[test]
+fn errors_say_what_to_do_and_exit_non_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(&dir.path().join("d"));
+    let out = serve.run(&["pub", "missing"], Some("x\n"));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("topic create"), "{err}");
+    let out = serve.run(&["topic", "create", "bad/name"], None);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid topic name"));
+    let out = serve.run(&["topic", "create", "t", "--rf", "1", "--default-ack", "2"], None);
+    assert!(!out.status.success());
+    // A second server on the same data dir is refused.
+    let second = Command::new(BIN)
+        .args(["serve", "--base-port", "0", "--control-port", "0", "--data-dir"])
+        .arg(dir.path().join("d"))
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    assert!(String::from_utf8_lossy(&second.stderr).contains("in use by another"));
+    serve.stop();
+
+    // Nothing listening.
+    let out = Command::new(BIN)
+        .args(["status", "--control", &format!("127.0.0.1:{}", free_port())])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("embarcadero serve"));
+}
+
+#[test]
+fn serve_refuses_an_unusable_data_dir_and_a_busy_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--base-port", "0", "--control-port", "0", "--data-dir"])
+        .arg(file.join("data"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--data-dir"));
+
+    let busy = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port();
+    let out = Command::new(BIN)
+        .args(["serve", "--control-port", "0", "--base-port"])
+        .arg(port.to_string())
+        .arg("--data-dir")
+        .arg(dir.path().join("d2"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot listen") && err.contains("--base-port"), "{err}");
+}
+
+#[test]
+fn config_file_env_and_flags_layer_in_that_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(&config, "brokers = 2\n[sequencer]\nepoch_us = 300\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--print-config", "--epoch-us", "100", "--config"])
+        .arg(&config)
+        .env("EMBARCADERO_BROKERS", "3")
+        .env("EMBARCADERO_SEQUENCER_EPOCH_US", "200")
+        .output()
+        .unwrap();
+    let text = ok(&out);
+    assert!(text.contains("brokers = 3"), "{text}");
+    assert!(text.contains("epoch_us = 100"), "{text}");
+    let out = Command::new(BIN)
+        .args(["serve", "--print-config"])
+        .env("EMBARCADERO_SEQUENCER_EPOCH_US", "nope")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("EMBARCADERO_SEQUENCER_EPOCH_US"));
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    for args in [
+        vec!["--help"],
+        vec!["serve", "--help"],
+        vec!["topic", "--help"],
+        vec!["topic", "create", "--help"],
+        vec!["topic", "list", "--help"],
+        vec!["topic", "describe", "--help"],
+        vec!["pub", "--help"],
+        vec!["sub", "--help"],
+        vec!["status", "--help"],
+        vec!["bench", "--help"],
+    ] {
+        let out = Command::new(BIN).args(&args).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("Usage"), "{args:?}");
+    }
+}
