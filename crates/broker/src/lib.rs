@@ -44,6 +44,9 @@ pub struct BrokerConfig {
     pub backpressure_timeout: Duration,
     /// Longest sleep of an idle poller.
     pub idle_sleep_max: Duration,
+    /// A subscriber that makes no progress for this long stops holding back
+    /// reclamation (it gets PositionNotRetained if its data is then reclaimed).
+    pub reader_stall_timeout: Duration,
 }
 
 impl BrokerConfig {
@@ -57,6 +60,7 @@ impl BrokerConfig {
             low_watermark: 0.75,
             backpressure_timeout: Duration::from_secs(5),
             idle_sleep_max: Duration::from_millis(5),
+            reader_stall_timeout: Duration::from_secs(30),
         }
     }
 }

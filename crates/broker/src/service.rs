@@ -169,9 +169,38 @@ fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, segment_pressure: boo
             target = target.max(i);
         }
     }
-    let target = target.min(eligible);
+    let mut target = target.min(eligible);
     if target <= st.reclaimed_pbr {
         return false;
+    }
+    // Connected subscribers hold back what they have not read yet.
+    let pin_index = if st.order >= 2 { 0 } else { broker };
+    let floor = region.reader_floor(topic, pin_index, shared.config.reader_stall_timeout);
+    if floor != u64::MAX {
+        let mut i = st.reclaimed_pbr;
+        while i < target {
+            let Some(h) = region.pbr_read(topic, broker, i) else {
+                break;
+            };
+            let first = if st.order >= 2 {
+                h.total_order
+            } else {
+                h.start_logical_offset
+            };
+            let n = if h.flags & BatchFlags::VALID != 0 {
+                h.num_msg as u64
+            } else {
+                0
+            };
+            if n > 0 && first + n > floor {
+                break;
+            }
+            i += 1;
+        }
+        target = i;
+        if target <= st.reclaimed_pbr {
+            return false;
+        }
     }
     let new_blog = if target < st.frontier {
         region

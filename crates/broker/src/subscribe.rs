@@ -6,7 +6,7 @@
 use crate::net::{self, End, Refusal};
 use crate::Shared;
 use embarcadero_region::backoff::Backoff;
-use embarcadero_region::{Region, TopicMeta};
+use embarcadero_region::{monotonic_ns, Region, TopicMeta, READER_CLAIMING, READER_SLOTS};
 use embarcadero_wire::{
     BatchFlags, BatchOk, DeliveryHeader, ErrorCode, Hello, DELIVERY_HEADER_LEN, FRAME_HEADER_LEN,
 };
@@ -46,6 +46,76 @@ pub fn run(
     match result {
         Ok(()) => End::Gone,
         Err(end) => end,
+    }
+}
+
+/// A reader slot in the region: while held, the brokers keep everything from the
+/// pinned positions on in memory (unless the pin goes stale; see
+/// `BrokerConfig::reader_stall_timeout`).
+struct Pin<'a> {
+    region: &'a Region,
+    topic: u32,
+    slot: Option<u32>,
+}
+
+impl<'a> Pin<'a> {
+    /// Claims a free slot, pinning `positions[i]` at index `i`.
+    fn claim(region: &'a Region, topic: u32, positions: &[u64]) -> Self {
+        for slot in 0..READER_SLOTS {
+            let hb = region.reader_heartbeat(topic, slot);
+            if hb
+                .compare_exchange(0, READER_CLAIMING, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                for (i, p) in positions.iter().enumerate() {
+                    region
+                        .reader_position(topic, slot, i as u32)
+                        .store(*p, Ordering::Release);
+                }
+                hb.store(monotonic_ns(), Ordering::Release);
+                return Self {
+                    region,
+                    topic,
+                    slot: Some(slot),
+                };
+            }
+        }
+        tracing::warn!(
+            topic,
+            "all {READER_SLOTS} reader slots are in use; this subscriber does not hold back reclamation"
+        );
+        Self {
+            region,
+            topic,
+            slot: None,
+        }
+    }
+
+    fn set(&self, index: u32, position: u64) {
+        if let Some(slot) = self.slot {
+            self.region
+                .reader_position(self.topic, slot, index)
+                .store(position, Ordering::Release);
+        }
+    }
+
+    /// Proves the reader is alive; call at least once per round and while idle.
+    fn beat(&self) {
+        if let Some(slot) = self.slot {
+            self.region
+                .reader_heartbeat(self.topic, slot)
+                .store(monotonic_ns(), Ordering::Release);
+        }
+    }
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            self.region
+                .reader_heartbeat(self.topic, slot)
+                .store(0, Ordering::Release);
+        }
     }
 }
 
@@ -249,8 +319,10 @@ fn serve_global(
     let bell = region.topic_bell(topic);
     let mut backoff = Backoff::new(shared.config.idle_sleep_max);
     let mut cursor: Option<(u64, u32)> = None;
+    let pin = Pin::claim(region, topic, &[start]);
     while !shared.shutdown.load(Ordering::Relaxed) {
         let seen = bell.seen();
+        pin.beat();
         if cursor.is_none() {
             match locate_global(region, topic, start) {
                 Locate::At { index, skip } => cursor = Some((index, skip)),
@@ -306,6 +378,8 @@ fn serve_global(
             g += 1;
         }
         send_round(shared, stream, topic, true, &plan)?;
+        let last = &plan[plan.len() - 1].header;
+        pin.set(0, last.first_position + last.num_msg as u64);
         cursor = Some((g, 0));
     }
     Ok(())
@@ -390,8 +464,10 @@ fn serve_per_broker(
     let brokers = positions.len() as u32;
     let mut cursors: Vec<Option<(u64, u32)>> = vec![None; brokers as usize];
     let per_broker_limit = (MAX_BATCHES_PER_ROUND / brokers as usize).max(1);
+    let pin = Pin::claim(region, topic, &positions);
     while !shared.shutdown.load(Ordering::Relaxed) {
         let seen = bell.seen();
+        pin.beat();
         let mut plan = Vec::new();
         for broker in 0..brokers {
             let c = &mut cursors[broker as usize];
@@ -452,6 +528,10 @@ fn serve_per_broker(
         }
         backoff.reset();
         send_round(shared, stream, topic, false, &plan)?;
+        for p in &plan {
+            let h = &p.header;
+            pin.set(h.broker_id as u32, h.first_position + h.num_msg as u64);
+        }
     }
     Ok(())
 }

@@ -40,6 +40,10 @@ pub struct BenchArgs {
     /// Sequencer epoch of the embedded server, microseconds.
     #[arg(long, default_value_t = 500)]
     pub epoch_us: u64,
+    /// Directory for the embedded server's region file; tmpfs keeps the kernel from
+    /// writing the region back to disk. Default: /dev/shm when it exists.
+    #[arg(long)]
+    pub region_dir: Option<std::path::PathBuf>,
     /// Use a running server instead of starting an embedded one.
     #[arg(long)]
     pub control: Option<String>,
@@ -55,6 +59,7 @@ pub fn run(args: BenchArgs) -> CliResult {
     let count = (args.total_bytes / args.size.max(1) as u64).max(1);
     let scratch = tempdir()?;
     let mut server = None;
+    let mut region_file = None;
     let control = match &args.control {
         Some(c) => c.clone(),
         None => {
@@ -66,6 +71,17 @@ pub fn run(args: BenchArgs) -> CliResult {
                 ..ServerConfig::default()
             };
             config.sequencer.epoch_us = args.epoch_us;
+            let region_dir = args.region_dir.clone().unwrap_or_else(|| {
+                let shm = std::path::PathBuf::from("/dev/shm");
+                if shm.is_dir() {
+                    shm
+                } else {
+                    scratch.clone()
+                }
+            });
+            config.region.path =
+                region_dir.join(format!("embarcadero-bench-{}.region", std::process::id()));
+            region_file = Some(config.region.path.clone());
             let s = Server::start(config).map_err(|e| e.to_string())?;
             let addr = s.control_addr().to_string();
             server = Some(s);
@@ -91,24 +107,26 @@ pub fn run(args: BenchArgs) -> CliResult {
     let subscriber = if args.mode == "e2e" {
         let mut sub = Subscriber::connect(&control, &topic, SubscriberConfig::default())
             .map_err(|e| e.to_string())?;
-        Some(std::thread::spawn(move || -> Result<(u64, Instant, Histogram<u64>), String> {
-            let mut received = 0u64;
-            let mut e2e = Histogram::<u64>::new(3).expect("histogram");
-            while received < count {
-                sub.poll_with(Duration::from_secs(30), |m| {
-                    if received % 64 == 0 {
-                        let now = std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map(|d| d.as_nanos() as u64)
-                            .unwrap_or(0);
-                        let _ = e2e.record(now.saturating_sub(m.publish_ts_ns) / 1000 + 1);
-                    }
-                    received += 1;
-                })
-                .map_err(|e| e.to_string())?;
-            }
-            Ok((received, Instant::now(), e2e))
-        }))
+        Some(std::thread::spawn(
+            move || -> Result<(u64, Instant, Histogram<u64>), String> {
+                let mut received = 0u64;
+                let mut e2e = Histogram::<u64>::new(3).expect("histogram");
+                while received < count {
+                    sub.poll_with(Duration::from_secs(30), |m| {
+                        if received % 64 == 0 {
+                            let now = std::time::SystemTime::now()
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .map(|d| d.as_nanos() as u64)
+                                .unwrap_or(0);
+                            let _ = e2e.record(now.saturating_sub(m.publish_ts_ns) / 1000 + 1);
+                        }
+                        received += 1;
+                    })
+                    .map_err(|e| e.to_string())?;
+                }
+                Ok((received, Instant::now(), e2e))
+            },
+        ))
     } else {
         None
     };
@@ -164,6 +182,7 @@ pub fn run(args: BenchArgs) -> CliResult {
         "batch_bytes": args.batch_bytes,
         "linger_us": args.linger_us,
         "epoch_us": args.epoch_us,
+        "region_file": region_file.as_ref().map(|p| p.display().to_string()),
         "seconds": elapsed.as_secs_f64(),
         "publish_seconds": publish_elapsed.as_secs_f64(),
         "mb_per_s": mb_s,
@@ -182,6 +201,9 @@ pub fn run(args: BenchArgs) -> CliResult {
     });
     drop(server);
     let _ = std::fs::remove_dir_all(&scratch);
+    if let Some(f) = &region_file {
+        let _ = std::fs::remove_file(f);
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&figures).expect("json"));
         return Ok(());
@@ -201,7 +223,10 @@ pub fn run(args: BenchArgs) -> CliResult {
         );
     }
     if embedded {
-        println!("process CPU (server and client): {:.2} s per GB", cpu / (bytes / 1e9));
+        println!(
+            "process CPU (server and client): {:.2} s per GB",
+            cpu / (bytes / 1e9)
+        );
     }
     for c in figures["ceilings"].as_array().into_iter().flatten() {
         let ceiling = c["mb_per_s"].as_f64().unwrap_or(0.0);
@@ -229,7 +254,12 @@ fn process_cpu_seconds() -> f64 {
     // Fields after the command name (which is in parentheses and may hold spaces).
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     // utime and stime are fields 14 and 15 of /proc/pid/stat: 11 and 12 after the name.
     (ticks(11) + ticks(12)) / 100.0
 }

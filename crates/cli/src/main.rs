@@ -233,7 +233,10 @@ fn topic(cmd: TopicCommand) -> CliResult {
             if json {
                 println!("{}", serde_json::to_string_pretty(&topics).expect("json"));
             } else {
-                println!("{:<32} {:>5} {:>3} {:>4} {:>14}", "NAME", "ORDER", "RF", "ACK", "NEXT POSITION");
+                println!(
+                    "{:<32} {:>5} {:>3} {:>4} {:>14}",
+                    "NAME", "ORDER", "RF", "ACK", "NEXT POSITION"
+                );
                 for t in topics {
                     println!(
                         "{:<32} {:>5} {:>3} {:>4} {:>14}",
@@ -288,7 +291,10 @@ fn status(control: &ControlArg, json: bool) -> CliResult {
         s["sequencer"]["epochs"],
         s["sequencer"]["batches_ordered"]
     );
-    println!("{:<4} {:<22} {:<5} {:>14} {:>12} {:>6} {:>5}", "ID", "ADDRESS", "STATE", "PUBLISH BYTES", "MESSAGES", "CONNS", "FREE");
+    println!(
+        "{:<4} {:<22} {:<5} {:>14} {:>12} {:>6} {:>5}",
+        "ID", "ADDRESS", "STATE", "PUBLISH BYTES", "MESSAGES", "CONNS", "FREE"
+    );
     for b in s["brokers"].as_array().into_iter().flatten() {
         println!(
             "{:<4} {:<22} {:<5} {:>14} {:>12} {:>6} {:>5}",

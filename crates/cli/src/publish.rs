@@ -149,7 +149,12 @@ pub fn report(stats: &PublisherStats, elapsed: Duration, json: bool, ack: u8) {
         if q.producer_waits > 0 || q.deflected > 0 || q.backpressure_retries > 0 {
             println!(
                 "  queue {}#{}: {} batches, {} deflected, {} waits, {} backpressure retries",
-                q.broker, q.connection, q.batches, q.deflected, q.producer_waits, q.backpressure_retries
+                q.broker,
+                q.connection,
+                q.batches,
+                q.deflected,
+                q.producer_waits,
+                q.backpressure_retries
             );
         }
     }

@@ -106,7 +106,8 @@ pub fn run(args: SubArgs) -> CliResult {
             idle = Duration::ZERO;
         }
     }
-    out.flush().map_err(|e| format!("cannot write to stdout: {e}"))?;
+    out.flush()
+        .map_err(|e| format!("cannot write to stdout: {e}"))?;
     Ok(())
 }
 

@@ -47,7 +47,10 @@ impl Serve {
         let line = rx
             .recv_timeout(Duration::from_secs(30))
             .expect("server reports it is serving");
-        assert!(line.contains(&format!("127.0.0.1:{control_port}")), "{line}");
+        assert!(
+            line.contains(&format!("127.0.0.1:{control_port}")),
+            "{line}"
+        );
         Self {
             child,
             control: format!("127.0.0.1:{control_port}"),
@@ -116,7 +119,10 @@ fn quickstart_then_restart_keeps_topics() {
         .collect();
     let payloads: Vec<&str> = got.iter().map(|v| v["payload"].as_str().unwrap()).collect();
     assert_eq!(payloads, vec!["first", "second", "third é"]);
-    let seqs: Vec<u64> = got.iter().map(|v| v["global_seq"].as_u64().unwrap()).collect();
+    let seqs: Vec<u64> = got
+        .iter()
+        .map(|v| v["global_seq"].as_u64().unwrap())
+        .collect();
     assert_eq!(seqs, vec![0, 1, 2]);
     let text = ok(&serve.run(&["sub", "orders", "--from", "1", "--count", "2"], None));
     assert_eq!(text, "second\nthird é\n");
@@ -130,10 +136,9 @@ fn quickstart_then_restart_keeps_topics() {
     let status: serde_json::Value =
         serde_json::from_str(&ok(&serve.run(&["status", "--json"], None))).unwrap();
     assert_eq!(status["brokers"].as_array().unwrap().len(), 4);
-    let described: serde_json::Value = serde_json::from_str(&ok(&serve.run(
-        &["topic", "describe", "orders", "--json"],
-        None,
-    )))
+    let described: serde_json::Value = serde_json::from_str(&ok(
+        &serve.run(&["topic", "describe", "orders", "--json"], None)
+    ))
     .unwrap();
     assert_eq!(described["next_position"], 3);
     serve.stop();
@@ -165,13 +170,22 @@ fn binary_payloads_are_base64_in_jsonl() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(&[0xff, 0xfe, b'\n']).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&[0xff, 0xfe, b'\n'])
+        .unwrap();
     assert!(child.wait().unwrap().success());
     let out = ok(&serve.run(&["sub", "bin", "--count", "2", "--format", "jsonl"], None));
-    let lines: Vec<serde_json::Value> =
-        out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert!(lines.iter().any(|v| v["payload_b64"] == "//4="), "{out}");
-    assert!(lines.iter().all(|v| v["global_seq"].is_null() && v["broker_seq"].is_u64()));
+    assert!(lines
+        .iter()
+        .all(|v| v["global_seq"].is_null() && v["broker_seq"].is_u64()));
     serve.stop();
 }
 
@@ -186,11 +200,21 @@ fn errors_say_what_to_do_and_exit_non_zero() {
     let out = serve.run(&["topic", "create", "bad/name"], None);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid topic name"));
-    let out = serve.run(&["topic", "create", "t", "--rf", "1", "--default-ack", "2"], None);
+    let out = serve.run(
+        &["topic", "create", "t", "--rf", "1", "--default-ack", "2"],
+        None,
+    );
     assert!(!out.status.success());
     // A second server on the same data dir is refused.
     let second = Command::new(BIN)
-        .args(["serve", "--base-port", "0", "--control-port", "0", "--data-dir"])
+        .args([
+            "serve",
+            "--base-port",
+            "0",
+            "--control-port",
+            "0",
+            "--data-dir",
+        ])
         .arg(dir.path().join("d"))
         .output()
         .unwrap();
@@ -213,7 +237,14 @@ fn serve_refuses_an_unusable_data_dir_and_a_busy_port() {
     let file = dir.path().join("not-a-dir");
     std::fs::write(&file, b"x").unwrap();
     let out = Command::new(BIN)
-        .args(["serve", "--base-port", "0", "--control-port", "0", "--data-dir"])
+        .args([
+            "serve",
+            "--base-port",
+            "0",
+            "--control-port",
+            "0",
+            "--data-dir",
+        ])
         .arg(file.join("data"))
         .output()
         .unwrap();
@@ -231,7 +262,10 @@ fn serve_refuses_an_unusable_data_dir_and_a_busy_port() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("cannot listen") && err.contains("--base-port"), "{err}");
+    assert!(
+        err.contains("cannot listen") && err.contains("--base-port"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -274,6 +308,9 @@ fn every_subcommand_has_help() {
     ] {
         let out = Command::new(BIN).args(&args).output().unwrap();
         assert!(out.status.success(), "{args:?}");
-        assert!(String::from_utf8_lossy(&out.stdout).contains("Usage"), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("Usage"),
+            "{args:?}"
+        );
     }
 }

@@ -144,6 +144,8 @@ struct Inner {
     pool: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
     progress: (Mutex<()>, Condvar),
     closed: AtomicBool,
+    /// Set once any connection failed, so `publish` checks one flag, not every connection.
+    any_failed: AtomicBool,
     messages: AtomicU64,
     bytes: AtomicU64,
     batches: AtomicU64,
@@ -244,6 +246,7 @@ impl Publisher {
             pool: crossbeam_channel::unbounded(),
             progress: (Mutex::new(()), Condvar::new()),
             closed: AtomicBool::new(false),
+            any_failed: AtomicBool::new(false),
             messages: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             batches: AtomicU64::new(0),
@@ -293,7 +296,9 @@ impl Publisher {
         if inner.closed.load(Ordering::Relaxed) {
             return Err(Error::Closed);
         }
-        inner.first_error()?;
+        if inner.any_failed.load(Ordering::Relaxed) {
+            inner.first_error()?;
+        }
         if payload.len() > inner.max_message {
             return Err(Error::MessageTooLarge {
                 size: payload.len(),
@@ -436,6 +441,18 @@ impl Inner {
         Ok(())
     }
 
+    /// Records the first failure of a connection and wakes anyone waiting on it.
+    fn fail(&self, conn: &ConnShared, error: Error) {
+        {
+            let mut f = conn.failed.lock();
+            if f.is_none() {
+                *f = Some(error);
+            }
+        }
+        self.any_failed.store(true, Ordering::Release);
+        self.notify_progress();
+    }
+
     fn notify_progress(&self) {
         let _g = self.progress.0.lock();
         self.progress.1.notify_all();
@@ -556,15 +573,15 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
     let mut next_seq = first_seq;
     let mut backoff = Duration::from_millis(5);
     let fail = |e: std::io::Error| {
-        let mut f = conn.failed.lock();
-        if f.is_none() && !inner.closed.load(Ordering::Relaxed) {
-            *f = Some(Error::ConnectionLost {
-                broker: q.broker.clone(),
-                message: e.to_string(),
-            });
+        if !inner.closed.load(Ordering::Relaxed) {
+            inner.fail(
+                conn,
+                Error::ConnectionLost {
+                    broker: q.broker.clone(),
+                    message: e.to_string(),
+                },
+            );
         }
-        drop(f);
-        inner.notify_progress();
     };
     loop {
         if conn.failed.lock().is_some() {
@@ -690,24 +707,20 @@ fn reader(inner: Arc<Inner>, index: usize) {
                 conn.resend_from.store(e.batch_seq, Ordering::Release);
             }
             Ok(Frame::Error(e)) => {
-                *conn.failed.lock() = Some(conn::broker_error(&q.broker, e));
-                inner.notify_progress();
-                return;
+                return inner.fail(conn, conn::broker_error(&q.broker, e));
             }
             Ok(other) => {
-                *conn.failed.lock() = Some(Error::Protocol {
-                    peer: q.broker.clone(),
-                    message: format!("unexpected frame on a publish connection: {other:?}"),
-                });
-                inner.notify_progress();
-                return;
+                return inner.fail(
+                    conn,
+                    Error::Protocol {
+                        peer: q.broker.clone(),
+                        message: format!("unexpected frame on a publish connection: {other:?}"),
+                    },
+                );
             }
             Err(e) => {
                 if !inner.closed.load(Ordering::Relaxed) {
-                    let mut f = conn.failed.lock();
-                    if f.is_none() {
-                        *f = Some(e);
-                    }
+                    inner.fail(conn, e);
                 }
                 inner.notify_progress();
                 return;

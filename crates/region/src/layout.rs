@@ -28,8 +28,12 @@ pub const LOG_CONTROL_LEN: u64 = 3 * 128;
 pub const PBR_SLOT_LEN: u64 = 128;
 pub const GOI_ENTRY_LEN: u64 = 128;
 pub const SEG_MAP_ENTRY_LEN: u64 = 16;
-/// Most brokers one region can describe (one doorbell each in the control block).
-pub const MAX_BROKERS: u32 = 64;
+/// Most brokers one region can describe (one doorbell line each in the control block).
+pub const MAX_BROKERS: u32 = 32;
+/// Subscriber pins per topic: readers whose positions hold back reclamation.
+pub const READER_SLOTS: u32 = 32;
+/// A reader slot: heartbeat, then one position per possible broker.
+pub const READER_SLOT_LEN: u64 = 8 * (1 + MAX_BROKERS as u64) + 56;
 
 /// Capacities of a region. Stored in its header; an attaching process must agree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +120,7 @@ pub struct Layout {
     pub topic_seq_rel: u64,
     pub topic_bell_rel: u64,
     pub log_control_rel: u64,
+    pub readers_rel: u64,
     pub goi_rel: u64,
     pub per_broker_rel: u64,
     pub per_broker_stride: u64,
@@ -135,7 +140,8 @@ impl Layout {
         let topic_seq_rel = TOPIC_META_LEN;
         let topic_bell_rel = topic_seq_rel + TOPIC_SEQ_LEN;
         let log_control_rel = topic_bell_rel + TOPIC_BELL_LEN;
-        let goi_rel = round_up(log_control_rel + b * LOG_CONTROL_LEN, PAGE);
+        let readers_rel = log_control_rel + b * LOG_CONTROL_LEN;
+        let goi_rel = round_up(readers_rel + READER_SLOTS as u64 * READER_SLOT_LEN, PAGE);
         let per_broker_rel = goi_rel + caps.goi_slots * GOI_ENTRY_LEN;
         let seg_map_rel_in_broker = caps.pbr_slots * PBR_SLOT_LEN;
         let per_broker_stride = round_up(
@@ -155,6 +161,7 @@ impl Layout {
             topic_seq_rel,
             topic_bell_rel,
             log_control_rel,
+            readers_rel,
             goi_rel,
             per_broker_rel,
             per_broker_stride,
@@ -172,6 +179,11 @@ impl Layout {
     pub fn log_control_off(&self, topic: u32, broker: u32) -> u64 {
         debug_assert!(broker < self.caps.brokers);
         self.topic_off(topic) + self.log_control_rel + broker as u64 * LOG_CONTROL_LEN
+    }
+
+    pub fn reader_slot_off(&self, topic: u32, slot: u32) -> u64 {
+        debug_assert!(slot < READER_SLOTS);
+        self.topic_off(topic) + self.readers_rel + slot as u64 * READER_SLOT_LEN
     }
 
     pub fn goi_entry_off(&self, topic: u32, index: u64) -> u64 {
@@ -229,10 +241,17 @@ mod tests {
         assert!(last_pbr <= l.seg_map_off(2, 1, 0));
         assert!(l.seg_map_off(2, 1, 7) + SEG_MAP_ENTRY_LEN <= last_topic_end);
         assert!(l.goi_entry_off(0, 15) + GOI_ENTRY_LEN <= l.pbr_slot_off(0, 0, 0));
-        assert!(l.log_control_off(0, 1) + LOG_CONTROL_LEN <= l.goi_entry_off(0, 0));
+        assert!(l.log_control_off(0, 1) + LOG_CONTROL_LEN <= l.reader_slot_off(0, 0));
+        assert!(l.reader_slot_off(0, READER_SLOTS - 1) + READER_SLOT_LEN <= l.goi_entry_off(0, 0));
         assert_eq!(l.segment_off(1, 2) + 8192, l.total_len);
         // Rings wrap by masking.
         assert_eq!(l.goi_entry_off(1, 3), l.goi_entry_off(1, 19));
+    }
+
+    #[test]
+    fn control_block_holds_every_broker_doorbell() {
+        // Doorbells start at 1024 and take one 64-byte line per broker.
+        assert!(1024 + MAX_BROKERS as u64 * 64 <= CONTROL_LEN);
     }
 
     #[test]

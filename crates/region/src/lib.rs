@@ -23,8 +23,8 @@ mod region;
 mod slots;
 
 pub use doorbell::Doorbell;
-pub use layout::{Capacities, Layout, MAX_BROKERS};
-pub use region::{LogControl, Region, TopicSeq};
+pub use layout::{Capacities, Layout, MAX_BROKERS, READER_SLOTS};
+pub use region::{monotonic_ns, LogControl, Region, TopicSeq, READER_CLAIMING};
 pub use slots::{GoiEntry, TopicMeta, TopicState};
 
 use std::path::PathBuf;

@@ -384,6 +384,47 @@ impl Region {
         }
     }
 
+    // ---------------------------------------------------------------- reader pins
+
+    /// Heartbeat of a topic's reader slot: 0 when free, [`READER_CLAIMING`] while its
+    /// positions are being written, otherwise the owner's last [`monotonic_ns`].
+    pub fn reader_heartbeat(&self, topic: u32, slot: u32) -> &AtomicU64 {
+        self.word(self.layout.reader_slot_off(topic, slot))
+    }
+
+    /// The position a reader still needs: index 0 for orders 2 and 5 (a global
+    /// position), index `broker` for orders 0 and 1 (a position in that broker's log).
+    /// Written only by the slot's owner.
+    pub fn reader_position(&self, topic: u32, slot: u32, index: u32) -> &AtomicU64 {
+        assert!(index < MAX_BROKERS);
+        self.word(self.layout.reader_slot_off(topic, slot) + 8 + 8 * index as u64)
+    }
+
+    /// The lowest position any live reader of `topic` still needs at `index`, or
+    /// `u64::MAX` when no reader holds anything. A slot being claimed counts as 0; a
+    /// slot whose heartbeat is older than `stall` is ignored.
+    pub fn reader_floor(&self, topic: u32, index: u32, stall: std::time::Duration) -> u64 {
+        let now = monotonic_ns();
+        let mut floor = u64::MAX;
+        for slot in 0..READER_SLOTS {
+            let hb = self.reader_heartbeat(topic, slot).load(Ordering::Acquire);
+            if hb == 0 {
+                continue;
+            }
+            if hb == READER_CLAIMING {
+                return 0;
+            }
+            if now.saturating_sub(hb) > stall.as_nanos() as u64 {
+                continue;
+            }
+            floor = floor.min(
+                self.reader_position(topic, slot, index)
+                    .load(Ordering::Acquire),
+            );
+        }
+        floor
+    }
+
     // ---------------------------------------------------------------- PBR
 
     fn pbr_word(&self, topic: u32, broker: u32, index: u64, field: usize) -> &AtomicU64 {
@@ -578,6 +619,20 @@ fn caps_words(c: &Capacities) -> [u64; 7] {
         c.segments_per_broker as u64,
         c.seg_map_slots,
     ]
+}
+
+/// Heartbeat value of a reader slot whose positions are not written yet.
+pub const READER_CLAIMING: u64 = 1;
+
+/// `CLOCK_MONOTONIC` in nanoseconds: one clock for every process on the host.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn now_ns() -> u64 {

@@ -30,6 +30,9 @@ pub struct ServerConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RegionSettings {
+    /// Region file; empty means `<data_dir>/region`. A tmpfs path (`/dev/shm/...`)
+    /// keeps the kernel from writing the region back to disk.
+    pub path: PathBuf,
     pub max_topics: u32,
     pub goi_slots: u64,
     pub pbr_slots: u64,
@@ -46,6 +49,8 @@ pub struct BrokerSettings {
     pub low_watermark: f64,
     pub backpressure_timeout_ms: u64,
     pub idle_sleep_max_us: u64,
+    /// A subscriber that makes no progress for this long stops holding memory.
+    pub reader_stall_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -73,6 +78,7 @@ impl Default for RegionSettings {
     fn default() -> Self {
         let c = embarcadero_region::Capacities::default();
         Self {
+            path: PathBuf::new(),
             max_topics: c.max_topics,
             goi_slots: c.goi_slots,
             pbr_slots: c.pbr_slots,
@@ -91,6 +97,7 @@ impl Default for BrokerSettings {
             low_watermark: 0.75,
             backpressure_timeout_ms: 5000,
             idle_sleep_max_us: 5000,
+            reader_stall_timeout_ms: 30_000,
         }
     }
 }
@@ -216,6 +223,15 @@ impl ServerConfig {
         self.capacities()
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))
+    }
+
+    /// Where the region file lives.
+    pub fn region_path(&self) -> PathBuf {
+        if self.region.path.as_os_str().is_empty() {
+            self.data_dir.join("region")
+        } else {
+            self.region.path.clone()
+        }
     }
 
     pub fn capacities(&self) -> embarcadero_region::Capacities {

@@ -84,7 +84,7 @@ impl Server {
         let lock = lock_data_dir(dir)?;
         // Region contents are memory: a restart starts from an empty log and keeps the
         // topics (recovery of data across restarts comes with disk replicas).
-        let region = Arc::new(Region::create(&dir.join("region"), config.capacities())?);
+        let region = Arc::new(Region::create(&config.region_path(), config.capacities())?);
         let control = control::ControlPlane::open(region.clone(), dir)?;
         let ip: IpAddr = config.bind.parse().map_err(|e| {
             ServerError::Start(format!(
@@ -122,6 +122,7 @@ impl Server {
                 low_watermark: b.low_watermark,
                 backpressure_timeout: Duration::from_millis(b.backpressure_timeout_ms),
                 idle_sleep_max: Duration::from_micros(b.idle_sleep_max_us),
+                reader_stall_timeout: Duration::from_millis(b.reader_stall_timeout_ms),
             };
             brokers.push(
                 Broker::start(broker_config, region.clone())

@@ -8,8 +8,8 @@ use embarcadero_client::{
     Admin, Error, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
 };
 use embarcadero_wire::{
-    message_stride, BatchHeader, BlogMessageHeader, ErrorCode, ErrorFrame, FrameHeader,
-    FrameKind, Hello, HelloOk, Role, PROTOCOL_VERSION,
+    message_stride, BatchHeader, BlogMessageHeader, ErrorCode, ErrorFrame, FrameHeader, FrameKind,
+    Hello, HelloOk, Role, PROTOCOL_VERSION,
 };
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -37,7 +37,9 @@ fn expect_error(stream: &mut TcpStream) -> ErrorFrame {
         .unwrap();
     loop {
         let mut raw = [0u8; 16];
-        stream.read_exact(&mut raw).expect("a frame before the close");
+        stream
+            .read_exact(&mut raw)
+            .expect("a frame before the close");
         let h = FrameHeader::decode(&raw, 1 << 20).unwrap();
         let mut body = vec![0u8; h.body_len as usize];
         stream.read_exact(&mut body).unwrap();
@@ -59,7 +61,12 @@ fn connect(t: &common::TestServer, broker: usize, h: &Hello) -> (TcpStream, Hell
     let fh = FrameHeader::decode(&raw, 1 << 20).unwrap();
     let mut body = vec![0u8; fh.body_len as usize];
     s.read_exact(&mut body).unwrap();
-    assert_eq!(fh.kind, FrameKind::HelloOk, "{:?}", ErrorFrame::decode(&fh, &body));
+    assert_eq!(
+        fh.kind,
+        FrameKind::HelloOk,
+        "{:?}",
+        ErrorFrame::decode(&fh, &body)
+    );
     (s, HelloOk::decode(&body).unwrap())
 }
 
@@ -116,7 +123,9 @@ impl Bystander {
                 .unwrap();
             self.sent += 1;
         }
-        self.publisher.flush().expect("bystander still acknowledged");
+        self.publisher
+            .flush()
+            .expect("bystander still acknowledged");
     }
 
     /// Publishes more, then checks that the topic holds exactly the bystander's messages.
@@ -124,14 +133,17 @@ impl Bystander {
         self.publish(500);
         let total = self.sent;
         self.publisher.close().unwrap();
-        let mut s = Subscriber::connect_brokers(&t.brokers(), "t", SubscriberConfig::default())
-            .unwrap();
+        let mut s =
+            Subscriber::connect_brokers(&t.brokers(), "t", SubscriberConfig::default()).unwrap();
         for i in 0..total {
             let m = s.poll(Duration::from_secs(10)).unwrap().expect("message");
             assert_eq!(m.position, i);
             assert_eq!(m.payload, format!("good-{}", m.counter).as_bytes());
         }
-        assert!(s.poll(Duration::from_millis(300)).unwrap().is_none(), "nothing extra visible");
+        assert!(
+            s.poll(Duration::from_millis(300)).unwrap().is_none(),
+            "nothing extra visible"
+        );
     }
 }
 
@@ -166,10 +178,15 @@ fn unknown_topic_invalid_name_and_ack_2_without_replicas_are_refused() {
     let t = server();
     let by = Bystander::start(&t);
     let mut s = TcpStream::connect(&t.brokers()[1]).unwrap();
-    s.write_all(&hello("nope", Role::Publish, 1).encode()).unwrap();
+    s.write_all(&hello("nope", Role::Publish, 1).encode())
+        .unwrap();
     let e = expect_error(&mut s);
     assert_eq!(e.code, ErrorCode::UnknownTopic);
-    assert!(e.message.contains("topic create"), "says what to do: {}", e.message);
+    assert!(
+        e.message.contains("topic create"),
+        "says what to do: {}",
+        e.message
+    );
 
     let mut raw = hello("t", Role::Publish, 1).encode();
     raw[41] = b'/';
@@ -303,7 +320,10 @@ fn invalid_topics_are_refused_by_the_admin_api() {
         ),
     ] {
         match admin.create_topic(&spec) {
-            Err(Error::Admin { status: got, message }) => {
+            Err(Error::Admin {
+                status: got,
+                message,
+            }) => {
                 assert_eq!(got, status, "{spec:?}: {message}")
             }
             other => panic!("{spec:?} accepted: {other:?}"),

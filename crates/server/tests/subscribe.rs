@@ -35,8 +35,8 @@ fn a_new_subscriber_resumes_exactly_where_another_stopped_even_mid_batch() {
     let t = common::start();
     t.create_topic("r", 2);
     publish(&t, "r", 0, 5000, 16 * 1024);
-    let mut first = Subscriber::connect_brokers(&t.brokers(), "r", SubscriberConfig::default())
-        .unwrap();
+    let mut first =
+        Subscriber::connect_brokers(&t.brokers(), "r", SubscriberConfig::default()).unwrap();
     let mut seen = Vec::new();
     for _ in 0..1234 {
         seen.push(first.poll(Duration::from_secs(10)).unwrap().unwrap());
@@ -57,14 +57,20 @@ fn a_new_subscriber_resumes_exactly_where_another_stopped_even_mid_batch() {
         seen.push(m);
     }
     // Positions and payloads line up with a reader that never stopped.
-    let mut whole = Subscriber::connect_brokers(&t.brokers(), "r", SubscriberConfig::default())
-        .unwrap();
+    let mut whole =
+        Subscriber::connect_brokers(&t.brokers(), "r", SubscriberConfig::default()).unwrap();
     for expected in &seen {
-        assert_eq!(&whole.poll(Duration::from_secs(10)).unwrap().unwrap(), expected);
+        assert_eq!(
+            &whole.poll(Duration::from_secs(10)).unwrap().unwrap(),
+            expected
+        );
     }
     // seek() goes back.
     second.seek(Cursor::Global(10)).unwrap();
-    assert_eq!(second.poll(Duration::from_secs(10)).unwrap().unwrap(), seen[10]);
+    assert_eq!(
+        second.poll(Duration::from_secs(10)).unwrap().unwrap(),
+        seen[10]
+    );
 }
 
 /// Forwards one connection to `upstream` and cuts it after `limit` bytes downstream.
@@ -109,7 +115,10 @@ fn a_subscriber_reconnects_after_a_lost_connection_and_resumes() {
     t.create_topic("c", 2);
     publish(&t, "c", 0, 3000, 8 * 1024);
     // The proxy cuts the stream mid-frame after ~20 KB; the next address is a real broker.
-    let brokers = vec![cutting_proxy(t.brokers()[0].clone(), 20_000), t.brokers()[1].clone()];
+    let brokers = vec![
+        cutting_proxy(t.brokers()[0].clone(), 20_000),
+        t.brokers()[1].clone(),
+    ];
     let mut s = Subscriber::connect_brokers(
         &brokers,
         "c",
@@ -144,7 +153,10 @@ fn subscribing_ahead_of_the_end_waits_for_new_data() {
             },
         )
         .unwrap();
-        let m = s.poll(Duration::from_secs(30)).unwrap().expect("message 15 arrives");
+        let m = s
+            .poll(Duration::from_secs(30))
+            .unwrap()
+            .expect("message 15 arrives");
         (m.position, payload_index(&m))
     });
     publish(&t, "w", 10, 10, 4096);
@@ -156,14 +168,18 @@ fn order_1_subscribers_resume_from_per_broker_cursors() {
     let t = common::start();
     t.create_topic("f", 1);
     publish(&t, "f", 0, 2000, 4096);
-    let mut a = Subscriber::connect_brokers(&t.brokers(), "f", SubscriberConfig::default())
-        .unwrap();
+    let mut a =
+        Subscriber::connect_brokers(&t.brokers(), "f", SubscriberConfig::default()).unwrap();
     let mut seen = std::collections::HashSet::new();
     for _ in 0..700 {
-        seen.insert(payload_index(&a.poll(Duration::from_secs(10)).unwrap().unwrap()));
+        seen.insert(payload_index(
+            &a.poll(Duration::from_secs(10)).unwrap().unwrap(),
+        ));
     }
     let cursor = a.position();
-    assert!(matches!(&cursor, Cursor::PerBroker(v) if v.len() == 4 && v.iter().sum::<u64>() == 700));
+    assert!(
+        matches!(&cursor, Cursor::PerBroker(v) if v.len() == 4 && v.iter().sum::<u64>() == 700)
+    );
     let mut b = Subscriber::connect_brokers(
         &t.brokers(),
         "f",
@@ -174,7 +190,9 @@ fn order_1_subscribers_resume_from_per_broker_cursors() {
     )
     .unwrap();
     for _ in 700..2000 {
-        assert!(seen.insert(payload_index(&b.poll(Duration::from_secs(10)).unwrap().unwrap())));
+        assert!(seen.insert(payload_index(
+            &b.poll(Duration::from_secs(10)).unwrap().unwrap()
+        )));
     }
     assert_eq!(seen.len(), 2000);
 }
@@ -226,6 +244,9 @@ fn reading_below_the_retained_start_names_the_first_available_position() {
     )
     .unwrap();
     for i in first..8000 {
-        assert_eq!(s.poll(Duration::from_secs(10)).unwrap().unwrap().position, i);
+        assert_eq!(
+            s.poll(Duration::from_secs(10)).unwrap().unwrap().position,
+            i
+        );
     }
 }
