@@ -172,7 +172,7 @@ fn send_round(
     }
     stream.write_all(
         &BatchOk {
-            upto: plan.len() as u64,
+            count: plan.len() as u64,
         }
         .encode(),
     )?;

@@ -113,7 +113,7 @@ pub fn run(args: BenchArgs) -> CliResult {
                 let mut e2e = Histogram::<u64>::new(3).expect("histogram");
                 while received < count {
                     sub.poll_with(Duration::from_secs(30), |m| {
-                        if received % 64 == 0 {
+                        if received.is_multiple_of(64) {
                             let now = std::time::SystemTime::now()
                                 .duration_since(std::time::UNIX_EPOCH)
                                 .map(|d| d.as_nanos() as u64)

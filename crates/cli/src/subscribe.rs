@@ -52,7 +52,7 @@ pub fn run(args: SubArgs) -> CliResult {
     let ordered = sub.order() >= 2;
     if let Some(start) = start {
         let start = match (start, ordered) {
-            (Cursor::Global(p), false) if p == 0 => Cursor::PerBroker(vec![0; broker_count(&sub)]),
+            (Cursor::Global(0), false) => Cursor::PerBroker(vec![0; broker_count(&sub)]),
             (Cursor::Global(p), false) => {
                 return Err(format!(
                     "topic {} has order {}: positions are per broker; use --from with one position per broker, e.g. --from {}",

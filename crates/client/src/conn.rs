@@ -13,6 +13,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Connects, tunes the socket and completes the handshake.
 pub fn open(addr: &str, hello: &Hello, extra: &[u8]) -> Result<(TcpStream, HelloOk)> {
+    embarcadero_wire::validate_topic_name(&hello.topic)
+        .map_err(|e| Error::Config(e.to_string()))?;
     let connect_err = |message: String| Error::Connect {
         what: "broker",
         addr: addr.to_string(),

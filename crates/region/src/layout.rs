@@ -91,7 +91,7 @@ impl Capacities {
                 return bad(format!("{name} must be a power of two >= 8, got {v}"));
             }
         }
-        if self.segment_bytes < PAGE || self.segment_bytes % PAGE != 0 {
+        if self.segment_bytes < PAGE || !self.segment_bytes.is_multiple_of(PAGE) {
             return bad(format!(
                 "segment_bytes must be a multiple of 4096, got {}",
                 self.segment_bytes

@@ -246,7 +246,7 @@ impl Region {
     #[inline]
     pub fn word(&self, off: u64) -> &AtomicU64 {
         assert!(
-            off % 8 == 0 && off + 8 <= self.len,
+            off.is_multiple_of(8) && off + 8 <= self.len,
             "region word offset {off} out of bounds"
         );
         // SAFETY: in bounds and 8-aligned (the mapping is page-aligned); AtomicU64 has
@@ -257,7 +257,7 @@ impl Region {
     #[inline]
     fn word32(&self, off: u64) -> &AtomicU32 {
         assert!(
-            off % 4 == 0 && off + 4 <= self.len,
+            off.is_multiple_of(4) && off + 4 <= self.len,
             "region word offset {off} out of bounds"
         );
         // SAFETY: as in `word`, for a 4-byte aligned u32.
@@ -575,6 +575,9 @@ impl Region {
     /// The caller must own `[at, at + len)` of the (topic, broker) log: reserved by
     /// this broker process, not committed, not reclaimable. No other Rust code reads
     /// or writes that range until the caller commits the PBR slot that covers it.
+    // Exclusivity comes from the reservation protocol, not from `&mut self`: many
+    // connections write disjoint ranges of one region at once.
+    #[allow(clippy::mut_from_ref)]
     pub unsafe fn blog_bytes_mut(
         &self,
         topic: u32,

@@ -217,7 +217,8 @@ fn unknown_topic_invalid_name_and_ack_2_without_replicas_are_refused() {
 fn malformed_batches_are_refused() {
     let t = server();
     let by = Bystander::start(&t);
-    let cases: Vec<(&str, Box<dyn Fn() -> Vec<u8>>, ErrorCode)> = vec![
+    type Case = (&'static str, Box<dyn Fn() -> Vec<u8>>, ErrorCode);
+    let cases: Vec<Case> = vec![
         (
             "sizes disagree",
             Box::new(|| {

@@ -129,7 +129,7 @@ impl BatchHeader {
                 max: max_batch_bytes,
             });
         }
-        if self.total_size % 64 != 0 {
+        if !self.total_size.is_multiple_of(64) {
             return Err(WireError::MalformedBatch(format!(
                 "total_size {} is not a multiple of 64",
                 self.total_size

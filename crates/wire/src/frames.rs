@@ -119,7 +119,7 @@ pub enum FrameKind {
     Error = 3,
     /// A batch for a subscriber; body is a [`DeliveryHeader`] then the messages.
     Delivery = 4,
-    /// Every delivery up to and including batch position `arg` is intact.
+    /// The `arg` oldest unconfirmed deliveries are intact.
     BatchOk = 5,
 }
 
@@ -311,6 +311,13 @@ impl ErrorCode {
             WireError::InvalidTopicName(_) => ErrorCode::InvalidTopicName,
             WireError::MessageTooLarge { .. } => ErrorCode::MessageTooLarge,
             WireError::BatchTooLarge { .. } => ErrorCode::BatchTooLarge,
+            WireError::InvalidField { field: "role", .. } => ErrorCode::InvalidRole,
+            WireError::InvalidField {
+                field: "ack_level", ..
+            } => ErrorCode::AckNotAllowed,
+            WireError::InvalidField {
+                field: "topic_len", ..
+            } => ErrorCode::InvalidTopicName,
             WireError::Short { .. }
             | WireError::InvalidField { .. }
             | WireError::MalformedBatch(_) => ErrorCode::MalformedBatch,
@@ -434,6 +441,12 @@ impl DeliveryHeader {
                 value: h.skip as u64,
             });
         }
+        if !h.payload_len.is_multiple_of(64) || (h.payload_len as u64) < 64 * h.num_msg as u64 {
+            return Err(WireError::InvalidField {
+                field: "payload_len",
+                value: h.payload_len as u64,
+            });
+        }
         Ok(h)
     }
 
@@ -442,16 +455,17 @@ impl DeliveryHeader {
         FrameHeader {
             kind: FrameKind::Delivery,
             flags: 0,
-            body_len: DELIVERY_HEADER_LEN as u32 + self.payload_len,
+            body_len: (DELIVERY_HEADER_LEN as u32).saturating_add(self.payload_len),
             arg: self.batch_position,
         }
     }
 }
 
-/// Validation trailer for subscribers: deliveries up to batch position `upto` are intact.
+/// Validation trailer for subscribers: the `count` oldest unconfirmed deliveries are
+/// intact (the server re-checked, after sending them, that none was reclaimed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchOk {
-    pub upto: u64,
+    pub count: u64,
 }
 
 impl BatchOk {
@@ -460,7 +474,7 @@ impl BatchOk {
             kind: FrameKind::BatchOk,
             flags: 0,
             body_len: 0,
-            arg: self.upto,
+            arg: self.count,
         }
         .encode()
     }
@@ -516,6 +530,19 @@ mod tests {
             Hello::decode(&b),
             Err(WireError::InvalidTopicName(_))
         ));
+    }
+
+    #[test]
+    fn hello_errors_map_to_their_own_codes() {
+        let code = |mutate: fn(&mut [u8; HELLO_LEN])| {
+            let mut b = hello().encode();
+            mutate(&mut b);
+            ErrorCode::for_wire_error(&Hello::decode(&b).unwrap_err())
+        };
+        assert_eq!(code(|b| b[6] = 9), ErrorCode::InvalidRole);
+        assert_eq!(code(|b| b[7] = 3), ErrorCode::AckNotAllowed);
+        assert_eq!(code(|b| b[40] = 64), ErrorCode::InvalidTopicName);
+        assert_eq!(code(|b| b[0] = 0), ErrorCode::BadMagic);
     }
 
     #[test]

@@ -22,7 +22,6 @@ use embarcadero_wire::{
 };
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
-use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
@@ -345,7 +344,8 @@ fn layout_names(layout: Layout) -> Vec<&'static str> {
 
 /// Reads every field of `layout` from `bytes` and compares it with `fields`; every
 /// byte not covered by the layout or by `also` must be zero.
-fn check_layout(bytes: &[u8], layout: Layout, fields: &Obj, also: &[Range<usize>]) {
+/// `also` lists further covered byte ranges as `(start, end)`.
+fn check_layout(bytes: &[u8], layout: Layout, fields: &Obj, also: &[(usize, usize)]) {
     let mut covered = vec![false; bytes.len()];
     for &(name, at, size) in layout {
         let mut raw = [0u8; 8];
@@ -361,8 +361,8 @@ fn check_layout(bytes: &[u8], layout: Layout, fields: &Obj, also: &[Range<usize>
             *c = true;
         }
     }
-    for r in also {
-        covered[r.clone()].fill(true);
+    for &(start, end) in also {
+        covered[start..end].fill(true);
     }
     for (i, (&byte, &c)) in bytes.iter().zip(&covered).enumerate() {
         assert!(
@@ -544,7 +544,7 @@ fn check_messages(bytes: &[u8], messages: &[Message]) {
             &bytes[at..at + stride],
             MESSAGE_HEADER_LAYOUT,
             m.fields,
-            &[MESSAGE_HEADER_LEN..MESSAGE_HEADER_LEN + m.payload.len()],
+            &[(MESSAGE_HEADER_LEN, MESSAGE_HEADER_LEN + m.payload.len())],
         );
         at += stride;
     }
@@ -620,7 +620,12 @@ fn check_positive(frame: &str, bytes: &[u8], limits: Limits, f: &Obj) {
             let topic_end = 41 + hello.topic.len();
             assert_eq!(&bytes[0..4], PROTOCOL_MAGIC, "magic at offset 0");
             assert_eq!(&bytes[41..topic_end], hello.topic.as_bytes(), "topic at 41");
-            check_layout(&bytes[..HELLO_LEN], HELLO_LAYOUT, f, &[0..4, 41..topic_end]);
+            check_layout(
+                &bytes[..HELLO_LEN],
+                HELLO_LAYOUT,
+                f,
+                &[(0, 4), (41, topic_end)],
+            );
         }
         "hello_ok" => {
             keys(f, &["header", "body"], &[]);
@@ -651,13 +656,16 @@ fn check_positive(frame: &str, bytes: &[u8], limits: Limits, f: &Obj) {
             assert_eq!((header.flags, header.arg), (ack.level, ack.count));
         }
         "batch_ok" => {
-            keys(f, &["header", "upto"], &[]);
+            keys(f, &["header", "count"], &[]);
             let ok = BatchOk {
-                upto: num(f, "upto"),
+                count: num(f, "count"),
             };
             assert_bytes("batch_ok", &ok.encode(), bytes);
             let header = check_frame_header(bytes, obj(f, "header"), FrameKind::BatchOk);
-            assert_eq!((header.flags, header.body_len, header.arg), (0, 0, ok.upto));
+            assert_eq!(
+                (header.flags, header.body_len, header.arg),
+                (0, 0, ok.count)
+            );
         }
         "error" => {
             keys(f, &["header", "body"], &[]);
@@ -689,7 +697,7 @@ fn check_positive(frame: &str, bytes: &[u8], limits: Limits, f: &Obj) {
                 &bytes[FRAME_HEADER_LEN..],
                 ERROR_BODY_LAYOUT,
                 body,
-                &[8..8 + text.len()],
+                &[(8, 8 + text.len())],
             );
         }
         "delivery_header" | "delivery" => {

@@ -695,17 +695,17 @@ fn vectors() -> Vec<Vector> {
         ]),
         &bytes,
     ));
-    let ok = BatchOk { upto: 7 };
+    let ok = BatchOk { count: 2 };
     let header = FrameHeader::decode(&ok.encode(), 0).expect("own frame");
     v.push(positive(
         "batch_ok",
         "batch_ok",
-        "BatchOk frame (kind 5) with upto 7: every delivery with batch_position <= 7 is \
-         confirmed, including delivery.json.",
+        "BatchOk frame (kind 5) with count 2: the two oldest unconfirmed deliveries are \
+         intact.",
         None,
         J::O(vec![
             ("header", frame_header_j(&header)),
-            ("upto", n(ok.upto)),
+            ("count", n(ok.count)),
         ]),
         &ok.encode(),
     ));
