@@ -247,4 +247,86 @@ mod tests {
             );
         }
     }
+
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Reserve(u64),
+        /// Reclaim this many of the oldest live batches (as the service thread would).
+        Reclaim(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (1u64..=64).prop_map(|lines| Op::Reserve(lines * 64)),
+            1 => (1usize..6).prop_map(Op::Reclaim),
+        ]
+    }
+
+    proptest! {
+        /// Against a model of the log: reservations get consecutive PBR indices, never
+        /// exceed the ring or the pool, never straddle a segment, and no live range ever
+        /// shares memory with another live range, however reservations and
+        /// reclamations interleave.
+        #[test]
+        fn reservation_and_reclamation_keep_live_ranges_disjoint(ops in proptest::collection::vec(op(), 1..300)) {
+            let dir = tempfile::tempdir().unwrap();
+            let c = Capacities {
+                max_topics: 1,
+                brokers: 1,
+                goi_slots: 64,
+                pbr_slots: 16,
+                segment_bytes: 4096,
+                segments_per_broker: 4,
+                seg_map_slots: 8,
+            };
+            let region = Arc::new(Region::create(&dir.path().join("r"), c).unwrap());
+            let pool = Arc::new(SegmentPool::new(4));
+            let w = LogWriter::new(region.clone(), pool.clone(), 0, 0);
+            let log = region.log(0, 0);
+            let mut live: std::collections::VecDeque<Reservation> = Default::default();
+            let mut next_index = 0;
+            let mut freed_below = 0u64; // logical segments returned to the pool
+            for op in ops {
+                match op {
+                    Op::Reserve(len) => match w.reserve(len) {
+                        Ok(r) => {
+                            prop_assert_eq!(r.pbr_index, next_index);
+                            next_index += 1;
+                            prop_assert_eq!(r.log_offset / 4096, (r.log_offset + len - 1) / 4096);
+                            let p = region.blog_ptr(0, 0, r.log_offset, len).unwrap() as usize;
+                            for other in &live {
+                                let q = region.blog_ptr(0, 0, other.log_offset, other.len).unwrap() as usize;
+                                prop_assert!(p + len as usize <= q || q + other.len as usize <= p,
+                                    "{:?} overlaps live {:?}", r, other);
+                            }
+                            live.push_back(r);
+                        }
+                        Err(ReserveError::RingFull) => prop_assert_eq!(live.len(), 16),
+                        Err(ReserveError::NoSegment) => prop_assert_eq!(pool.free_count(), 0),
+                    },
+                    Op::Reclaim(n) => {
+                        for _ in 0..n.min(live.len()) {
+                            live.pop_front();
+                        }
+                        // What the service thread does: move the frontiers, then free
+                        // whole segments below the new reclaimed offset.
+                        let reclaimed_blog = live.front().map_or_else(
+                            || w.state.load(Ordering::Acquire) as u64,
+                            |r| r.log_offset,
+                        );
+                        log.reclaimed_blog.store(reclaimed_blog, Ordering::Release);
+                        log.reclaimed_pbr.store(next_index - live.len() as u64, Ordering::Release);
+                        while freed_below < reclaimed_blog / 4096 {
+                            if let Some(s) = region.seg_map_lookup(0, 0, freed_below) {
+                                pool.push(s);
+                            }
+                            freed_below += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
