@@ -59,7 +59,7 @@ impl BrokerConfig {
             high_watermark: 0.90,
             low_watermark: 0.75,
             backpressure_timeout: Duration::from_secs(5),
-            idle_sleep_max: Duration::from_millis(5),
+            idle_sleep_max: Duration::from_millis(20),
             reader_stall_timeout: Duration::from_secs(30),
         }
     }

@@ -33,7 +33,7 @@ impl Default for SequencerConfig {
     fn default() -> Self {
         Self {
             epoch: Duration::from_micros(500),
-            idle_sleep_max: Duration::from_millis(5),
+            idle_sleep_max: Duration::from_millis(20),
         }
     }
 }

@@ -96,7 +96,7 @@ impl Default for BrokerSettings {
             high_watermark: 0.90,
             low_watermark: 0.75,
             backpressure_timeout_ms: 5000,
-            idle_sleep_max_us: 5000,
+            idle_sleep_max_us: 20_000,
             reader_stall_timeout_ms: 30_000,
         }
     }
