@@ -32,6 +32,10 @@ pub const SEG_MAP_ENTRY_LEN: u64 = 16;
 pub const MAX_BROKERS: u32 = 32;
 /// Subscriber pins per topic: readers whose positions hold back reclamation.
 pub const READER_SLOTS: u32 = 32;
+/// Order-5 sessions per topic (the durable session table).
+pub const SESSION_SLOTS: u32 = 256;
+/// A session slot: state, client id, session epoch, committed high-water mark.
+pub const SESSION_SLOT_LEN: u64 = 64;
 /// A reader slot: heartbeat, then one position per possible broker.
 pub const READER_SLOT_LEN: u64 = 8 * (1 + MAX_BROKERS as u64) + 56;
 
@@ -121,6 +125,7 @@ pub struct Layout {
     pub topic_bell_rel: u64,
     pub log_control_rel: u64,
     pub readers_rel: u64,
+    pub sessions_rel: u64,
     pub goi_rel: u64,
     pub per_broker_rel: u64,
     pub per_broker_stride: u64,
@@ -141,7 +146,8 @@ impl Layout {
         let topic_bell_rel = topic_seq_rel + TOPIC_SEQ_LEN;
         let log_control_rel = topic_bell_rel + TOPIC_BELL_LEN;
         let readers_rel = log_control_rel + b * LOG_CONTROL_LEN;
-        let goi_rel = round_up(readers_rel + READER_SLOTS as u64 * READER_SLOT_LEN, PAGE);
+        let sessions_rel = readers_rel + READER_SLOTS as u64 * READER_SLOT_LEN;
+        let goi_rel = round_up(sessions_rel + SESSION_SLOTS as u64 * SESSION_SLOT_LEN, PAGE);
         let per_broker_rel = goi_rel + caps.goi_slots * GOI_ENTRY_LEN;
         let seg_map_rel_in_broker = caps.pbr_slots * PBR_SLOT_LEN;
         let per_broker_stride = round_up(
@@ -162,6 +168,7 @@ impl Layout {
             topic_bell_rel,
             log_control_rel,
             readers_rel,
+            sessions_rel,
             goi_rel,
             per_broker_rel,
             per_broker_stride,
@@ -184,6 +191,11 @@ impl Layout {
     pub fn reader_slot_off(&self, topic: u32, slot: u32) -> u64 {
         debug_assert!(slot < READER_SLOTS);
         self.topic_off(topic) + self.readers_rel + slot as u64 * READER_SLOT_LEN
+    }
+
+    pub fn session_slot_off(&self, topic: u32, slot: u32) -> u64 {
+        debug_assert!(slot < SESSION_SLOTS);
+        self.topic_off(topic) + self.sessions_rel + slot as u64 * SESSION_SLOT_LEN
     }
 
     pub fn goi_entry_off(&self, topic: u32, index: u64) -> u64 {
@@ -242,7 +254,12 @@ mod tests {
         assert!(l.seg_map_off(2, 1, 7) + SEG_MAP_ENTRY_LEN <= last_topic_end);
         assert!(l.goi_entry_off(0, 15) + GOI_ENTRY_LEN <= l.pbr_slot_off(0, 0, 0));
         assert!(l.log_control_off(0, 1) + LOG_CONTROL_LEN <= l.reader_slot_off(0, 0));
-        assert!(l.reader_slot_off(0, READER_SLOTS - 1) + READER_SLOT_LEN <= l.goi_entry_off(0, 0));
+        assert!(
+            l.reader_slot_off(0, READER_SLOTS - 1) + READER_SLOT_LEN <= l.session_slot_off(0, 0)
+        );
+        assert!(
+            l.session_slot_off(0, SESSION_SLOTS - 1) + SESSION_SLOT_LEN <= l.goi_entry_off(0, 0)
+        );
         assert_eq!(l.segment_off(1, 2) + 8192, l.total_len);
         // Rings wrap by masking.
         assert_eq!(l.goi_entry_off(1, 3), l.goi_entry_off(1, 19));

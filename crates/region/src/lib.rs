@@ -23,9 +23,9 @@ mod region;
 mod slots;
 
 pub use doorbell::Doorbell;
-pub use layout::{Capacities, Layout, MAX_BROKERS, READER_SLOTS};
+pub use layout::{Capacities, Layout, MAX_BROKERS, READER_SLOTS, SESSION_SLOTS};
 pub use region::{monotonic_ns, LogControl, Region, TopicSeq, READER_CLAIMING};
-pub use slots::{GoiEntry, TopicMeta, TopicState};
+pub use slots::{GoiEntry, SessionRecord, SessionState, TopicMeta, TopicState};
 
 use std::path::PathBuf;
 

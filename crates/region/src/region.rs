@@ -2,7 +2,7 @@
 
 use crate::coherence::{flush_range, store_fence};
 use crate::layout::*;
-use crate::slots::{GoiEntry, TopicMeta, TopicState};
+use crate::slots::{GoiEntry, SessionRecord, SessionState, TopicMeta, TopicState};
 use crate::{Doorbell, RegionError};
 use embarcadero_wire::{batch::offsets as bo, BatchHeader};
 use std::fs::{File, OpenOptions};
@@ -423,6 +423,44 @@ impl Region {
             );
         }
         floor
+    }
+
+    // ---------------------------------------------------------------- order-5 sessions
+
+    /// Writes a session slot, state word last. Sequencer only.
+    pub fn session_write(&self, topic: u32, slot: u32, s: &SessionRecord) {
+        let base = self.layout.session_slot_off(topic, slot);
+        self.invalidate(base);
+        self.word(base + 8).store(s.client_id, Ordering::Relaxed);
+        self.word(base + 16)
+            .store(s.session_epoch, Ordering::Relaxed);
+        self.word(base + 24)
+            .store(s.committed_hwm, Ordering::Relaxed);
+        store_fence();
+        self.word(base).store(s.state as u64, Ordering::Release);
+    }
+
+    /// Reads a session slot if it is in use (and not being rewritten).
+    pub fn session_read(&self, topic: u32, slot: u32) -> Option<SessionRecord> {
+        let base = self.layout.session_slot_off(topic, slot);
+        let state = self.word(base).load(Ordering::Acquire);
+        let state = SessionState::from_u64(state)?;
+        let rec = SessionRecord {
+            state,
+            client_id: self.word(base + 8).load(Ordering::Acquire),
+            session_epoch: self.word(base + 16).load(Ordering::Acquire),
+            committed_hwm: self.word(base + 24).load(Ordering::Acquire),
+        };
+        (self.word(base).load(Ordering::Acquire) == state as u64).then_some(rec)
+    }
+
+    /// Finds the session slot of `client_id` in a topic's session table.
+    pub fn session_find(&self, topic: u32, client_id: u64) -> Option<(u32, SessionRecord)> {
+        (0..SESSION_SLOTS).find_map(|slot| {
+            self.session_read(topic, slot)
+                .filter(|r| r.client_id == client_id)
+                .map(|r| (slot, r))
+        })
     }
 
     // ---------------------------------------------------------------- PBR

@@ -82,3 +82,32 @@ pub struct TopicMeta {
     pub generation: u64,
     pub created_unix_ms: u64,
 }
+
+/// State of an order-5 session slot; the state word is written last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionState {
+    Open = 1,
+    /// A gap at the head outlived the lease; batches of this epoch are refused and the
+    /// client must reopen with a higher epoch.
+    Fenced = 2,
+}
+
+impl SessionState {
+    pub fn from_u64(v: u64) -> Option<Self> {
+        match v {
+            1 => Some(Self::Open),
+            2 => Some(Self::Fenced),
+            _ => None,
+        }
+    }
+}
+
+/// One order-5 session as the sequencer records it in the region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionRecord {
+    pub state: SessionState,
+    pub client_id: u64,
+    pub session_epoch: u64,
+    /// Every batch of the session with `batch_seq` below this is in the committed GOI.
+    pub committed_hwm: u64,
+}

@@ -13,6 +13,8 @@
 //! and each broker's `ordered_pbr` advance. A broker with nothing committed adds
 //! nothing to an epoch, so a slow or idle broker never stalls the others.
 
+mod sessions;
+
 use embarcadero_region::backoff::Backoff;
 use embarcadero_region::{GoiEntry, Region};
 use embarcadero_wire::BatchFlags;
@@ -27,6 +29,10 @@ pub struct SequencerConfig {
     pub epoch: Duration,
     /// Longest sleep while there is nothing to order.
     pub idle_sleep_max: Duration,
+    /// Order 5: how far above a session's next expected batch a batch may arrive.
+    pub session_window: u64,
+    /// Order 5: how long a gap at the head of a session may last before it is fenced.
+    pub session_lease: Duration,
 }
 
 impl Default for SequencerConfig {
@@ -34,6 +40,8 @@ impl Default for SequencerConfig {
         Self {
             epoch: Duration::from_micros(500),
             idle_sleep_max: Duration::from_millis(20),
+            session_window: 4096,
+            session_lease: Duration::from_secs(30),
         }
     }
 }
@@ -127,6 +135,10 @@ struct TopicState {
     /// Next GOI index and next global position (mirrors of the region's sequence line).
     committed: u64,
     next_position: u64,
+    /// Order 5 only: sessions, their hold buffers and the admitted batches.
+    sessions: Option<sessions::Sessions>,
+    /// `ordered_pbr` last stored per broker.
+    last_ordered: Vec<u64>,
 }
 
 /// Most slots one scanner takes per pass, so one busy broker cannot monopolise a pass.
@@ -197,7 +209,24 @@ impl Core {
                 self.topics.retain(|t| t.topic != topic);
             }
             let seq = self.region.topic_seq(topic);
+            let sessions = (meta.order == 5).then(|| {
+                sessions::Sessions::recover(
+                    &self.region,
+                    topic,
+                    self.config.session_window,
+                    self.config.session_lease,
+                )
+            });
             self.topics.push(TopicState {
+                sessions,
+                last_ordered: (0..caps.brokers)
+                    .map(|b| {
+                        self.region
+                            .log(topic, b)
+                            .ordered_pbr
+                            .load(Ordering::Acquire)
+                    })
+                    .collect(),
                 topic,
                 generation: meta.generation,
                 scanners: (0..caps.brokers)
@@ -242,14 +271,21 @@ impl Core {
                         flags: 0,
                         replication_token: 0,
                     });
-                    s.buffer.push(Pending {
-                        pbr_index: s.cursor,
-                        entry,
-                    });
+                    match &mut t.sessions {
+                        Some(sessions) => sessions.admit(s.broker, s.cursor, entry),
+                        None => s.buffer.push(Pending {
+                            pbr_index: s.cursor,
+                            entry,
+                        }),
+                    }
                     s.cursor += 1;
                     taken += 1;
                 }
                 waiting += s.buffer.len();
+            }
+            if let Some(sessions) = &mut t.sessions {
+                sessions.fence_expired(Instant::now());
+                waiting += sessions.ready.len() + sessions.dirty as usize;
             }
         }
         waiting
@@ -268,8 +304,66 @@ impl Core {
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 
+    /// Orders one order-5 topic's admitted batches, in admission order.
+    fn seal_sessions(&self, t: &mut TopicState) {
+        let region = &self.region;
+        let goi_slots = region.capacities().goi_slots;
+        let sessions = t.sessions.as_mut().expect("order-5 topic");
+        let first_index = t.committed;
+        let first_position = t.next_position;
+        while let Some(b) = sessions.ready.front().copied() {
+            let g = t.committed;
+            if !self.goi_slot_free(t.topic, g, goi_slots) {
+                self.metrics.goi_full_stalls.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            let mut e = b.entry;
+            e.total_order = t.next_position;
+            region.goi_write(t.topic, g, &e);
+            region.pbr_set_total_order(t.topic, b.broker, b.pbr_index, e.total_order);
+            t.committed += 1;
+            t.next_position += e.num_msg as u64;
+            sessions.ready.pop_front();
+            sessions.committed(&b);
+        }
+        let seq = region.topic_seq(t.topic);
+        if t.committed > first_index {
+            let previous = seq
+                .next_position
+                .fetch_add(t.next_position - first_position, Ordering::AcqRel);
+            debug_assert_eq!(previous, first_position, "the sequencer is the only writer");
+            seq.committed_seq.store(t.committed, Ordering::Release);
+        }
+        // The table after committed_seq: recovery reconciles a lagging table from the GOI.
+        sessions.write_table(region);
+        for s in &t.scanners {
+            let frontier = sessions.ordered_frontier(s.broker, s.cursor);
+            if frontier != t.last_ordered[s.broker as usize] {
+                region
+                    .log(t.topic, s.broker)
+                    .ordered_pbr
+                    .store(frontier, Ordering::Release);
+                t.last_ordered[s.broker as usize] = frontier;
+            }
+            // Acks of order-5 sessions follow the table: wake every broker.
+            region.broker_bell(s.broker).ring();
+        }
+        if t.committed > first_index {
+            region.topic_bell(t.topic).ring();
+            self.metrics
+                .batches_ordered
+                .fetch_add(t.committed - first_index, Ordering::Relaxed);
+            self.metrics
+                .messages_ordered
+                .fetch_add(t.next_position - first_position, Ordering::Relaxed);
+        }
+    }
+
     /// Orders one topic's buffered batches, scanner by scanner in broker order.
     fn seal(&self, t: &mut TopicState) {
+        if t.sessions.is_some() {
+            return self.seal_sessions(t);
+        }
         let region = &self.region;
         let goi_slots = region.capacities().goi_slots;
         let first_index = t.committed;
@@ -495,5 +589,169 @@ mod tests {
         let e = r.goi_read(1, 1).unwrap();
         assert_eq!((e.pbr_index, e.total_order), (1, 2));
         assert_eq!(r.topic_seq(1).next_position.load(Ordering::Acquire), 7);
+    }
+
+    // ------------------------------------------------------------------ order 5
+
+    fn session_region() -> (tempfile::TempDir, Arc<Region>) {
+        let (d, r) = region(64);
+        r.write_topic_meta(
+            0,
+            &TopicMeta {
+                name: "s".into(),
+                order: 5,
+                replication_factor: 1,
+                default_ack: 1,
+                generation: 1,
+                created_unix_ms: 0,
+            },
+        );
+        (d, r)
+    }
+
+    fn commit_session(r: &Region, broker: u32, index: u64, client: u64, epoch: u64, seq: u64) {
+        r.pbr_commit(
+            0,
+            broker,
+            index,
+            &BatchHeader {
+                batch_seq: seq,
+                client_id: client,
+                session_epoch: epoch,
+                num_msg: 1,
+                broker_id: broker as u16,
+                flags: BatchFlags::VALID,
+                pbr_index: index,
+                total_size: 64,
+                log_offset: index * 64,
+                ..Default::default()
+            },
+        );
+    }
+
+    fn session_core(r: &Arc<Region>, lease: Duration) -> Core {
+        let config = SequencerConfig {
+            session_lease: lease,
+            ..SequencerConfig::default()
+        };
+        let mut c = Core::new(r.clone(), config, Default::default());
+        c.refresh_topics();
+        c
+    }
+
+    fn goi_sessions(r: &Region) -> Vec<(u64, u64)> {
+        let n = r.topic_seq(0).committed_seq.load(Ordering::Acquire);
+        (0..n)
+            .map(|g| {
+                let e = r.goi_read(0, g).unwrap();
+                (e.client_id, e.client_seq)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn session_order_holds_across_brokers_and_other_sessions_flow() {
+        let (_d, r) = session_region();
+        let mut c = session_core(&r, Duration::from_secs(30));
+        // Client 7 sent seq 0, 1, 2 to brokers 0, 1, 2; 1 and 2 arrive first.
+        commit_session(&r, 2, 0, 7, 1, 2);
+        commit_session(&r, 1, 0, 7, 1, 1);
+        commit_session(&r, 2, 1, 8, 1, 0); // another session, behind the held batch
+        c.scan();
+        c.seal_all();
+        assert_eq!(
+            goi_sessions(&r),
+            vec![(8, 0)],
+            "session 8 is not delayed by 7's gap"
+        );
+        assert_eq!(c.topics[0].sessions.as_ref().unwrap().held(), 2);
+        // Broker 2's slot 0 is held, so its ordered frontier stays below it.
+        assert_eq!(r.log(0, 2).ordered_pbr.load(Ordering::Acquire), 0);
+        commit_session(&r, 0, 0, 7, 1, 0);
+        c.scan();
+        c.seal_all();
+        assert_eq!(goi_sessions(&r), vec![(8, 0), (7, 0), (7, 1), (7, 2)]);
+        assert_eq!(r.log(0, 2).ordered_pbr.load(Ordering::Acquire), 2);
+        let (_, rec) = r.session_find(0, 7).unwrap();
+        assert_eq!((rec.committed_hwm, rec.session_epoch), (3, 1));
+    }
+
+    #[test]
+    fn duplicates_and_stale_epochs_are_dropped_but_pass_the_frontier() {
+        let (_d, r) = session_region();
+        let mut c = session_core(&r, Duration::from_secs(30));
+        commit_session(&r, 0, 0, 7, 2, 0);
+        commit_session(&r, 1, 0, 7, 2, 0); // retransmit through another broker
+        commit_session(&r, 1, 1, 7, 1, 1); // stale epoch
+        commit_session(&r, 0, 1, 7, 2, 1);
+        c.scan();
+        c.seal_all();
+        assert_eq!(goi_sessions(&r), vec![(7, 0), (7, 1)]);
+        assert_eq!(r.log(0, 1).ordered_pbr.load(Ordering::Acquire), 2);
+        assert_eq!(r.session_find(0, 7).unwrap().1.committed_hwm, 2);
+    }
+
+    #[test]
+    fn a_restarted_sequencer_recovers_sessions_from_table_and_goi() {
+        let (_d, r) = session_region();
+        let mut c = session_core(&r, Duration::from_secs(30));
+        for seq in 0..3 {
+            commit_session(&r, seq as u32 % 3, seq / 3, 7, 1, seq);
+        }
+        c.scan();
+        c.seal_all();
+        drop(c);
+        // Simulate a crash between committed_seq and the table write: the table lags.
+        let (slot, rec) = r.session_find(0, 7).unwrap();
+        r.session_write(
+            0,
+            slot,
+            &embarcadero_region::SessionRecord {
+                committed_hwm: 1,
+                ..rec
+            },
+        );
+        // ...and between the table and ordered_pbr: brokers' frontiers lag too, so the
+        // restarted sequencer rescans batches that are already committed.
+        for b in 0..3 {
+            r.log(0, b).ordered_pbr.store(0, Ordering::Release);
+        }
+        commit_session(&r, 1, 1, 7, 1, 3);
+        let mut c = session_core(&r, Duration::from_secs(30));
+        c.scan();
+        c.seal_all();
+        assert_eq!(goi_sessions(&r), vec![(7, 0), (7, 1), (7, 2), (7, 3)]);
+        assert_eq!(r.session_find(0, 7).unwrap().1.committed_hwm, 4);
+    }
+
+    #[test]
+    fn a_gap_outliving_the_lease_fences_the_session_until_a_new_epoch() {
+        let (_d, r) = session_region();
+        let mut c = session_core(&r, Duration::from_millis(1));
+        commit_session(&r, 0, 0, 7, 1, 0);
+        commit_session(&r, 1, 0, 7, 1, 2); // seq 1 was lost
+        c.scan();
+        c.seal_all();
+        std::thread::sleep(Duration::from_millis(5));
+        c.scan();
+        c.seal_all();
+        let (_, rec) = r.session_find(0, 7).unwrap();
+        assert_eq!(rec.state, embarcadero_region::SessionState::Fenced);
+        assert_eq!(rec.committed_hwm, 1);
+        assert_eq!(
+            r.log(0, 1).ordered_pbr.load(Ordering::Acquire),
+            1,
+            "held batch dropped"
+        );
+        // Same epoch: refused. The client reopens with epoch 2 and resubmits 1 and 2.
+        commit_session(&r, 1, 1, 7, 1, 1);
+        commit_session(&r, 0, 1, 7, 2, 2);
+        commit_session(&r, 2, 0, 7, 2, 1);
+        c.scan();
+        c.seal_all();
+        assert_eq!(goi_sessions(&r), vec![(7, 0), (7, 1), (7, 2)]);
+        let (_, rec) = r.session_find(0, 7).unwrap();
+        assert_eq!(rec.state, embarcadero_region::SessionState::Open);
+        assert_eq!((rec.session_epoch, rec.committed_hwm), (2, 3));
     }
 }

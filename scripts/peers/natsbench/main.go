@@ -1,0 +1,182 @@
+// natsbench publishes fixed-size messages to one JetStream stream with asynchronous publishes
+// and a bounded window of unacknowledged messages, then prints one JSON summary line:
+// throughput between the first publish and the last acknowledgement, and the latency from
+// each publish call to its acknowledgement (a JetStream PubAck, sent once the stream has
+// stored the message).
+//
+// It is the NATS side of scripts/peers/run.sh; see docs/BENCHMARKS.md.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+type summary struct {
+	Messages   int64              `json:"messages"`
+	Bytes      int64              `json:"bytes"`
+	Seconds    float64            `json:"seconds"`
+	MBPerS     float64            `json:"mb_per_s"`
+	MsgsPerS   float64            `json:"msgs_per_s"`
+	LatencyMs  map[string]float64 `json:"latency_ms"`
+	Errors     int64              `json:"errors"`
+	StreamMsgs uint64             `json:"stream_msgs"`
+	Window     int                `json:"window"`
+	Storage    string             `json:"storage"`
+}
+
+type inflight struct {
+	fut  jetstream.PubAckFuture
+	sent time.Time
+}
+
+func main() {
+	url := flag.String("url", nats.DefaultURL, "server URL")
+	stream := flag.String("stream", "BENCH", "stream name (recreated)")
+	subject := flag.String("subject", "bench", "the stream's only subject")
+	size := flag.Int("size", 1024, "message payload bytes")
+	total := flag.Int64("total-bytes", 1_000_000_000, "payload bytes to publish (rounded down to whole messages)")
+	window := flag.Int("window", 8192, "most unacknowledged publishes at once")
+	storage := flag.String("storage", "file", "stream storage: file or memory")
+	timeout := flag.Duration("timeout", 5*time.Minute, "give up after this long")
+	flag.Parse()
+
+	count := *total / int64(*size)
+	if count < 1 {
+		fail("total-bytes smaller than one message")
+	}
+	nc, err := nats.Connect(*url, nats.Name("natsbench"))
+	if err != nil {
+		fail("connect: %v", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(*window+1))
+	if err != nil {
+		fail("jetstream: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+
+	st := jetstream.FileStorage
+	if *storage == "memory" {
+		st = jetstream.MemoryStorage
+	}
+	_ = js.DeleteStream(ctx, *stream)
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:      *stream,
+		Subjects:  []string{*subject},
+		Storage:   st,
+		Replicas:  1,
+		Retention: jetstream.LimitsPolicy,
+		Discard:   jetstream.DiscardOld,
+	})
+	if err != nil {
+		fail("create stream: %v", err)
+	}
+
+	payload := make([]byte, *size)
+	for i := range payload {
+		payload[i] = byte('a' + i%26)
+	}
+
+	lat := make([]int64, 0, count)
+	var errs int64
+	sem := make(chan struct{}, *window)
+	pending := make(chan inflight, *window)
+	done := make(chan time.Time)
+	// Acknowledgements come back in publish order (one stream, one connection), so they
+	// are collected in that order.
+	go func() {
+		for f := range pending {
+			select {
+			case <-f.fut.Ok():
+				lat = append(lat, time.Since(f.sent).Nanoseconds())
+			case err := <-f.fut.Err():
+				errs++
+				if errs <= 5 {
+					fmt.Fprintf(os.Stderr, "natsbench: publish error: %v\n", err)
+				}
+			case <-ctx.Done():
+				fail("timed out waiting for acknowledgements")
+			}
+			<-sem
+		}
+		done <- time.Now()
+	}()
+
+	start := time.Now()
+	for i := int64(0); i < count; i++ {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			fail("timed out publishing")
+		}
+		t := time.Now()
+		fut, err := js.PublishAsync(*subject, payload)
+		if err != nil {
+			fail("publish %d: %v", i, err)
+		}
+		pending <- inflight{fut, t}
+	}
+	close(pending)
+	end := <-done
+	secs := end.Sub(start).Seconds()
+
+	info, err := s.Info(ctx)
+	if err != nil {
+		fail("stream info: %v", err)
+	}
+	bytes := count * int64(*size)
+	out := summary{
+		Messages:   count,
+		Bytes:      bytes,
+		Seconds:    secs,
+		MBPerS:     float64(bytes) / secs / 1e6,
+		MsgsPerS:   float64(count) / secs,
+		LatencyMs:  percentiles(lat),
+		Errors:     errs,
+		StreamMsgs: info.State.Msgs,
+		Window:     *window,
+		Storage:    *storage,
+	}
+	enc := json.NewEncoder(os.Stdout)
+	if err := enc.Encode(out); err != nil {
+		fail("encode: %v", err)
+	}
+	if errs > 0 || info.State.Msgs != uint64(count) {
+		fmt.Fprintf(os.Stderr, "natsbench: %d errors, stream holds %d of %d messages\n", errs, info.State.Msgs, count)
+		os.Exit(1)
+	}
+}
+
+func percentiles(ns []int64) map[string]float64 {
+	if len(ns) == 0 {
+		return nil
+	}
+	sort.Slice(ns, func(a, b int) bool { return ns[a] < ns[b] })
+	at := func(q float64) float64 {
+		i := int(q * float64(len(ns)-1))
+		return float64(ns[i]) / 1e6
+	}
+	var sum float64
+	for _, v := range ns {
+		sum += float64(v)
+	}
+	return map[string]float64{
+		"p50": at(0.50), "p90": at(0.90), "p99": at(0.99), "p99_9": at(0.999),
+		"max": float64(ns[len(ns)-1]) / 1e6, "mean": sum / float64(len(ns)) / 1e6,
+	}
+}
+
+func fail(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "natsbench: "+format+"\n", args...)
+	os.Exit(1)
+}
