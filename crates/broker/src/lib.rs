@@ -15,6 +15,7 @@ mod log_writer;
 mod net;
 mod publish;
 mod service;
+mod session;
 mod subscribe;
 
 pub use log_writer::{LogWriter, Reservation, ReserveError, SegmentPool};
@@ -47,6 +48,21 @@ pub struct BrokerConfig {
     /// A subscriber that makes no progress for this long stops holding back
     /// reclamation (it gets PositionNotRetained if its data is then reclaimed).
     pub reader_stall_timeout: Duration,
+    /// Order 5: a batch more than this many above its session's committed high-water
+    /// mark is refused (the sequencer's hold buffer is bounded by the same window).
+    pub session_window: u64,
+    /// Fault injection for experiments (`None` in normal operation).
+    pub fault: Option<Fault>,
+}
+
+/// Misbehaviour to inject into one broker, to provoke gaps and fences on demand.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fault {
+    /// Fraction of batches delayed by `delay` before they reach the ring.
+    pub delay_fraction: f64,
+    pub delay: Duration,
+    /// Fraction of batches dropped (committed void) before they reach the ring.
+    pub drop_fraction: f64,
 }
 
 impl BrokerConfig {
@@ -61,6 +77,8 @@ impl BrokerConfig {
             backpressure_timeout: Duration::from_secs(5),
             idle_sleep_max: Duration::from_millis(20),
             reader_stall_timeout: Duration::from_secs(30),
+            session_window: 4096,
+            fault: None,
         }
     }
 }

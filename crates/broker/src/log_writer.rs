@@ -136,12 +136,19 @@ impl LogWriter {
                         None => {
                             // Another connection opened this segment moments ago and
                             // publishes its mapping right after its CAS.
+                            let mut spins = 0u32;
                             while self
                                 .region
                                 .seg_map_lookup(self.topic, self.broker, logical)
                                 .is_none()
                             {
-                                std::hint::spin_loop();
+                                spins += 1;
+                                if spins < 64 {
+                                    std::hint::spin_loop();
+                                } else {
+                                    // The mapper may be descheduled (2 cores).
+                                    std::thread::yield_now();
+                                }
                             }
                         }
                     }

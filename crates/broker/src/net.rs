@@ -22,6 +22,12 @@ pub fn tune_socket(stream: &TcpStream) {
     let _ = sock.set_nodelay(true);
     let _ = sock.set_recv_buffer_size(SOCKET_BUFFER_BYTES);
     let _ = sock.set_send_buffer_size(SOCKET_BUFFER_BYTES);
+    // Half-open connections (a client host that vanished) are found and closed.
+    let _ = sock.set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time(Duration::from_secs(30))
+            .with_interval(Duration::from_secs(5)),
+    );
 }
 
 /// A refusal: sent as an error frame before the connection is closed.
@@ -124,6 +130,23 @@ fn handshake(shared: &Shared, stream: &mut TcpStream) -> Result<Accepted, End> {
     let mut cursors = Vec::new();
     match hello.role {
         Role::Publish => {
+            if (meta.order == 5) != (hello.session_epoch > 0) {
+                return Err(Refusal::new(
+                    ErrorCode::BadSession,
+                    if meta.order == 5 {
+                        format!(
+                            "topic {:?} has order 5: publishers must open a session (session epoch 1 or more)",
+                            meta.name
+                        )
+                    } else {
+                        format!(
+                            "topic {:?} has order {}: sessions (session epoch {}) need an order-5 topic",
+                            meta.name, meta.order, hello.session_epoch
+                        )
+                    },
+                )
+                .into());
+            }
             if hello.ack_level == 2 && meta.replication_factor < 2 {
                 return Err(Refusal::new(
                     ErrorCode::AckNotAllowed,

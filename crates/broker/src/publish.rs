@@ -4,6 +4,7 @@
 
 use crate::log_writer::{Reservation, ReserveError};
 use crate::net::{self, End, Refusal};
+use crate::session::{self, SessionView};
 use crate::Shared;
 use crossbeam_queue::ArrayQueue;
 use embarcadero_region::backoff::Backoff;
@@ -18,11 +19,18 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Batches a connection may have written but not yet had acknowledged.
-const MAX_UNACKED_BATCHES: usize = 1 << 16;
+const MAX_UNACKED_BATCHES: usize = 4096;
+/// Ack bytes a client may leave unread before it is disconnected.
+const MAX_UNSENT_BYTES: usize = 64 * 1024;
+/// Longest a connection may take to deliver a batch's payload once its header arrived;
+/// the reserved slot holds up every later batch of the log meanwhile.
+const PAYLOAD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the service thread needs to acknowledge one publishing connection.
 pub struct PublishConn {
     pub topic: u32,
+    pub client_id: u64,
+    pub session_epoch: u64,
     pub order: u8,
     pub ack_level: u8,
     /// `(batch_seq, pbr_index)` of committed batches, in order. Producer: the
@@ -41,8 +49,15 @@ pub struct Outbox {
 }
 
 impl Outbox {
-    /// Appends a frame and sends as much as the socket takes without blocking.
+    /// Appends a frame and sends as much as the socket takes without blocking. A client
+    /// that leaves too much unread is an error.
     pub fn send_nonblocking(&mut self, frame: &[u8]) -> io::Result<()> {
+        if self.unsent.len() + frame.len() > MAX_UNSENT_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "client does not read its acknowledgements",
+            ));
+        }
         self.unsent.extend_from_slice(frame);
         let sock = socket2::SockRef::from(&self.stream);
         while !self.unsent.is_empty() {
@@ -57,13 +72,25 @@ impl Outbox {
         }
         Ok(())
     }
+}
 
-    /// Sends everything pending plus `frame`, blocking (bounded by a write timeout).
-    pub fn send_blocking(&mut self, frame: &[u8]) -> io::Result<()> {
-        let _ = self.stream.set_write_timeout(Some(Duration::from_secs(5)));
-        let mut all = std::mem::take(&mut self.unsent);
-        all.extend_from_slice(frame);
-        self.stream.write_all(&all)
+/// Sends a frame from the connection thread without holding the outbox lock while
+/// blocked, so the service thread (which acks everyone) never waits on one client.
+fn send_from_connection(conn: &PublishConn, frame: &[u8]) -> io::Result<()> {
+    conn.out.lock().unwrap().send_nonblocking(frame)?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        {
+            let mut out = conn.out.lock().unwrap();
+            out.send_nonblocking(&[])?;
+            if out.unsent.is_empty() {
+                return Ok(());
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -79,11 +106,26 @@ pub fn run(
         Ok(w) => w,
         Err(_) => return End::Gone,
     };
-    if let Err(e) = net::send_hello_ok(stream, &net::hello_ok(shared, &hello, topic, &meta)) {
+    let mut ok = net::hello_ok(shared, &hello, topic, &meta);
+    if meta.order == 5 {
+        let status =
+            SessionView::new(topic, hello.client_id, hello.session_epoch).status(&shared.region);
+        if status.fenced {
+            return Refusal::new(
+                ErrorCode::SessionFenced,
+                session::fenced_message(hello.session_epoch, status.committed_hwm),
+            )
+            .into();
+        }
+        ok.next_batch_seq = status.committed_hwm;
+    }
+    if let Err(e) = net::send_hello_ok(stream, &ok) {
         return e.into();
     }
     let conn = std::sync::Arc::new(PublishConn {
         topic,
+        client_id: hello.client_id,
+        session_epoch: hello.session_epoch,
         order: meta.order,
         ack_level: hello.ack_level,
         pending: ArrayQueue::new(MAX_UNACKED_BATCHES),
@@ -99,10 +141,14 @@ pub fn run(
     let end = receive_batches(shared, stream, &hello, topic, &conn);
     // Stop the service thread from writing, and finish any frame it left half sent,
     // so an error frame that follows starts on a frame boundary.
-    let mut out = conn.out.lock().unwrap();
-    conn.closed.store(true, Ordering::SeqCst);
-    if !out.unsent.is_empty() {
-        let _ = out.send_blocking(&[]);
+    let unsent = {
+        let mut out = conn.out.lock().unwrap();
+        conn.closed.store(true, Ordering::SeqCst);
+        std::mem::take(&mut out.unsent)
+    };
+    if !unsent.is_empty() {
+        let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
+        let _ = stream.write_all(&unsent);
     }
     end
 }
@@ -118,10 +164,15 @@ fn receive_batches(
     let broker = shared.config.broker_id;
     let region = &shared.region;
     let max_batch = shared.config.max_batch_bytes;
+    let sessions = conn.order == 5;
+    let mut session = SessionView::new(topic, hello.client_id, hello.session_epoch);
+    // Orders 0-2: batches of a connection are numbered 0, 1, 2, ...
     let mut expected_seq = 0u64;
-    // After a BACKPRESSURE error: batches are dropped until `expected_seq` is resent.
-    let mut discarding = false;
+    // After a BACKPRESSURE error: batches are dropped until this one is resent.
+    let mut discard_until: Option<u64> = None;
     let mut raw = [0u8; BATCH_HEADER_LEN];
+    // xorshift state for fault injection, different per connection.
+    let mut fault_seed = hello.client_id ^ (hello.connection_index as u64) << 32 | 1;
     loop {
         if let Err(e) = stream.read_exact(&mut raw) {
             return e.into();
@@ -141,14 +192,28 @@ fn receive_batches(
             }
             .into();
         }
-        if discarding && header.batch_seq != expected_seq {
+        if discard_until.is_some_and(|k| header.batch_seq != k) {
             if let Err(e) = net::drain(stream, header.total_size) {
                 return e.into();
             }
             continue;
         }
-        discarding = false;
-        if header.batch_seq != expected_seq {
+        discard_until = None;
+        if sessions {
+            match admit_session_batch(shared, &mut session, hello, &header) {
+                Ok(true) => {}
+                Ok(false) => {
+                    // Already committed (a retransmit): acknowledge, do not write again.
+                    if let Err(e) = net::drain(stream, header.total_size) {
+                        return e.into();
+                    }
+                    push_pending(conn, header.batch_seq, 0);
+                    region.broker_bell(broker).ring();
+                    continue;
+                }
+                Err(refusal) => return refusal.into(),
+            }
+        } else if header.batch_seq != expected_seq {
             return Refusal {
                 code: ErrorCode::OutOfSequence,
                 batch_seq: header.batch_seq,
@@ -159,46 +224,68 @@ fn receive_batches(
             }
             .into();
         }
-        let reservation = match reserve_with_backpressure(shared, writer, header.total_size) {
-            Some(r) => r,
-            None => {
-                if let Err(e) = net::drain(stream, header.total_size) {
-                    return e.into();
+        let may_refuse = conn.ack_level > 0;
+        let reservation =
+            match reserve_with_backpressure(shared, writer, header.total_size, may_refuse) {
+                Some(r) => r,
+                None => {
+                    if let Err(e) = net::drain(stream, header.total_size) {
+                        return e.into();
+                    }
+                    shared
+                        .metrics
+                        .backpressure_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                    let frame = ErrorFrame {
+                        code: ErrorCode::Backpressure,
+                        batch_seq: header.batch_seq,
+                        message: format!(
+                            "broker {broker} is out of log memory for {} ms; resend from batch {}",
+                            shared.config.backpressure_timeout.as_millis(),
+                            header.batch_seq
+                        ),
+                    }
+                    .encode();
+                    if send_from_connection(conn, &frame).is_err() {
+                        return End::Gone;
+                    }
+                    discard_until = Some(header.batch_seq);
+                    continue;
                 }
-                shared
-                    .metrics
-                    .backpressure_errors
-                    .fetch_add(1, Ordering::Relaxed);
-                let frame = ErrorFrame {
-                    code: ErrorCode::Backpressure,
-                    batch_seq: header.batch_seq,
-                    message: format!(
-                        "broker {broker} is out of log memory for {} ms; resend from batch {}",
-                        shared.config.backpressure_timeout.as_millis(),
-                        header.batch_seq
-                    ),
-                }
-                .encode();
-                if conn.out.lock().unwrap().send_blocking(&frame).is_err() {
-                    return End::Gone;
-                }
-                discarding = true;
-                continue;
-            }
-        };
+            };
         // SAFETY: the reservation gives this connection exclusive ownership of the
         // range until its PBR slot is committed below (or voided on error).
         let dest = unsafe {
             region.blog_bytes_mut(topic, broker, reservation.log_offset, reservation.len)
         }
         .expect("reserved range is mapped and inside one segment");
-        if let Err(e) = stream.read_exact(dest) {
+        let received = stream
+            .set_read_timeout(Some(PAYLOAD_TIMEOUT))
+            .and_then(|_| stream.read_exact(dest))
+            .and_then(|_| stream.set_read_timeout(None));
+        if let Err(e) = received {
             commit_void(shared, topic, &reservation);
             return e.into();
         }
         if let Err(e) = validate_batch_payload(&header, dest, shared.config.max_message_bytes) {
             commit_void(shared, topic, &reservation);
             return Refusal::from_wire(&e, header.batch_seq).into();
+        }
+        if let Some(fault) = &shared.config.fault {
+            let roll = |seed: &mut u64| {
+                *seed ^= *seed << 13;
+                *seed ^= *seed >> 7;
+                *seed ^= *seed << 17;
+                (*seed >> 11) as f64 / (1u64 << 53) as f64
+            };
+            if roll(&mut fault_seed) < fault.delay_fraction {
+                std::thread::sleep(fault.delay);
+            }
+            if roll(&mut fault_seed) < fault.drop_fraction {
+                commit_void(shared, topic, &reservation);
+                expected_seq += 1;
+                continue;
+            }
         }
         embarcadero_region::coherence::flush_range(dest.as_ptr(), dest.len());
         let committed = BatchHeader {
@@ -213,14 +300,7 @@ fn receive_batches(
             ..header
         };
         region.pbr_commit(topic, broker, reservation.pbr_index, &committed);
-        if conn.ack_level > 0 {
-            let mut item = (header.batch_seq, reservation.pbr_index);
-            while let Err(back) = conn.pending.push(item) {
-                // The client has 64Ki batches unacknowledged; wait for the acks.
-                item = back;
-                std::thread::sleep(Duration::from_micros(100));
-            }
-        }
+        push_pending(conn, header.batch_seq, reservation.pbr_index);
         if conn.order >= 2 {
             region.sequencer_bell().ring();
         }
@@ -235,12 +315,73 @@ fn receive_batches(
     }
 }
 
+/// Queues a committed batch for acknowledgement by the service thread.
+fn push_pending(conn: &PublishConn, batch_seq: u64, pbr_index: u64) {
+    if conn.ack_level == 0 {
+        return;
+    }
+    let mut item = (batch_seq, pbr_index);
+    while let Err(back) = conn.pending.push(item) {
+        // The client has thousands of batches unacknowledged; wait for the acks.
+        if conn.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        item = back;
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// Order 5 ingest checks. `Ok(false)` means the batch is already committed (a
+/// retransmit) and must not be written again.
+fn admit_session_batch(
+    shared: &Shared,
+    session: &mut SessionView,
+    hello: &Hello,
+    header: &BatchHeader,
+) -> Result<bool, Refusal> {
+    if header.session_epoch != hello.session_epoch {
+        return Err(Refusal {
+            code: ErrorCode::MalformedBatch,
+            batch_seq: header.batch_seq,
+            message: format!(
+                "batch names session epoch {} but the connection was opened for epoch {}",
+                header.session_epoch, hello.session_epoch
+            ),
+        });
+    }
+    let status = session.status(&shared.region);
+    if status.fenced {
+        return Err(Refusal {
+            code: ErrorCode::SessionFenced,
+            batch_seq: header.batch_seq,
+            message: session::fenced_message(hello.session_epoch, status.committed_hwm),
+        });
+    }
+    if header.batch_seq < status.committed_hwm {
+        return Ok(false);
+    }
+    let window = shared.config.session_window;
+    if header.batch_seq >= status.committed_hwm + window {
+        return Err(Refusal {
+            code: ErrorCode::OutOfSequence,
+            batch_seq: header.batch_seq,
+            message: format!(
+                "batch sequence {} is beyond the session window: the session has committed up to {} and accepts at most {window} batches above that",
+                header.batch_seq, status.committed_hwm
+            ),
+        });
+    }
+    Ok(true)
+}
+
 /// Waits while the broker is above its high watermark or the log has no room, up to
-/// the backpressure timeout. `None` means the batch must be refused with BACKPRESSURE.
+/// the backpressure timeout (or, when `may_refuse` is false, until memory frees up).
+/// `None` means the batch must be refused with BACKPRESSURE.
 fn reserve_with_backpressure(
     shared: &Shared,
     writer: &crate::LogWriter,
     len: u64,
+    may_refuse: bool,
 ) -> Option<Reservation> {
     let mut deadline: Option<Instant> = None;
     let mut backoff = Backoff::new(Duration::from_millis(1));
@@ -259,7 +400,9 @@ fn reserve_with_backpressure(
                 .fetch_add(1, Ordering::Relaxed);
             now + shared.config.backpressure_timeout
         });
-        if now >= deadline || shared.shutdown.load(Ordering::Relaxed) {
+        // Ack-0 publishers cannot resend (they keep no copies), so they only ever get
+        // TCP backpressure: the broker waits for memory instead of refusing.
+        if (may_refuse && now >= deadline) || shared.shutdown.load(Ordering::Relaxed) {
             return None;
         }
         // Ask the service thread to reclaim, then wait a little.

@@ -3,9 +3,10 @@
 //! It is the only writer of the broker-owned line of each log's control block.
 
 use crate::publish::PublishConn;
+use crate::session::SessionView;
 use crate::Shared;
 use embarcadero_region::backoff::Backoff;
-use embarcadero_wire::{Ack, BatchFlags};
+use embarcadero_wire::{Ack, BatchFlags, ErrorCode, ErrorFrame};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -30,6 +31,8 @@ struct AckState {
     conn: Arc<PublishConn>,
     /// A pending entry popped but not yet acknowledgeable.
     head: Option<(u64, u64)>,
+    /// Order 5: the connection's session, whose high-water mark drives its acks.
+    session: Option<SessionView>,
 }
 
 pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<PublishConn>>) {
@@ -48,7 +51,13 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
         let seen = bell.seen();
         let mut progress = false;
         while let Ok(conn) = new_conns.try_recv() {
-            acks.push(AckState { conn, head: None });
+            let session = (conn.order == 5)
+                .then(|| SessionView::new(conn.topic, conn.client_id, conn.session_epoch));
+            acks.push(AckState {
+                conn,
+                head: None,
+                session,
+            });
         }
         for (topic, slot) in logs.iter_mut().enumerate() {
             let topic = topic as u32;
@@ -230,6 +239,73 @@ fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, segment_pressure: boo
     true
 }
 
+/// Order 5: acknowledges up to the session's committed high-water mark (acks are
+/// cumulative per session, and every broker relays them from the region, so no broker
+/// is a single point of failure for them). A fenced epoch gets SessionFenced and the
+/// connection is closed. Returns whether to keep the connection.
+fn ack_session(
+    shared: &Shared,
+    conn: &PublishConn,
+    head: &mut Option<(u64, u64)>,
+    session: &mut SessionView,
+    progress: &mut bool,
+) -> bool {
+    let status = session.status(&shared.region);
+    let Ok(mut out) = conn.out.try_lock() else {
+        return true;
+    };
+    if conn.closed.load(Ordering::Acquire) {
+        return false;
+    }
+    if status.fenced {
+        let frame = ErrorFrame {
+            code: ErrorCode::SessionFenced,
+            batch_seq: status.committed_hwm,
+            message: crate::session::fenced_message(conn.session_epoch, status.committed_hwm),
+        }
+        .encode();
+        let _ = out.send_nonblocking(&frame);
+        let _ = out.stream.shutdown(std::net::Shutdown::Both);
+        shared.metrics.errors_sent.fetch_add(1, Ordering::Relaxed);
+        *progress = true;
+        return false;
+    }
+    let mut acked = false;
+    loop {
+        if head.is_none() {
+            *head = conn.pending.pop();
+        }
+        match *head {
+            Some((seq, _)) if seq < status.committed_hwm => {
+                acked = true;
+                *head = None;
+            }
+            _ => break,
+        }
+    }
+    let result = if acked {
+        *progress = true;
+        shared.metrics.acks_sent.fetch_add(1, Ordering::Relaxed);
+        out.send_nonblocking(
+            &Ack {
+                level: conn.ack_level,
+                count: status.committed_hwm,
+            }
+            .encode(),
+        )
+    } else if !out.unsent.is_empty() {
+        out.send_nonblocking(&[])
+    } else {
+        Ok(())
+    };
+    if result.is_err() {
+        let _ = out.stream.shutdown(std::net::Shutdown::Both);
+        conn.closed.store(true, Ordering::Release);
+        return false;
+    }
+    true
+}
+
 /// Acknowledges, per connection, every pending batch that reached the ack level.
 fn send_acks(shared: &Shared, logs: &[Option<LogState>], acks: &mut Vec<AckState>) -> bool {
     let region = &shared.region;
@@ -241,6 +317,9 @@ fn send_acks(shared: &Shared, logs: &[Option<LogState>], acks: &mut Vec<AckState
             return false;
         }
         let log = region.log(conn.topic, broker);
+        if let Some(session) = &mut a.session {
+            return ack_session(shared, a.conn.as_ref(), &mut a.head, session, &mut progress);
+        }
         let written = logs[conn.topic as usize].as_ref().map_or(0, |s| s.frontier);
         // PBR indices below `limit` have reached the connection's ack level.
         let limit = match (conn.ack_level, conn.order) {
@@ -262,7 +341,13 @@ fn send_acks(shared: &Shared, logs: &[Option<LogState>], acks: &mut Vec<AckState
                 _ => break,
             }
         }
-        let mut out = conn.out.lock().unwrap();
+        // Never wait on a connection thread that is writing to its own client.
+        let Ok(mut out) = conn.out.try_lock() else {
+            if let Some(count) = count {
+                a.head = Some((count - 1, 0));
+            }
+            return true;
+        };
         if conn.closed.load(Ordering::Acquire) {
             return false;
         }
@@ -281,7 +366,13 @@ fn send_acks(shared: &Shared, logs: &[Option<LogState>], acks: &mut Vec<AckState
             None if !out.unsent.is_empty() => out.send_nonblocking(&[]),
             None => Ok(()),
         };
-        result.is_ok()
+        if result.is_err() {
+            // The client stopped reading its acks: close it rather than leave it waiting.
+            let _ = out.stream.shutdown(std::net::Shutdown::Both);
+            conn.closed.store(true, Ordering::Release);
+            return false;
+        }
+        true
     });
     progress
 }

@@ -14,6 +14,7 @@ use std::io::{self, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 /// Most batches and bytes sent per `writev` round.
 const MAX_BATCHES_PER_ROUND: usize = 64;
@@ -30,6 +31,16 @@ pub fn run(
 ) -> End {
     let ok = net::hello_ok(shared, &hello, topic, &meta);
     if let Err(e) = net::send_hello_ok(stream, &ok) {
+        return e.into();
+    }
+    // A subscriber that stops reading its socket for this long is disconnected, which
+    // frees its thread and its reader slot.
+    let stall = shared
+        .config
+        .reader_stall_timeout
+        .max(Duration::from_secs(1))
+        * 2;
+    if let Err(e) = stream.set_write_timeout(Some(stall)) {
         return e.into();
     }
     let result = if meta.order >= 2 {

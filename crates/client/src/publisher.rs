@@ -39,6 +39,12 @@ pub struct PublisherConfig {
     pub client_id: Option<u64>,
     /// Longest `flush` wait.
     pub flush_timeout: Duration,
+    /// Order 5: the session epoch to open, 1 or more; 0 (no session) for other orders.
+    /// [`Publisher::connect`] picks 1 for order-5 topics when this is 0.
+    pub session_epoch: u64,
+    /// Fault injection for experiments: make queue `.0` sleep `.1` before each batch it
+    /// sends. `EMBARCADERO_SLOW_CONSUMER_QUEUE` and `EMBARCADERO_SLOW_CONSUMER_MS` set it.
+    pub slow_queue: Option<(usize, Duration)>,
 }
 
 impl Default for PublisherConfig {
@@ -52,6 +58,8 @@ impl Default for PublisherConfig {
             max_inflight_batches: 16,
             client_id: None,
             flush_timeout: Duration::from_secs(60),
+            session_epoch: 0,
+            slow_queue: None,
         }
     }
 }
@@ -92,6 +100,9 @@ pub struct LatencySummary {
 }
 
 struct Sealed {
+    /// Order 5: the session sequence, assigned at seal; otherwise the sender numbers
+    /// batches per connection.
+    seq: Option<u64>,
     buf: Vec<u8>,
     num_msg: u32,
     sealed_at: Instant,
@@ -107,7 +118,11 @@ struct InFlight {
 struct ConnShared {
     unacked: Mutex<VecDeque<InFlight>>,
     sent: AtomicU64,
+    /// Highest cumulative count the broker acknowledged (a connection count for orders
+    /// 0-2, the session's high-water mark for order 5).
     acked: AtomicU64,
+    /// Distinct batches of this connection acknowledged so far.
+    acked_batches: AtomicU64,
     /// Batch sequence to resend from after BACKPRESSURE, `u64::MAX` for none.
     resend_from: AtomicU64,
     backpressure_retries: AtomicU64,
@@ -151,6 +166,9 @@ struct Inner {
     batches: AtomicU64,
     counter: AtomicU64,
     next_batch_id: AtomicU64,
+    /// Order 5: the next session sequence and the session epoch.
+    session: Option<(AtomicU64, u64)>,
+    slow_queue: Option<(usize, Duration)>,
 }
 
 /// Publishes to one topic through every broker of a cluster.
@@ -162,7 +180,12 @@ pub struct Publisher {
 impl Publisher {
     /// Discovers the brokers from the control plane at `control` and connects.
     pub fn connect(control: &str, topic: &str, config: PublisherConfig) -> Result<Self> {
-        let cluster = Admin::new(control).cluster()?;
+        let admin = Admin::new(control);
+        let cluster = admin.cluster()?;
+        let mut config = config;
+        if config.session_epoch == 0 && admin.describe_topic(topic).is_ok_and(|t| t.order == 5) {
+            config.session_epoch = 1;
+        }
         let addrs: Vec<String> = cluster.brokers.into_iter().map(|b| b.addr).collect();
         Self::connect_brokers(&addrs, topic, config)
     }
@@ -185,6 +208,9 @@ impl Publisher {
             ));
         }
         let client_id = config.client_id.unwrap_or_else(crate::random_client_id);
+        let slow_queue = config.slow_queue.or_else(slow_queue_from_env);
+        let mut order = None;
+        let mut session_start = 0;
         let mut queues = Vec::new();
         let mut receivers = Vec::new();
         let mut limits = (u32::MAX as usize, u32::MAX as usize);
@@ -194,13 +220,15 @@ impl Publisher {
                     role: Role::Publish,
                     ack_level: config.ack_level,
                     client_id,
-                    session_epoch: 0,
+                    session_epoch: config.session_epoch,
                     start_position: 0,
                     connection_index: connection as u32,
                     cursor_count: 0,
                     topic: topic.to_string(),
                 };
                 let (stream, ok) = conn::open(addr, &hello, &[])?;
+                order = Some(ok.order);
+                session_start = session_start.max(ok.next_batch_seq);
                 limits.0 = limits.0.min(ok.max_message_bytes as usize);
                 limits.1 = limits.1.min(ok.max_batch_bytes as usize);
                 let (tx, rx) = crossbeam_channel::bounded(config.queue_depth);
@@ -210,6 +238,7 @@ impl Publisher {
                         unacked: Mutex::new(VecDeque::new()),
                         sent: AtomicU64::new(0),
                         acked: AtomicU64::new(0),
+                        acked_batches: AtomicU64::new(0),
                         resend_from: AtomicU64::new(u64::MAX),
                         backpressure_retries: AtomicU64::new(0),
                         failed: Mutex::new(None),
@@ -252,6 +281,9 @@ impl Publisher {
             batches: AtomicU64::new(0),
             counter: AtomicU64::new(0),
             next_batch_id: AtomicU64::new(0),
+            session: (order == Some(5))
+                .then(|| (AtomicU64::new(session_start), config.session_epoch)),
+            slow_queue,
         });
         let mut threads = Vec::new();
         for (i, (rx, first_seq)) in receivers.into_iter().enumerate() {
@@ -353,7 +385,8 @@ impl Publisher {
             let done = inner.queues.iter().all(|q| {
                 let sent = q.conn.sent.load(Ordering::Acquire);
                 sent == q.dispatched.load(Ordering::Acquire)
-                    && (inner.config.ack_level == 0 || q.conn.acked.load(Ordering::Acquire) >= sent)
+                    && (inner.config.ack_level == 0
+                        || q.conn.acked_batches.load(Ordering::Acquire) >= sent)
             });
             if done {
                 return Ok(());
@@ -380,7 +413,7 @@ impl Publisher {
             acked_batches: inner
                 .queues
                 .iter()
-                .map(|q| q.conn.acked.load(Ordering::Relaxed))
+                .map(|q| q.conn.acked_batches.load(Ordering::Relaxed))
                 .sum(),
             ack_latency_us: LatencySummary {
                 count: all.len(),
@@ -464,8 +497,15 @@ impl Inner {
         let fresh = self.pool.1.try_recv().unwrap_or_else(|_| {
             Vec::with_capacity(self.config.batch_bytes + MESSAGE_HEADER_LEN * 2)
         });
+        let mut buf = std::mem::replace(&mut b.buf, fresh);
+        let seq = self.session.as_ref().map(|(next, _)| {
+            let seq = next.fetch_add(1, Ordering::Relaxed);
+            stamp_batch_seq(&mut buf, seq);
+            seq
+        });
         let mut sealed = Sealed {
-            buf: std::mem::replace(&mut b.buf, fresh),
+            seq,
+            buf,
             num_msg: b.num_msg,
             sealed_at: Instant::now(),
             batch_id: self.next_batch_id.fetch_add(1, Ordering::Relaxed),
@@ -591,6 +631,9 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
         if resend_from != u64::MAX {
             conn.backpressure_retries.fetch_add(1, Ordering::Relaxed);
             std::thread::sleep(backoff);
+            if inner.closed.load(Ordering::Relaxed) {
+                return;
+            }
             backoff = (backoff * 2).min(Duration::from_millis(500));
             let tail: Vec<InFlight> = {
                 let mut unacked = conn.unacked.lock();
@@ -603,10 +646,12 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
                     return fail(e);
                 }
             }
-            let acked = conn.acked.load(Ordering::Acquire);
             let mut unacked = conn.unacked.lock();
+            let acked = conn.acked.load(Ordering::Acquire);
             for f in tail {
                 if f.seq < acked {
+                    // Acknowledged while it was out of the queue being resent.
+                    conn.acked_batches.fetch_add(1, Ordering::Release);
                     inner.recycle(f.batch.buf);
                 } else {
                     unacked.push_back(f);
@@ -617,6 +662,9 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
         if inner.config.ack_level > 0
             && conn.unacked.lock().len() >= inner.config.max_inflight_batches
         {
+            if inner.closed.load(Ordering::Relaxed) {
+                return;
+            }
             let mut g = inner.progress.0.lock();
             inner.progress.1.wait_for(&mut g, Duration::from_millis(5));
             continue;
@@ -631,16 +679,35 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
             }
             Err(RecvTimeoutError::Disconnected) => return,
         };
-        let seq = next_seq;
-        next_seq += 1;
-        stamp_batch_seq(&mut batch.buf, seq);
+        if let Some((slow, pause)) = inner.slow_queue {
+            if slow == index {
+                std::thread::sleep(pause);
+            }
+        }
+        let seq = match batch.seq {
+            Some(seq) => seq,
+            None => {
+                let seq = next_seq;
+                next_seq += 1;
+                stamp_batch_seq(&mut batch.buf, seq);
+                seq
+            }
+        };
         let header = batch_header(&inner, seq, &batch);
         if let Err(e) = write_batch(&mut stream, &header, &batch.buf) {
             return fail(e);
         }
         backoff = Duration::from_millis(5);
         if inner.config.ack_level > 0 {
-            conn.unacked.lock().push_back(InFlight { seq, batch });
+            let mut unacked = conn.unacked.lock();
+            if seq < conn.acked.load(Ordering::Acquire) {
+                // The ack overtook us: the broker acknowledged it while we were writing.
+                drop(unacked);
+                conn.acked_batches.fetch_add(1, Ordering::Release);
+                inner.recycle(batch.buf);
+            } else {
+                unacked.push_back(InFlight { seq, batch });
+            }
         } else {
             inner.recycle(batch.buf);
         }
@@ -666,10 +733,24 @@ fn batch_header(inner: &Inner, seq: u64, batch: &Sealed) -> [u8; 128] {
         num_msg: batch.num_msg,
         epoch_created: now_ns(),
         batch_id: batch.batch_id,
+        session_epoch: inner.session.as_ref().map_or(0, |(_, epoch)| *epoch),
         total_size: batch.buf.len() as u64,
         ..Default::default()
     }
     .encode()
+}
+
+/// `EMBARCADERO_SLOW_CONSUMER_QUEUE=N` and `EMBARCADERO_SLOW_CONSUMER_MS=M` (default 1).
+fn slow_queue_from_env() -> Option<(usize, Duration)> {
+    let queue = std::env::var("EMBARCADERO_SLOW_CONSUMER_QUEUE")
+        .ok()?
+        .parse::<i64>()
+        .ok()?;
+    let ms = std::env::var("EMBARCADERO_SLOW_CONSUMER_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    (queue >= 0).then(|| (queue as usize, Duration::from_millis(ms)))
 }
 
 /// Reads acks and errors of one connection.
@@ -685,10 +766,14 @@ fn reader(inner: Arc<Inner>, index: usize) {
                 let now = Instant::now();
                 let mut done = Vec::new();
                 {
+                    // `acked` moves under the queue lock: the sender checks it under the
+                    // same lock when it queues a batch the broker acknowledged before
+                    // the sender got to queue it.
                     let mut unacked = conn.unacked.lock();
                     while unacked.front().is_some_and(|f| f.seq < count) {
                         done.push(unacked.pop_front().expect("front exists"));
                     }
+                    conn.acked.fetch_max(count, Ordering::AcqRel);
                 }
                 {
                     let mut h = conn.latency.lock();
@@ -697,10 +782,11 @@ fn reader(inner: Arc<Inner>, index: usize) {
                         let _ = h.record(us.max(1));
                     }
                 }
+                conn.acked_batches
+                    .fetch_add(done.len() as u64, Ordering::Release);
                 for f in done {
                     inner.recycle(f.batch.buf);
                 }
-                conn.acked.fetch_max(count, Ordering::AcqRel);
                 inner.notify_progress();
             }
             Ok(Frame::Error(e)) if e.code == ErrorCode::Backpressure => {

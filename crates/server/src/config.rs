@@ -51,12 +51,26 @@ pub struct BrokerSettings {
     pub idle_sleep_max_us: u64,
     /// A subscriber that makes no progress for this long stops holding memory.
     pub reader_stall_timeout_ms: u64,
+    /// Fault injection for experiments: the broker (by id) that misbehaves, -1 for none.
+    pub fault_broker: i64,
+    /// Fraction of that broker's batches delayed by `fault_delay_us` before they reach
+    /// its ring.
+    pub fault_delay_fraction: f64,
+    pub fault_delay_us: u64,
+    /// Fraction of that broker's batches dropped before they reach its ring (they are
+    /// committed as void, so the client is never acknowledged for them).
+    pub fault_drop_fraction: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SequencerSettings {
     pub epoch_us: u64,
+    /// Order 5: batches a session may have in flight above its committed high-water
+    /// mark; the sequencer holds at most this many per session.
+    pub session_window: u64,
+    /// Order 5: how long a gap at the head of a session may last before it is fenced.
+    pub session_lease_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -98,13 +112,21 @@ impl Default for BrokerSettings {
             backpressure_timeout_ms: 5000,
             idle_sleep_max_us: 20_000,
             reader_stall_timeout_ms: 30_000,
+            fault_broker: -1,
+            fault_delay_fraction: 0.0,
+            fault_delay_us: 0,
+            fault_drop_fraction: 0.0,
         }
     }
 }
 
 impl Default for SequencerSettings {
     fn default() -> Self {
-        Self { epoch_us: 500 }
+        Self {
+            epoch_us: 500,
+            session_window: 4096,
+            session_lease_ms: 30_000,
+        }
     }
 }
 

@@ -199,18 +199,11 @@ fn meta_of(t: &PersistedTopic) -> TopicMeta {
 pub fn validate_spec(spec: &TopicSpec) -> Result<(), TopicError> {
     embarcadero_wire::validate_topic_name(&spec.name)
         .map_err(|e| TopicError::Invalid(e.to_string()))?;
-    match spec.order {
-        0..=2 => {}
-        5 => {
-            return Err(TopicError::Invalid(
-                "order 5 (per-session FIFO) is not available in this version; use --order 2 for total order".into(),
-            ))
-        }
-        other => {
-            return Err(TopicError::Invalid(format!(
-                "order {other} does not exist; choose 0 (none), 1 (FIFO per broker) or 2 (total order)"
-            )))
-        }
+    if !matches!(spec.order, 0 | 1 | 2 | 5) {
+        return Err(TopicError::Invalid(format!(
+            "order {} does not exist; choose 0 (none), 1 (FIFO per broker), 2 (total order) or 5 (total order + per-session FIFO)",
+            spec.order
+        )));
     }
     if spec.replication_factor == 0 {
         return Err(TopicError::Invalid(

@@ -97,6 +97,8 @@ impl Server {
             SequencerConfig {
                 epoch: Duration::from_micros(config.sequencer.epoch_us),
                 idle_sleep_max: Duration::from_micros(config.broker.idle_sleep_max_us),
+                session_window: config.sequencer.session_window,
+                session_lease: Duration::from_millis(config.sequencer.session_lease_ms),
             },
         )
         .map_err(|e| ServerError::Start(format!("cannot start the sequencer: {e}")))?;
@@ -123,6 +125,12 @@ impl Server {
                 backpressure_timeout: Duration::from_millis(b.backpressure_timeout_ms),
                 idle_sleep_max: Duration::from_micros(b.idle_sleep_max_us),
                 reader_stall_timeout: Duration::from_millis(b.reader_stall_timeout_ms),
+                session_window: config.sequencer.session_window,
+                fault: (b.fault_broker == id as i64).then_some(embarcadero_broker::Fault {
+                    delay_fraction: b.fault_delay_fraction,
+                    delay: Duration::from_micros(b.fault_delay_us),
+                    drop_fraction: b.fault_drop_fraction,
+                }),
             };
             brokers.push(
                 Broker::start(broker_config, region.clone())

@@ -274,6 +274,12 @@ pub enum ErrorCode {
     Internal = 13,
     ShuttingDown = 14,
     BadCursor = 15,
+    /// Order 5: the session's epoch is fenced (or superseded); the text carries the
+    /// committed high-water mark as `hwm=N`. Reopen with a higher epoch and resend the
+    /// batches from N on.
+    SessionFenced = 16,
+    /// A session epoch on a topic that is not order 5, or none on one that is.
+    BadSession = 17,
 }
 
 impl ErrorCode {
@@ -295,6 +301,8 @@ impl ErrorCode {
             13 => Internal,
             14 => ShuttingDown,
             15 => BadCursor,
+            16 => SessionFenced,
+            17 => BadSession,
             _ => return None,
         })
     }

@@ -1,0 +1,65 @@
+//! The broker's read-only view of one order-5 session in the region's session table
+//! (written by the sequencer): its committed high-water mark and whether the epoch a
+//! connection speaks for has been fenced.
+
+use embarcadero_region::{Region, SessionState};
+
+pub struct SessionView {
+    topic: u32,
+    client_id: u64,
+    epoch: u64,
+    slot: Option<u32>,
+}
+
+/// What a connection needs to know about its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionStatus {
+    /// Every batch below this is committed in the GOI.
+    pub committed_hwm: u64,
+    /// The connection's epoch was fenced or superseded by a newer one.
+    pub fenced: bool,
+}
+
+impl SessionView {
+    pub fn new(topic: u32, client_id: u64, epoch: u64) -> Self {
+        Self {
+            topic,
+            client_id,
+            epoch,
+            slot: None,
+        }
+    }
+
+    /// The session's current status; a session the sequencer has not seen yet has
+    /// committed nothing.
+    pub fn status(&mut self, region: &Region) -> SessionStatus {
+        let cached = self
+            .slot
+            .and_then(|slot| region.session_read(self.topic, slot))
+            .filter(|r| r.client_id == self.client_id);
+        let record = cached.or_else(|| {
+            let (slot, r) = region.session_find(self.topic, self.client_id)?;
+            self.slot = Some(slot);
+            Some(r)
+        });
+        match record {
+            None => SessionStatus {
+                committed_hwm: 0,
+                fenced: false,
+            },
+            Some(r) => SessionStatus {
+                committed_hwm: r.committed_hwm,
+                fenced: r.session_epoch > self.epoch
+                    || (r.session_epoch == self.epoch && r.state == SessionState::Fenced),
+            },
+        }
+    }
+}
+
+/// The error text of a SessionFenced frame; clients parse `hwm=N`.
+pub fn fenced_message(epoch: u64, hwm: u64) -> String {
+    format!(
+        "session epoch {epoch} is fenced: a gap at its head outlived the session lease (or a newer epoch exists); hwm={hwm}; reopen with epoch {} and resend from batch {hwm}",
+        epoch + 1
+    )
+}
