@@ -90,7 +90,7 @@ enum TopicCommand {
     /// Create a topic.
     Create {
         name: String,
-        /// 0: no order; 1: FIFO per broker; 2: total order.
+        /// 0: no order; 1: FIFO per broker; 2: total order; 5: total order + per-session FIFO.
         #[arg(long, default_value_t = 2)]
         order: u8,
         /// Replication factor, counting the in-memory copy.
