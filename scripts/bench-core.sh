@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the figures of docs/PERFORMANCE.md ("core log" section): machine ceilings,
 # then publish-only and publish+subscribe runs of 1 KiB messages, ack 1, 4 brokers, for
-# order 0 and order 2, each repeated. Results go to $OUT (default: bench-results/) as JSON.
+# orders 0, 2 and 5 (ORDERS to choose), each repeated. Results go to $OUT (default: bench-results/) as JSON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
@@ -14,7 +14,7 @@ cargo run --release -q -p embarcadero-bench --example ceilings > "$OUT/ceilings.
 cat "$OUT/ceilings.txt"
 for run in $(seq 1 "$RUNS"); do
   for mode in publish e2e; do
-    for order in 0 2; do
+    for order in ${ORDERS:-0 2 5}; do
       f="$OUT/$mode-order$order-run$run.json"
       $B bench --mode "$mode" --order "$order" --ack 1 --size 1024 --total-bytes "$TOTAL" --json > "$f"
       python3 - "$f" <<'PY'

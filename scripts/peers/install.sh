@@ -65,8 +65,10 @@ install_kafka() {
 </project>
 EOF
   rm -rf "$dir/libs"
-  (cd "$dir" && mvn -B -q dependency:copy-dependencies \
-      -DincludeScope=runtime -DoutputDirectory="$dir/libs")
+  if ! (cd "$dir" && mvn -B -Dstyle.color=never dependency:copy-dependencies \
+        -DincludeScope=runtime -DoutputDirectory="$dir/libs") >"$dir/mvn.log" 2>&1; then
+    tail -40 "$dir/mvn.log" >&2; log "mvn failed (log: $dir/mvn.log)"; exit 1
+  fi
   # Exactly one SLF4J provider on the classpath: keep slf4j-simple, drop any other binding
   # that a transitive dependency may have brought in.
   find "$dir/libs" -name 'slf4j-reload4j-*.jar' -o -name 'log4j-slf4j*-impl-*.jar' \
@@ -100,7 +102,7 @@ install_nats() {
 # Builds one of the Go clients in this directory, again only when its sources changed.
 build_client() {
   local name=$1 src="$HERE/$1" sum
-  sum=$(cat "$src"/go.mod "$src"/go.sum "$src"/*.go 2>/dev/null | sha256sum | cut -c1-16)
+  sum=$(cat "$src"/go.* "$src"/*.go | sha256sum | cut -c1-16)
   if [[ -x "$PEERS_DIR/bin/$name" && -f "$PEERS_DIR/bin/.$name-$sum" ]]; then
     log "$name up to date"
     return
@@ -126,8 +128,10 @@ install_redis() {
     if [[ ! -e $prc ]]; then
       printf '#!/bin/sh\nexit 101\n' > $prc; chmod +x $prc; created=1
     fi
-    apt-get install -y -qq redis-server redis-tools >/dev/null || { [[ $created = 1 ]] && rm -f $prc; exit 1; }
-    [[ $created = 1 ]] && rm -f $prc
+    local rc=0
+    apt-get install -y -qq redis-server redis-tools >/dev/null || rc=$?
+    if [[ $created = 1 ]]; then rm -f $prc; fi
+    [[ $rc = 0 ]] || { log "apt-get install failed ($rc)"; exit 1; }
   fi
   build_client redisbench
 }

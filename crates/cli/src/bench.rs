@@ -44,6 +44,9 @@ pub struct BenchArgs {
     /// writing the region back to disk. Default: /dev/shm when it exists.
     #[arg(long)]
     pub region_dir: Option<std::path::PathBuf>,
+    /// Wait for the round-robin queue instead of deflecting to the next when it is full.
+    #[arg(long)]
+    pub no_deflect: bool,
     /// Use a running server instead of starting an embedded one.
     #[arg(long)]
     pub control: Option<String>,
@@ -100,6 +103,7 @@ pub fn run(args: BenchArgs) -> CliResult {
             batch_bytes: args.batch_bytes,
             linger: Duration::from_micros(args.linger_us),
             threads_per_broker: args.threads_per_broker,
+            deflect: !args.no_deflect,
             ..PublisherConfig::default()
         },
     )
@@ -182,6 +186,9 @@ pub fn run(args: BenchArgs) -> CliResult {
         "batch_bytes": args.batch_bytes,
         "linger_us": args.linger_us,
         "epoch_us": args.epoch_us,
+        "deflect": !args.no_deflect,
+        "slow_queue": std::env::var("EMBARCADERO_SLOW_CONSUMER_QUEUE").ok(),
+        "slow_queue_ms": std::env::var("EMBARCADERO_SLOW_CONSUMER_MS").ok(),
         "region_file": region_file.as_ref().map(|p| p.display().to_string()),
         "seconds": elapsed.as_secs_f64(),
         "publish_seconds": publish_elapsed.as_secs_f64(),

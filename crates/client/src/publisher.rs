@@ -42,6 +42,9 @@ pub struct PublisherConfig {
     /// Order 5: the session epoch to open, 1 or more; 0 (no session) for other orders.
     /// [`Publisher::connect`] picks 1 for order-5 topics when this is 0.
     pub session_epoch: u64,
+    /// Try the next queue when the round-robin one is full (default). Off: wait for the
+    /// round-robin queue, as the original did (for experiments).
+    pub deflect: bool,
     /// Fault injection for experiments: make queue `.0` sleep `.1` before each batch it
     /// sends. `EMBARCADERO_SLOW_CONSUMER_QUEUE` and `EMBARCADERO_SLOW_CONSUMER_MS` set it.
     pub slow_queue: Option<(usize, Duration)>,
@@ -59,6 +62,7 @@ impl Default for PublisherConfig {
             client_id: None,
             flush_timeout: Duration::from_secs(60),
             session_epoch: 0,
+            deflect: true,
             slow_queue: None,
         }
     }
@@ -516,7 +520,8 @@ impl Inner {
         let n = self.queues.len();
         let due = b.round_robin;
         b.round_robin = (due + 1) % n;
-        for i in 0..n {
+        let tries = if self.config.deflect { n } else { 1 };
+        for i in 0..tries {
             let q = &self.queues[(due + i) % n];
             match q.tx.try_send(sealed) {
                 Ok(()) => {
@@ -538,6 +543,28 @@ impl Inner {
             .fetch_add(1, Ordering::Relaxed);
         loop {
             self.first_error()?;
+            if !self.config.deflect {
+                // Only the round-robin queue will do.
+                match self.queues[due]
+                    .tx
+                    .send_timeout(sealed, Duration::from_millis(100))
+                {
+                    Ok(()) => {
+                        self.queues[due].dispatched.fetch_add(1, Ordering::Release);
+                        return Ok(());
+                    }
+                    Err(crossbeam_channel::SendTimeoutError::Timeout(s)) => {
+                        sealed = s;
+                        if self.closed.load(Ordering::Relaxed) {
+                            return Err(Error::Closed);
+                        }
+                        continue;
+                    }
+                    Err(crossbeam_channel::SendTimeoutError::Disconnected(_)) => {
+                        return Err(Error::Closed)
+                    }
+                }
+            }
             let mut select = Select::new();
             for q in &self.queues {
                 select.send(&q.tx);

@@ -1,0 +1,3 @@
+module embarcadero/peers/redisbench
+
+go 1.26.0

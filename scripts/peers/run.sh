@@ -1,0 +1,340 @@
+#!/usr/bin/env bash
+# Benchmarks the peer systems installed by scripts/peers/install.sh with the workload of
+# `embarcadero bench --order 2 --ack 1`: one totally ordered log (1 partition / 1 stream),
+# one publisher, 1 KiB messages, a given total of payload bytes. Every run starts its server
+# fresh on 127.0.0.1 with an empty data directory, publishes, records one JSON file, and
+# stops the server. Settings and their reasons: docs/BENCHMARKS.md.
+#
+# Usage: scripts/peers/run.sh [--quick] [--peers kafka,nats,redis] [--variants V1,V2] [--runs N]
+#                             [--total-bytes BYTES] [--out DIR]
+# Variants: kafka acks1,acksall; nats file,memory; redis noaof,aof-everysec.
+# Environment: PEERS_DIR (as for install.sh), DATA_ROOT (where servers keep their data;
+# default /dev/shm, like `embarcadero bench`'s region, else /tmp), KAFKA_PORT (19092, and
+# +1 for the controller), NATS_PORT (14222), REDIS_PORT (16379), RUN_TIMEOUT (seconds one
+# publish may take, default 300), KAFKA_BATCH / KAFKA_LINGER_MS / KAFKA_BUFFER /
+# KAFKA_EXTRA_PROPS (producer settings, defaults 524288 / 1 / 67108864 / none).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+PEERS_DIR=${PEERS_DIR:-$HOME/.cache/embarcadero-peers}
+KAFKA_VERSION=${KAFKA_VERSION:-4.1.0}
+KAFKA_PORT=${KAFKA_PORT:-19092}
+NATS_PORT=${NATS_PORT:-14222}
+REDIS_PORT=${REDIS_PORT:-16379}
+RUN_TIMEOUT=${RUN_TIMEOUT:-300}
+# Kafka producer knobs (docs/BENCHMARKS.md says why these defaults).
+KAFKA_BATCH=${KAFKA_BATCH:-524288}
+KAFKA_LINGER_MS=${KAFKA_LINGER_MS:-1}
+KAFKA_BUFFER=${KAFKA_BUFFER:-67108864}
+KAFKA_EXTRA_PROPS=${KAFKA_EXTRA_PROPS:-}
+if [[ -z ${DATA_ROOT:-} ]]; then
+  if [[ -d /dev/shm && -w /dev/shm ]]; then DATA_ROOT=/dev/shm; else DATA_ROOT=/tmp; fi
+fi
+
+PEERS=kafka,nats,redis
+RUNS=2
+TOTAL=1000000000
+OUT=$ROOT/bench-results/peers
+SIZE=1024
+QUICK=0
+ONLY_VARIANTS=
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --quick) QUICK=1; RUNS=1; TOTAL=50000000; shift ;;
+    --peers) PEERS=$2; shift 2 ;;
+    --variants) ONLY_VARIANTS=",$2,"; shift 2 ;;
+    --runs) RUNS=$2; shift 2 ;;
+    --total-bytes) TOTAL=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+COUNT=$((TOTAL / SIZE))
+
+log() { printf '[peers] %s\n' "$*" >&2; }
+
+# --- process and temp-dir bookkeeping: everything started here is stopped on exit ---------
+SERVER_PID=
+WORK=
+stop_server() {
+  if [[ -n $SERVER_PID ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill -TERM "$SERVER_PID" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+  fi
+  SERVER_PID=
+}
+cleanup() {
+  stop_server
+  if [[ -n $WORK && -d $WORK ]]; then rm -rf "$WORK"; fi
+  WORK=
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+new_workdir() {
+  cleanup
+  WORK=$(mktemp -d "$DATA_ROOT/peerbench.XXXXXX")
+}
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+wait_port() { # port seconds
+  local i
+  for i in $(seq 1 $(($2 * 10))); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    kill -0 "$SERVER_PID" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+need_free() {
+  local p
+  for p in "$@"; do port_free "$p" || { log "port $p is in use; set another"; exit 1; }; done
+}
+
+# CPU seconds (user + system) used so far by a process, its threads and its reaped children
+# (e.g. Redis's AOF-rewrite fork).
+proc_cpu() {
+  awk -v t="$(getconf CLK_TCK)" '{print ($14 + $15 + $16 + $17) / t}' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+
+# CPU seconds the whole machine has been busy (all cores), from /proc/stat.
+machine_busy() {
+  awk -v t="$(getconf CLK_TCK)" '/^cpu / {print ($2 + $3 + $4 + $7 + $8 + $9) / t; exit}' /proc/stat
+}
+
+# Runs the client command, timed, with its stdout to $WORK/client.out and stderr to
+# $WORK/client.err; sets CLIENT_CPU, WALL and SERVER_CPU (server CPU during the client run).
+run_client() {
+  local s0 t0 m0 rc=0
+  s0=$(proc_cpu "$SERVER_PID")
+  m0=$(machine_busy)
+  t0=$(date +%s.%N)
+  /usr/bin/time -f '%U %S' -o "$WORK/client.time" \
+    timeout --kill-after=10 "$RUN_TIMEOUT" "$@" >"$WORK/client.out" 2>"$WORK/client.err" || rc=$?
+  WALL=$(echo "$(date +%s.%N) - $t0" | bc)
+  SERVER_CPU=$(echo "$(proc_cpu "$SERVER_PID") - $s0" | bc)
+  CLIENT_CPU=$(awk 'END {print $1 + $2}' "$WORK/client.time")
+  # CPU used during the run by anything but this server and client: other load on the machine.
+  OTHER_CPU=$(echo "$(machine_busy) - $m0 - $SERVER_CPU - $CLIENT_CPU" | bc)
+  if [[ $rc != 0 ]]; then
+    log "client exited $rc"; tail -20 "$WORK/client.err" >&2; tail -5 "$WORK/client.out" >&2
+    return $rc
+  fi
+}
+
+# Writes one result JSON from the client's summary (a JSON object with messages, bytes,
+# seconds, mb_per_s, msgs_per_s and latency_ms; other keys go to "details").
+# args: peer variant run durability settings-json summary-json command...
+# OTHER_CPU > ~5% of the run's wall time x 2 cores means something else shared the machine.
+write_result() {
+  local peer=$1 variant=$2 run=$3 durability=$4 settings=$5 summary=$6
+  shift 6
+  local f="$OUT/$peer-$variant-run$run.json"
+  python3 - "$f" "$peer" "$variant" "$run" "$durability" "$settings" "$summary" \
+      "$SIZE" "$SERVER_CPU" "$CLIENT_CPU" "$OTHER_CPU" "$WALL" "$DATA_ROOT" "$QUICK" "$*" <<'PY'
+import json, sys, platform, datetime
+(f, peer, variant, run, durability, settings, summary, size, scpu, ccpu, ocpu, wall,
+ data_root, quick, command) = sys.argv[1:]
+s = json.loads(summary)
+lat = s.pop("latency_ms", None)
+keys = ("messages", "bytes", "seconds", "mb_per_s", "msgs_per_s")
+main = {k: s.pop(k) for k in keys}
+gb = main["bytes"] / 1e9
+scpu, ccpu = float(scpu), float(ccpu)
+out = {
+    "peer": peer, "variant": variant, "run": int(run), "message_bytes": int(size),
+    **main,
+    "latency_ms": lat,
+    "durability": durability,
+    "command": command,
+    "settings": json.loads(settings),
+    "server_cpu_s": round(scpu, 3), "client_cpu_s": round(ccpu, 3),
+    "cpu_s_per_gb": round((scpu + ccpu) / gb, 3) if gb else None,
+    "client_wall_s": round(float(wall), 3),
+    "other_cpu_s": round(float(ocpu), 3),
+    "load1_after": float(open("/proc/loadavg").read().split()[0]),
+    "data_root": data_root, "quick": quick == "1",
+    "details": s,
+    "host": platform.node(), "utc": datetime.datetime.utcnow().isoformat(timespec="seconds") + "Z",
+}
+json.dump(out, open(f, "w"), indent=2)
+l = lat or {}
+print(f"{peer:6} {variant:16} run {run}: {out['mb_per_s']:8.1f} MB/s {out['msgs_per_s']:10.0f} msg/s"
+      f"  p50 {l.get('p50', '-')} ms  p99 {l.get('p99', '-')} ms  cpu {out['cpu_s_per_gb']} s/GB  other {out['other_cpu_s']} s  -> {f}")
+PY
+}
+
+# --- Kafka ------------------------------------------------------------------------------
+KAFKA_LIBS="$PEERS_DIR/kafka-$KAFKA_VERSION/libs"
+KAFKA_JVM_GC=(-XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35
+              -XX:+ExplicitGCInvokesConcurrent -Djava.awt.headless=true)
+kjava() { java -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -cp "$KAFKA_LIBS/*" "$@"; }
+
+kafka_start() {
+  need_free "$KAFKA_PORT" $((KAFKA_PORT + 1))
+  local cfg="$WORK/server.properties"
+  cat >"$cfg" <<EOF
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$((KAFKA_PORT + 1))
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$((KAFKA_PORT + 1))
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$WORK/kafka-logs
+num.partitions=1
+default.replication.factor=1
+offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=false
+message.max.bytes=2097152
+EOF
+  kjava kafka.tools.StorageTool format -t "$(kjava kafka.tools.StorageTool random-uuid)" \
+    -c "$cfg" >"$WORK/format.log" 2>&1 || { cat "$WORK/format.log" >&2; return 1; }
+  java -Xms2g -Xmx2g "${KAFKA_JVM_GC[@]}" -Dorg.slf4j.simpleLogger.defaultLogLevel=info \
+    -cp "$KAFKA_LIBS/*" kafka.Kafka "$cfg" >"$WORK/kafka.log" 2>&1 &
+  SERVER_PID=$!
+  wait_port "$KAFKA_PORT" 90 || { log "kafka did not start"; tail -30 "$WORK/kafka.log" >&2; return 1; }
+  kjava org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$KAFKA_PORT" --create \
+    --topic bench --partitions 1 --replication-factor 1 >"$WORK/topic.log" 2>&1 \
+    || { cat "$WORK/topic.log" >&2; return 1; }
+}
+
+kafka_run() { # variant run
+  local variant=$1 run=$2 acks durability
+  case $variant in
+    acks1) acks=1
+      durability="acks=1: the partition leader appended the batch to its log segment (OS page cache; no fsync, Kafka's default log.flush.interval.messages is unbounded); replication factor 1" ;;
+    acksall) acks=all
+      durability="acks=all with replication factor 1 (the only in-sync replica is the leader): appended to the leader's log in the page cache, no fsync; idempotent producer on (the default with acks=all)" ;;
+  esac
+  new_workdir
+  kafka_start
+  local props=(bootstrap.servers=127.0.0.1:$KAFKA_PORT acks=$acks batch.size=$KAFKA_BATCH
+               linger.ms=$KAFKA_LINGER_MS compression.type=none buffer.memory=$KAFKA_BUFFER
+               max.request.size=$((KAFKA_BATCH > 1048576 ? KAFKA_BATCH : 1048576)) client.id=peerbench
+               $KAFKA_EXTRA_PROPS)
+  local cmd=(java -Xms1g -Xmx1g "${KAFKA_JVM_GC[@]}" -Dorg.slf4j.simpleLogger.defaultLogLevel=warn
+             -cp "$KAFKA_LIBS/*" org.apache.kafka.tools.ProducerPerformance --topic bench
+             --num-records "$COUNT" --record-size "$SIZE" --throughput -1
+             --producer-props "${props[@]}")
+  log "kafka $variant run $run: $COUNT x $SIZE B"
+  run_client "${cmd[@]}"
+  # Final line: "N records sent, R records/sec (M MB/sec), A ms avg latency, X ms max latency,
+  # P50 ms 50th, P95 ms 95th, P99 ms 99th, P999 ms 99.9th."
+  local summary
+  summary=$(python3 - "$WORK/client.out" "$SIZE" <<'PY'
+import json, re, sys
+lines = [l for l in open(sys.argv[1]) if "records sent" in l]
+m = re.search(r"(\d+) records sent, ([\d.]+) records/sec .*?([\d.]+) ms avg latency, ([\d.]+) ms max latency"
+              r"(?:, (\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th, (\d+) ms 99.9th)?", lines[-1])
+n, rate = int(m.group(1)), float(m.group(2))
+size = int(sys.argv[2])
+lat = {"mean": float(m.group(3)), "max": float(m.group(4))}
+if m.group(5):
+    lat.update(p50=float(m.group(5)), p95=float(m.group(6)), p99=float(m.group(7)), p99_9=float(m.group(8)))
+print(json.dumps({"messages": n, "bytes": n * size, "seconds": n / rate, "mb_per_s": rate * size / 1e6,
+                  "msgs_per_s": rate, "latency_ms": lat, "tool_summary": lines[-1].strip()}))
+PY
+)
+  # The log holds what was acknowledged: check the partition's end offset.
+  local end
+  end=$(kjava org.apache.kafka.tools.GetOffsetShell --bootstrap-server "127.0.0.1:$KAFKA_PORT" \
+        --topic bench --time -1 2>/dev/null | awk -F: '{print $3}')
+  summary=$(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d["log_end_offset"]=int(sys.argv[2] or -1); print(json.dumps(d))' "$summary" "$end")
+  local settings
+  settings=$(printf '{"kafka_version":"%s","acks":"%s","batch_size":%s,"linger_ms":%s,"compression":"none","buffer_memory":%s,"extra_props":"%s","partitions":1,"replication_factor":1,"broker_heap":"2g","producer_heap":"1g","log_dirs":"%s"}' \
+             "$KAFKA_VERSION" "$acks" "$KAFKA_BATCH" "$KAFKA_LINGER_MS" "$KAFKA_BUFFER" "$KAFKA_EXTRA_PROPS" "$DATA_ROOT")
+  write_result kafka "$variant" "$run" "$durability" "$settings" "$summary" "${cmd[*]}"
+  [[ $end == "$COUNT" ]] || { log "kafka: log end offset $end, expected $COUNT"; return 1; }
+  stop_server
+}
+
+# --- NATS JetStream ---------------------------------------------------------------------
+nats_run() { # variant run
+  local variant=$1 run=$2 durability
+  case $variant in
+    file) durability="JetStream PubAck from a file-backed stream, 1 replica: the message is in the stream's file store (written to the OS page cache; the server fsyncs every sync_interval, default 2 minutes, not per message)" ;;
+    memory) durability="JetStream PubAck from a memory-backed stream, 1 replica: the message is in the server's memory only" ;;
+  esac
+  need_free "$NATS_PORT"
+  new_workdir
+  "$PEERS_DIR/bin/nats-server" -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$WORK/jetstream" \
+    >"$WORK/nats.log" 2>&1 &
+  SERVER_PID=$!
+  wait_port "$NATS_PORT" 30 || { log "nats-server did not start"; tail -30 "$WORK/nats.log" >&2; return 1; }
+  local cmd=("$PEERS_DIR/bin/natsbench" -url "nats://127.0.0.1:$NATS_PORT" -stream BENCH
+             -subject bench -size "$SIZE" -total-bytes "$TOTAL" -window 8192 -storage "$variant"
+             -timeout "${RUN_TIMEOUT}s")
+  log "nats $variant run $run: $COUNT x $SIZE B"
+  run_client "${cmd[@]}"
+  local settings
+  settings=$(printf '{"nats_server":"%s","storage":"%s","replicas":1,"subjects":1,"async_publish_window":8192,"store_dir":"%s"}' \
+             "$("$PEERS_DIR/bin/nats-server" --version | awk '{print $NF}')" "$variant" "$DATA_ROOT")
+  write_result nats "$variant" "$run" "$durability" "$settings" "$(cat "$WORK/client.out")" "${cmd[*]}"
+  stop_server
+}
+
+# --- Redis Streams ----------------------------------------------------------------------
+redis_run() { # variant run
+  local variant=$1 run=$2 durability persist
+  case $variant in
+    noaof) persist=(--appendonly no)
+      durability="XADD reply: the entry is in the server's memory; no AOF and no RDB snapshots" ;;
+    aof-everysec) persist=(--appendonly yes --appendfsync everysec)
+      durability="XADD reply: the entry is in memory and written to the append-only file (OS page cache) before the reply; a background fsync once a second" ;;
+  esac
+  need_free "$REDIS_PORT"
+  new_workdir
+  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$WORK" --save '' "${persist[@]}" \
+    --daemonize no --logfile "$WORK/redis.log" &
+  SERVER_PID=$!
+  wait_port "$REDIS_PORT" 30 || { log "redis-server did not start"; tail -30 "$WORK/redis.log" >&2; return 1; }
+  local cmd=("$PEERS_DIR/bin/redisbench" -addr "127.0.0.1:$REDIS_PORT" -key bench -size "$SIZE"
+             -total-bytes "$TOTAL" -batch 64 -window 8192 -timeout "${RUN_TIMEOUT}s")
+  log "redis $variant run $run: $COUNT x $SIZE B"
+  run_client "${cmd[@]}"
+  local settings
+  settings=$(printf '{"redis_server":"%s","persistence":"%s","save":"","pipeline_batch":64,"window":8192,"dir":"%s"}' \
+             "$(redis-server --version | awk '{print $3}' | cut -d= -f2)" "${persist[*]}" "$DATA_ROOT")
+  write_result redis "$variant" "$run" "$durability" "$settings" "$(cat "$WORK/client.out")" "${cmd[*]}"
+  stop_server
+}
+
+# --- main -------------------------------------------------------------------------------
+declare -A VARIANTS=([kafka]="acks1 acksall" [nats]="file memory" [redis]="noaof aof-everysec")
+IFS=, read -r -a peer_list <<<"$PEERS"
+for p in "${peer_list[@]}"; do
+  case $p in
+    kafka) [[ -d $KAFKA_LIBS ]] || { log "kafka not installed: scripts/peers/install.sh kafka"; exit 1; } ;;
+    nats) [[ -x $PEERS_DIR/bin/natsbench ]] || { log "nats not installed: scripts/peers/install.sh nats"; exit 1; } ;;
+    redis) [[ -x $PEERS_DIR/bin/redisbench ]] && command -v redis-server >/dev/null \
+             || { log "redis not installed: scripts/peers/install.sh redis"; exit 1; } ;;
+    *) log "unknown peer $p"; exit 2 ;;
+  esac
+done
+log "total $TOTAL B per run ($COUNT messages of $SIZE B), $RUNS run(s), data in $DATA_ROOT, results in $OUT"
+failed=0
+for run in $(seq 1 "$RUNS"); do
+  for p in "${peer_list[@]}"; do
+    for v in ${VARIANTS[$p]}; do
+      [[ -z $ONLY_VARIANTS || $ONLY_VARIANTS == *",$v,"* ]] || continue
+      if ! "${p}_run" "$v" "$run"; then
+        log "FAILED: $p $v run $run"; failed=$((failed + 1))
+      fi
+      cleanup
+    done
+  done
+done
+[[ $failed = 0 ]] || { log "$failed run(s) failed"; exit 1; }
