@@ -213,6 +213,25 @@ impl Server {
         self.inner.control.describe(name)
     }
 
+    /// Stops the sequencer and starts a new one on the same region, which rebuilds its
+    /// state (cursors, positions, order-5 sessions) from the region alone. Brokers keep
+    /// accepting batches meanwhile; they are ordered once the new sequencer runs.
+    pub fn restart_sequencer(&mut self) -> Result<(), ServerError> {
+        self.sequencer.stop();
+        let c = &self.inner.config;
+        self.sequencer = Sequencer::start(
+            self.inner.region.clone(),
+            SequencerConfig {
+                epoch: Duration::from_micros(c.sequencer.epoch_us),
+                idle_sleep_max: Duration::from_micros(c.broker.idle_sleep_max_us),
+                session_window: c.sequencer.session_window,
+                session_lease: Duration::from_millis(c.sequencer.session_lease_ms),
+            },
+        )
+        .map_err(|e| ServerError::Start(format!("cannot restart the sequencer: {e}")))?;
+        Ok(())
+    }
+
     /// Stops the admin API, the brokers and the sequencer.
     pub fn stop(&mut self) {
         self.http.unblock();
