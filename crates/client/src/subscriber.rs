@@ -5,7 +5,9 @@
 use crate::admin::Admin;
 use crate::conn::{self, Frame};
 use crate::{Error, Result};
-use embarcadero_wire::{DeliveryHeader, Hello, MessageIter, Role, DELIVERY_HEADER_LEN};
+use embarcadero_wire::{
+    message_stride, DeliveryHeader, Hello, MessageIter, Role, DELIVERY_HEADER_LEN,
+};
 use std::collections::VecDeque;
 use std::io::Read;
 use std::net::TcpStream;
@@ -87,6 +89,9 @@ impl MessageRef<'_> {
 struct Batch {
     header: DeliveryHeader,
     payload: Vec<u8>,
+    /// `pop_one`'s place in the batch: next message index and its byte offset.
+    next_index: u32,
+    next_offset: usize,
 }
 
 pub struct Subscriber {
@@ -236,56 +241,43 @@ impl Subscriber {
         }
     }
 
-    /// Takes one message off the front batch (owned copy).
+    /// Takes one message off the front batch (owned copy), resuming where the last
+    /// call stopped inside that batch.
     fn pop_one(&mut self) -> Result<Option<Message>> {
         while let Some(batch) = self.ready.front_mut() {
             let h = batch.header;
-            if h.num_msg == 0 {
-                let b = self.ready.pop_front().expect("front exists");
-                self.spare.push(b.payload);
-                continue;
-            }
-            let mut found = None;
-            let mut consumed = 0u32;
-            for (i, m) in MessageIter::new(&batch.payload, h.num_msg).enumerate() {
+            while batch.next_index < h.num_msg {
+                let rest = &batch.payload[batch.next_offset.min(batch.payload.len())..];
+                let Some(m) = MessageIter::new(rest, 1).next() else {
+                    break;
+                };
                 let m = m.map_err(|e| Error::Protocol {
                     peer: "broker".into(),
                     message: e.to_string(),
                 })?;
-                consumed = i as u32 + 1;
-                let position = h.first_position + i as u64;
-                if i < h.skip as usize || !wanted(&self.cursor, h.broker_id, position) {
+                let index = batch.next_index;
+                batch.next_index += 1;
+                batch.next_offset += message_stride(m.header.size as u64) as usize;
+                let position = h.first_position + index as u64;
+                if index < h.skip || !wanted(&self.cursor, h.broker_id, position) {
                     continue;
                 }
-                found = Some(
-                    MessageRef {
-                        position,
-                        broker_id: h.broker_id,
-                        client_id: h.client_id,
-                        batch_seq: h.batch_seq,
-                        index_in_batch: i as u32,
-                        publish_ts_ns: m.header.publish_ts_ns,
-                        counter: m.header.counter,
-                        payload: m.payload,
-                    }
-                    .to_owned(),
-                );
-                break;
-            }
-            match found {
-                Some(m) => {
-                    self.advance(m.broker_id, m.position);
-                    if consumed == h.num_msg {
-                        let b = self.ready.pop_front().expect("front exists");
-                        self.spare.push(b.payload);
-                    }
-                    return Ok(Some(m));
+                let message = MessageRef {
+                    position,
+                    broker_id: h.broker_id,
+                    client_id: h.client_id,
+                    batch_seq: h.batch_seq,
+                    index_in_batch: index,
+                    publish_ts_ns: m.header.publish_ts_ns,
+                    counter: m.header.counter,
+                    payload: m.payload,
                 }
-                None => {
-                    let b = self.ready.pop_front().expect("front exists");
-                    self.spare.push(b.payload);
-                }
+                .to_owned();
+                self.advance(message.broker_id, message.position);
+                return Ok(Some(message));
             }
+            let b = self.ready.pop_front().expect("front exists");
+            self.spare.push(b.payload);
         }
         Ok(None)
     }
@@ -417,7 +409,12 @@ impl Subscriber {
                 let mut payload = self.spare.pop().unwrap_or_default();
                 payload.resize(header.payload_len as usize, 0);
                 stream.read_exact(&mut payload).map_err(lost)?;
-                self.unconfirmed.push_back(Batch { header, payload });
+                self.unconfirmed.push_back(Batch {
+                    header,
+                    payload,
+                    next_index: 0,
+                    next_offset: 0,
+                });
                 Ok(())
             }
             Frame::BatchOk { count } => {
