@@ -128,13 +128,42 @@ struct Scanner {
     buffer: Vec<Pending>,
 }
 
+/// The end of a topic's GOI as the sequencer wrote it: the next GOI index and the next
+/// global position (what the region's sequence line says once published).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GoiTail {
+    committed: u64,
+    next_position: u64,
+}
+
+impl GoiTail {
+    /// Writes `entry` as the next GOI entry (token last) and gives its batch, in its PBR
+    /// slot too, the next global position.
+    fn append(
+        &mut self,
+        region: &Region,
+        topic: u32,
+        broker: u32,
+        pbr_index: u64,
+        entry: GoiEntry,
+    ) {
+        let entry = GoiEntry {
+            total_order: self.next_position,
+            ..entry
+        };
+        region.goi_write(topic, self.committed, &entry);
+        region.pbr_set_total_order(topic, broker, pbr_index, entry.total_order);
+        self.committed += 1;
+        self.next_position += entry.num_msg as u64;
+    }
+}
+
 struct TopicState {
     topic: u32,
     generation: u64,
     scanners: Vec<Scanner>,
-    /// Next GOI index and next global position (mirrors of the region's sequence line).
-    committed: u64,
-    next_position: u64,
+    /// Where the sequencer has written the GOI up to.
+    tail: GoiTail,
     /// Order 5 only: sessions, their hold buffers and the admitted batches.
     sessions: Option<sessions::Sessions>,
     /// `ordered_pbr` last stored per broker.
@@ -240,8 +269,10 @@ impl Core {
                         buffer: Vec::new(),
                     })
                     .collect(),
-                committed: seq.committed_seq.load(Ordering::Acquire),
-                next_position: seq.next_position.load(Ordering::Acquire),
+                tail: GoiTail {
+                    committed: seq.committed_seq.load(Ordering::Acquire),
+                    next_position: seq.next_position.load(Ordering::Acquire),
+                },
             });
         }
     }
@@ -309,31 +340,18 @@ impl Core {
         let region = &self.region;
         let goi_slots = region.capacities().goi_slots;
         let sessions = t.sessions.as_mut().expect("order-5 topic");
-        let first_index = t.committed;
-        let first_position = t.next_position;
+        let start = t.tail;
         while let Some(b) = sessions.ready.front().copied() {
-            let g = t.committed;
-            if !self.goi_slot_free(t.topic, g, goi_slots) {
+            if !self.goi_slot_free(t.topic, t.tail.committed, goi_slots) {
                 self.metrics.goi_full_stalls.fetch_add(1, Ordering::Relaxed);
                 break;
             }
-            let mut e = b.entry;
-            e.total_order = t.next_position;
-            region.goi_write(t.topic, g, &e);
-            region.pbr_set_total_order(t.topic, b.broker, b.pbr_index, e.total_order);
-            t.committed += 1;
-            t.next_position += e.num_msg as u64;
+            t.tail
+                .append(region, t.topic, b.broker, b.pbr_index, b.entry);
             sessions.ready.pop_front();
             sessions.committed(&b);
         }
-        let seq = region.topic_seq(t.topic);
-        if t.committed > first_index {
-            let previous = seq
-                .next_position
-                .fetch_add(t.next_position - first_position, Ordering::AcqRel);
-            debug_assert_eq!(previous, first_position, "the sequencer is the only writer");
-            seq.committed_seq.store(t.committed, Ordering::Release);
-        }
+        self.publish(t.topic, start, t.tail);
         // The table after committed_seq: recovery reconciles a lagging table from the GOI.
         sessions.write_table(region);
         for s in &t.scanners {
@@ -348,15 +366,7 @@ impl Core {
             // Acks of order-5 sessions follow the table: wake every broker.
             region.broker_bell(s.broker).ring();
         }
-        if t.committed > first_index {
-            region.topic_bell(t.topic).ring();
-            self.metrics
-                .batches_ordered
-                .fetch_add(t.committed - first_index, Ordering::Relaxed);
-            self.metrics
-                .messages_ordered
-                .fetch_add(t.next_position - first_position, Ordering::Relaxed);
-        }
+        self.announce(t.topic, start, t.tail);
     }
 
     /// Orders one topic's buffered batches, scanner by scanner in broker order.
@@ -366,24 +376,18 @@ impl Core {
         }
         let region = &self.region;
         let goi_slots = region.capacities().goi_slots;
-        let first_index = t.committed;
-        let first_position = t.next_position;
+        let start = t.tail;
         let mut ordered_upto: Vec<Option<u64>> = vec![None; t.scanners.len()];
         let mut stalled = false;
         for s in &mut t.scanners {
             let mut used = 0;
             for p in &s.buffer {
-                if let Some(mut e) = p.entry {
-                    let g = t.committed;
-                    if !self.goi_slot_free(t.topic, g, goi_slots) {
+                if let Some(e) = p.entry {
+                    if !self.goi_slot_free(t.topic, t.tail.committed, goi_slots) {
                         stalled = true;
                         break;
                     }
-                    e.total_order = t.next_position;
-                    region.goi_write(t.topic, g, &e);
-                    region.pbr_set_total_order(t.topic, s.broker, p.pbr_index, e.total_order);
-                    t.committed += 1;
-                    t.next_position += e.num_msg as u64;
+                    t.tail.append(region, t.topic, s.broker, p.pbr_index, e);
                 }
                 ordered_upto[s.broker as usize] = Some(p.pbr_index + 1);
                 used += 1;
@@ -396,16 +400,10 @@ impl Core {
         if stalled {
             self.metrics.goi_full_stalls.fetch_add(1, Ordering::Relaxed);
         }
-        if t.committed == first_index && ordered_upto.iter().all(Option::is_none) {
+        if t.tail == start && ordered_upto.iter().all(Option::is_none) {
             return;
         }
-        let seq = region.topic_seq(t.topic);
-        // One atomic add per topic per epoch publishes the epoch's positions.
-        let previous = seq
-            .next_position
-            .fetch_add(t.next_position - first_position, Ordering::AcqRel);
-        debug_assert_eq!(previous, first_position, "the sequencer is the only writer");
-        seq.committed_seq.store(t.committed, Ordering::Release);
+        self.publish(t.topic, start, t.tail);
         for (broker, upto) in ordered_upto.iter().enumerate() {
             if let Some(upto) = upto {
                 region
@@ -415,13 +413,38 @@ impl Core {
                 region.broker_bell(broker as u32).ring();
             }
         }
-        region.topic_bell(t.topic).ring();
+        self.announce(t.topic, start, t.tail);
+    }
+
+    /// Publishes the GOI entries appended since `start`: one atomic add per topic per
+    /// epoch for their positions, then `committed_seq` (the readiness of the prefix).
+    fn publish(&self, topic: u32, start: GoiTail, end: GoiTail) {
+        if end == start {
+            return;
+        }
+        let seq = self.region.topic_seq(topic);
+        let previous = seq
+            .next_position
+            .fetch_add(end.next_position - start.next_position, Ordering::AcqRel);
+        debug_assert_eq!(
+            previous, start.next_position,
+            "the sequencer is the only writer"
+        );
+        seq.committed_seq.store(end.committed, Ordering::Release);
+    }
+
+    /// Wakes the topic's subscribers and counts the epoch's work.
+    fn announce(&self, topic: u32, start: GoiTail, end: GoiTail) {
+        if end == start {
+            return;
+        }
+        self.region.topic_bell(topic).ring();
         self.metrics
             .batches_ordered
-            .fetch_add(t.committed - first_index, Ordering::Relaxed);
+            .fetch_add(end.committed - start.committed, Ordering::Relaxed);
         self.metrics
             .messages_ordered
-            .fetch_add(t.next_position - first_position, Ordering::Relaxed);
+            .fetch_add(end.next_position - start.next_position, Ordering::Relaxed);
     }
 
     /// GOI slot of index `g` may be overwritten only once the batch of its previous
