@@ -89,9 +89,47 @@ impl MessageRef<'_> {
 struct Batch {
     header: DeliveryHeader,
     payload: Vec<u8>,
-    /// `pop_one`'s place in the batch: next message index and its byte offset.
+    /// Where reading stopped: next message index and its byte offset.
     next_index: u32,
     next_offset: usize,
+}
+
+impl Batch {
+    /// The next message the subscriber wants (not among the `skip` it already has, at or
+    /// after `cursor`), advancing the batch's place; `None` at the end of the batch.
+    fn next_wanted(&mut self, cursor: &Option<Cursor>) -> Result<Option<MessageRef<'_>>> {
+        let h = self.header;
+        while self.next_index < h.num_msg {
+            let at = self.next_offset.min(self.payload.len());
+            let Some(m) = MessageIter::new(&self.payload[at..], 1).next() else {
+                break;
+            };
+            let m = m.map_err(|e| Error::Protocol {
+                peer: "broker".into(),
+                message: e.to_string(),
+            })?;
+            let stride = message_stride(m.header.size as u64) as usize;
+            let index = self.next_index;
+            self.next_index += 1;
+            self.next_offset += stride;
+            let position = h.first_position + index as u64;
+            if index < h.skip || !wanted(cursor, h.broker_id, position) {
+                continue;
+            }
+            let payload_at = at + embarcadero_wire::MESSAGE_HEADER_LEN;
+            return Ok(Some(MessageRef {
+                position,
+                broker_id: h.broker_id,
+                client_id: h.client_id,
+                batch_seq: h.batch_seq,
+                index_in_batch: index,
+                publish_ts_ns: m.header.publish_ts_ns,
+                counter: m.header.counter,
+                payload: &self.payload[payload_at..payload_at + m.header.size as usize],
+            }));
+        }
+        Ok(None)
+    }
 }
 
 pub struct Subscriber {
@@ -219,8 +257,13 @@ impl Subscriber {
             self.fill(timeout)?;
         }
         let mut delivered = 0;
-        while let Some(batch) = self.ready.pop_front() {
-            delivered += self.deliver(&batch, &mut f)?;
+        while let Some(mut batch) = self.ready.pop_front() {
+            while let Some(m) = batch.next_wanted(&self.cursor)? {
+                let (broker, position) = (m.broker_id, m.position);
+                f(m);
+                advance(&mut self.cursor, broker, position);
+                delivered += 1;
+            }
             self.spare.push(batch.payload);
         }
         Ok(delivered)
@@ -245,34 +288,8 @@ impl Subscriber {
     /// call stopped inside that batch.
     fn pop_one(&mut self) -> Result<Option<Message>> {
         while let Some(batch) = self.ready.front_mut() {
-            let h = batch.header;
-            while batch.next_index < h.num_msg {
-                let rest = &batch.payload[batch.next_offset.min(batch.payload.len())..];
-                let Some(m) = MessageIter::new(rest, 1).next() else {
-                    break;
-                };
-                let m = m.map_err(|e| Error::Protocol {
-                    peer: "broker".into(),
-                    message: e.to_string(),
-                })?;
-                let index = batch.next_index;
-                batch.next_index += 1;
-                batch.next_offset += message_stride(m.header.size as u64) as usize;
-                let position = h.first_position + index as u64;
-                if index < h.skip || !wanted(&self.cursor, h.broker_id, position) {
-                    continue;
-                }
-                let message = MessageRef {
-                    position,
-                    broker_id: h.broker_id,
-                    client_id: h.client_id,
-                    batch_seq: h.batch_seq,
-                    index_in_batch: index,
-                    publish_ts_ns: m.header.publish_ts_ns,
-                    counter: m.header.counter,
-                    payload: m.payload,
-                }
-                .to_owned();
+            if let Some(m) = batch.next_wanted(&self.cursor)? {
+                let message = m.to_owned();
                 self.advance(message.broker_id, message.position);
                 return Ok(Some(message));
             }
@@ -282,48 +299,8 @@ impl Subscriber {
         Ok(None)
     }
 
-    fn wanted(&self, broker: u16, position: u64) -> bool {
-        wanted(&self.cursor, broker, position)
-    }
-
     fn advance(&mut self, broker: u16, position: u64) {
-        match &mut self.cursor {
-            Some(Cursor::Global(next)) => *next = position + 1,
-            Some(Cursor::PerBroker(v)) => {
-                if let Some(n) = v.get_mut(broker as usize) {
-                    *n = position + 1;
-                }
-            }
-            None => {}
-        }
-    }
-
-    fn deliver(&mut self, batch: &Batch, f: &mut impl FnMut(MessageRef<'_>)) -> Result<usize> {
-        let h = batch.header;
-        let mut n = 0;
-        for (i, m) in MessageIter::new(&batch.payload, h.num_msg).enumerate() {
-            let m = m.map_err(|e| Error::Protocol {
-                peer: "broker".into(),
-                message: e.to_string(),
-            })?;
-            let position = h.first_position + i as u64;
-            if i < h.skip as usize || !self.wanted(h.broker_id, position) {
-                continue;
-            }
-            f(MessageRef {
-                position,
-                broker_id: h.broker_id,
-                client_id: h.client_id,
-                batch_seq: h.batch_seq,
-                index_in_batch: i as u32,
-                publish_ts_ns: m.header.publish_ts_ns,
-                counter: m.header.counter,
-                payload: m.payload,
-            });
-            self.advance(h.broker_id, position);
-            n += 1;
-        }
-        Ok(n)
+        advance(&mut self.cursor, broker, position);
     }
 
     /// Reads frames until at least one batch is confirmed or `timeout` passes.
@@ -439,6 +416,19 @@ impl Subscriber {
                 message: format!("unexpected frame on a subscription: {other:?}"),
             }),
         }
+    }
+}
+
+/// Moves the cursor past a delivered message.
+fn advance(cursor: &mut Option<Cursor>, broker: u16, position: u64) {
+    match cursor {
+        Some(Cursor::Global(next)) => *next = position + 1,
+        Some(Cursor::PerBroker(v)) => {
+            if let Some(n) = v.get_mut(broker as usize) {
+                *n = position + 1;
+            }
+        }
+        None => {}
     }
 }
 
