@@ -63,6 +63,8 @@ pub struct Fault {
     pub delay: Duration,
     /// Fraction of batches dropped (committed void) before they reach the ring.
     pub drop_fraction: f64,
+    /// Most batches dropped in all (0: no limit).
+    pub drop_limit: u64,
 }
 
 impl BrokerConfig {
@@ -98,6 +100,8 @@ pub struct BrokerMetrics {
     pub connections_open: AtomicU64,
     pub connections_total: AtomicU64,
     pub reclaimed_batches: AtomicU64,
+    /// Order 5: batches held back because they were beyond their session's window.
+    pub session_window_waits: AtomicU64,
 }
 
 /// State shared by a broker's threads.
@@ -113,6 +117,8 @@ pub(crate) struct Shared {
     pub paused: AtomicBool,
     pub new_publishers: crossbeam_channel::Sender<Arc<publish::PublishConn>>,
     pub connections: Registry,
+    /// Batches dropped by fault injection so far.
+    pub fault_drops: AtomicU64,
 }
 
 impl Shared {
@@ -176,6 +182,7 @@ impl Broker {
             paused: AtomicBool::new(false),
             new_publishers: tx,
             connections: Registry::default(),
+            fault_drops: AtomicU64::new(0),
             config,
             region,
         });

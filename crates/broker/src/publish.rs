@@ -281,7 +281,10 @@ fn receive_batches(
             if roll(&mut fault_seed) < fault.delay_fraction {
                 std::thread::sleep(fault.delay);
             }
-            if roll(&mut fault_seed) < fault.drop_fraction {
+            if roll(&mut fault_seed) < fault.drop_fraction
+                && (fault.drop_limit == 0
+                    || shared.fault_drops.fetch_add(1, Ordering::Relaxed) < fault.drop_limit)
+            {
                 commit_void(shared, topic, &reservation);
                 expected_seq += 1;
                 continue;
@@ -349,7 +352,30 @@ fn admit_session_batch(
             ),
         });
     }
-    let status = session.status(&shared.region);
+    let window = shared.config.session_window;
+    // A batch beyond the window waits (the connection stops reading: backpressure) for
+    // the session's head to move, and is refused only after the backpressure timeout.
+    let deadline = Instant::now() + shared.config.backpressure_timeout;
+    let mut backoff = Backoff::new(Duration::from_millis(1));
+    let mut waited = false;
+    let status = loop {
+        let status = session.status(&shared.region);
+        if status.fenced
+            || header.batch_seq < status.committed_hwm + window
+            || Instant::now() >= deadline
+            || shared.shutdown.load(Ordering::Relaxed)
+        {
+            break status;
+        }
+        if !waited {
+            waited = true;
+            shared
+                .metrics
+                .session_window_waits
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        backoff.idle(None);
+    };
     if status.fenced {
         return Err(Refusal {
             code: ErrorCode::SessionFenced,
@@ -360,14 +386,15 @@ fn admit_session_batch(
     if header.batch_seq < status.committed_hwm {
         return Ok(false);
     }
-    let window = shared.config.session_window;
     if header.batch_seq >= status.committed_hwm + window {
         return Err(Refusal {
             code: ErrorCode::OutOfSequence,
             batch_seq: header.batch_seq,
             message: format!(
-                "batch sequence {} is beyond the session window: the session has committed up to {} and accepts at most {window} batches above that",
-                header.batch_seq, status.committed_hwm
+                "batch sequence {} is beyond the session window: the session has committed up to {} and accepts at most {window} batches above that; waited {} ms for it to move",
+                header.batch_seq,
+                status.committed_hwm,
+                shared.config.backpressure_timeout.as_millis()
             ),
         });
     }

@@ -142,7 +142,23 @@ struct Queue {
     dispatched: AtomicU64,
     deflected: AtomicU64,
     producer_waits: AtomicU64,
-    stream: TcpStream,
+    /// The connection's current socket; replaced when an order-5 session reopens.
+    stream: Mutex<TcpStream>,
+    /// Bumped each time `stream` is replaced, so the reader follows.
+    stream_gen: AtomicU64,
+    /// Session epoch the current socket was opened with (0 without a session).
+    epoch: AtomicU64,
+}
+
+/// Order 5: the publisher's session.
+struct Session {
+    next_seq: AtomicU64,
+    /// The epoch (re)opened connections use; raised after a fence.
+    epoch: AtomicU64,
+    /// Bumped on every fence; each sender reopens its connection when it changes.
+    fences: AtomicU64,
+    /// The highest committed high-water mark a fence reported.
+    fenced_hwm: AtomicU64,
 }
 
 struct Builder {
@@ -170,8 +186,8 @@ struct Inner {
     batches: AtomicU64,
     counter: AtomicU64,
     next_batch_id: AtomicU64,
-    /// Order 5: the next session sequence and the session epoch.
-    session: Option<(AtomicU64, u64)>,
+    topic: String,
+    session: Option<Session>,
     slow_queue: Option<(usize, Duration)>,
 }
 
@@ -253,7 +269,13 @@ impl Publisher {
                     dispatched: AtomicU64::new(0),
                     deflected: AtomicU64::new(0),
                     producer_waits: AtomicU64::new(0),
-                    stream,
+                    stream: Mutex::new(stream),
+                    stream_gen: AtomicU64::new(0),
+                    epoch: AtomicU64::new(if ok.order == 5 {
+                        config.session_epoch
+                    } else {
+                        0
+                    }),
                 });
                 receivers.push((rx, ok.next_batch_seq));
             }
@@ -285,8 +307,13 @@ impl Publisher {
             batches: AtomicU64::new(0),
             counter: AtomicU64::new(0),
             next_batch_id: AtomicU64::new(0),
-            session: (order == Some(5))
-                .then(|| (AtomicU64::new(session_start), config.session_epoch)),
+            topic: topic.to_string(),
+            session: (order == Some(5)).then(|| Session {
+                next_seq: AtomicU64::new(session_start),
+                epoch: AtomicU64::new(config.session_epoch),
+                fences: AtomicU64::new(0),
+                fenced_hwm: AtomicU64::new(session_start),
+            }),
             slow_queue,
         });
         let mut threads = Vec::new();
@@ -454,7 +481,7 @@ impl Publisher {
         self.inner.closed.store(true, Ordering::SeqCst);
         self.inner.batch_opened.notify_all();
         for q in &self.inner.queues {
-            let _ = q.stream.shutdown(std::net::Shutdown::Both);
+            let _ = q.stream.lock().shutdown(std::net::Shutdown::Both);
         }
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -476,6 +503,51 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    /// Order 5: the session's epoch `fenced_epoch` was fenced with everything below `hwm`
+    /// committed. The first report opens the next epoch; every sender then reopens its
+    /// connection and resends what is not committed.
+    fn fence(&self, fenced_epoch: u64, hwm: u64) {
+        let Some(session) = &self.session else { return };
+        session.fenced_hwm.fetch_max(hwm, Ordering::AcqRel);
+        if session
+            .epoch
+            .compare_exchange(
+                fenced_epoch,
+                fenced_epoch + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            tracing::info!(
+                client = self.client_id,
+                epoch = fenced_epoch + 1,
+                hwm,
+                "order-5 session fenced; reopening with the next epoch"
+            );
+            session.fences.fetch_add(1, Ordering::AcqRel);
+        }
+        self.notify_progress();
+    }
+
+    /// Waits (bounded) for `cond`, waking on progress notifications.
+    fn wait_until(&self, limit: Duration, cond: impl Fn() -> bool) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            if cond() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline || self.closed.load(Ordering::Relaxed) {
+                return false;
+            }
+            let mut g = self.progress.0.lock();
+            self.progress
+                .1
+                .wait_for(&mut g, (deadline - now).min(Duration::from_millis(10)));
+        }
     }
 
     /// Records the first failure of a connection and wakes anyone waiting on it.
@@ -502,8 +574,8 @@ impl Inner {
             Vec::with_capacity(self.config.batch_bytes + MESSAGE_HEADER_LEN * 2)
         });
         let mut buf = std::mem::replace(&mut b.buf, fresh);
-        let seq = self.session.as_ref().map(|(next, _)| {
-            let seq = next.fetch_add(1, Ordering::Relaxed);
+        let seq = self.session.as_ref().map(|session| {
+            let seq = session.next_seq.fetch_add(1, Ordering::Relaxed);
             stamp_batch_seq(&mut buf, seq);
             seq
         });
@@ -634,10 +706,11 @@ fn write_batch(stream: &mut TcpStream, header: &[u8], payload: &[u8]) -> std::io
 fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64) {
     let q = &inner.queues[index];
     let conn = &q.conn;
-    let Ok(mut stream) = q.stream.try_clone() else {
+    let Ok(mut stream) = q.stream.lock().try_clone() else {
         return;
     };
     let mut next_seq = first_seq;
+    let mut fences_handled = 0;
     let mut backoff = Duration::from_millis(5);
     let fail = |e: std::io::Error| {
         if !inner.closed.load(Ordering::Relaxed) {
@@ -650,9 +723,29 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
             );
         }
     };
+    // A write error on an order-5 connection may be the broker closing a fenced epoch:
+    // give the reader a moment to report the fence before calling it a failure.
+    let fenced_meanwhile = |handled: u64| {
+        inner.session.as_ref().is_some_and(|session| {
+            inner.wait_until(Duration::from_secs(2), || {
+                session.fences.load(Ordering::Acquire) != handled
+            })
+        })
+    };
     loop {
         if conn.failed.lock().is_some() {
             return;
+        }
+        if let Some(session) = &inner.session {
+            let fences = session.fences.load(Ordering::Acquire);
+            if fences != fences_handled {
+                fences_handled = fences;
+                match reopen(&inner, index) {
+                    Ok(new) => stream = new,
+                    Err(e) => return inner.fail(conn, e),
+                }
+                continue;
+            }
         }
         let resend_from = conn.resend_from.swap(u64::MAX, Ordering::AcqRel);
         if resend_from != u64::MAX {
@@ -667,11 +760,25 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
                 let keep = unacked.iter().take_while(|f| f.seq < resend_from).count();
                 unacked.drain(keep..).collect()
             };
+            let epoch = q.epoch.load(Ordering::Acquire);
+            let mut written = true;
             for f in &tail {
-                let header = batch_header(&inner, f.seq, &f.batch);
+                let header = batch_header(&inner, f.seq, &f.batch, epoch);
                 if let Err(e) = write_batch(&mut stream, &header, &f.batch.buf) {
-                    return fail(e);
+                    if !fenced_meanwhile(fences_handled) {
+                        return fail(e);
+                    }
+                    written = false;
+                    break;
                 }
+            }
+            if !written {
+                // Put them back; the reopen resends them.
+                let mut unacked = conn.unacked.lock();
+                for f in tail {
+                    unacked.push_back(f);
+                }
+                continue;
             }
             let mut unacked = conn.unacked.lock();
             let acked = conn.acked.load(Ordering::Acquire);
@@ -720,9 +827,12 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
                 seq
             }
         };
-        let header = batch_header(&inner, seq, &batch);
+        let header = batch_header(&inner, seq, &batch, q.epoch.load(Ordering::Acquire));
         if let Err(e) = write_batch(&mut stream, &header, &batch.buf) {
-            return fail(e);
+            if !fenced_meanwhile(fences_handled) {
+                return fail(e);
+            }
+            // Keep it with the unacknowledged batches: the reopen resends it.
         }
         backoff = Duration::from_millis(5);
         if inner.config.ack_level > 0 {
@@ -743,6 +853,92 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
     }
 }
 
+/// Order 5, after a fence: opens the connection again with the session's new epoch,
+/// counts what the fence reported committed as acknowledged, and resends the rest of
+/// this connection's unacknowledged batches in order (the sequencer drops any that turn
+/// out to be committed already, so each is delivered exactly once).
+fn reopen(inner: &Inner, index: usize) -> Result<TcpStream, Error> {
+    let q = &inner.queues[index];
+    let conn = &q.conn;
+    let session = inner.session.as_ref().expect("order-5 publisher");
+    let mut attempts = 0;
+    let (mut stream, epoch, hwm) = loop {
+        let epoch = session.epoch.load(Ordering::Acquire);
+        let hello = Hello {
+            role: Role::Publish,
+            ack_level: inner.config.ack_level,
+            client_id: inner.client_id,
+            session_epoch: epoch,
+            start_position: 0,
+            connection_index: q.connection as u32,
+            cursor_count: 0,
+            topic: inner.topic.clone(),
+        };
+        match conn::open(&q.broker, &hello, &[]) {
+            Ok((stream, ok)) => {
+                let hwm = ok
+                    .next_batch_seq
+                    .max(session.fenced_hwm.load(Ordering::Acquire));
+                break (stream, epoch, hwm);
+            }
+            // Fenced again meanwhile: take the newer epoch and try again.
+            Err(e) if e.code() == Some(ErrorCode::SessionFenced) && attempts < 5 => {
+                attempts += 1;
+                if let Error::Broker { message, .. } = &e {
+                    inner.fence(epoch, parse_hwm(message).unwrap_or(0));
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let lost = |e: std::io::Error| Error::ConnectionLost {
+        broker: q.broker.clone(),
+        message: e.to_string(),
+    };
+    {
+        let mut current = q.stream.lock();
+        let _ = current.shutdown(std::net::Shutdown::Both);
+        *current = stream.try_clone().map_err(lost)?;
+    }
+    q.epoch.store(epoch, Ordering::Release);
+    q.stream_gen.fetch_add(1, Ordering::AcqRel);
+    conn.resend_from.store(u64::MAX, Ordering::Release);
+    inner.notify_progress();
+    let pending: Vec<InFlight> = conn.unacked.lock().drain(..).collect();
+    let mut resent = Vec::new();
+    for f in pending {
+        if f.seq < hwm {
+            conn.acked_batches.fetch_add(1, Ordering::Release);
+            inner.recycle(f.batch.buf);
+        } else {
+            let header = batch_header(inner, f.seq, &f.batch, epoch);
+            write_batch(&mut stream, &header, &f.batch.buf).map_err(lost)?;
+            resent.push(f);
+        }
+    }
+    let mut unacked = conn.unacked.lock();
+    conn.acked.fetch_max(hwm, Ordering::AcqRel);
+    let acked = conn.acked.load(Ordering::Acquire);
+    for f in resent {
+        if f.seq < acked {
+            conn.acked_batches.fetch_add(1, Ordering::Release);
+            inner.recycle(f.batch.buf);
+        } else {
+            unacked.push_back(f);
+        }
+    }
+    drop(unacked);
+    inner.notify_progress();
+    Ok(stream)
+}
+
+/// The committed high-water mark in a SessionFenced error text (`hwm=N`).
+fn parse_hwm(message: &str) -> Option<u64> {
+    let rest = &message[message.find("hwm=")? + 4..];
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits.parse().ok()
+}
+
 /// Writes the connection's batch sequence into every message header of a batch.
 fn stamp_batch_seq(buf: &mut [u8], seq: u64) {
     let mut at = 0;
@@ -753,14 +949,14 @@ fn stamp_batch_seq(buf: &mut [u8], seq: u64) {
     }
 }
 
-fn batch_header(inner: &Inner, seq: u64, batch: &Sealed) -> [u8; 128] {
+fn batch_header(inner: &Inner, seq: u64, batch: &Sealed, session_epoch: u64) -> [u8; 128] {
     BatchHeader {
         batch_seq: seq,
         client_id: inner.client_id,
         num_msg: batch.num_msg,
         epoch_created: now_ns(),
         batch_id: batch.batch_id,
-        session_epoch: inner.session.as_ref().map_or(0, |(_, epoch)| *epoch),
+        session_epoch,
         total_size: batch.buf.len() as u64,
         ..Default::default()
     }
@@ -784,8 +980,23 @@ fn slow_queue_from_env() -> Option<(usize, Duration)> {
 fn reader(inner: Arc<Inner>, index: usize) {
     let q = &inner.queues[index];
     let conn = &q.conn;
-    let Ok(mut stream) = q.stream.try_clone() else {
+    let mut generation = q.stream_gen.load(Ordering::Acquire);
+    let mut epoch = q.epoch.load(Ordering::Acquire);
+    let Ok(mut stream) = q.stream.lock().try_clone() else {
         return;
+    };
+    // Order 5: after a fence the sender replaces the socket; follow it.
+    let next_stream = |generation: u64| -> Option<(u64, u64, TcpStream)> {
+        inner.session.as_ref()?;
+        if !inner.wait_until(Duration::from_secs(5), || {
+            q.stream_gen.load(Ordering::Acquire) != generation
+        }) {
+            return None;
+        }
+        let generation = q.stream_gen.load(Ordering::Acquire);
+        let epoch = q.epoch.load(Ordering::Acquire);
+        let stream = q.stream.lock().try_clone().ok()?;
+        Some((generation, epoch, stream))
     };
     loop {
         match conn::read_frame(&mut stream, &q.broker, 64) {
@@ -819,6 +1030,15 @@ fn reader(inner: Arc<Inner>, index: usize) {
             Ok(Frame::Error(e)) if e.code == ErrorCode::Backpressure => {
                 conn.resend_from.store(e.batch_seq, Ordering::Release);
             }
+            Ok(Frame::Error(e))
+                if e.code == ErrorCode::SessionFenced && inner.session.is_some() =>
+            {
+                inner.fence(epoch, parse_hwm(&e.message).unwrap_or(0));
+                match next_stream(generation) {
+                    Some((g, ep, s)) => (generation, epoch, stream) = (g, ep, s),
+                    None => return inner.fail(conn, conn::broker_error(&q.broker, e)),
+                }
+            }
             Ok(Frame::Error(e)) => {
                 return inner.fail(conn, conn::broker_error(&q.broker, e));
             }
@@ -832,11 +1052,19 @@ fn reader(inner: Arc<Inner>, index: usize) {
                 );
             }
             Err(e) => {
-                if !inner.closed.load(Ordering::Relaxed) {
-                    inner.fail(conn, e);
+                if inner.closed.load(Ordering::Relaxed) {
+                    inner.notify_progress();
+                    return;
                 }
-                inner.notify_progress();
-                return;
+                // The socket may have been replaced (or closed by the broker for a
+                // fence another connection reported): follow it if so.
+                match next_stream(generation) {
+                    Some((g, ep, s)) => (generation, epoch, stream) = (g, ep, s),
+                    None => {
+                        inner.fail(conn, e);
+                        return;
+                    }
+                }
             }
         }
     }

@@ -60,6 +60,8 @@ pub struct BrokerSettings {
     /// Fraction of that broker's batches dropped before they reach its ring (they are
     /// committed as void, so the client is never acknowledged for them).
     pub fault_drop_fraction: f64,
+    /// Most batches dropped by fault injection in all (0: no limit).
+    pub fault_drop_limit: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -116,6 +118,7 @@ impl Default for BrokerSettings {
             fault_delay_fraction: 0.0,
             fault_delay_us: 0,
             fault_drop_fraction: 0.0,
+            fault_drop_limit: 0,
         }
     }
 }

@@ -160,7 +160,7 @@ fn metrics(inner: &Inner) -> String {
         }
     };
     type Field = fn(&embarcadero_broker::BrokerMetrics) -> &std::sync::atomic::AtomicU64;
-    let per_broker: [(&str, &str, &str, Field); 11] = [
+    let per_broker: [(&str, &str, &str, Field); 12] = [
         (
             "publish_bytes_total",
             "counter",
@@ -226,6 +226,12 @@ fn metrics(inner: &Inner) -> String {
             "gauge",
             "Open client connections.",
             |m| &m.connections_open,
+        ),
+        (
+            "session_window_waits_total",
+            "counter",
+            "Order-5 batches held back because they were beyond their session's window.",
+            |m| &m.session_window_waits,
         ),
     ];
     for (name, kind, help, field) in per_broker {

@@ -130,6 +130,7 @@ impl Server {
                     delay_fraction: b.fault_delay_fraction,
                     delay: Duration::from_micros(b.fault_delay_us),
                     drop_fraction: b.fault_drop_fraction,
+                    drop_limit: b.fault_drop_limit,
                 }),
             };
             brokers.push(

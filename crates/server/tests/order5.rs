@@ -41,20 +41,46 @@ fn read(brokers: &[String], topic: &str, n: usize) -> Vec<Message> {
 /// duplicate, and every subscriber sees the same sequence.
 #[test]
 fn every_session_keeps_its_send_order_across_brokers_under_random_delays() {
+    session_fifo(4096, 4000);
+}
+
+/// With a window of 4 batches and 8 connections per session, sessions constantly have
+/// more in flight than the window: brokers hold those batches back until the session's
+/// head moves (backpressure), and nothing is refused, reordered or lost.
+#[test]
+fn a_full_session_window_is_backpressure_not_an_error() {
+    let t = session_fifo(4, 1000);
+    let waits = metric_sum(&t, "embarcadero_session_window_waits_total");
+    assert!(waits > 0, "batches were held back by the window");
+}
+
+/// Sums a counter over its labels, read from the server's /metrics endpoint.
+fn metric_sum(t: &common::TestServer, name: &str) -> u64 {
+    let mut s = TcpStream::connect(t.control()).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn session_fifo(window: u64, per_session: u64) -> common::TestServer {
     let t = common::start_with(|c| {
         c.broker.fault_broker = 1;
         c.broker.fault_delay_fraction = 0.3;
         c.broker.fault_delay_us = 2000;
+        c.sequencer.session_window = window;
     });
     t.admin().create_topic(&TopicSpec::new("s", 5)).unwrap();
     const SESSIONS: usize = 5;
-    const PER_SESSION: u64 = 4000;
     let publishers: Vec<_> = (0..SESSIONS)
         .map(|_| {
             let brokers = t.brokers();
             std::thread::spawn(move || {
                 let p = Publisher::connect_brokers(&brokers, "s", session_config()).unwrap();
-                for i in 0..PER_SESSION {
+                for i in 0..per_session {
                     p.publish(format!("{i}").as_bytes()).unwrap();
                 }
                 let id = p.client_id();
@@ -64,7 +90,7 @@ fn every_session_keeps_its_send_order_across_brokers_under_random_delays() {
         })
         .collect();
     let ids: Vec<u64> = publishers.into_iter().map(|h| h.join().unwrap()).collect();
-    let total = SESSIONS * PER_SESSION as usize;
+    let total = SESSIONS * per_session as usize;
     let a = read(&t.brokers(), "s", total);
     let b = read(&t.brokers(), "s", total);
     assert_eq!(a, b, "subscribers agree");
@@ -76,18 +102,21 @@ fn every_session_keeps_its_send_order_across_brokers_under_random_delays() {
         assert_eq!(m.payload, expected.to_string().as_bytes());
         *expected += 1;
     }
-    assert!(next.values().all(|n| *n == PER_SESSION));
+    assert!(next.values().all(|n| *n == per_session));
+    t
 }
 
-/// One broker drops every batch before it reaches its ring, so a session striped over
-/// all brokers gets a gap at its head; after the (short) lease the session is fenced and
-/// its publisher is told so. A session that only uses the healthy brokers keeps flowing
-/// the whole time.
+/// Broker 1 drops the first batch that reaches it, so the session striped over all
+/// brokers has a gap at its head. After the (short) lease the session is fenced; the
+/// client reopens with the next epoch by itself and resends what was not committed, and
+/// every message is delivered exactly once, in session order. A session that only uses
+/// the healthy brokers keeps flowing the whole time.
 #[test]
-fn a_gap_that_outlives_the_lease_fences_only_its_own_session() {
+fn a_fenced_session_reopens_by_itself_and_delivers_exactly_once() {
     let t = common::start_with(|c| {
         c.broker.fault_broker = 1;
         c.broker.fault_drop_fraction = 1.0;
+        c.broker.fault_drop_limit = 1;
         c.sequencer.session_lease_ms = 300;
     });
     t.admin().create_topic(&TopicSpec::new("f", 5)).unwrap();
@@ -98,46 +127,63 @@ fn a_gap_that_outlives_the_lease_fences_only_its_own_session() {
         .filter(|(i, _)| *i != 1)
         .map(|(_, a)| a)
         .collect();
+    const N: u64 = 3000;
+    let total = 2 * N as usize;
+    // Reads from the start, so everything stays in memory until it has seen it.
+    let brokers = t.brokers();
+    let reader = std::thread::spawn(move || read(&brokers, "f", total));
     let untouched = {
         let healthy = healthy.clone();
         std::thread::spawn(move || {
             let p = Publisher::connect_brokers(&healthy, "f", session_config()).unwrap();
-            for round in 0..20 {
-                for i in 0..100 {
-                    p.publish(format!("{}", round * 100 + i).as_bytes())
-                        .unwrap();
+            let mut flushes = Vec::new();
+            for i in 0..N {
+                p.publish(format!("{i}").as_bytes()).unwrap();
+                if i % 300 == 299 {
+                    let started = std::time::Instant::now();
+                    p.flush()
+                        .expect("the untouched session is acknowledged throughout");
+                    flushes.push(started.elapsed());
+                    std::thread::sleep(Duration::from_millis(30));
                 }
-                p.flush()
-                    .expect("the untouched session is acknowledged throughout");
-                std::thread::sleep(Duration::from_millis(30));
             }
             let id = p.client_id();
             p.close().unwrap();
-            id
+            (id, flushes)
         })
     };
     let p = Publisher::connect_brokers(&t.brokers(), "f", session_config()).unwrap();
-    for i in 0..200 {
-        let _ = p.publish(format!("{i}").as_bytes());
+    for i in 0..N {
+        p.publish(format!("{i}").as_bytes()).unwrap();
     }
-    let err = p.flush().expect_err("the session with a gap is fenced");
-    assert_eq!(err.code(), Some(ErrorCode::SessionFenced), "{err}");
-    assert!(err.to_string().contains("hwm="), "{err}");
-    let untouched_id = untouched.join().unwrap();
-    // The untouched session's 2000 messages are all there, in order.
-    let stats = t.server.topic("f").unwrap();
-    let mut s = Subscriber::connect_brokers(&healthy, "f", SubscriberConfig::default()).unwrap();
-    let mut next = 0u64;
-    let mut seen = 0;
-    while seen < stats.next_position {
-        let m = s.poll(Duration::from_secs(10)).unwrap().unwrap();
-        seen += 1;
-        if m.client_id == untouched_id {
-            assert_eq!(m.counter, next);
-            next += 1;
-        }
+    let fenced_id = p.client_id();
+    p.close()
+        .expect("reopened after the fence and acknowledged");
+    let (untouched_id, flushes) = untouched.join().unwrap();
+    // The untouched session never waited for the fenced one's lease.
+    assert!(
+        flushes.iter().all(|d| *d < Duration::from_millis(300)),
+        "{flushes:?}"
+    );
+    let got = reader.join().unwrap();
+    let mut next: BTreeMap<u64, u64> = [(fenced_id, 0), (untouched_id, 0)].into();
+    for (i, m) in got.iter().enumerate() {
+        assert_eq!(m.position, i as u64);
+        let expected = next.get_mut(&m.client_id).expect("one of the two sessions");
+        assert_eq!(
+            m.counter, *expected,
+            "session {} out of order or duplicated",
+            m.client_id
+        );
+        *expected += 1;
     }
-    assert_eq!(next, 2000);
+    assert_eq!(next[&fenced_id], N);
+    assert_eq!(next[&untouched_id], N);
+    let (_, rec) = t.server.region().session_find(0, fenced_id).unwrap();
+    assert!(
+        rec.session_epoch >= 2,
+        "the session was fenced and reopened: {rec:?}"
+    );
 }
 
 /// The sequencer is stopped and restarted again and again while sessions publish: no
@@ -252,7 +298,8 @@ fn batch(seq: u64, epoch: u64) -> Vec<u8> {
 
 #[test]
 fn bad_session_input_gets_clear_errors() {
-    let t = common::start();
+    // A batch beyond the window waits this long for the session to move, then is refused.
+    let t = common::start_with(|c| c.broker.backpressure_timeout_ms = 200);
     t.admin().create_topic(&TopicSpec::new("s", 5)).unwrap();
     t.create_topic("plain", 2);
 
