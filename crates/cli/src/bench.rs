@@ -47,6 +47,11 @@ pub struct BenchArgs {
     /// Wait for the round-robin queue instead of deflecting to the next when it is full.
     #[arg(long)]
     pub no_deflect: bool,
+    /// Publish at this fixed rate (MB/s of payload) instead of as fast as possible, on a
+    /// schedule fixed in advance (a late message is not excused by the lateness of the
+    /// ones before it), to measure latency below saturation.
+    #[arg(long)]
+    pub rate: Option<f64>,
     /// Use a running server instead of starting an embedded one.
     #[arg(long)]
     pub control: Option<String>,
@@ -145,7 +150,24 @@ pub fn run(args: BenchArgs) -> CliResult {
     let payload: Vec<u8> = (0..args.size).map(|i| (i % 251) as u8).collect();
     let cpu_before = process_cpu_seconds();
     let start = Instant::now();
+    // Fixed schedule: message i is due at start + i * interval.
+    let interval = args
+        .rate
+        .map(|mb_s| Duration::from_secs_f64(args.size as f64 / (mb_s * 1e6)));
+    let mut behind_max = Duration::ZERO;
     for i in 0..count {
+        if let Some(interval) = interval {
+            let due = start + interval.mul_f64(i as f64);
+            let now = Instant::now();
+            if due > now {
+                // Sleep, do not spin: a spinning publisher would take one of the two
+                // cores from the system being measured. Messages that fall due while
+                // it sleeps go out together when it wakes.
+                std::thread::sleep(due - now);
+            } else {
+                behind_max = behind_max.max(now - due);
+            }
+        }
         publisher.publish(&payload).map_err(|e| e.to_string())?;
         if i % 8192 == 0 {
             bar.set_position(i);
@@ -195,6 +217,9 @@ pub fn run(args: BenchArgs) -> CliResult {
         "mb_per_s": mb_s,
         "messages_per_s": stats.messages as f64 / elapsed.as_secs_f64(),
         "ack_latency_us": stats.ack_latency_us,
+        "append_to_ack_us": stats.append_to_ack_us,
+        "rate_mb_per_s": args.rate,
+        "schedule_max_lateness_us": interval.map(|_| behind_max.as_micros() as u64),
         "e2e_latency_us": e2e.as_ref().map(|(_, _, h)| serde_json::json!({
             "p50": h.value_at_quantile(0.5),
             "p99": h.value_at_quantile(0.99),

@@ -119,6 +119,7 @@ pub fn report(stats: &PublisherStats, elapsed: Duration, json: bool, ack: u8) {
             "messages_per_s": stats.messages as f64 / secs,
             "ack_level": ack,
             "ack_latency_us": stats.ack_latency_us,
+            "append_to_ack_us": stats.append_to_ack_us,
             "queues": stats.queues,
             "client_id": stats.client_id,
         });
@@ -140,6 +141,10 @@ pub fn report(stats: &PublisherStats, elapsed: Duration, json: bool, ack: u8) {
             stats.ack_latency_us.p99,
             stats.ack_latency_us.max,
             stats.ack_latency_us.count
+        );
+        println!(
+            "append to ack (first message of a batch to its ack): p50 {} us, p99 {} us, p99.9 {} us",
+            stats.append_to_ack_us.p50, stats.append_to_ack_us.p99, stats.append_to_ack_us.p999
         );
     }
     let waits: u64 = stats.queues.iter().map(|q| q.producer_waits).sum();

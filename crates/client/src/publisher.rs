@@ -90,6 +90,9 @@ pub struct PublisherStats {
     pub acked_batches: u64,
     /// Seal-to-acknowledgement latency of batches, microseconds.
     pub ack_latency_us: LatencySummary,
+    /// From the publish of a batch's first message to its acknowledgement, microseconds:
+    /// includes the linger wait, queueing, the network and the ordering.
+    pub append_to_ack_us: LatencySummary,
     pub queues: Vec<QueueStats>,
 }
 
@@ -103,6 +106,19 @@ pub struct LatencySummary {
     pub max: u64,
 }
 
+impl LatencySummary {
+    fn of(h: &Histogram<u64>) -> Self {
+        Self {
+            count: h.len(),
+            p50: h.value_at_quantile(0.5),
+            p90: h.value_at_quantile(0.9),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            max: h.max(),
+        }
+    }
+}
+
 struct Sealed {
     /// Order 5: the session sequence, assigned at seal; otherwise the sender numbers
     /// batches per connection.
@@ -110,6 +126,8 @@ struct Sealed {
     buf: Vec<u8>,
     num_msg: u32,
     sealed_at: Instant,
+    /// When the batch's first message was published.
+    first_at: Instant,
     batch_id: u64,
 }
 
@@ -132,6 +150,8 @@ struct ConnShared {
     backpressure_retries: AtomicU64,
     failed: Mutex<Option<Error>>,
     latency: Mutex<Histogram<u64>>,
+    /// Append (first message of the batch published) to acknowledgement, microseconds.
+    append_latency: Mutex<Histogram<u64>>,
 }
 
 struct Queue {
@@ -263,6 +283,7 @@ impl Publisher {
                         backpressure_retries: AtomicU64::new(0),
                         failed: Mutex::new(None),
                         latency: Mutex::new(Histogram::new(3).expect("valid histogram")),
+                        append_latency: Mutex::new(Histogram::new(3).expect("valid histogram")),
                     }),
                     broker: addr.clone(),
                     connection,
@@ -433,8 +454,10 @@ impl Publisher {
     pub fn stats(&self) -> PublisherStats {
         let inner = &self.inner;
         let mut all = Histogram::<u64>::new(3).expect("valid histogram");
+        let mut appended = Histogram::<u64>::new(3).expect("valid histogram");
         for q in &inner.queues {
             let _ = all.add(&*q.conn.latency.lock());
+            let _ = appended.add(&*q.conn.append_latency.lock());
         }
         PublisherStats {
             client_id: inner.client_id,
@@ -446,14 +469,8 @@ impl Publisher {
                 .iter()
                 .map(|q| q.conn.acked_batches.load(Ordering::Relaxed))
                 .sum(),
-            ack_latency_us: LatencySummary {
-                count: all.len(),
-                p50: all.value_at_quantile(0.5),
-                p90: all.value_at_quantile(0.9),
-                p99: all.value_at_quantile(0.99),
-                p999: all.value_at_quantile(0.999),
-                max: all.max(),
-            },
+            ack_latency_us: LatencySummary::of(&all),
+            append_to_ack_us: LatencySummary::of(&appended),
             queues: inner
                 .queues
                 .iter()
@@ -584,6 +601,7 @@ impl Inner {
             buf,
             num_msg: b.num_msg,
             sealed_at: Instant::now(),
+            first_at: b.first_at.unwrap_or_else(Instant::now),
             batch_id: self.next_batch_id.fetch_add(1, Ordering::Relaxed),
         };
         b.num_msg = 0;
@@ -1014,10 +1032,13 @@ fn reader(inner: Arc<Inner>, index: usize) {
                     conn.acked.fetch_max(count, Ordering::AcqRel);
                 }
                 {
-                    let mut h = conn.latency.lock();
+                    let mut sealed = conn.latency.lock();
+                    let mut appended = conn.append_latency.lock();
                     for f in &done {
                         let us = now.duration_since(f.batch.sealed_at).as_micros() as u64;
-                        let _ = h.record(us.max(1));
+                        let _ = sealed.record(us.max(1));
+                        let us = now.duration_since(f.batch.first_at).as_micros() as u64;
+                        let _ = appended.record(us.max(1));
                     }
                 }
                 conn.acked_batches
