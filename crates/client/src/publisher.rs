@@ -676,6 +676,34 @@ impl Inner {
         }
     }
 
+    /// Counts a batch as acknowledged without its ack passing through the queue (the
+    /// ack overtook it, or a fence reported it committed) and recycles its buffer.
+    fn settle(&self, conn: &ConnShared, f: InFlight) {
+        conn.acked_batches.fetch_add(1, Ordering::Release);
+        self.recycle(f.batch.buf);
+    }
+
+    /// Queues sent batches for acknowledgement, settling at once any the broker already
+    /// acknowledged: an ack can overtake the sender. `acked` is read under the queue lock,
+    /// which is where the reader moves it.
+    fn requeue(&self, conn: &ConnShared, batches: impl IntoIterator<Item = InFlight>) {
+        let mut settled = Vec::new();
+        {
+            let mut unacked = conn.unacked.lock();
+            let acked = conn.acked.load(Ordering::Acquire);
+            for f in batches {
+                if f.seq < acked {
+                    settled.push(f);
+                } else {
+                    unacked.push_back(f);
+                }
+            }
+        }
+        for f in settled {
+            self.settle(conn, f);
+        }
+    }
+
     fn recycle(&self, mut buf: Vec<u8>) {
         buf.clear();
         let _ = self.pool.0.send(buf);
@@ -798,17 +826,7 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
                 }
                 continue;
             }
-            let mut unacked = conn.unacked.lock();
-            let acked = conn.acked.load(Ordering::Acquire);
-            for f in tail {
-                if f.seq < acked {
-                    // Acknowledged while it was out of the queue being resent.
-                    conn.acked_batches.fetch_add(1, Ordering::Release);
-                    inner.recycle(f.batch.buf);
-                } else {
-                    unacked.push_back(f);
-                }
-            }
+            inner.requeue(conn, tail);
             continue;
         }
         if inner.config.ack_level > 0
@@ -854,15 +872,7 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
         }
         backoff = Duration::from_millis(5);
         if inner.config.ack_level > 0 {
-            let mut unacked = conn.unacked.lock();
-            if seq < conn.acked.load(Ordering::Acquire) {
-                // The ack overtook us: the broker acknowledged it while we were writing.
-                drop(unacked);
-                conn.acked_batches.fetch_add(1, Ordering::Release);
-                inner.recycle(batch.buf);
-            } else {
-                unacked.push_back(InFlight { seq, batch });
-            }
+            inner.requeue(conn, [InFlight { seq, batch }]);
         } else {
             inner.recycle(batch.buf);
         }
@@ -926,26 +936,15 @@ fn reopen(inner: &Inner, index: usize) -> Result<TcpStream, Error> {
     let mut resent = Vec::new();
     for f in pending {
         if f.seq < hwm {
-            conn.acked_batches.fetch_add(1, Ordering::Release);
-            inner.recycle(f.batch.buf);
+            inner.settle(conn, f);
         } else {
             let header = batch_header(inner, f.seq, &f.batch, epoch);
             write_batch(&mut stream, &header, &f.batch.buf).map_err(lost)?;
             resent.push(f);
         }
     }
-    let mut unacked = conn.unacked.lock();
     conn.acked.fetch_max(hwm, Ordering::AcqRel);
-    let acked = conn.acked.load(Ordering::Acquire);
-    for f in resent {
-        if f.seq < acked {
-            conn.acked_batches.fetch_add(1, Ordering::Release);
-            inner.recycle(f.batch.buf);
-        } else {
-            unacked.push_back(f);
-        }
-    }
-    drop(unacked);
+    inner.requeue(conn, resent);
     inner.notify_progress();
     Ok(stream)
 }
