@@ -5,7 +5,7 @@
 use crate::log_writer::{Reservation, ReserveError};
 use crate::net::{self, End, Refusal};
 use crate::session::{self, SessionView};
-use crate::Shared;
+use crate::{Shared, StageTimes};
 use crossbeam_queue::ArrayQueue;
 use embarcadero_region::backoff::Backoff;
 use embarcadero_region::TopicMeta;
@@ -225,6 +225,8 @@ fn receive_batches(
             .into();
         }
         let may_refuse = conn.ack_level > 0;
+        let stages = &shared.metrics.stages;
+        let started = Instant::now();
         let reservation =
             match reserve_with_backpressure(shared, writer, header.total_size, may_refuse) {
                 Some(r) => r,
@@ -253,6 +255,7 @@ fn receive_batches(
                     continue;
                 }
             };
+        let reserved = StageTimes::lap(&stages.reserve, started);
         // SAFETY: the reservation gives this connection exclusive ownership of the
         // range until its PBR slot is committed below (or voided on error).
         let dest = unsafe {
@@ -267,10 +270,12 @@ fn receive_batches(
             commit_void(shared, topic, &reservation);
             return e.into();
         }
+        let arrived = StageTimes::lap(&stages.receive, reserved);
         if let Err(e) = validate_batch_payload(&header, dest, shared.config.max_message_bytes) {
             commit_void(shared, topic, &reservation);
             return Refusal::from_wire(&e, header.batch_seq).into();
         }
+        let validated = StageTimes::lap(&stages.validate, arrived);
         if let Some(fault) = &shared.config.fault {
             let roll = |seed: &mut u64| {
                 *seed ^= *seed << 13;
@@ -308,6 +313,7 @@ fn receive_batches(
             region.sequencer_bell().ring();
         }
         region.broker_bell(broker).ring();
+        StageTimes::lap(&stages.commit, validated);
         expected_seq += 1;
         let m = &shared.metrics;
         m.publish_batches.fetch_add(1, Ordering::Relaxed);

@@ -4,7 +4,7 @@
 
 use crate::publish::PublishConn;
 use crate::session::SessionView;
-use crate::Shared;
+use crate::{Shared, StageTimes};
 use embarcadero_region::backoff::Backoff;
 use embarcadero_wire::{Ack, BatchFlags, ErrorCode, ErrorFrame};
 use std::sync::atomic::Ordering;
@@ -79,9 +79,13 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
                 });
             }
             let st = slot.as_mut().expect("initialised above");
+            let stages = &shared.metrics.stages;
+            let started = std::time::Instant::now();
             progress |= advance_frontier(&shared, topic, st);
+            let advanced = StageTimes::lap(&stages.frontier, started);
             let segment_pressure = shared.pool.free_count() < reclaim_below_free;
             progress |= reclaim(&shared, topic, st, segment_pressure);
+            StageTimes::lap(&stages.reclaim, advanced);
         }
         let free = shared.pool.free_count();
         let paused = shared.paused.load(Ordering::Relaxed);
@@ -100,7 +104,9 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
                 "log memory below low watermark: resuming publishers"
             );
         }
+        let started = std::time::Instant::now();
         progress |= send_acks(&shared, &logs, &mut acks);
+        StageTimes::lap(&shared.metrics.stages.ack_send, started);
         if progress {
             backoff.reset();
         } else {

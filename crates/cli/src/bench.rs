@@ -196,6 +196,12 @@ pub fn run(args: BenchArgs) -> CliResult {
     };
     let mb_s = bytes / elapsed.as_secs_f64() / 1e6;
     let embedded = server.is_some();
+    // Per-stage time from the server's counters (cumulative: exact for an embedded
+    // server, which served only this run).
+    let stage_ms_per_gb: std::collections::BTreeMap<String, f64> = stage_nanos(&control)
+        .into_iter()
+        .map(|(stage, ns)| (stage, ns as f64 / 1e6 / (bytes / 1e9)))
+        .collect();
     let figures = serde_json::json!({
         "mode": args.mode,
         "order": args.order,
@@ -229,6 +235,7 @@ pub fn run(args: BenchArgs) -> CliResult {
         })),
         "process_cpu_seconds_per_gb": embedded.then(|| cpu / (bytes / 1e9)),
         "queues": stats.queues,
+        "stage_ms_per_gb": stage_ms_per_gb,
         "ceilings": ceilings,
     });
     drop(server);
@@ -260,6 +267,12 @@ pub fn run(args: BenchArgs) -> CliResult {
             cpu / (bytes / 1e9)
         );
     }
+    if !stage_ms_per_gb.is_empty() {
+        println!("time per stage, ms per GB of payload (summed over brokers):");
+        for (stage, ms) in &stage_ms_per_gb {
+            println!("  {stage:<16} {ms:>9.1}");
+        }
+    }
     for c in figures["ceilings"].as_array().into_iter().flatten() {
         let ceiling = c["mb_per_s"].as_f64().unwrap_or(0.0);
         println!(
@@ -270,6 +283,39 @@ pub fn run(args: BenchArgs) -> CliResult {
         );
     }
     Ok(())
+}
+
+/// Sums `embarcadero_stage_nanoseconds_total` per stage from the server's /metrics.
+fn stage_nanos(control: &str) -> std::collections::BTreeMap<String, u64> {
+    use std::io::{Read, Write};
+    let mut totals = std::collections::BTreeMap::new();
+    let Ok(mut s) = std::net::TcpStream::connect(control) else {
+        return totals;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    if s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").is_err() {
+        return totals;
+    }
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("embarcadero_stage_nanoseconds_total{") else {
+            continue;
+        };
+        let stage = rest
+            .split("stage=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or("?")
+            .to_string();
+        let value = rest
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        *totals.entry(stage).or_insert(0) += value;
+    }
+    totals
 }
 
 fn tempdir() -> Result<std::path::PathBuf, String> {

@@ -56,6 +56,8 @@ pub struct SequencerMetrics {
     pub messages_ordered: AtomicU64,
     /// Total time spent sealing (assigning positions and writing the GOI), in ns.
     pub seal_nanos: AtomicU64,
+    /// Total time spent scanning PBRs for committed slots, in ns.
+    pub scan_nanos: AtomicU64,
     /// Times an epoch could not be fully sealed because GOI slots were still in use.
     pub goi_full_stalls: AtomicU64,
 }
@@ -203,7 +205,11 @@ impl Core {
                 self.refresh_topics();
                 last_refresh = Instant::now();
             }
+            let scan_started = Instant::now();
             let pending = self.scan();
+            self.metrics
+                .scan_nanos
+                .fetch_add(scan_started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             let now = Instant::now();
             if pending == 0 {
                 backoff.idle(Some((&bell, seen)));

@@ -266,7 +266,40 @@ fn metrics(inner: &Inner) -> String {
             })
             .collect(),
     );
+    type Stage = fn(&embarcadero_broker::StageTimes) -> &std::sync::atomic::AtomicU64;
+    let stages: [(&str, Stage); 7] = [
+        ("reserve", |s| &s.reserve),
+        ("receive", |s| &s.receive),
+        ("validate", |s| &s.validate),
+        ("commit", |s| &s.commit),
+        ("frontier", |s| &s.frontier),
+        ("reclaim", |s| &s.reclaim),
+        ("ack_send", |s| &s.ack_send),
+    ];
     let s = &inner.sequencer_metrics;
+    let mut samples = Vec::new();
+    for b in &inner.brokers {
+        for (stage, field) in stages {
+            samples.push((
+                format!("{{broker=\"{}\",stage=\"{stage}\"}}", b.id),
+                field(&b.metrics.stages).load(Ordering::Relaxed),
+            ));
+        }
+    }
+    samples.push((
+        "{stage=\"sequencer_scan\"}".into(),
+        s.scan_nanos.load(Ordering::Relaxed),
+    ));
+    samples.push((
+        "{stage=\"sequencer_seal\"}".into(),
+        s.seal_nanos.load(Ordering::Relaxed),
+    ));
+    family(
+        "stage_nanoseconds_total",
+        "counter",
+        "Time spent in each stage of the data path (broker stages per broker; sequencer scan and seal).",
+        samples,
+    );
     family(
         "sequencer_epochs_total",
         "counter",
