@@ -307,6 +307,13 @@ fn receive_batches(
             publish_commit: 0,
             ..header
         };
+        // Counted before the commit, so no acknowledgement can get ahead of the counters.
+        let m = &shared.metrics;
+        m.publish_batches.fetch_add(1, Ordering::Relaxed);
+        m.publish_messages
+            .fetch_add(header.num_msg as u64, Ordering::Relaxed);
+        m.publish_bytes
+            .fetch_add(header.total_size, Ordering::Relaxed);
         region.pbr_commit(topic, broker, reservation.pbr_index, &committed);
         push_pending(conn, header.batch_seq, reservation.pbr_index);
         if conn.order >= 2 {
@@ -315,12 +322,6 @@ fn receive_batches(
         region.broker_bell(broker).ring();
         StageTimes::lap(&stages.commit, validated);
         expected_seq += 1;
-        let m = &shared.metrics;
-        m.publish_batches.fetch_add(1, Ordering::Relaxed);
-        m.publish_messages
-            .fetch_add(header.num_msg as u64, Ordering::Relaxed);
-        m.publish_bytes
-            .fetch_add(header.total_size, Ordering::Relaxed);
     }
 }
 

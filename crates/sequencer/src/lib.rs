@@ -358,6 +358,7 @@ impl Core {
             sessions.committed(&b);
         }
         self.publish(t.topic, start, t.tail);
+        self.announce(t.topic, start, t.tail);
         // The table after committed_seq: recovery reconciles a lagging table from the GOI.
         sessions.write_table(region);
         for s in &t.scanners {
@@ -372,7 +373,6 @@ impl Core {
             // Acks of order-5 sessions follow the table: wake every broker.
             region.broker_bell(s.broker).ring();
         }
-        self.announce(t.topic, start, t.tail);
     }
 
     /// Orders one topic's buffered batches, scanner by scanner in broker order.
@@ -410,6 +410,8 @@ impl Core {
             return;
         }
         self.publish(t.topic, start, t.tail);
+        // Counted and announced before any acknowledgement can go out.
+        self.announce(t.topic, start, t.tail);
         for (broker, upto) in ordered_upto.iter().enumerate() {
             if let Some(upto) = upto {
                 region
@@ -419,7 +421,6 @@ impl Core {
                 region.broker_bell(broker as u32).ring();
             }
         }
-        self.announce(t.topic, start, t.tail);
     }
 
     /// Publishes the GOI entries appended since `start`: one atomic add per topic per

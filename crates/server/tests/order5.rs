@@ -50,20 +50,8 @@ fn every_session_keeps_its_send_order_across_brokers_under_random_delays() {
 #[test]
 fn a_full_session_window_is_backpressure_not_an_error() {
     let t = session_fifo(4, 1000);
-    let waits = metric_sum(&t, "embarcadero_session_window_waits_total");
+    let waits = t.metric_sum("embarcadero_session_window_waits_total");
     assert!(waits > 0, "batches were held back by the window");
-}
-
-/// Sums a counter over its labels, read from the server's /metrics endpoint.
-fn metric_sum(t: &common::TestServer, name: &str) -> u64 {
-    let mut s = TcpStream::connect(t.control()).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
 }
 
 fn session_fifo(window: u64, per_session: u64) -> common::TestServer {

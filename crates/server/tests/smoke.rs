@@ -21,3 +21,31 @@ fn publish_then_subscribe_order_2() {
         n += 1;
     }
 }
+
+#[test]
+fn metrics_count_bytes_batches_and_time_per_stage() {
+    let t = common::start();
+    t.create_topic("m", 2);
+    let p = Publisher::connect(&t.control(), "m", PublisherConfig::default()).unwrap();
+    for _ in 0..2000 {
+        p.publish(&[7u8; 1000]).unwrap();
+    }
+    let stats = p.close().unwrap();
+    assert_eq!(t.metric_sum("embarcadero_publish_messages_total"), 2000);
+    assert_eq!(
+        t.metric_sum("embarcadero_publish_batches_total"),
+        stats.batches
+    );
+    assert_eq!(
+        t.metric_sum("embarcadero_sequencer_messages_ordered_total"),
+        2000
+    );
+    for stage in ["receive", "validate", "commit", "ack_send"] {
+        let prefix = "embarcadero_stage_nanoseconds_total{broker=";
+        let total: u64 = (0..4)
+            .map(|b| t.metric_sum(&format!("{prefix}\"{b}\",stage=\"{stage}\"}}")))
+            .sum();
+        assert!(total > 0, "stage {stage} was timed");
+    }
+    assert!(t.metric_sum("embarcadero_stage_nanoseconds_total{stage=\"sequencer_seal\"}") > 0);
+}

@@ -28,6 +28,19 @@ impl TestServer {
         Admin::new(&self.control())
     }
 
+    /// Sums a metric over its labels (lines starting with `prefix`), from /metrics.
+    pub fn metric_sum(&self, prefix: &str) -> u64 {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(self.control()).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
     pub fn create_topic(&self, name: &str, order: u8) {
         self.admin()
             .create_topic(&TopicSpec::new(name, order))
