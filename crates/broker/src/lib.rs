@@ -5,7 +5,9 @@
 //! control block (`written_frontier`, `reclaimed_*`); acknowledgements to its
 //! publishers; serving subscribers (any broker can serve any topic: the data is all in
 //! the region). It reads, but never writes, sequencer-owned fields (`ordered_pbr`,
-//! GOI, `committed_seq`) and topic metadata (control plane).
+//! GOI, `committed_seq`), replica-owned fields (`durable_pbr`, replica progress) and
+//! topic metadata (control plane); it reads replicas' segment files to serve
+//! subscribers positions that have left memory.
 //!
 //! Threads: one acceptor, one thread per connection (blocking sockets, payload read
 //! straight into the region), and one service thread that advances frontiers,
@@ -51,6 +53,9 @@ pub struct BrokerConfig {
     /// Order 5: a batch more than this many above its session's committed high-water
     /// mark is refused (the sequencer's hold buffer is bounded by the same window).
     pub session_window: u64,
+    /// Replica directories (replica 1 first): subscribers of replicated topics read
+    /// from them what has left memory.
+    pub replica_dirs: Vec<std::path::PathBuf>,
     /// Fault injection for experiments (`None` in normal operation).
     pub fault: Option<Fault>,
 }
@@ -80,6 +85,7 @@ impl BrokerConfig {
             idle_sleep_max: Duration::from_millis(20),
             reader_stall_timeout: Duration::from_secs(30),
             session_window: 4096,
+            replica_dirs: Vec::new(),
             fault: None,
         }
     }

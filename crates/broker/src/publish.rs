@@ -113,11 +113,11 @@ pub fn run(
         if status.fenced {
             return Refusal::new(
                 ErrorCode::SessionFenced,
-                session::fenced_message(hello.session_epoch, status.committed_hwm),
+                session::fenced_message(hello.session_epoch, status.acked_hwm(hello.ack_level)),
             )
             .into();
         }
-        ok.next_batch_seq = status.committed_hwm;
+        ok.next_batch_seq = status.acked_hwm(hello.ack_level);
     }
     if let Err(e) = net::send_hello_ok(stream, &ok) {
         return e.into();
@@ -387,7 +387,10 @@ fn admit_session_batch(
         return Err(Refusal {
             code: ErrorCode::SessionFenced,
             batch_seq: header.batch_seq,
-            message: session::fenced_message(hello.session_epoch, status.committed_hwm),
+            message: session::fenced_message(
+                hello.session_epoch,
+                status.acked_hwm(hello.ack_level),
+            ),
         });
     }
     if header.batch_seq < status.committed_hwm {

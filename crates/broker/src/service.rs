@@ -188,9 +188,14 @@ fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, segment_pressure: boo
     if target <= st.reclaimed_pbr {
         return false;
     }
-    // Connected subscribers hold back what they have not read yet.
+    // Connected subscribers hold back what they have not read yet, unless it is on
+    // disk (replicated topics), where they can still read it once memory lets go.
     let pin_index = if st.order >= 2 { 0 } else { broker };
-    let floor = region.reader_floor(topic, pin_index, shared.config.reader_stall_timeout);
+    let floor = if st.replication_factor >= 2 {
+        u64::MAX
+    } else {
+        region.reader_floor(topic, pin_index, shared.config.reader_stall_timeout)
+    };
     if floor != u64::MAX {
         let mut i = st.reclaimed_pbr;
         while i < target {
@@ -266,8 +271,11 @@ fn ack_session(
     if status.fenced {
         let frame = ErrorFrame {
             code: ErrorCode::SessionFenced,
-            batch_seq: status.committed_hwm,
-            message: crate::session::fenced_message(conn.session_epoch, status.committed_hwm),
+            batch_seq: status.acked_hwm(conn.ack_level),
+            message: crate::session::fenced_message(
+                conn.session_epoch,
+                status.acked_hwm(conn.ack_level),
+            ),
         }
         .encode();
         let _ = out.send_nonblocking(&frame);
@@ -276,13 +284,15 @@ fn ack_session(
         *progress = true;
         return false;
     }
+    // Ack 2 waits until the batches are on every disk replica, not just ordered.
+    let hwm = status.acked_hwm(conn.ack_level);
     let mut acked = false;
     loop {
         if head.is_none() {
             *head = conn.pending.pop();
         }
         match *head {
-            Some((seq, _)) if seq < status.committed_hwm => {
+            Some((seq, _)) if seq < hwm => {
                 acked = true;
                 *head = None;
             }
@@ -295,7 +305,7 @@ fn ack_session(
         out.send_nonblocking(
             &Ack {
                 level: conn.ack_level,
-                count: status.committed_hwm,
+                count: hwm,
             }
             .encode(),
         )

@@ -16,8 +16,22 @@ pub struct SessionView {
 pub struct SessionStatus {
     /// Every batch below this is committed in the GOI.
     pub committed_hwm: u64,
+    /// Every batch below this is on every disk replica (replicated topics).
+    pub durable_hwm: u64,
     /// The connection's epoch was fenced or superseded by a newer one.
     pub fenced: bool,
+}
+
+impl SessionStatus {
+    /// Batches below this count as acknowledged at `ack_level`: committed, and for
+    /// ack 2 also durable. A client resumes (after a fence or a reconnect) from here.
+    pub fn acked_hwm(&self, ack_level: u8) -> u64 {
+        if ack_level == 2 {
+            self.durable_hwm.min(self.committed_hwm)
+        } else {
+            self.committed_hwm
+        }
+    }
 }
 
 impl SessionView {
@@ -42,15 +56,19 @@ impl SessionView {
             self.slot = Some(slot);
             Some(r)
         });
-        match record {
-            None => SessionStatus {
-                committed_hwm: 0,
-                fenced: false,
-            },
-            Some(r) => SessionStatus {
+        match (record, self.slot) {
+            (Some(r), Some(slot)) => SessionStatus {
                 committed_hwm: r.committed_hwm,
+                durable_hwm: region
+                    .session_durable_hwm(self.topic, slot)
+                    .load(std::sync::atomic::Ordering::Acquire),
                 fenced: r.session_epoch > self.epoch
                     || (r.session_epoch == self.epoch && r.state == SessionState::Fenced),
+            },
+            _ => SessionStatus {
+                committed_hwm: 0,
+                durable_hwm: 0,
+                fenced: false,
             },
         }
     }

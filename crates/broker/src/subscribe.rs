@@ -7,6 +7,7 @@ use crate::net::{self, End, Refusal};
 use crate::Shared;
 use embarcadero_region::backoff::Backoff;
 use embarcadero_region::{monotonic_ns, Region, TopicMeta, READER_CLAIMING, READER_SLOTS};
+use embarcadero_replication::{DiskReader, DiskSeek};
 use embarcadero_wire::{
     BatchFlags, BatchOk, DeliveryHeader, ErrorCode, Hello, DELIVERY_HEADER_LEN, FRAME_HEADER_LEN,
 };
@@ -138,16 +139,21 @@ struct Planned {
     log_offset: u64,
     /// GOI index (orders 2, 5) or PBR index (orders 0, 1) whose token is re-checked.
     token_index: u64,
+    /// A batch read from disk: `ptr` points into this buffer, nothing to re-check.
+    owned: Option<Vec<u8>>,
 }
 
-/// Sends the planned batches, re-validates them, then confirms them.
+/// Sends the planned batches, re-validates them, then confirms them. Returns how many
+/// were confirmed: all of them, or (with `resend_reclaimed`) those before the first one
+/// reclaimed while being sent, the rest being voided for the client to drop.
 fn send_round(
     shared: &Shared,
     stream: &mut TcpStream,
     topic: u32,
     global: bool,
     plan: &[Planned],
-) -> Result<(), End> {
+    resend_reclaimed: bool,
+) -> Result<usize, End> {
     let mut headers = vec![0u8; plan.len() * FRAME_AND_DELIVERY];
     let mut iov: Vec<libc::iovec> = Vec::with_capacity(plan.len() * 2);
     for (i, p) in plan.iter().enumerate() {
@@ -167,7 +173,11 @@ fn send_round(
     }
     writev_all(stream, &mut iov)?;
     let region = &shared.region;
-    for p in plan {
+    let mut confirmed = plan.len();
+    for (i, p) in plan.iter().enumerate() {
+        if p.owned.is_some() {
+            continue;
+        }
         let token_ok = if global {
             region.goi_holds(topic, p.token_index)
         } else {
@@ -178,25 +188,33 @@ fn send_round(
             .reclaimed_blog
             .load(Ordering::Acquire);
         if !token_ok || reclaimed > p.log_offset {
-            return Err(not_retained(p.header.first_position, None));
+            if !resend_reclaimed {
+                return Err(not_retained(p.header.first_position, None));
+            }
+            confirmed = i;
+            break;
         }
     }
     stream.write_all(
         &BatchOk {
-            count: plan.len() as u64,
+            count: confirmed as u64,
+            discard_rest: confirmed < plan.len(),
         }
         .encode(),
     )?;
-    let bytes: u64 = plan.iter().map(|p| p.header.payload_len as u64).sum();
+    let bytes: u64 = plan[..confirmed]
+        .iter()
+        .map(|p| p.header.payload_len as u64)
+        .sum();
     shared
         .metrics
         .subscribe_batches
-        .fetch_add(plan.len() as u64, Ordering::Relaxed);
+        .fetch_add(confirmed as u64, Ordering::Relaxed);
     shared
         .metrics
         .subscribe_bytes
         .fetch_add(bytes, Ordering::Relaxed);
-    Ok(())
+    Ok(confirmed)
 }
 
 fn not_retained(position: u64, first: Option<u64>) -> End {
@@ -330,16 +348,26 @@ fn serve_global(
     let bell = region.topic_bell(topic);
     let mut backoff = Backoff::new(shared.config.idle_sleep_max);
     let mut cursor: Option<(u64, u32)> = None;
+    let mut disk = DiskLog::new(shared, meta);
     let pin = Pin::claim(region, topic, &[start]);
     while !shared.shutdown.load(Ordering::Relaxed) {
         let seen = bell.seen();
         pin.beat();
         if cursor.is_none() {
-            match locate_global(region, topic, start) {
-                Locate::At { index, skip } => cursor = Some((index, skip)),
-                Locate::Gone { first } => return Err(not_retained(start, Some(first))),
-                Locate::NotYet => {}
-            }
+            let memory = locate_global(region, topic, start);
+            let durable = region.durable_seq(topic, meta.replication_factor);
+            cursor = match (memory, disk.as_mut()) {
+                (Locate::At { index, skip }, _) => Some((index, skip)),
+                (_, Some(disk)) => match disk.seek_position(start, durable)? {
+                    DiskSeek::At { seq, skip } => Some((seq, skip)),
+                    DiskSeek::Gone { first_position } => {
+                        return Err(not_retained(start, Some(first_position)))
+                    }
+                    DiskSeek::Beyond => None,
+                },
+                (Locate::Gone { first }, None) => return Err(not_retained(start, Some(first))),
+                (Locate::NotYet, None) => None,
+            };
         }
         let committed = region
             .topic_seq(topic)
@@ -354,7 +382,7 @@ fn serve_global(
         let mut bytes = 0u64;
         while g < committed && plan.len() < MAX_BATCHES_PER_ROUND && bytes < MAX_BYTES_PER_ROUND {
             let entry = region.goi_read(topic, g);
-            let planned = entry.and_then(|e| {
+            let in_memory = entry.and_then(|e| {
                 let broker = e.broker_id as u32;
                 if !retained(region, topic, broker, e.blog_offset) {
                     return None;
@@ -377,23 +405,171 @@ fn serve_global(
                     broker,
                     log_offset: e.blog_offset,
                     token_index: g,
+                    owned: None,
                 })
             });
-            let Some(p) = planned else {
-                let pos = entry.map_or(0, |e| e.total_order);
-                return Err(not_retained(pos, None));
+            let planned = match (in_memory, disk.as_mut()) {
+                (Some(p), _) => p,
+                (None, Some(disk)) => {
+                    let durable = region.durable_seq(topic, meta.replication_factor);
+                    match disk.read(g, durable, meta.order)? {
+                        Some(mut p) => {
+                            p.header.skip = skip.min(p.header.num_msg);
+                            p
+                        }
+                        None => break,
+                    }
+                }
+                (None, None) => {
+                    let pos = entry.map_or(0, |e| e.total_order);
+                    return Err(not_retained(pos, None));
+                }
             };
-            bytes += p.header.payload_len as u64;
-            plan.push(p);
+            bytes += planned.header.payload_len as u64;
+            plan.push(planned);
             skip = 0;
             g += 1;
         }
-        send_round(shared, stream, topic, true, &plan)?;
-        let last = &plan[plan.len() - 1].header;
-        pin.set(0, last.first_position + last.num_msg as u64);
-        cursor = Some((g, 0));
+        if plan.is_empty() {
+            backoff.idle(Some((&bell, seen)));
+            continue;
+        }
+        let confirmed = send_round(shared, stream, topic, true, &plan, disk.is_some())?;
+        if confirmed > 0 {
+            let last = &plan[confirmed - 1].header;
+            pin.set(0, last.first_position + last.num_msg as u64);
+        }
+        cursor = Some(match plan.get(confirmed) {
+            // Reclaimed while being sent: send it again, from disk.
+            Some(p) => (p.header.batch_position, p.header.skip),
+            None => (g, 0),
+        });
+        if let Some(d) = disk.as_mut() {
+            d.recycle(plan);
+        }
     }
     Ok(())
+}
+
+/// A replicated topic's log on disk, for positions that have left memory. Reads the
+/// first replica that works, in replica order.
+struct DiskLog {
+    readers: Vec<DiskReader>,
+    current: usize,
+    /// The record the current reader's cursor points at.
+    next_seq: Option<u64>,
+    spare: Vec<Vec<u8>>,
+}
+
+impl DiskLog {
+    fn new(shared: &Shared, meta: &TopicMeta) -> Option<Self> {
+        let copies = (meta.replication_factor as usize).saturating_sub(1);
+        let readers: Vec<DiskReader> = shared
+            .config
+            .replica_dirs
+            .iter()
+            .take(copies)
+            .map(|d| {
+                DiskReader::new(&embarcadero_replication::topic_dir(
+                    d,
+                    &meta.name,
+                    meta.created_unix_ms,
+                ))
+            })
+            .collect();
+        (meta.order >= 2 && !readers.is_empty()).then_some(Self {
+            readers,
+            current: 0,
+            next_seq: None,
+            spare: Vec::new(),
+        })
+    }
+
+    /// Runs `op` on the current reader, moving on to the next replica after an error.
+    fn with_reader<T>(
+        &mut self,
+        mut op: impl FnMut(&mut DiskReader) -> io::Result<T>,
+    ) -> Result<T, End> {
+        loop {
+            match op(&mut self.readers[self.current]) {
+                Ok(v) => return Ok(v),
+                Err(e) if self.current + 1 < self.readers.len() => {
+                    tracing::warn!(
+                        replica = self.current + 1,
+                        "cannot read the replica log: {e}; trying the next replica"
+                    );
+                    self.current += 1;
+                    self.next_seq = None;
+                }
+                Err(e) => {
+                    return Err(Refusal::new(
+                        ErrorCode::Internal,
+                        format!("cannot read the topic's log from disk: {e}"),
+                    )
+                    .into())
+                }
+            }
+        }
+    }
+
+    fn seek_position(&mut self, position: u64, durable: u64) -> Result<DiskSeek, End> {
+        let seek = self.with_reader(|r| r.seek_position(position, durable))?;
+        self.next_seq = match seek {
+            DiskSeek::At { seq, .. } => Some(seq),
+            _ => None,
+        };
+        Ok(seek)
+    }
+
+    /// Reads record `seq` as a delivery; `None` when it is not durable yet.
+    fn read(&mut self, seq: u64, durable: u64, order: u8) -> Result<Option<Planned>, End> {
+        if seq >= durable {
+            return Ok(None);
+        }
+        if self.next_seq != Some(seq) {
+            match self.with_reader(|r| r.seek_seq(seq, durable))? {
+                DiskSeek::At { .. } => self.next_seq = Some(seq),
+                DiskSeek::Gone { first_position } => {
+                    return Err(not_retained(seq, Some(first_position)))
+                }
+                DiskSeek::Beyond => return Ok(None),
+            }
+        }
+        let mut buf = self.spare.pop().unwrap_or_default();
+        let Some(h) = self.with_reader(|r| r.next(durable, &mut buf))? else {
+            return Ok(None);
+        };
+        self.next_seq = Some(seq + 1);
+        Ok(Some(Planned {
+            header: DeliveryHeader {
+                batch_position: h.seq,
+                first_position: h.total_order,
+                client_id: h.client_id,
+                batch_seq: h.client_seq,
+                num_msg: h.num_msg,
+                skip: 0,
+                broker_id: h.broker_id,
+                order,
+                payload_len: h.payload_len,
+                session_epoch: h.session_epoch,
+            },
+            ptr: buf.as_ptr(),
+            broker: h.broker_id as u32,
+            log_offset: 0,
+            token_index: h.seq,
+            owned: Some(buf),
+        }))
+    }
+
+    /// Keeps the buffers of a sent round for the next disk reads.
+    fn recycle(&mut self, plan: Vec<Planned>) {
+        self.spare.extend(
+            plan.into_iter()
+                .filter_map(|p| p.owned)
+                .take(MAX_BATCHES_PER_ROUND),
+        );
+        self.spare.truncate(MAX_BATCHES_PER_ROUND);
+    }
 }
 
 // ------------------------------------------------------------------ orders 0 and 1
@@ -526,6 +702,7 @@ fn serve_per_broker(
                     broker,
                     log_offset: h.log_offset,
                     token_index: i,
+                    owned: None,
                 });
                 skip = 0;
                 taken += 1;
@@ -538,7 +715,7 @@ fn serve_per_broker(
             continue;
         }
         backoff.reset();
-        send_round(shared, stream, topic, false, &plan)?;
+        send_round(shared, stream, topic, false, &plan, false)?;
         for p in &plan {
             let h = &p.header;
             pin.set(h.broker_id as u32, h.first_position + h.num_msg as u64);

@@ -22,6 +22,13 @@ pub struct BenchArgs {
     pub order: u8,
     #[arg(long, default_value_t = 1)]
     pub ack: u8,
+    /// Replication factor of the benchmark topic (2 or more: disk replicas).
+    #[arg(long, default_value_t = 1)]
+    pub rf: u8,
+    /// Directory of a disk replica of the embedded server (repeat for each replica).
+    /// Default: two replicas under a scratch directory on the temporary disk.
+    #[arg(long)]
+    pub replica_dir: Vec<std::path::PathBuf>,
     /// Message payload size in bytes.
     #[arg(long, default_value_t = 1024)]
     pub size: usize,
@@ -79,6 +86,7 @@ pub fn run(args: BenchArgs) -> CliResult {
                 ..ServerConfig::default()
             };
             config.sequencer.epoch_us = args.epoch_us;
+            config.replication.dirs = args.replica_dir.clone();
             let region_dir = args.region_dir.clone().unwrap_or_else(|| {
                 let shm = std::path::PathBuf::from("/dev/shm");
                 if shm.is_dir() {
@@ -98,7 +106,7 @@ pub fn run(args: BenchArgs) -> CliResult {
     };
     let topic = format!("bench-{}-{}", args.order, std::process::id());
     Admin::new(&control)
-        .create_topic(&TopicSpec::new(&topic, args.order))
+        .create_topic(&TopicSpec::new(&topic, args.order).replicated(args.rf))
         .map_err(|e| e.to_string())?;
     let publisher = Publisher::connect(
         &control,
@@ -206,6 +214,7 @@ pub fn run(args: BenchArgs) -> CliResult {
         "mode": args.mode,
         "order": args.order,
         "ack": args.ack,
+        "rf": args.rf,
         "message_bytes": args.size,
         "messages": stats.messages,
         "payload_bytes": stats.bytes,
@@ -248,8 +257,8 @@ pub fn run(args: BenchArgs) -> CliResult {
         return Ok(());
     }
     println!(
-        "mode {}  order {}  ack {}  {} B messages  {} brokers x {} connections",
-        args.mode, args.order, args.ack, args.size, args.brokers, args.threads_per_broker
+        "mode {}  order {}  ack {}  rf {}  {} B messages  {} brokers x {} connections",
+        args.mode, args.order, args.ack, args.rf, args.size, args.brokers, args.threads_per_broker
     );
     report(&stats, publish_elapsed, false, args.ack);
     if let Some((received, t, h)) = &e2e {

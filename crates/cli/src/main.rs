@@ -99,6 +99,14 @@ enum TopicCommand {
         /// Acknowledgement level publishers get by default.
         #[arg(long, default_value_t = 1)]
         default_ack: u8,
+        /// Keep at most this many bytes per disk replica (0: no limit). Default: the
+        /// server's replication.retention_bytes.
+        #[arg(long)]
+        retention_bytes: Option<u64>,
+        /// Keep data on disk this many milliseconds (0: no limit). Default: the
+        /// server's replication.retention_ms.
+        #[arg(long)]
+        retention_ms: Option<u64>,
         #[command(flatten)]
         control: ControlArg,
         #[arg(long)]
@@ -206,6 +214,8 @@ fn topic(cmd: TopicCommand) -> CliResult {
             order,
             rf,
             default_ack,
+            retention_bytes,
+            retention_ms,
             control,
             json,
         } => {
@@ -215,6 +225,8 @@ fn topic(cmd: TopicCommand) -> CliResult {
                     order,
                     replication_factor: rf,
                     default_ack,
+                    retention_bytes,
+                    retention_ms,
                 })
                 .map_err(|e| e.to_string())?;
             if json {
@@ -260,7 +272,12 @@ fn topic(cmd: TopicCommand) -> CliResult {
                 println!("order            {}", t.order);
                 println!("replication      {}", t.replication_factor);
                 println!("default ack      {}", t.default_ack);
+                println!(
+                    "retention        {} bytes, {} ms (0: no limit)",
+                    t.retention_bytes, t.retention_ms
+                );
                 println!("committed batches {}", t.committed_batches);
+                println!("durable batches  {}", t.durable_batches);
                 println!("next position    {}", t.next_position);
                 for b in &t.brokers {
                     println!("broker           {b}");

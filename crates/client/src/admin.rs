@@ -11,6 +11,12 @@ pub struct TopicSpec {
     pub order: u8,
     pub replication_factor: u8,
     pub default_ack: u8,
+    /// Disk retention in bytes per replica (0: no limit; `None`: the server's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_bytes: Option<u64>,
+    /// Disk retention in milliseconds (0: no limit; `None`: the server's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_ms: Option<u64>,
 }
 
 impl TopicSpec {
@@ -20,7 +26,15 @@ impl TopicSpec {
             order,
             replication_factor: 1,
             default_ack: 1,
+            retention_bytes: None,
+            retention_ms: None,
         }
+    }
+
+    /// With `rf` copies: the region plus `rf - 1` disk replicas.
+    pub fn replicated(mut self, rf: u8) -> Self {
+        self.replication_factor = rf;
+        self
     }
 }
 
@@ -32,8 +46,15 @@ pub struct TopicInfo {
     pub order: u8,
     pub replication_factor: u8,
     pub default_ack: u8,
+    #[serde(default)]
+    pub retention_bytes: u64,
+    #[serde(default)]
+    pub retention_ms: u64,
     pub created_unix_ms: u64,
     pub committed_batches: u64,
+    /// Batches of the global order on every disk replica.
+    #[serde(default)]
+    pub durable_batches: u64,
     pub next_position: u64,
     pub brokers: Vec<serde_json::Value>,
 }

@@ -2,7 +2,8 @@
 
 use crate::{Error, Result};
 use embarcadero_wire::{
-    ErrorFrame, FrameHeader, FrameKind, Hello, HelloOk, FRAME_HEADER_LEN, MAX_ERROR_TEXT_LEN,
+    BatchOk, ErrorFrame, FrameHeader, FrameKind, Hello, HelloOk, FRAME_HEADER_LEN,
+    MAX_ERROR_TEXT_LEN,
 };
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -71,6 +72,7 @@ pub enum Frame {
     Error(ErrorFrame),
     BatchOk {
         count: u64,
+        discard_rest: bool,
     },
     /// Header of a delivery whose body (`body_len` bytes) is still in the socket.
     Delivery(FrameHeader),
@@ -108,7 +110,10 @@ pub fn read_frame(stream: &mut TcpStream, peer: &str, max_body: u32) -> Result<F
         FrameKind::HelloOk => Frame::HelloOk(HelloOk::decode(&body).map_err(protocol)?),
         FrameKind::Ack => Frame::Ack { count: header.arg },
         FrameKind::Error => Frame::Error(ErrorFrame::decode(&header, &body).map_err(protocol)?),
-        FrameKind::BatchOk => Frame::BatchOk { count: header.arg },
+        FrameKind::BatchOk => Frame::BatchOk {
+            count: header.arg,
+            discard_rest: header.flags & BatchOk::DISCARD_REST != 0,
+        },
         FrameKind::Delivery => unreachable!("returned above"),
     })
 }

@@ -394,7 +394,10 @@ impl Subscriber {
                 });
                 Ok(())
             }
-            Frame::BatchOk { count } => {
+            Frame::BatchOk {
+                count,
+                discard_rest,
+            } => {
                 if count as usize > self.unconfirmed.len() {
                     return Err(Error::Protocol {
                         peer: addr.clone(),
@@ -407,6 +410,12 @@ impl Subscriber {
                 for _ in 0..count {
                     let b = self.unconfirmed.pop_front().expect("counted");
                     self.ready.push_back(b);
+                }
+                if discard_rest {
+                    // Reclaimed while being sent; the broker sends them again.
+                    for b in self.unconfirmed.drain(..) {
+                        self.spare.push(b.payload);
+                    }
                 }
                 Ok(())
             }

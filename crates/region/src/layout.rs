@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! [header 4 KiB][control block 4 KiB]
-//! [topic 0: meta | sequence line | log control per broker | GOI ring | per broker: PBR ring, segment map]
+//! [topic 0: meta | sequence line | bell | log control per broker | replica lines | reader
+//!  slots | session slots | GOI ring | per broker: PBR ring, segment map]
 //! [topic 1: ...] ... [topic max_topics-1]
 //! [broker 0 segments][broker 1 segments] ...
 //! ```
@@ -12,7 +13,7 @@
 use crate::RegionError;
 
 pub const REGION_MAGIC: [u8; 8] = *b"EMBREGN\0";
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 pub const PAGE: u64 = 4096;
 
 pub const HEADER_LEN: u64 = PAGE;
@@ -30,6 +31,10 @@ pub const GOI_ENTRY_LEN: u64 = 128;
 pub const SEG_MAP_ENTRY_LEN: u64 = 16;
 /// Most brokers one region can describe (one doorbell line each in the control block).
 pub const MAX_BROKERS: u32 = 32;
+/// Disk replicas per topic at most (the replication factor counts the region copy too).
+pub const MAX_REPLICAS: u32 = 7;
+/// Per (topic, replica): the progress line that replica's worker owns.
+pub const REPLICA_LINE_LEN: u64 = 128;
 /// Subscriber pins per topic: readers whose positions hold back reclamation.
 pub const READER_SLOTS: u32 = 32;
 /// Order-5 sessions per topic (the durable session table).
@@ -124,6 +129,7 @@ pub struct Layout {
     pub topic_seq_rel: u64,
     pub topic_bell_rel: u64,
     pub log_control_rel: u64,
+    pub replicas_rel: u64,
     pub readers_rel: u64,
     pub sessions_rel: u64,
     pub goi_rel: u64,
@@ -145,7 +151,8 @@ impl Layout {
         let topic_seq_rel = TOPIC_META_LEN;
         let topic_bell_rel = topic_seq_rel + TOPIC_SEQ_LEN;
         let log_control_rel = topic_bell_rel + TOPIC_BELL_LEN;
-        let readers_rel = log_control_rel + b * LOG_CONTROL_LEN;
+        let replicas_rel = log_control_rel + b * LOG_CONTROL_LEN;
+        let readers_rel = replicas_rel + MAX_REPLICAS as u64 * REPLICA_LINE_LEN;
         let sessions_rel = readers_rel + READER_SLOTS as u64 * READER_SLOT_LEN;
         let goi_rel = round_up(sessions_rel + SESSION_SLOTS as u64 * SESSION_SLOT_LEN, PAGE);
         let per_broker_rel = goi_rel + caps.goi_slots * GOI_ENTRY_LEN;
@@ -167,6 +174,7 @@ impl Layout {
             topic_seq_rel,
             topic_bell_rel,
             log_control_rel,
+            replicas_rel,
             readers_rel,
             sessions_rel,
             goi_rel,
@@ -186,6 +194,12 @@ impl Layout {
     pub fn log_control_off(&self, topic: u32, broker: u32) -> u64 {
         debug_assert!(broker < self.caps.brokers);
         self.topic_off(topic) + self.log_control_rel + broker as u64 * LOG_CONTROL_LEN
+    }
+
+    /// Progress line of disk replica `replica` (1-based, as in "replica 1 of RF - 1").
+    pub fn replica_line_off(&self, topic: u32, replica: u32) -> u64 {
+        debug_assert!((1..=MAX_REPLICAS).contains(&replica));
+        self.topic_off(topic) + self.replicas_rel + (replica as u64 - 1) * REPLICA_LINE_LEN
     }
 
     pub fn reader_slot_off(&self, topic: u32, slot: u32) -> u64 {
@@ -253,7 +267,8 @@ mod tests {
         assert!(last_pbr <= l.seg_map_off(2, 1, 0));
         assert!(l.seg_map_off(2, 1, 7) + SEG_MAP_ENTRY_LEN <= last_topic_end);
         assert!(l.goi_entry_off(0, 15) + GOI_ENTRY_LEN <= l.pbr_slot_off(0, 0, 0));
-        assert!(l.log_control_off(0, 1) + LOG_CONTROL_LEN <= l.reader_slot_off(0, 0));
+        assert!(l.log_control_off(0, 1) + LOG_CONTROL_LEN <= l.replica_line_off(0, 1));
+        assert!(l.replica_line_off(0, MAX_REPLICAS) + REPLICA_LINE_LEN <= l.reader_slot_off(0, 0));
         assert!(
             l.reader_slot_off(0, READER_SLOTS - 1) + READER_SLOT_LEN <= l.session_slot_off(0, 0)
         );

@@ -1,5 +1,5 @@
 //! The shared memory region: one `MAP_SHARED` file that brokers, the sequencer and
-//! (later) replicas attach to.
+//! the disk replicas attach to.
 //!
 //! Owns: the layout (offsets computed from the capacities in the header), the header
 //! check on attach, typed single-writer accessors for every field, the PBR and GOI slot
@@ -23,8 +23,8 @@ mod region;
 mod slots;
 
 pub use doorbell::Doorbell;
-pub use layout::{Capacities, Layout, MAX_BROKERS, READER_SLOTS, SESSION_SLOTS};
-pub use region::{monotonic_ns, LogControl, Region, TopicSeq, READER_CLAIMING};
+pub use layout::{Capacities, Layout, MAX_BROKERS, MAX_REPLICAS, READER_SLOTS, SESSION_SLOTS};
+pub use region::{monotonic_ns, LogControl, Region, ReplicaProgress, TopicSeq, READER_CLAIMING};
 pub use slots::{GoiEntry, SessionRecord, SessionState, TopicMeta, TopicState};
 
 use std::path::PathBuf;

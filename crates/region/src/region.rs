@@ -17,6 +17,7 @@ const H_CAPS: u64 = 16; // 7 words of capacities
 const H_TOTAL_LEN: u64 = 72;
 const H_CREATED_NS: u64 = 80;
 const H_INIT_DONE: u64 = 88;
+const H_BOOT_ID: u64 = 96; // 2 words: the kernel boot id when the region was created
 const INIT_DONE_TOKEN: u64 = 0x454d_4244_5245_4459; // "EMBDREDY"
 
 // Control block: fencing epoch and sequencer lease, then doorbells on their own lines.
@@ -24,6 +25,7 @@ const C_FENCING_EPOCH: u64 = 0;
 const C_SEQUENCER_ID: u64 = 8;
 const C_LEASE_DEADLINE_NS: u64 = 16;
 const C_SEQUENCER_BELL: u64 = 512;
+const C_REPLICATION_BELL: u64 = 768;
 const C_BROKER_BELLS: u64 = 1024;
 
 // Topic meta words.
@@ -32,6 +34,16 @@ const T_GENERATION: u64 = 8;
 const T_PACKED: u64 = 16; // order | rf << 8 | default_ack << 16 | name_len << 24
 const T_NAME: u64 = 24; // 64 bytes = 8 words
 const T_CREATED_MS: u64 = 88;
+const T_RETENTION_BYTES: u64 = 96;
+const T_RETENTION_MS: u64 = 104;
+
+// Replica line words.
+const R_DURABLE_SEQ: u64 = 0;
+const R_OWN_DURABLE_SEQ: u64 = 8;
+const R_ERROR: u64 = 16;
+
+// Session slot word written by the replication chain (the rest is the sequencer's).
+const S_DURABLE_HWM: u64 = 32;
 
 /// The mapped region. Cheap to share behind an `Arc`; all access is through atomics
 /// on 8-byte words or through the BLog byte accessors.
@@ -49,6 +61,18 @@ pub struct Region {
 unsafe impl Send for Region {}
 // SAFETY: see `Send`.
 unsafe impl Sync for Region {}
+
+/// Progress of one disk replica of a topic; written only by that replica's worker.
+pub struct ReplicaProgress<'a> {
+    /// GOI entries below this index are on this replica's disk *and* on every earlier
+    /// replica's (the chain token): the last replica's value is the topic's durable
+    /// frontier.
+    pub durable_seq: &'a AtomicU64,
+    /// GOI entries below this index are on this replica's disk (fdatasync'd).
+    pub own_durable_seq: &'a AtomicU64,
+    /// 0 while healthy; otherwise the OS error number of the last failed write/sync.
+    pub error: &'a AtomicU64,
+}
 
 /// Per (topic, broker) frontiers. Each line has exactly one writer.
 pub struct LogControl<'a> {
@@ -104,6 +128,9 @@ impl Region {
         }
         w(H_TOTAL_LEN, layout.total_len);
         w(H_CREATED_NS, now_ns());
+        let boot = boot_id();
+        w(H_BOOT_ID, boot[0]);
+        w(H_BOOT_ID + 8, boot[1]);
         store_fence();
         region
             .word(H_INIT_DONE)
@@ -284,6 +311,22 @@ impl Region {
         self.bell_at(self.layout.control_off + C_BROKER_BELLS + broker as u64 * 64)
     }
 
+    /// Rung when a topic with disk replicas gets newly ordered batches, and when a
+    /// replica's progress moves (the chain's next replica waits for it).
+    pub fn replication_bell(&self) -> Doorbell<'_> {
+        self.bell_at(self.layout.control_off + C_REPLICATION_BELL)
+    }
+
+    /// True when the region was created since the machine last booted. Only then can
+    /// its contents be trusted after a crash: a process crash leaves every store in the
+    /// page cache, a machine crash leaves whatever part happened to reach the disk.
+    pub fn created_this_boot(&self) -> bool {
+        let boot = boot_id();
+        boot != [0, 0]
+            && self.word(H_BOOT_ID).load(Ordering::Acquire) == boot[0]
+            && self.word(H_BOOT_ID + 8).load(Ordering::Acquire) == boot[1]
+    }
+
     pub fn fencing_epoch(&self) -> &AtomicU64 {
         self.word(self.layout.control_off + C_FENCING_EPOCH)
     }
@@ -321,6 +364,10 @@ impl Region {
         }
         self.word(base + T_CREATED_MS)
             .store(meta.created_unix_ms, Ordering::Relaxed);
+        self.word(base + T_RETENTION_BYTES)
+            .store(meta.retention_bytes, Ordering::Relaxed);
+        self.word(base + T_RETENTION_MS)
+            .store(meta.retention_ms, Ordering::Relaxed);
         store_fence();
         self.word(base + T_STATE)
             .store(TopicState::Active as u64, Ordering::Release);
@@ -348,6 +395,8 @@ impl Region {
             default_ack: (packed >> 16) as u8,
             generation: self.word(base + T_GENERATION).load(Ordering::Relaxed),
             created_unix_ms: self.word(base + T_CREATED_MS).load(Ordering::Relaxed),
+            retention_bytes: self.word(base + T_RETENTION_BYTES).load(Ordering::Relaxed),
+            retention_ms: self.word(base + T_RETENTION_MS).load(Ordering::Relaxed),
         })
     }
 
@@ -381,6 +430,29 @@ impl Region {
             ordered_pbr: self.word(base + 128),
             reclaim_request: self.word(base + 136),
             durable_pbr: self.word(base + 256),
+        }
+    }
+
+    /// Progress line of disk replica `replica` (1-based) of `topic`.
+    pub fn replica(&self, topic: u32, replica: u32) -> ReplicaProgress<'_> {
+        assert!((1..=MAX_REPLICAS).contains(&replica), "replica {replica}");
+        let base = self.layout.replica_line_off(topic, replica);
+        ReplicaProgress {
+            durable_seq: self.word(base + R_DURABLE_SEQ),
+            own_durable_seq: self.word(base + R_OWN_DURABLE_SEQ),
+            error: self.word(base + R_ERROR),
+        }
+    }
+
+    /// The topic's durable frontier: GOI entries below it are on every replica's disk.
+    /// `replication_factor` counts the region copy; 1 means no disk replicas (0).
+    pub fn durable_seq(&self, topic: u32, replication_factor: u8) -> u64 {
+        match replication_factor as u32 {
+            0 | 1 => 0,
+            rf => self
+                .replica(topic, (rf - 1).min(MAX_REPLICAS))
+                .durable_seq
+                .load(Ordering::Acquire),
         }
     }
 
@@ -452,6 +524,12 @@ impl Region {
             committed_hwm: self.word(base + 24).load(Ordering::Acquire),
         };
         (self.word(base).load(Ordering::Acquire) == state as u64).then_some(rec)
+    }
+
+    /// Order 5, ack 2: every batch of the session in `slot` with `batch_seq` below
+    /// this is on every replica's disk. Written only by the last replica's worker.
+    pub fn session_durable_hwm(&self, topic: u32, slot: u32) -> &AtomicU64 {
+        self.word(self.layout.session_slot_off(topic, slot) + S_DURABLE_HWM)
     }
 
     /// Finds the session slot of `client_id` in a topic's session table.
@@ -690,6 +768,17 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The kernel's boot id as two words, or zeros when it cannot be read.
+fn boot_id() -> [u64; 2] {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let hex: String = text.chars().filter(|c| c.is_ascii_hexdigit()).collect();
+    if hex.len() != 32 {
+        return [0, 0];
+    }
+    let word = |s: &str| u64::from_str_radix(s, 16).unwrap_or(0);
+    [word(&hex[..16]), word(&hex[16..])]
+}
+
 fn now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -772,9 +861,23 @@ mod tests {
             default_ack: 1,
             generation: 3,
             created_unix_ms: 99,
+            retention_bytes: 1 << 30,
+            retention_ms: 3_600_000,
         };
         r.write_topic_meta(0, &meta);
         assert_eq!(r.topic_meta(0).unwrap(), meta);
+    }
+
+    #[test]
+    fn a_new_region_was_created_this_boot() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Region::create(&dir.path().join("r"), small()).unwrap();
+        assert!(r.created_this_boot());
+        r.word(H_BOOT_ID).fetch_xor(1, Ordering::Relaxed);
+        assert!(
+            !r.created_this_boot(),
+            "a region from another boot is not trusted"
+        );
     }
 
     #[test]

@@ -81,6 +81,10 @@ pub struct TopicMeta {
     /// Bumped each time the slot is (re)used, so stale readers can tell.
     pub generation: u64,
     pub created_unix_ms: u64,
+    /// Disk retention: keep at most this many bytes per replica (0: no limit)...
+    pub retention_bytes: u64,
+    /// ...and nothing older than this many milliseconds (0: no limit).
+    pub retention_ms: u64,
 }
 
 /// State of an order-5 session slot; the state word is written last.

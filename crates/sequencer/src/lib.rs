@@ -163,6 +163,8 @@ impl GoiTail {
 struct TopicState {
     topic: u32,
     generation: u64,
+    /// Has disk replicas, which wait on the replication bell for new batches.
+    replicated: bool,
     scanners: Vec<Scanner>,
     /// Where the sequencer has written the GOI up to.
     tail: GoiTail,
@@ -264,6 +266,7 @@ impl Core {
                     .collect(),
                 topic,
                 generation: meta.generation,
+                replicated: meta.replication_factor >= 2,
                 scanners: (0..caps.brokers)
                     .map(|broker| Scanner {
                         broker,
@@ -358,7 +361,7 @@ impl Core {
             sessions.committed(&b);
         }
         self.publish(t.topic, start, t.tail);
-        self.announce(t.topic, start, t.tail);
+        self.announce(t.topic, t.replicated, start, t.tail);
         // The table after committed_seq: recovery reconciles a lagging table from the GOI.
         sessions.write_table(region);
         for s in &t.scanners {
@@ -411,7 +414,7 @@ impl Core {
         }
         self.publish(t.topic, start, t.tail);
         // Counted and announced before any acknowledgement can go out.
-        self.announce(t.topic, start, t.tail);
+        self.announce(t.topic, t.replicated, start, t.tail);
         for (broker, upto) in ordered_upto.iter().enumerate() {
             if let Some(upto) = upto {
                 region
@@ -440,12 +443,15 @@ impl Core {
         seq.committed_seq.store(end.committed, Ordering::Release);
     }
 
-    /// Wakes the topic's subscribers and counts the epoch's work.
-    fn announce(&self, topic: u32, start: GoiTail, end: GoiTail) {
+    /// Wakes the topic's subscribers (and replicas) and counts the epoch's work.
+    fn announce(&self, topic: u32, replicated: bool, start: GoiTail, end: GoiTail) {
         if end == start {
             return;
         }
         self.region.topic_bell(topic).ring();
+        if replicated {
+            self.region.replication_bell().ring();
+        }
         self.metrics
             .batches_ordered
             .fetch_add(end.committed - start.committed, Ordering::Relaxed);
@@ -501,6 +507,8 @@ mod tests {
                 default_ack: 1,
                 generation: 1,
                 created_unix_ms: 0,
+                retention_bytes: 0,
+                retention_ms: 0,
             },
         );
         (dir, r)
@@ -634,6 +642,8 @@ mod tests {
                 default_ack: 1,
                 generation: 1,
                 created_unix_ms: 0,
+                retention_bytes: 0,
+                retention_ms: 0,
             },
         );
         (d, r)

@@ -25,6 +25,34 @@ pub struct ServerConfig {
     pub region: RegionSettings,
     pub broker: BrokerSettings,
     pub sequencer: SequencerSettings,
+    pub replication: ReplicationSettings,
+}
+
+/// Disk replicas (topics with a replication factor of 2 or more).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicationSettings {
+    /// One directory per disk replica (put them on different disks); a topic may have
+    /// up to `len + 1` copies. Empty means `<data_dir>/replica-1` and
+    /// `<data_dir>/replica-2` (replication factor up to 3). In the environment: a
+    /// comma-separated list.
+    pub dirs: Vec<PathBuf>,
+    /// Size at which a disk segment is closed; retention removes whole closed segments.
+    pub segment_bytes: u64,
+    /// Group commit: most bytes written between two fdatasyncs.
+    pub group_commit_bytes: u64,
+    /// Group commit: once caught up, wait this long for more batches before the
+    /// fdatasync (0: at once, the lowest ack-2 latency).
+    pub group_commit_wait_us: u64,
+    /// Default retention of new topics on disk: bytes per replica (0: no limit)...
+    pub retention_bytes: u64,
+    /// ...and age in milliseconds (0: no limit).
+    pub retention_ms: u64,
+    /// After a disk error, retry after this long.
+    pub retry_after_error_ms: u64,
+    /// Fault injection for experiments: while this file exists, every replica write
+    /// fails with ENOSPC (as if the disk were full). Empty: off.
+    pub fault_enospc_flag: PathBuf,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -86,6 +114,22 @@ impl Default for ServerConfig {
             region: RegionSettings::default(),
             broker: BrokerSettings::default(),
             sequencer: SequencerSettings::default(),
+            replication: ReplicationSettings::default(),
+        }
+    }
+}
+
+impl Default for ReplicationSettings {
+    fn default() -> Self {
+        Self {
+            dirs: Vec::new(),
+            segment_bytes: 64 << 20,
+            group_commit_bytes: 8 << 20,
+            group_commit_wait_us: 0,
+            retention_bytes: 0,
+            retention_ms: 0,
+            retry_after_error_ms: 500,
+            fault_enospc_flag: PathBuf::new(),
         }
     }
 }
@@ -245,9 +289,34 @@ impl ServerConfig {
                 self.sequencer.epoch_us
             ));
         }
+        let r = &self.replication;
+        if r.dirs.len() > embarcadero_region::MAX_REPLICAS as usize {
+            return bad(format!(
+                "replication.dirs lists {} directories; at most {} disk replicas are supported",
+                r.dirs.len(),
+                embarcadero_region::MAX_REPLICAS
+            ));
+        }
+        if r.segment_bytes < 4096 || r.group_commit_bytes == 0 {
+            return bad(
+                "replication.segment_bytes must be at least 4096 and group_commit_bytes above 0"
+                    .into(),
+            );
+        }
         self.capacities()
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))
+    }
+
+    /// The disk replicas' directories, replica 1 first.
+    pub fn replica_dirs(&self) -> Vec<PathBuf> {
+        if self.replication.dirs.is_empty() {
+            (1..=2)
+                .map(|r| self.data_dir.join(format!("replica-{r}")))
+                .collect()
+        } else {
+            self.replication.dirs.clone()
+        }
     }
 
     /// Where the region file lives.
@@ -314,6 +383,13 @@ fn parse_like(like: &toml::Value, raw: &str) -> Result<toml::Value, String> {
                 .parse()
                 .map_err(|e| format!("expected true or false: {e}"))?,
         ),
+        toml::Value::Array(_) => toml::Value::Array(
+            raw.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| toml::Value::String(s.to_string()))
+                .collect(),
+        ),
         _ => toml::Value::String(raw.to_string()),
     })
 }
@@ -346,9 +422,16 @@ mod tests {
                 ("EMBARCADERO_SEQUENCER_EPOCH_US", "100"),
                 ("EMBARCADERO_DATA_DIR", "/tmp/x"),
                 ("EMBARCADERO_SLOW_CONSUMER_QUEUE", "3"),
+                ("EMBARCADERO_REPLICATION_DIRS", "/disk1/r, /disk2/r"),
+                ("EMBARCADERO_REPLICATION_GROUP_COMMIT_WAIT_US", "250"),
             ]),
         )
         .unwrap();
+        assert_eq!(
+            c.replica_dirs(),
+            vec![PathBuf::from("/disk1/r"), PathBuf::from("/disk2/r")]
+        );
+        assert_eq!(c.replication.group_commit_wait_us, 250);
         assert_eq!(c.brokers, 2);
         assert_eq!(c.sequencer.epoch_us, 100);
         assert_eq!(c.data_dir, PathBuf::from("/tmp/x"));

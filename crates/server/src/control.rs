@@ -17,18 +17,52 @@ pub struct TopicSpec {
     pub replication_factor: u8,
     #[serde(default = "one")]
     pub default_ack: u8,
+    /// Disk retention in bytes per replica (0: no limit); the server's
+    /// `replication.retention_bytes` when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_bytes: Option<u64>,
+    /// Disk retention in milliseconds (0: no limit); the server's
+    /// `replication.retention_ms` when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_ms: Option<u64>,
 }
 
 fn one() -> u8 {
     1
 }
 
+/// A topic as `topics.json` keeps it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct PersistedTopic {
+pub(crate) struct PersistedTopic {
     #[serde(flatten)]
-    spec: TopicSpec,
-    slot: u32,
-    created_unix_ms: u64,
+    pub spec: TopicSpec,
+    pub slot: u32,
+    pub created_unix_ms: u64,
+}
+
+/// What topic creation takes from the server's configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct TopicDefaults {
+    /// Disk replicas available: a topic may have up to this many plus one copies.
+    pub disk_replicas: u8,
+    pub retention_bytes: u64,
+    pub retention_ms: u64,
+}
+
+/// Reads `<data_dir>/topics.json` (no topics if it does not exist).
+pub(crate) fn load_topics(data_dir: &Path) -> Result<Vec<PersistedTopic>, TopicError> {
+    let topics_file = data_dir.join("topics.json");
+    match std::fs::read(&topics_file) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| TopicError::Io {
+            path: topics_file.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(source) => Err(TopicError::Io {
+            path: topics_file,
+            source,
+        }),
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +84,7 @@ pub enum TopicError {
 
 pub struct ControlPlane {
     region: Arc<Region>,
+    defaults: TopicDefaults,
     topics_file: PathBuf,
     /// Serialises topic creation (admin requests only, never the data path).
     lock: parking_lot::Mutex<Vec<PersistedTopic>>,
@@ -57,21 +92,13 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     /// Loads persisted topics and publishes them into the (fresh) region.
-    pub fn open(region: Arc<Region>, data_dir: &Path) -> Result<Self, TopicError> {
+    pub fn open(
+        region: Arc<Region>,
+        data_dir: &Path,
+        defaults: TopicDefaults,
+    ) -> Result<Self, TopicError> {
         let topics_file = data_dir.join("topics.json");
-        let topics: Vec<PersistedTopic> = match std::fs::read(&topics_file) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| TopicError::Io {
-                path: topics_file.clone(),
-                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(source) => {
-                return Err(TopicError::Io {
-                    path: topics_file,
-                    source,
-                })
-            }
-        };
+        let topics = load_topics(data_dir)?;
         let max = region.capacities().max_topics;
         for t in &topics {
             if t.slot >= max {
@@ -84,13 +111,17 @@ impl ControlPlane {
         }
         Ok(Self {
             region,
+            defaults,
             topics_file,
             lock: parking_lot::Mutex::new(topics),
         })
     }
 
-    pub fn create(&self, spec: TopicSpec) -> Result<TopicSpec, TopicError> {
-        validate_spec(&spec)?;
+    pub fn create(&self, mut spec: TopicSpec) -> Result<TopicSpec, TopicError> {
+        validate_spec(&spec, self.defaults.disk_replicas)?;
+        spec.retention_bytes
+            .get_or_insert(self.defaults.retention_bytes);
+        spec.retention_ms.get_or_insert(self.defaults.retention_ms);
         let mut topics = self.lock.lock();
         if topics.iter().any(|t| t.spec.name == spec.name) {
             return Err(TopicError::Exists(spec.name));
@@ -142,6 +173,7 @@ impl ControlPlane {
                     written_batches: log.written_frontier.load(Ordering::Acquire),
                     messages: log.frontier_msgs.load(Ordering::Acquire),
                     ordered_batches: log.ordered_pbr.load(Ordering::Acquire),
+                    durable_batches: log.durable_pbr.load(Ordering::Acquire),
                     reclaimed_batches: log.reclaimed_pbr.load(Ordering::Acquire),
                 }
             })
@@ -152,7 +184,10 @@ impl ControlPlane {
             order: t.spec.order,
             replication_factor: t.spec.replication_factor,
             default_ack: t.spec.default_ack,
+            retention_bytes: t.spec.retention_bytes.unwrap_or(0),
+            retention_ms: t.spec.retention_ms.unwrap_or(0),
             created_unix_ms: t.created_unix_ms,
+            durable_batches: r.durable_seq(t.slot, t.spec.replication_factor),
             committed_batches: seq.committed_seq.load(Ordering::Acquire),
             next_position: seq.next_position.load(Ordering::Acquire),
             brokers,
@@ -168,9 +203,13 @@ pub struct TopicInfo {
     pub order: u8,
     pub replication_factor: u8,
     pub default_ack: u8,
+    pub retention_bytes: u64,
+    pub retention_ms: u64,
     pub created_unix_ms: u64,
     /// Orders 2 and 5: batches in the committed global order.
     pub committed_batches: u64,
+    /// Replicated topics: batches of the global order on every disk replica.
+    pub durable_batches: u64,
     /// Orders 2 and 5: the next global message position.
     pub next_position: u64,
     pub brokers: Vec<BrokerLogInfo>,
@@ -182,6 +221,8 @@ pub struct BrokerLogInfo {
     pub written_batches: u64,
     pub messages: u64,
     pub ordered_batches: u64,
+    /// PBR slots below this are on every disk replica (replicated topics).
+    pub durable_batches: u64,
     pub reclaimed_batches: u64,
 }
 
@@ -193,10 +234,14 @@ fn meta_of(t: &PersistedTopic) -> TopicMeta {
         default_ack: t.spec.default_ack,
         generation: 1,
         created_unix_ms: t.created_unix_ms,
+        retention_bytes: t.spec.retention_bytes.unwrap_or(0),
+        retention_ms: t.spec.retention_ms.unwrap_or(0),
     }
 }
 
-pub fn validate_spec(spec: &TopicSpec) -> Result<(), TopicError> {
+/// Checks a topic specification; `disk_replicas` is how many replica directories the
+/// server has.
+pub fn validate_spec(spec: &TopicSpec, disk_replicas: u8) -> Result<(), TopicError> {
     embarcadero_wire::validate_topic_name(&spec.name)
         .map_err(|e| TopicError::Invalid(e.to_string()))?;
     if !matches!(spec.order, 0 | 1 | 2 | 5) {
@@ -210,10 +255,18 @@ pub fn validate_spec(spec: &TopicSpec) -> Result<(), TopicError> {
             "replication factor counts the in-memory copy and must be at least 1".into(),
         ));
     }
-    if spec.replication_factor > 1 {
+    if spec.replication_factor > 1 && spec.order < 2 {
         return Err(TopicError::Invalid(format!(
-            "replication factor {} needs disk replicas, which this version does not have yet; use --rf 1",
-            spec.replication_factor
+            "replication factor {} needs order 2 or 5: disk replicas copy the global order, which orders {} does not have; use --order 2, or --rf 1",
+            spec.replication_factor, spec.order
+        )));
+    }
+    if spec.replication_factor > disk_replicas.saturating_add(1) {
+        return Err(TopicError::Invalid(format!(
+            "replication factor {} needs {} disk replicas but the server has {} replica directories; add directories to replication.dirs (EMBARCADERO_REPLICATION_DIRS) or lower --rf",
+            spec.replication_factor,
+            spec.replication_factor - 1,
+            disk_replicas
         )));
     }
     if spec.default_ack > 2 {

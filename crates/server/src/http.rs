@@ -365,5 +365,152 @@ fn metrics(inner: &Inner) -> String {
             })
             .collect(),
     );
+    replication_metrics(inner, &topics, &mut family);
+    let r = &inner.replication_metrics;
+    let _ = writeln!(out, "# HELP embarcadero_replica_fsync_seconds Latency of the replicas' fdatasync (group commits).");
+    let _ = writeln!(out, "# TYPE embarcadero_replica_fsync_seconds histogram");
+    for (i, m) in r.replicas.iter().enumerate() {
+        let replica = i + 1;
+        let mut cumulative = 0;
+        for (b, bound) in m.fsync_buckets.iter().zip(
+            embarcadero_replication::worker::FSYNC_BUCKETS_US
+                .iter()
+                .map(|us| format!("{}", *us as f64 / 1e6))
+                .chain(std::iter::once("+Inf".to_string())),
+        ) {
+            cumulative += b.load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "embarcadero_replica_fsync_seconds_bucket{{replica=\"{replica}\",le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "embarcadero_replica_fsync_seconds_sum{{replica=\"{replica}\"}} {}",
+            m.fsync_nanos.load(Ordering::Relaxed) as f64 / 1e9
+        );
+        let _ = writeln!(
+            out,
+            "embarcadero_replica_fsync_seconds_count{{replica=\"{replica}\"}} {cumulative}"
+        );
+    }
     out
+}
+
+/// Replica counters, per-topic replication lag and durable frontiers.
+fn replication_metrics(
+    inner: &Inner,
+    topics: &[crate::TopicInfo],
+    family: &mut impl FnMut(&str, &str, &str, Vec<(String, u64)>),
+) {
+    type Field =
+        fn(&embarcadero_replication::worker::ReplicaMetrics) -> &std::sync::atomic::AtomicU64;
+    let per_replica: [(&str, &str, Field); 5] = [
+        (
+            "replica_bytes_written_total",
+            "Record bytes written to the replica's disk.",
+            |m| &m.bytes_written,
+        ),
+        (
+            "replica_batches_written_total",
+            "Batches written to the replica's disk.",
+            |m| &m.batches_written,
+        ),
+        (
+            "replica_fsyncs_total",
+            "Group commits (fdatasync) of the replica.",
+            |m| &m.syncs,
+        ),
+        (
+            "replica_disk_errors_total",
+            "Failed writes or syncs of the replica (each is retried).",
+            |m| &m.disk_errors,
+        ),
+        (
+            "replica_segments_removed_total",
+            "Disk segments removed by retention.",
+            |m| &m.segments_removed,
+        ),
+    ];
+    let r = &inner.replication_metrics;
+    for (name, help, field) in per_replica {
+        family(
+            name,
+            "counter",
+            help,
+            r.replicas
+                .iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    (
+                        format!("{{replica=\"{}\"}}", i + 1),
+                        field(m).load(Ordering::Relaxed),
+                    )
+                })
+                .collect(),
+        );
+    }
+    let region = &inner.region;
+    let mut lag_batches = Vec::new();
+    let mut lag_bytes = Vec::new();
+    let mut errors = Vec::new();
+    for t in topics.iter().filter(|t| t.replication_factor >= 2) {
+        for replica in 1..t.replication_factor as u32 {
+            let p = region.replica(t.id, replica);
+            let durable = p.own_durable_seq.load(Ordering::Acquire);
+            let labels = format!("{{topic=\"{}\",replica=\"{replica}\"}}", t.name);
+            // Entries not yet durable are still in memory (reclamation waits for them).
+            let bytes: u64 = (durable..t.committed_batches.max(durable))
+                .filter_map(|g| region.goi_read(t.id, g))
+                .map(|e| e.payload_size as u64)
+                .sum();
+            lag_batches.push((labels.clone(), t.committed_batches.saturating_sub(durable)));
+            lag_bytes.push((labels.clone(), bytes));
+            errors.push((labels, p.error.load(Ordering::Acquire)));
+        }
+    }
+    family(
+        "replica_lag_batches",
+        "gauge",
+        "Batches ordered but not yet on this replica's disk.",
+        lag_batches,
+    );
+    family(
+        "replica_lag_bytes",
+        "gauge",
+        "Payload bytes ordered but not yet on this replica's disk.",
+        lag_bytes,
+    );
+    family(
+        "replica_error",
+        "gauge",
+        "0 while the replica's disk works, else the OS error number of its last failure.",
+        errors,
+    );
+    family(
+        "topic_durable_batches",
+        "gauge",
+        "Batches of the topic's global order on every disk replica (the durable frontier).",
+        topics
+            .iter()
+            .map(|t| (format!("{{topic=\"{}\"}}", t.name), t.durable_batches))
+            .collect(),
+    );
+    family(
+        "topic_broker_durable_batches",
+        "gauge",
+        "Per topic and broker: ring slots below this are on every disk replica.",
+        topics
+            .iter()
+            .filter(|t| t.replication_factor >= 2)
+            .flat_map(|t| {
+                t.brokers.iter().map(move |b| {
+                    (
+                        format!("{{topic=\"{}\",broker=\"{}\"}}", t.name, b.broker),
+                        b.durable_batches,
+                    )
+                })
+            })
+            .collect(),
+    );
 }

@@ -11,11 +11,14 @@ pub mod control;
 mod http;
 
 pub use config::ServerConfig;
-pub use control::{BrokerLogInfo, TopicInfo, TopicSpec};
+pub use control::{BrokerLogInfo, TopicDefaults, TopicInfo, TopicSpec};
 
 use embarcadero_broker::{Broker, BrokerConfig, BrokerMetrics, SegmentPool};
 use embarcadero_region::Region;
+use embarcadero_replication::recovery::{self, Resume};
+use embarcadero_replication::{Replicas, ReplicationConfig, ReplicationMetrics, TopicStore};
 use embarcadero_sequencer::{Sequencer, SequencerConfig, SequencerMetrics};
+use std::collections::HashMap;
 use std::fs::File;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -39,6 +42,11 @@ pub enum ServerError {
     Region(#[from] embarcadero_region::RegionError),
     #[error(transparent)]
     Topics(#[from] control::TopicError),
+    #[error("cannot recover topic {topic:?} from its replicas: {source}; check the replica directories (replication.dirs) and their disks")]
+    Recovery {
+        topic: String,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Start(String),
 }
@@ -58,6 +66,7 @@ pub(crate) struct Inner {
     pub control: control::ControlPlane,
     pub brokers: Vec<BrokerInfo>,
     pub sequencer_metrics: Arc<SequencerMetrics>,
+    pub replication_metrics: Arc<ReplicationMetrics>,
     pub started: Instant,
 }
 
@@ -66,6 +75,7 @@ pub struct Server {
     inner: Arc<Inner>,
     brokers: Vec<Broker>,
     sequencer: Sequencer,
+    replicas: Replicas,
     http: Arc<tiny_http::Server>,
     http_thread: Option<std::thread::JoinHandle<()>>,
     control_addr: SocketAddr,
@@ -82,10 +92,24 @@ impl Server {
         };
         std::fs::create_dir_all(dir).map_err(dir_err)?;
         let lock = lock_data_dir(dir)?;
-        // Region contents are memory: a restart starts from an empty log and keeps the
-        // topics (recovery of data across restarts comes with disk replicas).
+        let replica_dirs = config.replica_dirs();
+        let (resumes, stores) = recover(&config, &replica_dirs)?;
+        // Always a fresh region, refilled from what recovery found.
         let region = Arc::new(Region::create(&config.region_path(), config.capacities())?);
-        let control = control::ControlPlane::open(region.clone(), dir)?;
+        let control = control::ControlPlane::open(
+            region.clone(),
+            dir,
+            TopicDefaults {
+                disk_replicas: replica_dirs.len() as u8,
+                retention_bytes: config.replication.retention_bytes,
+                retention_ms: config.replication.retention_ms,
+            },
+        )?;
+        for (slot, rf, resume) in &resumes {
+            recovery::seed(&region, *slot, *rf, resume);
+        }
+        let replicas = Replicas::start(region.clone(), replication_config(&config), stores)
+            .map_err(|e| ServerError::Start(format!("cannot start the replica workers: {e}")))?;
         let ip: IpAddr = config.bind.parse().map_err(|e| {
             ServerError::Start(format!(
                 "bind address {:?} is not an IP address: {e}",
@@ -126,6 +150,7 @@ impl Server {
                 idle_sleep_max: Duration::from_micros(b.idle_sleep_max_us),
                 reader_stall_timeout: Duration::from_millis(b.reader_stall_timeout_ms),
                 session_window: config.sequencer.session_window,
+                replica_dirs: replica_dirs.clone(),
                 fault: (b.fault_broker == id as i64).then_some(embarcadero_broker::Fault {
                     delay_fraction: b.fault_delay_fraction,
                     delay: Duration::from_micros(b.fault_delay_us),
@@ -161,6 +186,7 @@ impl Server {
                 })
                 .collect(),
             sequencer_metrics: sequencer.metrics(),
+            replication_metrics: replicas.metrics(),
             config,
             region,
             control,
@@ -181,6 +207,7 @@ impl Server {
             inner,
             brokers,
             sequencer,
+            replicas,
             http,
             http_thread: Some(http_thread),
             control_addr,
@@ -243,6 +270,7 @@ impl Server {
             b.stop();
         }
         self.sequencer.stop();
+        self.replicas.stop();
     }
 }
 
@@ -250,6 +278,95 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+fn replication_config(config: &ServerConfig) -> ReplicationConfig {
+    let r = &config.replication;
+    ReplicationConfig {
+        dirs: config.replica_dirs(),
+        segment_bytes: r.segment_bytes,
+        group_commit_bytes: r.group_commit_bytes,
+        group_commit_wait: Duration::from_micros(r.group_commit_wait_us),
+        idle_sleep_max: Duration::from_micros(config.broker.idle_sleep_max_us),
+        retry_after_error: Duration::from_millis(r.retry_after_error_ms),
+        fault_flag: (!r.fault_enospc_flag.as_os_str().is_empty())
+            .then(|| r.fault_enospc_flag.clone()),
+    }
+}
+
+/// Where each topic resumes, and its opened replica logs keyed by (slot, replica).
+type Recovered = (Vec<(u32, u8, Resume)>, HashMap<(u32, u32), TopicStore>);
+
+/// Recovers every topic from its replica logs and from the previous region, if that
+/// region can be trusted (see `embarcadero_replication::recovery`).
+fn recover(config: &ServerConfig, replica_dirs: &[PathBuf]) -> Result<Recovered, ServerError> {
+    let topics = control::load_topics(&config.data_dir)?;
+    let path = config.region_path();
+    let old = match Region::attach(&path, None) {
+        Ok(r) if r.created_this_boot() => Some(r),
+        Ok(_) => {
+            tracing::warn!(region = %path.display(), "the region file predates the last boot and cannot be trusted; recovering from the disk replicas only");
+            None
+        }
+        Err(embarcadero_region::RegionError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            None
+        }
+        Err(e) => {
+            tracing::warn!(
+                "cannot use the previous region ({e}); recovering from the disk replicas only"
+            );
+            None
+        }
+    };
+    let mut resumes = Vec::new();
+    let mut stores = HashMap::new();
+    for t in &topics {
+        let (name, rf) = (&t.spec.name, t.spec.replication_factor);
+        let old_topic = old.as_ref().and_then(|r| {
+            r.topic_meta(t.slot)
+                .filter(|m| &m.name == name && m.created_unix_ms == t.created_unix_ms)
+                .map(|_| (r, t.slot))
+        });
+        let resume = if rf >= 2 {
+            let dirs: Vec<PathBuf> = replica_dirs
+                .iter()
+                .take(rf as usize - 1)
+                .map(|d| embarcadero_replication::topic_dir(d, name, t.created_unix_ms))
+                .collect();
+            if dirs.len() + 1 < rf as usize {
+                return Err(ServerError::Start(format!(
+                    "topic {name:?} has replication factor {rf} but only {} replica directories are configured; restore replication.dirs",
+                    replica_dirs.len()
+                )));
+            }
+            let (opened, resume) =
+                recovery::recover_replicated(&dirs, config.replication.segment_bytes, old_topic)
+                    .map_err(|source| ServerError::Recovery {
+                        topic: name.clone(),
+                        source,
+                    })?;
+            for (i, store) in opened.into_iter().enumerate() {
+                stores.insert((t.slot, i as u32 + 1), store);
+            }
+            resume
+        } else {
+            match old_topic {
+                Some(o) => recovery::resume_memory_only(o),
+                None => continue,
+            }
+        };
+        tracing::info!(
+            topic = %name,
+            batches = resume.next_seq,
+            next_position = resume.next_position,
+            sessions = resume.sessions.len(),
+            "topic recovered"
+        );
+        resumes.push((t.slot, rf, resume));
+    }
+    Ok((resumes, stores))
 }
 
 fn lock_data_dir(dir: &Path) -> Result<File, ServerError> {

@@ -470,17 +470,27 @@ impl DeliveryHeader {
 }
 
 /// Validation trailer for subscribers: the `count` oldest unconfirmed deliveries are
-/// intact (the server re-checked, after sending them, that none was reclaimed).
+/// intact (the server re-checked, after sending them, that none was reclaimed). With
+/// `discard_rest`, the unconfirmed deliveries after those were reclaimed while being
+/// sent: the client drops them and the broker sends them again (from disk).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchOk {
     pub count: u64,
+    pub discard_rest: bool,
 }
 
 impl BatchOk {
+    /// FrameHeader flag of a BatchOk whose remaining unconfirmed deliveries are void.
+    pub const DISCARD_REST: u8 = 1;
+
     pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
         FrameHeader {
             kind: FrameKind::BatchOk,
-            flags: 0,
+            flags: if self.discard_rest {
+                Self::DISCARD_REST
+            } else {
+                0
+            },
             body_len: 0,
             arg: self.count,
         }

@@ -659,6 +659,7 @@ fn check_positive(frame: &str, bytes: &[u8], limits: Limits, f: &Obj) {
             keys(f, &["header", "count"], &[]);
             let ok = BatchOk {
                 count: num(f, "count"),
+                discard_rest: false,
             };
             assert_bytes("batch_ok", &ok.encode(), bytes);
             let header = check_frame_header(bytes, obj(f, "header"), FrameKind::BatchOk);

@@ -30,11 +30,21 @@ impl TestServer {
 
     /// Sums a metric over its labels (lines starting with `prefix`), from /metrics.
     pub fn metric_sum(&self, prefix: &str) -> u64 {
+        Self::sum_in(&Self::metric_text(&self.control()), prefix)
+    }
+
+    /// The text of `/metrics` of the server whose admin API is at `control`.
+    pub fn metric_text(control: &str) -> String {
         use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(self.control()).unwrap();
+        let mut s = std::net::TcpStream::connect(control).unwrap();
         s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
         let mut text = String::new();
         s.read_to_string(&mut text).unwrap();
+        text
+    }
+
+    /// Sums the samples of the lines of `text` that start with `prefix`.
+    pub fn sum_in(text: &str, prefix: &str) -> u64 {
         text.lines()
             .filter(|l| l.starts_with(prefix))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())

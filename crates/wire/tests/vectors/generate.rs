@@ -695,7 +695,10 @@ fn vectors() -> Vec<Vector> {
         ]),
         &bytes,
     ));
-    let ok = BatchOk { count: 2 };
+    let ok = BatchOk {
+        count: 2,
+        discard_rest: false,
+    };
     let header = FrameHeader::decode(&ok.encode(), 0).expect("own frame");
     v.push(positive(
         "batch_ok",

@@ -1,0 +1,253 @@
+//! Start-up recovery. The server always starts on a fresh region and refills it from
+//! what survived:
+//!
+//! - each replicated topic's replica logs are opened (torn tails cut), brought to one
+//!   common end (a shorter log copies what it lacks from the longest one), then extended
+//!   with whatever the previous region had committed beyond that, when that region is
+//!   trustworthy (created since the last boot: a process crash leaves it intact);
+//! - the new region's GOI continues where the log ends, so positions never go back, and
+//!   the order-5 session table is rebuilt from the records;
+//! - a memory-only topic (RF 1) keeps its positions (and sessions) if the previous region
+//!   is trustworthy, but not its data: it only ever lived in memory.
+
+use crate::reader::{DiskReader, DiskSeek};
+use crate::record::RecordHeader;
+use crate::store::{fold_session, SessionMark, TopicStore};
+use embarcadero_region::{Region, SessionRecord, SessionState, SESSION_SLOTS};
+use std::collections::BTreeMap;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+
+/// Where a topic continues in the new region.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resume {
+    /// The next GOI index.
+    pub next_seq: u64,
+    /// The next global position.
+    pub next_position: u64,
+    /// Order 5: each session's epoch and committed high-water mark.
+    pub sessions: BTreeMap<u64, SessionMark>,
+}
+
+/// A topic of the previous region: the region and the topic's slot in it.
+pub type OldTopic<'a> = (&'a Region, u32);
+
+/// Recovers a replicated topic from its replica logs (`topic_dirs[r - 1]` for replica
+/// `r`) and, if given, the previous region. Returns the opened logs, all ending at
+/// [`Resume::next_seq`] and all durable.
+pub fn recover_replicated(
+    topic_dirs: &[PathBuf],
+    segment_bytes: u64,
+    old: Option<OldTopic<'_>>,
+) -> io::Result<(Vec<TopicStore>, Resume)> {
+    let mut stores = topic_dirs
+        .iter()
+        .map(|d| TopicStore::open(d, segment_bytes))
+        .collect::<io::Result<Vec<_>>>()?;
+    let longest = (0..stores.len())
+        .max_by_key(|i| stores[*i].next_seq())
+        .expect("a replicated topic has at least one replica");
+    let mut sessions = stores[longest].sessions().clone();
+    for i in 0..stores.len() {
+        if i != longest && stores[i].next_seq() < stores[longest].next_seq() {
+            let (source, target) = if i < longest {
+                let (a, b) = stores.split_at_mut(longest);
+                (&b[0], &mut a[i])
+            } else {
+                let (a, b) = stores.split_at_mut(i);
+                (&a[longest], &mut b[0])
+            };
+            repair(source, target)?;
+        }
+    }
+    if let Some((region, slot)) = old {
+        drain(region, slot, &mut stores, &mut sessions)?;
+    }
+    for s in &mut stores {
+        s.sync()?;
+    }
+    let resume = Resume {
+        next_seq: stores[0].next_seq(),
+        next_position: stores[0].next_position(),
+        sessions,
+    };
+    Ok((stores, resume))
+}
+
+/// Copies the records `target` lacks from `source` (both of the same topic).
+fn repair(source: &TopicStore, target: &mut TopicStore) -> io::Result<()> {
+    let mut reader = DiskReader::new(source.dir());
+    let end = source.durable_seq();
+    let mut seek = reader.seek_seq(target.next_seq(), end)?;
+    if let DiskSeek::Gone { .. } = seek {
+        // The target ends before the source's oldest record: start it over there.
+        target.remove_all()?;
+        target.start_at(source.first_seq(), source.first_position())?;
+        seek = reader.seek_seq(target.next_seq(), end)?;
+    }
+    if !matches!(seek, DiskSeek::At { .. }) {
+        return Ok(());
+    }
+    tracing::info!(
+        from = %source.dir().display(),
+        to = %target.dir().display(),
+        records = end - target.next_seq(),
+        "repairing a replica log that is behind"
+    );
+    let mut payload = Vec::new();
+    while let Some(h) = reader.next(end, &mut payload)? {
+        target.append(&h, &payload)?;
+    }
+    target.sync()
+}
+
+/// Appends what the previous region committed beyond the logs' end.
+fn drain(
+    region: &Region,
+    slot: u32,
+    stores: &mut [TopicStore],
+    sessions: &mut BTreeMap<u64, SessionMark>,
+) -> io::Result<()> {
+    let committed = region.topic_seq(slot).committed_seq.load(Ordering::Acquire);
+    let start = stores[0].next_seq();
+    let mut g = start;
+    while g < committed {
+        let Some(e) = region.goi_read(slot, g) else {
+            tracing::warn!(
+                slot,
+                g,
+                committed,
+                "the previous region no longer holds GOI entry {g}; recovery stops there"
+            );
+            break;
+        };
+        let log = region.log(slot, e.broker_id as u32);
+        if log.reclaimed_blog.load(Ordering::Acquire) > e.blog_offset {
+            tracing::warn!(
+                slot,
+                g,
+                "the previous region reclaimed batch {g}; recovery stops there"
+            );
+            break;
+        }
+        // SAFETY: the previous region has no other user (the server holds the data
+        // directory's lock, and its previous owner is gone), so nothing reclaims or
+        // rewrites this committed range while it is read.
+        let Some(payload) = (unsafe {
+            region.blog_bytes(
+                slot,
+                e.broker_id as u32,
+                e.blog_offset,
+                e.payload_size as u64,
+            )
+        }) else {
+            tracing::warn!(
+                slot,
+                g,
+                "GOI entry {g} of the previous region points outside its log; recovery stops there"
+            );
+            break;
+        };
+        if e.total_order != stores[0].next_position() {
+            tracing::warn!(
+                slot,
+                g,
+                "GOI entry {g} does not continue the replica log; recovery stops there"
+            );
+            break;
+        }
+        let h = RecordHeader::of(g, &e, payload);
+        for s in stores.iter_mut() {
+            s.append(&h, payload)?;
+        }
+        fold_session(sessions, e.client_id, e.session_epoch, e.client_seq);
+        g += 1;
+    }
+    if g > start {
+        tracing::info!(
+            slot,
+            batches = g - start,
+            "recovered batches from the previous region into the replicas"
+        );
+    }
+    Ok(())
+}
+
+/// A memory-only topic: where it stood in the previous region (its data is gone).
+pub fn resume_memory_only((region, slot): OldTopic<'_>) -> Resume {
+    let seq = region.topic_seq(slot);
+    let committed = seq.committed_seq.load(Ordering::Acquire);
+    let mut sessions = BTreeMap::new();
+    for s in 0..SESSION_SLOTS {
+        if let Some(r) = region.session_read(slot, s) {
+            if r.committed_hwm > 0 {
+                fold_session(
+                    &mut sessions,
+                    r.client_id,
+                    r.session_epoch,
+                    r.committed_hwm - 1,
+                );
+            } else {
+                sessions.entry(r.client_id).or_insert(SessionMark {
+                    epoch: r.session_epoch,
+                    hwm: 0,
+                });
+            }
+        }
+    }
+    // The table may lag the GOI by the last epoch.
+    let from = committed.saturating_sub(region.capacities().goi_slots);
+    for g in from..committed {
+        if let Some(e) = region.goi_read(slot, g) {
+            fold_session(&mut sessions, e.client_id, e.session_epoch, e.client_seq);
+        }
+    }
+    Resume {
+        next_seq: committed,
+        next_position: seq.next_position.load(Ordering::Acquire),
+        sessions,
+    }
+}
+
+/// Writes a recovered topic into a fresh region before any broker, sequencer or
+/// replica starts: its sequence line, its replicas' progress, its session table.
+pub fn seed(region: &Region, topic: u32, replication_factor: u8, resume: &Resume) {
+    let seq = region.topic_seq(topic);
+    seq.next_position
+        .store(resume.next_position, Ordering::Release);
+    seq.committed_seq.store(resume.next_seq, Ordering::Release);
+    for r in 1..replication_factor as u32 {
+        let p = region.replica(topic, r);
+        p.own_durable_seq.store(resume.next_seq, Ordering::Release);
+        p.durable_seq.store(resume.next_seq, Ordering::Release);
+    }
+    if resume.sessions.len() > SESSION_SLOTS as usize {
+        tracing::warn!(
+            topic,
+            sessions = resume.sessions.len(),
+            "more recovered sessions than session slots; the rest start over"
+        );
+    }
+    for (slot, (client_id, m)) in resume
+        .sessions
+        .iter()
+        .take(SESSION_SLOTS as usize)
+        .enumerate()
+    {
+        region.session_write(
+            topic,
+            slot as u32,
+            &SessionRecord {
+                state: SessionState::Open,
+                client_id: *client_id,
+                session_epoch: m.epoch,
+                committed_hwm: m.hwm,
+            },
+        );
+        region.session_durable_hwm(topic, slot as u32).store(
+            if replication_factor >= 2 { m.hwm } else { 0 },
+            Ordering::Release,
+        );
+    }
+}

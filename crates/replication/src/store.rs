@@ -1,0 +1,600 @@
+//! One topic's log on one replica's disk: a directory of segment files, each a run of
+//! records (see [`crate::record`]). A segment is named by the GOI index and global
+//! position of its first record, so even an empty segment says where the log resumes.
+//!
+//! Invariants:
+//! - records are contiguous: each record's `seq` is the previous one's plus one and its
+//!   `total_order` the previous one's end position;
+//! - only the last segment is ever written; a segment is closed right after an
+//!   `fdatasync`, so every closed segment is entirely durable;
+//! - a new segment's directory entry is made durable (directory fsync) before any
+//!   record in it is reported durable.
+
+use crate::record::{RecordError, RecordHeader, RECORD_HEADER_LEN};
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+const SEGMENT_SUFFIX: &str = ".seg";
+
+/// A segment file as its name describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentFile {
+    pub first_seq: u64,
+    pub first_position: u64,
+    pub path: PathBuf,
+}
+
+pub fn segment_name(first_seq: u64, first_position: u64) -> String {
+    format!("{first_seq:020}-{first_position:020}{SEGMENT_SUFFIX}")
+}
+
+fn parse_segment_name(name: &str) -> Option<(u64, u64)> {
+    let stem = name.strip_suffix(SEGMENT_SUFFIX)?;
+    let (seq, pos) = stem.split_once('-')?;
+    Some((seq.parse().ok()?, pos.parse().ok()?))
+}
+
+/// The segment files in `dir`, oldest first. A missing directory has none.
+pub fn list_segments(dir: &Path) -> io::Result<Vec<SegmentFile>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        if let Some((first_seq, first_position)) = name.to_str().and_then(parse_segment_name) {
+            out.push(SegmentFile {
+                first_seq,
+                first_position,
+                path: entry.path(),
+            });
+        }
+    }
+    out.sort_by_key(|s| s.first_seq);
+    Ok(out)
+}
+
+/// Reads the record header at `offset`; `Ok(None)` at the end of the file or when only
+/// part of a header is there.
+pub fn read_header_at(
+    file: &File,
+    offset: u64,
+) -> io::Result<Option<Result<RecordHeader, RecordError>>> {
+    let mut raw = [0u8; RECORD_HEADER_LEN];
+    let mut got = 0;
+    while got < raw.len() {
+        match file.read_at(&mut raw[got..], offset + got as u64) {
+            Ok(0) => return Ok(None),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Some(RecordHeader::decode(&raw)))
+}
+
+/// What an order-5 session looks like in the records seen so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SessionMark {
+    pub epoch: u64,
+    /// One above the highest `client_seq` seen.
+    pub hwm: u64,
+}
+
+/// Folds one committed batch into the sessions it belongs to (session FIFO means the
+/// highest sequence seen is the session's committed high-water mark).
+pub fn fold_session(
+    sessions: &mut BTreeMap<u64, SessionMark>,
+    client_id: u64,
+    epoch: u64,
+    client_seq: u64,
+) {
+    if epoch == 0 {
+        return;
+    }
+    let m = sessions.entry(client_id).or_default();
+    m.epoch = m.epoch.max(epoch);
+    m.hwm = m.hwm.max(client_seq + 1);
+}
+
+#[derive(Debug)]
+struct Segment {
+    file: SegmentFile,
+    len: u64,
+    end_seq: u64,
+    end_position: u64,
+    /// When its last record was written (file mtime for segments found at open).
+    last_write: SystemTime,
+}
+
+/// Where the log stood at the last successful sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Mark {
+    seq: u64,
+    position: u64,
+    /// Length of the active segment.
+    len: u64,
+}
+
+/// The writer of one topic's log on one replica.
+pub struct TopicStore {
+    dir: PathBuf,
+    dir_handle: File,
+    /// Close the active segment once it reaches this many bytes.
+    segment_target: u64,
+    closed: Vec<Segment>,
+    active: Option<(Segment, File)>,
+    /// The active segment was created since the last directory fsync.
+    dir_dirty: bool,
+    next_seq: u64,
+    next_position: u64,
+    synced: Mark,
+    sessions: BTreeMap<u64, SessionMark>,
+    fault_flag: Option<PathBuf>,
+}
+
+impl TopicStore {
+    /// Opens (creating if needed) the log in `dir`, checks every record header, checks
+    /// the payloads of the last segment, and cuts off a torn tail left by a crash.
+    pub fn open(dir: &Path, segment_target: u64) -> io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let dir_handle = File::open(dir)?;
+        let files = list_segments(dir)?;
+        let mut store = Self {
+            dir: dir.to_path_buf(),
+            dir_handle,
+            segment_target: segment_target.max(RECORD_HEADER_LEN as u64),
+            closed: Vec::new(),
+            active: None,
+            dir_dirty: false,
+            next_seq: 0,
+            next_position: 0,
+            synced: Mark {
+                seq: 0,
+                position: 0,
+                len: 0,
+            },
+            sessions: BTreeMap::new(),
+            fault_flag: None,
+        };
+        let count = files.len();
+        let mut payload = Vec::new();
+        for (i, f) in files.into_iter().enumerate() {
+            if i > 0 && (f.first_seq != store.next_seq || f.first_position != store.next_position) {
+                tracing::error!(
+                    path = %f.path.display(),
+                    expected_seq = store.next_seq,
+                    "segment does not continue the log; removing it and everything after it"
+                );
+                remove_from(dir, f.first_seq)?;
+                break;
+            }
+            let file = OpenOptions::new().read(true).write(true).open(&f.path)?;
+            let last = i + 1 == count;
+            let (seq, position) = (f.first_seq, f.first_position);
+            let (mut next_seq, mut next_position, mut off) = (seq, position, 0u64);
+            let file_len = file.metadata()?.len();
+            let torn = loop {
+                let h = match read_header_at(&file, off)? {
+                    None => break off < file_len,
+                    Some(Err(_)) => break true,
+                    Some(Ok(h)) => h,
+                };
+                if h.seq != next_seq
+                    || h.total_order != next_position
+                    || off + h.record_len() > file_len
+                {
+                    break true;
+                }
+                if last {
+                    payload.resize(h.payload_len as usize, 0);
+                    file.read_exact_at(&mut payload, off + RECORD_HEADER_LEN as u64)?;
+                    if h.check_payload(&payload).is_err() {
+                        break true;
+                    }
+                }
+                fold_session(
+                    &mut store.sessions,
+                    h.client_id,
+                    h.session_epoch,
+                    h.client_seq,
+                );
+                next_seq += 1;
+                next_position = h.end_position();
+                off += h.record_len();
+            };
+            if torn {
+                tracing::warn!(
+                    path = %f.path.display(),
+                    valid_bytes = off,
+                    file_bytes = file_len,
+                    "cutting a torn or corrupt tail off a replica segment (left by a crash)"
+                );
+                file.set_len(off)?;
+                file.sync_all()?;
+                remove_from(dir, next_seq.max(seq + 1))?;
+            }
+            let segment = Segment {
+                len: off,
+                end_seq: next_seq,
+                end_position: next_position,
+                last_write: file
+                    .metadata()?
+                    .modified()
+                    .unwrap_or_else(|_| SystemTime::now()),
+                file: f,
+            };
+            store.next_seq = next_seq;
+            store.next_position = next_position;
+            if last || torn {
+                store.active = Some((segment, file));
+                break;
+            }
+            store.closed.push(segment);
+        }
+        let len = store.active.as_ref().map_or(0, |(s, _)| s.len);
+        store.synced = Mark {
+            seq: store.next_seq,
+            position: store.next_position,
+            len,
+        };
+        Ok(store)
+    }
+
+    /// Makes an empty log start at `seq` / `position` instead of 0 (a replica that joins
+    /// a log whose beginning is gone).
+    pub fn start_at(&mut self, seq: u64, position: u64) -> io::Result<()> {
+        assert!(self.is_empty(), "start_at on a log that has records");
+        self.remove_all()?;
+        self.next_seq = seq;
+        self.next_position = position;
+        self.synced = Mark {
+            seq,
+            position,
+            len: 0,
+        };
+        // An empty segment records where the log starts, even across a crash.
+        self.create_active()?;
+        self.dir_handle.sync_all()?;
+        self.dir_dirty = false;
+        Ok(())
+    }
+
+    /// Deletes every segment (the log becomes empty at its current end).
+    pub fn remove_all(&mut self) -> io::Result<()> {
+        self.active = None;
+        self.closed.clear();
+        remove_from(&self.dir, 0)?;
+        self.dir_handle.sync_all()
+    }
+
+    /// Every write fails with ENOSPC while this file exists (fault injection).
+    pub fn set_fault_flag(&mut self, flag: Option<PathBuf>) {
+        self.fault_flag = flag;
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.closed.is_empty() && self.active.as_ref().is_none_or(|(s, _)| s.len == 0)
+    }
+
+    /// GOI index of the next record to append.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    pub fn next_position(&self) -> u64 {
+        self.next_position
+    }
+
+    /// Records below this index are on stable storage.
+    pub fn durable_seq(&self) -> u64 {
+        self.synced.seq
+    }
+
+    /// The oldest record still kept.
+    pub fn first_seq(&self) -> u64 {
+        self.closed
+            .first()
+            .or(self.active.as_ref().map(|(s, _)| s))
+            .map_or(self.next_seq, |s| s.file.first_seq)
+    }
+
+    pub fn first_position(&self) -> u64 {
+        self.closed
+            .first()
+            .or(self.active.as_ref().map(|(s, _)| s))
+            .map_or(self.next_position, |s| s.file.first_position)
+    }
+
+    /// Bytes of records kept.
+    pub fn bytes(&self) -> u64 {
+        self.closed.iter().map(|s| s.len).sum::<u64>()
+            + self.active.as_ref().map_or(0, |(s, _)| s.len)
+    }
+
+    /// Order-5 sessions as of the records found when the store was opened.
+    pub fn sessions(&self) -> &BTreeMap<u64, SessionMark> {
+        &self.sessions
+    }
+
+    /// Appends one record. It is durable only after the next successful [`Self::sync`].
+    pub fn append(&mut self, h: &RecordHeader, payload: &[u8]) -> io::Result<()> {
+        assert_eq!(h.seq, self.next_seq, "records are appended in GOI order");
+        assert_eq!(
+            h.total_order, self.next_position,
+            "positions are contiguous"
+        );
+        assert_eq!(h.payload_len as usize, payload.len());
+        if let Some(flag) = &self.fault_flag {
+            if flag.exists() {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+        }
+        if self.active.is_none() {
+            self.create_active()?;
+        }
+        let (seg, file) = self.active.as_mut().expect("opened above");
+        file.write_all_at(&h.encode(), seg.len)?;
+        file.write_all_at(payload, seg.len + RECORD_HEADER_LEN as u64)?;
+        seg.len += h.record_len();
+        seg.end_seq = h.seq + 1;
+        seg.end_position = h.end_position();
+        self.next_seq = h.seq + 1;
+        self.next_position = h.end_position();
+        Ok(())
+    }
+
+    /// Starts a new, empty active segment at the current end of the log.
+    fn create_active(&mut self) -> io::Result<()> {
+        let file = SegmentFile {
+            first_seq: self.next_seq,
+            first_position: self.next_position,
+            path: self
+                .dir
+                .join(segment_name(self.next_seq, self.next_position)),
+        };
+        let handle = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&file.path)?;
+        self.dir_dirty = true;
+        self.active = Some((
+            Segment {
+                file,
+                len: 0,
+                end_seq: self.next_seq,
+                end_position: self.next_position,
+                last_write: SystemTime::now(),
+            },
+            handle,
+        ));
+        Ok(())
+    }
+
+    /// Makes everything appended so far durable (`fdatasync`, and the directory when a
+    /// segment was created), then closes the active segment if it is full.
+    pub fn sync(&mut self) -> io::Result<()> {
+        let Some((seg, file)) = self.active.as_mut() else {
+            return Ok(());
+        };
+        if let Some(flag) = &self.fault_flag {
+            if flag.exists() {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+        }
+        file.sync_data()?;
+        if self.dir_dirty {
+            self.dir_handle.sync_all()?;
+            self.dir_dirty = false;
+        }
+        seg.last_write = SystemTime::now();
+        self.synced = Mark {
+            seq: self.next_seq,
+            position: self.next_position,
+            len: seg.len,
+        };
+        if seg.len >= self.segment_target {
+            let (seg, _) = self.active.take().expect("checked");
+            self.closed.push(seg);
+            self.synced.len = 0;
+        }
+        Ok(())
+    }
+
+    /// After a failed write or sync: forget everything since the last successful sync
+    /// (after a failed fsync the page cache cannot be trusted), so it is written again.
+    pub fn rewind(&mut self) -> io::Result<()> {
+        self.next_seq = self.synced.seq;
+        self.next_position = self.synced.position;
+        let Some((seg, file)) = self.active.as_mut() else {
+            return Ok(());
+        };
+        seg.len = self.synced.len;
+        seg.end_seq = self.synced.seq;
+        seg.end_position = self.synced.position;
+        file.set_len(self.synced.len)
+    }
+
+    /// Deletes the oldest closed segments while the log is larger than `max_bytes` or
+    /// their newest record is older than `max_age` (0 and `None`: no limit). The active
+    /// segment (or, if none, the newest closed one) is never deleted. Returns how many segments were removed.
+    pub fn apply_retention(
+        &mut self,
+        max_bytes: u64,
+        max_age: Option<Duration>,
+    ) -> io::Result<usize> {
+        let mut total = self.bytes();
+        let now = SystemTime::now();
+        let mut removed = 0;
+        // The newest segment always stays: its name says where the log continues.
+        let keep = usize::from(self.active.is_none());
+        while self.closed.len() > keep {
+            let oldest = &self.closed[0];
+            let too_big = max_bytes > 0 && total > max_bytes;
+            let too_old = max_age
+                .is_some_and(|age| now.duration_since(oldest.last_write).unwrap_or_default() > age);
+            if !too_big && !too_old {
+                break;
+            }
+            std::fs::remove_file(&oldest.file.path)?;
+            total -= oldest.len;
+            self.closed.remove(0);
+            removed += 1;
+        }
+        if removed > 0 {
+            self.dir_handle.sync_all()?;
+        }
+        Ok(removed)
+    }
+}
+
+/// Removes every segment file whose first record is at or after `from_seq`.
+fn remove_from(dir: &Path, from_seq: u64) -> io::Result<()> {
+    for f in list_segments(dir)? {
+        if f.first_seq >= from_seq {
+            std::fs::remove_file(&f.path)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn record(seq: u64, position: u64, payload: &[u8]) -> RecordHeader {
+        RecordHeader {
+            seq,
+            total_order: position,
+            num_msg: 2,
+            payload_len: payload.len() as u32,
+            payload_crc: crc32fast::hash(payload),
+            client_id: 5,
+            client_seq: seq,
+            session_epoch: 1,
+            ..Default::default()
+        }
+    }
+
+    fn fill(store: &mut TopicStore, n: u64) {
+        for _ in 0..n {
+            let payload = vec![store.next_seq() as u8; 100];
+            let h = record(store.next_seq(), store.next_position(), &payload);
+            store.append(&h, &payload).unwrap();
+        }
+    }
+
+    #[test]
+    fn reopening_finds_every_synced_record_and_rolls_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = TopicStore::open(dir.path(), 500).unwrap();
+        fill(&mut s, 3);
+        s.sync().unwrap();
+        fill(&mut s, 3);
+        s.sync().unwrap();
+        assert_eq!(s.durable_seq(), 6);
+        assert_eq!(
+            list_segments(dir.path()).unwrap().len(),
+            2,
+            "rolled once past 500 B"
+        );
+        drop(s);
+        let s = TopicStore::open(dir.path(), 500).unwrap();
+        assert_eq!((s.next_seq(), s.next_position()), (6, 12));
+        assert_eq!(s.sessions()[&5], SessionMark { epoch: 1, hwm: 6 });
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_at_the_last_whole_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = TopicStore::open(dir.path(), 1 << 20).unwrap();
+        fill(&mut s, 4);
+        s.sync().unwrap();
+        drop(s);
+        let seg = &list_segments(dir.path()).unwrap()[0].path;
+        let len = std::fs::metadata(seg).unwrap().len();
+        let f = OpenOptions::new().write(true).open(seg).unwrap();
+        // A crash in the middle of the fourth record's payload...
+        f.set_len(len - 10).unwrap();
+        let s = TopicStore::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(s.next_seq(), 3);
+        // ...and a payload the disk never wrote (zeros where the bytes should be).
+        drop(s);
+        let record_len = 180;
+        f.write_all_at(&[0u8; 20], 2 * record_len + 100).unwrap();
+        let s = TopicStore::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(s.next_seq(), 2);
+        assert_eq!(std::fs::metadata(seg).unwrap().len(), 2 * record_len);
+    }
+
+    #[test]
+    fn rewind_forgets_unsynced_records_and_writes_them_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let flag = dir.path().join("full");
+        let mut s = TopicStore::open(&dir.path().join("log"), 1 << 20).unwrap();
+        s.set_fault_flag(Some(flag.clone()));
+        fill(&mut s, 2);
+        s.sync().unwrap();
+        fill(&mut s, 2);
+        std::fs::write(&flag, b"").unwrap();
+        assert_eq!(s.sync().unwrap_err().raw_os_error(), Some(libc::ENOSPC));
+        s.rewind().unwrap();
+        assert_eq!(s.next_seq(), 2);
+        std::fs::remove_file(&flag).unwrap();
+        fill(&mut s, 2);
+        s.sync().unwrap();
+        drop(s);
+        let s = TopicStore::open(&dir.path().join("log"), 1 << 20).unwrap();
+        assert_eq!(s.next_seq(), 4);
+    }
+
+    #[test]
+    fn retention_removes_whole_old_segments_by_size_and_age() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = TopicStore::open(dir.path(), 300).unwrap();
+        for _ in 0..5 {
+            fill(&mut s, 2);
+            s.sync().unwrap();
+        }
+        assert_eq!(list_segments(dir.path()).unwrap().len(), 5);
+        assert_eq!(s.apply_retention(3 * 360, None).unwrap(), 2);
+        assert_eq!((s.first_seq(), s.first_position()), (4, 8));
+        assert_eq!(
+            s.apply_retention(0, Some(Duration::ZERO)).unwrap(),
+            2,
+            "all closed ones"
+        );
+        assert_eq!(s.first_seq(), 8, "the active segment stays");
+        drop(s);
+        let s = TopicStore::open(dir.path(), 300).unwrap();
+        assert_eq!((s.first_seq(), s.next_seq()), (8, 10));
+    }
+
+    #[test]
+    fn an_empty_log_can_start_mid_stream_and_remembers_where() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = TopicStore::open(dir.path(), 1 << 20).unwrap();
+        s.start_at(40, 900).unwrap();
+        fill(&mut s, 1);
+        s.sync().unwrap();
+        drop(s);
+        let s = TopicStore::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(
+            (s.first_seq(), s.first_position(), s.next_seq()),
+            (40, 900, 41)
+        );
+    }
+}

@@ -1,0 +1,575 @@
+//! Replica workers: one thread per replica directory. Replica `r` (1-based) copies every
+//! topic whose replication factor exceeds `r`.
+//!
+//! Per topic and pass, a worker:
+//! 1. snapshots each broker's `ordered_pbr`, then the topic's `committed_seq` (the
+//!    sequencer stores them in the opposite order, so every valid PBR slot below the
+//!    snapshot is in a GOI entry below the snapshot's `committed_seq`);
+//! 2. appends the GOI entries it has not copied yet (payload straight from the region
+//!    into the page cache) up to `group_commit_bytes`;
+//! 3. `fdatasync`s once for all of them (group commit) when the pass filled its byte
+//!    budget or caught up and `group_commit_wait` has passed since the oldest unsynced
+//!    record;
+//! 4. publishes its chain token: `durable_seq = min(own durable, previous replica's
+//!    durable_seq)`. The last replica's token is the topic's durable frontier; it then
+//!    raises the order-5 sessions' `durable_hwm`, and each broker's `durable_pbr` to the
+//!    oldest snapshot the frontier covers, and wakes the brokers to send ack-2 acks.
+//!
+//! Nothing is acknowledged at level 2 before the fsync that covers it: `durable_pbr`
+//! only moves after step 3 succeeded on every replica. A failed write or sync rewinds
+//! the store to its last good sync and retries later; meanwhile nothing becomes durable,
+//! so memory is not reclaimed either and publishers get backpressure, never loss.
+
+use crate::record::RecordHeader;
+use crate::store::TopicStore;
+use crate::topic_dir;
+use embarcadero_region::backoff::Backoff;
+use embarcadero_region::{Region, TopicMeta};
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct ReplicationConfig {
+    /// Directory of replica `r` is `dirs[r - 1]`; a topic may have at most
+    /// `dirs.len() + 1` copies.
+    pub dirs: Vec<PathBuf>,
+    /// Disk segment size: a segment is closed (and becomes deletable by retention) once
+    /// it holds this many bytes.
+    pub segment_bytes: u64,
+    /// Most bytes copied before an fsync.
+    pub group_commit_bytes: u64,
+    /// Once caught up, wait this long for more batches before an fsync (0: sync at once).
+    pub group_commit_wait: Duration,
+    /// Longest sleep of an idle worker.
+    pub idle_sleep_max: Duration,
+    /// After a disk error, try again after this long.
+    pub retry_after_error: Duration,
+    /// Fault injection: every replica write fails with ENOSPC while this file exists.
+    pub fault_flag: Option<PathBuf>,
+}
+
+impl ReplicationConfig {
+    pub fn new(dirs: Vec<PathBuf>) -> Self {
+        Self {
+            dirs,
+            segment_bytes: 64 << 20,
+            group_commit_bytes: 8 << 20,
+            group_commit_wait: Duration::ZERO,
+            idle_sleep_max: Duration::from_millis(20),
+            retry_after_error: Duration::from_millis(500),
+            fault_flag: None,
+        }
+    }
+}
+
+/// Upper bounds of the fsync latency histogram buckets, in microseconds.
+pub const FSYNC_BUCKETS_US: [u64; 12] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+];
+
+/// Counters of one replica, exported on `/metrics`.
+#[derive(Debug, Default)]
+pub struct ReplicaMetrics {
+    pub bytes_written: AtomicU64,
+    pub batches_written: AtomicU64,
+    pub syncs: AtomicU64,
+    pub disk_errors: AtomicU64,
+    pub segments_removed: AtomicU64,
+    /// Cumulative fsync counts per bucket of [`FSYNC_BUCKETS_US`] (the last is +Inf).
+    pub fsync_buckets: [AtomicU64; FSYNC_BUCKETS_US.len() + 1],
+    pub fsync_nanos: AtomicU64,
+}
+
+impl ReplicaMetrics {
+    fn record_sync(&self, took: Duration) {
+        let us = took.as_micros() as u64;
+        let bucket = FSYNC_BUCKETS_US.partition_point(|b| *b < us);
+        self.fsync_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.fsync_nanos
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct ReplicationMetrics {
+    /// Index `r - 1` for replica `r`.
+    pub replicas: Vec<ReplicaMetrics>,
+}
+
+/// The running replica workers. Dropping them stops them.
+pub struct Replicas {
+    shutdown: Arc<AtomicBool>,
+    region: Arc<Region>,
+    metrics: Arc<ReplicationMetrics>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Replicas {
+    /// Starts one worker per replica directory. `stores` holds logs already opened by
+    /// recovery, keyed by (topic slot, replica); the others are opened on first use.
+    pub fn start(
+        region: Arc<Region>,
+        config: ReplicationConfig,
+        mut stores: HashMap<(u32, u32), TopicStore>,
+    ) -> std::io::Result<Self> {
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let metrics = Arc::new(ReplicationMetrics {
+            replicas: config
+                .dirs
+                .iter()
+                .map(|_| ReplicaMetrics::default())
+                .collect(),
+        });
+        let mut threads = Vec::new();
+        for replica in 1..=config.dirs.len() as u32 {
+            let mine: HashMap<u32, TopicStore> = stores
+                .keys()
+                .filter(|(_, r)| *r == replica)
+                .copied()
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|key| (key.0, stores.remove(&key).expect("listed")))
+                .collect();
+            let mut worker = Worker {
+                replica,
+                region: region.clone(),
+                config: config.clone(),
+                metrics: metrics.clone(),
+                preopened: mine,
+                topics: Vec::new(),
+                open_failed: HashMap::new(),
+            };
+            let stop = shutdown.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("replica{replica}"))
+                    .spawn(move || worker.run(&stop))?,
+            );
+        }
+        Ok(Self {
+            shutdown,
+            region,
+            metrics,
+            threads,
+        })
+    }
+
+    pub fn metrics(&self) -> Arc<ReplicationMetrics> {
+        self.metrics.clone()
+    }
+
+    pub fn stop(&mut self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        self.region.replication_bell().ring();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Replicas {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One topic as one replica copies it.
+struct TopicCopy {
+    topic: u32,
+    meta: TopicMeta,
+    store: TopicStore,
+    unsynced_bytes: u64,
+    unsynced_since: Option<Instant>,
+    /// `durable_seq` last published (the chain token).
+    published: u64,
+    /// Last replica only: (committed_seq, ordered_pbr per broker) snapshots not yet
+    /// covered by the durable frontier.
+    snapshots: VecDeque<(u64, Vec<u64>)>,
+    /// Last replica, order 5: GOI entries below this have raised their session's
+    /// `durable_hwm`.
+    sessions_done: u64,
+    session_slots: HashMap<u64, u32>,
+    failing_since: Option<Instant>,
+    retry_at: Option<Instant>,
+    next_retention: Instant,
+}
+
+const TOPIC_REFRESH: Duration = Duration::from_millis(20);
+const RETENTION_EVERY: Duration = Duration::from_secs(1);
+
+struct Worker {
+    replica: u32,
+    region: Arc<Region>,
+    config: ReplicationConfig,
+    metrics: Arc<ReplicationMetrics>,
+    preopened: HashMap<u32, TopicStore>,
+    topics: Vec<TopicCopy>,
+    /// Topics whose store could not be opened, and when to try again.
+    open_failed: HashMap<u32, Instant>,
+}
+
+impl Worker {
+    fn run(&mut self, shutdown: &AtomicBool) {
+        let region = self.region.clone();
+        let bell = region.replication_bell();
+        let mut backoff = Backoff::new(self.config.idle_sleep_max);
+        let mut last_refresh = Instant::now() - TOPIC_REFRESH;
+        while !shutdown.load(Ordering::Relaxed) {
+            let seen = bell.seen();
+            if last_refresh.elapsed() >= TOPIC_REFRESH {
+                self.refresh_topics();
+                last_refresh = Instant::now();
+            }
+            let mut progress = false;
+            let mut wake_at: Option<Instant> = None;
+            let mut topics = std::mem::take(&mut self.topics);
+            for t in &mut topics {
+                progress |= self.pass(t);
+                if let Some(since) = t.unsynced_since {
+                    let at = since + self.config.group_commit_wait;
+                    wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
+                }
+            }
+            self.topics = topics;
+            if progress {
+                backoff.reset();
+            } else if let Some(at) = wake_at {
+                std::thread::sleep(at.saturating_duration_since(Instant::now()));
+            } else {
+                backoff.idle(Some((&bell, seen)));
+            }
+        }
+        // A clean stop leaves nothing unsynced behind.
+        for t in &mut self.topics {
+            if t.unsynced_bytes > 0 {
+                let _ = t.store.sync();
+            }
+        }
+    }
+
+    /// Starts copying topics created since the last look.
+    fn refresh_topics(&mut self) {
+        let caps = self.region.capacities();
+        for topic in 0..caps.max_topics {
+            let Some(meta) = self.region.topic_meta(topic) else {
+                continue;
+            };
+            if meta.order < 2 || (meta.replication_factor as u32) <= self.replica {
+                continue;
+            }
+            if self.topics.iter().any(|t| t.topic == topic) {
+                continue;
+            }
+            if self
+                .open_failed
+                .get(&topic)
+                .is_some_and(|at| Instant::now() < *at)
+            {
+                continue;
+            }
+            let store = match self.preopened.remove(&topic) {
+                Some(s) => Ok(s),
+                None => {
+                    let dir = topic_dir(
+                        &self.config.dirs[self.replica as usize - 1],
+                        &meta.name,
+                        meta.created_unix_ms,
+                    );
+                    TopicStore::open(&dir, self.config.segment_bytes)
+                }
+            };
+            let mut store = match store {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(
+                        replica = self.replica,
+                        topic = %meta.name,
+                        "cannot open the replica log: {e}; acknowledgements at level 2 wait until it can be opened"
+                    );
+                    self.open_failed
+                        .insert(topic, Instant::now() + self.config.retry_after_error);
+                    continue;
+                }
+            };
+            self.open_failed.remove(&topic);
+            store.set_fault_flag(self.config.fault_flag.clone());
+            let progress = self.region.replica(topic, self.replica);
+            let durable = store.durable_seq();
+            progress.own_durable_seq.store(durable, Ordering::Release);
+            let published = progress.durable_seq.load(Ordering::Acquire);
+            self.topics.push(TopicCopy {
+                topic,
+                store,
+                unsynced_bytes: 0,
+                unsynced_since: None,
+                published,
+                snapshots: VecDeque::new(),
+                sessions_done: published,
+                session_slots: HashMap::new(),
+                failing_since: None,
+                retry_at: None,
+                next_retention: Instant::now(),
+                meta,
+            });
+        }
+    }
+
+    fn is_last(&self, t: &TopicCopy) -> bool {
+        self.replica + 1 == t.meta.replication_factor as u32
+    }
+
+    /// One pass over one topic; returns whether anything moved.
+    fn pass(&self, t: &mut TopicCopy) -> bool {
+        let now = Instant::now();
+        if t.retry_at.is_some_and(|at| now < at) {
+            return false;
+        }
+        let region = &self.region;
+        let metrics = &self.metrics.replicas[self.replica as usize - 1];
+        let last = self.is_last(t);
+        let brokers = region.capacities().brokers;
+        let ordered: Vec<u64> = if last {
+            (0..brokers)
+                .map(|b| region.log(t.topic, b).ordered_pbr.load(Ordering::Acquire))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let committed = region
+            .topic_seq(t.topic)
+            .committed_seq
+            .load(Ordering::Acquire);
+        if last
+            && t.snapshots
+                .back()
+                .is_none_or(|(c, o)| *c != committed || *o != ordered)
+        {
+            t.snapshots.push_back((committed, ordered));
+        }
+        let mut progress = false;
+        let mut copied = 0u64;
+        let mut result = Ok(());
+        while t.store.next_seq() < committed && copied < self.config.group_commit_bytes {
+            let g = t.store.next_seq();
+            let Some(e) = region.goi_read(t.topic, g) else {
+                tracing::error!(
+                    topic = t.topic,
+                    g,
+                    "GOI entry vanished before replica {} copied it",
+                    self.replica
+                );
+                break;
+            };
+            // SAFETY: the batch cannot be reclaimed while we read it: reclamation of a
+            // replicated topic waits for `durable_pbr`, which only moves once every
+            // replica, this one included, has this entry on disk.
+            let payload = unsafe {
+                region.blog_bytes(
+                    t.topic,
+                    e.broker_id as u32,
+                    e.blog_offset,
+                    e.payload_size as u64,
+                )
+            };
+            let Some(payload) = payload else {
+                tracing::error!(
+                    topic = t.topic,
+                    g,
+                    "GOI entry {g} points outside its broker's log"
+                );
+                break;
+            };
+            let h = RecordHeader::of(g, &e, payload);
+            if let Err(err) = t.store.append(&h, payload) {
+                result = Err(err);
+                break;
+            }
+            copied += h.record_len();
+            metrics.batches_written.fetch_add(1, Ordering::Relaxed);
+        }
+        if copied > 0 {
+            progress = true;
+            metrics.bytes_written.fetch_add(copied, Ordering::Relaxed);
+            t.unsynced_bytes += copied;
+            t.unsynced_since.get_or_insert(now);
+        }
+        let caught_up = t.store.next_seq() >= committed;
+        let due = copied >= self.config.group_commit_bytes
+            || (caught_up
+                && t.unsynced_since
+                    .is_some_and(|s| s.elapsed() >= self.config.group_commit_wait));
+        if result.is_ok() && t.unsynced_bytes > 0 && due {
+            let started = Instant::now();
+            result = t.store.sync();
+            if result.is_ok() {
+                metrics.record_sync(started.elapsed());
+                t.unsynced_bytes = 0;
+                t.unsynced_since = None;
+                region
+                    .replica(t.topic, self.replica)
+                    .own_durable_seq
+                    .store(t.store.durable_seq(), Ordering::Release);
+                progress = true;
+                if let Some(since) = t.failing_since.take() {
+                    region
+                        .replica(t.topic, self.replica)
+                        .error
+                        .store(0, Ordering::Release);
+                    tracing::info!(
+                        replica = self.replica,
+                        topic = %t.meta.name,
+                        "replica disk writes work again after {:.1} s",
+                        since.elapsed().as_secs_f64()
+                    );
+                }
+            }
+        }
+        if let Err(e) = result {
+            self.on_disk_error(t, &e);
+            return true;
+        }
+        progress |= self.advance_chain(t);
+        if now >= t.next_retention {
+            t.next_retention = now + RETENTION_EVERY;
+            self.apply_retention(t);
+        }
+        progress
+    }
+
+    fn on_disk_error(&self, t: &mut TopicCopy, e: &std::io::Error) {
+        let metrics = &self.metrics.replicas[self.replica as usize - 1];
+        metrics.disk_errors.fetch_add(1, Ordering::Relaxed);
+        let code = e.raw_os_error().unwrap_or(libc::EIO) as u64;
+        self.region
+            .replica(t.topic, self.replica)
+            .error
+            .store(code, Ordering::Release);
+        if t.failing_since.is_none() {
+            t.failing_since = Some(Instant::now());
+            tracing::error!(
+                replica = self.replica,
+                topic = %t.meta.name,
+                dir = %t.store.dir().display(),
+                "cannot write the replica log: {e}; nothing new becomes durable (ack-2 publishers wait, memory fills and publishers get backpressure) until the disk recovers; free space or fix the disk, retrying every {:?}",
+                self.config.retry_after_error
+            );
+        }
+        if let Err(e) = t.store.rewind() {
+            tracing::warn!(replica = self.replica, topic = %t.meta.name, "cannot rewind the replica log: {e}");
+        }
+        t.unsynced_bytes = 0;
+        t.unsynced_since = None;
+        t.retry_at = Some(Instant::now() + self.config.retry_after_error);
+    }
+
+    /// Publishes the chain token and, on the last replica, what it makes durable.
+    fn advance_chain(&self, t: &mut TopicCopy) -> bool {
+        let region = &self.region;
+        let own = t.store.durable_seq();
+        let previous = match self.replica {
+            1 => u64::MAX,
+            r => region
+                .replica(t.topic, r - 1)
+                .durable_seq
+                .load(Ordering::Acquire),
+        };
+        let mut chain = own.min(previous);
+        let last = self.is_last(t);
+        if last && t.meta.order == 5 && chain > t.published {
+            chain = self.raise_session_hwms(t, chain);
+        }
+        let mut moved = false;
+        if chain > t.published {
+            region
+                .replica(t.topic, self.replica)
+                .durable_seq
+                .store(chain, Ordering::Release);
+            t.published = chain;
+            region.replication_bell().ring();
+            moved = true;
+        }
+        if last {
+            // A snapshot may have been taken after the frontier already covered its
+            // committed_seq (ordered_pbr moves after committed_seq): apply those too.
+            let mut raised = false;
+            while let Some((c, ordered)) = t.snapshots.front() {
+                if *c > t.published {
+                    break;
+                }
+                for (b, o) in ordered.iter().enumerate() {
+                    let log = region.log(t.topic, b as u32);
+                    raised |= log.durable_pbr.fetch_max(*o, Ordering::AcqRel) < *o;
+                }
+                t.snapshots.pop_front();
+            }
+            if raised {
+                for b in 0..region.capacities().brokers {
+                    region.broker_bell(b).ring();
+                }
+                moved = true;
+            }
+        }
+        moved
+    }
+
+    /// Order 5: raises `durable_hwm` of the sessions of GOI entries below `chain`;
+    /// returns how far it got (a session the sequencer has not entered in its table
+    /// yet is retried on the next pass).
+    fn raise_session_hwms(&self, t: &mut TopicCopy, chain: u64) -> u64 {
+        let region = &self.region;
+        while t.sessions_done < chain {
+            let g = t.sessions_done;
+            let Some(e) = region.goi_read(t.topic, g) else {
+                // Below the durable frontier and not yet reclaimable: only a GOI entry
+                // from before a restart (not in this region) can be missing.
+                t.sessions_done += 1;
+                continue;
+            };
+            if e.session_epoch > 0 {
+                let slot = match t.session_slots.get(&e.client_id) {
+                    Some(s) => Some(*s),
+                    None => region.session_find(t.topic, e.client_id).map(|(slot, _)| {
+                        t.session_slots.insert(e.client_id, slot);
+                        slot
+                    }),
+                };
+                let Some(slot) = slot else {
+                    break;
+                };
+                region
+                    .session_durable_hwm(t.topic, slot)
+                    .fetch_max(e.client_seq + 1, Ordering::AcqRel);
+            }
+            t.sessions_done += 1;
+        }
+        t.sessions_done
+    }
+
+    fn apply_retention(&self, t: &mut TopicCopy) {
+        let (bytes, ms) = match self.region.topic_meta(t.topic) {
+            Some(m) => (m.retention_bytes, m.retention_ms),
+            None => return,
+        };
+        if bytes == 0 && ms == 0 {
+            return;
+        }
+        let age = (ms > 0).then(|| Duration::from_millis(ms));
+        match t.store.apply_retention(bytes, age) {
+            Ok(0) => {}
+            Ok(n) => {
+                self.metrics.replicas[self.replica as usize - 1]
+                    .segments_removed
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                tracing::debug!(replica = self.replica, topic = %t.meta.name, removed = n, "retention removed old segments");
+            }
+            Err(e) => {
+                tracing::warn!(replica = self.replica, topic = %t.meta.name, "retention could not remove a segment: {e}")
+            }
+        }
+    }
+}
