@@ -128,12 +128,8 @@ impl Replicas {
         let mut threads = Vec::new();
         for replica in 1..=config.dirs.len() as u32 {
             let mine: HashMap<u32, TopicStore> = stores
-                .keys()
-                .filter(|(_, r)| *r == replica)
-                .copied()
-                .collect::<Vec<_>>()
-                .into_iter()
-                .map(|key| (key.0, stores.remove(&key).expect("listed")))
+                .extract_if(|(_, r), _| *r == replica)
+                .map(|((topic, _), store)| (topic, store))
                 .collect();
             let mut worker = Worker {
                 replica,
