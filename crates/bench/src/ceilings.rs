@@ -231,22 +231,49 @@ fn percentile_us(sorted: &[Duration], p: f64) -> Option<f64> {
     Some(sorted[i].as_secs_f64() * 1e6)
 }
 
-/// All ceilings. `quick` uses small sizes (well under two seconds in all);
-/// otherwise 2 GiB over TCP (one stream, then two), 4 GiB memcpy through
-/// 64 MiB buffers and 512 MiB of fdatasync'd 1 MiB writes into `dir`.
-pub fn measure_all(dir: &Path, quick: bool) -> io::Result<Vec<Ceiling>> {
-    let chunk = MIB as usize;
-    let (tcp, memcpy_buffer, memcpy, sync) = if quick {
+/// What to measure: the sizes the product itself uses, so that a ratio to a
+/// ceiling compares like with like.
+#[derive(Debug, Clone)]
+pub struct CeilingPlan {
+    /// Small sizes, well under two seconds in all (tests).
+    pub quick: bool,
+    /// Bytes per `write` on the loopback streams: the publisher's batch size.
+    pub tcp_chunk_bytes: usize,
+    /// Where the fdatasync file goes: the disk the replicas write to.
+    pub sync_dir: PathBuf,
+    /// One fdatasync ceiling per size: bytes written between two fdatasyncs
+    /// (1 MiB, and the replicas' group-commit size).
+    pub sync_write_bytes: Vec<usize>,
+}
+
+impl CeilingPlan {
+    pub fn new(sync_dir: &Path, quick: bool) -> Self {
+        Self {
+            quick,
+            tcp_chunk_bytes: MIB as usize,
+            sync_dir: sync_dir.to_path_buf(),
+            sync_write_bytes: vec![MIB as usize],
+        }
+    }
+}
+
+/// All ceilings of `plan`. Full size: 2 GiB over TCP (one stream, then two),
+/// 4 GiB memcpy through 64 MiB buffers and 512 MiB of fdatasync'd writes per
+/// write size; `quick` uses 32 MiB, 64 MiB through 8 MiB and 4 MiB.
+pub fn measure_all(plan: &CeilingPlan) -> io::Result<Vec<Ceiling>> {
+    let (tcp, memcpy_buffer, memcpy, sync) = if plan.quick {
         (32 * MIB, 8 * MIB, 64 * MIB, 4 * MIB)
     } else {
         (2048 * MIB, 64 * MIB, 4096 * MIB, 512 * MIB)
     };
-    let mut out = vec![loopback_tcp(tcp, chunk, 1)?];
-    if !quick {
-        out.push(loopback_tcp(tcp, chunk, 2)?);
+    let mut out = vec![loopback_tcp(tcp, plan.tcp_chunk_bytes, 1)?];
+    if !plan.quick {
+        out.push(loopback_tcp(tcp, plan.tcp_chunk_bytes, 2)?);
     }
     out.push(memcpy_bandwidth(memcpy_buffer as usize, memcpy));
-    out.push(fdatasync_bandwidth(dir, sync, chunk)?);
+    for &write in &plan.sync_write_bytes {
+        out.push(fdatasync_bandwidth(&plan.sync_dir, sync, write)?);
+    }
     Ok(out)
 }
 
@@ -336,7 +363,7 @@ mod tests {
     #[test]
     fn quick_measure_all_formats_and_serializes() {
         let dir = tempfile::tempdir().unwrap();
-        let all = measure_all(dir.path(), true).unwrap();
+        let all = measure_all(&CeilingPlan::new(dir.path(), true)).unwrap();
         assert_eq!(all.len(), 3);
         let expected = [32 * MIB, 64 * MIB, 4 * MIB];
         for (c, bytes) in all.iter().zip(expected) {

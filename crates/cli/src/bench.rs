@@ -3,6 +3,7 @@
 
 use crate::publish::report;
 use crate::CliResult;
+use embarcadero_bench::ceilings::{measure_all, CeilingPlan};
 use embarcadero_client::{
     Admin, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
 };
@@ -197,8 +198,15 @@ pub fn run(args: BenchArgs) -> CliResult {
     let elapsed = e2e.as_ref().map_or(publish_elapsed, |e| e.1);
     let bytes = stats.bytes as f64;
     let ceilings = if args.ceilings {
-        embarcadero_bench::ceilings::measure_all(&scratch, false)
-            .map_err(|e| format!("cannot measure the machine's ceilings: {e}"))?
+        // TCP in the publisher's batch size; fdatasync on the replicas' disk, in 1 MiB
+        // writes and in the replicas' group-commit size.
+        let mut plan = CeilingPlan::new(args.replica_dir.first().unwrap_or(&scratch), false);
+        plan.tcp_chunk_bytes = args.batch_bytes;
+        let group_commit = ServerConfig::default().replication.group_commit_bytes as usize;
+        if args.rf >= 2 && !plan.sync_write_bytes.contains(&group_commit) {
+            plan.sync_write_bytes.push(group_commit);
+        }
+        measure_all(&plan).map_err(|e| format!("cannot measure the machine's ceilings: {e}"))?
     } else {
         Vec::new()
     };

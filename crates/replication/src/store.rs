@@ -6,7 +6,10 @@
 //! - records are contiguous: each record's `seq` is the previous one's plus one and its
 //!   `total_order` the previous one's end position;
 //! - only the last segment is ever written; a segment is closed right after an
-//!   `fdatasync`, so every closed segment is entirely durable;
+//!   `fdatasync` that covered all of it, so every closed segment is entirely durable;
+//! - at most one sync is in flight ([`TopicStore::begin_sync`] to
+//!   [`TopicStore::finish_sync`]); it covers what was appended before it began, and
+//!   appends may go on meanwhile (the replica worker overlaps copying with syncing).
 //! - a new segment's directory entry is made durable (directory fsync) before any
 //!   record in it is reported durable.
 
@@ -16,6 +19,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 const SEGMENT_SUFFIX: &str = ".seg";
@@ -123,14 +127,48 @@ struct Mark {
     len: u64,
 }
 
+/// A sync begun by [`TopicStore::begin_sync`]: what must reach stable storage for
+/// everything appended before it began to be durable.
+#[derive(Debug)]
+pub struct PendingSync {
+    file: Option<Arc<File>>,
+    /// The directory, when a segment was created since its last fsync.
+    dir: Option<Arc<File>>,
+    fault_flag: Option<PathBuf>,
+    mark: Mark,
+}
+
+impl PendingSync {
+    /// `fdatasync` of the active segment, then the directory if a segment was created.
+    pub fn run(&self) -> io::Result<()> {
+        if let Some(flag) = &self.fault_flag {
+            if flag.exists() {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+        }
+        if let Some(file) = &self.file {
+            file.sync_data()?;
+        }
+        if let Some(dir) = &self.dir {
+            dir.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Records below this GOI index are durable once the sync succeeds.
+    pub fn seq(&self) -> u64 {
+        self.mark.seq
+    }
+}
+
 /// The writer of one topic's log on one replica.
 pub struct TopicStore {
     dir: PathBuf,
-    dir_handle: File,
+    dir_handle: Arc<File>,
     /// Close the active segment once it reaches this many bytes.
     segment_target: u64,
     closed: Vec<Segment>,
-    active: Option<(Segment, File)>,
+    active: Option<(Segment, Arc<File>)>,
     /// The active segment was created since the last directory fsync.
     dir_dirty: bool,
     next_seq: u64,
@@ -145,7 +183,7 @@ impl TopicStore {
     /// the payloads of the last segment, and cuts off a torn tail left by a crash.
     pub fn open(dir: &Path, segment_target: u64) -> io::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let dir_handle = File::open(dir)?;
+        let dir_handle = Arc::new(File::open(dir)?);
         let files = list_segments(dir)?;
         let mut store = Self {
             dir: dir.to_path_buf(),
@@ -234,7 +272,7 @@ impl TopicStore {
             store.next_seq = next_seq;
             store.next_position = next_position;
             if last || torn {
-                store.active = Some((segment, file));
+                store.active = Some((segment, Arc::new(file)));
                 break;
             }
             store.closed.push(segment);
@@ -341,6 +379,16 @@ impl TopicStore {
                 return Err(io::Error::from_raw_os_error(libc::ENOSPC));
             }
         }
+        if self
+            .active
+            .as_ref()
+            .is_some_and(|(s, _)| s.len >= self.segment_target && s.len == self.synced.len)
+        {
+            // Full and entirely durable (as found at open): close it.
+            let (seg, _) = self.active.take().expect("checked");
+            self.closed.push(seg);
+            self.synced.len = 0;
+        }
         if self.active.is_none() {
             self.create_active()?;
         }
@@ -379,34 +427,58 @@ impl TopicStore {
                 end_position: self.next_position,
                 last_write: SystemTime::now(),
             },
-            handle,
+            Arc::new(handle),
         ));
         Ok(())
+    }
+
+    /// The active segment has reached its size and holds unsynced records: the worker
+    /// stops appending to it until a sync has covered all of it (which closes it).
+    pub fn is_full(&self) -> bool {
+        self.active
+            .as_ref()
+            .is_some_and(|(s, _)| s.len >= self.segment_target && s.len > self.synced.len)
     }
 
     /// Makes everything appended so far durable (`fdatasync`, and the directory when a
     /// segment was created), then closes the active segment if it is full.
     pub fn sync(&mut self) -> io::Result<()> {
-        let Some((seg, file)) = self.active.as_mut() else {
+        let pending = self.begin_sync();
+        let result = pending.run();
+        self.finish_sync(pending, result)
+    }
+
+    /// Starts a sync of everything appended so far. [`PendingSync::run`] may then run
+    /// on another thread while appends go on; hand its result to
+    /// [`Self::finish_sync`] before beginning the next one.
+    pub fn begin_sync(&mut self) -> PendingSync {
+        let dir = std::mem::take(&mut self.dir_dirty).then(|| self.dir_handle.clone());
+        PendingSync {
+            file: self.active.as_ref().map(|(_, f)| f.clone()),
+            dir,
+            fault_flag: self.fault_flag.clone(),
+            mark: Mark {
+                seq: self.next_seq,
+                position: self.next_position,
+                len: self.active.as_ref().map_or(0, |(s, _)| s.len),
+            },
+        }
+    }
+
+    /// Applies the outcome of a sync from [`Self::begin_sync`]: on success everything
+    /// it covered is durable, and a full active segment it covered entirely is closed.
+    pub fn finish_sync(&mut self, pending: PendingSync, result: io::Result<()>) -> io::Result<()> {
+        if let Err(e) = result {
+            self.dir_dirty |= pending.dir.is_some();
+            return Err(e);
+        }
+        debug_assert!(pending.mark.seq >= self.synced.seq, "syncs finish in order");
+        self.synced = pending.mark;
+        let Some((seg, _)) = self.active.as_mut() else {
             return Ok(());
         };
-        if let Some(flag) = &self.fault_flag {
-            if flag.exists() {
-                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
-            }
-        }
-        file.sync_data()?;
-        if self.dir_dirty {
-            self.dir_handle.sync_all()?;
-            self.dir_dirty = false;
-        }
         seg.last_write = SystemTime::now();
-        self.synced = Mark {
-            seq: self.next_seq,
-            position: self.next_position,
-            len: seg.len,
-        };
-        if seg.len >= self.segment_target {
+        if seg.len == pending.mark.len && seg.len >= self.segment_target {
             let (seg, _) = self.active.take().expect("checked");
             self.closed.push(seg);
             self.synced.len = 0;
@@ -515,6 +587,52 @@ mod tests {
         let s = TopicStore::open(dir.path(), 500).unwrap();
         assert_eq!((s.next_seq(), s.next_position()), (6, 12));
         assert_eq!(s.sessions()[&5], SessionMark { epoch: 1, hwm: 6 });
+    }
+
+    #[test]
+    fn a_sync_covers_what_was_appended_before_it_began() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = TopicStore::open(dir.path(), 500).unwrap();
+        fill(&mut s, 2);
+        let pending = s.begin_sync();
+        assert_eq!(pending.seq(), 2);
+        // Appends go on while the sync runs (here: before it runs at all), past the
+        // segment's size: the segment is full but may not close yet.
+        fill(&mut s, 2);
+        assert!(s.is_full());
+        let result = std::thread::scope(|scope| scope.spawn(|| pending.run()).join().unwrap());
+        s.finish_sync(pending, result).unwrap();
+        assert_eq!(s.durable_seq(), 2, "only what preceded the sync");
+        assert!(s.is_full(), "records 2 and 3 are not durable yet");
+        assert_eq!(list_segments(dir.path()).unwrap().len(), 1);
+        s.sync().unwrap();
+        assert_eq!(s.durable_seq(), 4);
+        assert!(!s.is_full(), "the covering sync closed the segment");
+        fill(&mut s, 1);
+        assert_eq!(list_segments(dir.path()).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_failed_sync_is_retried_with_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let flag = dir.path().join("full");
+        let mut s = TopicStore::open(&dir.path().join("log"), 1 << 20).unwrap();
+        s.set_fault_flag(Some(flag.clone()));
+        fill(&mut s, 1);
+        std::fs::write(&flag, b"").unwrap();
+        let pending = s.begin_sync();
+        let result = pending.run();
+        assert!(s.finish_sync(pending, result).is_err());
+        assert_eq!(s.durable_seq(), 0);
+        std::fs::remove_file(&flag).unwrap();
+        let pending = s.begin_sync();
+        assert!(
+            pending.dir.is_some(),
+            "the new segment's directory entry is still due"
+        );
+        let result = pending.run();
+        s.finish_sync(pending, result).unwrap();
+        assert_eq!(s.durable_seq(), 1);
     }
 
     #[test]

@@ -9,7 +9,9 @@
 //!    into the page cache) up to `group_commit_bytes`;
 //! 3. `fdatasync`s once for all of them (group commit) when the pass filled its byte
 //!    budget or caught up and `group_commit_wait` has passed since the oldest unsynced
-//!    record;
+//!    record. The fsync runs on the worker's sync thread while the worker copies the
+//!    next group (at most one group ahead, one sync in flight per topic), so the page
+//!    cache copy and the device write overlap instead of taking turns;
 //! 4. publishes its chain token: `durable_seq = min(own durable, previous replica's
 //!    durable_seq)`. The last replica's token is the topic's durable frontier; it then
 //!    raises the order-5 sessions' `durable_hwm`, and each broker's `durable_pbr` to the
@@ -21,14 +23,14 @@
 //! so memory is not reclaimed either and publishers get backpressure, never loss.
 
 use crate::record::RecordHeader;
-use crate::store::TopicStore;
+use crate::store::{PendingSync, TopicStore};
 use crate::topic_dir;
 use embarcadero_region::backoff::Backoff;
 use embarcadero_region::{Region, TopicMeta};
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -131,6 +133,11 @@ impl Replicas {
                 .extract_if(|(_, r), _| *r == replica)
                 .map(|((topic, _), store)| (topic, store))
                 .collect();
+            let (syncer, jobs) = mpsc::channel();
+            let sync_region = region.clone();
+            let sync_thread = std::thread::Builder::new()
+                .name(format!("replica{replica}-sync"))
+                .spawn(move || run_syncer(jobs, sync_region))?;
             let mut worker = Worker {
                 replica,
                 region: region.clone(),
@@ -139,12 +146,18 @@ impl Replicas {
                 preopened: mine,
                 topics: Vec::new(),
                 open_failed: HashMap::new(),
+                syncer,
             };
             let stop = shutdown.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("replica{replica}"))
-                    .spawn(move || worker.run(&stop))?,
+                    .spawn(move || {
+                        worker.run(&stop);
+                        // Dropping the worker closes the job channel: the sync thread ends.
+                        drop(worker);
+                        let _ = sync_thread.join();
+                    })?,
             );
         }
         Ok(Self {
@@ -179,8 +192,11 @@ struct TopicCopy {
     topic: u32,
     meta: TopicMeta,
     store: TopicStore,
+    /// Bytes appended since the last sync began.
     unsynced_bytes: u64,
     unsynced_since: Option<Instant>,
+    /// The sync in flight on the sync thread, if any.
+    syncing: Option<mpsc::Receiver<SyncDone>>,
     /// `durable_seq` last published (the chain token).
     published: u64,
     /// Last replica only: (committed_seq, ordered_pbr per broker) snapshots not yet
@@ -207,6 +223,36 @@ struct Worker {
     topics: Vec<TopicCopy>,
     /// Topics whose store could not be opened, and when to try again.
     open_failed: HashMap<u32, Instant>,
+    /// Jobs for this replica's sync thread.
+    syncer: mpsc::Sender<SyncJob>,
+}
+
+/// A sync for the sync thread, and where to report its outcome.
+struct SyncJob {
+    pending: PendingSync,
+    done: mpsc::Sender<SyncDone>,
+}
+
+struct SyncDone {
+    pending: PendingSync,
+    result: std::io::Result<()>,
+    took: Duration,
+}
+
+/// Runs the fsyncs of one replica's topics in the order they were begun, then wakes
+/// the worker.
+fn run_syncer(jobs: mpsc::Receiver<SyncJob>, region: Arc<Region>) {
+    for job in jobs {
+        let started = Instant::now();
+        let result = job.pending.run();
+        let took = started.elapsed();
+        let _ = job.done.send(SyncDone {
+            pending: job.pending,
+            result,
+            took,
+        });
+        region.replication_bell().ring();
+    }
 }
 
 impl Worker {
@@ -226,7 +272,8 @@ impl Worker {
             let mut topics = std::mem::take(&mut self.topics);
             for t in &mut topics {
                 progress |= self.pass(t);
-                if let Some(since) = t.unsynced_since {
+                // With a sync in flight the sync thread's bell wakes the worker.
+                if let (Some(since), None) = (t.unsynced_since, &t.syncing) {
                     let at = since + self.config.group_commit_wait;
                     wake_at = Some(wake_at.map_or(at, |w| w.min(at)));
                 }
@@ -241,7 +288,11 @@ impl Worker {
             }
         }
         // A clean stop leaves nothing unsynced behind.
-        for t in &mut self.topics {
+        let mut topics = std::mem::take(&mut self.topics);
+        for t in &mut topics {
+            if let Some(done) = t.syncing.take().and_then(|rx| rx.recv().ok()) {
+                let _ = t.store.finish_sync(done.pending, done.result);
+            }
             if t.unsynced_bytes > 0 {
                 let _ = t.store.sync();
             }
@@ -303,6 +354,7 @@ impl Worker {
                 store,
                 unsynced_bytes: 0,
                 unsynced_since: None,
+                syncing: None,
                 published,
                 snapshots: VecDeque::new(),
                 sessions_done: published,
@@ -324,6 +376,26 @@ impl Worker {
         let now = Instant::now();
         if t.retry_at.is_some_and(|at| now < at) {
             return false;
+        }
+        let mut progress = false;
+        if let Some(rx) = &t.syncing {
+            let done = match rx.try_recv() {
+                Ok(done) => Some(done),
+                Err(mpsc::TryRecvError::Empty) => None,
+                Err(mpsc::TryRecvError::Disconnected) => Some(SyncDone {
+                    pending: t.store.begin_sync(),
+                    result: Err(std::io::Error::other("the replica sync thread is gone")),
+                    took: Duration::ZERO,
+                }),
+            };
+            if let Some(done) = done {
+                t.syncing = None;
+                progress = true;
+                if let Err(e) = self.finish_sync(t, done) {
+                    self.on_disk_error(t, &e);
+                    return true;
+                }
+            }
         }
         let region = &self.region;
         let metrics = &self.metrics.replicas[self.replica as usize - 1];
@@ -347,10 +419,12 @@ impl Worker {
         {
             t.snapshots.push_back((committed, ordered));
         }
-        let mut progress = false;
+        let budget = self.config.group_commit_bytes;
         let mut copied = 0u64;
         let mut result = Ok(());
-        while t.store.next_seq() < committed && copied < self.config.group_commit_bytes {
+        // At most one group ahead of the sync in flight; a full segment waits for the
+        // sync that closes it.
+        while t.store.next_seq() < committed && t.unsynced_bytes < budget && !t.store.is_full() {
             let g = t.store.next_seq();
             let Some(e) = region.goi_read(t.topic, g) else {
                 tracing::error!(
@@ -386,48 +460,46 @@ impl Worker {
                 break;
             }
             copied += h.record_len();
+            t.unsynced_bytes += h.record_len();
             metrics.batches_written.fetch_add(1, Ordering::Relaxed);
         }
         if copied > 0 {
             progress = true;
             metrics.bytes_written.fetch_add(copied, Ordering::Relaxed);
-            t.unsynced_bytes += copied;
             t.unsynced_since.get_or_insert(now);
-        }
-        let caught_up = t.store.next_seq() >= committed;
-        let due = copied >= self.config.group_commit_bytes
-            || (caught_up
-                && t.unsynced_since
-                    .is_some_and(|s| s.elapsed() >= self.config.group_commit_wait));
-        if result.is_ok() && t.unsynced_bytes > 0 && due {
-            let started = Instant::now();
-            result = t.store.sync();
-            if result.is_ok() {
-                metrics.record_sync(started.elapsed());
-                t.unsynced_bytes = 0;
-                t.unsynced_since = None;
-                region
-                    .replica(t.topic, self.replica)
-                    .own_durable_seq
-                    .store(t.store.durable_seq(), Ordering::Release);
-                progress = true;
-                if let Some(since) = t.failing_since.take() {
-                    region
-                        .replica(t.topic, self.replica)
-                        .error
-                        .store(0, Ordering::Release);
-                    tracing::info!(
-                        replica = self.replica,
-                        topic = %t.meta.name,
-                        "replica disk writes work again after {:.1} s",
-                        since.elapsed().as_secs_f64()
-                    );
-                }
-            }
         }
         if let Err(e) = result {
             self.on_disk_error(t, &e);
             return true;
+        }
+        let caught_up = t.store.next_seq() >= committed;
+        let due = t.syncing.is_none()
+            && t.unsynced_bytes > 0
+            && (t.unsynced_bytes >= budget
+                || t.store.is_full()
+                || (caught_up
+                    && t.unsynced_since
+                        .is_some_and(|s| s.elapsed() >= self.config.group_commit_wait)));
+        if due {
+            let (done, syncing) = mpsc::channel();
+            let job = SyncJob {
+                pending: t.store.begin_sync(),
+                done,
+            };
+            if let Err(mpsc::SendError(job)) = self.syncer.send(job) {
+                // The sync thread is gone (it panicked): sync here instead.
+                let started = Instant::now();
+                let result = job.pending.run();
+                let _ = job.done.send(SyncDone {
+                    pending: job.pending,
+                    result,
+                    took: started.elapsed(),
+                });
+            }
+            t.syncing = Some(syncing);
+            t.unsynced_bytes = 0;
+            t.unsynced_since = None;
+            progress = true;
         }
         progress |= self.advance_chain(t);
         if now >= t.next_retention {
@@ -437,7 +509,32 @@ impl Worker {
         progress
     }
 
+    /// Applies a finished sync: what it covered is durable on this replica.
+    fn finish_sync(&self, t: &mut TopicCopy, done: SyncDone) -> std::io::Result<()> {
+        t.store.finish_sync(done.pending, done.result)?;
+        self.metrics.replicas[self.replica as usize - 1].record_sync(done.took);
+        let progress = self.region.replica(t.topic, self.replica);
+        progress
+            .own_durable_seq
+            .store(t.store.durable_seq(), Ordering::Release);
+        if let Some(since) = t.failing_since.take() {
+            progress.error.store(0, Ordering::Release);
+            tracing::info!(
+                replica = self.replica,
+                topic = %t.meta.name,
+                "replica disk writes work again after {:.1} s",
+                since.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
+    }
+
     fn on_disk_error(&self, t: &mut TopicCopy, e: &std::io::Error) {
+        // The sync in flight finishes first: rewinding under it would truncate what it
+        // may be about to report durable.
+        if let Some(done) = t.syncing.take().and_then(|rx| rx.recv().ok()) {
+            let _ = self.finish_sync(t, done);
+        }
         let metrics = &self.metrics.replicas[self.replica as usize - 1];
         metrics.disk_errors.fetch_add(1, Ordering::Relaxed);
         let code = e.raw_os_error().unwrap_or(libc::EIO) as u64;
