@@ -369,18 +369,23 @@ fn serve_global(
                 (Locate::NotYet, None) => None,
             };
         }
-        let committed = region
-            .topic_seq(topic)
-            .committed_seq
-            .load(Ordering::Acquire);
-        let Some((mut g, mut skip)) = cursor.filter(|(g, _)| *g < committed) else {
+        // A replicated topic is read up to its durable frontier only: what a
+        // subscriber has seen survives the loss of the region.
+        let readable = match meta.replication_factor {
+            0 | 1 => region
+                .topic_seq(topic)
+                .committed_seq
+                .load(Ordering::Acquire),
+            rf => region.durable_seq(topic, rf),
+        };
+        let Some((mut g, mut skip)) = cursor.filter(|(g, _)| *g < readable) else {
             backoff.idle(Some((&bell, seen)));
             continue;
         };
         backoff.reset();
         let mut plan = Vec::new();
         let mut bytes = 0u64;
-        while g < committed && plan.len() < MAX_BATCHES_PER_ROUND && bytes < MAX_BYTES_PER_ROUND {
+        while g < readable && plan.len() < MAX_BATCHES_PER_ROUND && bytes < MAX_BYTES_PER_ROUND {
             let entry = region.goi_read(topic, g);
             let in_memory = entry.and_then(|e| {
                 let broker = e.broker_id as u32;

@@ -125,7 +125,9 @@ fn acknowledged_messages_survive_sigkill_loops() {
         // The crash comes at a random moment of the publishing; this wait is the
         // experiment's timing, not a synchronisation.
         std::thread::sleep(Duration::from_millis(random_ms(150, 700)));
-        positions_seen = admin.describe_topic("crash").unwrap().next_position;
+        // Subscribers of a replicated topic read only below its durable position: that
+        // is what must never go back, even with the region file lost.
+        positions_seen = admin.describe_topic("crash").unwrap().durable_position;
         serve.kill();
         stop.store(true, Ordering::Relaxed);
         for p in publishers {

@@ -55,6 +55,10 @@ pub struct TopicInfo {
     /// Batches of the global order on every disk replica.
     #[serde(default)]
     pub durable_batches: u64,
+    /// Replicated topics: subscribers read the positions below this one (those on
+    /// every disk replica).
+    #[serde(default)]
+    pub durable_position: u64,
     pub next_position: u64,
     pub brokers: Vec<serde_json::Value>,
 }

@@ -41,6 +41,7 @@ const T_RETENTION_MS: u64 = 104;
 const R_DURABLE_SEQ: u64 = 0;
 const R_OWN_DURABLE_SEQ: u64 = 8;
 const R_ERROR: u64 = 16;
+const R_DURABLE_POSITION: u64 = 24;
 
 // Session slot word written by the replication chain (the rest is the sequencer's).
 const S_DURABLE_HWM: u64 = 32;
@@ -72,6 +73,8 @@ pub struct ReplicaProgress<'a> {
     pub own_durable_seq: &'a AtomicU64,
     /// 0 while healthy; otherwise the OS error number of the last failed write/sync.
     pub error: &'a AtomicU64,
+    /// The global position that follows the entries below `durable_seq`.
+    pub durable_position: &'a AtomicU64,
 }
 
 /// Per (topic, broker) frontiers. Each line has exactly one writer.
@@ -441,6 +444,7 @@ impl Region {
             durable_seq: self.word(base + R_DURABLE_SEQ),
             own_durable_seq: self.word(base + R_OWN_DURABLE_SEQ),
             error: self.word(base + R_ERROR),
+            durable_position: self.word(base + R_DURABLE_POSITION),
         }
     }
 
@@ -452,6 +456,18 @@ impl Region {
             rf => self
                 .replica(topic, (rf - 1).min(MAX_REPLICAS))
                 .durable_seq
+                .load(Ordering::Acquire),
+        }
+    }
+
+    /// The position after the topic's durable frontier: subscribers of a replicated
+    /// topic read below it. 0 without disk replicas.
+    pub fn durable_position(&self, topic: u32, replication_factor: u8) -> u64 {
+        match replication_factor as u32 {
+            0 | 1 => 0,
+            rf => self
+                .replica(topic, (rf - 1).min(MAX_REPLICAS))
+                .durable_position
                 .load(Ordering::Acquire),
         }
     }

@@ -221,6 +221,8 @@ pub fn seed(region: &Region, topic: u32, replication_factor: u8, resume: &Resume
         let p = region.replica(topic, r);
         p.own_durable_seq.store(resume.next_seq, Ordering::Release);
         p.durable_seq.store(resume.next_seq, Ordering::Release);
+        p.durable_position
+            .store(resume.next_position, Ordering::Release);
     }
     if resume.sessions.len() > SESSION_SLOTS as usize {
         tracing::warn!(

@@ -578,12 +578,20 @@ impl Worker {
         }
         let mut moved = false;
         if chain > t.published {
-            region
-                .replica(t.topic, self.replica)
-                .durable_seq
-                .store(chain, Ordering::Release);
+            let line = region.replica(t.topic, self.replica);
+            // Entries below the frontier cannot be reclaimed before it moves on, so
+            // the newest durable one is still in the GOI.
+            if let Some(e) = region.goi_read(t.topic, chain - 1) {
+                line.durable_position
+                    .store(e.total_order + e.num_msg as u64, Ordering::Release);
+            }
+            line.durable_seq.store(chain, Ordering::Release);
             t.published = chain;
             region.replication_bell().ring();
+            if last {
+                // Subscribers of a replicated topic wait for the durable frontier.
+                region.topic_bell(t.topic).ring();
+            }
             moved = true;
         }
         if last {

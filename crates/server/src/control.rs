@@ -188,6 +188,7 @@ impl ControlPlane {
             retention_ms: t.spec.retention_ms.unwrap_or(0),
             created_unix_ms: t.created_unix_ms,
             durable_batches: r.durable_seq(t.slot, t.spec.replication_factor),
+            durable_position: r.durable_position(t.slot, t.spec.replication_factor),
             committed_batches: seq.committed_seq.load(Ordering::Acquire),
             next_position: seq.next_position.load(Ordering::Acquire),
             brokers,
@@ -210,6 +211,9 @@ pub struct TopicInfo {
     pub committed_batches: u64,
     /// Replicated topics: batches of the global order on every disk replica.
     pub durable_batches: u64,
+    /// Replicated topics: the position after the durable ones; subscribers read below
+    /// it (0 for memory-only topics).
+    pub durable_position: u64,
     /// Orders 2 and 5: the next global message position.
     pub next_position: u64,
     pub brokers: Vec<BrokerLogInfo>,

@@ -373,6 +373,23 @@ fn a_full_disk_holds_back_ack2_and_recovers_when_space_returns() {
         !waiter.is_finished(),
         "no ack-2 acknowledgement without the fsync"
     );
+    // Subscribers read a replicated topic below its durable frontier only: the
+    // ordered batches stay invisible (a region loss now could not take back anything
+    // a subscriber saw).
+    let mut early = Subscriber::connect(
+        &control,
+        "durable",
+        SubscriberConfig {
+            start: Some(Cursor::Global(0)),
+            ..SubscriberConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        early.poll(Duration::from_millis(300)).unwrap(),
+        None,
+        "nothing durable, nothing delivered"
+    );
     // Memory-only traffic is unaffected.
     publish(&control, "memory", 1, 0, 3000, 100);
     assert_exactly_once(&read(&control, "memory", 0, 3000), 0, 0..3000);
@@ -391,6 +408,16 @@ fn a_full_disk_holds_back_ack2_and_recovers_when_space_returns() {
         "error gauge cleared"
     );
     assert_exactly_once(&read(&control, "durable", 0, 2000), 0, 0..2000);
+    assert_eq!(topic.durable_position, 2000);
+    let mut got = 0u64;
+    while got < 2000 {
+        early
+            .poll_with(Duration::from_secs(20), |m| {
+                assert_eq!(m.position, got);
+                got += 1;
+            })
+            .unwrap();
+    }
 }
 
 /// Order 5 with ack 2 across a restart: the session table is rebuilt from the replicas
