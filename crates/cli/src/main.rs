@@ -5,6 +5,7 @@
 //! real work is done by the server and client crates.
 
 mod bench;
+mod cluster;
 mod publish;
 mod subscribe;
 
@@ -55,10 +56,15 @@ enum Command {
     },
     /// Measure throughput and latency, next to the machine's own ceilings.
     Bench(bench::BenchArgs),
+    /// Cluster mode: run the head (control plane and its own brokers) or a follower
+    /// broker in its own process.
+    Broker(cluster::BrokerArgs),
+    /// Cluster mode: run the sequencer in its own process (active, or --standby).
+    Sequencer(cluster::SequencerArgs),
 }
 
 #[derive(clap::Args)]
-struct ServeArgs {
+pub struct ServeArgs {
     /// TOML config file; see `embarcadero serve --print-config` for every key.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -138,6 +144,8 @@ fn main() -> ExitCode {
         Command::Sub(args) => subscribe::run(args),
         Command::Status { control, json } => status(&control, json),
         Command::Bench(args) => bench::run(args),
+        Command::Broker(args) => cluster::broker(args),
+        Command::Sequencer(args) => cluster::sequencer(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -160,7 +168,20 @@ fn init_logging() {
 }
 
 fn serve(args: ServeArgs) -> CliResult {
+    let Some(config) = serve_config(args, |_| {})? else {
+        return Ok(());
+    };
+    run_server(config)
+}
+
+/// The server configuration of `args` (file, environment, then flags), after `adjust`
+/// (the head's own defaults). `None` when the user only asked to print it.
+pub fn serve_config(
+    args: ServeArgs,
+    adjust: impl FnOnce(&mut ServerConfig),
+) -> Result<Option<ServerConfig>, String> {
     let mut config = ServerConfig::load(args.config.as_deref()).map_err(|e| e.to_string())?;
+    adjust(&mut config);
     if let Some(v) = args.data_dir {
         config.data_dir = v;
     }
@@ -182,14 +203,15 @@ fn serve(args: ServeArgs) -> CliResult {
     config.validate().map_err(|e| e.to_string())?;
     if args.print_config {
         print!("{}", config.to_toml());
-        return Ok(());
+        return Ok(None);
     }
+    Ok(Some(config))
+}
+
+/// Runs a server until SIGINT or SIGTERM.
+pub fn run_server(config: ServerConfig) -> CliResult {
     init_logging();
-    let (tx, rx) = std::sync::mpsc::channel();
-    ctrlc::set_handler(move || {
-        let _ = tx.send(());
-    })
-    .map_err(|e| format!("cannot install the signal handler: {e}"))?;
+    let stop = stop_signal()?;
     let mut server = Server::start(config).map_err(|e| e.to_string())?;
     eprintln!(
         "embarcadero is serving: control API http://{}  brokers {}",
@@ -201,10 +223,20 @@ fn serve(args: ServeArgs) -> CliResult {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    let _ = rx.recv();
+    let _ = stop.recv();
     eprintln!("shutting down");
     server.stop();
     Ok(())
+}
+
+/// A channel that receives once SIGINT or SIGTERM arrives.
+pub fn stop_signal() -> Result<std::sync::mpsc::Receiver<()>, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    ctrlc::set_handler(move || {
+        let _ = tx.send(());
+    })
+    .map_err(|e| format!("cannot install the signal handler: {e}"))?;
+    Ok(rx)
 }
 
 fn topic(cmd: TopicCommand) -> CliResult {
@@ -278,6 +310,12 @@ fn topic(cmd: TopicCommand) -> CliResult {
                 );
                 println!("committed batches {}", t.committed_batches);
                 println!("durable batches  {}", t.durable_batches);
+                if t.replication_factor >= 2 {
+                    println!(
+                        "readable below   {} (the durable position)",
+                        t.durable_position
+                    );
+                }
                 println!("next position    {}", t.next_position);
                 for b in &t.brokers {
                     println!("broker           {b}");
@@ -302,26 +340,39 @@ fn status(control: &ControlArg, json: bool) -> CliResult {
         s["uptime_s"],
         control.control
     );
+    let seq = &s["sequencer"];
+    let lease = &s["cluster"]["sequencer"];
+    if seq["mode"] == "embedded" {
+        println!(
+            "sequencer: embedded, active  epochs {}  batches ordered {}  fencing epoch {}",
+            seq["epochs"], seq["batches_ordered"], lease["fencing_epoch"]
+        );
+    } else {
+        println!(
+            "sequencer: external  holder {}  fencing epoch {}  lease {} ms left",
+            lease["holder"].as_str().unwrap_or("?"),
+            lease["fencing_epoch"],
+            lease["lease_remaining_ms"]
+        );
+    }
     println!(
-        "sequencer: {}  epochs {}  batches ordered {}",
-        s["sequencer"]["state"].as_str().unwrap_or("?"),
-        s["sequencer"]["epochs"],
-        s["sequencer"]["batches_ordered"]
-    );
-    println!(
-        "{:<4} {:<22} {:<5} {:>14} {:>12} {:>6} {:>5}",
+        "{:<4} {:<22} {:<7} {:>14} {:>12} {:>6} {:>5}",
         "ID", "ADDRESS", "STATE", "PUBLISH BYTES", "MESSAGES", "CONNS", "FREE"
     );
-    for b in s["brokers"].as_array().into_iter().flatten() {
+    let local = s["brokers"].as_array().cloned().unwrap_or_default();
+    for m in s["cluster"]["members"].as_array().into_iter().flatten() {
+        // Counters are known for the head's own brokers; a follower keeps its own.
+        let counters = local.iter().find(|b| b["id"] == m["id"]);
+        let field = |name: &str| counters.map_or("-".to_string(), |b| b[name].to_string());
         println!(
-            "{:<4} {:<22} {:<5} {:>14} {:>12} {:>6} {:>5}",
-            b["id"].to_string(),
-            b["addr"].as_str().unwrap_or("?"),
-            b["state"].as_str().unwrap_or("?"),
-            b["publish_bytes"].to_string(),
-            b["publish_messages"].to_string(),
-            b["connections"].to_string(),
-            b["free_segments"].to_string()
+            "{:<4} {:<22} {:<7} {:>14} {:>12} {:>6} {:>5}",
+            m["id"].to_string(),
+            m["addr"].as_str().unwrap_or("-"),
+            m["state"].as_str().unwrap_or("?"),
+            field("publish_bytes"),
+            field("publish_messages"),
+            field("connections"),
+            field("free_segments")
         );
     }
     println!("topics: {}", s["topics"].as_array().map_or(0, |t| t.len()));

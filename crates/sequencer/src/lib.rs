@@ -12,8 +12,14 @@
 //! topic, GOI entries are written with their token last, and then `committed_seq`
 //! and each broker's `ordered_pbr` advance. A broker with nothing committed adds
 //! nothing to an epoch, so a slow or idle broker never stalls the others.
+//!
+//! Only the holder of the region's sequencer lease ([`lease`]) may run a sequencer on
+//! a region; the server and `embarcadero sequencer` take it before starting one.
 
+pub mod lease;
 mod sessions;
+
+pub use lease::{Lease, LeaseError, LeaseState};
 
 use embarcadero_region::backoff::Backoff;
 use embarcadero_region::{GoiEntry, Region};

@@ -26,6 +26,26 @@ pub struct ServerConfig {
     pub broker: BrokerSettings,
     pub sequencer: SequencerSettings,
     pub replication: ReplicationSettings,
+    pub cluster: ClusterSettings,
+}
+
+/// Cluster mode: which brokers this process runs, who orders the region, heartbeats.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSettings {
+    /// Broker ids this process runs, comma-separated (`"0"`, `"0,2"`); empty: all of
+    /// `0..brokers` (the embedded server). The others join as followers
+    /// (`embarcadero broker --follower`).
+    pub local_brokers: String,
+    /// `embedded`: this process runs the sequencer; `external`: an
+    /// `embarcadero sequencer` process does.
+    pub sequencer: String,
+    /// Followers send a heartbeat this often...
+    pub heartbeat_interval_ms: u64,
+    /// ...and are marked dead after this many intervals without one.
+    pub heartbeat_misses: u32,
+    /// The sequencer's lease on the region; a standby takes over once it expires.
+    pub sequencer_lease_ms: u64,
 }
 
 /// Disk replicas (topics with a replication factor of 2 or more).
@@ -115,6 +135,19 @@ impl Default for ServerConfig {
             broker: BrokerSettings::default(),
             sequencer: SequencerSettings::default(),
             replication: ReplicationSettings::default(),
+            cluster: ClusterSettings::default(),
+        }
+    }
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        Self {
+            local_brokers: String::new(),
+            sequencer: "embedded".into(),
+            heartbeat_interval_ms: 500,
+            heartbeat_misses: 3,
+            sequencer_lease_ms: 2000,
         }
     }
 }
@@ -303,9 +336,46 @@ impl ServerConfig {
                     .into(),
             );
         }
+        let c = &self.cluster;
+        if c.sequencer != "embedded" && c.sequencer != "external" {
+            return bad(format!(
+                "cluster.sequencer must be \"embedded\" or \"external\", got {:?}",
+                c.sequencer
+            ));
+        }
+        if c.heartbeat_interval_ms == 0 || c.heartbeat_misses == 0 || c.sequencer_lease_ms < 30 {
+            return bad("cluster.heartbeat_interval_ms and heartbeat_misses must be above 0 and sequencer_lease_ms at least 30".into());
+        }
+        self.local_broker_ids()?;
         self.capacities()
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))
+    }
+
+    /// The broker ids this process runs (`cluster.local_brokers`), in order.
+    pub fn local_broker_ids(&self) -> Result<Vec<u32>, ConfigError> {
+        let text = self.cluster.local_brokers.trim();
+        if text.is_empty() {
+            return Ok((0..self.brokers).collect());
+        }
+        let mut ids = Vec::new();
+        for part in text.split(',') {
+            let id: u32 = part.trim().parse().map_err(|_| {
+                ConfigError::Invalid(format!(
+                    "cluster.local_brokers: {part:?} is not a broker id (expected a comma-separated list such as \"0\" or \"0,2\")"
+                ))
+            })?;
+            if id >= self.brokers {
+                return Err(ConfigError::Invalid(format!(
+                    "cluster.local_brokers names broker {id}, but the cluster has brokers 0..{} (raise `brokers`)",
+                    self.brokers
+                )));
+            }
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
     }
 
     /// The disk replicas' directories, replica 1 first.

@@ -2,7 +2,9 @@
 //!
 //! | method | path | |
 //! |---|---|---|
-//! | GET | `/v1/cluster` | brokers and their addresses (clients discover brokers here) |
+//! | GET | `/v1/cluster` | live brokers (clients discover brokers here), every member and its state, the region, the sequencer lease |
+//! | POST | `/v1/cluster/join` | a follower claims a broker id: `{"id","addr","incarnation"}` |
+//! | POST | `/v1/cluster/heartbeat` | a follower is alive: `{"id","incarnation"}` |
 //! | GET | `/v1/status` | cluster, topics with counters, broker and sequencer metrics |
 //! | GET | `/v1/topics` | every topic |
 //! | POST | `/v1/topics` | create: `{"name","order","replication_factor","default_ack"}` |
@@ -10,6 +12,7 @@
 //! | GET | `/metrics` | Prometheus text format |
 //! | GET | `/healthz` | `ok` |
 
+use crate::cluster::{JoinError, MemberState};
 use crate::control::{TopicError, TopicSpec};
 use crate::Inner;
 use serde_json::json;
@@ -42,26 +45,14 @@ fn route(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'static str,
         (Get, "/healthz") => (200, "text/plain", "ok\n".into()),
         (Get, "/metrics") => (200, "text/plain; version=0.0.4", metrics(inner)),
         (Get, "/v1/cluster") => json_ok(cluster(inner)),
+        (Post, "/v1/cluster/join") => membership_call(inner, request, true),
+        (Post, "/v1/cluster/heartbeat") => membership_call(inner, request, false),
         (Get, "/v1/status") => json_ok(status(inner)),
         (Get, "/v1/topics") => json_ok(json!({ "topics": inner.control.list() })),
         (Post, "/v1/topics") => {
-            let mut body = String::new();
-            if request
-                .as_reader()
-                .take(MAX_BODY)
-                .read_to_string(&mut body)
-                .is_err()
-            {
-                return error(400, "request body is not UTF-8 text".into());
-            }
-            let spec: TopicSpec = match serde_json::from_str(&body) {
+            let spec: TopicSpec = match read_json(request, r#"{"name": "t", "order": 2}"#) {
                 Ok(s) => s,
-                Err(e) => {
-                    return error(
-                        400,
-                        format!("request body is not a topic: {e}; expected {{\"name\": \"t\", \"order\": 2}}"),
-                    )
-                }
+                Err(e) => return e,
             };
             match inner.control.create(spec) {
                 Ok(spec) => match inner.control.describe(&spec.name) {
@@ -85,6 +76,31 @@ fn route(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'static str,
     }
 }
 
+/// The request body as JSON of type `T`, or the 400 response that says what is wrong.
+fn read_json<T: serde::de::DeserializeOwned>(
+    request: &mut tiny_http::Request,
+    example: &str,
+) -> Result<T, (u16, &'static str, String)> {
+    let mut body = String::new();
+    if request
+        .as_reader()
+        .take(MAX_BODY)
+        .read_to_string(&mut body)
+        .is_err()
+    {
+        return Err(error(400, "request body is not UTF-8 text".into()));
+    }
+    serde_json::from_str(&body).map_err(|e| {
+        error(
+            400,
+            format!(
+                "request body is not valid for {}: {e}; expected {example}",
+                request.url()
+            ),
+        )
+    })
+}
+
 fn error(status: u16, message: String) -> (u16, &'static str, String) {
     (
         status,
@@ -105,23 +121,102 @@ fn topic_error(e: TopicError) -> (u16, &'static str, String) {
 }
 
 fn cluster(inner: &Inner) -> serde_json::Value {
+    let members = inner.membership.view();
+    let caps = inner.region.capacities();
+    let lease = embarcadero_sequencer::LeaseState::read(&inner.region);
     json!({
-        "brokers": inner.brokers.iter().map(|b| json!({
-            "id": b.id,
-            "addr": b.addr.to_string(),
+        // What clients use: the brokers that serve now.
+        "brokers": members.iter().filter(|m| matches!(m.state, MemberState::Local | MemberState::Alive)).map(|m| json!({
+            "id": m.id,
+            "addr": m.addr,
         })).collect::<Vec<_>>(),
+        "members": members,
         "epoch_us": inner.config.sequencer.epoch_us,
         "max_message_bytes": inner.config.broker.max_message_bytes,
         "max_batch_bytes": inner.config.broker.max_batch_bytes,
         "region": {
             "path": inner.region.path().display().to_string(),
             "bytes": inner.region.len(),
+            "layout_version": embarcadero_region::layout::LAYOUT_VERSION,
+            "capacities": {
+                "max_topics": caps.max_topics,
+                "brokers": caps.brokers,
+                "goi_slots": caps.goi_slots,
+                "pbr_slots": caps.pbr_slots,
+                "segment_bytes": caps.segment_bytes,
+                "segments_per_broker": caps.segments_per_broker,
+                "seg_map_slots": caps.seg_map_slots,
+            },
+        },
+        // What followers and an external sequencer need to run like the head's own.
+        "config": {
+            "broker": inner.config.broker,
+            "sequencer": inner.config.sequencer,
+            "cluster": inner.config.cluster,
+            "replica_dirs": inner.config.replica_dirs(),
+        },
+        "sequencer": {
+            "mode": inner.config.cluster.sequencer,
+            "holder": format!("{:016x}", lease.holder),
+            "fencing_epoch": lease.fencing_epoch,
+            "lease_remaining_ms": lease.remaining_ms,
         },
     })
 }
 
+/// `POST /v1/cluster/join` and `/v1/cluster/heartbeat`: `{"id","addr","incarnation"}`.
+fn membership_call(
+    inner: &Inner,
+    request: &mut tiny_http::Request,
+    join: bool,
+) -> (u16, &'static str, String) {
+    #[derive(serde::Deserialize)]
+    struct Call {
+        id: u32,
+        #[serde(default)]
+        addr: Option<std::net::SocketAddr>,
+        incarnation: u64,
+    }
+    let call: Call = match read_json(
+        request,
+        r#"{"id": 1, "addr": "10.0.0.2:1215", "incarnation": 7}"#,
+    ) {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let result = if join {
+        match call.addr {
+            Some(addr) => inner.membership.join(call.id, addr, call.incarnation),
+            None => {
+                return error(
+                    400,
+                    "a join names the broker's data address: {\"id\",\"addr\",\"incarnation\"}"
+                        .into(),
+                )
+            }
+        }
+    } else {
+        inner.membership.heartbeat(call.id, call.incarnation)
+    };
+    match result {
+        Ok(()) => {
+            if join {
+                tracing::info!(broker = call.id, addr = ?call.addr, incarnation = call.incarnation, "broker joined");
+            }
+            (
+                200,
+                "application/json",
+                json!({"heartbeat_interval_ms": inner.config.cluster.heartbeat_interval_ms})
+                    .to_string(),
+            )
+        }
+        Err(e @ JoinError::OutOfRange { .. }) => error(400, e.to_string()),
+        Err(e @ JoinError::NotMember { .. }) => error(404, e.to_string()),
+        Err(e) => error(409, e.to_string()),
+    }
+}
+
 fn status(inner: &Inner) -> serde_json::Value {
-    let seq = &inner.sequencer_metrics;
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_s": inner.started.elapsed().as_secs(),
@@ -132,7 +227,7 @@ fn status(inner: &Inner) -> serde_json::Value {
             json!({
                 "id": b.id,
                 "addr": b.addr.to_string(),
-                "state": "up",
+                "state": "local",
                 "publish_bytes": m.publish_bytes.load(Ordering::Relaxed),
                 "publish_batches": m.publish_batches.load(Ordering::Relaxed),
                 "publish_messages": m.publish_messages.load(Ordering::Relaxed),
@@ -141,11 +236,15 @@ fn status(inner: &Inner) -> serde_json::Value {
                 "free_segments": b.pool.free_count(),
             })
         }).collect::<Vec<_>>(),
-        "sequencer": {
-            "state": "active",
-            "epochs": seq.epochs_sealed.load(Ordering::Relaxed),
-            "batches_ordered": seq.batches_ordered.load(Ordering::Relaxed),
-            "messages_ordered": seq.messages_ordered.load(Ordering::Relaxed),
+        "sequencer": match inner.sequencer_metrics.as_deref() {
+            Some(seq) => json!({
+                "state": "active",
+                "mode": "embedded",
+                "epochs": seq.epochs_sealed.load(Ordering::Relaxed),
+                "batches_ordered": seq.batches_ordered.load(Ordering::Relaxed),
+                "messages_ordered": seq.messages_ordered.load(Ordering::Relaxed),
+            }),
+            None => json!({"mode": "external"}),
         },
     })
 }
@@ -276,7 +375,6 @@ fn metrics(inner: &Inner) -> String {
         ("reclaim", |s| &s.reclaim),
         ("ack_send", |s| &s.ack_send),
     ];
-    let s = &inner.sequencer_metrics;
     let mut samples = Vec::new();
     for b in &inner.brokers {
         for (stage, field) in stages {
@@ -286,50 +384,55 @@ fn metrics(inner: &Inner) -> String {
             ));
         }
     }
-    samples.push((
-        "{stage=\"sequencer_scan\"}".into(),
-        s.scan_nanos.load(Ordering::Relaxed),
-    ));
-    samples.push((
-        "{stage=\"sequencer_seal\"}".into(),
-        s.seal_nanos.load(Ordering::Relaxed),
-    ));
+    // An external sequencer's counters live in its own process.
+    if let Some(s) = inner.sequencer_metrics.as_deref() {
+        samples.push((
+            "{stage=\"sequencer_scan\"}".into(),
+            s.scan_nanos.load(Ordering::Relaxed),
+        ));
+        samples.push((
+            "{stage=\"sequencer_seal\"}".into(),
+            s.seal_nanos.load(Ordering::Relaxed),
+        ));
+    }
     family(
         "stage_nanoseconds_total",
         "counter",
         "Time spent in each stage of the data path (broker stages per broker; sequencer scan and seal).",
         samples,
     );
-    family(
-        "sequencer_epochs_total",
-        "counter",
-        "Epochs sealed by the sequencer.",
-        vec![(String::new(), s.epochs_sealed.load(Ordering::Relaxed))],
-    );
-    family(
-        "sequencer_batches_ordered_total",
-        "counter",
-        "Batches given a global position.",
-        vec![(String::new(), s.batches_ordered.load(Ordering::Relaxed))],
-    );
-    family(
-        "sequencer_messages_ordered_total",
-        "counter",
-        "Messages given a global position.",
-        vec![(String::new(), s.messages_ordered.load(Ordering::Relaxed))],
-    );
-    family(
-        "sequencer_seal_nanoseconds_total",
-        "counter",
-        "Time spent sealing epochs.",
-        vec![(String::new(), s.seal_nanos.load(Ordering::Relaxed))],
-    );
-    family(
-        "sequencer_goi_full_stalls_total",
-        "counter",
-        "Epochs cut short because GOI slots were still in use.",
-        vec![(String::new(), s.goi_full_stalls.load(Ordering::Relaxed))],
-    );
+    if let Some(s) = inner.sequencer_metrics.as_deref() {
+        family(
+            "sequencer_epochs_total",
+            "counter",
+            "Epochs sealed by the sequencer.",
+            vec![(String::new(), s.epochs_sealed.load(Ordering::Relaxed))],
+        );
+        family(
+            "sequencer_batches_ordered_total",
+            "counter",
+            "Batches given a global position.",
+            vec![(String::new(), s.batches_ordered.load(Ordering::Relaxed))],
+        );
+        family(
+            "sequencer_messages_ordered_total",
+            "counter",
+            "Messages given a global position.",
+            vec![(String::new(), s.messages_ordered.load(Ordering::Relaxed))],
+        );
+        family(
+            "sequencer_seal_nanoseconds_total",
+            "counter",
+            "Time spent sealing epochs.",
+            vec![(String::new(), s.seal_nanos.load(Ordering::Relaxed))],
+        );
+        family(
+            "sequencer_goi_full_stalls_total",
+            "counter",
+            "Epochs cut short because GOI slots were still in use.",
+            vec![(String::new(), s.goi_full_stalls.load(Ordering::Relaxed))],
+        );
+    }
     let topics = inner.control.list();
     family(
         "topic_committed_batches",

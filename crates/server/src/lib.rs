@@ -1,14 +1,20 @@
-//! The embedded server: control plane, N brokers and the sequencer in one process,
-//! all attached to one region file in the data directory.
+//! The server processes: the embedded server (control plane, N brokers and the
+//! sequencer in one process, all attached to one region file in the data directory),
+//! and in cluster mode the head (the same, with only some brokers local and possibly
+//! an external sequencer), followers ([`follower`]) and the external sequencer
+//! ([`sequencer_process`]).
 //!
 //! Owns: the data directory (region file, `topics.json`, a lock file), the control
-//! plane (the only writer of topic metadata), the admin HTTP API and `/metrics`, and
-//! the lifecycle of the brokers and the sequencer it starts. It does not touch the
-//! data path itself: brokers and the sequencer do.
+//! plane (the only writer of topic metadata), cluster membership ([`cluster`]), the
+//! admin HTTP API and `/metrics`, and the lifecycle of the brokers and the sequencer it
+//! starts. It does not touch the data path itself: brokers and the sequencer do.
 
+pub mod cluster;
 pub mod config;
 pub mod control;
+pub mod follower;
 mod http;
+pub mod sequencer_process;
 
 pub use config::ServerConfig;
 pub use control::{BrokerLogInfo, TopicDefaults, TopicInfo, TopicSpec};
@@ -17,7 +23,7 @@ use embarcadero_broker::{Broker, BrokerConfig, BrokerMetrics, SegmentPool};
 use embarcadero_region::Region;
 use embarcadero_replication::recovery::{self, Resume};
 use embarcadero_replication::{Replicas, ReplicationConfig, ReplicationMetrics, TopicStore};
-use embarcadero_sequencer::{Sequencer, SequencerConfig, SequencerMetrics};
+use embarcadero_sequencer::{Lease, Sequencer, SequencerConfig, SequencerMetrics};
 use std::collections::HashMap;
 use std::fs::File;
 use std::net::{IpAddr, SocketAddr};
@@ -65,8 +71,10 @@ pub(crate) struct Inner {
     pub region: Arc<Region>,
     pub control: control::ControlPlane,
     pub brokers: Vec<BrokerInfo>,
-    pub sequencer_metrics: Arc<SequencerMetrics>,
+    /// The embedded sequencer's counters (`None` with an external sequencer).
+    pub sequencer_metrics: Option<Arc<SequencerMetrics>>,
     pub replication_metrics: Arc<ReplicationMetrics>,
+    pub membership: cluster::Membership,
     pub started: Instant,
 }
 
@@ -74,7 +82,8 @@ pub(crate) struct Inner {
 pub struct Server {
     inner: Arc<Inner>,
     brokers: Vec<Broker>,
-    sequencer: Sequencer,
+    /// The embedded sequencer and its lease (`None` with an external sequencer).
+    sequencer: Option<(Sequencer, Lease)>,
     replicas: Replicas,
     http: Arc<tiny_http::Server>,
     http_thread: Option<std::thread::JoinHandle<()>>,
@@ -116,18 +125,13 @@ impl Server {
                 config.bind
             ))
         })?;
-        let sequencer = Sequencer::start(
-            region.clone(),
-            SequencerConfig {
-                epoch: Duration::from_micros(config.sequencer.epoch_us),
-                idle_sleep_max: Duration::from_micros(config.broker.idle_sleep_max_us),
-                session_window: config.sequencer.session_window,
-                session_lease: Duration::from_millis(config.sequencer.session_lease_ms),
-            },
-        )
-        .map_err(|e| ServerError::Start(format!("cannot start the sequencer: {e}")))?;
+        let sequencer = if config.cluster.sequencer == "embedded" {
+            Some(start_sequencer(&config, &region)?)
+        } else {
+            None
+        };
         let mut brokers = Vec::new();
-        for id in 0..config.brokers {
+        for id in config.local_broker_ids()? {
             let port = if config.base_port == 0 {
                 0
             } else {
@@ -185,8 +189,18 @@ impl Server {
                     pool: b.segment_pool(),
                 })
                 .collect(),
-            sequencer_metrics: sequencer.metrics(),
+            sequencer_metrics: sequencer.as_ref().map(|(s, _)| s.metrics()),
             replication_metrics: replicas.metrics(),
+            membership: cluster::Membership::new(
+                config.brokers,
+                &brokers
+                    .iter()
+                    .map(|b| (b.id(), b.local_addr()))
+                    .collect::<Vec<_>>(),
+                Duration::from_millis(
+                    config.cluster.heartbeat_interval_ms * config.cluster.heartbeat_misses as u64,
+                ),
+            ),
             config,
             region,
             control,
@@ -245,18 +259,9 @@ impl Server {
     /// state (cursors, positions, order-5 sessions) from the region alone. Brokers keep
     /// accepting batches meanwhile; they are ordered once the new sequencer runs.
     pub fn restart_sequencer(&mut self) -> Result<(), ServerError> {
-        self.sequencer.stop();
-        let c = &self.inner.config;
-        self.sequencer = Sequencer::start(
-            self.inner.region.clone(),
-            SequencerConfig {
-                epoch: Duration::from_micros(c.sequencer.epoch_us),
-                idle_sleep_max: Duration::from_micros(c.broker.idle_sleep_max_us),
-                session_window: c.sequencer.session_window,
-                session_lease: Duration::from_millis(c.sequencer.session_lease_ms),
-            },
-        )
-        .map_err(|e| ServerError::Start(format!("cannot restart the sequencer: {e}")))?;
+        // Stop the old one and release its lease before the new one takes it.
+        self.sequencer = None;
+        self.sequencer = Some(start_sequencer(&self.inner.config, &self.inner.region)?);
         Ok(())
     }
 
@@ -269,7 +274,10 @@ impl Server {
         for b in &mut self.brokers {
             b.stop();
         }
-        self.sequencer.stop();
+        if let Some((sequencer, _lease)) = &mut self.sequencer {
+            sequencer.stop();
+        }
+        self.sequencer = None;
         self.replicas.stop();
     }
 }
@@ -278,6 +286,47 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The sequencer settings of `config`.
+pub fn sequencer_config(config: &ServerConfig) -> SequencerConfig {
+    sequencer_config_of(&config.sequencer, &config.broker)
+}
+
+pub(crate) fn sequencer_config_of(
+    s: &config::SequencerSettings,
+    b: &config::BrokerSettings,
+) -> SequencerConfig {
+    SequencerConfig {
+        epoch: Duration::from_micros(s.epoch_us),
+        idle_sleep_max: Duration::from_micros(b.idle_sleep_max_us),
+        session_window: s.session_window,
+        session_lease: Duration::from_millis(s.session_lease_ms),
+    }
+}
+
+/// A fresh sequencer id: distinct across processes and restarts.
+pub fn new_sequencer_id() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    ((std::process::id() as u64) << 40 ^ nanos) | 1
+}
+
+/// Takes the region's sequencer lease, then starts the embedded sequencer.
+fn start_sequencer(
+    config: &ServerConfig,
+    region: &Arc<Region>,
+) -> Result<(Sequencer, Lease), ServerError> {
+    let lease = Lease::acquire(
+        region.clone(),
+        new_sequencer_id(),
+        Duration::from_millis(config.cluster.sequencer_lease_ms),
+    )
+    .map_err(|e| ServerError::Start(e.to_string()))?;
+    let sequencer = Sequencer::start(region.clone(), sequencer_config(config))
+        .map_err(|e| ServerError::Start(format!("cannot start the sequencer: {e}")))?;
+    Ok((sequencer, lease))
 }
 
 fn replication_config(config: &ServerConfig) -> ReplicationConfig {

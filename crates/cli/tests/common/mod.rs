@@ -1,4 +1,4 @@
-//! A real `embarcadero serve` process for the binary's tests.
+//! Real `embarcadero` processes for the binary's tests.
 
 #![allow(dead_code)]
 
@@ -19,41 +19,123 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-pub struct Serve {
+/// A running `embarcadero` process whose stderr lines can be waited for.
+pub struct Proc {
     pub child: Child,
+    lines: mpsc::Receiver<String>,
+    args: String,
+}
+
+impl Proc {
+    /// Starts `embarcadero ARGS` with extra environment variables; stderr is read by
+    /// a thread (so the process never blocks on a full pipe) and echoed to ours.
+    pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("  | {line}");
+                let _ = tx.send(line);
+            }
+        });
+        Self {
+            child,
+            lines,
+            args: args.join(" "),
+        }
+    }
+
+    /// Starts it and waits for a stderr line containing `ready`.
+    pub fn ready(args: &[&str], env: &[(&str, &str)], ready: &str) -> (Self, String) {
+        let mut p = Self::spawn(args, env);
+        let line = p.wait_line(ready);
+        (p, line)
+    }
+
+    /// Waits (at most 30 s) for a stderr line containing `marker`; returns it.
+    pub fn wait_line(&mut self, marker: &str) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(marker) => return line,
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = self.child.kill();
+                    panic!("`embarcadero {}` never printed {marker:?}", self.args);
+                }
+            }
+        }
+    }
+
+    /// SIGKILL, as a crash would: no chance to flush or clean up.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, as an operator's service manager would send; it must exit 0.
+    pub fn stop(mut self) {
+        let status = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let exit = self.child.wait().unwrap();
+        assert!(exit.success(), "graceful shutdown exits 0: {exit:?}");
+    }
+}
+
+/// Runs `embarcadero ARGS` to completion.
+pub fn run_bin(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+pub struct Serve {
+    pub proc: Proc,
     pub control: String,
 }
 
 impl Serve {
     /// Starts `embarcadero serve` and waits for its "serving" line.
     pub fn start(data_dir: &Path) -> Self {
+        Self::start_with(data_dir, &[])
+    }
+
+    /// The same, with more `serve` arguments.
+    pub fn start_with(data_dir: &Path, extra: &[&str]) -> Self {
         let control_port = free_port();
-        let mut child = Command::new(BIN)
-            .args(["serve", "--base-port", "0", "--control-port"])
-            .arg(control_port.to_string())
-            .arg("--data-dir")
-            .arg(data_dir)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("embarcadero is serving") {
-                    let _ = tx.send(line);
-                }
-            }
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("server reports it is serving");
+        let data_dir = data_dir.display().to_string();
+        let control_port_arg = control_port.to_string();
+        let mut args = vec![
+            "serve",
+            "--base-port",
+            "0",
+            "--control-port",
+            &control_port_arg,
+            "--data-dir",
+            &data_dir,
+        ];
+        args.extend_from_slice(extra);
+        let (proc, line) = Proc::ready(&args, &[], "embarcadero is serving");
         assert!(
             line.contains(&format!("127.0.0.1:{control_port}")),
             "{line}"
         );
         Self {
-            child,
+            proc,
             control: format!("127.0.0.1:{control_port}"),
         }
     }
@@ -75,22 +157,11 @@ impl Serve {
         child.wait_with_output().unwrap()
     }
 
-    /// SIGTERM, as an operator's service manager would send, then wait.
-    pub fn stop(mut self) {
-        let status = Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let exit = self.child.wait().unwrap();
-        assert!(exit.success(), "graceful shutdown exits 0: {exit:?}");
+    pub fn stop(self) {
+        self.proc.stop();
     }
-}
 
-impl Serve {
-    /// SIGKILL, as a crash would: no chance to flush or clean up.
-    pub fn kill(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
+    pub fn kill(self) {
+        self.proc.kill();
     }
 }

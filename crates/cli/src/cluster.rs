@@ -1,0 +1,155 @@
+//! `embarcadero broker --head | --follower` and `embarcadero sequencer`: the cluster's
+//! processes.
+
+use crate::{init_logging, run_server, serve_config, stop_signal, CliResult, ServeArgs};
+use embarcadero_server::follower::{Follower, FollowerConfig};
+use embarcadero_server::sequencer_process::{SequencerProcess, SequencerProcessConfig};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("role").required(true).args(["head", "follower"])))]
+pub struct BrokerArgs {
+    /// Run the head: the control plane (topics, membership, cluster status), the disk
+    /// replicas, its local brokers (`--local-brokers`, default broker 0) and, unless
+    /// `--external-sequencer`, the sequencer. Takes every `serve` option.
+    #[arg(long)]
+    head: bool,
+    /// Run one broker that attaches to the head's region and joins its cluster.
+    #[arg(long)]
+    follower: bool,
+    /// Head: broker ids this process serves, comma-separated [default: 0].
+    #[arg(long)]
+    local_brokers: Option<String>,
+    /// Head: leave ordering to an `embarcadero sequencer` process.
+    #[arg(long)]
+    external_sequencer: bool,
+    #[command(flatten)]
+    serve: ServeArgs,
+    /// Follower: the head's control address (host:port).
+    #[arg(long, required_if_eq("follower", "true"))]
+    head_addr: Option<String>,
+    /// Follower: the broker id to serve (1..brokers on a head that serves broker 0).
+    #[arg(long, required_if_eq("follower", "true"))]
+    broker_id: Option<u32>,
+    /// Follower: data port [default: 0, an ephemeral port].
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+    /// Follower: address clients reach the data port at [default: the bound address].
+    #[arg(long)]
+    advertise: Option<SocketAddr>,
+    /// Follower: the head's region file as this host sees it [default: the head's path].
+    #[arg(long)]
+    region: Option<PathBuf>,
+}
+
+pub fn broker(args: BrokerArgs) -> CliResult {
+    if args.head {
+        let local = args.local_brokers.clone().unwrap_or_else(|| "0".into());
+        let external = args.external_sequencer;
+        let Some(config) = serve_config(args.serve, |c| {
+            c.cluster.local_brokers = local;
+            if external {
+                c.cluster.sequencer = "external".into();
+            }
+        })?
+        else {
+            return Ok(());
+        };
+        return run_server(config);
+    }
+    let bind: IpAddr = args
+        .serve
+        .bind
+        .as_deref()
+        .unwrap_or("127.0.0.1")
+        .parse()
+        .map_err(|e| format!("--bind is not an IP address: {e}"))?;
+    init_logging();
+    let stop = stop_signal()?;
+    let mut follower = Follower::start(FollowerConfig {
+        head: args.head_addr.expect("required for --follower"),
+        broker_id: args.broker_id.expect("required for --follower"),
+        listen: SocketAddr::new(bind, args.port),
+        advertise: args.advertise,
+        region_path: args.region,
+    })
+    .map_err(|e| e.to_string())?;
+    eprintln!(
+        "embarcadero follower broker {} is serving at {}",
+        follower.id(),
+        follower.addr()
+    );
+    loop {
+        match stop.recv_timeout(Duration::from_millis(100)) {
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) if follower.is_evicted() => {
+                follower.stop();
+                return Err(format!(
+                    "broker {} was given to another process by the head; stopped",
+                    follower.id()
+                ));
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+    }
+    eprintln!("shutting down");
+    follower.stop();
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct SequencerArgs {
+    /// The head's control address (host:port).
+    #[arg(long)]
+    head_addr: String,
+    /// The head's region file as this host sees it [default: the head's path].
+    #[arg(long)]
+    region: Option<PathBuf>,
+    /// Wait for the active sequencer's lease to expire, then take over.
+    #[arg(long)]
+    standby: bool,
+}
+
+pub fn sequencer(args: SequencerArgs) -> CliResult {
+    init_logging();
+    let stop = stop_signal()?;
+    let give_up = Arc::new(AtomicBool::new(false));
+    // While a standby waits for the lease, a signal must still end it.
+    let waiter = {
+        let give_up = give_up.clone();
+        std::thread::spawn(move || {
+            let _ = stop.recv();
+            give_up.store(true, Ordering::Release);
+        })
+    };
+    let config = SequencerProcessConfig {
+        head: args.head_addr,
+        region_path: args.region,
+        standby: args.standby,
+    };
+    let Some(mut sequencer) =
+        SequencerProcess::start(&config, &give_up).map_err(|e| e.to_string())?
+    else {
+        return Ok(());
+    };
+    eprintln!(
+        "embarcadero sequencer is active (fencing epoch {})",
+        sequencer.fencing_epoch()
+    );
+    while !give_up.load(Ordering::Acquire) {
+        if sequencer.lost_lease() {
+            sequencer.stop();
+            return Err("another sequencer took over this region's lease; stopped".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(waiter);
+    eprintln!("shutting down");
+    sequencer.stop();
+    Ok(())
+}

@@ -1,0 +1,349 @@
+//! Cluster mode with real processes: a head, follower brokers and external sequencers,
+//! each its own `embarcadero` process on one shared region file; followers and the
+//! active sequencer are SIGKILLed.
+
+mod common;
+
+use common::{free_port, run_bin, Proc};
+use embarcadero_client::{
+    Admin, Cursor, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
+};
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+/// Fast failure detection for tests: dead after 3 x 100 ms, lease of 400 ms.
+const FAST: &[(&str, &str)] = &[
+    ("EMBARCADERO_CLUSTER_HEARTBEAT_INTERVAL_MS", "100"),
+    ("EMBARCADERO_CLUSTER_SEQUENCER_LEASE_MS", "400"),
+];
+
+struct Head {
+    proc: Proc,
+    control: String,
+    _dir: tempfile::TempDir,
+}
+
+fn start_head(brokers: u32) -> Head {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port().to_string();
+    let data = dir.path().join("head").display().to_string();
+    let brokers = brokers.to_string();
+    let (proc, _) = Proc::ready(
+        &[
+            "broker",
+            "--head",
+            "--external-sequencer",
+            "--brokers",
+            &brokers,
+            "--base-port",
+            "0",
+            "--control-port",
+            &port,
+            "--data-dir",
+            &data,
+        ],
+        FAST,
+        "embarcadero is serving",
+    );
+    Head {
+        proc,
+        control: format!("127.0.0.1:{port}"),
+        _dir: dir,
+    }
+}
+
+fn follower(control: &str, id: u32) -> Proc {
+    let id = id.to_string();
+    Proc::ready(
+        &[
+            "broker",
+            "--follower",
+            "--head-addr",
+            control,
+            "--broker-id",
+            &id,
+        ],
+        &[],
+        "is serving at",
+    )
+    .0
+}
+
+fn sequencer(control: &str) -> Proc {
+    Proc::ready(
+        &["sequencer", "--head-addr", control],
+        &[],
+        "sequencer is active",
+    )
+    .0
+}
+
+/// (id, state) of every member, from the head's status document.
+fn members(control: &str) -> Vec<(u64, String)> {
+    let s = Admin::new(control).status().unwrap();
+    s["cluster"]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["id"].as_u64().unwrap(),
+                m["state"].as_str().unwrap().into(),
+            )
+        })
+        .collect()
+}
+
+/// Polls `cond` until it holds; fails the test after 20 s.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < Duration::from_secs(20), "never: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Publishes ids `range` (8-byte payload prefix) and waits for every acknowledgement;
+/// returns how many brokers the publisher used.
+fn publish(control: &str, topic: &str, range: std::ops::Range<u64>) -> usize {
+    let p = Publisher::connect(
+        control,
+        topic,
+        PublisherConfig {
+            batch_bytes: 4096,
+            ..PublisherConfig::default()
+        },
+    )
+    .unwrap();
+    let mut payload = [7u8; 100];
+    for id in range.clone() {
+        payload[..8].copy_from_slice(&id.to_le_bytes());
+        p.publish(&payload).unwrap();
+    }
+    p.flush().unwrap();
+    let stats = p.close().unwrap();
+    assert_eq!(stats.messages, range.end - range.start);
+    stats.queues.len()
+}
+
+/// Reads `count` messages from `start`: (position, id, broker) each.
+fn read(control: &str, topic: &str, start: u64, count: u64) -> Vec<(u64, u64, u16)> {
+    let mut s = Subscriber::connect(
+        control,
+        topic,
+        SubscriberConfig {
+            start: Some(Cursor::Global(start)),
+            ..SubscriberConfig::default()
+        },
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    while (out.len() as u64) < count {
+        s.poll_with(Duration::from_secs(20), |m| {
+            let id = u64::from_le_bytes(m.payload[..8].try_into().unwrap());
+            out.push((m.position, id, m.broker_id));
+        })
+        .unwrap();
+    }
+    // A poll delivers whole batches: drop what lies beyond the range asked for.
+    out.truncate(count as usize);
+    out
+}
+
+/// Every id of `ids` exactly once, at contiguous positions from `start`.
+fn assert_exactly_once(got: &[(u64, u64, u16)], start: u64, ids: std::ops::Range<u64>) {
+    let positions: Vec<u64> = got.iter().map(|m| m.0).collect();
+    let expected: Vec<u64> = (start..start + got.len() as u64).collect();
+    assert_eq!(positions, expected, "contiguous positions");
+    let seen: HashSet<u64> = got.iter().map(|m| m.1).collect();
+    assert_eq!(seen.len(), got.len(), "no duplicates");
+    assert_eq!(seen, ids.collect::<HashSet<_>>(), "every id");
+}
+
+#[test]
+fn followers_in_their_own_processes_serve_one_total_order() {
+    let head = start_head(3);
+    let control = head.control.clone();
+    let f1 = follower(&control, 1);
+    let f2 = follower(&control, 2);
+    let seq = sequencer(&control);
+    assert_eq!(
+        members(&control),
+        [
+            (0, "local".into()),
+            (1, "alive".into()),
+            (2, "alive".into())
+        ]
+    );
+    Admin::new(&control)
+        .create_topic(&TopicSpec::new("t", 2))
+        .unwrap();
+
+    assert_eq!(publish(&control, "t", 0..3000), 3, "all three brokers used");
+    let a = read(&control, "t", 0, 3000);
+    let b = read(&control, "t", 0, 3000);
+    assert_exactly_once(&a, 0, 0..3000);
+    assert_eq!(a, b, "two subscribers, one order");
+    let brokers: HashSet<u16> = a.iter().map(|m| m.2).collect();
+    assert_eq!(
+        brokers,
+        HashSet::from([0, 1, 2]),
+        "every process took batches"
+    );
+
+    // A follower dies: the head declares it dead and clients stop using it.
+    f2.kill();
+    wait_for("broker 2 declared dead", || {
+        members(&control)[2].1 == "dead"
+            && Admin::new(&control)
+                .cluster()
+                .unwrap()
+                .brokers
+                .iter()
+                .all(|b| b.id != 2)
+    });
+    assert_eq!(
+        publish(&control, "t", 3000..4000),
+        2,
+        "the live brokers only"
+    );
+    let after = read(&control, "t", 3000, 1000);
+    assert_exactly_once(&after, 3000, 3000..4000);
+    // What it had written before it died stays readable, in the same order.
+    assert_eq!(read(&control, "t", 0, 3000), a);
+
+    // Its logs hold data; a new process may not start them over from zero.
+    let out = run_bin(&[
+        "broker",
+        "--follower",
+        "--head-addr",
+        &control,
+        "--broker-id",
+        "2",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already has"), "{err}");
+
+    f1.stop();
+    seq.stop();
+    head.proc.stop();
+}
+
+#[test]
+fn a_standby_sequencer_takes_over_when_the_active_one_dies() {
+    let head = start_head(2);
+    let control = head.control.clone();
+    let f1 = follower(&control, 1);
+    let active = sequencer(&control);
+    let (mut standby, _) = Proc::ready(
+        &["sequencer", "--head-addr", &control, "--standby"],
+        &[],
+        "standby: waiting",
+    );
+    Admin::new(&control)
+        .create_topic(&TopicSpec::new("t", 2))
+        .unwrap();
+    publish(&control, "t", 0..500);
+    let epoch = |control: &str| {
+        Admin::new(control).status().unwrap()["cluster"]["sequencer"]["fencing_epoch"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(epoch(&control), 1);
+
+    active.kill();
+    standby.wait_line("sequencer is active");
+    assert_eq!(
+        epoch(&control),
+        2,
+        "the new holder has the next fencing epoch"
+    );
+    // Ordering resumes: new batches are acknowledged and follow the old ones.
+    publish(&control, "t", 500..1000);
+    let all = read(&control, "t", 0, 1000);
+    assert_exactly_once(&all, 0, 0..1000);
+
+    standby.stop();
+    f1.stop();
+    head.proc.stop();
+}
+
+#[test]
+fn bad_cluster_input_is_refused_with_clear_errors() {
+    let head = start_head(2);
+    let control = head.control.clone();
+    let f1 = follower(&control, 1);
+    let seq = sequencer(&control);
+    let refused = |args: &[&str], expect: &str| {
+        let out = run_bin(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} must fail");
+        assert!(
+            err.contains(expect),
+            "{args:?}: expected {expect:?} in {err}"
+        );
+    };
+    let follower_args = |id: &'static str| {
+        vec![
+            "broker",
+            "--follower",
+            "--head-addr",
+            control.as_str(),
+            "--broker-id",
+            id,
+        ]
+    };
+    refused(&follower_args("1"), "is in use by");
+    refused(&follower_args("0"), "served by the head itself");
+    refused(&follower_args("7"), "out of range");
+    refused(
+        &["sequencer", "--head-addr", &control],
+        "holds this region's lease",
+    );
+
+    // A region file that is not the head's: zeros, and a real region of another layout.
+    let dir = tempfile::tempdir().unwrap();
+    let zeros = dir.path().join("zeros");
+    std::fs::write(&zeros, vec![0u8; 1 << 20]).unwrap();
+    let mut args = follower_args("1");
+    args.extend(["--region", zeros.to_str().unwrap()]);
+    refused(&args, "is not the head's region");
+    let other = common::Serve::start_with(dir.path(), &["--brokers", "3"]);
+    other.stop();
+    let other_region = dir.path().join("region");
+    let mut args = follower_args("1");
+    args.extend(["--region", other_region.to_str().unwrap()]);
+    refused(&args, "is not the head's region");
+
+    let nowhere = format!("127.0.0.1:{}", free_port());
+    refused(
+        &[
+            "broker",
+            "--follower",
+            "--head-addr",
+            &nowhere,
+            "--broker-id",
+            "1",
+        ],
+        "cannot reach the head",
+    );
+    refused(
+        &["sequencer", "--head-addr", &nowhere],
+        "cannot reach the head",
+    );
+
+    // None of it disturbed the cluster.
+    assert_eq!(
+        members(&control),
+        [(0, "local".into()), (1, "alive".into())]
+    );
+    Admin::new(&control)
+        .create_topic(&TopicSpec::new("t", 2))
+        .unwrap();
+    publish(&control, "t", 0..100);
+    assert_exactly_once(&read(&control, "t", 0, 100), 0, 0..100);
+    seq.stop();
+    f1.stop();
+    head.proc.stop();
+}

@@ -1,0 +1,226 @@
+//! Cluster membership, kept by the head's control plane: which broker ids exist, which
+//! are served by this process, which by followers, and whether each follower is alive.
+//!
+//! A follower joins with its id, its data address and an incarnation number it picks
+//! at start; it then sends heartbeats naming that incarnation. It is alive while
+//! heartbeats arrive, dead after `misses` intervals without one. An id is taken while
+//! its holder is local or alive: a second process claiming it is refused, and a dead
+//! follower's id can be claimed again (by its restart, or by a replacement).
+//!
+//! Membership is control-plane state, not data-path state: publishers and subscribers
+//! learn the live brokers from `/v1/cluster` and nothing on the data path waits on it.
+
+use parking_lot::Mutex;
+use serde::Serialize;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberState {
+    /// Served by the head's own process.
+    Local,
+    /// A follower whose heartbeats arrive.
+    Alive,
+    /// A follower that stopped sending heartbeats.
+    Dead,
+    /// No process has claimed this id yet.
+    Absent,
+}
+
+/// One broker id as `/v1/cluster` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberView {
+    pub id: u32,
+    pub addr: Option<String>,
+    pub state: MemberState,
+    /// Milliseconds since the last heartbeat (followers only).
+    pub last_heartbeat_ms: Option<u64>,
+    pub incarnation: u64,
+    /// Times a follower has joined under this id.
+    pub joins: u64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum JoinError {
+    #[error("broker id {id} is out of range: this cluster has brokers 0..{brokers}; pick another --broker-id or raise `brokers` on the head")]
+    OutOfRange { id: u32, brokers: u32 },
+    #[error("broker id {id} is served by the head itself; pick another --broker-id")]
+    Local { id: u32 },
+    #[error("broker id {id} is in use by {addr} (last heartbeat {ago_ms} ms ago); pick another --broker-id or stop that broker")]
+    Taken { id: u32, addr: String, ago_ms: u64 },
+    #[error("broker {id} is not a member under incarnation {incarnation} (it was declared dead or replaced); join again")]
+    NotMember { id: u32, incarnation: u64 },
+}
+
+struct Member {
+    addr: Option<SocketAddr>,
+    local: bool,
+    incarnation: u64,
+    last_heartbeat: Option<Instant>,
+    joins: u64,
+}
+
+pub struct Membership {
+    members: Mutex<Vec<Member>>,
+    /// A follower is dead after this long without a heartbeat.
+    timeout: Duration,
+}
+
+impl Membership {
+    /// `brokers` ids in all; `local` are served by this process at the given addresses.
+    pub fn new(brokers: u32, local: &[(u32, SocketAddr)], timeout: Duration) -> Self {
+        let members = (0..brokers)
+            .map(|id| {
+                let addr = local.iter().find(|(l, _)| *l == id).map(|(_, a)| *a);
+                Member {
+                    addr,
+                    local: addr.is_some(),
+                    incarnation: 0,
+                    last_heartbeat: None,
+                    joins: 0,
+                }
+            })
+            .collect();
+        Self {
+            members: Mutex::new(members),
+            timeout,
+        }
+    }
+
+    fn alive(&self, m: &Member, now: Instant) -> bool {
+        m.local
+            || m.last_heartbeat
+                .is_some_and(|t| now.duration_since(t) <= self.timeout)
+    }
+
+    pub fn join(&self, id: u32, addr: SocketAddr, incarnation: u64) -> Result<(), JoinError> {
+        let mut members = self.members.lock();
+        let brokers = members.len() as u32;
+        let now = Instant::now();
+        let alive = match members.get(id as usize) {
+            None => return Err(JoinError::OutOfRange { id, brokers }),
+            Some(m) if m.local => return Err(JoinError::Local { id }),
+            Some(m) => self.alive(m, now) && m.incarnation != incarnation,
+        };
+        let m = &mut members[id as usize];
+        if alive {
+            return Err(JoinError::Taken {
+                id,
+                addr: m.addr.map(|a| a.to_string()).unwrap_or_default(),
+                ago_ms: m
+                    .last_heartbeat
+                    .map_or(0, |t| now.duration_since(t).as_millis() as u64),
+            });
+        }
+        if m.incarnation != incarnation {
+            m.joins += 1;
+        }
+        m.addr = Some(addr);
+        m.incarnation = incarnation;
+        m.last_heartbeat = Some(now);
+        Ok(())
+    }
+
+    pub fn heartbeat(&self, id: u32, incarnation: u64) -> Result<(), JoinError> {
+        let mut members = self.members.lock();
+        let now = Instant::now();
+        match members.get_mut(id as usize) {
+            Some(m) if !m.local && m.incarnation == incarnation && m.last_heartbeat.is_some() => {
+                // A heartbeat after the timeout revives nothing: the follower was
+                // declared dead (clients stopped using it) and must join again.
+                if now.duration_since(m.last_heartbeat.expect("checked")) > self.timeout {
+                    return Err(JoinError::NotMember { id, incarnation });
+                }
+                m.last_heartbeat = Some(now);
+                Ok(())
+            }
+            _ => Err(JoinError::NotMember { id, incarnation }),
+        }
+    }
+
+    pub fn view(&self) -> Vec<MemberView> {
+        let members = self.members.lock();
+        let now = Instant::now();
+        members
+            .iter()
+            .enumerate()
+            .map(|(id, m)| MemberView {
+                id: id as u32,
+                addr: m.addr.map(|a| a.to_string()),
+                state: if m.local {
+                    MemberState::Local
+                } else if m.last_heartbeat.is_none() {
+                    MemberState::Absent
+                } else if self.alive(m, now) {
+                    MemberState::Alive
+                } else {
+                    MemberState::Dead
+                },
+                last_heartbeat_ms: m
+                    .last_heartbeat
+                    .map(|t| now.duration_since(t).as_millis() as u64),
+                incarnation: m.incarnation,
+                joins: m.joins,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    #[test]
+    fn ids_are_claimed_once_and_freed_by_death() {
+        let m = Membership::new(3, &[(0, addr(1))], Duration::from_millis(50));
+        assert_eq!(m.join(0, addr(2), 7), Err(JoinError::Local { id: 0 }));
+        assert_eq!(
+            m.join(3, addr(2), 7),
+            Err(JoinError::OutOfRange { id: 3, brokers: 3 })
+        );
+        m.join(1, addr(2), 7).unwrap();
+        m.join(1, addr(2), 7).unwrap(); // a retried join of the same incarnation
+        assert!(matches!(
+            m.join(1, addr(3), 8),
+            Err(JoinError::Taken { id: 1, .. })
+        ));
+        let states: Vec<_> = m.view().iter().map(|v| v.state).collect();
+        assert_eq!(
+            states,
+            [MemberState::Local, MemberState::Alive, MemberState::Absent]
+        );
+        m.heartbeat(1, 7).unwrap();
+        assert!(m.heartbeat(1, 8).is_err(), "another incarnation");
+        assert!(m.heartbeat(2, 0).is_err(), "never joined");
+    }
+
+    #[test]
+    fn a_silent_follower_is_dead_and_must_rejoin() {
+        let timeout = Duration::from_millis(20);
+        let m = Membership::new(2, &[], timeout);
+        m.join(1, addr(2), 7).unwrap();
+        let start = Instant::now();
+        while start.elapsed() <= timeout {
+            std::hint::spin_loop();
+        }
+        assert_eq!(m.view()[1].state, MemberState::Dead);
+        assert_eq!(
+            m.heartbeat(1, 7),
+            Err(JoinError::NotMember {
+                id: 1,
+                incarnation: 7
+            })
+        );
+        m.join(1, addr(3), 9).unwrap();
+        let v = &m.view()[1];
+        assert_eq!(
+            (v.state, v.joins, v.addr.as_deref()),
+            (MemberState::Alive, 2, Some("127.0.0.1:3"))
+        );
+    }
+}

@@ -1,0 +1,325 @@
+//! A follower: one broker in its own process (`embarcadero broker --follower`),
+//! attached to the head's region file, registered with the head's control plane and
+//! kept alive there by heartbeats.
+//!
+//! Owns: its broker (data port, logs of its broker id) and its membership (join,
+//! heartbeats, rejoin after being declared dead). It takes every setting that must
+//! match the cluster (broker limits, replica directories, the region's layout) from
+//! the head, so a follower cannot disagree with the head about the region.
+
+use crate::config::{BrokerSettings, SequencerSettings};
+use crate::ServerError;
+use embarcadero_broker::{Broker, BrokerConfig};
+use embarcadero_region::{Capacities, Region};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct FollowerConfig {
+    /// The head's control address (`host:port`).
+    pub head: String,
+    pub broker_id: u32,
+    /// Where the data port listens.
+    pub listen: SocketAddr,
+    /// The address clients use to reach the data port (default: the bound address;
+    /// needed when listening on 0.0.0.0).
+    pub advertise: Option<SocketAddr>,
+    /// The region file as this host sees it (default: the head's path).
+    pub region_path: Option<PathBuf>,
+}
+
+/// The parts of the head's `/v1/cluster` document a follower needs.
+#[derive(Debug, Deserialize)]
+pub struct ClusterDoc {
+    pub region: RegionDoc,
+    pub config: SharedConfig,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RegionDoc {
+    pub path: PathBuf,
+    pub bytes: u64,
+    pub layout_version: u32,
+    pub capacities: CapacitiesDoc,
+}
+
+#[derive(Debug, Deserialize, PartialEq, Eq, Clone, Copy)]
+pub struct CapacitiesDoc {
+    pub max_topics: u32,
+    pub brokers: u32,
+    pub goi_slots: u64,
+    pub pbr_slots: u64,
+    pub segment_bytes: u64,
+    pub segments_per_broker: u32,
+    pub seg_map_slots: u64,
+}
+
+impl From<CapacitiesDoc> for Capacities {
+    fn from(c: CapacitiesDoc) -> Self {
+        Capacities {
+            max_topics: c.max_topics,
+            brokers: c.brokers,
+            goi_slots: c.goi_slots,
+            pbr_slots: c.pbr_slots,
+            segment_bytes: c.segment_bytes,
+            segments_per_broker: c.segments_per_broker,
+            seg_map_slots: c.seg_map_slots,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SharedConfig {
+    pub broker: BrokerSettings,
+    pub sequencer: SequencerSettings,
+    pub cluster: crate::config::ClusterSettings,
+    pub replica_dirs: Vec<PathBuf>,
+}
+
+/// Reads the head's cluster document.
+pub fn fetch_cluster(head: &str) -> Result<ClusterDoc, ServerError> {
+    let url = format!("http://{head}/v1/cluster");
+    let response = ureq::get(&url)
+        .timeout(Duration::from_secs(5))
+        .call()
+        .map_err(|e| {
+            ServerError::Start(format!(
+                "cannot reach the head's control API at {head}: {e}; start `embarcadero broker --head` first or fix --head-addr"
+            ))
+        })?;
+    response.into_json().map_err(|e| {
+        ServerError::Start(format!(
+            "the server at {head} did not answer with a cluster document ({e}); is --head-addr the head's control port?"
+        ))
+    })
+}
+
+/// Attaches the region the head describes, refusing a file that is not that region.
+pub fn attach_head_region(
+    doc: &ClusterDoc,
+    path_override: Option<&PathBuf>,
+) -> Result<Arc<Region>, ServerError> {
+    let path = path_override.unwrap_or(&doc.region.path);
+    if doc.region.layout_version != embarcadero_region::layout::LAYOUT_VERSION {
+        return Err(ServerError::Start(format!(
+            "the head uses region layout version {} but this binary uses {}; run the same embarcadero version on every host",
+            doc.region.layout_version,
+            embarcadero_region::layout::LAYOUT_VERSION
+        )));
+    }
+    let expected: Capacities = doc.region.capacities.into();
+    let region = Region::attach(path, Some(expected)).map_err(|e| {
+        ServerError::Start(format!(
+            "region file {} is not the head's region: {e}; pass the path of the head's region file as this host sees it (--region)",
+            path.display()
+        ))
+    })?;
+    if region.len() != doc.region.bytes {
+        return Err(ServerError::Start(format!(
+            "region file {} is {} bytes but the head's is {}; pass the head's region file (--region)",
+            path.display(),
+            region.len(),
+            doc.region.bytes
+        )));
+    }
+    Ok(Arc::new(region))
+}
+
+/// A running follower broker. Dropping it stops it.
+pub struct Follower {
+    broker: Broker,
+    stop: Arc<AtomicBool>,
+    evicted: Arc<AtomicBool>,
+    heartbeat: Option<JoinHandle<()>>,
+    advertised: SocketAddr,
+}
+
+#[derive(serde::Serialize)]
+struct MembershipCall {
+    id: u32,
+    addr: SocketAddr,
+    incarnation: u64,
+}
+
+impl Follower {
+    pub fn start(config: FollowerConfig) -> Result<Self, ServerError> {
+        let doc = fetch_cluster(&config.head)?;
+        let brokers = doc.region.capacities.brokers;
+        if config.broker_id >= brokers {
+            return Err(ServerError::Start(format!(
+                "broker id {} is out of range: the head's cluster has brokers 0..{brokers}; pick another --broker-id",
+                config.broker_id
+            )));
+        }
+        let region = attach_head_region(&doc, config.region_path.as_ref())?;
+        refuse_leftover_logs(&region, config.broker_id)?;
+        let b = &doc.config.broker;
+        let broker_config = BrokerConfig {
+            broker_id: config.broker_id,
+            listen: config.listen,
+            max_message_bytes: b.max_message_bytes,
+            max_batch_bytes: b.max_batch_bytes,
+            high_watermark: b.high_watermark,
+            low_watermark: b.low_watermark,
+            backpressure_timeout: Duration::from_millis(b.backpressure_timeout_ms),
+            idle_sleep_max: Duration::from_micros(b.idle_sleep_max_us),
+            reader_stall_timeout: Duration::from_millis(b.reader_stall_timeout_ms),
+            session_window: doc.config.sequencer.session_window,
+            replica_dirs: doc.config.replica_dirs.clone(),
+            fault: None,
+        };
+        let broker =
+            Broker::start(broker_config, region).map_err(|e| ServerError::Start(e.to_string()))?;
+        let advertised = config.advertise.unwrap_or_else(|| broker.local_addr());
+        let call = MembershipCall {
+            id: config.broker_id,
+            addr: advertised,
+            incarnation: crate::new_sequencer_id(),
+        };
+        // Claimed only once the port serves, so clients never see a dead address.
+        post(&config.head, "join", &call)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let evicted = Arc::new(AtomicBool::new(false));
+        let interval = Duration::from_millis(doc.config.cluster.heartbeat_interval_ms);
+        let heartbeat = {
+            let (stop, evicted, head) = (stop.clone(), evicted.clone(), config.head.clone());
+            std::thread::Builder::new()
+                .name("heartbeat".into())
+                .spawn(move || heartbeats(&head, &call, interval, &stop, &evicted))
+                .map_err(|e| ServerError::Start(format!("cannot start heartbeats: {e}")))?
+        };
+        tracing::info!(
+            broker = config.broker_id,
+            addr = %advertised,
+            head = %config.head,
+            "follower broker joined the cluster"
+        );
+        Ok(Self {
+            broker,
+            stop,
+            evicted,
+            heartbeat: Some(heartbeat),
+            advertised,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.advertised
+    }
+
+    pub fn id(&self) -> u32 {
+        self.broker.id()
+    }
+
+    /// True once the head gave this broker id to another process: this one must stop.
+    pub fn is_evicted(&self) -> bool {
+        self.evicted.load(Ordering::Acquire)
+    }
+
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.heartbeat.take() {
+            let _ = t.join();
+        }
+        self.broker.stop();
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A broker id whose logs hold data from an earlier process cannot be served by a new
+/// one yet: the new broker would start its logs from zero over the old ones.
+fn refuse_leftover_logs(region: &Region, broker: u32) -> Result<(), ServerError> {
+    for topic in 0..region.capacities().max_topics {
+        let Some(meta) = region.topic_meta(topic) else {
+            continue;
+        };
+        let written = region
+            .log(topic, broker)
+            .written_frontier
+            .load(Ordering::Acquire);
+        if written > 0 {
+            return Err(ServerError::Start(format!(
+                "broker {broker} already has {written} batches of topic {:?} in this region from an earlier process; resuming a broker's logs is not supported yet, so restart the head (which starts a fresh region and recovers replicated topics) or use an unused --broker-id",
+                meta.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn post(head: &str, what: &str, call: &MembershipCall) -> Result<(), ServerError> {
+    let url = format!("http://{head}/v1/cluster/{what}");
+    match ureq::post(&url)
+        .timeout(Duration::from_secs(5))
+        .send_json(call)
+    {
+        Ok(_) => Ok(()),
+        Err(ureq::Error::Status(code, response)) => {
+            let body: serde_json::Value = response.into_json().unwrap_or_default();
+            let message = body["error"]
+                .as_str()
+                .unwrap_or("no reason given")
+                .to_string();
+            Err(ServerError::Start(format!(
+                "the head refused {what} of broker {} ({code}): {message}",
+                call.id
+            )))
+        }
+        Err(e) => Err(ServerError::Start(format!(
+            "cannot reach the head at {head}: {e}"
+        ))),
+    }
+}
+
+fn heartbeats(
+    head: &str,
+    call: &MembershipCall,
+    interval: Duration,
+    stop: &AtomicBool,
+    evicted: &AtomicBool,
+) {
+    let mut unreachable = false;
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(interval);
+        let url = format!("http://{head}/v1/cluster/heartbeat");
+        match ureq::post(&url).timeout(interval * 2).send_json(call) {
+            Ok(_) => {
+                if std::mem::take(&mut unreachable) {
+                    tracing::info!(head, "the head answers heartbeats again");
+                }
+            }
+            Err(ureq::Error::Status(404, _)) => {
+                // Declared dead (a pause, a lost network): claim the id again.
+                match post(head, "join", call) {
+                    Ok(()) => tracing::warn!(
+                        broker = call.id,
+                        "the head had declared this broker dead; it rejoined"
+                    ),
+                    Err(e) => {
+                        tracing::error!("{e}; this broker stops serving");
+                        evicted.store(true, Ordering::Release);
+                        return;
+                    }
+                }
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut unreachable, true) {
+                    tracing::warn!(
+                        head,
+                        "cannot send a heartbeat to the head ({e}); still serving, retrying every {interval:?}"
+                    );
+                }
+            }
+        }
+    }
+}
