@@ -9,6 +9,8 @@ use embarcadero_client::{
     Admin, Cursor, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
 };
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Fast failure detection for tests: dead after 3 x 100 ms, lease of 400 ms.
@@ -24,24 +26,30 @@ struct Head {
 }
 
 fn start_head(brokers: u32) -> Head {
+    start_head_with(brokers, &["--external-sequencer"])
+}
+
+fn start_head_with(brokers: u32, extra: &[&str]) -> Head {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port().to_string();
     let data = dir.path().join("head").display().to_string();
     let brokers = brokers.to_string();
     let (proc, _) = Proc::ready(
         &[
-            "broker",
-            "--head",
-            "--external-sequencer",
-            "--brokers",
-            &brokers,
-            "--base-port",
-            "0",
-            "--control-port",
-            &port,
-            "--data-dir",
-            &data,
-        ],
+            &["broker", "--head"],
+            extra,
+            &[
+                "--brokers",
+                &brokers,
+                "--base-port",
+                "0",
+                "--control-port",
+                &port,
+                "--data-dir",
+                &data,
+            ],
+        ]
+        .concat(),
         FAST,
         "embarcadero is serving",
     );
@@ -346,4 +354,81 @@ fn bad_cluster_input_is_refused_with_clear_errors() {
     seq.stop();
     f1.stop();
     head.proc.stop();
+}
+
+/// Publishes ids 0..count with one publisher while a follower is SIGKILLed partway;
+/// returns the ids in delivery order after checking exactly-once and one order.
+fn publish_through_a_broker_death(order: u8) -> Vec<u64> {
+    const COUNT: u64 = 60_000;
+    let head = start_head_with(3, &[]);
+    let control = head.control.clone();
+    let f1 = follower(&control, 1);
+    let f2 = follower(&control, 2);
+    Admin::new(&control)
+        .create_topic(&TopicSpec::new("t", order))
+        .unwrap();
+    let published = Arc::new(AtomicU64::new(0));
+    let publisher = {
+        let (control, published) = (control.clone(), published.clone());
+        std::thread::spawn(move || {
+            let p = Publisher::connect(
+                &control,
+                "t",
+                PublisherConfig {
+                    batch_bytes: 8192,
+                    flush_timeout: Duration::from_secs(60),
+                    ..PublisherConfig::default()
+                },
+            )
+            .unwrap();
+            let mut payload = [7u8; 100];
+            for id in 0..COUNT {
+                payload[..8].copy_from_slice(&id.to_le_bytes());
+                p.publish(&payload).unwrap();
+                published.store(id + 1, Ordering::Release);
+            }
+            p.close().unwrap()
+        })
+    };
+    // The kill lands in the middle of the stream, with batches in flight on broker 2.
+    wait_for("a third of the messages published", || {
+        published.load(Ordering::Acquire) >= COUNT / 3
+    });
+    let killed_at = Instant::now();
+    f2.kill();
+    let stats = publisher.join().unwrap();
+    eprintln!(
+        "order {order}: publisher finished {:.2} s after the kill",
+        killed_at.elapsed().as_secs_f64()
+    );
+    assert_eq!(stats.messages, COUNT);
+    assert_eq!(
+        stats.acked_batches, stats.batches,
+        "every batch acknowledged (moved to the live brokers or found in the order)"
+    );
+    let a = read(&control, "t", 0, COUNT);
+    let b = read(&control, "t", 0, COUNT);
+    assert_exactly_once(&a, 0, 0..COUNT);
+    assert_eq!(a, b, "two subscribers, one order");
+    assert!(
+        a.iter().any(|m| m.2 == 2),
+        "broker 2 had taken batches before it died"
+    );
+    f1.stop();
+    head.proc.stop();
+    a.iter().map(|m| m.1).collect()
+}
+
+#[test]
+fn order2_publishers_fail_over_from_a_killed_broker_exactly_once() {
+    publish_through_a_broker_death(2);
+}
+
+#[test]
+fn order5_sessions_fail_over_from_a_killed_broker_in_session_order() {
+    let ids = publish_through_a_broker_death(5);
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "one session: delivered in publish order"
+    );
 }

@@ -90,8 +90,9 @@ impl Admin {
         } else {
             format!("http://{}", control.trim_end_matches('/'))
         };
+        // Above the head's longest wait (a failover query waits up to 10 s).
         let agent = ureq::AgentBuilder::new()
-            .timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(20))
             .build();
         Self { base, agent }
     }
@@ -155,6 +156,30 @@ impl Admin {
 
     pub fn cluster(&self) -> Result<ClusterInfo> {
         parse(self.get("/v1/cluster")?)
+    }
+
+    /// After `broker` was declared dead: which of `client_id`'s batches through it
+    /// (by batch id) made it into `topic`'s global order (and onto disk for ack level
+    /// 2). Status 409 while the head does not consider the broker dead yet.
+    pub fn failover(
+        &self,
+        topic: &str,
+        broker: u32,
+        client_id: u64,
+        batch_ids: &[u64],
+        ack_level: u8,
+    ) -> Result<Vec<u64>> {
+        let v = self.call(
+            self.agent.post(&format!("{}/v1/failover", self.base)),
+            Some(serde_json::json!({
+                "topic": topic,
+                "broker": broker,
+                "client_id": client_id,
+                "batch_ids": batch_ids,
+                "ack_level": ack_level,
+            })),
+        )?;
+        parse(v.get("ordered").cloned().unwrap_or_default())
     }
 
     /// The raw `/v1/status` document.

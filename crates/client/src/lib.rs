@@ -46,6 +46,8 @@ pub enum Error {
     Timeout(std::time::Duration),
     #[error("the publisher is closed")]
     Closed,
+    #[error("no live broker left to publish to; check `embarcadero status`")]
+    NoLiveBroker,
 }
 
 impl Error {

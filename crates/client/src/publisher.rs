@@ -48,6 +48,11 @@ pub struct PublisherConfig {
     /// Fault injection for experiments: make queue `.0` sleep `.1` before each batch it
     /// sends. `EMBARCADERO_SLOW_CONSUMER_QUEUE` and `EMBARCADERO_SLOW_CONSUMER_MS` set it.
     pub slow_queue: Option<(usize, Duration)>,
+    /// Orders 2 and 5, publishers made with [`Publisher::connect`]: when a broker's
+    /// connection fails, stop using that broker and move its unacknowledged batches to
+    /// the live ones, resending exactly those that did not make it into the order
+    /// (the head says which). Off: a lost connection fails the publisher.
+    pub failover: bool,
 }
 
 impl Default for PublisherConfig {
@@ -64,6 +69,7 @@ impl Default for PublisherConfig {
             session_epoch: 0,
             deflect: true,
             slow_queue: None,
+            failover: true,
         }
     }
 }
@@ -156,6 +162,19 @@ struct ConnShared {
 
 struct Queue {
     tx: Sender<Sealed>,
+    /// The receiving end too, so a failover can take back what the sender never took.
+    rx: Receiver<Sealed>,
+    /// The broker's id in the cluster (known when discovered through the head).
+    broker_id: Option<u32>,
+    /// The broker is gone: nothing more is dispatched here; set before the failover.
+    dead: AtomicBool,
+    /// The sender thread has stopped (after `dead`): its batches are all in `unacked`.
+    sender_done: AtomicBool,
+    /// Batches a failover moved here from a dead broker's queue.
+    moved: Mutex<VecDeque<Sealed>>,
+    /// Held to check `dead` and hand a batch to `tx` as one step, and to set `dead`:
+    /// once `dead` is set nothing more enters the channel, so a failover can empty it.
+    gate: Mutex<()>,
     conn: Arc<ConnShared>,
     broker: String,
     connection: usize,
@@ -168,6 +187,44 @@ struct Queue {
     stream_gen: AtomicU64,
     /// Session epoch the current socket was opened with (0 without a session).
     epoch: AtomicU64,
+}
+
+impl Queue {
+    fn is_live(&self) -> bool {
+        !self.dead.load(Ordering::Acquire)
+    }
+
+    /// Stops dispatching to this queue (its broker is gone).
+    fn mark_dead(&self) {
+        let _gate = self.gate.lock();
+        self.dead.store(true, Ordering::Release);
+    }
+
+    /// Takes a batch a failover moved from a dead queue, unless this one is dead too.
+    fn try_take_moved(&self, batch: Sealed) -> Result<(), Sealed> {
+        let _gate = self.gate.lock();
+        if !self.is_live() {
+            return Err(batch);
+        }
+        self.moved.lock().push_back(batch);
+        self.dispatched.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Hands `sealed` to the channel unless the queue is dead or full.
+    fn try_hand(&self, sealed: Sealed) -> Result<(), Sealed> {
+        let _gate = self.gate.lock();
+        if !self.is_live() {
+            return Err(sealed);
+        }
+        match self.tx.try_send(sealed) {
+            Ok(()) => {
+                self.dispatched.fetch_add(1, Ordering::Release);
+                Ok(())
+            }
+            Err(TrySendError::Full(s)) | Err(TrySendError::Disconnected(s)) => Err(s),
+        }
+    }
 }
 
 /// Order 5: the publisher's session.
@@ -209,6 +266,12 @@ struct Inner {
     topic: String,
     session: Option<Session>,
     slow_queue: Option<(usize, Duration)>,
+    /// The topic's order level.
+    order: u8,
+    /// The head's control address, for failover questions.
+    control: Option<String>,
+    /// Failovers under way: `flush` is not done while batches are being moved.
+    failovers: AtomicU64,
 }
 
 /// Publishes to one topic through every broker of a cluster.
@@ -226,13 +289,28 @@ impl Publisher {
         if config.session_epoch == 0 && admin.describe_topic(topic).is_ok_and(|t| t.order == 5) {
             config.session_epoch = 1;
         }
-        let addrs: Vec<String> = cluster.brokers.into_iter().map(|b| b.addr).collect();
-        Self::connect_brokers(&addrs, topic, config)
+        let brokers: Vec<(Option<u32>, String)> = cluster
+            .brokers
+            .into_iter()
+            .map(|b| (Some(b.id), b.addr))
+            .collect();
+        Self::start(&brokers, Some(control.to_string()), topic, config)
     }
 
-    /// Connects to the given brokers directly.
+    /// Connects to the given brokers directly (no failover: that needs the head).
     pub fn connect_brokers(
         brokers: &[String],
+        topic: &str,
+        config: PublisherConfig,
+    ) -> Result<Self> {
+        let brokers: Vec<(Option<u32>, String)> =
+            brokers.iter().map(|a| (None, a.clone())).collect();
+        Self::start(&brokers, None, topic, config)
+    }
+
+    fn start(
+        brokers: &[(Option<u32>, String)],
+        control: Option<String>,
         topic: &str,
         config: PublisherConfig,
     ) -> Result<Self> {
@@ -254,7 +332,7 @@ impl Publisher {
         let mut queues = Vec::new();
         let mut receivers = Vec::new();
         let mut limits = (u32::MAX as usize, u32::MAX as usize);
-        for addr in brokers {
+        for (broker_id, addr) in brokers {
             for connection in 0..config.threads_per_broker {
                 let hello = Hello {
                     role: Role::Publish,
@@ -274,6 +352,12 @@ impl Publisher {
                 let (tx, rx) = crossbeam_channel::bounded(config.queue_depth);
                 queues.push(Queue {
                     tx,
+                    rx: rx.clone(),
+                    broker_id: *broker_id,
+                    dead: AtomicBool::new(false),
+                    sender_done: AtomicBool::new(false),
+                    moved: Mutex::new(VecDeque::new()),
+                    gate: Mutex::new(()),
                     conn: Arc::new(ConnShared {
                         unacked: Mutex::new(VecDeque::new()),
                         sent: AtomicU64::new(0),
@@ -336,6 +420,9 @@ impl Publisher {
                 fenced_hwm: AtomicU64::new(session_start),
             }),
             slow_queue,
+            order: order.unwrap_or(2),
+            control,
+            failovers: AtomicU64::new(0),
         });
         let mut threads = Vec::new();
         for (i, (rx, first_seq)) in receivers.into_iter().enumerate() {
@@ -434,12 +521,14 @@ impl Publisher {
         let deadline = Instant::now() + inner.config.flush_timeout;
         loop {
             inner.first_error()?;
-            let done = inner.queues.iter().all(|q| {
-                let sent = q.conn.sent.load(Ordering::Acquire);
-                sent == q.dispatched.load(Ordering::Acquire)
-                    && (inner.config.ack_level == 0
-                        || q.conn.acked_batches.load(Ordering::Acquire) >= sent)
-            });
+            // A dead broker's batches count where the failover moved them.
+            let done = inner.failovers.load(Ordering::Acquire) == 0
+                && inner.queues.iter().filter(|q| q.is_live()).all(|q| {
+                    let sent = q.conn.sent.load(Ordering::Acquire);
+                    sent == q.dispatched.load(Ordering::Acquire)
+                        && (inner.config.ack_level == 0
+                            || q.conn.acked_batches.load(Ordering::Acquire) >= sent)
+                });
             if done {
                 return Ok(());
             }
@@ -513,6 +602,15 @@ impl Drop for Publisher {
 }
 
 impl Inner {
+    /// Whether a lost connection to `q`'s broker is failed over rather than fatal.
+    fn can_fail_over(&self, q: &Queue) -> bool {
+        self.config.failover
+            && self.order >= 2
+            && self.control.is_some()
+            && q.broker_id.is_some()
+            && !self.closed.load(Ordering::Relaxed)
+    }
+
     fn first_error(&self) -> Result<()> {
         for q in &self.queues {
             if let Some(e) = q.conn.failed.lock().clone() {
@@ -596,7 +694,7 @@ impl Inner {
             stamp_batch_seq(&mut buf, seq);
             seq
         });
-        let mut sealed = Sealed {
+        let sealed = Sealed {
             seq,
             buf,
             num_msg: b.num_msg,
@@ -607,25 +705,33 @@ impl Inner {
         b.num_msg = 0;
         b.first_at = None;
         self.batches.fetch_add(1, Ordering::Relaxed);
-        let n = self.queues.len();
         let due = b.round_robin;
-        b.round_robin = (due + 1) % n;
+        b.round_robin = (due + 1) % self.queues.len();
+        self.dispatch(sealed, due)
+    }
+
+    /// Hands a sealed batch to queue `due` or, deflecting, the next live one with room;
+    /// blocks only when every live queue is full.
+    fn dispatch(&self, mut sealed: Sealed, due: usize) -> Result<()> {
+        let n = self.queues.len();
+        // The round-robin choice, or the next live queue after it.
+        let Some(due) = (0..n)
+            .map(|i| (due + i) % n)
+            .find(|&i| self.queues[i].is_live())
+        else {
+            self.first_error()?;
+            return Err(Error::NoLiveBroker);
+        };
         let tries = if self.config.deflect { n } else { 1 };
         for i in 0..tries {
-            let q = &self.queues[(due + i) % n];
-            match q.tx.try_send(sealed) {
+            match self.queues[(due + i) % n].try_hand(sealed) {
                 Ok(()) => {
-                    q.dispatched.fetch_add(1, Ordering::Release);
                     if i > 0 {
                         self.queues[due].deflected.fetch_add(1, Ordering::Relaxed);
                     }
                     return Ok(());
                 }
-                Err(TrySendError::Full(s)) => sealed = s,
-                Err(TrySendError::Disconnected(_)) => {
-                    self.first_error()?;
-                    return Err(Error::Closed);
-                }
+                Err(s) => sealed = s,
             }
         }
         self.queues[due]
@@ -633,45 +739,28 @@ impl Inner {
             .fetch_add(1, Ordering::Relaxed);
         loop {
             self.first_error()?;
-            if !self.config.deflect {
-                // Only the round-robin queue will do.
-                match self.queues[due]
-                    .tx
-                    .send_timeout(sealed, Duration::from_millis(100))
-                {
-                    Ok(()) => {
-                        self.queues[due].dispatched.fetch_add(1, Ordering::Release);
-                        return Ok(());
-                    }
-                    Err(crossbeam_channel::SendTimeoutError::Timeout(s)) => {
-                        sealed = s;
-                        if self.closed.load(Ordering::Relaxed) {
-                            return Err(Error::Closed);
-                        }
-                        continue;
-                    }
-                    Err(crossbeam_channel::SendTimeoutError::Disconnected(_)) => {
-                        return Err(Error::Closed)
-                    }
-                }
-            }
-            let mut select = Select::new();
-            for q in &self.queues {
-                select.send(&q.tx);
-            }
-            if let Ok(op) = select.select_timeout(Duration::from_millis(100)) {
-                let index = op.index();
-                let q = &self.queues[index];
-                return match op.send(&q.tx, sealed) {
-                    Ok(()) => {
-                        q.dispatched.fetch_add(1, Ordering::Release);
-                        Ok(())
-                    }
-                    Err(_) => Err(Error::Closed),
-                };
-            }
             if self.closed.load(Ordering::Relaxed) {
                 return Err(Error::Closed);
+            }
+            // Only the round-robin queue will do without deflection, while it lives.
+            let targets: Vec<usize> = if self.config.deflect || !self.queues[due].is_live() {
+                (0..n).filter(|&i| self.queues[i].is_live()).collect()
+            } else {
+                vec![due]
+            };
+            if targets.is_empty() {
+                return Err(Error::NoLiveBroker);
+            }
+            let mut select = Select::new();
+            for &i in &targets {
+                select.send(&self.queues[i].tx);
+            }
+            // Ready, then handed through the gate: the queue may have died meanwhile.
+            if let Ok(ready) = select.ready_timeout(Duration::from_millis(100)) {
+                match self.queues[targets[ready]].try_hand(sealed) {
+                    Ok(()) => return Ok(()),
+                    Err(s) => sealed = s,
+                }
             }
         }
     }
@@ -758,8 +847,16 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
     let mut next_seq = first_seq;
     let mut fences_handled = 0;
     let mut backoff = Duration::from_millis(5);
+    // A failed write: with failover, the reader (whose read fails too once the socket
+    // is shut) moves this queue's batches to the live brokers.
     let fail = |e: std::io::Error| {
-        if !inner.closed.load(Ordering::Relaxed) {
+        if inner.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        if inner.can_fail_over(q) {
+            q.mark_dead();
+            let _ = q.stream.lock().shutdown(std::net::Shutdown::Both);
+        } else {
             inner.fail(
                 conn,
                 Error::ConnectionLost {
@@ -769,6 +866,15 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
             );
         }
     };
+    // Whatever ends the sender, the failover waits for it before collecting `unacked`.
+    struct Done<'a>(&'a AtomicBool, &'a Inner);
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+            self.1.notify_progress();
+        }
+    }
+    let _done = Done(&q.sender_done, &inner);
     // A write error on an order-5 connection may be the broker closing a fenced epoch:
     // give the reader a moment to report the fence before calling it a failure.
     let fenced_meanwhile = |handled: u64| {
@@ -779,7 +885,7 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
         })
     };
     loop {
-        if conn.failed.lock().is_some() {
+        if conn.failed.lock().is_some() || q.dead.load(Ordering::Acquire) {
             return;
         }
         if let Some(session) = &inner.session {
@@ -812,6 +918,8 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
                 let header = batch_header(&inner, f.seq, &f.batch, epoch);
                 if let Err(e) = write_batch(&mut stream, &header, &f.batch.buf) {
                     if !fenced_meanwhile(fences_handled) {
+                        // Back with the unacknowledged ones, for the failover.
+                        conn.unacked.lock().extend(tail);
                         return fail(e);
                     }
                     written = false;
@@ -829,25 +937,33 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
             inner.requeue(conn, tail);
             continue;
         }
-        if inner.config.ack_level > 0
-            && conn.unacked.lock().len() >= inner.config.max_inflight_batches
-        {
-            if inner.closed.load(Ordering::Relaxed) {
-                return;
-            }
-            let mut g = inner.progress.0.lock();
-            inner.progress.1.wait_for(&mut g, Duration::from_millis(5));
-            continue;
-        }
-        let mut batch = match rx.recv_timeout(Duration::from_millis(5)) {
-            Ok(b) => b,
-            Err(RecvTimeoutError::Timeout) => {
-                if inner.closed.load(Ordering::Relaxed) {
-                    return;
+        // Batches moved here from a dead broker go first and past the in-flight limit:
+        // for order 5 the acknowledgements of what is in flight may wait for them.
+        let moved = q.moved.lock().pop_front();
+        let mut batch = match moved {
+            Some(b) => b,
+            None => {
+                if inner.config.ack_level > 0
+                    && conn.unacked.lock().len() >= inner.config.max_inflight_batches
+                {
+                    if inner.closed.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let mut g = inner.progress.0.lock();
+                    inner.progress.1.wait_for(&mut g, Duration::from_millis(5));
+                    continue;
                 }
-                continue;
+                match rx.recv_timeout(Duration::from_millis(5)) {
+                    Ok(b) => b,
+                    Err(RecvTimeoutError::Timeout) => {
+                        if inner.closed.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
             }
-            Err(RecvTimeoutError::Disconnected) => return,
         };
         if let Some((slow, pause)) = inner.slow_queue {
             if slow == index {
@@ -866,6 +982,9 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
         let header = batch_header(&inner, seq, &batch, q.epoch.load(Ordering::Acquire));
         if let Err(e) = write_batch(&mut stream, &header, &batch.buf) {
             if !fenced_meanwhile(fences_handled) {
+                // Kept with the unacknowledged batches, for the failover.
+                conn.unacked.lock().push_back(InFlight { seq, batch });
+                conn.sent.fetch_add(1, Ordering::Release);
                 return fail(e);
             }
             // Keep it with the unacknowledged batches: the reopen resends it.
@@ -993,6 +1112,101 @@ fn slow_queue_from_env() -> Option<(usize, Duration)> {
     (queue >= 0).then(|| (queue as usize, Duration::from_millis(ms)))
 }
 
+/// Moves the batches of queue `index`, whose broker is gone, to the live brokers:
+/// every unacknowledged batch that is not in the global order is dispatched again, and
+/// those that are (the head answers from the GOI once it has fenced the dead broker)
+/// count as acknowledged. Order 5 resends them all: the sequencer drops any session
+/// sequence it already has, so each is delivered exactly once.
+fn fail_over(inner: &Inner, index: usize, cause: Error) {
+    let q = &inner.queues[index];
+    let conn = &q.conn;
+    inner.failovers.fetch_add(1, Ordering::AcqRel);
+    q.mark_dead();
+    let _ = q.stream.lock().shutdown(std::net::Shutdown::Both);
+    tracing::warn!(broker = %q.broker, "lost the broker ({cause}); moving its batches to the live brokers");
+    let result = (|| -> Result<usize> {
+        if !inner.wait_until(Duration::from_secs(30), || {
+            q.sender_done.load(Ordering::Acquire)
+        }) {
+            return Err(Error::Timeout(Duration::from_secs(30)));
+        }
+        // Marked dead: nothing enters the channel any more, so this empties it for good.
+        let mut moved: Vec<Sealed> = q.moved.lock().drain(..).collect();
+        moved.extend(q.rx.try_iter());
+        let unacked: Vec<InFlight> = conn.unacked.lock().drain(..).collect();
+        let acked = conn.acked.load(Ordering::Acquire);
+        let unknown: Vec<u64> = unacked
+            .iter()
+            .filter(|f| f.seq >= acked)
+            .map(|f| f.batch.batch_id)
+            .collect();
+        let ordered = if inner.order == 2 && !unknown.is_empty() {
+            ordered_on_dead_broker(inner, q, &unknown)?
+        } else {
+            Vec::new()
+        };
+        for f in unacked {
+            if f.seq < acked || ordered.contains(&f.batch.batch_id) {
+                inner.settle(conn, f);
+            } else {
+                moved.push(f.batch);
+            }
+        }
+        let count = moved.len();
+        // Spread over the live queues, in order (order 5 resends by session sequence).
+        let n = inner.queues.len();
+        let mut next = index + 1;
+        for mut batch in moved {
+            if inner.order != 5 {
+                // Order 2: the new connection numbers it.
+                batch.seq = None;
+            }
+            let mut tried = 0;
+            loop {
+                if tried == n {
+                    return Err(Error::NoLiveBroker);
+                }
+                let target = &inner.queues[next % n];
+                next += 1;
+                tried += 1;
+                match target.try_take_moved(batch) {
+                    Ok(()) => break,
+                    Err(b) => batch = b,
+                }
+            }
+        }
+        Ok(count)
+    })();
+    match result {
+        Ok(count) => tracing::info!(broker = %q.broker, batches = count, "failover done"),
+        Err(e) => inner.fail(conn, e),
+    }
+    inner.failovers.fetch_sub(1, Ordering::AcqRel);
+    inner.notify_progress();
+}
+
+/// Asks the head which of `batch_ids` (this connection's unacknowledged batches) made
+/// it into the order; waits (at most 30 s) until the head has declared the broker dead.
+fn ordered_on_dead_broker(inner: &Inner, q: &Queue, batch_ids: &[u64]) -> Result<Vec<u64>> {
+    let admin = Admin::new(inner.control.as_deref().expect("checked by can_fail_over"));
+    let broker = q.broker_id.expect("checked by can_fail_over");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match admin.failover(
+            &inner.topic,
+            broker,
+            inner.client_id,
+            batch_ids,
+            inner.config.ack_level,
+        ) {
+            Err(Error::Admin { status: 409, .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Reads acks and errors of one connection.
 fn reader(inner: Arc<Inner>, index: usize) {
     let q = &inner.queues[index];
@@ -1075,6 +1289,16 @@ fn reader(inner: Arc<Inner>, index: usize) {
                 if inner.closed.load(Ordering::Relaxed) {
                     inner.notify_progress();
                     return;
+                }
+                let replaced = || {
+                    // Order 5: a fence reopen replaces the socket; give it a moment.
+                    inner.session.is_some()
+                        && inner.wait_until(Duration::from_millis(200), || {
+                            q.stream_gen.load(Ordering::Acquire) != generation
+                        })
+                };
+                if inner.can_fail_over(q) && !replaced() {
+                    return fail_over(&inner, index, e);
                 }
                 // The socket may have been replaced (or closed by the broker for a
                 // fence another connection reported): follow it if so.

@@ -88,11 +88,18 @@ pub struct LogControl<'a> {
     pub reclaimed_pbr: &'a AtomicU64,
     /// Log bytes below this logical offset have been reclaimed.
     pub reclaimed_blog: &'a AtomicU64,
+    /// 0, or 1 + the PBR index from which the broker's slots are never ordered: set by
+    /// the control plane once it has declared the broker dead (the line's owner is then
+    /// the control plane), so a broker that only seemed dead cannot add to the order.
+    pub fence_pbr: &'a AtomicU64,
     // --- written by the sequencer ---
     /// PBR slots below this index are in the committed GOI prefix (orders 2, 5).
     pub ordered_pbr: &'a AtomicU64,
     /// The sequencer needs slots below this index reclaimed to reuse GOI slots.
     pub reclaim_request: &'a AtomicU64,
+    /// Equals `fence_pbr` once the sequencer has ordered every slot it will ever order
+    /// from this log: the GOI then says exactly which of the broker's batches made it.
+    pub fence_ack: &'a AtomicU64,
     // --- written by the replication chain ---
     /// PBR slots below this index are on every replica's disk.
     pub durable_pbr: &'a AtomicU64,
@@ -430,8 +437,10 @@ impl Region {
             frontier_msgs: self.word(base + 8),
             reclaimed_pbr: self.word(base + 16),
             reclaimed_blog: self.word(base + 24),
+            fence_pbr: self.word(base + 32),
             ordered_pbr: self.word(base + 128),
             reclaim_request: self.word(base + 136),
+            fence_ack: self.word(base + 144),
             durable_pbr: self.word(base + 256),
         }
     }

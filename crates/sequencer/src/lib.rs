@@ -220,6 +220,10 @@ impl Core {
                 .fetch_add(scan_started.elapsed().as_nanos() as u64, Ordering::Relaxed);
             let now = Instant::now();
             if pending == 0 {
+                // Fences are set on idle topics too (a dead broker stops traffic).
+                for t in &self.topics {
+                    self.acknowledge_fences(t);
+                }
                 backoff.idle(Some((&bell, seen)));
                 continue;
             }
@@ -299,7 +303,13 @@ impl Core {
         for t in &mut self.topics {
             for s in &mut t.scanners {
                 let mut taken = 0;
-                while taken < MAX_SCAN_PER_PASS {
+                // A fenced broker's slots at or above the fence are never ordered.
+                let fence = region
+                    .log(t.topic, s.broker)
+                    .fence_pbr
+                    .load(Ordering::Acquire);
+                let limit = fence.checked_sub(1).unwrap_or(u64::MAX);
+                while taken < MAX_SCAN_PER_PASS && s.cursor < limit {
                     let Some(h) = region.pbr_read(t.topic, s.broker, s.cursor) else {
                         break;
                     };
@@ -382,6 +392,7 @@ impl Core {
             // Acks of order-5 sessions follow the table: wake every broker.
             region.broker_bell(s.broker).ring();
         }
+        self.acknowledge_fences(t);
     }
 
     /// Orders one topic's buffered batches, scanner by scanner in broker order.
@@ -415,6 +426,7 @@ impl Core {
         if stalled {
             self.metrics.goi_full_stalls.fetch_add(1, Ordering::Relaxed);
         }
+        self.acknowledge_fences(t);
         if t.tail == start && ordered_upto.iter().all(Option::is_none) {
             return;
         }
@@ -428,6 +440,24 @@ impl Core {
                     .ordered_pbr
                     .store(*upto, Ordering::Release);
                 region.broker_bell(broker as u32).ring();
+            }
+        }
+    }
+
+    /// Confirms each fence once this topic's GOI holds every slot of the fenced log
+    /// that will ever be ordered: the scanner reached the fence and its buffer is
+    /// sealed. (Order 5: entries still held for a session gap are not waited for; an
+    /// order-5 publisher resends by session sequence, which needs no confirmation.)
+    fn acknowledge_fences(&self, t: &TopicState) {
+        for s in &t.scanners {
+            let log = self.region.log(t.topic, s.broker);
+            let fence = log.fence_pbr.load(Ordering::Acquire);
+            if fence != 0
+                && s.cursor + 1 >= fence
+                && s.buffer.is_empty()
+                && log.fence_ack.load(Ordering::Acquire) != fence
+            {
+                log.fence_ack.store(fence, Ordering::Release);
             }
         }
     }
@@ -596,6 +626,47 @@ mod tests {
             })
             .collect();
         assert_eq!(brokers, vec![(1, 0), (1, 1)], "per-broker FIFO kept");
+    }
+
+    #[test]
+    fn a_fenced_log_is_ordered_up_to_its_fence_and_never_beyond() {
+        let (_d, r) = region(64);
+        // Broker 1 died with slots 0 and 1 committed, slot 2 a hole.
+        commit(&r, 1, 0, 1, true);
+        commit(&r, 1, 1, 1, true);
+        let log = r.log(1, 1);
+        log.fence_pbr.store(2 + 1, Ordering::Release);
+        let mut c = core(&r);
+        c.scan();
+        c.seal_all();
+        assert_eq!(log.ordered_pbr.load(Ordering::Acquire), 2);
+        assert_eq!(
+            log.fence_ack.load(Ordering::Acquire),
+            3,
+            "everything below the fence is in the GOI"
+        );
+        // A zombie fills the hole and commits more: none of it is ordered.
+        commit(&r, 1, 2, 1, true);
+        commit(&r, 1, 3, 1, true);
+        commit(&r, 0, 0, 1, true);
+        c.scan();
+        c.seal_all();
+        assert_eq!(log.ordered_pbr.load(Ordering::Acquire), 2);
+        assert_eq!(r.topic_seq(1).committed_seq.load(Ordering::Acquire), 3);
+        assert_eq!(r.goi_read(1, 2).unwrap().broker_id, 0);
+    }
+
+    #[test]
+    fn a_fence_on_an_idle_log_is_acknowledged() {
+        let (_d, r) = region(64);
+        let mut c = core(&r);
+        let log = r.log(1, 2);
+        log.fence_pbr.store(1, Ordering::Release);
+        assert_eq!(c.scan(), 0);
+        for t in &c.topics {
+            c.acknowledge_fences(t);
+        }
+        assert_eq!(log.fence_ack.load(Ordering::Acquire), 1);
     }
 
     #[test]

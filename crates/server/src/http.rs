@@ -5,6 +5,7 @@
 //! | GET | `/v1/cluster` | live brokers (clients discover brokers here), every member and its state, the region, the sequencer lease |
 //! | POST | `/v1/cluster/join` | a follower claims a broker id: `{"id","addr","incarnation"}` |
 //! | POST | `/v1/cluster/heartbeat` | a follower is alive: `{"id","incarnation"}` |
+//! | POST | `/v1/failover` | which of a publisher's batches through a dead broker were ordered: `{"topic","broker","client_id","batch_ids","ack_level"}` |
 //! | GET | `/v1/status` | cluster, topics with counters, broker and sequencer metrics |
 //! | GET | `/v1/topics` | every topic |
 //! | POST | `/v1/topics` | create: `{"name","order","replication_factor","default_ack"}` |
@@ -47,6 +48,7 @@ fn route(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'static str,
         (Get, "/v1/cluster") => json_ok(cluster(inner)),
         (Post, "/v1/cluster/join") => membership_call(inner, request, true),
         (Post, "/v1/cluster/heartbeat") => membership_call(inner, request, false),
+        (Post, "/v1/failover") => failover_call(inner, request),
         (Get, "/v1/status") => json_ok(status(inner)),
         (Get, "/v1/topics") => json_ok(json!({ "topics": inner.control.list() })),
         (Post, "/v1/topics") => {
@@ -162,6 +164,87 @@ fn cluster(inner: &Inner) -> serde_json::Value {
             "lease_remaining_ms": lease.remaining_ms,
         },
     })
+}
+
+/// `POST /v1/failover`: fences the dead broker and answers which of the client's
+/// batches through it (by batch id) are in the global order (and durable, for ack
+/// level 2). 409 while the broker is not declared dead yet.
+fn failover_call(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'static str, String) {
+    #[derive(serde::Deserialize)]
+    struct Call {
+        topic: String,
+        broker: u32,
+        client_id: u64,
+        batch_ids: Vec<u64>,
+        #[serde(default = "one")]
+        ack_level: u8,
+    }
+    fn one() -> u8 {
+        1
+    }
+    let call: Call = match read_json(
+        request,
+        r#"{"topic": "t", "broker": 2, "client_id": 7, "batch_ids": [40, 41], "ack_level": 1}"#,
+    ) {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let members = inner.membership.view();
+    let Some(member) = members.get(call.broker as usize) else {
+        return error(400, format!("broker {} does not exist", call.broker));
+    };
+    if member.state != MemberState::Dead {
+        return error(
+            409,
+            format!(
+                "broker {} is {:?}, not dead; the head declares a broker dead {} ms after its last heartbeat",
+                call.broker,
+                member.state,
+                inner.config.cluster.heartbeat_interval_ms * inner.config.cluster.heartbeat_misses as u64
+            ),
+        );
+    }
+    let topic = match inner.control.describe(&call.topic) {
+        Ok(t) => t,
+        Err(e) => return topic_error(e),
+    };
+    if topic.order < 2 {
+        return error(
+            400,
+            format!(
+                "topic {:?} has order {}: only orders 2 and 5 have a global order to ask about",
+                topic.name, topic.order
+            ),
+        );
+    }
+    let fenced = crate::failover::fence_broker(&inner.region, call.broker);
+    if fenced > 0 {
+        tracing::warn!(
+            broker = call.broker,
+            logs = fenced,
+            "dead broker fenced: its uncommitted slots will never be ordered"
+        );
+    }
+    let query = crate::failover::FailoverQuery {
+        topic: topic.id,
+        replication_factor: topic.replication_factor,
+        broker: call.broker,
+        client_id: call.client_id,
+        batch_ids: call.batch_ids,
+        durable: call.ack_level >= 2,
+    };
+    match crate::failover::ordered_batches(
+        &inner.region,
+        &query,
+        std::time::Duration::from_secs(10),
+    ) {
+        Ok(ids) => (
+            200,
+            "application/json",
+            json!({ "ordered": ids }).to_string(),
+        ),
+        Err(e) => error(503, e.to_string()),
+    }
 }
 
 /// `POST /v1/cluster/join` and `/v1/cluster/heartbeat`: `{"id","addr","incarnation"}`.

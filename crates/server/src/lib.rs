@@ -12,6 +12,7 @@
 pub mod cluster;
 pub mod config;
 pub mod control;
+pub mod failover;
 pub mod follower;
 mod http;
 pub mod sequencer_process;
@@ -57,6 +58,9 @@ pub enum ServerError {
     Start(String),
 }
 
+/// Threads serving the admin API.
+const HTTP_WORKERS: usize = 4;
+
 /// What the admin API needs to know about one broker.
 pub(crate) struct BrokerInfo {
     pub id: u32,
@@ -86,7 +90,9 @@ pub struct Server {
     sequencer: Option<(Sequencer, Lease)>,
     replicas: Replicas,
     http: Arc<tiny_http::Server>,
-    http_thread: Option<std::thread::JoinHandle<()>>,
+    /// Admin API workers: a slow call (a failover query waits for the sequencer)
+    /// must not hold up heartbeats.
+    http_threads: Vec<std::thread::JoinHandle<()>>,
     control_addr: SocketAddr,
     _lock: File,
 }
@@ -206,11 +212,16 @@ impl Server {
             control,
             started: Instant::now(),
         });
-        let (h, i) = (http.clone(), inner.clone());
-        let http_thread = std::thread::Builder::new()
-            .name("control-http".into())
-            .spawn(move || http::serve(h, i))
-            .map_err(|e| ServerError::Start(format!("cannot start the admin API: {e}")))?;
+        let mut http_threads = Vec::new();
+        for i in 0..HTTP_WORKERS {
+            let (h, i_) = (http.clone(), inner.clone());
+            http_threads.push(
+                std::thread::Builder::new()
+                    .name(format!("control-http-{i}"))
+                    .spawn(move || http::serve(h, i_))
+                    .map_err(|e| ServerError::Start(format!("cannot start the admin API: {e}")))?,
+            );
+        }
         tracing::info!(
             control = %control_addr,
             brokers = ?inner.brokers.iter().map(|b| b.addr.to_string()).collect::<Vec<_>>(),
@@ -223,7 +234,7 @@ impl Server {
             sequencer,
             replicas,
             http,
-            http_thread: Some(http_thread),
+            http_threads,
             control_addr,
             _lock: lock,
         })
@@ -267,8 +278,10 @@ impl Server {
 
     /// Stops the admin API, the brokers and the sequencer.
     pub fn stop(&mut self) {
-        self.http.unblock();
-        if let Some(t) = self.http_thread.take() {
+        for _ in &self.http_threads {
+            self.http.unblock();
+        }
+        for t in self.http_threads.drain(..) {
             let _ = t.join();
         }
         for b in &mut self.brokers {

@@ -69,7 +69,6 @@ impl Proc {
                 Ok(line) if line.contains(marker) => return line,
                 Ok(_) => {}
                 Err(_) => {
-                    let _ = self.child.kill();
                     panic!("`embarcadero {}` never printed {marker:?}", self.args);
                 }
             }
@@ -163,5 +162,15 @@ impl Serve {
 
     pub fn kill(self) {
         self.proc.kill();
+    }
+}
+
+/// A test that fails part-way must not leave its processes running.
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
