@@ -877,11 +877,12 @@ fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64)
     let _done = Done(&q.sender_done, &inner);
     // A write error on an order-5 connection may be the broker closing a fenced epoch:
     // give the reader a moment to report the fence before calling it a failure.
+    // A reader that already started a failover (the broker is gone) ends the wait.
     let fenced_meanwhile = |handled: u64| {
         inner.session.as_ref().is_some_and(|session| {
             inner.wait_until(Duration::from_secs(2), || {
-                session.fences.load(Ordering::Acquire) != handled
-            })
+                session.fences.load(Ordering::Acquire) != handled || !q.is_live()
+            }) && q.is_live()
         })
     };
     loop {

@@ -145,7 +145,7 @@ impl Default for ClusterSettings {
         Self {
             local_brokers: String::new(),
             sequencer: "embedded".into(),
-            heartbeat_interval_ms: 500,
+            heartbeat_interval_ms: 200,
             heartbeat_misses: 3,
             sequencer_lease_ms: 2000,
         }
