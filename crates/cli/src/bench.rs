@@ -5,19 +5,27 @@ use crate::publish::report;
 use crate::CliResult;
 use embarcadero_bench::ceilings::{measure_all, CeilingPlan};
 use embarcadero_client::{
-    Admin, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
+    Admin, LatencySummary, Publisher, PublisherConfig, PublisherStats, Subscriber,
+    SubscriberConfig, TopicSpec,
 };
 use embarcadero_server::{Server, ServerConfig};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// `publish`: publish-only; `e2e`: publish while one subscriber reads in order.
-    #[arg(long, default_value = "publish", value_parser = ["publish", "e2e"])]
+    /// `publish`: publish-only; `e2e`: publish while one subscriber reads in order;
+    /// `subscribe`: fill the topic, then time one subscriber reading it all from the
+    /// start.
+    #[arg(long, default_value = "publish", value_parser = ["publish", "e2e", "subscribe"])]
     pub mode: String,
+    /// Publishers running in parallel (each its own client, connections and
+    /// batches); the total and the rate are split between them.
+    #[arg(long, default_value_t = 1)]
+    pub publishers: usize,
     /// Order level of the benchmark topic.
     #[arg(long, default_value_t = 2)]
     pub order: u8,
@@ -109,19 +117,6 @@ pub fn run(args: BenchArgs) -> CliResult {
     Admin::new(&control)
         .create_topic(&TopicSpec::new(&topic, args.order).replicated(args.rf))
         .map_err(|e| e.to_string())?;
-    let publisher = Publisher::connect(
-        &control,
-        &topic,
-        PublisherConfig {
-            ack_level: args.ack,
-            batch_bytes: args.batch_bytes,
-            linger: Duration::from_micros(args.linger_us),
-            threads_per_broker: args.threads_per_broker,
-            deflect: !args.no_deflect,
-            ..PublisherConfig::default()
-        },
-    )
-    .map_err(|e| e.to_string())?;
     let subscriber = if args.mode == "e2e" {
         let mut sub = Subscriber::connect(&control, &topic, SubscriberConfig::default())
             .map_err(|e| e.to_string())?;
@@ -156,34 +151,67 @@ pub fn run(args: BenchArgs) -> CliResult {
     } else {
         ProgressBar::hidden()
     };
-    let payload: Vec<u8> = (0..args.size).map(|i| (i % 251) as u8).collect();
+    let publisher_config = PublisherConfig {
+        ack_level: args.ack,
+        batch_bytes: args.batch_bytes,
+        linger: Duration::from_micros(args.linger_us),
+        threads_per_broker: args.threads_per_broker,
+        deflect: !args.no_deflect,
+        ..PublisherConfig::default()
+    };
+    let publishers = args.publishers.max(1);
+    let progress = AtomicU64::new(0);
     let cpu_before = process_cpu_seconds();
     let start = Instant::now();
-    // Fixed schedule: message i is due at start + i * interval.
-    let interval = args
-        .rate
-        .map(|mb_s| Duration::from_secs_f64(args.size as f64 / (mb_s * 1e6)));
-    let mut behind_max = Duration::ZERO;
-    for i in 0..count {
-        if let Some(interval) = interval {
-            let due = start + interval.mul_f64(i as f64);
-            let now = Instant::now();
-            if due > now {
-                // Sleep, do not spin: a spinning publisher would take one of the two
-                // cores from the system being measured. Messages that fall due while
-                // it sleeps go out together when it wakes.
-                std::thread::sleep(due - now);
-            } else {
-                behind_max = behind_max.max(now - due);
-            }
+    let results: Vec<Result<PublisherRun, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..publishers)
+            .map(|p| {
+                // Publisher p takes every publishers-th message of the schedule.
+                let share =
+                    count / publishers as u64 + u64::from((p as u64) < count % publishers as u64);
+                let (control, topic, config) = (&control, &topic, publisher_config.clone());
+                let (progress, args) = (&progress, &args);
+                let plan = Share {
+                    index: p,
+                    of: publishers,
+                    messages: share,
+                    start,
+                };
+                scope.spawn(move || run_publisher(control, topic, config, args, plan, progress))
+            })
+            .collect();
+        while handles.iter().any(|h| !h.is_finished()) {
+            bar.set_position(progress.load(Ordering::Relaxed));
+            std::thread::sleep(Duration::from_millis(100));
         }
-        publisher.publish(&payload).map_err(|e| e.to_string())?;
-        if i % 8192 == 0 {
-            bar.set_position(i);
-        }
-    }
-    let stats = publisher.close().map_err(|e| e.to_string())?;
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a publisher thread panicked".into()))
+            })
+            .collect()
+    });
+    let runs = results.into_iter().collect::<Result<Vec<_>, _>>()?;
     let publish_elapsed = start.elapsed();
+    let stats = merge_stats(&runs);
+    let behind_max = runs.iter().map(|r| r.behind_max).max().unwrap_or_default();
+    // Subscribe-only: the topic is full now; one subscriber reads it all from the start.
+    let subscribe_only = if args.mode == "subscribe" {
+        let mut sub = Subscriber::connect(&control, &topic, SubscriberConfig::default())
+            .map_err(|e| e.to_string())?;
+        let sub_start = Instant::now();
+        let mut received = 0u64;
+        while received < count {
+            sub.poll_with(Duration::from_secs(30), |_| received += 1)
+                .map_err(|e| {
+                    format!("{e} (a memory-only topic keeps about the region's log memory: lower --total-bytes, or read from disk with --rf 2)")
+                })?;
+        }
+        Some((received, sub_start.elapsed()))
+    } else {
+        None
+    };
     let e2e = match subscriber {
         Some(handle) => {
             let (received, done, hist) = handle
@@ -195,7 +223,11 @@ pub fn run(args: BenchArgs) -> CliResult {
     };
     bar.finish_and_clear();
     let cpu = process_cpu_seconds() - cpu_before;
-    let elapsed = e2e.as_ref().map_or(publish_elapsed, |e| e.1);
+    let elapsed = match (&e2e, &subscribe_only) {
+        (Some(e), _) => e.1,
+        (_, Some((_, t))) => *t,
+        _ => publish_elapsed,
+    };
     let bytes = stats.bytes as f64;
     let ceilings = if args.ceilings {
         // TCP in the publisher's batch size; fdatasync on the replicas' disk, in 1 MiB
@@ -220,6 +252,7 @@ pub fn run(args: BenchArgs) -> CliResult {
         .collect();
     let figures = serde_json::json!({
         "mode": args.mode,
+        "publishers": publishers,
         "order": args.order,
         "ack": args.ack,
         "rf": args.rf,
@@ -237,12 +270,15 @@ pub fn run(args: BenchArgs) -> CliResult {
         "region_file": region_file.as_ref().map(|p| p.display().to_string()),
         "seconds": elapsed.as_secs_f64(),
         "publish_seconds": publish_elapsed.as_secs_f64(),
+        "publish_mb_per_s": bytes / publish_elapsed.as_secs_f64() / 1e6,
+        "per_publisher_append_to_ack_us": runs.iter().map(|r| &r.stats.append_to_ack_us).collect::<Vec<_>>(),
         "mb_per_s": mb_s,
         "messages_per_s": stats.messages as f64 / elapsed.as_secs_f64(),
         "ack_latency_us": stats.ack_latency_us,
         "append_to_ack_us": stats.append_to_ack_us,
         "rate_mb_per_s": args.rate,
-        "schedule_max_lateness_us": interval.map(|_| behind_max.as_micros() as u64),
+        "schedule_max_lateness_us": args.rate.map(|_| behind_max.as_micros() as u64),
+        "subscribe_only_seconds": subscribe_only.as_ref().map(|(_, t)| t.as_secs_f64()),
         "e2e_latency_us": e2e.as_ref().map(|(_, _, h)| serde_json::json!({
             "p50": h.value_at_quantile(0.5),
             "p99": h.value_at_quantile(0.99),
@@ -265,8 +301,15 @@ pub fn run(args: BenchArgs) -> CliResult {
         return Ok(());
     }
     println!(
-        "mode {}  order {}  ack {}  rf {}  {} B messages  {} brokers x {} connections",
-        args.mode, args.order, args.ack, args.rf, args.size, args.brokers, args.threads_per_broker
+        "mode {}  order {}  ack {}  rf {}  {} B messages  {} brokers x {} connections  {} publisher(s)",
+        args.mode,
+        args.order,
+        args.ack,
+        args.rf,
+        args.size,
+        args.brokers,
+        args.threads_per_broker,
+        publishers
     );
     report(&stats, publish_elapsed, false, args.ack);
     if let Some((received, t, h)) = &e2e {
@@ -276,6 +319,13 @@ pub fn run(args: BenchArgs) -> CliResult {
             mb_s,
             h.value_at_quantile(0.5),
             h.value_at_quantile(0.99)
+        );
+    }
+    if let Some((received, t)) = &subscribe_only {
+        println!(
+            "subscriber read {received} messages from position 0 in {:.3} s: {:.1} MB/s",
+            t.as_secs_f64(),
+            mb_s
         );
     }
     if embedded {
@@ -300,6 +350,93 @@ pub fn run(args: BenchArgs) -> CliResult {
         );
     }
     Ok(())
+}
+
+/// What one publisher of the benchmark did.
+struct PublisherRun {
+    stats: PublisherStats,
+    sealed: Histogram<u64>,
+    appended: Histogram<u64>,
+    /// Worst lateness against the fixed schedule (`--rate`).
+    behind_max: Duration,
+}
+
+/// One publisher's part of the run.
+#[derive(Clone, Copy)]
+struct Share {
+    index: usize,
+    of: usize,
+    messages: u64,
+    start: Instant,
+}
+
+/// Publishes this publisher's share on its part of the schedule: with `--rate`,
+/// message i of publisher p is due at start + (i * publishers + p) * interval (fixed in
+/// advance: a late message is not excused by the lateness of the ones before it).
+fn run_publisher(
+    control: &str,
+    topic: &str,
+    config: PublisherConfig,
+    args: &BenchArgs,
+    share: Share,
+    progress: &AtomicU64,
+) -> Result<PublisherRun, String> {
+    let publisher = Publisher::connect(control, topic, config).map_err(|e| e.to_string())?;
+    let payload: Vec<u8> = (0..args.size).map(|i| (i % 251) as u8).collect();
+    let interval = args
+        .rate
+        .map(|mb_s| Duration::from_secs_f64(args.size as f64 / (mb_s * 1e6)));
+    let mut behind_max = Duration::ZERO;
+    for i in 0..share.messages {
+        if let Some(interval) = interval {
+            let slot = i * share.of as u64 + share.index as u64;
+            let due = share.start + interval.mul_f64(slot as f64);
+            let now = Instant::now();
+            if due > now {
+                // Sleep, do not spin: a spinning publisher would take one of the two
+                // cores from the system being measured. Messages that fall due while
+                // it sleeps go out together when it wakes.
+                std::thread::sleep(due - now);
+            } else {
+                behind_max = behind_max.max(now - due);
+            }
+        }
+        publisher.publish(&payload).map_err(|e| e.to_string())?;
+        if i % 1024 == 1023 {
+            progress.fetch_add(1024, Ordering::Relaxed);
+        }
+    }
+    publisher.flush().map_err(|e| e.to_string())?;
+    let (sealed, appended) = publisher.latency_histograms();
+    let stats = publisher.close().map_err(|e| e.to_string())?;
+    Ok(PublisherRun {
+        stats,
+        sealed,
+        appended,
+        behind_max,
+    })
+}
+
+/// One set of figures for all publishers: sums, and percentiles of the merged
+/// histograms.
+fn merge_stats(runs: &[PublisherRun]) -> PublisherStats {
+    let mut sealed = Histogram::<u64>::new(3).expect("histogram");
+    let mut appended = Histogram::<u64>::new(3).expect("histogram");
+    for r in runs {
+        let _ = sealed.add(&r.sealed);
+        let _ = appended.add(&r.appended);
+    }
+    let sum = |f: fn(&PublisherStats) -> u64| runs.iter().map(|r| f(&r.stats)).sum();
+    PublisherStats {
+        client_id: runs.first().map_or(0, |r| r.stats.client_id),
+        messages: sum(|s| s.messages),
+        bytes: sum(|s| s.bytes),
+        batches: sum(|s| s.batches),
+        acked_batches: sum(|s| s.acked_batches),
+        ack_latency_us: LatencySummary::of(&sealed),
+        append_to_ack_us: LatencySummary::of(&appended),
+        queues: runs.iter().flat_map(|r| r.stats.queues.clone()).collect(),
+    }
 }
 
 /// Sums `embarcadero_stage_nanoseconds_total` per stage from the server's /metrics.

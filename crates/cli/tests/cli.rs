@@ -227,6 +227,8 @@ fn every_subcommand_has_help() {
         vec!["sub", "--help"],
         vec!["status", "--help"],
         vec!["bench", "--help"],
+        vec!["broker", "--help"],
+        vec!["sequencer", "--help"],
     ] {
         let out = Command::new(BIN).args(&args).output().unwrap();
         assert!(out.status.success(), "{args:?}");
@@ -235,4 +237,38 @@ fn every_subcommand_has_help() {
             "{args:?}"
         );
     }
+}
+
+/// `bench` runs end to end on its own embedded server: several publishers, then a
+/// subscriber reading the filled topic from the start; every message is accounted for.
+#[test]
+fn bench_fills_a_topic_with_parallel_publishers_and_reads_it_back() {
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "--mode",
+            "subscribe",
+            "--publishers",
+            "3",
+            "--total-bytes",
+            "4194304",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let figures: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+    assert_eq!(figures["publishers"], 3);
+    assert_eq!(figures["messages"], 4096);
+    assert_eq!(figures["payload_bytes"], 4194304);
+    assert_eq!(figures["queues"].as_array().unwrap().len(), 3 * 4);
+    assert!(figures["subscribe_only_seconds"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        figures["append_to_ack_us"]["count"],
+        figures["per_publisher_append_to_ack_us"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["count"].as_u64().unwrap())
+            .sum::<u64>()
+    );
 }

@@ -12,7 +12,7 @@ mod publisher;
 mod subscriber;
 
 pub use admin::{Admin, BrokerAddr, ClusterInfo, TopicInfo, TopicSpec};
-pub use publisher::{Publisher, PublisherConfig, PublisherStats, QueueStats};
+pub use publisher::{LatencySummary, Publisher, PublisherConfig, PublisherStats, QueueStats};
 pub use subscriber::{Cursor, Message, MessageRef, Subscriber, SubscriberConfig};
 
 use embarcadero_wire::ErrorCode;

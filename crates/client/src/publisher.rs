@@ -113,7 +113,7 @@ pub struct LatencySummary {
 }
 
 impl LatencySummary {
-    fn of(h: &Histogram<u64>) -> Self {
+    pub fn of(h: &Histogram<u64>) -> Self {
         Self {
             count: h.len(),
             p50: h.value_at_quantile(0.5),
@@ -542,12 +542,7 @@ impl Publisher {
 
     pub fn stats(&self) -> PublisherStats {
         let inner = &self.inner;
-        let mut all = Histogram::<u64>::new(3).expect("valid histogram");
-        let mut appended = Histogram::<u64>::new(3).expect("valid histogram");
-        for q in &inner.queues {
-            let _ = all.add(&*q.conn.latency.lock());
-            let _ = appended.add(&*q.conn.append_latency.lock());
-        }
+        let (all, appended) = self.latency_histograms();
         PublisherStats {
             client_id: inner.client_id,
             messages: inner.messages.load(Ordering::Relaxed),
@@ -573,6 +568,18 @@ impl Publisher {
                 })
                 .collect(),
         }
+    }
+
+    /// The raw latency histograms behind [`PublisherStats`] (seal to ack, and append
+    /// to ack, in microseconds), so several publishers' figures can be merged exactly.
+    pub fn latency_histograms(&self) -> (Histogram<u64>, Histogram<u64>) {
+        let mut sealed = Histogram::<u64>::new(3).expect("valid histogram");
+        let mut appended = Histogram::<u64>::new(3).expect("valid histogram");
+        for q in &self.inner.queues {
+            let _ = sealed.add(&*q.conn.latency.lock());
+            let _ = appended.add(&*q.conn.append_latency.lock());
+        }
+        (sealed, appended)
     }
 
     /// Flushes, then closes every connection.
