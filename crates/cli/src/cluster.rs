@@ -113,6 +113,12 @@ pub struct SequencerArgs {
     /// Wait for the active sequencer's lease to expire, then take over.
     #[arg(long)]
     standby: bool,
+    /// etcd endpoint (http://host:2379) for leader election across hosts.
+    #[arg(long, env = "EMBARCADERO_ETCD")]
+    etcd: Option<String>,
+    /// Name of this cluster in etcd (the election key is /embarcadero/NAME/sequencer).
+    #[arg(long, default_value = "default")]
+    cluster_name: String,
 }
 
 pub fn sequencer(args: SequencerArgs) -> CliResult {
@@ -131,6 +137,8 @@ pub fn sequencer(args: SequencerArgs) -> CliResult {
         head: args.head_addr,
         region_path: args.region,
         standby: args.standby,
+        etcd: args.etcd,
+        cluster_name: args.cluster_name,
     };
     let Some(mut sequencer) =
         SequencerProcess::start(&config, &give_up).map_err(|e| e.to_string())?

@@ -9,6 +9,7 @@ use embarcadero_client::{
     Admin, Cursor, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
 };
 use std::collections::HashSet;
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -431,4 +432,128 @@ fn order5_sessions_fail_over_from_a_killed_broker_in_session_order() {
         ids.windows(2).all(|w| w[0] < w[1]),
         "one session: delivered in publish order"
     );
+}
+
+/// A real etcd on loopback ports of its own, or `None` (with a notice) when the
+/// machine has no `etcd` (Debian: `apt-get install etcd-server`; `.ci/run` installs it).
+fn etcd() -> Option<(Proc, String, tempfile::TempDir)> {
+    if Command::new("etcd").arg("--version").output().is_err() {
+        eprintln!("NOTICE: etcd is not installed; skipping the etcd election test (apt-get install etcd-server)");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (client, peer) = (free_port(), free_port());
+    let client_url = format!("http://127.0.0.1:{client}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let data = dir.path().display().to_string();
+    let cluster = format!("default={peer_url}");
+    let (proc, _) = Proc::ready_program(
+        "etcd",
+        &[
+            "--data-dir",
+            &data,
+            "--listen-client-urls",
+            &client_url,
+            "--advertise-client-urls",
+            &client_url,
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+            "--initial-cluster",
+            &cluster,
+        ],
+        "ready to serve client requests",
+    );
+    Some((proc, client_url, dir))
+}
+
+#[test]
+fn sequencers_elected_in_etcd_take_over_and_refuse_a_second_leader() {
+    let Some((etcd, url, _etcd_dir)) = etcd() else {
+        return;
+    };
+    let head = start_head(2);
+    let control = head.control.clone();
+    let f1 = follower(&control, 1);
+    let (active, _) = Proc::ready(
+        &["sequencer", "--head-addr", &control, "--etcd", &url],
+        &[],
+        "sequencer is active",
+    );
+    // A second sequencer that is not a standby is refused, naming the leader.
+    let out = run_bin(&["sequencer", "--head-addr", &control, "--etcd", &url]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("leads this cluster in etcd"), "{err}");
+    let (mut standby, _) = Proc::ready(
+        &[
+            "sequencer",
+            "--head-addr",
+            &control,
+            "--etcd",
+            &url,
+            "--standby",
+        ],
+        &[],
+        "standby: waiting to be elected",
+    );
+    Admin::new(&control)
+        .create_topic(&TopicSpec::new("t", 2))
+        .unwrap();
+    publish(&control, "t", 0..300);
+
+    active.kill();
+    standby.wait_line("sequencer is active");
+    publish(&control, "t", 300..600);
+    assert_exactly_once(&read(&control, "t", 0, 600), 0, 0..600);
+
+    // An etcd nobody listens on: a clear error, nothing started.
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let out = run_bin(&["sequencer", "--head-addr", &control, "--etcd", &nowhere]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot reach etcd"), "{err}");
+
+    standby.stop();
+    f1.stop();
+    head.proc.stop();
+    etcd.kill();
+}
+
+#[test]
+fn a_paused_sequencer_is_replaced_and_stops_when_it_resumes() {
+    let head = start_head(2);
+    let control = head.control.clone();
+    let f1 = follower(&control, 1);
+    let (mut old, _) = Proc::ready(
+        &["sequencer", "--head-addr", &control],
+        &[],
+        "sequencer is active",
+    );
+    let (mut standby, _) = Proc::ready(
+        &["sequencer", "--head-addr", &control, "--standby"],
+        &[],
+        "standby: waiting",
+    );
+    Admin::new(&control)
+        .create_topic(&TopicSpec::new("t", 2))
+        .unwrap();
+    publish(&control, "t", 0..300);
+    old.signal("STOP");
+    standby.wait_line("sequencer is active");
+    publish(&control, "t", 300..600);
+    old.signal("CONT");
+    // Its next renewal finds the lease taken: it exits with an error, writing nothing.
+    old.wait_line("another sequencer took over");
+    let exit = old.child.wait().unwrap();
+    assert!(
+        !exit.success(),
+        "the replaced sequencer exits with an error"
+    );
+    publish(&control, "t", 600..900);
+    assert_exactly_once(&read(&control, "t", 0, 900), 0, 0..900);
+    standby.stop();
+    f1.stop();
+    head.proc.stop();
 }

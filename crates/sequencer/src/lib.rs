@@ -39,6 +39,10 @@ pub struct SequencerConfig {
     pub session_window: u64,
     /// Order 5: how long a gap at the head of a session may last before it is fenced.
     pub session_lease: Duration,
+    /// The fencing epoch of the lease this sequencer runs under: it stops before an
+    /// epoch's writes once the region's epoch has moved on (a successor took over while
+    /// it was paused). `None`: unchecked (tests).
+    pub fencing_epoch: Option<u64>,
 }
 
 impl Default for SequencerConfig {
@@ -48,6 +52,7 @@ impl Default for SequencerConfig {
             idle_sleep_max: Duration::from_millis(20),
             session_window: 4096,
             session_lease: Duration::from_secs(30),
+            fencing_epoch: None,
         }
     }
 }
@@ -229,6 +234,17 @@ impl Core {
             }
             backoff.reset();
             if now >= next_seal {
+                if let Some(mine) = self.config.fencing_epoch {
+                    let current = region.fencing_epoch().load(Ordering::Acquire);
+                    if current != mine {
+                        tracing::error!(
+                            mine,
+                            current,
+                            "another sequencer took over the region (fencing epoch moved on); this one stops without writing"
+                        );
+                        return;
+                    }
+                }
                 self.seal_all();
                 // Epochs tick at a fixed period while there is traffic; after an idle
                 // spell the first batch is sealed at once.

@@ -12,6 +12,7 @@
 pub mod cluster;
 pub mod config;
 pub mod control;
+pub mod election;
 pub mod failover;
 pub mod follower;
 mod http;
@@ -315,6 +316,7 @@ pub(crate) fn sequencer_config_of(
         idle_sleep_max: Duration::from_micros(b.idle_sleep_max_us),
         session_window: s.session_window,
         session_lease: Duration::from_millis(s.session_lease_ms),
+        fencing_epoch: None,
     }
 }
 
@@ -337,8 +339,14 @@ fn start_sequencer(
         Duration::from_millis(config.cluster.sequencer_lease_ms),
     )
     .map_err(|e| ServerError::Start(e.to_string()))?;
-    let sequencer = Sequencer::start(region.clone(), sequencer_config(config))
-        .map_err(|e| ServerError::Start(format!("cannot start the sequencer: {e}")))?;
+    let sequencer = Sequencer::start(
+        region.clone(),
+        SequencerConfig {
+            fencing_epoch: Some(lease.fencing_epoch()),
+            ..sequencer_config(config)
+        },
+    )
+    .map_err(|e| ServerError::Start(format!("cannot start the sequencer: {e}")))?;
     Ok((sequencer, lease))
 }
 

@@ -1,15 +1,17 @@
 //! The sequencer as its own process (`embarcadero sequencer`): attaches to the head's
-//! region, takes the region's sequencer lease (at once, or as a standby once the
-//! active one's lease expires), and orders the region until stopped or until it
-//! learns that it lost the lease.
+//! region, is elected in etcd when one is given ([`crate::election`]), takes the
+//! region's sequencer lease (at once, or as a standby once the active one's lease
+//! expires), and orders the region until stopped or until it learns that it lost the
+//! lease or the leadership.
 //!
 //! Owns: its lease and its sequencer thread. It rebuilds every piece of sequencer
 //! state from the region at start (as a restarted embedded sequencer does).
 
+use crate::election::{self, Leadership};
 use crate::follower::{attach_head_region, fetch_cluster};
 use crate::ServerError;
 use embarcadero_region::Region;
-use embarcadero_sequencer::{Lease, Sequencer};
+use embarcadero_sequencer::{Lease, Sequencer, SequencerConfig};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -23,13 +25,19 @@ pub struct SequencerProcessConfig {
     pub region_path: Option<PathBuf>,
     /// Wait for the lease instead of failing when another sequencer holds it.
     pub standby: bool,
+    /// etcd endpoint (`http://host:2379`): elect the sequencer there first, so
+    /// sequencers on different hosts agree on one leader. `None`: the region lease alone.
+    pub etcd: Option<String>,
+    /// Names the election key, so several clusters can share one etcd.
+    pub cluster_name: String,
 }
 
 /// An active external sequencer. Dropping it stops ordering and releases the lease.
 pub struct SequencerProcess {
-    // Field order: the sequencer stops before the lease is released.
+    // Field order: the sequencer stops before the leases are released.
     sequencer: Sequencer,
     lease: Lease,
+    leadership: Option<Leadership>,
     region: Arc<Region>,
 }
 
@@ -43,7 +51,33 @@ impl SequencerProcess {
         let region = attach_head_region(&doc, config.region_path.as_ref())?;
         let duration = Duration::from_millis(doc.config.cluster.sequencer_lease_ms);
         let id = crate::new_sequencer_id();
-        let lease = if config.standby {
+        // With etcd: lead there first (standbys wait in the campaign), then take the
+        // region's lease, waiting for a dead predecessor's to run out.
+        let leadership = match &config.etcd {
+            Some(endpoint) => {
+                let key = election::election_key(&config.cluster_name);
+                if !config.standby {
+                    if let Some(holder) = election::current_leader(endpoint, &key)
+                        .map_err(|e| ServerError::Start(e.to_string()))?
+                    {
+                        return Err(ServerError::Start(format!(
+                            "sequencer {holder} leads this cluster in etcd ({endpoint}, key {key}); start this one with --standby to take over when it stops"
+                        )));
+                    }
+                }
+                if config.standby {
+                    tracing::info!(endpoint, key, "standby: waiting to be elected in etcd");
+                }
+                match election::campaign(endpoint, &key, &format!("{id:016x}"), duration, give_up)
+                    .map_err(|e| ServerError::Start(e.to_string()))?
+                {
+                    Some(l) => Some(l),
+                    None => return Ok(None),
+                }
+            }
+            None => None,
+        };
+        let lease = if config.standby || leadership.is_some() {
             tracing::info!(
                 "standby: waiting for the region's sequencer lease ({} ms)",
                 duration.as_millis()
@@ -58,7 +92,10 @@ impl SequencerProcess {
         };
         let sequencer = Sequencer::start(
             region.clone(),
-            crate::sequencer_config_of(&doc.config.sequencer, &doc.config.broker),
+            SequencerConfig {
+                fencing_epoch: Some(lease.fencing_epoch()),
+                ..crate::sequencer_config_of(&doc.config.sequencer, &doc.config.broker)
+            },
         )
         .map_err(|e| ServerError::Start(format!("cannot start the sequencer: {e}")))?;
         tracing::info!(
@@ -69,6 +106,7 @@ impl SequencerProcess {
         Ok(Some(Self {
             sequencer,
             lease,
+            leadership,
             region,
         }))
     }
@@ -77,9 +115,10 @@ impl SequencerProcess {
         self.lease.fencing_epoch()
     }
 
-    /// True once another sequencer took the lease over: this one must stop at once.
+    /// True once another sequencer took the lease over (or the etcd leadership was
+    /// lost): this one must stop at once.
     pub fn lost_lease(&self) -> bool {
-        self.lease.is_lost()
+        self.lease.is_lost() || self.leadership.as_ref().is_some_and(Leadership::is_lost)
     }
 
     pub fn region(&self) -> &Arc<Region> {

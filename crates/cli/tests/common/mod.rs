@@ -30,7 +30,12 @@ impl Proc {
     /// Starts `embarcadero ARGS` with extra environment variables; stderr is read by
     /// a thread (so the process never blocks on a full pipe) and echoed to ours.
     pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(BIN)
+        Self::spawn_program(BIN, args, env)
+    }
+
+    /// The same for another program (a peer such as etcd).
+    pub fn spawn_program(program: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut child = Command::new(program)
             .args(args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
@@ -60,6 +65,13 @@ impl Proc {
         (p, line)
     }
 
+    /// The same for another program.
+    pub fn ready_program(program: &str, args: &[&str], ready: &str) -> (Self, String) {
+        let mut p = Self::spawn_program(program, args, &[]);
+        let line = p.wait_line(ready);
+        (p, line)
+    }
+
     /// Waits (at most 30 s) for a stderr line containing `marker`; returns it.
     pub fn wait_line(&mut self, marker: &str) -> String {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -83,13 +95,19 @@ impl Proc {
 
     /// SIGTERM, as an operator's service manager would send; it must exit 0.
     pub fn stop(mut self) {
+        self.signal("TERM");
+        let exit = self.child.wait().unwrap();
+        assert!(exit.success(), "graceful shutdown exits 0: {exit:?}");
+    }
+
+    /// Sends a signal by name (`STOP`, `CONT`, `TERM`).
+    pub fn signal(&self, name: &str) {
         let status = Command::new("kill")
+            .arg(format!("-{name}"))
             .arg(self.child.id().to_string())
             .status()
             .unwrap();
         assert!(status.success());
-        let exit = self.child.wait().unwrap();
-        assert!(exit.success(), "graceful shutdown exits 0: {exit:?}");
     }
 }
 
