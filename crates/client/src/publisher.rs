@@ -172,6 +172,9 @@ struct Queue {
     sender_done: AtomicBool,
     /// Batches a failover moved here from a dead broker's queue.
     moved: Mutex<VecDeque<Sealed>>,
+    /// A dead queue's failover has finished: its batches are elsewhere (or the
+    /// publisher failed). Until then `flush` waits for it.
+    moved_out: AtomicBool,
     /// Held to check `dead` and hand a batch to `tx` as one step, and to set `dead`:
     /// once `dead` is set nothing more enters the channel, so a failover can empty it.
     gate: Mutex<()>,
@@ -357,6 +360,7 @@ impl Publisher {
                     dead: AtomicBool::new(false),
                     sender_done: AtomicBool::new(false),
                     moved: Mutex::new(VecDeque::new()),
+                    moved_out: AtomicBool::new(false),
                     gate: Mutex::new(()),
                     conn: Arc::new(ConnShared {
                         unacked: Mutex::new(VecDeque::new()),
@@ -411,7 +415,9 @@ impl Publisher {
             bytes: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             counter: AtomicU64::new(0),
-            next_batch_id: AtomicU64::new(0),
+            // Unique across publisher instances too (a restarted publisher may reuse its
+            // client id): failover asks the head about batches by id.
+            next_batch_id: AtomicU64::new(crate::random_client_id() << 32),
             topic: topic.to_string(),
             session: (order == Some(5)).then(|| Session {
                 next_seq: AtomicU64::new(session_start),
@@ -522,8 +528,12 @@ impl Publisher {
         loop {
             inner.first_error()?;
             // A dead broker's batches count where the failover moved them.
+            // A dead broker's batches count where the failover moved them, once moved.
             let done = inner.failovers.load(Ordering::Acquire) == 0
-                && inner.queues.iter().filter(|q| q.is_live()).all(|q| {
+                && inner.queues.iter().all(|q| {
+                    if !q.is_live() {
+                        return q.moved_out.load(Ordering::Acquire);
+                    }
                     let sent = q.conn.sent.load(Ordering::Acquire);
                     sent == q.dispatched.load(Ordering::Acquire)
                         && (inner.config.ack_level == 0
@@ -1131,6 +1141,14 @@ fn fail_over(inner: &Inner, index: usize, cause: Error) {
     inner.failovers.fetch_add(1, Ordering::AcqRel);
     q.mark_dead();
     let _ = q.stream.lock().shutdown(std::net::Shutdown::Both);
+    // The head is about to fence the broker: its other connections will get no more
+    // acknowledgements, so they fail over too (their readers see the shutdown).
+    for other in inner.queues.iter().filter(|o| o.broker_id == q.broker_id) {
+        if other.is_live() {
+            other.mark_dead();
+            let _ = other.stream.lock().shutdown(std::net::Shutdown::Both);
+        }
+    }
     tracing::warn!(broker = %q.broker, "lost the broker ({cause}); moving its batches to the live brokers");
     let result = (|| -> Result<usize> {
         if !inner.wait_until(Duration::from_secs(30), || {
@@ -1189,6 +1207,7 @@ fn fail_over(inner: &Inner, index: usize, cause: Error) {
         Ok(count) => tracing::info!(broker = %q.broker, batches = count, "failover done"),
         Err(e) => inner.fail(conn, e),
     }
+    q.moved_out.store(true, Ordering::Release);
     inner.failovers.fetch_sub(1, Ordering::AcqRel);
     inner.notify_progress();
 }

@@ -465,6 +465,12 @@ impl TopicStore {
         }
     }
 
+    /// A sync begun with [`Self::begin_sync`] was lost without an outcome (its thread
+    /// died): nothing it covered counts as durable, and the directory is synced again.
+    pub fn sync_lost(&mut self) {
+        self.dir_dirty = true;
+    }
+
     /// Applies the outcome of a sync from [`Self::begin_sync`]: on success everything
     /// it covered is durable, and a full active segment it covered entirely is closed.
     pub fn finish_sync(&mut self, pending: PendingSync, result: io::Result<()>) -> io::Result<()> {

@@ -382,11 +382,13 @@ impl Worker {
             let done = match rx.try_recv() {
                 Ok(done) => Some(done),
                 Err(mpsc::TryRecvError::Empty) => None,
-                Err(mpsc::TryRecvError::Disconnected) => Some(SyncDone {
-                    pending: t.store.begin_sync(),
-                    result: Err(std::io::Error::other("the replica sync thread is gone")),
-                    took: Duration::ZERO,
-                }),
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    t.syncing = None;
+                    t.store.sync_lost();
+                    let gone = std::io::Error::other("the replica sync thread is gone");
+                    self.on_disk_error(t, &gone);
+                    return true;
+                }
             };
             if let Some(done) = done {
                 t.syncing = None;

@@ -442,8 +442,9 @@ impl Core {
         if stalled {
             self.metrics.goi_full_stalls.fetch_add(1, Ordering::Relaxed);
         }
-        self.acknowledge_fences(t);
         if t.tail == start && ordered_upto.iter().all(Option::is_none) {
+            // Nothing new: what the GOI holds is published already.
+            self.acknowledge_fences(t);
             return;
         }
         self.publish(t.topic, start, t.tail);
@@ -458,6 +459,9 @@ impl Core {
                 region.broker_bell(broker as u32).ring();
             }
         }
+        // After `committed_seq` is published: whoever reads the acknowledgement then
+        // finds every ordered entry below the fence under `committed_seq`.
+        self.acknowledge_fences(t);
     }
 
     /// Confirms each fence once this topic's GOI holds every slot of the fenced log

@@ -51,6 +51,8 @@ pub enum JoinError {
     Taken { id: u32, addr: String, ago_ms: u64 },
     #[error("broker {id} is not a member under incarnation {incarnation} (it was declared dead or replaced); join again")]
     NotMember { id: u32, incarnation: u64 },
+    #[error("broker {id} was declared dead and fenced (publishers moved its batches away); its logs cannot be resumed yet, so it stops serving: restart the head or use another --broker-id")]
+    Fenced { id: u32 },
 }
 
 struct Member {
@@ -94,7 +96,15 @@ impl Membership {
                 .is_some_and(|t| now.duration_since(t) <= self.timeout)
     }
 
-    pub fn join(&self, id: u32, addr: SocketAddr, incarnation: u64) -> Result<(), JoinError> {
+    /// Claims `id`. `is_fenced` is asked under the membership lock, so a broker cannot
+    /// rejoin between a failover's "is it dead?" and its fence.
+    pub fn join(
+        &self,
+        id: u32,
+        addr: SocketAddr,
+        incarnation: u64,
+        is_fenced: impl FnOnce() -> bool,
+    ) -> Result<(), JoinError> {
         let mut members = self.members.lock();
         let brokers = members.len() as u32;
         let now = Instant::now();
@@ -104,6 +114,9 @@ impl Membership {
             Some(m) => self.alive(m, now) && m.incarnation != incarnation,
         };
         let m = &mut members[id as usize];
+        if !alive && is_fenced() {
+            return Err(JoinError::Fenced { id });
+        }
         if alive {
             return Err(JoinError::Taken {
                 id,
@@ -137,6 +150,27 @@ impl Membership {
             }
             _ => Err(JoinError::NotMember { id, incarnation }),
         }
+    }
+
+    /// Runs `fence` if broker `id` is dead, holding the membership lock so it cannot
+    /// rejoin meanwhile; otherwise returns its state.
+    pub fn fence_if_dead<T>(&self, id: u32, fence: impl FnOnce() -> T) -> Result<T, MemberState> {
+        let members = self.members.lock();
+        let Some(m) = members.get(id as usize) else {
+            return Err(MemberState::Absent);
+        };
+        let now = Instant::now();
+        if m.local || m.last_heartbeat.is_none() || self.alive(m, now) {
+            let state = if m.local {
+                MemberState::Local
+            } else if m.last_heartbeat.is_none() {
+                MemberState::Absent
+            } else {
+                MemberState::Alive
+            };
+            return Err(state);
+        }
+        Ok(fence())
     }
 
     pub fn view(&self) -> Vec<MemberView> {
@@ -178,15 +212,18 @@ mod tests {
     #[test]
     fn ids_are_claimed_once_and_freed_by_death() {
         let m = Membership::new(3, &[(0, addr(1))], Duration::from_millis(50));
-        assert_eq!(m.join(0, addr(2), 7), Err(JoinError::Local { id: 0 }));
         assert_eq!(
-            m.join(3, addr(2), 7),
+            m.join(0, addr(2), 7, || false),
+            Err(JoinError::Local { id: 0 })
+        );
+        assert_eq!(
+            m.join(3, addr(2), 7, || false),
             Err(JoinError::OutOfRange { id: 3, brokers: 3 })
         );
-        m.join(1, addr(2), 7).unwrap();
-        m.join(1, addr(2), 7).unwrap(); // a retried join of the same incarnation
+        m.join(1, addr(2), 7, || false).unwrap();
+        m.join(1, addr(2), 7, || false).unwrap(); // a retried join of the same incarnation
         assert!(matches!(
-            m.join(1, addr(3), 8),
+            m.join(1, addr(3), 8, || false),
             Err(JoinError::Taken { id: 1, .. })
         ));
         let states: Vec<_> = m.view().iter().map(|v| v.state).collect();
@@ -203,7 +240,7 @@ mod tests {
     fn a_silent_follower_is_dead_and_must_rejoin() {
         let timeout = Duration::from_millis(20);
         let m = Membership::new(2, &[], timeout);
-        m.join(1, addr(2), 7).unwrap();
+        m.join(1, addr(2), 7, || false).unwrap();
         let start = Instant::now();
         while start.elapsed() <= timeout {
             std::hint::spin_loop();
@@ -216,7 +253,14 @@ mod tests {
                 incarnation: 7
             })
         );
-        m.join(1, addr(3), 9).unwrap();
+        assert_eq!(m.fence_if_dead(1, || "fenced"), Ok("fenced"));
+        assert_eq!(
+            m.join(1, addr(3), 9, || true),
+            Err(JoinError::Fenced { id: 1 }),
+            "a fenced broker cannot come back"
+        );
+        m.join(1, addr(3), 9, || false).unwrap();
+        assert_eq!(m.fence_if_dead(1, || ()), Err(MemberState::Alive));
         let v = &m.view()[1];
         assert_eq!(
             (v.state, v.joins, v.addr.as_deref()),

@@ -21,6 +21,12 @@ pub enum FailoverError {
     NotDurable { broker: u32, waited_ms: u64 },
 }
 
+/// Whether any log of `broker` is fenced (it was declared dead and failed over).
+pub fn is_fenced(region: &Region, broker: u32) -> bool {
+    (0..region.capacities().max_topics)
+        .any(|topic| region.log(topic, broker).fence_pbr.load(Ordering::Acquire) != 0)
+}
+
 /// Fences every log of `broker` that has no fence yet; returns how many it fenced.
 pub fn fence_broker(region: &Region, broker: u32) -> usize {
     let mut fenced = 0;

@@ -26,15 +26,31 @@ use std::sync::Arc;
 const MAX_BODY: u64 = 64 * 1024;
 
 pub fn serve(server: Arc<tiny_http::Server>, inner: Arc<Inner>) {
-    for mut request in server.incoming_requests() {
-        let (status, content_type, body) = route(&inner, &mut request);
-        let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], content_type.as_bytes())
-            .expect("static header");
-        let response = tiny_http::Response::from_string(body)
-            .with_status_code(status)
-            .with_header(header);
-        let _ = request.respond(response);
+    for request in server.incoming_requests() {
+        if request.url() == "/v1/failover" {
+            // It may wait seconds for the sequencer: never on a worker that heartbeats
+            // need.
+            let inner = inner.clone();
+            let spawned = std::thread::Builder::new()
+                .name("control-failover".into())
+                .spawn(move || respond(&inner, request));
+            if let Err(e) = spawned {
+                tracing::warn!("cannot start a thread for a failover query: {e}");
+            }
+            continue;
+        }
+        respond(&inner, request);
     }
+}
+
+fn respond(inner: &Inner, mut request: tiny_http::Request) {
+    let (status, content_type, body) = route(inner, &mut request);
+    let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], content_type.as_bytes())
+        .expect("static header");
+    let response = tiny_http::Response::from_string(body)
+        .with_status_code(status)
+        .with_header(header);
+    let _ = request.respond(response);
 }
 
 fn route(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'static str, String) {
@@ -189,41 +205,40 @@ fn failover_call(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'sta
         Ok(c) => c,
         Err(e) => return e,
     };
-    let members = inner.membership.view();
-    let Some(member) = members.get(call.broker as usize) else {
-        return error(400, format!("broker {} does not exist", call.broker));
-    };
-    if member.state != MemberState::Dead {
-        return error(
-            409,
-            format!(
-                "broker {} is {:?}, not dead; the head declares a broker dead {} ms after its last heartbeat",
-                call.broker,
-                member.state,
-                inner.config.cluster.heartbeat_interval_ms * inner.config.cluster.heartbeat_misses as u64
-            ),
-        );
-    }
     let topic = match inner.control.describe(&call.topic) {
         Ok(t) => t,
         Err(e) => return topic_error(e),
     };
-    if topic.order < 2 {
+    if topic.order != 2 {
         return error(
             400,
             format!(
-                "topic {:?} has order {}: only orders 2 and 5 have a global order to ask about",
+                "topic {:?} has order {}: only order 2 is answered here (order-5 publishers resend by session sequence, orders 0 and 1 have no global order)",
                 topic.name, topic.order
             ),
         );
     }
-    let fenced = crate::failover::fence_broker(&inner.region, call.broker);
-    if fenced > 0 {
-        tracing::warn!(
+    let fenced = inner.membership.fence_if_dead(call.broker, || {
+        crate::failover::fence_broker(&inner.region, call.broker)
+    });
+    match fenced {
+        Ok(0) => {}
+        Ok(logs) => tracing::warn!(
             broker = call.broker,
-            logs = fenced,
+            logs,
             "dead broker fenced: its uncommitted slots will never be ordered"
-        );
+        ),
+        Err(state) => {
+            return error(
+                409,
+                format!(
+                    "broker {} is {state:?}, not dead; the head declares a broker dead {} ms after its last heartbeat",
+                    call.broker,
+                    inner.config.cluster.heartbeat_interval_ms
+                        * inner.config.cluster.heartbeat_misses as u64
+                ),
+            )
+        }
     }
     let query = crate::failover::FailoverQuery {
         topic: topic.id,
@@ -269,7 +284,9 @@ fn membership_call(
     };
     let result = if join {
         match call.addr {
-            Some(addr) => inner.membership.join(call.id, addr, call.incarnation),
+            Some(addr) => inner.membership.join(call.id, addr, call.incarnation, || {
+                crate::failover::is_fenced(&inner.region, call.id)
+            }),
             None => {
                 return error(
                     400,
@@ -295,6 +312,7 @@ fn membership_call(
         }
         Err(e @ JoinError::OutOfRange { .. }) => error(400, e.to_string()),
         Err(e @ JoinError::NotMember { .. }) => error(404, e.to_string()),
+        Err(e @ JoinError::Fenced { .. }) => error(410, e.to_string()),
         Err(e) => error(409, e.to_string()),
     }
 }
