@@ -460,25 +460,23 @@ impl Region {
     /// The topic's durable frontier: GOI entries below it are on every replica's disk.
     /// `replication_factor` counts the region copy; 1 means no disk replicas (0).
     pub fn durable_seq(&self, topic: u32, replication_factor: u8) -> u64 {
+        self.last_replica(topic, replication_factor)
+            .map_or(0, |r| r.durable_seq.load(Ordering::Acquire))
+    }
+
+    /// The last disk replica's line (the end of the chain), if the topic has replicas.
+    fn last_replica(&self, topic: u32, replication_factor: u8) -> Option<ReplicaProgress<'_>> {
         match replication_factor as u32 {
-            0 | 1 => 0,
-            rf => self
-                .replica(topic, (rf - 1).min(MAX_REPLICAS))
-                .durable_seq
-                .load(Ordering::Acquire),
+            0 | 1 => None,
+            rf => Some(self.replica(topic, (rf - 1).min(MAX_REPLICAS))),
         }
     }
 
     /// The position after the topic's durable frontier: subscribers of a replicated
     /// topic read below it. 0 without disk replicas.
     pub fn durable_position(&self, topic: u32, replication_factor: u8) -> u64 {
-        match replication_factor as u32 {
-            0 | 1 => 0,
-            rf => self
-                .replica(topic, (rf - 1).min(MAX_REPLICAS))
-                .durable_position
-                .load(Ordering::Acquire),
-        }
+        self.last_replica(topic, replication_factor)
+            .map_or(0, |r| r.durable_position.load(Ordering::Acquire))
     }
 
     // ---------------------------------------------------------------- reader pins

@@ -9,7 +9,7 @@
 
 use crate::config::{BrokerSettings, SequencerSettings};
 use crate::ServerError;
-use embarcadero_broker::{Broker, BrokerConfig};
+use embarcadero_broker::Broker;
 use embarcadero_region::{Capacities, Region};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -158,21 +158,13 @@ impl Follower {
         }
         let region = attach_head_region(&doc, config.region_path.as_ref())?;
         refuse_leftover_logs(&region, config.broker_id)?;
-        let b = &doc.config.broker;
-        let broker_config = BrokerConfig {
-            broker_id: config.broker_id,
-            listen: config.listen,
-            max_message_bytes: b.max_message_bytes,
-            max_batch_bytes: b.max_batch_bytes,
-            high_watermark: b.high_watermark,
-            low_watermark: b.low_watermark,
-            backpressure_timeout: Duration::from_millis(b.backpressure_timeout_ms),
-            idle_sleep_max: Duration::from_micros(b.idle_sleep_max_us),
-            reader_stall_timeout: Duration::from_millis(b.reader_stall_timeout_ms),
-            session_window: doc.config.sequencer.session_window,
-            replica_dirs: doc.config.replica_dirs.clone(),
-            fault: None,
-        };
+        let broker_config = crate::broker_config(
+            config.broker_id,
+            config.listen,
+            &doc.config.broker,
+            doc.config.sequencer.session_window,
+            &doc.config.replica_dirs,
+        );
         let broker =
             Broker::start(broker_config, region).map_err(|e| ServerError::Start(e.to_string()))?;
         let advertised = config.advertise.unwrap_or_else(|| broker.local_addr());

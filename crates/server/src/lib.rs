@@ -149,26 +149,13 @@ impl Server {
                     ))
                 })?
             };
-            let b = &config.broker;
-            let broker_config = BrokerConfig {
-                broker_id: id,
-                listen: SocketAddr::new(ip, port),
-                max_message_bytes: b.max_message_bytes,
-                max_batch_bytes: b.max_batch_bytes,
-                high_watermark: b.high_watermark,
-                low_watermark: b.low_watermark,
-                backpressure_timeout: Duration::from_millis(b.backpressure_timeout_ms),
-                idle_sleep_max: Duration::from_micros(b.idle_sleep_max_us),
-                reader_stall_timeout: Duration::from_millis(b.reader_stall_timeout_ms),
-                session_window: config.sequencer.session_window,
-                replica_dirs: replica_dirs.clone(),
-                fault: (b.fault_broker == id as i64).then_some(embarcadero_broker::Fault {
-                    delay_fraction: b.fault_delay_fraction,
-                    delay: Duration::from_micros(b.fault_delay_us),
-                    drop_fraction: b.fault_drop_fraction,
-                    drop_limit: b.fault_drop_limit,
-                }),
-            };
+            let broker_config = broker_config(
+                id,
+                SocketAddr::new(ip, port),
+                &config.broker,
+                config.sequencer.session_window,
+                &replica_dirs,
+            );
             brokers.push(
                 Broker::start(broker_config, region.clone())
                     .map_err(|e| ServerError::Start(e.to_string()))?,
@@ -299,6 +286,35 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// The settings of broker `id` (the head's own, or a follower's from the head's).
+pub(crate) fn broker_config(
+    id: u32,
+    listen: SocketAddr,
+    b: &config::BrokerSettings,
+    session_window: u64,
+    replica_dirs: &[PathBuf],
+) -> BrokerConfig {
+    BrokerConfig {
+        broker_id: id,
+        listen,
+        max_message_bytes: b.max_message_bytes,
+        max_batch_bytes: b.max_batch_bytes,
+        high_watermark: b.high_watermark,
+        low_watermark: b.low_watermark,
+        backpressure_timeout: Duration::from_millis(b.backpressure_timeout_ms),
+        idle_sleep_max: Duration::from_micros(b.idle_sleep_max_us),
+        reader_stall_timeout: Duration::from_millis(b.reader_stall_timeout_ms),
+        session_window,
+        replica_dirs: replica_dirs.to_vec(),
+        fault: (b.fault_broker == id as i64).then_some(embarcadero_broker::Fault {
+            delay_fraction: b.fault_delay_fraction,
+            delay: Duration::from_micros(b.fault_delay_us),
+            drop_fraction: b.fault_drop_fraction,
+            drop_limit: b.fault_drop_limit,
+        }),
     }
 }
 
