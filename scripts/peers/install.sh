@@ -7,7 +7,8 @@
 # packages. Idempotent: a component already installed at the pinned version is skipped.
 # Only package registries are used (Maven Central, the Go module proxy, Debian).
 #
-# Usage: scripts/peers/install.sh [kafka|nats|redis ...]   (default: all three)
+# Usage: scripts/peers/install.sh [kafka|nats|redis|plot ...]   (default: all four; plot is
+# matplotlib from PyPI in $PEERS_DIR/venv, for summarize.py --plot)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -136,14 +137,27 @@ install_redis() {
   build_client redisbench
 }
 
+# matplotlib (PyPI) in a virtual environment, for `summarize.py --plot`.
+install_plot() {
+  local venv="$PEERS_DIR/venv"
+  if [[ -x $venv/bin/python3 ]] && "$venv/bin/python3" -c 'import matplotlib' 2>/dev/null; then
+    log "matplotlib already in $venv"
+    return
+  fi
+  log "pip install matplotlib into $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q matplotlib
+}
+
 targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(kafka nats redis)
+[[ ${#targets[@]} -eq 0 ]] && targets=(kafka nats redis plot)
 for t in "${targets[@]}"; do
   case $t in
     kafka) install_kafka ;;
     nats) install_nats ;;
     redis) install_redis ;;
-    *) log "unknown peer $t (kafka|nats|redis)"; exit 2 ;;
+    plot) install_plot ;;
+    *) log "unknown peer $t (kafka|nats|redis|plot)"; exit 2 ;;
   esac
 done
 log "done: PEERS_DIR=$PEERS_DIR"

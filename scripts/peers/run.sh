@@ -5,9 +5,11 @@
 # fresh on 127.0.0.1 with an empty data directory, publishes, records one JSON file, and
 # stops the server. Settings and their reasons: docs/BENCHMARKS.md.
 #
-# Usage: scripts/peers/run.sh [--quick] [--peers kafka,nats,redis] [--variants V1,V2] [--runs N]
-#                             [--total-bytes BYTES] [--out DIR]
-# Variants: kafka acks1,acksall; nats file,memory; redis noaof,aof-everysec.
+# Usage: scripts/peers/run.sh [--quick] [--peers embarcadero,kafka,nats,redis] [--variants V1,V2]
+#                             [--runs N] [--total-bytes BYTES] [--out DIR]
+# Variants: embarcadero ack1,ack2; kafka acks1,acksall; nats file,memory; redis noaof,aof-everysec.
+# Embarcadero runs `target/release/embarcadero bench` (build it first; EMBARCADERO_BIN overrides)
+# in the same series, so every figure of one run of this script comes from the same minutes.
 # Environment: PEERS_DIR (as for install.sh), DATA_ROOT (where servers keep their data;
 # default /dev/shm, like `embarcadero bench`'s region, else /tmp), KAFKA_PORT (19092, and
 # +1 for the controller), NATS_PORT (14222), REDIS_PORT (16379), RUN_TIMEOUT (seconds one
@@ -32,7 +34,8 @@ if [[ -z ${DATA_ROOT:-} ]]; then
   if [[ -d /dev/shm && -w /dev/shm ]]; then DATA_ROOT=/dev/shm; else DATA_ROOT=/tmp; fi
 fi
 
-PEERS=kafka,nats,redis
+PEERS=embarcadero,kafka,nats,redis
+EMBARCADERO_BIN=${EMBARCADERO_BIN:-$ROOT/target/release/embarcadero}
 RUNS=2
 TOTAL=1000000000
 OUT=$ROOT/bench-results/peers
@@ -47,7 +50,7 @@ while [[ $# -gt 0 ]]; do
     --runs) RUNS=$2; shift 2 ;;
     --total-bytes) TOTAL=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -100,6 +103,7 @@ need_free() {
 # CPU seconds (user + system) used so far by a process, its threads and its reaped children
 # (e.g. Redis's AOF-rewrite fork).
 proc_cpu() {
+  [[ -n $1 ]] || { echo 0; return; }  # no separate server process (embarcadero bench)
   awk -v t="$(getconf CLK_TCK)" '{print ($14 + $15 + $16 + $17) / t}' "/proc/$1/stat" 2>/dev/null || echo 0
 }
 
@@ -312,11 +316,48 @@ redis_run() { # variant run
   stop_server
 }
 
+# --- Embarcadero (the same workload through `embarcadero bench`) -------------------------
+embarcadero_run() { # variant run
+  local variant=$1 run=$2 durability args
+  case $variant in
+    ack1) args=(--order 2 --ack 1)
+      durability="ack 1: in the global order, in the shared region's memory; nothing forced to disk" ;;
+    ack2) args=(--order 2 --ack 2 --rf 2)
+      durability="ack 2: in the global order and fdatasync'd on a disk replica (RF 2) before the acknowledgement" ;;
+  esac
+  new_workdir
+  # The embedded server runs inside the bench process: its CPU is the client's here.
+  SERVER_PID=
+  local cmd=("$EMBARCADERO_BIN" bench "${args[@]}" --size "$SIZE" --total-bytes "$TOTAL"
+             --region-dir "$DATA_ROOT" --replica-dir "$WORK/replica-1" --json)
+  log "embarcadero $variant run $run: $COUNT x $SIZE B"
+  run_client "${cmd[@]}"
+  local summary
+  summary=$(python3 - "$WORK/client.out" <<'PY'
+import json, sys
+b = json.load(open(sys.argv[1]))
+lat = b["append_to_ack_us"]
+print(json.dumps({
+    "messages": b["messages"], "bytes": b["payload_bytes"], "seconds": b["seconds"],
+    "mb_per_s": b["mb_per_s"], "msgs_per_s": b["messages_per_s"],
+    # Append to ack: from the publish of a batch's first message to its acknowledgement.
+    "latency_ms": {k: lat[k] / 1000 for k in ("p50", "p90", "p99", "p999", "max")} | {"p99_9": lat["p999"] / 1000},
+    "order": b["order"], "ack": b["ack"], "rf": b["rf"], "brokers": b["brokers"],
+}))
+PY
+)
+  local settings
+  settings=$(printf '{"embarcadero":"%s","brokers":4,"batch_bytes":524288,"linger_us":1000,"epoch_us":500}' \
+             "$("$EMBARCADERO_BIN" --version | awk '{print $2}')")
+  write_result embarcadero "$variant" "$run" "$durability" "$settings" "$summary" "${cmd[*]}"
+}
+
 # --- main -------------------------------------------------------------------------------
-declare -A VARIANTS=([kafka]="acks1 acksall" [nats]="file memory" [redis]="noaof aof-everysec")
+declare -A VARIANTS=([embarcadero]="ack1 ack2" [kafka]="acks1 acksall" [nats]="file memory" [redis]="noaof aof-everysec")
 IFS=, read -r -a peer_list <<<"$PEERS"
 for p in "${peer_list[@]}"; do
   case $p in
+    embarcadero) [[ -x $EMBARCADERO_BIN ]] || { log "build first: cargo build --release -p embarcadero-cli"; exit 1; } ;;
     kafka) [[ -d $KAFKA_LIBS ]] || { log "kafka not installed: scripts/peers/install.sh kafka"; exit 1; } ;;
     nats) [[ -x $PEERS_DIR/bin/natsbench ]] || { log "nats not installed: scripts/peers/install.sh nats"; exit 1; } ;;
     redis) [[ -x $PEERS_DIR/bin/redisbench ]] && command -v redis-server >/dev/null \
