@@ -328,8 +328,12 @@ embarcadero_run() { # variant run
   new_workdir
   # The embedded server runs inside the bench process: its CPU is the client's here.
   SERVER_PID=
+  # The disk replica goes on a disk (REPLICA_ROOT, default /var/tmp), never on tmpfs where
+  # fdatasync costs nothing; the region stays under DATA_ROOT like the peers' data.
+  local replica
+  replica=$(mktemp -d "${REPLICA_ROOT:-/var/tmp}/embarcadero-replica.XXXXXX")
   local cmd=("$EMBARCADERO_BIN" bench "${args[@]}" --size "$SIZE" --total-bytes "$TOTAL"
-             --region-dir "$DATA_ROOT" --replica-dir "$WORK/replica-1" --json)
+             --region-dir "$DATA_ROOT" --replica-dir "$replica" --json)
   log "embarcadero $variant run $run: $COUNT x $SIZE B"
   run_client "${cmd[@]}"
   local summary
@@ -350,6 +354,7 @@ PY
   settings=$(printf '{"embarcadero":"%s","brokers":4,"batch_bytes":524288,"linger_us":1000,"epoch_us":500}' \
              "$("$EMBARCADERO_BIN" --version | awk '{print $2}')")
   write_result embarcadero "$variant" "$run" "$durability" "$settings" "$summary" "${cmd[*]}"
+  rm -rf "$replica"
 }
 
 # --- main -------------------------------------------------------------------------------
