@@ -44,8 +44,9 @@ pub const SESSION_SLOT_LEN: u64 = 64;
 /// A reader slot: heartbeat, then one position per possible broker.
 pub const READER_SLOT_LEN: u64 = 8 * (1 + MAX_BROKERS as u64) + 56;
 
-/// Capacities of a region. Stored in its header; an attaching process must agree.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Capacities of a region. Stored in its header; an attaching process must agree (the
+/// head publishes them to followers as JSON).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Capacities {
     pub max_topics: u32,
     pub brokers: u32,

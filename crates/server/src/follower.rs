@@ -45,32 +45,7 @@ pub struct RegionDoc {
     pub path: PathBuf,
     pub bytes: u64,
     pub layout_version: u32,
-    pub capacities: CapacitiesDoc,
-}
-
-#[derive(Debug, Deserialize, PartialEq, Eq, Clone, Copy)]
-pub struct CapacitiesDoc {
-    pub max_topics: u32,
-    pub brokers: u32,
-    pub goi_slots: u64,
-    pub pbr_slots: u64,
-    pub segment_bytes: u64,
-    pub segments_per_broker: u32,
-    pub seg_map_slots: u64,
-}
-
-impl From<CapacitiesDoc> for Capacities {
-    fn from(c: CapacitiesDoc) -> Self {
-        Capacities {
-            max_topics: c.max_topics,
-            brokers: c.brokers,
-            goi_slots: c.goi_slots,
-            pbr_slots: c.pbr_slots,
-            segment_bytes: c.segment_bytes,
-            segments_per_broker: c.segments_per_broker,
-            seg_map_slots: c.seg_map_slots,
-        }
-    }
+    pub capacities: Capacities,
 }
 
 #[derive(Debug, Deserialize)]
@@ -112,8 +87,7 @@ pub fn attach_head_region(
             embarcadero_region::layout::LAYOUT_VERSION
         )));
     }
-    let expected: Capacities = doc.region.capacities.into();
-    let region = Region::attach(path, Some(expected)).map_err(|e| {
+    let region = Region::attach(path, Some(doc.region.capacities)).map_err(|e| {
         ServerError::Start(format!(
             "region file {} is not the head's region: {e}; pass the path of the head's region file as this host sees it (--region)",
             path.display()

@@ -156,15 +156,7 @@ fn cluster(inner: &Inner) -> serde_json::Value {
             "path": inner.region.path().display().to_string(),
             "bytes": inner.region.len(),
             "layout_version": embarcadero_region::layout::LAYOUT_VERSION,
-            "capacities": {
-                "max_topics": caps.max_topics,
-                "brokers": caps.brokers,
-                "goi_slots": caps.goi_slots,
-                "pbr_slots": caps.pbr_slots,
-                "segment_bytes": caps.segment_bytes,
-                "segments_per_broker": caps.segments_per_broker,
-                "seg_map_slots": caps.seg_map_slots,
-            },
+            "capacities": caps,
         },
         // What followers and an external sequencer need to run like the head's own.
         "config": {
