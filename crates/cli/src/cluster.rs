@@ -45,6 +45,9 @@ pub struct BrokerArgs {
     /// Follower: the head's region file as this host sees it [default: the head's path].
     #[arg(long)]
     region: Option<PathBuf>,
+    /// Follower: port of this broker's /metrics [default: 0, an ephemeral port].
+    #[arg(long, default_value_t = 0)]
+    metrics_port: u16,
 }
 
 pub fn broker(args: BrokerArgs) -> CliResult {
@@ -77,12 +80,14 @@ pub fn broker(args: BrokerArgs) -> CliResult {
         listen: SocketAddr::new(bind, args.port),
         advertise: args.advertise,
         region_path: args.region,
+        metrics_listen: SocketAddr::new(bind, args.metrics_port),
     })
     .map_err(|e| e.to_string())?;
     eprintln!(
-        "embarcadero follower broker {} is serving at {}",
+        "embarcadero follower broker {} is serving at {}  metrics http://{}/metrics",
         follower.id(),
-        follower.addr()
+        follower.addr(),
+        follower.metrics_addr()
     );
     loop {
         match stop.recv_timeout(Duration::from_millis(100)) {

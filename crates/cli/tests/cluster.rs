@@ -62,8 +62,13 @@ fn start_head_with(brokers: u32, extra: &[&str]) -> Head {
 }
 
 fn follower(control: &str, id: u32) -> Proc {
+    follower_with_metrics(control, id).0
+}
+
+/// A follower and the address of its /metrics.
+fn follower_with_metrics(control: &str, id: u32) -> (Proc, String) {
     let id = id.to_string();
-    Proc::ready(
+    let (proc, line) = Proc::ready(
         &[
             "broker",
             "--follower",
@@ -74,8 +79,24 @@ fn follower(control: &str, id: u32) -> Proc {
         ],
         &[],
         "is serving at",
-    )
-    .0
+    );
+    let metrics = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("the ready line names the metrics address")
+        .to_string();
+    (proc, metrics)
+}
+
+/// GET /metrics from `addr`: the text.
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text
 }
 
 fn sequencer(control: &str) -> Proc {
@@ -173,7 +194,7 @@ fn assert_exactly_once(got: &[(u64, u64, u16)], start: u64, ids: std::ops::Range
 fn followers_in_their_own_processes_serve_one_total_order() {
     let head = start_head(3);
     let control = head.control.clone();
-    let f1 = follower(&control, 1);
+    let (f1, f1_metrics) = follower_with_metrics(&control, 1);
     let f2 = follower(&control, 2);
     let seq = sequencer(&control);
     assert_eq!(
@@ -198,6 +219,19 @@ fn followers_in_their_own_processes_serve_one_total_order() {
         brokers,
         HashSet::from([0, 1, 2]),
         "every process took batches"
+    );
+    // Each follower exports its own broker's counters.
+    let text = scrape(&f1_metrics);
+    let batches: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("embarcadero_publish_batches_total{broker=\"1\"} "))
+        .expect("broker 1's batch counter")
+        .parse()
+        .unwrap();
+    let mine = a.iter().filter(|m| m.2 == 1).count() as u64;
+    assert!(
+        batches > 0 && batches <= mine,
+        "{batches} batches for {mine} messages"
     );
 
     // A follower dies: the head declares it dead and clients stop using it.

@@ -31,6 +31,8 @@ pub struct FollowerConfig {
     pub advertise: Option<SocketAddr>,
     /// The region file as this host sees it (default: the head's path).
     pub region_path: Option<PathBuf>,
+    /// Where this broker's `/metrics` listens (port 0: an ephemeral one).
+    pub metrics_listen: SocketAddr,
 }
 
 /// The parts of the head's `/v1/cluster` document a follower needs.
@@ -107,6 +109,9 @@ pub fn attach_head_region(
 /// A running follower broker. Dropping it stops it.
 pub struct Follower {
     broker: Broker,
+    metrics: Arc<tiny_http::Server>,
+    metrics_addr: SocketAddr,
+    metrics_thread: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     evicted: Arc<AtomicBool>,
     heartbeat: Option<JoinHandle<()>>,
@@ -141,6 +146,30 @@ impl Follower {
         );
         let broker =
             Broker::start(broker_config, region).map_err(|e| ServerError::Start(e.to_string()))?;
+        let metrics = tiny_http::Server::http(config.metrics_listen).map_err(|e| {
+            ServerError::Start(format!(
+                "cannot listen for /metrics on {}: {e}; choose another --metrics-port",
+                config.metrics_listen
+            ))
+        })?;
+        let metrics_addr = metrics
+            .server_addr()
+            .to_ip()
+            .ok_or_else(|| ServerError::Start("/metrics is not on an IP socket".into()))?;
+        let metrics = Arc::new(metrics);
+        let metrics_thread = {
+            let info = crate::BrokerInfo {
+                id: broker.id(),
+                addr: broker.local_addr(),
+                metrics: broker.metrics(),
+                pool: broker.segment_pool(),
+            };
+            let server = metrics.clone();
+            std::thread::Builder::new()
+                .name("follower-metrics".into())
+                .spawn(move || crate::http::serve_follower(server, info))
+                .map_err(|e| ServerError::Start(format!("cannot serve /metrics: {e}")))?
+        };
         let advertised = config.advertise.unwrap_or_else(|| broker.local_addr());
         let call = MembershipCall {
             id: config.broker_id,
@@ -167,6 +196,9 @@ impl Follower {
         );
         Ok(Self {
             broker,
+            metrics,
+            metrics_addr,
+            metrics_thread: Some(metrics_thread),
             stop,
             evicted,
             heartbeat: Some(heartbeat),
@@ -182,6 +214,11 @@ impl Follower {
         self.broker.id()
     }
 
+    /// Where this broker's `/metrics` is served.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics_addr
+    }
+
     /// True once the head gave this broker id to another process: this one must stop.
     pub fn is_evicted(&self) -> bool {
         self.evicted.load(Ordering::Acquire)
@@ -190,6 +227,10 @@ impl Follower {
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.heartbeat.take() {
+            let _ = t.join();
+        }
+        self.metrics.unblock();
+        if let Some(t) = self.metrics_thread.take() {
             let _ = t.join();
         }
         self.broker.stop();

@@ -342,14 +342,38 @@ fn status(inner: &Inner) -> serde_json::Value {
     })
 }
 
-fn metrics(inner: &Inner) -> String {
-    let mut out = String::new();
-    let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
-        let _ = writeln!(out, "# HELP embarcadero_{name} {help}");
-        let _ = writeln!(out, "# TYPE embarcadero_{name} {kind}");
+/// Prometheus text format, one family at a time.
+#[derive(Default)]
+pub(crate) struct Families(String);
+
+impl Families {
+    pub(crate) fn family(
+        &mut self,
+        name: &str,
+        kind: &str,
+        help: &str,
+        samples: Vec<(String, u64)>,
+    ) {
+        let _ = writeln!(self.0, "# HELP embarcadero_{name} {help}");
+        let _ = writeln!(self.0, "# TYPE embarcadero_{name} {kind}");
         for (labels, v) in samples {
-            let _ = writeln!(out, "embarcadero_{name}{labels} {v}");
+            let _ = writeln!(self.0, "embarcadero_{name}{labels} {v}");
         }
+    }
+
+    pub(crate) fn text(self) -> String {
+        self.0
+    }
+}
+
+/// The families of `brokers` (the head's own, or a follower's); returns their
+/// per-stage time samples, which share one family with the sequencer's.
+pub(crate) fn broker_families(
+    families: &mut Families,
+    brokers: &[crate::BrokerInfo],
+) -> Vec<(String, u64)> {
+    let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
+        families.family(name, kind, help, samples)
     };
     type Field = fn(&embarcadero_broker::BrokerMetrics) -> &std::sync::atomic::AtomicU64;
     let per_broker: [(&str, &str, &str, Field); 12] = [
@@ -431,8 +455,7 @@ fn metrics(inner: &Inner) -> String {
             name,
             kind,
             help,
-            inner
-                .brokers
+            brokers
                 .iter()
                 .map(|b| {
                     (
@@ -447,8 +470,7 @@ fn metrics(inner: &Inner) -> String {
         "free_segments",
         "gauge",
         "Free BLog segments in the broker's pool.",
-        inner
-            .brokers
+        brokers
             .iter()
             .map(|b| {
                 (
@@ -469,7 +491,7 @@ fn metrics(inner: &Inner) -> String {
         ("ack_send", |s| &s.ack_send),
     ];
     let mut samples = Vec::new();
-    for b in &inner.brokers {
+    for b in brokers {
         for (stage, field) in stages {
             samples.push((
                 format!("{{broker=\"{}\",stage=\"{stage}\"}}", b.id),
@@ -477,6 +499,54 @@ fn metrics(inner: &Inner) -> String {
             ));
         }
     }
+    samples
+}
+
+/// What a follower exports: its broker's families.
+pub(crate) fn follower_metrics(broker: &crate::BrokerInfo) -> String {
+    let mut families = Families::default();
+    let stages = broker_families(&mut families, std::slice::from_ref(broker));
+    families.family(
+        "stage_nanoseconds_total",
+        "counter",
+        "Time spent in each stage of the data path (broker stages per broker).",
+        stages,
+    );
+    families.text()
+}
+
+/// Serves a follower's `/metrics` (and `/healthz`) until the server is unblocked.
+pub(crate) fn serve_follower(server: Arc<tiny_http::Server>, broker: crate::BrokerInfo) {
+    for request in server.incoming_requests() {
+        let (status, content_type, body) = match (request.method(), request.url()) {
+            (tiny_http::Method::Get, "/metrics") => (
+                200,
+                "text/plain; version=0.0.4",
+                follower_metrics(&broker),
+            ),
+            (tiny_http::Method::Get, "/healthz") => (200, "text/plain", "ok\n".to_string()),
+            (_, path) => error(
+                404,
+                format!("no such endpoint: {path} (a follower serves /metrics and /healthz; the rest is on the head)"),
+            ),
+        };
+        let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], content_type.as_bytes())
+            .expect("static header");
+        let _ = request.respond(
+            tiny_http::Response::from_string(body)
+                .with_status_code(status)
+                .with_header(header),
+        );
+    }
+}
+
+/// Everything the head exports.
+fn metrics(inner: &Inner) -> String {
+    let mut families = Families::default();
+    let mut samples = broker_families(&mut families, &inner.brokers);
+    let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
+        families.family(name, kind, help, samples)
+    };
     // An external sequencer's counters live in its own process.
     if let Some(s) = inner.sequencer_metrics.as_deref() {
         samples.push((
@@ -562,6 +632,7 @@ fn metrics(inner: &Inner) -> String {
             .collect(),
     );
     replication_metrics(inner, &topics, &mut family);
+    let mut out = families.text();
     let r = &inner.replication_metrics;
     let _ = writeln!(out, "# HELP embarcadero_replica_fsync_seconds Latency of the replicas' fdatasync (group commits).");
     let _ = writeln!(out, "# TYPE embarcadero_replica_fsync_seconds histogram");
