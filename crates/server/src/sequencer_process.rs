@@ -10,11 +10,9 @@
 use crate::election::{self, Leadership};
 use crate::follower::{attach_head_region, fetch_cluster};
 use crate::ServerError;
-use embarcadero_region::Region;
 use embarcadero_sequencer::{Lease, Sequencer, SequencerConfig};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -38,7 +36,6 @@ pub struct SequencerProcess {
     sequencer: Sequencer,
     lease: Lease,
     leadership: Option<Leadership>,
-    region: Arc<Region>,
 }
 
 impl SequencerProcess {
@@ -107,7 +104,6 @@ impl SequencerProcess {
             sequencer,
             lease,
             leadership,
-            region,
         }))
     }
 
@@ -119,10 +115,6 @@ impl SequencerProcess {
     /// lost): this one must stop at once.
     pub fn lost_lease(&self) -> bool {
         self.lease.is_lost() || self.leadership.as_ref().is_some_and(Leadership::is_lost)
-    }
-
-    pub fn region(&self) -> &Arc<Region> {
-        &self.region
     }
 
     pub fn stop(&mut self) {
