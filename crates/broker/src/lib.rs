@@ -16,11 +16,13 @@
 mod log_writer;
 mod net;
 mod publish;
+mod resume;
 mod service;
 mod session;
 mod subscribe;
 
 pub use log_writer::{LogWriter, Reservation, ReserveError, SegmentPool};
+pub use resume::LogResume;
 
 use embarcadero_region::Region;
 use registry::Registry;
@@ -34,6 +36,9 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
     pub broker_id: u32,
+    /// This process's incarnation of the broker id, recorded in the region as the
+    /// owner of its logs; a process that finds another incarnation there stops writing.
+    pub incarnation: u64,
     pub listen: SocketAddr,
     pub max_message_bytes: u64,
     pub max_batch_bytes: u64,
@@ -76,6 +81,7 @@ impl BrokerConfig {
     pub fn new(broker_id: u32, listen: SocketAddr) -> Self {
         Self {
             broker_id,
+            incarnation: embarcadero_region::owner::new_incarnation(),
             listen,
             max_message_bytes: 1 << 20,
             max_batch_bytes: 4 << 20,
@@ -159,6 +165,15 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// False once another process has taken over this broker id's logs (this one was
+    /// declared dead and replaced): it must write nothing more to them.
+    pub fn owns_logs(&self) -> bool {
+        self.region
+            .broker_owner(self.config.broker_id)
+            .incarnation()
+            == self.config.incarnation
+    }
+
     pub fn writer(&self, topic: u32) -> &Arc<LogWriter> {
         self.writers[topic as usize].get_or_init(|| {
             Arc::new(LogWriter::new(
@@ -210,10 +225,24 @@ impl Broker {
             )
         })?;
         let local_addr = listener.local_addr()?;
+        let broker = config.broker_id;
+        resume::take_ownership(&region, broker, config.incarnation).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("broker {broker} cannot fence off the previous process of its logs: {e}; stop it by hand and start again"),
+            )
+        })?;
+        let (pool, resumed) = resume::resume_broker(&region, broker);
+        let writers: Vec<OnceLock<Arc<LogWriter>>> =
+            (0..caps.max_topics).map(|_| OnceLock::new()).collect();
+        for (topic, r) in resumed.iter().filter(|(_, r)| r.next_pbr > 0) {
+            let writer = resume::resumed_writer(region.clone(), pool.clone(), *topic, broker, r);
+            let _ = writers[*topic as usize].set(Arc::new(writer));
+        }
         let (tx, rx) = crossbeam_channel::unbounded();
         let shared = Arc::new(Shared {
-            pool: Arc::new(SegmentPool::new(caps.segments_per_broker)),
-            writers: (0..caps.max_topics).map(|_| OnceLock::new()).collect(),
+            pool,
+            writers,
             metrics: Arc::new(BrokerMetrics::default()),
             shutdown: AtomicBool::new(false),
             paused: AtomicBool::new(false),

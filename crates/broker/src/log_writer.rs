@@ -29,6 +29,18 @@ impl SegmentPool {
         Self { free, total }
     }
 
+    /// A pool of `used.len()` segments holding those not marked used.
+    pub fn with_used(used: &[bool]) -> Self {
+        let free = ArrayQueue::new(used.len().max(1));
+        for (s, _) in used.iter().enumerate().filter(|(_, used)| !**used) {
+            free.push(s as u32).expect("pool sized for every segment");
+        }
+        Self {
+            free,
+            total: used.len() as u32,
+        }
+    }
+
     pub fn pop(&self) -> Option<u32> {
         self.free.pop()
     }
@@ -84,6 +96,22 @@ impl LogWriter {
             region,
             pool,
             state: AtomicU128::new(0),
+        }
+    }
+
+    /// A writer continuing a log whose slots below `next_pbr` are all committed and
+    /// whose bytes end at `tail` (see `resume`).
+    pub fn continuing(
+        region: Arc<Region>,
+        pool: Arc<SegmentPool>,
+        topic: u32,
+        broker: u32,
+        next_pbr: u64,
+        tail: u64,
+    ) -> Self {
+        Self {
+            state: AtomicU128::new(((next_pbr as u128) << 64) | tail as u128),
+            ..Self::new(region, pool, topic, broker)
         }
     }
 

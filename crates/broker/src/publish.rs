@@ -224,6 +224,9 @@ fn receive_batches(
             }
             .into();
         }
+        if !shared.owns_logs() {
+            return End::Gone;
+        }
         let may_refuse = conn.ack_level > 0;
         let stages = &shared.metrics.stages;
         let started = Instant::now();
@@ -314,6 +317,11 @@ fn receive_batches(
             .fetch_add(header.num_msg as u64, Ordering::Relaxed);
         m.publish_bytes
             .fetch_add(header.total_size, Ordering::Relaxed);
+        // A process declared dead and replaced must not commit over its successor's
+        // slots (a paused process resumes here; see `resume`).
+        if !shared.owns_logs() {
+            return End::Gone;
+        }
         region.pbr_commit(topic, broker, reservation.pbr_index, &committed);
         push_pending(conn, header.batch_seq, reservation.pbr_index);
         if conn.order >= 2 {

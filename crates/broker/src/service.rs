@@ -48,6 +48,15 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
     let reclaim_below_free = (total_segments * (1.0 - shared.config.low_watermark)).ceil() as u32;
     let pause_below_free = (total_segments * (1.0 - shared.config.high_watermark)).ceil() as u32;
     while !shared.shutdown.load(Ordering::Relaxed) {
+        if !shared.owns_logs() {
+            tracing::error!(
+                broker,
+                "another process has taken over this broker's logs (this one was declared dead); it stops"
+            );
+            shared.shutdown.store(true, Ordering::SeqCst);
+            shared.connections.shutdown_all();
+            return;
+        }
         let seen = bell.seen();
         let mut progress = false;
         while let Ok(conn) = new_conns.try_recv() {
@@ -68,14 +77,19 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
                 let Some(meta) = region.topic_meta(topic) else {
                     continue;
                 };
+                // From the region: zeros for a new log, where the previous process of
+                // this broker left off for a resumed one.
+                let log = region.log(topic, broker);
+                let frontier = log.written_frontier.load(Ordering::Acquire);
                 *slot = Some(LogState {
                     order: meta.order,
                     replication_factor: meta.replication_factor,
-                    frontier: 0,
-                    msgs: 0,
-                    written_end: 0,
-                    reclaimed_pbr: 0,
-                    freed_segments_below: 0,
+                    frontier,
+                    msgs: log.frontier_msgs.load(Ordering::Acquire),
+                    written_end: crate::resume::written_end(&region, topic, broker, frontier),
+                    reclaimed_pbr: log.reclaimed_pbr.load(Ordering::Acquire),
+                    freed_segments_below: log.reclaimed_blog.load(Ordering::Acquire)
+                        / caps.segment_bytes,
                 });
             }
             let st = slot.as_mut().expect("initialised above");

@@ -67,6 +67,9 @@ pub struct TopicInfo {
 pub struct BrokerAddr {
     pub id: u32,
     pub addr: String,
+    /// The process serving the id (0 for the head's own brokers and older heads).
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -158,13 +161,15 @@ impl Admin {
         parse(self.get("/v1/cluster")?)
     }
 
-    /// After `broker` was declared dead: which of `client_id`'s batches through it
+    /// After `broker` (the process `incarnation` serving it, 0: whichever serves it now)
+    /// was declared dead: which of `client_id`'s batches through it
     /// (by batch id) made it into `topic`'s global order (and onto disk for ack level
     /// 2). Status 409 while the head does not consider the broker dead yet.
     pub fn failover(
         &self,
         topic: &str,
         broker: u32,
+        incarnation: u64,
         client_id: u64,
         batch_ids: &[u64],
         ack_level: u8,
@@ -174,6 +179,7 @@ impl Admin {
             Some(serde_json::json!({
                 "topic": topic,
                 "broker": broker,
+                "incarnation": incarnation,
                 "client_id": client_id,
                 "batch_ids": batch_ids,
                 "ack_level": ack_level,

@@ -160,12 +160,22 @@ struct ConnShared {
     append_latency: Mutex<Histogram<u64>>,
 }
 
+/// A broker id and the process serving it, as the head named them.
+#[derive(Debug, Clone, Copy)]
+struct BrokerProcess {
+    id: u32,
+    incarnation: u64,
+}
+
 struct Queue {
     tx: Sender<Sealed>,
     /// The receiving end too, so a failover can take back what the sender never took.
     rx: Receiver<Sealed>,
     /// The broker's id in the cluster (known when discovered through the head).
     broker_id: Option<u32>,
+    /// The process serving that id when this queue connected (0: unknown): failover
+    /// questions name it, so a restarted broker's answer covers the old process.
+    broker_incarnation: u64,
     /// The broker is gone: nothing more is dispatched here; set before the failover.
     dead: AtomicBool,
     /// The sender thread has stopped (after `dead`): its batches are all in `unacked`.
@@ -292,10 +302,16 @@ impl Publisher {
         if config.session_epoch == 0 && admin.describe_topic(topic).is_ok_and(|t| t.order == 5) {
             config.session_epoch = 1;
         }
-        let brokers: Vec<(Option<u32>, String)> = cluster
+        let brokers: Vec<(Option<BrokerProcess>, String)> = cluster
             .brokers
             .into_iter()
-            .map(|b| (Some(b.id), b.addr))
+            .map(|b| {
+                let process = BrokerProcess {
+                    id: b.id,
+                    incarnation: b.incarnation,
+                };
+                (Some(process), b.addr)
+            })
             .collect();
         Self::start(&brokers, Some(control.to_string()), topic, config)
     }
@@ -306,13 +322,13 @@ impl Publisher {
         topic: &str,
         config: PublisherConfig,
     ) -> Result<Self> {
-        let brokers: Vec<(Option<u32>, String)> =
+        let brokers: Vec<(Option<BrokerProcess>, String)> =
             brokers.iter().map(|a| (None, a.clone())).collect();
         Self::start(&brokers, None, topic, config)
     }
 
     fn start(
-        brokers: &[(Option<u32>, String)],
+        brokers: &[(Option<BrokerProcess>, String)],
         control: Option<String>,
         topic: &str,
         config: PublisherConfig,
@@ -335,7 +351,7 @@ impl Publisher {
         let mut queues = Vec::new();
         let mut receivers = Vec::new();
         let mut limits = (u32::MAX as usize, u32::MAX as usize);
-        for (broker_id, addr) in brokers {
+        for (process, addr) in brokers {
             for connection in 0..config.threads_per_broker {
                 let hello = Hello {
                     role: Role::Publish,
@@ -356,7 +372,8 @@ impl Publisher {
                 queues.push(Queue {
                     tx,
                     rx: rx.clone(),
-                    broker_id: *broker_id,
+                    broker_id: process.map(|p| p.id),
+                    broker_incarnation: process.map_or(0, |p| p.incarnation),
                     dead: AtomicBool::new(false),
                     sender_done: AtomicBool::new(false),
                     moved: Mutex::new(VecDeque::new()),
@@ -1222,6 +1239,7 @@ fn ordered_on_dead_broker(inner: &Inner, q: &Queue, batch_ids: &[u64]) -> Result
         match admin.failover(
             &inner.topic,
             broker,
+            q.broker_incarnation,
             inner.client_id,
             batch_ids,
             inner.config.ack_level,

@@ -13,7 +13,7 @@
 use crate::RegionError;
 
 pub const REGION_MAGIC: [u8; 8] = *b"EMBREGN\0";
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 pub const PAGE: u64 = 4096;
 
 pub const HEADER_LEN: u64 = PAGE;
@@ -284,7 +284,9 @@ mod tests {
     #[test]
     fn control_block_holds_every_broker_doorbell() {
         // Doorbells start at 1024 and take one 64-byte line per broker.
-        assert!(1024 + MAX_BROKERS as u64 * 64 <= CONTROL_LEN);
+        assert!(1024 + MAX_BROKERS as u64 * 64 <= 3072);
+        // Broker owner records follow at 3072, four words per broker.
+        assert!(3072 + MAX_BROKERS as u64 * 32 <= CONTROL_LEN);
     }
 
     #[test]

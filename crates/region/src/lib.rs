@@ -19,11 +19,13 @@ pub mod backoff;
 pub mod coherence;
 mod doorbell;
 pub mod layout;
+pub mod owner;
 mod region;
 mod slots;
 
 pub use doorbell::Doorbell;
 pub use layout::{Capacities, Layout, MAX_BROKERS, MAX_REPLICAS, READER_SLOTS, SESSION_SLOTS};
+pub use owner::{Fenced, OwnerRecord, ProcessIdentity};
 pub use region::{monotonic_ns, LogControl, Region, ReplicaProgress, TopicSeq, READER_CLAIMING};
 pub use slots::{GoiEntry, SessionRecord, SessionState, TopicMeta, TopicState};
 

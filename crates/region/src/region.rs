@@ -3,7 +3,7 @@
 use crate::coherence::{flush_range, store_fence};
 use crate::layout::*;
 use crate::slots::{GoiEntry, SessionRecord, SessionState, TopicMeta, TopicState};
-use crate::{Doorbell, RegionError};
+use crate::{Doorbell, OwnerRecord, RegionError};
 use embarcadero_wire::{batch::offsets as bo, BatchHeader};
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -24,6 +24,8 @@ const INIT_DONE_TOKEN: u64 = 0x454d_4244_5245_4459; // "EMBDREDY"
 const C_FENCING_EPOCH: u64 = 0;
 const C_SEQUENCER_ID: u64 = 8;
 const C_LEASE_DEADLINE_NS: u64 = 16;
+const C_SEQUENCER_OWNER: u64 = 32; // 4 words: the lease holder's process
+const C_BROKER_OWNERS: u64 = 3072; // 4 words per broker: the process serving its logs
 const C_SEQUENCER_BELL: u64 = 512;
 const C_REPLICATION_BELL: u64 = 768;
 const C_BROKER_BELLS: u64 = 1024;
@@ -92,6 +94,14 @@ pub struct LogControl<'a> {
     /// the control plane once it has declared the broker dead (the line's owner is then
     /// the control plane), so a broker that only seemed dead cannot add to the order.
     pub fence_pbr: &'a AtomicU64,
+    /// A restarted broker resumes a fenced log here: the sequencer treats the slots from
+    /// the fence up to this index as void (their publishers were told they were not
+    /// ordered) and orders again from it. Written by the resuming broker before
+    /// `resumed_fence`.
+    pub resume_pbr: &'a AtomicU64,
+    /// The `fence_pbr` value that `resume_pbr` lifts; while it differs from
+    /// `fence_pbr`, the fence holds.
+    pub resumed_fence: &'a AtomicU64,
     // --- written by the sequencer ---
     /// PBR slots below this index are in the committed GOI prefix (orders 2, 5).
     pub ordered_pbr: &'a AtomicU64,
@@ -349,6 +359,26 @@ impl Region {
         self.word(self.layout.control_off + C_LEASE_DEADLINE_NS)
     }
 
+    /// The process holding the sequencer lease (written by each new holder).
+    pub fn sequencer_owner(&self) -> OwnerRecord<'_> {
+        self.owner_at(self.layout.control_off + C_SEQUENCER_OWNER)
+    }
+
+    /// The process serving `broker`'s logs (written by each broker at start).
+    pub fn broker_owner(&self, broker: u32) -> OwnerRecord<'_> {
+        assert!(broker < self.layout.caps.brokers);
+        self.owner_at(self.layout.control_off + C_BROKER_OWNERS + 32 * broker as u64)
+    }
+
+    fn owner_at(&self, off: u64) -> OwnerRecord<'_> {
+        OwnerRecord {
+            incarnation: self.word(off),
+            boot: self.word(off + 8),
+            pid: self.word(off + 16),
+            start_ticks: self.word(off + 24),
+        }
+    }
+
     // ---------------------------------------------------------------- topics
 
     /// Writes a topic's metadata; the state word goes last. Control plane only.
@@ -438,6 +468,8 @@ impl Region {
             reclaimed_pbr: self.word(base + 16),
             reclaimed_blog: self.word(base + 24),
             fence_pbr: self.word(base + 32),
+            resume_pbr: self.word(base + 40),
+            resumed_fence: self.word(base + 48),
             ordered_pbr: self.word(base + 128),
             reclaim_request: self.word(base + 136),
             fence_ack: self.word(base + 144),
@@ -792,7 +824,7 @@ pub fn monotonic_ns() -> u64 {
 }
 
 /// The kernel's boot id as two words, or zeros when it cannot be read.
-fn boot_id() -> [u64; 2] {
+pub(crate) fn boot_id() -> [u64; 2] {
     let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
     let hex: String = text.chars().filter(|c| c.is_ascii_hexdigit()).collect();
     if hex.len() != 32 {

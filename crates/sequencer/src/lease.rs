@@ -15,7 +15,7 @@
 //! - a holder never extends a lease it no longer holds (renewal is a CAS from its own
 //!   last deadline).
 
-use embarcadero_region::{monotonic_ns, Region};
+use embarcadero_region::{monotonic_ns, Fenced, ProcessIdentity, Region};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -29,6 +29,8 @@ pub enum LeaseError {
         epoch: u64,
         remaining_ms: u64,
     },
+    #[error("the previous sequencer (pid {pid}) lost its lease but could not be stopped: {error}; stop it by hand")]
+    PredecessorAlive { pid: u32, error: String },
 }
 
 /// What the control block says about the lease right now.
@@ -89,6 +91,29 @@ impl Lease {
                 Err(current) => seen = current,
             }
         };
+        // A predecessor whose lease ran out may only be paused: on this host it is
+        // killed before this holder writes anything (a paused process would resume in
+        // the middle of an epoch's writes, after its last check of the epoch).
+        let owner = region.sequencer_owner();
+        if let Some((old_id, who)) = owner.read() {
+            match who.fence_off(Duration::from_secs(10)) {
+                Ok(Fenced::Killed) => tracing::warn!(
+                    pid = who.pid,
+                    old_id = format!("{old_id:016x}"),
+                    "the previous sequencer was still running after its lease expired (paused?); killed it before taking over"
+                ),
+                Ok(_) => {}
+                Err(e) => {
+                    // Give the lease back at once; nothing was written.
+                    region.lease_deadline_ns().store(0, Ordering::Release);
+                    return Err(LeaseError::PredecessorAlive {
+                        pid: who.pid,
+                        error: e.to_string(),
+                    });
+                }
+            }
+        }
+        owner.write(id, &ProcessIdentity::current());
         let epoch = region.fencing_epoch().fetch_add(1, Ordering::AcqRel) + 1;
         region.sequencer_id().store(id, Ordering::Release);
         let lost = Arc::new(AtomicBool::new(false));
@@ -125,6 +150,10 @@ impl Lease {
             match Self::acquire(region.clone(), id, duration) {
                 Ok(lease) => return Some(lease),
                 Err(LeaseError::Held { .. }) => std::thread::sleep(poll),
+                Err(e @ LeaseError::PredecessorAlive { .. }) => {
+                    tracing::error!("{e}; retrying");
+                    std::thread::sleep(poll);
+                }
             }
         }
     }

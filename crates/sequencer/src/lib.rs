@@ -141,6 +141,21 @@ struct Scanner {
     buffer: Vec<Pending>,
 }
 
+impl Scanner {
+    /// Takes the slot at the cursor (`None`: void) into the epoch's buffer, or, for
+    /// order 5, into the session it belongs to.
+    fn take(&mut self, sessions: &mut Option<sessions::Sessions>, entry: Option<GoiEntry>) {
+        match sessions {
+            Some(sessions) => sessions.admit(self.broker, self.cursor, entry),
+            None => self.buffer.push(Pending {
+                pbr_index: self.cursor,
+                entry,
+            }),
+        }
+        self.cursor += 1;
+    }
+}
+
 /// The end of a topic's GOI as the sequencer wrote it: the next GOI index and the next
 /// global position (what the region's sequence line says once published).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -319,12 +334,22 @@ impl Core {
         for t in &mut self.topics {
             for s in &mut t.scanners {
                 let mut taken = 0;
-                // A fenced broker's slots at or above the fence are never ordered.
-                let fence = region
-                    .log(t.topic, s.broker)
-                    .fence_pbr
-                    .load(Ordering::Acquire);
-                let limit = fence.checked_sub(1).unwrap_or(u64::MAX);
+                // A fenced broker's slots at or above the fence are never ordered; a
+                // restarted broker lifts the fence from its own first slot on, and the
+                // slots in between count as void.
+                let log = region.log(t.topic, s.broker);
+                let fence = log.fence_pbr.load(Ordering::Acquire);
+                let mut limit = fence.checked_sub(1).unwrap_or(u64::MAX);
+                if fence != 0
+                    && log.resumed_fence.load(Ordering::Acquire) == fence
+                    && s.cursor >= limit
+                {
+                    let resume = log.resume_pbr.load(Ordering::Acquire);
+                    while s.cursor < resume {
+                        s.take(&mut t.sessions, None);
+                    }
+                    limit = u64::MAX;
+                }
                 while taken < MAX_SCAN_PER_PASS && s.cursor < limit {
                     let Some(h) = region.pbr_read(t.topic, s.broker, s.cursor) else {
                         break;
@@ -343,14 +368,7 @@ impl Core {
                         flags: 0,
                         replication_token: 0,
                     });
-                    match &mut t.sessions {
-                        Some(sessions) => sessions.admit(s.broker, s.cursor, entry),
-                        None => s.buffer.push(Pending {
-                            pbr_index: s.cursor,
-                            entry,
-                        }),
-                    }
-                    s.cursor += 1;
+                    s.take(&mut t.sessions, entry);
                     taken += 1;
                 }
                 waiting += s.buffer.len();
@@ -674,6 +692,48 @@ mod tests {
         assert_eq!(log.ordered_pbr.load(Ordering::Acquire), 2);
         assert_eq!(r.topic_seq(1).committed_seq.load(Ordering::Acquire), 3);
         assert_eq!(r.goi_read(1, 2).unwrap().broker_id, 0);
+    }
+
+    #[test]
+    fn a_resumed_log_skips_the_fenced_slots_and_orders_the_new_process_slots() {
+        let (_d, r) = region(64);
+        // Broker 1 died with slot 0 committed and slot 1 a hole; slot 2 was committed
+        // after the hole. Publishers were told slots 1 and 2 are not ordered.
+        commit(&r, 1, 0, 1, true);
+        commit(&r, 1, 2, 1, true);
+        let log = r.log(1, 1);
+        log.fence_pbr.store(1 + 1, Ordering::Release);
+        let mut c = core(&r);
+        c.scan();
+        c.seal_all();
+        assert_eq!(log.fence_ack.load(Ordering::Acquire), 2);
+        // A new process voids the hole, resumes at 3 and commits slot 3.
+        commit(&r, 1, 1, 0, false);
+        log.resume_pbr.store(3, Ordering::Release);
+        log.resumed_fence.store(2, Ordering::Release);
+        commit(&r, 1, 3, 5, true);
+        c.scan();
+        c.seal_all();
+        let ordered: Vec<(u16, u64)> = (0..r.topic_seq(1).committed_seq.load(Ordering::Acquire))
+            .map(|g| {
+                let e = r.goi_read(1, g).unwrap();
+                (e.broker_id, e.pbr_index)
+            })
+            .collect();
+        assert_eq!(ordered, vec![(1, 0), (1, 3)], "slot 2 stays unordered");
+        assert_eq!(log.ordered_pbr.load(Ordering::Acquire), 4);
+        assert_eq!(
+            log.fence_ack.load(Ordering::Acquire),
+            2,
+            "the old process's answer stands"
+        );
+        // The new process dies too: a second fence holds again.
+        commit(&r, 1, 5, 1, true);
+        log.fence_pbr.store(4 + 1, Ordering::Release);
+        c.scan();
+        c.seal_all();
+        assert_eq!(log.ordered_pbr.load(Ordering::Acquire), 4);
+        assert_eq!(log.fence_ack.load(Ordering::Acquire), 5);
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub enum MemberState {
     Local,
     /// A follower whose heartbeats arrive.
     Alive,
+    /// A restarted follower that claimed its id and is taking over its logs; it serves
+    /// once it joins with its address.
+    Joining,
     /// A follower that stopped sending heartbeats.
     Dead,
     /// No process has claimed this id yet.
@@ -51,7 +54,7 @@ pub enum JoinError {
     Taken { id: u32, addr: String, ago_ms: u64 },
     #[error("broker {id} is not a member under incarnation {incarnation} (it was declared dead or replaced); join again")]
     NotMember { id: u32, incarnation: u64 },
-    #[error("broker {id} was declared dead and fenced (publishers moved its batches away); its logs cannot be resumed yet, so it stops serving: restart the head or use another --broker-id")]
+    #[error("broker {id} was declared dead and fenced (publishers moved its batches away), so this process stops serving; start a new `embarcadero broker --follower` for the id: it resumes the logs")]
     Fenced { id: u32 },
 }
 
@@ -152,25 +155,77 @@ impl Membership {
         }
     }
 
+    /// A restarted follower claims `id` before it touches the logs the previous
+    /// process left: refused while that process is alive; otherwise `fence` runs under
+    /// the membership lock (the logs are fenced before anyone resumes them, so
+    /// publishers of the old process get exact answers), and the id is taken by
+    /// `incarnation` without an address until it joins.
+    pub fn claim(
+        &self,
+        id: u32,
+        incarnation: u64,
+        fence: impl FnOnce() -> usize,
+    ) -> Result<usize, JoinError> {
+        let mut members = self.members.lock();
+        let brokers = members.len() as u32;
+        let now = Instant::now();
+        let Some(m) = members.get_mut(id as usize) else {
+            return Err(JoinError::OutOfRange { id, brokers });
+        };
+        if m.local {
+            return Err(JoinError::Local { id });
+        }
+        if self.alive(m, now) && m.incarnation != incarnation {
+            return Err(JoinError::Taken {
+                id,
+                addr: m.addr.map(|a| a.to_string()).unwrap_or_default(),
+                ago_ms: m
+                    .last_heartbeat
+                    .map_or(0, |t| now.duration_since(t).as_millis() as u64),
+            });
+        }
+        let fenced = fence();
+        if m.incarnation != incarnation {
+            m.joins += 1;
+        }
+        m.addr = None;
+        m.incarnation = incarnation;
+        m.last_heartbeat = Some(now);
+        Ok(fenced)
+    }
+
     /// Runs `fence` if broker `id` is dead, holding the membership lock so it cannot
-    /// rejoin meanwhile; otherwise returns its state.
-    pub fn fence_if_dead<T>(&self, id: u32, fence: impl FnOnce() -> T) -> Result<T, MemberState> {
+    /// rejoin meanwhile; otherwise returns its state. A question about an `incarnation`
+    /// that a restarted process has replaced needs no fence (its claim set one): `fence`
+    /// does not run and the answer is `Ok(None)`.
+    pub fn fence_if_dead<T>(
+        &self,
+        id: u32,
+        incarnation: Option<u64>,
+        fence: impl FnOnce() -> T,
+    ) -> Result<Option<T>, MemberState> {
         let members = self.members.lock();
         let Some(m) = members.get(id as usize) else {
             return Err(MemberState::Absent);
         };
         let now = Instant::now();
+        if incarnation.is_some_and(|i| !m.local && m.last_heartbeat.is_some() && i != m.incarnation)
+        {
+            return Ok(None);
+        }
         if m.local || m.last_heartbeat.is_none() || self.alive(m, now) {
             let state = if m.local {
                 MemberState::Local
             } else if m.last_heartbeat.is_none() {
                 MemberState::Absent
+            } else if m.addr.is_none() {
+                MemberState::Joining
             } else {
                 MemberState::Alive
             };
             return Err(state);
         }
-        Ok(fence())
+        Ok(Some(fence()))
     }
 
     pub fn view(&self) -> Vec<MemberView> {
@@ -186,6 +241,8 @@ impl Membership {
                     MemberState::Local
                 } else if m.last_heartbeat.is_none() {
                     MemberState::Absent
+                } else if self.alive(m, now) && m.addr.is_none() {
+                    MemberState::Joining
                 } else if self.alive(m, now) {
                     MemberState::Alive
                 } else {
@@ -253,18 +310,63 @@ mod tests {
                 incarnation: 7
             })
         );
-        assert_eq!(m.fence_if_dead(1, || "fenced"), Ok("fenced"));
+        assert_eq!(m.fence_if_dead(1, None, || "fenced"), Ok(Some("fenced")));
         assert_eq!(
             m.join(1, addr(3), 9, || true),
             Err(JoinError::Fenced { id: 1 }),
             "a fenced broker cannot come back"
         );
         m.join(1, addr(3), 9, || false).unwrap();
-        assert_eq!(m.fence_if_dead(1, || ()), Err(MemberState::Alive));
+        assert_eq!(m.fence_if_dead(1, None, || ()), Err(MemberState::Alive));
         let v = &m.view()[1];
         assert_eq!(
             (v.state, v.joins, v.addr.as_deref()),
             (MemberState::Alive, 2, Some("127.0.0.1:3"))
+        );
+    }
+
+    #[test]
+    fn a_restarted_follower_claims_its_id_fences_the_old_logs_then_joins() {
+        let timeout = Duration::from_millis(20);
+        let m = Membership::new(2, &[], timeout);
+        m.join(1, addr(2), 7, || false).unwrap();
+        assert!(
+            matches!(m.claim(1, 8, || 1), Err(JoinError::Taken { id: 1, .. })),
+            "not while the old process is alive"
+        );
+        let start = Instant::now();
+        while start.elapsed() <= timeout {
+            std::hint::spin_loop();
+        }
+        let mut fenced_under_claim = false;
+        assert_eq!(
+            m.claim(1, 8, || {
+                fenced_under_claim = true;
+                3
+            }),
+            Ok(3)
+        );
+        assert!(fenced_under_claim);
+        let v = &m.view()[1];
+        assert_eq!((v.state, v.addr.as_deref()), (MemberState::Joining, None));
+        assert_eq!(
+            m.fence_if_dead(1, Some(7), || unreachable!(
+                "the claim fenced incarnation 7"
+            )),
+            Ok(None),
+            "questions about the replaced incarnation are answered without a new fence"
+        );
+        assert_eq!(
+            m.fence_if_dead(1, Some(8), || ()),
+            Err(MemberState::Joining),
+            "the new incarnation is not dead"
+        );
+        m.join(1, addr(3), 8, || false).unwrap();
+        assert_eq!(m.view()[1].state, MemberState::Alive);
+        assert_eq!(
+            m.claim(0, 9, || 0),
+            Ok(0),
+            "an absent id is claimed at once"
         );
     }
 }

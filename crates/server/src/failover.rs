@@ -21,13 +21,20 @@ pub enum FailoverError {
     NotDurable { broker: u32, waited_ms: u64 },
 }
 
-/// Whether any log of `broker` is fenced (it was declared dead and failed over).
-pub fn is_fenced(region: &Region, broker: u32) -> bool {
-    (0..region.capacities().max_topics)
-        .any(|topic| region.log(topic, broker).fence_pbr.load(Ordering::Acquire) != 0)
+/// Whether the log has a fence that no restarted broker has lifted yet.
+fn holds_fence(log: &embarcadero_region::LogControl<'_>) -> bool {
+    let fence = log.fence_pbr.load(Ordering::Acquire);
+    fence != 0 && log.resumed_fence.load(Ordering::Acquire) != fence
 }
 
-/// Fences every log of `broker` that has no fence yet; returns how many it fenced.
+/// Whether any log of `broker` is fenced (it was declared dead and failed over) and
+/// not resumed by a new process since.
+pub fn is_fenced(region: &Region, broker: u32) -> bool {
+    (0..region.capacities().max_topics).any(|topic| holds_fence(&region.log(topic, broker)))
+}
+
+/// Fences every log of `broker` that has no fence yet (or only one a restarted
+/// broker has lifted: a fence per incarnation); returns how many it fenced.
 pub fn fence_broker(region: &Region, broker: u32) -> usize {
     let mut fenced = 0;
     for topic in 0..region.capacities().max_topics {
@@ -35,7 +42,7 @@ pub fn fence_broker(region: &Region, broker: u32) -> usize {
             continue;
         }
         let log = region.log(topic, broker);
-        if log.fence_pbr.load(Ordering::Acquire) != 0 {
+        if holds_fence(&log) {
             continue;
         }
         // Everything below `ordered_pbr` is committed; walk the committed run above it.

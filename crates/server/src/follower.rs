@@ -136,9 +136,17 @@ impl Follower {
             )));
         }
         let region = attach_head_region(&doc, config.region_path.as_ref())?;
-        refuse_leftover_logs(&region, config.broker_id)?;
+        let incarnation = embarcadero_region::owner::new_incarnation();
+        // The id first: the head refuses it while the previous process is alive, and
+        // fences the logs that process left, so its publishers get exact answers before
+        // this process resumes those logs (in `Broker::start`).
+        let dead_after = Duration::from_millis(
+            doc.config.cluster.heartbeat_interval_ms * doc.config.cluster.heartbeat_misses as u64,
+        );
+        claim(&config.head, config.broker_id, incarnation, dead_after)?;
         let broker_config = crate::broker_config(
             config.broker_id,
+            incarnation,
             config.listen,
             &doc.config.broker,
             doc.config.sequencer.session_window,
@@ -174,7 +182,7 @@ impl Follower {
         let call = MembershipCall {
             id: config.broker_id,
             addr: advertised,
-            incarnation: crate::new_sequencer_id(),
+            incarnation,
         };
         // Claimed only once the port serves, so clients never see a dead address.
         post(&config.head, "join", &call)?;
@@ -243,25 +251,49 @@ impl Drop for Follower {
     }
 }
 
-/// A broker id whose logs hold data from an earlier process cannot be served by a new
-/// one yet: the new broker would start its logs from zero over the old ones.
-fn refuse_leftover_logs(region: &Region, broker: u32) -> Result<(), ServerError> {
-    for topic in 0..region.capacities().max_topics {
-        let Some(meta) = region.topic_meta(topic) else {
-            continue;
-        };
-        let written = region
-            .log(topic, broker)
-            .written_frontier
-            .load(Ordering::Acquire);
-        if written > 0 {
-            return Err(ServerError::Start(format!(
-                "broker {broker} already has {written} batches of topic {:?} in this region from an earlier process; resuming a broker's logs is not supported yet, so restart the head (which starts a fresh region and recovers replicated topics) or use an unused --broker-id",
-                meta.name
-            )));
+/// Claims `id` for `incarnation`. A restart can be quicker than the head's failure
+/// detection: while the previous process still counts as alive, the claim is retried
+/// until the head has had time to declare it dead.
+fn claim(head: &str, id: u32, incarnation: u64, dead_after: Duration) -> Result<(), ServerError> {
+    #[derive(serde::Serialize)]
+    struct Claim {
+        id: u32,
+        incarnation: u64,
+    }
+    let url = format!("http://{head}/v1/cluster/claim");
+    let deadline = std::time::Instant::now() + dead_after * 2 + Duration::from_secs(1);
+    let mut told = false;
+    loop {
+        match ureq::post(&url)
+            .timeout(Duration::from_secs(5))
+            .send_json(Claim { id, incarnation })
+        {
+            Ok(_) => return Ok(()),
+            Err(ureq::Error::Status(409, response)) if std::time::Instant::now() < deadline => {
+                if !std::mem::replace(&mut told, true) {
+                    let body: serde_json::Value = response.into_json().unwrap_or_default();
+                    tracing::info!(
+                        broker = id,
+                        "{}; waiting for the head to declare that process dead",
+                        body["error"].as_str().unwrap_or("the id is taken")
+                    );
+                }
+                std::thread::sleep(dead_after / 4);
+            }
+            Err(ureq::Error::Status(code, response)) => {
+                let body: serde_json::Value = response.into_json().unwrap_or_default();
+                return Err(ServerError::Start(format!(
+                    "the head refused broker id {id} ({code}): {}",
+                    body["error"].as_str().unwrap_or("no reason given")
+                )));
+            }
+            Err(e) => {
+                return Err(ServerError::Start(format!(
+                    "cannot reach the head at {head}: {e}"
+                )))
+            }
         }
     }
-    Ok(())
 }
 
 fn post(head: &str, what: &str, call: &MembershipCall) -> Result<(), ServerError> {

@@ -3,9 +3,10 @@
 //! | method | path | |
 //! |---|---|---|
 //! | GET | `/v1/cluster` | live brokers (clients discover brokers here), every member and its state, the region, the sequencer lease |
-//! | POST | `/v1/cluster/join` | a follower claims a broker id: `{"id","addr","incarnation"}` |
+//! | POST | `/v1/cluster/claim` | a starting follower takes a broker id and fences the logs its previous process left, before it resumes them: `{"id","incarnation"}` |
+//! | POST | `/v1/cluster/join` | a follower serves a broker id at an address: `{"id","addr","incarnation"}` |
 //! | POST | `/v1/cluster/heartbeat` | a follower is alive: `{"id","incarnation"}` |
-//! | POST | `/v1/failover` | which of a publisher's batches through a dead broker were ordered: `{"topic","broker","client_id","batch_ids","ack_level"}` |
+//! | POST | `/v1/failover` | which of a publisher's batches through a dead broker were ordered: `{"topic","broker","incarnation","client_id","batch_ids","ack_level"}` |
 //! | GET | `/v1/status` | cluster, topics with counters, broker and sequencer metrics |
 //! | GET | `/v1/topics` | every topic |
 //! | POST | `/v1/topics` | create: `{"name","order","replication_factor","default_ack"}` |
@@ -62,6 +63,7 @@ fn route(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'static str,
         (Get, "/healthz") => (200, "text/plain", "ok\n".into()),
         (Get, "/metrics") => (200, "text/plain; version=0.0.4", metrics(inner)),
         (Get, "/v1/cluster") => json_ok(cluster(inner)),
+        (Post, "/v1/cluster/claim") => claim_call(inner, request),
         (Post, "/v1/cluster/join") => membership_call(inner, request, true),
         (Post, "/v1/cluster/heartbeat") => membership_call(inner, request, false),
         (Post, "/v1/failover") => failover_call(inner, request),
@@ -147,6 +149,7 @@ fn cluster(inner: &Inner) -> serde_json::Value {
         "brokers": members.iter().filter(|m| matches!(m.state, MemberState::Local | MemberState::Alive)).map(|m| json!({
             "id": m.id,
             "addr": m.addr,
+            "incarnation": m.incarnation,
         })).collect::<Vec<_>>(),
         "members": members,
         "epoch_us": inner.config.sequencer.epoch_us,
@@ -182,6 +185,10 @@ fn failover_call(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'sta
     struct Call {
         topic: String,
         broker: u32,
+        /// The broker process the batches went to (from `/v1/cluster`); absent: the
+        /// one serving the id now.
+        #[serde(default)]
+        incarnation: Option<u64>,
         client_id: u64,
         batch_ids: Vec<u64>,
         #[serde(default = "one")]
@@ -210,12 +217,15 @@ fn failover_call(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'sta
             ),
         );
     }
-    let fenced = inner.membership.fence_if_dead(call.broker, || {
-        crate::failover::fence_broker(&inner.region, call.broker)
-    });
+    let fenced =
+        inner
+            .membership
+            .fence_if_dead(call.broker, call.incarnation.filter(|&i| i != 0), || {
+                crate::failover::fence_broker(&inner.region, call.broker)
+            });
     match fenced {
-        Ok(0) => {}
-        Ok(logs) => tracing::warn!(
+        Ok(None | Some(0)) => {}
+        Ok(Some(logs)) => tracing::warn!(
             broker = call.broker,
             logs,
             "dead broker fenced: its uncommitted slots will never be ordered"
@@ -251,6 +261,45 @@ fn failover_call(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'sta
             json!({ "ordered": ids }).to_string(),
         ),
         Err(e) => error(503, e.to_string()),
+    }
+}
+
+/// `POST /v1/cluster/claim`: `{"id","incarnation"}`; answers how many logs it fenced.
+fn claim_call(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'static str, String) {
+    #[derive(serde::Deserialize)]
+    struct Call {
+        id: u32,
+        incarnation: u64,
+    }
+    let call: Call = match read_json(request, r#"{"id": 1, "incarnation": 7}"#) {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    if call.incarnation == 0 {
+        return error(
+            400,
+            "incarnation 0 is reserved; pick any other number".into(),
+        );
+    }
+    match inner.membership.claim(call.id, call.incarnation, || {
+        crate::failover::fence_broker(&inner.region, call.id)
+    }) {
+        Ok(fenced) => {
+            tracing::info!(
+                broker = call.id,
+                incarnation = call.incarnation,
+                fenced,
+                "broker id claimed by a starting follower"
+            );
+            (
+                200,
+                "application/json",
+                json!({ "fenced_logs": fenced }).to_string(),
+            )
+        }
+        // Only a taken id can clear (once its holder is declared dead).
+        Err(e @ JoinError::Taken { .. }) => error(409, e.to_string()),
+        Err(e) => error(400, e.to_string()),
     }
 }
 

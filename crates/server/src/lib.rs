@@ -151,6 +151,7 @@ impl Server {
             };
             let broker_config = broker_config(
                 id,
+                embarcadero_region::owner::new_incarnation(),
                 SocketAddr::new(ip, port),
                 &config.broker,
                 config.sequencer.session_window,
@@ -292,6 +293,7 @@ impl Drop for Server {
 /// The settings of broker `id` (the head's own, or a follower's from the head's).
 pub(crate) fn broker_config(
     id: u32,
+    incarnation: u64,
     listen: SocketAddr,
     b: &config::BrokerSettings,
     session_window: u64,
@@ -299,6 +301,7 @@ pub(crate) fn broker_config(
 ) -> BrokerConfig {
     BrokerConfig {
         broker_id: id,
+        incarnation,
         listen,
         max_message_bytes: b.max_message_bytes,
         max_batch_bytes: b.max_batch_bytes,
@@ -336,14 +339,6 @@ pub(crate) fn sequencer_config_of(
     }
 }
 
-/// A fresh sequencer id: distinct across processes and restarts.
-pub fn new_sequencer_id() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    ((std::process::id() as u64) << 40 ^ nanos) | 1
-}
-
 /// Takes the region's sequencer lease, then starts the embedded sequencer.
 fn start_sequencer(
     config: &ServerConfig,
@@ -351,7 +346,7 @@ fn start_sequencer(
 ) -> Result<(Sequencer, Lease), ServerError> {
     let lease = Lease::acquire(
         region.clone(),
-        new_sequencer_id(),
+        embarcadero_region::owner::new_incarnation(),
         Duration::from_millis(config.cluster.sequencer_lease_ms),
     )
     .map_err(|e| ServerError::Start(e.to_string()))?;

@@ -47,7 +47,7 @@ impl SequencerProcess {
         let doc = fetch_cluster(&config.head)?;
         let region = attach_head_region(&doc, config.region_path.as_ref())?;
         let duration = Duration::from_millis(doc.config.cluster.sequencer_lease_ms);
-        let id = crate::new_sequencer_id();
+        let id = embarcadero_region::owner::new_incarnation();
         // With etcd: lead there first (standbys wait in the campaign), then take the
         // region's lease, waiting for a dead predecessor's to run out.
         let leadership = match &config.etcd {
