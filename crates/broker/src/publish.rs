@@ -325,9 +325,12 @@ fn receive_batches(
         region.pbr_commit(topic, broker, reservation.pbr_index, &committed);
         push_pending(conn, header.batch_seq, reservation.pbr_index);
         if conn.order >= 2 {
+            // The service thread acknowledges these once they are ordered, woken by the
+            // sequencer: waking it for the commit as well would double its wake-ups.
             region.sequencer_bell().ring();
+        } else {
+            region.broker_bell(broker).ring();
         }
-        region.broker_bell(broker).ring();
         StageTimes::lap(&stages.commit, validated);
         expected_seq += 1;
     }
