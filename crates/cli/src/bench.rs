@@ -65,7 +65,9 @@ pub struct BenchArgs {
     pub no_deflect: bool,
     /// Publish at this fixed rate (MB/s of payload) instead of as fast as possible, on a
     /// schedule fixed in advance (a late message is not excused by the lateness of the
-    /// ones before it), to measure latency below saturation.
+    /// ones before it), to measure latency below saturation. The schedule starts once
+    /// every publisher has connected; append-to-ack latency runs from the due time of a
+    /// batch's first message.
     #[arg(long)]
     pub rate: Option<f64>,
     /// Use a running server instead of starting an embedded one.
@@ -160,6 +162,9 @@ pub fn run(args: BenchArgs) -> CliResult {
         ..PublisherConfig::default()
     };
     let publishers = args.publishers.max(1);
+    // With --rate, the publishers connect first and the schedule starts when all have.
+    let ready = std::sync::Barrier::new(publishers);
+    let schedule_start = std::sync::OnceLock::new();
     let progress = AtomicU64::new(0);
     let cpu_before = process_cpu_seconds();
     let start = Instant::now();
@@ -175,7 +180,8 @@ pub fn run(args: BenchArgs) -> CliResult {
                     index: p,
                     of: publishers,
                     messages: share,
-                    start,
+                    ready: &ready,
+                    schedule_start: &schedule_start,
                 };
                 scope.spawn(move || run_publisher(control, topic, config, args, plan, progress))
             })
@@ -193,6 +199,8 @@ pub fn run(args: BenchArgs) -> CliResult {
             .collect()
     });
     let runs = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    // A fixed-rate run's throughput is over its schedule (connecting is not part of it).
+    let start = schedule_start.get().copied().unwrap_or(start);
     let publish_elapsed = start.elapsed();
     let stats = merge_stats(&runs);
     let behind_max = runs.iter().map(|r| r.behind_max).max().unwrap_or_default();
@@ -363,16 +371,34 @@ struct PublisherRun {
 
 /// One publisher's part of the run.
 #[derive(Clone, Copy)]
-struct Share {
+struct Share<'a> {
     index: usize,
     of: usize,
     messages: u64,
-    start: Instant,
+    /// Every publisher waits here once connected (or failed to) ...
+    ready: &'a std::sync::Barrier,
+    /// ... and the schedule starts at the instant the last one to arrive sets here.
+    schedule_start: &'a std::sync::OnceLock<Instant>,
+}
+
+impl Share<'_> {
+    /// Waits for every publisher, then returns the common start of the schedule.
+    fn start(&self) -> Instant {
+        if self.ready.wait().is_leader() {
+            let _ = self.schedule_start.set(Instant::now());
+        }
+        self.ready.wait();
+        *self
+            .schedule_start
+            .get()
+            .expect("set by the barrier's leader")
+    }
 }
 
 /// Publishes this publisher's share on its part of the schedule: with `--rate`,
 /// message i of publisher p is due at start + (i * publishers + p) * interval (fixed in
-/// advance: a late message is not excused by the lateness of the ones before it).
+/// advance: a late message is not excused by the lateness of the ones before it), and
+/// is published with that due time, which its batch's append-to-ack latency starts from.
 fn run_publisher(
     control: &str,
     topic: &str,
@@ -381,27 +407,35 @@ fn run_publisher(
     share: Share,
     progress: &AtomicU64,
 ) -> Result<PublisherRun, String> {
-    let publisher = Publisher::connect(control, topic, config).map_err(|e| e.to_string())?;
+    let publisher = Publisher::connect(control, topic, config).map_err(|e| e.to_string());
+    // Even a publisher that failed to connect takes its place at the barrier.
+    let start = args.rate.map(|_| share.start());
+    let publisher = publisher?;
     let payload: Vec<u8> = (0..args.size).map(|i| (i % 251) as u8).collect();
     let interval = args
         .rate
         .map(|mb_s| Duration::from_secs_f64(args.size as f64 / (mb_s * 1e6)));
     let mut behind_max = Duration::ZERO;
     for i in 0..share.messages {
-        if let Some(interval) = interval {
+        if let (Some(interval), Some(start)) = (interval, start) {
             let slot = i * share.of as u64 + share.index as u64;
-            let due = share.start + interval.mul_f64(slot as f64);
+            let due = start + interval.mul_f64(slot as f64);
             let now = Instant::now();
             if due > now {
                 // Sleep, do not spin: a spinning publisher would take one of the two
                 // cores from the system being measured. Messages that fall due while
                 // it sleeps go out together when it wakes.
                 std::thread::sleep(due - now);
-            } else {
-                behind_max = behind_max.max(now - due);
             }
+            // Lateness at the publish, wake-up delay included (as the peers' generators
+            // report it).
+            behind_max = behind_max.max(Instant::now().saturating_duration_since(due));
+            publisher
+                .publish_due(&payload, due)
+                .map_err(|e| e.to_string())?;
+        } else {
+            publisher.publish(&payload).map_err(|e| e.to_string())?;
         }
-        publisher.publish(&payload).map_err(|e| e.to_string())?;
         if i % 1024 == 1023 {
             progress.fetch_add(1024, Ordering::Relaxed);
         }
