@@ -201,7 +201,14 @@ pub fn run(args: BenchArgs) -> CliResult {
     let runs = results.into_iter().collect::<Result<Vec<_>, _>>()?;
     // A fixed-rate run's throughput is over its schedule (connecting is not part of it).
     let start = schedule_start.get().copied().unwrap_or(start);
-    let publish_elapsed = start.elapsed();
+    // Up to the last acknowledgement, not to when the loop above (which polls every
+    // 100 ms) saw the publishers finish.
+    let publish_elapsed = runs
+        .iter()
+        .map(|r| r.flushed_at)
+        .max()
+        .unwrap_or_else(Instant::now)
+        .saturating_duration_since(start);
     let stats = merge_stats(&runs);
     let behind_max = runs.iter().map(|r| r.behind_max).max().unwrap_or_default();
     // Subscribe-only: the topic is full now; one subscriber reads it all from the start.
@@ -367,6 +374,8 @@ struct PublisherRun {
     appended: Histogram<u64>,
     /// Worst lateness against the fixed schedule (`--rate`).
     behind_max: Duration,
+    /// When everything it published was acknowledged.
+    flushed_at: Instant,
 }
 
 /// One publisher's part of the run.
@@ -441,6 +450,7 @@ fn run_publisher(
         }
     }
     publisher.flush().map_err(|e| e.to_string())?;
+    let flushed_at = Instant::now();
     let (sealed, appended) = publisher.latency_histograms();
     let stats = publisher.close().map_err(|e| e.to_string())?;
     Ok(PublisherRun {
@@ -448,6 +458,7 @@ fn run_publisher(
         sealed,
         appended,
         behind_max,
+        flushed_at,
     })
 }
 
