@@ -1,8 +1,14 @@
 // natsbench publishes fixed-size messages to one JetStream stream with asynchronous publishes
 // and a bounded window of unacknowledged messages, then prints one JSON summary line:
-// throughput between the first publish and the last acknowledgement, and the latency from
-// each publish call to its acknowledgement (a JetStream PubAck, sent once the stream has
-// stored the message).
+// throughput between the first publish and the last acknowledgement, and the latency of
+// each message to its acknowledgement (a JetStream PubAck, sent once the stream has stored
+// the message).
+//
+// Without -rate it publishes as fast as the window allows and latency runs from each
+// publish call. With -rate MB/s message i is due at start + i x size / rate, a schedule
+// fixed in advance, and its latency runs from that due time: a publisher held up by a full
+// window or a slow server does not excuse the messages that fall due meanwhile
+// (coordinated omission).
 //
 // It is the NATS side of scripts/peers/run.sh; see docs/BENCHMARKS.md.
 package main
@@ -14,6 +20,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -31,11 +38,17 @@ type summary struct {
 	StreamMsgs uint64             `json:"stream_msgs"`
 	Window     int                `json:"window"`
 	Storage    string             `json:"storage"`
+	// Fixed-rate runs: the offered rate, and how late the worst publish call was against
+	// its due time (the sender's own lag: sleep wake-ups, a full window).
+	OfferedMBPerS     *float64 `json:"offered_mb_per_s"`
+	LatencyFrom       string   `json:"latency_from"`
+	ScheduleMaxLateMs *float64 `json:"schedule_max_lateness_ms,omitempty"`
 }
 
 type inflight struct {
-	fut  jetstream.PubAckFuture
-	sent time.Time
+	fut jetstream.PubAckFuture
+	// The message's due time with -rate, else the time of its publish call.
+	from time.Time
 }
 
 func main() {
@@ -47,6 +60,7 @@ func main() {
 	window := flag.Int("window", 8192, "most unacknowledged publishes at once")
 	storage := flag.String("storage", "file", "stream storage: file or memory")
 	timeout := flag.Duration("timeout", 5*time.Minute, "give up after this long")
+	rate := flag.Float64("rate", 0, "publish at this fixed rate, MB/s of payload (10^6 B), on a schedule fixed in advance; latency from each message's due time (0: as fast as the window allows)")
 	flag.Parse()
 
 	count := *total / int64(*size)
@@ -98,7 +112,7 @@ func main() {
 		for f := range pending {
 			select {
 			case <-f.fut.Ok():
-				lat = append(lat, time.Since(f.sent).Nanoseconds())
+				lat = append(lat, time.Since(f.from).Nanoseconds())
 			case err := <-f.fut.Err():
 				errs++
 				if errs <= 5 {
@@ -112,8 +126,19 @@ func main() {
 		done <- time.Now()
 	}()
 
+	// With -rate, message i is due at start + i x interval.
+	interval := 0.0
+	if *rate > 0 {
+		interval = float64(*size) / (*rate * 1e6) * 1e9
+	}
+	var lateMax time.Duration
 	start := time.Now()
 	for i := int64(0); i < count; i++ {
+		var due time.Time
+		if interval > 0 {
+			due = start.Add(time.Duration(float64(i) * interval))
+			sleepUntil(due)
+		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
@@ -123,6 +148,10 @@ func main() {
 		fut, err := js.PublishAsync(*subject, payload)
 		if err != nil {
 			fail("publish %d: %v", i, err)
+		}
+		if interval > 0 {
+			lateMax = max(lateMax, t.Sub(due))
+			t = due
 		}
 		pending <- inflight{fut, t}
 	}
@@ -136,16 +165,22 @@ func main() {
 	}
 	bytes := count * int64(*size)
 	out := summary{
-		Messages:   count,
-		Bytes:      bytes,
-		Seconds:    secs,
-		MBPerS:     float64(bytes) / secs / 1e6,
-		MsgsPerS:   float64(count) / secs,
-		LatencyMs:  percentiles(lat),
-		Errors:     errs,
-		StreamMsgs: info.State.Msgs,
-		Window:     *window,
-		Storage:    *storage,
+		Messages:    count,
+		Bytes:       bytes,
+		Seconds:     secs,
+		MBPerS:      float64(bytes) / secs / 1e6,
+		MsgsPerS:    float64(count) / secs,
+		LatencyMs:   percentiles(lat),
+		Errors:      errs,
+		StreamMsgs:  info.State.Msgs,
+		Window:      *window,
+		Storage:     *storage,
+		LatencyFrom: "publish call",
+	}
+	if interval > 0 {
+		late := float64(lateMax.Nanoseconds()) / 1e6
+		out.OfferedMBPerS, out.ScheduleMaxLateMs = rate, &late
+		out.LatencyFrom = "scheduled send time"
 	}
 	enc := json.NewEncoder(os.Stdout)
 	if err := enc.Encode(out); err != nil {
@@ -154,6 +189,21 @@ func main() {
 	if errs > 0 || info.State.Msgs != uint64(count) {
 		fmt.Fprintf(os.Stderr, "natsbench: %d errors, stream holds %d of %d messages\n", errs, info.State.Msgs, count)
 		os.Exit(1)
+	}
+}
+
+// sleepUntil blocks the calling thread in nanosleep until t (if t is still ahead). Go's
+// time.Sleep wakes up about 1 ms late on this kernel for sub-millisecond sleeps (the
+// runtime's poller waits in milliseconds); nanosleep wakes within the kernel's timer slack
+// (~50-100 us), as Rust's thread::sleep and Java's parkNanos do in the other generators.
+// Messages that fall due while it sleeps go out together when it wakes.
+func sleepUntil(t time.Time) {
+	d := time.Until(t)
+	if d <= 0 {
+		return
+	}
+	ts := syscall.NsecToTimespec(d.Nanoseconds())
+	for syscall.Nanosleep(&ts, &ts) == syscall.EINTR {
 	}
 }
 
