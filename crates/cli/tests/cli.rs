@@ -273,8 +273,9 @@ fn bench_fills_a_topic_with_parallel_publishers_and_reads_it_back() {
     );
 }
 
-/// `bench --rate` with several publishers: they connect, start one schedule together and
-/// keep it (the run takes the schedule's length, not less), and the latency is reported.
+/// `bench --rate` with several publishers: they connect, warm up, start one schedule
+/// together and keep it (the run takes the schedule's length, not less); the warm-up is
+/// left out of the counts, and the latency is reported.
 #[test]
 fn bench_at_a_fixed_rate_keeps_the_schedule() {
     let out = Command::new(BIN)
@@ -286,12 +287,16 @@ fn bench_at_a_fixed_rate_keeps_the_schedule() {
             "4194304",
             "--rate",
             "20",
+            "--warmup-messages",
+            "1000",
             "--json",
         ])
         .output()
         .unwrap();
     let figures: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
     assert_eq!(figures["messages"], 4096);
+    assert_eq!(figures["payload_bytes"], 4194304);
+    assert_eq!(figures["warmup_messages"], 1000);
     assert_eq!(figures["rate_mb_per_s"], 20.0);
     // 4 MiB at 20 MB/s: the last message is due after 0.21 s.
     let seconds = figures["publish_seconds"].as_f64().unwrap();
