@@ -8,7 +8,8 @@
 // publish call. With -rate MB/s message i is due at start + i x size / rate, a schedule
 // fixed in advance, and its latency runs from that due time: a publisher held up by a full
 // window or a slow server does not excuse the messages that fall due meanwhile
-// (coordinated omission).
+// (coordinated omission). -warmup N first publishes N messages on a schedule of their own
+// and waits for their acknowledgements; they are left out of every figure.
 //
 // It is the NATS side of scripts/peers/run.sh; see docs/BENCHMARKS.md.
 package main
@@ -43,6 +44,8 @@ type summary struct {
 	OfferedMBPerS     *float64 `json:"offered_mb_per_s"`
 	LatencyFrom       string   `json:"latency_from"`
 	ScheduleMaxLateMs *float64 `json:"schedule_max_lateness_ms,omitempty"`
+	// Messages published (and acknowledged) before the measured ones, not counted.
+	Warmup int64 `json:"warmup_messages"`
 }
 
 type inflight struct {
@@ -61,7 +64,11 @@ func main() {
 	storage := flag.String("storage", "file", "stream storage: file or memory")
 	timeout := flag.Duration("timeout", 5*time.Minute, "give up after this long")
 	rate := flag.Float64("rate", 0, "publish at this fixed rate, MB/s of payload (10^6 B), on a schedule fixed in advance; latency from each message's due time (0: as fast as the window allows)")
+	warmup := flag.Int64("warmup", 0, "with -rate: first publish this many messages on the schedule, wait for their acknowledgements, and leave them out of the figures")
 	flag.Parse()
+	if *warmup < 0 || (*warmup > 0 && *rate <= 0) {
+		fail("-warmup needs -rate")
+	}
 
 	count := *total / int64(*size)
 	if count < 1 {
@@ -101,63 +108,20 @@ func main() {
 		payload[i] = byte('a' + i%26)
 	}
 
-	lat := make([]int64, 0, count)
-	var errs int64
-	sem := make(chan struct{}, *window)
-	pending := make(chan inflight, *window)
-	done := make(chan time.Time)
-	// Acknowledgements come back in publish order (one stream, one connection), so they
-	// are collected in that order.
-	go func() {
-		for f := range pending {
-			select {
-			case <-f.fut.Ok():
-				lat = append(lat, time.Since(f.from).Nanoseconds())
-			case err := <-f.fut.Err():
-				errs++
-				if errs <= 5 {
-					fmt.Fprintf(os.Stderr, "natsbench: publish error: %v\n", err)
-				}
-			case <-ctx.Done():
-				fail("timed out waiting for acknowledgements")
-			}
-			<-sem
-		}
-		done <- time.Now()
-	}()
-
-	// With -rate, message i is due at start + i x interval.
+	// With -rate, message i of a phase is due at its start + i x interval.
 	interval := 0.0
 	if *rate > 0 {
 		interval = float64(*size) / (*rate * 1e6) * 1e9
 	}
-	var lateMax time.Duration
-	start := time.Now()
-	for i := int64(0); i < count; i++ {
-		var due time.Time
-		if interval > 0 {
-			due = start.Add(time.Duration(float64(i) * interval))
-			sleepUntil(due)
-		}
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			fail("timed out publishing")
-		}
-		t := time.Now()
-		fut, err := js.PublishAsync(*subject, payload)
-		if err != nil {
-			fail("publish %d: %v", i, err)
-		}
-		if interval > 0 {
-			lateMax = max(lateMax, t.Sub(due))
-			t = due
-		}
-		pending <- inflight{fut, t}
+	var errs int64
+	if *warmup > 0 {
+		// Warm-up: published and acknowledged, not measured.
+		errs += publish(ctx, js, *subject, payload, *warmup, *window, interval).errs
 	}
-	close(pending)
-	end := <-done
-	secs := end.Sub(start).Seconds()
+	ph := publish(ctx, js, *subject, payload, count, *window, interval)
+	errs += ph.errs
+	lat, lateMax := ph.lat, ph.lateMax
+	secs := ph.end.Sub(ph.start).Seconds()
 
 	info, err := s.Info(ctx)
 	if err != nil {
@@ -176,6 +140,7 @@ func main() {
 		Window:      *window,
 		Storage:     *storage,
 		LatencyFrom: "publish call",
+		Warmup:      *warmup,
 	}
 	if interval > 0 {
 		late := float64(lateMax.Nanoseconds()) / 1e6
@@ -186,10 +151,76 @@ func main() {
 	if err := enc.Encode(out); err != nil {
 		fail("encode: %v", err)
 	}
-	if errs > 0 || info.State.Msgs != uint64(count) {
-		fmt.Fprintf(os.Stderr, "natsbench: %d errors, stream holds %d of %d messages\n", errs, info.State.Msgs, count)
+	if errs > 0 || info.State.Msgs != uint64(count+*warmup) {
+		fmt.Fprintf(os.Stderr, "natsbench: %d errors, stream holds %d of %d messages\n", errs, info.State.Msgs, count+*warmup)
 		os.Exit(1)
 	}
+}
+
+// phase is what one call of publish measured.
+type phase struct {
+	lat        []int64
+	errs       int64
+	start, end time.Time // the first message's due time (or publish), the last ack
+	lateMax    time.Duration
+}
+
+// publish sends count messages, at most window unacknowledged, on the schedule
+// start + i x interval when interval > 0 (else as fast as the window allows), and waits
+// for every acknowledgement. Latency runs from each message's due time (else its publish
+// call) to its PubAck.
+func publish(ctx context.Context, js jetstream.JetStream, subject string, payload []byte,
+	count int64, window int, interval float64) phase {
+	ph := phase{lat: make([]int64, 0, count)}
+	sem := make(chan struct{}, window)
+	pending := make(chan inflight, window)
+	done := make(chan time.Time)
+	// Acknowledgements come back in publish order (one stream, one connection), so they
+	// are collected in that order.
+	go func() {
+		for f := range pending {
+			select {
+			case <-f.fut.Ok():
+				ph.lat = append(ph.lat, time.Since(f.from).Nanoseconds())
+			case err := <-f.fut.Err():
+				ph.errs++
+				if ph.errs <= 5 {
+					fmt.Fprintf(os.Stderr, "natsbench: publish error: %v\n", err)
+				}
+			case <-ctx.Done():
+				fail("timed out waiting for acknowledgements")
+			}
+			<-sem
+		}
+		done <- time.Now()
+	}()
+
+	ph.start = time.Now()
+	for i := int64(0); i < count; i++ {
+		var due time.Time
+		if interval > 0 {
+			due = ph.start.Add(time.Duration(float64(i) * interval))
+			sleepUntil(due)
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			fail("timed out publishing")
+		}
+		t := time.Now()
+		fut, err := js.PublishAsync(subject, payload)
+		if err != nil {
+			fail("publish %d: %v", i, err)
+		}
+		if interval > 0 {
+			ph.lateMax = max(ph.lateMax, t.Sub(due))
+			t = due
+		}
+		pending <- inflight{fut, t}
+	}
+	close(pending)
+	ph.end = <-done
+	return ph
 }
 
 // sleepUntil blocks the calling thread in nanosleep until t (if t is still ahead). Go's

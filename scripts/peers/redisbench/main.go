@@ -9,7 +9,9 @@
 // start + i x size / rate, a schedule fixed in advance: each time the sender wakes it writes
 // every entry that has fallen due (at most -batch per flush), and each entry's latency runs
 // from its due time to its own reply, so a sender held up by a full window or a slow server
-// does not excuse the entries that fall due meanwhile (coordinated omission).
+// does not excuse the entries that fall due meanwhile (coordinated omission). -warmup N first
+// appends N entries on a schedule of their own and waits for their replies; they are left
+// out of every figure.
 //
 // It speaks RESP directly (no client library) so the client is not the bottleneck.
 // It is the Redis side of scripts/peers/run.sh; see docs/BENCHMARKS.md.
@@ -47,6 +49,8 @@ type summary struct {
 	OfferedMBPerS     *float64 `json:"offered_mb_per_s"`
 	LatencyFrom       string   `json:"latency_from"`
 	ScheduleMaxLateMs *float64 `json:"schedule_max_lateness_ms,omitempty"`
+	// Entries appended (and acknowledged) before the measured ones, not counted.
+	Warmup int64 `json:"warmup_messages"`
 }
 
 // command encodes one RESP array of bulk strings.
@@ -104,7 +108,11 @@ func main() {
 	window := flag.Int("window", 8192, "most commands awaiting replies at once (a multiple of -batch)")
 	timeout := flag.Duration("timeout", 5*time.Minute, "give up after this long")
 	rate := flag.Float64("rate", 0, "append at this fixed rate, MB/s of payload (10^6 B), on a schedule fixed in advance; latency per entry from its due time (0: as fast as the window allows)")
+	warmup := flag.Int64("warmup", 0, "with -rate: first append this many entries on the schedule, wait for their replies, and leave them out of the figures")
 	flag.Parse()
+	if *warmup < 0 || (*warmup > 0 && *rate <= 0) {
+		fail("-warmup needs -rate")
+	}
 
 	batches := *total / int64(*size) / int64(*batch)
 	if batches < 1 {
@@ -147,6 +155,10 @@ func main() {
 	}
 
 	if *rate > 0 {
+		var errs int64
+		if *warmup > 0 {
+			errs += paced(r, w, xadd, *warmup, *size, *rate, *batch, *window).errs
+		}
 		res := paced(r, w, xadd, count, *size, *rate, *batch, *window)
 		n, _ := strconv.ParseInt(do([]byte("XLEN"), []byte(*key)), 10, 64)
 		late := float64(res.lateMax.Nanoseconds()) / 1e6
@@ -159,15 +171,16 @@ func main() {
 			MBPerS:            float64(bytes) / secs / 1e6,
 			MsgsPerS:          float64(count) / secs,
 			LatencyMs:         percentiles(res.lat),
-			Errors:            res.errs,
+			Errors:            errs + res.errs,
 			StreamLen:         n,
 			Window:            *window,
 			Batch:             *batch,
 			OfferedMBPerS:     rate,
 			LatencyFrom:       "scheduled send time, per entry",
 			ScheduleMaxLateMs: &late,
+			Warmup:            *warmup,
 		}
-		finish(out, count)
+		finish(out, count+*warmup)
 		return
 	}
 
@@ -228,7 +241,8 @@ func main() {
 	finish(out, count)
 }
 
-// finish prints the summary and fails when an XADD failed or the stream misses entries.
+// finish prints the summary and fails when an XADD failed or the stream does not hold
+// count entries.
 func finish(out summary, count int64) {
 	if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
 		fail("encode: %v", err)
