@@ -78,7 +78,7 @@ def latency_tables(paced):
     for rate, rows in paced.items():
         size = next(iter(rows.values()))[0]["message_bytes"]
         print(f"\n### Offered {rate:g} MB/s ({size} B messages: {rate * 1e6 / size / 1e3:.1f} k msg/s)\n")
-        print("| peer | variant | achieved MB/s | p50 ms | p99 ms | p99.9 ms | p99 of each run (ms) "
+        print("| peer | variant | achieved MB/s (of offered) | p50 ms | p99 ms | p99.9 ms | p99 of each run (ms) "
               "| sender max lateness ms | other CPU s (max) | latency per |")
         print("|---|---|---:|---:|---:|---:|---|---:|---:|---|")
         for (peer, variant), rs in rows.items():
@@ -87,7 +87,7 @@ def latency_tables(paced):
             late = [r["schedule_max_lateness_ms"] for r in rs if r.get("schedule_max_lateness_ms") is not None]
             other = [r["other_cpu_s"] for r in rs if r.get("other_cpu_s") is not None]
             per = "batch" if "per batch" in (rs[0].get("latency_from") or "") else "message"
-            print(f"| {peer} | {variant} | {achieved:.1f}{flag} | "
+            print(f"| {peer} | {variant} | {achieved:.1f} ({100 * achieved / rate:.0f}%){flag} | "
                   f"{fmt(median_latency(rs, 'p50'), 2)} | {fmt(median_latency(rs, 'p99'), 2)} | "
                   f"{fmt(median_latency(rs, 'p99_9'), 2)} | "
                   f"{', '.join(fmt((r['latency_ms'] or {}).get('p99'), 2) for r in rs)} | "
