@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the peer systems that scripts/peers/run.sh benchmarks beside Embarcadero:
-#   - Apache Kafka (KRaft) as jars resolved from Maven Central with mvn, into a classpath dir;
+#   - Apache Kafka (KRaft) as jars resolved from Maven Central with mvn, into a classpath dir,
+#     and the kafkabench fixed-rate load generator (kafkabench/, built with mvn);
 #   - NATS server (JetStream) built with `go install`, and the natsbench client (natsbench/);
 #   - Redis from Debian's packages, and the redisbench client (redisbench/).
 # Everything goes under $PEERS_DIR (default $HOME/.cache/embarcadero-peers) except the Debian
@@ -26,8 +27,14 @@ install_kafka() {
   local dir="$PEERS_DIR/kafka-$KAFKA_VERSION"
   if [[ -f "$dir/.installed" ]]; then
     log "kafka $KAFKA_VERSION already in $dir"
-    return
+  else
+    install_kafka_libs "$dir"
   fi
+  build_kafkabench "$dir"
+}
+
+install_kafka_libs() {
+  local dir=$1
   command -v mvn >/dev/null || { log "mvn not found (apt-get install maven)"; exit 1; }
   command -v java >/dev/null || { log "java not found (Kafka 4.x needs Java 17+)"; exit 1; }
   log "resolving kafka $KAFKA_VERSION from Maven Central into $dir/libs"
@@ -83,6 +90,32 @@ EOF
   done
   echo "$KAFKA_VERSION" > "$dir/.installed"
   log "kafka $KAFKA_VERSION: $n jars in $dir/libs"
+}
+
+# kafkabench (kafkabench/): the fixed-rate Kafka load generator, compiled against the same
+# kafka-clients version and run on the classpath above. Rebuilt only when its sources or the
+# Kafka version changed; built in a copy under $dir so the source tree stays clean.
+build_kafkabench() {
+  local dir=$1 src="$HERE/kafkabench" sum
+  sum=$( (echo "$KAFKA_VERSION"; cat "$src/pom.xml"; find "$src/src" -type f | sort | xargs cat) \
+         | sha256sum | cut -c1-16)
+  if [[ -f "$dir/kafkabench.jar" && -f "$dir/.kafkabench-$sum" ]]; then
+    log "kafkabench up to date"
+    return
+  fi
+  command -v mvn >/dev/null || { log "mvn not found (apt-get install maven)"; exit 1; }
+  log "building kafkabench against kafka-clients $KAFKA_VERSION"
+  local build="$dir/kafkabench-build"
+  rm -rf "$build"
+  mkdir -p "$build"
+  cp -r "$src/pom.xml" "$src/src" "$build/"
+  if ! (cd "$build" && mvn -B -Dstyle.color=never -DskipTests -Dkafka.version="$KAFKA_VERSION" \
+        package) >"$build/mvn.log" 2>&1; then
+    tail -40 "$build/mvn.log" >&2; log "kafkabench build failed (log: $build/mvn.log)"; exit 1
+  fi
+  cp "$build/target/kafkabench.jar" "$dir/kafkabench.jar"
+  rm -f "$dir"/.kafkabench-*
+  touch "$dir/.kafkabench-$sum"
 }
 
 install_nats() {

@@ -65,9 +65,16 @@ pub struct BenchArgs {
     pub no_deflect: bool,
     /// Publish at this fixed rate (MB/s of payload) instead of as fast as possible, on a
     /// schedule fixed in advance (a late message is not excused by the lateness of the
-    /// ones before it), to measure latency below saturation.
+    /// ones before it), to measure latency below saturation. The schedule starts once
+    /// every publisher has connected; append-to-ack latency runs from the due time of a
+    /// batch's first message.
     #[arg(long)]
     pub rate: Option<f64>,
+    /// With --rate: first publish this many messages on a schedule of their own at the
+    /// same rate, wait for their acknowledgements, and leave them out of every figure
+    /// (counts, throughput, latency); the measured schedule starts after them.
+    #[arg(long, default_value_t = 0, requires = "rate")]
+    pub warmup_messages: u64,
     /// Use a running server instead of starting an embedded one.
     #[arg(long)]
     pub control: Option<String>,
@@ -80,6 +87,9 @@ pub struct BenchArgs {
 }
 
 pub fn run(args: BenchArgs) -> CliResult {
+    if args.warmup_messages > 0 && args.mode != "publish" {
+        return Err("--warmup-messages is for --mode publish".into());
+    }
     let count = (args.total_bytes / args.size.max(1) as u64).max(1);
     let scratch = tempdir()?;
     let mut server = None;
@@ -160,6 +170,10 @@ pub fn run(args: BenchArgs) -> CliResult {
         ..PublisherConfig::default()
     };
     let publishers = args.publishers.max(1);
+    // With --rate, the publishers connect first and the schedule starts when all have.
+    let ready = std::sync::Barrier::new(publishers);
+    let schedule_start = std::sync::OnceLock::new();
+    let warmup_start = std::sync::OnceLock::new();
     let progress = AtomicU64::new(0);
     let cpu_before = process_cpu_seconds();
     let start = Instant::now();
@@ -167,15 +181,19 @@ pub fn run(args: BenchArgs) -> CliResult {
         let handles: Vec<_> = (0..publishers)
             .map(|p| {
                 // Publisher p takes every publishers-th message of the schedule.
-                let share =
-                    count / publishers as u64 + u64::from((p as u64) < count % publishers as u64);
+                let split =
+                    |n: u64| n / publishers as u64 + u64::from((p as u64) < n % publishers as u64);
+                let share = split(count);
                 let (control, topic, config) = (&control, &topic, publisher_config.clone());
                 let (progress, args) = (&progress, &args);
                 let plan = Share {
                     index: p,
                     of: publishers,
                     messages: share,
-                    start,
+                    warmup: split(args.warmup_messages),
+                    ready: &ready,
+                    schedule_start: &schedule_start,
+                    warmup_start: &warmup_start,
                 };
                 scope.spawn(move || run_publisher(control, topic, config, args, plan, progress))
             })
@@ -193,7 +211,16 @@ pub fn run(args: BenchArgs) -> CliResult {
             .collect()
     });
     let runs = results.into_iter().collect::<Result<Vec<_>, _>>()?;
-    let publish_elapsed = start.elapsed();
+    // A fixed-rate run's throughput is over its schedule (connecting is not part of it).
+    let start = schedule_start.get().copied().unwrap_or(start);
+    // Up to the last acknowledgement, not to when the loop above (which polls every
+    // 100 ms) saw the publishers finish.
+    let publish_elapsed = runs
+        .iter()
+        .map(|r| r.flushed_at)
+        .max()
+        .unwrap_or_else(Instant::now)
+        .saturating_duration_since(start);
     let stats = merge_stats(&runs);
     let behind_max = runs.iter().map(|r| r.behind_max).max().unwrap_or_default();
     // Subscribe-only: the topic is full now; one subscriber reads it all from the start.
@@ -277,6 +304,7 @@ pub fn run(args: BenchArgs) -> CliResult {
         "ack_latency_us": stats.ack_latency_us,
         "append_to_ack_us": stats.append_to_ack_us,
         "rate_mb_per_s": args.rate,
+        "warmup_messages": args.warmup_messages,
         "schedule_max_lateness_us": args.rate.map(|_| behind_max.as_micros() as u64),
         "subscribe_only_seconds": subscribe_only.as_ref().map(|(_, t)| t.as_secs_f64()),
         "e2e_latency_us": e2e.as_ref().map(|(_, _, h)| serde_json::json!({
@@ -359,20 +387,44 @@ struct PublisherRun {
     appended: Histogram<u64>,
     /// Worst lateness against the fixed schedule (`--rate`).
     behind_max: Duration,
+    /// When everything it published was acknowledged.
+    flushed_at: Instant,
 }
 
 /// One publisher's part of the run.
 #[derive(Clone, Copy)]
-struct Share {
+struct Share<'a> {
     index: usize,
     of: usize,
     messages: u64,
-    start: Instant,
+    /// Its part of the warm-up (`--warmup-messages`).
+    warmup: u64,
+    /// Every publisher waits here once connected (or failed to) ...
+    ready: &'a std::sync::Barrier,
+    /// ... and the schedule starts at the instant the last one to arrive sets here
+    /// (the warm-up's in `warmup_start`).
+    schedule_start: &'a std::sync::OnceLock<Instant>,
+    warmup_start: &'a std::sync::OnceLock<Instant>,
+}
+
+impl Share<'_> {
+    /// Waits for every publisher, then returns the common start of a schedule.
+    fn start(&self, at: &std::sync::OnceLock<Instant>) -> Instant {
+        if self.ready.wait().is_leader() {
+            let _ = at.set(Instant::now());
+        }
+        self.ready.wait();
+        *at.get().expect("set by the barrier's leader")
+    }
 }
 
 /// Publishes this publisher's share on its part of the schedule: with `--rate`,
 /// message i of publisher p is due at start + (i * publishers + p) * interval (fixed in
-/// advance: a late message is not excused by the lateness of the ones before it).
+/// advance: a late message is not excused by the lateness of the ones before it), and
+/// is published with that due time, which its batch's append-to-ack latency starts from.
+/// With `--warmup-messages`, a warm-up on a schedule of its own comes first; everything it
+/// published is acknowledged before the measured schedule starts, and taken out of the
+/// figures.
 fn run_publisher(
     control: &str,
     topic: &str,
@@ -381,40 +433,103 @@ fn run_publisher(
     share: Share,
     progress: &AtomicU64,
 ) -> Result<PublisherRun, String> {
-    let publisher = Publisher::connect(control, topic, config).map_err(|e| e.to_string())?;
+    let publisher = Publisher::connect(control, topic, config).map_err(|e| e.to_string());
     let payload: Vec<u8> = (0..args.size).map(|i| (i % 251) as u8).collect();
     let interval = args
         .rate
         .map(|mb_s| Duration::from_secs_f64(args.size as f64 / (mb_s * 1e6)));
+    // Every publisher, even one that failed to connect or to warm up, takes its place at
+    // each barrier, so none waits forever.
+    let warmed = match interval {
+        Some(interval) if args.warmup_messages > 0 => {
+            let start = share.start(share.warmup_start);
+            Some(publisher.as_ref().map_err(Clone::clone).and_then(|p| {
+                pace(
+                    p,
+                    &payload,
+                    &share,
+                    share.warmup,
+                    Some((interval, start)),
+                    None,
+                )?;
+                p.flush().map_err(|e| e.to_string())?;
+                let (sealed, appended) = p.latency_histograms();
+                Ok((p.stats(), sealed, appended))
+            }))
+        }
+        _ => None,
+    };
+    let start = interval.map(|interval| (interval, share.start(share.schedule_start)));
+    let publisher = publisher?;
+    let warmed = warmed.transpose()?;
+    let behind_max = pace(
+        &publisher,
+        &payload,
+        &share,
+        share.messages,
+        start,
+        Some(progress),
+    )?;
+    publisher.flush().map_err(|e| e.to_string())?;
+    let flushed_at = Instant::now();
+    let (mut sealed, mut appended) = publisher.latency_histograms();
+    let mut stats = publisher.close().map_err(|e| e.to_string())?;
+    if let Some((before, sealed0, appended0)) = warmed {
+        // The warm-up's batches were all acknowledged before the measured ones started.
+        let _ = sealed.subtract(&sealed0);
+        let _ = appended.subtract(&appended0);
+        stats.messages -= before.messages;
+        stats.bytes -= before.bytes;
+        stats.batches -= before.batches;
+        stats.acked_batches -= before.acked_batches;
+        stats.ack_latency_us = LatencySummary::of(&sealed);
+        stats.append_to_ack_us = LatencySummary::of(&appended);
+    }
+    Ok(PublisherRun {
+        stats,
+        sealed,
+        appended,
+        behind_max,
+        flushed_at,
+    })
+}
+
+/// Publishes `messages` messages: on the schedule `(interval, start)` if given, else as
+/// fast as the publisher takes them. Returns the worst lateness against the schedule.
+fn pace(
+    publisher: &Publisher,
+    payload: &[u8],
+    share: &Share,
+    messages: u64,
+    schedule: Option<(Duration, Instant)>,
+    progress: Option<&AtomicU64>,
+) -> Result<Duration, String> {
     let mut behind_max = Duration::ZERO;
-    for i in 0..share.messages {
-        if let Some(interval) = interval {
+    for i in 0..messages {
+        if let Some((interval, start)) = schedule {
             let slot = i * share.of as u64 + share.index as u64;
-            let due = share.start + interval.mul_f64(slot as f64);
+            let due = start + interval.mul_f64(slot as f64);
             let now = Instant::now();
             if due > now {
                 // Sleep, do not spin: a spinning publisher would take one of the two
                 // cores from the system being measured. Messages that fall due while
                 // it sleeps go out together when it wakes.
                 std::thread::sleep(due - now);
-            } else {
-                behind_max = behind_max.max(now - due);
             }
+            // Lateness at the publish, wake-up delay included (as the peers' generators
+            // report it).
+            behind_max = behind_max.max(Instant::now().saturating_duration_since(due));
+            publisher
+                .publish_due(payload, due)
+                .map_err(|e| e.to_string())?;
+        } else {
+            publisher.publish(payload).map_err(|e| e.to_string())?;
         }
-        publisher.publish(&payload).map_err(|e| e.to_string())?;
-        if i % 1024 == 1023 {
+        if let Some(progress) = progress.filter(|_| i % 1024 == 1023) {
             progress.fetch_add(1024, Ordering::Relaxed);
         }
     }
-    publisher.flush().map_err(|e| e.to_string())?;
-    let (sealed, appended) = publisher.latency_histograms();
-    let stats = publisher.close().map_err(|e| e.to_string())?;
-    Ok(PublisherRun {
-        stats,
-        sealed,
-        appended,
-        behind_max,
-    })
+    Ok(behind_max)
 }
 
 /// One set of figures for all publishers: sums, and percentiles of the merged

@@ -272,3 +272,35 @@ fn bench_fills_a_topic_with_parallel_publishers_and_reads_it_back() {
             .sum::<u64>()
     );
 }
+
+/// `bench --rate` with several publishers: they connect, warm up, start one schedule
+/// together and keep it (the run takes the schedule's length, not less); the warm-up is
+/// left out of the counts, and the latency is reported.
+#[test]
+fn bench_at_a_fixed_rate_keeps_the_schedule() {
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "--publishers",
+            "3",
+            "--total-bytes",
+            "4194304",
+            "--rate",
+            "20",
+            "--warmup-messages",
+            "1000",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let figures: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+    assert_eq!(figures["messages"], 4096);
+    assert_eq!(figures["payload_bytes"], 4194304);
+    assert_eq!(figures["warmup_messages"], 1000);
+    assert_eq!(figures["rate_mb_per_s"], 20.0);
+    // 4 MiB at 20 MB/s: the last message is due after 0.21 s.
+    let seconds = figures["publish_seconds"].as_f64().unwrap();
+    assert!((0.2..5.0).contains(&seconds), "{seconds}");
+    assert!(figures["append_to_ack_us"]["p99"].as_u64().unwrap() > 0);
+    assert!(figures["schedule_max_lateness_us"].as_u64().is_some());
+}

@@ -132,7 +132,8 @@ struct Sealed {
     buf: Vec<u8>,
     num_msg: u32,
     sealed_at: Instant,
-    /// When the batch's first message was published.
+    /// When the batch's first message was published (its due time, if it was published
+    /// with [`Publisher::publish_due`]): the start of its append-to-ack latency.
     first_at: Instant,
     batch_id: u64,
 }
@@ -254,7 +255,10 @@ struct Session {
 struct Builder {
     buf: Vec<u8>,
     num_msg: u32,
+    /// When the open batch's first message was appended (the linger runs from here).
     first_at: Option<Instant>,
+    /// The due time its first message was published with, if any (latency only).
+    first_due: Option<Instant>,
     round_robin: usize,
 }
 
@@ -413,6 +417,7 @@ impl Publisher {
                 buf: Vec::with_capacity(batch_bytes + MESSAGE_HEADER_LEN * 2),
                 num_msg: 0,
                 first_at: None,
+                first_due: None,
                 round_robin: 0,
             }),
             config: PublisherConfig {
@@ -486,6 +491,18 @@ impl Publisher {
 
     /// Appends one message. Returns once it is in a batch; see [`Publisher::flush`].
     pub fn publish(&self, payload: &[u8]) -> Result<()> {
+        self.append(payload, None)
+    }
+
+    /// Like [`Publisher::publish`], for a message that was due at `due` (a load generator
+    /// on a fixed schedule): a batch this message opens has its append-to-ack latency
+    /// counted from `due` instead of from now, so time the caller spent behind its schedule
+    /// (or blocked in here) is not left out. The linger still runs from the append.
+    pub fn publish_due(&self, payload: &[u8], due: Instant) -> Result<()> {
+        self.append(payload, Some(due))
+    }
+
+    fn append(&self, payload: &[u8], due: Option<Instant>) -> Result<()> {
         let inner = &self.inner;
         if inner.closed.load(Ordering::Relaxed) {
             return Err(Error::Closed);
@@ -518,7 +535,9 @@ impl Publisher {
             .copy_from_slice(payload);
         b.num_msg += 1;
         if b.num_msg == 1 {
-            b.first_at = Some(Instant::now());
+            let now = Instant::now();
+            b.first_at = Some(now);
+            b.first_due = due.map(|d| d.min(now));
             inner.batch_opened.notify_one();
         }
         inner.messages.fetch_add(1, Ordering::Relaxed);
@@ -733,11 +752,12 @@ impl Inner {
             buf,
             num_msg: b.num_msg,
             sealed_at: Instant::now(),
-            first_at: b.first_at.unwrap_or_else(Instant::now),
+            first_at: b.first_due.or(b.first_at).unwrap_or_else(Instant::now),
             batch_id: self.next_batch_id.fetch_add(1, Ordering::Relaxed),
         };
         b.num_msg = 0;
         b.first_at = None;
+        b.first_due = None;
         self.batches.fetch_add(1, Ordering::Relaxed);
         let due = b.round_robin;
         b.round_robin = (due + 1) % self.queues.len();

@@ -1,8 +1,15 @@
 // natsbench publishes fixed-size messages to one JetStream stream with asynchronous publishes
 // and a bounded window of unacknowledged messages, then prints one JSON summary line:
-// throughput between the first publish and the last acknowledgement, and the latency from
-// each publish call to its acknowledgement (a JetStream PubAck, sent once the stream has
-// stored the message).
+// throughput between the first publish and the last acknowledgement, and the latency of
+// each message to its acknowledgement (a JetStream PubAck, sent once the stream has stored
+// the message).
+//
+// Without -rate it publishes as fast as the window allows and latency runs from each
+// publish call. With -rate MB/s message i is due at start + i x size / rate, a schedule
+// fixed in advance, and its latency runs from that due time: a publisher held up by a full
+// window or a slow server does not excuse the messages that fall due meanwhile
+// (coordinated omission). -warmup N first publishes N messages on a schedule of their own
+// and waits for their acknowledgements; they are left out of every figure.
 //
 // It is the NATS side of scripts/peers/run.sh; see docs/BENCHMARKS.md.
 package main
@@ -14,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -31,11 +39,19 @@ type summary struct {
 	StreamMsgs uint64             `json:"stream_msgs"`
 	Window     int                `json:"window"`
 	Storage    string             `json:"storage"`
+	// Fixed-rate runs: the offered rate, and how late the worst publish call was against
+	// its due time (the sender's own lag: sleep wake-ups, a full window).
+	OfferedMBPerS     *float64 `json:"offered_mb_per_s"`
+	LatencyFrom       string   `json:"latency_from"`
+	ScheduleMaxLateMs *float64 `json:"schedule_max_lateness_ms,omitempty"`
+	// Messages published (and acknowledged) before the measured ones, not counted.
+	Warmup int64 `json:"warmup_messages"`
 }
 
 type inflight struct {
-	fut  jetstream.PubAckFuture
-	sent time.Time
+	fut jetstream.PubAckFuture
+	// The message's due time with -rate, else the time of its publish call.
+	from time.Time
 }
 
 func main() {
@@ -47,7 +63,12 @@ func main() {
 	window := flag.Int("window", 8192, "most unacknowledged publishes at once")
 	storage := flag.String("storage", "file", "stream storage: file or memory")
 	timeout := flag.Duration("timeout", 5*time.Minute, "give up after this long")
+	rate := flag.Float64("rate", 0, "publish at this fixed rate, MB/s of payload (10^6 B), on a schedule fixed in advance; latency from each message's due time (0: as fast as the window allows)")
+	warmup := flag.Int64("warmup", 0, "with -rate: first publish this many messages on the schedule, wait for their acknowledgements, and leave them out of the figures")
 	flag.Parse()
+	if *warmup < 0 || (*warmup > 0 && *rate <= 0) {
+		fail("-warmup needs -rate")
+	}
 
 	count := *total / int64(*size)
 	if count < 1 {
@@ -87,10 +108,72 @@ func main() {
 		payload[i] = byte('a' + i%26)
 	}
 
-	lat := make([]int64, 0, count)
+	// With -rate, message i of a phase is due at its start + i x interval.
+	interval := 0.0
+	if *rate > 0 {
+		interval = float64(*size) / (*rate * 1e6) * 1e9
+	}
 	var errs int64
-	sem := make(chan struct{}, *window)
-	pending := make(chan inflight, *window)
+	if *warmup > 0 {
+		// Warm-up: published and acknowledged, not measured.
+		errs += publish(ctx, js, *subject, payload, *warmup, *window, interval).errs
+	}
+	ph := publish(ctx, js, *subject, payload, count, *window, interval)
+	errs += ph.errs
+	lat, lateMax := ph.lat, ph.lateMax
+	secs := ph.end.Sub(ph.start).Seconds()
+
+	info, err := s.Info(ctx)
+	if err != nil {
+		fail("stream info: %v", err)
+	}
+	bytes := count * int64(*size)
+	out := summary{
+		Messages:    count,
+		Bytes:       bytes,
+		Seconds:     secs,
+		MBPerS:      float64(bytes) / secs / 1e6,
+		MsgsPerS:    float64(count) / secs,
+		LatencyMs:   percentiles(lat),
+		Errors:      errs,
+		StreamMsgs:  info.State.Msgs,
+		Window:      *window,
+		Storage:     *storage,
+		LatencyFrom: "publish call",
+		Warmup:      *warmup,
+	}
+	if interval > 0 {
+		late := float64(lateMax.Nanoseconds()) / 1e6
+		out.OfferedMBPerS, out.ScheduleMaxLateMs = rate, &late
+		out.LatencyFrom = "scheduled send time"
+	}
+	enc := json.NewEncoder(os.Stdout)
+	if err := enc.Encode(out); err != nil {
+		fail("encode: %v", err)
+	}
+	if errs > 0 || info.State.Msgs != uint64(count+*warmup) {
+		fmt.Fprintf(os.Stderr, "natsbench: %d errors, stream holds %d of %d messages\n", errs, info.State.Msgs, count+*warmup)
+		os.Exit(1)
+	}
+}
+
+// phase is what one call of publish measured.
+type phase struct {
+	lat        []int64
+	errs       int64
+	start, end time.Time // the first message's due time (or publish), the last ack
+	lateMax    time.Duration
+}
+
+// publish sends count messages, at most window unacknowledged, on the schedule
+// start + i x interval when interval > 0 (else as fast as the window allows), and waits
+// for every acknowledgement. Latency runs from each message's due time (else its publish
+// call) to its PubAck.
+func publish(ctx context.Context, js jetstream.JetStream, subject string, payload []byte,
+	count int64, window int, interval float64) phase {
+	ph := phase{lat: make([]int64, 0, count)}
+	sem := make(chan struct{}, window)
+	pending := make(chan inflight, window)
 	done := make(chan time.Time)
 	// Acknowledgements come back in publish order (one stream, one connection), so they
 	// are collected in that order.
@@ -98,10 +181,10 @@ func main() {
 		for f := range pending {
 			select {
 			case <-f.fut.Ok():
-				lat = append(lat, time.Since(f.sent).Nanoseconds())
+				ph.lat = append(ph.lat, time.Since(f.from).Nanoseconds())
 			case err := <-f.fut.Err():
-				errs++
-				if errs <= 5 {
+				ph.errs++
+				if ph.errs <= 5 {
 					fmt.Fprintf(os.Stderr, "natsbench: publish error: %v\n", err)
 				}
 			case <-ctx.Done():
@@ -112,48 +195,46 @@ func main() {
 		done <- time.Now()
 	}()
 
-	start := time.Now()
+	ph.start = time.Now()
 	for i := int64(0); i < count; i++ {
+		var due time.Time
+		if interval > 0 {
+			due = ph.start.Add(time.Duration(float64(i) * interval))
+			sleepUntil(due)
+		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
 			fail("timed out publishing")
 		}
 		t := time.Now()
-		fut, err := js.PublishAsync(*subject, payload)
+		fut, err := js.PublishAsync(subject, payload)
 		if err != nil {
 			fail("publish %d: %v", i, err)
+		}
+		if interval > 0 {
+			ph.lateMax = max(ph.lateMax, t.Sub(due))
+			t = due
 		}
 		pending <- inflight{fut, t}
 	}
 	close(pending)
-	end := <-done
-	secs := end.Sub(start).Seconds()
+	ph.end = <-done
+	return ph
+}
 
-	info, err := s.Info(ctx)
-	if err != nil {
-		fail("stream info: %v", err)
+// sleepUntil blocks the calling thread in nanosleep until t (if t is still ahead). Go's
+// time.Sleep wakes up about 1 ms late on this kernel for sub-millisecond sleeps (the
+// runtime's poller waits in milliseconds); nanosleep wakes within the kernel's timer slack
+// (~50-100 us), as Rust's thread::sleep and Java's parkNanos do in the other generators.
+// Messages that fall due while it sleeps go out together when it wakes.
+func sleepUntil(t time.Time) {
+	d := time.Until(t)
+	if d <= 0 {
+		return
 	}
-	bytes := count * int64(*size)
-	out := summary{
-		Messages:   count,
-		Bytes:      bytes,
-		Seconds:    secs,
-		MBPerS:     float64(bytes) / secs / 1e6,
-		MsgsPerS:   float64(count) / secs,
-		LatencyMs:  percentiles(lat),
-		Errors:     errs,
-		StreamMsgs: info.State.Msgs,
-		Window:     *window,
-		Storage:    *storage,
-	}
-	enc := json.NewEncoder(os.Stdout)
-	if err := enc.Encode(out); err != nil {
-		fail("encode: %v", err)
-	}
-	if errs > 0 || info.State.Msgs != uint64(count) {
-		fmt.Fprintf(os.Stderr, "natsbench: %d errors, stream holds %d of %d messages\n", errs, info.State.Msgs, count)
-		os.Exit(1)
+	ts := syscall.NsecToTimespec(d.Nanoseconds())
+	for syscall.Nanosleep(&ts, &ts) == syscall.EINTR {
 	}
 }
 

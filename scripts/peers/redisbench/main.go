@@ -4,6 +4,15 @@
 // XADD is the entry's ID, sent once the entry is in the stream (and, with appendonly on,
 // written to the AOF; its fsync policy decides when that reaches the disk).
 //
+// Without -rate it writes as fast as the window allows and measures latency per batch, from
+// its flush to the reply to its last command. With -rate MB/s entry i is due at
+// start + i x size / rate, a schedule fixed in advance: each time the sender wakes it writes
+// every entry that has fallen due (at most -batch per flush), and each entry's latency runs
+// from its due time to its own reply, so a sender held up by a full window or a slow server
+// does not excuse the entries that fall due meanwhile (coordinated omission). -warmup N first
+// appends N entries on a schedule of their own and waits for their replies; they are left
+// out of every figure.
+//
 // It speaks RESP directly (no client library) so the client is not the bottleneck.
 // It is the Redis side of scripts/peers/run.sh; see docs/BENCHMARKS.md.
 package main
@@ -18,6 +27,8 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -32,6 +43,14 @@ type summary struct {
 	StreamLen int64              `json:"stream_len"`
 	Window    int                `json:"window"`
 	Batch     int                `json:"batch"`
+	// Fixed-rate runs: the offered rate, what the latency is measured from, and how late
+	// the worst flush was against the due time of its first entry (the sender's own lag:
+	// sleep wake-ups, a full window).
+	OfferedMBPerS     *float64 `json:"offered_mb_per_s"`
+	LatencyFrom       string   `json:"latency_from"`
+	ScheduleMaxLateMs *float64 `json:"schedule_max_lateness_ms,omitempty"`
+	// Entries appended (and acknowledged) before the measured ones, not counted.
+	Warmup int64 `json:"warmup_messages"`
 }
 
 // command encodes one RESP array of bulk strings.
@@ -88,13 +107,22 @@ func main() {
 	batch := flag.Int("batch", 64, "XADD commands written per flush")
 	window := flag.Int("window", 8192, "most commands awaiting replies at once (a multiple of -batch)")
 	timeout := flag.Duration("timeout", 5*time.Minute, "give up after this long")
+	rate := flag.Float64("rate", 0, "append at this fixed rate, MB/s of payload (10^6 B), on a schedule fixed in advance; latency per entry from its due time (0: as fast as the window allows)")
+	warmup := flag.Int64("warmup", 0, "with -rate: first append this many entries on the schedule, wait for their replies, and leave them out of the figures")
 	flag.Parse()
+	if *warmup < 0 || (*warmup > 0 && *rate <= 0) {
+		fail("-warmup needs -rate")
+	}
 
 	batches := *total / int64(*size) / int64(*batch)
 	if batches < 1 {
 		fail("total-bytes smaller than one batch")
 	}
 	count := batches * int64(*batch)
+	if *rate > 0 {
+		// Whole entries, not whole batches: a flush carries what has fallen due.
+		count = *total / int64(*size)
+	}
 	conn, err := net.DialTimeout("tcp", *addr, 5*time.Second)
 	if err != nil {
 		fail("connect: %v", err)
@@ -124,6 +152,36 @@ func main() {
 	var one []byte
 	for i := 0; i < *batch; i++ {
 		one = append(one, xadd...)
+	}
+
+	if *rate > 0 {
+		var errs int64
+		if *warmup > 0 {
+			errs += paced(r, w, xadd, *warmup, *size, *rate, *batch, *window).errs
+		}
+		res := paced(r, w, xadd, count, *size, *rate, *batch, *window)
+		n, _ := strconv.ParseInt(do([]byte("XLEN"), []byte(*key)), 10, 64)
+		late := float64(res.lateMax.Nanoseconds()) / 1e6
+		bytes := count * int64(*size)
+		secs := res.end.Sub(res.start).Seconds()
+		out := summary{
+			Messages:          count,
+			Bytes:             bytes,
+			Seconds:           secs,
+			MBPerS:            float64(bytes) / secs / 1e6,
+			MsgsPerS:          float64(count) / secs,
+			LatencyMs:         percentiles(res.lat),
+			Errors:            errs + res.errs,
+			StreamLen:         n,
+			Window:            *window,
+			Batch:             *batch,
+			OfferedMBPerS:     rate,
+			LatencyFrom:       "scheduled send time, per entry",
+			ScheduleMaxLateMs: &late,
+			Warmup:            *warmup,
+		}
+		finish(out, count+*warmup)
+		return
 	}
 
 	slots := *window / *batch
@@ -168,28 +226,124 @@ func main() {
 
 	bytes := count * int64(*size)
 	out := summary{
-		Messages:  count,
-		Bytes:     bytes,
-		Seconds:   secs,
-		MBPerS:    float64(bytes) / secs / 1e6,
-		MsgsPerS:  float64(count) / secs,
-		LatencyMs: percentiles(lat),
-		Errors:    errs,
-		StreamLen: n,
-		Window:    slots * *batch,
-		Batch:     *batch,
+		Messages:    count,
+		Bytes:       bytes,
+		Seconds:     secs,
+		MBPerS:      float64(bytes) / secs / 1e6,
+		MsgsPerS:    float64(count) / secs,
+		LatencyMs:   percentiles(lat),
+		Errors:      errs,
+		StreamLen:   n,
+		Window:      slots * *batch,
+		Batch:       *batch,
+		LatencyFrom: "flush of each batch, per batch",
 	}
+	finish(out, count)
+}
+
+// finish prints the summary and fails when an XADD failed or the stream does not hold
+// count entries.
+func finish(out summary, count int64) {
 	if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
 		fail("encode: %v", err)
 	}
-	if errs > 0 || n != count {
-		fmt.Fprintf(os.Stderr, "redisbench: %d errors, stream holds %d of %d entries\n", errs, n, count)
+	if out.Errors > 0 || out.StreamLen != count {
+		fmt.Fprintf(os.Stderr, "redisbench: %d errors, stream holds %d of %d entries\n", out.Errors, out.StreamLen, count)
 		os.Exit(1)
 	}
 }
 
-// percentiles of the per-batch latencies: from the flush of a batch to the reply to its last
-// command.
+// flushed is one pipelined write of the fixed-rate sender: entries first..first+n-1.
+type flushed struct {
+	first int64
+	n     int
+}
+
+type pacedResult struct {
+	start, end time.Time
+	lat        []int64
+	errs       int64
+	lateMax    time.Duration
+}
+
+// paced appends count entries on the fixed schedule: entry i is due at start + i x size /
+// rate. The sender sleeps until the next entry is due, then writes every entry due by now
+// (at most batch) in one flush, keeping at most window entries awaiting replies. The reader
+// records, for each reply, the time since its entry's due time.
+func paced(r *bufio.Reader, w *bufio.Writer, xadd []byte, count int64, size int, rate float64,
+	batch, window int) pacedResult {
+	interval := float64(size) / (rate * 1e6) * 1e9
+	start := time.Now()
+	due := func(i int64) time.Time { return start.Add(time.Duration(float64(i) * interval)) }
+	sent := make(chan flushed, window)
+	var outstanding atomic.Int64
+	freed := make(chan struct{}, 1)
+	res := pacedResult{start: start, lat: make([]int64, 0, count)}
+	done := make(chan time.Time)
+	go func() {
+		for f := range sent {
+			for k := 0; k < f.n; k++ {
+				if _, err := reply(r); err != nil {
+					res.errs++
+					if res.errs <= 5 {
+						fmt.Fprintf(os.Stderr, "redisbench: XADD: %v\n", err)
+					}
+					if _, ok := err.(net.Error); ok || err == io.EOF {
+						fail("connection: %v", err)
+					}
+				}
+				res.lat = append(res.lat, time.Since(due(f.first+int64(k))).Nanoseconds())
+			}
+			outstanding.Add(-int64(f.n))
+			select {
+			case freed <- struct{}{}:
+			default:
+			}
+		}
+		done <- time.Now()
+	}()
+	for i := int64(0); i < count; {
+		sleepUntil(due(i))
+		now := time.Now()
+		n := 1
+		for n < batch && i+int64(n) < count && !due(i+int64(n)).After(now) {
+			n++
+		}
+		for outstanding.Load()+int64(n) > int64(window) {
+			<-freed
+		}
+		res.lateMax = max(res.lateMax, time.Since(due(i)))
+		for k := 0; k < n; k++ {
+			w.Write(xadd)
+		}
+		if err := w.Flush(); err != nil {
+			fail("write: %v", err)
+		}
+		outstanding.Add(int64(n))
+		sent <- flushed{i, n}
+		i += int64(n)
+	}
+	close(sent)
+	res.end = <-done
+	return res
+}
+
+// sleepUntil blocks the calling thread in nanosleep until t (if t is still ahead). Go's
+// time.Sleep wakes up about 1 ms late on this kernel for sub-millisecond sleeps (the
+// runtime's poller waits in milliseconds); nanosleep wakes within the kernel's timer slack
+// (~50-100 us), as Rust's thread::sleep and Java's parkNanos do in the other generators.
+func sleepUntil(t time.Time) {
+	d := time.Until(t)
+	if d <= 0 {
+		return
+	}
+	ts := syscall.NsecToTimespec(d.Nanoseconds())
+	for syscall.Nanosleep(&ts, &ts) == syscall.EINTR {
+	}
+}
+
+// percentiles of the latencies: per batch without -rate (from the flush of a batch to the
+// reply to its last command), per entry with -rate (from its due time to its reply).
 func percentiles(ns []int64) map[string]float64 {
 	if len(ns) == 0 {
 		return nil
