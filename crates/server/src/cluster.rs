@@ -58,6 +58,18 @@ pub enum JoinError {
     Fenced { id: u32 },
 }
 
+impl JoinError {
+    fn taken(id: u32, holder: &Member, now: Instant) -> Self {
+        Self::Taken {
+            id,
+            addr: holder.addr.map(|a| a.to_string()).unwrap_or_default(),
+            ago_ms: holder
+                .last_heartbeat
+                .map_or(0, |t| now.duration_since(t).as_millis() as u64),
+        }
+    }
+}
+
 struct Member {
     addr: Option<SocketAddr>,
     local: bool,
@@ -121,13 +133,7 @@ impl Membership {
             return Err(JoinError::Fenced { id });
         }
         if alive {
-            return Err(JoinError::Taken {
-                id,
-                addr: m.addr.map(|a| a.to_string()).unwrap_or_default(),
-                ago_ms: m
-                    .last_heartbeat
-                    .map_or(0, |t| now.duration_since(t).as_millis() as u64),
-            });
+            return Err(JoinError::taken(id, m, now));
         }
         if m.incarnation != incarnation {
             m.joins += 1;
@@ -176,13 +182,7 @@ impl Membership {
             return Err(JoinError::Local { id });
         }
         if self.alive(m, now) && m.incarnation != incarnation {
-            return Err(JoinError::Taken {
-                id,
-                addr: m.addr.map(|a| a.to_string()).unwrap_or_default(),
-                ago_ms: m
-                    .last_heartbeat
-                    .map_or(0, |t| now.duration_since(t).as_millis() as u64),
-            });
+            return Err(JoinError::taken(id, m, now));
         }
         let fenced = fence();
         if m.incarnation != incarnation {
