@@ -71,7 +71,7 @@ pub fn resume_log(region: &Region, topic: u32, broker: u32) -> LogResume {
     let log = region.log(topic, broker);
     let frontier = log.written_frontier.load(Ordering::Acquire);
     let reclaimed_pbr = log.reclaimed_pbr.load(Ordering::Acquire);
-    let mut end = written_end(region, topic, broker, frontier);
+    let mut end = written_prefix(region, topic, broker, frontier).0;
     // The last committed slot: committed slots lie within one ring's length of the
     // reclaimed frontier, and a slot's token names its absolute index, so a token left
     // from an earlier lap never matches.
@@ -123,18 +123,32 @@ pub fn resume_log(region: &Region, topic: u32, broker: u32) -> LogResume {
     }
 }
 
-/// End of the log bytes of the slots below `frontier` (the committed prefix).
-pub fn written_end(region: &Region, topic: u32, broker: u32, frontier: u64) -> u64 {
+/// End of the log bytes of the slots below `frontier` (the committed prefix), and the
+/// messages in its valid slots (the next per-broker position).
+///
+/// Both come from the last slot of the prefix when it is still in memory: its start
+/// offset was numbered before the frontier moved over it, whereas `frontier_msgs` may
+/// already count slots beyond `written_frontier` if the previous process died between
+/// the two stores.
+pub fn written_prefix(region: &Region, topic: u32, broker: u32, frontier: u64) -> (u64, u64) {
     let log = region.log(topic, broker);
     let reclaimed_pbr = log.reclaimed_pbr.load(Ordering::Acquire);
     if frontier > reclaimed_pbr {
         let h = region
             .pbr_read(topic, broker, frontier - 1)
             .expect("a committed, unreclaimed slot below the frontier is readable");
-        h.log_offset + h.total_size
+        let valid = if h.flags & BatchFlags::VALID != 0 {
+            h.num_msg as u64
+        } else {
+            0
+        };
+        (h.log_offset + h.total_size, h.start_logical_offset + valid)
     } else {
         // Everything written is reclaimed: reclamation leaves the frontier there.
-        log.reclaimed_blog.load(Ordering::Acquire)
+        (
+            log.reclaimed_blog.load(Ordering::Acquire),
+            log.frontier_msgs.load(Ordering::Acquire),
+        )
     }
 }
 
@@ -290,6 +304,21 @@ mod tests {
         );
         let again = resume_broker(&region, 1).1;
         assert_eq!(again[1].1.voided, 0, "resuming twice voids nothing more");
+    }
+
+    #[test]
+    fn the_next_position_comes_from_the_prefix_not_a_counter_stored_ahead_of_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let region = Arc::new(Region::create(&dir.path().join("r"), caps()).unwrap());
+        let before = crashed_log(&region, 1);
+        // The old service thread numbered slots 1 and 3 (after the hole is voided) and
+        // stored frontier_msgs, then died before storing written_frontier.
+        region.log(1, 1).frontier_msgs.store(3, Ordering::Release);
+        assert_eq!(
+            written_prefix(&region, 1, 1, 1),
+            (before[0].log_offset + before[0].len, 1),
+            "one message below frontier 1, whatever the counter says"
+        );
     }
 
     #[test]

@@ -81,12 +81,14 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
                 // this broker left off for a resumed one.
                 let log = region.log(topic, broker);
                 let frontier = log.written_frontier.load(Ordering::Acquire);
+                let (written_end, msgs) =
+                    crate::resume::written_prefix(&region, topic, broker, frontier);
                 *slot = Some(LogState {
                     order: meta.order,
                     replication_factor: meta.replication_factor,
                     frontier,
-                    msgs: log.frontier_msgs.load(Ordering::Acquire),
-                    written_end: crate::resume::written_end(&region, topic, broker, frontier),
+                    msgs,
+                    written_end,
                     reclaimed_pbr: log.reclaimed_pbr.load(Ordering::Acquire),
                     freed_segments_below: log.reclaimed_blog.load(Ordering::Acquire)
                         / caps.segment_bytes,
