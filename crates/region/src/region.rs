@@ -268,6 +268,30 @@ impl Region {
         })
     }
 
+    /// Allocates every page of the region and maps it writable in this process, so
+    /// the data path never faults (each first touch of a page otherwise costs a fault
+    /// and zeroing it on the writer's time).
+    pub fn prefault(&self) -> Result<(), RegionError> {
+        // Linux 5.14+; the libc crate does not name it yet.
+        const MADV_POPULATE_WRITE: libc::c_int = 23;
+        // SAFETY: the range is exactly this mapping; MADV_POPULATE_WRITE faults pages in
+        // as a write would, without changing their contents (zeros in a new region).
+        let rc = unsafe {
+            libc::madvise(
+                self.ptr as *mut libc::c_void,
+                self.len as usize,
+                MADV_POPULATE_WRITE,
+            )
+        };
+        if rc != 0 {
+            return Err(RegionError::Io {
+                path: self.path.clone(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
@@ -857,6 +881,19 @@ mod tests {
             segments_per_broker: 4,
             seg_map_slots: 8,
         }
+    }
+
+    #[test]
+    fn prefault_keeps_the_contents_and_the_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r");
+        let r = Region::create(&path, small()).unwrap();
+        r.topic_seq(1).committed_seq.store(7, Ordering::Release);
+        r.prefault().unwrap();
+        assert_eq!(r.topic_seq(1).committed_seq.load(Ordering::Acquire), 7);
+        assert_eq!(r.topic_seq(0).committed_seq.load(Ordering::Acquire), 0);
+        let again = Region::attach(&path, Some(small())).unwrap();
+        assert_eq!(again.topic_seq(1).committed_seq.load(Ordering::Acquire), 7);
     }
 
     #[test]

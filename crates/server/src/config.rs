@@ -86,6 +86,10 @@ pub struct RegionSettings {
     pub pbr_slots: u64,
     pub segment_bytes: u64,
     pub segments_per_broker: u32,
+    /// Allocate and map every page of a new region at start instead of on first touch:
+    /// the region then takes its full size in memory at once, and the data path takes
+    /// no page faults (a fresh 4-broker region otherwise faults ~200 000 times).
+    pub prefault: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -177,6 +181,7 @@ impl Default for RegionSettings {
             pbr_slots: c.pbr_slots,
             segment_bytes: c.segment_bytes,
             segments_per_broker: c.segments_per_broker,
+            prefault: false,
         }
     }
 }

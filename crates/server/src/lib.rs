@@ -112,6 +112,15 @@ impl Server {
         let (resumes, stores) = recover(&config, &replica_dirs)?;
         // Always a fresh region, refilled from what recovery found.
         let region = Arc::new(Region::create(&config.region_path(), config.capacities())?);
+        if config.region.prefault {
+            let started = std::time::Instant::now();
+            region.prefault()?;
+            tracing::info!(
+                bytes = region.len(),
+                ms = started.elapsed().as_millis() as u64,
+                "region prefaulted"
+            );
+        }
         let control = control::ControlPlane::open(
             region.clone(),
             dir,
