@@ -80,6 +80,9 @@ pub struct QueueStats {
     pub broker: String,
     pub connection: usize,
     pub batches: u64,
+    /// Batches acknowledged on this connection (those a failover found in the order count
+    /// on the dead broker's queue).
+    pub acked_batches: u64,
     /// Batches round-robin chose for this queue that went elsewhere because it was full.
     pub deflected: u64,
     /// Times the producer blocked because every queue was full when this one was due.
@@ -589,6 +592,7 @@ impl Publisher {
                     broker: q.broker.clone(),
                     connection: q.connection,
                     batches: q.dispatched.load(Ordering::Relaxed),
+                    acked_batches: q.conn.acked_batches.load(Ordering::Relaxed),
                     deflected: q.deflected.load(Ordering::Relaxed),
                     producer_waits: q.producer_waits.load(Ordering::Relaxed),
                     backpressure_retries: q.conn.backpressure_retries.load(Ordering::Relaxed),
