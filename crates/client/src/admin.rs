@@ -88,15 +88,18 @@ pub struct Admin {
 
 impl Admin {
     pub fn new(control: &str) -> Self {
+        // Above the head's longest wait (a failover query waits up to 10 s).
+        Self::with_timeout(control, Duration::from_secs(20))
+    }
+
+    /// Gives up on a request after `timeout` (the default is 20 s).
+    pub fn with_timeout(control: &str, timeout: Duration) -> Self {
         let base = if control.starts_with("http://") {
             control.trim_end_matches('/').to_string()
         } else {
             format!("http://{}", control.trim_end_matches('/'))
         };
-        // Above the head's longest wait (a failover query waits up to 10 s).
-        let agent = ureq::AgentBuilder::new()
-            .timeout(Duration::from_secs(20))
-            .build();
+        let agent = ureq::AgentBuilder::new().timeout(timeout).build();
         Self { base, agent }
     }
 

@@ -9,16 +9,17 @@ use crate::conn::{self, Frame};
 use crate::{now_ns, Error, Result};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender, TrySendError};
 use embarcadero_wire::{
-    message_stride, BatchHeader, BlogMessageHeader, ErrorCode, Hello, Role, MESSAGE_HEADER_LEN,
+    message_stride, BatchHeader, BlogMessageHeader, ErrorCode, Hello, HelloOk, Role,
+    MESSAGE_HEADER_LEN,
 };
 use hdrhistogram::Histogram;
 use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::io::{IoSlice, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -53,6 +54,15 @@ pub struct PublisherConfig {
     /// the live ones, resending exactly those that did not make it into the order
     /// (the head says which). Off: a lost connection fails the publisher.
     pub failover: bool,
+    /// Publishers made with [`Publisher::connect`]: how often to re-read the live brokers
+    /// from the head (also right after a failover) and connect to every broker process
+    /// that joined since (a restarted broker, a new one). Zero: only the brokers
+    /// `connect` found.
+    pub membership_refresh: Duration,
+    /// At most this many brokers are added after `connect` (each restart counts once):
+    /// the queues live in slots reserved at start. Past it the publisher stops watching
+    /// membership and keeps publishing to the brokers it has.
+    pub max_joined_brokers: usize,
 }
 
 impl Default for PublisherConfig {
@@ -70,6 +80,8 @@ impl Default for PublisherConfig {
             deflect: true,
             slow_queue: None,
             failover: true,
+            membership_refresh: Duration::from_secs(1),
+            max_joined_brokers: 64,
         }
     }
 }
@@ -80,6 +92,9 @@ pub struct QueueStats {
     pub broker: String,
     pub connection: usize,
     pub batches: u64,
+    /// Batches acknowledged on this connection (those a failover found in the order count
+    /// on the dead broker's queue).
+    pub acked_batches: u64,
     /// Batches round-robin chose for this queue that went elsewhere because it was full.
     pub deflected: u64,
     /// Times the producer blocked because every queue was full when this one was due.
@@ -162,7 +177,7 @@ struct ConnShared {
 }
 
 /// A broker id and the process serving it, as the head named them.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct BrokerProcess {
     id: u32,
     incarnation: u64,
@@ -172,11 +187,10 @@ struct Queue {
     tx: Sender<Sealed>,
     /// The receiving end too, so a failover can take back what the sender never took.
     rx: Receiver<Sealed>,
-    /// The broker's id in the cluster (known when discovered through the head).
-    broker_id: Option<u32>,
-    /// The process serving that id when this queue connected (0: unknown): failover
-    /// questions name it, so a restarted broker's answer covers the old process.
-    broker_incarnation: u64,
+    /// The broker's id in the cluster and the process serving it when this queue
+    /// connected (known when discovered through the head): failover questions name the
+    /// process, so a restarted broker's answer covers the old one.
+    process: Option<BrokerProcess>,
     /// The broker is gone: nothing more is dispatched here; set before the failover.
     dead: AtomicBool,
     /// The sender thread has stopped (after `dead`): its batches are all in `unacked`.
@@ -204,6 +218,47 @@ struct Queue {
 }
 
 impl Queue {
+    /// A queue for a connection just opened to `broker` (not started yet).
+    fn new(
+        stream: TcpStream,
+        broker: &str,
+        process: Option<BrokerProcess>,
+        connection: usize,
+        depth: usize,
+        epoch: u64,
+    ) -> Self {
+        let (tx, rx) = crossbeam_channel::bounded(depth);
+        Self {
+            tx,
+            rx,
+            process,
+            dead: AtomicBool::new(false),
+            sender_done: AtomicBool::new(false),
+            moved: Mutex::new(VecDeque::new()),
+            moved_out: AtomicBool::new(false),
+            gate: Mutex::new(()),
+            conn: Arc::new(ConnShared {
+                unacked: Mutex::new(VecDeque::new()),
+                sent: AtomicU64::new(0),
+                acked: AtomicU64::new(0),
+                acked_batches: AtomicU64::new(0),
+                resend_from: AtomicU64::new(u64::MAX),
+                backpressure_retries: AtomicU64::new(0),
+                failed: Mutex::new(None),
+                latency: Mutex::new(Histogram::new(3).expect("valid histogram")),
+                append_latency: Mutex::new(Histogram::new(3).expect("valid histogram")),
+            }),
+            broker: broker.to_string(),
+            connection,
+            dispatched: AtomicU64::new(0),
+            deflected: AtomicU64::new(0),
+            producer_waits: AtomicU64::new(0),
+            stream: Mutex::new(stream),
+            stream_gen: AtomicU64::new(0),
+            epoch: AtomicU64::new(epoch),
+        }
+    }
+
     fn is_live(&self) -> bool {
         !self.dead.load(Ordering::Acquire)
     }
@@ -241,6 +296,72 @@ impl Queue {
     }
 }
 
+/// The publisher's queues, one per connection. They are only ever appended (at start,
+/// and when a broker joins) and never removed, so an index stays valid for the threads
+/// and failovers that hold it. Reading takes no lock: a slot is set before the count that
+/// covers it is published (Release), and readers load the count with Acquire.
+struct Queues {
+    slots: Box<[OnceLock<Queue>]>,
+    len: AtomicUsize,
+    /// Serialises appends (start, then the membership watcher).
+    appending: Mutex<()>,
+}
+
+impl Queues {
+    /// The queues of `start`, with room for `more` later.
+    fn new(initial: Vec<Queue>, more: usize) -> Self {
+        let queues = Self {
+            slots: (0..initial.len() + more).map(|_| OnceLock::new()).collect(),
+            len: AtomicUsize::new(0),
+            appending: Mutex::new(()),
+        };
+        if queues.append(initial).is_err() {
+            unreachable!("sized for the initial queues");
+        }
+        queues
+    }
+
+    fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    fn has_room_for(&self, count: usize) -> bool {
+        self.len() + count <= self.slots.len()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Queue> {
+        self.slots[..self.len()]
+            .iter()
+            .map(|slot| slot.get().expect("slots below the count are set"))
+    }
+
+    /// Appends `queues` and returns the index of the first one, or hands them back when
+    /// they do not fit.
+    fn append(&self, queues: Vec<Queue>) -> Result<usize, Vec<Queue>> {
+        let _appending = self.appending.lock();
+        let first = self.len.load(Ordering::Relaxed);
+        if first + queues.len() > self.slots.len() {
+            return Err(queues);
+        }
+        let count = queues.len();
+        for (slot, queue) in self.slots[first..].iter().zip(queues) {
+            if slot.set(queue).is_err() {
+                unreachable!("slots above the count are empty");
+            }
+        }
+        self.len.store(first + count, Ordering::Release);
+        Ok(first)
+    }
+}
+
+impl std::ops::Index<usize> for Queues {
+    type Output = Queue;
+
+    fn index(&self, index: usize) -> &Queue {
+        self.slots[index].get().expect("an appended queue")
+    }
+}
+
 /// Order 5: the publisher's session.
 struct Session {
     next_seq: AtomicU64,
@@ -271,7 +392,7 @@ struct Inner {
     max_batch: usize,
     builder: Mutex<Builder>,
     batch_opened: Condvar,
-    queues: Vec<Queue>,
+    queues: Queues,
     pool: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
     progress: (Mutex<()>, Condvar),
     closed: AtomicBool,
@@ -291,12 +412,16 @@ struct Inner {
     control: Option<String>,
     /// Failovers under way: `flush` is not done while batches are being moved.
     failovers: AtomicU64,
+    /// Wakes the membership watcher before its next refresh (after a failover, at close).
+    membership_wake: Sender<()>,
 }
 
 /// Publishes to one topic through every broker of a cluster.
 pub struct Publisher {
     inner: Arc<Inner>,
     threads: Vec<JoinHandle<()>>,
+    /// The membership watcher; it returns the threads of the queues it added.
+    membership: Option<JoinHandle<Vec<JoinHandle<()>>>>,
 }
 
 impl Publisher {
@@ -350,70 +475,57 @@ impl Publisher {
                 "need at least one broker, one connection per broker and a queue depth of 1".into(),
             ));
         }
+        let watch_membership = control.is_some() && !config.membership_refresh.is_zero();
+        let room_for_joins = if watch_membership {
+            config
+                .max_joined_brokers
+                .checked_mul(config.threads_per_broker)
+                .filter(|&slots| slots <= MAX_JOINED_QUEUES)
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "max_joined_brokers x threads_per_broker is above {MAX_JOINED_QUEUES}"
+                    ))
+                })?
+        } else {
+            0
+        };
         let client_id = config.client_id.unwrap_or_else(crate::random_client_id);
         let slow_queue = config.slow_queue.or_else(slow_queue_from_env);
-        let mut order = None;
-        let mut session_start = 0;
-        let mut queues = Vec::new();
-        let mut receivers = Vec::new();
-        let mut limits = (u32::MAX as usize, u32::MAX as usize);
+        let mut connected = Vec::new();
         for (process, addr) in brokers {
-            for connection in 0..config.threads_per_broker {
-                let hello = Hello {
-                    role: Role::Publish,
-                    ack_level: config.ack_level,
-                    client_id,
-                    session_epoch: config.session_epoch,
-                    start_position: 0,
-                    connection_index: connection as u32,
-                    cursor_count: 0,
-                    topic: topic.to_string(),
-                };
-                let (stream, ok) = conn::open(addr, &hello, &[])?;
-                order = Some(ok.order);
-                session_start = session_start.max(ok.next_batch_seq);
-                limits.0 = limits.0.min(ok.max_message_bytes as usize);
-                limits.1 = limits.1.min(ok.max_batch_bytes as usize);
-                let (tx, rx) = crossbeam_channel::bounded(config.queue_depth);
-                queues.push(Queue {
-                    tx,
-                    rx: rx.clone(),
-                    broker_id: process.map(|p| p.id),
-                    broker_incarnation: process.map_or(0, |p| p.incarnation),
-                    dead: AtomicBool::new(false),
-                    sender_done: AtomicBool::new(false),
-                    moved: Mutex::new(VecDeque::new()),
-                    moved_out: AtomicBool::new(false),
-                    gate: Mutex::new(()),
-                    conn: Arc::new(ConnShared {
-                        unacked: Mutex::new(VecDeque::new()),
-                        sent: AtomicU64::new(0),
-                        acked: AtomicU64::new(0),
-                        acked_batches: AtomicU64::new(0),
-                        resend_from: AtomicU64::new(u64::MAX),
-                        backpressure_retries: AtomicU64::new(0),
-                        failed: Mutex::new(None),
-                        latency: Mutex::new(Histogram::new(3).expect("valid histogram")),
-                        append_latency: Mutex::new(Histogram::new(3).expect("valid histogram")),
-                    }),
-                    broker: addr.clone(),
-                    connection,
-                    dispatched: AtomicU64::new(0),
-                    deflected: AtomicU64::new(0),
-                    producer_waits: AtomicU64::new(0),
-                    stream: Mutex::new(stream),
-                    stream_gen: AtomicU64::new(0),
-                    epoch: AtomicU64::new(if ok.order == 5 {
-                        config.session_epoch
-                    } else {
-                        0
-                    }),
-                });
-                receivers.push((rx, ok.next_batch_seq));
-            }
+            connected.extend(connect_broker(
+                &config,
+                client_id,
+                topic,
+                config.session_epoch,
+                *process,
+                addr,
+            )?);
         }
-        let (max_message, max_batch) = limits;
+        let order = connected.last().map(|(_, ok)| ok.order);
+        let session_start = connected
+            .iter()
+            .map(|(_, ok)| ok.next_batch_seq)
+            .max()
+            .unwrap_or(0);
+        let max_message = connected
+            .iter()
+            .map(|(_, ok)| ok.max_message_bytes as usize)
+            .min()
+            .unwrap_or(u32::MAX as usize);
+        let max_batch = connected
+            .iter()
+            .map(|(_, ok)| ok.max_batch_bytes as usize)
+            .min()
+            .unwrap_or(u32::MAX as usize);
+        let first_seqs: Vec<u64> = connected.iter().map(|(_, ok)| ok.next_batch_seq).collect();
+        let queues = Queues::new(
+            connected.into_iter().map(|(queue, _)| queue).collect(),
+            room_for_joins,
+        );
         let batch_bytes = config.batch_bytes.clamp(MESSAGE_HEADER_LEN, max_batch);
+        // One pending wake is enough: the watcher reads the whole membership each time.
+        let (membership_wake, membership_woken) = crossbeam_channel::bounded(1);
         let inner = Arc::new(Inner {
             builder: Mutex::new(Builder {
                 buf: Vec::with_capacity(batch_bytes + MESSAGE_HEADER_LEN * 2),
@@ -454,33 +566,27 @@ impl Publisher {
             order: order.unwrap_or(2),
             control,
             failovers: AtomicU64::new(0),
+            membership_wake,
         });
         let mut threads = Vec::new();
-        for (i, (rx, first_seq)) in receivers.into_iter().enumerate() {
-            let spawn_err =
-                |e: std::io::Error| Error::Config(format!("cannot spawn a thread: {e}"));
-            let (a, b) = (inner.clone(), inner.clone());
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("pub-send-{i}"))
-                    .spawn(move || sender(a, i, rx, first_seq))
-                    .map_err(spawn_err)?,
-            );
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("pub-acks-{i}"))
-                    .spawn(move || reader(b, i))
-                    .map_err(spawn_err)?,
-            );
+        for (index, first_seq) in first_seqs.into_iter().enumerate() {
+            start_connection(&inner, index, first_seq, 0, &mut threads)?;
         }
         let l = inner.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name("pub-linger".into())
-                .spawn(move || linger(l))
-                .map_err(|e| Error::Config(format!("cannot spawn a thread: {e}")))?,
-        );
-        Ok(Self { inner, threads })
+        threads.push(spawn("pub-linger".into(), move || linger(l))?);
+        let membership = if watch_membership {
+            let w = inner.clone();
+            Some(spawn("pub-members".into(), move || {
+                follow_membership(w, membership_woken)
+            })?)
+        } else {
+            None
+        };
+        Ok(Self {
+            inner,
+            threads,
+            membership,
+        })
     }
 
     pub fn client_id(&self) -> u64 {
@@ -620,6 +726,7 @@ impl Publisher {
                     broker: q.broker.clone(),
                     connection: q.connection,
                     batches: q.dispatched.load(Ordering::Relaxed),
+                    acked_batches: q.conn.acked_batches.load(Ordering::Relaxed),
                     deflected: q.deflected.load(Ordering::Relaxed),
                     producer_waits: q.producer_waits.load(Ordering::Relaxed),
                     backpressure_retries: q.conn.backpressure_retries.load(Ordering::Relaxed),
@@ -633,7 +740,7 @@ impl Publisher {
     pub fn latency_histograms(&self) -> (Histogram<u64>, Histogram<u64>) {
         let mut sealed = Histogram::<u64>::new(3).expect("valid histogram");
         let mut appended = Histogram::<u64>::new(3).expect("valid histogram");
-        for q in &self.inner.queues {
+        for q in self.inner.queues.iter() {
             let _ = sealed.add(&*q.conn.latency.lock());
             let _ = appended.add(&*q.conn.append_latency.lock());
         }
@@ -651,7 +758,15 @@ impl Publisher {
     fn shutdown(&mut self) {
         self.inner.closed.store(true, Ordering::SeqCst);
         self.inner.batch_opened.notify_all();
-        for q in &self.inner.queues {
+        let _ = self.inner.membership_wake.try_send(());
+        // The watcher first: once it has stopped no queue is added, so every connection
+        // is shut below and every thread joined.
+        if let Some(watcher) = self.membership.take() {
+            if let Ok(started) = watcher.join() {
+                self.threads.extend(started);
+            }
+        }
+        for q in self.inner.queues.iter() {
             let _ = q.stream.lock().shutdown(std::net::Shutdown::Both);
         }
         for t in self.threads.drain(..) {
@@ -672,12 +787,12 @@ impl Inner {
         self.config.failover
             && self.order >= 2
             && self.control.is_some()
-            && q.broker_id.is_some()
+            && q.process.is_some()
             && !self.closed.load(Ordering::Relaxed)
     }
 
     fn first_error(&self) -> Result<()> {
-        for q in &self.queues {
+        for q in self.queues.iter() {
             if let Some(e) = q.conn.failed.lock().clone() {
                 return Err(e);
             }
@@ -865,6 +980,206 @@ impl Inner {
     }
 }
 
+/// Most queues a publisher reserves room for, beyond those of `connect`.
+const MAX_JOINED_QUEUES: usize = 1 << 16;
+
+/// Longest wait for the head's answer when the membership watcher reads it: `close`
+/// waits for the watcher, so it must not hang on a head that stopped answering.
+const MEMBERSHIP_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn spawn<T: Send + 'static>(
+    name: String,
+    body: impl FnOnce() -> T + Send + 'static,
+) -> Result<JoinHandle<T>> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(body)
+        .map_err(|e| Error::Config(format!("cannot spawn a thread: {e}")))
+}
+
+/// Opens the `threads_per_broker` connections of one broker with the publisher's hello,
+/// the same at start and when a broker joins later: their queues (not started yet), each
+/// with the broker's HelloOk. `session_epoch`: order 5, the epoch the session is at.
+fn connect_broker(
+    config: &PublisherConfig,
+    client_id: u64,
+    topic: &str,
+    session_epoch: u64,
+    process: Option<BrokerProcess>,
+    addr: &str,
+) -> Result<Vec<(Queue, HelloOk)>> {
+    (0..config.threads_per_broker)
+        .map(|connection| {
+            let hello = Hello {
+                role: Role::Publish,
+                ack_level: config.ack_level,
+                client_id,
+                session_epoch,
+                start_position: 0,
+                connection_index: connection as u32,
+                cursor_count: 0,
+                topic: topic.to_string(),
+            };
+            let (stream, ok) = conn::open(addr, &hello, &[])?;
+            let epoch = if ok.order == 5 { session_epoch } else { 0 };
+            let queue = Queue::new(stream, addr, process, connection, config.queue_depth, epoch);
+            Ok((queue, ok))
+        })
+        .collect()
+}
+
+/// Starts the sender and the ack reader of queue `index`. `first_seq`: its HelloOk's
+/// `next_batch_seq`, where orders 0-2 number the connection's batches from;
+/// `fences_seen`: order 5, the session's fence count when the connection was opened (a
+/// later fence makes the sender reopen it, as every other).
+fn start_connection(
+    inner: &Arc<Inner>,
+    index: usize,
+    first_seq: u64,
+    fences_seen: u64,
+    threads: &mut Vec<JoinHandle<()>>,
+) -> Result<()> {
+    let a = inner.clone();
+    threads.push(spawn(format!("pub-send-{index}"), move || {
+        sender(a, index, first_seq, fences_seen)
+    })?);
+    let b = inner.clone();
+    threads.push(spawn(format!("pub-acks-{index}"), move || {
+        reader(b, index)
+    })?);
+    Ok(())
+}
+
+/// Follows membership for a publisher made with `connect`: every `membership_refresh`,
+/// and when woken (after a failover), reads the live brokers from the head and connects
+/// to each broker process it has never had a queue for: a restarted broker (a new
+/// incarnation of an id) or a new one. A process whose connections it lost is not
+/// reconnected: its failover fences it. Returns the threads it started, for `shutdown`.
+fn follow_membership(inner: Arc<Inner>, woken: Receiver<()>) -> Vec<JoinHandle<()>> {
+    let admin = Admin::with_timeout(
+        inner.control.as_deref().expect("watched through the head"),
+        MEMBERSHIP_REQUEST_TIMEOUT,
+    );
+    let per_broker = inner.config.threads_per_broker;
+    let mut threads = Vec::new();
+    // Processes an attempt failed for: reported once, not at every refresh.
+    let mut reported = HashSet::new();
+    // Processes that do not match this publisher (order, limits): they will not start
+    // matching, so they are not tried again. One that did not answer is.
+    let mut mismatched = HashSet::new();
+    loop {
+        let _ = woken.recv_timeout(inner.config.membership_refresh);
+        if inner.closed.load(Ordering::Relaxed) {
+            return threads;
+        }
+        let brokers = match admin.cluster() {
+            Ok(cluster) => cluster.brokers,
+            Err(e) => {
+                tracing::debug!("cannot read the cluster's brokers: {e}");
+                continue;
+            }
+        };
+        for b in brokers {
+            let process = BrokerProcess {
+                id: b.id,
+                incarnation: b.incarnation,
+            };
+            if inner.closed.load(Ordering::Relaxed) {
+                return threads;
+            }
+            if mismatched.contains(&process)
+                || inner.queues.iter().any(|q| q.process == Some(process))
+            {
+                continue;
+            }
+            if !inner.queues.has_room_for(per_broker) {
+                tracing::warn!(
+                    limit = inner.config.max_joined_brokers,
+                    "added as many joined brokers as max_joined_brokers allows; \
+                     publishing to the brokers this publisher has from now on"
+                );
+                return threads;
+            }
+            match add_broker(&inner, process, &b.addr, &mut threads) {
+                Ok(()) => tracing::info!(
+                    broker = %b.addr,
+                    id = b.id,
+                    incarnation = b.incarnation,
+                    "a broker joined; publishing to it too"
+                ),
+                Err(e) => {
+                    if matches!(e, Error::Config(_)) {
+                        mismatched.insert(process);
+                    }
+                    if reported.insert(process) {
+                        tracing::warn!(broker = %b.addr, "cannot use a broker that joined: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Connects to a broker that joined after `start` and, once its threads run, dispatches
+/// to it like to any other queue.
+fn add_broker(
+    inner: &Arc<Inner>,
+    process: BrokerProcess,
+    addr: &str,
+    threads: &mut Vec<JoinHandle<()>>,
+) -> Result<()> {
+    // Order 5: join the session at its current epoch. The fence count is read first: a
+    // fence after it (even one whose epoch the hello already carries) makes the new
+    // senders reopen, which is harmless.
+    let (fences_seen, session_epoch) = match &inner.session {
+        Some(session) => (
+            session.fences.load(Ordering::Acquire),
+            session.epoch.load(Ordering::Acquire),
+        ),
+        None => (0, inner.config.session_epoch),
+    };
+    let connected = connect_broker(
+        &inner.config,
+        inner.client_id,
+        &inner.topic,
+        session_epoch,
+        Some(process),
+        addr,
+    )?;
+    // Batches are sealed for the limits of the brokers found at start.
+    if let Some((_, ok)) = connected.iter().find(|(_, ok)| {
+        ok.order != inner.order
+            || (ok.max_message_bytes as usize) < inner.max_message
+            || (ok.max_batch_bytes as usize) < inner.max_batch
+    }) {
+        return Err(Error::Config(format!(
+            "order {} and limits of {} / {} bytes (message / batch) do not match this \
+             publisher's order {} and {} / {} bytes",
+            ok.order,
+            ok.max_message_bytes,
+            ok.max_batch_bytes,
+            inner.order,
+            inner.max_message,
+            inner.max_batch
+        )));
+    }
+    let first_seqs: Vec<u64> = connected.iter().map(|(_, ok)| ok.next_batch_seq).collect();
+    let queues = connected.into_iter().map(|(queue, _)| queue).collect();
+    let Ok(first) = inner.queues.append(queues) else {
+        return Err(Error::Config("no room for more queues".into()));
+    };
+    for (offset, first_seq) in first_seqs.into_iter().enumerate() {
+        let index = first + offset;
+        if let Err(e) = start_connection(inner, index, first_seq, fences_seen, threads) {
+            // The queue takes batches already: without its threads the publisher fails,
+            // as `start` does.
+            inner.fail(&inner.queues[index].conn, e.clone());
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
 /// Seals batches that have lingered long enough.
 fn linger(inner: Arc<Inner>) {
     let mut b = inner.builder.lock();
@@ -904,14 +1219,15 @@ fn write_batch(stream: &mut TcpStream, header: &[u8], payload: &[u8]) -> std::io
 }
 
 /// Writes the batches of one queue; resends from the refused batch after BACKPRESSURE.
-fn sender(inner: Arc<Inner>, index: usize, rx: Receiver<Sealed>, first_seq: u64) {
+fn sender(inner: Arc<Inner>, index: usize, first_seq: u64, fences_seen: u64) {
     let q = &inner.queues[index];
     let conn = &q.conn;
+    let rx = &q.rx;
     let Ok(mut stream) = q.stream.lock().try_clone() else {
         return;
     };
     let mut next_seq = first_seq;
-    let mut fences_handled = 0;
+    let mut fences_handled = fences_seen;
     let mut backoff = Duration::from_millis(5);
     // A failed write: with failover, the reader (whose read fails too once the socket
     // is shut) moves this queue's batches to the live brokers.
@@ -1191,8 +1507,9 @@ fn fail_over(inner: &Inner, index: usize, cause: Error) {
     q.mark_dead();
     let _ = q.stream.lock().shutdown(std::net::Shutdown::Both);
     // The head is about to fence the broker: its other connections will get no more
-    // acknowledgements, so they fail over too (their readers see the shutdown).
-    for other in inner.queues.iter().filter(|o| o.broker_id == q.broker_id) {
+    // acknowledgements, so they fail over too (their readers see the shutdown). Those to
+    // another process of the same id (a restart) are not affected.
+    for other in inner.queues.iter().filter(|o| o.process == q.process) {
         if other.is_live() {
             other.mark_dead();
             let _ = other.stream.lock().shutdown(std::net::Shutdown::Both);
@@ -1259,19 +1576,22 @@ fn fail_over(inner: &Inner, index: usize, cause: Error) {
     q.moved_out.store(true, Ordering::Release);
     inner.failovers.fetch_sub(1, Ordering::AcqRel);
     inner.notify_progress();
+    // The broker may come back (restarted) or others may have joined: look now rather
+    // than at the next refresh.
+    let _ = inner.membership_wake.try_send(());
 }
 
 /// Asks the head which of `batch_ids` (this connection's unacknowledged batches) made
 /// it into the order; waits (at most 30 s) until the head has declared the broker dead.
 fn ordered_on_dead_broker(inner: &Inner, q: &Queue, batch_ids: &[u64]) -> Result<Vec<u64>> {
     let admin = Admin::new(inner.control.as_deref().expect("checked by can_fail_over"));
-    let broker = q.broker_id.expect("checked by can_fail_over");
+    let broker = q.process.expect("checked by can_fail_over");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match admin.failover(
             &inner.topic,
-            broker,
-            q.broker_incarnation,
+            broker.id,
+            broker.incarnation,
             inner.client_id,
             batch_ids,
             inner.config.ack_level,

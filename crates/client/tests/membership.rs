@@ -1,0 +1,287 @@
+//! A publisher made through the head follows membership: a fake head (test double)
+//! serves `/v1/cluster`, fake brokers acknowledge every batch, and brokers are listed
+//! after the publisher connected.
+
+use embarcadero_client::{Publisher, PublisherConfig, PublisherStats};
+use embarcadero_wire::{
+    Ack, BatchHeader, FrameHeader, FrameKind, Hello, HelloOk, BATCH_HEADER_LEN, HELLO_LEN,
+    HELLO_OK_LEN,
+};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// An order-2 broker that acknowledges each batch once it has read it.
+struct FakeBroker {
+    addr: String,
+    connections: Arc<AtomicU64>,
+    batches: Arc<AtomicU64>,
+}
+
+impl FakeBroker {
+    fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let connections = Arc::new(AtomicU64::new(0));
+        let batches = Arc::new(AtomicU64::new(0));
+        let (c, b) = (connections.clone(), batches.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                c.fetch_add(1, Ordering::AcqRel);
+                let b = b.clone();
+                std::thread::spawn(move || serve_publisher(stream, &b));
+            }
+        });
+        Self {
+            addr,
+            connections,
+            batches,
+        }
+    }
+
+    fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Acquire)
+    }
+
+    fn batches(&self) -> u64 {
+        self.batches.load(Ordering::Acquire)
+    }
+}
+
+fn serve_publisher(mut s: TcpStream, batches: &AtomicU64) {
+    let mut raw = [0u8; HELLO_LEN];
+    if s.read_exact(&mut raw).is_err() {
+        return;
+    }
+    let hello = Hello::decode(&raw).unwrap();
+    let mut frame = FrameHeader {
+        kind: FrameKind::HelloOk,
+        flags: 0,
+        body_len: HELLO_OK_LEN as u32,
+        arg: 0,
+    }
+    .encode()
+    .to_vec();
+    frame.extend_from_slice(
+        &HelloOk {
+            order: 2,
+            ack_level: hello.ack_level,
+            num_brokers: 1,
+            max_message_bytes: 1 << 20,
+            max_batch_bytes: 1 << 20,
+            ..Default::default()
+        }
+        .encode(),
+    );
+    if s.write_all(&frame).is_err() {
+        return;
+    }
+    loop {
+        let mut raw = [0u8; BATCH_HEADER_LEN];
+        if s.read_exact(&mut raw).is_err() {
+            return;
+        }
+        let h = BatchHeader::decode(&raw).unwrap();
+        let mut payload = vec![0u8; h.total_size as usize];
+        if s.read_exact(&mut payload).is_err() {
+            return;
+        }
+        batches.fetch_add(1, Ordering::AcqRel);
+        let ack = Ack {
+            level: hello.ack_level,
+            count: h.batch_seq + 1,
+        };
+        if s.write_all(&ack.encode()).is_err() {
+            return;
+        }
+    }
+}
+
+/// The head's `/v1/cluster` with the brokers the test lists: (id, address, incarnation).
+struct FakeHead {
+    addr: String,
+    brokers: Arc<Mutex<Vec<(u32, String, u64)>>>,
+    cluster_reads: Arc<AtomicU64>,
+}
+
+impl FakeHead {
+    fn start(brokers: Vec<(u32, String, u64)>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let brokers = Arc::new(Mutex::new(brokers));
+        let cluster_reads = Arc::new(AtomicU64::new(0));
+        let (listed, reads) = (brokers.clone(), cluster_reads.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                answer(stream, &listed, &reads);
+            }
+        });
+        Self {
+            addr,
+            brokers,
+            cluster_reads,
+        }
+    }
+
+    fn list(&self, brokers: Vec<(u32, String, u64)>) {
+        *self.brokers.lock().unwrap() = brokers;
+    }
+
+    fn cluster_reads(&self) -> u64 {
+        self.cluster_reads.load(Ordering::Acquire)
+    }
+}
+
+/// One HTTP request: `/v1/cluster` lists the brokers, anything else is 404 (so the
+/// publisher takes the topic's order from the brokers' HelloOk).
+fn answer(stream: TcpStream, listed: &Mutex<Vec<(u32, String, u64)>>, reads: &AtomicU64) {
+    let mut reader = BufReader::new(stream);
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).is_err() {
+        return;
+    }
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) if line == "\r\n" => break,
+            Ok(_) => {}
+        }
+    }
+    let (status, body) = if request_line.starts_with("GET /v1/cluster ") {
+        let brokers: Vec<_> = listed
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(id, addr, incarnation)| {
+                serde_json::json!({"id": id, "addr": addr, "incarnation": incarnation})
+            })
+            .collect();
+        reads.fetch_add(1, Ordering::AcqRel);
+        let cluster = serde_json::json!({
+            "brokers": brokers,
+            "max_message_bytes": 1 << 20,
+            "max_batch_bytes": 1 << 20,
+        });
+        ("200 OK", cluster.to_string())
+    } else {
+        ("404 Not Found", r#"{"error":"not found"}"#.to_string())
+    };
+    let mut stream = reader.into_inner();
+    let _ = write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+fn config(max_joined_brokers: usize) -> PublisherConfig {
+    PublisherConfig {
+        batch_bytes: 4096,
+        membership_refresh: Duration::from_millis(20),
+        max_joined_brokers,
+        flush_timeout: Duration::from_secs(10),
+        ..PublisherConfig::default()
+    }
+}
+
+/// Publishes and flushes rounds of messages until `done` holds for the stats; fails the
+/// test after 20 s.
+fn publish_until(p: &Publisher, what: &str, done: impl Fn(&PublisherStats) -> bool) {
+    let start = Instant::now();
+    while !done(&p.stats()) {
+        assert!(start.elapsed() < Duration::from_secs(20), "never: {what}");
+        for _ in 0..20 {
+            p.publish(&[7u8; 100]).unwrap();
+        }
+        p.flush().unwrap();
+    }
+}
+
+fn acked_through(stats: &PublisherStats, broker: &FakeBroker) -> u64 {
+    stats
+        .queues
+        .iter()
+        .filter(|q| q.broker == broker.addr)
+        .map(|q| q.acked_batches)
+        .sum()
+}
+
+#[test]
+fn brokers_that_join_later_get_batches_from_a_running_publisher() {
+    let a = FakeBroker::start();
+    let head = FakeHead::start(vec![(0, a.addr.clone(), 0)]);
+    let p = Publisher::connect(&head.addr, "t", config(8)).unwrap();
+    publish_until(&p, "a batch through the first broker", |s| {
+        acked_through(s, &a) > 0
+    });
+    assert_eq!(p.stats().queues.len(), 1);
+
+    // A new broker joins.
+    let b = FakeBroker::start();
+    head.list(vec![(0, a.addr.clone(), 0), (1, b.addr.clone(), 7)]);
+    publish_until(&p, "a batch through the joined broker", |s| {
+        acked_through(s, &b) > 0
+    });
+
+    // Broker 1 restarts: a new process (incarnation) at a new address, while the old
+    // one's connection is still up. The new process gets queues of its own.
+    let b2 = FakeBroker::start();
+    head.list(vec![(0, a.addr.clone(), 0), (1, b2.addr.clone(), 8)]);
+    publish_until(&p, "a batch through the restarted broker", |s| {
+        acked_through(s, &b2) > 0
+    });
+    // A few more refreshes that list processes it has queues for already.
+    let reads = head.cluster_reads();
+    publish_until(&p, "three more membership reads", |_| {
+        head.cluster_reads() >= reads + 3
+    });
+
+    let stats = p.close().unwrap();
+    assert_eq!(
+        stats.acked_batches, stats.batches,
+        "every batch acknowledged"
+    );
+    assert_eq!(stats.queues.len(), 3, "one queue per broker process");
+    for broker in [&a, &b, &b2] {
+        assert_eq!(broker.connections(), 1, "connected once to {}", broker.addr);
+        let queue = stats
+            .queues
+            .iter()
+            .find(|q| q.broker == broker.addr)
+            .unwrap();
+        assert_eq!(queue.batches, broker.batches(), "{}", broker.addr);
+        assert_eq!(queue.acked_batches, queue.batches, "{}", broker.addr);
+    }
+}
+
+#[test]
+fn max_joined_brokers_bounds_what_a_publisher_adds() {
+    let a = FakeBroker::start();
+    let head = FakeHead::start(vec![(0, a.addr.clone(), 0)]);
+    let p = Publisher::connect(&head.addr, "t", config(1)).unwrap();
+    let (b, c) = (FakeBroker::start(), FakeBroker::start());
+    head.list(vec![
+        (0, a.addr.clone(), 0),
+        (1, b.addr.clone(), 1),
+        (2, c.addr.clone(), 1),
+    ]);
+    publish_until(&p, "a batch through the joined broker", |s| {
+        acked_through(s, &b) > 0
+    });
+    // `close` waits for the watcher, so the pass that added broker 1 has looked at
+    // broker 2 by the time the counts are read.
+    let stats = p.close().unwrap();
+    assert_eq!(stats.acked_batches, stats.batches);
+    assert_eq!(stats.queues.len(), 2, "the first broker and one joined");
+    assert_eq!(
+        c.connections(),
+        0,
+        "past max_joined_brokers, no more brokers"
+    );
+}
