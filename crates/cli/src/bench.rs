@@ -1,5 +1,13 @@
-//! `embarcadero bench`: publish-only and publish+subscribe runs against an embedded
-//! server (or a running one), with the machine's ceilings measured in the same run.
+//! `embarcadero bench`: publish-only, publish+subscribe and subscribe-only runs against
+//! an embedded server (or a running one), and broker-failure runs against a cluster of
+//! processes (`failure`), with the machine's ceilings measured in the same run. Lists of
+//! orders and rates run a sweep, one fresh server per run, summarised in a table and
+//! drawn by `plot`.
+
+mod canvas;
+mod failure;
+mod font;
+mod plot;
 
 use crate::publish::report;
 use crate::CliResult;
@@ -11,24 +19,32 @@ use embarcadero_client::{
 use embarcadero_server::{Server, ServerConfig};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::Value;
 use std::io::IsTerminal;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// `publish`: publish-only; `e2e`: publish while one subscriber reads in order;
     /// `subscribe`: fill the topic, then time one subscriber reading it all from the
-    /// start.
-    #[arg(long, default_value = "publish", value_parser = ["publish", "e2e", "subscribe"])]
+    /// start; `failure`: broker failure: start a cluster of processes (a head and
+    /// follower brokers run from this executable), SIGKILL one follower partway
+    /// (--kill-after-secs), report throughput before and after, how long
+    /// acknowledgements stalled, and check with a subscriber that every acknowledged
+    /// message is delivered exactly once in one order (exit status 1 if not).
+    #[arg(long, default_value = "publish", value_parser = ["publish", "e2e", "subscribe", "failure"])]
     pub mode: String,
     /// Publishers running in parallel (each its own client, connections and
     /// batches); the total and the rate are split between them.
     #[arg(long, default_value_t = 1)]
     pub publishers: usize,
-    /// Order level of the benchmark topic.
-    #[arg(long, default_value_t = 2)]
-    pub order: u8,
+    /// Order level of the benchmark topic (`failure`: 2 or 5). A comma-separated list
+    /// runs a sweep, one run per order and rate, each on a fresh server: `--order 0,2,5`.
+    #[arg(long, value_delimiter = ',', default_value = "2")]
+    pub order: Vec<u8>,
     #[arg(long, default_value_t = 1)]
     pub ack: u8,
     /// Replication factor of the benchmark topic (2 or more: disk replicas).
@@ -37,14 +53,18 @@ pub struct BenchArgs {
     /// Directory of a disk replica of the embedded server (repeat for each replica).
     /// Default: two replicas under a scratch directory on the temporary disk.
     #[arg(long)]
-    pub replica_dir: Vec<std::path::PathBuf>,
+    pub replica_dir: Vec<PathBuf>,
     /// Message payload size in bytes.
     #[arg(long, default_value_t = 1024)]
     pub size: usize,
     /// Total payload bytes to publish.
     #[arg(long, default_value_t = 1 << 30)]
     pub total_bytes: u64,
-    /// Brokers of the embedded server.
+    /// Publish for this many seconds instead of a fixed --total-bytes (the two exclude
+    /// each other).
+    #[arg(long, value_name = "SECS", conflicts_with = "total_bytes")]
+    pub duration: Option<f64>,
+    /// Brokers of the embedded server (`failure`: of the cluster, at least 2).
     #[arg(long, default_value_t = 4)]
     pub brokers: u32,
     #[arg(long, default_value_t = 1)]
@@ -59,143 +79,313 @@ pub struct BenchArgs {
     /// Directory for the embedded server's region file; tmpfs keeps the kernel from
     /// writing the region back to disk. Default: /dev/shm when it exists.
     #[arg(long)]
-    pub region_dir: Option<std::path::PathBuf>,
+    pub region_dir: Option<PathBuf>,
     /// Wait for the round-robin queue instead of deflecting to the next when it is full.
     #[arg(long)]
     pub no_deflect: bool,
     /// Publish at this fixed rate (MB/s of payload) instead of as fast as possible, on a
     /// schedule fixed in advance (a late message is not excused by the lateness of the
-    /// ones before it), to measure latency below saturation.
-    #[arg(long)]
-    pub rate: Option<f64>,
+    /// ones before it), to measure latency below saturation. A comma-separated list
+    /// runs a sweep (`max`: as fast as possible): `--rate 100,200,400,800`.
+    #[arg(long, value_delimiter = ',', value_parser = parse_rate, value_name = "MB/s")]
+    pub rate: Vec<Rate>,
+    /// `failure` mode: SIGKILL the follower this many seconds after publishing starts
+    /// [default: a third of --duration, or once a third of --total-bytes is published].
+    #[arg(long, value_name = "SECS")]
+    pub kill_after_secs: Option<f64>,
     /// Use a running server instead of starting an embedded one.
     #[arg(long)]
     pub control: Option<String>,
     /// Also measure loopback TCP, memcpy and fdatasync ceilings in this run.
     #[arg(long)]
     pub ceilings: bool,
-    /// Print every figure as JSON on stdout.
+    /// Print every figure as JSON on stdout (an array when there are several runs).
     #[arg(long)]
     pub json: bool,
+    /// Write a PNG with two panels: (a) MB/s of every run, (b) append-to-ack p50 and
+    /// p99 against the offered load of the --rate runs, one line per order.
+    #[arg(long, value_name = "FILE.png")]
+    pub plot: Option<PathBuf>,
+    /// Plot saved `bench --json` outputs instead of running anything (with --plot).
+    #[arg(long, value_name = "FILE.json", num_args = 1.., requires = "plot")]
+    pub from_json: Vec<PathBuf>,
+}
+
+/// An offered load: MB/s, or `None` for as fast as possible.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate(pub Option<f64>);
+
+fn parse_rate(text: &str) -> Result<Rate, String> {
+    if text == "max" {
+        return Ok(Rate(None));
+    }
+    match text.parse::<f64>() {
+        Ok(mb_s) if mb_s.is_finite() && mb_s > 0.0 => Ok(Rate(Some(mb_s))),
+        _ => Err(format!(
+            "{text:?} is not a rate: MB/s above 0, or `max` for as fast as possible"
+        )),
+    }
+}
+
+/// What a sweep varies from one run to the next.
+#[derive(Debug, Clone, Copy)]
+pub struct RunConfig {
+    pub order: u8,
+    /// MB/s of payload on a fixed schedule; `None`: as fast as possible.
+    pub rate: Option<f64>,
+}
+
+/// Every combination of the listed orders and rates, orders outermost.
+fn configurations(args: &BenchArgs) -> Vec<RunConfig> {
+    let rates = if args.rate.is_empty() {
+        vec![Rate(None)]
+    } else {
+        args.rate.clone()
+    };
+    args.order
+        .iter()
+        .flat_map(|&order| {
+            rates.iter().map(move |rate| RunConfig {
+                order,
+                rate: rate.0,
+            })
+        })
+        .collect()
+}
+
+/// Refuses combinations that cannot run, before anything starts.
+fn check_args(args: &BenchArgs) -> CliResult {
+    if args.duration.is_some_and(|d| !(d.is_finite() && d > 0.0)) {
+        return Err("--duration takes a number of seconds above 0".into());
+    }
+    if args.kill_after_secs.is_some() && args.mode != "failure" {
+        return Err("--kill-after-secs is for --mode failure".into());
+    }
+    if args.mode == "failure" {
+        failure::check_args(args)?;
+    }
+    Ok(())
 }
 
 pub fn run(args: BenchArgs) -> CliResult {
-    let count = (args.total_bytes / args.size.max(1) as u64).max(1);
+    if !args.from_json.is_empty() {
+        let runs = load_results(&args.from_json)?;
+        let path = args.plot.as_ref().expect("clap requires --plot");
+        plot::write_png(path, &runs)?;
+        println!("plotted {} runs to {}", runs.len(), path.display());
+        return Ok(());
+    }
+    check_args(&args)?;
+    let configs = configurations(&args);
+    let mut results = Vec::with_capacity(configs.len());
+    let mut failed_checks = Vec::new();
+    for (i, config) in configs.iter().enumerate() {
+        if configs.len() > 1 && !args.json {
+            let rate = config
+                .rate
+                .map_or("as fast as possible".to_string(), |r| format!("{r} MB/s"));
+            println!(
+                "== run {} of {}: order {}, {rate}",
+                i + 1,
+                configs.len(),
+                config.order
+            );
+        }
+        let figures = if args.mode == "failure" {
+            failure::run(&args, *config)?
+        } else {
+            run_one(&args, *config)?
+        };
+        if figures["failure"]["check"]["passed"] == false {
+            failed_checks.push(plot::label(&figures));
+        }
+        results.push(figures);
+    }
+    if args.json {
+        let out = match results.as_slice() {
+            [single] => single.clone(),
+            _ => Value::Array(results.clone()),
+        };
+        println!("{}", serde_json::to_string_pretty(&out).expect("json"));
+    } else if results.len() > 1 {
+        print_summary(&results);
+    }
+    if let Some(path) = &args.plot {
+        plot::write_png(path, &results)?;
+        eprintln!("plot written to {}", path.display());
+    }
+    if !failed_checks.is_empty() {
+        return Err(format!(
+            "the exactly-once check failed in: {}",
+            failed_checks.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// The runs in saved `bench --json` outputs: one object per file, or an array of them.
+fn load_results(files: &[PathBuf]) -> Result<Vec<Value>, String> {
+    let mut runs = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "{} is not the JSON `bench --json` prints: {e}",
+                file.display()
+            )
+        })?;
+        match value {
+            Value::Array(items) => runs.extend(items),
+            object @ Value::Object(_) => runs.push(object),
+            _ => {
+                return Err(format!(
+                    "{} holds neither a run nor a list of runs",
+                    file.display()
+                ))
+            }
+        }
+    }
+    if let Some(bad) = runs.iter().find(|r| r["mb_per_s"].as_f64().is_none()) {
+        return Err(format!("a saved run has no mb_per_s figure: {bad}"));
+    }
+    Ok(runs)
+}
+
+/// One line per run after a sweep.
+fn print_summary(results: &[Value]) {
+    println!();
+    println!(
+        "{:<28} {:>9} {:>12} {:>12} {:>12} {:>9}",
+        "RUN", "MB/S", "A2A P50 US", "A2A P99 US", "A2A P99.9 US", "CPU S/GB"
+    );
+    for r in results {
+        let latency = |p: &str| {
+            r["append_to_ack_us"][p]
+                .as_u64()
+                .map_or("-".to_string(), |us| us.to_string())
+        };
+        println!(
+            "{:<28} {:>9.1} {:>12} {:>12} {:>12} {:>9}",
+            plot::label(r),
+            r["mb_per_s"].as_f64().unwrap_or(0.0),
+            latency("p50"),
+            latency("p99"),
+            latency("p999"),
+            r["process_cpu_seconds_per_gb"]
+                .as_f64()
+                .map_or("-".to_string(), |c| format!("{c:.2}"))
+        );
+    }
+    println!(
+        "(A2A: append to ack, from the publish of a batch's first message to its acknowledgement)"
+    );
+}
+
+/// Messages to publish: `None` when publishing runs for --duration instead.
+fn message_count(args: &BenchArgs) -> Option<u64> {
+    match args.duration {
+        Some(_) => None,
+        None => Some((args.total_bytes / args.size.max(1) as u64).max(1)),
+    }
+}
+
+/// One run against an embedded server (or --control).
+fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     let scratch = tempdir()?;
     let mut server = None;
     let mut region_file = None;
     let control = match &args.control {
         Some(c) => c.clone(),
         None => {
-            let mut config = ServerConfig {
+            let mut server_config = ServerConfig {
                 data_dir: scratch.join("data"),
                 base_port: 0,
                 control_port: 0,
                 brokers: args.brokers,
                 ..ServerConfig::default()
             };
-            config.sequencer.epoch_us = args.epoch_us;
-            config.replication.dirs = args.replica_dir.clone();
+            server_config.sequencer.epoch_us = args.epoch_us;
+            server_config.replication.dirs = args.replica_dir.clone();
             let region_dir = args.region_dir.clone().unwrap_or_else(|| {
-                let shm = std::path::PathBuf::from("/dev/shm");
+                let shm = PathBuf::from("/dev/shm");
                 if shm.is_dir() {
                     shm
                 } else {
                     scratch.clone()
                 }
             });
-            config.region.path =
+            server_config.region.path =
                 region_dir.join(format!("embarcadero-bench-{}.region", std::process::id()));
-            region_file = Some(config.region.path.clone());
-            let s = Server::start(config).map_err(|e| e.to_string())?;
+            region_file = Some(server_config.region.path.clone());
+            let s = Server::start(server_config).map_err(|e| e.to_string())?;
             let addr = s.control_addr().to_string();
             server = Some(s);
             addr
         }
     };
-    let topic = format!("bench-{}-{}", args.order, std::process::id());
+    let topic = format!("bench-{}-{}", config.order, std::process::id());
     Admin::new(&control)
-        .create_topic(&TopicSpec::new(&topic, args.order).replicated(args.rf))
+        .create_topic(&TopicSpec::new(&topic, config.order).replicated(args.rf))
         .map_err(|e| e.to_string())?;
+    // How many messages the subscriber waits for: known once publishing has ended.
+    let published = Arc::new(AtomicU64::new(u64::MAX));
     let subscriber = if args.mode == "e2e" {
         let mut sub = Subscriber::connect(&control, &topic, SubscriberConfig::default())
             .map_err(|e| e.to_string())?;
+        let published = published.clone();
         Some(std::thread::spawn(
             move || -> Result<(u64, Instant, Histogram<u64>), String> {
                 let mut received = 0u64;
+                let mut last_at = Instant::now();
                 let mut e2e = Histogram::<u64>::new(3).expect("histogram");
-                while received < count {
-                    sub.poll_with(Duration::from_secs(30), |m| {
-                        if received.is_multiple_of(64) {
-                            let now = std::time::SystemTime::now()
-                                .duration_since(std::time::UNIX_EPOCH)
-                                .map(|d| d.as_nanos() as u64)
-                                .unwrap_or(0);
-                            let _ = e2e.record(now.saturating_sub(m.publish_ts_ns) / 1000 + 1);
-                        }
-                        received += 1;
-                    })
-                    .map_err(|e| e.to_string())?;
+                while received < published.load(Ordering::Acquire) {
+                    let n = sub
+                        .poll_with(Duration::from_millis(100), |m| {
+                            if received.is_multiple_of(64) {
+                                let now = std::time::SystemTime::now()
+                                    .duration_since(std::time::UNIX_EPOCH)
+                                    .map(|d| d.as_nanos() as u64)
+                                    .unwrap_or(0);
+                                let _ = e2e.record(now.saturating_sub(m.publish_ts_ns) / 1000 + 1);
+                            }
+                            received += 1;
+                        })
+                        .map_err(|e| e.to_string())?;
+                    if n > 0 {
+                        last_at = Instant::now();
+                    } else if last_at.elapsed() > Duration::from_secs(30) {
+                        return Err(format!(
+                            "the subscriber received nothing for 30 s after {received} messages"
+                        ));
+                    }
                 }
-                Ok((received, Instant::now(), e2e))
+                Ok((received, last_at, e2e))
             },
         ))
     } else {
         None
     };
-    let bar = if std::io::stderr().is_terminal() {
-        ProgressBar::new(count).with_style(
-            ProgressStyle::with_template("{bar:40} {pos}/{len} messages {per_sec} eta {eta}")
-                .expect("template"),
-        )
-    } else {
-        ProgressBar::hidden()
-    };
-    let publisher_config = PublisherConfig {
-        ack_level: args.ack,
-        batch_bytes: args.batch_bytes,
-        linger: Duration::from_micros(args.linger_us),
-        threads_per_broker: args.threads_per_broker,
-        deflect: !args.no_deflect,
-        ..PublisherConfig::default()
-    };
-    let publishers = args.publishers.max(1);
-    let progress = AtomicU64::new(0);
+    let bar = progress_bar(message_count(args));
     let cpu_before = process_cpu_seconds();
-    let start = Instant::now();
-    let results: Vec<Result<PublisherRun, String>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..publishers)
-            .map(|p| {
-                // Publisher p takes every publishers-th message of the schedule.
-                let share =
-                    count / publishers as u64 + u64::from((p as u64) < count % publishers as u64);
-                let (control, topic, config) = (&control, &topic, publisher_config.clone());
-                let (progress, args) = (&progress, &args);
-                let plan = Share {
-                    index: p,
-                    of: publishers,
-                    messages: share,
-                    start,
-                };
-                scope.spawn(move || run_publisher(control, topic, config, args, plan, progress))
-            })
-            .collect();
-        while handles.iter().any(|h| !h.is_finished()) {
-            bar.set_position(progress.load(Ordering::Relaxed));
+    let publishing = publish_all(&control, &topic, args, config, false, |p| {
+        while !p.finished() {
+            bar.set_position(p.progress());
             std::thread::sleep(Duration::from_millis(100));
         }
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("a publisher thread panicked".into()))
-            })
-            .collect()
+        Ok(())
     });
-    let runs = results.into_iter().collect::<Result<Vec<_>, _>>()?;
-    let publish_elapsed = start.elapsed();
-    let stats = merge_stats(&runs);
-    let behind_max = runs.iter().map(|r| r.behind_max).max().unwrap_or_default();
+    let outcome = match publishing {
+        Ok((outcome, ())) => outcome,
+        Err(e) => {
+            published.store(0, Ordering::Release);
+            return Err(e);
+        }
+    };
+    published.store(outcome.stats.messages, Ordering::Release);
+    let count = outcome.stats.messages;
+    let publish_elapsed = outcome.elapsed;
+    let stats = &outcome.stats;
     // Subscribe-only: the topic is full now; one subscriber reads it all from the start.
     let subscribe_only = if args.mode == "subscribe" {
         let mut sub = Subscriber::connect(&control, &topic, SubscriberConfig::default())
@@ -217,7 +407,7 @@ pub fn run(args: BenchArgs) -> CliResult {
             let (received, done, hist) = handle
                 .join()
                 .map_err(|_| "subscriber thread panicked".to_string())??;
-            Some((received, done.duration_since(start), hist))
+            Some((received, done.duration_since(outcome.start), hist))
         }
         None => None,
     };
@@ -229,19 +419,7 @@ pub fn run(args: BenchArgs) -> CliResult {
         _ => publish_elapsed,
     };
     let bytes = stats.bytes as f64;
-    let ceilings = if args.ceilings {
-        // TCP in the publisher's batch size; fdatasync on the replicas' disk, in 1 MiB
-        // writes and in the replicas' group-commit size.
-        let mut plan = CeilingPlan::new(args.replica_dir.first().unwrap_or(&scratch), false);
-        plan.tcp_chunk_bytes = args.batch_bytes;
-        let group_commit = ServerConfig::default().replication.group_commit_bytes as usize;
-        if args.rf >= 2 && !plan.sync_write_bytes.contains(&group_commit) {
-            plan.sync_write_bytes.push(group_commit);
-        }
-        measure_all(&plan).map_err(|e| format!("cannot measure the machine's ceilings: {e}"))?
-    } else {
-        Vec::new()
-    };
+    let ceilings = measure_ceilings(args, &scratch)?;
     let mb_s = bytes / elapsed.as_secs_f64() / 1e6;
     let embedded = server.is_some();
     // Per-stage time from the server's counters (cumulative: exact for an embedded
@@ -250,34 +428,9 @@ pub fn run(args: BenchArgs) -> CliResult {
         .into_iter()
         .map(|(stage, ns)| (stage, ns as f64 / 1e6 / (bytes / 1e9)))
         .collect();
-    let figures = serde_json::json!({
-        "mode": args.mode,
-        "publishers": publishers,
-        "order": args.order,
-        "ack": args.ack,
-        "rf": args.rf,
-        "message_bytes": args.size,
-        "messages": stats.messages,
-        "payload_bytes": stats.bytes,
-        "brokers": args.brokers,
-        "threads_per_broker": args.threads_per_broker,
-        "batch_bytes": args.batch_bytes,
-        "linger_us": args.linger_us,
-        "epoch_us": args.epoch_us,
-        "deflect": !args.no_deflect,
-        "slow_queue": std::env::var("EMBARCADERO_SLOW_CONSUMER_QUEUE").ok(),
-        "slow_queue_ms": std::env::var("EMBARCADERO_SLOW_CONSUMER_MS").ok(),
+    let mut figures = common_figures(args, config, &outcome, elapsed);
+    let extra = serde_json::json!({
         "region_file": region_file.as_ref().map(|p| p.display().to_string()),
-        "seconds": elapsed.as_secs_f64(),
-        "publish_seconds": publish_elapsed.as_secs_f64(),
-        "publish_mb_per_s": bytes / publish_elapsed.as_secs_f64() / 1e6,
-        "per_publisher_append_to_ack_us": runs.iter().map(|r| &r.stats.append_to_ack_us).collect::<Vec<_>>(),
-        "mb_per_s": mb_s,
-        "messages_per_s": stats.messages as f64 / elapsed.as_secs_f64(),
-        "ack_latency_us": stats.ack_latency_us,
-        "append_to_ack_us": stats.append_to_ack_us,
-        "rate_mb_per_s": args.rate,
-        "schedule_max_lateness_us": args.rate.map(|_| behind_max.as_micros() as u64),
         "subscribe_only_seconds": subscribe_only.as_ref().map(|(_, t)| t.as_secs_f64()),
         "e2e_latency_us": e2e.as_ref().map(|(_, _, h)| serde_json::json!({
             "p50": h.value_at_quantile(0.5),
@@ -287,31 +440,20 @@ pub fn run(args: BenchArgs) -> CliResult {
             "samples": h.len(),
         })),
         "process_cpu_seconds_per_gb": embedded.then(|| cpu / (bytes / 1e9)),
-        "queues": stats.queues,
         "stage_ms_per_gb": stage_ms_per_gb,
         "ceilings": ceilings,
     });
+    merge(&mut figures, extra);
     drop(server);
     let _ = std::fs::remove_dir_all(&scratch);
     if let Some(f) = &region_file {
         let _ = std::fs::remove_file(f);
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&figures).expect("json"));
-        return Ok(());
+        return Ok(figures);
     }
-    println!(
-        "mode {}  order {}  ack {}  rf {}  {} B messages  {} brokers x {} connections  {} publisher(s)",
-        args.mode,
-        args.order,
-        args.ack,
-        args.rf,
-        args.size,
-        args.brokers,
-        args.threads_per_broker,
-        publishers
-    );
-    report(&stats, publish_elapsed, false, args.ack);
+    print_run_header(args, config, outcome.runs.len());
+    report(stats, publish_elapsed, false, args.ack);
     if let Some((received, t, h)) = &e2e {
         println!(
             "subscriber received {received} messages in {:.3} s: {:.1} MB/s; end-to-end latency p50 {} us, p99 {} us",
@@ -340,6 +482,49 @@ pub fn run(args: BenchArgs) -> CliResult {
             println!("  {stage:<16} {ms:>9.1}");
         }
     }
+    print_ceilings(&figures, mb_s);
+    Ok(figures)
+}
+
+/// The first line of a run's human report.
+fn print_run_header(args: &BenchArgs, config: RunConfig, publishers: usize) {
+    println!(
+        "mode {}  order {}  ack {}  rf {}  {} B messages  {} brokers x {} connections  {} publisher(s){}",
+        args.mode,
+        config.order,
+        args.ack,
+        args.rf,
+        args.size,
+        args.brokers,
+        args.threads_per_broker,
+        publishers,
+        config
+            .rate
+            .map_or(String::new(), |r| format!("  offered {r} MB/s"))
+    );
+}
+
+/// Loopback TCP in the publisher's batch size, memcpy, and fdatasync on the replicas'
+/// disk (1 MiB writes and the replicas' group-commit size), when --ceilings asks.
+fn measure_ceilings(args: &BenchArgs, scratch: &std::path::Path) -> Result<Value, String> {
+    if !args.ceilings {
+        return Ok(Value::Array(Vec::new()));
+    }
+    let mut plan = CeilingPlan::new(
+        args.replica_dir.first().map_or(scratch, |d| d.as_path()),
+        false,
+    );
+    plan.tcp_chunk_bytes = args.batch_bytes;
+    let group_commit = ServerConfig::default().replication.group_commit_bytes as usize;
+    if args.rf >= 2 && !plan.sync_write_bytes.contains(&group_commit) {
+        plan.sync_write_bytes.push(group_commit);
+    }
+    let ceilings =
+        measure_all(&plan).map_err(|e| format!("cannot measure the machine's ceilings: {e}"))?;
+    Ok(serde_json::to_value(ceilings).expect("json"))
+}
+
+fn print_ceilings(figures: &Value, mb_s: f64) {
     for c in figures["ceilings"].as_array().into_iter().flatten() {
         let ceiling = c["mb_per_s"].as_f64().unwrap_or(0.0);
         println!(
@@ -349,7 +534,70 @@ pub fn run(args: BenchArgs) -> CliResult {
             100.0 * mb_s / ceiling.max(1e-9)
         );
     }
-    Ok(())
+}
+
+/// The figures every mode reports, from the publishers' side.
+fn common_figures(
+    args: &BenchArgs,
+    config: RunConfig,
+    outcome: &PublishOutcome,
+    elapsed: Duration,
+) -> Value {
+    let stats = &outcome.stats;
+    let bytes = stats.bytes as f64;
+    serde_json::json!({
+        "mode": args.mode,
+        "publishers": outcome.runs.len(),
+        "order": config.order,
+        "ack": args.ack,
+        "rf": args.rf,
+        "message_bytes": args.size,
+        "messages": stats.messages,
+        "payload_bytes": stats.bytes,
+        "brokers": args.brokers,
+        "threads_per_broker": args.threads_per_broker,
+        "batch_bytes": args.batch_bytes,
+        "linger_us": args.linger_us,
+        "epoch_us": args.epoch_us,
+        "deflect": !args.no_deflect,
+        "slow_queue": std::env::var("EMBARCADERO_SLOW_CONSUMER_QUEUE").ok(),
+        "slow_queue_ms": std::env::var("EMBARCADERO_SLOW_CONSUMER_MS").ok(),
+        "duration_s": args.duration,
+        "seconds": elapsed.as_secs_f64(),
+        "publish_seconds": outcome.elapsed.as_secs_f64(),
+        "publish_mb_per_s": bytes / outcome.elapsed.as_secs_f64() / 1e6,
+        "per_publisher_append_to_ack_us": outcome.runs.iter().map(|r| &r.stats.append_to_ack_us).collect::<Vec<_>>(),
+        "mb_per_s": bytes / elapsed.as_secs_f64() / 1e6,
+        "messages_per_s": stats.messages as f64 / elapsed.as_secs_f64(),
+        "ack_latency_us": stats.ack_latency_us,
+        "append_to_ack_us": stats.append_to_ack_us,
+        "rate_mb_per_s": config.rate,
+        "schedule_max_lateness_us": config.rate.map(|_| outcome.behind_max.as_micros() as u64),
+        "queues": stats.queues,
+    })
+}
+
+/// Adds the fields of object `extra` to object `figures`.
+fn merge(figures: &mut Value, extra: Value) {
+    if let (Value::Object(into), Value::Object(from)) = (figures, extra) {
+        into.extend(from);
+    }
+}
+
+fn progress_bar(count: Option<u64>) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    match count {
+        Some(count) => ProgressBar::new(count).with_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} messages {per_sec} eta {eta}")
+                .expect("template"),
+        ),
+        None => ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("{spinner} {pos} messages {per_sec} {elapsed}")
+                .expect("template"),
+        ),
+    }
 }
 
 /// What one publisher of the benchmark did.
@@ -361,33 +609,171 @@ struct PublisherRun {
     behind_max: Duration,
 }
 
+/// All publishers of one run, once they are done.
+struct PublishOutcome {
+    runs: Vec<PublisherRun>,
+    /// The publishers' figures merged.
+    stats: PublisherStats,
+    start: Instant,
+    /// From the start until the last publisher's last acknowledgement.
+    elapsed: Duration,
+    behind_max: Duration,
+}
+
+/// The publishers of a run while they publish, as the main thread sees them.
+struct Publishing<'a> {
+    publishers: &'a [Publisher],
+    progress: &'a AtomicU64,
+    start: Instant,
+    finished: &'a dyn Fn() -> bool,
+}
+
+impl Publishing<'_> {
+    /// Messages published so far by all publishers (counted in steps of 64).
+    fn progress(&self) -> u64 {
+        self.progress.load(Ordering::Relaxed)
+    }
+
+    /// Every publisher has published its share and had it acknowledged (or failed).
+    fn finished(&self) -> bool {
+        (self.finished)()
+    }
+}
+
+/// Connects `args.publishers` publishers, runs them (each on its own thread, on its part
+/// of the schedule) and, on this thread meanwhile, `monitor`; a monitor error stops the
+/// publishers. Returns the merged outcome and what the monitor returned.
+fn publish_all<T>(
+    control: &str,
+    topic: &str,
+    args: &BenchArgs,
+    config: RunConfig,
+    stamp_ids: bool,
+    monitor: impl FnOnce(&Publishing) -> Result<T, String>,
+) -> Result<(PublishOutcome, T), String> {
+    let publisher_config = PublisherConfig {
+        ack_level: args.ack,
+        batch_bytes: args.batch_bytes,
+        linger: Duration::from_micros(args.linger_us),
+        threads_per_broker: args.threads_per_broker,
+        deflect: !args.no_deflect,
+        ..PublisherConfig::default()
+    };
+    let count = args.publishers.max(1);
+    let publishers = (0..count)
+        .map(|_| Publisher::connect(control, topic, publisher_config.clone()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let messages = message_count(args);
+    let progress = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let start = Instant::now();
+    let deadline = args.duration.map(|d| start + Duration::from_secs_f64(d));
+    let (results, watched) = std::thread::scope(|scope| {
+        let handles: Vec<_> = publishers
+            .iter()
+            .enumerate()
+            .map(|(index, publisher)| {
+                let share = Share {
+                    index,
+                    of: count,
+                    // Publisher p takes every count-th message of the schedule.
+                    messages: messages
+                        .map(|m| m / count as u64 + u64::from((index as u64) < m % count as u64)),
+                    deadline,
+                    start,
+                    stamp_ids,
+                };
+                let (progress, stop) = (&progress, &stop);
+                scope.spawn(move || {
+                    run_publisher(publisher, args.size, config.rate, share, stop, progress)
+                })
+            })
+            .collect();
+        let finished = || handles.iter().all(|h| h.is_finished());
+        let watched = monitor(&Publishing {
+            publishers: &publishers,
+            progress: &progress,
+            start,
+            finished: &finished,
+        });
+        if watched.is_err() {
+            stop.store(true, Ordering::Relaxed);
+        }
+        let results: Vec<Result<Duration, String>> = handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a publisher thread panicked".into()))
+            })
+            .collect();
+        (results, watched)
+    });
+    let elapsed = start.elapsed();
+    let watched = watched?;
+    let behind = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let mut runs = Vec::with_capacity(count);
+    for (publisher, behind_max) in publishers.into_iter().zip(behind) {
+        let (sealed, appended) = publisher.latency_histograms();
+        let stats = publisher.close().map_err(|e| e.to_string())?;
+        runs.push(PublisherRun {
+            stats,
+            sealed,
+            appended,
+            behind_max,
+        });
+    }
+    Ok((
+        PublishOutcome {
+            stats: merge_stats(&runs),
+            behind_max: runs.iter().map(|r| r.behind_max).max().unwrap_or_default(),
+            runs,
+            start,
+            elapsed,
+        },
+        watched,
+    ))
+}
+
 /// One publisher's part of the run.
 #[derive(Clone, Copy)]
 struct Share {
     index: usize,
     of: usize,
-    messages: u64,
+    /// Messages to publish; `None`: until the deadline.
+    messages: Option<u64>,
+    deadline: Option<Instant>,
     start: Instant,
+    /// Write the message's id ([`failure::message_id`]) into its first 8 bytes.
+    stamp_ids: bool,
 }
 
-/// Publishes this publisher's share on its part of the schedule: with `--rate`,
-/// message i of publisher p is due at start + (i * publishers + p) * interval (fixed in
-/// advance: a late message is not excused by the lateness of the ones before it).
+/// Publishes this publisher's share on its part of the schedule, then waits for every
+/// acknowledgement: with a rate, message i of publisher p is due at
+/// start + (i * publishers + p) * interval (fixed in advance: a late message is not
+/// excused by the lateness of the ones before it). Returns the worst lateness.
 fn run_publisher(
-    control: &str,
-    topic: &str,
-    config: PublisherConfig,
-    args: &BenchArgs,
+    publisher: &Publisher,
+    size: usize,
+    rate: Option<f64>,
     share: Share,
+    stop: &AtomicBool,
     progress: &AtomicU64,
-) -> Result<PublisherRun, String> {
-    let publisher = Publisher::connect(control, topic, config).map_err(|e| e.to_string())?;
-    let payload: Vec<u8> = (0..args.size).map(|i| (i % 251) as u8).collect();
-    let interval = args
-        .rate
-        .map(|mb_s| Duration::from_secs_f64(args.size as f64 / (mb_s * 1e6)));
+) -> Result<Duration, String> {
+    let mut payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    let interval = rate.map(|mb_s| Duration::from_secs_f64(size as f64 / (mb_s * 1e6)));
     let mut behind_max = Duration::ZERO;
-    for i in 0..share.messages {
+    let mut i = 0u64;
+    loop {
+        if share.messages.is_some_and(|m| i >= m) {
+            break;
+        }
+        // Checked every 16 messages: a clock read per message would show in the figures.
+        if i.is_multiple_of(16)
+            && (stop.load(Ordering::Relaxed) || share.deadline.is_some_and(|d| Instant::now() >= d))
+        {
+            break;
+        }
         if let Some(interval) = interval {
             let slot = i * share.of as u64 + share.index as u64;
             let due = share.start + interval.mul_f64(slot as f64);
@@ -401,20 +787,18 @@ fn run_publisher(
                 behind_max = behind_max.max(now - due);
             }
         }
+        if share.stamp_ids {
+            payload[..8].copy_from_slice(&failure::message_id(share.index, i).to_le_bytes());
+        }
         publisher.publish(&payload).map_err(|e| e.to_string())?;
-        if i % 1024 == 1023 {
-            progress.fetch_add(1024, Ordering::Relaxed);
+        i += 1;
+        if i.is_multiple_of(64) {
+            progress.fetch_add(64, Ordering::Relaxed);
         }
     }
+    progress.fetch_add(i % 64, Ordering::Relaxed);
     publisher.flush().map_err(|e| e.to_string())?;
-    let (sealed, appended) = publisher.latency_histograms();
-    let stats = publisher.close().map_err(|e| e.to_string())?;
-    Ok(PublisherRun {
-        stats,
-        sealed,
-        appended,
-        behind_max,
-    })
+    Ok(behind_max)
 }
 
 /// One set of figures for all publishers: sums, and percentiles of the merged
