@@ -20,9 +20,7 @@ fn json_of(out: &Output) -> Value {
 
 /// (width, height) of a PNG file, decoded with the `png` crate.
 fn png_size(path: &std::path::Path) -> (u32, u32) {
-    let decoder = png::Decoder::new(std::io::BufReader::new(
-        std::fs::File::open(path).unwrap(),
-    ));
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
     let mut reader = decoder.read_info().unwrap();
     let mut pixels = vec![0; reader.output_buffer_size()];
     let info = reader.next_frame(&mut pixels).unwrap();
@@ -37,10 +35,8 @@ fn failure_mode_delivers_every_acknowledged_message_exactly_once_at_orders_2_and
         "failure",
         "--order",
         "2,5",
-        "--rate",
-        "40",
         "--total-bytes",
-        "30000000",
+        "60000000",
         "--json",
     ]);
     let runs = json_of(&out);
@@ -65,12 +61,16 @@ fn failure_mode_delivers_every_acknowledged_message_exactly_once_at_orders_2_and
             .filter(|q| q["broker"] == victim)
             .map(|q| q["batches"].as_u64().unwrap())
             .sum();
-        assert!(victim_batches > 0, "order {order}: the killed broker was in use");
+        assert!(
+            victim_batches > 0,
+            "order {order}: the killed broker was in use"
+        );
         assert!(
             failure["messages_before_kill"].as_u64().unwrap() > 0,
             "killed partway"
         );
         assert!(failure["kill_to_all_prior_acked_s"].is_f64());
+        assert!(failure["longest_ack_stall_s"].is_f64());
     }
 }
 
@@ -115,7 +115,11 @@ fn a_sweep_prints_one_json_run_per_combination_and_plots_them_again_from_the_fil
         "--from-json",
         saved.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("plotted 4 runs"));
     assert_eq!(png_size(&replot), size);
 }
