@@ -12,6 +12,7 @@ mod plot;
 use crate::publish::report;
 use crate::CliResult;
 use embarcadero_bench::ceilings::{measure_all, CeilingPlan};
+use embarcadero_cli::local_cluster::shm_or;
 use embarcadero_client::{
     Admin, LatencySummary, Publisher, PublisherConfig, PublisherStats, Subscriber,
     SubscriberConfig, TopicSpec,
@@ -235,19 +236,18 @@ fn load_results(files: &[PathBuf]) -> Result<Vec<Value>, String> {
                 file.display()
             )
         })?;
-        match value {
-            Value::Array(items) => runs.extend(items),
-            object @ Value::Object(_) => runs.push(object),
-            _ => {
-                return Err(format!(
-                    "{} holds neither a run nor a list of runs",
-                    file.display()
-                ))
-            }
+        let found = match value {
+            Value::Array(items) => items,
+            object @ Value::Object(_) => vec![object],
+            _ => Vec::new(),
+        };
+        if found.is_empty() || found.iter().any(|r| r["mb_per_s"].as_f64().is_none()) {
+            return Err(format!(
+                "{} holds no `bench --json` run (an object with mb_per_s, or a list of them)",
+                file.display()
+            ));
         }
-    }
-    if let Some(bad) = runs.iter().find(|r| r["mb_per_s"].as_f64().is_none()) {
-        return Err(format!("a saved run has no mb_per_s figure: {bad}"));
+        runs.extend(found);
     }
     Ok(runs)
 }
@@ -307,14 +307,7 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
             };
             server_config.sequencer.epoch_us = args.epoch_us;
             server_config.replication.dirs = args.replica_dir.clone();
-            let region_dir = args.region_dir.clone().unwrap_or_else(|| {
-                let shm = PathBuf::from("/dev/shm");
-                if shm.is_dir() {
-                    shm
-                } else {
-                    scratch.clone()
-                }
-            });
+            let region_dir = args.region_dir.clone().unwrap_or_else(|| shm_or(&scratch));
             server_config.region.path =
                 region_dir.join(format!("embarcadero-bench-{}.region", std::process::id()));
             region_file = Some(server_config.region.path.clone());

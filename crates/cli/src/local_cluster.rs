@@ -138,6 +138,17 @@ impl Drop for ChildProcess {
     }
 }
 
+/// /dev/shm when this host has it, else `fallback`: the region is memory by design, and
+/// on tmpfs the kernel never writes it back to disk (see docs/PERFORMANCE.md).
+pub fn shm_or(fallback: &Path) -> PathBuf {
+    let shm = PathBuf::from("/dev/shm");
+    if shm.is_dir() {
+        shm
+    } else {
+        fallback.to_path_buf()
+    }
+}
+
 /// What to start.
 #[derive(Debug, Clone)]
 pub struct ClusterSpec {
@@ -197,14 +208,10 @@ impl LocalCluster {
             .tempdir()
             .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
         let data_dir = dir.path().join("head");
-        let region_dir = spec.region_dir.clone().unwrap_or_else(|| {
-            let shm = PathBuf::from("/dev/shm");
-            if shm.is_dir() {
-                shm
-            } else {
-                dir.path().to_path_buf()
-            }
-        });
+        let region_dir = spec
+            .region_dir
+            .clone()
+            .unwrap_or_else(|| shm_or(dir.path()));
         let region_file = region_dir.join(format!(
             "embarcadero-cluster-{}-{}.region",
             std::process::id(),
