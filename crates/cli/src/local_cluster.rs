@@ -3,7 +3,8 @@
 //! directory in a temporary directory and the region file on /dev/shm when it exists.
 //! Used by `bench --mode failure` and the failover example. Every process is SIGKILLed
 //! when the cluster (or the process handle) is dropped, so an error or a panic half-way
-//! leaves nothing running.
+//! leaves nothing running; SIGINT, SIGTERM or SIGHUP, which end this process without
+//! running `Drop`, kill them too and remove the cluster's files.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
@@ -16,6 +17,47 @@ use std::time::{Duration, Instant};
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// Lines of a process's stderr kept for error messages.
 const TAIL_LINES: usize = 30;
+
+/// What to kill and remove if a signal ends this process: `Drop` does not run then.
+struct Leftovers {
+    pids: Vec<u32>,
+    paths: Vec<PathBuf>,
+}
+
+static LEFTOVERS: Mutex<Leftovers> = Mutex::new(Leftovers {
+    pids: Vec::new(),
+    paths: Vec::new(),
+});
+
+fn leftovers() -> std::sync::MutexGuard<'static, Leftovers> {
+    LEFTOVERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Installs (once) a SIGINT/SIGTERM/SIGHUP handler that SIGKILLs the children still
+/// running, removes the cluster files still there, and exits with status 130. A
+/// process that installed its own handler first keeps it.
+fn clean_up_on_signal() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let _ = ctrlc::set_handler(|| {
+            let left = leftovers();
+            for pid in &left.pids {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+            for path in &left.paths {
+                let _ = std::fs::remove_file(path).or_else(|_| std::fs::remove_dir_all(path));
+            }
+            std::process::exit(130);
+        });
+    });
+}
+
+/// Paths removed already (or about to be): no longer for the signal handler.
+fn forget_paths(paths: &[&Path]) {
+    leftovers().paths.retain(|p| !paths.contains(&p.as_path()));
+}
 
 /// One child process whose stderr is read by a thread (so it never blocks on a full
 /// pipe); its last lines are kept to explain a failure.
@@ -42,6 +84,8 @@ impl ChildProcess {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
+        clean_up_on_signal();
+        leftovers().pids.push(child.id());
         let stderr = child.stderr.take().expect("stderr is piped");
         // Bounded: nobody reads the channel once the process is up; the tail keeps the rest.
         let (tx, lines) = mpsc::sync_channel(1024);
@@ -124,8 +168,15 @@ impl ChildProcess {
             .kill()
             .map_err(|e| format!("cannot kill {}: {e}", self.name))?;
         let at = Instant::now();
-        let _ = self.child.wait();
+        self.reap();
         Ok(at)
+    }
+
+    /// Waits for the exit, after which the pid may be reused: no longer ours to kill.
+    fn reap(&mut self) {
+        let _ = self.child.wait();
+        let pid = self.child.id();
+        leftovers().pids.retain(|&p| p != pid);
     }
 }
 
@@ -133,8 +184,8 @@ impl Drop for ChildProcess {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
-            let _ = self.child.wait();
         }
+        self.reap();
     }
 }
 
@@ -192,8 +243,8 @@ pub struct LocalCluster {
     sequencers: Vec<ChildProcess>,
     followers: Vec<(u32, ChildProcess)>,
     head: Option<ChildProcess>,
-    /// Holds the data directory until the cluster is dropped.
-    _dir: tempfile::TempDir,
+    /// The data directory, removed when the cluster is dropped.
+    dir: tempfile::TempDir,
 }
 
 impl LocalCluster {
@@ -219,6 +270,10 @@ impl LocalCluster {
                 .file_name()
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
         ));
+        clean_up_on_signal();
+        leftovers()
+            .paths
+            .extend([region_file.clone(), dir.path().to_path_buf()]);
         let mut env = spec.env.clone();
         env.push((
             "EMBARCADERO_REGION_PATH".into(),
@@ -261,7 +316,11 @@ impl LocalCluster {
             &env,
             "the head",
             "embarcadero is serving",
-        )?;
+        )
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&region_file);
+            forget_paths(&[&region_file, dir.path()]);
+        })?;
         let control = line
             .split("http://")
             .nth(1)
@@ -275,7 +334,7 @@ impl LocalCluster {
             sequencers: Vec::new(),
             followers: Vec::new(),
             head: Some(head),
-            _dir: dir,
+            dir,
         };
         for id in 1..spec.brokers {
             let id_arg = id.to_string();
@@ -344,5 +403,6 @@ impl Drop for LocalCluster {
         self.head = None;
         // The temporary directory removes itself; a region on /dev/shm does not.
         let _ = std::fs::remove_file(&self.region_file);
+        forget_paths(&[&self.region_file, self.dir.path()]);
     }
 }

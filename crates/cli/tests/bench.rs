@@ -1,12 +1,14 @@
 //! `embarcadero bench` as a user runs it: broker-failure runs on a cluster of processes
 //! with their exactly-once check, sweeps over orders and rates with a JSON array and a
-//! plot, re-plotting saved results, and publishing for a duration.
+//! plot, re-plotting saved results, publishing for a duration, and a failure run ended by
+//! a signal taking its cluster with it.
 
 mod common;
 
-use common::run_bin;
+use common::{run_bin, BIN};
 use serde_json::Value;
-use std::process::Output;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// The run's stdout as JSON, after checking it exited 0.
 fn json_of(out: &Output) -> Value {
@@ -156,4 +158,86 @@ fn bench_help_documents_duration_failure_mode_and_plots() {
     ] {
         assert!(help.contains(flag), "bench --help does not mention {flag}");
     }
+}
+
+/// Process ids whose parent is `parent`, from /proc.
+fn children_of(parent: u32) -> Vec<u32> {
+    let mut children = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Fields after the command name (in parentheses): state, then the parent's id.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        if rest.split_whitespace().nth(1) == Some(&parent.to_string()) {
+            children.push(pid);
+        }
+    }
+    children
+}
+
+/// Gone, or a zombie waiting to be reaped.
+fn is_dead(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+    }
+}
+
+/// Polls `cond` until it holds; fails the test after 20 s.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < Duration::from_secs(20), "never: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_failure_run_ended_by_sigterm_kills_its_cluster_and_removes_its_region() {
+    let mut bench = Command::new(BIN)
+        .args([
+            "bench",
+            "--mode",
+            "failure",
+            "--duration",
+            "60",
+            "--rate",
+            "10",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = bench.id();
+    let mut cluster = Vec::new();
+    wait_for("the head and three followers running", || {
+        cluster = children_of(pid);
+        cluster.len() == 4
+    });
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = bench.wait().unwrap();
+    assert_eq!(exit.code(), Some(130), "interrupted: {exit:?}");
+    wait_for("every process of the cluster dead", || {
+        cluster.iter().all(|&p| is_dead(p))
+    });
+    let prefix = format!("embarcadero-cluster-{pid}-");
+    let regions: Vec<_> = std::fs::read_dir("/dev/shm")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .collect();
+    assert!(regions.is_empty(), "left behind: {regions:?}");
 }
