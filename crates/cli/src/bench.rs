@@ -388,7 +388,7 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         while received < count {
             sub.poll_with(Duration::from_secs(30), |_| received += 1)
                 .map_err(|e| {
-                    format!("{e} (a memory-only topic keeps about the region's log memory: lower --total-bytes, or read from disk with --rf 2)")
+                    format!("{e} (a memory-only topic keeps about the region's log memory: lower --total-bytes or --duration, or read from disk with --rf 2)")
                 })?;
         }
         Some((received, sub_start.elapsed()))
