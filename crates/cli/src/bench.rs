@@ -1,9 +1,18 @@
-//! `embarcadero bench`: publish-only and publish+subscribe runs against an embedded
-//! server (or a running one), with the machine's ceilings measured in the same run.
+//! `embarcadero bench`: publish-only, publish+subscribe and subscribe-only runs against
+//! an embedded server (or a running one), and broker-failure runs against a cluster of
+//! processes (`failure`), with the machine's ceilings measured in the same run. Lists of
+//! orders and rates run a sweep, one fresh server per run, summarised in a table and
+//! drawn by `plot`.
+
+mod canvas;
+mod failure;
+mod font;
+mod plot;
 
 use crate::publish::report;
 use crate::CliResult;
 use embarcadero_bench::ceilings::{measure_all, CeilingPlan};
+use embarcadero_cli::local_cluster::shm_or;
 use embarcadero_client::{
     Admin, LatencySummary, Publisher, PublisherConfig, PublisherStats, Subscriber,
     SubscriberConfig, TopicSpec,
@@ -11,24 +20,32 @@ use embarcadero_client::{
 use embarcadero_server::{Server, ServerConfig};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::Value;
 use std::io::IsTerminal;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// `publish`: publish-only; `e2e`: publish while one subscriber reads in order;
     /// `subscribe`: fill the topic, then time one subscriber reading it all from the
-    /// start.
-    #[arg(long, default_value = "publish", value_parser = ["publish", "e2e", "subscribe"])]
+    /// start; `failure`: broker failure: start a cluster of processes (a head and
+    /// follower brokers run from this executable), SIGKILL one follower partway
+    /// (--kill-after-secs), report throughput before and after, how long
+    /// acknowledgements stalled, and check with a subscriber that every acknowledged
+    /// message is delivered exactly once in one order (exit status 1 if not).
+    #[arg(long, default_value = "publish", value_parser = ["publish", "e2e", "subscribe", "failure"])]
     pub mode: String,
     /// Publishers running in parallel (each its own client, connections and
     /// batches); the total and the rate are split between them.
     #[arg(long, default_value_t = 1)]
     pub publishers: usize,
-    /// Order level of the benchmark topic.
-    #[arg(long, default_value_t = 2)]
-    pub order: u8,
+    /// Order level of the benchmark topic (`failure`: 2 or 5). A comma-separated list
+    /// runs a sweep, one run per order and rate, each on a fresh server: `--order 0,2,5`.
+    #[arg(long, value_delimiter = ',', default_value = "2")]
+    pub order: Vec<u8>,
     #[arg(long, default_value_t = 1)]
     pub ack: u8,
     /// Replication factor of the benchmark topic (2 or more: disk replicas).
@@ -37,14 +54,18 @@ pub struct BenchArgs {
     /// Directory of a disk replica of the embedded server (repeat for each replica).
     /// Default: two replicas under a scratch directory on the temporary disk.
     #[arg(long)]
-    pub replica_dir: Vec<std::path::PathBuf>,
+    pub replica_dir: Vec<PathBuf>,
     /// Message payload size in bytes.
     #[arg(long, default_value_t = 1024)]
     pub size: usize,
     /// Total payload bytes to publish.
     #[arg(long, default_value_t = 1 << 30)]
     pub total_bytes: u64,
-    /// Brokers of the embedded server.
+    /// Publish for this many seconds instead of a fixed --total-bytes (the two exclude
+    /// each other).
+    #[arg(long, value_name = "SECS", conflicts_with = "total_bytes")]
+    pub duration: Option<f64>,
+    /// Brokers of the embedded server (`failure`: of the cluster, at least 2).
     #[arg(long, default_value_t = 4)]
     pub brokers: u32,
     #[arg(long, default_value_t = 1)]
@@ -59,170 +80,321 @@ pub struct BenchArgs {
     /// Directory for the embedded server's region file; tmpfs keeps the kernel from
     /// writing the region back to disk. Default: /dev/shm when it exists.
     #[arg(long)]
-    pub region_dir: Option<std::path::PathBuf>,
+    pub region_dir: Option<PathBuf>,
     /// Wait for the round-robin queue instead of deflecting to the next when it is full.
     #[arg(long)]
     pub no_deflect: bool,
+    /// Leave the embedded server's region sparse (`region.prefault = false`, the server's
+    /// default) instead of allocating it all at start: every first touch of a page then
+    /// faults on the data path.
+    #[arg(long)]
+    pub no_prefault: bool,
     /// Publish at this fixed rate (MB/s of payload) instead of as fast as possible, on a
     /// schedule fixed in advance (a late message is not excused by the lateness of the
-    /// ones before it), to measure latency below saturation. The schedule starts once
-    /// every publisher has connected; append-to-ack latency runs from the due time of a
-    /// batch's first message.
-    #[arg(long)]
-    pub rate: Option<f64>,
+    /// ones before it), to measure latency below saturation. A comma-separated list
+    /// runs a sweep (`max`: as fast as possible): `--rate 100,200,400,800`. The
+    /// schedule starts once every publisher has connected; append-to-ack latency runs
+    /// from the due time of a batch's first message.
+    #[arg(long, value_delimiter = ',', value_parser = parse_rate, value_name = "MB/s")]
+    pub rate: Vec<Rate>,
     /// With --rate: first publish this many messages on a schedule of their own at the
     /// same rate, wait for their acknowledgements, and leave them out of every figure
     /// (counts, throughput, latency); the measured schedule starts after them.
     #[arg(long, default_value_t = 0, requires = "rate")]
     pub warmup_messages: u64,
+    /// `failure` mode: SIGKILL the follower this many seconds after publishing starts
+    /// [default: a third of --duration, or once a third of --total-bytes is published].
+    #[arg(long, value_name = "SECS")]
+    pub kill_after_secs: Option<f64>,
     /// Use a running server instead of starting an embedded one.
     #[arg(long)]
     pub control: Option<String>,
     /// Also measure loopback TCP, memcpy and fdatasync ceilings in this run.
     #[arg(long)]
     pub ceilings: bool,
-    /// Print every figure as JSON on stdout.
+    /// Print every figure as JSON on stdout (an array when there are several runs).
     #[arg(long)]
     pub json: bool,
+    /// Write a PNG with two panels: (a) MB/s of every run, (b) append-to-ack p50 and
+    /// p99 against the offered load of the --rate runs, one line per order.
+    #[arg(long, value_name = "FILE.png")]
+    pub plot: Option<PathBuf>,
+    /// Plot saved `bench --json` outputs instead of running anything (with --plot).
+    #[arg(long, value_name = "FILE.json", num_args = 1.., requires = "plot")]
+    pub from_json: Vec<PathBuf>,
 }
 
-pub fn run(args: BenchArgs) -> CliResult {
+/// An offered load: MB/s, or `None` for as fast as possible.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate(pub Option<f64>);
+
+fn parse_rate(text: &str) -> Result<Rate, String> {
+    if text == "max" {
+        return Ok(Rate(None));
+    }
+    match text.parse::<f64>() {
+        Ok(mb_s) if mb_s.is_finite() && mb_s > 0.0 => Ok(Rate(Some(mb_s))),
+        _ => Err(format!(
+            "{text:?} is not a rate: MB/s above 0, or `max` for as fast as possible"
+        )),
+    }
+}
+
+/// What a sweep varies from one run to the next.
+#[derive(Debug, Clone, Copy)]
+pub struct RunConfig {
+    pub order: u8,
+    /// MB/s of payload on a fixed schedule; `None`: as fast as possible.
+    pub rate: Option<f64>,
+}
+
+/// Every combination of the listed orders and rates, orders outermost.
+fn configurations(args: &BenchArgs) -> Vec<RunConfig> {
+    let rates = if args.rate.is_empty() {
+        vec![Rate(None)]
+    } else {
+        args.rate.clone()
+    };
+    args.order
+        .iter()
+        .flat_map(|&order| {
+            rates.iter().map(move |rate| RunConfig {
+                order,
+                rate: rate.0,
+            })
+        })
+        .collect()
+}
+
+/// Refuses combinations that cannot run, before anything starts.
+fn check_args(args: &BenchArgs) -> CliResult {
+    if args.duration.is_some_and(|d| !(d.is_finite() && d > 0.0)) {
+        return Err("--duration takes a number of seconds above 0".into());
+    }
     if args.warmup_messages > 0 && args.mode != "publish" {
         return Err("--warmup-messages is for --mode publish".into());
     }
-    let count = (args.total_bytes / args.size.max(1) as u64).max(1);
+    if args.kill_after_secs.is_some() && args.mode != "failure" {
+        return Err("--kill-after-secs is for --mode failure".into());
+    }
+    if args.mode == "failure" {
+        failure::check_args(args)?;
+    }
+    Ok(())
+}
+
+pub fn run(args: BenchArgs) -> CliResult {
+    if !args.from_json.is_empty() {
+        let runs = load_results(&args.from_json)?;
+        let path = args.plot.as_ref().expect("clap requires --plot");
+        plot::write_png(path, &runs)?;
+        println!("plotted {} runs to {}", runs.len(), path.display());
+        return Ok(());
+    }
+    check_args(&args)?;
+    let configs = configurations(&args);
+    let mut results = Vec::with_capacity(configs.len());
+    let mut failed_checks = Vec::new();
+    for (i, config) in configs.iter().enumerate() {
+        if configs.len() > 1 && !args.json {
+            let rate = config
+                .rate
+                .map_or("as fast as possible".to_string(), |r| format!("{r} MB/s"));
+            println!(
+                "== run {} of {}: order {}, {rate}",
+                i + 1,
+                configs.len(),
+                config.order
+            );
+        }
+        let figures = if args.mode == "failure" {
+            failure::run(&args, *config)?
+        } else {
+            run_one(&args, *config)?
+        };
+        if figures["failure"]["check"]["passed"] == false {
+            failed_checks.push(plot::label(&figures));
+        }
+        results.push(figures);
+    }
+    if args.json {
+        let out = match results.as_slice() {
+            [single] => single.clone(),
+            _ => Value::Array(results.clone()),
+        };
+        println!("{}", serde_json::to_string_pretty(&out).expect("json"));
+    } else if results.len() > 1 {
+        print_summary(&results);
+    }
+    if let Some(path) = &args.plot {
+        plot::write_png(path, &results)?;
+        eprintln!("plot written to {}", path.display());
+    }
+    if !failed_checks.is_empty() {
+        return Err(format!(
+            "the exactly-once check failed in: {}",
+            failed_checks.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// The runs in saved `bench --json` outputs: one object per file, or an array of them.
+fn load_results(files: &[PathBuf]) -> Result<Vec<Value>, String> {
+    let mut runs = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "{} is not the JSON `bench --json` prints: {e}",
+                file.display()
+            )
+        })?;
+        let found = match value {
+            Value::Array(items) => items,
+            object @ Value::Object(_) => vec![object],
+            _ => Vec::new(),
+        };
+        if found.is_empty() || found.iter().any(|r| r["mb_per_s"].as_f64().is_none()) {
+            return Err(format!(
+                "{} holds no `bench --json` run (an object with mb_per_s, or a list of them)",
+                file.display()
+            ));
+        }
+        runs.extend(found);
+    }
+    Ok(runs)
+}
+
+/// One line per run after a sweep.
+fn print_summary(results: &[Value]) {
+    println!();
+    println!(
+        "{:<28} {:>9} {:>12} {:>12} {:>12} {:>9}",
+        "RUN", "MB/S", "A2A P50 US", "A2A P99 US", "A2A P99.9 US", "CPU S/GB"
+    );
+    for r in results {
+        let latency = |p: &str| {
+            r["append_to_ack_us"][p]
+                .as_u64()
+                .map_or("-".to_string(), |us| us.to_string())
+        };
+        println!(
+            "{:<28} {:>9.1} {:>12} {:>12} {:>12} {:>9}",
+            plot::label(r),
+            r["mb_per_s"].as_f64().unwrap_or(0.0),
+            latency("p50"),
+            latency("p99"),
+            latency("p999"),
+            r["process_cpu_seconds_per_gb"]
+                .as_f64()
+                .map_or("-".to_string(), |c| format!("{c:.2}"))
+        );
+    }
+    println!(
+        "(A2A: append to ack, from the publish of a batch's first message to its acknowledgement)"
+    );
+}
+
+/// Messages to publish: `None` when publishing runs for --duration instead.
+fn message_count(args: &BenchArgs) -> Option<u64> {
+    match args.duration {
+        Some(_) => None,
+        None => Some((args.total_bytes / args.size.max(1) as u64).max(1)),
+    }
+}
+
+/// One run against an embedded server (or --control).
+fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     let scratch = tempdir()?;
     let mut server = None;
     let mut region_file = None;
     let control = match &args.control {
         Some(c) => c.clone(),
         None => {
-            let mut config = ServerConfig {
+            let mut server_config = ServerConfig {
                 data_dir: scratch.join("data"),
                 base_port: 0,
                 control_port: 0,
                 brokers: args.brokers,
                 ..ServerConfig::default()
             };
-            config.sequencer.epoch_us = args.epoch_us;
-            config.replication.dirs = args.replica_dir.clone();
-            let region_dir = args.region_dir.clone().unwrap_or_else(|| {
-                let shm = std::path::PathBuf::from("/dev/shm");
-                if shm.is_dir() {
-                    shm
-                } else {
-                    scratch.clone()
-                }
-            });
-            config.region.path =
+            server_config.sequencer.epoch_us = args.epoch_us;
+            server_config.replication.dirs = args.replica_dir.clone();
+            let region_dir = args.region_dir.clone().unwrap_or_else(|| shm_or(&scratch));
+            server_config.region.path =
                 region_dir.join(format!("embarcadero-bench-{}.region", std::process::id()));
-            region_file = Some(config.region.path.clone());
-            let s = Server::start(config).map_err(|e| e.to_string())?;
+            region_file = Some(server_config.region.path.clone());
+            server_config.region.prefault = !args.no_prefault;
+            let s = Server::start(server_config).map_err(|e| e.to_string())?;
             let addr = s.control_addr().to_string();
             server = Some(s);
             addr
         }
     };
-    let topic = format!("bench-{}-{}", args.order, std::process::id());
+    let topic = format!("bench-{}-{}", config.order, std::process::id());
     Admin::new(&control)
-        .create_topic(&TopicSpec::new(&topic, args.order).replicated(args.rf))
+        .create_topic(&TopicSpec::new(&topic, config.order).replicated(args.rf))
         .map_err(|e| e.to_string())?;
+    // How many messages the subscriber waits for: known once publishing has ended.
+    let published = Arc::new(AtomicU64::new(u64::MAX));
     let subscriber = if args.mode == "e2e" {
         let mut sub = Subscriber::connect(&control, &topic, SubscriberConfig::default())
             .map_err(|e| e.to_string())?;
+        let published = published.clone();
         Some(std::thread::spawn(
             move || -> Result<(u64, Instant, Histogram<u64>), String> {
                 let mut received = 0u64;
+                let mut last_at = Instant::now();
                 let mut e2e = Histogram::<u64>::new(3).expect("histogram");
-                while received < count {
-                    sub.poll_with(Duration::from_secs(30), |m| {
-                        if received.is_multiple_of(64) {
-                            let now = std::time::SystemTime::now()
-                                .duration_since(std::time::UNIX_EPOCH)
-                                .map(|d| d.as_nanos() as u64)
-                                .unwrap_or(0);
-                            let _ = e2e.record(now.saturating_sub(m.publish_ts_ns) / 1000 + 1);
-                        }
-                        received += 1;
-                    })
-                    .map_err(|e| e.to_string())?;
+                while received < published.load(Ordering::Acquire) {
+                    let n = sub
+                        .poll_with(Duration::from_millis(100), |m| {
+                            if received.is_multiple_of(64) {
+                                let now = std::time::SystemTime::now()
+                                    .duration_since(std::time::UNIX_EPOCH)
+                                    .map(|d| d.as_nanos() as u64)
+                                    .unwrap_or(0);
+                                let _ = e2e.record(now.saturating_sub(m.publish_ts_ns) / 1000 + 1);
+                            }
+                            received += 1;
+                        })
+                        .map_err(|e| e.to_string())?;
+                    if n > 0 {
+                        last_at = Instant::now();
+                    } else if last_at.elapsed() > Duration::from_secs(30) {
+                        return Err(format!(
+                            "the subscriber received nothing for 30 s after {received} messages"
+                        ));
+                    }
                 }
-                Ok((received, Instant::now(), e2e))
+                Ok((received, last_at, e2e))
             },
         ))
     } else {
         None
     };
-    let bar = if std::io::stderr().is_terminal() {
-        ProgressBar::new(count).with_style(
-            ProgressStyle::with_template("{bar:40} {pos}/{len} messages {per_sec} eta {eta}")
-                .expect("template"),
-        )
-    } else {
-        ProgressBar::hidden()
-    };
-    let publisher_config = PublisherConfig {
-        ack_level: args.ack,
-        batch_bytes: args.batch_bytes,
-        linger: Duration::from_micros(args.linger_us),
-        threads_per_broker: args.threads_per_broker,
-        deflect: !args.no_deflect,
-        ..PublisherConfig::default()
-    };
-    let publishers = args.publishers.max(1);
-    // With --rate, the publishers connect first and the schedule starts when all have.
-    let ready = std::sync::Barrier::new(publishers);
-    let schedule_start = std::sync::OnceLock::new();
-    let warmup_start = std::sync::OnceLock::new();
-    let progress = AtomicU64::new(0);
+    let bar = progress_bar(message_count(args));
     let cpu_before = process_cpu_seconds();
-    let start = Instant::now();
-    let results: Vec<Result<PublisherRun, String>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..publishers)
-            .map(|p| {
-                // Publisher p takes every publishers-th message of the schedule.
-                let split =
-                    |n: u64| n / publishers as u64 + u64::from((p as u64) < n % publishers as u64);
-                let share = split(count);
-                let (control, topic, config) = (&control, &topic, publisher_config.clone());
-                let (progress, args) = (&progress, &args);
-                let plan = Share {
-                    index: p,
-                    of: publishers,
-                    messages: share,
-                    warmup: split(args.warmup_messages),
-                    ready: &ready,
-                    schedule_start: &schedule_start,
-                    warmup_start: &warmup_start,
-                };
-                scope.spawn(move || run_publisher(control, topic, config, args, plan, progress))
-            })
-            .collect();
-        while handles.iter().any(|h| !h.is_finished()) {
-            bar.set_position(progress.load(Ordering::Relaxed));
+    let publishing = publish_all(&control, &topic, args, config, false, |p| {
+        while !p.finished() {
+            bar.set_position(p.progress());
             std::thread::sleep(Duration::from_millis(100));
         }
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("a publisher thread panicked".into()))
-            })
-            .collect()
+        Ok(())
     });
-    let runs = results.into_iter().collect::<Result<Vec<_>, _>>()?;
-    // A fixed-rate run's throughput is over its schedule (connecting is not part of it).
-    let start = schedule_start.get().copied().unwrap_or(start);
-    // Up to the last acknowledgement, not to when the loop above (which polls every
-    // 100 ms) saw the publishers finish.
-    let publish_elapsed = runs
-        .iter()
-        .map(|r| r.flushed_at)
-        .max()
-        .unwrap_or_else(Instant::now)
-        .saturating_duration_since(start);
-    let stats = merge_stats(&runs);
-    let behind_max = runs.iter().map(|r| r.behind_max).max().unwrap_or_default();
+    let outcome = match publishing {
+        Ok((outcome, ())) => outcome,
+        Err(e) => {
+            published.store(0, Ordering::Release);
+            return Err(e);
+        }
+    };
+    published.store(outcome.stats.messages, Ordering::Release);
+    let count = outcome.stats.messages;
+    let publish_elapsed = outcome.elapsed;
+    let stats = &outcome.stats;
     // Subscribe-only: the topic is full now; one subscriber reads it all from the start.
     let subscribe_only = if args.mode == "subscribe" {
         let mut sub = Subscriber::connect(&control, &topic, SubscriberConfig::default())
@@ -232,7 +404,7 @@ pub fn run(args: BenchArgs) -> CliResult {
         while received < count {
             sub.poll_with(Duration::from_secs(30), |_| received += 1)
                 .map_err(|e| {
-                    format!("{e} (a memory-only topic keeps about the region's log memory: lower --total-bytes, or read from disk with --rf 2)")
+                    format!("{e} (a memory-only topic keeps about the region's log memory: lower --total-bytes or --duration, or read from disk with --rf 2)")
                 })?;
         }
         Some((received, sub_start.elapsed()))
@@ -244,7 +416,7 @@ pub fn run(args: BenchArgs) -> CliResult {
             let (received, done, hist) = handle
                 .join()
                 .map_err(|_| "subscriber thread panicked".to_string())??;
-            Some((received, done.duration_since(start), hist))
+            Some((received, done.duration_since(outcome.start), hist))
         }
         None => None,
     };
@@ -256,19 +428,7 @@ pub fn run(args: BenchArgs) -> CliResult {
         _ => publish_elapsed,
     };
     let bytes = stats.bytes as f64;
-    let ceilings = if args.ceilings {
-        // TCP in the publisher's batch size; fdatasync on the replicas' disk, in 1 MiB
-        // writes and in the replicas' group-commit size.
-        let mut plan = CeilingPlan::new(args.replica_dir.first().unwrap_or(&scratch), false);
-        plan.tcp_chunk_bytes = args.batch_bytes;
-        let group_commit = ServerConfig::default().replication.group_commit_bytes as usize;
-        if args.rf >= 2 && !plan.sync_write_bytes.contains(&group_commit) {
-            plan.sync_write_bytes.push(group_commit);
-        }
-        measure_all(&plan).map_err(|e| format!("cannot measure the machine's ceilings: {e}"))?
-    } else {
-        Vec::new()
-    };
+    let ceilings = measure_ceilings(args, &scratch)?;
     let mb_s = bytes / elapsed.as_secs_f64() / 1e6;
     let embedded = server.is_some();
     // Per-stage time from the server's counters (cumulative: exact for an embedded
@@ -277,35 +437,9 @@ pub fn run(args: BenchArgs) -> CliResult {
         .into_iter()
         .map(|(stage, ns)| (stage, ns as f64 / 1e6 / (bytes / 1e9)))
         .collect();
-    let figures = serde_json::json!({
-        "mode": args.mode,
-        "publishers": publishers,
-        "order": args.order,
-        "ack": args.ack,
-        "rf": args.rf,
-        "message_bytes": args.size,
-        "messages": stats.messages,
-        "payload_bytes": stats.bytes,
-        "brokers": args.brokers,
-        "threads_per_broker": args.threads_per_broker,
-        "batch_bytes": args.batch_bytes,
-        "linger_us": args.linger_us,
-        "epoch_us": args.epoch_us,
-        "deflect": !args.no_deflect,
-        "slow_queue": std::env::var("EMBARCADERO_SLOW_CONSUMER_QUEUE").ok(),
-        "slow_queue_ms": std::env::var("EMBARCADERO_SLOW_CONSUMER_MS").ok(),
+    let mut figures = common_figures(args, config, &outcome, elapsed);
+    let extra = serde_json::json!({
         "region_file": region_file.as_ref().map(|p| p.display().to_string()),
-        "seconds": elapsed.as_secs_f64(),
-        "publish_seconds": publish_elapsed.as_secs_f64(),
-        "publish_mb_per_s": bytes / publish_elapsed.as_secs_f64() / 1e6,
-        "per_publisher_append_to_ack_us": runs.iter().map(|r| &r.stats.append_to_ack_us).collect::<Vec<_>>(),
-        "mb_per_s": mb_s,
-        "messages_per_s": stats.messages as f64 / elapsed.as_secs_f64(),
-        "ack_latency_us": stats.ack_latency_us,
-        "append_to_ack_us": stats.append_to_ack_us,
-        "rate_mb_per_s": args.rate,
-        "warmup_messages": args.warmup_messages,
-        "schedule_max_lateness_us": args.rate.map(|_| behind_max.as_micros() as u64),
         "subscribe_only_seconds": subscribe_only.as_ref().map(|(_, t)| t.as_secs_f64()),
         "e2e_latency_us": e2e.as_ref().map(|(_, _, h)| serde_json::json!({
             "p50": h.value_at_quantile(0.5),
@@ -315,31 +449,20 @@ pub fn run(args: BenchArgs) -> CliResult {
             "samples": h.len(),
         })),
         "process_cpu_seconds_per_gb": embedded.then(|| cpu / (bytes / 1e9)),
-        "queues": stats.queues,
         "stage_ms_per_gb": stage_ms_per_gb,
         "ceilings": ceilings,
     });
+    merge(&mut figures, extra);
     drop(server);
     let _ = std::fs::remove_dir_all(&scratch);
     if let Some(f) = &region_file {
         let _ = std::fs::remove_file(f);
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&figures).expect("json"));
-        return Ok(());
+        return Ok(figures);
     }
-    println!(
-        "mode {}  order {}  ack {}  rf {}  {} B messages  {} brokers x {} connections  {} publisher(s)",
-        args.mode,
-        args.order,
-        args.ack,
-        args.rf,
-        args.size,
-        args.brokers,
-        args.threads_per_broker,
-        publishers
-    );
-    report(&stats, publish_elapsed, false, args.ack);
+    print_run_header(args, config, outcome.runs.len());
+    report(stats, publish_elapsed, false, args.ack);
     if let Some((received, t, h)) = &e2e {
         println!(
             "subscriber received {received} messages in {:.3} s: {:.1} MB/s; end-to-end latency p50 {} us, p99 {} us",
@@ -368,6 +491,49 @@ pub fn run(args: BenchArgs) -> CliResult {
             println!("  {stage:<16} {ms:>9.1}");
         }
     }
+    print_ceilings(&figures, mb_s);
+    Ok(figures)
+}
+
+/// The first line of a run's human report.
+fn print_run_header(args: &BenchArgs, config: RunConfig, publishers: usize) {
+    println!(
+        "mode {}  order {}  ack {}  rf {}  {} B messages  {} brokers x {} connections  {} publisher(s){}",
+        args.mode,
+        config.order,
+        args.ack,
+        args.rf,
+        args.size,
+        args.brokers,
+        args.threads_per_broker,
+        publishers,
+        config
+            .rate
+            .map_or(String::new(), |r| format!("  offered {r} MB/s"))
+    );
+}
+
+/// Loopback TCP in the publisher's batch size, memcpy, and fdatasync on the replicas'
+/// disk (1 MiB writes and the replicas' group-commit size), when --ceilings asks.
+fn measure_ceilings(args: &BenchArgs, scratch: &std::path::Path) -> Result<Value, String> {
+    if !args.ceilings {
+        return Ok(Value::Array(Vec::new()));
+    }
+    let mut plan = CeilingPlan::new(
+        args.replica_dir.first().map_or(scratch, |d| d.as_path()),
+        false,
+    );
+    plan.tcp_chunk_bytes = args.batch_bytes;
+    let group_commit = ServerConfig::default().replication.group_commit_bytes as usize;
+    if args.rf >= 2 && !plan.sync_write_bytes.contains(&group_commit) {
+        plan.sync_write_bytes.push(group_commit);
+    }
+    let ceilings =
+        measure_all(&plan).map_err(|e| format!("cannot measure the machine's ceilings: {e}"))?;
+    Ok(serde_json::to_value(ceilings).expect("json"))
+}
+
+fn print_ceilings(figures: &Value, mb_s: f64) {
     for c in figures["ceilings"].as_array().into_iter().flatten() {
         let ceiling = c["mb_per_s"].as_f64().unwrap_or(0.0);
         println!(
@@ -377,7 +543,72 @@ pub fn run(args: BenchArgs) -> CliResult {
             100.0 * mb_s / ceiling.max(1e-9)
         );
     }
-    Ok(())
+}
+
+/// The figures every mode reports, from the publishers' side.
+fn common_figures(
+    args: &BenchArgs,
+    config: RunConfig,
+    outcome: &PublishOutcome,
+    elapsed: Duration,
+) -> Value {
+    let stats = &outcome.stats;
+    let bytes = stats.bytes as f64;
+    serde_json::json!({
+        "mode": args.mode,
+        "publishers": outcome.runs.len(),
+        "order": config.order,
+        "ack": args.ack,
+        "rf": args.rf,
+        "message_bytes": args.size,
+        "messages": stats.messages,
+        "payload_bytes": stats.bytes,
+        "brokers": args.brokers,
+        "threads_per_broker": args.threads_per_broker,
+        "batch_bytes": args.batch_bytes,
+        "linger_us": args.linger_us,
+        "epoch_us": args.epoch_us,
+        "deflect": !args.no_deflect,
+        "prefault": !args.no_prefault,
+        "slow_queue": std::env::var("EMBARCADERO_SLOW_CONSUMER_QUEUE").ok(),
+        "slow_queue_ms": std::env::var("EMBARCADERO_SLOW_CONSUMER_MS").ok(),
+        "duration_s": args.duration,
+        "seconds": elapsed.as_secs_f64(),
+        "publish_seconds": outcome.elapsed.as_secs_f64(),
+        "publish_mb_per_s": bytes / outcome.elapsed.as_secs_f64() / 1e6,
+        "per_publisher_append_to_ack_us": outcome.runs.iter().map(|r| &r.stats.append_to_ack_us).collect::<Vec<_>>(),
+        "mb_per_s": bytes / elapsed.as_secs_f64() / 1e6,
+        "messages_per_s": stats.messages as f64 / elapsed.as_secs_f64(),
+        "ack_latency_us": stats.ack_latency_us,
+        "append_to_ack_us": stats.append_to_ack_us,
+        "rate_mb_per_s": config.rate,
+        "warmup_messages": args.warmup_messages,
+        "schedule_max_lateness_us": config.rate.map(|_| outcome.behind_max.as_micros() as u64),
+        "queues": stats.queues,
+    })
+}
+
+/// Adds the fields of object `extra` to object `figures`.
+fn merge(figures: &mut Value, extra: Value) {
+    if let (Value::Object(into), Value::Object(from)) = (figures, extra) {
+        into.extend(from);
+    }
+}
+
+fn progress_bar(count: Option<u64>) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    match count {
+        Some(count) => ProgressBar::new(count).with_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} messages {per_sec} eta {eta}")
+                .expect("template"),
+        ),
+        None => ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("{spinner} {pos} messages {per_sec} {elapsed}")
+                .expect("template"),
+        ),
+    }
 }
 
 /// What one publisher of the benchmark did.
@@ -387,128 +618,262 @@ struct PublisherRun {
     appended: Histogram<u64>,
     /// Worst lateness against the fixed schedule (`--rate`).
     behind_max: Duration,
-    /// When everything it published was acknowledged.
-    flushed_at: Instant,
+}
+
+/// All publishers of one run, once they are done.
+struct PublishOutcome {
+    runs: Vec<PublisherRun>,
+    /// The publishers' figures merged.
+    stats: PublisherStats,
+    start: Instant,
+    /// From the start until the last publisher's last acknowledgement.
+    elapsed: Duration,
+    behind_max: Duration,
+}
+
+/// The publishers of a run while they publish, as the main thread sees them.
+struct Publishing<'a> {
+    publishers: &'a [Publisher],
+    progress: &'a AtomicU64,
+    start: Instant,
+    finished: &'a dyn Fn() -> bool,
+}
+
+impl Publishing<'_> {
+    /// Messages published so far by all publishers (counted in steps of 64).
+    fn progress(&self) -> u64 {
+        self.progress.load(Ordering::Relaxed)
+    }
+
+    /// Every publisher has published its share and had it acknowledged (or failed).
+    fn finished(&self) -> bool {
+        (self.finished)()
+    }
+}
+
+/// Connects `args.publishers` publishers, runs them (each on its own thread, on its part
+/// of the schedule) and, on this thread meanwhile, `monitor`; a monitor error stops the
+/// publishers. Returns the merged outcome and what the monitor returned.
+fn publish_all<T>(
+    control: &str,
+    topic: &str,
+    args: &BenchArgs,
+    config: RunConfig,
+    stamp_ids: bool,
+    monitor: impl FnOnce(&Publishing) -> Result<T, String>,
+) -> Result<(PublishOutcome, T), String> {
+    let publisher_config = PublisherConfig {
+        ack_level: args.ack,
+        batch_bytes: args.batch_bytes,
+        linger: Duration::from_micros(args.linger_us),
+        threads_per_broker: args.threads_per_broker,
+        deflect: !args.no_deflect,
+        ..PublisherConfig::default()
+    };
+    let count = args.publishers.max(1);
+    let publishers = (0..count)
+        .map(|_| Publisher::connect(control, topic, publisher_config.clone()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let messages = message_count(args);
+    let progress = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let warmed = match config.rate {
+        Some(_) if args.warmup_messages > 0 => Some(warm_up(&publishers, args, config)?),
+        _ => None,
+    };
+    // After connecting (and warming up): neither is part of the measured schedule.
+    let start = Instant::now();
+    let deadline = args.duration.map(|d| start + Duration::from_secs_f64(d));
+    let (results, watched) = std::thread::scope(|scope| {
+        let handles: Vec<_> = publishers
+            .iter()
+            .enumerate()
+            .map(|(index, publisher)| {
+                let share = Share {
+                    index,
+                    of: count,
+                    // Publisher p takes every count-th message of the schedule.
+                    messages: messages
+                        .map(|m| m / count as u64 + u64::from((index as u64) < m % count as u64)),
+                    deadline,
+                    start,
+                    stamp_ids,
+                };
+                let (progress, stop) = (&progress, &stop);
+                scope.spawn(move || {
+                    run_publisher(publisher, args.size, config.rate, share, stop, progress)
+                })
+            })
+            .collect();
+        let finished = || handles.iter().all(|h| h.is_finished());
+        let watched = monitor(&Publishing {
+            publishers: &publishers,
+            progress: &progress,
+            start,
+            finished: &finished,
+        });
+        if watched.is_err() {
+            stop.store(true, Ordering::Relaxed);
+        }
+        let results: Vec<Result<(Duration, Instant), String>> = handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a publisher thread panicked".into()))
+            })
+            .collect();
+        (results, watched)
+    });
+    let watched = watched?;
+    let finished = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    // Up to the last acknowledgement, not to when the monitor (which polls every 100 ms)
+    // saw the publishers finish.
+    let elapsed = finished
+        .iter()
+        .map(|(_, flushed_at)| *flushed_at)
+        .max()
+        .unwrap_or_else(Instant::now)
+        .saturating_duration_since(start);
+    let mut runs = Vec::with_capacity(count);
+    let warmed = warmed.map(|w| w.into_iter().map(Some).collect::<Vec<_>>());
+    let mut warmed = warmed.unwrap_or_else(|| (0..count).map(|_| None).collect());
+    for ((publisher, (behind_max, _)), warm) in
+        publishers.into_iter().zip(finished).zip(warmed.iter_mut())
+    {
+        let (mut sealed, mut appended) = publisher.latency_histograms();
+        let mut stats = publisher.close().map_err(|e| e.to_string())?;
+        if let Some(warm) = warm.take() {
+            // The warm-up's batches were all acknowledged before the measured ones began.
+            let _ = sealed.subtract(&warm.sealed);
+            let _ = appended.subtract(&warm.appended);
+            stats.messages -= warm.stats.messages;
+            stats.bytes -= warm.stats.bytes;
+            stats.batches -= warm.stats.batches;
+            stats.acked_batches -= warm.stats.acked_batches;
+            stats.ack_latency_us = LatencySummary::of(&sealed);
+            stats.append_to_ack_us = LatencySummary::of(&appended);
+        }
+        runs.push(PublisherRun {
+            stats,
+            sealed,
+            appended,
+            behind_max,
+        });
+    }
+    Ok((
+        PublishOutcome {
+            stats: merge_stats(&runs),
+            behind_max: runs.iter().map(|r| r.behind_max).max().unwrap_or_default(),
+            runs,
+            start,
+            elapsed,
+        },
+        watched,
+    ))
+}
+
+/// Publishes `--warmup-messages` on a schedule of their own at the run's rate, waits
+/// for their acknowledgements, and returns what each publisher had counted by then.
+fn warm_up(
+    publishers: &[Publisher],
+    args: &BenchArgs,
+    config: RunConfig,
+) -> Result<Vec<PublisherRun>, String> {
+    let count = publishers.len();
+    let start = Instant::now();
+    let (stop, progress) = (AtomicBool::new(false), AtomicU64::new(0));
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = publishers
+            .iter()
+            .enumerate()
+            .map(|(index, publisher)| {
+                let share = Share {
+                    index,
+                    of: count,
+                    messages: Some(
+                        args.warmup_messages / count as u64
+                            + u64::from((index as u64) < args.warmup_messages % count as u64),
+                    ),
+                    deadline: None,
+                    start,
+                    stamp_ids: false,
+                };
+                let (stop, progress) = (&stop, &progress);
+                scope.spawn(move || {
+                    run_publisher(publisher, args.size, config.rate, share, stop, progress)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a publisher thread panicked".into()))
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })?;
+    Ok(publishers
+        .iter()
+        .map(|p| {
+            let (sealed, appended) = p.latency_histograms();
+            PublisherRun {
+                stats: p.stats(),
+                sealed,
+                appended,
+                behind_max: Duration::ZERO,
+            }
+        })
+        .collect())
 }
 
 /// One publisher's part of the run.
 #[derive(Clone, Copy)]
-struct Share<'a> {
+struct Share {
     index: usize,
     of: usize,
-    messages: u64,
-    /// Its part of the warm-up (`--warmup-messages`).
-    warmup: u64,
-    /// Every publisher waits here once connected (or failed to) ...
-    ready: &'a std::sync::Barrier,
-    /// ... and the schedule starts at the instant the last one to arrive sets here
-    /// (the warm-up's in `warmup_start`).
-    schedule_start: &'a std::sync::OnceLock<Instant>,
-    warmup_start: &'a std::sync::OnceLock<Instant>,
+    /// Messages to publish; `None`: until the deadline.
+    messages: Option<u64>,
+    deadline: Option<Instant>,
+    start: Instant,
+    /// Write the message's id ([`failure::message_id`]) into its first 8 bytes.
+    stamp_ids: bool,
 }
 
-impl Share<'_> {
-    /// Waits for every publisher, then returns the common start of a schedule.
-    fn start(&self, at: &std::sync::OnceLock<Instant>) -> Instant {
-        if self.ready.wait().is_leader() {
-            let _ = at.set(Instant::now());
-        }
-        self.ready.wait();
-        *at.get().expect("set by the barrier's leader")
-    }
-}
-
-/// Publishes this publisher's share on its part of the schedule: with `--rate`,
-/// message i of publisher p is due at start + (i * publishers + p) * interval (fixed in
-/// advance: a late message is not excused by the lateness of the ones before it), and
-/// is published with that due time, which its batch's append-to-ack latency starts from.
-/// With `--warmup-messages`, a warm-up on a schedule of its own comes first; everything it
-/// published is acknowledged before the measured schedule starts, and taken out of the
-/// figures.
+/// Publishes this publisher's share on its part of the schedule, then waits for every
+/// acknowledgement: with a rate, message i of publisher p is due at
+/// start + (i * publishers + p) * interval (fixed in advance: a late message is not
+/// excused by the lateness of the ones before it), and is published with that due time,
+/// which its batch's append-to-ack latency starts from. Returns the worst lateness and
+/// when the last acknowledgement arrived.
 fn run_publisher(
-    control: &str,
-    topic: &str,
-    config: PublisherConfig,
-    args: &BenchArgs,
-    share: Share,
-    progress: &AtomicU64,
-) -> Result<PublisherRun, String> {
-    let publisher = Publisher::connect(control, topic, config).map_err(|e| e.to_string());
-    let payload: Vec<u8> = (0..args.size).map(|i| (i % 251) as u8).collect();
-    let interval = args
-        .rate
-        .map(|mb_s| Duration::from_secs_f64(args.size as f64 / (mb_s * 1e6)));
-    // Every publisher, even one that failed to connect or to warm up, takes its place at
-    // each barrier, so none waits forever.
-    let warmed = match interval {
-        Some(interval) if args.warmup_messages > 0 => {
-            let start = share.start(share.warmup_start);
-            Some(publisher.as_ref().map_err(Clone::clone).and_then(|p| {
-                pace(
-                    p,
-                    &payload,
-                    &share,
-                    share.warmup,
-                    Some((interval, start)),
-                    None,
-                )?;
-                p.flush().map_err(|e| e.to_string())?;
-                let (sealed, appended) = p.latency_histograms();
-                Ok((p.stats(), sealed, appended))
-            }))
-        }
-        _ => None,
-    };
-    let start = interval.map(|interval| (interval, share.start(share.schedule_start)));
-    let publisher = publisher?;
-    let warmed = warmed.transpose()?;
-    let behind_max = pace(
-        &publisher,
-        &payload,
-        &share,
-        share.messages,
-        start,
-        Some(progress),
-    )?;
-    publisher.flush().map_err(|e| e.to_string())?;
-    let flushed_at = Instant::now();
-    let (mut sealed, mut appended) = publisher.latency_histograms();
-    let mut stats = publisher.close().map_err(|e| e.to_string())?;
-    if let Some((before, sealed0, appended0)) = warmed {
-        // The warm-up's batches were all acknowledged before the measured ones started.
-        let _ = sealed.subtract(&sealed0);
-        let _ = appended.subtract(&appended0);
-        stats.messages -= before.messages;
-        stats.bytes -= before.bytes;
-        stats.batches -= before.batches;
-        stats.acked_batches -= before.acked_batches;
-        stats.ack_latency_us = LatencySummary::of(&sealed);
-        stats.append_to_ack_us = LatencySummary::of(&appended);
-    }
-    Ok(PublisherRun {
-        stats,
-        sealed,
-        appended,
-        behind_max,
-        flushed_at,
-    })
-}
-
-/// Publishes `messages` messages: on the schedule `(interval, start)` if given, else as
-/// fast as the publisher takes them. Returns the worst lateness against the schedule.
-fn pace(
     publisher: &Publisher,
-    payload: &[u8],
-    share: &Share,
-    messages: u64,
-    schedule: Option<(Duration, Instant)>,
-    progress: Option<&AtomicU64>,
-) -> Result<Duration, String> {
+    size: usize,
+    rate: Option<f64>,
+    share: Share,
+    stop: &AtomicBool,
+    progress: &AtomicU64,
+) -> Result<(Duration, Instant), String> {
+    let mut payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    let interval = rate.map(|mb_s| Duration::from_secs_f64(size as f64 / (mb_s * 1e6)));
     let mut behind_max = Duration::ZERO;
-    for i in 0..messages {
-        if let Some((interval, start)) = schedule {
+    let mut i = 0u64;
+    loop {
+        if share.messages.is_some_and(|m| i >= m) {
+            break;
+        }
+        // Checked every 16 messages: a clock read per message would show in the figures.
+        if i.is_multiple_of(16)
+            && (stop.load(Ordering::Relaxed) || share.deadline.is_some_and(|d| Instant::now() >= d))
+        {
+            break;
+        }
+        if share.stamp_ids {
+            payload[..8].copy_from_slice(&failure::message_id(share.index, i).to_le_bytes());
+        }
+        if let Some(interval) = interval {
             let slot = i * share.of as u64 + share.index as u64;
-            let due = start + interval.mul_f64(slot as f64);
+            let due = share.start + interval.mul_f64(slot as f64);
             let now = Instant::now();
             if due > now {
                 // Sleep, do not spin: a spinning publisher would take one of the two
@@ -516,20 +881,23 @@ fn pace(
                 // it sleeps go out together when it wakes.
                 std::thread::sleep(due - now);
             }
-            // Lateness at the publish, wake-up delay included (as the peers' generators
-            // report it).
+            // Lateness at the publish, wake-up delay included (as the peers'
+            // generators report it).
             behind_max = behind_max.max(Instant::now().saturating_duration_since(due));
             publisher
-                .publish_due(payload, due)
+                .publish_due(&payload, due)
                 .map_err(|e| e.to_string())?;
         } else {
-            publisher.publish(payload).map_err(|e| e.to_string())?;
+            publisher.publish(&payload).map_err(|e| e.to_string())?;
         }
-        if let Some(progress) = progress.filter(|_| i % 1024 == 1023) {
-            progress.fetch_add(1024, Ordering::Relaxed);
+        i += 1;
+        if i.is_multiple_of(64) {
+            progress.fetch_add(64, Ordering::Relaxed);
         }
     }
-    Ok(behind_max)
+    progress.fetch_add(i % 64, Ordering::Relaxed);
+    publisher.flush().map_err(|e| e.to_string())?;
+    Ok((behind_max, Instant::now()))
 }
 
 /// One set of figures for all publishers: sums, and percentiles of the merged

@@ -15,7 +15,7 @@ use embarcadero_wire::{
 use hdrhistogram::Histogram;
 use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::io::{IoSlice, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -151,6 +151,8 @@ struct Sealed {
     /// with [`Publisher::publish_due`]): the start of its append-to-ack latency.
     first_at: Instant,
     batch_id: u64,
+    /// Position in seal order (0 for the first batch this publisher sealed).
+    index: u64,
 }
 
 struct InFlight {
@@ -401,6 +403,10 @@ struct Inner {
     messages: AtomicU64,
     bytes: AtomicU64,
     batches: AtomicU64,
+    /// Seal indices of the batches not acknowledged yet (for ack 0: not written yet):
+    /// its smallest entry is the acknowledged prefix. Numbered under this lock, so a
+    /// sealed batch is never missing from it.
+    outstanding: Mutex<BTreeSet<u64>>,
     counter: AtomicU64,
     next_batch_id: AtomicU64,
     topic: String,
@@ -551,6 +557,7 @@ impl Publisher {
             messages: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             batches: AtomicU64::new(0),
+            outstanding: Mutex::new(BTreeSet::new()),
             counter: AtomicU64::new(0),
             // Unique across publisher instances too (a restarted publisher may reuse its
             // client id): failover asks the head about batches by id.
@@ -702,6 +709,23 @@ impl Publisher {
             let mut g = inner.progress.0.lock();
             inner.progress.1.wait_for(&mut g, Duration::from_millis(20));
         }
+    }
+
+    /// Batches sealed so far.
+    pub fn batches_sealed(&self) -> u64 {
+        self.inner.batches.load(Ordering::Acquire)
+    }
+
+    /// The acknowledged prefix in seal order: every one of the first `acked_prefix()`
+    /// batches this publisher sealed is acknowledged (for ack 0: written), wherever a
+    /// failover moved it. Unlike a count of acknowledgements, it stops at the oldest
+    /// batch still waiting, so it shows when a broker's death holds batches up.
+    pub fn acked_prefix(&self) -> u64 {
+        let outstanding = self.inner.outstanding.lock();
+        outstanding
+            .first()
+            .copied()
+            .unwrap_or_else(|| self.inner.batches.load(Ordering::Acquire))
     }
 
     pub fn stats(&self) -> PublisherStats {
@@ -874,6 +898,12 @@ impl Inner {
             stamp_batch_seq(&mut buf, seq);
             seq
         });
+        let index = {
+            let mut outstanding = self.outstanding.lock();
+            let index = self.batches.fetch_add(1, Ordering::AcqRel);
+            outstanding.insert(index);
+            index
+        };
         let sealed = Sealed {
             seq,
             buf,
@@ -881,11 +911,11 @@ impl Inner {
             sealed_at: Instant::now(),
             first_at: b.first_due.or(b.first_at).unwrap_or_else(Instant::now),
             batch_id: self.next_batch_id.fetch_add(1, Ordering::Relaxed),
+            index,
         };
         b.num_msg = 0;
         b.first_at = None;
         b.first_due = None;
-        self.batches.fetch_add(1, Ordering::Relaxed);
         let due = b.round_robin;
         b.round_robin = (due + 1) % self.queues.len();
         self.dispatch(sealed, due)
@@ -949,8 +979,17 @@ impl Inner {
     /// Counts a batch as acknowledged without its ack passing through the queue (the
     /// ack overtook it, or a fence reported it committed) and recycles its buffer.
     fn settle(&self, conn: &ConnShared, f: InFlight) {
+        self.acknowledged([f.batch.index]);
         conn.acked_batches.fetch_add(1, Ordering::Release);
         self.recycle(f.batch.buf);
+    }
+
+    /// Takes acknowledged batches (by seal index) out of the outstanding set.
+    fn acknowledged(&self, indices: impl IntoIterator<Item = u64>) {
+        let mut outstanding = self.outstanding.lock();
+        for index in indices {
+            outstanding.remove(&index);
+        }
     }
 
     /// Queues sent batches for acknowledgement, settling at once any the broker already
@@ -1376,6 +1415,7 @@ fn sender(inner: Arc<Inner>, index: usize, first_seq: u64, fences_seen: u64) {
         if inner.config.ack_level > 0 {
             inner.requeue(conn, [InFlight { seq, batch }]);
         } else {
+            inner.acknowledged([batch.index]);
             inner.recycle(batch.buf);
         }
         conn.sent.fetch_add(1, Ordering::Release);
@@ -1651,6 +1691,7 @@ fn reader(inner: Arc<Inner>, index: usize) {
                         let _ = appended.record(us.max(1));
                     }
                 }
+                inner.acknowledged(done.iter().map(|f| f.batch.index));
                 conn.acked_batches
                     .fetch_add(done.len() as u64, Ordering::Release);
                 for f in done {

@@ -1,0 +1,408 @@
+//! A cluster of real `embarcadero` processes on this host: a head, follower brokers and,
+//! when asked, external sequencers, each started from a given executable, with the data
+//! directory in a temporary directory and the region file on /dev/shm when it exists.
+//! Used by `bench --mode failure` and the failover example. Every process is SIGKILLed
+//! when the cluster (or the process handle) is dropped, so an error or a panic half-way
+//! leaves nothing running; SIGINT, SIGTERM or SIGHUP, which end this process without
+//! running `Drop`, kill them too and remove the cluster's files.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a process may take to print its ready line.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Lines of a process's stderr kept for error messages.
+const TAIL_LINES: usize = 30;
+
+/// What to kill and remove if a signal ends this process: `Drop` does not run then.
+struct Leftovers {
+    pids: Vec<u32>,
+    paths: Vec<PathBuf>,
+}
+
+static LEFTOVERS: Mutex<Leftovers> = Mutex::new(Leftovers {
+    pids: Vec::new(),
+    paths: Vec::new(),
+});
+
+fn leftovers() -> std::sync::MutexGuard<'static, Leftovers> {
+    LEFTOVERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Installs (once) a SIGINT/SIGTERM/SIGHUP handler that SIGKILLs the children still
+/// running, removes the cluster files still there, and exits with status 130. A
+/// process that installed its own handler first keeps it.
+fn clean_up_on_signal() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let _ = ctrlc::set_handler(|| {
+            let left = leftovers();
+            for pid in &left.pids {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+            for path in &left.paths {
+                let _ = std::fs::remove_file(path).or_else(|_| std::fs::remove_dir_all(path));
+            }
+            std::process::exit(130);
+        });
+    });
+}
+
+/// Paths removed already (or about to be): no longer for the signal handler.
+fn forget_paths(paths: &[&Path]) {
+    leftovers().paths.retain(|p| !paths.contains(&p.as_path()));
+}
+
+/// One child process whose stderr is read by a thread (so it never blocks on a full
+/// pipe); its last lines are kept to explain a failure.
+pub struct ChildProcess {
+    child: Child,
+    name: String,
+    lines: mpsc::Receiver<String>,
+    tail: Arc<Mutex<VecDeque<String>>>,
+}
+
+impl ChildProcess {
+    /// Starts `program args` with extra environment variables; `name` names it in errors.
+    pub fn spawn(
+        program: &Path,
+        args: &[&str],
+        env: &[(String, String)],
+        name: &str,
+    ) -> Result<Self, String> {
+        let mut child = Command::new(program)
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
+        clean_up_on_signal();
+        leftovers().pids.push(child.id());
+        let stderr = child.stderr.take().expect("stderr is piped");
+        // Bounded: nobody reads the channel once the process is up; the tail keeps the rest.
+        let (tx, lines) = mpsc::sync_channel(1024);
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let kept = tail.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                {
+                    let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+                    if kept.len() == TAIL_LINES {
+                        kept.pop_front();
+                    }
+                    kept.push_back(line.clone());
+                }
+                let _ = tx.try_send(line);
+            }
+        });
+        Ok(Self {
+            child,
+            name: name.to_string(),
+            lines,
+            tail,
+        })
+    }
+
+    /// Starts it and waits for a stderr line containing `ready`; returns the process and
+    /// that line.
+    pub fn ready(
+        program: &Path,
+        args: &[&str],
+        env: &[(String, String)],
+        name: &str,
+        ready: &str,
+    ) -> Result<(Self, String), String> {
+        let mut process = Self::spawn(program, args, env, name)?;
+        let line = process.wait_line(ready, START_TIMEOUT)?;
+        Ok((process, line))
+    }
+
+    /// Waits at most `timeout` for a stderr line containing `marker`.
+    pub fn wait_line(&mut self, marker: &str, timeout: Duration) -> Result<String, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(marker) => return Ok(line),
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(self.failure(&format!("printed no {marker:?} in {timeout:?}")))
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(self.failure(&format!("exited before printing {marker:?}")))
+                }
+            }
+        }
+    }
+
+    /// An error naming the process, with the last lines it printed.
+    fn failure(&self, what: &str) -> String {
+        let tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let output: Vec<&str> = tail.iter().map(String::as_str).collect();
+        format!(
+            "{} {what}; its last output:\n  {}",
+            self.name,
+            output.join("\n  ")
+        )
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, as a crash would: no chance to flush or say goodbye. Returns the instant
+    /// the signal went out (where a failover clock starts), after the process is gone.
+    pub fn kill(&mut self) -> Result<Instant, String> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Err(self.failure(&format!("had already exited ({status})")));
+        }
+        self.child
+            .kill()
+            .map_err(|e| format!("cannot kill {}: {e}", self.name))?;
+        let at = Instant::now();
+        self.reap();
+        Ok(at)
+    }
+
+    /// Waits for the exit, after which the pid may be reused: no longer ours to kill.
+    fn reap(&mut self) {
+        let _ = self.child.wait();
+        let pid = self.child.id();
+        leftovers().pids.retain(|&p| p != pid);
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        self.reap();
+    }
+}
+
+/// /dev/shm when this host has it, else `fallback`: the region is memory by design, and
+/// on tmpfs the kernel never writes it back to disk (see docs/PERFORMANCE.md).
+pub fn shm_or(fallback: &Path) -> PathBuf {
+    let shm = PathBuf::from("/dev/shm");
+    if shm.is_dir() {
+        shm
+    } else {
+        fallback.to_path_buf()
+    }
+}
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct ClusterSpec {
+    /// The `embarcadero` executable.
+    pub program: PathBuf,
+    /// Brokers in all: the head serves broker 0, followers 1..brokers.
+    pub brokers: u32,
+    /// Leave ordering to `embarcadero sequencer` processes ([`LocalCluster::start_sequencer`]).
+    pub external_sequencer: bool,
+    /// Sequencer epoch, microseconds (`None`: the server's default).
+    pub epoch_us: Option<u64>,
+    /// Directory of the region file (`None`: /dev/shm when it exists, else the data dir).
+    pub region_dir: Option<PathBuf>,
+    /// Disk replica directories of the head (`None`: the server's default, in the data dir).
+    pub replica_dirs: Vec<PathBuf>,
+    /// Extra environment for every process (settings such as the heartbeat interval).
+    pub env: Vec<(String, String)>,
+}
+
+impl ClusterSpec {
+    pub fn new(program: PathBuf, brokers: u32) -> Self {
+        Self {
+            program,
+            brokers,
+            external_sequencer: false,
+            epoch_us: None,
+            region_dir: None,
+            replica_dirs: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+}
+
+/// A running cluster; dropping it kills every process and removes its files.
+pub struct LocalCluster {
+    /// The head's control address (host:port).
+    pub control: String,
+    /// The region file all processes share.
+    pub region_file: PathBuf,
+    spec: ClusterSpec,
+    sequencers: Vec<ChildProcess>,
+    followers: Vec<(u32, ChildProcess)>,
+    head: Option<ChildProcess>,
+    /// The data directory, removed when the cluster is dropped.
+    dir: tempfile::TempDir,
+}
+
+impl LocalCluster {
+    /// Starts the head, then one follower per broker id 1..brokers, each once the one
+    /// before it is serving.
+    pub fn start(spec: &ClusterSpec) -> Result<Self, String> {
+        if spec.brokers < 2 {
+            return Err("a cluster needs at least 2 brokers (the head's and a follower)".into());
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("embarcadero-cluster-")
+            .tempdir()
+            .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+        let data_dir = dir.path().join("head");
+        let region_dir = spec
+            .region_dir
+            .clone()
+            .unwrap_or_else(|| shm_or(dir.path()));
+        let region_file = region_dir.join(format!(
+            "embarcadero-cluster-{}-{}.region",
+            std::process::id(),
+            dir.path()
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+        ));
+        clean_up_on_signal();
+        leftovers()
+            .paths
+            .extend([region_file.clone(), dir.path().to_path_buf()]);
+        let mut env = spec.env.clone();
+        env.push((
+            "EMBARCADERO_REGION_PATH".into(),
+            region_file.display().to_string(),
+        ));
+        if !spec.replica_dirs.is_empty() {
+            let dirs: Vec<String> = spec
+                .replica_dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect();
+            env.push(("EMBARCADERO_REPLICATION_DIRS".into(), dirs.join(",")));
+        }
+        let brokers = spec.brokers.to_string();
+        let data = data_dir.display().to_string();
+        let epoch = spec.epoch_us.map(|e| e.to_string());
+        let mut args = vec![
+            "broker",
+            "--head",
+            "--brokers",
+            &brokers,
+            "--base-port",
+            "0",
+            "--control-port",
+            "0",
+            "--data-dir",
+            &data,
+        ];
+        if spec.external_sequencer {
+            args.push("--external-sequencer");
+        }
+        if let Some(epoch) = &epoch {
+            args.extend(["--epoch-us", epoch]);
+        }
+        // The head picks its control port (0: no race for a free port); its ready line
+        // names it: "embarcadero is serving: control API http://ADDR  brokers ...".
+        let (head, line) = ChildProcess::ready(
+            &spec.program,
+            &args,
+            &env,
+            "the head",
+            "embarcadero is serving",
+        )
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&region_file);
+            forget_paths(&[&region_file, dir.path()]);
+        })?;
+        let control = line
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .ok_or_else(|| format!("the head's ready line names no control address: {line}"))?
+            .to_string();
+        let mut cluster = Self {
+            control,
+            region_file,
+            spec: spec.clone(),
+            sequencers: Vec::new(),
+            followers: Vec::new(),
+            head: Some(head),
+            dir,
+        };
+        for id in 1..spec.brokers {
+            let id_arg = id.to_string();
+            let (follower, _) = ChildProcess::ready(
+                &spec.program,
+                &[
+                    "broker",
+                    "--follower",
+                    "--head-addr",
+                    &cluster.control,
+                    "--broker-id",
+                    &id_arg,
+                ],
+                &spec.env,
+                &format!("follower {id}"),
+                "is serving at",
+            )?;
+            cluster.followers.push((id, follower));
+        }
+        Ok(cluster)
+    }
+
+    /// Starts an `embarcadero sequencer` (active, or a standby waiting for the lease);
+    /// returns its index for [`LocalCluster::kill_sequencer`].
+    pub fn start_sequencer(&mut self, standby: bool) -> Result<usize, String> {
+        let mut args = vec!["sequencer", "--head-addr", &self.control];
+        let ready = if standby {
+            args.push("--standby");
+            "standby: waiting"
+        } else {
+            "sequencer is active"
+        };
+        let name = format!("sequencer {}", self.sequencers.len());
+        let (sequencer, _) =
+            ChildProcess::ready(&self.spec.program, &args, &self.spec.env, &name, ready)?;
+        self.sequencers.push(sequencer);
+        Ok(self.sequencers.len() - 1)
+    }
+
+    /// SIGKILLs the follower serving broker `id`; returns the instant the signal went
+    /// out, once the process is gone.
+    pub fn kill_follower(&mut self, id: u32) -> Result<Instant, String> {
+        let at = self
+            .followers
+            .iter()
+            .position(|(f, _)| *f == id)
+            .ok_or_else(|| format!("no follower serves broker {id}"))?;
+        let (_, mut follower) = self.followers.remove(at);
+        follower.kill()
+    }
+
+    /// SIGKILLs sequencer `index`; returns the instant the signal went out.
+    pub fn kill_sequencer(&mut self, index: usize) -> Result<Instant, String> {
+        self.sequencers
+            .get_mut(index)
+            .ok_or_else(|| format!("no sequencer {index}"))?
+            .kill()
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        // Sequencers and followers first, so the head outlives what talks to it.
+        self.sequencers.clear();
+        self.followers.clear();
+        self.head = None;
+        // The temporary directory removes itself; a region on /dev/shm does not.
+        let _ = std::fs::remove_file(&self.region_file);
+        forget_paths(&[&self.region_file, self.dir.path()]);
+    }
+}

@@ -1,0 +1,83 @@
+//! A fake broker (test double) that speaks just enough of the protocol for publisher
+//! tests: the hello handshake, then an acknowledgement per batch, when the test says.
+
+#![allow(dead_code)]
+
+use embarcadero_wire::{
+    Ack, BatchHeader, FrameHeader, FrameKind, Hello, HelloOk, BATCH_HEADER_LEN, HELLO_LEN,
+    HELLO_OK_LEN,
+};
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// When the fake broker acknowledges a batch.
+pub enum AckWhen {
+    /// As soon as the header arrives, while the client may still be writing the
+    /// payload; it then waits 50 ms before reading the payload, so a batch larger than
+    /// the socket buffers keeps the client's sender blocked while the ack arrives.
+    BeforePayload,
+    /// After the payload, once the test sends a release for that batch.
+    Released(mpsc::Receiver<()>),
+}
+
+/// Starts a fake broker for one publish connection; returns its address.
+pub fn fake_broker(when: AckWhen) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut raw = [0u8; HELLO_LEN];
+        s.read_exact(&mut raw).unwrap();
+        let hello = Hello::decode(&raw).unwrap();
+        let mut frame = FrameHeader {
+            kind: FrameKind::HelloOk,
+            flags: 0,
+            body_len: HELLO_OK_LEN as u32,
+            arg: 0,
+        }
+        .encode()
+        .to_vec();
+        frame.extend_from_slice(
+            &HelloOk {
+                order: 2,
+                ack_level: hello.ack_level,
+                num_brokers: 1,
+                max_message_bytes: 1 << 20,
+                max_batch_bytes: 32 << 20,
+                ..Default::default()
+            }
+            .encode(),
+        );
+        s.write_all(&frame).unwrap();
+        let mut count = 0;
+        loop {
+            let mut raw = [0u8; BATCH_HEADER_LEN];
+            if s.read_exact(&mut raw).is_err() {
+                return;
+            }
+            let h = BatchHeader::decode(&raw).unwrap();
+            count += 1;
+            let mut payload = vec![0u8; h.total_size as usize];
+            match &when {
+                AckWhen::BeforePayload => {
+                    s.write_all(&Ack { level: 1, count }.encode()).unwrap();
+                    std::thread::sleep(Duration::from_millis(50));
+                    if s.read_exact(&mut payload).is_err() {
+                        return;
+                    }
+                }
+                AckWhen::Released(release) => {
+                    if s.read_exact(&mut payload).is_err() || release.recv().is_err() {
+                        return;
+                    }
+                    if s.write_all(&Ack { level: 1, count }.encode()).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    addr
+}
