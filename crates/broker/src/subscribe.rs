@@ -11,6 +11,7 @@ use embarcadero_replication::{DiskReader, DiskSeek};
 use embarcadero_wire::{
     BatchFlags, BatchOk, DeliveryHeader, ErrorCode, Hello, DELIVERY_HEADER_LEN, FRAME_HEADER_LEN,
 };
+use std::cell::Cell;
 use std::io::{self, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
@@ -63,32 +64,40 @@ pub fn run(
 
 /// A reader slot in the region: while held, the brokers keep everything from the
 /// pinned positions on in memory (unless the pin goes stale; see
-/// `BrokerConfig::reader_stall_timeout`).
+/// `BrokerConfig::reader_stall_timeout`). The control plane frees the slots of a broker
+/// it declares dead; a pin that finds its slot freed stops pinning.
 struct Pin<'a> {
     region: &'a Region,
     topic: u32,
-    slot: Option<u32>,
+    slot: Cell<Option<u32>>,
+    /// The heartbeat this pin last wrote: beats are compare-and-swaps from it.
+    last_beat: Cell<u64>,
 }
 
 impl<'a> Pin<'a> {
-    /// Claims a free slot, pinning `positions[i]` at index `i`.
-    fn claim(region: &'a Region, topic: u32, positions: &[u64]) -> Self {
+    /// Claims a free slot for broker `broker`, pinning `positions[i]` at index `i`.
+    fn claim(region: &'a Region, topic: u32, broker: u32, positions: &[u64]) -> Self {
         for slot in 0..READER_SLOTS {
             let hb = region.reader_heartbeat(topic, slot);
             if hb
                 .compare_exchange(0, READER_CLAIMING, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
+                region
+                    .reader_owner(topic, slot)
+                    .store(broker as u64 + 1, Ordering::Release);
                 for (i, p) in positions.iter().enumerate() {
                     region
                         .reader_position(topic, slot, i as u32)
                         .store(*p, Ordering::Release);
                 }
-                hb.store(monotonic_ns(), Ordering::Release);
+                let now = monotonic_ns();
+                hb.store(now, Ordering::Release);
                 return Self {
                     region,
                     topic,
-                    slot: Some(slot),
+                    slot: Cell::new(Some(slot)),
+                    last_beat: Cell::new(now),
                 };
             }
         }
@@ -99,12 +108,13 @@ impl<'a> Pin<'a> {
         Self {
             region,
             topic,
-            slot: None,
+            slot: Cell::new(None),
+            last_beat: Cell::new(0),
         }
     }
 
     fn set(&self, index: u32, position: u64) {
-        if let Some(slot) = self.slot {
+        if let Some(slot) = self.slot.get() {
             self.region
                 .reader_position(self.topic, slot, index)
                 .store(position, Ordering::Release);
@@ -113,20 +123,40 @@ impl<'a> Pin<'a> {
 
     /// Proves the reader is alive; call at least once per round and while idle.
     fn beat(&self) {
-        if let Some(slot) = self.slot {
-            self.region
-                .reader_heartbeat(self.topic, slot)
-                .store(monotonic_ns(), Ordering::Release);
+        let Some(slot) = self.slot.get() else {
+            return;
+        };
+        let now = monotonic_ns();
+        match self
+            .region
+            .reader_heartbeat(self.topic, slot)
+            .compare_exchange(
+                self.last_beat.get(),
+                now,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+            Ok(_) => self.last_beat.set(now),
+            Err(_) => {
+                // Freed by the control plane (this broker was declared dead): the slot
+                // may be someone else's now.
+                self.slot.set(None);
+                tracing::warn!(
+                    topic = self.topic,
+                    "this subscriber's reader slot was released (the broker was declared dead); it no longer holds back reclamation"
+                );
+            }
         }
     }
 }
 
 impl Drop for Pin<'_> {
     fn drop(&mut self) {
-        if let Some(slot) = self.slot {
-            self.region
+        if let Some(slot) = self.slot.get() {
+            let _ = self
+                .region
                 .reader_heartbeat(self.topic, slot)
-                .store(0, Ordering::Release);
+                .compare_exchange(self.last_beat.get(), 0, Ordering::AcqRel, Ordering::Relaxed);
         }
     }
 }
@@ -349,7 +379,7 @@ fn serve_global(
     let mut backoff = Backoff::new(shared.config.idle_sleep_max);
     let mut cursor: Option<(u64, u32)> = None;
     let mut disk = DiskLog::new(shared, meta);
-    let pin = Pin::claim(region, topic, &[start]);
+    let pin = Pin::claim(region, topic, shared.config.broker_id, &[start]);
     while !shared.shutdown.load(Ordering::Relaxed) {
         let seen = bell.seen();
         pin.beat();
@@ -656,7 +686,7 @@ fn serve_per_broker(
     let brokers = positions.len() as u32;
     let mut cursors: Vec<Option<(u64, u32)>> = vec![None; brokers as usize];
     let per_broker_limit = (MAX_BATCHES_PER_ROUND / brokers as usize).max(1);
-    let pin = Pin::claim(region, topic, &positions);
+    let pin = Pin::claim(region, topic, shared.config.broker_id, &positions);
     while !shared.shutdown.load(Ordering::Relaxed) {
         let seen = bell.seen();
         pin.beat();

@@ -184,6 +184,25 @@ fn read(control: &str, topic: &str, start: u64, count: u64) -> Vec<(u64, u64, u1
     out
 }
 
+/// A log line without its terminal colours.
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI: ESC [ parameters final-byte
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Every id of `ids` exactly once, at contiguous positions from `start`.
 fn assert_exactly_once(got: &[(u64, u64, u16)], start: u64, ids: std::ops::Range<u64>) {
     let positions: Vec<u64> = got.iter().map(|m| m.0).collect();
@@ -390,7 +409,7 @@ fn bad_cluster_input_is_refused_with_clear_errors() {
 /// ids in delivery order and how many the first publisher published.
 fn publish_through_a_broker_death_and_restart(order: u8) -> (Vec<u64>, usize) {
     const COUNT: u64 = 60_000;
-    let head = start_head_with(3, &[]);
+    let mut head = start_head_with(3, &[]);
     let control = head.control.clone();
     let f1 = follower(&control, 1);
     let f2 = follower(&control, 2);
@@ -459,8 +478,31 @@ fn publish_through_a_broker_death_and_restart(order: u8) -> (Vec<u64>, usize) {
         .find(|b| b.id == 2)
         .unwrap()
         .addr;
+    // A subscriber served by broker 2 pins what it has not read yet.
+    let mut pinned = Subscriber::connect_brokers(
+        std::slice::from_ref(&victim),
+        "t",
+        SubscriberConfig {
+            max_reconnects: 0,
+            ..SubscriberConfig::default()
+        },
+    )
+    .unwrap();
+    let mut got = 0;
+    while got == 0 {
+        got = pinned.poll_with(Duration::from_secs(20), |_| {}).unwrap();
+    }
     let killed_at = Instant::now();
     f2.kill();
+    // Once the head declares broker 2 dead, it frees that subscriber's reader slot, so
+    // the pin stops holding memory now rather than after the 30 s stall timeout.
+    let released = strip_ansi(
+        &head
+            .proc
+            .wait_line("released its subscribers' reader slots"),
+    );
+    assert!(released.contains("broker=2 released=1"), "{released}");
+    drop(pinned);
 
     // A new process for broker 2, while the publisher keeps going: it waits until the
     // head has declared the killed one dead, resumes its logs (the holes the kill left

@@ -551,6 +551,38 @@ impl Region {
         self.word(self.layout.reader_slot_off(topic, slot) + 8 + 8 * index as u64)
     }
 
+    /// 1 + the broker serving a reader slot (0: none recorded). Written by that broker
+    /// when it claims the slot, before the slot's positions.
+    pub fn reader_owner(&self, topic: u32, slot: u32) -> &AtomicU64 {
+        self.word(self.layout.reader_slot_off(topic, slot) + 8 * (1 + MAX_BROKERS as u64))
+    }
+
+    /// Frees every reader slot `broker` holds, so that its subscribers (who reconnect
+    /// elsewhere) stop holding memory at once instead of after the stall timeout. Only
+    /// for a broker that serves no more (declared dead or replaced); a slot is freed with
+    /// a compare-and-swap of the heartbeat it showed, so a reader still beating keeps it
+    /// and finds out from its next beat. Returns how many it freed.
+    pub fn release_reader_slots(&self, broker: u32) -> usize {
+        let mut freed = 0;
+        for topic in 0..self.layout.caps.max_topics {
+            for slot in 0..READER_SLOTS {
+                if self.reader_owner(topic, slot).load(Ordering::Acquire) != broker as u64 + 1 {
+                    continue;
+                }
+                let heartbeat = self.reader_heartbeat(topic, slot);
+                let seen = heartbeat.load(Ordering::Acquire);
+                if seen != 0
+                    && heartbeat
+                        .compare_exchange(seen, 0, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    freed += 1;
+                }
+            }
+        }
+        freed
+    }
+
     /// The lowest position any live reader of `topic` still needs at `index`, or
     /// `u64::MAX` when no reader holds anything. A slot being claimed counts as 0; a
     /// slot whose heartbeat is older than `stall` is ignored.
@@ -881,6 +913,29 @@ mod tests {
             segments_per_broker: 4,
             seg_map_slots: 8,
         }
+    }
+
+    #[test]
+    fn releasing_a_brokers_reader_slots_frees_only_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Region::create(&dir.path().join("r"), small()).unwrap();
+        for (slot, broker) in [(0u32, 1u64), (1, 0), (2, 1)] {
+            r.reader_owner(1, slot).store(broker + 1, Ordering::Release);
+            r.reader_position(1, slot, 0).store(10, Ordering::Release);
+            r.reader_heartbeat(1, slot)
+                .store(monotonic_ns(), Ordering::Release);
+        }
+        let stall = std::time::Duration::from_secs(30);
+        assert_eq!(r.reader_floor(1, 0, stall), 10);
+        assert_eq!(r.release_reader_slots(1), 2);
+        assert_eq!(r.reader_heartbeat(1, 0).load(Ordering::Acquire), 0);
+        assert_ne!(
+            r.reader_heartbeat(1, 1).load(Ordering::Acquire),
+            0,
+            "broker 0's"
+        );
+        assert_eq!(r.reader_heartbeat(1, 2).load(Ordering::Acquire), 0);
+        assert_eq!(r.release_reader_slots(1), 0, "nothing left to free");
     }
 
     #[test]

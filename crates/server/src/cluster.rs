@@ -76,6 +76,8 @@ struct Member {
     incarnation: u64,
     last_heartbeat: Option<Instant>,
     joins: u64,
+    /// Its current death was reported by `newly_dead`.
+    death_reported: bool,
 }
 
 pub struct Membership {
@@ -96,6 +98,7 @@ impl Membership {
                     incarnation: 0,
                     last_heartbeat: None,
                     joins: 0,
+                    death_reported: false,
                 }
             })
             .collect();
@@ -141,6 +144,7 @@ impl Membership {
         m.addr = Some(addr);
         m.incarnation = incarnation;
         m.last_heartbeat = Some(now);
+        m.death_reported = false;
         Ok(())
     }
 
@@ -191,6 +195,7 @@ impl Membership {
         m.addr = None;
         m.incarnation = incarnation;
         m.last_heartbeat = Some(now);
+        m.death_reported = false;
         Ok(fenced)
     }
 
@@ -226,6 +231,22 @@ impl Membership {
             return Err(state);
         }
         Ok(Some(fence()))
+    }
+
+    /// Followers that have died since the last call, each death reported once: what
+    /// they held for their subscribers can be released.
+    pub fn newly_dead(&self) -> Vec<u32> {
+        let mut members = self.members.lock();
+        let now = Instant::now();
+        let mut dead = Vec::new();
+        for (id, m) in members.iter_mut().enumerate() {
+            let died = !m.local && m.last_heartbeat.is_some() && !self.alive(m, now);
+            if died && !m.death_reported {
+                m.death_reported = true;
+                dead.push(id as u32);
+            }
+        }
+        dead
     }
 
     pub fn view(&self) -> Vec<MemberView> {
@@ -303,6 +324,8 @@ mod tests {
             std::hint::spin_loop();
         }
         assert_eq!(m.view()[1].state, MemberState::Dead);
+        assert_eq!(m.newly_dead(), [1]);
+        assert!(m.newly_dead().is_empty(), "each death is reported once");
         assert_eq!(
             m.heartbeat(1, 7),
             Err(JoinError::NotMember {

@@ -95,6 +95,9 @@ pub struct Server {
     /// must not hold up heartbeats.
     http_threads: Vec<std::thread::JoinHandle<()>>,
     control_addr: SocketAddr,
+    /// Releases what dead followers held (see `watch_membership`).
+    monitor: Option<std::thread::JoinHandle<()>>,
+    monitor_stop: Arc<std::sync::atomic::AtomicBool>,
     _lock: File,
 }
 
@@ -220,6 +223,14 @@ impl Server {
                     .map_err(|e| ServerError::Start(format!("cannot start the admin API: {e}")))?,
             );
         }
+        let monitor_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let monitor = {
+            let (inner, stop) = (inner.clone(), monitor_stop.clone());
+            std::thread::Builder::new()
+                .name("cluster-monitor".into())
+                .spawn(move || watch_membership(&inner, &stop))
+                .map_err(|e| ServerError::Start(format!("cannot start the cluster monitor: {e}")))?
+        };
         tracing::info!(
             control = %control_addr,
             brokers = ?inner.brokers.iter().map(|b| b.addr.to_string()).collect::<Vec<_>>(),
@@ -234,6 +245,8 @@ impl Server {
             http,
             http_threads,
             control_addr,
+            monitor: Some(monitor),
+            monitor_stop,
             _lock: lock,
         })
     }
@@ -276,6 +289,12 @@ impl Server {
 
     /// Stops the admin API, the brokers and the sequencer.
     pub fn stop(&mut self) {
+        self.monitor_stop
+            .store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.monitor.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
         for _ in &self.http_threads {
             self.http.unblock();
         }
@@ -296,6 +315,28 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Once per heartbeat interval: a follower that has just been declared dead no longer
+/// serves its subscribers (they reconnect elsewhere), so its reader slots are released
+/// at once; otherwise their pins would hold log memory, and with it every publisher of a
+/// memory-only topic, until `broker.reader_stall_timeout_ms`.
+fn watch_membership(inner: &Inner, stop: &std::sync::atomic::AtomicBool) {
+    let interval = Duration::from_millis(inner.config.cluster.heartbeat_interval_ms);
+    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+        for broker in inner.membership.newly_dead() {
+            let released = inner.region.release_reader_slots(broker);
+            tracing::warn!(
+                broker,
+                released,
+                "broker declared dead (no heartbeat for {} ms); released its subscribers' reader slots",
+                inner.config.cluster.heartbeat_interval_ms
+                    * inner.config.cluster.heartbeat_misses as u64
+            );
+        }
+        // A period, not a wait for an event: `stop` unparks it.
+        std::thread::park_timeout(interval);
     }
 }
 
