@@ -641,8 +641,11 @@ impl Publisher {
             // One clock read per batch, not per message: a read costs 100+ ns where the
             // kernel cannot serve it from the vDSO (this project's VMs), which was 9% of
             // a publish-only run. Every message carries its batch's opening time, which
-            // overstates its end-to-end latency by at most the batch's linger.
-            b.opened_ns = now_ns();
+            // overstates its end-to-end latency by at most the batch's linger; on a fixed
+            // schedule, the first message's due time, so end-to-end latency does not
+            // excuse a late publish either.
+            let late = due.map_or(0, |d| d.elapsed().as_nanos() as u64);
+            b.opened_ns = now_ns().saturating_sub(late);
         }
         let header = BlogMessageHeader {
             size: payload.len() as u32,
