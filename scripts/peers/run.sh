@@ -22,7 +22,8 @@
 # +1 for the controller), NATS_PORT (14222), REDIS_PORT (16379), RUN_TIMEOUT (seconds one
 # publish may take, default 300), KAFKA_BATCH / KAFKA_LINGER_MS / KAFKA_BUFFER /
 # KAFKA_EXTRA_PROPS (producer settings, defaults 524288 / 1 / 67108864 / none),
-# EMBARCADERO_LINGER_US (bench --linger-us, default 1000 like Kafka's linger.ms=1).
+# EMBARCADERO_LINGER_US (bench --linger-us, default 1000 like Kafka's linger.ms=1),
+# EMBARCADERO_EPOCH_US (bench --epoch-us, the sequencer's epoch, default 500).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -39,6 +40,7 @@ KAFKA_LINGER_MS=${KAFKA_LINGER_MS:-1}
 KAFKA_BUFFER=${KAFKA_BUFFER:-67108864}
 KAFKA_EXTRA_PROPS=${KAFKA_EXTRA_PROPS:-}
 EMBARCADERO_LINGER_US=${EMBARCADERO_LINGER_US:-1000}
+EMBARCADERO_EPOCH_US=${EMBARCADERO_EPOCH_US:-500}
 if [[ -z ${DATA_ROOT:-} ]]; then
   if [[ -d /dev/shm && -w /dev/shm ]]; then DATA_ROOT=/dev/shm; else DATA_ROOT=/tmp; fi
 fi
@@ -427,7 +429,7 @@ embarcadero_run() { # variant run
   # fdatasync costs nothing; the region stays under DATA_ROOT like the peers' data.
   REPLICA=$(mktemp -d "${REPLICA_ROOT:-/var/tmp}/embarcadero-replica.XXXXXX")
   local cmd=("$EMBARCADERO_BIN" bench "${args[@]}" --size "$SIZE" --total-bytes "$TOTAL"
-             --linger-us "$EMBARCADERO_LINGER_US"
+             --linger-us "$EMBARCADERO_LINGER_US" --epoch-us "$EMBARCADERO_EPOCH_US"
              --region-dir "$DATA_ROOT" --replica-dir "$REPLICA"
              ${RATE:+--rate "$RATE" --warmup-messages "$WARMUP"} --json)
   log "embarcadero $variant${RATE:+ at $RATE MB/s} run $run: $COUNT x $SIZE B"
@@ -457,8 +459,8 @@ print(json.dumps({
 PY
 ) || return 1
   local settings
-  settings=$(printf '{"embarcadero":"%s","brokers":4,"batch_bytes":524288,"linger_us":%s,"epoch_us":500}' \
-             "$("$EMBARCADERO_BIN" --version | awk '{print $2}')" "$EMBARCADERO_LINGER_US")
+  settings=$(printf '{"embarcadero":"%s","brokers":4,"batch_bytes":524288,"linger_us":%s,"epoch_us":%s}' \
+             "$("$EMBARCADERO_BIN" --version | awk '{print $2}')" "$EMBARCADERO_LINGER_US" "$EMBARCADERO_EPOCH_US")
   write_result embarcadero "$variant" "$run" "$durability" "$settings" "$summary" "${cmd[*]}" || return 1
 }
 
