@@ -693,9 +693,7 @@ fn publish_all<T>(
                 let share = Share {
                     index,
                     of: count,
-                    // Publisher p takes every count-th message of the schedule.
-                    messages: messages
-                        .map(|m| m / count as u64 + u64::from((index as u64) < m % count as u64)),
+                    messages: messages.map(|m| share_of(m, count, index)),
                     deadline,
                     start,
                     stamp_ids,
@@ -791,10 +789,7 @@ fn warm_up(
                 let share = Share {
                     index,
                     of: count,
-                    messages: Some(
-                        args.warmup_messages / count as u64
-                            + u64::from((index as u64) < args.warmup_messages % count as u64),
-                    ),
+                    messages: Some(share_of(args.warmup_messages, count, index)),
                     deadline: None,
                     start,
                     stamp_ids: false,
@@ -825,6 +820,12 @@ fn warm_up(
             }
         })
         .collect())
+}
+
+/// How many of `total` messages publisher `index` of `of` publishes: it takes every
+/// `of`-th message of the schedule, from its own index on.
+fn share_of(total: u64, of: usize, index: usize) -> u64 {
+    total / of as u64 + u64::from((index as u64) < total % of as u64)
 }
 
 /// One publisher's part of the run.

@@ -2,11 +2,10 @@
 //! serves `/v1/cluster`, fake brokers acknowledge every batch, and brokers are listed
 //! after the publisher connected.
 
+mod common;
+
 use embarcadero_client::{Publisher, PublisherConfig, PublisherStats};
-use embarcadero_wire::{
-    Ack, BatchHeader, FrameHeader, FrameKind, Hello, HelloOk, BATCH_HEADER_LEN, HELLO_LEN,
-    HELLO_OK_LEN,
-};
+use embarcadero_wire::{Ack, BatchHeader, BATCH_HEADER_LEN};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,33 +51,9 @@ impl FakeBroker {
 }
 
 fn serve_publisher(mut s: TcpStream, batches: &AtomicU64) {
-    let mut raw = [0u8; HELLO_LEN];
-    if s.read_exact(&mut raw).is_err() {
+    let Ok(hello) = common::answer_hello(&mut s, 1 << 20) else {
         return;
-    }
-    let hello = Hello::decode(&raw).unwrap();
-    let mut frame = FrameHeader {
-        kind: FrameKind::HelloOk,
-        flags: 0,
-        body_len: HELLO_OK_LEN as u32,
-        arg: 0,
-    }
-    .encode()
-    .to_vec();
-    frame.extend_from_slice(
-        &HelloOk {
-            order: 2,
-            ack_level: hello.ack_level,
-            num_brokers: 1,
-            max_message_bytes: 1 << 20,
-            max_batch_bytes: 1 << 20,
-            ..Default::default()
-        }
-        .encode(),
-    );
-    if s.write_all(&frame).is_err() {
-        return;
-    }
+    };
     loop {
         let mut raw = [0u8; BATCH_HEADER_LEN];
         if s.read_exact(&mut raw).is_err() {

@@ -8,7 +8,7 @@ use embarcadero_wire::{
     HELLO_OK_LEN,
 };
 use std::io::{Read, Write};
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -28,29 +28,7 @@ pub fn fake_broker(when: AckWhen) -> String {
     let addr = listener.local_addr().unwrap().to_string();
     std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
-        let mut raw = [0u8; HELLO_LEN];
-        s.read_exact(&mut raw).unwrap();
-        let hello = Hello::decode(&raw).unwrap();
-        let mut frame = FrameHeader {
-            kind: FrameKind::HelloOk,
-            flags: 0,
-            body_len: HELLO_OK_LEN as u32,
-            arg: 0,
-        }
-        .encode()
-        .to_vec();
-        frame.extend_from_slice(
-            &HelloOk {
-                order: 2,
-                ack_level: hello.ack_level,
-                num_brokers: 1,
-                max_message_bytes: 1 << 20,
-                max_batch_bytes: 32 << 20,
-                ..Default::default()
-            }
-            .encode(),
-        );
-        s.write_all(&frame).unwrap();
+        answer_hello(&mut s, 32 << 20).unwrap();
         let mut count = 0;
         loop {
             let mut raw = [0u8; BATCH_HEADER_LEN];
@@ -80,4 +58,33 @@ pub fn fake_broker(when: AckWhen) -> String {
         }
     });
     addr
+}
+
+/// The broker side of the hello handshake, as an order-2 broker with one broker and
+/// batches of up to `max_batch_bytes`: reads the client's hello and answers HelloOk.
+pub fn answer_hello(s: &mut TcpStream, max_batch_bytes: u32) -> std::io::Result<Hello> {
+    let mut raw = [0u8; HELLO_LEN];
+    s.read_exact(&mut raw)?;
+    let hello = Hello::decode(&raw).expect("a valid hello");
+    let mut frame = FrameHeader {
+        kind: FrameKind::HelloOk,
+        flags: 0,
+        body_len: HELLO_OK_LEN as u32,
+        arg: 0,
+    }
+    .encode()
+    .to_vec();
+    frame.extend_from_slice(
+        &HelloOk {
+            order: 2,
+            ack_level: hello.ack_level,
+            num_brokers: 1,
+            max_message_bytes: 1 << 20,
+            max_batch_bytes,
+            ..Default::default()
+        }
+        .encode(),
+    );
+    s.write_all(&frame)?;
+    Ok(hello)
 }
