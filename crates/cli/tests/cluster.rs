@@ -184,6 +184,18 @@ fn read(control: &str, topic: &str, start: u64, count: u64) -> Vec<(u64, u64, u1
     out
 }
 
+/// The data address the head lists for broker `id`.
+fn broker_addr(control: &str, id: u32) -> String {
+    Admin::new(control)
+        .cluster()
+        .unwrap()
+        .brokers
+        .into_iter()
+        .find(|b| b.id == id)
+        .unwrap_or_else(|| panic!("broker {id} is not listed"))
+        .addr
+}
+
 /// A log line without its terminal colours.
 fn strip_ansi(line: &str) -> String {
     let mut out = String::with_capacity(line.len());
@@ -470,14 +482,7 @@ fn publish_through_a_broker_death_and_restart(order: u8) -> (Vec<u64>, usize) {
     wait_for("a third of the messages published", || {
         published.load(Ordering::Acquire) >= COUNT / 3
     });
-    let victim = Admin::new(&control)
-        .cluster()
-        .unwrap()
-        .brokers
-        .into_iter()
-        .find(|b| b.id == 2)
-        .unwrap()
-        .addr;
+    let victim = broker_addr(&control, 2);
     // A subscriber served by broker 2 pins what it has not read yet.
     let mut pinned = Subscriber::connect_brokers(
         std::slice::from_ref(&victim),
@@ -529,14 +534,7 @@ fn publish_through_a_broker_death_and_restart(order: u8) -> (Vec<u64>, usize) {
             (2, "alive".into())
         ]
     );
-    let restarted = Admin::new(&control)
-        .cluster()
-        .unwrap()
-        .brokers
-        .into_iter()
-        .find(|b| b.id == 2)
-        .unwrap()
-        .addr;
+    let restarted = broker_addr(&control, 2);
     assert_ne!(restarted, victim, "a new process on a new port");
     restarted_tx.send(restarted.clone()).unwrap();
 
