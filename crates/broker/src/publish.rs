@@ -322,13 +322,19 @@ fn receive_batches(
         if !shared.owns_logs() {
             return End::Gone;
         }
-        region.pbr_commit(topic, broker, reservation.pbr_index, &committed);
-        push_pending(conn, header.batch_seq, reservation.pbr_index);
         if conn.order >= 2 {
             // The service thread acknowledges these once they are ordered, woken by the
-            // sequencer: waking it for the commit as well would double its wake-ups.
+            // sequencer: waking it for the commit as well would double its wake-ups. So
+            // the entry is queued before the commit: the sequencer may order the batch
+            // and ring the bell as soon as it is committed, and an entry queued after
+            // that ring would wait for the next epoch's (or the sleep's timeout).
+            push_pending(conn, header.batch_seq, reservation.pbr_index);
+            region.pbr_commit(topic, broker, reservation.pbr_index, &committed);
             region.sequencer_bell().ring();
         } else {
+            // Order 0 acknowledges whatever is queued: only after the commit.
+            region.pbr_commit(topic, broker, reservation.pbr_index, &committed);
+            push_pending(conn, header.batch_seq, reservation.pbr_index);
             region.broker_bell(broker).ring();
         }
         StageTimes::lap(&stages.commit, validated);
