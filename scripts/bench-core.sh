@@ -3,8 +3,10 @@
 # messages, ack 1, 4 brokers. Per run and order (ORDERS, default 0 2 5): publish-only with
 # the machine's ceilings measured in the same process right after (`--ceilings`), and
 # publish + one ordered subscriber; then the fixed-rate runs at RATE MB/s (default 200,
-# about 10% of saturation) with LINGER_US (default 50). Ends with the bar's ratios, computed
-# from the JSON files it wrote to $OUT (default bench-results/).
+# about 10% of saturation) with LINGER_US (default 50), each after WARMUP_MESSAGES (default
+# 100000, half a second at 200 MB/s) published on the same schedule and left out of the
+# figures, as the peers' warm-up is. Ends with the bar's ratios, computed from the JSON
+# files it wrote to $OUT (default bench-results/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
@@ -13,6 +15,7 @@ TOTAL=${TOTAL:-2000000000}
 RATE=${RATE:-200}
 RATE_TOTAL=${RATE_TOTAL:-600000000}
 LINGER_US=${LINGER_US:-50}
+WARMUP_MESSAGES=${WARMUP_MESSAGES:-100000}
 ORDERS=${ORDERS:-0 2 5}
 mkdir -p "$OUT"
 cargo build --release -p embarcadero-cli
@@ -41,7 +44,7 @@ for run in $(seq 1 "$RUNS"); do
   for order in $ORDERS; do
     f="$OUT/rate$RATE-order$order-run$run.json"
     $B bench --mode publish --order "$order" --ack 1 --size 1024 --total-bytes "$RATE_TOTAL" \
-      --rate "$RATE" --linger-us "$LINGER_US" --json > "$f"
+      --rate "$RATE" --linger-us "$LINGER_US" --warmup-messages "$WARMUP_MESSAGES" --json > "$f"
     line "$f"
   done
 done

@@ -111,8 +111,11 @@ pub struct PublisherStats {
     pub acked_batches: u64,
     /// Seal-to-acknowledgement latency of batches, microseconds.
     pub ack_latency_us: LatencySummary,
-    /// From the publish of a batch's first message to its acknowledgement, microseconds:
-    /// includes the linger wait, queueing, the network and the ordering.
+    /// From publish to acknowledgement, microseconds: includes the linger wait,
+    /// queueing, the network and the ordering. One figure per message, from its due time,
+    /// for batches whose messages all came through [`Publisher::publish_due`]; otherwise
+    /// one per batch, from its first message's publish (an upper bound for the rest,
+    /// which saves a clock read per message).
     pub append_to_ack_us: LatencySummary,
     pub queues: Vec<QueueStats>,
 }
@@ -150,6 +153,10 @@ struct Sealed {
     /// When the batch's first message was published (its due time, if it was published
     /// with [`Publisher::publish_due`]): the start of its append-to-ack latency.
     first_at: Instant,
+    /// Each message's due time, when every message was published with
+    /// [`Publisher::publish_due`]: each message's append-to-ack latency runs from its own
+    /// due time, as the peers' load generators count it. Empty otherwise.
+    dues: Vec<Instant>,
     batch_id: u64,
     /// Position in seal order (0 for the first batch this publisher sealed).
     index: u64,
@@ -176,6 +183,28 @@ struct ConnShared {
     latency: Mutex<Histogram<u64>>,
     /// Append (first message of the batch published) to acknowledgement, microseconds.
     append_latency: Mutex<Histogram<u64>>,
+}
+
+impl ConnShared {
+    /// Records the latencies of batches acknowledged at `now`: seal to ack per batch,
+    /// append to ack per message (from each message's due time where it has one).
+    fn record_latency(&self, batches: &[InFlight], now: Instant) {
+        if batches.is_empty() {
+            return;
+        }
+        let mut sealed = self.latency.lock();
+        let mut appended = self.append_latency.lock();
+        let micros = |since: Instant| (now.duration_since(since).as_micros() as u64).max(1);
+        for f in batches {
+            let _ = sealed.record(micros(f.batch.sealed_at));
+            if f.batch.dues.is_empty() {
+                let _ = appended.record(micros(f.batch.first_at));
+            }
+            for &due in &f.batch.dues {
+                let _ = appended.record(micros(due));
+            }
+        }
+    }
 }
 
 /// A broker id and the process serving it, as the head named them.
@@ -384,6 +413,8 @@ struct Builder {
     opened_ns: u64,
     /// The due time its first message was published with, if any (latency only).
     first_due: Option<Instant>,
+    /// Every message's due time while all of them have one (see [`Sealed::dues`]).
+    dues: Vec<Instant>,
     round_robin: usize,
 }
 
@@ -539,6 +570,7 @@ impl Publisher {
                 first_at: None,
                 opened_ns: 0,
                 first_due: None,
+                dues: Vec::new(),
                 round_robin: 0,
             }),
             config: PublisherConfig {
@@ -611,9 +643,9 @@ impl Publisher {
     }
 
     /// Like [`Publisher::publish`], for a message that was due at `due` (a load generator
-    /// on a fixed schedule): a batch this message opens has its append-to-ack latency
-    /// counted from `due` instead of from now, so time the caller spent behind its schedule
-    /// (or blocked in here) is not left out. The linger still runs from the append.
+    /// on a fixed schedule): its append-to-ack and end-to-end latencies are counted from
+    /// `due` instead of from now, so time the caller spent behind its schedule (or
+    /// blocked in here) is not left out. The linger still runs from the append.
     pub fn publish_due(&self, payload: &[u8], due: Instant) -> Result<()> {
         self.append(payload, Some(due))
     }
@@ -647,9 +679,17 @@ impl Publisher {
             let late = due.map_or(0, |d| d.elapsed().as_nanos() as u64);
             b.opened_ns = now_ns().saturating_sub(late);
         }
+        // On a schedule, each message carries its own due time (the batch's opening
+        // time plus its offset in the schedule, so still no clock read).
+        let publish_ts_ns = match (due, b.first_due) {
+            (Some(due), Some(first)) if b.num_msg > 0 => {
+                b.opened_ns + due.saturating_duration_since(first).as_nanos() as u64
+            }
+            _ => b.opened_ns,
+        };
         let header = BlogMessageHeader {
             size: payload.len() as u32,
-            publish_ts_ns: b.opened_ns,
+            publish_ts_ns,
             counter: inner.counter.fetch_add(1, Ordering::Relaxed),
             client_id: inner.client_id,
             ..Default::default()
@@ -666,7 +706,16 @@ impl Publisher {
             let now = Instant::now();
             b.first_at = Some(now);
             b.first_due = due.map(|d| d.min(now));
+            b.dues.clear();
             inner.batch_opened.notify_one();
+        }
+        match due {
+            Some(due) if b.dues.len() + 1 == b.num_msg as usize => {
+                let due = due.max(b.first_due.expect("set by the batch's first message"));
+                b.dues.push(due);
+            }
+            // A message without a due time: the batch falls back to its first message's.
+            _ => b.dues.clear(),
         }
         inner.messages.fetch_add(1, Ordering::Relaxed);
         inner
@@ -913,6 +962,10 @@ impl Inner {
             num_msg: b.num_msg,
             sealed_at: Instant::now(),
             first_at: b.first_due.or(b.first_at).unwrap_or_else(Instant::now),
+            dues: {
+                let capacity = b.dues.len();
+                std::mem::replace(&mut b.dues, Vec::with_capacity(capacity))
+            },
             batch_id: self.next_batch_id.fetch_add(1, Ordering::Relaxed),
             index,
         };
@@ -1011,6 +1064,8 @@ impl Inner {
                 }
             }
         }
+        // Acknowledged before this point: timed from now, which overstates them a little.
+        conn.record_latency(&settled, Instant::now());
         for f in settled {
             self.settle(conn, f);
         }
@@ -1684,16 +1739,7 @@ fn reader(inner: Arc<Inner>, index: usize) {
                     }
                     conn.acked.fetch_max(count, Ordering::AcqRel);
                 }
-                {
-                    let mut sealed = conn.latency.lock();
-                    let mut appended = conn.append_latency.lock();
-                    for f in &done {
-                        let us = now.duration_since(f.batch.sealed_at).as_micros() as u64;
-                        let _ = sealed.record(us.max(1));
-                        let us = now.duration_since(f.batch.first_at).as_micros() as u64;
-                        let _ = appended.record(us.max(1));
-                    }
-                }
+                conn.record_latency(&done, now);
                 inner.acknowledged(done.iter().map(|f| f.batch.index));
                 conn.acked_batches
                     .fetch_add(done.len() as u64, Ordering::Release);
