@@ -7,7 +7,7 @@
 //! Why bell-driven pollers skip the yields and short sleeps: at 10% load the brokers'
 //! service threads woke about ten times per epoch to yield or time out (20 000 context
 //! switches a second each) and took a third of the process's CPU, with no latency to
-//! show for it (`docs/PERFORMANCE.md`, "Wake-ups").
+//! show for it (`docs/PERFORMANCE.md`, "The performance bar", session 5).
 
 use crate::Doorbell;
 use std::time::Duration;
@@ -33,8 +33,9 @@ impl Backoff {
         self.step = 0;
     }
 
-    /// No work: wait a little longer than last time. With `bell`/`seen` (the count read
-    /// before the poller looked for work), sleep on the bell once the spins are over.
+    /// No work: spin a little longer than last time, then sleep. With `bell`/`seen` (the
+    /// count read before the poller looked for work) the sleep is on the bell, until it
+    /// rings or `max_sleep` passes; without, yields and then ever longer sleeps.
     pub fn idle(&mut self, bell: Option<(&Doorbell<'_>, u32)>) {
         if let Some((bell, seen)) = bell.filter(|_| self.step >= SPIN_STEPS) {
             bell.wait(seen, self.max_sleep);
