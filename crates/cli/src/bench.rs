@@ -94,7 +94,7 @@ pub struct BenchArgs {
     /// ones before it), to measure latency below saturation. A comma-separated list
     /// runs a sweep (`max`: as fast as possible): `--rate 100,200,400,800`. The
     /// schedule starts once every publisher has connected; append-to-ack latency runs
-    /// from the due time of a batch's first message.
+    /// from each message's due time.
     #[arg(long, value_delimiter = ',', value_parser = parse_rate, value_name = "MB/s")]
     pub rate: Vec<Rate>,
     /// With --rate: first publish this many messages on a schedule of their own at the
@@ -845,7 +845,7 @@ struct Share {
 /// acknowledgement: with a rate, message i of publisher p is due at
 /// start + (i * publishers + p) * interval (fixed in advance: a late message is not
 /// excused by the lateness of the ones before it), and is published with that due time,
-/// which its batch's append-to-ack latency starts from. Returns the worst lateness and
+/// which its append-to-ack latency starts from. Returns the worst lateness and
 /// when the last acknowledgement arrived.
 fn run_publisher(
     publisher: &Publisher,
