@@ -17,7 +17,7 @@ use embarcadero_client::{
     Admin, LatencySummary, Publisher, PublisherConfig, PublisherStats, Subscriber,
     SubscriberConfig, TopicSpec,
 };
-use embarcadero_server::{Server, ServerConfig};
+use embarcadero_server::{cpu, Server, ServerConfig};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
@@ -293,7 +293,7 @@ fn print_summary(results: &[Value]) {
         );
     }
     println!(
-        "(A2A: append to ack, from the publish of a batch's first message to its acknowledgement)"
+        "(A2A: append to ack; at a fixed rate per message from its due time, flat out per batch from its first message's publish)"
     );
 }
 
@@ -376,12 +376,17 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         None
     };
     let bar = progress_bar(message_count(args));
-    let cpu_before = process_cpu_seconds();
+    let embedded = server.is_some();
+    let server_cpu_before = (!embedded).then(|| server_cpu_seconds(&control));
+    let mut cpu = CpuSplit::start();
     let publishing = publish_all(&control, &topic, args, config, false, |p| {
         while !p.finished() {
             bar.set_position(p.progress());
+            cpu.sample();
             std::thread::sleep(Duration::from_millis(100));
         }
+        // Before the publishers close, which ends the brokers' connection threads.
+        cpu.sample();
         Ok(())
     });
     let outcome = match publishing {
@@ -421,7 +426,18 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         None => None,
     };
     bar.finish_and_clear();
-    let cpu = process_cpu_seconds() - cpu_before;
+    let (process_cpu, server_threads_cpu) = cpu.finish();
+    // Embedded: the server's threads; else the server process's own count, which covers
+    // whatever else it served meanwhile.
+    let server_cpu = match server_cpu_before {
+        None => Some(server_threads_cpu),
+        Some(before) => before.zip(server_cpu_seconds(&control)).map(|(b, a)| a - b),
+    };
+    let client_cpu = if embedded {
+        process_cpu - server_threads_cpu
+    } else {
+        process_cpu
+    };
     let elapsed = match (&e2e, &subscribe_only) {
         (Some(e), _) => e.1,
         (_, Some((_, t))) => *t,
@@ -430,7 +446,7 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     let bytes = stats.bytes as f64;
     let ceilings = measure_ceilings(args, &scratch)?;
     let mb_s = bytes / elapsed.as_secs_f64() / 1e6;
-    let embedded = server.is_some();
+    let per_gb = |seconds: f64| seconds / (bytes / 1e9);
     // Per-stage time from the server's counters (cumulative: exact for an embedded
     // server, which served only this run).
     let stage_ms_per_gb: std::collections::BTreeMap<String, f64> = stage_nanos(&control)
@@ -448,7 +464,9 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
             "max": h.max(),
             "samples": h.len(),
         })),
-        "process_cpu_seconds_per_gb": embedded.then(|| cpu / (bytes / 1e9)),
+        "process_cpu_seconds_per_gb": embedded.then(|| per_gb(process_cpu)),
+        "server_cpu_seconds_per_gb": server_cpu.map(per_gb),
+        "client_cpu_seconds_per_gb": per_gb(client_cpu),
         "stage_ms_per_gb": stage_ms_per_gb,
         "ceilings": ceilings,
     });
@@ -479,12 +497,12 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
             mb_s
         );
     }
-    if embedded {
-        println!(
-            "process CPU (server and client): {:.2} s per GB",
-            cpu / (bytes / 1e9)
-        );
-    }
+    let server_cpu = server_cpu.map_or("-".to_string(), |s| format!("{:.2}", per_gb(s)));
+    let whole = if embedded { " of one process" } else { "" };
+    println!(
+        "CPU per GB: server {server_cpu} s, client {:.2} s{whole}",
+        per_gb(client_cpu)
+    );
     if !stage_ms_per_gb.is_empty() {
         println!("time per stage, ms per GB of payload (summed over brokers):");
         for (stage, ms) in &stage_ms_per_gb {
@@ -923,20 +941,68 @@ fn merge_stats(runs: &[PublisherRun]) -> PublisherStats {
     }
 }
 
-/// Sums `embarcadero_stage_nanoseconds_total` per stage from the server's /metrics.
-fn stage_nanos(control: &str) -> std::collections::BTreeMap<String, u64> {
+/// The server's /metrics text (empty if it cannot be read).
+fn metrics_text(control: &str) -> String {
     use std::io::{Read, Write};
-    let mut totals = std::collections::BTreeMap::new();
+    let mut text = String::new();
     let Ok(mut s) = std::net::TcpStream::connect(control) else {
-        return totals;
+        return text;
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    if s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").is_err() {
-        return totals;
+    if s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").is_ok() {
+        let _ = s.read_to_string(&mut text);
     }
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    for line in text.lines() {
+    text
+}
+
+/// The server process's `process_cpu_seconds_total`, if it exports one.
+fn server_cpu_seconds(control: &str) -> Option<f64> {
+    metrics_text(control)
+        .lines()
+        .find_map(|l| l.strip_prefix("process_cpu_seconds_total ")?.parse().ok())
+}
+
+/// Splits this process's CPU time between an embedded server's threads and the rest
+/// (publishers, subscribers, the bench itself), by thread name. Threads are sampled as
+/// the run goes: one that exits (a broker's connection thread when its client closes)
+/// keeps its last sample.
+struct CpuSplit {
+    process_start: f64,
+    start: std::collections::HashMap<u64, (String, f64)>,
+    last: std::collections::HashMap<u64, (String, f64)>,
+}
+
+impl CpuSplit {
+    fn start() -> Self {
+        let start = cpu::thread_cpu_seconds();
+        Self {
+            process_start: cpu::process_cpu_seconds(),
+            last: start.clone(),
+            start,
+        }
+    }
+
+    fn sample(&mut self) {
+        self.last.extend(cpu::thread_cpu_seconds());
+    }
+
+    /// This process's CPU seconds since the start, and its server threads' share.
+    fn finish(mut self) -> (f64, f64) {
+        self.sample();
+        let server = self
+            .last
+            .iter()
+            .filter(|(_, (name, _))| cpu::is_server_thread(name))
+            .map(|(tid, (_, now))| now - self.start.get(tid).map_or(0.0, |(_, then)| *then))
+            .sum();
+        (cpu::process_cpu_seconds() - self.process_start, server)
+    }
+}
+
+/// Sums `embarcadero_stage_nanoseconds_total` per stage from the server's /metrics.
+fn stage_nanos(control: &str) -> std::collections::BTreeMap<String, u64> {
+    let mut totals = std::collections::BTreeMap::new();
+    for line in metrics_text(control).lines() {
         let Some(rest) = line.strip_prefix("embarcadero_stage_nanoseconds_total{") else {
             continue;
         };
@@ -960,22 +1026,4 @@ fn tempdir() -> Result<std::path::PathBuf, String> {
     let dir = std::env::temp_dir().join(format!("embarcadero-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     Ok(dir)
-}
-
-/// User + system CPU time of this process (server and client together when embedded).
-fn process_cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0.0;
-    };
-    // Fields after the command name (which is in parentheses and may hold spaces).
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime and stime are fields 14 and 15 of /proc/pid/stat: 11 and 12 after the name.
-    (ticks(11) + ticks(12)) / 100.0
 }

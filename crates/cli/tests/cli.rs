@@ -273,6 +273,52 @@ fn bench_fills_a_topic_with_parallel_publishers_and_reads_it_back() {
     );
 }
 
+/// `bench` splits CPU time per GB between the server and its clients: by thread for its
+/// embedded server, from the server's own `process_cpu_seconds_total` for a running one.
+#[test]
+fn bench_reports_server_and_client_cpu_per_gb() {
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "--order",
+            "2",
+            "--total-bytes",
+            "268435456",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let embedded: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+    let process = embedded["process_cpu_seconds_per_gb"].as_f64().unwrap();
+    let server = embedded["server_cpu_seconds_per_gb"].as_f64().unwrap();
+    let client = embedded["client_cpu_seconds_per_gb"].as_f64().unwrap();
+    assert!(
+        server > 0.0,
+        "the brokers' and sequencer's threads were found: {embedded}"
+    );
+    assert!(client > 0.0, "so were the publisher's: {embedded}");
+    assert!((server + client - process).abs() < 1e-9);
+
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(&dir.path().join("d"));
+    let out = serve.run(
+        &[
+            "bench",
+            "--order",
+            "2",
+            "--total-bytes",
+            "67108864",
+            "--json",
+        ],
+        None,
+    );
+    let running: serde_json::Value = serde_json::from_str(&ok(&out)).unwrap();
+    assert!(running["process_cpu_seconds_per_gb"].is_null());
+    assert!(running["server_cpu_seconds_per_gb"].as_f64().unwrap() > 0.0);
+    assert!(running["client_cpu_seconds_per_gb"].as_f64().unwrap() > 0.0);
+    serve.stop();
+}
+
 /// `bench --rate` with several publishers: they connect, warm up, start one schedule
 /// together and keep it (the run takes the schedule's length, not less); the warm-up is
 /// left out of the counts, and the latency is reported.

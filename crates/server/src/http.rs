@@ -410,7 +410,18 @@ impl Families {
         }
     }
 
-    pub(crate) fn text(self) -> String {
+    /// The text, with the process's CPU time under its standard Prometheus name.
+    pub(crate) fn text(mut self) -> String {
+        let _ = writeln!(
+            self.0,
+            "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds."
+        );
+        let _ = writeln!(self.0, "# TYPE process_cpu_seconds_total counter");
+        let _ = writeln!(
+            self.0,
+            "process_cpu_seconds_total {}",
+            crate::cpu::process_cpu_seconds()
+        );
         self.0
     }
 }

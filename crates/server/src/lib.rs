@@ -12,6 +12,7 @@
 pub mod cluster;
 pub mod config;
 pub mod control;
+pub mod cpu;
 pub mod election;
 pub mod failover;
 pub mod follower;

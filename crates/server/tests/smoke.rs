@@ -48,4 +48,12 @@ fn metrics_count_bytes_batches_and_time_per_stage() {
         assert!(total > 0, "stage {stage} was timed");
     }
     assert!(t.metric_sum("embarcadero_stage_nanoseconds_total{stage=\"sequencer_seal\"}") > 0);
+    // The process's CPU time, under Prometheus's standard name: this process served 2000
+    // messages, so it has used some.
+    let text = common::TestServer::metric_text(&t.control());
+    let cpu: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("process_cpu_seconds_total ")?.parse().ok())
+        .expect("process_cpu_seconds_total is exported");
+    assert!(cpu > 0.0);
 }
