@@ -87,6 +87,23 @@ pub struct TopicMeta {
     pub retention_ms: u64,
 }
 
+impl TopicMeta {
+    /// A topic of this order in generation 1: one replica (memory only), ack 1 by
+    /// default, no retention limits, no creation time.
+    pub fn new(name: &str, order: u8) -> Self {
+        Self {
+            name: name.to_string(),
+            order,
+            replication_factor: 1,
+            default_ack: 1,
+            generation: 1,
+            created_unix_ms: 0,
+            retention_bytes: 0,
+            retention_ms: 0,
+        }
+    }
+}
+
 /// State of an order-5 session slot; the state word is written last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionState {

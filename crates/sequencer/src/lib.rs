@@ -572,19 +572,7 @@ mod tests {
             seg_map_slots: 8,
         };
         let r = Arc::new(Region::create(&dir.path().join("r"), caps).unwrap());
-        r.write_topic_meta(
-            1,
-            &TopicMeta {
-                name: "t".into(),
-                order: 2,
-                replication_factor: 1,
-                default_ack: 1,
-                generation: 1,
-                created_unix_ms: 0,
-                retention_bytes: 0,
-                retention_ms: 0,
-            },
-        );
+        r.write_topic_meta(1, &TopicMeta::new("t", 2));
         (dir, r)
     }
 
@@ -790,19 +778,7 @@ mod tests {
 
     fn session_region() -> (tempfile::TempDir, Arc<Region>) {
         let (d, r) = region(64);
-        r.write_topic_meta(
-            0,
-            &TopicMeta {
-                name: "s".into(),
-                order: 5,
-                replication_factor: 1,
-                default_ack: 1,
-                generation: 1,
-                created_unix_ms: 0,
-                retention_bytes: 0,
-                retention_ms: 0,
-            },
-        );
+        r.write_topic_meta(0, &TopicMeta::new("s", 5));
         (d, r)
     }
 

@@ -153,19 +153,7 @@ mod tests {
             seg_map_slots: 8,
         };
         let r = Region::create(&dir.path().join("r"), caps).unwrap();
-        r.write_topic_meta(
-            0,
-            &TopicMeta {
-                name: "t".into(),
-                order: 2,
-                replication_factor: 1,
-                default_ack: 1,
-                generation: 1,
-                created_unix_ms: 0,
-                retention_bytes: 0,
-                retention_ms: 0,
-            },
-        );
+        r.write_topic_meta(0, &TopicMeta::new("t", 2));
         (dir, r)
     }
 
