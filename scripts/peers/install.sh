@@ -133,10 +133,11 @@ install_nats() {
   build_client natsbench
 }
 
-# Builds one of the Go clients in this directory, again only when its sources changed.
+# Builds one of the Go clients in this directory, again only when its sources (or those of
+# loadgen/, the package they share) changed.
 build_client() {
   local name=$1 src="$HERE/$1" sum
-  sum=$(cat "$src"/go.* "$src"/*.go | sha256sum | cut -c1-16)
+  sum=$(cat "$src"/go.* "$src"/*.go "$HERE"/loadgen/go.mod "$HERE"/loadgen/*.go | sha256sum | cut -c1-16)
   if [[ -x "$PEERS_DIR/bin/$name" && -f "$PEERS_DIR/bin/.$name-$sum" ]]; then
     log "$name up to date"
     return

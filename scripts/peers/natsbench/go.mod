@@ -11,3 +11,7 @@ require (
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 )
+
+require embarcadero/peers/loadgen v0.0.0
+
+replace embarcadero/peers/loadgen => ../loadgen

@@ -20,10 +20,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"sort"
-	"syscall"
 	"time"
 
+	"embarcadero/peers/loadgen"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -67,21 +66,21 @@ func main() {
 	warmup := flag.Int64("warmup", 0, "with -rate: first publish this many messages on the schedule, wait for their acknowledgements, and leave them out of the figures")
 	flag.Parse()
 	if *warmup < 0 || (*warmup > 0 && *rate <= 0) {
-		fail("-warmup needs -rate")
+		loadgen.Fail("-warmup needs -rate")
 	}
 
 	count := *total / int64(*size)
 	if count < 1 {
-		fail("total-bytes smaller than one message")
+		loadgen.Fail("total-bytes smaller than one message")
 	}
 	nc, err := nats.Connect(*url, nats.Name("natsbench"))
 	if err != nil {
-		fail("connect: %v", err)
+		loadgen.Fail("connect: %v", err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(*window+1))
 	if err != nil {
-		fail("jetstream: %v", err)
+		loadgen.Fail("jetstream: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
@@ -100,7 +99,7 @@ func main() {
 		Discard:   jetstream.DiscardOld,
 	})
 	if err != nil {
-		fail("create stream: %v", err)
+		loadgen.Fail("create stream: %v", err)
 	}
 
 	payload := make([]byte, *size)
@@ -125,7 +124,7 @@ func main() {
 
 	info, err := s.Info(ctx)
 	if err != nil {
-		fail("stream info: %v", err)
+		loadgen.Fail("stream info: %v", err)
 	}
 	bytes := count * int64(*size)
 	out := summary{
@@ -134,7 +133,7 @@ func main() {
 		Seconds:     secs,
 		MBPerS:      float64(bytes) / secs / 1e6,
 		MsgsPerS:    float64(count) / secs,
-		LatencyMs:   percentiles(lat),
+		LatencyMs:   loadgen.Percentiles(lat),
 		Errors:      errs,
 		StreamMsgs:  info.State.Msgs,
 		Window:      *window,
@@ -149,7 +148,7 @@ func main() {
 	}
 	enc := json.NewEncoder(os.Stdout)
 	if err := enc.Encode(out); err != nil {
-		fail("encode: %v", err)
+		loadgen.Fail("encode: %v", err)
 	}
 	if errs > 0 || info.State.Msgs != uint64(count+*warmup) {
 		fmt.Fprintf(os.Stderr, "natsbench: %d errors, stream holds %d of %d messages\n", errs, info.State.Msgs, count+*warmup)
@@ -188,7 +187,7 @@ func publish(ctx context.Context, js jetstream.JetStream, subject string, payloa
 					fmt.Fprintf(os.Stderr, "natsbench: publish error: %v\n", err)
 				}
 			case <-ctx.Done():
-				fail("timed out waiting for acknowledgements")
+				loadgen.Fail("timed out waiting for acknowledgements")
 			}
 			<-sem
 		}
@@ -200,17 +199,17 @@ func publish(ctx context.Context, js jetstream.JetStream, subject string, payloa
 		var due time.Time
 		if interval > 0 {
 			due = ph.start.Add(time.Duration(float64(i) * interval))
-			sleepUntil(due)
+			loadgen.SleepUntil(due)
 		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
-			fail("timed out publishing")
+			loadgen.Fail("timed out publishing")
 		}
 		t := time.Now()
 		fut, err := js.PublishAsync(subject, payload)
 		if err != nil {
-			fail("publish %d: %v", i, err)
+			loadgen.Fail("publish %d: %v", i, err)
 		}
 		if interval > 0 {
 			ph.lateMax = max(ph.lateMax, t.Sub(due))
@@ -221,43 +220,4 @@ func publish(ctx context.Context, js jetstream.JetStream, subject string, payloa
 	close(pending)
 	ph.end = <-done
 	return ph
-}
-
-// sleepUntil blocks the calling thread in nanosleep until t (if t is still ahead). Go's
-// time.Sleep wakes up about 1 ms late on this kernel for sub-millisecond sleeps (the
-// runtime's poller waits in milliseconds); nanosleep wakes within the kernel's timer slack
-// (~50-100 us), as Rust's thread::sleep and Java's parkNanos do in the other generators.
-// Messages that fall due while it sleeps go out together when it wakes.
-func sleepUntil(t time.Time) {
-	d := time.Until(t)
-	if d <= 0 {
-		return
-	}
-	ts := syscall.NsecToTimespec(d.Nanoseconds())
-	for syscall.Nanosleep(&ts, &ts) == syscall.EINTR {
-	}
-}
-
-func percentiles(ns []int64) map[string]float64 {
-	if len(ns) == 0 {
-		return nil
-	}
-	sort.Slice(ns, func(a, b int) bool { return ns[a] < ns[b] })
-	at := func(q float64) float64 {
-		i := int(q * float64(len(ns)-1))
-		return float64(ns[i]) / 1e6
-	}
-	var sum float64
-	for _, v := range ns {
-		sum += float64(v)
-	}
-	return map[string]float64{
-		"p50": at(0.50), "p90": at(0.90), "p99": at(0.99), "p99_9": at(0.999),
-		"max": float64(ns[len(ns)-1]) / 1e6, "mean": sum / float64(len(ns)) / 1e6,
-	}
-}
-
-func fail(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "natsbench: "+format+"\n", args...)
-	os.Exit(1)
 }

@@ -25,19 +25,21 @@ import (
 	"io"
 	"net"
 	"os"
-	"sort"
 	"strconv"
 	"sync/atomic"
-	"syscall"
 	"time"
+
+	"embarcadero/peers/loadgen"
 )
 
 type summary struct {
-	Messages  int64              `json:"messages"`
-	Bytes     int64              `json:"bytes"`
-	Seconds   float64            `json:"seconds"`
-	MBPerS    float64            `json:"mb_per_s"`
-	MsgsPerS  float64            `json:"msgs_per_s"`
+	Messages int64   `json:"messages"`
+	Bytes    int64   `json:"bytes"`
+	Seconds  float64 `json:"seconds"`
+	MBPerS   float64 `json:"mb_per_s"`
+	MsgsPerS float64 `json:"msgs_per_s"`
+	// Latency percentiles: per batch without -rate (from the flush of a batch to the
+	// reply to its last command), per entry with -rate (from its due time to its reply).
 	LatencyMs map[string]float64 `json:"latency_ms"`
 	Errors    int64              `json:"errors"`
 	StreamLen int64              `json:"stream_len"`
@@ -111,12 +113,12 @@ func main() {
 	warmup := flag.Int64("warmup", 0, "with -rate: first append this many entries on the schedule, wait for their replies, and leave them out of the figures")
 	flag.Parse()
 	if *warmup < 0 || (*warmup > 0 && *rate <= 0) {
-		fail("-warmup needs -rate")
+		loadgen.Fail("-warmup needs -rate")
 	}
 
 	batches := *total / int64(*size) / int64(*batch)
 	if batches < 1 {
-		fail("total-bytes smaller than one batch")
+		loadgen.Fail("total-bytes smaller than one batch")
 	}
 	count := batches * int64(*batch)
 	if *rate > 0 {
@@ -125,7 +127,7 @@ func main() {
 	}
 	conn, err := net.DialTimeout("tcp", *addr, 5*time.Second)
 	if err != nil {
-		fail("connect: %v", err)
+		loadgen.Fail("connect: %v", err)
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(*timeout))
@@ -134,11 +136,11 @@ func main() {
 	do := func(args ...[]byte) string {
 		w.Write(command(args...))
 		if err := w.Flush(); err != nil {
-			fail("write: %v", err)
+			loadgen.Fail("write: %v", err)
 		}
 		s, err := reply(r)
 		if err != nil {
-			fail("%s: %v", args[0], err)
+			loadgen.Fail("%s: %v", args[0], err)
 		}
 		return s
 	}
@@ -170,7 +172,7 @@ func main() {
 			Seconds:           secs,
 			MBPerS:            float64(bytes) / secs / 1e6,
 			MsgsPerS:          float64(count) / secs,
-			LatencyMs:         percentiles(res.lat),
+			LatencyMs:         loadgen.Percentiles(res.lat),
 			Errors:            errs + res.errs,
 			StreamLen:         n,
 			Window:            *window,
@@ -201,7 +203,7 @@ func main() {
 						fmt.Fprintf(os.Stderr, "redisbench: XADD: %v\n", err)
 					}
 					if _, ok := err.(net.Error); ok || err == io.EOF {
-						fail("connection: %v", err)
+						loadgen.Fail("connection: %v", err)
 					}
 				}
 			}
@@ -214,7 +216,7 @@ func main() {
 	for b := int64(0); b < batches; b++ {
 		w.Write(one)
 		if err := w.Flush(); err != nil {
-			fail("write: %v", err)
+			loadgen.Fail("write: %v", err)
 		}
 		// Blocks while `slots` batches await their replies.
 		sent <- time.Now()
@@ -231,7 +233,7 @@ func main() {
 		Seconds:     secs,
 		MBPerS:      float64(bytes) / secs / 1e6,
 		MsgsPerS:    float64(count) / secs,
-		LatencyMs:   percentiles(lat),
+		LatencyMs:   loadgen.Percentiles(lat),
 		Errors:      errs,
 		StreamLen:   n,
 		Window:      slots * *batch,
@@ -245,7 +247,7 @@ func main() {
 // count entries.
 func finish(out summary, count int64) {
 	if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
-		fail("encode: %v", err)
+		loadgen.Fail("encode: %v", err)
 	}
 	if out.Errors > 0 || out.StreamLen != count {
 		fmt.Fprintf(os.Stderr, "redisbench: %d errors, stream holds %d of %d entries\n", out.Errors, out.StreamLen, count)
@@ -289,7 +291,7 @@ func paced(r *bufio.Reader, w *bufio.Writer, xadd []byte, count int64, size int,
 						fmt.Fprintf(os.Stderr, "redisbench: XADD: %v\n", err)
 					}
 					if _, ok := err.(net.Error); ok || err == io.EOF {
-						fail("connection: %v", err)
+						loadgen.Fail("connection: %v", err)
 					}
 				}
 				res.lat = append(res.lat, time.Since(due(f.first+int64(k))).Nanoseconds())
@@ -303,7 +305,7 @@ func paced(r *bufio.Reader, w *bufio.Writer, xadd []byte, count int64, size int,
 		done <- time.Now()
 	}()
 	for i := int64(0); i < count; {
-		sleepUntil(due(i))
+		loadgen.SleepUntil(due(i))
 		now := time.Now()
 		n := 1
 		for n < batch && i+int64(n) < count && !due(i+int64(n)).After(now) {
@@ -317,7 +319,7 @@ func paced(r *bufio.Reader, w *bufio.Writer, xadd []byte, count int64, size int,
 			w.Write(xadd)
 		}
 		if err := w.Flush(); err != nil {
-			fail("write: %v", err)
+			loadgen.Fail("write: %v", err)
 		}
 		outstanding.Add(int64(n))
 		sent <- flushed{i, n}
@@ -326,41 +328,4 @@ func paced(r *bufio.Reader, w *bufio.Writer, xadd []byte, count int64, size int,
 	close(sent)
 	res.end = <-done
 	return res
-}
-
-// sleepUntil blocks the calling thread in nanosleep until t (if t is still ahead). Go's
-// time.Sleep wakes up about 1 ms late on this kernel for sub-millisecond sleeps (the
-// runtime's poller waits in milliseconds); nanosleep wakes within the kernel's timer slack
-// (~50-100 us), as Rust's thread::sleep and Java's parkNanos do in the other generators.
-func sleepUntil(t time.Time) {
-	d := time.Until(t)
-	if d <= 0 {
-		return
-	}
-	ts := syscall.NsecToTimespec(d.Nanoseconds())
-	for syscall.Nanosleep(&ts, &ts) == syscall.EINTR {
-	}
-}
-
-// percentiles of the latencies: per batch without -rate (from the flush of a batch to the
-// reply to its last command), per entry with -rate (from its due time to its reply).
-func percentiles(ns []int64) map[string]float64 {
-	if len(ns) == 0 {
-		return nil
-	}
-	sort.Slice(ns, func(a, b int) bool { return ns[a] < ns[b] })
-	at := func(q float64) float64 { return float64(ns[int(q*float64(len(ns)-1))]) / 1e6 }
-	var sum float64
-	for _, v := range ns {
-		sum += float64(v)
-	}
-	return map[string]float64{
-		"p50": at(0.50), "p90": at(0.90), "p99": at(0.99), "p99_9": at(0.999),
-		"max": float64(ns[len(ns)-1]) / 1e6, "mean": sum / float64(len(ns)) / 1e6,
-	}
-}
-
-func fail(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "redisbench: "+format+"\n", args...)
-	os.Exit(1)
 }

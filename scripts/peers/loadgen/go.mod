@@ -1,0 +1,3 @@
+module embarcadero/peers/loadgen
+
+go 1.26.0

@@ -1,0 +1,51 @@
+// Package loadgen holds what the Go load generators (natsbench, redisbench) share: the
+// schedule's sleep, the latency percentiles they report and how they fail.
+package loadgen
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"time"
+)
+
+// SleepUntil blocks the calling thread in nanosleep until t (if t is still ahead). Go's
+// time.Sleep wakes up about 1 ms late on this kernel for sub-millisecond sleeps (the
+// runtime's poller waits in milliseconds); nanosleep wakes within the kernel's timer slack
+// (~50-100 us), as Rust's thread::sleep and Java's parkNanos do in the other generators.
+// Messages that fall due while it sleeps go out together when it wakes.
+func SleepUntil(t time.Time) {
+	d := time.Until(t)
+	if d <= 0 {
+		return
+	}
+	ts := syscall.NsecToTimespec(d.Nanoseconds())
+	for syscall.Nanosleep(&ts, &ts) == syscall.EINTR {
+	}
+}
+
+// Percentiles of latencies given in nanoseconds, in milliseconds: p50, p90, p99, p99_9,
+// max and mean (nil for no samples). Sorts ns in place.
+func Percentiles(ns []int64) map[string]float64 {
+	if len(ns) == 0 {
+		return nil
+	}
+	sort.Slice(ns, func(a, b int) bool { return ns[a] < ns[b] })
+	at := func(q float64) float64 { return float64(ns[int(q*float64(len(ns)-1))]) / 1e6 }
+	var sum float64
+	for _, v := range ns {
+		sum += float64(v)
+	}
+	return map[string]float64{
+		"p50": at(0.50), "p90": at(0.90), "p99": at(0.99), "p99_9": at(0.999),
+		"max": float64(ns[len(ns)-1]) / 1e6, "mean": sum / float64(len(ns)) / 1e6,
+	}
+}
+
+// Fail prints the program's name and the message to stderr and exits 1.
+func Fail(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, filepath.Base(os.Args[0])+": "+format+"\n", args...)
+	os.Exit(1)
+}
