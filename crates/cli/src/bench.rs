@@ -97,9 +97,10 @@ pub struct BenchArgs {
     /// from each message's due time.
     #[arg(long, value_delimiter = ',', value_parser = parse_rate, value_name = "MB/s")]
     pub rate: Vec<Rate>,
-    /// With --rate: first publish this many messages on a schedule of their own at the
-    /// same rate, wait for their acknowledgements, and leave them out of every figure
-    /// (counts, throughput, latency); the measured schedule starts after them.
+    /// With --rate (modes publish and e2e): first publish this many messages on a
+    /// schedule of their own at the same rate, wait for their acknowledgements, and leave
+    /// them out of every figure (counts, throughput, latency); the measured schedule
+    /// starts after them. The e2e subscriber reads them too but times only later messages.
     #[arg(long, default_value_t = 0, requires = "rate")]
     pub warmup_messages: u64,
     /// `failure` mode: SIGKILL the follower this many seconds after publishing starts
@@ -171,8 +172,8 @@ fn check_args(args: &BenchArgs) -> CliResult {
     if args.duration.is_some_and(|d| !(d.is_finite() && d > 0.0)) {
         return Err("--duration takes a number of seconds above 0".into());
     }
-    if args.warmup_messages > 0 && args.mode != "publish" {
-        return Err("--warmup-messages is for --mode publish".into());
+    if args.warmup_messages > 0 && args.mode != "publish" && args.mode != "e2e" {
+        return Err("--warmup-messages is for --mode publish and --mode e2e".into());
     }
     if args.kill_after_secs.is_some() && args.mode != "failure" {
         return Err("--kill-after-secs is for --mode failure".into());
@@ -339,10 +340,15 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         .map_err(|e| e.to_string())?;
     // How many messages the subscriber waits for: known once publishing has ended.
     let published = Arc::new(AtomicU64::new(u64::MAX));
+    // Wall-clock start of the measured schedule (0 until then): messages due before it
+    // are the warm-up's, read but not timed.
+    let measured_from_ns = Arc::new(AtomicU64::new(0));
     let subscriber = if args.mode == "e2e" {
         let mut sub = Subscriber::connect(&control, &topic, SubscriberConfig::default())
             .map_err(|e| e.to_string())?;
         let published = published.clone();
+        let measured_from_ns = measured_from_ns.clone();
+        let warming_up = args.warmup_messages > 0;
         Some(std::thread::spawn(
             move || -> Result<(u64, Instant, Histogram<u64>), String> {
                 let mut received = 0u64;
@@ -351,12 +357,16 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
                 while received < published.load(Ordering::Acquire) {
                     let n = sub
                         .poll_with(Duration::from_millis(100), |m| {
-                            if received.is_multiple_of(64) {
-                                let now = std::time::SystemTime::now()
-                                    .duration_since(std::time::UNIX_EPOCH)
-                                    .map(|d| d.as_nanos() as u64)
-                                    .unwrap_or(0);
-                                let _ = e2e.record(now.saturating_sub(m.publish_ts_ns) / 1000 + 1);
+                            let timed = !warming_up || {
+                                let from = measured_from_ns.load(Ordering::Relaxed);
+                                from != 0 && m.publish_ts_ns >= from
+                            };
+                            if timed && received.is_multiple_of(64) {
+                                let _ = e2e.record(
+                                    embarcadero_client::now_ns().saturating_sub(m.publish_ts_ns)
+                                        / 1000
+                                        + 1,
+                                );
                             }
                             received += 1;
                         })
@@ -380,6 +390,11 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     let server_cpu_before = (!embedded).then(|| server_cpu_seconds(&control));
     let mut cpu = CpuSplit::start();
     let publishing = publish_all(&control, &topic, args, config, false, |p| {
+        let since_start = p.start.elapsed().as_nanos() as u64;
+        measured_from_ns.store(
+            embarcadero_client::now_ns().saturating_sub(since_start),
+            Ordering::Relaxed,
+        );
         while !p.finished() {
             bar.set_position(p.progress());
             cpu.sample();
@@ -396,7 +411,13 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
             return Err(e);
         }
     };
-    published.store(outcome.stats.messages, Ordering::Release);
+    // The warm-up's messages are in the topic too, ahead of the measured ones.
+    let warmed_up = if config.rate.is_some() {
+        args.warmup_messages
+    } else {
+        0
+    };
+    published.store(outcome.stats.messages + warmed_up, Ordering::Release);
     let count = outcome.stats.messages;
     let publish_elapsed = outcome.elapsed;
     let stats = &outcome.stats;

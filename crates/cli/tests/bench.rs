@@ -143,6 +143,34 @@ fn duration_publishes_until_it_ends_and_excludes_total_bytes() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
 }
 
+/// An end-to-end run with a warm-up: the subscriber reads the warm-up's messages as well
+/// (it waits for all of them), but they are neither counted nor timed.
+#[test]
+fn an_end_to_end_warm_up_is_read_but_left_out_of_the_figures() {
+    let out = run_bin(&[
+        "bench",
+        "--mode",
+        "e2e",
+        "--rate",
+        "20",
+        "--total-bytes",
+        "2000000",
+        "--warmup-messages",
+        "1000",
+        "--json",
+    ]);
+    let run = json_of(&out);
+    assert_eq!(
+        run["messages"], 1953,
+        "2 MB of 1 KiB messages, warm-up excluded"
+    );
+    assert_eq!(run["warmup_messages"], 1000);
+    // One in 64 received messages is timed: the measured ones are received 1000-2952
+    // (the warm-up's are ordered first), so at most the 31 multiples of 64 among them.
+    let timed = run["e2e_latency_us"]["samples"].as_u64().unwrap();
+    assert!((1..=31).contains(&timed), "{timed}");
+}
+
 #[test]
 fn bench_help_documents_duration_failure_mode_and_plots() {
     let out = run_bin(&["bench", "--help"]);

@@ -76,7 +76,9 @@ pub fn random_client_id() -> u64 {
     h.finish() | 1
 }
 
-pub(crate) fn now_ns() -> u64 {
+/// Wall-clock nanoseconds since the Unix epoch: the clock messages' `publish_ts_ns`
+/// is read from, so end-to-end latency compares against this one.
+pub fn now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
