@@ -724,44 +724,34 @@ fn publish_all<T>(
     // After connecting (and warming up): neither is part of the measured schedule.
     let start = Instant::now();
     let deadline = args.duration.map(|d| start + Duration::from_secs_f64(d));
-    let (results, watched) = std::thread::scope(|scope| {
-        let handles: Vec<_> = publishers
-            .iter()
-            .enumerate()
-            .map(|(index, publisher)| {
-                let share = Share {
-                    index,
-                    of: count,
-                    messages: messages.map(|m| share_of(m, count, index)),
-                    deadline,
-                    start,
-                    stamp_ids,
-                };
-                let (progress, stop) = (&progress, &stop);
-                scope.spawn(move || {
-                    run_publisher(publisher, args.size, config.rate, share, stop, progress)
-                })
-            })
-            .collect();
-        let finished = || handles.iter().all(|h| h.is_finished());
-        let watched = monitor(&Publishing {
-            publishers: &publishers,
-            progress: &progress,
-            start,
-            finished: &finished,
-        });
-        if watched.is_err() {
-            stop.store(true, Ordering::Relaxed);
-        }
-        let results: Vec<Result<(Duration, Instant), String>> = handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("a publisher thread panicked".into()))
-            })
-            .collect();
-        (results, watched)
-    });
+    let share = |index| Share {
+        index,
+        of: count,
+        messages: messages.map(|m| share_of(m, count, index)),
+        deadline,
+        start,
+        stamp_ids,
+    };
+    let (results, watched) = run_shares(
+        &publishers,
+        args.size,
+        config.rate,
+        share,
+        &stop,
+        &progress,
+        |finished| {
+            let watched = monitor(&Publishing {
+                publishers: &publishers,
+                progress: &progress,
+                start,
+                finished,
+            });
+            if watched.is_err() {
+                stop.store(true, Ordering::Relaxed);
+            }
+            watched
+        },
+    );
     let watched = watched?;
     let finished = results.into_iter().collect::<Result<Vec<_>, _>>()?;
     // Up to the last acknowledgement, not to when the monitor (which polls every 100 ms)
@@ -820,33 +810,24 @@ fn warm_up(
     let count = publishers.len();
     let start = Instant::now();
     let (stop, progress) = (AtomicBool::new(false), AtomicU64::new(0));
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = publishers
-            .iter()
-            .enumerate()
-            .map(|(index, publisher)| {
-                let share = Share {
-                    index,
-                    of: count,
-                    messages: Some(share_of(args.warmup_messages, count, index)),
-                    deadline: None,
-                    start,
-                    stamp_ids: false,
-                };
-                let (stop, progress) = (&stop, &progress);
-                scope.spawn(move || {
-                    run_publisher(publisher, args.size, config.rate, share, stop, progress)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("a publisher thread panicked".into()))
-            })
-            .collect::<Result<Vec<_>, _>>()
-    })?;
+    let share = |index| Share {
+        index,
+        of: count,
+        messages: Some(share_of(args.warmup_messages, count, index)),
+        deadline: None,
+        start,
+        stamp_ids: false,
+    };
+    let (results, ()) = run_shares(
+        publishers,
+        args.size,
+        config.rate,
+        share,
+        &stop,
+        &progress,
+        |_| (),
+    );
+    results.into_iter().collect::<Result<Vec<_>, _>>()?;
     Ok(publishers
         .iter()
         .map(|p| {
@@ -859,6 +840,43 @@ fn warm_up(
             }
         })
         .collect())
+}
+
+/// How one publisher's share ended: its worst lateness against the schedule and when its
+/// last acknowledgement arrived, or why it failed.
+type ShareOutcome = Result<(Duration, Instant), String>;
+
+/// Runs every publisher's share of a schedule (`share(index)`) on a thread of its own
+/// while `watch` runs on this thread, given a check that every publisher has finished.
+/// Returns each publisher's outcome ([`run_publisher`]) and what `watch` returned.
+fn run_shares<T>(
+    publishers: &[Publisher],
+    size: usize,
+    rate: Option<f64>,
+    share: impl Fn(usize) -> Share,
+    stop: &AtomicBool,
+    progress: &AtomicU64,
+    watch: impl FnOnce(&dyn Fn() -> bool) -> T,
+) -> (Vec<ShareOutcome>, T) {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = publishers
+            .iter()
+            .enumerate()
+            .map(|(index, publisher)| {
+                let share = share(index);
+                scope.spawn(move || run_publisher(publisher, size, rate, share, stop, progress))
+            })
+            .collect();
+        let watched = watch(&|| handles.iter().all(|h| h.is_finished()));
+        let results = handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a publisher thread panicked".into()))
+            })
+            .collect();
+        (results, watched)
+    })
 }
 
 /// How many of `total` messages publisher `index` of `of` publishes: it takes every
@@ -893,7 +911,7 @@ fn run_publisher(
     share: Share,
     stop: &AtomicBool,
     progress: &AtomicU64,
-) -> Result<(Duration, Instant), String> {
+) -> ShareOutcome {
     let mut payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
     let interval = rate.map(|mb_s| Duration::from_secs_f64(size as f64 / (mb_s * 1e6)));
     let mut behind_max = Duration::ZERO;
