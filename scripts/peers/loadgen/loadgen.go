@@ -44,6 +44,30 @@ func Percentiles(ns []int64) map[string]float64 {
 	}
 }
 
+// Figures are what every generator reports of a run: how much, how fast, how late.
+type Figures struct {
+	Messages  int64              `json:"messages"`
+	Bytes     int64              `json:"bytes"`
+	Seconds   float64            `json:"seconds"`
+	MBPerS    float64            `json:"mb_per_s"`
+	MsgsPerS  float64            `json:"msgs_per_s"`
+	LatencyMs map[string]float64 `json:"latency_ms"`
+}
+
+// Measure computes the Figures of count messages of size bytes in secs seconds, with
+// their latencies in nanoseconds (sorted in place).
+func Measure(count int64, size int, secs float64, latNs []int64) Figures {
+	bytes := count * int64(size)
+	return Figures{
+		Messages:  count,
+		Bytes:     bytes,
+		Seconds:   secs,
+		MBPerS:    float64(bytes) / secs / 1e6,
+		MsgsPerS:  float64(count) / secs,
+		LatencyMs: Percentiles(latNs),
+	}
+}
+
 // Fail prints the program's name and the message to stderr and exits 1.
 func Fail(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, filepath.Base(os.Args[0])+": "+format+"\n", args...)

@@ -28,16 +28,11 @@ import (
 )
 
 type summary struct {
-	Messages   int64              `json:"messages"`
-	Bytes      int64              `json:"bytes"`
-	Seconds    float64            `json:"seconds"`
-	MBPerS     float64            `json:"mb_per_s"`
-	MsgsPerS   float64            `json:"msgs_per_s"`
-	LatencyMs  map[string]float64 `json:"latency_ms"`
-	Errors     int64              `json:"errors"`
-	StreamMsgs uint64             `json:"stream_msgs"`
-	Window     int                `json:"window"`
-	Storage    string             `json:"storage"`
+	loadgen.Figures
+	Errors     int64  `json:"errors"`
+	StreamMsgs uint64 `json:"stream_msgs"`
+	Window     int    `json:"window"`
+	Storage    string `json:"storage"`
 	// Fixed-rate runs: the offered rate, and how late the worst publish call was against
 	// its due time (the sender's own lag: sleep wake-ups, a full window).
 	OfferedMBPerS     *float64 `json:"offered_mb_per_s"`
@@ -126,14 +121,8 @@ func main() {
 	if err != nil {
 		loadgen.Fail("stream info: %v", err)
 	}
-	bytes := count * int64(*size)
 	out := summary{
-		Messages:    count,
-		Bytes:       bytes,
-		Seconds:     secs,
-		MBPerS:      float64(bytes) / secs / 1e6,
-		MsgsPerS:    float64(count) / secs,
-		LatencyMs:   loadgen.Percentiles(lat),
+		Figures:     loadgen.Measure(count, *size, secs, lat),
 		Errors:      errs,
 		StreamMsgs:  info.State.Msgs,
 		Window:      *window,

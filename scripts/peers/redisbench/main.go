@@ -33,18 +33,13 @@ import (
 )
 
 type summary struct {
-	Messages int64   `json:"messages"`
-	Bytes    int64   `json:"bytes"`
-	Seconds  float64 `json:"seconds"`
-	MBPerS   float64 `json:"mb_per_s"`
-	MsgsPerS float64 `json:"msgs_per_s"`
 	// Latency percentiles: per batch without -rate (from the flush of a batch to the
 	// reply to its last command), per entry with -rate (from its due time to its reply).
-	LatencyMs map[string]float64 `json:"latency_ms"`
-	Errors    int64              `json:"errors"`
-	StreamLen int64              `json:"stream_len"`
-	Window    int                `json:"window"`
-	Batch     int                `json:"batch"`
+	loadgen.Figures
+	Errors    int64 `json:"errors"`
+	StreamLen int64 `json:"stream_len"`
+	Window    int   `json:"window"`
+	Batch     int   `json:"batch"`
 	// Fixed-rate runs: the offered rate, what the latency is measured from, and how late
 	// the worst flush was against the due time of its first entry (the sender's own lag:
 	// sleep wake-ups, a full window).
@@ -164,15 +159,9 @@ func main() {
 		res := paced(r, w, xadd, count, *size, *rate, *batch, *window)
 		n, _ := strconv.ParseInt(do([]byte("XLEN"), []byte(*key)), 10, 64)
 		late := float64(res.lateMax.Nanoseconds()) / 1e6
-		bytes := count * int64(*size)
 		secs := res.end.Sub(res.start).Seconds()
 		out := summary{
-			Messages:          count,
-			Bytes:             bytes,
-			Seconds:           secs,
-			MBPerS:            float64(bytes) / secs / 1e6,
-			MsgsPerS:          float64(count) / secs,
-			LatencyMs:         loadgen.Percentiles(res.lat),
+			Figures:           loadgen.Measure(count, *size, secs, res.lat),
 			Errors:            errs + res.errs,
 			StreamLen:         n,
 			Window:            *window,
@@ -226,14 +215,8 @@ func main() {
 	secs := end.Sub(start).Seconds()
 	n, _ := strconv.ParseInt(do([]byte("XLEN"), []byte(*key)), 10, 64)
 
-	bytes := count * int64(*size)
 	out := summary{
-		Messages:    count,
-		Bytes:       bytes,
-		Seconds:     secs,
-		MBPerS:      float64(bytes) / secs / 1e6,
-		MsgsPerS:    float64(count) / secs,
-		LatencyMs:   loadgen.Percentiles(lat),
+		Figures:     loadgen.Measure(count, *size, secs, lat),
 		Errors:      errs,
 		StreamLen:   n,
 		Window:      slots * *batch,
