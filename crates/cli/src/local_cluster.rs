@@ -9,14 +9,17 @@
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// How long a process may take to print its ready line.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
-/// Lines of a process's stderr kept for error messages.
+/// Lines of a process's stderr shown in error messages.
 const TAIL_LINES: usize = 30;
+/// Lines of a process's stderr kept to wait for (older ones are dropped: a cluster may
+/// run for days).
+const KEPT_LINES: usize = 10_000;
 
 /// What to kill and remove if a signal ends this process: `Drop` does not run then.
 struct Leftovers {
@@ -59,13 +62,60 @@ fn forget_paths(paths: &[&Path]) {
     leftovers().paths.retain(|p| !paths.contains(&p.as_path()));
 }
 
+/// Whether a child's stderr lines are also echoed to this process's stderr (tests want
+/// them in their output; a cluster serving a benchmark does not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Echo {
+    Quiet,
+    ToStderr,
+}
+
+/// What a child printed on stderr, up to its last `KEPT_LINES` lines.
+#[derive(Default)]
+struct Printed {
+    lines: VecDeque<String>,
+    /// Lines dropped from the front so far: `lines[0]` is line number `dropped`.
+    dropped: u64,
+    /// The child closed its stderr (it exited).
+    ended: bool,
+}
+
+/// A child's stderr, filled by its reader thread.
+#[derive(Default)]
+struct Stderr {
+    printed: Mutex<Printed>,
+    grew: Condvar,
+}
+
+impl Stderr {
+    fn lock(&self) -> MutexGuard<'_, Printed> {
+        self.printed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, line: String) {
+        let mut printed = self.lock();
+        if printed.lines.len() == KEPT_LINES {
+            printed.lines.pop_front();
+            printed.dropped += 1;
+        }
+        printed.lines.push_back(line);
+        self.grew.notify_all();
+    }
+
+    fn end(&self) {
+        self.lock().ended = true;
+        self.grew.notify_all();
+    }
+}
+
 /// One child process whose stderr is read by a thread (so it never blocks on a full
-/// pipe); its last lines are kept to explain a failure.
+/// pipe) and kept, to wait for lines and to explain a failure with its last ones.
 pub struct ChildProcess {
     child: Child,
     name: String,
-    lines: mpsc::Receiver<String>,
-    tail: Arc<Mutex<VecDeque<String>>>,
+    stderr: Arc<Stderr>,
+    /// The first line `wait_line` has not looked at yet.
+    next_line: u64,
 }
 
 impl ChildProcess {
@@ -75,6 +125,7 @@ impl ChildProcess {
         args: &[&str],
         env: &[(String, String)],
         name: &str,
+        echo: Echo,
     ) -> Result<Self, String> {
         let mut child = Command::new(program)
             .args(args)
@@ -86,28 +137,23 @@ impl ChildProcess {
             .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
         clean_up_on_signal();
         leftovers().pids.push(child.id());
-        let stderr = child.stderr.take().expect("stderr is piped");
-        // Bounded: nobody reads the channel once the process is up; the tail keeps the rest.
-        let (tx, lines) = mpsc::sync_channel(1024);
-        let tail = Arc::new(Mutex::new(VecDeque::new()));
-        let kept = tail.clone();
+        let pipe = child.stderr.take().expect("stderr is piped");
+        let stderr = Arc::new(Stderr::default());
+        let filled = stderr.clone();
         std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                {
-                    let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
-                    if kept.len() == TAIL_LINES {
-                        kept.pop_front();
-                    }
-                    kept.push_back(line.clone());
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                if echo == Echo::ToStderr {
+                    eprintln!("  | {line}");
                 }
-                let _ = tx.try_send(line);
+                filled.push(line);
             }
+            filled.end();
         });
         Ok(Self {
             child,
             name: name.to_string(),
-            lines,
-            tail,
+            stderr,
+            next_line: 0,
         })
     }
 
@@ -119,38 +165,61 @@ impl ChildProcess {
         env: &[(String, String)],
         name: &str,
         ready: &str,
+        echo: Echo,
     ) -> Result<(Self, String), String> {
-        let mut process = Self::spawn(program, args, env, name)?;
+        let mut process = Self::spawn(program, args, env, name, echo)?;
         let line = process.wait_line(ready, START_TIMEOUT)?;
         Ok((process, line))
     }
 
-    /// Waits at most `timeout` for a stderr line containing `marker`.
+    /// Waits at most `timeout` for a stderr line containing `marker`, looking only at
+    /// lines printed after the one the previous wait returned.
     pub fn wait_line(&mut self, marker: &str, timeout: Duration) -> Result<String, String> {
         let deadline = Instant::now() + timeout;
+        let mut printed = self.stderr.lock();
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(marker) => return Ok(line),
-                Ok(_) => {}
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    return Err(self.failure(&format!("printed no {marker:?} in {timeout:?}")))
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(self.failure(&format!("exited before printing {marker:?}")))
+            let from = self.next_line.max(printed.dropped);
+            let end = printed.dropped + printed.lines.len() as u64;
+            for number in from..end {
+                let line = &printed.lines[(number - printed.dropped) as usize];
+                if line.contains(marker) {
+                    self.next_line = number + 1;
+                    return Ok(line.clone());
                 }
             }
+            self.next_line = end;
+            if printed.ended {
+                drop(printed);
+                return Err(self.failure(&format!("exited before printing {marker:?}")));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                drop(printed);
+                return Err(self.failure(&format!("printed no {marker:?} in {timeout:?}")));
+            }
+            printed = self
+                .stderr
+                .grew
+                .wait_timeout(printed, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 
     /// An error naming the process, with the last lines it printed.
     fn failure(&self, what: &str) -> String {
-        let tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
-        let output: Vec<&str> = tail.iter().map(String::as_str).collect();
+        let printed = self.stderr.lock();
+        let skip = printed.lines.len().saturating_sub(TAIL_LINES);
+        let tail: Vec<&str> = printed
+            .lines
+            .iter()
+            .skip(skip)
+            .map(String::as_str)
+            .collect();
         format!(
             "{} {what}; its last output:\n  {}",
             self.name,
-            output.join("\n  ")
+            tail.join("\n  ")
         )
     }
 
@@ -168,15 +237,38 @@ impl ChildProcess {
             .kill()
             .map_err(|e| format!("cannot kill {}: {e}", self.name))?;
         let at = Instant::now();
-        self.reap();
+        self.wait()?;
         Ok(at)
     }
 
+    /// Sends the signal named `signal` (`TERM`, `STOP`, `CONT`, ...).
+    pub fn signal(&self, signal: &str) -> Result<(), String> {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .map_err(|e| format!("cannot run kill: {e}"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("kill -{signal} {} failed: {status}", self.name))
+        }
+    }
+
+    /// SIGTERM, as a service manager stops a process; returns how it exited.
+    pub fn terminate(&mut self) -> Result<ExitStatus, String> {
+        self.signal("TERM")?;
+        self.wait()
+    }
+
     /// Waits for the exit, after which the pid may be reused: no longer ours to kill.
-    fn reap(&mut self) {
-        let _ = self.child.wait();
+    pub fn wait(&mut self) -> Result<ExitStatus, String> {
+        let status = self
+            .child
+            .wait()
+            .map_err(|e| format!("cannot wait for {}: {e}", self.name));
         let pid = self.child.id();
         leftovers().pids.retain(|&p| p != pid);
+        status
     }
 }
 
@@ -185,7 +277,7 @@ impl Drop for ChildProcess {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
         }
-        self.reap();
+        let _ = self.wait();
     }
 }
 
@@ -316,6 +408,7 @@ impl LocalCluster {
             &env,
             "the head",
             "embarcadero is serving",
+            Echo::Quiet,
         )
         .inspect_err(|_| {
             let _ = std::fs::remove_file(&region_file);
@@ -351,6 +444,7 @@ impl LocalCluster {
                 &spec.env,
                 &format!("follower {id}"),
                 "is serving at",
+                Echo::Quiet,
             )?;
             cluster.followers.push((id, follower));
         }
@@ -368,8 +462,14 @@ impl LocalCluster {
             "sequencer is active"
         };
         let name = format!("sequencer {}", self.sequencers.len());
-        let (sequencer, _) =
-            ChildProcess::ready(&self.spec.program, &args, &self.spec.env, &name, ready)?;
+        let (sequencer, _) = ChildProcess::ready(
+            &self.spec.program,
+            &args,
+            &self.spec.env,
+            &name,
+            ready,
+            Echo::Quiet,
+        )?;
         self.sequencers.push(sequencer);
         Ok(self.sequencers.len() - 1)
     }
@@ -404,5 +504,69 @@ impl Drop for LocalCluster {
         // The temporary directory removes itself; a region on /dev/shm does not.
         let _ = std::fs::remove_file(&self.region_file);
         forget_paths(&[&self.region_file, self.dir.path()]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shell(script: &str) -> ChildProcess {
+        ChildProcess::spawn(
+            Path::new("/bin/sh"),
+            &["-c", script],
+            &[],
+            "the script",
+            Echo::Quiet,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn wait_line_reads_on_from_the_last_line_it_returned() {
+        let mut p = shell("echo one >&2; echo two >&2; echo one again >&2; sleep 30");
+        let wait = Duration::from_secs(10);
+        assert_eq!(p.wait_line("one", wait).unwrap(), "one");
+        assert_eq!(p.wait_line("one", wait).unwrap(), "one again");
+        // "two" was passed over on the way: it is not found again.
+        let err = p.wait_line("two", Duration::from_millis(50)).unwrap_err();
+        assert!(err.contains("printed no \"two\""), "{err}");
+        assert!(
+            err.contains("one again"),
+            "the error shows the last lines: {err}"
+        );
+        p.kill().unwrap();
+    }
+
+    #[test]
+    fn an_exit_ends_the_wait_with_the_last_lines() {
+        let mut p = shell("echo starting >&2; echo cannot bind >&2; exit 3");
+        let err = p.wait_line("serving", Duration::from_secs(30)).unwrap_err();
+        assert!(err.contains("exited before printing"), "{err}");
+        assert!(err.contains("cannot bind"), "{err}");
+        assert_eq!(p.wait().unwrap().code(), Some(3));
+    }
+
+    #[test]
+    fn only_the_last_kept_lines_stay() {
+        let script = format!(
+            "i=0; while [ $i -lt {} ]; do echo line $i >&2; i=$((i+1)); done; echo done >&2",
+            KEPT_LINES + 5
+        );
+        let mut p = shell(&script);
+        p.wait_line("done", Duration::from_secs(30)).unwrap();
+        let printed = p.stderr.lock();
+        assert_eq!(printed.lines.len(), KEPT_LINES);
+        assert_eq!(printed.dropped, 6);
+        assert_eq!(printed.lines[0], "line 6");
+    }
+
+    #[test]
+    fn terminate_reports_the_exit() {
+        let mut p = shell("echo up >&2; exec sleep 30");
+        p.wait_line("up", Duration::from_secs(10)).unwrap();
+        let exit = p.terminate().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(exit.signal(), Some(15));
     }
 }

@@ -726,7 +726,7 @@ fn a_paused_sequencer_is_killed_by_its_successor_before_it_writes() {
     // in the middle of an epoch's writes.
     standby.wait_line("killed it before taking over");
     standby.wait_line("sequencer is active");
-    let exit = old.child.wait().unwrap();
+    let exit = old.wait();
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(exit.signal(), Some(9), "the paused sequencer was SIGKILLed");
     publish(&control, "t", 300..600);

@@ -2,11 +2,11 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Write};
+use embarcadero_cli::local_cluster::{ChildProcess, Echo};
+use std::io::Write;
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::time::Duration;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_embarcadero");
@@ -19,43 +19,28 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A running `embarcadero` process whose stderr lines can be waited for.
+/// A running `embarcadero` (or peer) process whose stderr lines can be waited for: the
+/// product's own [`ChildProcess`], with every failure a panic and its output echoed.
 pub struct Proc {
-    pub child: Child,
-    lines: mpsc::Receiver<String>,
-    args: String,
+    process: ChildProcess,
 }
 
 impl Proc {
-    /// Starts `embarcadero ARGS` with extra environment variables; stderr is read by
-    /// a thread (so the process never blocks on a full pipe) and echoed to ours.
+    /// Starts `embarcadero ARGS` with extra environment variables.
     pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Self {
         Self::spawn_program(BIN, args, env)
     }
 
     /// The same for another program (a peer such as etcd).
     pub fn spawn_program(program: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(program)
-            .args(args)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("  | {line}");
-                let _ = tx.send(line);
-            }
-        });
-        Self {
-            child,
-            lines,
-            args: args.join(" "),
-        }
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let name = format!("`{program} {}`", args.join(" "));
+        let process = ChildProcess::spawn(Path::new(program), args, &env, &name, Echo::ToStderr)
+            .unwrap_or_else(|e| panic!("{e}"));
+        Self { process }
     }
 
     /// Starts it and waits for a stderr line containing `ready`.
@@ -74,40 +59,30 @@ impl Proc {
 
     /// Waits (at most 30 s) for a stderr line containing `marker`; returns it.
     pub fn wait_line(&mut self, marker: &str) -> String {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(marker) => return line,
-                Ok(_) => {}
-                Err(_) => {
-                    panic!("`embarcadero {}` never printed {marker:?}", self.args);
-                }
-            }
-        }
+        self.process
+            .wait_line(marker, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// SIGKILL, as a crash would: no chance to flush or clean up.
     pub fn kill(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
+        self.process.kill().unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// SIGTERM, as an operator's service manager would send; it must exit 0.
     pub fn stop(mut self) {
-        self.signal("TERM");
-        let exit = self.child.wait().unwrap();
+        let exit = self.process.terminate().unwrap_or_else(|e| panic!("{e}"));
         assert!(exit.success(), "graceful shutdown exits 0: {exit:?}");
     }
 
     /// Sends a signal by name (`STOP`, `CONT`, `TERM`).
     pub fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
+        self.process.signal(name).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Waits for the process to exit (however it ends).
+    pub fn wait(&mut self) -> ExitStatus {
+        self.process.wait().unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
@@ -180,15 +155,5 @@ impl Serve {
 
     pub fn kill(self) {
         self.proc.kill();
-    }
-}
-
-/// A test that fails part-way must not leave its processes running.
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
     }
 }
