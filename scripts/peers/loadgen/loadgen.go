@@ -68,6 +68,28 @@ func Measure(count int64, size int, secs float64, latNs []int64) Figures {
 	}
 }
 
+// Schedule is what a generator says about how its latency was measured: from what, and
+// for fixed-rate runs the offered rate, how late the worst send was against its due time
+// (the sender's own lag: sleep wake-ups, a full window) and the warm-up left out.
+type Schedule struct {
+	OfferedMBPerS     *float64 `json:"offered_mb_per_s"`
+	LatencyFrom       string   `json:"latency_from"`
+	ScheduleMaxLateMs *float64 `json:"schedule_max_lateness_ms,omitempty"`
+	// Messages published (and acknowledged) before the measured ones, not counted.
+	Warmup int64 `json:"warmup_messages"`
+}
+
+// FlatOut is the Schedule of a run as fast as the window allows.
+func FlatOut(latencyFrom string) Schedule {
+	return Schedule{LatencyFrom: latencyFrom}
+}
+
+// FixedRate is the Schedule of a run offered rate MB/s, whose worst send was lateMax late.
+func FixedRate(latencyFrom string, rate float64, lateMax time.Duration, warmup int64) Schedule {
+	late := float64(lateMax.Nanoseconds()) / 1e6
+	return Schedule{OfferedMBPerS: &rate, LatencyFrom: latencyFrom, ScheduleMaxLateMs: &late, Warmup: warmup}
+}
+
 // Fail prints the program's name and the message to stderr and exits 1.
 func Fail(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, filepath.Base(os.Args[0])+": "+format+"\n", args...)

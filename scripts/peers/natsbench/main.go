@@ -33,13 +33,7 @@ type summary struct {
 	StreamMsgs uint64 `json:"stream_msgs"`
 	Window     int    `json:"window"`
 	Storage    string `json:"storage"`
-	// Fixed-rate runs: the offered rate, and how late the worst publish call was against
-	// its due time (the sender's own lag: sleep wake-ups, a full window).
-	OfferedMBPerS     *float64 `json:"offered_mb_per_s"`
-	LatencyFrom       string   `json:"latency_from"`
-	ScheduleMaxLateMs *float64 `json:"schedule_max_lateness_ms,omitempty"`
-	// Messages published (and acknowledged) before the measured ones, not counted.
-	Warmup int64 `json:"warmup_messages"`
+	loadgen.Schedule
 }
 
 type inflight struct {
@@ -122,18 +116,15 @@ func main() {
 		loadgen.Fail("stream info: %v", err)
 	}
 	out := summary{
-		Figures:     loadgen.Measure(count, *size, secs, lat),
-		Errors:      errs,
-		StreamMsgs:  info.State.Msgs,
-		Window:      *window,
-		Storage:     *storage,
-		LatencyFrom: "publish call",
-		Warmup:      *warmup,
+		Figures:    loadgen.Measure(count, *size, secs, lat),
+		Errors:     errs,
+		StreamMsgs: info.State.Msgs,
+		Window:     *window,
+		Storage:    *storage,
+		Schedule:   loadgen.FlatOut("publish call"),
 	}
 	if interval > 0 {
-		late := float64(lateMax.Nanoseconds()) / 1e6
-		out.OfferedMBPerS, out.ScheduleMaxLateMs = rate, &late
-		out.LatencyFrom = "scheduled send time"
+		out.Schedule = loadgen.FixedRate("scheduled send time", *rate, lateMax, *warmup)
 	}
 	enc := json.NewEncoder(os.Stdout)
 	if err := enc.Encode(out); err != nil {

@@ -40,14 +40,9 @@ type summary struct {
 	StreamLen int64 `json:"stream_len"`
 	Window    int   `json:"window"`
 	Batch     int   `json:"batch"`
-	// Fixed-rate runs: the offered rate, what the latency is measured from, and how late
-	// the worst flush was against the due time of its first entry (the sender's own lag:
-	// sleep wake-ups, a full window).
-	OfferedMBPerS     *float64 `json:"offered_mb_per_s"`
-	LatencyFrom       string   `json:"latency_from"`
-	ScheduleMaxLateMs *float64 `json:"schedule_max_lateness_ms,omitempty"`
-	// Entries appended (and acknowledged) before the measured ones, not counted.
-	Warmup int64 `json:"warmup_messages"`
+	// With -rate, the lateness is that of the worst flush against the due time of its
+	// first entry.
+	loadgen.Schedule
 }
 
 // command encodes one RESP array of bulk strings.
@@ -158,18 +153,14 @@ func main() {
 		}
 		res := paced(r, w, xadd, count, *size, *rate, *batch, *window)
 		n, _ := strconv.ParseInt(do([]byte("XLEN"), []byte(*key)), 10, 64)
-		late := float64(res.lateMax.Nanoseconds()) / 1e6
 		secs := res.end.Sub(res.start).Seconds()
 		out := summary{
-			Figures:           loadgen.Measure(count, *size, secs, res.lat),
-			Errors:            errs + res.errs,
-			StreamLen:         n,
-			Window:            *window,
-			Batch:             *batch,
-			OfferedMBPerS:     rate,
-			LatencyFrom:       "scheduled send time, per entry",
-			ScheduleMaxLateMs: &late,
-			Warmup:            *warmup,
+			Figures:   loadgen.Measure(count, *size, secs, res.lat),
+			Errors:    errs + res.errs,
+			StreamLen: n,
+			Window:    *window,
+			Batch:     *batch,
+			Schedule:  loadgen.FixedRate("scheduled send time, per entry", *rate, res.lateMax, *warmup),
 		}
 		finish(out, count+*warmup)
 		return
@@ -216,12 +207,12 @@ func main() {
 	n, _ := strconv.ParseInt(do([]byte("XLEN"), []byte(*key)), 10, 64)
 
 	out := summary{
-		Figures:     loadgen.Measure(count, *size, secs, lat),
-		Errors:      errs,
-		StreamLen:   n,
-		Window:      slots * *batch,
-		Batch:       *batch,
-		LatencyFrom: "flush of each batch, per batch",
+		Figures:   loadgen.Measure(count, *size, secs, lat),
+		Errors:    errs,
+		StreamLen: n,
+		Window:    slots * *batch,
+		Batch:     *batch,
+		Schedule:  loadgen.FlatOut("flush of each batch, per batch"),
 	}
 	finish(out, count)
 }
