@@ -57,6 +57,15 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
             shared.connections.shutdown_all();
             return;
         }
+        if region.is_retired() {
+            tracing::error!(
+                broker,
+                "a restarted head replaced the region this broker is attached to; it stops, and acknowledges nothing more (start it again to attach to the new region)"
+            );
+            shared.shutdown.store(true, Ordering::SeqCst);
+            shared.connections.shutdown_all();
+            return;
+        }
         let seen = bell.seen();
         let mut progress = false;
         while let Ok(conn) = new_conns.try_recv() {
@@ -284,6 +293,11 @@ fn ack_session(
     if conn.closed.load(Ordering::Acquire) {
         return false;
     }
+    // After reading the session's status and before telling the client anything from
+    // it; the service loop stops the broker at its next round.
+    if shared.region.is_retired() {
+        return false;
+    }
     if status.fenced {
         let frame = ErrorFrame {
             code: ErrorCode::SessionFenced,
@@ -381,6 +395,11 @@ fn send_acks(shared: &Shared, logs: &[Option<LogState>], acks: &mut Vec<AckState
             return true;
         };
         if conn.closed.load(Ordering::Acquire) {
+            return false;
+        }
+        // After reading what the ack reports and before sending it; the service loop
+        // stops the broker at its next round.
+        if count.is_some() && region.is_retired() {
             return false;
         }
         let result = match count {

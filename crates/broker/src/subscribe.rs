@@ -225,6 +225,12 @@ fn send_round(
             break;
         }
     }
+    // A restarted head replaced this region: what was just read from it may be missing
+    // from the new one (or hold other batches at these positions), so it is not
+    // confirmed. The subscriber reconnects to a broker of the new region.
+    if region.is_retired() {
+        return Err(End::Gone);
+    }
     stream.write_all(
         &BatchOk {
             count: confirmed as u64,

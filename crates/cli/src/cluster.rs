@@ -99,6 +99,13 @@ pub fn broker(args: BrokerArgs) -> CliResult {
                     follower.id()
                 ));
             }
+            Err(RecvTimeoutError::Timeout) if follower.region_retired() => {
+                follower.stop();
+                return Err(format!(
+                    "broker {}: the head restarted and replaced the region this process was attached to; stopped. Start it again to attach to the new region",
+                    follower.id()
+                ));
+            }
             Err(RecvTimeoutError::Timeout) => {}
         }
     }
@@ -158,6 +165,10 @@ pub fn sequencer(args: SequencerArgs) -> CliResult {
         if sequencer.lost_lease() {
             sequencer.stop();
             return Err("another sequencer took over this region's lease; stopped".into());
+        }
+        if sequencer.region_retired() {
+            sequencer.stop();
+            return Err("the head restarted and replaced the region this sequencer ordered; stopped. Start it again to attach to the new region".into());
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -10,7 +10,7 @@ use embarcadero_client::{
 };
 use std::collections::HashSet;
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,10 +32,21 @@ fn start_head(brokers: u32) -> Head {
 
 fn start_head_with(brokers: u32, extra: &[&str]) -> Head {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port().to_string();
-    let data = dir.path().join("head").display().to_string();
+    let port = free_port();
+    Head {
+        proc: head_process(dir.path(), port, brokers, extra),
+        control: format!("127.0.0.1:{port}"),
+        _dir: dir,
+    }
+}
+
+/// A head serving its control API on `port` with its data under `dir` (the same two
+/// again for a restart).
+fn head_process(dir: &std::path::Path, port: u16, brokers: u32, extra: &[&str]) -> Proc {
+    let port = port.to_string();
+    let data = dir.join("head").display().to_string();
     let brokers = brokers.to_string();
-    let (proc, _) = Proc::ready(
+    Proc::ready(
         &[
             &["broker", "--head"],
             extra,
@@ -53,12 +64,8 @@ fn start_head_with(brokers: u32, extra: &[&str]) -> Head {
         .concat(),
         FAST,
         "embarcadero is serving",
-    );
-    Head {
-        proc,
-        control: format!("127.0.0.1:{port}"),
-        _dir: dir,
-    }
+    )
+    .0
 }
 
 fn follower(control: &str, id: u32) -> Proc {
@@ -734,4 +741,165 @@ fn a_paused_sequencer_is_killed_by_its_successor_before_it_writes() {
     standby.stop();
     f1.stop();
     head.proc.stop();
+}
+
+/// A head that restarts builds a fresh region from the old one (and from its disk
+/// replicas), while a follower and an external sequencer may still be attached to the old
+/// one, ordering and acknowledging. They must acknowledge nothing the new head did not read
+/// from the old region: that would live only in a region nobody reads again. A publisher
+/// writes to the follower the whole time (order 2, rf 2, ack 1); every batch it got an
+/// acknowledgement for must be in the new region's order, once.
+#[test]
+fn a_restarted_head_stops_the_followers_of_the_region_it_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let control = format!("127.0.0.1:{port}");
+    let head = head_process(dir.path(), port, 2, &["--external-sequencer"]);
+    let mut old_sequencer = sequencer(&control);
+    let mut f1 = follower(&control, 1);
+    Admin::new(&control)
+        .create_topic(&TopicSpec::new("z", 2).replicated(2))
+        .unwrap();
+    let victim_addr = broker_addr(&control, 1);
+
+    // Groups of 100 ids, each flushed: a group counts once its flush succeeded.
+    let acked = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let head_restarted = Arc::new(AtomicBool::new(false));
+    let publisher = {
+        let (acked, head_restarted) = (acked.clone(), head_restarted.clone());
+        std::thread::spawn(move || {
+            let p = Publisher::connect_brokers(
+                &[victim_addr],
+                "z",
+                PublisherConfig {
+                    batch_bytes: 4096,
+                    flush_timeout: Duration::from_secs(10),
+                    ..PublisherConfig::default()
+                },
+            )
+            .unwrap();
+            let mut payload = [7u8; 100];
+            let mut after_restart = 0;
+            for group in 0u64.. {
+                let ids = group * 100..(group + 1) * 100;
+                for id in ids.clone() {
+                    payload[..8].copy_from_slice(&id.to_le_bytes());
+                    if p.publish(&payload).is_err() {
+                        return;
+                    }
+                }
+                if p.flush().is_err() {
+                    return;
+                }
+                acked.lock().unwrap().extend(ids);
+                // A follower that never stopped would keep acknowledging: give up well
+                // after the restart, with its acknowledgements in hand.
+                if head_restarted.load(Ordering::Acquire) {
+                    after_restart += 1;
+                    if after_restart == 100 {
+                        return;
+                    }
+                }
+            }
+        })
+    };
+    wait_for("acknowledgements before the head dies", || {
+        acked.lock().unwrap().len() >= 5_000
+    });
+    // A subscriber of the follower reads through the restart, until it is cut off.
+    let old_reader = {
+        let mut sub = Subscriber::connect_brokers(
+            &[broker_addr(&control, 1)],
+            "z",
+            SubscriberConfig {
+                max_reconnects: 0,
+                ..SubscriberConfig::default()
+            },
+        )
+        .unwrap();
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(30) {
+                let polled = sub.poll_with(Duration::from_millis(200), |m| {
+                    let id = u64::from_le_bytes(m.payload[..8].try_into().unwrap());
+                    got.push((m.position, id));
+                });
+                if polled.is_err() {
+                    break;
+                }
+            }
+            got
+        })
+    };
+    head.kill();
+    let head = head_process(dir.path(), port, 2, &["--external-sequencer"]);
+    head_restarted.store(true, Ordering::Release);
+    // The old region's processes stop acknowledging, then exit saying why.
+    f1.wait_line("acknowledges nothing more");
+    let line = f1.wait_line("replaced the region this process was attached to");
+    assert!(line.contains("broker 1"), "{line}");
+    assert!(!f1.wait().success(), "the follower exits with an error");
+    old_sequencer.wait_line("replaced the region this sequencer ordered");
+    assert!(!old_sequencer.wait().success());
+    publisher.join().unwrap();
+    let acked = acked.lock().unwrap().clone();
+    let old_reader = old_reader.join().unwrap();
+    assert!(!old_reader.is_empty());
+    let old_reader_end = old_reader.iter().map(|m| m.0 + 1).max().unwrap();
+    eprintln!(
+        "{} ids acknowledged; the old region's subscriber read up to position {old_reader_end}",
+        acked.len()
+    );
+
+    // Started again, they attach to the new region.
+    let new_sequencer = sequencer(&control);
+    let f1 = follower(&control, 1);
+    let wanted: HashSet<u64> = acked.iter().copied().collect();
+    let read_all = || {
+        let mut sub = Subscriber::connect(&control, "z", SubscriberConfig::default()).unwrap();
+        let mut got = Vec::new();
+        let mut seen = HashSet::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !wanted.is_subset(&seen) || (got.len() as u64) < old_reader_end {
+            assert!(
+                Instant::now() < deadline,
+                "{} acknowledged ids are missing, e.g. {:?}",
+                wanted.difference(&seen).count(),
+                wanted.difference(&seen).min()
+            );
+            sub.poll_with(Duration::from_millis(200), |m| {
+                let id = u64::from_le_bytes(m.payload[..8].try_into().unwrap());
+                assert!(seen.insert(id), "id {id} delivered twice");
+                got.push((m.position, id));
+            })
+            .unwrap();
+        }
+        got
+    };
+    let a = read_all();
+    let positions: Vec<u64> = a.iter().map(|m| m.0).collect();
+    assert_eq!(
+        positions,
+        (0..a.len() as u64).collect::<Vec<_>>(),
+        "contiguous positions"
+    );
+    let b = read_all();
+    assert_eq!(
+        a[..b.len().min(a.len())],
+        b[..b.len().min(a.len())],
+        "one order"
+    );
+    // What the old region's subscriber was given agrees with the new region's order.
+    let order: std::collections::HashMap<u64, u64> = a.iter().copied().collect();
+    for (position, id) in &old_reader {
+        assert_eq!(
+            order.get(position),
+            Some(id),
+            "position {position} was delivered with id {id} from the old region"
+        );
+    }
+    new_sequencer.stop();
+    f1.stop();
+    head.stop();
 }

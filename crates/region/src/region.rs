@@ -18,6 +18,7 @@ const H_TOTAL_LEN: u64 = 72;
 const H_CREATED_NS: u64 = 80;
 const H_INIT_DONE: u64 = 88;
 const H_BOOT_ID: u64 = 96; // 2 words: the kernel boot id when the region was created
+const H_RETIRED: u64 = 112; // nonzero once a restarted head has replaced this region
 const INIT_DONE_TOKEN: u64 = 0x454d_4244_5245_4459; // "EMBDREDY"
 
 // Control block: fencing epoch and sequencer lease, then doorbells on their own lines.
@@ -369,6 +370,26 @@ impl Region {
         boot != [0, 0]
             && self.word(H_BOOT_ID).load(Ordering::Acquire) == boot[0]
             && self.word(H_BOOT_ID + 8).load(Ordering::Acquire) == boot[1]
+    }
+
+    /// Marks the region as replaced. A head that restarts builds a fresh region from what
+    /// this one holds; processes still attached to this one (followers, sequencers) must
+    /// stop acknowledging anything read from it, because what they read afterwards may be
+    /// missing from the fresh region. Call before reading the region for recovery: the
+    /// full fence pairs with the one in [`Region::is_retired`], so a process that still
+    /// saw the region live read nothing the recovery misses.
+    pub fn retire(&self) {
+        self.word(H_RETIRED).store(1, Ordering::SeqCst);
+        flush_range(self.word(H_RETIRED).as_ptr() as *const u8, 8);
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// True once a restarted head replaced this region (see [`Region::retire`]). Call
+    /// after reading what an acknowledgement or a delivery reports and before sending
+    /// it: the fence orders those reads before this load.
+    pub fn is_retired(&self) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.word(H_RETIRED).load(Ordering::SeqCst) != 0
     }
 
     pub fn fencing_epoch(&self) -> &AtomicU64 {
@@ -1013,6 +1034,24 @@ mod tests {
         };
         r.write_topic_meta(0, &meta);
         assert_eq!(r.topic_meta(0).unwrap(), meta);
+    }
+
+    #[test]
+    fn retiring_shows_in_every_mapping_of_the_region() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r");
+        let r = Region::create(&path, small()).unwrap();
+        let other = Region::attach(&path, None).unwrap();
+        assert!(
+            !r.is_retired() && !other.is_retired(),
+            "a new region is live"
+        );
+        other.retire();
+        assert!(r.is_retired(), "the other mapping sees it");
+        assert!(
+            Region::attach(&path, None).unwrap().is_retired(),
+            "and it stays"
+        );
     }
 
     #[test]

@@ -109,6 +109,7 @@ pub fn attach_head_region(
 /// A running follower broker. Dropping it stops it.
 pub struct Follower {
     broker: Broker,
+    region: Arc<Region>,
     metrics: Arc<tiny_http::Server>,
     metrics_addr: SocketAddr,
     metrics_thread: Option<JoinHandle<()>>,
@@ -152,8 +153,8 @@ impl Follower {
             doc.config.sequencer.session_window,
             &doc.config.replica_dirs,
         );
-        let broker =
-            Broker::start(broker_config, region).map_err(|e| ServerError::Start(e.to_string()))?;
+        let broker = Broker::start(broker_config, region.clone())
+            .map_err(|e| ServerError::Start(e.to_string()))?;
         let metrics = tiny_http::Server::http(config.metrics_listen).map_err(|e| {
             ServerError::Start(format!(
                 "cannot listen for /metrics on {}: {e}; choose another --metrics-port",
@@ -191,9 +192,10 @@ impl Follower {
         let interval = Duration::from_millis(doc.config.cluster.heartbeat_interval_ms);
         let heartbeat = {
             let (stop, evicted, head) = (stop.clone(), evicted.clone(), config.head.clone());
+            let region = region.clone();
             std::thread::Builder::new()
                 .name("heartbeat".into())
-                .spawn(move || heartbeats(&head, &call, interval, &stop, &evicted))
+                .spawn(move || heartbeats(&head, &call, interval, &stop, &evicted, &region))
                 .map_err(|e| ServerError::Start(format!("cannot start heartbeats: {e}")))?
         };
         tracing::info!(
@@ -204,6 +206,7 @@ impl Follower {
         );
         Ok(Self {
             broker,
+            region,
             metrics,
             metrics_addr,
             metrics_thread: Some(metrics_thread),
@@ -230,6 +233,13 @@ impl Follower {
     /// True once the head gave this broker id to another process: this one must stop.
     pub fn is_evicted(&self) -> bool {
         self.evicted.load(Ordering::Acquire)
+    }
+
+    /// True once a restarted head replaced the region this follower is attached to: its
+    /// broker stopped acknowledging, and this process must stop; started again, it
+    /// attaches to the new region.
+    pub fn region_retired(&self) -> bool {
+        self.region.is_retired()
     }
 
     pub fn stop(&mut self) {
@@ -326,10 +336,15 @@ fn heartbeats(
     interval: Duration,
     stop: &AtomicBool,
     evicted: &AtomicBool,
+    region: &Region,
 ) {
     let mut unreachable = false;
     while !stop.load(Ordering::Acquire) {
         std::thread::sleep(interval);
+        // A restarted head does not know this process's region: never rejoin it.
+        if region.is_retired() {
+            return;
+        }
         let url = format!("http://{head}/v1/cluster/heartbeat");
         match ureq::post(&url).timeout(interval * 2).send_json(call) {
             Ok(_) => {

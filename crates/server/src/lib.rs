@@ -435,7 +435,14 @@ fn recover(config: &ServerConfig, replica_dirs: &[PathBuf]) -> Result<Recovered,
     let topics = control::load_topics(&config.data_dir)?;
     let path = config.region_path();
     let old = match Region::attach(&path, None) {
-        Ok(r) if r.created_this_boot() => Some(r),
+        Ok(r) if r.created_this_boot() => {
+            // Followers and sequencers of the previous head may still be attached and
+            // writing: from here on they acknowledge nothing more, so nothing they
+            // acknowledge can be missing from what is read below.
+            r.retire();
+            tracing::info!(region = %path.display(), "retired the previous region: processes still attached to it stop; recovering from it");
+            Some(r)
+        }
         Ok(_) => {
             tracing::warn!(region = %path.display(), "the region file predates the last boot and cannot be trusted; recovering from the disk replicas only");
             None

@@ -10,9 +10,11 @@
 use crate::election::{self, Leadership};
 use crate::follower::{attach_head_region, fetch_cluster};
 use crate::ServerError;
+use embarcadero_region::Region;
 use embarcadero_sequencer::{Lease, Sequencer, SequencerConfig};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -36,6 +38,7 @@ pub struct SequencerProcess {
     sequencer: Sequencer,
     lease: Lease,
     leadership: Option<Leadership>,
+    region: Arc<Region>,
 }
 
 impl SequencerProcess {
@@ -104,6 +107,7 @@ impl SequencerProcess {
             sequencer,
             lease,
             leadership,
+            region,
         }))
     }
 
@@ -115,6 +119,13 @@ impl SequencerProcess {
     /// lost): this one must stop at once.
     pub fn lost_lease(&self) -> bool {
         self.lease.is_lost() || self.leadership.as_ref().is_some_and(Leadership::is_lost)
+    }
+
+    /// True once a restarted head replaced the region this sequencer orders: nothing
+    /// it orders there counts any more, and this process must stop; started again, it
+    /// attaches to the new region.
+    pub fn region_retired(&self) -> bool {
+        self.region.is_retired()
     }
 
     pub fn stop(&mut self) {
