@@ -280,6 +280,11 @@ impl Broker {
         self.shared.config.broker_id
     }
 
+    /// The process serving this broker id (see `BrokerConfig::incarnation`).
+    pub fn incarnation(&self) -> u64 {
+        self.shared.config.incarnation
+    }
+
     pub fn metrics(&self) -> Arc<BrokerMetrics> {
         self.shared.metrics.clone()
     }

@@ -12,6 +12,7 @@
 
 use parking_lot::Mutex;
 use serde::Serialize;
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -70,14 +71,44 @@ impl JoinError {
     }
 }
 
+/// Why a failover question about a broker cannot be answered (yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceRefusal {
+    /// The broker is not dead: ask again once it is.
+    NotDead(MemberState),
+    /// The incarnation asked about is not one this head has known: it served before
+    /// the head restarted (in a region the head replaced), so the head's region cannot
+    /// tell which of its batches were ordered.
+    UnknownIncarnation,
+}
+
+/// Replaced incarnations remembered per id (restarts; the oldest are forgotten, and a
+/// question about a forgotten one is refused as unknown rather than guessed).
+const REMEMBERED_INCARNATIONS: usize = 1024;
+
 struct Member {
     addr: Option<SocketAddr>,
     local: bool,
     incarnation: u64,
+    /// Earlier incarnations of this id that this head saw replaced.
+    replaced: VecDeque<u64>,
     last_heartbeat: Option<Instant>,
     joins: u64,
     /// Its current death was reported by `newly_dead`.
     death_reported: bool,
+}
+
+impl Member {
+    /// `incarnation` serves the id from now on; the one before is remembered.
+    fn replace_incarnation(&mut self, incarnation: u64) {
+        if self.incarnation != 0 {
+            if self.replaced.len() == REMEMBERED_INCARNATIONS {
+                self.replaced.pop_front();
+            }
+            self.replaced.push_back(self.incarnation);
+        }
+        self.incarnation = incarnation;
+    }
 }
 
 pub struct Membership {
@@ -87,15 +118,17 @@ pub struct Membership {
 }
 
 impl Membership {
-    /// `brokers` ids in all; `local` are served by this process at the given addresses.
-    pub fn new(brokers: u32, local: &[(u32, SocketAddr)], timeout: Duration) -> Self {
+    /// `brokers` ids in all; `local` are served by this process: (id, address,
+    /// incarnation).
+    pub fn new(brokers: u32, local: &[(u32, SocketAddr, u64)], timeout: Duration) -> Self {
         let members = (0..brokers)
             .map(|id| {
-                let addr = local.iter().find(|(l, _)| *l == id).map(|(_, a)| *a);
+                let served = local.iter().find(|(l, _, _)| *l == id);
                 Member {
-                    addr,
-                    local: addr.is_some(),
-                    incarnation: 0,
+                    addr: served.map(|&(_, a, _)| a),
+                    local: served.is_some(),
+                    incarnation: served.map_or(0, |&(_, _, i)| i),
+                    replaced: VecDeque::new(),
                     last_heartbeat: None,
                     joins: 0,
                     death_reported: false,
@@ -140,9 +173,9 @@ impl Membership {
         }
         if m.incarnation != incarnation {
             m.joins += 1;
+            m.replace_incarnation(incarnation);
         }
         m.addr = Some(addr);
-        m.incarnation = incarnation;
         m.last_heartbeat = Some(now);
         m.death_reported = false;
         Ok(())
@@ -191,32 +224,36 @@ impl Membership {
         let fenced = fence();
         if m.incarnation != incarnation {
             m.joins += 1;
+            m.replace_incarnation(incarnation);
         }
         m.addr = None;
-        m.incarnation = incarnation;
         m.last_heartbeat = Some(now);
         m.death_reported = false;
         Ok(fenced)
     }
 
     /// Runs `fence` if broker `id` is dead, holding the membership lock so it cannot
-    /// rejoin meanwhile; otherwise returns its state. A question about an `incarnation`
+    /// rejoin meanwhile; otherwise says why not. A question about an `incarnation`
     /// that a restarted process has replaced needs no fence (its claim set one): `fence`
-    /// does not run and the answer is `Ok(None)`.
+    /// does not run and the answer is `Ok(None)`. One about an incarnation this head
+    /// never knew is refused: it served a region this head replaced.
     pub fn fence_if_dead<T>(
         &self,
         id: u32,
         incarnation: Option<u64>,
         fence: impl FnOnce() -> T,
-    ) -> Result<Option<T>, MemberState> {
+    ) -> Result<Option<T>, FenceRefusal> {
         let members = self.members.lock();
         let Some(m) = members.get(id as usize) else {
-            return Err(MemberState::Absent);
+            return Err(FenceRefusal::NotDead(MemberState::Absent));
         };
         let now = Instant::now();
-        if incarnation.is_some_and(|i| !m.local && m.last_heartbeat.is_some() && i != m.incarnation)
-        {
-            return Ok(None);
+        if let Some(i) = incarnation.filter(|&i| i != m.incarnation) {
+            return if m.replaced.contains(&i) {
+                Ok(None)
+            } else {
+                Err(FenceRefusal::UnknownIncarnation)
+            };
         }
         if m.local || m.last_heartbeat.is_none() || self.alive(m, now) {
             let state = if m.local {
@@ -228,7 +265,7 @@ impl Membership {
             } else {
                 MemberState::Alive
             };
-            return Err(state);
+            return Err(FenceRefusal::NotDead(state));
         }
         Ok(Some(fence()))
     }
@@ -289,10 +326,19 @@ mod tests {
 
     #[test]
     fn ids_are_claimed_once_and_freed_by_death() {
-        let m = Membership::new(3, &[(0, addr(1))], Duration::from_millis(50));
+        let m = Membership::new(3, &[(0, addr(1), 5)], Duration::from_millis(50));
         assert_eq!(
             m.join(0, addr(2), 7, || false),
             Err(JoinError::Local { id: 0 })
+        );
+        assert_eq!(
+            m.fence_if_dead(0, Some(5), || ()),
+            Err(FenceRefusal::NotDead(MemberState::Local))
+        );
+        assert_eq!(
+            m.fence_if_dead(0, Some(4), || ()),
+            Err(FenceRefusal::UnknownIncarnation),
+            "the head's own brokers before it restarted"
         );
         assert_eq!(
             m.join(3, addr(2), 7, || false),
@@ -340,7 +386,10 @@ mod tests {
             "a fenced broker cannot come back"
         );
         m.join(1, addr(3), 9, || false).unwrap();
-        assert_eq!(m.fence_if_dead(1, None, || ()), Err(MemberState::Alive));
+        assert_eq!(
+            m.fence_if_dead(1, None, || ()),
+            Err(FenceRefusal::NotDead(MemberState::Alive))
+        );
         let v = &m.view()[1];
         assert_eq!(
             (v.state, v.joins, v.addr.as_deref()),
@@ -381,8 +430,13 @@ mod tests {
         );
         assert_eq!(
             m.fence_if_dead(1, Some(8), || ()),
-            Err(MemberState::Joining),
+            Err(FenceRefusal::NotDead(MemberState::Joining)),
             "the new incarnation is not dead"
+        );
+        assert_eq!(
+            m.fence_if_dead(1, Some(6), || ()),
+            Err(FenceRefusal::UnknownIncarnation),
+            "an incarnation this head never saw served before it restarted"
         );
         m.join(1, addr(3), 8, || false).unwrap();
         assert_eq!(m.view()[1].state, MemberState::Alive);

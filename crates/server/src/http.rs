@@ -14,7 +14,7 @@
 //! | GET | `/metrics` | Prometheus text format |
 //! | GET | `/healthz` | `ok` |
 
-use crate::cluster::{JoinError, MemberState};
+use crate::cluster::{FenceRefusal, JoinError, MemberState};
 use crate::control::{TopicError, TopicSpec};
 use crate::Inner;
 use serde_json::json;
@@ -230,7 +230,7 @@ fn failover_call(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'sta
             logs,
             "dead broker fenced: its uncommitted slots will never be ordered"
         ),
-        Err(state) => {
+        Err(FenceRefusal::NotDead(state)) => {
             return error(
                 409,
                 format!(
@@ -238,6 +238,16 @@ fn failover_call(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'sta
                     call.broker,
                     inner.config.cluster.heartbeat_interval_ms
                         * inner.config.cluster.heartbeat_misses as u64
+                ),
+            )
+        }
+        Err(FenceRefusal::UnknownIncarnation) => {
+            return error(
+                410,
+                format!(
+                    "broker {} incarnation {} served before this head restarted, in a region the head replaced; which of those batches were ordered cannot be told exactly, so they count as failed: publish them again if they must be delivered",
+                    call.broker,
+                    call.incarnation.unwrap_or_default()
                 ),
             )
         }

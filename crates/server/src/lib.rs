@@ -203,7 +203,7 @@ impl Server {
                 config.brokers,
                 &brokers
                     .iter()
-                    .map(|b| (b.id(), b.local_addr()))
+                    .map(|b| (b.id(), b.local_addr(), b.incarnation()))
                     .collect::<Vec<_>>(),
                 Duration::from_millis(
                     config.cluster.heartbeat_interval_ms * config.cluster.heartbeat_misses as u64,
