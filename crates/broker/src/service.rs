@@ -48,20 +48,15 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
     let reclaim_below_free = (total_segments * (1.0 - shared.config.low_watermark)).ceil() as u32;
     let pause_below_free = (total_segments * (1.0 - shared.config.high_watermark)).ceil() as u32;
     while !shared.shutdown.load(Ordering::Relaxed) {
-        if !shared.owns_logs() {
-            tracing::error!(
-                broker,
-                "another process has taken over this broker's logs (this one was declared dead); it stops"
-            );
-            shared.shutdown.store(true, Ordering::SeqCst);
-            shared.connections.shutdown_all();
-            return;
-        }
-        if region.is_retired() {
-            tracing::error!(
-                broker,
-                "a restarted head replaced the region this broker is attached to; it stops, and acknowledges nothing more (start it again to attach to the new region)"
-            );
+        let must_stop = if !shared.owns_logs() {
+            Some("another process has taken over this broker's logs (this one was declared dead); it stops")
+        } else if region.is_retired() {
+            Some("a restarted head replaced the region this broker is attached to; it stops, and acknowledges nothing more (start it again to attach to the new region)")
+        } else {
+            None
+        };
+        if let Some(reason) = must_stop {
+            tracing::error!(broker, "{reason}");
             shared.shutdown.store(true, Ordering::SeqCst);
             shared.connections.shutdown_all();
             return;
