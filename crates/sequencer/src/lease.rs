@@ -135,7 +135,9 @@ impl Lease {
         })
     }
 
-    /// Waits until the lease can be taken (standby), checking every `poll`.
+    /// Waits until the lease can be taken (standby), checking every `poll`. `None` once
+    /// `give_up` is raised or a restarted head retired the region (its lease is worth
+    /// nothing then).
     pub fn acquire_when_free(
         region: Arc<Region>,
         id: u64,
@@ -144,7 +146,7 @@ impl Lease {
         give_up: &AtomicBool,
     ) -> Option<Self> {
         loop {
-            if give_up.load(Ordering::Relaxed) {
+            if give_up.load(Ordering::Relaxed) || region.is_retired() {
                 return None;
             }
             match Self::acquire(region.clone(), id, duration) {
@@ -277,6 +279,30 @@ mod tests {
         });
         assert_eq!(winners.len(), 1);
         assert_eq!(LeaseState::read(&r).holder, winners[0].id);
+    }
+
+    #[test]
+    fn a_standby_stops_waiting_once_the_region_is_retired() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = region(dir.path());
+        let _active = Lease::acquire(r.clone(), 1, Duration::from_secs(5)).unwrap();
+        let give_up = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let standby = s.spawn(|| {
+                Lease::acquire_when_free(
+                    r.clone(),
+                    2,
+                    Duration::from_secs(5),
+                    Duration::from_millis(5),
+                    &give_up,
+                )
+            });
+            r.retire();
+            assert!(
+                standby.join().unwrap().is_none(),
+                "no lease on a retired region"
+            );
+        });
     }
 
     #[test]

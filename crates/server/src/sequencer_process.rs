@@ -84,6 +84,11 @@ impl SequencerProcess {
             );
             match Lease::acquire_when_free(region.clone(), id, duration, duration / 10, give_up) {
                 Some(lease) => lease,
+                None if region.is_retired() => {
+                    return Err(ServerError::Start(
+                        "the head restarted and replaced the region this standby waited on; start it again to attach to the new region".into(),
+                    ))
+                }
                 None => return Ok(None),
             }
         } else {
