@@ -749,7 +749,7 @@ fn a_paused_sequencer_is_killed_by_its_successor_before_it_writes() {
 /// from the old region: that would live only in a region nobody reads again. A publisher
 /// writes to the follower the whole time (order 2, rf 2, ack 1); every batch it got an
 /// acknowledgement for must be in the new region's order, once.
-fn restart_the_head_under_a_publisher(through_head: bool) {
+fn restart_the_head_under_a_publisher(through_head: bool, kill_after_acked: usize) {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let control = format!("127.0.0.1:{port}");
@@ -807,7 +807,7 @@ fn restart_the_head_under_a_publisher(through_head: bool) {
         })
     };
     wait_for("acknowledgements before the head dies", || {
-        acked.lock().unwrap().len() >= 5_000
+        acked.lock().unwrap().len() >= kill_after_acked
     });
     // A subscriber of the follower reads through the restart, until it is cut off.
     let old_reader = {
@@ -908,10 +908,28 @@ fn restart_the_head_under_a_publisher(through_head: bool) {
 
 #[test]
 fn a_restarted_head_stops_the_followers_of_the_region_it_replaced() {
-    restart_the_head_under_a_publisher(false);
+    restart_the_head_under_a_publisher(false, 5_000);
 }
 
 #[test]
 fn publishers_through_a_restarted_head_lose_and_repeat_nothing() {
-    restart_the_head_under_a_publisher(true);
+    restart_the_head_under_a_publisher(true, 5_000);
+}
+
+/// Soak, not in the default suite (`scripts/chaos-head-restart.sh` runs it): the restart
+/// above `HEAD_RESTART_ROUNDS` times (default 50), alternating the publisher's way in and
+/// moving the kill between 300 and 20 000 acknowledged ids.
+#[test]
+#[ignore]
+fn head_restart_soak() {
+    let rounds: u64 = std::env::var("HEAD_RESTART_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    for round in 0..rounds {
+        // A spread of kill points without a random source: a multiplicative walk.
+        let kill_after = 300 + (round * 7919 % 197) as usize * 100;
+        eprintln!("round {round}: kill after {kill_after} acknowledged ids");
+        restart_the_head_under_a_publisher(round % 2 == 1, kill_after);
+    }
 }
