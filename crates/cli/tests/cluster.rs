@@ -835,6 +835,39 @@ fn restart_the_head_under_a_publisher(through_head: bool, kill_after_acked: usiz
             got
         })
     };
+    // And one made through the head reads on through the restart, whichever broker it is
+    // on: it asks the head for the brokers again once none it knows answers (here every
+    // address changes: ephemeral ports). It stops at `through_head_target` messages.
+    let through_head_target = Arc::new(AtomicU64::new(u64::MAX));
+    let through_head_reader = {
+        let mut sub = Subscriber::connect(
+            &control,
+            "z",
+            SubscriberConfig {
+                max_reconnects: 100,
+                ..SubscriberConfig::default()
+            },
+        )
+        .unwrap();
+        let target = through_head_target.clone();
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let started = Instant::now();
+            while (got.len() as u64) < target.load(Ordering::Acquire) {
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "the subscriber through the head stalled at {} messages",
+                    got.len()
+                );
+                sub.poll_with(Duration::from_millis(200), |m| {
+                    let id = u64::from_le_bytes(m.payload[..8].try_into().unwrap());
+                    got.push((m.position, id));
+                })
+                .expect("the subscriber through the head rides out the restart");
+            }
+            got
+        })
+    };
     head.kill();
     let head = head_process(dir.path(), port, 2, &["--external-sequencer"]);
     head_restarted.store(true, Ordering::Release);
@@ -891,6 +924,13 @@ fn restart_the_head_under_a_publisher(through_head: bool, kill_after_acked: usiz
         a[..b.len().min(a.len())],
         b[..b.len().min(a.len())],
         "one order"
+    );
+    through_head_target.store(a.len() as u64, Ordering::Release);
+    let through_head = through_head_reader.join().unwrap();
+    assert_eq!(
+        through_head[..a.len()],
+        a[..],
+        "the subscriber through the head saw the same order, across the restart"
     );
     // What the old region's subscriber was given agrees with the new region's order.
     let order: std::collections::HashMap<u64, u64> = a.iter().copied().collect();

@@ -1680,9 +1680,9 @@ fn fail_over(inner: &Inner, index: usize, cause: Error) {
 }
 
 /// Asks the head which of `batch_ids` (this connection's unacknowledged batches) made
-/// it into the order; waits (at most 30 s) until the head has declared the broker dead,
-/// or answers again after it was unreachable (restarting). A head that restarted since
-/// the batches were sent refuses (410): their fate cannot be told, and they fail.
+/// it into the order; waits (at most 30 s) until the head has declared the broker dead.
+/// A head that cannot be reached fails them at once (were it restarting, it could not
+/// answer either), and so does one that restarted since they were sent (410).
 fn ordered_on_dead_broker(inner: &Inner, q: &Queue, batch_ids: &[u64]) -> Result<Vec<u64>> {
     let admin = Admin::new(inner.control.as_deref().expect("checked by can_fail_over"));
     let broker = q.process.expect("checked by can_fail_over");
@@ -1696,9 +1696,7 @@ fn ordered_on_dead_broker(inner: &Inner, q: &Queue, batch_ids: &[u64]) -> Result
             batch_ids,
             inner.config.ack_level,
         ) {
-            Err(Error::Admin { status: 409, .. } | Error::Connect { .. })
-                if Instant::now() < deadline =>
-            {
+            Err(Error::Admin { status: 409, .. }) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(50));
             }
             other => return other,

@@ -30,7 +30,8 @@ pub struct SubscriberConfig {
     /// Where to start; `None` means from the beginning.
     pub start: Option<Cursor>,
     pub client_id: Option<u64>,
-    /// How many times in a row to reconnect after a lost connection.
+    /// How many times in a row to reconnect after a lost connection (or a broker that
+    /// does not answer), pausing 10-100 ms in between, before reporting the error.
     pub max_reconnects: u32,
 }
 
@@ -134,6 +135,11 @@ impl Batch {
 
 pub struct Subscriber {
     brokers: Vec<String>,
+    /// The head it was made through: asked for the brokers again when none it knows
+    /// answers (they restarted on other addresses). `None` for `connect_brokers`.
+    control: Option<String>,
+    /// Reconnections since the last read that succeeded (see `fill`).
+    failed_reconnects: u32,
     topic: String,
     client_id: u64,
     config: SubscriberConfig,
@@ -149,13 +155,21 @@ pub struct Subscriber {
 
 impl Subscriber {
     pub fn connect(control: &str, topic: &str, config: SubscriberConfig) -> Result<Self> {
-        let cluster = Admin::new(control).cluster()?;
-        let addrs: Vec<String> = cluster.brokers.into_iter().map(|b| b.addr).collect();
-        Self::connect_brokers(&addrs, topic, config)
+        let addrs = live_brokers(control)?;
+        Self::start(&addrs, Some(control), topic, config)
     }
 
     pub fn connect_brokers(
         brokers: &[String],
+        topic: &str,
+        config: SubscriberConfig,
+    ) -> Result<Self> {
+        Self::start(brokers, None, topic, config)
+    }
+
+    fn start(
+        brokers: &[String],
+        control: Option<&str>,
         topic: &str,
         config: SubscriberConfig,
     ) -> Result<Self> {
@@ -165,6 +179,8 @@ impl Subscriber {
         let client_id = config.client_id.unwrap_or_else(crate::random_client_id);
         let mut s = Self {
             brokers: brokers.to_vec(),
+            control: control.map(str::to_string),
+            failed_reconnects: 0,
             topic: topic.to_string(),
             client_id,
             next_broker: (client_id as usize) % brokers.len(),
@@ -208,7 +224,26 @@ impl Subscriber {
         self.reconnect()
     }
 
+    /// Connects to the next broker that answers; through the head, asks it for the
+    /// brokers again if none of those known does.
     fn reconnect(&mut self) -> Result<()> {
+        match self.try_known_brokers() {
+            Err(e @ Error::Broker { .. }) => Err(e),
+            Err(e) => {
+                let Some(fresh) = self.control.as_deref().and_then(|c| live_brokers(c).ok()) else {
+                    return Err(e);
+                };
+                if fresh.is_empty() || fresh == self.brokers {
+                    return Err(e);
+                }
+                self.brokers = fresh;
+                self.try_known_brokers()
+            }
+            ok => ok,
+        }
+    }
+
+    fn try_known_brokers(&mut self) -> Result<()> {
         self.unconfirmed.clear();
         let mut last_err = None;
         for _ in 0..self.brokers.len() {
@@ -303,22 +338,27 @@ impl Subscriber {
         advance(&mut self.cursor, broker, position);
     }
 
-    /// Reads frames until at least one batch is confirmed or `timeout` passes.
+    /// Reads frames until at least one batch is confirmed or `timeout` passes. A lost
+    /// connection, or a broker that does not answer when reconnecting, is retried up to
+    /// `max_reconnects` times in a row (the count survives across calls until a read on
+    /// a connection succeeds), each after a pause growing to 100 ms.
     fn fill(&mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
-        let mut reconnects = 0;
         while self.ready.is_empty() {
             let now = Instant::now();
             if now >= deadline {
                 return Ok(());
             }
             match self.read_one(deadline - now) {
-                Ok(()) => reconnects = 0,
-                Err(Error::ConnectionLost { .. }) if reconnects < self.config.max_reconnects => {
-                    reconnects += 1;
+                Ok(()) => self.failed_reconnects = 0,
+                Err(Error::ConnectionLost { .. } | Error::Connect { .. })
+                    if self.failed_reconnects < self.config.max_reconnects =>
+                {
+                    self.failed_reconnects += 1;
                     self.stream = None;
-                    std::thread::sleep(Duration::from_millis(10 * reconnects as u64));
-                    self.reconnect()?;
+                    let pause = 10 * self.failed_reconnects.min(10) as u64;
+                    std::thread::sleep(Duration::from_millis(pause));
+                    // The next read reconnects.
                 }
                 Err(e) => return Err(e),
             }
@@ -426,6 +466,12 @@ impl Subscriber {
             }),
         }
     }
+}
+
+/// The data addresses of the brokers the head lists as serving.
+fn live_brokers(control: &str) -> Result<Vec<String>> {
+    let cluster = Admin::new(control).cluster()?;
+    Ok(cluster.brokers.into_iter().map(|b| b.addr).collect())
 }
 
 /// Moves the cursor past a delivered message.
