@@ -223,7 +223,21 @@ pub fn run_server(config: ServerConfig) -> CliResult {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    let _ = stop.recv();
+    loop {
+        match stop.recv_timeout(std::time::Duration::from_millis(100)) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if server.region().is_retired() => {
+                // Another head was started on this region file (two heads configured with
+                // one `region.path`): it rebuilt the region, and this one's brokers stopped.
+                server.stop();
+                return Err(format!(
+                    "another head was started on the region file {} and replaced it; this server stopped. Give each head its own region.path",
+                    server.region().path().display()
+                ));
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
     eprintln!("shutting down");
     server.stop();
     Ok(())

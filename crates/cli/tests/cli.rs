@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{free_port, Serve, BIN};
+use common::{free_port, Proc, Serve, BIN};
 use std::io::Write;
 use std::net::TcpListener;
 use std::process::{Command, Output, Stdio};
@@ -188,6 +188,42 @@ fn serve_refuses_an_unusable_data_dir_and_a_busy_port() {
         err.contains("cannot listen") && err.contains("--base-port"),
         "{err}"
     );
+}
+
+/// Two servers configured with one region file: the second rebuilds the region, so the
+/// first one, whose brokers no longer acknowledge, stops and says why.
+#[test]
+fn a_second_server_on_the_same_region_file_stops_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let region = dir.path().join("shared.region").display().to_string();
+    let env = [("EMBARCADERO_REGION_PATH", region.as_str())];
+    let serve = |data: &str| {
+        let data = dir.path().join(data).display().to_string();
+        let control = free_port().to_string();
+        Proc::ready(
+            &[
+                "serve",
+                "--base-port",
+                "0",
+                "--control-port",
+                &control,
+                "--data-dir",
+                &data,
+            ],
+            &env,
+            "embarcadero is serving",
+        )
+        .0
+    };
+    let mut first = serve("one");
+    let second = serve("two");
+    let line = first.wait_line("replaced it; this server stopped");
+    assert!(line.contains("region.path"), "{line}");
+    assert!(
+        !first.wait().success(),
+        "the first server exits with an error"
+    );
+    second.stop();
 }
 
 #[test]
