@@ -155,7 +155,7 @@ pub struct Subscriber {
 
 impl Subscriber {
     pub fn connect(control: &str, topic: &str, config: SubscriberConfig) -> Result<Self> {
-        let addrs = live_brokers(control)?;
+        let addrs = live_brokers(&Admin::new(control))?;
         Self::start(&addrs, Some(control), topic, config)
     }
 
@@ -230,7 +230,12 @@ impl Subscriber {
         match self.try_known_brokers() {
             Err(e @ Error::Broker { .. }) => Err(e),
             Err(e) => {
-                let Some(fresh) = self.control.as_deref().and_then(|c| live_brokers(c).ok()) else {
+                // Briefly: a head that does not answer must not hold up the poll.
+                let head = self
+                    .control
+                    .as_deref()
+                    .map(|c| Admin::with_timeout(c, HEAD_WAIT));
+                let Some(fresh) = head.and_then(|h| live_brokers(&h).ok()) else {
                     return Err(e);
                 };
                 if fresh.is_empty() || fresh == self.brokers {
@@ -468,9 +473,12 @@ impl Subscriber {
     }
 }
 
+/// Longest wait for the head's broker list while reconnecting.
+const HEAD_WAIT: Duration = Duration::from_secs(2);
+
 /// The data addresses of the brokers the head lists as serving.
-fn live_brokers(control: &str) -> Result<Vec<String>> {
-    let cluster = Admin::new(control).cluster()?;
+fn live_brokers(head: &Admin) -> Result<Vec<String>> {
+    let cluster = head.cluster()?;
     Ok(cluster.brokers.into_iter().map(|b| b.addr).collect())
 }
 
