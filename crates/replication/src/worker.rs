@@ -4,7 +4,9 @@
 //! Per topic and pass, a worker:
 //! 1. snapshots each broker's `ordered_pbr`, then the topic's `committed_seq` (the
 //!    sequencer stores them in the opposite order, so every valid PBR slot below the
-//!    snapshot is in a GOI entry below the snapshot's `committed_seq`);
+//!    snapshot is in a GOI entry below the snapshot's `committed_seq`; order 5 excepts
+//!    resends dropped as duplicates, which are never ordered from their own slot and
+//!    whose acknowledgement follows the session table, not `durable_pbr`);
 //! 2. appends the GOI entries it has not copied yet (payload straight from the region
 //!    into the page cache) up to `group_commit_bytes`;
 //! 3. `fdatasync`s once for all of them (group commit) when the pass filled its byte

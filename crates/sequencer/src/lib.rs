@@ -19,6 +19,9 @@
 pub mod lease;
 mod sessions;
 
+#[cfg(test)]
+mod model_tests;
+
 pub use lease::{Lease, LeaseError, LeaseState};
 
 use embarcadero_region::backoff::Backoff;
@@ -560,7 +563,7 @@ mod tests {
     use embarcadero_region::{Capacities, TopicMeta};
     use embarcadero_wire::BatchHeader;
 
-    fn region(goi_slots: u64) -> (tempfile::TempDir, Arc<Region>) {
+    pub(super) fn region(goi_slots: u64) -> (tempfile::TempDir, Arc<Region>) {
         let dir = tempfile::tempdir().unwrap();
         let caps = Capacities {
             max_topics: 2,
@@ -576,7 +579,7 @@ mod tests {
         (dir, r)
     }
 
-    fn commit(r: &Region, broker: u32, index: u64, num_msg: u32, valid: bool) {
+    pub(super) fn commit(r: &Region, broker: u32, index: u64, num_msg: u32, valid: bool) {
         r.pbr_commit(
             1,
             broker,
@@ -599,7 +602,7 @@ mod tests {
         );
     }
 
-    fn core(r: &Arc<Region>) -> Core {
+    pub(super) fn core(r: &Arc<Region>) -> Core {
         let mut c = Core::new(r.clone(), SequencerConfig::default(), Default::default());
         c.refresh_topics();
         c
@@ -776,13 +779,20 @@ mod tests {
 
     // ------------------------------------------------------------------ order 5
 
-    fn session_region() -> (tempfile::TempDir, Arc<Region>) {
+    pub(super) fn session_region() -> (tempfile::TempDir, Arc<Region>) {
         let (d, r) = region(64);
         r.write_topic_meta(0, &TopicMeta::new("s", 5));
         (d, r)
     }
 
-    fn commit_session(r: &Region, broker: u32, index: u64, client: u64, epoch: u64, seq: u64) {
+    pub(super) fn commit_session(
+        r: &Region,
+        broker: u32,
+        index: u64,
+        client: u64,
+        epoch: u64,
+        seq: u64,
+    ) {
         r.pbr_commit(
             0,
             broker,
@@ -802,7 +812,7 @@ mod tests {
         );
     }
 
-    fn session_core(r: &Arc<Region>, lease: Duration) -> Core {
+    pub(super) fn session_core(r: &Arc<Region>, lease: Duration) -> Core {
         let config = SequencerConfig {
             session_lease: lease,
             ..SequencerConfig::default()
@@ -812,7 +822,7 @@ mod tests {
         c
     }
 
-    fn goi_sessions(r: &Region) -> Vec<(u64, u64)> {
+    pub(super) fn goi_sessions(r: &Region) -> Vec<(u64, u64)> {
         let n = r.topic_seq(0).committed_seq.load(Ordering::Acquire);
         (0..n)
             .map(|g| {
