@@ -33,11 +33,20 @@ pub struct PublishConn {
     pub session_epoch: u64,
     pub order: u8,
     pub ack_level: u8,
-    /// `(batch_seq, pbr_index)` of committed batches, in order. Producer: the
-    /// connection thread. Consumer: the service thread.
-    pub pending: ArrayQueue<(u64, u64)>,
+    /// Committed batches, in order. Producer: the connection thread. Consumer: the
+    /// service thread.
+    pub pending: ArrayQueue<PendingAck>,
     pub out: Mutex<Outbox>,
     pub closed: AtomicBool,
+}
+
+/// A committed batch waiting for its acknowledgement.
+#[derive(Clone, Copy, Debug)]
+pub struct PendingAck {
+    pub batch_seq: u64,
+    pub pbr_index: u64,
+    /// When the connection thread queued it, where its `ack_wait` stage starts.
+    pub queued_at: Instant,
 }
 
 /// The write half of a connection, shared by acks (service thread) and retriable
@@ -207,7 +216,7 @@ fn receive_batches(
                     if let Err(e) = net::drain(stream, header.total_size) {
                         return e.into();
                     }
-                    push_pending(conn, header.batch_seq, 0);
+                    push_pending(conn, header.batch_seq, 0, Instant::now());
                     region.broker_bell(broker).ring();
                     continue;
                 }
@@ -328,13 +337,13 @@ fn receive_batches(
             // the entry is queued before the commit: the sequencer may order the batch
             // and ring the bell as soon as it is committed, and an entry queued after
             // that ring would wait for the next epoch's (or the sleep's timeout).
-            push_pending(conn, header.batch_seq, reservation.pbr_index);
+            push_pending(conn, header.batch_seq, reservation.pbr_index, validated);
             region.pbr_commit(topic, broker, reservation.pbr_index, &committed);
             region.sequencer_bell().ring();
         } else {
             // Order 0 acknowledges whatever is queued: only after the commit.
             region.pbr_commit(topic, broker, reservation.pbr_index, &committed);
-            push_pending(conn, header.batch_seq, reservation.pbr_index);
+            push_pending(conn, header.batch_seq, reservation.pbr_index, validated);
             region.broker_bell(broker).ring();
         }
         StageTimes::lap(&stages.commit, validated);
@@ -343,11 +352,15 @@ fn receive_batches(
 }
 
 /// Queues a committed batch for acknowledgement by the service thread.
-fn push_pending(conn: &PublishConn, batch_seq: u64, pbr_index: u64) {
+fn push_pending(conn: &PublishConn, batch_seq: u64, pbr_index: u64, queued_at: Instant) {
     if conn.ack_level == 0 {
         return;
     }
-    let mut item = (batch_seq, pbr_index);
+    let mut item = PendingAck {
+        batch_seq,
+        pbr_index,
+        queued_at,
+    };
     while let Err(back) = conn.pending.push(item) {
         // The client has thousands of batches unacknowledged; wait for the acks.
         if conn.closed.load(Ordering::Relaxed) {

@@ -2,13 +2,14 @@
 //! memory under pressure, raises and clears backpressure, and sends acknowledgements.
 //! It is the only writer of the broker-owned line of each log's control block.
 
-use crate::publish::PublishConn;
+use crate::publish::{PendingAck, PublishConn};
 use crate::session::SessionView;
 use crate::{Shared, StageTimes};
 use embarcadero_region::backoff::Backoff;
 use embarcadero_wire::{Ack, BatchFlags, ErrorCode, ErrorFrame};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Most PBR slots one log advances per round, so one busy log cannot starve acks.
 const MAX_SLOTS_PER_ROUND: u64 = 4096;
@@ -30,7 +31,7 @@ struct LogState {
 struct AckState {
     conn: Arc<PublishConn>,
     /// A pending entry popped but not yet acknowledgeable.
-    head: Option<(u64, u64)>,
+    head: Option<PendingAck>,
     /// Order 5: the connection's session, whose high-water mark drives its acks.
     session: Option<SessionView>,
 }
@@ -125,7 +126,7 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
             );
         }
         let started = std::time::Instant::now();
-        progress |= send_acks(&shared, &logs, &mut acks);
+        progress |= send_acks(&shared, &logs, &mut acks, started);
         StageTimes::lap(&shared.metrics.stages.ack_send, started);
         if progress {
             backoff.reset();
@@ -277,9 +278,10 @@ fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, segment_pressure: boo
 fn ack_session(
     shared: &Shared,
     conn: &PublishConn,
-    head: &mut Option<(u64, u64)>,
+    head: &mut Option<PendingAck>,
     session: &mut SessionView,
     progress: &mut bool,
+    now: Instant,
 ) -> bool {
     let status = session.status(&shared.region);
     let Ok(mut out) = conn.out.try_lock() else {
@@ -312,18 +314,21 @@ fn ack_session(
     // Ack 2 waits until the batches are on every disk replica, not just ordered.
     let hwm = status.acked_hwm(conn.ack_level);
     let mut acked = false;
+    let mut waited = AckWait::default();
     loop {
         if head.is_none() {
             *head = conn.pending.pop();
         }
         match *head {
-            Some((seq, _)) if seq < hwm => {
+            Some(p) if p.batch_seq < hwm => {
                 acked = true;
+                waited.add(p, now);
                 *head = None;
             }
             _ => break,
         }
     }
+    waited.record(shared);
     let result = if acked {
         *progress = true;
         shared.metrics.acks_sent.fetch_add(1, Ordering::Relaxed);
@@ -348,7 +353,12 @@ fn ack_session(
 }
 
 /// Acknowledges, per connection, every pending batch that reached the ack level.
-fn send_acks(shared: &Shared, logs: &[Option<LogState>], acks: &mut Vec<AckState>) -> bool {
+fn send_acks(
+    shared: &Shared,
+    logs: &[Option<LogState>],
+    acks: &mut Vec<AckState>,
+    now: Instant,
+) -> bool {
     let region = &shared.region;
     let broker = shared.config.broker_id;
     let mut progress = false;
@@ -359,7 +369,14 @@ fn send_acks(shared: &Shared, logs: &[Option<LogState>], acks: &mut Vec<AckState
         }
         let log = region.log(conn.topic, broker);
         if let Some(session) = &mut a.session {
-            return ack_session(shared, a.conn.as_ref(), &mut a.head, session, &mut progress);
+            return ack_session(
+                shared,
+                a.conn.as_ref(),
+                &mut a.head,
+                session,
+                &mut progress,
+                now,
+            );
         }
         let written = logs[conn.topic as usize].as_ref().map_or(0, |s| s.frontier);
         // PBR indices below `limit` have reached the connection's ack level.
@@ -370,22 +387,30 @@ fn send_acks(shared: &Shared, logs: &[Option<LogState>], acks: &mut Vec<AckState
             _ => log.ordered_pbr.load(Ordering::Acquire),
         };
         let mut count = None;
+        let mut waited = AckWait::default();
         loop {
             if a.head.is_none() {
                 a.head = conn.pending.pop();
             }
             match a.head {
-                Some((seq, pbr)) if pbr < limit => {
-                    count = Some(seq + 1);
+                Some(p) if p.pbr_index < limit => {
+                    count = Some(p.batch_seq + 1);
+                    waited.add(p, now);
                     a.head = None;
                 }
                 _ => break,
             }
         }
+        waited.record(shared);
         // Never wait on a connection thread that is writing to its own client.
         let Ok(mut out) = conn.out.try_lock() else {
             if let Some(count) = count {
-                a.head = Some((count - 1, 0));
+                // Acknowledged at the next round; the wait until then counts again.
+                a.head = Some(PendingAck {
+                    batch_seq: count - 1,
+                    pbr_index: 0,
+                    queued_at: now,
+                });
             }
             return true;
         };
@@ -421,4 +446,25 @@ fn send_acks(shared: &Shared, logs: &[Option<LogState>], acks: &mut Vec<AckState
         true
     });
     progress
+}
+
+/// Sums, over the batches one round acknowledges, the time from queueing to being
+/// found acknowledgeable: the `ack_wait` stage, one counter update per connection.
+#[derive(Default)]
+struct AckWait(u64);
+
+impl AckWait {
+    fn add(&mut self, p: PendingAck, now: Instant) {
+        self.0 += now.saturating_duration_since(p.queued_at).as_nanos() as u64;
+    }
+
+    fn record(self, shared: &Shared) {
+        if self.0 != 0 {
+            shared
+                .metrics
+                .stages
+                .ack_wait
+                .fetch_add(self.0, Ordering::Relaxed);
+        }
+    }
 }

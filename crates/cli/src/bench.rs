@@ -468,12 +468,25 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     let ceilings = measure_ceilings(args, &scratch)?;
     let mb_s = bytes / elapsed.as_secs_f64() / 1e6;
     let per_gb = |seconds: f64| seconds / (bytes / 1e9);
-    // Per-stage time from the server's counters (cumulative: exact for an embedded
-    // server, which served only this run).
-    let stage_ms_per_gb: std::collections::BTreeMap<String, f64> = stage_nanos(&control)
+    // Per-stage time from the server's counters, less what they held when the measured
+    // schedule began (exact for an embedded server, which served only this run).
+    let stage_run_nanos: std::collections::BTreeMap<String, u64> = stage_nanos(&control)
         .into_iter()
-        .map(|(stage, ns)| (stage, ns as f64 / 1e6 / (bytes / 1e9)))
+        .map(|(stage, ns)| {
+            let before = outcome.stages_at_start.get(&stage).copied().unwrap_or(0);
+            (stage, ns.saturating_sub(before))
+        })
         .collect();
+    let stage_ms_per_gb: std::collections::BTreeMap<String, f64> = stage_run_nanos
+        .iter()
+        .map(|(stage, &ns)| (stage.clone(), ns as f64 / 1e6 / (bytes / 1e9)))
+        .collect();
+    // The mean batch's wait from commit to acknowledgeable (the epoch wait for orders
+    // 2 and 5): a per-batch figure, unlike the per-GB thread time above.
+    let ack_wait_us_per_batch = stage_run_nanos
+        .get("ack_wait")
+        .filter(|_| stats.batches > 0)
+        .map(|&ns| ns as f64 / 1e3 / stats.batches as f64);
     let mut figures = common_figures(args, config, &outcome, elapsed);
     let extra = serde_json::json!({
         "region_file": region_file.as_ref().map(|p| p.display().to_string()),
@@ -489,6 +502,7 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         "server_cpu_seconds_per_gb": server_cpu.map(per_gb),
         "client_cpu_seconds_per_gb": per_gb(client_cpu),
         "stage_ms_per_gb": stage_ms_per_gb,
+        "ack_wait_us_per_batch": ack_wait_us_per_batch,
         "ceilings": ceilings,
     });
     merge(&mut figures, extra);
@@ -526,9 +540,13 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     );
     if !stage_ms_per_gb.is_empty() {
         println!("time per stage, ms per GB of payload (summed over brokers):");
-        for (stage, ms) in &stage_ms_per_gb {
+        // ack_wait is time batches spent waiting, not time a thread spent: shown below.
+        for (stage, ms) in stage_ms_per_gb.iter().filter(|(s, _)| *s != "ack_wait") {
             println!("  {stage:<16} {ms:>9.1}");
         }
+    }
+    if let Some(us) = ack_wait_us_per_batch {
+        println!("mean wait per batch from commit to acknowledgeable (ack_wait): {us:.0} us");
     }
     print_ceilings(&figures, mb_s);
     Ok(figures)
@@ -668,6 +686,9 @@ struct PublishOutcome {
     /// From the start until the last publisher's last acknowledgement.
     elapsed: Duration,
     behind_max: Duration,
+    /// The server's per-stage totals at the start, after any warm-up: the run's own
+    /// are the difference at the end.
+    stages_at_start: std::collections::BTreeMap<String, u64>,
 }
 
 /// The publishers of a run while they publish, as the main thread sees them.
@@ -722,6 +743,7 @@ fn publish_all<T>(
         _ => None,
     };
     // After connecting (and warming up): neither is part of the measured schedule.
+    let stages_at_start = stage_nanos(control);
     let start = Instant::now();
     let deadline = args.duration.map(|d| start + Duration::from_secs_f64(d));
     let share = |index| Share {
@@ -795,6 +817,7 @@ fn publish_all<T>(
             runs,
             start,
             elapsed,
+            stages_at_start,
         },
         watched,
     ))

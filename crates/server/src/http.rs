@@ -551,7 +551,7 @@ pub(crate) fn broker_families(
             .collect(),
     );
     type Stage = fn(&embarcadero_broker::StageTimes) -> &std::sync::atomic::AtomicU64;
-    let stages: [(&str, Stage); 7] = [
+    let stages: [(&str, Stage); 8] = [
         ("reserve", |s| &s.reserve),
         ("receive", |s| &s.receive),
         ("validate", |s| &s.validate),
@@ -559,6 +559,7 @@ pub(crate) fn broker_families(
         ("frontier", |s| &s.frontier),
         ("reclaim", |s| &s.reclaim),
         ("ack_send", |s| &s.ack_send),
+        ("ack_wait", |s| &s.ack_wait),
     ];
     let mut samples = Vec::new();
     for b in brokers {

@@ -40,7 +40,7 @@ fn metrics_count_bytes_batches_and_time_per_stage() {
         t.metric_sum("embarcadero_sequencer_messages_ordered_total"),
         2000
     );
-    for stage in ["receive", "validate", "commit", "ack_send"] {
+    for stage in ["receive", "validate", "commit", "ack_send", "ack_wait"] {
         let prefix = "embarcadero_stage_nanoseconds_total{broker=";
         let total: u64 = (0..4)
             .map(|b| t.metric_sum(&format!("{prefix}\"{b}\",stage=\"{stage}\"}}")))
