@@ -103,6 +103,12 @@ pub struct BenchArgs {
     /// starts after them. The e2e subscriber reads them too but times only later messages.
     #[arg(long, default_value_t = 0, requires = "rate")]
     pub warmup_messages: u64,
+    /// `e2e` mode, orders 2 and 5: stamp every message with an id and check that the
+    /// subscriber receives each acknowledged message exactly once, at consecutive
+    /// positions from 0 (order 5: each publisher's in publish order); exit status 1 if
+    /// not. For long runs (`scripts/soak.sh`).
+    #[arg(long)]
+    pub verify: bool,
     /// `failure` mode: SIGKILL the follower this many seconds after publishing starts
     /// [default: a third of --duration, or once a third of --total-bytes is published].
     #[arg(long, value_name = "SECS")]
@@ -181,6 +187,17 @@ fn check_args(args: &BenchArgs) -> CliResult {
     if args.mode == "failure" {
         failure::check_args(args)?;
     }
+    if args.verify {
+        if args.mode != "e2e" {
+            return Err("--verify is for --mode e2e (--mode failure always checks)".into());
+        }
+        if args.order.iter().any(|&o| o != 2 && o != 5) {
+            return Err("--verify needs a total order to check: --order 2 or 5".into());
+        }
+        if args.warmup_messages > 0 {
+            return Err("--verify checks every message: leave out --warmup-messages".into());
+        }
+    }
     Ok(())
 }
 
@@ -213,7 +230,7 @@ pub fn run(args: BenchArgs) -> CliResult {
         } else {
             run_one(&args, *config)?
         };
-        if figures["failure"]["check"]["passed"] == false {
+        if figures["failure"]["check"]["passed"] == false || figures["check"]["passed"] == false {
             failed_checks.push(plot::label(&figures));
         }
         results.push(figures);
@@ -349,8 +366,11 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         let published = published.clone();
         let measured_from_ns = measured_from_ns.clone();
         let warming_up = args.warmup_messages > 0;
+        let mut verifier = args
+            .verify
+            .then(|| failure::Verifier::new(config.order, args.publishers.max(1)));
         Some(std::thread::spawn(
-            move || -> Result<(u64, Instant, Histogram<u64>), String> {
+            move || -> Result<(u64, Instant, Histogram<u64>, Option<failure::Verifier>), String> {
                 let mut received = 0u64;
                 let mut last_at = Instant::now();
                 let mut e2e = Histogram::<u64>::new(3).expect("histogram");
@@ -368,6 +388,9 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
                                         + 1,
                                 );
                             }
+                            if let Some(v) = verifier.as_mut() {
+                                v.observe(m.position, m.payload);
+                            }
                             received += 1;
                         })
                         .map_err(|e| e.to_string())?;
@@ -379,7 +402,7 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
                         ));
                     }
                 }
-                Ok((received, last_at, e2e))
+                Ok((received, last_at, e2e, verifier))
             },
         ))
     } else {
@@ -389,7 +412,7 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     let embedded = server.is_some();
     let server_cpu_before = (!embedded).then(|| server_cpu_seconds(&control));
     let mut cpu = CpuSplit::start();
-    let publishing = publish_all(&control, &topic, args, config, false, |p| {
+    let publishing = publish_all(&control, &topic, args, config, args.verify, |p| {
         let since_start = p.start.elapsed().as_nanos() as u64;
         measured_from_ns.store(
             embarcadero_client::now_ns().saturating_sub(since_start),
@@ -437,11 +460,20 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     } else {
         None
     };
+    let mut check = None;
     let e2e = match subscriber {
         Some(handle) => {
-            let (received, done, hist) = handle
+            let (received, done, hist, verifier) = handle
                 .join()
                 .map_err(|_| "subscriber thread panicked".to_string())??;
+            if let Some(verifier) = verifier {
+                let topic_end = Admin::new(&control)
+                    .describe_topic(&topic)
+                    .map_err(|e| e.to_string())?
+                    .next_position;
+                let published: Vec<u64> = outcome.runs.iter().map(|r| r.stats.messages).collect();
+                check = Some(verifier.finish(&published, topic_end));
+            }
             Some((received, done.duration_since(outcome.start), hist))
         }
         None => None,
@@ -503,6 +535,7 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         "client_cpu_seconds_per_gb": per_gb(client_cpu),
         "stage_ms_per_gb": stage_ms_per_gb,
         "ack_wait_us_per_batch": ack_wait_us_per_batch,
+        "check": check,
         "ceilings": ceilings,
     });
     merge(&mut figures, extra);
@@ -524,6 +557,9 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
             h.value_at_quantile(0.5),
             h.value_at_quantile(0.99)
         );
+    }
+    if let Some(check) = &check {
+        failure::print_check(check, config.order);
     }
     if let Some((received, t)) = &subscribe_only {
         println!(

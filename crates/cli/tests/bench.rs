@@ -171,6 +171,41 @@ fn an_end_to_end_warm_up_is_read_but_left_out_of_the_figures() {
     assert!((1..=31).contains(&timed), "{timed}");
 }
 
+/// `--verify` on an end-to-end run: every message of two order-5 publishers reaches the
+/// subscriber once, in one gap-free order that keeps each publisher's order; other modes
+/// and unordered topics are refused before anything runs.
+#[test]
+fn an_end_to_end_run_with_verify_checks_every_message_exactly_once() {
+    let out = run_bin(&[
+        "bench",
+        "--mode",
+        "e2e",
+        "--order",
+        "5",
+        "--publishers",
+        "2",
+        "--total-bytes",
+        "20000000",
+        "--verify",
+        "--json",
+    ]);
+    let run = json_of(&out);
+    let check = &run["check"];
+    assert_eq!(check["passed"], true, "{check}");
+    assert_eq!(check["published"], run["messages"]);
+    assert_eq!(check["delivered"], run["messages"]);
+    assert_eq!(check["out_of_session_order"], 0);
+
+    for refused in [
+        &["--mode", "e2e", "--order", "0", "--verify"][..],
+        &["--mode", "publish", "--order", "2", "--verify"][..],
+    ] {
+        let out = run_bin(&[&["bench"], refused].concat());
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--verify"));
+    }
+}
+
 #[test]
 fn bench_help_documents_duration_failure_mode_and_plots() {
     let out = run_bin(&["bench", "--help"]);

@@ -469,12 +469,19 @@ pub fn run(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         ),
         None => println!("  the batches sealed before the kill were never all acknowledged"),
     }
+    print_check(&check, config.order);
+    print_ceilings(&figures, figures["mb_per_s"].as_f64().unwrap_or(0.0));
+    Ok(figures)
+}
+
+/// Prints the verdict of an exactly-once check.
+pub fn print_check(check: &Check, order: u8) {
     if check.passed {
         println!(
             "exactly-once check PASSED: {} messages published and acknowledged, each delivered once, at positions 0 to {} in one order{}",
             check.published,
             check.published.saturating_sub(1),
-            if config.order == 5 {
+            if order == 5 {
                 ", each publisher's in publish order"
             } else {
                 ""
@@ -483,11 +490,9 @@ pub fn run(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     } else {
         println!(
             "exactly-once check FAILED: {}",
-            serde_json::to_string(&check).expect("json")
+            serde_json::to_string(check).expect("json")
         );
     }
-    print_ceilings(&figures, figures["mb_per_s"].as_f64().unwrap_or(0.0));
-    Ok(figures)
 }
 
 #[cfg(test)]
