@@ -542,6 +542,14 @@ impl DiskLog {
                     self.current += 1;
                     self.next_seq = None;
                 }
+                // Every replica had deleted the segment: retention, not a fault.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(Refusal::new(
+                        ErrorCode::PositionNotRetained,
+                        format!("the subscriber fell behind: retention removed the part of the log it was reading ({e}); subscribe again from a later position"),
+                    )
+                    .into())
+                }
                 Err(e) => {
                     return Err(Refusal::new(
                         ErrorCode::Internal,

@@ -1,7 +1,8 @@
 //! Reading a topic's log back from a replica's segment files, for subscribers whose
 //! positions have left memory. Only records below the durable frontier are read: they
-//! are complete and never rewritten. Retention may delete a segment at any time; an
-//! open file stays readable, and a deleted one is reported as not retained.
+//! are complete and never rewritten. Retention may delete a segment at any time: it
+//! renames the file and shortens it in steps (see `ExpiredSegments::remove`), so a
+//! segment being deleted, open or not, is reported as not retained (`NotFound`).
 
 use crate::record::{RecordHeader, RECORD_HEADER_LEN};
 use crate::store::{list_segments, read_header_at, SegmentFile};
@@ -23,8 +24,26 @@ pub enum DiskSeek {
 
 struct Cursor {
     file: File,
+    /// The segment's name in the log; gone once retention has begun deleting it.
+    path: PathBuf,
     offset: u64,
     seq: u64,
+}
+
+impl Cursor {
+    /// `err`, or `NotFound` if retention took the segment meanwhile: a deletion shortens
+    /// the file under an open reader, which then looks cut short.
+    fn unless_removed(&self, err: io::Error) -> io::Error {
+        if self.path.exists() {
+            err
+        } else {
+            removed_by_retention()
+        }
+    }
+}
+
+fn removed_by_retention() -> io::Error {
+    io::Error::new(io::ErrorKind::NotFound, "segment removed by retention")
 }
 
 /// A sequential reader over one replica's copy of a topic.
@@ -84,7 +103,12 @@ impl DiskReader {
                 )));
             }
             if position < h.end_position() {
-                self.cursor = Some(Cursor { file, offset, seq });
+                self.cursor = Some(Cursor {
+                    file,
+                    path: seg.path.clone(),
+                    offset,
+                    seq,
+                });
                 return Ok(DiskSeek::At {
                     seq,
                     skip: (position - h.total_order) as u32,
@@ -125,7 +149,12 @@ impl DiskReader {
             offset += h.record_len();
             s += 1;
         }
-        self.cursor = Some(Cursor { file, offset, seq });
+        self.cursor = Some(Cursor {
+            file,
+            path: seg.path.clone(),
+            offset,
+            seq,
+        });
         Ok(DiskSeek::At { seq, skip: 0 })
     }
 
@@ -153,16 +182,15 @@ impl DiskReader {
                     .into_iter()
                     .find(|s| s.first_seq == seq)
                     .ok_or_else(|| {
-                        corrupt(format!(
+                        c.unless_removed(corrupt(format!(
                             "{}: no segment starts at record {seq}",
                             self.dir.display()
-                        ))
+                        )))
                     })?;
-                let file = open_segment(&next)?.ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::NotFound, "segment removed by retention")
-                })?;
+                let file = open_segment(&next)?.ok_or_else(removed_by_retention)?;
                 *c = Cursor {
                     file,
+                    path: next.path,
                     offset: 0,
                     seq,
                 };
@@ -179,7 +207,8 @@ impl DiskReader {
         }
         payload.resize(h.payload_len as usize, 0);
         c.file
-            .read_exact_at(payload, c.offset + RECORD_HEADER_LEN as u64)?;
+            .read_exact_at(payload, c.offset + RECORD_HEADER_LEN as u64)
+            .map_err(|e| c.unless_removed(e))?;
         h.check_payload(payload)
             .map_err(|e| corrupt(format!("{}: record {}: {e}", self.dir.display(), c.seq)))?;
         c.offset += h.record_len();
@@ -276,6 +305,23 @@ mod tests {
                 first_position: first
             }
         );
+    }
+
+    /// Retention shortens a segment under a reader that has it open: the reader reports
+    /// it as removed (`NotFound`), never as corrupt and never with cut-short data.
+    #[test]
+    fn a_segment_deleted_under_an_open_reader_reads_as_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = write_log(dir.path(), 20);
+        let mut r = DiskReader::new(dir.path());
+        assert!(matches!(r.seek_seq(1, 20).unwrap(), DiskSeek::At { .. }));
+        let mut buf = Vec::new();
+        assert_eq!(r.next(20, &mut buf).unwrap().unwrap().seq, 1);
+        let expired = s.take_expired(1, None);
+        assert!(!expired.is_empty());
+        expired.remove_in_steps(16).unwrap();
+        let err = r.next(20, &mut buf).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
     }
 
     #[test]

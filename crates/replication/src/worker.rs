@@ -25,7 +25,7 @@
 //! so memory is not reclaimed either and publishers get backpressure, never loss.
 
 use crate::record::RecordHeader;
-use crate::store::{PendingSync, TopicStore};
+use crate::store::{ExpiredSegments, PendingSync, TopicStore};
 use crate::topic_dir;
 use embarcadero_region::backoff::Backoff;
 use embarcadero_region::{Region, TopicMeta};
@@ -140,6 +140,11 @@ impl Replicas {
             let sync_thread = std::thread::Builder::new()
                 .name(format!("replica{replica}-sync"))
                 .spawn(move || run_syncer(jobs, sync_region))?;
+            let (retirer, expired) = mpsc::channel();
+            let retention_metrics = metrics.clone();
+            let retention_thread = std::thread::Builder::new()
+                .name(format!("replica{replica}-retention"))
+                .spawn(move || run_retention(expired, replica, retention_metrics))?;
             let mut worker = Worker {
                 replica,
                 region: region.clone(),
@@ -149,6 +154,7 @@ impl Replicas {
                 topics: Vec::new(),
                 open_failed: HashMap::new(),
                 syncer,
+                retirer,
             };
             let stop = shutdown.clone();
             threads.push(
@@ -156,9 +162,11 @@ impl Replicas {
                     .name(format!("replica{replica}"))
                     .spawn(move || {
                         worker.run(&stop);
-                        // Dropping the worker closes the job channel: the sync thread ends.
+                        // Dropping the worker closes the job channels: the sync and
+                        // retention threads end.
                         drop(worker);
                         let _ = sync_thread.join();
+                        let _ = retention_thread.join();
                     })?,
             );
         }
@@ -227,6 +235,8 @@ struct Worker {
     open_failed: HashMap<u32, Instant>,
     /// Jobs for this replica's sync thread.
     syncer: mpsc::Sender<SyncJob>,
+    /// Segments for this replica's retention thread to delete, with their topic's name.
+    retirer: mpsc::Sender<(String, ExpiredSegments)>,
 }
 
 /// A sync for the sync thread, and where to report its outcome.
@@ -254,6 +264,32 @@ fn run_syncer(jobs: mpsc::Receiver<SyncJob>, region: Arc<Region>) {
             took,
         });
         region.replication_bell().ring();
+    }
+}
+
+/// Deletes the segment files retention took out of one replica's logs, off the worker
+/// thread: a deletion takes tens of milliseconds (see `ExpiredSegments::remove`), and
+/// on the worker nothing would be copied meanwhile.
+fn run_retention(
+    expired: mpsc::Receiver<(String, ExpiredSegments)>,
+    replica: u32,
+    metrics: Arc<ReplicationMetrics>,
+) {
+    for (topic, segments) in expired {
+        let n = segments.len();
+        match segments.remove() {
+            Ok(()) => {
+                metrics.replicas[replica as usize - 1]
+                    .segments_removed
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                tracing::debug!(replica, topic = %topic, removed = n, "retention removed old segments");
+            }
+            Err(e) => tracing::warn!(
+                replica,
+                topic = %topic,
+                "retention could not remove a segment: {e} (the next start tries again)"
+            ),
+        }
     }
 }
 
@@ -664,16 +700,15 @@ impl Worker {
             return;
         }
         let age = (ms > 0).then(|| Duration::from_millis(ms));
-        match t.store.apply_retention(bytes, age) {
-            Ok(0) => {}
-            Ok(n) => {
-                self.metrics.replicas[self.replica as usize - 1]
-                    .segments_removed
-                    .fetch_add(n as u64, Ordering::Relaxed);
-                tracing::debug!(replica = self.replica, topic = %t.meta.name, removed = n, "retention removed old segments");
-            }
-            Err(e) => {
-                tracing::warn!(replica = self.replica, topic = %t.meta.name, "retention could not remove a segment: {e}")
+        let expired = t.store.take_expired(bytes, age);
+        if !expired.is_empty() {
+            if let Err(mpsc::SendError((_, expired))) =
+                self.retirer.send((t.meta.name.clone(), expired))
+            {
+                // The retention thread is gone (it panicked): delete them here.
+                if let Err(e) = expired.remove() {
+                    tracing::warn!(replica = self.replica, topic = %t.meta.name, "retention could not remove a segment: {e}");
+                }
             }
         }
     }
