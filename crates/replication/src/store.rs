@@ -571,9 +571,9 @@ impl ExpiredSegments {
     /// each file is shortened 4 MiB at a time with a 1 ms pause before it is unlinked.
     /// Unlinking a 64 MiB segment at once took 31-37 ms on ext4 here, and every
     /// `fdatasync` of the replica waited behind it: acknowledgements at level 2 had a
-    /// p99 of 31-38 ms with retention deleting (63 ms while the deletion ran on the
-    /// replica worker itself) against 4-9 ms deleting in steps (`docs/PERFORMANCE.md`,
-    /// session 7). A reader inside a file being shortened gets `NotFound`, as for a
+    /// p99 of 28-38 ms with retention deleting (50-63 ms while the deletion ran on the
+    /// replica worker itself) against 3.8-4.6 ms deleting in steps
+    /// (`docs/PERFORMANCE.md`, session 7). A reader inside a file being shortened gets `NotFound`, as for a
     /// deleted one; a start removes any `.del` file an interrupted deletion left.
     pub fn remove(self) -> io::Result<()> {
         self.remove_in_steps(DELETE_STEP_BYTES)
