@@ -136,7 +136,8 @@ pub struct StageTimes {
     pub reclaim: AtomicU64,
     /// Service thread: sending acknowledgements.
     pub ack_send: AtomicU64,
-    /// Per batch, from its commit until the service thread found it acknowledgeable:
+    /// Per batch, from just before its commit (the end of its validation, whose clock
+    /// read it reuses) until the service thread found it acknowledgeable:
     /// the epoch wait and sequencing for orders 2 and 5, the replicas for ack 2, the
     /// service thread's wake-up for every order. Batch-time, not thread time: batches
     /// in flight together each count.

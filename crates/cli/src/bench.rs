@@ -197,6 +197,9 @@ fn check_args(args: &BenchArgs) -> CliResult {
         if args.warmup_messages > 0 {
             return Err("--verify checks every message: leave out --warmup-messages".into());
         }
+        if args.size < 8 {
+            return Err("--verify stamps an 8-byte id into every message: --size 8 or more".into());
+        }
     }
     Ok(())
 }
@@ -517,7 +520,7 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     // 2 and 5): a per-batch figure, unlike the per-GB thread time above.
     let ack_wait_us_per_batch = stage_run_nanos
         .get("ack_wait")
-        .filter(|_| stats.batches > 0)
+        .filter(|_| stats.batches > 0 && args.ack > 0)
         .map(|&ns| ns as f64 / 1e3 / stats.batches as f64);
     let mut figures = common_figures(args, config, &outcome, elapsed);
     let extra = serde_json::json!({

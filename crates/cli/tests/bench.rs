@@ -199,6 +199,7 @@ fn an_end_to_end_run_with_verify_checks_every_message_exactly_once() {
     for refused in [
         &["--mode", "e2e", "--order", "0", "--verify"][..],
         &["--mode", "publish", "--order", "2", "--verify"][..],
+        &["--mode", "e2e", "--order", "2", "--verify", "--size", "4"][..],
     ] {
         let out = run_bin(&[&["bench"], refused].concat());
         assert!(!out.status.success());

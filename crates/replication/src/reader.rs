@@ -34,10 +34,10 @@ impl Cursor {
     /// `err`, or `NotFound` if retention took the segment meanwhile: a deletion shortens
     /// the file under an open reader, which then looks cut short.
     fn unless_removed(&self, err: io::Error) -> io::Error {
-        if self.path.exists() {
-            err
-        } else {
-            removed_by_retention()
+        match self.path.try_exists() {
+            Ok(false) => removed_by_retention(),
+            // Still there, or cannot tell (permissions, I/O): the error stands.
+            Ok(true) | Err(_) => err,
         }
     }
 }
@@ -227,11 +227,13 @@ fn open_segment(seg: &SegmentFile) -> io::Result<Option<File>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::store::TopicStore;
 
-    fn write_log(dir: &Path, records: u64) -> TopicStore {
+    /// A log of `records` synced records with payloads of 50 + i bytes, in segments of
+    /// about 400 bytes (3-4 records each).
+    pub(crate) fn write_log(dir: &Path, records: u64) -> TopicStore {
         let mut s = TopicStore::open(dir, 400).unwrap();
         for i in 0..records {
             let payload = vec![i as u8; 50 + i as usize];
@@ -317,7 +319,7 @@ mod tests {
         assert!(matches!(r.seek_seq(1, 20).unwrap(), DiskSeek::At { .. }));
         let mut buf = Vec::new();
         assert_eq!(r.next(20, &mut buf).unwrap().unwrap().seq, 1);
-        let expired = s.take_expired(1, None);
+        let mut expired = s.take_expired(1, None);
         assert!(!expired.is_empty());
         expired.remove_in_steps(16).unwrap();
         let err = r.next(20, &mut buf).unwrap_err();

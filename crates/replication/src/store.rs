@@ -518,6 +518,7 @@ impl TopicStore {
         let now = SystemTime::now();
         let mut expired = ExpiredSegments {
             dir: self.dir_handle.clone(),
+            dir_path: self.dir.clone(),
             paths: Vec::new(),
         };
         // The newest segment always stays: its name says where the log continues.
@@ -543,17 +544,18 @@ impl TopicStore {
         max_bytes: u64,
         max_age: Option<Duration>,
     ) -> io::Result<usize> {
-        let expired = self.take_expired(max_bytes, max_age);
+        let mut expired = self.take_expired(max_bytes, max_age);
         let n = expired.len();
         expired.remove()?;
         Ok(n)
     }
 }
 
-/// Segment files retention has taken out of a log and not yet deleted.
+/// Segment files retention has taken out of a log and not yet deleted, oldest first.
 #[must_use = "the files stay on disk until removed"]
 pub struct ExpiredSegments {
     dir: Arc<File>,
+    dir_path: PathBuf,
     paths: Vec<PathBuf>,
 }
 
@@ -566,6 +568,17 @@ impl ExpiredSegments {
         self.paths.is_empty()
     }
 
+    /// The log's directory: which log these segments were taken from.
+    pub fn dir(&self) -> &Path {
+        &self.dir_path
+    }
+
+    /// Appends the segments of `later`, taken from the same log after these.
+    pub fn extend(&mut self, later: ExpiredSegments) {
+        debug_assert_eq!(self.dir_path, later.dir_path, "segments of one log");
+        self.paths.extend(later.paths);
+    }
+
     /// Deletes the files in steps: each is renamed out of the log's names (`.del`, which
     /// no reader or start takes for a segment), the renames are made durable, and then
     /// each file is shortened 4 MiB at a time with a 1 ms pause before it is unlinked.
@@ -573,27 +586,37 @@ impl ExpiredSegments {
     /// `fdatasync` of the replica waited behind it: acknowledgements at level 2 had a
     /// p99 of 28-38 ms with retention deleting (50-63 ms while the deletion ran on the
     /// replica worker itself) against 3.8-4.6 ms deleting in steps
-    /// (`docs/PERFORMANCE.md`, session 7). A reader inside a file being shortened gets `NotFound`, as for a
-    /// deleted one; a start removes any `.del` file an interrupted deletion left.
-    pub fn remove(self) -> io::Result<()> {
+    /// (`docs/PERFORMANCE.md`, session 7). A reader inside a file being shortened gets
+    /// `NotFound`, as for a deleted one; a start removes any `.del` file an interrupted
+    /// deletion left.
+    ///
+    /// Segments are renamed oldest first, and on an error those not renamed stay here,
+    /// to be tried again before any newer segment of the log: renaming a newer one while
+    /// an older one keeps its name would leave a hole in the log on disk, and a start
+    /// cuts a log at its first hole.
+    pub fn remove(&mut self) -> io::Result<()> {
         self.remove_in_steps(DELETE_STEP_BYTES)
     }
 
-    pub(crate) fn remove_in_steps(self, step: u64) -> io::Result<()> {
+    pub(crate) fn remove_in_steps(&mut self, step: u64) -> io::Result<()> {
         let mut renamed = Vec::with_capacity(self.paths.len());
+        let mut failed = None;
         for path in &self.paths {
             let doomed = path.with_extension(DELETING_EXTENSION);
-            std::fs::rename(path, &doomed)?;
+            if let Err(e) = std::fs::rename(path, &doomed) {
+                failed = Some(e);
+                break;
+            }
             renamed.push(doomed);
         }
-        if renamed.is_empty() {
-            return Ok(());
+        self.paths.drain(..renamed.len());
+        if !renamed.is_empty() {
+            self.dir.sync_all()?;
+            for path in &renamed {
+                delete_in_steps(path, step)?;
+            }
         }
-        self.dir.sync_all()?;
-        for path in &renamed {
-            delete_in_steps(path, step)?;
-        }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 }
 
@@ -620,7 +643,11 @@ fn remove_leftover_deletions(dir: &Path) -> io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         if path.extension().is_some_and(|e| e == DELETING_EXTENSION) {
-            std::fs::remove_file(&path)?;
+            match std::fs::remove_file(&path) {
+                // Finished meanwhile by a retention thread still running.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                other => other?,
+            }
         }
     }
     Ok(())

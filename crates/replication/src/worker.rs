@@ -155,6 +155,7 @@ impl Replicas {
                 open_failed: HashMap::new(),
                 syncer,
                 retirer,
+                retention_gone: std::cell::Cell::new(false),
             };
             let stop = shutdown.clone();
             threads.push(
@@ -237,6 +238,8 @@ struct Worker {
     syncer: mpsc::Sender<SyncJob>,
     /// Segments for this replica's retention thread to delete, with their topic's name.
     retirer: mpsc::Sender<(String, ExpiredSegments)>,
+    /// The retention thread was found gone (reported once).
+    retention_gone: std::cell::Cell<bool>,
 }
 
 /// A sync for the sync thread, and where to report its outcome.
@@ -275,20 +278,34 @@ fn run_retention(
     replica: u32,
     metrics: Arc<ReplicationMetrics>,
 ) {
-    for (topic, segments) in expired {
-        let n = segments.len();
-        match segments.remove() {
+    // Per log, segments a failed deletion left: they go before any newer ones.
+    let mut left: HashMap<PathBuf, ExpiredSegments> = HashMap::new();
+    for (topic, newer) in expired {
+        let mut segments = match left.remove(newer.dir()) {
+            Some(mut older) => {
+                older.extend(newer);
+                older
+            }
+            None => newer,
+        };
+        let before = segments.len();
+        let result = segments.remove();
+        let removed = before - segments.len();
+        metrics.replicas[replica as usize - 1]
+            .segments_removed
+            .fetch_add(removed as u64, Ordering::Relaxed);
+        match result {
             Ok(()) => {
-                metrics.replicas[replica as usize - 1]
-                    .segments_removed
-                    .fetch_add(n as u64, Ordering::Relaxed);
-                tracing::debug!(replica, topic = %topic, removed = n, "retention removed old segments");
+                tracing::debug!(replica, topic = %topic, removed, "retention removed old segments")
             }
             Err(e) => tracing::warn!(
                 replica,
                 topic = %topic,
-                "retention could not remove a segment: {e} (the next start tries again)"
+                "retention could not remove a segment: {e} (tried again with the next ones)"
             ),
+        }
+        if !segments.is_empty() {
+            left.insert(segments.dir().to_path_buf(), segments);
         }
     }
 }
@@ -701,15 +718,65 @@ impl Worker {
         }
         let age = (ms > 0).then(|| Duration::from_millis(ms));
         let expired = t.store.take_expired(bytes, age);
-        if !expired.is_empty() {
-            if let Err(mpsc::SendError((_, expired))) =
-                self.retirer.send((t.meta.name.clone(), expired))
-            {
-                // The retention thread is gone (it panicked): delete them here.
-                if let Err(e) = expired.remove() {
-                    tracing::warn!(replica = self.replica, topic = %t.meta.name, "retention could not remove a segment: {e}");
-                }
-            }
+        if !expired.is_empty()
+            && self.retirer.send((t.meta.name.clone(), expired)).is_err()
+            && !self.retention_gone.replace(true)
+        {
+            // The retention thread is gone (it panicked) with segments older than these
+            // still undeleted: deleting these would leave a hole in the log on disk.
+            // They stay; the next start's retention removes them all, in order.
+            tracing::error!(
+                replica = self.replica,
+                topic = %t.meta.name,
+                "the retention thread is gone; old segments stay on disk until the next start"
+            );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reader::tests::write_log;
+    use crate::store::{list_segments, TopicStore};
+
+    /// A deletion that fails for the oldest segment must not go on with newer ones: the
+    /// retention thread keeps them behind it, so the segments left on disk are still one
+    /// contiguous log, which a start reads whole.
+    #[test]
+    fn a_failed_deletion_never_leaves_a_hole_in_the_log_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = write_log(dir.path(), 24);
+        let before = list_segments(dir.path()).unwrap();
+        assert!(before.len() >= 5, "{before:?}");
+        // The oldest segment cannot be renamed: a directory holds its `.del` name.
+        std::fs::create_dir(before[0].path.with_extension("del")).unwrap();
+        let total = store.bytes();
+        let older = store.take_expired(total - 1, None);
+        let newer = store.take_expired(1, None);
+        assert!(!older.is_empty() && !newer.is_empty());
+
+        let metrics = Arc::new(ReplicationMetrics {
+            replicas: vec![ReplicaMetrics::default()],
+        });
+        let (send, expired) = mpsc::channel();
+        send.send(("t".to_string(), older)).unwrap();
+        send.send(("t".to_string(), newer)).unwrap();
+        drop(send);
+        run_retention(expired, 1, metrics.clone());
+
+        assert_eq!(
+            list_segments(dir.path()).unwrap(),
+            before,
+            "nothing after the stuck segment was deleted"
+        );
+        assert_eq!(
+            metrics.replicas[0].segments_removed.load(Ordering::Relaxed),
+            0
+        );
+        drop(store);
+        std::fs::remove_dir(before[0].path.with_extension("del")).unwrap();
+        let reopened = TopicStore::open(dir.path(), 400).unwrap();
+        assert_eq!((reopened.first_seq(), reopened.next_seq()), (0, 24));
     }
 }
