@@ -944,12 +944,11 @@ impl Inner {
         let fresh = self.pool.1.try_recv().unwrap_or_else(|_| {
             Vec::with_capacity(self.config.batch_bytes + MESSAGE_HEADER_LEN * 2)
         });
-        let mut buf = std::mem::replace(&mut b.buf, fresh);
-        let seq = self.session.as_ref().map(|session| {
-            let seq = session.next_seq.fetch_add(1, Ordering::Relaxed);
-            stamp_batch_seq(&mut buf, seq);
-            seq
-        });
+        let buf = std::mem::replace(&mut b.buf, fresh);
+        let seq = self
+            .session
+            .as_ref()
+            .map(|session| session.next_seq.fetch_add(1, Ordering::Relaxed));
         let index = {
             let mut outstanding = self.outstanding.lock();
             let index = self.batches.fetch_add(1, Ordering::AcqRel);
@@ -1420,7 +1419,7 @@ fn sender(inner: Arc<Inner>, index: usize, first_seq: u64, fences_seen: u64) {
         // Batches moved here from a dead broker go first and past the in-flight limit:
         // for order 5 the acknowledgements of what is in flight may wait for them.
         let moved = q.moved.lock().pop_front();
-        let mut batch = match moved {
+        let batch = match moved {
             Some(b) => b,
             None => {
                 if inner.config.ack_level > 0
@@ -1455,7 +1454,6 @@ fn sender(inner: Arc<Inner>, index: usize, first_seq: u64, fences_seen: u64) {
             None => {
                 let seq = next_seq;
                 next_seq += 1;
-                stamp_batch_seq(&mut batch.buf, seq);
                 seq
             }
         };
@@ -1554,16 +1552,6 @@ fn parse_hwm(message: &str) -> Option<u64> {
     let rest = &message[message.find("hwm=")? + 4..];
     let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
     digits.parse().ok()
-}
-
-/// Writes the connection's batch sequence into every message header of a batch.
-fn stamp_batch_seq(buf: &mut [u8], seq: u64) {
-    let mut at = 0;
-    while at + MESSAGE_HEADER_LEN <= buf.len() {
-        let size = u32::from_le_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as u64;
-        buf[at + 56..at + 64].copy_from_slice(&seq.to_le_bytes());
-        at += message_stride(size) as usize;
-    }
 }
 
 fn batch_header(inner: &Inner, seq: u64, batch: &Sealed, session_epoch: u64) -> [u8; 128] {
@@ -1800,29 +1788,5 @@ fn reader(inner: Arc<Inner>, index: usize) {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stamping_sets_every_message_header() {
-        let mut buf = Vec::new();
-        for size in [0u32, 5, 70] {
-            let at = buf.len();
-            buf.resize(at + message_stride(size as u64) as usize, 0);
-            BlogMessageHeader {
-                size,
-                ..Default::default()
-            }
-            .encode_into(&mut buf[at..]);
-        }
-        stamp_batch_seq(&mut buf, 42);
-        let seqs: Vec<u64> = embarcadero_wire::MessageIter::new(&buf, 3)
-            .map(|m| m.unwrap().header.batch_seq)
-            .collect();
-        assert_eq!(seqs, vec![42, 42, 42]);
     }
 }

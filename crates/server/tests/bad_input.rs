@@ -79,7 +79,6 @@ fn batch(seq: u64, sizes: &[u32]) -> (BatchHeader, Vec<u8>) {
         BlogMessageHeader {
             size,
             client_id: CLIENT,
-            batch_seq: seq,
             ..Default::default()
         }
         .encode_into(&mut payload[at..]);

@@ -269,7 +269,6 @@ fn batch(seq: u64, epoch: u64) -> Vec<u8> {
     BlogMessageHeader {
         size: 3,
         client_id: 99,
-        batch_seq: seq,
         ..Default::default()
     }
     .encode_into(&mut payload);

@@ -27,7 +27,9 @@ pub struct BlogMessageHeader {
     pub total_order: u64,
     pub ordered_ts: u64,
     pub client_id: u64,
-    pub batch_seq: u64,
+    // Bytes 56..64 are reserved: written as zero, ignored on receipt. The batch's
+    // `batch_seq` travels in its batch header; a copy in every message header cost the
+    // publisher a pass over the whole batch on the sending thread.
 }
 
 impl BlogMessageHeader {
@@ -40,7 +42,7 @@ impl BlogMessageHeader {
         put_u64(b, 32, self.total_order);
         put_u64(b, 40, self.ordered_ts);
         put_u64(b, 48, self.client_id);
-        put_u64(b, 56, self.batch_seq);
+        put_u64(b, 56, 0);
     }
 
     pub fn encode(&self) -> [u8; MESSAGE_HEADER_LEN] {
@@ -60,7 +62,6 @@ impl BlogMessageHeader {
             total_order: u64_at(b, 32),
             ordered_ts: u64_at(b, 40),
             client_id: u64_at(b, 48),
-            batch_seq: u64_at(b, 56),
         })
     }
 }
@@ -68,7 +69,7 @@ impl BlogMessageHeader {
 /// Walks the messages of a received batch and checks that they tile its payload
 /// exactly: `num_msg` headers, each payload within `max_message_bytes`, each stride
 /// inside the batch, the strides summing to `total_size`, and every header naming the
-/// batch's client and sequence number. Reads headers only; touches no payload bytes.
+/// batch's client. Reads headers only; touches no payload bytes.
 pub fn validate_batch_payload(
     header: &BatchHeader,
     payload: &[u8],
@@ -103,12 +104,10 @@ pub fn validate_batch_payload(
             )));
         }
         let client_id = u64_at(h, 48);
-        let batch_seq = u64_at(h, 56);
-        if client_id != header.client_id || batch_seq != header.batch_seq {
+        if client_id != header.client_id {
             return Err(WireError::MalformedBatch(format!(
-                "message {index} names client {client_id} batch {batch_seq}, \
-                 the batch header names client {} batch {}",
-                header.client_id, header.batch_seq
+                "message {index} names client {client_id}, the batch header names client {}",
+                header.client_id
             )));
         }
         at += stride;
@@ -189,7 +188,6 @@ mod tests {
                 size,
                 counter: i as u64,
                 client_id,
-                batch_seq,
                 ..Default::default()
             };
             let start = payload.len();
@@ -246,10 +244,20 @@ mod tests {
     }
 
     #[test]
-    fn foreign_client_or_batch_is_rejected() {
+    fn foreign_client_is_rejected() {
         let (mut h, p) = build(1, 0, &[10]);
         h.client_id = 2;
         assert!(validate_batch_payload(&h, &p, 1 << 20).is_err());
+    }
+
+    #[test]
+    fn reserved_bytes_of_message_headers_are_ignored() {
+        // Clients built before bytes 56..64 were reserved wrote the batch's sequence there.
+        let (h, mut p) = build(1, 7, &[10, 0]);
+        for at in [0, 128] {
+            p[at + 56..at + 64].copy_from_slice(&7u64.to_le_bytes());
+        }
+        validate_batch_payload(&h, &p, 1 << 20).unwrap();
     }
 
     proptest! {

@@ -322,7 +322,6 @@ const MESSAGE_HEADER_LAYOUT: Layout = &[
     ("total_order", 32, 8),
     ("ordered_ts", 40, 8),
     ("client_id", 48, 8),
-    ("batch_seq", 56, 8),
 ];
 
 const DELIVERY_HEADER_LAYOUT: Layout = &[
@@ -466,7 +465,6 @@ fn message_header_from(m: &Obj) -> BlogMessageHeader {
         total_order: num(m, "total_order"),
         ordered_ts: num(m, "ordered_ts"),
         client_id: num(m, "client_id"),
-        batch_seq: num(m, "batch_seq"),
     }
 }
 

@@ -147,7 +147,6 @@ fn message_header_j(h: &BlogMessageHeader) -> J {
         ("total_order", n(h.total_order)),
         ("ordered_ts", n(h.ordered_ts)),
         ("client_id", n(h.client_id)),
-        ("batch_seq", n(h.batch_seq)),
     ])
 }
 
@@ -273,7 +272,7 @@ fn negative(
     }
 }
 
-fn message(size_text: &[u8], counter: u64, batch_seq: u64) -> Msg {
+fn message(size_text: &[u8], counter: u64) -> Msg {
     let h = BlogMessageHeader {
         size: size_text.len() as u32,
         flags: 0,
@@ -283,7 +282,6 @@ fn message(size_text: &[u8], counter: u64, batch_seq: u64) -> Msg {
         total_order: 0,
         ordered_ts: 0,
         client_id: CLIENT,
-        batch_seq,
     };
     (h, size_text.to_vec())
 }
@@ -291,12 +289,12 @@ fn message(size_text: &[u8], counter: u64, batch_seq: u64) -> Msg {
 const TEXT_70: &[u8] = b"Embarcadero test vector: a 70-byte message that needs 58 padding bytes";
 
 /// The three messages (payloads of 0, 5 and 70 bytes) of batch 2.
-fn three_messages(batch_seq: u64) -> Vec<Msg> {
+fn three_messages() -> Vec<Msg> {
     assert_eq!(TEXT_70.len(), 70);
     vec![
-        message(b"", 40, batch_seq),
-        message(b"hello", 41, batch_seq),
-        message(TEXT_70, 42, batch_seq),
+        message(b"", 40),
+        message(b"hello", 41),
+        message(TEXT_70, 42),
     ]
 }
 
@@ -560,7 +558,7 @@ fn vectors() -> Vec<Vector> {
     ));
 
     // --- Publish batches ---------------------------------------------------------------
-    let single = vec![message(b"hello", 0, 0)];
+    let single = vec![message(b"hello", 0)];
     let single_header = client_batch_header(0, 1, &single);
     v.push(positive(
         "publish_single",
@@ -575,7 +573,7 @@ fn vectors() -> Vec<Vector> {
         ]),
         &batch_bytes(&single_header, &single),
     ));
-    let three = three_messages(2);
+    let three = three_messages();
     let three_header = client_batch_header(2, 1002, &three);
     v.push(positive(
         "publish_batch",
@@ -777,7 +775,7 @@ fn vectors() -> Vec<Vector> {
         &bytes,
     ));
 
-    let two = vec![message(b"", 0, 0), message(b"hello", 1, 0)];
+    let two = vec![message(b"", 0), message(b"hello", 1)];
     let mut h = client_batch_header(0, 1, &two);
     h.total_size = 256;
     let mut bytes = batch_bytes(&h, &two);
@@ -827,7 +825,7 @@ fn vectors() -> Vec<Vector> {
         },
         &bytes,
     ));
-    let big = vec![message(TEXT_70, 0, 0)];
+    let big = vec![message(TEXT_70, 0)];
     let h = client_batch_header(0, 1, &big);
     v.push(negative(
         "neg_batch_message_too_large",
@@ -842,14 +840,15 @@ fn vectors() -> Vec<Vector> {
         },
         &batch_bytes(&h, &big),
     ));
-    let mut foreign = three_messages(2);
-    foreign[1].0.batch_seq = 3;
+    let mut foreign = three_messages();
+    foreign[1].0.client_id = CLIENT + 1;
     let h = client_batch_header(2, 1002, &three);
     v.push(negative(
         "neg_batch_foreign_message",
         "publish_batch",
-        "publish_batch.json with the second message naming batch_seq 3 instead of 2: every \
-         message must name its batch's client_id and batch_seq. MalformedBatch.",
+        "publish_batch.json with the second message naming client_id 0x1122334455667789 instead \
+         of the batch's 0x1122334455667788: every message must name its batch's client_id. \
+         MalformedBatch.",
         None,
         Expect {
             error: "MalformedBatch",
