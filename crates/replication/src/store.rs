@@ -23,6 +23,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 const SEGMENT_SUFFIX: &str = ".seg";
+/// Where a start moves segment files that are not part of the log (see [`TopicStore::open`]).
+pub const SET_ASIDE_DIR: &str = "set-aside";
 
 /// A segment file as its name describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,7 +182,9 @@ pub struct TopicStore {
 
 impl TopicStore {
     /// Opens (creating if needed) the log in `dir`, checks every record header, checks
-    /// the payloads of the last segment, and cuts off a torn tail left by a crash.
+    /// the payloads of the last segment, and cuts off a torn tail left by a crash. The
+    /// log is the newest contiguous run of segments; any before a missing or damaged one
+    /// are moved into [`SET_ASIDE_DIR`], never deleted.
     pub fn open(dir: &Path, segment_target: u64) -> io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let dir_handle = Arc::new(File::open(dir)?);
@@ -205,50 +209,32 @@ impl TopicStore {
         };
         let count = files.len();
         let mut payload = Vec::new();
+        let mut scanned = Vec::with_capacity(count);
         for (i, f) in files.into_iter().enumerate() {
-            if i > 0 && (f.first_seq != store.next_seq || f.first_position != store.next_position) {
-                tracing::error!(
-                    path = %f.path.display(),
-                    expected_seq = store.next_seq,
-                    "segment does not continue the log; removing it and everything after it"
-                );
-                remove_from(dir, f.first_seq)?;
-                break;
-            }
-            let file = OpenOptions::new().read(true).write(true).open(&f.path)?;
-            let last = i + 1 == count;
-            let (seq, position) = (f.first_seq, f.first_position);
-            let (mut next_seq, mut next_position, mut off) = (seq, position, 0u64);
-            let file_len = file.metadata()?.len();
-            let torn = loop {
-                let h = match read_header_at(&file, off)? {
-                    None => break off < file_len,
-                    Some(Err(_)) => break true,
-                    Some(Ok(h)) => h,
-                };
-                if h.seq != next_seq
-                    || h.total_order != next_position
-                    || off + h.record_len() > file_len
-                {
-                    break true;
-                }
-                if last {
-                    payload.resize(h.payload_len as usize, 0);
-                    file.read_exact_at(&mut payload, off + RECORD_HEADER_LEN as u64)?;
-                    if h.check_payload(&payload).is_err() {
-                        break true;
-                    }
-                }
-                fold_session(
-                    &mut store.sessions,
-                    h.client_id,
-                    h.session_epoch,
-                    h.client_seq,
-                );
-                next_seq += 1;
-                next_position = h.end_position();
-                off += h.record_len();
-            };
+            // Sessions fold in every record found, set aside or not: each was committed,
+            // so a session's resend of it is a duplicate either way.
+            scanned.push(scan_segment(
+                f,
+                i + 1 == count,
+                &mut payload,
+                &mut store.sessions,
+            )?);
+        }
+        let keep_from = newest_contiguous_run(&scanned);
+        if keep_from > 0 {
+            set_aside(dir, &scanned[..keep_from])?;
+        }
+        let kept = scanned.len() - keep_from;
+        for (i, s) in scanned.into_iter().skip(keep_from).enumerate() {
+            let ScannedSegment {
+                file: f,
+                handle: file,
+                valid_len: off,
+                file_len,
+                end_seq: next_seq,
+                end_position: next_position,
+                torn,
+            } = s;
             if torn {
                 tracing::warn!(
                     path = %f.path.display(),
@@ -258,7 +244,6 @@ impl TopicStore {
                 );
                 file.set_len(off)?;
                 file.sync_all()?;
-                remove_from(dir, next_seq.max(seq + 1))?;
             }
             let segment = Segment {
                 len: off,
@@ -272,11 +257,11 @@ impl TopicStore {
             };
             store.next_seq = next_seq;
             store.next_position = next_position;
-            if last || torn {
+            if i + 1 == kept {
                 store.active = Some((segment, Arc::new(file)));
-                break;
+            } else {
+                store.closed.push(segment);
             }
-            store.closed.push(segment);
         }
         let len = store.active.as_ref().map_or(0, |(s, _)| s.len);
         store.synced = Mark {
@@ -593,7 +578,7 @@ impl ExpiredSegments {
     /// Segments are renamed oldest first, and on an error those not renamed stay here,
     /// to be tried again before any newer segment of the log: renaming a newer one while
     /// an older one keeps its name would leave a hole in the log on disk, and a start
-    /// cuts a log at its first hole.
+    /// would set everything before the hole aside.
     pub fn remove(&mut self) -> io::Result<()> {
         self.remove_in_steps(DELETE_STEP_BYTES)
     }
@@ -639,6 +624,111 @@ fn delete_in_steps(path: &Path, step: u64) -> io::Result<()> {
 }
 
 /// Deletes what interrupted deletions left in `dir`.
+/// A segment file as a start found it.
+struct ScannedSegment {
+    file: SegmentFile,
+    handle: File,
+    /// Bytes up to the end of its last whole, consecutive record.
+    valid_len: u64,
+    file_len: u64,
+    end_seq: u64,
+    end_position: u64,
+    /// Something other than whole consecutive records follows `valid_len`.
+    torn: bool,
+}
+
+/// Checks every record header of a segment, and the payloads too in the `last` one
+/// (the only one written since its last sync), folding order-5 sessions as it goes.
+fn scan_segment(
+    f: SegmentFile,
+    last: bool,
+    payload: &mut Vec<u8>,
+    sessions: &mut BTreeMap<u64, SessionMark>,
+) -> io::Result<ScannedSegment> {
+    let file = OpenOptions::new().read(true).write(true).open(&f.path)?;
+    let file_len = file.metadata()?.len();
+    let (mut next_seq, mut next_position, mut off) = (f.first_seq, f.first_position, 0u64);
+    let torn = loop {
+        let h = match read_header_at(&file, off)? {
+            None => break off < file_len,
+            Some(Err(_)) => break true,
+            Some(Ok(h)) => h,
+        };
+        if h.seq != next_seq || h.total_order != next_position || off + h.record_len() > file_len {
+            break true;
+        }
+        if last {
+            payload.resize(h.payload_len as usize, 0);
+            file.read_exact_at(payload, off + RECORD_HEADER_LEN as u64)?;
+            if h.check_payload(payload).is_err() {
+                break true;
+            }
+        }
+        fold_session(sessions, h.client_id, h.session_epoch, h.client_seq);
+        next_seq += 1;
+        next_position = h.end_position();
+        off += h.record_len();
+    };
+    Ok(ScannedSegment {
+        file: f,
+        handle: file,
+        valid_len: off,
+        file_len,
+        end_seq: next_seq,
+        end_position: next_position,
+        torn,
+    })
+}
+
+/// Index of the first segment of the newest run in which each segment is whole and the
+/// next one starts where it ends. Only the last segment may have a torn tail (a crash
+/// while it was written); it is cut at open. Anything before the run is not part of
+/// the log: keeping the newest run keeps the records acknowledged last, and the log
+/// continues from its true end.
+fn newest_contiguous_run(segments: &[ScannedSegment]) -> usize {
+    let mut start = segments.len().saturating_sub(1);
+    while start > 0 {
+        let (older, newer) = (&segments[start - 1], &segments[start]);
+        if older.torn
+            || older.end_seq != newer.file.first_seq
+            || older.end_position != newer.file.first_position
+        {
+            break;
+        }
+        start -= 1;
+    }
+    start
+}
+
+/// Moves segments that are not part of the log into `dir/SET_ASIDE_DIR`, under names
+/// that start with the time of the move: nothing a start finds is deleted, an operator
+/// decides. The directory is fsynced so that the log on disk is what was opened.
+fn set_aside(dir: &Path, segments: &[ScannedSegment]) -> io::Result<()> {
+    let aside = dir.join(SET_ASIDE_DIR);
+    std::fs::create_dir_all(&aside)?;
+    let stamp = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    for s in segments {
+        let name = s.file.path.file_name().expect("a segment file has a name");
+        let to = aside.join(format!("{stamp}-{}", name.to_string_lossy()));
+        tracing::error!(
+            from = %s.file.path.display(),
+            to = %to.display(),
+            first_seq = s.file.first_seq,
+            end_seq = s.end_seq,
+            torn = s.torn,
+            "segment is not part of the newest contiguous run of this replica log (a file \
+             missing or damaged before it); moved aside, not deleted: inspect it, then delete \
+             it or restore it by hand"
+        );
+        std::fs::rename(&s.file.path, &to)?;
+    }
+    File::open(&aside)?.sync_all()?;
+    File::open(dir)?.sync_all()
+}
+
 fn remove_leftover_deletions(dir: &Path) -> io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
@@ -776,6 +866,88 @@ mod tests {
         let s = TopicStore::open(dir.path(), 1 << 20).unwrap();
         assert_eq!(s.next_seq(), 2);
         assert_eq!(std::fs::metadata(seg).unwrap().len(), 2 * record_len);
+    }
+
+    /// Four segments of two records each (seqs 0-7).
+    fn four_segments(dir: &Path) -> Vec<SegmentFile> {
+        let mut s = TopicStore::open(dir, 300).unwrap();
+        for _ in 0..4 {
+            fill(&mut s, 2);
+            s.sync().unwrap();
+        }
+        drop(s);
+        let segments = list_segments(dir).unwrap();
+        let firsts: Vec<u64> = segments.iter().map(|f| f.first_seq).collect();
+        assert_eq!(firsts, vec![0, 2, 4, 6]);
+        segments
+    }
+
+    /// The files a start set aside, oldest first, each with the segment name it had.
+    fn set_aside(dir: &Path) -> Vec<(String, PathBuf)> {
+        let mut found: Vec<(String, PathBuf)> = std::fs::read_dir(dir.join(SET_ASIDE_DIR))
+            .unwrap()
+            .map(|e| {
+                let path = e.unwrap().path();
+                let name = path.file_name().unwrap().to_str().unwrap();
+                // The move's time stamp, then the segment's own name.
+                (name.split_once('-').unwrap().1.to_string(), path)
+            })
+            .collect();
+        found.sort();
+        found
+    }
+
+    #[test]
+    fn a_hole_keeps_the_newest_run_and_sets_the_older_segments_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let segments = four_segments(dir.path());
+        let oldest = std::fs::read(&segments[0].path).unwrap();
+        std::fs::remove_file(&segments[1].path).unwrap();
+        let mut s = TopicStore::open(dir.path(), 300).unwrap();
+        assert_eq!(s.first_seq(), 4, "the log starts after the hole");
+        assert_eq!(s.next_seq(), 8, "and keeps everything acknowledged last");
+        let aside = set_aside(dir.path());
+        assert_eq!(aside.len(), 1);
+        assert_eq!(aside[0].0, segment_name(0, 0));
+        assert_eq!(
+            std::fs::read(&aside[0].1).unwrap(),
+            oldest,
+            "moved, not deleted"
+        );
+        fill(&mut s, 1);
+        s.sync().unwrap();
+        drop(s);
+        let s = TopicStore::open(dir.path(), 300).unwrap();
+        assert_eq!((s.first_seq(), s.next_seq()), (4, 9));
+    }
+
+    #[test]
+    fn a_damaged_closed_segment_is_set_aside_with_everything_older() {
+        let dir = tempfile::tempdir().unwrap();
+        let segments = four_segments(dir.path());
+        let damaged_len = std::fs::metadata(&segments[1].path).unwrap().len();
+        // Bit rot in the second record header of the second segment.
+        let f = OpenOptions::new()
+            .write(true)
+            .open(&segments[1].path)
+            .unwrap();
+        f.write_all_at(&[0xff; 8], 180).unwrap();
+        let s = TopicStore::open(dir.path(), 300).unwrap();
+        assert_eq!((s.first_seq(), s.next_seq()), (4, 8));
+        let aside = set_aside(dir.path());
+        let names: Vec<&str> = aside.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            vec![
+                segment_name(0, 0),
+                segment_name(2, segments[1].first_position)
+            ]
+        );
+        assert_eq!(
+            std::fs::metadata(&aside[1].1).unwrap().len(),
+            damaged_len,
+            "the damaged segment is moved as it was, not cut"
+        );
     }
 
     #[test]
