@@ -253,3 +253,60 @@ pub fn seed(region: &Region, topic: u32, replication_factor: u8, resume: &Resume
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reader::tests::write_log;
+    use crate::store::{list_segments, SET_ASIDE_DIR};
+    use std::fs::OpenOptions;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn a_replica_with_a_damaged_segment_is_refilled_from_another_and_keeps_its_files_aside() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        drop(write_log(a.path(), 20));
+        drop(write_log(b.path(), 20));
+        let segments = list_segments(a.path()).unwrap();
+        assert!(segments.len() > 3);
+        // Bit rot in the first record header of replica A's second segment.
+        let f = OpenOptions::new()
+            .write(true)
+            .open(&segments[1].path)
+            .unwrap();
+        f.write_all_at(&[0xff; 8], 0).unwrap();
+        let dirs = vec![a.path().to_path_buf(), b.path().to_path_buf()];
+        let (stores, resume) = recover_replicated(&dirs, 400, None).unwrap();
+        assert_eq!(resume.next_seq, 20);
+        for s in &stores {
+            assert_eq!((s.first_seq(), s.durable_seq()), (0, 20));
+        }
+        let (mut from_a, mut from_b) = (DiskReader::new(a.path()), DiskReader::new(b.path()));
+        assert!(matches!(
+            from_a.seek_seq(0, 20).unwrap(),
+            DiskSeek::At { .. }
+        ));
+        assert!(matches!(
+            from_b.seek_seq(0, 20).unwrap(),
+            DiskSeek::At { .. }
+        ));
+        let (mut pa, mut pb) = (Vec::new(), Vec::new());
+        for seq in 0..20 {
+            let ha = from_a
+                .next(20, &mut pa)
+                .unwrap()
+                .expect("replica A has every record");
+            let hb = from_b
+                .next(20, &mut pb)
+                .unwrap()
+                .expect("replica B has every record");
+            assert_eq!((ha.seq, &ha, &pa), (seq, &hb, &pb));
+        }
+        // Nothing replica A had was deleted: a copy of the damaged segment and every
+        // segment after it are aside.
+        let aside = std::fs::read_dir(a.path().join(SET_ASIDE_DIR))
+            .unwrap()
+            .count();
+        assert_eq!(aside, segments.len() - 1);
+    }
+}

@@ -183,8 +183,8 @@ pub struct TopicStore {
 impl TopicStore {
     /// Opens (creating if needed) the log in `dir`, checks every record header, checks
     /// the payloads of the last segment, and cuts off a torn tail left by a crash. The
-    /// log is the newest contiguous run of segments; any before a missing or damaged one
-    /// are moved into [`SET_ASIDE_DIR`], never deleted.
+    /// log is its oldest contiguous run of whole records; segment files after a gap or
+    /// a damaged record are moved into [`SET_ASIDE_DIR`], never deleted.
     pub fn open(dir: &Path, segment_target: u64) -> io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let dir_handle = Arc::new(File::open(dir)?);
@@ -209,59 +209,45 @@ impl TopicStore {
         };
         let count = files.len();
         let mut payload = Vec::new();
-        let mut scanned = Vec::with_capacity(count);
-        for (i, f) in files.into_iter().enumerate() {
-            // Sessions fold in every record found, set aside or not: each was committed,
-            // so a session's resend of it is a duplicate either way.
-            scanned.push(scan_segment(
-                f,
-                i + 1 == count,
-                &mut payload,
-                &mut store.sessions,
-            )?);
-        }
-        let keep_from = newest_contiguous_run(&scanned);
-        if keep_from > 0 {
-            set_aside(dir, &scanned[..keep_from])?;
-        }
-        let kept = scanned.len() - keep_from;
-        for (i, s) in scanned.into_iter().skip(keep_from).enumerate() {
-            let ScannedSegment {
-                file: f,
-                handle: file,
-                valid_len: off,
-                file_len,
-                end_seq: next_seq,
-                end_position: next_position,
-                torn,
-            } = s;
-            if torn {
+        for (i, f) in files.iter().enumerate() {
+            if i > 0 && (f.first_seq != store.next_seq || f.first_position != store.next_position) {
+                set_aside(dir, &files[i..], None, store.next_seq)?;
+                break;
+            }
+            let last = i + 1 == count;
+            let (file, scan) = scan_segment(f, last, &mut payload, &mut store.sessions)?;
+            if scan.torn {
                 tracing::warn!(
                     path = %f.path.display(),
-                    valid_bytes = off,
-                    file_bytes = file_len,
-                    "cutting a torn or corrupt tail off a replica segment (left by a crash)"
+                    valid_bytes = scan.valid_len,
+                    file_bytes = scan.file_len,
+                    "cutting a torn or corrupt tail off a replica segment"
                 );
-                file.set_len(off)?;
+                // Only the last segment may hold unsynced records (a crash's torn tail);
+                // a closed one was synced whole, so what follows the damage is kept aside.
+                if !last {
+                    set_aside(dir, &files[i + 1..], Some(f), scan.end_seq)?;
+                }
+                file.set_len(scan.valid_len)?;
                 file.sync_all()?;
             }
             let segment = Segment {
-                len: off,
-                end_seq: next_seq,
-                end_position: next_position,
+                len: scan.valid_len,
+                end_seq: scan.end_seq,
+                end_position: scan.end_position,
                 last_write: file
                     .metadata()?
                     .modified()
                     .unwrap_or_else(|_| SystemTime::now()),
-                file: f,
+                file: f.clone(),
             };
-            store.next_seq = next_seq;
-            store.next_position = next_position;
-            if i + 1 == kept {
+            store.next_seq = scan.end_seq;
+            store.next_position = scan.end_position;
+            if last || scan.torn {
                 store.active = Some((segment, Arc::new(file)));
-            } else {
-                store.closed.push(segment);
+                break;
             }
+            store.closed.push(segment);
         }
         let len = store.active.as_ref().map_or(0, |(s, _)| s.len);
         store.synced = Mark {
@@ -578,7 +564,7 @@ impl ExpiredSegments {
     /// Segments are renamed oldest first, and on an error those not renamed stay here,
     /// to be tried again before any newer segment of the log: renaming a newer one while
     /// an older one keeps its name would leave a hole in the log on disk, and a start
-    /// would set everything before the hole aside.
+    /// would set everything after the hole aside.
     pub fn remove(&mut self) -> io::Result<()> {
         self.remove_in_steps(DELETE_STEP_BYTES)
     }
@@ -623,11 +609,8 @@ fn delete_in_steps(path: &Path, step: u64) -> io::Result<()> {
     std::fs::remove_file(path)
 }
 
-/// Deletes what interrupted deletions left in `dir`.
-/// A segment file as a start found it.
-struct ScannedSegment {
-    file: SegmentFile,
-    handle: File,
+/// What a start found in one segment file.
+struct SegmentScan {
     /// Bytes up to the end of its last whole, consecutive record.
     valid_len: u64,
     file_len: u64,
@@ -639,12 +622,13 @@ struct ScannedSegment {
 
 /// Checks every record header of a segment, and the payloads too in the `last` one
 /// (the only one written since its last sync), folding order-5 sessions as it goes.
+/// Returns the file opened for writing, so a torn tail can be cut.
 fn scan_segment(
-    f: SegmentFile,
+    f: &SegmentFile,
     last: bool,
     payload: &mut Vec<u8>,
     sessions: &mut BTreeMap<u64, SessionMark>,
-) -> io::Result<ScannedSegment> {
+) -> io::Result<(File, SegmentScan)> {
     let file = OpenOptions::new().read(true).write(true).open(&f.path)?;
     let file_len = file.metadata()?.len();
     let (mut next_seq, mut next_position, mut off) = (f.first_seq, f.first_position, 0u64);
@@ -669,66 +653,74 @@ fn scan_segment(
         next_position = h.end_position();
         off += h.record_len();
     };
-    Ok(ScannedSegment {
-        file: f,
-        handle: file,
+    let scan = SegmentScan {
         valid_len: off,
         file_len,
         end_seq: next_seq,
         end_position: next_position,
         torn,
-    })
+    };
+    Ok((file, scan))
 }
 
-/// Index of the first segment of the newest run in which each segment is whole and the
-/// next one starts where it ends. Only the last segment may have a torn tail (a crash
-/// while it was written); it is cut at open. Anything before the run is not part of
-/// the log: keeping the newest run keeps the records acknowledged last, and the log
-/// continues from its true end.
-fn newest_contiguous_run(segments: &[ScannedSegment]) -> usize {
-    let mut start = segments.len().saturating_sub(1);
-    while start > 0 {
-        let (older, newer) = (&segments[start - 1], &segments[start]);
-        if older.torn
-            || older.end_seq != newer.file.first_seq
-            || older.end_position != newer.file.first_position
-        {
-            break;
-        }
-        start -= 1;
-    }
-    start
-}
-
-/// Moves segments that are not part of the log into `dir/SET_ASIDE_DIR`, under names
-/// that start with the time of the move: nothing a start finds is deleted, an operator
-/// decides. The directory is fsynced so that the log on disk is what was opened.
-fn set_aside(dir: &Path, segments: &[ScannedSegment]) -> io::Result<()> {
+/// Moves segment files that no longer continue the log into `dir/SET_ASIDE_DIR`, with a
+/// copy of `damaged` (a closed segment about to be cut at a damaged record) first: a
+/// start deletes nothing but a crash's torn tail. The log keeps its oldest contiguous
+/// run, up to `log_end`; recovery then refills what it lacks from the other replicas
+/// (`crate::recovery`). Both directories are fsynced before the log is used.
+fn set_aside(
+    dir: &Path,
+    moved: &[SegmentFile],
+    damaged: Option<&SegmentFile>,
+    log_end: u64,
+) -> io::Result<()> {
     let aside = dir.join(SET_ASIDE_DIR);
     std::fs::create_dir_all(&aside)?;
     let stamp = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default()
         .as_millis();
-    for s in segments {
-        let name = s.file.path.file_name().expect("a segment file has a name");
-        let to = aside.join(format!("{stamp}-{}", name.to_string_lossy()));
-        tracing::error!(
-            from = %s.file.path.display(),
-            to = %to.display(),
-            first_seq = s.file.first_seq,
-            end_seq = s.end_seq,
-            torn = s.torn,
-            "segment is not part of the newest contiguous run of this replica log (a file \
-             missing or damaged before it); moved aside, not deleted: inspect it, then delete \
-             it or restore it by hand"
-        );
-        std::fs::rename(&s.file.path, &to)?;
+    let fresh = |f: &SegmentFile| {
+        unused_aside_path(&aside, stamp, &segment_name(f.first_seq, f.first_position))
+    };
+    tracing::error!(
+        log = %dir.display(),
+        log_end,
+        damaged = ?damaged.map(|f| &f.path),
+        moved = moved.len(),
+        first_moved = ?moved.first().map(|f| &f.path),
+        aside = %aside.display(),
+        "the replica log on disk has a gap or a damaged segment: it now ends at seq {log_end}, \
+         and the segment files after that were moved aside, not deleted (recovery refills the \
+         log from the other replicas where they have it). Inspect the files in the aside \
+         directory, then delete them or restore them by hand"
+    );
+    if let Some(f) = damaged {
+        let to = fresh(f);
+        std::fs::copy(&f.path, &to)?;
+        File::open(&to)?.sync_all()?;
+    }
+    for f in moved {
+        std::fs::rename(&f.path, fresh(f))?;
     }
     File::open(&aside)?.sync_all()?;
     File::open(dir)?.sync_all()
 }
 
+/// `aside/<stamp>-<name>`, or with a counter after the stamp if an earlier start (in
+/// the same millisecond, or before the clock was set back) took that name: a rename
+/// would replace that file silently.
+fn unused_aside_path(aside: &Path, stamp: u128, name: &str) -> PathBuf {
+    (0u32..)
+        .map(|n| match n {
+            0 => aside.join(format!("{stamp}-{name}")),
+            n => aside.join(format!("{stamp}.{n}-{name}")),
+        })
+        .find(|p| !p.exists())
+        .expect("some counter is free")
+}
+
+/// Deletes what interrupted deletions left in `dir`.
 fn remove_leftover_deletions(dir: &Path) -> io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
@@ -883,7 +875,7 @@ mod tests {
     }
 
     /// The files a start set aside, oldest first, each with the segment name it had.
-    fn set_aside(dir: &Path) -> Vec<(String, PathBuf)> {
+    pub(crate) fn files_set_aside(dir: &Path) -> Vec<(String, PathBuf)> {
         let mut found: Vec<(String, PathBuf)> = std::fs::read_dir(dir.join(SET_ASIDE_DIR))
             .unwrap()
             .map(|e| {
@@ -898,34 +890,44 @@ mod tests {
     }
 
     #[test]
-    fn a_hole_keeps_the_newest_run_and_sets_the_older_segments_aside() {
+    fn a_hole_sets_the_segments_after_it_aside_whole() {
         let dir = tempfile::tempdir().unwrap();
         let segments = four_segments(dir.path());
-        let oldest = std::fs::read(&segments[0].path).unwrap();
+        let after: Vec<Vec<u8>> = segments[2..]
+            .iter()
+            .map(|f| std::fs::read(&f.path).unwrap())
+            .collect();
         std::fs::remove_file(&segments[1].path).unwrap();
         let mut s = TopicStore::open(dir.path(), 300).unwrap();
-        assert_eq!(s.first_seq(), 4, "the log starts after the hole");
-        assert_eq!(s.next_seq(), 8, "and keeps everything acknowledged last");
-        let aside = set_aside(dir.path());
-        assert_eq!(aside.len(), 1);
-        assert_eq!(aside[0].0, segment_name(0, 0));
         assert_eq!(
-            std::fs::read(&aside[0].1).unwrap(),
-            oldest,
-            "moved, not deleted"
+            (s.first_seq(), s.next_seq()),
+            (0, 2),
+            "the log ends at the hole"
         );
+        let aside = files_set_aside(dir.path());
+        let names: Vec<&str> = aside.iter().map(|(n, _)| n.as_str()).collect();
+        let expected: Vec<String> = segments[2..]
+            .iter()
+            .map(|f| segment_name(f.first_seq, f.first_position))
+            .collect();
+        assert_eq!(names, expected);
+        for ((_, path), bytes) in aside.iter().zip(&after) {
+            assert_eq!(&std::fs::read(path).unwrap(), bytes, "moved, not deleted");
+        }
+        // The log goes on from its end, and a second start finds it whole.
         fill(&mut s, 1);
         s.sync().unwrap();
         drop(s);
         let s = TopicStore::open(dir.path(), 300).unwrap();
-        assert_eq!((s.first_seq(), s.next_seq()), (4, 9));
+        assert_eq!((s.first_seq(), s.next_seq()), (0, 3));
+        assert_eq!(files_set_aside(dir.path()).len(), 2);
     }
 
     #[test]
-    fn a_damaged_closed_segment_is_set_aside_with_everything_older() {
+    fn a_damaged_closed_segment_is_cut_with_a_copy_and_the_rest_set_aside() {
         let dir = tempfile::tempdir().unwrap();
         let segments = four_segments(dir.path());
-        let damaged_len = std::fs::metadata(&segments[1].path).unwrap().len();
+        let damaged = std::fs::read(&segments[1].path).unwrap();
         // Bit rot in the second record header of the second segment.
         let f = OpenOptions::new()
             .write(true)
@@ -933,21 +935,40 @@ mod tests {
             .unwrap();
         f.write_all_at(&[0xff; 8], 180).unwrap();
         let s = TopicStore::open(dir.path(), 300).unwrap();
-        assert_eq!((s.first_seq(), s.next_seq()), (4, 8));
-        let aside = set_aside(dir.path());
+        assert_eq!((s.first_seq(), s.next_seq()), (0, 3));
+        assert_eq!(std::fs::metadata(&segments[1].path).unwrap().len(), 180);
+        let aside = files_set_aside(dir.path());
         let names: Vec<&str> = aside.iter().map(|(n, _)| n.as_str()).collect();
+        let expected: Vec<String> = segments[1..]
+            .iter()
+            .map(|f| segment_name(f.first_seq, f.first_position))
+            .collect();
+        assert_eq!(names, expected);
+        let copy = std::fs::read(&aside[0].1).unwrap();
         assert_eq!(
-            names,
-            vec![
-                segment_name(0, 0),
-                segment_name(2, segments[1].first_position)
-            ]
+            copy.len(),
+            damaged.len(),
+            "the damaged segment is kept whole"
         );
-        assert_eq!(
-            std::fs::metadata(&aside[1].1).unwrap().len(),
-            damaged_len,
-            "the damaged segment is moved as it was, not cut"
-        );
+        assert_eq!(copy[..180], damaged[..180]);
+    }
+
+    #[test]
+    fn set_aside_names_never_replace_an_earlier_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = segment_name(6, 600);
+        let first = unused_aside_path(dir.path(), 42, &name);
+        std::fs::write(&first, b"earlier").unwrap();
+        let second = unused_aside_path(dir.path(), 42, &name);
+        assert_ne!(first, second);
+        std::fs::write(&second, b"later").unwrap();
+        let third = unused_aside_path(dir.path(), 42, &name);
+        assert!(![&first, &second].contains(&&third));
+        // The segment's own name stays last, after the first '-'.
+        for p in [first, second, third] {
+            let file = p.file_name().unwrap().to_str().unwrap().to_string();
+            assert_eq!(file.split_once('-').unwrap().1, name);
+        }
     }
 
     #[test]
