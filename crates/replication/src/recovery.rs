@@ -258,9 +258,9 @@ pub fn seed(region: &Region, topic: u32, replication_factor: u8, resume: &Resume
 mod tests {
     use super::*;
     use crate::reader::tests::write_log;
-    use crate::store::{list_segments, SET_ASIDE_DIR};
+    use crate::store::{list_segments, segment_name, SET_ASIDE_DIR};
     use std::fs::OpenOptions;
-    use std::os::unix::fs::FileExt;
+    use std::os::unix::fs::{FileExt, MetadataExt};
 
     #[test]
     fn a_replica_with_a_damaged_segment_is_refilled_from_another_and_keeps_its_files_aside() {
@@ -275,6 +275,12 @@ mod tests {
             .open(&segments[1].path)
             .unwrap();
         f.write_all_at(&[0xff; 8], 0).unwrap();
+        // The part before the damage must be kept in place, not rebuilt from B.
+        let first = &segments[0].path;
+        let (first_inode, first_bytes) = (
+            std::fs::metadata(first).unwrap().ino(),
+            std::fs::read(first).unwrap(),
+        );
         let dirs = vec![a.path().to_path_buf(), b.path().to_path_buf()];
         let (stores, resume) = recover_replicated(&dirs, 400, None).unwrap();
         assert_eq!(resume.next_seq, 20);
@@ -302,11 +308,21 @@ mod tests {
                 .expect("replica B has every record");
             assert_eq!((ha.seq, &ha, &pa), (seq, &hb, &pb));
         }
+        assert_eq!(std::fs::metadata(first).unwrap().ino(), first_inode);
+        assert_eq!(std::fs::read(first).unwrap(), first_bytes);
         // Nothing replica A had was deleted: a copy of the damaged segment and every
-        // segment after it are aside.
-        let aside = std::fs::read_dir(a.path().join(SET_ASIDE_DIR))
+        // segment after it are aside; replica B, whole, set nothing aside.
+        let mut aside: Vec<String> = std::fs::read_dir(a.path().join(SET_ASIDE_DIR))
             .unwrap()
-            .count();
-        assert_eq!(aside, segments.len() - 1);
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .map(|n| n.split_once('-').unwrap().1.to_string())
+            .collect();
+        aside.sort();
+        let expected: Vec<String> = segments[1..]
+            .iter()
+            .map(|f| segment_name(f.first_seq, f.first_position))
+            .collect();
+        assert_eq!(aside, expected);
+        assert!(!b.path().join(SET_ASIDE_DIR).exists());
     }
 }

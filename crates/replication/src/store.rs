@@ -676,6 +676,8 @@ fn set_aside(
 ) -> io::Result<()> {
     let aside = dir.join(SET_ASIDE_DIR);
     std::fs::create_dir_all(&aside)?;
+    // The new directory's entry, before anything is put in it.
+    File::open(dir)?.sync_all()?;
     let stamp = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default()
@@ -683,28 +685,41 @@ fn set_aside(
     let fresh = |f: &SegmentFile| {
         unused_aside_path(&aside, stamp, &segment_name(f.first_seq, f.first_position))
     };
-    tracing::error!(
-        log = %dir.display(),
-        log_end,
-        damaged = ?damaged.map(|f| &f.path),
-        moved = moved.len(),
-        first_moved = ?moved.first().map(|f| &f.path),
-        aside = %aside.display(),
-        "the replica log on disk has a gap or a damaged segment: it now ends at seq {log_end}, \
-         and the segment files after that were moved aside, not deleted (recovery refills the \
-         log from the other replicas where they have it). Inspect the files in the aside \
-         directory, then delete them or restore them by hand"
-    );
     if let Some(f) = damaged {
+        // Copied under a temporary name and made durable before anything is renamed or
+        // cut: a crash never leaves a partial copy under a whole one's name, nor a cut
+        // segment without its copy.
         let to = fresh(f);
-        std::fs::copy(&f.path, &to)?;
-        File::open(&to)?.sync_all()?;
+        let partial = to.with_extension("partial");
+        std::fs::copy(&f.path, &partial)?;
+        File::open(&partial)?.sync_all()?;
+        std::fs::rename(&partial, &to)?;
+        File::open(&aside)?.sync_all()?;
     }
     for f in moved {
         std::fs::rename(&f.path, fresh(f))?;
     }
     File::open(&aside)?.sync_all()?;
-    File::open(dir)?.sync_all()
+    File::open(dir)?.sync_all()?;
+    let kept = match damaged {
+        Some(_) => format!(
+            "a copy of the damaged segment and the {} segment file(s) after it",
+            moved.len()
+        ),
+        None => format!("the {} segment file(s) after the gap", moved.len()),
+    };
+    tracing::error!(
+        log = %dir.display(),
+        continues_at_seq = log_end,
+        damaged = ?damaged.map(|f| &f.path),
+        first_moved = ?moved.first().map(|f| &f.path),
+        aside = %aside.display(),
+        "the replica log on disk had a gap or a damaged record, so it now continues at seq \
+         {log_end}; {kept} are in the aside directory, not deleted. Recovery refills the log \
+         from the other replicas where they have it. Inspect the files aside, then delete \
+         them or restore them by hand"
+    );
+    Ok(())
 }
 
 /// `aside/<stamp>-<name>`, or with a counter after the stamp if an earlier start (in
@@ -927,13 +942,13 @@ mod tests {
     fn a_damaged_closed_segment_is_cut_with_a_copy_and_the_rest_set_aside() {
         let dir = tempfile::tempdir().unwrap();
         let segments = four_segments(dir.path());
-        let damaged = std::fs::read(&segments[1].path).unwrap();
         // Bit rot in the second record header of the second segment.
         let f = OpenOptions::new()
             .write(true)
             .open(&segments[1].path)
             .unwrap();
         f.write_all_at(&[0xff; 8], 180).unwrap();
+        let damaged = std::fs::read(&segments[1].path).unwrap();
         let s = TopicStore::open(dir.path(), 300).unwrap();
         assert_eq!((s.first_seq(), s.next_seq()), (0, 3));
         assert_eq!(std::fs::metadata(&segments[1].path).unwrap().len(), 180);
@@ -944,13 +959,15 @@ mod tests {
             .map(|f| segment_name(f.first_seq, f.first_position))
             .collect();
         assert_eq!(names, expected);
-        let copy = std::fs::read(&aside[0].1).unwrap();
         assert_eq!(
-            copy.len(),
-            damaged.len(),
+            std::fs::read(&aside[0].1).unwrap(),
+            damaged,
             "the damaged segment is kept whole"
         );
-        assert_eq!(copy[..180], damaged[..180]);
+        assert!(
+            !aside.iter().any(|(n, _)| n.ends_with(".partial")),
+            "no copy is left half-named"
+        );
     }
 
     #[test]
