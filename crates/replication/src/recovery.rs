@@ -258,7 +258,8 @@ pub fn seed(region: &Region, topic: u32, replication_factor: u8, resume: &Resume
 mod tests {
     use super::*;
     use crate::reader::tests::write_log;
-    use crate::store::{list_segments, segment_name, SET_ASIDE_DIR};
+    use crate::store::tests::{files_set_aside, segment_names};
+    use crate::store::{list_segments, SET_ASIDE_DIR};
     use std::fs::OpenOptions;
     use std::os::unix::fs::{FileExt, MetadataExt};
 
@@ -312,17 +313,11 @@ mod tests {
         assert_eq!(std::fs::read(first).unwrap(), first_bytes);
         // Nothing replica A had was deleted: a copy of the damaged segment and every
         // segment after it are aside; replica B, whole, set nothing aside.
-        let mut aside: Vec<String> = std::fs::read_dir(a.path().join(SET_ASIDE_DIR))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .map(|n| n.split_once('-').unwrap().1.to_string())
+        let aside: Vec<String> = files_set_aside(a.path())
+            .into_iter()
+            .map(|(name, _)| name)
             .collect();
-        aside.sort();
-        let expected: Vec<String> = segments[1..]
-            .iter()
-            .map(|f| segment_name(f.first_seq, f.first_position))
-            .collect();
-        assert_eq!(aside, expected);
+        assert_eq!(aside, segment_names(&segments[1..]));
         assert!(!b.path().join(SET_ASIDE_DIR).exists());
     }
 }

@@ -761,7 +761,7 @@ fn remove_from(dir: &Path, from_seq: u64) -> io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn record(seq: u64, position: u64, payload: &[u8]) -> RecordHeader {
@@ -889,6 +889,14 @@ mod tests {
         segments
     }
 
+    /// The names the segment files have in the log directory.
+    pub(crate) fn segment_names(files: &[SegmentFile]) -> Vec<String> {
+        files
+            .iter()
+            .map(|f| segment_name(f.first_seq, f.first_position))
+            .collect()
+    }
+
     /// The files a start set aside, oldest first, each with the segment name it had.
     pub(crate) fn files_set_aside(dir: &Path) -> Vec<(String, PathBuf)> {
         let mut found: Vec<(String, PathBuf)> = std::fs::read_dir(dir.join(SET_ASIDE_DIR))
@@ -920,12 +928,8 @@ mod tests {
             "the log ends at the hole"
         );
         let aside = files_set_aside(dir.path());
-        let names: Vec<&str> = aside.iter().map(|(n, _)| n.as_str()).collect();
-        let expected: Vec<String> = segments[2..]
-            .iter()
-            .map(|f| segment_name(f.first_seq, f.first_position))
-            .collect();
-        assert_eq!(names, expected);
+        let names: Vec<String> = aside.iter().map(|(n, _)| n.clone()).collect();
+        assert_eq!(names, segment_names(&segments[2..]));
         for ((_, path), bytes) in aside.iter().zip(&after) {
             assert_eq!(&std::fs::read(path).unwrap(), bytes, "moved, not deleted");
         }
@@ -953,12 +957,8 @@ mod tests {
         assert_eq!((s.first_seq(), s.next_seq()), (0, 3));
         assert_eq!(std::fs::metadata(&segments[1].path).unwrap().len(), 180);
         let aside = files_set_aside(dir.path());
-        let names: Vec<&str> = aside.iter().map(|(n, _)| n.as_str()).collect();
-        let expected: Vec<String> = segments[1..]
-            .iter()
-            .map(|f| segment_name(f.first_seq, f.first_position))
-            .collect();
-        assert_eq!(names, expected);
+        let names: Vec<String> = aside.iter().map(|(n, _)| n.clone()).collect();
+        assert_eq!(names, segment_names(&segments[1..]));
         assert_eq!(
             std::fs::read(&aside[0].1).unwrap(),
             damaged,
