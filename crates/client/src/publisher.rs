@@ -7,7 +7,7 @@
 use crate::admin::Admin;
 use crate::conn::{self, Frame};
 use crate::{now_ns, Error, Result};
-use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender, TrySendError};
+use crossbeam_channel::{Receiver, Select, Sender, TryRecvError, TrySendError};
 use embarcadero_wire::{
     message_stride, BatchHeader, BlogMessageHeader, ErrorCode, Hello, HelloOk, Role,
     MESSAGE_HEADER_LEN,
@@ -29,8 +29,13 @@ pub struct PublisherConfig {
     pub ack_level: u8,
     /// A batch is sealed once it holds this many bytes of messages.
     pub batch_bytes: usize,
-    /// A non-empty batch is sealed at the latest this long after its first message.
+    /// A non-empty batch is sealed this long after its first message, by the sender of
+    /// the queue it is due on, which then writes it itself (no hand-off to another
+    /// thread). When that sender is busy (writing, or waiting for acknowledgements), a
+    /// backstop thread seals it `linger_backstop` later still.
     pub linger: Duration,
+    /// See `linger`. Default 5 ms.
+    pub linger_backstop: Duration,
     /// Connections (and queues) per broker.
     pub threads_per_broker: usize,
     /// Sealed batches each queue holds before the producer deflects to the next.
@@ -71,6 +76,7 @@ impl Default for PublisherConfig {
             ack_level: 1,
             batch_bytes: 512 * 1024,
             linger: Duration::from_millis(1),
+            linger_backstop: Duration::from_millis(5),
             threads_per_broker: 1,
             queue_depth: 4,
             max_inflight_batches: 16,
@@ -100,6 +106,8 @@ pub struct QueueStats {
     /// Times the producer blocked because every queue was full when this one was due.
     pub producer_waits: u64,
     pub backpressure_retries: u64,
+    /// Batches this queue's sender sealed itself when their linger ran out.
+    pub lingered: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -240,6 +248,10 @@ struct Queue {
     dispatched: AtomicU64,
     deflected: AtomicU64,
     producer_waits: AtomicU64,
+    /// Batches the sender sealed itself (see [`PublisherConfig::linger`]).
+    lingered: AtomicU64,
+    /// A batch due on this queue opened: its sender times the linger.
+    batch_opened: (Sender<()>, Receiver<()>),
     /// The connection's current socket; replaced when an order-5 session reopens.
     stream: Mutex<TcpStream>,
     /// Bumped each time `stream` is replaced, so the reader follows.
@@ -284,6 +296,8 @@ impl Queue {
             dispatched: AtomicU64::new(0),
             deflected: AtomicU64::new(0),
             producer_waits: AtomicU64::new(0),
+            lingered: AtomicU64::new(0),
+            batch_opened: crossbeam_channel::bounded(1),
             stream: Mutex::new(stream),
             stream_gen: AtomicU64::new(0),
             epoch: AtomicU64::new(epoch),
@@ -424,7 +438,13 @@ struct Inner {
     max_message: usize,
     max_batch: usize,
     builder: Mutex<Builder>,
-    batch_opened: Condvar,
+    /// Wakes the linger backstop at close.
+    backstop_wake: Condvar,
+    /// The open batch's linger deadline and the queue it is due on, for the senders to
+    /// read without the builder's lock (see [`OpenBatch`]); 0: none open.
+    open_batch: AtomicU64,
+    /// Where [`OpenBatch`] deadlines count from.
+    created: Instant,
     queues: Queues,
     pool: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
     progress: (Mutex<()>, Condvar),
@@ -580,7 +600,9 @@ impl Publisher {
             client_id,
             max_message,
             max_batch,
-            batch_opened: Condvar::new(),
+            backstop_wake: Condvar::new(),
+            open_batch: AtomicU64::new(0),
+            created: Instant::now(),
             queues,
             pool: crossbeam_channel::unbounded(),
             progress: (Mutex::new(()), Condvar::new()),
@@ -612,7 +634,7 @@ impl Publisher {
             start_connection(&inner, index, first_seq, 0, &mut threads)?;
         }
         let l = inner.clone();
-        threads.push(spawn("pub-linger".into(), move || linger(l))?);
+        threads.push(spawn("pub-linger".into(), move || linger_backstop(l))?);
         let membership = if watch_membership {
             let w = inner.clone();
             Some(spawn("pub-members".into(), move || {
@@ -707,7 +729,17 @@ impl Publisher {
             b.first_at = Some(now);
             b.first_due = due.map(|d| d.min(now));
             b.dues.clear();
-            inner.batch_opened.notify_one();
+            // The sender of the queue this batch is due on times its linger.
+            if let Some(owner) = inner.live_queue_from(b.round_robin) {
+                let open = OpenBatch {
+                    owner,
+                    deadline: now + inner.config.linger,
+                };
+                inner
+                    .open_batch
+                    .store(open.encode(inner.created), Ordering::Release);
+                let _ = inner.queues[owner].batch_opened.0.try_send(());
+            }
         }
         match due {
             Some(due) if b.dues.len() + 1 == b.num_msg as usize => {
@@ -806,6 +838,7 @@ impl Publisher {
                     deflected: q.deflected.load(Ordering::Relaxed),
                     producer_waits: q.producer_waits.load(Ordering::Relaxed),
                     backpressure_retries: q.conn.backpressure_retries.load(Ordering::Relaxed),
+                    lingered: q.lingered.load(Ordering::Relaxed),
                 })
                 .collect(),
         }
@@ -833,7 +866,7 @@ impl Publisher {
 
     fn shutdown(&mut self) {
         self.inner.closed.store(true, Ordering::SeqCst);
-        self.inner.batch_opened.notify_all();
+        self.inner.backstop_wake.notify_all();
         let _ = self.inner.membership_wake.try_send(());
         // The watcher first: once it has stopped no queue is added, so every connection
         // is shut below and every thread joined.
@@ -941,6 +974,13 @@ impl Inner {
     /// Hands the open batch to a queue: round-robin, deflecting past full queues,
     /// blocking only when every queue is full.
     fn seal(&self, b: &mut Builder) -> Result<()> {
+        let (sealed, due) = self.take_sealed(b);
+        self.dispatch(sealed, due)
+    }
+
+    /// Takes the open batch out of the builder as a sealed batch, with the queue it is
+    /// due on (round-robin).
+    fn take_sealed(&self, b: &mut Builder) -> (Sealed, usize) {
         let fresh = self.pool.1.try_recv().unwrap_or_else(|_| {
             Vec::with_capacity(self.config.batch_bytes + MESSAGE_HEADER_LEN * 2)
         });
@@ -970,21 +1010,63 @@ impl Inner {
         };
         b.num_msg = 0;
         b.first_at = None;
+        self.open_batch.store(0, Ordering::Release);
         b.first_due = None;
         let due = b.round_robin;
         b.round_robin = (due + 1) % self.queues.len();
-        self.dispatch(sealed, due)
+        (sealed, due)
+    }
+
+    /// The live queue a batch due on queue `due` goes to: `due` itself, or the next
+    /// live one after it.
+    fn live_queue_from(&self, due: usize) -> Option<usize> {
+        let n = self.queues.len();
+        (0..n)
+            .map(|i| (due + i) % n)
+            .find(|&i| self.queues[i].is_live())
+    }
+
+    /// For queue `index`'s idle sender: the open batch, sealed, if it is due on this
+    /// queue and its linger has run out (counted as dispatched here under the builder's
+    /// lock, so `flush` never sees it nowhere); else when to look again.
+    fn linger_for(&self, index: usize) -> Linger {
+        // Most calls end here, without the lock the producer takes for every message.
+        match OpenBatch::decode(self.open_batch.load(Ordering::Acquire), self.created) {
+            Some(open) if open.owner == index => {
+                if Instant::now() < open.deadline {
+                    return Linger::Until(open.deadline);
+                }
+            }
+            _ => return Linger::NotDue,
+        }
+        // Never wait long for the builder: a producer blocked in `dispatch` (every queue
+        // full) holds it until a sender makes room, so a sender that waited here would
+        // deadlock with it.
+        let Some(mut b) = self.builder.try_lock_for(BUILDER_WAIT) else {
+            return Linger::Busy;
+        };
+        let Some(first) = b.first_at else {
+            return Linger::NotDue;
+        };
+        if self.live_queue_from(b.round_robin) != Some(index) {
+            return Linger::NotDue;
+        }
+        let deadline = first + self.config.linger;
+        if Instant::now() < deadline {
+            return Linger::Until(deadline);
+        }
+        let (sealed, _) = self.take_sealed(&mut b);
+        let q = &self.queues[index];
+        q.dispatched.fetch_add(1, Ordering::Release);
+        q.lingered.fetch_add(1, Ordering::Relaxed);
+        Linger::Sealed(sealed)
     }
 
     /// Hands a sealed batch to queue `due` or, deflecting, the next live one with room;
     /// blocks only when every live queue is full.
     fn dispatch(&self, mut sealed: Sealed, due: usize) -> Result<()> {
         let n = self.queues.len();
-        // The round-robin choice, or the next live queue after it.
-        let Some(due) = (0..n)
-            .map(|i| (due + i) % n)
-            .find(|&i| self.queues[i].is_live())
-        else {
+        let Some(due) = self.live_queue_from(due) else {
             self.first_error()?;
             return Err(Error::NoLiveBroker);
         };
@@ -1277,25 +1359,117 @@ fn add_broker(
 }
 
 /// Seals batches that have lingered long enough.
-fn linger(inner: Arc<Inner>) {
+/// Seals a batch that its queue's sender did not take when its linger ran out (the
+/// sender was writing, waiting for acknowledgements, or gone), `linger_backstop` later.
+/// Normally a batch is sealed by that sender itself ([`Inner::linger_for`]).
+fn linger_backstop(inner: Arc<Inner>) {
+    let late = inner.config.linger + inner.config.linger_backstop;
     let mut b = inner.builder.lock();
     while !inner.closed.load(Ordering::Relaxed) {
         match b.first_at {
-            None => {
-                inner
-                    .batch_opened
-                    .wait_for(&mut b, Duration::from_millis(100));
+            Some(first) if Instant::now() >= first + late => {
+                if inner.seal(&mut b).is_err() {
+                    return;
+                }
             }
             Some(first) => {
-                let due = first + inner.config.linger;
-                let now = Instant::now();
-                if now >= due {
-                    if inner.seal(&mut b).is_err() {
-                        return;
-                    }
-                } else {
-                    inner.batch_opened.wait_for(&mut b, due - now);
-                }
+                let wait = (first + late).saturating_duration_since(Instant::now());
+                inner.backstop_wake.wait_for(&mut b, wait);
+            }
+            // Not woken when a batch opens (its sender is): looks again this often.
+            None => {
+                inner
+                    .backstop_wake
+                    .wait_for(&mut b, inner.config.linger_backstop);
+            }
+        }
+    }
+}
+
+/// What an idle sender does about the open batch (see [`Inner::linger_for`]).
+enum Linger {
+    /// Due on this queue and lingered out: the sender writes it.
+    Sealed(Sealed),
+    /// Due on this queue; its linger runs out then.
+    Until(Instant),
+    /// No open batch, or it is due on another queue.
+    NotDue,
+    /// The builder is held (by the producer, appending or waiting for room): look again
+    /// soon, meanwhile taking what the channel brings.
+    Busy,
+}
+
+/// The open batch as the senders see it: packed into one `u64` (the deadline in whole
+/// microseconds since the publisher was created, rounded up, above 16 bits of queue
+/// index + 1), so a sender can read it without the builder's lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OpenBatch {
+    owner: usize,
+    deadline: Instant,
+}
+
+impl OpenBatch {
+    fn encode(&self, base: Instant) -> u64 {
+        let since = self.deadline.saturating_duration_since(base);
+        let micros = since.as_micros() + u128::from(!since.subsec_nanos().is_multiple_of(1000));
+        let micros = u64::try_from(micros)
+            .unwrap_or(u64::MAX)
+            .min(u64::MAX >> 16);
+        debug_assert!(self.owner < 0xffff);
+        (micros << 16) | (self.owner as u64 + 1)
+    }
+
+    fn decode(packed: u64, base: Instant) -> Option<Self> {
+        let owner = (packed & 0xffff).checked_sub(1)? as usize;
+        Some(Self {
+            owner,
+            deadline: base + Duration::from_micros(packed >> 16),
+        })
+    }
+}
+
+/// Longest a sender waits for the builder's lock.
+const BUILDER_WAIT: Duration = Duration::from_micros(50);
+
+/// The next batch for an idle sender.
+enum Next {
+    Batch(Sealed),
+    /// Nothing yet: go round the sender's loop again.
+    Again,
+    Stop,
+}
+
+/// Longest an idle sender waits before going round its loop again.
+const SENDER_IDLE_WAIT: Duration = Duration::from_millis(5);
+
+/// A batch from queue `index`'s channel, or the open batch once its linger runs out if it
+/// is due on this queue; else waits for either (a batch opening wakes this sender).
+fn next_batch(inner: &Inner, index: usize) -> Next {
+    let q = &inner.queues[index];
+    match q.rx.try_recv() {
+        Ok(b) => return Next::Batch(b),
+        Err(TryRecvError::Disconnected) => return Next::Stop,
+        Err(TryRecvError::Empty) => {}
+    }
+    let wait = match inner.linger_for(index) {
+        Linger::Sealed(b) => return Next::Batch(b),
+        Linger::Until(deadline) => deadline
+            .saturating_duration_since(Instant::now())
+            .min(SENDER_IDLE_WAIT),
+        Linger::NotDue => SENDER_IDLE_WAIT,
+        Linger::Busy => BUILDER_WAIT,
+    };
+    crossbeam_channel::select! {
+        recv(q.rx) -> r => match r {
+            Ok(b) => Next::Batch(b),
+            Err(_) => Next::Stop,
+        },
+        recv(q.batch_opened.1) -> _ => Next::Again,
+        default(wait) => {
+            if inner.closed.load(Ordering::Relaxed) {
+                Next::Stop
+            } else {
+                Next::Again
             }
         }
     }
@@ -1318,7 +1492,6 @@ fn write_batch(stream: &mut TcpStream, header: &[u8], payload: &[u8]) -> std::io
 fn sender(inner: Arc<Inner>, index: usize, first_seq: u64, fences_seen: u64) {
     let q = &inner.queues[index];
     let conn = &q.conn;
-    let rx = &q.rx;
     let Ok(mut stream) = q.stream.lock().try_clone() else {
         return;
     };
@@ -1432,15 +1605,10 @@ fn sender(inner: Arc<Inner>, index: usize, first_seq: u64, fences_seen: u64) {
                     inner.progress.1.wait_for(&mut g, Duration::from_millis(5));
                     continue;
                 }
-                match rx.recv_timeout(Duration::from_millis(5)) {
-                    Ok(b) => b,
-                    Err(RecvTimeoutError::Timeout) => {
-                        if inner.closed.load(Ordering::Relaxed) {
-                            return;
-                        }
-                        continue;
-                    }
-                    Err(RecvTimeoutError::Disconnected) => return,
+                match next_batch(&inner, index) {
+                    Next::Batch(b) => b,
+                    Next::Again => continue,
+                    Next::Stop => return,
                 }
             }
         };
@@ -1787,6 +1955,27 @@ fn reader(inner: Arc<Inner>, index: usize) {
                     }
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_open_batch_packs_its_owner_and_a_deadline_never_earlier_than_its_own() {
+        let base = Instant::now();
+        assert_eq!(OpenBatch::decode(0, base), None, "0: no batch open");
+        for (owner, nanos) in [(0, 0), (3, 1), (3, 999), (7, 1000), (65534, 123_456_789)] {
+            let open = OpenBatch {
+                owner,
+                deadline: base + Duration::from_nanos(nanos),
+            };
+            let back = OpenBatch::decode(open.encode(base), base).unwrap();
+            assert_eq!(back.owner, owner);
+            assert!(back.deadline >= open.deadline, "rounded up, never early");
+            assert!(back.deadline - open.deadline < Duration::from_micros(1));
         }
     }
 }

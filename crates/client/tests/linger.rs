@@ -1,0 +1,89 @@
+//! Who seals a batch when its linger runs out: normally the sender of the queue it is
+//! due on, which then writes it itself; a backstop thread when that sender is busy.
+
+mod common;
+
+use common::{fake_broker, AckWhen};
+use embarcadero_client::{Publisher, PublisherConfig};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Polls `cond` until it holds; fails the test after 10 s.
+fn wait_for(what: &str, cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < Duration::from_secs(10), "never: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_lingering_batch_is_sealed_and_written_by_the_sender_of_its_queue() {
+    let (release_a, a_rx) = mpsc::channel();
+    let (release_b, b_rx) = mpsc::channel();
+    for _ in 0..2 {
+        release_a.send(()).unwrap();
+        release_b.send(()).unwrap();
+    }
+    let brokers = [
+        fake_broker(AckWhen::Released(a_rx)),
+        fake_broker(AckWhen::Released(b_rx)),
+    ];
+    let p = Publisher::connect_brokers(
+        &brokers,
+        "t",
+        PublisherConfig {
+            linger: Duration::from_millis(1),
+            // Only a sender can seal within the test's time.
+            linger_backstop: Duration::from_secs(3600),
+            ..PublisherConfig::default()
+        },
+    )
+    .unwrap();
+    // No flush: nothing but the linger seals these. Round-robin: queue 0, then 1.
+    for (n, queue) in [(1, 0), (2, 1)] {
+        p.publish(b"lone message").unwrap();
+        wait_for("the batch acknowledged", || p.stats().acked_batches == n);
+        let stats = p.stats();
+        assert_eq!(p.batches_sealed(), n);
+        assert_eq!(
+            stats.queues[queue].lingered, 1,
+            "sealed by queue {queue}'s sender"
+        );
+        assert_eq!(stats.queues[queue].batches, 1);
+    }
+    p.close().unwrap();
+}
+
+#[test]
+fn the_backstop_seals_a_batch_whose_sender_waits_for_acknowledgements() {
+    let (release, held) = mpsc::channel();
+    let brokers = [fake_broker(AckWhen::Released(held))];
+    let p = Publisher::connect_brokers(
+        &brokers,
+        "t",
+        PublisherConfig {
+            linger: Duration::from_millis(1),
+            linger_backstop: Duration::from_millis(20),
+            max_inflight_batches: 1,
+            ..PublisherConfig::default()
+        },
+    )
+    .unwrap();
+    p.publish(b"first").unwrap();
+    wait_for("the first batch lingered out by the sender", || {
+        p.stats().queues[0].lingered == 1
+    });
+    // Its acknowledgement is held, so the sender waits at the in-flight limit.
+    p.publish(b"second").unwrap();
+    wait_for("the second batch sealed by the backstop", || {
+        p.batches_sealed() == 2
+    });
+    assert_eq!(p.stats().queues[0].lingered, 1, "not by the waiting sender");
+    for _ in 0..2 {
+        release.send(()).unwrap();
+    }
+    p.flush().unwrap();
+    let stats = p.close().unwrap();
+    assert_eq!(stats.acked_batches, 2);
+}
