@@ -429,6 +429,9 @@ struct Builder {
     first_due: Option<Instant>,
     /// Every message's due time while all of them have one (see [`Sealed::dues`]).
     dues: Vec<Instant>,
+    /// The last batch was sealed when its linger ran out, not by size: the load is
+    /// light, so the next batch's sender is woken to time its linger.
+    lingered_last: bool,
     round_robin: usize,
 }
 
@@ -445,6 +448,9 @@ struct Inner {
     open_batch: AtomicU64,
     /// Where [`OpenBatch`] deadlines count from.
     created: Instant,
+    /// The open batch's sender cannot take it (it waits at the in-flight limit): the
+    /// backstop seals it at its linger deadline, not `linger_backstop` later.
+    backstop_armed: AtomicBool,
     queues: Queues,
     pool: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
     progress: (Mutex<()>, Condvar),
@@ -591,10 +597,16 @@ impl Publisher {
                 opened_ns: 0,
                 first_due: None,
                 dues: Vec::new(),
+                lingered_last: true,
                 round_robin: 0,
             }),
             config: PublisherConfig {
                 batch_bytes,
+                // Instants past these would overflow; a backstop of 0 would spin.
+                linger: config.linger.min(LONGEST_LINGER),
+                linger_backstop: config
+                    .linger_backstop
+                    .clamp(Duration::from_micros(100), LONGEST_LINGER),
                 ..config
             },
             client_id,
@@ -603,6 +615,7 @@ impl Publisher {
             backstop_wake: Condvar::new(),
             open_batch: AtomicU64::new(0),
             created: Instant::now(),
+            backstop_armed: AtomicBool::new(false),
             queues,
             pool: crossbeam_channel::unbounded(),
             progress: (Mutex::new(()), Condvar::new()),
@@ -730,7 +743,11 @@ impl Publisher {
             b.first_due = due.map(|d| d.min(now));
             b.dues.clear();
             // The sender of the queue this batch is due on times its linger.
-            if let Some(owner) = inner.live_queue_from(b.round_robin) {
+            // (Past `OpenBatch`'s 16 bits of queue index, only the backstop seals.)
+            if let Some(owner) = inner
+                .live_queue_from(b.round_robin)
+                .filter(|&o| o < OpenBatch::MAX_OWNER)
+            {
                 let open = OpenBatch {
                     owner,
                     deadline: now + inner.config.linger,
@@ -738,7 +755,12 @@ impl Publisher {
                 inner
                     .open_batch
                     .store(open.encode(inner.created), Ordering::Release);
-                let _ = inner.queues[owner].batch_opened.0.try_send(());
+                // Under load batches fill before their linger runs out and the wake-up
+                // would be wasted: each idle sender looks at the open batch anyway
+                // before it waits, and at least every `SENDER_IDLE_WAIT`.
+                if b.lingered_last {
+                    let _ = inner.queues[owner].batch_opened.0.try_send(());
+                }
             }
         }
         match due {
@@ -981,6 +1003,8 @@ impl Inner {
     /// Takes the open batch out of the builder as a sealed batch, with the queue it is
     /// due on (round-robin).
     fn take_sealed(&self, b: &mut Builder) -> (Sealed, usize) {
+        let now = Instant::now();
+        b.lingered_last = b.first_at.is_some_and(|f| now >= f + self.config.linger);
         let fresh = self.pool.1.try_recv().unwrap_or_else(|_| {
             Vec::with_capacity(self.config.batch_bytes + MESSAGE_HEADER_LEN * 2)
         });
@@ -999,7 +1023,7 @@ impl Inner {
             seq,
             buf,
             num_msg: b.num_msg,
-            sealed_at: Instant::now(),
+            sealed_at: now,
             first_at: b.first_due.or(b.first_at).unwrap_or_else(Instant::now),
             dues: {
                 let capacity = b.dues.len();
@@ -1011,6 +1035,7 @@ impl Inner {
         b.num_msg = 0;
         b.first_at = None;
         self.open_batch.store(0, Ordering::Release);
+        self.backstop_armed.store(false, Ordering::Relaxed);
         b.first_due = None;
         let due = b.round_robin;
         b.round_robin = (due + 1) % self.queues.len();
@@ -1037,6 +1062,8 @@ impl Inner {
                     return Linger::Until(open.deadline);
                 }
             }
+            // Its owner died after it opened: the next live queue takes it over (below).
+            Some(open) if !self.queues[open.owner].is_live() => {}
             _ => return Linger::NotDue,
         }
         // Never wait long for the builder: a producer blocked in `dispatch` (every queue
@@ -1055,11 +1082,29 @@ impl Inner {
         if Instant::now() < deadline {
             return Linger::Until(deadline);
         }
+        // A batch sealed earlier waits in this queue's channel (every dispatch happens
+        // under the builder's lock, so this cannot change while it is held): written
+        // now, this one would overtake it. Take that one first.
+        if !self.queues[index].rx.is_empty() {
+            return Linger::Busy;
+        }
         let (sealed, _) = self.take_sealed(&mut b);
         let q = &self.queues[index];
         q.dispatched.fetch_add(1, Ordering::Release);
         q.lingered.fetch_add(1, Ordering::Relaxed);
         Linger::Sealed(sealed)
+    }
+
+    /// For a sender about to wait at its in-flight limit: if the open batch is due on
+    /// its queue, the backstop seals it on time instead (and dispatch deflects it from a
+    /// full queue), so a slow broker's batches do not grow past their linger.
+    fn arm_backstop_if_owner(&self, index: usize) {
+        let open = OpenBatch::decode(self.open_batch.load(Ordering::Acquire), self.created);
+        if open.is_some_and(|o| o.owner == index)
+            && !self.backstop_armed.swap(true, Ordering::Relaxed)
+        {
+            self.backstop_wake.notify_all();
+        }
     }
 
     /// Hands a sealed batch to queue `due` or, deflecting, the next live one with room;
@@ -1363,9 +1408,13 @@ fn add_broker(
 /// sender was writing, waiting for acknowledgements, or gone), `linger_backstop` later.
 /// Normally a batch is sealed by that sender itself ([`Inner::linger_for`]).
 fn linger_backstop(inner: Arc<Inner>) {
-    let late = inner.config.linger + inner.config.linger_backstop;
     let mut b = inner.builder.lock();
     while !inner.closed.load(Ordering::Relaxed) {
+        let late = if inner.backstop_armed.load(Ordering::Relaxed) {
+            inner.config.linger
+        } else {
+            inner.config.linger + inner.config.linger_backstop
+        };
         match b.first_at {
             Some(first) if Instant::now() >= first + late => {
                 if inner.seal(&mut b).is_err() {
@@ -1409,13 +1458,20 @@ struct OpenBatch {
 }
 
 impl OpenBatch {
+    /// Queue indexes from here on do not fit.
+    const MAX_OWNER: usize = 0xffff;
+
     fn encode(&self, base: Instant) -> u64 {
         let since = self.deadline.saturating_duration_since(base);
         let micros = since.as_micros() + u128::from(!since.subsec_nanos().is_multiple_of(1000));
         let micros = u64::try_from(micros)
             .unwrap_or(u64::MAX)
             .min(u64::MAX >> 16);
-        debug_assert!(self.owner < 0xffff);
+        assert!(
+            self.owner < Self::MAX_OWNER,
+            "queue index {} does not fit",
+            self.owner
+        );
         (micros << 16) | (self.owner as u64 + 1)
     }
 
@@ -1427,6 +1483,9 @@ impl OpenBatch {
         })
     }
 }
+
+/// Longest linger (and backstop) a publisher honours.
+const LONGEST_LINGER: Duration = Duration::from_secs(3600);
 
 /// Longest a sender waits for the builder's lock.
 const BUILDER_WAIT: Duration = Duration::from_micros(50);
@@ -1601,6 +1660,7 @@ fn sender(inner: Arc<Inner>, index: usize, first_seq: u64, fences_seen: u64) {
                     if inner.closed.load(Ordering::Relaxed) {
                         return;
                     }
+                    inner.arm_backstop_if_owner(index);
                     let mut g = inner.progress.0.lock();
                     inner.progress.1.wait_for(&mut g, Duration::from_millis(5));
                     continue;

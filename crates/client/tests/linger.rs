@@ -56,7 +56,7 @@ fn a_lingering_batch_is_sealed_and_written_by_the_sender_of_its_queue() {
 }
 
 #[test]
-fn the_backstop_seals_a_batch_whose_sender_waits_for_acknowledgements() {
+fn a_batch_whose_sender_waits_for_acknowledgements_is_sealed_on_time_by_the_backstop() {
     let (release, held) = mpsc::channel();
     let brokers = [fake_broker(AckWhen::Released(held))];
     let p = Publisher::connect_brokers(
@@ -64,7 +64,8 @@ fn the_backstop_seals_a_batch_whose_sender_waits_for_acknowledgements() {
         "t",
         PublisherConfig {
             linger: Duration::from_millis(1),
-            linger_backstop: Duration::from_millis(20),
+            // Not this late: the waiting sender arms the backstop for the linger itself.
+            linger_backstop: Duration::from_secs(3600),
             max_inflight_batches: 1,
             ..PublisherConfig::default()
         },
@@ -86,4 +87,39 @@ fn the_backstop_seals_a_batch_whose_sender_waits_for_acknowledgements() {
     p.flush().unwrap();
     let stats = p.close().unwrap();
     assert_eq!(stats.acked_batches, 2);
+}
+
+#[test]
+fn a_connection_receives_its_batches_in_the_order_they_were_sealed() {
+    let (arrivals, arrived) = mpsc::channel();
+    let brokers = [fake_broker(AckWhen::Recorded(arrivals))];
+    let p = Publisher::connect_brokers(
+        &brokers,
+        "t",
+        PublisherConfig {
+            // Batches sealed by size (by the producer, through the queue) and by linger
+            // (by the sender itself) interleave on the one connection.
+            batch_bytes: 4096,
+            linger: Duration::from_micros(20),
+            ..PublisherConfig::default()
+        },
+    )
+    .unwrap();
+    let payload = [7u8; 100];
+    for i in 0..20_000 {
+        p.publish(&payload).unwrap();
+        if i % 97 == 0 {
+            // A pause lets the linger, not the size, end some batches.
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+    p.flush().unwrap();
+    let stats = p.close().unwrap();
+    let ids: Vec<u64> = arrived.try_iter().collect();
+    assert_eq!(ids.len() as u64, stats.batches);
+    assert!(stats.queues[0].lingered > 0, "some batches lingered out");
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "batch ids arrive in the order they were sealed"
+    );
 }

@@ -20,6 +20,8 @@ pub enum AckWhen {
     BeforePayload,
     /// After the payload, once the test sends a release for that batch.
     Released(mpsc::Receiver<()>),
+    /// After the payload, at once, reporting each batch's `batch_id` in arrival order.
+    Recorded(mpsc::Sender<u64>),
 }
 
 /// Starts a fake broker for one publish connection; returns its address.
@@ -43,6 +45,14 @@ pub fn fake_broker(when: AckWhen) -> String {
                     s.write_all(&Ack { level: 1, count }.encode()).unwrap();
                     std::thread::sleep(Duration::from_millis(50));
                     if s.read_exact(&mut payload).is_err() {
+                        return;
+                    }
+                }
+                AckWhen::Recorded(arrivals) => {
+                    if s.read_exact(&mut payload).is_err() || arrivals.send(h.batch_id).is_err() {
+                        return;
+                    }
+                    if s.write_all(&Ack { level: 1, count }.encode()).is_err() {
                         return;
                     }
                 }
