@@ -4,19 +4,10 @@
 
 mod common;
 
-use common::{fake_broker, AckWhen};
+use common::{fake_broker, wait_for, AckWhen};
 use embarcadero_client::{Publisher, PublisherConfig};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
-
-/// Polls `cond` until it holds; fails the test after 10 s.
-fn wait_for(what: &str, cond: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < Duration::from_secs(10), "never: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+use std::time::Duration;
 
 #[test]
 fn the_acked_prefix_stops_at_the_oldest_unacknowledged_batch() {

@@ -10,7 +10,7 @@ use embarcadero_wire::{
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// When the fake broker acknowledges a batch.
 pub enum AckWhen {
@@ -97,4 +97,13 @@ pub fn answer_hello(s: &mut TcpStream, max_batch_bytes: u32) -> std::io::Result<
     );
     s.write_all(&frame)?;
     Ok(hello)
+}
+
+/// Polls `cond` until it holds; fails the test after 10 s.
+pub fn wait_for(what: &str, cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < Duration::from_secs(10), "never: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
