@@ -1403,7 +1403,6 @@ fn add_broker(
     Ok(())
 }
 
-/// Seals batches that have lingered long enough.
 /// Seals a batch that its queue's sender did not take when its linger ran out (the
 /// sender was writing, waiting for acknowledgements, or gone), `linger_backstop` later.
 /// Normally a batch is sealed by that sender itself ([`Inner::linger_for`]).
@@ -1443,8 +1442,9 @@ enum Linger {
     Until(Instant),
     /// No open batch, or it is due on another queue.
     NotDue,
-    /// The builder is held (by the producer, appending or waiting for room): look again
-    /// soon, meanwhile taking what the channel brings.
+    /// The builder is held (by the producer, appending or waiting for room), or a batch
+    /// sealed earlier waits in this queue's channel: look again soon, meanwhile taking
+    /// what the channel brings.
     Busy,
 }
 
