@@ -21,6 +21,10 @@ use std::time::{Duration, Instant};
 /// Socket buffer size the product uses for its data connections.
 const SOCKET_BUFFER_BYTES: usize = 4 << 20;
 const MIB: u64 = 1 << 20;
+/// Brokers of the default server, and the log of each in its region: 24 segments of
+/// 8 MiB.
+const DEFAULT_BROKERS: usize = 4;
+const DEFAULT_BROKER_LOG_BYTES: usize = 24 * (8 << 20);
 
 /// One measured ceiling.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -54,32 +58,66 @@ impl Ceiling {
 
 /// Loopback TCP: `streams` connections on 127.0.0.1, each with its own sender
 /// and receiver thread, socket options as in the product (TCP_NODELAY, 4 MiB
-/// buffers). Time runs from the first byte sent to the last byte received.
+/// buffers), every receive into the same `chunk_bytes` buffer, which stays in the
+/// cache. Time runs from the first byte sent to the last byte received.
 pub fn loopback_tcp(total_bytes: u64, chunk_bytes: usize, streams: usize) -> io::Result<Ceiling> {
     let chunk_bytes = chunk_bytes.max(1);
     let streams = streams.max(1);
+    let c = loopback(total_bytes, chunk_bytes, streams, chunk_bytes)?;
+    let name = format!("loopback_tcp streams={streams} chunk={chunk_bytes}");
+    Ok(Ceiling::new(name, c.0, c.1))
+}
+
+/// Loopback TCP as [`loopback_tcp`], but received the way brokers receive into their
+/// logs: each read of a stream lands right after the previous one in that stream's own
+/// `ring_bytes` buffer (written before the clock starts, as the server prefaults its
+/// region), wrapping at its end. With rings larger than the cache every byte is written
+/// to memory that is not cached, which the hot-buffer ceiling never pays.
+pub fn loopback_tcp_into_rings(
+    total_bytes: u64,
+    chunk_bytes: usize,
+    streams: usize,
+    ring_bytes: usize,
+) -> io::Result<Ceiling> {
+    let chunk_bytes = chunk_bytes.max(1);
+    let streams = streams.max(1);
+    let ring_bytes = ring_bytes.max(chunk_bytes);
+    let c = loopback(total_bytes, chunk_bytes, streams, ring_bytes)?;
+    let name = format!("loopback_tcp_ring streams={streams} chunk={chunk_bytes} ring={ring_bytes}");
+    Ok(Ceiling::new(name, c.0, c.1))
+}
+
+/// Bytes received and the time from the first byte sent to the last received.
+fn loopback(
+    total_bytes: u64,
+    chunk_bytes: usize,
+    streams: usize,
+    ring_bytes: usize,
+) -> io::Result<(u64, Duration)> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
     let addr = listener.local_addr()?;
-    // Connect everything first, so a failure cannot strand threads at the barrier.
+    // Connect and allocate everything first, so a failure cannot strand threads at
+    // the barrier and no allocation runs on the clock.
     let mut pairs = Vec::with_capacity(streams);
     for _ in 0..streams {
         let tx = TcpStream::connect(addr)?;
         let (rx, _) = listener.accept()?;
         tune_socket(&tx);
         tune_socket(&rx);
-        pairs.push((tx, rx));
+        // Non-zero fill: every page is written, so none faults on the clock.
+        pairs.push((tx, rx, vec![0xa5_u8; ring_bytes]));
     }
     let barrier = Arc::new(Barrier::new(streams));
     let mut senders = Vec::with_capacity(streams);
     let mut receivers = Vec::with_capacity(streams);
-    for (i, (tx, rx)) in pairs.into_iter().enumerate() {
+    for (i, (tx, rx, ring)) in pairs.into_iter().enumerate() {
         let share =
             total_bytes / streams as u64 + u64::from((i as u64) < total_bytes % streams as u64);
         let barrier = Arc::clone(&barrier);
         senders.push(thread::spawn(move || {
             send(tx, share, chunk_bytes, &barrier)
         }));
-        receivers.push(thread::spawn(move || receive(rx, share, chunk_bytes)));
+        receivers.push(thread::spawn(move || receive(rx, share, chunk_bytes, ring)));
     }
     let mut first_sent: Option<Instant> = None;
     for handle in senders {
@@ -96,8 +134,7 @@ pub fn loopback_tcp(total_bytes: u64, chunk_bytes: usize, streams: usize) -> io:
         (Some(first), Some(last)) => last.saturating_duration_since(first),
         _ => Duration::ZERO,
     };
-    let name = format!("loopback_tcp streams={streams} chunk={chunk_bytes}");
-    Ok(Ceiling::new(name, bytes, elapsed))
+    Ok((bytes, elapsed))
 }
 
 fn tune_socket(stream: &TcpStream) {
@@ -126,14 +163,28 @@ fn send(mut stream: TcpStream, bytes: u64, chunk: usize, start: &Barrier) -> io:
     Ok(first)
 }
 
-fn receive(mut stream: TcpStream, bytes: u64, chunk: usize) -> io::Result<(u64, Instant)> {
-    let mut buf = vec![0xa5_u8; chunk];
+/// Reads `bytes` in pieces of at most `chunk`, each right after the previous one in
+/// `ring` (at least `chunk` long), starting over at its start when the next piece
+/// would not fit.
+fn receive(
+    mut stream: TcpStream,
+    bytes: u64,
+    chunk: usize,
+    mut ring: Vec<u8>,
+) -> io::Result<(u64, Instant)> {
+    debug_assert!(ring.len() >= chunk);
     let mut left = bytes;
+    let mut at = 0;
     while left > 0 {
         let n = next_piece(left, chunk);
-        stream.read_exact(&mut buf[..n])?;
+        if at + n > ring.len() {
+            at = 0;
+        }
+        stream.read_exact(&mut ring[at..at + n])?;
+        at += n;
         left -= n as u64;
     }
+    black_box(&ring);
     Ok((bytes, Instant::now()))
 }
 
@@ -239,6 +290,10 @@ pub struct CeilingPlan {
     pub quick: bool,
     /// Bytes per `write` on the loopback streams: the publisher's batch size.
     pub tcp_chunk_bytes: usize,
+    /// Streams of the `loopback_tcp_ring` ceiling: one per broker; 0 leaves it out.
+    pub ring_streams: usize,
+    /// Size of the ring each of those streams receives into: one broker's segments.
+    pub ring_bytes: usize,
     /// Where the fdatasync file goes: the disk the replicas write to.
     pub sync_dir: PathBuf,
     /// One fdatasync ceiling per size: bytes written between two fdatasyncs
@@ -251,14 +306,20 @@ impl CeilingPlan {
         Self {
             quick,
             tcp_chunk_bytes: MIB as usize,
+            ring_streams: DEFAULT_BROKERS,
+            ring_bytes: if quick {
+                4 * MIB as usize
+            } else {
+                DEFAULT_BROKER_LOG_BYTES
+            },
             sync_dir: sync_dir.to_path_buf(),
             sync_write_bytes: vec![MIB as usize],
         }
     }
 }
 
-/// All ceilings of `plan`. Full size: 2 GiB over TCP (one stream, then two),
-/// 4 GiB memcpy through 64 MiB buffers and 512 MiB of fdatasync'd writes per
+/// All ceilings of `plan`. Full size: 2 GiB over TCP (one stream, the streams into
+/// rings, then two streams), 4 GiB memcpy through 64 MiB buffers and 512 MiB of fdatasync'd writes per
 /// write size; `quick` uses 32 MiB, 64 MiB through 8 MiB and 4 MiB.
 pub fn measure_all(plan: &CeilingPlan) -> io::Result<Vec<Ceiling>> {
     let (tcp, memcpy_buffer, memcpy, sync) = if plan.quick {
@@ -267,6 +328,14 @@ pub fn measure_all(plan: &CeilingPlan) -> io::Result<Vec<Ceiling>> {
         (2048 * MIB, 64 * MIB, 4096 * MIB, 512 * MIB)
     };
     let mut out = vec![loopback_tcp(tcp, plan.tcp_chunk_bytes, 1)?];
+    if plan.ring_streams > 0 {
+        out.push(loopback_tcp_into_rings(
+            tcp,
+            plan.tcp_chunk_bytes,
+            plan.ring_streams,
+            plan.ring_bytes,
+        )?);
+    }
     if !plan.quick {
         out.push(loopback_tcp(tcp, plan.tcp_chunk_bytes, 2)?);
     }
@@ -329,6 +398,23 @@ mod tests {
     }
 
     #[test]
+    fn tcp_into_rings_wraps_and_moves_every_byte() {
+        // 100 KB pieces into 250 KB rings: two fit, the third starts over at 0.
+        let total = 3 * MIB + 123;
+        let c = loopback_tcp_into_rings(total, 100_000, 2, 250_000).unwrap();
+        assert_sane(&c, total);
+        assert_eq!(
+            c.name,
+            "loopback_tcp_ring streams=2 chunk=100000 ring=250000"
+        );
+        // A ring smaller than one piece is raised to one piece.
+        assert_sane(
+            &loopback_tcp_into_rings(total, 100_000, 1, 10).unwrap(),
+            total,
+        );
+    }
+
+    #[test]
     fn memcpy_counts_partial_last_copy() {
         let total = 3 * MIB + 7;
         assert_sane(&memcpy_bandwidth(MIB as usize, total), total);
@@ -364,16 +450,16 @@ mod tests {
     fn quick_measure_all_formats_and_serializes() {
         let dir = tempfile::tempdir().unwrap();
         let all = measure_all(&CeilingPlan::new(dir.path(), true)).unwrap();
-        assert_eq!(all.len(), 3);
-        let expected = [32 * MIB, 64 * MIB, 4 * MIB];
+        assert_eq!(all.len(), 4);
+        let expected = [32 * MIB, 32 * MIB, 64 * MIB, 4 * MIB];
         for (c, bytes) in all.iter().zip(expected) {
             assert_sane(c, bytes);
         }
         let table = format_table(&all);
-        assert_eq!(table.lines().count(), 4);
+        assert_eq!(table.lines().count(), 5);
         assert!(all.iter().all(|c| table.contains(&c.name)));
         let json = serde_json::to_value(&all).unwrap();
         assert!(json[0].get("p50_us").is_none());
-        assert!(json[2]["p99_us"].as_f64().unwrap() > 0.0);
+        assert!(json[3]["p99_us"].as_f64().unwrap() > 0.0);
     }
 }

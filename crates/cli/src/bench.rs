@@ -609,7 +609,8 @@ fn print_run_header(args: &BenchArgs, config: RunConfig, publishers: usize) {
     );
 }
 
-/// Loopback TCP in the publisher's batch size, memcpy, and fdatasync on the replicas'
+/// Loopback TCP in the publisher's batch size (also one stream per broker into a ring
+/// the size of its log in the embedded server's region), memcpy, and fdatasync on the replicas'
 /// disk (1 MiB writes and the replicas' group-commit size), when --ceilings asks.
 fn measure_ceilings(args: &BenchArgs, scratch: &std::path::Path) -> Result<Value, String> {
     if !args.ceilings {
@@ -620,7 +621,12 @@ fn measure_ceilings(args: &BenchArgs, scratch: &std::path::Path) -> Result<Value
         false,
     );
     plan.tcp_chunk_bytes = args.batch_bytes;
-    let group_commit = ServerConfig::default().replication.group_commit_bytes as usize;
+    let defaults = ServerConfig::default();
+    // One stream per broker into a ring of one broker's segments in the region.
+    plan.ring_streams = args.brokers as usize;
+    plan.ring_bytes =
+        defaults.region.segments_per_broker as usize * defaults.region.segment_bytes as usize;
+    let group_commit = defaults.replication.group_commit_bytes as usize;
     if args.rf >= 2 && !plan.sync_write_bytes.contains(&group_commit) {
         plan.sync_write_bytes.push(group_commit);
     }
