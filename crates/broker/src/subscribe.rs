@@ -492,10 +492,14 @@ fn serve_global(
     Ok(())
 }
 
-/// A replicated topic's log on disk, for positions that have left memory. Reads the
-/// first replica that works, in replica order.
+/// A replicated topic's log on disk, for positions that have left memory. Reads one
+/// replica at a time, and looks at the others whenever the one it reads no longer holds
+/// a position: retention runs on each replica on its own schedule, so a position one of
+/// them has removed another may still hold. A replica that fails with an error other
+/// than a removed segment is not read again.
 struct DiskLog {
     readers: Vec<DiskReader>,
+    failed: Vec<bool>,
     current: usize,
     /// The record the current reader's cursor points at.
     next_seq: Option<u64>,
@@ -519,6 +523,7 @@ impl DiskLog {
             })
             .collect();
         (meta.order >= 2 && !readers.is_empty()).then_some(Self {
+            failed: vec![false; readers.len()],
             readers,
             current: 0,
             next_seq: None,
@@ -526,58 +531,75 @@ impl DiskLog {
         })
     }
 
-    /// Runs `op` on the current reader, moving on to the next replica after an error.
-    fn with_reader<T>(
+    fn fail(&mut self, replica: usize, e: &io::Error) {
+        tracing::warn!(
+            replica = replica + 1,
+            "cannot read the replica log: {e}; reading the other replicas"
+        );
+        self.failed[replica] = true;
+    }
+
+    /// Seeks with `op` on the current replica, then on the others in turn, and reads
+    /// from the first that holds the record. Else: `Beyond` if any replica may still
+    /// write it, `Gone` with the oldest position any replica keeps.
+    fn seek(
         &mut self,
-        mut op: impl FnMut(&mut DiskReader) -> io::Result<T>,
-    ) -> Result<T, End> {
-        loop {
-            match op(&mut self.readers[self.current]) {
-                Ok(v) => return Ok(v),
-                Err(e) if self.current + 1 < self.readers.len() => {
-                    tracing::warn!(
-                        replica = self.current + 1,
-                        "cannot read the replica log: {e}; trying the next replica"
-                    );
-                    self.current += 1;
-                    self.next_seq = None;
+        mut op: impl FnMut(&mut DiskReader) -> io::Result<DiskSeek>,
+    ) -> Result<DiskSeek, End> {
+        self.next_seq = None;
+        let (count, first) = (self.readers.len(), self.current);
+        let (mut oldest, mut beyond, mut removed) = (None::<u64>, false, None);
+        for replica in (0..count).map(|k| (first + k) % count) {
+            if self.failed[replica] {
+                continue;
+            }
+            match op(&mut self.readers[replica]) {
+                Ok(DiskSeek::At { seq, skip }) => {
+                    self.current = replica;
+                    self.next_seq = Some(seq);
+                    return Ok(DiskSeek::At { seq, skip });
                 }
-                // Every replica had deleted the segment: retention, not a fault.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    return Err(Refusal::new(
-                        ErrorCode::PositionNotRetained,
-                        format!("the subscriber fell behind: retention removed the part of the log it was reading ({e}); subscribe again from a later position"),
-                    )
-                    .into())
+                Ok(DiskSeek::Gone { first_position }) => {
+                    oldest = Some(oldest.map_or(first_position, |o: u64| o.min(first_position)));
                 }
-                Err(e) => {
-                    return Err(Refusal::new(
-                        ErrorCode::Internal,
-                        format!("cannot read the topic's log from disk: {e}"),
-                    )
-                    .into())
-                }
+                Ok(DiskSeek::Beyond) => beyond = true,
+                // Retention took the segment between listing and reading it.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => removed = Some(e),
+                Err(e) => self.fail(replica, &e),
             }
         }
+        if beyond {
+            return Ok(DiskSeek::Beyond);
+        }
+        if let Some(first_position) = oldest {
+            return Ok(DiskSeek::Gone { first_position });
+        }
+        Err(match removed {
+            Some(e) => Refusal::new(
+                ErrorCode::PositionNotRetained,
+                format!("the subscriber fell behind: retention removed the part of the log it was reading ({e}); subscribe again from a later position"),
+            ),
+            None => Refusal::new(
+                ErrorCode::Internal,
+                "no replica of the topic's log on disk can be read; the broker's log says why",
+            ),
+        }
+        .into())
     }
 
     fn seek_position(&mut self, position: u64, durable: u64) -> Result<DiskSeek, End> {
-        let seek = self.with_reader(|r| r.seek_position(position, durable))?;
-        self.next_seq = match seek {
-            DiskSeek::At { seq, .. } => Some(seq),
-            _ => None,
-        };
-        Ok(seek)
+        self.seek(|r| r.seek_position(position, durable))
     }
 
-    /// Reads record `seq` as a delivery; `None` when it is not durable yet.
+    /// Reads record `seq` as a delivery; `None` when it is not durable yet, or when the
+    /// replica being read lost it and the next call is to look again.
     fn read(&mut self, seq: u64, durable: u64, order: u8) -> Result<Option<Planned>, End> {
         if seq >= durable {
             return Ok(None);
         }
         if self.next_seq != Some(seq) {
-            match self.with_reader(|r| r.seek_seq(seq, durable))? {
-                DiskSeek::At { .. } => self.next_seq = Some(seq),
+            match self.seek(|r| r.seek_seq(seq, durable))? {
+                DiskSeek::At { .. } => {}
                 DiskSeek::Gone { first_position } => {
                     return Err(not_retained(seq, Some(first_position)))
                 }
@@ -585,9 +607,34 @@ impl DiskLog {
             }
         }
         let mut buf = self.spare.pop().unwrap_or_default();
-        let Some(h) = self.with_reader(|r| r.next(durable, &mut buf))? else {
-            return Ok(None);
+        let h = match self.readers[self.current].next(durable, &mut buf) {
+            Ok(Some(h)) => h,
+            Ok(None) => {
+                self.spare.push(buf);
+                return Ok(None);
+            }
+            Err(e) => {
+                // Removed by retention under the cursor (NotFound), or a failing
+                // replica: seek again, on whichever replica still holds it.
+                if e.kind() != io::ErrorKind::NotFound {
+                    self.fail(self.current, &e);
+                }
+                self.next_seq = None;
+                self.spare.push(buf);
+                return Ok(None);
+            }
         };
+        if h.seq != seq {
+            return Err(Refusal::new(
+                ErrorCode::Internal,
+                format!(
+                    "replica {} returned record {} where {seq} was asked for",
+                    self.current + 1,
+                    h.seq
+                ),
+            )
+            .into());
+        }
         self.next_seq = Some(seq + 1);
         Ok(Some(Planned {
             header: DeliveryHeader {
@@ -771,4 +818,155 @@ fn serve_per_broker(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embarcadero_replication::{RecordHeader, TopicStore};
+    use std::path::Path;
+
+    /// The same `records` records (100 bytes of the record's index each) in every
+    /// directory, in segments of about 400 bytes; returns the durable frontier.
+    fn write_replicas(dirs: &[&Path], records: u64) -> u64 {
+        let mut durable = 0;
+        for dir in dirs {
+            let mut store = TopicStore::open(dir, 400).unwrap();
+            for i in 0..records {
+                let payload = vec![i as u8; 100];
+                let h = RecordHeader {
+                    seq: store.next_seq(),
+                    total_order: store.next_position(),
+                    num_msg: 1,
+                    payload_len: payload.len() as u32,
+                    payload_crc: crc32fast::hash(&payload),
+                    ..Default::default()
+                };
+                store.append(&h, &payload).unwrap();
+                // A segment is closed at a sync once it holds its target size.
+                store.sync().unwrap();
+            }
+            durable = store.durable_seq();
+        }
+        assert_eq!(durable, records);
+        durable
+    }
+
+    fn disk_log(dirs: &[&Path]) -> DiskLog {
+        DiskLog {
+            readers: dirs.iter().map(|d| DiskReader::new(d)).collect(),
+            failed: vec![false; dirs.len()],
+            current: 0,
+            next_seq: None,
+            spare: Vec::new(),
+        }
+    }
+
+    /// The first payload byte of record `seq`, `None` if the log says "look again".
+    fn read(log: &mut DiskLog, seq: u64, durable: u64) -> Option<u8> {
+        let planned = log
+            .read(seq, durable, 2)
+            .unwrap_or_else(|_| panic!("record {seq} refused"));
+        planned.map(|p| p.owned.expect("read from disk")[0])
+    }
+
+    fn segments(dir: &Path) -> Vec<std::path::PathBuf> {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+            .collect();
+        files.sort();
+        files
+    }
+
+    /// Retention's deletion of a segment: renamed out of the log's names, then shortened
+    /// (then unlinked, which changes nothing for a reader that has it open).
+    fn retention_takes(segment: &Path) {
+        let deleting = segment.with_extension("del");
+        std::fs::rename(segment, &deleting).unwrap();
+        let file = std::fs::File::options()
+            .write(true)
+            .open(&deleting)
+            .unwrap();
+        file.set_len(0).unwrap();
+    }
+
+    /// `read`, once more if the log says to look again.
+    fn read_on(log: &mut DiskLog, seq: u64, durable: u64) -> Option<u8> {
+        read(log, seq, durable).or_else(|| read(log, seq, durable))
+    }
+
+    #[test]
+    fn a_segment_retention_takes_from_under_the_reader_is_read_from_another_replica() {
+        let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let dirs = [one.path(), two.path()];
+        let durable = write_replicas(&dirs, 12);
+        let (of_one, of_two) = (segments(one.path()), segments(two.path()));
+        assert!(of_one.len() > 3, "{of_one:?}");
+        let mut log = disk_log(&dirs);
+        assert_eq!(read(&mut log, 0, durable), Some(0));
+        assert_eq!(log.current, 0, "replica 1 first");
+        // Replica 1's retention takes the segment being read: on to replica 2.
+        retention_takes(&of_one[0]);
+        assert_eq!(read_on(&mut log, 1, durable), Some(1));
+        assert_eq!(log.current, 1);
+        // On from replica 2, up to the first record of its second segment.
+        let in_second = (2..durable)
+            .find(|&seq| {
+                assert_eq!(read(&mut log, seq, durable), Some(seq as u8));
+                segment_of(&of_two, seq) == 1
+            })
+            .expect("replica 2 has a second segment");
+        assert_eq!(segment_of(&of_two, in_second + 1), 1, "{of_two:?}");
+        // Replica 2's retention takes its two oldest segments, the second while it is
+        // read: back to replica 1, which still holds that one.
+        std::fs::remove_file(&of_two[0]).unwrap();
+        retention_takes(&of_two[1]);
+        assert_eq!(
+            read_on(&mut log, in_second + 1, durable),
+            Some(in_second as u8 + 1)
+        );
+        assert_eq!(log.current, 0);
+        for seq in in_second + 2..durable {
+            assert_eq!(read(&mut log, seq, durable), Some(seq as u8));
+        }
+        assert!(log.failed.iter().all(|f| !f), "retention is not a failure");
+    }
+
+    /// Which of `segments` (oldest first) holds record `seq`, from their names.
+    fn segment_of(segments: &[std::path::PathBuf], seq: u64) -> usize {
+        segments
+            .iter()
+            .rposition(|s| {
+                let name = s.file_stem().unwrap().to_string_lossy().into_owned();
+                name.split_once('-').unwrap().0.parse::<u64>().unwrap() <= seq
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn a_position_no_replica_keeps_names_the_oldest_any_replica_keeps() {
+        let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let dirs = [one.path(), two.path()];
+        let durable = write_replicas(&dirs, 12);
+        let (of_one, of_two) = (segments(one.path()), segments(two.path()));
+        for segment in of_one[..3].iter().chain(&of_two[..1]) {
+            std::fs::remove_file(segment).unwrap();
+        }
+        let kept = segments(two.path())[0].clone();
+        let mut log = disk_log(&dirs);
+        let Ok(DiskSeek::Gone { first_position }) = log.seek_position(0, durable) else {
+            panic!("position 0 is on neither replica");
+        };
+        let name = kept.file_stem().unwrap().to_string_lossy().into_owned();
+        let oldest: u64 = name.split_once('-').unwrap().1.parse().unwrap();
+        assert_eq!(first_position, oldest, "replica 2 keeps more");
+        // And from there replica 2 serves it.
+        assert!(matches!(
+            log.seek_position(oldest, durable),
+            Ok(DiskSeek::At { skip: 0, .. })
+        ));
+        assert_eq!(log.current, 1);
+    }
 }

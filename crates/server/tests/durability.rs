@@ -270,27 +270,20 @@ fn retention_removes_old_segments_and_names_the_first_position_kept() {
         assert!(Instant::now() < deadline, "retention never ran");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let mut s = Subscriber::connect(
-        &control,
-        "short",
-        SubscriberConfig {
-            start: Some(Cursor::Global(0)),
-            ..SubscriberConfig::default()
-        },
-    )
-    .unwrap();
-    let err = loop {
-        match s.poll(Duration::from_millis(200)) {
-            Err(e) => break e,
-            Ok(m) => assert!(
-                m.is_none(),
-                "position 0 was delivered after retention removed it"
-            ),
-        }
-    };
+    let err = first_error(&control, "short", 0);
+    let first = first_available(&err);
+    assert!(first > 0 && first < 40_000, "{first}");
+    // From there on, everything is there.
+    let rest = read(&control, "short", first, 40_000 - first);
+    assert_eq!(rest.len() as u64, 40_000 - first);
+    assert_eq!(rest[0].0, first);
+}
+
+/// The first available position a PositionNotRetained refusal names.
+fn first_available(err: &Error) -> u64 {
     assert!(
         matches!(
-            &err,
+            err,
             Error::Broker {
                 code: ErrorCode::PositionNotRetained,
                 ..
@@ -299,17 +292,117 @@ fn retention_removes_old_segments_and_names_the_first_position_kept() {
         "{err}"
     );
     let text = err.to_string();
-    let first: u64 = text
-        .split("first available position is ")
+    text.split("first available position is ")
         .nth(1)
         .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
         .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no first position in {text:?}"));
-    assert!(first > 0 && first < 40_000, "{first}");
-    // From there on, everything is there.
-    let rest = read(&control, "short", first, 40_000 - first);
-    assert_eq!(rest.len() as u64, 40_000 - first);
-    assert_eq!(rest[0].0, first);
+        .unwrap_or_else(|| panic!("no first position in {text:?}"))
+}
+
+/// The first error a subscriber from `start` gets, after any number of empty polls.
+fn first_error(control: &str, topic: &str, start: u64) -> Error {
+    let mut s = Subscriber::connect(
+        control,
+        topic,
+        SubscriberConfig {
+            start: Some(Cursor::Global(start)),
+            ..SubscriberConfig::default()
+        },
+    )
+    .unwrap();
+    loop {
+        match s.poll(Duration::from_millis(200)) {
+            Err(e) => return e,
+            Ok(m) => assert!(m.is_none(), "position {start} was delivered: {m:?}"),
+        }
+    }
+}
+
+/// A replica's segment files of `topic`, oldest first.
+fn segment_files(replica: &Path, topic: &str) -> Vec<std::path::PathBuf> {
+    let prefix = format!("{topic}.");
+    let topic_dir = std::fs::read_dir(replica)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(&prefix)
+        })
+        .unwrap_or_else(|| panic!("no directory of {topic} in {}", replica.display()));
+    let mut files: Vec<_> = std::fs::read_dir(topic_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// The first position a segment file holds, from its name (`<seq>-<position>.seg`).
+fn first_position_of(segment: &Path) -> u64 {
+    let stem = segment.file_stem().unwrap().to_string_lossy().into_owned();
+    stem.split_once('-').unwrap().1.parse().unwrap()
+}
+
+/// Retention runs on each replica on its own schedule, so one replica may have removed
+/// what another still holds: a subscriber is served from whichever holds the position,
+/// and only a position no replica keeps is refused, naming the oldest any replica keeps.
+#[test]
+fn a_position_one_replica_removed_is_read_from_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_in(dir.path(), |c| {
+        small_log_memory(c);
+        c.replication.segment_bytes = 1 << 20;
+    });
+    let control = server.control_addr().to_string();
+    embarcadero_client::Admin::new(&control)
+        .create_topic(&TopicSpec::new("split", 2).replicated(3))
+        .unwrap();
+    let count = 40_000;
+    publish(&control, "split", 2, 0, count, 1000);
+    let reclaimed: u64 = server
+        .topic("split")
+        .unwrap()
+        .brokers
+        .iter()
+        .map(|b| b.reclaimed_batches)
+        .sum();
+    assert!(reclaimed > 0, "position 0 has left memory");
+    let one = segment_files(&dir.path().join("replica-1"), "split");
+    let two = segment_files(&dir.path().join("replica-2"), "split");
+    assert!(
+        one.len() > 8 && two.len() > 8,
+        "{} and {} segments",
+        one.len(),
+        two.len()
+    );
+
+    // Replica 1 removes its five oldest segments, as its retention would.
+    for segment in &one[..5] {
+        std::fs::remove_file(segment).unwrap();
+    }
+    assert_exactly_once(&read(&control, "split", 0, count), 0, 0..count);
+
+    // Replica 2 removes its two oldest: position 0 is now on no replica.
+    for segment in &two[..2] {
+        std::fs::remove_file(segment).unwrap();
+    }
+    let first = first_available(&first_error(&control, "split", 0));
+    assert_eq!(
+        first,
+        first_position_of(&one[5]).min(first_position_of(&two[2])),
+        "the oldest position any replica keeps"
+    );
+    let rest = read(&control, "split", first, count - first);
+    for (i, (position, _)) in rest.iter().enumerate() {
+        assert_eq!(*position, first + i as u64, "positions are contiguous");
+    }
+    let mut ids: Vec<u64> = rest.iter().map(|(_, id)| *id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len() as u64, count - first, "every message once");
 }
 
 /// A replica whose disk is full (injected ENOSPC): ack-2 publishers get no
