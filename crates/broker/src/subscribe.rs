@@ -309,9 +309,16 @@ fn retained(region: &Region, topic: u32, broker: u32, log_offset: u64) -> bool {
 }
 
 enum Locate {
-    At { index: u64, skip: u32 },
+    At {
+        index: u64,
+        skip: u32,
+    },
     NotYet,
-    Gone { first: u64 },
+    /// Past everything committed: not on disk either.
+    Ahead,
+    Gone {
+        first: u64,
+    },
 }
 
 // ------------------------------------------------------------------ orders 2 and 5
@@ -329,7 +336,7 @@ fn locate_global(region: &Region, topic: u32, pos: u64) -> Locate {
         return Locate::NotYet;
     };
     if pos >= last.total_order + last.num_msg as u64 {
-        return Locate::NotYet;
+        return Locate::Ahead;
     }
     // Brokers reclaim independently, so the readable suffix of the GOI starts above
     // the newest entry that is no longer usable, not at the oldest usable one.
@@ -394,6 +401,7 @@ fn serve_global(
             let durable = region.durable_seq(topic, meta.replication_factor);
             cursor = match (memory, disk.as_mut()) {
                 (Locate::At { index, skip }, _) => Some((index, skip)),
+                (Locate::Ahead, _) => None,
                 (_, Some(disk)) => match disk.seek_position(start, durable)? {
                     DiskSeek::At { seq, skip } => Some((seq, skip)),
                     DiskSeek::Gone { first_position } => {
@@ -540,8 +548,11 @@ impl DiskLog {
     }
 
     /// Seeks with `op` on the current replica, then on the others in turn, and reads
-    /// from the first that holds the record. Else: `Beyond` if any replica may still
-    /// write it, `Gone` with the oldest position any replica keeps.
+    /// from the first that holds the record. Else: `Gone` with the oldest position a
+    /// replica keeps if any has removed it, `Beyond` (wait) if none has. Only positions
+    /// the memory has reclaimed are looked for here, and memory reclaims only what every
+    /// replica has made durable: a replica that lacks such a position without having
+    /// removed it (an emptied directory, say) is not one to wait for.
     fn seek(
         &mut self,
         mut op: impl FnMut(&mut DiskReader) -> io::Result<DiskSeek>,
@@ -568,11 +579,11 @@ impl DiskLog {
                 Err(e) => self.fail(replica, &e),
             }
         }
-        if beyond {
-            return Ok(DiskSeek::Beyond);
-        }
         if let Some(first_position) = oldest {
             return Ok(DiskSeek::Gone { first_position });
+        }
+        if beyond {
+            return Ok(DiskSeek::Beyond);
         }
         Err(match removed {
             Some(e) => Refusal::new(
@@ -601,7 +612,11 @@ impl DiskLog {
             match self.seek(|r| r.seek_seq(seq, durable))? {
                 DiskSeek::At { .. } => {}
                 DiskSeek::Gone { first_position } => {
-                    return Err(not_retained(seq, Some(first_position)))
+                    return Err(Refusal::new(
+                        ErrorCode::PositionNotRetained,
+                        format!("the subscriber fell behind: batch {seq} of the log is no longer retained; the first available position is {first_position}; subscribe again with --from {first_position}"),
+                    )
+                    .into())
                 }
                 DiskSeek::Beyond => return Ok(None),
             }
@@ -760,7 +775,7 @@ fn serve_per_broker(
                     Locate::Gone { first } => {
                         return Err(not_retained(positions[broker as usize], Some(first)))
                     }
-                    Locate::NotYet => continue,
+                    Locate::NotYet | Locate::Ahead => continue,
                 }
             }
             let (mut i, mut skip) = c.expect("located");
@@ -943,6 +958,26 @@ mod tests {
                 name.split_once('-').unwrap().0.parse::<u64>().unwrap() <= seq
             })
             .unwrap()
+    }
+
+    #[test]
+    fn a_replica_that_lacks_a_reclaimed_position_is_not_waited_for() {
+        let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let dirs = [one.path(), two.path()];
+        let durable = write_replicas(&dirs, 12);
+        // Replica 1's retention took its oldest segments; replica 2 was emptied by hand.
+        for segment in &segments(one.path())[..2] {
+            std::fs::remove_file(segment).unwrap();
+        }
+        for segment in segments(two.path()) {
+            std::fs::remove_file(segment).unwrap();
+        }
+        let mut log = disk_log(&dirs);
+        assert!(matches!(
+            log.seek_position(0, durable),
+            Ok(DiskSeek::Gone { .. })
+        ));
+        assert!(log.read(0, durable, 2).is_err(), "refused, not waited for");
     }
 
     #[test]

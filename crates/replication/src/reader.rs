@@ -2,7 +2,8 @@
 //! positions have left memory. Only records below the durable frontier are read: they
 //! are complete and never rewritten. Retention may delete a segment at any time: it
 //! renames the file and shortens it in steps (see `ExpiredSegments::remove`), so a
-//! segment being deleted, open or not, is reported as not retained (`NotFound`).
+//! segment being deleted under a reading cursor is reported as not retained
+//! (`NotFound`); a seek that meets one mid-scan finds the log ending early (`Beyond`).
 
 use crate::record::{RecordHeader, RECORD_HEADER_LEN};
 use crate::store::{list_segments, read_header_at, SegmentFile};

@@ -310,7 +310,9 @@ fn first_error(control: &str, topic: &str, start: u64) -> Error {
         },
     )
     .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
+        assert!(Instant::now() < deadline, "no error for position {start}");
         match s.poll(Duration::from_millis(200)) {
             Err(e) => return e,
             Ok(m) => assert!(m.is_none(), "position {start} was delivered: {m:?}"),
