@@ -838,6 +838,7 @@ fn serve_per_broker(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use embarcadero_replication::store::{list_segments, SegmentFile};
     use embarcadero_replication::{RecordHeader, TopicStore};
     use std::path::Path;
 
@@ -885,14 +886,8 @@ mod tests {
         planned.map(|p| p.owned.expect("read from disk")[0])
     }
 
-    fn segments(dir: &Path) -> Vec<std::path::PathBuf> {
-        let mut files: Vec<_> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|x| x == "seg"))
-            .collect();
-        files.sort();
-        files
+    fn segments(dir: &Path) -> Vec<SegmentFile> {
+        list_segments(dir).unwrap()
     }
 
     /// Retention's deletion of a segment: renamed out of the log's names, then shortened
@@ -923,7 +918,7 @@ mod tests {
         assert_eq!(read(&mut log, 0, durable), Some(0));
         assert_eq!(log.current, 0, "replica 1 first");
         // Replica 1's retention takes the segment being read: on to replica 2.
-        retention_takes(&of_one[0]);
+        retention_takes(&of_one[0].path);
         assert_eq!(read_on(&mut log, 1, durable), Some(1));
         assert_eq!(log.current, 1);
         // On from replica 2, up to the first record of its second segment.
@@ -936,8 +931,8 @@ mod tests {
         assert_eq!(segment_of(&of_two, in_second + 1), 1, "{of_two:?}");
         // Replica 2's retention takes its two oldest segments, the second while it is
         // read: back to replica 1, which still holds that one.
-        std::fs::remove_file(&of_two[0]).unwrap();
-        retention_takes(&of_two[1]);
+        std::fs::remove_file(&of_two[0].path).unwrap();
+        retention_takes(&of_two[1].path);
         assert_eq!(
             read_on(&mut log, in_second + 1, durable),
             Some(in_second as u8 + 1)
@@ -949,15 +944,9 @@ mod tests {
         assert!(log.failed.iter().all(|f| !f), "retention is not a failure");
     }
 
-    /// Which of `segments` (oldest first) holds record `seq`, from their names.
-    fn segment_of(segments: &[std::path::PathBuf], seq: u64) -> usize {
-        segments
-            .iter()
-            .rposition(|s| {
-                let name = s.file_stem().unwrap().to_string_lossy().into_owned();
-                name.split_once('-').unwrap().0.parse::<u64>().unwrap() <= seq
-            })
-            .unwrap()
+    /// Which of `segments` (oldest first) holds record `seq`.
+    fn segment_of(segments: &[SegmentFile], seq: u64) -> usize {
+        segments.iter().rposition(|s| s.first_seq <= seq).unwrap()
     }
 
     #[test]
@@ -966,11 +955,11 @@ mod tests {
         let dirs = [one.path(), two.path()];
         let durable = write_replicas(&dirs, 12);
         // Replica 1's retention took its oldest segments; replica 2 was emptied by hand.
-        for segment in &segments(one.path())[..2] {
-            std::fs::remove_file(segment).unwrap();
-        }
-        for segment in segments(two.path()) {
-            std::fs::remove_file(segment).unwrap();
+        for segment in segments(one.path())[..2]
+            .iter()
+            .chain(&segments(two.path()))
+        {
+            std::fs::remove_file(&segment.path).unwrap();
         }
         let mut log = disk_log(&dirs);
         assert!(matches!(
@@ -987,15 +976,13 @@ mod tests {
         let durable = write_replicas(&dirs, 12);
         let (of_one, of_two) = (segments(one.path()), segments(two.path()));
         for segment in of_one[..3].iter().chain(&of_two[..1]) {
-            std::fs::remove_file(segment).unwrap();
+            std::fs::remove_file(&segment.path).unwrap();
         }
-        let kept = segments(two.path())[0].clone();
         let mut log = disk_log(&dirs);
         let Ok(DiskSeek::Gone { first_position }) = log.seek_position(0, durable) else {
             panic!("position 0 is on neither replica");
         };
-        let name = kept.file_stem().unwrap().to_string_lossy().into_owned();
-        let oldest: u64 = name.split_once('-').unwrap().1.parse().unwrap();
+        let oldest = of_two[1].first_position;
         assert_eq!(first_position, oldest, "replica 2 keeps more");
         // And from there replica 2 serves it.
         assert!(matches!(

@@ -8,6 +8,7 @@ use common::{config, TestServer};
 use embarcadero_client::{
     Cursor, Error, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
 };
+use embarcadero_replication::store::{list_segments, SegmentFile};
 use embarcadero_server::{Server, ServerConfig};
 use embarcadero_wire::ErrorCode;
 use std::path::Path;
@@ -236,14 +237,7 @@ fn several_regions_worth_of_data_read_back_from_position_zero() {
     // Four times the 16 MiB of log memory.
     let count = 64 * 1024;
     publish(&control, "long", 1, 0, count, 1000);
-    let reclaimed: u64 = server
-        .topic("long")
-        .unwrap()
-        .brokers
-        .iter()
-        .map(|b| b.reclaimed_batches)
-        .sum();
-    assert!(reclaimed > 0, "memory was reused");
+    assert!(reclaimed_batches(&server, "long") > 0, "memory was reused");
     assert_exactly_once(&read(&control, "long", 0, count), 0, 0..count);
 }
 
@@ -321,7 +315,7 @@ fn first_error(control: &str, topic: &str, start: u64) -> Error {
 }
 
 /// A replica's segment files of `topic`, oldest first.
-fn segment_files(replica: &Path, topic: &str) -> Vec<std::path::PathBuf> {
+fn segment_files(replica: &Path, topic: &str) -> Vec<SegmentFile> {
     let prefix = format!("{topic}.");
     let topic_dir = std::fs::read_dir(replica)
         .unwrap()
@@ -333,19 +327,13 @@ fn segment_files(replica: &Path, topic: &str) -> Vec<std::path::PathBuf> {
                 .starts_with(&prefix)
         })
         .unwrap_or_else(|| panic!("no directory of {topic} in {}", replica.display()));
-    let mut files: Vec<_> = std::fs::read_dir(topic_dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
-        .collect();
-    files.sort();
-    files
+    list_segments(&topic_dir).unwrap()
 }
 
-/// The first position a segment file holds, from its name (`<seq>-<position>.seg`).
-fn first_position_of(segment: &Path) -> u64 {
-    let stem = segment.file_stem().unwrap().to_string_lossy().into_owned();
-    stem.split_once('-').unwrap().1.parse().unwrap()
+/// Batches reclaimed from `topic`'s logs in memory, over all brokers.
+fn reclaimed_batches(server: &Server, topic: &str) -> u64 {
+    let info = server.topic(topic).unwrap();
+    info.brokers.iter().map(|b| b.reclaimed_batches).sum()
 }
 
 /// Retention runs on each replica on its own schedule, so one replica may have removed
@@ -364,14 +352,10 @@ fn a_position_one_replica_removed_is_read_from_another() {
         .unwrap();
     let count = 40_000;
     publish(&control, "split", 2, 0, count, 1000);
-    let reclaimed: u64 = server
-        .topic("split")
-        .unwrap()
-        .brokers
-        .iter()
-        .map(|b| b.reclaimed_batches)
-        .sum();
-    assert!(reclaimed > 0, "position 0 has left memory");
+    assert!(
+        reclaimed_batches(&server, "split") > 0,
+        "position 0 has left memory"
+    );
     let one = segment_files(&dir.path().join("replica-1"), "split");
     let two = segment_files(&dir.path().join("replica-2"), "split");
     assert!(
@@ -383,18 +367,18 @@ fn a_position_one_replica_removed_is_read_from_another() {
 
     // Replica 1 removes its five oldest segments, as its retention would.
     for segment in &one[..5] {
-        std::fs::remove_file(segment).unwrap();
+        std::fs::remove_file(&segment.path).unwrap();
     }
     assert_exactly_once(&read(&control, "split", 0, count), 0, 0..count);
 
     // Replica 2 removes its two oldest: position 0 is now on no replica.
     for segment in &two[..2] {
-        std::fs::remove_file(segment).unwrap();
+        std::fs::remove_file(&segment.path).unwrap();
     }
     let first = first_available(&first_error(&control, "split", 0));
     assert_eq!(
         first,
-        first_position_of(&one[5]).min(first_position_of(&two[2])),
+        one[5].first_position.min(two[2].first_position),
         "the oldest position any replica keeps"
     );
     let rest = read(&control, "split", first, count - first);
