@@ -820,6 +820,23 @@ fn replication_metrics(
         lag_bytes,
     );
     family(
+        "replica_set_aside_bytes",
+        "gauge",
+        "Bytes a start moved into the set-aside directories of this replica's topic logs (a gap or a damaged record; the server's log says which): inspect them, then delete or restore them by hand.",
+        inner
+            .config
+            .replica_dirs()
+            .iter()
+            .enumerate()
+            .map(|(i, dir)| {
+                (
+                    format!("{{replica=\"{}\"}}", i + 1),
+                    embarcadero_replication::store::set_aside_bytes(dir),
+                )
+            })
+            .collect(),
+    );
+    family(
         "replica_error",
         "gauge",
         "0 while the replica's disk works, else the OS error number of its last failure.",

@@ -391,6 +391,54 @@ fn a_position_one_replica_removed_is_read_from_another() {
     assert_eq!(ids.len() as u64, count - first, "every message once");
 }
 
+/// A replica log that a start finds with a hole: the files after the hole are set aside,
+/// not deleted, and counted in `embarcadero_replica_set_aside_bytes`; recovery refills
+/// the log from the other replica, so that replica alone can later rebuild everything.
+#[test]
+fn a_hole_in_a_replica_log_is_set_aside_counted_and_refilled() {
+    let dir = tempfile::tempdir().unwrap();
+    let small_segments = |c: &mut ServerConfig| c.replication.segment_bytes = 1 << 20;
+    let mut server = start_in(dir.path(), small_segments);
+    let control = server.control_addr().to_string();
+    embarcadero_client::Admin::new(&control)
+        .create_topic(&TopicSpec::new("holed", 2).replicated(3))
+        .unwrap();
+    let count = 10_000;
+    publish(&control, "holed", 2, 0, count, 1000);
+    let order_before = read(&control, "holed", 0, count);
+    server.stop();
+    drop(server);
+
+    let one = segment_files(&dir.path().join("replica-1"), "holed");
+    assert!(one.len() > 4, "{} segments", one.len());
+    std::fs::remove_file(&one[2].path).unwrap();
+    let after_hole: u64 = one[3..]
+        .iter()
+        .map(|s| std::fs::metadata(&s.path).unwrap().len())
+        .sum();
+    let mut server = start_in(dir.path(), small_segments);
+    let control = server.control_addr().to_string();
+    let text = TestServer::metric_text(&control);
+    assert_eq!(
+        TestServer::sum_in(&text, "embarcadero_replica_set_aside_bytes{replica=\"1\"}"),
+        after_hole,
+        "every file after the hole, counted"
+    );
+    assert_eq!(
+        TestServer::sum_in(&text, "embarcadero_replica_set_aside_bytes{replica=\"2\"}"),
+        0
+    );
+    server.stop();
+    drop(server);
+
+    // Replica 2 and the region are lost: replica 1, refilled, has to hold everything.
+    std::fs::remove_dir_all(dir.path().join("replica-2")).unwrap();
+    std::fs::remove_file(dir.path().join("region")).unwrap();
+    let server = start_in(dir.path(), small_segments);
+    let control = server.control_addr().to_string();
+    assert_eq!(read(&control, "holed", 0, count), order_before);
+}
+
 /// A replica whose disk is full (injected ENOSPC): ack-2 publishers get no
 /// acknowledgement, memory-only traffic carries on, the error shows in the metrics,
 /// and once space returns everything is acknowledged and delivered exactly once.
