@@ -319,8 +319,9 @@ impl CeilingPlan {
 }
 
 /// All ceilings of `plan`. Full size: 2 GiB over TCP (one stream, the streams into
-/// rings, then two streams), 4 GiB memcpy through 64 MiB buffers and 512 MiB of fdatasync'd writes per
-/// write size; `quick` uses 32 MiB, 64 MiB through 8 MiB and 4 MiB.
+/// rings, then two streams), 4 GiB memcpy through 64 MiB buffers and 512 MiB of
+/// fdatasync'd writes per write size; `quick` uses 32 MiB (rings of 4 MiB), 64 MiB
+/// through 8 MiB and 4 MiB.
 pub fn measure_all(plan: &CeilingPlan) -> io::Result<Vec<Ceiling>> {
     let (tcp, memcpy_buffer, memcpy, sync) = if plan.quick {
         (32 * MIB, 8 * MIB, 64 * MIB, 4 * MIB)

@@ -610,8 +610,9 @@ fn print_run_header(args: &BenchArgs, config: RunConfig, publishers: usize) {
 }
 
 /// Loopback TCP in the publisher's batch size (also one stream per broker into a ring
-/// the size of its log in the embedded server's region), memcpy, and fdatasync on the replicas'
-/// disk (1 MiB writes and the replicas' group-commit size), when --ceilings asks.
+/// the size of its log in the embedded server's region), memcpy, and fdatasync on the
+/// replicas' disk (1 MiB writes and the replicas' group-commit size), when --ceilings
+/// asks.
 fn measure_ceilings(args: &BenchArgs, scratch: &std::path::Path) -> Result<Value, String> {
     if !args.ceilings {
         return Ok(Value::Array(Vec::new()));
