@@ -3,7 +3,8 @@
 # messages, ack 1, 4 brokers. Per run and order (ORDERS, default 0 2 5): publish-only with
 # the machine's ceilings measured in the same process right after (`--ceilings`), and
 # publish + one ordered subscriber; then the fixed-rate runs at RATE MB/s (default 200,
-# about 10% of saturation) with LINGER_US (default 50), each after WARMUP_MESSAGES (default
+# about 10% of saturation) with LINGER_US (default 0: a batch is sealed as soon as its
+# sender is free, the client's lowest-latency setting), each after WARMUP_MESSAGES (default
 # 100000, half a second at 200 MB/s) published on the same schedule and left out of the
 # figures, as the peers' warm-up is. Ends with the bar's ratios, computed from the JSON
 # files it wrote to $OUT (default bench-results/).
@@ -14,7 +15,7 @@ RUNS=${RUNS:-3}
 TOTAL=${TOTAL:-2000000000}
 RATE=${RATE:-200}
 RATE_TOTAL=${RATE_TOTAL:-600000000}
-LINGER_US=${LINGER_US:-50}
+LINGER_US=${LINGER_US:-0}
 WARMUP_MESSAGES=${WARMUP_MESSAGES:-100000}
 ORDERS=${ORDERS:-0 2 5}
 mkdir -p "$OUT"

@@ -72,6 +72,8 @@ pub struct BenchArgs {
     pub threads_per_broker: usize,
     #[arg(long, default_value_t = 512 * 1024)]
     pub batch_bytes: usize,
+    /// Seal a non-empty batch at the latest this many microseconds after its first
+    /// message; 0: as soon as its connection's sender is free (lowest latency).
     #[arg(long, default_value_t = 1000)]
     pub linger_us: u64,
     /// Sequencer epoch of the embedded server, microseconds.

@@ -32,7 +32,10 @@ pub struct PublisherConfig {
     /// A non-empty batch is sealed this long after its first message, by the sender of
     /// the queue it is due on, which then writes it itself (no hand-off to another
     /// thread). When that sender is busy (writing, or waiting for acknowledgements), a
-    /// backstop thread seals it `linger_backstop` later still.
+    /// backstop thread seals it `linger_backstop` later still. Zero sets no timer: the
+    /// sender seals the batch as soon as it is free, so the batch holds what was
+    /// appended while that sender woke up or finished its previous write (the lowest
+    /// latency; below saturation it makes more, smaller batches).
     pub linger: Duration,
     /// See `linger`. Default 5 ms.
     pub linger_backstop: Duration,

@@ -10,6 +10,15 @@ use std::time::Duration;
 
 #[test]
 fn a_lingering_batch_is_sealed_and_written_by_the_sender_of_its_queue() {
+    sealed_by_the_sender_of_its_queue(Duration::from_millis(1));
+}
+
+#[test]
+fn with_no_linger_the_idle_sender_seals_a_batch_at_once() {
+    sealed_by_the_sender_of_its_queue(Duration::ZERO);
+}
+
+fn sealed_by_the_sender_of_its_queue(linger: Duration) {
     let (release_a, a_rx) = mpsc::channel();
     let (release_b, b_rx) = mpsc::channel();
     for _ in 0..2 {
@@ -24,7 +33,7 @@ fn a_lingering_batch_is_sealed_and_written_by_the_sender_of_its_queue() {
         &brokers,
         "t",
         PublisherConfig {
-            linger: Duration::from_millis(1),
+            linger,
             // Only a sender can seal within the test's time.
             linger_backstop: Duration::from_secs(3600),
             ..PublisherConfig::default()
