@@ -2,19 +2,19 @@
 # Reproduces the figures of docs/PERFORMANCE.md ("the performance bar" section): 1 KiB
 # messages, ack 1, 4 brokers. Per run and order (ORDERS, default 0 2 5): publish-only with
 # the machine's ceilings measured in the same process right after (`--ceilings`), and
-# publish + one ordered subscriber; then the fixed-rate runs at RATE MB/s (default 200,
-# about 10% of saturation) with LINGER_US (default 0: a batch is sealed as soon as its
-# sender is free, the client's lowest-latency setting), each after WARMUP_MESSAGES (default
-# 100000, half a second at 200 MB/s) published on the same schedule and left out of the
-# figures, as the peers' warm-up is. Ends with the bar's ratios, computed from the JSON
+# publish + one ordered subscriber; then the fixed-rate runs at RATE MB/s (default 330,
+# 10% of order 2's saturation on the project's machine) with LINGER_US (default 0: a batch
+# is sealed as soon as its sender is free, the client's lowest-latency setting), each after
+# WARMUP_MESSAGES (default 100000, a third of a second at 330 MB/s) published on the same
+# schedule and left out of the figures, as the peers' warm-up is. Ends with the bar's ratios, computed from the JSON
 # files it wrote to $OUT (default bench-results/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
 RUNS=${RUNS:-3}
 TOTAL=${TOTAL:-2000000000}
-RATE=${RATE:-200}
-RATE_TOTAL=${RATE_TOTAL:-600000000}
+RATE=${RATE:-330}
+RATE_TOTAL=${RATE_TOTAL:-990000000}
 LINGER_US=${LINGER_US:-0}
 WARMUP_MESSAGES=${WARMUP_MESSAGES:-100000}
 ORDERS=${ORDERS:-0 2 5}
