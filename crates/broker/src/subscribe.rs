@@ -16,12 +16,15 @@ use std::io::{self, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Most batches and bytes sent per `writev` round.
 const MAX_BATCHES_PER_ROUND: usize = 64;
 const MAX_BYTES_PER_ROUND: u64 = 16 << 20;
 const FRAME_AND_DELIVERY: usize = FRAME_HEADER_LEN + DELIVERY_HEADER_LEN;
+/// A disk replica that failed a read is read again after this long: an error may pass
+/// (a full file table, a flaky device), and a subscription can outlive one.
+const REPLICA_RETRY_AFTER: Duration = Duration::from_secs(10);
 
 pub fn run(
     shared: &Shared,
@@ -504,10 +507,11 @@ fn serve_global(
 /// replica at a time, and looks at the others whenever the one it reads no longer holds
 /// a position: retention runs on each replica on its own schedule, so a position one of
 /// them has removed another may still hold. A replica that fails with an error other
-/// than a removed segment is not read again.
+/// than a removed segment is passed over for [`REPLICA_RETRY_AFTER`].
 struct DiskLog {
     readers: Vec<DiskReader>,
-    failed: Vec<bool>,
+    /// When each replica last failed a read, while it is passed over.
+    failed_at: Vec<Option<Instant>>,
     current: usize,
     /// The record the current reader's cursor points at.
     next_seq: Option<u64>,
@@ -531,7 +535,7 @@ impl DiskLog {
             })
             .collect();
         (meta.order >= 2 && !readers.is_empty()).then_some(Self {
-            failed: vec![false; readers.len()],
+            failed_at: vec![None; readers.len()],
             readers,
             current: 0,
             next_seq: None,
@@ -542,9 +546,15 @@ impl DiskLog {
     fn fail(&mut self, replica: usize, e: &io::Error) {
         tracing::warn!(
             replica = replica + 1,
-            "cannot read the replica log: {e}; reading the other replicas"
+            "cannot read the replica log: {e}; reading the other replicas, this one again in {}s",
+            REPLICA_RETRY_AFTER.as_secs()
         );
-        self.failed[replica] = true;
+        self.failed_at[replica] = Some(Instant::now());
+    }
+
+    /// Passed over: it failed a read less than [`REPLICA_RETRY_AFTER`] ago.
+    fn passed_over(&self, replica: usize) -> bool {
+        self.failed_at[replica].is_some_and(|at| at.elapsed() < REPLICA_RETRY_AFTER)
     }
 
     /// Seeks with `op` on the current replica, then on the others in turn, and reads
@@ -561,11 +571,12 @@ impl DiskLog {
         let (count, first) = (self.readers.len(), self.current);
         let (mut oldest, mut beyond, mut removed) = (None::<u64>, false, None);
         for replica in (0..count).map(|k| (first + k) % count) {
-            if self.failed[replica] {
+            if self.passed_over(replica) {
                 continue;
             }
             match op(&mut self.readers[replica]) {
                 Ok(DiskSeek::At { seq, skip }) => {
+                    self.failed_at[replica] = None;
                     self.current = replica;
                     self.next_seq = Some(seq);
                     return Ok(DiskSeek::At { seq, skip });
@@ -871,7 +882,7 @@ mod tests {
     fn disk_log(dirs: &[&Path]) -> DiskLog {
         DiskLog {
             readers: dirs.iter().map(|d| DiskReader::new(d)).collect(),
-            failed: vec![false; dirs.len()],
+            failed_at: vec![None; dirs.len()],
             current: 0,
             next_seq: None,
             spare: Vec::new(),
@@ -941,7 +952,46 @@ mod tests {
         for seq in in_second + 2..durable {
             assert_eq!(read(&mut log, seq, durable), Some(seq as u8));
         }
-        assert!(log.failed.iter().all(|f| !f), "retention is not a failure");
+        assert!(
+            log.failed_at.iter().all(Option::is_none),
+            "retention is not a failure"
+        );
+    }
+
+    #[test]
+    fn a_replica_that_failed_a_read_is_read_again_after_a_while() {
+        let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let dirs = [one.path(), two.path()];
+        let durable = write_replicas(&dirs, 12);
+        let of_one = segments(one.path());
+        // The last byte of replica 1's first segment: its last record's payload.
+        let last = of_one[1].first_seq - 1;
+        let flip_last_byte = |path: &Path| {
+            let mut bytes = std::fs::read(path).unwrap();
+            *bytes.last_mut().unwrap() ^= 0xff;
+            std::fs::write(path, bytes).unwrap();
+        };
+        flip_last_byte(&of_one[0].path);
+        let mut log = disk_log(&dirs);
+        for seq in 0..last {
+            assert_eq!(read(&mut log, seq, durable), Some(seq as u8));
+        }
+        // A checksum failure: replica 2 serves the record.
+        assert_eq!(read_on(&mut log, last, durable), Some(last as u8));
+        assert_eq!(log.current, 1);
+        assert!(log.passed_over(0));
+        // The fault passes, and later replica 2 loses everything past its open segment.
+        flip_last_byte(&of_one[0].path);
+        for segment in segments(two.path()) {
+            std::fs::remove_file(&segment.path).unwrap();
+        }
+        log.failed_at[0] = Some(Instant::now() - REPLICA_RETRY_AFTER);
+        assert!(!log.passed_over(0), "its time is up");
+        for seq in last + 1..durable {
+            assert_eq!(read_on(&mut log, seq, durable), Some(seq as u8));
+        }
+        assert_eq!(log.current, 0, "replica 1 is read again");
+        assert_eq!(log.failed_at[0], None);
     }
 
     /// Which of `segments` (oldest first) holds record `seq`.
