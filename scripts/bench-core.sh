@@ -6,8 +6,8 @@
 # 10% of order 2's saturation on the project's machine) with LINGER_US (default 0: a batch
 # is sealed as soon as its sender is free, the client's lowest-latency setting), each after
 # WARMUP_MESSAGES (default 100000, a third of a second at 330 MB/s) published on the same
-# schedule and left out of the figures, as the peers' warm-up is. Ends with the bar's ratios, computed from the JSON
-# files it wrote to $OUT (default bench-results/).
+# schedule and left out of the figures, as the peers' warm-up is. Ends with the bar's
+# ratios, computed from the JSON files it wrote to $OUT (default bench-results/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench-results}
