@@ -236,6 +236,9 @@ fn receive_batches(
         if !shared.owns_logs() {
             return End::Gone;
         }
+        if !wait_for_ack_room(shared, conn) {
+            return End::Gone;
+        }
         let may_refuse = conn.ack_level > 0;
         let stages = &shared.metrics.stages;
         let started = Instant::now();
@@ -349,6 +352,25 @@ fn receive_batches(
         StageTimes::lap(&stages.commit, validated);
         expected_seq += 1;
     }
+}
+
+/// Waits until the connection's ack queue has room for one more batch, before the batch
+/// reserves anything: a connection thread that waited for room while holding a reserved
+/// slot would hold up every later batch of its log, and an order-5 client whose session
+/// gap is never filled would never give that room back. Only this thread pushes, so the
+/// room is still there when the batch is queued after its commit. False when the
+/// connection was closed meanwhile (its session fenced, its client gone) or the broker stops.
+fn wait_for_ack_room(shared: &Shared, conn: &PublishConn) -> bool {
+    if conn.ack_level == 0 {
+        return true;
+    }
+    while conn.pending.is_full() {
+        if conn.closed.load(Ordering::Acquire) || shared.shutdown.load(Ordering::Relaxed) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    true
 }
 
 /// Queues a committed batch for acknowledgement by the service thread.

@@ -310,6 +310,9 @@ fn ack_session(
         .encode();
         let _ = out.send_nonblocking(&frame);
         let _ = out.stream.shutdown(std::net::Shutdown::Both);
+        // Also ends the connection thread's wait for room in the ack queue, which a
+        // fenced session's entries would never make.
+        conn.closed.store(true, Ordering::Release);
         shared.metrics.errors_sent.fetch_add(1, Ordering::Relaxed);
         *progress = true;
         return false;

@@ -324,3 +324,51 @@ fn bad_session_input_gets_clear_errors() {
     assert_eq!(e.code, ErrorCode::SessionFenced);
     assert!(e.message.contains("hwm=1"), "{}", e.message);
 }
+
+/// An order-5 client that sends thousands of batches after a gap it never fills (batch 0
+/// never comes) fills its connection's ack queue. Its connection must stop reading
+/// without holding a reserved slot of the log: another session publishing through the
+/// same broker is acknowledged all along, and the stuck session is fenced once its lease
+/// runs out.
+#[test]
+fn a_session_that_never_fills_its_gap_holds_up_no_other_session() {
+    let t = common::start_with(|c| {
+        c.sequencer.session_lease_ms = 500;
+        // Room in the log's ring for all of them, so the ack queue is what fills.
+        c.region.pbr_slots = 8192;
+    });
+    t.admin().create_topic(&TopicSpec::new("g", 5)).unwrap();
+    let mut stuck = raw_publish(&t, "g", 1);
+    // More batches than a connection may have unacknowledged (4096), all after the gap.
+    let flood: Vec<u8> = (0..5000).flat_map(|_| batch(1, 1)).collect();
+    let mut writer = stuck.try_clone().unwrap();
+    let flooding = std::thread::spawn(move || {
+        // The broker stops reading once the queue is full; the rest stays unsent.
+        writer
+            .set_write_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let _ = writer.write_all(&flood);
+    });
+    let broker0 = vec![t.brokers()[0].clone()];
+    let p = Publisher::connect_brokers(
+        &broker0,
+        "g",
+        PublisherConfig {
+            flush_timeout: Duration::from_secs(20),
+            ..session_config()
+        },
+    )
+    .unwrap();
+    for round in 0..5 {
+        for i in 0..200 {
+            p.publish(format!("{round}-{i}").as_bytes()).unwrap();
+        }
+        p.flush().expect("the other session is acknowledged");
+    }
+    p.close().unwrap();
+    let e = error_frame(&mut stuck);
+    assert_eq!(e.code, ErrorCode::SessionFenced, "{}", e.message);
+    drop(stuck);
+    flooding.join().unwrap();
+    assert_eq!(t.server.topic("g").unwrap().next_position, 1000);
+}
