@@ -50,6 +50,9 @@ pub struct BrokerConfig {
     /// Time spent above the high watermark before a publish is answered with a
     /// retriable BACKPRESSURE error.
     pub backpressure_timeout: Duration,
+    /// Longest a batch's payload may take to arrive after its header: its reserved slot
+    /// holds up every later batch of the log meanwhile.
+    pub payload_timeout: Duration,
     /// Longest sleep of an idle poller.
     pub idle_sleep_max: Duration,
     /// A subscriber that makes no progress for this long stops holding back
@@ -88,6 +91,7 @@ impl BrokerConfig {
             high_watermark: 0.90,
             low_watermark: 0.75,
             backpressure_timeout: Duration::from_secs(5),
+            payload_timeout: Duration::from_secs(30),
             idle_sleep_max: Duration::from_millis(20),
             reader_stall_timeout: Duration::from_secs(30),
             session_window: 4096,

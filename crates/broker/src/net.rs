@@ -10,7 +10,7 @@ use embarcadero_wire::{
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Socket buffer size for data connections: large enough for several batches in flight.
 pub const SOCKET_BUFFER_BYTES: usize = 4 << 20;
@@ -219,6 +219,51 @@ pub fn hello_ok(shared: &Shared, hello: &Hello, topic: u32, meta: &TopicMeta) ->
         next_batch_seq: 0,
         first_retained: 0,
     }
+}
+
+/// Fills `dest` within `limit` from now, however the client spreads the bytes out: a
+/// timeout per read alone would let a client that sends a byte now and then hold a
+/// reserved slot of the log, and every later batch of the log with it, for as long as it
+/// likes. Ends at most about a second after the deadline: the socket's read timeout is
+/// shortened only when the time left falls a second below it, so a batch that arrives
+/// at once costs no extra system calls. `Ok(false)`: the deadline passed.
+pub fn read_exact_within(
+    stream: &mut TcpStream,
+    dest: &mut [u8],
+    limit: Duration,
+) -> io::Result<bool> {
+    let deadline = Instant::now() + limit;
+    let mut timeout = limit;
+    stream.set_read_timeout(Some(timeout))?;
+    let mut filled = 0;
+    while filled < dest.len() {
+        match stream.read(&mut dest[filled..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Ok(false)
+            }
+            Err(e) => return Err(e),
+        }
+        if filled < dest.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            if left + Duration::from_secs(1) < timeout {
+                timeout = left;
+                stream.set_read_timeout(Some(timeout))?;
+            }
+        }
+    }
+    stream.set_read_timeout(None)?;
+    Ok(true)
 }
 
 /// Reads and discards `len` bytes (a batch the broker will not keep).

@@ -22,9 +22,6 @@ use std::time::{Duration, Instant};
 const MAX_UNACKED_BATCHES: usize = 4096;
 /// Ack bytes a client may leave unread before it is disconnected.
 const MAX_UNSENT_BYTES: usize = 64 * 1024;
-/// Longest a connection may take to deliver a batch's payload once its header arrived;
-/// the reserved slot holds up every later batch of the log meanwhile.
-const PAYLOAD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the service thread needs to acknowledge one publishing connection.
 pub struct PublishConn {
@@ -277,13 +274,28 @@ fn receive_batches(
             region.blog_bytes_mut(topic, broker, reservation.log_offset, reservation.len)
         }
         .expect("reserved range is mapped and inside one segment");
-        let received = stream
-            .set_read_timeout(Some(PAYLOAD_TIMEOUT))
-            .and_then(|_| stream.read_exact(dest))
-            .and_then(|_| stream.set_read_timeout(None));
-        if let Err(e) = received {
-            commit_void(shared, topic, &reservation);
-            return e.into();
+        let limit = shared.config.payload_timeout;
+        match net::read_exact_within(stream, dest, limit) {
+            Ok(true) => {}
+            Ok(false) => {
+                commit_void(shared, topic, &reservation);
+                return Refusal {
+                    code: ErrorCode::SlowPayload,
+                    batch_seq: header.batch_seq,
+                    message: format!(
+                        "the payload of batch {} ({} bytes) did not arrive within {} ms of its \
+                         header; reconnect and resend it (smaller batches on a slow link)",
+                        header.batch_seq,
+                        header.total_size,
+                        limit.as_millis()
+                    ),
+                }
+                .into();
+            }
+            Err(e) => {
+                commit_void(shared, topic, &reservation);
+                return e.into();
+            }
         }
         let arrived = StageTimes::lap(&stages.receive, reserved);
         if let Err(e) = validate_batch_payload(&header, dest, shared.config.max_message_bytes) {

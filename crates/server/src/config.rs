@@ -100,6 +100,8 @@ pub struct BrokerSettings {
     pub high_watermark: f64,
     pub low_watermark: f64,
     pub backpressure_timeout_ms: u64,
+    /// Longest a batch's payload may take to arrive after its header (SlowPayload).
+    pub payload_timeout_ms: u64,
     pub idle_sleep_max_us: u64,
     /// A subscriber that makes no progress for this long stops holding memory.
     pub reader_stall_timeout_ms: u64,
@@ -194,6 +196,7 @@ impl Default for BrokerSettings {
             high_watermark: 0.90,
             low_watermark: 0.75,
             backpressure_timeout_ms: 5000,
+            payload_timeout_ms: 30_000,
             idle_sleep_max_us: 20_000,
             reader_stall_timeout_ms: 30_000,
             fault_broker: -1,
@@ -312,6 +315,9 @@ impl ServerConfig {
                 "broker.max_batch_bytes ({}) must hold one message of broker.max_message_bytes ({}) plus its header",
                 b.max_batch_bytes, b.max_message_bytes
             ));
+        }
+        if b.payload_timeout_ms == 0 {
+            return bad("broker.payload_timeout_ms must be above 0".into());
         }
         if b.max_batch_bytes > self.region.segment_bytes {
             return bad(format!(

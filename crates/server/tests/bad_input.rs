@@ -346,3 +346,36 @@ fn a_client_that_sends_garbage_instead_of_a_hello_is_dropped() {
     let _silent = TcpStream::connect(&t.brokers()[2]).unwrap();
     by.finish(&t);
 }
+
+/// A client that sends a batch's header and then its payload a byte at a time, never
+/// waiting long enough between two bytes for a per-read timeout, is cut off once the
+/// whole payload is late: its reserved place in the log would otherwise hold up every
+/// later batch of the log for as long as it keeps trickling.
+#[test]
+fn a_payload_trickled_a_byte_at_a_time_is_cut_off_at_the_payload_timeout() {
+    let t = common::start_with(|c| c.broker.payload_timeout_ms = 1000);
+    t.create_topic("t", 2);
+    let by = Bystander::start(&t);
+    let (mut s, _) = connect(&t, 0, &hello("t", Role::Publish, 1));
+    let (h, payload) = batch(0, &[100, 100, 100]);
+    s.write_all(&h.encode()).unwrap();
+    let mut trickle = s.try_clone().unwrap();
+    // At one byte per 100 ms, the whole payload would take about a minute.
+    let trickler = std::thread::spawn(move || {
+        let mut sent = 0;
+        for byte in &payload {
+            if trickle.write_all(std::slice::from_ref(byte)).is_err() {
+                break;
+            }
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        (sent, payload.len())
+    });
+    let e = expect_error(&mut s);
+    assert_eq!(e.code, ErrorCode::SlowPayload, "{}", e.message);
+    drop(s);
+    let (sent, len) = trickler.join().unwrap();
+    assert!(sent < len, "cut off after {sent} of {len} bytes");
+    by.finish(&t);
+}

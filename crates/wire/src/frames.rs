@@ -280,6 +280,8 @@ pub enum ErrorCode {
     SessionFenced = 16,
     /// A session epoch on a topic that is not order 5, or none on one that is.
     BadSession = 17,
+    /// A batch's payload did not arrive within the broker's payload timeout of its header.
+    SlowPayload = 18,
 }
 
 impl ErrorCode {
@@ -303,6 +305,7 @@ impl ErrorCode {
             15 => BadCursor,
             16 => SessionFenced,
             17 => BadSession,
+            18 => SlowPayload,
             _ => return None,
         })
     }
