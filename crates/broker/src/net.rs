@@ -1,6 +1,7 @@
 //! Connection set-up: socket options, the handshake, and the error path every
 //! connection shares (error frame, then close).
 
+use crate::session::{self, SessionView};
 use crate::{publish, subscribe, Shared};
 use embarcadero_region::TopicMeta;
 use embarcadero_wire::{
@@ -144,6 +145,27 @@ fn handshake(shared: &Shared, stream: &mut TcpStream) -> Result<Accepted, End> {
                             meta.name, meta.order, hello.session_epoch
                         )
                     },
+                )
+                .into());
+            }
+            // A fence tells the client to reopen with the next epoch, which must exist.
+            if hello.session_epoch == u64::MAX {
+                return Err(Refusal::new(
+                    ErrorCode::BadSession,
+                    format!(
+                        "session epoch {} leaves no epoch to reopen with; start from 1",
+                        u64::MAX
+                    ),
+                )
+                .into());
+            }
+            if meta.order == 5
+                && SessionView::new(topic, hello.client_id, hello.session_epoch)
+                    .crowded_out(&shared.region)
+            {
+                return Err(Refusal::new(
+                    ErrorCode::SessionsExhausted,
+                    session::exhausted_message(&meta.name),
                 )
                 .into());
             }

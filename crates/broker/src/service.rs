@@ -2,7 +2,7 @@
 //! memory under pressure, raises and clears backpressure, and sends acknowledgements.
 //! It is the only writer of the broker-owned line of each log's control block.
 
-use crate::publish::{PendingAck, PublishConn};
+use crate::publish::{Outbox, PendingAck, PublishConn};
 use crate::session::SessionView;
 use crate::{Shared, StageTimes};
 use embarcadero_region::backoff::Backoff;
@@ -308,12 +308,26 @@ fn ack_session(
             ),
         }
         .encode();
-        let _ = out.send_nonblocking(&frame);
-        let _ = out.stream.shutdown(std::net::Shutdown::Both);
-        // Also ends the connection thread's wait for room in the ack queue, which a
-        // fenced session's entries would never make.
-        conn.closed.store(true, Ordering::Release);
-        shared.metrics.errors_sent.fetch_add(1, Ordering::Relaxed);
+        close_with(shared, conn, &mut out, &frame);
+        *progress = true;
+        return false;
+    }
+    if head.is_none() {
+        *head = conn.pending.pop();
+    }
+    // A session opened when the table still had room, whose first batch found none.
+    if head.is_some() && session.crowded_out(&shared.region) {
+        let name = shared
+            .region
+            .topic_meta(conn.topic)
+            .map_or_else(String::new, |m| m.name);
+        let frame = ErrorFrame {
+            code: ErrorCode::SessionsExhausted,
+            batch_seq: 0,
+            message: crate::session::exhausted_message(&name),
+        }
+        .encode();
+        close_with(shared, conn, &mut out, &frame);
         *progress = true;
         return false;
     }
@@ -356,6 +370,16 @@ fn ack_session(
         return false;
     }
     true
+}
+
+/// Sends an error frame on a session's connection and closes it for good. Closing also
+/// ends its connection thread's wait for room in the ack queue, which the entries of a
+/// fenced or crowded-out session would never make.
+fn close_with(shared: &Shared, conn: &PublishConn, out: &mut Outbox, frame: &[u8]) {
+    let _ = out.send_nonblocking(frame);
+    let _ = out.stream.shutdown(std::net::Shutdown::Both);
+    conn.closed.store(true, Ordering::Release);
+    shared.metrics.errors_sent.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Acknowledges, per connection, every pending batch that reached the ack level.

@@ -72,6 +72,25 @@ impl SessionView {
             },
         }
     }
+
+    /// True when the session has no slot in the table and cannot get one: every slot
+    /// holds another client's session, so the sequencer drops this session's batches.
+    /// Meant for a session not seen yet; one that has a slot is never crowded out.
+    pub fn crowded_out(&self, region: &Region) -> bool {
+        self.slot.is_none()
+            && region.session_find(self.topic, self.client_id).is_none()
+            && region.session_table_full(self.topic)
+    }
+}
+
+/// The error text of a SessionsExhausted frame.
+pub fn exhausted_message(topic: &str) -> String {
+    format!(
+        "all {} order-5 session slots of topic {topic:?} hold other clients' sessions (a \
+         topic keeps one per client id that ever published to it); publish with a client \
+         id that has a session on it, or use another topic",
+        embarcadero_region::SESSION_SLOTS
+    )
 }
 
 /// The error text of a SessionFenced frame; clients parse `hwm=N`.

@@ -673,6 +673,14 @@ impl Region {
         })
     }
 
+    /// True when every slot of a topic's session table holds a session: the sequencer
+    /// has no room for another client's (it keeps a slot while the topic lives). A slot
+    /// being rewritten reads as free, so this may say false for a full table, never
+    /// true for one with room.
+    pub fn session_table_full(&self, topic: u32) -> bool {
+        (0..SESSION_SLOTS).all(|slot| self.session_read(topic, slot).is_some())
+    }
+
     // ---------------------------------------------------------------- PBR
 
     /// First step of rewriting a slot: clear its token so that a reader that checks

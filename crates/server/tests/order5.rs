@@ -231,12 +231,17 @@ fn sessions_survive_sequencer_restarts_under_load() {
 }
 
 fn raw_publish(t: &common::TestServer, topic: &str, epoch: u64) -> TcpStream {
+    raw_session(t, topic, 99, epoch)
+}
+
+/// A publish connection to broker 0 for session `(client, epoch)`, hello sent.
+fn raw_session(t: &common::TestServer, topic: &str, client: u64, epoch: u64) -> TcpStream {
     let mut s = TcpStream::connect(&t.brokers()[0]).unwrap();
     s.write_all(
         &Hello {
             role: Role::Publish,
             ack_level: 1,
-            client_id: 99,
+            client_id: client,
             session_epoch: epoch,
             start_position: 0,
             connection_index: 0,
@@ -265,16 +270,21 @@ fn error_frame(s: &mut TcpStream) -> ErrorFrame {
 }
 
 fn batch(seq: u64, epoch: u64) -> Vec<u8> {
+    session_batch(99, seq, epoch)
+}
+
+/// Batch `seq` of session `(client, epoch)`: one 3-byte message.
+fn session_batch(client: u64, seq: u64, epoch: u64) -> Vec<u8> {
     let mut payload = vec![0u8; message_stride(3) as usize];
     BlogMessageHeader {
         size: 3,
-        client_id: 99,
+        client_id: client,
         ..Default::default()
     }
     .encode_into(&mut payload);
     let h = BatchHeader {
         batch_seq: seq,
-        client_id: 99,
+        client_id: client,
         num_msg: 1,
         session_epoch: epoch,
         total_size: payload.len() as u64,
@@ -371,4 +381,51 @@ fn a_session_that_never_fills_its_gap_holds_up_no_other_session() {
     drop(stuck);
     flooding.join().unwrap();
     assert_eq!(t.server.topic("g").unwrap().next_position, 1000);
+}
+
+/// Reads the HelloOk and then the first frame after it.
+fn frame_after_hello(s: &mut TcpStream) -> (FrameHeader, Vec<u8>) {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut read = || {
+        let mut raw = [0u8; 16];
+        s.read_exact(&mut raw).unwrap();
+        let h = FrameHeader::decode(&raw, 1 << 20).unwrap();
+        let mut body = vec![0u8; h.body_len as usize];
+        s.read_exact(&mut body).unwrap();
+        (h, body)
+    };
+    assert_eq!(read().0.kind, FrameKind::HelloOk);
+    read()
+}
+
+/// A topic keeps a session slot per client id; once all 256 hold sessions, a new client
+/// is told so (SessionsExhausted): at the hello, or, if it connected while there was
+/// still room, when its first batch finds none. Clients that have a slot carry on.
+#[test]
+fn a_new_session_is_refused_with_a_clear_error_once_every_slot_is_taken() {
+    let t = common::start();
+    t.admin().create_topic(&TopicSpec::new("full", 5)).unwrap();
+    // Connected while there is room; publishes only once the table is full.
+    let mut late = raw_session(&t, "full", 5000, 1);
+    for client in 1000..1256 {
+        let mut s = raw_session(&t, "full", client, 1);
+        s.write_all(&session_batch(client, 0, 1)).unwrap();
+        let (ack, _) = frame_after_hello(&mut s);
+        assert_eq!((ack.kind, ack.arg), (FrameKind::Ack, 1), "client {client}");
+    }
+    let mut refused = raw_session(&t, "full", 5001, 1);
+    let e = error_frame(&mut refused);
+    assert_eq!(e.code, ErrorCode::SessionsExhausted, "{}", e.message);
+    assert!(e.message.contains("256"), "{}", e.message);
+
+    late.write_all(&session_batch(5000, 0, 1)).unwrap();
+    let e = error_frame(&mut late);
+    assert_eq!(e.code, ErrorCode::SessionsExhausted, "{}", e.message);
+
+    // A client with a slot publishes on, on a new connection.
+    let mut known = raw_session(&t, "full", 1000, 1);
+    known.write_all(&session_batch(1000, 1, 1)).unwrap();
+    let (ack, _) = frame_after_hello(&mut known);
+    assert_eq!((ack.kind, ack.arg), (FrameKind::Ack, 2));
+    assert_eq!(t.server.topic("full").unwrap().next_position, 257);
 }

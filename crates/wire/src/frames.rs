@@ -282,6 +282,8 @@ pub enum ErrorCode {
     BadSession = 17,
     /// A batch's payload did not arrive within the broker's payload timeout of its header.
     SlowPayload = 18,
+    /// Order 5: every session slot of the topic holds another client's session.
+    SessionsExhausted = 19,
 }
 
 impl ErrorCode {
@@ -306,6 +308,7 @@ impl ErrorCode {
             16 => SessionFenced,
             17 => BadSession,
             18 => SlowPayload,
+            19 => SessionsExhausted,
             _ => return None,
         })
     }
