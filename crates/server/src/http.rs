@@ -25,27 +25,74 @@ use std::sync::Arc;
 
 /// Largest request body accepted.
 const MAX_BODY: u64 = 64 * 1024;
+/// tiny_http reads a body up to this size before it hands the request over; a larger
+/// one is read from the socket by whoever routes the request, as slowly as the client
+/// sends it, and with no timeout.
+const EAGER_BODY: usize = 1024;
+/// Requests served on threads of their own at once (failover queries, large or
+/// streamed bodies); past this they are answered 503 at once.
+const MAX_DETACHED: usize = 64;
 
 pub fn serve(server: Arc<tiny_http::Server>, inner: Arc<Inner>) {
     for request in server.incoming_requests() {
-        if request.url() == "/v1/failover" {
-            // It may wait seconds for the sequencer: never on a worker that heartbeats
-            // need.
-            let inner = inner.clone();
-            let spawned = std::thread::Builder::new()
-                .name("control-failover".into())
-                .spawn(move || respond(&inner, request));
-            if let Err(e) = spawned {
-                tracing::warn!("cannot start a thread for a failover query: {e}");
-            }
+        // A failover query may wait seconds for the sequencer, and a body tiny_http did
+        // not read ahead arrives as slowly as its client likes: neither may hold one of
+        // the few workers that heartbeats and claims need.
+        if request.url() != "/v1/failover" && body_is_read(&request) {
+            respond(&inner, request);
             continue;
         }
-        respond(&inner, request);
+        if inner.detached_requests.fetch_add(1, Ordering::AcqRel) >= MAX_DETACHED {
+            inner.detached_requests.fetch_sub(1, Ordering::AcqRel);
+            let busy = error(
+                503,
+                format!(
+                    "{MAX_DETACHED} slow requests (failover queries, large bodies) are in \
+                     progress; retry shortly"
+                ),
+            );
+            send(request, busy);
+            continue;
+        }
+        let detached = inner.clone();
+        let spawned = std::thread::Builder::new()
+            .name("control-detached".into())
+            .spawn(move || {
+                respond(&detached, request);
+                detached.detached_requests.fetch_sub(1, Ordering::AcqRel);
+            });
+        if let Err(e) = spawned {
+            inner.detached_requests.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!("cannot start a thread for a control request: {e}");
+        }
     }
 }
 
+/// True when routing `request` cannot wait on its client: a GET (no route reads its
+/// body), or a body tiny_http has already read into memory (small, with a length, no
+/// `Expect: 100-continue`, no upgrade, which leave the socket to the reader).
+fn body_is_read(request: &tiny_http::Request) -> bool {
+    if *request.method() == tiny_http::Method::Get {
+        return true;
+    }
+    let header = |name: &'static str| {
+        request
+            .headers()
+            .iter()
+            .find(|h| h.field.equiv(name))
+            .map(|h| h.value.as_str().to_ascii_lowercase())
+    };
+    request.body_length().is_some_and(|n| n <= EAGER_BODY)
+        && header("Expect").is_none()
+        && !header("Connection").is_some_and(|v| v.contains("upgrade"))
+}
+
 fn respond(inner: &Inner, mut request: tiny_http::Request) {
-    let (status, content_type, body) = route(inner, &mut request);
+    let response = route(inner, &mut request);
+    send(request, response);
+}
+
+fn send(request: tiny_http::Request, (status, content_type, body): (u16, &'static str, String)) {
     let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], content_type.as_bytes())
         .expect("static header");
     let response = tiny_http::Response::from_string(body)
@@ -702,6 +749,15 @@ fn metrics(inner: &Inner) -> String {
             })
             .collect(),
     );
+    family(
+        "control_detached_requests",
+        "gauge",
+        "Admin requests served on threads of their own (failover queries, bodies not read ahead).",
+        vec![(
+            String::new(),
+            inner.detached_requests.load(Ordering::Relaxed) as u64,
+        )],
+    );
     replication_metrics(inner, &topics, &mut family);
     let mut out = families.text();
     let r = &inner.replication_metrics;
@@ -868,4 +924,44 @@ fn replication_metrics(
             })
             .collect(),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tiny_http::{Header, Method, TestRequest};
+
+    fn request(method: Method, headers: &[(&str, &str)], body: &'static str) -> tiny_http::Request {
+        headers
+            .iter()
+            .fold(
+                TestRequest::new()
+                    .with_method(method)
+                    .with_path("/v1/topics")
+                    .with_body(body),
+                |r, (k, v)| r.with_header(Header::from_bytes(k.as_bytes(), v.as_bytes()).unwrap()),
+            )
+            .into()
+    }
+
+    /// Only a request that cannot make its router wait on the client's socket is routed
+    /// on one of the few workers; the rest get threads of their own.
+    #[test]
+    fn only_requests_with_nothing_left_to_read_are_routed_on_a_worker() {
+        assert!(body_is_read(&request(Method::Get, &[], "")));
+        assert!(body_is_read(&request(
+            Method::Post,
+            &[],
+            r#"{"name": "t"}"#
+        )));
+        // Announced, longer than tiny_http reads ahead, and not sent (yet).
+        let announced = request(Method::Post, &[("Content-Length", "2000")], "");
+        assert!(!body_is_read(&announced));
+        let streamed = request(Method::Post, &[("Transfer-Encoding", "chunked")], "");
+        assert!(!body_is_read(&streamed));
+        let expecting = request(Method::Post, &[("Expect", "100-continue")], "{}");
+        assert!(!body_is_read(&expecting));
+        let upgrading = request(Method::Post, &[("Connection", "Upgrade")], "");
+        assert!(!body_is_read(&upgrading));
+    }
 }

@@ -82,6 +82,8 @@ pub(crate) struct Inner {
     pub replication_metrics: Arc<ReplicationMetrics>,
     pub membership: cluster::Membership,
     pub started: Instant,
+    /// Admin requests served on threads of their own right now (`http::serve`).
+    pub detached_requests: std::sync::atomic::AtomicUsize,
 }
 
 /// A running embedded server. Dropping it stops it.
@@ -213,6 +215,7 @@ impl Server {
             region,
             control,
             started: Instant::now(),
+            detached_requests: Default::default(),
         });
         let mut http_threads = Vec::new();
         for i in 0..HTTP_WORKERS {

@@ -37,6 +37,9 @@ impl TestServer {
     pub fn metric_text(control: &str) -> String {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(control).unwrap();
+        // A wedged admin API fails the test instead of hanging it.
+        s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
         s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
         let mut text = String::new();
         s.read_to_string(&mut text).unwrap();
