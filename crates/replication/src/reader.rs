@@ -206,6 +206,17 @@ impl DiskReader {
                 c.seq
             )));
         }
+        // The length comes from the disk: it must fit the file before it sizes a buffer.
+        let file_len = c.file.metadata().map_err(|e| c.unless_removed(e))?.len();
+        if c.offset + h.record_len() > file_len {
+            // Retention may have cut the file short under us: that is not corruption.
+            return Err(c.unless_removed(corrupt(format!(
+                "{}: record {} of {} bytes runs past the end of its segment ({file_len} bytes)",
+                self.dir.display(),
+                c.seq,
+                h.record_len()
+            ))));
+        }
         payload.resize(h.payload_len as usize, 0);
         c.file
             .read_exact_at(payload, c.offset + RECORD_HEADER_LEN as u64)
@@ -325,6 +336,32 @@ pub(crate) mod tests {
         expired.remove_in_steps(16).unwrap();
         let err = r.next(20, &mut buf).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
+    }
+
+    /// A record whose length runs past the end of its segment (a torn or forged file)
+    /// is reported as corrupt before its length sizes any buffer.
+    #[test]
+    fn a_record_longer_than_its_file_is_corrupt_before_anything_is_allocated() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = write_log(dir.path(), 2);
+        let seg = &list_segments(dir.path()).unwrap()[0].path;
+        let len = std::fs::metadata(seg).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(seg)
+            .unwrap()
+            .set_len(len - 10)
+            .unwrap();
+        let mut r = DiskReader::new(dir.path());
+        assert!(matches!(
+            r.seek_seq(1, s.durable_seq()).unwrap(),
+            DiskSeek::At { .. }
+        ));
+        let mut buf = Vec::new();
+        let err = r.next(s.durable_seq(), &mut buf).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(err.to_string().contains("past the end"), "{err}");
+        assert!(buf.is_empty(), "nothing was read into the buffer");
     }
 
     #[test]

@@ -468,6 +468,9 @@ fn recover(config: &ServerConfig, replica_dirs: &[PathBuf]) -> Result<Recovered,
     for t in &topics {
         let (name, rf) = (&t.spec.name, t.spec.replication_factor);
         let old_topic = old.as_ref().and_then(|r| {
+            // `topics.json` and the previous region were read from disk: the slot must
+            // be one of that region's before it addresses anything in it.
+            (t.slot < r.capacities().max_topics).then_some(())?;
             r.topic_meta(t.slot)
                 .filter(|m| &m.name == name && m.created_unix_ms == t.created_unix_ms)
                 .map(|_| (r, t.slot))
