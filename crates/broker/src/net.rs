@@ -288,6 +288,24 @@ pub fn read_exact_within(
     Ok(true)
 }
 
+/// True when the peer has closed the connection or the socket has failed, found
+/// without blocking and without consuming anything. For connections the broker only
+/// writes to (subscriptions): while it has nothing to send, it would otherwise not
+/// learn that the subscriber left until the next write.
+pub fn peer_closed(stream: &TcpStream) -> bool {
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
+    let sock = socket2::SockRef::from(stream);
+    match sock.recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        Ok(0) => true,
+        // Bytes waiting: the peer is there (what it sent is not read here).
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        ),
+    }
+}
+
 /// Reads and discards `len` bytes (a batch the broker will not keep).
 pub fn drain(stream: &mut TcpStream, mut len: u64) -> io::Result<()> {
     let mut scratch = [0u8; 64 * 1024];

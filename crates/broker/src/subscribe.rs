@@ -6,7 +6,9 @@
 use crate::net::{self, End, Refusal};
 use crate::Shared;
 use embarcadero_region::backoff::Backoff;
-use embarcadero_region::{monotonic_ns, Region, TopicMeta, READER_CLAIMING, READER_SLOTS};
+use embarcadero_region::{
+    monotonic_ns, Doorbell, Region, TopicMeta, READER_CLAIMING, READER_SLOTS,
+};
 use embarcadero_replication::{DiskReader, DiskSeek};
 use embarcadero_wire::{
     BatchFlags, BatchOk, DeliveryHeader, ErrorCode, Hello, DELIVERY_HEADER_LEN, FRAME_HEADER_LEN,
@@ -25,6 +27,8 @@ const FRAME_AND_DELIVERY: usize = FRAME_HEADER_LEN + DELIVERY_HEADER_LEN;
 /// A disk replica that failed a read is read again after this long: an error may pass
 /// (a full file table, a flaky device), and a subscription can outlive one.
 const REPLICA_RETRY_AFTER: Duration = Duration::from_secs(10);
+/// How often an idle subscription checks that its subscriber is still connected.
+const PEER_PROBE_EVERY: Duration = Duration::from_millis(50);
 
 pub fn run(
     shared: &Shared,
@@ -383,6 +387,41 @@ fn locate_global(region: &Region, topic: u32, pos: u64) -> Locate {
     }
 }
 
+/// Waiting for data on a subscriber's behalf. A subscriber sends nothing after its
+/// hello, so one that left is otherwise noticed only at the next write: on a topic
+/// that stays idle that would hold its thread, socket and reader slot indefinitely.
+struct IdleWait {
+    backoff: Backoff,
+    next_probe: Instant,
+}
+
+impl IdleWait {
+    fn new(shared: &Shared) -> Self {
+        Self {
+            backoff: Backoff::new(shared.config.idle_sleep_max),
+            next_probe: Instant::now() + PEER_PROBE_EVERY,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.backoff.reset();
+    }
+
+    /// Waits for the bell (or a back-off step); `Err(End::Gone)` once the subscriber
+    /// has closed its connection.
+    fn wait(&mut self, bell: &Doorbell<'_>, seen: u32, stream: &TcpStream) -> Result<(), End> {
+        let now = Instant::now();
+        if now >= self.next_probe {
+            self.next_probe = now + PEER_PROBE_EVERY;
+            if net::peer_closed(stream) {
+                return Err(End::Gone);
+            }
+        }
+        self.backoff.idle(Some((bell, seen)));
+        Ok(())
+    }
+}
+
 fn serve_global(
     shared: &Shared,
     stream: &mut TcpStream,
@@ -392,7 +431,7 @@ fn serve_global(
 ) -> Result<(), End> {
     let region = &shared.region;
     let bell = region.topic_bell(topic);
-    let mut backoff = Backoff::new(shared.config.idle_sleep_max);
+    let mut idle = IdleWait::new(shared);
     let mut cursor: Option<(u64, u32)> = None;
     let mut disk = DiskLog::new(shared, meta);
     let pin = Pin::claim(region, topic, shared.config.broker_id, &[start]);
@@ -426,10 +465,10 @@ fn serve_global(
             rf => region.durable_seq(topic, rf),
         };
         let Some((mut g, mut skip)) = cursor.filter(|(g, _)| *g < readable) else {
-            backoff.idle(Some((&bell, seen)));
+            idle.wait(&bell, seen, stream)?;
             continue;
         };
-        backoff.reset();
+        idle.reset();
         let mut plan = Vec::new();
         let mut bytes = 0u64;
         while g < readable && plan.len() < MAX_BATCHES_PER_ROUND && bytes < MAX_BYTES_PER_ROUND {
@@ -483,7 +522,7 @@ fn serve_global(
             g += 1;
         }
         if plan.is_empty() {
-            backoff.idle(Some((&bell, seen)));
+            idle.wait(&bell, seen, stream)?;
             continue;
         }
         let confirmed = send_round(shared, stream, topic, true, &plan, disk.is_some())?;
@@ -769,7 +808,7 @@ fn serve_per_broker(
 ) -> Result<(), End> {
     let region = &shared.region;
     let bell = region.topic_bell(topic);
-    let mut backoff = Backoff::new(shared.config.idle_sleep_max);
+    let mut idle = IdleWait::new(shared);
     let brokers = positions.len() as u32;
     let mut cursors: Vec<Option<(u64, u32)>> = vec![None; brokers as usize];
     let per_broker_limit = (MAX_BATCHES_PER_ROUND / brokers as usize).max(1);
@@ -833,10 +872,10 @@ fn serve_per_broker(
             *c = Some((i, skip));
         }
         if plan.is_empty() {
-            backoff.idle(Some((&bell, seen)));
+            idle.wait(&bell, seen, stream)?;
             continue;
         }
-        backoff.reset();
+        idle.reset();
         send_round(shared, stream, topic, false, &plan, false)?;
         for p in &plan {
             let h = &p.header;

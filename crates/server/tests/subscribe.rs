@@ -1,6 +1,6 @@
 //! Subscriber behaviour: resume from a position (also mid-batch), automatic reconnect
 //! after a lost connection, waiting at the end of the log, and the error for
-//! positions that are no longer retained.
+//! positions that are no longer retained; a subscriber that leaves an idle topic is let go.
 
 mod common;
 
@@ -248,5 +248,38 @@ fn reading_below_the_retained_start_names_the_first_available_position() {
             s.poll(Duration::from_secs(10)).unwrap().unwrap().position,
             i
         );
+    }
+}
+
+#[test]
+fn subscribers_that_leave_an_idle_topic_release_their_connections() {
+    let t = common::start();
+    let open = "embarcadero_connections_open{";
+    for (topic, order) in [("idle2", 2), ("idle1", 1)] {
+        t.create_topic(topic, order);
+        publish(&t, topic, 0, 10, 4096);
+        // More subscribers than a topic has reader slots, each caught up and then gone
+        // while nothing new is published.
+        for _ in 0..40 {
+            let mut s =
+                Subscriber::connect_brokers(&t.brokers(), topic, SubscriberConfig::default())
+                    .unwrap();
+            for _ in 0..10 {
+                s.poll(Duration::from_secs(10)).unwrap().expect("published");
+            }
+            assert!(s.poll(Duration::from_millis(1)).unwrap().is_none());
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let still_open = t.metric_sum(open);
+            if still_open == 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{still_open} connections of departed subscribers of {topic} still open"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
