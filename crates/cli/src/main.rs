@@ -102,7 +102,8 @@ enum TopicCommand {
         /// Replication factor, counting the in-memory copy.
         #[arg(long, default_value_t = 1)]
         rf: u8,
-        /// Acknowledgement level publishers get by default.
+        /// Acknowledgement level `embarcadero pub` uses when not given `--ack` (library
+        /// publishers set theirs in `PublisherConfig::ack_level`).
         #[arg(long, default_value_t = 1)]
         default_ack: u8,
         /// Keep at most this many bytes per disk replica (0: no limit). Default: the

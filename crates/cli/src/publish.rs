@@ -1,7 +1,7 @@
 //! `embarcadero pub`.
 
 use crate::{CliResult, ControlArg};
-use embarcadero_client::{Publisher, PublisherConfig, PublisherStats};
+use embarcadero_client::{Admin, Publisher, PublisherConfig, PublisherStats};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{BufRead, IsTerminal};
 use std::time::{Duration, Instant};
@@ -12,8 +12,9 @@ pub struct PubArgs {
     #[command(flatten)]
     pub control: ControlArg,
     /// 0: fire and forget; 1: acknowledged once ordered (or written, order 0); 2: durable.
-    #[arg(long, default_value_t = 1)]
-    pub ack: u8,
+    /// [default: the topic's default ack, set by `topic create --default-ack`]
+    #[arg(long)]
+    pub ack: Option<u8>,
     /// Seal a batch once it holds this many bytes.
     #[arg(long, default_value_t = 512 * 1024)]
     pub batch_bytes: usize,
@@ -35,9 +36,9 @@ pub struct PubArgs {
     pub json: bool,
 }
 
-pub fn config_of(args: &PubArgs) -> PublisherConfig {
+pub fn config_of(args: &PubArgs, ack_level: u8) -> PublisherConfig {
     PublisherConfig {
-        ack_level: args.ack,
+        ack_level,
         batch_bytes: args.batch_bytes,
         linger: Duration::from_micros(args.linger_us),
         threads_per_broker: args.threads_per_broker,
@@ -46,7 +47,16 @@ pub fn config_of(args: &PubArgs) -> PublisherConfig {
 }
 
 pub fn run(args: PubArgs) -> CliResult {
-    let publisher = Publisher::connect(&args.control.control, &args.topic, config_of(&args))
+    let ack = match args.ack {
+        Some(ack) => ack,
+        None => {
+            Admin::new(&args.control.control)
+                .describe_topic(&args.topic)
+                .map_err(|e| e.to_string())?
+                .default_ack
+        }
+    };
+    let publisher = Publisher::connect(&args.control.control, &args.topic, config_of(&args, ack))
         .map_err(|e| e.to_string())?;
     let start = Instant::now();
     let bar = progress(args.count);
@@ -86,7 +96,7 @@ pub fn run(args: PubArgs) -> CliResult {
         format!("{e}; not every message was acknowledged, so the publish did not complete")
     })?;
     bar.finish_and_clear();
-    report(&stats, start.elapsed(), args.json, args.ack);
+    report(&stats, start.elapsed(), args.json, ack);
     Ok(())
 }
 

@@ -55,6 +55,31 @@ fn quickstart_then_restart_keeps_topics() {
     let summary: serde_json::Value = serde_json::from_str(&generated).unwrap();
     assert_eq!(summary["messages"], 5000);
     assert!(summary["ack_latency_us"]["p99"].as_u64().unwrap() > 0);
+    // Without --ack, pub uses the topic's default ack level.
+    ok(&serve.run(
+        &[
+            "topic",
+            "create",
+            "fire",
+            "--order",
+            "0",
+            "--default-ack",
+            "0",
+        ],
+        None,
+    ));
+    for (extra, level, acked) in [(None, 0, false), (Some("1"), 1, true)] {
+        let mut args = vec!["pub", "fire", "--count", "2", "--json"];
+        args.extend(extra.map(|a| ["--ack", a]).into_iter().flatten());
+        let summary: serde_json::Value =
+            serde_json::from_str(&ok(&serve.run(&args, None))).unwrap();
+        assert_eq!(summary["ack_level"], level, "{args:?}");
+        assert_eq!(
+            summary["acked_batches"].as_u64().unwrap() > 0,
+            acked,
+            "{args:?}"
+        );
+    }
     let status: serde_json::Value =
         serde_json::from_str(&ok(&serve.run(&["status", "--json"], None))).unwrap();
     assert_eq!(status["brokers"].as_array().unwrap().len(), 4);
@@ -75,7 +100,7 @@ fn quickstart_then_restart_keeps_topics() {
         .map(|t| t["name"].as_str().unwrap())
         .collect();
     names.sort();
-    assert_eq!(names, vec!["logs", "orders"]);
+    assert_eq!(names, vec!["fire", "logs", "orders"]);
     serve.stop();
 }
 

@@ -71,9 +71,9 @@ pub enum TopicError {
     Invalid(String),
     #[error("topic {0:?} already exists")]
     Exists(String),
-    #[error("topic {0:?} does not exist")]
+    #[error("topic {0:?} does not exist; create it with `embarcadero topic create {0} --order 2`")]
     NotFound(String),
-    #[error("all {0} topic slots are in use; raise region.max_topics (EMBARCADERO_REGION_MAX_TOPICS) and restart with a fresh data dir")]
+    #[error("all {0} topic slots are in use; raise region.max_topics (EMBARCADERO_REGION_MAX_TOPICS) and restart the server (the data dir and its topics are kept)")]
     Full(u32),
     #[error("cannot save topic metadata in {path}: {source}")]
     Io {

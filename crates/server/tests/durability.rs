@@ -1,6 +1,7 @@
 //! Disk replicas and ack 2: acknowledged data survives restarts and the loss of the
 //! region file, old data is read back from disk, retention names the first position
-//! kept, and a failing disk holds back acknowledgements without losing anything.
+//! kept, a failing disk holds back acknowledgements without losing anything, and a
+//! raised topic limit keeps the topics.
 
 mod common;
 
@@ -589,4 +590,38 @@ fn order5_sessions_resume_after_a_restart() {
     let got = read(&control, "sessions", 0, 5000);
     assert_in_order(&got, 0, 0);
     drop(server);
+}
+
+#[test]
+fn the_topic_limit_names_its_setting_and_raising_it_keeps_topics_and_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = |name: &str| embarcadero_server::TopicSpec {
+        name: name.into(),
+        order: 2,
+        replication_factor: 2,
+        default_ack: 2,
+        retention_bytes: None,
+        retention_ms: None,
+    };
+    let mut server = start_in(dir.path(), |c| c.region.max_topics = 2);
+    let control = server.control_addr().to_string();
+    for name in ["t0", "t1"] {
+        server.create_topic(spec(name)).unwrap();
+        publish(&control, name, 2, 0, 100, 100);
+    }
+    let full = server.create_topic(spec("t2")).unwrap_err().to_string();
+    assert!(full.contains("region.max_topics"), "{full}");
+    assert!(!full.contains("fresh data dir"), "{full}");
+    server.stop();
+    drop(server);
+
+    // What the error says to do: the same data dir, a higher limit.
+    let server = start_in(dir.path(), |c| c.region.max_topics = 3);
+    let control = server.control_addr().to_string();
+    for name in ["t0", "t1"] {
+        assert_exactly_once(&read(&control, name, 0, 100), 0, 0..100);
+    }
+    server.create_topic(spec("t2")).unwrap();
+    publish(&control, "t2", 2, 0, 100, 100);
+    assert_exactly_once(&read(&control, "t2", 0, 100), 0, 0..100);
 }
