@@ -224,14 +224,13 @@ fn a_second_server_on_the_same_region_file_stops_the_first() {
     let env = [("EMBARCADERO_REGION_PATH", region.as_str())];
     let serve = |data: &str| {
         let data = dir.path().join(data).display().to_string();
-        let control = free_port().to_string();
         Proc::ready(
             &[
                 "serve",
                 "--base-port",
                 "0",
                 "--control-port",
-                &control,
+                "0",
                 "--data-dir",
                 &data,
             ],

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{free_port, run_bin, Proc};
+use common::{control_address, free_port, run_bin, Proc};
 use embarcadero_client::{
     Admin, Cursor, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
 };
@@ -32,21 +32,21 @@ fn start_head(brokers: u32) -> Head {
 
 fn start_head_with(brokers: u32, extra: &[&str]) -> Head {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
+    let (proc, control) = head_process(dir.path(), 0, brokers, extra);
     Head {
-        proc: head_process(dir.path(), port, brokers, extra),
-        control: format!("127.0.0.1:{port}"),
+        proc,
+        control,
         _dir: dir,
     }
 }
 
-/// A head serving its control API on `port` with its data under `dir` (the same two
-/// again for a restart).
-fn head_process(dir: &std::path::Path, port: u16, brokers: u32, extra: &[&str]) -> Proc {
+/// A head serving its control API on `port` (0: a free one) with its data under `dir`
+/// (the same two again for a restart), and its control address.
+fn head_process(dir: &std::path::Path, port: u16, brokers: u32, extra: &[&str]) -> (Proc, String) {
     let port = port.to_string();
     let data = dir.join("head").display().to_string();
     let brokers = brokers.to_string();
-    Proc::ready(
+    let (proc, line) = Proc::ready(
         &[
             &["broker", "--head"],
             extra,
@@ -64,8 +64,8 @@ fn head_process(dir: &std::path::Path, port: u16, brokers: u32, extra: &[&str]) 
         .concat(),
         FAST,
         "embarcadero is serving",
-    )
-    .0
+    );
+    (proc, control_address(&line))
 }
 
 fn follower(control: &str, id: u32) -> Proc {
@@ -751,9 +751,8 @@ fn a_paused_sequencer_is_killed_by_its_successor_before_it_writes() {
 /// acknowledgement for must be in the new region's order, once.
 fn restart_the_head_under_a_publisher(through_head: bool, kill_after_acked: usize) {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let control = format!("127.0.0.1:{port}");
-    let head = head_process(dir.path(), port, 2, &["--external-sequencer"]);
+    let (head, control) = head_process(dir.path(), 0, 2, &["--external-sequencer"]);
+    let port: u16 = control.rsplit(':').next().unwrap().parse().unwrap();
     let mut old_sequencer = sequencer(&control);
     let mut f1 = follower(&control, 1);
     Admin::new(&control)
@@ -869,7 +868,7 @@ fn restart_the_head_under_a_publisher(through_head: bool, kill_after_acked: usiz
         })
     };
     head.kill();
-    let head = head_process(dir.path(), port, 2, &["--external-sequencer"]);
+    let (head, _) = head_process(dir.path(), port, 2, &["--external-sequencer"]);
     head_restarted.store(true, Ordering::Release);
     // The old region's processes exit saying why.
     let line = f1.wait_line("replaced the region this process was attached to");

@@ -122,13 +122,7 @@ impl Serve {
         ];
         args.extend_from_slice(extra);
         let (proc, line) = Proc::ready(&args, &[], "embarcadero is serving");
-        // "embarcadero is serving: control API http://ADDR  brokers ..."
-        let control = line
-            .split("control API http://")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no control address in {line:?}"))
-            .to_string();
+        let control = control_address(&line);
         Self { proc, control }
     }
 
@@ -156,4 +150,15 @@ impl Serve {
     pub fn kill(self) {
         self.proc.kill();
     }
+}
+
+/// The control API address in a serving line: "embarcadero is serving: control API
+/// http://ADDR  brokers ...". Servers started with `--control-port 0` pick a free port
+/// themselves, with no window for another process to take it.
+pub fn control_address(line: &str) -> String {
+    line.split("control API http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no control address in {line:?}"))
+        .to_string()
 }
