@@ -46,7 +46,9 @@ pub struct BenchArgs {
     /// runs a sweep, one run per order and rate, each on a fresh server: `--order 0,2,5`.
     #[arg(long, value_delimiter = ',', default_value = "2")]
     pub order: Vec<u8>,
-    #[arg(long, default_value_t = 1)]
+    /// Acknowledgement level: 0 fire and forget, 1 ordered (written, order 0), 2 durable
+    /// (needs --rf 2 or more).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=2))]
     pub ack: u8,
     /// Replication factor of the benchmark topic (2 or more: disk replicas).
     #[arg(long, default_value_t = 1)]
@@ -68,9 +70,11 @@ pub struct BenchArgs {
     /// Brokers of the embedded server (`failure`: of the cluster, at least 2).
     #[arg(long, default_value_t = 4)]
     pub brokers: u32,
-    #[arg(long, default_value_t = 1)]
+    /// Connections (and publishing queues) per broker, per publisher.
+    #[arg(long, default_value_t = 1, value_parser = crate::at_least_one)]
     pub threads_per_broker: usize,
-    #[arg(long, default_value_t = 512 * 1024)]
+    /// Seal a batch once it holds this many bytes.
+    #[arg(long, default_value_t = 512 * 1024, value_parser = crate::at_least_one)]
     pub batch_bytes: usize,
     /// Seal a non-empty batch at the latest this many microseconds after its first
     /// message; 0: as soon as its connection's sender is free (lowest latency).

@@ -36,7 +36,7 @@ pub struct BrokerArgs {
     /// Follower: the broker id to serve (1..brokers on a head that serves broker 0).
     #[arg(long, required_if_eq("follower", "true"))]
     broker_id: Option<u32>,
-    /// Follower: data port [default: 0, an ephemeral port].
+    /// Follower: data port; 0 for an ephemeral port.
     #[arg(long, default_value_t = 0)]
     port: u16,
     /// Follower: address clients reach the data port at [default: the bound address].
@@ -45,7 +45,7 @@ pub struct BrokerArgs {
     /// Follower: the head's region file as this host sees it [default: the head's path].
     #[arg(long)]
     region: Option<PathBuf>,
-    /// Follower: port of this broker's /metrics [default: 0, an ephemeral port].
+    /// Follower: port of this broker's /metrics; 0 for an ephemeral port.
     #[arg(long, default_value_t = 0)]
     metrics_port: u16,
 }

@@ -95,6 +95,7 @@ pub struct ServeArgs {
 enum TopicCommand {
     /// Create a topic.
     Create {
+        /// Topic name: 1 to 63 letters, digits, '.', '_' or '-', not starting with '.' or '-'.
         name: String,
         /// 0: no order; 1: FIFO per broker; 2: total order; 5: total order + per-session FIFO.
         #[arg(long, default_value_t = 2)]
@@ -116,6 +117,7 @@ enum TopicCommand {
         retention_ms: Option<u64>,
         #[command(flatten)]
         control: ControlArg,
+        /// Print the result as JSON on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -123,14 +125,17 @@ enum TopicCommand {
     List {
         #[command(flatten)]
         control: ControlArg,
+        /// Print the result as JSON on stdout.
         #[arg(long)]
         json: bool,
     },
     /// Describe one topic with its counters.
     Describe {
+        /// Topic name.
         name: String,
         #[command(flatten)]
         control: ControlArg,
+        /// Print the result as JSON on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -159,12 +164,23 @@ fn main() -> ExitCode {
 
 pub type CliResult = Result<(), String>;
 
+/// Value parser for counts and sizes that must be 1 or more.
+pub fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("EMBARCADERO_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only on a terminal: escape codes would clutter a log file.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 
@@ -182,6 +198,7 @@ pub fn serve_config(
     adjust: impl FnOnce(&mut ServerConfig),
 ) -> Result<Option<ServerConfig>, String> {
     let mut config = ServerConfig::load(args.config.as_deref()).map_err(|e| e.to_string())?;
+    warn_about_unknown_env();
     adjust(&mut config);
     if let Some(v) = args.data_dir {
         config.data_dir = v;
@@ -207,6 +224,34 @@ pub fn serve_config(
         return Ok(None);
     }
     Ok(Some(config))
+}
+
+/// `EMBARCADERO_*` variables that are not server settings but are read elsewhere: by this
+/// command line, the client library, or the scripts under `scripts/`.
+const NON_SERVER_ENV: &[&str] = &[
+    "EMBARCADERO_CONTROL",
+    "EMBARCADERO_LOG",
+    "EMBARCADERO_ETCD",
+    "EMBARCADERO_SLOW_CONSUMER_QUEUE",
+    "EMBARCADERO_SLOW_CONSUMER_MS",
+    "EMBARCADERO_BIN",
+    "EMBARCADERO_LINGER_US",
+    "EMBARCADERO_EPOCH_US",
+];
+
+/// A misspelt variable would otherwise be ignored without a word.
+fn warn_about_unknown_env() {
+    let env = std::env::vars().filter(|(name, _)| !NON_SERVER_ENV.contains(&name.as_str()));
+    for (name, meant) in ServerConfig::unknown_env(env) {
+        match meant {
+            Some(meant) => eprintln!(
+                "warning: {name} names no setting and is ignored; did you mean {meant}?"
+            ),
+            None => eprintln!(
+                "warning: {name} names no setting and is ignored (see the configuration table in the README)"
+            ),
+        }
+    }
 }
 
 /// Runs a server until SIGINT or SIGTERM.
@@ -372,7 +417,7 @@ fn status(control: &ControlArg, json: bool) -> CliResult {
     }
     println!(
         "{:<4} {:<22} {:<7} {:>14} {:>12} {:>6} {:>5}",
-        "ID", "ADDRESS", "STATE", "PUBLISH BYTES", "MESSAGES", "CONNS", "FREE"
+        "ID", "ADDRESS", "STATE", "LOG BYTES", "MESSAGES", "CONNS", "FREE"
     );
     let local = s["brokers"].as_array().cloned().unwrap_or_default();
     for m in s["cluster"]["members"].as_array().into_iter().flatten() {
@@ -400,4 +445,34 @@ fn status(control: &ControlArg, json: bool) -> CliResult {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every subcommand, argument and option says in `--help` what it is for.
+    #[test]
+    fn every_argument_has_a_description() {
+        fn missing(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if !builtin && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    out.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                    out.push(format!("{path} {} (the subcommand)", sub.get_name()));
+                }
+                missing(sub, &format!("{path} {}", sub.get_name()), out);
+            }
+        }
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let mut out = Vec::new();
+        missing(&cmd, "embarcadero", &mut out);
+        assert!(out.is_empty(), "no --help text for: {out:#?}");
+    }
 }

@@ -8,22 +8,23 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct PubArgs {
+    /// Topic to publish to.
     pub topic: String,
     #[command(flatten)]
     pub control: ControlArg,
     /// 0: fire and forget; 1: acknowledged once ordered (or written, order 0); 2: durable.
     /// [default: the topic's default ack, set by `topic create --default-ack`]
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=2))]
     pub ack: Option<u8>,
     /// Seal a batch once it holds this many bytes.
-    #[arg(long, default_value_t = 512 * 1024)]
+    #[arg(long, default_value_t = 512 * 1024, value_parser = crate::at_least_one)]
     pub batch_bytes: usize,
     /// Seal a non-empty batch at the latest this many microseconds after its first
     /// message; 0: as soon as its connection's sender is free (lowest latency).
     #[arg(long, default_value_t = 1000)]
     pub linger_us: u64,
     /// Connections (and publishing queues) per broker.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::at_least_one)]
     pub threads_per_broker: usize,
     /// Generate this many messages instead of reading stdin.
     #[arg(long)]

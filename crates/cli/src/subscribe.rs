@@ -2,12 +2,13 @@
 
 use crate::{CliResult, ControlArg};
 use base64::Engine;
-use embarcadero_client::{Cursor, MessageRef, Subscriber, SubscriberConfig};
+use embarcadero_client::{Admin, Cursor, MessageRef, Subscriber, SubscriberConfig};
 use std::io::Write;
 use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct SubArgs {
+    /// Topic to read.
     pub topic: String,
     #[command(flatten)]
     pub control: ControlArg,
@@ -61,8 +62,28 @@ pub fn run(args: SubArgs) -> CliResult {
                     vec![p.to_string(); broker_count(&sub)].join(",")
                 ))
             }
+            (Cursor::PerBroker(v), true) => {
+                return Err(format!(
+                    "topic {} has order {}: positions are global; use --from with one position, e.g. --from {}",
+                    args.topic,
+                    sub.order(),
+                    v.first().copied().unwrap_or(0)
+                ))
+            }
+            (Cursor::PerBroker(v), false) if v.len() != broker_count(&sub) => {
+                return Err(format!(
+                    "--from gives {} positions; topic {} has {} brokers: give one position per broker, e.g. --from {}",
+                    v.len(),
+                    args.topic,
+                    broker_count(&sub),
+                    vec!["0"; broker_count(&sub)].join(",")
+                ))
+            }
             (c, _) => c,
         };
+        if let Cursor::Global(from) = start {
+            warn_if_beyond_the_end(&args, from);
+        }
         sub.seek(start).map_err(|e| e.to_string())?;
     }
     let stdout = std::io::stdout();
@@ -97,8 +118,8 @@ pub fn run(args: SubArgs) -> CliResult {
             if let Some(t) = args.idle_timeout_s {
                 if idle >= Duration::from_secs(t) {
                     return Err(format!(
-                        "no message for {t} s after {printed} messages (position {:?})",
-                        sub.position()
+                        "no message for {t} s after {printed} messages (next {})",
+                        describe(&sub.position())
                     ));
                 }
             }
@@ -109,6 +130,30 @@ pub fn run(args: SubArgs) -> CliResult {
     out.flush()
         .map_err(|e| format!("cannot write to stdout: {e}"))?;
     Ok(())
+}
+
+/// A subscriber that starts past the end waits for the log to get there: say so, since
+/// otherwise nothing distinguishes that from a slow server.
+fn warn_if_beyond_the_end(args: &SubArgs, from: u64) {
+    let Ok(topic) = Admin::new(&args.control.control).describe_topic(&args.topic) else {
+        return;
+    };
+    if from > topic.next_position {
+        eprintln!(
+            "note: position {from} is beyond the end of topic {} (next position {}); waiting until the log reaches it",
+            args.topic, topic.next_position
+        );
+    }
+}
+
+fn describe(cursor: &Cursor) -> String {
+    match cursor {
+        Cursor::Global(p) => format!("position {p}"),
+        Cursor::PerBroker(v) => {
+            let v: Vec<String> = v.iter().map(u64::to_string).collect();
+            format!("per-broker positions {}", v.join(","))
+        }
+    }
 }
 
 fn broker_count(sub: &Subscriber) -> usize {

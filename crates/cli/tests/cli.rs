@@ -48,6 +48,32 @@ fn quickstart_then_restart_keeps_topics() {
     assert_eq!(seqs, vec![0, 1, 2]);
     let text = ok(&serve.run(&["sub", "orders", "--from", "1", "--count", "2"], None));
     assert_eq!(text, "second\nthird é\n");
+    // Positions of the wrong kind are refused before connecting, saying which kind.
+    let out = serve.run(&["sub", "orders", "--from", "1,2"], None);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("positions are global") && err.contains("--from 1"),
+        "{err}"
+    );
+    let out = serve.run(&["sub", "logs", "--from", "1,2"], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("has 4 brokers") && err.contains("--from 0,0,0,0"),
+        "{err}"
+    );
+    // Past the end: a note on stderr, and the idle timeout names where it waited.
+    let out = serve.run(
+        &["sub", "orders", "--from", "50", "--idle-timeout-s", "1"],
+        None,
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("beyond the end of topic orders (next position 3)"),
+        "{err}"
+    );
+    assert!(err.contains("(next position 50)"), "{err}");
     let generated = ok(&serve.run(
         &["pub", "logs", "--count", "5000", "--size", "100", "--json"],
         None,
@@ -167,6 +193,20 @@ fn errors_say_what_to_do_and_exit_non_zero() {
         .unwrap();
     assert!(!second.status.success());
     assert!(String::from_utf8_lossy(&second.stderr).contains("in use by another"));
+    // A broker's data port given as the control address.
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(&serve.run(&["status", "--json"], None))).unwrap();
+    let broker = status["brokers"][0]["addr"].as_str().unwrap();
+    let out = Command::new(BIN)
+        .args(["status", "--control", broker])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not the admin API") && err.contains("control port"),
+        "{err}"
+    );
     serve.stop();
 
     // Nothing listening.
@@ -272,6 +312,28 @@ fn config_file_env_and_flags_layer_in_that_order() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("EMBARCADERO_SEQUENCER_EPOCH_US"));
+    // A misspelt variable is named, with the one it most likely meant; the settings left
+    // empty are resolved in comments.
+    let out = Command::new(BIN)
+        .args(["serve", "--print-config", "--data-dir", "/srv/e"])
+        .env("EMBARCADERO_SEQUENCER_EPOCHUS", "200")
+        .output()
+        .unwrap();
+    let text = ok(&out);
+    let warning = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        warning.contains("EMBARCADERO_SEQUENCER_EPOCHUS")
+            && warning.contains("did you mean EMBARCADERO_SEQUENCER_EPOCH_US"),
+        "{warning}"
+    );
+    assert!(
+        text.contains("region.path = \"\" means /srv/e/region"),
+        "{text}"
+    );
+    assert!(
+        text.contains("/srv/e/replica-1, /srv/e/replica-2"),
+        "{text}"
+    );
 }
 
 #[test]

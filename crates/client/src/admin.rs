@@ -129,13 +129,25 @@ impl Admin {
                     .unwrap_or_else(|| "no error text".into());
                 Err(Error::Admin { status, message })
             }
-            Err(e) => Err(Error::Connect {
-                what: "the control plane",
-                addr: self.base.clone(),
-                message: format!(
-                    "{e}; is `embarcadero serve` running? (set --control or EMBARCADERO_CONTROL)"
-                ),
-            }),
+            Err(e) => {
+                let unreachable = matches!(
+                    e.kind(),
+                    ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns
+                );
+                let hint = if unreachable {
+                    "is `embarcadero serve` running? (set --control or EMBARCADERO_CONTROL)"
+                } else {
+                    // Connected, but no HTTP came back: most often a broker's data port.
+                    "something listens there but it is not the admin API (a broker port?); \
+                     use the control port from the `control API` of the serving line \
+                     (default 12140)"
+                };
+                Err(Error::Connect {
+                    what: "the control plane",
+                    addr: self.base.clone(),
+                    message: format!("{e}; {hint}"),
+                })
+            }
         }
     }
 

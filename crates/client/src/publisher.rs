@@ -532,7 +532,7 @@ impl Publisher {
     ) -> Result<Self> {
         if config.ack_level > 2 {
             return Err(Error::Config(format!(
-                "ack level {} does not exist",
+                "ack level {} does not exist; choose 0, 1 or 2",
                 config.ack_level
             )));
         }

@@ -4,7 +4,8 @@
 //! Environment names: `EMBARCADERO_<KEY>` for top-level keys (`EMBARCADERO_BROKERS`)
 //! and `EMBARCADERO_<SECTION>_<KEY>` for sectioned ones
 //! (`EMBARCADERO_SEQUENCER_EPOCH_US`). Variables that name no setting are ignored,
-//! so client-side knobs can share the prefix.
+//! so client-side knobs can share the prefix; `ServerConfig::unknown_env` lists them
+//! for the command line to warn about.
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -260,22 +261,9 @@ impl ServerConfig {
             merge(&mut value, from_file);
         }
         for (name, raw) in env {
-            let Some(key) = name.strip_prefix("EMBARCADERO_") else {
+            let Some(slot) = env_slot(&mut value, &name) else {
                 continue;
             };
-            let key = key.to_ascii_lowercase();
-            let table = value.as_table_mut().expect("config is a table");
-            let slot = if table.contains_key(&key) && !table[&key].is_table() {
-                table.get_mut(&key)
-            } else {
-                key.split_once('_').and_then(|(section, field)| {
-                    table
-                        .get_mut(section)
-                        .and_then(|s| s.as_table_mut())
-                        .and_then(|s| s.get_mut(field))
-                })
-            };
-            let Some(slot) = slot else { continue };
             *slot = parse_like(slot, &raw).map_err(|message| ConfigError::Env {
                 name: name.clone(),
                 value: raw.clone(),
@@ -291,6 +279,31 @@ impl ServerConfig {
                 })?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// The `EMBARCADERO_*` names in `env` that name no server setting, each with the
+    /// setting's variable it most likely meant (if any is close). For a warning, not an
+    /// error: client-side knobs share the prefix.
+    pub fn unknown_env(
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Vec<(String, Option<String>)> {
+        let mut defaults =
+            toml::Value::try_from(ServerConfig::default()).expect("defaults serialise");
+        let known = env_names(&defaults);
+        env.into_iter()
+            .map(|(name, _)| name)
+            .filter(|name| name.starts_with("EMBARCADERO_"))
+            .filter(|name| env_slot(&mut defaults, name).is_none())
+            .map(|name| {
+                let closest = known
+                    .iter()
+                    .map(|k| (edit_distance(k, &name), k))
+                    .min()
+                    .filter(|(d, _)| *d <= 3)
+                    .map(|(_, k)| k.clone());
+                (name, closest)
+            })
+            .collect()
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -425,8 +438,27 @@ impl ServerConfig {
     }
 
     /// The configuration as a commented TOML document (`embarcadero serve --print-config`).
+    /// The configuration as a TOML file, headed by comments that resolve the settings
+    /// left empty (they are derived from `data_dir` at start; the file keeps them empty
+    /// so that it still follows a changed `data_dir`).
     pub fn to_toml(&self) -> String {
-        toml::to_string_pretty(self).expect("config serialises")
+        let dirs: Vec<String> = self
+            .replica_dirs()
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
+        let mut derived = String::new();
+        if self.region.path.as_os_str().is_empty() {
+            let path = self.region_path();
+            derived += &format!("#   region.path = \"\" means {}\n", path.display());
+        }
+        if self.replication.dirs.is_empty() {
+            derived += &format!("#   replication.dirs = [] means {}\n", dirs.join(", "));
+        }
+        if !derived.is_empty() {
+            derived.insert_str(0, "# Empty settings are derived from data_dir at start:\n");
+        }
+        derived + &toml::to_string_pretty(self).expect("config serialises")
     }
 }
 
@@ -447,6 +479,50 @@ fn merge(base: &mut toml::Value, overlay: toml::Value) {
 }
 
 /// Parses `raw` as the same TOML type as the default in `like`.
+/// The setting an environment variable names: `EMBARCADERO_<KEY>` for a top-level key,
+/// `EMBARCADERO_<SECTION>_<KEY>` for a sectioned one.
+fn env_slot<'a>(config: &'a mut toml::Value, name: &str) -> Option<&'a mut toml::Value> {
+    let key = name.strip_prefix("EMBARCADERO_")?.to_ascii_lowercase();
+    let table = config.as_table_mut().expect("config is a table");
+    if table.get(&key).is_some_and(|v| !v.is_table()) {
+        return table.get_mut(&key);
+    }
+    let (section, field) = key.split_once('_')?;
+    table.get_mut(section)?.as_table_mut()?.get_mut(field)
+}
+
+/// Every variable name `env_slot` accepts.
+fn env_names(config: &toml::Value) -> Vec<String> {
+    let mut names = Vec::new();
+    for (key, v) in config.as_table().expect("config is a table") {
+        match v.as_table() {
+            Some(section) => names.extend(
+                section
+                    .keys()
+                    .map(|field| format!("EMBARCADERO_{key}_{field}").to_ascii_uppercase()),
+            ),
+            None => names.push(format!("EMBARCADERO_{key}").to_ascii_uppercase()),
+        }
+    }
+    names
+}
+
+/// Levenshtein distance, for suggesting the variable a misspelt one meant.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substituted = diagonal + usize::from(ca != *cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substituted.min(row[j] + 1).min(diagonal + 1);
+        }
+    }
+    row[b.len()]
+}
+
 fn parse_like(like: &toml::Value, raw: &str) -> Result<toml::Value, String> {
     Ok(match like {
         toml::Value::Integer(_) => toml::Value::Integer(
@@ -478,6 +554,36 @@ fn parse_like(like: &toml::Value, raw: &str) -> Result<toml::Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn misspelt_environment_names_are_listed_with_the_setting_they_meant() {
+        let unknown = ServerConfig::unknown_env(env(&[
+            ("EMBARCADERO_SEQUENCER_EPOCHUS", "100"),
+            ("EMBARCADERO_BROKER", "2"),
+            ("EMBARCADERO_BROKERS", "2"),
+            ("EMBARCADERO_REGION_MAX_TOPICS", "8"),
+            ("EMBARCADERO_SOMETHING_ELSE_ENTIRELY", "x"),
+            ("PATH", "/bin"),
+        ]));
+        let suggestion = |name: &str| {
+            unknown
+                .iter()
+                .find(|(n, _)| n == name)
+                .unwrap_or_else(|| panic!("{name} not listed in {unknown:?}"))
+                .1
+                .clone()
+        };
+        assert_eq!(unknown.len(), 3, "{unknown:?}");
+        assert_eq!(
+            suggestion("EMBARCADERO_SEQUENCER_EPOCHUS").as_deref(),
+            Some("EMBARCADERO_SEQUENCER_EPOCH_US")
+        );
+        assert_eq!(
+            suggestion("EMBARCADERO_BROKER").as_deref(),
+            Some("EMBARCADERO_BROKERS")
+        );
+        assert_eq!(suggestion("EMBARCADERO_SOMETHING_ELSE_ENTIRELY"), None);
+    }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs

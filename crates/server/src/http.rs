@@ -497,7 +497,7 @@ pub(crate) fn broker_families(
         (
             "publish_bytes_total",
             "counter",
-            "Message bytes received from publishers.",
+            "Bytes of batches written into the broker's log: payloads with their 64-byte message headers and padding.",
             |m| &m.publish_bytes,
         ),
         (
@@ -515,7 +515,7 @@ pub(crate) fn broker_families(
         (
             "subscribe_bytes_total",
             "counter",
-            "Message bytes sent to subscribers.",
+            "Bytes of batches sent to subscribers: payloads with their 64-byte message headers and padding.",
             |m| &m.subscribe_bytes,
         ),
         (
