@@ -8,8 +8,8 @@ use embarcadero_client::{
     Admin, Error, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
 };
 use embarcadero_wire::{
-    message_stride, BatchHeader, BlogMessageHeader, ErrorCode, ErrorFrame, FrameHeader, FrameKind,
-    Hello, HelloOk, Role, PROTOCOL_VERSION,
+    message_stride, BatchHeader, BlogMessageHeader, ErrorCode, ErrorFrame, FrameKind, Hello,
+    HelloOk, Role, PROTOCOL_VERSION,
 };
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -32,17 +32,8 @@ fn hello(topic: &str, role: Role, ack: u8) -> Hello {
 
 /// Reads frames until an error frame; returns it, after checking the broker closed.
 fn expect_error(stream: &mut TcpStream) -> ErrorFrame {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
     loop {
-        let mut raw = [0u8; 16];
-        stream
-            .read_exact(&mut raw)
-            .expect("a frame before the close");
-        let h = FrameHeader::decode(&raw, 1 << 20).unwrap();
-        let mut body = vec![0u8; h.body_len as usize];
-        stream.read_exact(&mut body).unwrap();
+        let (h, body) = common::next_frame(stream);
         if h.kind == FrameKind::Error {
             let e = ErrorFrame::decode(&h, &body).unwrap();
             let mut rest = Vec::new();
@@ -56,11 +47,7 @@ fn expect_error(stream: &mut TcpStream) -> ErrorFrame {
 fn connect(t: &common::TestServer, broker: usize, h: &Hello) -> (TcpStream, HelloOk) {
     let mut s = TcpStream::connect(&t.brokers()[broker]).unwrap();
     s.write_all(&h.encode()).unwrap();
-    let mut raw = [0u8; 16];
-    s.read_exact(&mut raw).unwrap();
-    let fh = FrameHeader::decode(&raw, 1 << 20).unwrap();
-    let mut body = vec![0u8; fh.body_len as usize];
-    s.read_exact(&mut body).unwrap();
+    let (fh, body) = common::next_frame(&mut s);
     assert_eq!(
         fh.kind,
         FrameKind::HelloOk,

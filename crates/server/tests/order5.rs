@@ -10,7 +10,7 @@ use embarcadero_wire::{
     Hello, Role,
 };
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::Duration;
 
@@ -256,13 +256,8 @@ fn raw_session(t: &common::TestServer, topic: &str, client: u64, epoch: u64) -> 
 
 /// Reads frames until an error frame, which it returns.
 fn error_frame(s: &mut TcpStream) -> ErrorFrame {
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     loop {
-        let mut raw = [0u8; 16];
-        s.read_exact(&mut raw).unwrap();
-        let h = FrameHeader::decode(&raw, 1 << 20).unwrap();
-        let mut body = vec![0u8; h.body_len as usize];
-        s.read_exact(&mut body).unwrap();
+        let (h, body) = common::next_frame(s);
         if h.kind == FrameKind::Error {
             return ErrorFrame::decode(&h, &body).unwrap();
         }
@@ -316,18 +311,12 @@ fn bad_session_input_gets_clear_errors() {
     // Epoch 2 commits batch 0; epoch 1 is then stale and refused at the handshake.
     let mut s = raw_publish(&t, "s", 2);
     s.write_all(&batch(0, 2)).unwrap();
-    let mut raw = [0u8; 16];
-    s.read_exact(&mut raw).unwrap(); // HelloOk header
-    let h = FrameHeader::decode(&raw, 1 << 20).unwrap();
-    let mut body = vec![0u8; h.body_len as usize];
-    s.read_exact(&mut body).unwrap();
-    s.read_exact(&mut raw).unwrap();
-    let ack = FrameHeader::decode(&raw, 0).unwrap();
+    let (ack, _) = frame_after_hello(&mut s);
     assert_eq!((ack.kind, ack.arg), (FrameKind::Ack, 1));
     // A retransmit of batch 0 is acknowledged again without being written twice.
     s.write_all(&batch(0, 2)).unwrap();
-    s.read_exact(&mut raw).unwrap();
-    assert_eq!(FrameHeader::decode(&raw, 0).unwrap().arg, 1);
+    let (ack, _) = common::next_frame(&mut s);
+    assert_eq!((ack.kind, ack.arg), (FrameKind::Ack, 1));
     assert_eq!(t.server.topic("s").unwrap().next_position, 1);
     let mut stale = raw_publish(&t, "s", 1);
     let e = error_frame(&mut stale);
@@ -385,17 +374,8 @@ fn a_session_that_never_fills_its_gap_holds_up_no_other_session() {
 
 /// Reads the HelloOk and then the first frame after it.
 fn frame_after_hello(s: &mut TcpStream) -> (FrameHeader, Vec<u8>) {
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut read = || {
-        let mut raw = [0u8; 16];
-        s.read_exact(&mut raw).unwrap();
-        let h = FrameHeader::decode(&raw, 1 << 20).unwrap();
-        let mut body = vec![0u8; h.body_len as usize];
-        s.read_exact(&mut body).unwrap();
-        (h, body)
-    };
-    assert_eq!(read().0.kind, FrameKind::HelloOk);
-    read()
+    assert_eq!(common::next_frame(s).0.kind, FrameKind::HelloOk);
+    common::next_frame(s)
 }
 
 /// A topic keeps a session slot per client id; once all 256 hold sessions, a new client

@@ -88,3 +88,17 @@ pub fn start_with(tweak: impl FnOnce(&mut ServerConfig)) -> TestServer {
     let server = Server::start(c).expect("server starts");
     TestServer { server, dir }
 }
+
+/// Reads one frame (header and body) from a raw broker connection, failing the test
+/// after 10 s without one.
+pub fn next_frame(s: &mut std::net::TcpStream) -> (embarcadero_wire::FrameHeader, Vec<u8>) {
+    use std::io::Read;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut raw = [0u8; 16];
+    s.read_exact(&mut raw).expect("a frame");
+    let h = embarcadero_wire::FrameHeader::decode(&raw, 1 << 20).unwrap();
+    let mut body = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut body).expect("the frame's body");
+    (h, body)
+}
