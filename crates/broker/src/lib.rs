@@ -354,9 +354,12 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
             .spawn(move || {
                 s.metrics.connections_total.fetch_add(1, Ordering::Relaxed);
                 s.metrics.connections_open.fetch_add(1, Ordering::Relaxed);
+                let _registered = Registered {
+                    registry: &s.connections,
+                    open: &s.metrics.connections_open,
+                    id,
+                };
                 net::handle_connection(&s, stream);
-                s.metrics.connections_open.fetch_sub(1, Ordering::Relaxed);
-                s.connections.remove(id);
             });
         match spawned {
             Ok(_detached) => {}
@@ -365,6 +368,22 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
                 shared.connections.remove(id);
             }
         }
+    }
+}
+
+/// A connection thread's entry in the registry and in the open-connection count, given
+/// back when the thread ends, also by a panic (a stale entry would keep a socket open
+/// and make `stop` wait for a thread that is gone).
+struct Registered<'a> {
+    registry: &'a Registry,
+    open: &'a AtomicU64,
+    id: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+        self.registry.remove(self.id);
     }
 }
 
@@ -391,13 +410,20 @@ mod registry {
         }
 
         pub fn remove(&self, id: u64) {
-            self.inner.lock().unwrap().1.remove(&id);
+            // Also from a panicking thread: a poisoned lock still guards a valid map.
+            let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            g.1.remove(&id);
         }
 
         pub fn shutdown_all(&self) {
             for stream in self.inner.lock().unwrap().1.values() {
                 let _ = stream.shutdown(Shutdown::Both);
             }
+        }
+
+        #[cfg(test)]
+        pub fn len(&self) -> usize {
+            self.inner.lock().unwrap().1.len()
         }
 
         /// Waits (bounded) for every connection thread to deregister after
@@ -409,5 +435,35 @@ mod registry {
                 std::thread::sleep(Duration::from_millis(2));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_thread_that_panics_still_deregisters() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let registry = Registry::default();
+        let open = AtomicU64::new(1);
+        let id = registry.add(client);
+        assert_eq!(registry.len(), 1);
+        let outcome = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let _registered = Registered {
+                        registry: &registry,
+                        open: &open,
+                        id,
+                    };
+                    panic!("a bug in a connection handler");
+                })
+                .join()
+        });
+        assert!(outcome.is_err(), "the thread panicked");
+        assert_eq!(registry.len(), 0, "the socket clone is no longer held");
+        assert_eq!(open.load(Ordering::Relaxed), 0);
     }
 }
