@@ -64,6 +64,9 @@ pub struct BrokerConfig {
     /// Replica directories (replica 1 first): subscribers of replicated topics read
     /// from them what has left memory.
     pub replica_dirs: Vec<std::path::PathBuf>,
+    /// Connections beyond this many are refused (TooManyConnections) as they arrive:
+    /// each holds a thread, so the limit bounds what a flood of clients can take.
+    pub max_connections: u64,
     /// Fault injection for experiments (`None` in normal operation).
     pub fault: Option<Fault>,
 }
@@ -96,6 +99,7 @@ impl BrokerConfig {
             reader_stall_timeout: Duration::from_secs(30),
             session_window: 4096,
             replica_dirs: Vec::new(),
+            max_connections: 4096,
             fault: None,
         }
     }
@@ -115,6 +119,8 @@ pub struct BrokerMetrics {
     pub backpressure_waits: AtomicU64,
     pub connections_open: AtomicU64,
     pub connections_total: AtomicU64,
+    /// Connections refused because `max_connections` were open.
+    pub connections_refused: AtomicU64,
     pub reclaimed_batches: AtomicU64,
     /// Order 5: batches held back because they were beyond their session's window.
     pub session_window_waits: AtomicU64,
@@ -348,12 +354,19 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
             Ok(c) => c,
             Err(_) => continue,
         };
+        // Counted here, before the thread exists, so that a burst of connections cannot
+        // slip past the limit.
+        let open = &shared.metrics.connections_open;
+        if open.fetch_add(1, Ordering::Relaxed) >= shared.config.max_connections {
+            open.fetch_sub(1, Ordering::Relaxed);
+            net::refuse_over_limit(&shared, stream);
+            continue;
+        }
         let id = shared.connections.add(clone);
         let spawned = std::thread::Builder::new()
             .name(format!("broker{}-conn", shared.config.broker_id))
             .spawn(move || {
                 s.metrics.connections_total.fetch_add(1, Ordering::Relaxed);
-                s.metrics.connections_open.fetch_add(1, Ordering::Relaxed);
                 let _registered = Registered {
                     registry: &s.connections,
                     open: &s.metrics.connections_open,
@@ -366,6 +379,7 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
             Err(e) => {
                 tracing::error!("cannot spawn a connection thread: {e}");
                 shared.connections.remove(id);
+                open.fetch_sub(1, Ordering::Relaxed);
             }
         }
     }

@@ -112,6 +112,37 @@ pub fn handle_connection(shared: &Shared, mut stream: TcpStream) {
     let _ = stream.shutdown(std::net::Shutdown::Both);
 }
 
+/// Turns away a connection that arrived while the broker had `max_connections` open, on
+/// the accepting thread and without waiting: whatever hello has arrived is read (so the
+/// close does not reset the connection before the error frame is read), the error frame
+/// is written into the empty send buffer, and the connection is closed.
+pub fn refuse_over_limit(shared: &Shared, mut stream: TcpStream) {
+    let m = &shared.metrics;
+    if m.connections_refused.fetch_add(1, Ordering::Relaxed) == 0 {
+        tracing::warn!(
+            broker = shared.config.broker_id,
+            limit = shared.config.max_connections,
+            "connections refused: the broker is at broker.max_connections \
+             (embarcadero_connections_refused_total counts them)"
+        );
+    }
+    m.errors_sent.fetch_add(1, Ordering::Relaxed);
+    let refusal = Refusal::new(
+        ErrorCode::TooManyConnections,
+        format!(
+            "broker {} already has {} connections, its broker.max_connections; retry later, \
+             close idle clients, or raise the limit",
+            shared.config.broker_id, shared.config.max_connections
+        ),
+    );
+    if stream.set_nonblocking(true).is_ok() {
+        let mut hello = [0u8; HELLO_LEN];
+        let _ = stream.read(&mut hello);
+        let _ = stream.write_all(&refusal.frame());
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
 type Accepted = (Hello, u32, TopicMeta, Vec<u64>);
 
 fn handshake(shared: &Shared, stream: &mut TcpStream) -> Result<Accepted, End> {

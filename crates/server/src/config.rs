@@ -103,6 +103,8 @@ pub struct BrokerSettings {
     pub backpressure_timeout_ms: u64,
     /// Longest a batch's payload may take to arrive after its header (SlowPayload).
     pub payload_timeout_ms: u64,
+    /// Connections a broker accepts at once; more are refused (TooManyConnections).
+    pub max_connections: u64,
     pub idle_sleep_max_us: u64,
     /// A subscriber that makes no progress for this long stops holding memory.
     pub reader_stall_timeout_ms: u64,
@@ -198,6 +200,7 @@ impl Default for BrokerSettings {
             low_watermark: 0.75,
             backpressure_timeout_ms: 5000,
             payload_timeout_ms: 30_000,
+            max_connections: 4096,
             idle_sleep_max_us: 20_000,
             reader_stall_timeout_ms: 30_000,
             fault_broker: -1,
@@ -331,6 +334,9 @@ impl ServerConfig {
         }
         if b.payload_timeout_ms == 0 {
             return bad("broker.payload_timeout_ms must be above 0".into());
+        }
+        if b.max_connections == 0 {
+            return bad("broker.max_connections must be above 0".into());
         }
         if b.max_batch_bytes > self.region.segment_bytes {
             return bad(format!(

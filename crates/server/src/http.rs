@@ -493,7 +493,7 @@ pub(crate) fn broker_families(
         families.family(name, kind, help, samples)
     };
     type Field = fn(&embarcadero_broker::BrokerMetrics) -> &std::sync::atomic::AtomicU64;
-    let per_broker: [(&str, &str, &str, Field); 12] = [
+    let per_broker: [(&str, &str, &str, Field); 13] = [
         (
             "publish_bytes_total",
             "counter",
@@ -559,6 +559,12 @@ pub(crate) fn broker_families(
             "gauge",
             "Open client connections.",
             |m| &m.connections_open,
+        ),
+        (
+            "connections_refused_total",
+            "counter",
+            "Connections refused because broker.max_connections were open.",
+            |m| &m.connections_refused,
         ),
         (
             "session_window_waits_total",

@@ -363,6 +363,7 @@ pub(crate) fn broker_config(
         low_watermark: b.low_watermark,
         backpressure_timeout: Duration::from_millis(b.backpressure_timeout_ms),
         payload_timeout: Duration::from_millis(b.payload_timeout_ms),
+        max_connections: b.max_connections,
         idle_sleep_max: Duration::from_micros(b.idle_sleep_max_us),
         reader_stall_timeout: Duration::from_millis(b.reader_stall_timeout_ms),
         session_window,

@@ -366,3 +366,42 @@ fn a_payload_trickled_a_byte_at_a_time_is_cut_off_at_the_payload_timeout() {
     assert!(sent < len, "cut off after {sent} of {len} bytes");
     by.finish(&t);
 }
+
+/// A broker holds a thread per connection, so it takes only `broker.max_connections`
+/// at once: one more is told why and closed, the connections it has carry on, and a
+/// place that frees up is taken again.
+#[test]
+fn connections_beyond_the_limit_are_refused_and_the_rest_carry_on() {
+    let t = common::start_with(|c| c.broker.max_connections = 3);
+    t.create_topic("t", 2);
+    // The bystander holds one connection to every broker; two more fill broker 0.
+    let mut by = Bystander::start(&t);
+    let publish = hello("t", Role::Publish, 1);
+    let (first, _) = connect(&t, 0, &publish);
+    let (_second, _) = connect(&t, 0, &publish);
+    let mut extra = TcpStream::connect(&t.brokers()[0]).unwrap();
+    extra.write_all(&publish.encode()).unwrap();
+    let e = expect_error(&mut extra);
+    assert_eq!(e.code, ErrorCode::TooManyConnections);
+    assert!(
+        e.message.contains("broker.max_connections"),
+        "{}",
+        e.message
+    );
+    assert_eq!(t.metric_sum("embarcadero_connections_refused_total{"), 1);
+    by.publish(500);
+
+    drop(first);
+    let open = "embarcadero_connections_open{broker=\"0\"}";
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while t.metric_sum(open) > 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the closed connection was never released"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (_again, ok) = connect(&t, 0, &publish);
+    assert_eq!(ok.ack_level, 1);
+    by.finish(&t);
+}

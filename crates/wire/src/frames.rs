@@ -284,6 +284,9 @@ pub enum ErrorCode {
     SlowPayload = 18,
     /// Order 5: every session slot of the topic holds another client's session.
     SessionsExhausted = 19,
+    /// The broker already has as many connections as it accepts; sent instead of
+    /// HelloOk. Retry later or through another broker.
+    TooManyConnections = 20,
 }
 
 impl ErrorCode {
@@ -309,6 +312,7 @@ impl ErrorCode {
             17 => BadSession,
             18 => SlowPayload,
             19 => SessionsExhausted,
+            20 => TooManyConnections,
             _ => return None,
         })
     }
