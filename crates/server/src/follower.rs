@@ -8,6 +8,7 @@
 //! the head, so a follower cannot disagree with the head about the region.
 
 use crate::config::{BrokerSettings, SequencerSettings};
+use crate::http_server::{HttpServer, Limits};
 use crate::ServerError;
 use embarcadero_broker::Broker;
 use embarcadero_region::{Capacities, Region};
@@ -110,9 +111,8 @@ pub fn attach_head_region(
 pub struct Follower {
     broker: Broker,
     region: Arc<Region>,
-    metrics: Arc<tiny_http::Server>,
-    metrics_addr: SocketAddr,
-    metrics_thread: Option<JoinHandle<()>>,
+    /// `/metrics` and `/healthz`.
+    metrics: HttpServer,
     stop: Arc<AtomicBool>,
     evicted: Arc<AtomicBool>,
     heartbeat: Option<JoinHandle<()>>,
@@ -155,29 +155,27 @@ impl Follower {
         );
         let broker = Broker::start(broker_config, region.clone())
             .map_err(|e| ServerError::Start(e.to_string()))?;
-        let metrics = tiny_http::Server::http(config.metrics_listen).map_err(|e| {
+        let listener = std::net::TcpListener::bind(config.metrics_listen).map_err(|e| {
             ServerError::Start(format!(
                 "cannot listen for /metrics on {}: {e}; choose another --metrics-port",
                 config.metrics_listen
             ))
         })?;
-        let metrics_addr = metrics
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| ServerError::Start("/metrics is not on an IP socket".into()))?;
-        let metrics = Arc::new(metrics);
-        let metrics_thread = {
+        let metrics = {
             let info = crate::BrokerInfo {
                 id: broker.id(),
                 addr: broker.local_addr(),
                 metrics: broker.metrics(),
                 pool: broker.segment_pool(),
             };
-            let server = metrics.clone();
-            std::thread::Builder::new()
-                .name("follower-metrics".into())
-                .spawn(move || crate::http::serve_follower(server, info))
-                .map_err(|e| ServerError::Start(format!("cannot serve /metrics: {e}")))?
+            HttpServer::start(
+                listener,
+                "follower-metrics",
+                Limits::default(),
+                Arc::default(),
+                move |request| crate::http::respond_follower(&info, request),
+            )
+            .map_err(|e| ServerError::Start(format!("cannot serve /metrics: {e}")))?
         };
         let advertised = config.advertise.unwrap_or_else(|| broker.local_addr());
         let call = MembershipCall {
@@ -208,8 +206,6 @@ impl Follower {
             broker,
             region,
             metrics,
-            metrics_addr,
-            metrics_thread: Some(metrics_thread),
             stop,
             evicted,
             heartbeat: Some(heartbeat),
@@ -227,7 +223,7 @@ impl Follower {
 
     /// Where this broker's `/metrics` is served.
     pub fn metrics_addr(&self) -> SocketAddr {
-        self.metrics_addr
+        self.metrics.local_addr()
     }
 
     /// True once the head gave this broker id to another process: this one must stop.
@@ -247,10 +243,7 @@ impl Follower {
         if let Some(t) = self.heartbeat.take() {
             let _ = t.join();
         }
-        self.metrics.unblock();
-        if let Some(t) = self.metrics_thread.take() {
-            let _ = t.join();
-        }
+        self.metrics.stop();
         self.broker.stop();
     }
 }

@@ -16,107 +16,31 @@
 
 use crate::cluster::{FenceRefusal, JoinError, MemberState};
 use crate::control::{TopicError, TopicSpec};
+use crate::http_server::{Request, Response};
 use crate::Inner;
 use serde_json::json;
 use std::fmt::Write as _;
-use std::io::Read;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
-/// Largest request body accepted.
-const MAX_BODY: u64 = 64 * 1024;
-/// tiny_http reads a body up to this size before it hands the request over; a larger
-/// one is read from the socket by whoever routes the request, as slowly as the client
-/// sends it, and with no timeout.
-const EAGER_BODY: usize = 1024;
-/// Requests served on threads of their own at once (failover queries, large or
-/// streamed bodies); past this they are answered 503 at once.
-const MAX_DETACHED: usize = 64;
-
-pub fn serve(server: Arc<tiny_http::Server>, inner: Arc<Inner>) {
-    for request in server.incoming_requests() {
-        // A failover query may wait seconds for the sequencer, and a body tiny_http did
-        // not read ahead arrives as slowly as its client likes: neither may hold one of
-        // the few workers that heartbeats and claims need.
-        if request.url() != "/v1/failover" && body_is_read(&request) {
-            respond(&inner, request);
-            continue;
-        }
-        if inner.detached_requests.fetch_add(1, Ordering::AcqRel) >= MAX_DETACHED {
-            inner.detached_requests.fetch_sub(1, Ordering::AcqRel);
-            let busy = error(
-                503,
-                format!(
-                    "{MAX_DETACHED} slow requests (failover queries, large bodies) are in \
-                     progress; retry shortly"
-                ),
-            );
-            send(request, busy);
-            continue;
-        }
-        let detached = inner.clone();
-        let spawned = std::thread::Builder::new()
-            .name("control-detached".into())
-            .spawn(move || {
-                respond(&detached, request);
-                detached.detached_requests.fetch_sub(1, Ordering::AcqRel);
-            });
-        if let Err(e) = spawned {
-            inner.detached_requests.fetch_sub(1, Ordering::AcqRel);
-            tracing::warn!("cannot start a thread for a control request: {e}");
-        }
-    }
+/// Answers one admin request (`HttpServer` has read it in full).
+pub fn respond(inner: &Inner, request: &Request) -> Response {
+    let (status, content_type, body) = route(inner, request);
+    Response::new(status, content_type, body)
 }
 
-/// True when routing `request` cannot wait on its client: a GET (no route reads its
-/// body), or a body tiny_http has already read into memory (small, with a length, no
-/// `Expect: 100-continue`, no upgrade, which leave the socket to the reader).
-fn body_is_read(request: &tiny_http::Request) -> bool {
-    if *request.method() == tiny_http::Method::Get {
-        return true;
-    }
-    let header = |name: &'static str| {
-        request
-            .headers()
-            .iter()
-            .find(|h| h.field.equiv(name))
-            .map(|h| h.value.as_str().to_ascii_lowercase())
-    };
-    request.body_length().is_some_and(|n| n <= EAGER_BODY)
-        && header("Expect").is_none()
-        && !header("Connection").is_some_and(|v| v.contains("upgrade"))
-}
-
-fn respond(inner: &Inner, mut request: tiny_http::Request) {
-    let response = route(inner, &mut request);
-    send(request, response);
-}
-
-fn send(request: tiny_http::Request, (status, content_type, body): (u16, &'static str, String)) {
-    let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], content_type.as_bytes())
-        .expect("static header");
-    let response = tiny_http::Response::from_string(body)
-        .with_status_code(status)
-        .with_header(header);
-    let _ = request.respond(response);
-}
-
-fn route(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'static str, String) {
-    use tiny_http::Method::*;
-    let url = request.url().split('?').next().unwrap_or("").to_string();
-    let method = request.method().clone();
+fn route(inner: &Inner, request: &Request) -> (u16, &'static str, String) {
     let json_ok = |v: serde_json::Value| (200, "application/json", v.to_string());
-    match (method, url.as_str()) {
-        (Get, "/healthz") => (200, "text/plain", "ok\n".into()),
-        (Get, "/metrics") => (200, "text/plain; version=0.0.4", metrics(inner)),
-        (Get, "/v1/cluster") => json_ok(cluster(inner)),
-        (Post, "/v1/cluster/claim") => claim_call(inner, request),
-        (Post, "/v1/cluster/join") => membership_call(inner, request, true),
-        (Post, "/v1/cluster/heartbeat") => membership_call(inner, request, false),
-        (Post, "/v1/failover") => failover_call(inner, request),
-        (Get, "/v1/status") => json_ok(status(inner)),
-        (Get, "/v1/topics") => json_ok(json!({ "topics": inner.control.list() })),
-        (Post, "/v1/topics") => {
+    match (request.method.as_str(), request.path()) {
+        ("GET", "/healthz") => (200, "text/plain", "ok\n".into()),
+        ("GET", "/metrics") => (200, "text/plain; version=0.0.4", metrics(inner)),
+        ("GET", "/v1/cluster") => json_ok(cluster(inner)),
+        ("POST", "/v1/cluster/claim") => claim_call(inner, request),
+        ("POST", "/v1/cluster/join") => membership_call(inner, request, true),
+        ("POST", "/v1/cluster/heartbeat") => membership_call(inner, request, false),
+        ("POST", "/v1/failover") => failover_call(inner, request),
+        ("GET", "/v1/status") => json_ok(status(inner)),
+        ("GET", "/v1/topics") => json_ok(json!({ "topics": inner.control.list() })),
+        ("POST", "/v1/topics") => {
             let spec: TopicSpec = match read_json(request, r#"{"name": "t", "order": 2}"#) {
                 Ok(s) => s,
                 Err(e) => return e,
@@ -133,7 +57,7 @@ fn route(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'static str,
                 Err(e) => topic_error(e),
             }
         }
-        (Get, path) if path.starts_with("/v1/topics/") => {
+        ("GET", path) if path.starts_with("/v1/topics/") => {
             match inner.control.describe(&path["/v1/topics/".len()..]) {
                 Ok(info) => json_ok(serde_json::to_value(info).expect("serialisable")),
                 Err(e) => topic_error(e),
@@ -145,24 +69,18 @@ fn route(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'static str,
 
 /// The request body as JSON of type `T`, or the 400 response that says what is wrong.
 fn read_json<T: serde::de::DeserializeOwned>(
-    request: &mut tiny_http::Request,
+    request: &Request,
     example: &str,
 ) -> Result<T, (u16, &'static str, String)> {
-    let mut body = String::new();
-    if request
-        .as_reader()
-        .take(MAX_BODY)
-        .read_to_string(&mut body)
-        .is_err()
-    {
+    let Ok(body) = std::str::from_utf8(&request.body) else {
         return Err(error(400, "request body is not UTF-8 text".into()));
-    }
-    serde_json::from_str(&body).map_err(|e| {
+    };
+    serde_json::from_str(body).map_err(|e| {
         error(
             400,
             format!(
                 "request body is not valid for {}: {e}; expected {example}",
-                request.url()
+                request.path()
             ),
         )
     })
@@ -227,7 +145,7 @@ fn cluster(inner: &Inner) -> serde_json::Value {
 /// `POST /v1/failover`: fences the dead broker and answers which of the client's
 /// batches through it (by batch id) are in the global order (and durable, for ack
 /// level 2). 409 while the broker is not declared dead yet.
-fn failover_call(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'static str, String) {
+fn failover_call(inner: &Inner, request: &Request) -> (u16, &'static str, String) {
     #[derive(serde::Deserialize)]
     struct Call {
         topic: String,
@@ -322,7 +240,7 @@ fn failover_call(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'sta
 }
 
 /// `POST /v1/cluster/claim`: `{"id","incarnation"}`; answers how many logs it fenced.
-fn claim_call(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'static str, String) {
+fn claim_call(inner: &Inner, request: &Request) -> (u16, &'static str, String) {
     #[derive(serde::Deserialize)]
     struct Call {
         id: u32,
@@ -361,11 +279,7 @@ fn claim_call(inner: &Inner, request: &mut tiny_http::Request) -> (u16, &'static
 }
 
 /// `POST /v1/cluster/join` and `/v1/cluster/heartbeat`: `{"id","addr","incarnation"}`.
-fn membership_call(
-    inner: &Inner,
-    request: &mut tiny_http::Request,
-    join: bool,
-) -> (u16, &'static str, String) {
+fn membership_call(inner: &Inner, request: &Request, join: bool) -> (u16, &'static str, String) {
     #[derive(serde::Deserialize)]
     struct Call {
         id: u32,
@@ -639,28 +553,19 @@ pub(crate) fn follower_metrics(broker: &crate::BrokerInfo) -> String {
     families.text()
 }
 
-/// Serves a follower's `/metrics` (and `/healthz`) until the server is unblocked.
-pub(crate) fn serve_follower(server: Arc<tiny_http::Server>, broker: crate::BrokerInfo) {
-    for request in server.incoming_requests() {
-        let (status, content_type, body) = match (request.method(), request.url()) {
-            (tiny_http::Method::Get, "/metrics") => (
-                200,
-                "text/plain; version=0.0.4",
-                follower_metrics(&broker),
-            ),
-            (tiny_http::Method::Get, "/healthz") => (200, "text/plain", "ok\n".to_string()),
-            (_, path) => error(
-                404,
-                format!("no such endpoint: {path} (a follower serves /metrics and /healthz; the rest is on the head)"),
-            ),
-        };
-        let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], content_type.as_bytes())
-            .expect("static header");
-        let _ = request.respond(
-            tiny_http::Response::from_string(body)
-                .with_status_code(status)
-                .with_header(header),
-        );
+/// Answers a follower's `/metrics` and `/healthz`.
+pub(crate) fn respond_follower(broker: &crate::BrokerInfo, request: &Request) -> Response {
+    match (request.method.as_str(), request.path()) {
+        ("GET", "/metrics") => Response::new(
+            200,
+            "text/plain; version=0.0.4",
+            follower_metrics(broker),
+        ),
+        ("GET", "/healthz") => Response::new(200, "text/plain", "ok\n".to_string()),
+        (_, path) => Response::error(
+            404,
+            format!("no such endpoint: {path} (a follower serves /metrics and /healthz; the rest is on the head)"),
+        ),
     }
 }
 
@@ -756,12 +661,12 @@ fn metrics(inner: &Inner) -> String {
             .collect(),
     );
     family(
-        "control_detached_requests",
+        "control_connections",
         "gauge",
-        "Admin requests served on threads of their own (failover queries, bodies not read ahead).",
+        "Connections the admin API is serving (each on a thread of its own, until its request is answered).",
         vec![(
             String::new(),
-            inner.detached_requests.load(Ordering::Relaxed) as u64,
+            inner.control_connections.load(Ordering::Relaxed) as u64,
         )],
     );
     replication_metrics(inner, &topics, &mut family);
@@ -930,44 +835,4 @@ fn replication_metrics(
             })
             .collect(),
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tiny_http::{Header, Method, TestRequest};
-
-    fn request(method: Method, headers: &[(&str, &str)], body: &'static str) -> tiny_http::Request {
-        headers
-            .iter()
-            .fold(
-                TestRequest::new()
-                    .with_method(method)
-                    .with_path("/v1/topics")
-                    .with_body(body),
-                |r, (k, v)| r.with_header(Header::from_bytes(k.as_bytes(), v.as_bytes()).unwrap()),
-            )
-            .into()
-    }
-
-    /// Only a request that cannot make its router wait on the client's socket is routed
-    /// on one of the few workers; the rest get threads of their own.
-    #[test]
-    fn only_requests_with_nothing_left_to_read_are_routed_on_a_worker() {
-        assert!(body_is_read(&request(Method::Get, &[], "")));
-        assert!(body_is_read(&request(
-            Method::Post,
-            &[],
-            r#"{"name": "t"}"#
-        )));
-        // Announced, longer than tiny_http reads ahead, and not sent (yet).
-        let announced = request(Method::Post, &[("Content-Length", "2000")], "");
-        assert!(!body_is_read(&announced));
-        let streamed = request(Method::Post, &[("Transfer-Encoding", "chunked")], "");
-        assert!(!body_is_read(&streamed));
-        let expecting = request(Method::Post, &[("Expect", "100-continue")], "{}");
-        assert!(!body_is_read(&expecting));
-        let upgrading = request(Method::Post, &[("Connection", "Upgrade")], "");
-        assert!(!body_is_read(&upgrading));
-    }
 }

@@ -17,6 +17,7 @@ pub mod election;
 pub mod failover;
 pub mod follower;
 mod http;
+mod http_server;
 pub mod sequencer_process;
 
 pub use config::ServerConfig;
@@ -60,9 +61,6 @@ pub enum ServerError {
     Start(String),
 }
 
-/// Threads serving the admin API.
-const HTTP_WORKERS: usize = 4;
-
 /// What the admin API needs to know about one broker.
 pub(crate) struct BrokerInfo {
     pub id: u32,
@@ -82,8 +80,8 @@ pub(crate) struct Inner {
     pub replication_metrics: Arc<ReplicationMetrics>,
     pub membership: cluster::Membership,
     pub started: Instant,
-    /// Admin requests served on threads of their own right now (`http::serve`).
-    pub detached_requests: std::sync::atomic::AtomicUsize,
+    /// Connections the admin API is serving right now (`http_server::HttpServer`).
+    pub control_connections: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A running embedded server. Dropping it stops it.
@@ -93,10 +91,9 @@ pub struct Server {
     /// The embedded sequencer and its lease (`None` with an external sequencer).
     sequencer: Option<(Sequencer, Lease)>,
     replicas: Replicas,
-    http: Arc<tiny_http::Server>,
-    /// Admin API workers: a slow call (a failover query waits for the sequencer)
-    /// must not hold up heartbeats.
-    http_threads: Vec<std::thread::JoinHandle<()>>,
+    /// The admin API: each connection on a thread of its own, so a slow call (a
+    /// failover query waits for the sequencer) holds up no heartbeat.
+    http: Option<http_server::HttpServer>,
     control_addr: SocketAddr,
     /// Releases what dead followers held (see `watch_membership`).
     monitor: Option<std::thread::JoinHandle<()>>,
@@ -177,18 +174,16 @@ impl Server {
                     .map_err(|e| ServerError::Start(e.to_string()))?,
             );
         }
-        let http = tiny_http::Server::http(SocketAddr::new(ip, config.control_port))
+        let listener = std::net::TcpListener::bind(SocketAddr::new(ip, config.control_port))
             .map_err(|e| {
                 ServerError::Start(format!(
                     "cannot listen on control port {}:{}: {e} (is another server running? choose another port with --control-port)",
                     ip, config.control_port
                 ))
             })?;
-        let control_addr = http
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| ServerError::Start("control API is not on an IP socket".into()))?;
-        let http = Arc::new(http);
+        let control_addr = listener
+            .local_addr()
+            .map_err(|e| ServerError::Start(format!("control API: {e}")))?;
         let inner = Arc::new(Inner {
             brokers: brokers
                 .iter()
@@ -215,18 +210,19 @@ impl Server {
             region,
             control,
             started: Instant::now(),
-            detached_requests: Default::default(),
+            control_connections: Default::default(),
         });
-        let mut http_threads = Vec::new();
-        for i in 0..HTTP_WORKERS {
-            let (h, i_) = (http.clone(), inner.clone());
-            http_threads.push(
-                std::thread::Builder::new()
-                    .name(format!("control-http-{i}"))
-                    .spawn(move || http::serve(h, i_))
-                    .map_err(|e| ServerError::Start(format!("cannot start the admin API: {e}")))?,
-            );
-        }
+        let http = {
+            let routed = inner.clone();
+            http_server::HttpServer::start(
+                listener,
+                "control",
+                http_server::Limits::default(),
+                inner.control_connections.clone(),
+                move |request| http::respond(&routed, request),
+            )
+            .map_err(|e| ServerError::Start(format!("cannot start the admin API: {e}")))?
+        };
         let monitor_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let monitor = {
             let (inner, stop) = (inner.clone(), monitor_stop.clone());
@@ -246,8 +242,7 @@ impl Server {
             brokers,
             sequencer,
             replicas,
-            http,
-            http_threads,
+            http: Some(http),
             control_addr,
             monitor: Some(monitor),
             monitor_stop,
@@ -299,11 +294,8 @@ impl Server {
             t.thread().unpark();
             let _ = t.join();
         }
-        for _ in &self.http_threads {
-            self.http.unblock();
-        }
-        for t in self.http_threads.drain(..) {
-            let _ = t.join();
+        if let Some(mut http) = self.http.take() {
+            http.stop();
         }
         for b in &mut self.brokers {
             b.stop();

@@ -1,0 +1,540 @@
+//! A small HTTP/1.1 server for the admin API and `/metrics`: one request per connection,
+//! each connection on a thread of its own, the whole request (headers and body) due
+//! within a deadline, and a bound on connections open at once.
+//!
+//! Why not a general-purpose library: the admin API must answer heartbeats and claims
+//! whatever other clients do. With a fixed pool of workers (tiny_http, used before), a
+//! client that announces a body and never sends it holds a worker, and enough of them
+//! queue everyone else; here such a client holds only its own thread, until its deadline.
+//! The requests are small JSON documents and scrapes, so no keep-alive, no chunked
+//! bodies (411: send a Content-Length), and bodies of at most `MAX_BODY`.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Largest request body accepted (413 above).
+pub const MAX_BODY: usize = 64 * 1024;
+/// Largest request line plus headers accepted (431 above).
+const MAX_HEAD: usize = 16 * 1024;
+
+/// A request, read in full before it is routed.
+#[derive(Debug)]
+pub struct Request {
+    pub method: String,
+    /// The request target as sent (path and query).
+    pub url: String,
+    pub body: Vec<u8>,
+}
+
+impl Request {
+    /// The target without its query string.
+    pub fn path(&self) -> &str {
+        self.url.split('?').next().unwrap_or("")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Response {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+impl Response {
+    pub fn new(status: u16, content_type: &'static str, body: String) -> Self {
+        Self {
+            status,
+            content_type,
+            body,
+        }
+    }
+
+    /// `{"error": message}`, the admin API's error body.
+    pub fn error(status: u16, message: impl Into<String>) -> Self {
+        let body = serde_json::json!({ "error": message.into() }).to_string();
+        Self::new(status, "application/json", body)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// The request line, headers and body must all arrive within this long of the
+    /// connection being accepted (408 after), and the response be taken within as long.
+    pub request_deadline: Duration,
+    /// Connections served at once; one more is answered 503 at once and closed.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            request_deadline: Duration::from_secs(10),
+            max_connections: 1024,
+        }
+    }
+}
+
+type Handler = dyn Fn(&Request) -> Response + Send + Sync;
+
+/// A running server; `stop` (or dropping it) stops accepting. Connections being served
+/// finish on their own, within their deadline.
+pub struct HttpServer {
+    local_addr: SocketAddr,
+    stopping: Arc<AtomicBool>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl HttpServer {
+    /// Serves `handler` on `listener` (already bound, so that the caller reports bind
+    /// errors in its own words), with threads named after `name`. `open` counts the
+    /// connections being served (a gauge the caller may export).
+    pub fn start(
+        listener: TcpListener,
+        name: &str,
+        limits: Limits,
+        open: Arc<AtomicUsize>,
+        handler: impl Fn(&Request) -> Response + Send + Sync + 'static,
+    ) -> io::Result<Self> {
+        let local_addr = listener.local_addr()?;
+        let stopping = Arc::new(AtomicBool::new(false));
+        let handler: Arc<Handler> = Arc::new(handler);
+        let accept = {
+            let (stopping, open, name) = (stopping.clone(), open.clone(), name.to_string());
+            std::thread::Builder::new()
+                .name(format!("{name}-accept"))
+                .spawn(move || accept_loop(listener, &name, limits, &handler, &stopping, &open))?
+        };
+        Ok(Self {
+            local_addr,
+            stopping,
+            accept: Some(accept),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn stop(&mut self) {
+        let Some(accept) = self.accept.take() else {
+            return;
+        };
+        self.stopping.store(true, Ordering::SeqCst);
+        // Wake the accepting thread with a connection of our own.
+        let mut wake = self.local_addr;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(match wake {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+        let _ = accept.join();
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(
+    listener: TcpListener,
+    name: &str,
+    limits: Limits,
+    handler: &Arc<Handler>,
+    stopping: &AtomicBool,
+    open: &Arc<AtomicUsize>,
+) {
+    for stream in listener.incoming() {
+        if stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(stream) = stream else {
+            // Out of file descriptors, for instance: let some connections finish.
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        if open.fetch_add(1, Ordering::AcqRel) >= limits.max_connections {
+            open.fetch_sub(1, Ordering::AcqRel);
+            refuse_busy(stream, limits.max_connections);
+            continue;
+        }
+        let (handler, open_in_thread) = (handler.clone(), open.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("{name}-conn"))
+            .spawn(move || {
+                serve_connection(stream, limits.request_deadline, &*handler);
+                open_in_thread.fetch_sub(1, Ordering::AcqRel);
+            });
+        if let Err(e) = spawned {
+            open.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!("cannot start a thread for an HTTP connection: {e}");
+        }
+    }
+}
+
+/// Answers 503 without waiting on the client (on the accepting thread).
+fn refuse_busy(mut stream: TcpStream, limit: usize) {
+    let response = Response::error(
+        503,
+        format!(
+            "{limit} requests are in progress, the most this server serves at once; retry shortly"
+        ),
+    );
+    if stream.set_nonblocking(true).is_ok() {
+        // Whatever has arrived is read, so that closing does not reset the connection
+        // before the client reads the answer.
+        let mut scratch = [0u8; 4096];
+        let _ = stream.read(&mut scratch);
+        let _ = stream.write_all(&encode(&response));
+    }
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+fn serve_connection(mut stream: TcpStream, deadline: Duration, handler: &Handler) {
+    let due = Instant::now() + deadline;
+    let response = match read_request(&mut stream, due) {
+        Ok(request) => handler(&request),
+        Err(RequestError::Gone) => return,
+        Err(RequestError::Refused(response)) => response,
+    };
+    let _ = stream.set_write_timeout(Some(deadline));
+    let _ = stream.write_all(&encode(&response));
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+enum RequestError {
+    /// The connection failed or closed: nobody to answer.
+    Gone,
+    /// Answer this, then close.
+    Refused(Response),
+}
+
+impl From<io::Error> for RequestError {
+    fn from(e: io::Error) -> Self {
+        match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => RequestError::Refused(
+                Response::error(408, "the request did not arrive in full in time"),
+            ),
+            _ => RequestError::Gone,
+        }
+    }
+}
+
+fn refused(status: u16, message: impl Into<String>) -> RequestError {
+    RequestError::Refused(Response::error(status, message))
+}
+
+/// Reads into `buf` (beyond its current length) once, by `due`; `Gone` at end of stream.
+fn read_some(stream: &mut TcpStream, buf: &mut Vec<u8>, due: Instant) -> Result<(), RequestError> {
+    let left = due.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(io::Error::from(io::ErrorKind::TimedOut).into());
+    }
+    stream.set_read_timeout(Some(left))?;
+    let start = buf.len();
+    buf.resize(start + 4096, 0);
+    let n = loop {
+        match stream.read(&mut buf[start..]) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => break other,
+        }
+    };
+    buf.truncate(start + *n.as_ref().unwrap_or(&0));
+    match n? {
+        0 => Err(RequestError::Gone),
+        _ => Ok(()),
+    }
+}
+
+fn read_request(stream: &mut TcpStream, due: Instant) -> Result<Request, RequestError> {
+    let mut buf = Vec::new();
+    let head_len = loop {
+        let end = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
+        if end.unwrap_or(buf.len()) > MAX_HEAD {
+            return Err(refused(
+                431,
+                format!("request headers longer than {MAX_HEAD} bytes"),
+            ));
+        }
+        if let Some(end) = end {
+            break end;
+        }
+        read_some(stream, &mut buf, due)?;
+    };
+    let mut body = buf.split_off(head_len);
+    let head = std::str::from_utf8(&buf)
+        .map_err(|_| refused(400, "request headers are not UTF-8 text"))?;
+    let mut lines = head.split("\r\n");
+    let request_line = lines.next().unwrap_or("");
+    let mut parts = request_line.split(' ');
+    let (Some(method), Some(url), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(refused(
+            400,
+            format!("malformed request line {request_line:?}"),
+        ));
+    };
+    if !matches!(version, "HTTP/1.0" | "HTTP/1.1") || method.is_empty() || !url.starts_with('/') {
+        return Err(refused(
+            400,
+            format!("malformed request line {request_line:?}"),
+        ));
+    }
+    let mut content_length = 0usize;
+    let mut expect_continue = false;
+    for line in lines.filter(|l| !l.is_empty()) {
+        let Some((name, value)) = line.split_once(':') else {
+            return Err(refused(400, format!("malformed header line {line:?}")));
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("content-length") {
+            content_length = value
+                .parse()
+                .map_err(|_| refused(400, format!("bad Content-Length {value:?}")))?;
+            if content_length > MAX_BODY {
+                return Err(refused(
+                    413,
+                    format!(
+                        "request body of {content_length} bytes; at most {MAX_BODY} are accepted"
+                    ),
+                ));
+            }
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            return Err(refused(
+                411,
+                "send the body with a Content-Length, not chunked",
+            ));
+        } else if name.eq_ignore_ascii_case("expect") {
+            expect_continue = value.eq_ignore_ascii_case("100-continue");
+        }
+    }
+    if body.len() > content_length {
+        return Err(refused(
+            400,
+            "more bytes than the Content-Length; one request per connection",
+        ));
+    }
+    if expect_continue && body.len() < content_length {
+        stream
+            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .map_err(|_| RequestError::Gone)?;
+    }
+    while body.len() < content_length {
+        read_some(stream, &mut body, due)?;
+        if body.len() > content_length {
+            return Err(refused(
+                400,
+                "more bytes than the Content-Length; one request per connection",
+            ));
+        }
+    }
+    Ok(Request {
+        method: method.to_string(),
+        url: url.to_string(),
+        body,
+    })
+}
+
+fn encode(response: &Response) -> Vec<u8> {
+    let reason = match response.status {
+        200 => "OK",
+        201 => "Created",
+        400 => "Bad Request",
+        404 => "Not Found",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        411 => "Length Required",
+        413 => "Content Too Large",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        507 => "Insufficient Storage",
+        _ => "",
+    };
+    let mut out = format!(
+        "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        response.status,
+        response.content_type,
+        response.body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(response.body.as_bytes());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn echo(limits: Limits) -> HttpServer {
+        echo_counted(limits, Arc::default())
+    }
+
+    /// A server that answers with the request's method, path and body.
+    fn echo_counted(limits: Limits, open: Arc<AtomicUsize>) -> HttpServer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        HttpServer::start(listener, "test-http", limits, open, |r: &Request| {
+            let body = format!(
+                "{} {} {}",
+                r.method,
+                r.path(),
+                String::from_utf8_lossy(&r.body)
+            );
+            Response::new(200, "text/plain", body)
+        })
+        .unwrap()
+    }
+
+    /// Sends `parts` (in separate writes) and returns the whole response.
+    fn exchange(server: &HttpServer, parts: &[&[u8]]) -> String {
+        let mut s = TcpStream::connect(server.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        for p in parts {
+            s.write_all(p).unwrap();
+        }
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    fn status(response: &str) -> u16 {
+        response
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn a_request_sent_in_pieces_is_answered_once_it_is_whole() {
+        let server = echo(Limits::default());
+        let get = exchange(&server, &[b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\n"]);
+        assert_eq!(status(&get), 200, "{get}");
+        assert!(get.ends_with("\r\n\r\nGET /metrics "), "{get}");
+        assert!(get.contains("Content-Length: 13\r\n") && get.contains("Connection: close"));
+        let post = exchange(
+            &server,
+            &[
+                b"POST /v1/topics HTTP/1.1\r\nContent-Le",
+                b"ngth: 12\r\n\r\n{\"na",
+                b"me\":\"t\"}",
+            ],
+        );
+        assert!(post.ends_with("POST /v1/topics {\"name\":\"t\"}"), "{post}");
+    }
+
+    #[test]
+    fn expect_100_continue_is_answered_before_the_body_is_read() {
+        let server = echo(Limits::default());
+        let mut s = TcpStream::connect(server.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(b"POST /x HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+            .unwrap();
+        let mut interim = [0u8; 25];
+        s.read_exact(&mut interim).unwrap();
+        assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+        s.write_all(b"{}").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        assert!(
+            out.starts_with("HTTP/1.1 200") && out.ends_with("POST /x {}"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn bad_requests_get_the_status_that_says_why() {
+        let server = echo(Limits::default());
+        let cases: [(&[u8], u16); 6] = [
+            (b"NONSENSE\r\n\r\n", 400),
+            (b"GET /x HTTP/2.0\r\n\r\n", 400),
+            (b"GET /x HTTP/1.1\r\nno colon\r\n\r\n", 400),
+            (b"POST /x HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n", 413),
+            (
+                b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+                411,
+            ),
+            (b"POST /x HTTP/1.1\r\nContent-Length: 1\r\n\r\nab", 400),
+        ];
+        for (request, expected) in cases {
+            let response = exchange(&server, &[request]);
+            assert_eq!(status(&response), expected, "{response}");
+            assert!(response.contains("\"error\""), "{response}");
+        }
+        let huge = format!("GET /x HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(MAX_HEAD));
+        assert_eq!(status(&exchange(&server, &[huge.as_bytes()])), 431);
+    }
+
+    /// The property tiny_http lacked: clients that never finish their requests hold
+    /// nothing anybody else needs, and are answered 408 at their deadline.
+    #[test]
+    fn stalled_requests_hold_up_no_one_and_time_out() {
+        let server = echo(Limits {
+            request_deadline: Duration::from_millis(500),
+            max_connections: 64,
+        });
+        let mut stalled: Vec<TcpStream> = (0..16)
+            .map(|_| {
+                let mut s = TcpStream::connect(server.local_addr()).unwrap();
+                s.write_all(b"POST /x HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+                    .unwrap();
+                s
+            })
+            .collect();
+        let answered = exchange(&server, &[b"GET /healthz HTTP/1.1\r\n\r\n"]);
+        assert_eq!(status(&answered), 200);
+        for s in &mut stalled {
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).unwrap();
+            assert_eq!(status(&out), 408, "{out}");
+        }
+    }
+
+    #[test]
+    fn connections_beyond_the_limit_get_503_and_a_freed_place_is_used_again() {
+        let open = Arc::new(AtomicUsize::new(0));
+        let limits = Limits {
+            request_deadline: Duration::from_secs(30),
+            max_connections: 2,
+        };
+        let server = echo_counted(limits, open.clone());
+        let held: Vec<TcpStream> = (0..2)
+            .map(|_| TcpStream::connect(server.local_addr()).unwrap())
+            .collect();
+        while open.load(Ordering::Relaxed) < 2 {
+            std::thread::yield_now();
+        }
+        let busy = exchange(&server, &[b"GET /healthz HTTP/1.1\r\n\r\n"]);
+        assert_eq!(status(&busy), 503, "{busy}");
+        drop(held);
+        while open.load(Ordering::Relaxed) > 0 {
+            std::thread::yield_now();
+        }
+        let ok = exchange(&server, &[b"GET /healthz HTTP/1.1\r\n\r\n"]);
+        assert_eq!(status(&ok), 200, "{ok}");
+    }
+
+    #[test]
+    fn stop_ends_the_accepting_thread() {
+        let mut server = echo(Limits::default());
+        let addr = server.local_addr();
+        server.stop();
+        // Nothing accepts any more: the connection is refused or closed unanswered.
+        if let Ok(mut s) = TcpStream::connect(addr) {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let _ = s.write_all(b"GET / HTTP/1.1\r\n\r\n");
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            assert!(out.is_empty(), "{out}");
+        }
+    }
+}
