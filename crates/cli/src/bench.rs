@@ -215,7 +215,7 @@ pub fn run(args: BenchArgs) -> CliResult {
         let runs = load_results(&args.from_json)?;
         let path = args.plot.as_ref().expect("clap requires --plot");
         plot::write_png(path, &runs)?;
-        println!("plotted {} runs to {}", runs.len(), path.display());
+        say!("plotted {} runs to {}", runs.len(), path.display());
         return Ok(());
     }
     check_args(&args)?;
@@ -227,7 +227,7 @@ pub fn run(args: BenchArgs) -> CliResult {
             let rate = config
                 .rate
                 .map_or("as fast as possible".to_string(), |r| format!("{r} MB/s"));
-            println!(
+            say!(
                 "== run {} of {}: order {}, {rate}",
                 i + 1,
                 configs.len(),
@@ -249,7 +249,7 @@ pub fn run(args: BenchArgs) -> CliResult {
             [single] => single.clone(),
             _ => Value::Array(results.clone()),
         };
-        println!("{}", serde_json::to_string_pretty(&out).expect("json"));
+        say!("{}", serde_json::to_string_pretty(&out).expect("json"));
     } else if results.len() > 1 {
         print_summary(&results);
     }
@@ -296,10 +296,15 @@ fn load_results(files: &[PathBuf]) -> Result<Vec<Value>, String> {
 
 /// One line per run after a sweep.
 fn print_summary(results: &[Value]) {
-    println!();
-    println!(
+    say!();
+    say!(
         "{:<28} {:>9} {:>12} {:>12} {:>12} {:>9}",
-        "RUN", "MB/S", "A2A P50 US", "A2A P99 US", "A2A P99.9 US", "CPU S/GB"
+        "RUN",
+        "MB/S",
+        "A2A P50 US",
+        "A2A P99 US",
+        "A2A P99.9 US",
+        "CPU S/GB"
     );
     for r in results {
         let latency = |p: &str| {
@@ -307,7 +312,7 @@ fn print_summary(results: &[Value]) {
                 .as_u64()
                 .map_or("-".to_string(), |us| us.to_string())
         };
-        println!(
+        say!(
             "{:<28} {:>9.1} {:>12} {:>12} {:>12} {:>9}",
             plot::label(r),
             r["mb_per_s"].as_f64().unwrap_or(0.0),
@@ -319,7 +324,7 @@ fn print_summary(results: &[Value]) {
                 .map_or("-".to_string(), |c| format!("{c:.2}"))
         );
     }
-    println!(
+    say!(
         "(A2A: append to ack; at a fixed rate per message from its due time, flat out per batch from its first message's publish)"
     );
 }
@@ -559,7 +564,7 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     print_run_header(args, config, outcome.runs.len());
     report(stats, publish_elapsed, false, args.ack);
     if let Some((received, t, h)) = &e2e {
-        println!(
+        say!(
             "subscriber received {received} messages in {:.3} s: {:.1} MB/s; end-to-end latency p50 {} us, p99 {} us",
             t.as_secs_f64(),
             mb_s,
@@ -571,7 +576,7 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         failure::print_check(check, config.order);
     }
     if let Some((received, t)) = &subscribe_only {
-        println!(
+        say!(
             "subscriber read {received} messages from position 0 in {:.3} s: {:.1} MB/s",
             t.as_secs_f64(),
             mb_s
@@ -579,19 +584,19 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     }
     let server_cpu = server_cpu.map_or("-".to_string(), |s| format!("{:.2}", per_gb(s)));
     let whole = if embedded { " of one process" } else { "" };
-    println!(
+    say!(
         "CPU per GB: server {server_cpu} s, client {:.2} s{whole}",
         per_gb(client_cpu)
     );
     if !stage_ms_per_gb.is_empty() {
-        println!("time per stage, ms per GB of payload (summed over brokers):");
+        say!("time per stage, ms per GB of payload (summed over brokers):");
         // ack_wait is time batches spent waiting, not time a thread spent: shown below.
         for (stage, ms) in stage_ms_per_gb.iter().filter(|(s, _)| *s != "ack_wait") {
-            println!("  {stage:<16} {ms:>9.1}");
+            say!("  {stage:<16} {ms:>9.1}");
         }
     }
     if let Some(us) = ack_wait_us_per_batch {
-        println!("mean wait per batch from commit to acknowledgeable (ack_wait): {us:.0} us");
+        say!("mean wait per batch from commit to acknowledgeable (ack_wait): {us:.0} us");
     }
     print_ceilings(&figures, mb_s);
     Ok(figures)
@@ -599,7 +604,7 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
 
 /// The first line of a run's human report.
 fn print_run_header(args: &BenchArgs, config: RunConfig, publishers: usize) {
-    println!(
+    say!(
         "mode {}  order {}  ack {}  rf {}  {} B messages  {} brokers x {} connections  {} publisher(s){}",
         args.mode,
         config.order,
@@ -645,7 +650,7 @@ fn measure_ceilings(args: &BenchArgs, scratch: &std::path::Path) -> Result<Value
 fn print_ceilings(figures: &Value, mb_s: f64) {
     for c in figures["ceilings"].as_array().into_iter().flatten() {
         let ceiling = c["mb_per_s"].as_f64().unwrap_or(0.0);
-        println!(
+        say!(
             "ceiling {:<28} {:>9.1} MB/s   this run = {:.0}% of it",
             c["name"].as_str().unwrap_or("?"),
             ceiling,

@@ -4,6 +4,22 @@
 //! Owns: argument parsing, human and `--json` output, progress bars, exit codes. All
 //! real work is done by the server and client crates.
 
+/// `println!` for the command's output. A reader that went away (`embarcadero status |
+/// head`) ends the process quietly, as it would any Unix tool, instead of a panic; any
+/// other failure to write is reported.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                eprintln!("error: cannot write to stdout: {e}");
+                std::process::exit(1);
+            }
+            std::process::exit(0);
+        }
+    }};
+}
+
 mod bench;
 mod cluster;
 mod publish;
@@ -220,7 +236,7 @@ pub fn serve_config(
     }
     config.validate().map_err(|e| e.to_string())?;
     if args.print_config {
-        print!("{}", config.to_toml());
+        say!("{}", config.to_toml().trim_end_matches('\n'));
         return Ok(None);
     }
     Ok(Some(config))
@@ -322,11 +338,14 @@ fn topic(cmd: TopicCommand) -> CliResult {
                 })
                 .map_err(|e| e.to_string())?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&info).expect("json"));
+                say!("{}", serde_json::to_string_pretty(&info).expect("json"));
             } else {
-                println!(
+                say!(
                     "created topic {} (order {}, rf {}, default ack {})",
-                    info.name, info.order, info.replication_factor, info.default_ack
+                    info.name,
+                    info.order,
+                    info.replication_factor,
+                    info.default_ack
                 );
             }
         }
@@ -335,16 +354,24 @@ fn topic(cmd: TopicCommand) -> CliResult {
                 .list_topics()
                 .map_err(|e| e.to_string())?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&topics).expect("json"));
+                say!("{}", serde_json::to_string_pretty(&topics).expect("json"));
             } else {
-                println!(
+                say!(
                     "{:<32} {:>5} {:>3} {:>4} {:>14}",
-                    "NAME", "ORDER", "RF", "ACK", "NEXT POSITION"
+                    "NAME",
+                    "ORDER",
+                    "RF",
+                    "ACK",
+                    "NEXT POSITION"
                 );
                 for t in topics {
-                    println!(
+                    say!(
                         "{:<32} {:>5} {:>3} {:>4} {:>14}",
-                        t.name, t.order, t.replication_factor, t.default_ack, t.next_position
+                        t.name,
+                        t.order,
+                        t.replication_factor,
+                        t.default_ack,
+                        t.next_position
                     );
                 }
             }
@@ -358,27 +385,28 @@ fn topic(cmd: TopicCommand) -> CliResult {
                 .describe_topic(&name)
                 .map_err(|e| e.to_string())?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&t).expect("json"));
+                say!("{}", serde_json::to_string_pretty(&t).expect("json"));
             } else {
-                println!("topic            {}", t.name);
-                println!("order            {}", t.order);
-                println!("replication      {}", t.replication_factor);
-                println!("default ack      {}", t.default_ack);
-                println!(
+                say!("topic            {}", t.name);
+                say!("order            {}", t.order);
+                say!("replication      {}", t.replication_factor);
+                say!("default ack      {}", t.default_ack);
+                say!(
                     "retention        {} bytes, {} ms (0: no limit)",
-                    t.retention_bytes, t.retention_ms
+                    t.retention_bytes,
+                    t.retention_ms
                 );
-                println!("committed batches {}", t.committed_batches);
-                println!("durable batches  {}", t.durable_batches);
+                say!("committed batches {}", t.committed_batches);
+                say!("durable batches  {}", t.durable_batches);
                 if t.replication_factor >= 2 {
-                    println!(
+                    say!(
                         "readable below   {} (the durable position)",
                         t.durable_position
                     );
                 }
-                println!("next position    {}", t.next_position);
+                say!("next position    {}", t.next_position);
                 for b in &t.brokers {
-                    println!("broker           {b}");
+                    say!("broker           {b}");
                 }
             }
         }
@@ -391,10 +419,10 @@ fn status(control: &ControlArg, json: bool) -> CliResult {
         .status()
         .map_err(|e| e.to_string())?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&s).expect("json"));
+        say!("{}", serde_json::to_string_pretty(&s).expect("json"));
         return Ok(());
     }
-    println!(
+    say!(
         "embarcadero {}  up {} s  control {}",
         s["version"].as_str().unwrap_or("?"),
         s["uptime_s"],
@@ -403,28 +431,36 @@ fn status(control: &ControlArg, json: bool) -> CliResult {
     let seq = &s["sequencer"];
     let lease = &s["cluster"]["sequencer"];
     if seq["mode"] == "embedded" {
-        println!(
+        say!(
             "sequencer: embedded, active  epochs {}  batches ordered {}  fencing epoch {}",
-            seq["epochs"], seq["batches_ordered"], lease["fencing_epoch"]
+            seq["epochs"],
+            seq["batches_ordered"],
+            lease["fencing_epoch"]
         );
     } else {
-        println!(
+        say!(
             "sequencer: external  holder {}  fencing epoch {}  lease {} ms left",
             lease["holder"].as_str().unwrap_or("?"),
             lease["fencing_epoch"],
             lease["lease_remaining_ms"]
         );
     }
-    println!(
+    say!(
         "{:<4} {:<22} {:<7} {:>14} {:>12} {:>6} {:>5}",
-        "ID", "ADDRESS", "STATE", "LOG BYTES", "MESSAGES", "CONNS", "FREE"
+        "ID",
+        "ADDRESS",
+        "STATE",
+        "LOG BYTES",
+        "MESSAGES",
+        "CONNS",
+        "FREE"
     );
     let local = s["brokers"].as_array().cloned().unwrap_or_default();
     for m in s["cluster"]["members"].as_array().into_iter().flatten() {
         // Counters are known for the head's own brokers; a follower keeps its own.
         let counters = local.iter().find(|b| b["id"] == m["id"]);
         let field = |name: &str| counters.map_or("-".to_string(), |b| b[name].to_string());
-        println!(
+        say!(
             "{:<4} {:<22} {:<7} {:>14} {:>12} {:>6} {:>5}",
             m["id"].to_string(),
             m["addr"].as_str().unwrap_or("-"),
@@ -435,9 +471,9 @@ fn status(control: &ControlArg, json: bool) -> CliResult {
             field("free_segments")
         );
     }
-    println!("topics: {}", s["topics"].as_array().map_or(0, |t| t.len()));
+    say!("topics: {}", s["topics"].as_array().map_or(0, |t| t.len()));
     for t in s["topics"].as_array().into_iter().flatten() {
-        println!(
+        say!(
             "  {} (order {}): next position {}",
             t["name"].as_str().unwrap_or("?"),
             t["order"],

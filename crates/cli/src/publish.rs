@@ -135,10 +135,10 @@ pub fn report(stats: &PublisherStats, elapsed: Duration, json: bool, ack: u8) {
             "queues": stats.queues,
             "client_id": stats.client_id,
         });
-        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        say!("{}", serde_json::to_string_pretty(&v).expect("json"));
         return;
     }
-    println!(
+    say!(
         "published {} messages, {} bytes in {:.3} s: {:.1} MB/s, {:.0} msg/s",
         stats.messages,
         stats.bytes,
@@ -147,24 +147,24 @@ pub fn report(stats: &PublisherStats, elapsed: Duration, json: bool, ack: u8) {
         stats.messages as f64 / secs
     );
     if ack > 0 {
-        println!(
+        say!(
             "ack latency (seal to ack): p50 {} us, p99 {} us, max {} us over {} batches",
             stats.ack_latency_us.p50,
             stats.ack_latency_us.p99,
             stats.ack_latency_us.max,
             stats.ack_latency_us.count
         );
-        println!(
+        say!(
             "append to ack (first message of a batch to its ack): p50 {} us, p99 {} us, p99.9 {} us",
             stats.append_to_ack_us.p50, stats.append_to_ack_us.p99, stats.append_to_ack_us.p999
         );
     }
     let waits: u64 = stats.queues.iter().map(|q| q.producer_waits).sum();
     let deflected: u64 = stats.queues.iter().map(|q| q.deflected).sum();
-    println!("producer waited {waits} times (all queues full), deflected {deflected} batches");
+    say!("producer waited {waits} times (all queues full), deflected {deflected} batches");
     for q in &stats.queues {
         if q.producer_waits > 0 || q.deflected > 0 || q.backpressure_retries > 0 {
-            println!(
+            say!(
                 "  queue {}#{}: {} batches, {} deflected, {} waits, {} backpressure retries",
                 q.broker,
                 q.connection,

@@ -109,6 +109,17 @@ fn quickstart_then_restart_keeps_topics() {
     let status: serde_json::Value =
         serde_json::from_str(&ok(&serve.run(&["status", "--json"], None))).unwrap();
     assert_eq!(status["brokers"].as_array().unwrap().len(), 4);
+    // A reader that goes away (`status | head -0`) ends the command quietly.
+    let mut child = Command::new(BIN)
+        .args(["status", "--control", &serve.control])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("panicked"), "{err}");
     let described: serde_json::Value = serde_json::from_str(&ok(
         &serve.run(&["topic", "describe", "orders", "--json"], None)
     ))

@@ -449,25 +449,25 @@ pub fn run(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     }
     print_run_header(args, config, outcome.runs.len());
     report(&outcome.stats, outcome.elapsed, false, args.ack);
-    println!(
+    say!(
         "broker failure: follower broker {victim} ({victim_addr}) SIGKILLed {before_s:.3} s into the run, after {} messages",
         timeline.published_at_kill
     );
-    println!("  throughput before the kill {before_mb_s:>9.1} MB/s");
-    println!(
+    say!("  throughput before the kill {before_mb_s:>9.1} MB/s");
+    say!(
         "  throughput after the kill  {after_mb_s:>9.1} MB/s (from the kill to the last acknowledgement, failover included)"
     );
-    println!(
+    say!(
         "  acknowledged prefix stood still for at most {:.3} s after the kill, moving again {:.3} s after it",
         timeline.longest_stall.as_secs_f64(),
         timeline.stall_ended.as_secs_f64()
     );
     match timeline.all_prior_acked {
-        Some(all) => println!(
+        Some(all) => say!(
             "  every batch sealed before the kill acknowledged {:.3} s after it",
             all.as_secs_f64()
         ),
-        None => println!("  the batches sealed before the kill were never all acknowledged"),
+        None => say!("  the batches sealed before the kill were never all acknowledged"),
     }
     print_check(&check, config.order);
     print_ceilings(&figures, figures["mb_per_s"].as_f64().unwrap_or(0.0));
@@ -477,7 +477,7 @@ pub fn run(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
 /// Prints the verdict of an exactly-once check.
 pub fn print_check(check: &Check, order: u8) {
     if check.passed {
-        println!(
+        say!(
             "exactly-once check PASSED: {} messages published and acknowledged, each delivered once, at positions 0 to {} in one order{}",
             check.published,
             check.published.saturating_sub(1),
@@ -488,7 +488,7 @@ pub fn print_check(check: &Check, order: u8) {
             }
         );
     } else {
-        println!(
+        say!(
             "exactly-once check FAILED: {}",
             serde_json::to_string(check).expect("json")
         );
