@@ -330,9 +330,11 @@ pub fn peer_closed(stream: &TcpStream) -> bool {
         Ok(0) => true,
         // Bytes waiting: the peer is there (what it sent is not read here).
         Ok(_) => false,
-        Err(e) => !matches!(
-            e.kind(),
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        // Only errors that say the connection is over; a passing one (no memory for
+        // the call) must not end a live subscription.
+        Err(e) => matches!(
+            e.raw_os_error(),
+            Some(libc::ECONNRESET | libc::ETIMEDOUT | libc::EPIPE | libc::ENOTCONN)
         ),
     }
 }

@@ -54,6 +54,7 @@ pub fn run(args: SubArgs) -> CliResult {
     if let Some(start) = start {
         let start = match (start, ordered) {
             (Cursor::Global(0), false) => Cursor::PerBroker(vec![0; broker_count(&sub)]),
+            (Cursor::Global(p), false) if broker_count(&sub) == 1 => Cursor::PerBroker(vec![p]),
             (Cursor::Global(p), false) => {
                 return Err(format!(
                     "topic {} has order {}: positions are per broker; use --from with one position per broker, e.g. --from {}",

@@ -48,7 +48,7 @@ fn quickstart_then_restart_keeps_topics() {
     assert_eq!(seqs, vec![0, 1, 2]);
     let text = ok(&serve.run(&["sub", "orders", "--from", "1", "--count", "2"], None));
     assert_eq!(text, "second\nthird é\n");
-    // Positions of the wrong kind are refused before connecting, saying which kind.
+    // Positions of the wrong kind are refused with a message that says which kind.
     let out = serve.run(&["sub", "orders", "--from", "1,2"], None);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

@@ -137,9 +137,10 @@ impl Admin {
                 let hint = if unreachable {
                     "is `embarcadero serve` running? (set --control or EMBARCADERO_CONTROL)"
                 } else {
-                    // Connected, but no HTTP came back: most often a broker's data port.
-                    "something listens there but it is not the admin API (a broker port?); \
-                     use the control port from the `control API` of the serving line \
+                    // Connected, but no HTTP answer came back: most often a broker's data
+                    // port, else a server too busy to answer in time.
+                    "no HTTP answer came back: if that is a broker's port, it is not the admin \
+                     API; use the control port from the `control API` of the serving line \
                      (default 12140)"
                 };
                 Err(Error::Connect {

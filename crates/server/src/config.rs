@@ -443,8 +443,7 @@ impl ServerConfig {
         }
     }
 
-    /// The configuration as a commented TOML document (`embarcadero serve --print-config`).
-    /// The configuration as a TOML file, headed by comments that resolve the settings
+    /// The configuration as a TOML file (`embarcadero serve --print-config`), headed by comments that resolve the settings
     /// left empty (they are derived from `data_dir` at start; the file keeps them empty
     /// so that it still follows a changed `data_dir`).
     pub fn to_toml(&self) -> String {
@@ -484,7 +483,6 @@ fn merge(base: &mut toml::Value, overlay: toml::Value) {
     }
 }
 
-/// Parses `raw` as the same TOML type as the default in `like`.
 /// The setting an environment variable names: `EMBARCADERO_<KEY>` for a top-level key,
 /// `EMBARCADERO_<SECTION>_<KEY>` for a sectioned one.
 fn env_slot<'a>(config: &'a mut toml::Value, name: &str) -> Option<&'a mut toml::Value> {
@@ -529,6 +527,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// Parses `raw` as the same TOML type as the default in `like`.
 fn parse_like(like: &toml::Value, raw: &str) -> Result<toml::Value, String> {
     Ok(match like {
         toml::Value::Integer(_) => toml::Value::Integer(
