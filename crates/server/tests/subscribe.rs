@@ -269,17 +269,6 @@ fn subscribers_that_leave_an_idle_topic_release_their_connections() {
             }
             assert!(s.poll(Duration::from_millis(1)).unwrap().is_none());
         }
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let still_open = t.metric_sum(open);
-            if still_open == 0 {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{still_open} connections of departed subscribers of {topic} still open"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        t.wait_for_metric_at_most(open, 0, &format!("departed subscribers of {topic}"));
     }
 }

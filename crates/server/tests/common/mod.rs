@@ -33,6 +33,23 @@ impl TestServer {
         Self::sum_in(&Self::metric_text(&self.control()), prefix)
     }
 
+    /// Waits (at most 30 s, else fails the test with `what`) until the metric summed
+    /// over the lines starting with `prefix` is at most `max`.
+    pub fn wait_for_metric_at_most(&self, prefix: &str, max: u64, what: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let value = self.metric_sum(prefix);
+            if value <= max {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: {prefix} is {value}, not at most {max}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     /// The text of `/metrics` of the server whose admin API is at `control`.
     pub fn metric_text(control: &str) -> String {
         use std::io::{Read, Write};
