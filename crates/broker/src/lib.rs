@@ -7,7 +7,9 @@
 //! the region). It reads, but never writes, sequencer-owned fields (`ordered_pbr`,
 //! GOI, `committed_seq`), replica-owned fields (`durable_pbr`, replica progress) and
 //! topic metadata (control plane); it reads replicas' segment files to serve
-//! subscribers positions that have left memory.
+//! subscribers positions that have left memory. Its one write to a sequencer-owned
+//! record: raising the last-active stamp of an order-5 session it has a connection of
+//! (a `fetch_max`, so it never undoes the sequencer's).
 //!
 //! Threads: one acceptor, one thread per connection (blocking sockets, payload read
 //! straight into the region), and one service thread that advances frontiers,
@@ -61,6 +63,10 @@ pub struct BrokerConfig {
     /// Order 5: a batch more than this many above its session's committed high-water
     /// mark is refused (the sequencer's hold buffer is bounded by the same window).
     pub session_window: u64,
+    /// Order 5: a session idle this long may give its slot in the session table to a
+    /// new session (the sequencer's setting; the broker refuses a new session only
+    /// when no slot is free or idle that long).
+    pub session_idle_evict: Duration,
     /// Replica directories (replica 1 first): subscribers of replicated topics read
     /// from them what has left memory.
     pub replica_dirs: Vec<std::path::PathBuf>,
@@ -98,6 +104,7 @@ impl BrokerConfig {
             idle_sleep_max: Duration::from_millis(20),
             reader_stall_timeout: Duration::from_secs(30),
             session_window: 4096,
+            session_idle_evict: Duration::from_secs(600),
             replica_dirs: Vec::new(),
             max_connections: 4096,
             fault: None,

@@ -192,11 +192,11 @@ fn handshake(shared: &Shared, stream: &mut TcpStream) -> Result<Accepted, End> {
             }
             if meta.order == 5
                 && SessionView::new(topic, hello.client_id, hello.session_epoch)
-                    .crowded_out(&shared.region)
+                    .crowded_out(&shared.region, shared.config.session_idle_evict)
             {
                 return Err(Refusal::new(
                     ErrorCode::SessionsExhausted,
-                    session::exhausted_message(&meta.name),
+                    session::exhausted_message(&meta.name, shared.config.session_idle_evict),
                 )
                 .into());
             }

@@ -8,7 +8,7 @@ use crate::session::{self, SessionView};
 use crate::{Shared, StageTimes};
 use crossbeam_queue::ArrayQueue;
 use embarcadero_region::backoff::Backoff;
-use embarcadero_region::TopicMeta;
+use embarcadero_region::{unix_ms, TopicMeta};
 use embarcadero_wire::{
     validate_batch_payload, BatchFlags, BatchHeader, ErrorCode, ErrorFrame, Hello, BATCH_HEADER_LEN,
 };
@@ -141,7 +141,10 @@ pub fn run(
         }),
         closed: AtomicBool::new(false),
     });
-    if hello.ack_level > 0 && shared.new_publishers.send(conn.clone()).is_err() {
+    // The service thread acknowledges; for an order-5 session it also keeps the session's
+    // last-active stamp fresh while the client is connected, acks or not.
+    if (hello.ack_level > 0 || meta.order == 5) && shared.new_publishers.send(conn.clone()).is_err()
+    {
         return End::Gone;
     }
     let end = receive_batches(shared, stream, &hello, topic, &conn);
@@ -432,6 +435,7 @@ fn admit_session_batch(
     let status = loop {
         let status = session.status(&shared.region);
         if status.fenced
+            || status.expired
             || header.batch_seq < status.committed_hwm + window
             || Instant::now() >= deadline
             || shared.shutdown.load(Ordering::Relaxed)
@@ -460,6 +464,14 @@ fn admit_session_batch(
     if header.batch_seq < status.committed_hwm {
         return Ok(false);
     }
+    if status.expired {
+        return Err(Refusal {
+            code: ErrorCode::SessionExpired,
+            batch_seq: header.batch_seq,
+            message: session::expired_message(shared.config.session_idle_evict),
+        });
+    }
+    session.touch(&shared.region, unix_ms());
     if header.batch_seq >= status.committed_hwm + window {
         return Err(Refusal {
             code: ErrorCode::OutOfSequence,

@@ -6,6 +6,7 @@ use crate::publish::{Outbox, PendingAck, PublishConn};
 use crate::session::SessionView;
 use crate::{Shared, StageTimes};
 use embarcadero_region::backoff::Backoff;
+use embarcadero_region::unix_ms;
 use embarcadero_wire::{Ack, BatchFlags, ErrorCode, ErrorFrame};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -298,6 +299,19 @@ fn ack_session(
     if shared.region.is_retired() {
         return false;
     }
+    if status.expired {
+        let frame = ErrorFrame {
+            code: ErrorCode::SessionExpired,
+            batch_seq: status.acked_hwm(conn.ack_level),
+            message: crate::session::expired_message(shared.config.session_idle_evict),
+        }
+        .encode();
+        close_with(shared, conn, &mut out, &frame);
+        *progress = true;
+        return false;
+    }
+    // The client is connected: its session is not idle, even when it sends nothing.
+    session.touch(&shared.region, unix_ms());
     if status.fenced {
         let frame = ErrorFrame {
             code: ErrorCode::SessionFenced,
@@ -316,7 +330,7 @@ fn ack_session(
         *head = conn.pending.pop();
     }
     // A session opened when the table still had room, whose first batch found none.
-    if head.is_some() && session.crowded_out(&shared.region) {
+    if head.is_some() && session.crowded_out(&shared.region, shared.config.session_idle_evict) {
         let name = shared
             .region
             .topic_meta(conn.topic)
@@ -324,7 +338,7 @@ fn ack_session(
         let frame = ErrorFrame {
             code: ErrorCode::SessionsExhausted,
             batch_seq: 0,
-            message: crate::session::exhausted_message(&name),
+            message: crate::session::exhausted_message(&name, shared.config.session_idle_evict),
         }
         .encode();
         close_with(shared, conn, &mut out, &frame);

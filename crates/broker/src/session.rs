@@ -2,13 +2,19 @@
 //! (written by the sequencer): its committed high-water mark and whether the epoch a
 //! connection speaks for has been fenced.
 
-use embarcadero_region::{Region, SessionState};
+use embarcadero_region::{unix_ms, Region, SessionState};
+use std::time::Duration;
 
 pub struct SessionView {
     topic: u32,
     client_id: u64,
     epoch: u64,
     slot: Option<u32>,
+    /// The session's slot was seen holding another client's session: the sequencer
+    /// ended this one (idle) and gave its slot away.
+    expired: bool,
+    /// When this view last raised the slot's last-active stamp.
+    touched_ms: u64,
 }
 
 /// What a connection needs to know about its session.
@@ -20,6 +26,9 @@ pub struct SessionStatus {
     pub durable_hwm: u64,
     /// The connection's epoch was fenced or superseded by a newer one.
     pub fenced: bool,
+    /// The session ended while this connection was open: it was idle and its slot in
+    /// the session table went to another session. Its marks are gone.
+    pub expired: bool,
 }
 
 impl SessionStatus {
@@ -34,6 +43,10 @@ impl SessionStatus {
     }
 }
 
+/// How often a connected session's last-active stamp is raised. Far below any sensible
+/// `session_idle_evict`, and rare enough to cost nothing.
+const TOUCH_EVERY_MS: u64 = 1_000;
+
 impl SessionView {
     pub fn new(topic: u32, client_id: u64, epoch: u64) -> Self {
         Self {
@@ -41,55 +54,96 @@ impl SessionView {
             client_id,
             epoch,
             slot: None,
+            expired: false,
+            touched_ms: 0,
         }
     }
 
     /// The session's current status; a session the sequencer has not seen yet has
     /// committed nothing.
     pub fn status(&mut self, region: &Region) -> SessionStatus {
-        let cached = self
+        let unknown = SessionStatus {
+            committed_hwm: 0,
+            durable_hwm: 0,
+            fenced: false,
+            expired: self.expired,
+        };
+        if self.expired {
+            return unknown;
+        }
+        let record = match self
             .slot
-            .and_then(|slot| region.session_read(self.topic, slot))
-            .filter(|r| r.client_id == self.client_id);
-        let record = cached.or_else(|| {
-            let (slot, r) = region.session_find(self.topic, self.client_id)?;
-            self.slot = Some(slot);
-            Some(r)
-        });
-        match (record, self.slot) {
-            (Some(r), Some(slot)) => SessionStatus {
-                committed_hwm: r.committed_hwm,
-                durable_hwm: region
-                    .session_durable_hwm(self.topic, slot)
-                    .load(std::sync::atomic::Ordering::Acquire),
-                fenced: r.session_epoch > self.epoch
-                    || (r.session_epoch == self.epoch && r.state == SessionState::Fenced),
-            },
-            _ => SessionStatus {
-                committed_hwm: 0,
-                durable_hwm: 0,
-                fenced: false,
-            },
+            .map(|slot| (slot, region.session_read(self.topic, slot)))
+        {
+            Some((slot, Some(r))) if r.client_id == self.client_id => Some((slot, r)),
+            // Slots are never emptied, only given to another session: a slot that reads
+            // as empty is being rewritten. One holding another client's session is gone.
+            Some((_, Some(_))) => {
+                let found = region.session_find(self.topic, self.client_id);
+                self.expired = found.is_none();
+                found
+            }
+            _ => region.session_find(self.topic, self.client_id),
+        };
+        let Some((slot, r)) = record else {
+            return SessionStatus {
+                expired: self.expired,
+                ..unknown
+            };
+        };
+        self.slot = Some(slot);
+        SessionStatus {
+            committed_hwm: r.committed_hwm,
+            durable_hwm: region
+                .session_durable_hwm(self.topic, slot)
+                .load(std::sync::atomic::Ordering::Acquire),
+            fenced: r.session_epoch > self.epoch
+                || (r.session_epoch == self.epoch && r.state == SessionState::Fenced),
+            expired: false,
+        }
+    }
+
+    /// Raises the session's last-active stamp (at most once a second): its client is
+    /// connected, so the session must not be taken for idle and ended.
+    pub fn touch(&mut self, region: &Region, now_ms: u64) {
+        if let Some(slot) = self.slot {
+            if now_ms >= self.touched_ms + TOUCH_EVERY_MS {
+                region.session_touch(self.topic, slot, now_ms);
+                self.touched_ms = now_ms;
+            }
         }
     }
 
     /// True when the session has no slot in the table and cannot get one: every slot
-    /// holds another client's session, so the sequencer drops this session's batches.
-    /// Meant for a session not seen yet; one that has a slot is never crowded out.
-    pub fn crowded_out(&self, region: &Region) -> bool {
+    /// holds another client's session, active within `idle_evict`, so the sequencer
+    /// drops this session's batches. One that has a slot is never crowded out.
+    pub fn crowded_out(&self, region: &Region, idle_evict: Duration) -> bool {
         self.slot.is_none()
             && region.session_find(self.topic, self.client_id).is_none()
-            && region.session_table_full(self.topic)
+            && !region.session_table_has_room(self.topic, unix_ms(), idle_evict.as_millis() as u64)
     }
 }
 
 /// The error text of a SessionsExhausted frame.
-pub fn exhausted_message(topic: &str) -> String {
+pub fn exhausted_message(topic: &str, idle_evict: Duration) -> String {
     format!(
-        "all {} order-5 session slots of topic {topic:?} hold other clients' sessions (a \
-         topic keeps one per client id that ever published to it); publish with a client \
-         id that has a session on it, or use another topic",
-        embarcadero_region::SESSION_SLOTS
+        "all {} order-5 session slots of topic {topic:?} hold other clients' sessions, each \
+         active within the last {} s (sequencer.session_idle_evict_secs); retry when one \
+         has been idle that long, publish with a client id that has a session on it, or \
+         use another topic",
+        embarcadero_region::SESSION_SLOTS,
+        idle_evict.as_secs()
+    )
+}
+
+/// The error text of a SessionExpired frame.
+pub fn expired_message(idle_evict: Duration) -> String {
+    format!(
+        "this order-5 session ended while the connection was open: it was idle for more than \
+         {} s (sequencer.session_idle_evict_secs) and its slot in the session table went to \
+         a new session, so its deduplication marks are gone; batches not yet acknowledged \
+         may or may not be in the log: start a new session (a new publisher) and resend them",
+        idle_evict.as_secs()
     )
 }
 
@@ -99,4 +153,100 @@ pub fn fenced_message(epoch: u64, hwm: u64) -> String {
         "session epoch {epoch} is fenced: a gap at its head outlived the session lease (or a newer epoch exists); hwm={hwm}; reopen with epoch {} and resend from batch {hwm}",
         epoch + 1
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use embarcadero_region::{Capacities, SessionRecord, TopicMeta, SESSION_SLOTS};
+
+    fn region() -> (tempfile::TempDir, Region) {
+        let dir = tempfile::tempdir().unwrap();
+        let caps = Capacities {
+            max_topics: 1,
+            brokers: 1,
+            goi_slots: 64,
+            pbr_slots: 64,
+            segment_bytes: 4096,
+            segments_per_broker: 4,
+            seg_map_slots: 8,
+        };
+        let r = Region::create(&dir.path().join("r"), caps).unwrap();
+        r.write_topic_meta(0, &TopicMeta::new("s", 5));
+        (dir, r)
+    }
+
+    fn record(client_id: u64, committed_hwm: u64, last_active_ms: u64) -> SessionRecord {
+        SessionRecord {
+            state: SessionState::Open,
+            client_id,
+            session_epoch: 1,
+            committed_hwm,
+            last_active_ms,
+        }
+    }
+
+    #[test]
+    fn a_session_whose_slot_goes_to_another_client_reads_as_expired() {
+        let (_d, r) = region();
+        let mut view = SessionView::new(0, 7, 1);
+        let s = view.status(&r);
+        assert!(
+            !s.expired && s.committed_hwm == 0,
+            "not seen yet is not expired"
+        );
+        r.session_write(0, 3, &record(7, 5, 1));
+        let s = view.status(&r);
+        assert!(!s.expired);
+        assert_eq!(s.committed_hwm, 5);
+        // The sequencer ends the session and gives slot 3 to client 8.
+        r.session_write(0, 3, &record(8, 1, 2));
+        assert!(view.status(&r).expired);
+        // For good: the client's marks are gone even if it shows up again elsewhere.
+        r.session_write(0, 4, &record(7, 1, 3));
+        assert!(view.status(&r).expired);
+        // A fresh connection of client 7 sees its new session.
+        assert_eq!(SessionView::new(0, 7, 1).status(&r).committed_hwm, 1);
+    }
+
+    #[test]
+    fn touching_raises_the_stamp_at_most_once_a_second() {
+        let (_d, r) = region();
+        r.session_write(0, 0, &record(7, 1, 1_000));
+        let mut view = SessionView::new(0, 7, 1);
+        view.touch(&r, 5_000);
+        assert_eq!(
+            r.session_read(0, 0).unwrap().last_active_ms,
+            1_000,
+            "slot unknown yet"
+        );
+        view.status(&r);
+        view.touch(&r, 5_000);
+        view.touch(&r, 5_500);
+        assert_eq!(r.session_read(0, 0).unwrap().last_active_ms, 5_000);
+        view.touch(&r, 6_000);
+        assert_eq!(r.session_read(0, 0).unwrap().last_active_ms, 6_000);
+        // The sequencer's rewrite never lowers it.
+        r.session_write(0, 0, &record(7, 2, 5_800));
+        assert_eq!(r.session_read(0, 0).unwrap().last_active_ms, 6_000);
+    }
+
+    #[test]
+    fn a_new_session_is_crowded_out_only_when_no_slot_is_free_or_idle() {
+        let (_d, r) = region();
+        let now = unix_ms();
+        let idle = Duration::from_secs(600);
+        let view = SessionView::new(0, 9999, 1);
+        for slot in 0..SESSION_SLOTS - 1 {
+            r.session_write(0, slot, &record(slot as u64, 1, now));
+        }
+        assert!(!view.crowded_out(&r, idle), "one slot free");
+        r.session_write(0, SESSION_SLOTS - 1, &record(500, 1, now - 600_001));
+        assert!(
+            !view.crowded_out(&r, idle),
+            "one session idle for longer than 600 s"
+        );
+        r.session_touch(0, SESSION_SLOTS - 1, now);
+        assert!(view.crowded_out(&r, idle));
+    }
 }

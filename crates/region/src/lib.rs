@@ -26,8 +26,10 @@ mod slots;
 pub use doorbell::Doorbell;
 pub use layout::{Capacities, Layout, MAX_BROKERS, MAX_REPLICAS, READER_SLOTS, SESSION_SLOTS};
 pub use owner::{Fenced, OwnerRecord, ProcessIdentity};
-pub use region::{monotonic_ns, LogControl, Region, ReplicaProgress, TopicSeq, READER_CLAIMING};
-pub use slots::{GoiEntry, SessionRecord, SessionState, TopicMeta, TopicState};
+pub use region::{
+    monotonic_ns, unix_ms, LogControl, Region, ReplicaProgress, TopicSeq, READER_CLAIMING,
+};
+pub use slots::{session_idle, GoiEntry, SessionRecord, SessionState, TopicMeta, TopicState};
 
 use std::path::PathBuf;
 

@@ -46,8 +46,10 @@ const R_OWN_DURABLE_SEQ: u64 = 8;
 const R_ERROR: u64 = 16;
 const R_DURABLE_POSITION: u64 = 24;
 
-// Session slot word written by the replication chain (the rest is the sequencer's).
+// Session slot words. The durable mark is written by the replication chain (and reset by
+// the sequencer when it hands the slot to another session); the rest is the sequencer's.
 const S_DURABLE_HWM: u64 = 32;
+const S_LAST_ACTIVE_MS: u64 = 40;
 
 /// The mapped region. Cheap to share behind an `Arc`; all access is through atomics
 /// on 8-byte words or through the BLog byte accessors.
@@ -631,7 +633,9 @@ impl Region {
 
     // ---------------------------------------------------------------- order-5 sessions
 
-    /// Writes a session slot, state word last. Sequencer only.
+    /// Writes a session slot, state word last. Sequencer only. The last-active stamp is
+    /// only raised (brokers raise it too, `session_touch`); a slot given to another
+    /// session keeps the previous holder's stamp, which is older than the new one's.
     pub fn session_write(&self, topic: u32, slot: u32, s: &SessionRecord) {
         let base = self.layout.session_slot_off(topic, slot);
         self.invalidate(base);
@@ -640,6 +644,8 @@ impl Region {
             .store(s.session_epoch, Ordering::Relaxed);
         self.word(base + 24)
             .store(s.committed_hwm, Ordering::Relaxed);
+        self.word(base + S_LAST_ACTIVE_MS)
+            .fetch_max(s.last_active_ms, Ordering::Relaxed);
         store_fence();
         self.word(base).store(s.state as u64, Ordering::Release);
     }
@@ -654,8 +660,16 @@ impl Region {
             client_id: self.word(base + 8).load(Ordering::Acquire),
             session_epoch: self.word(base + 16).load(Ordering::Acquire),
             committed_hwm: self.word(base + 24).load(Ordering::Acquire),
+            last_active_ms: self.word(base + S_LAST_ACTIVE_MS).load(Ordering::Acquire),
         };
         (self.word(base).load(Ordering::Acquire) == state as u64).then_some(rec)
+    }
+
+    /// Raises the last-active stamp of the session in `slot` to `now_ms`: a broker does
+    /// while the session's client is connected, so that it is not taken for idle.
+    pub fn session_touch(&self, topic: u32, slot: u32, now_ms: u64) {
+        self.word(self.layout.session_slot_off(topic, slot) + S_LAST_ACTIVE_MS)
+            .fetch_max(now_ms, Ordering::Relaxed);
     }
 
     /// Order 5, ack 2: every batch of the session in `slot` with `batch_seq` below
@@ -673,12 +687,15 @@ impl Region {
         })
     }
 
-    /// True when every slot of a topic's session table holds a session: the sequencer
-    /// has no room for another client's (it keeps a slot while the topic lives). A slot
-    /// being rewritten reads as free, so this may say false for a full table, never
-    /// true for one with room.
-    pub fn session_table_full(&self, topic: u32) -> bool {
-        (0..SESSION_SLOTS).all(|slot| self.session_read(topic, slot).is_some())
+    /// True when a new session of `topic` can get a slot: one is free, or held by a
+    /// session idle for at least `idle_ms` at `now_ms` (the sequencer evicts the longest
+    /// idle of those for a new one). A slot being rewritten reads as free, so this may
+    /// say true for a table without room, never false for one with room by this rule.
+    pub fn session_table_has_room(&self, topic: u32, now_ms: u64, idle_ms: u64) -> bool {
+        (0..SESSION_SLOTS).any(|slot| {
+            self.session_read(topic, slot)
+                .is_none_or(|r| r.idle_at(now_ms, idle_ms))
+        })
     }
 
     // ---------------------------------------------------------------- PBR
@@ -917,6 +934,12 @@ pub(crate) fn boot_id() -> [u64; 2] {
     }
     let word = |s: &str| u64::from_str_radix(s, 16).unwrap_or(0);
     [word(&hex[..16]), word(&hex[16..])]
+}
+
+/// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it): the
+/// time stamps the region keeps for idleness and creation times.
+pub fn unix_ms() -> u64 {
+    now_ns() / 1_000_000
 }
 
 fn now_ns() -> u64 {

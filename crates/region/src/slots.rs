@@ -131,4 +131,24 @@ pub struct SessionRecord {
     pub session_epoch: u64,
     /// Every batch of the session with `batch_seq` below this is in the committed GOI.
     pub committed_hwm: u64,
+    /// Wall-clock time (ms since the Unix epoch) the session was last active: raised by
+    /// the sequencer when it writes the slot (its last admitted batch) and by brokers
+    /// while a connection of the session is open; 0 when unknown (a region written
+    /// before this field existed). What the sequencer and the brokers judge idleness by.
+    pub last_active_ms: u64,
+}
+
+impl SessionRecord {
+    /// True when the session has been idle at least `idle_ms` at `now_ms`.
+    pub fn idle_at(&self, now_ms: u64, idle_ms: u64) -> bool {
+        session_idle(self.last_active_ms, now_ms, idle_ms)
+    }
+}
+
+/// True when a session last active at `last_active_ms` has been idle at least `idle_ms`
+/// at `now_ms`. A time in the future (the clock was set back) counts as active.
+pub fn session_idle(last_active_ms: u64, now_ms: u64, idle_ms: u64) -> bool {
+    now_ms
+        .checked_sub(last_active_ms)
+        .is_some_and(|idle| idle >= idle_ms)
 }

@@ -231,6 +231,7 @@ pub fn seed(region: &Region, topic: u32, replication_factor: u8, resume: &Resume
             "more recovered sessions than session slots; the rest start over"
         );
     }
+    let now_ms = embarcadero_region::unix_ms();
     for (slot, (client_id, m)) in resume
         .sessions
         .iter()
@@ -245,6 +246,8 @@ pub fn seed(region: &Region, topic: u32, replication_factor: u8, resume: &Resume
                 client_id: *client_id,
                 session_epoch: m.epoch,
                 committed_hwm: m.hwm,
+                // Not on disk: idle counts from the recovery.
+                last_active_ms: now_ms,
             },
         );
         region.session_durable_hwm(topic, slot as u32).store(

@@ -689,13 +689,19 @@ impl Worker {
                 continue;
             };
             if e.session_epoch > 0 {
-                let slot = match t.session_slots.get(&e.client_id) {
-                    Some(s) => Some(*s),
-                    None => region.session_find(t.topic, e.client_id).map(|(slot, _)| {
+                // The sequencer gives an idle session's slot to another one (and the
+                // idle one, when it returns, a new slot), so a cached slot is checked.
+                let cached = t.session_slots.get(&e.client_id).copied().filter(|&slot| {
+                    region
+                        .session_read(t.topic, slot)
+                        .is_some_and(|r| r.client_id == e.client_id)
+                });
+                let slot = cached.or_else(|| {
+                    region.session_find(t.topic, e.client_id).map(|(slot, _)| {
                         t.session_slots.insert(e.client_id, slot);
                         slot
-                    }),
-                };
+                    })
+                });
                 let Some(slot) = slot else {
                     break;
                 };

@@ -2,7 +2,9 @@
 //!
 //! Owns: the GOI of every ordered topic, each topic's sequence line (`committed_seq`,
 //! `next_position`), the sequencer line of every log (`ordered_pbr`,
-//! `reclaim_request`) and the `total_order` field of PBR slots. It only reads PBR
+//! `reclaim_request`), the `total_order` field of PBR slots and the order-5 session
+//! table (`sessions`; when it gives a slot to a new session it also resets the slot's
+//! `durable_hwm`, otherwise the last replica's). It only reads PBR
 //! slots and broker-owned frontiers; it never touches payload bytes (axiom A1).
 //!
 //! Pipeline: one scanner per (topic, broker) follows that broker's PBR with plain
@@ -42,6 +44,9 @@ pub struct SequencerConfig {
     pub session_window: u64,
     /// Order 5: how long a gap at the head of a session may last before it is fenced.
     pub session_lease: Duration,
+    /// Order 5: how long a session must have been idle before its slot in the session
+    /// table may go to a new session (only when the table is full).
+    pub session_idle_evict: Duration,
     /// The fencing epoch of the lease this sequencer runs under: it stops before an
     /// epoch's writes once the region's epoch has moved on (a successor took over while
     /// it was paused). `None`: unchecked (tests).
@@ -55,6 +60,7 @@ impl Default for SequencerConfig {
             idle_sleep_max: Duration::from_millis(20),
             session_window: 4096,
             session_lease: Duration::from_secs(30),
+            session_idle_evict: Duration::from_secs(600),
             fencing_epoch: None,
         }
     }
@@ -74,6 +80,8 @@ pub struct SequencerMetrics {
     pub scan_nanos: AtomicU64,
     /// Times an epoch could not be fully sealed because GOI slots were still in use.
     pub goi_full_stalls: AtomicU64,
+    /// Order-5 sessions that gave up their table slot to a new session.
+    pub sessions_evicted: AtomicU64,
 }
 
 /// A running sequencer thread. Dropping it stops it.
@@ -147,9 +155,14 @@ struct Scanner {
 impl Scanner {
     /// Takes the slot at the cursor (`None`: void) into the epoch's buffer, or, for
     /// order 5, into the session it belongs to.
-    fn take(&mut self, sessions: &mut Option<sessions::Sessions>, entry: Option<GoiEntry>) {
+    fn take(
+        &mut self,
+        region: &Region,
+        sessions: &mut Option<sessions::Sessions>,
+        entry: Option<GoiEntry>,
+    ) {
         match sessions {
-            Some(sessions) => sessions.admit(self.broker, self.cursor, entry),
+            Some(sessions) => sessions.admit(region, self.broker, self.cursor, entry),
             None => self.buffer.push(Pending {
                 pbr_index: self.cursor,
                 entry,
@@ -294,8 +307,8 @@ impl Core {
                 sessions::Sessions::recover(
                     &self.region,
                     topic,
-                    self.config.session_window,
-                    self.config.session_lease,
+                    meta.replication_factor,
+                    &self.config,
                 )
             });
             self.topics.push(TopicState {
@@ -335,6 +348,9 @@ impl Core {
         let region = &self.region;
         let mut waiting = 0;
         for t in &mut self.topics {
+            if let Some(sessions) = &mut t.sessions {
+                sessions.tick(region, Instant::now());
+            }
             for s in &mut t.scanners {
                 let mut taken = 0;
                 // A fenced broker's slots at or above the fence are never ordered; a
@@ -349,7 +365,7 @@ impl Core {
                 {
                     let resume = log.resume_pbr.load(Ordering::Acquire);
                     while s.cursor < resume {
-                        s.take(&mut t.sessions, None);
+                        s.take(region, &mut t.sessions, None);
                     }
                     limit = u64::MAX;
                 }
@@ -371,13 +387,15 @@ impl Core {
                         flags: 0,
                         replication_token: 0,
                     });
-                    s.take(&mut t.sessions, entry);
+                    s.take(region, &mut t.sessions, entry);
                     taken += 1;
                 }
                 waiting += s.buffer.len();
             }
             if let Some(sessions) = &mut t.sessions {
-                sessions.fence_expired(Instant::now());
+                self.metrics
+                    .sessions_evicted
+                    .fetch_add(std::mem::take(&mut sessions.evictions), Ordering::Relaxed);
                 waiting += sessions.ready.len() + sessions.dirty as usize;
             }
         }
@@ -408,10 +426,11 @@ impl Core {
                 self.metrics.goi_full_stalls.fetch_add(1, Ordering::Relaxed);
                 break;
             }
+            let goi = t.tail.committed;
             t.tail
                 .append(region, t.topic, b.broker, b.pbr_index, b.entry);
             sessions.ready.pop_front();
-            sessions.committed(&b);
+            sessions.committed(&b, goi);
         }
         self.publish(t.topic, start, t.tail);
         self.announce(t.topic, t.replicated, start, t.tail);
@@ -560,7 +579,7 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use embarcadero_region::{Capacities, TopicMeta};
+    use embarcadero_region::{Capacities, TopicMeta, SESSION_SLOTS};
     use embarcadero_wire::BatchHeader;
 
     pub(super) fn region(goi_slots: u64) -> (tempfile::TempDir, Arc<Region>) {
@@ -936,5 +955,180 @@ mod tests {
         let (_, rec) = r.session_find(0, 7).unwrap();
         assert_eq!(rec.state, embarcadero_region::SessionState::Open);
         assert_eq!((rec.session_epoch, rec.committed_hwm), (2, 3));
+    }
+
+    /// A region with room for more than a full session table of batches.
+    fn wide_session_region(replication_factor: u8) -> (tempfile::TempDir, Arc<Region>) {
+        let dir = tempfile::tempdir().unwrap();
+        let caps = Capacities {
+            max_topics: 1,
+            brokers: 1,
+            goi_slots: 1024,
+            pbr_slots: 1024,
+            segment_bytes: 4096,
+            segments_per_broker: 4,
+            seg_map_slots: 8,
+        };
+        let r = Arc::new(Region::create(&dir.path().join("r"), caps).unwrap());
+        r.write_topic_meta(
+            0,
+            &TopicMeta {
+                replication_factor,
+                ..TopicMeta::new("s", 5)
+            },
+        );
+        (dir, r)
+    }
+
+    const MINUTE_MS: u64 = 60_000;
+
+    /// Fills the session table: client `c` (0..256) publishes its batch 0 at `at_ms`.
+    fn fill_session_table(r: &Arc<Region>, c: &mut Core, at_ms: u64) {
+        sessions::test_clock::NOW_MS.set(Some(at_ms));
+        for client in 0..SESSION_SLOTS as u64 {
+            commit_session(r, 0, client, client, 1, 0);
+        }
+        c.scan();
+        c.seal_all();
+        assert_eq!(goi_sessions(r).len(), SESSION_SLOTS as usize);
+    }
+
+    fn idle_core(r: &Arc<Region>) -> Core {
+        let config = SequencerConfig {
+            session_idle_evict: Duration::from_secs(600),
+            ..SequencerConfig::default()
+        };
+        let mut c = Core::new(r.clone(), config, Default::default());
+        c.refresh_topics();
+        c
+    }
+
+    #[test]
+    fn a_full_table_gives_the_slot_of_the_longest_idle_session_to_a_new_one() {
+        let (_d, r) = wide_session_region(1);
+        let mut c = idle_core(&r);
+        let t0 = 1_000 * MINUTE_MS;
+        fill_session_table(&r, &mut c, t0);
+        let (slot_of_5, _) = r.session_find(0, 5).unwrap();
+        r.session_durable_hwm(0, slot_of_5)
+            .store(77, Ordering::Release);
+        // Eleven minutes on: every client but 5 is still connected (its broker keeps
+        // its stamp fresh), or published a minute ago.
+        let now = t0 + 11 * MINUTE_MS;
+        for client in (0..SESSION_SLOTS as u64).filter(|&c| c != 5) {
+            let (slot, _) = r.session_find(0, client).unwrap();
+            let stamp = if client % 2 == 0 {
+                now
+            } else {
+                now - MINUTE_MS
+            };
+            r.session_touch(0, slot, stamp);
+        }
+        sessions::test_clock::NOW_MS.set(Some(now));
+        commit_session(&r, 0, 256, 1000, 1, 0);
+        c.scan();
+        c.seal_all();
+        assert_eq!(goi_sessions(&r).last(), Some(&(1000, 0)), "admitted");
+        let (slot, rec) = r.session_find(0, 1000).unwrap();
+        assert_eq!(slot, slot_of_5, "the idle session's slot");
+        assert_eq!((rec.committed_hwm, rec.last_active_ms), (1, now));
+        assert_eq!(
+            r.session_durable_hwm(0, slot).load(Ordering::Acquire),
+            0,
+            "the previous holder's durable mark does not carry over"
+        );
+        assert!(r.session_find(0, 5).is_none(), "session 5 ended");
+        assert_eq!(c.metrics.sessions_evicted.load(Ordering::Relaxed), 1);
+
+        // No other session has been idle ten minutes: the next new one finds no slot,
+        // and its batch is dropped, not left holding the broker's frontier.
+        commit_session(&r, 0, 257, 1001, 1, 0);
+        c.scan();
+        c.seal_all();
+        assert!(r.session_find(0, 1001).is_none());
+        assert_eq!(goi_sessions(&r).len(), SESSION_SLOTS as usize + 1);
+        assert_eq!(r.log(0, 0).ordered_pbr.load(Ordering::Acquire), 258);
+
+        // Client 5 comes back: a new session, from batch 0, in the slot of the session
+        // idle longest by then.
+        let later = now + 10 * MINUTE_MS + 1;
+        sessions::test_clock::NOW_MS.set(Some(later));
+        commit_session(&r, 0, 258, 5, 1, 0);
+        c.scan();
+        c.seal_all();
+        assert_eq!(goi_sessions(&r).last(), Some(&(5, 0)));
+        assert_eq!(r.session_find(0, 5).unwrap().1.committed_hwm, 1);
+        let ended: Vec<u64> = (0..SESSION_SLOTS as u64)
+            .filter(|&c| r.session_find(0, c).is_none())
+            .collect();
+        assert_eq!(ended.len(), 1, "{ended:?}");
+        assert_eq!(ended[0] % 2, 1, "one stamped a minute before the others");
+
+        // A restarted sequencer keeps ended sessions ended, though their batches are
+        // still in the GOI ring.
+        drop(c);
+        let c = idle_core(&r);
+        let table: std::collections::HashSet<u64> = (0..SESSION_SLOTS)
+            .filter_map(|s| r.session_read(0, s).map(|rec| rec.client_id))
+            .collect();
+        assert_eq!(table.len(), SESSION_SLOTS as usize);
+        assert!(table.contains(&1000) && table.contains(&5));
+        drop(c);
+        sessions::test_clock::NOW_MS.set(None);
+    }
+
+    #[test]
+    fn a_session_keeps_its_slot_until_the_disk_replicas_have_its_batches() {
+        let (_d, r) = wide_session_region(2);
+        let mut c = idle_core(&r);
+        let t0 = 1_000 * MINUTE_MS;
+        fill_session_table(&r, &mut c, t0);
+        sessions::test_clock::NOW_MS.set(Some(t0 + 60 * MINUTE_MS));
+        commit_session(&r, 0, 256, 1000, 1, 0);
+        c.scan();
+        c.seal_all();
+        assert!(
+            r.session_find(0, 1000).is_none(),
+            "every session idle an hour, but none of their batches is on the replica"
+        );
+        // The replica catches up with all but the last session's batch.
+        let replica = r.replica(0, 1);
+        replica.durable_seq.store(255, Ordering::Release);
+        commit_session(&r, 0, 257, 1000, 1, 0);
+        c.scan();
+        c.seal_all();
+        let (slot, _) = r.session_find(0, 1000).unwrap();
+        assert!(
+            r.session_find(0, 255).is_some(),
+            "its batch is not durable yet"
+        );
+        assert_ne!(slot, r.session_find(0, 255).unwrap().0);
+        assert_eq!(c.metrics.sessions_evicted.load(Ordering::Relaxed), 1);
+        sessions::test_clock::NOW_MS.set(None);
+    }
+
+    #[test]
+    fn a_clock_jump_does_not_end_a_session_with_a_batch_waiting_for_its_epoch() {
+        let (_d, r) = wide_session_region(1);
+        let mut c = idle_core(&r);
+        let t0 = 1_000 * MINUTE_MS;
+        fill_session_table(&r, &mut c, t0);
+        // Client 7's next batch is admitted, then the clock jumps an hour before the
+        // epoch is sealed. Every other session is connected.
+        commit_session(&r, 0, 256, 7, 1, 1);
+        c.scan();
+        let later = t0 + 60 * MINUTE_MS;
+        for client in (0..SESSION_SLOTS as u64).filter(|&c| c != 7) {
+            let (slot, _) = r.session_find(0, client).unwrap();
+            r.session_touch(0, slot, later);
+        }
+        sessions::test_clock::NOW_MS.set(Some(later));
+        commit_session(&r, 0, 257, 1000, 1, 0);
+        c.scan();
+        c.seal_all();
+        assert!(r.session_find(0, 1000).is_none(), "no session could end");
+        assert_eq!(r.session_find(0, 7).unwrap().1.committed_hwm, 2);
+        assert_eq!(goi_sessions(&r).last(), Some(&(7, 1)));
+        sessions::test_clock::NOW_MS.set(None);
     }
 }

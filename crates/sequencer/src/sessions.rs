@@ -15,11 +15,39 @@
 //! committed high-water mark (every batch below it is in the committed GOI), state word
 //! last. A restarted sequencer rebuilds from the table, reconciled with the GOI tail
 //! (the table is written after `committed_seq`, so it may lag by one epoch).
+//!
+//! Slots are reused: when a new session finds the table full, the session idle longest
+//! (at least `session_idle_evict` by the table's last-active stamp, which brokers keep
+//! fresh while the client is connected; nothing held; every batch on the disk replicas)
+//! ends, and its slot goes to the new one. An ended session is forgotten: a client that
+//! comes back with the same id starts a new session from batch 0, and one that still
+//! holds unacknowledged batches of the old one is told it expired (the broker sees its
+//! slot taken by another client).
 
-use embarcadero_region::{GoiEntry, Region, SessionRecord, SessionState, SESSION_SLOTS};
+use crate::SequencerConfig;
+use embarcadero_region::{
+    session_idle, unix_ms, GoiEntry, Region, SessionRecord, SessionState, SESSION_SLOTS,
+};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+
+/// The wall clock idleness is judged by; tests set their own.
+fn wall_clock_ms() -> u64 {
+    #[cfg(test)]
+    if let Some(ms) = test_clock::NOW_MS.get() {
+        return ms;
+    }
+    unix_ms()
+}
+
+#[cfg(test)]
+pub(crate) mod test_clock {
+    thread_local! {
+        /// When set, the wall clock of sessions handled on this thread.
+        pub static NOW_MS: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+    }
+}
 
 /// A batch admitted to (or held for) the global order.
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +69,17 @@ struct Session {
     fenced: bool,
     /// When the head of the session last stopped moving while batches were held.
     gap_since: Option<Instant>,
+    /// Wall-clock ms of the session's last admitted batch.
+    last_active_ms: u64,
+    /// Batches admitted to `ready` and not committed yet: the session cannot end (the
+    /// replicas' worker needs its slot for their entries).
+    uncommitted: u64,
+    /// GOI index of the session's last committed batch, if it is still in the ring:
+    /// the slot can be given away only once the disk replicas have it.
+    last_goi: Option<u64>,
+    /// The slot was just given to this session: its durable mark must be set to this
+    /// before the record is written (the previous holder's mark must not carry over).
+    durable_start: Option<u64>,
     dirty: bool,
 }
 
@@ -55,13 +94,28 @@ pub(crate) struct Sessions {
     outstanding: Vec<BTreeSet<u64>>,
     window: u64,
     lease: Duration,
+    idle_evict_ms: u64,
+    /// Replication factor of the topic: with disk replicas a slot is given away only
+    /// after they have every batch of its session.
+    replication_factor: u32,
+    /// GOI entries below this are on every disk replica (`u64::MAX` without replicas).
+    durable_frontier: u64,
+    /// Wall-clock ms, refreshed on every `tick`.
+    now_ms: u64,
+    /// Sessions that ended to free their slot, not yet counted in the metrics.
+    pub evictions: u64,
     /// Something changed that must reach the region (a drop, a fence).
     pub dirty: bool,
 }
 
 impl Sessions {
     /// Rebuilds a topic's sessions from the region's table and the committed GOI.
-    pub fn recover(region: &Region, topic: u32, window: u64, lease: Duration) -> Self {
+    pub fn recover(
+        region: &Region,
+        topic: u32,
+        replication_factor: u8,
+        config: &SequencerConfig,
+    ) -> Self {
         let brokers = region.capacities().brokers as usize;
         let mut s = Self {
             topic,
@@ -69,10 +123,16 @@ impl Sessions {
             used_slots: vec![false; SESSION_SLOTS as usize],
             ready: VecDeque::new(),
             outstanding: vec![BTreeSet::new(); brokers],
-            window,
-            lease,
+            window: config.session_window,
+            lease: config.session_lease,
+            idle_evict_ms: config.session_idle_evict.as_millis() as u64,
+            replication_factor: replication_factor as u32,
+            durable_frontier: 0,
+            now_ms: wall_clock_ms(),
+            evictions: 0,
             dirty: false,
         };
+        s.refresh_durable_frontier(region);
         for slot in 0..SESSION_SLOTS {
             if let Some(r) = region.session_read(topic, slot) {
                 s.used_slots[slot as usize] = true;
@@ -86,12 +146,24 @@ impl Sessions {
                         held: BTreeMap::new(),
                         fenced: r.state == SessionState::Fenced,
                         gap_since: None,
+                        // A region from before the field: idle from now on.
+                        last_active_ms: if r.last_active_ms == 0 {
+                            s.now_ms
+                        } else {
+                            r.last_active_ms
+                        },
+                        uncommitted: 0,
+                        last_goi: None,
+                        durable_start: None,
                         dirty: false,
                     },
                 );
             }
         }
-        // Batches committed after the table was last written.
+        // Batches committed after the table was last written, and the last GOI index
+        // of every session still in the ring. A session not in the table takes a free
+        // slot (its first batches may be waiting for acknowledgements); with none free,
+        // it is one that ended to free its slot.
         let committed = region
             .topic_seq(topic)
             .committed_seq
@@ -101,13 +173,14 @@ impl Sessions {
             let Some(e) = region.goi_read(topic, g) else {
                 continue;
             };
-            let session = match s.by_client.get_mut(&e.client_id) {
-                Some(session) => session,
-                None => match s.open(e.client_id, e.session_epoch) {
-                    Some(session) => session,
-                    None => continue,
-                },
-            };
+            if !s.by_client.contains_key(&e.client_id) {
+                let slot = s.free_slot();
+                if s.open_in(e.client_id, e.session_epoch, slot).is_none() {
+                    continue;
+                }
+            }
+            let session = s.by_client.get_mut(&e.client_id).expect("opened above");
+            session.last_goi = Some(g);
             if e.client_seq + 1 > session.committed_hwm {
                 session.committed_hwm = e.client_seq + 1;
                 session.next_expected = session.committed_hwm;
@@ -119,23 +192,88 @@ impl Sessions {
         s
     }
 
-    fn open(&mut self, client_id: u64, epoch: u64) -> Option<&mut Session> {
-        let slot = self.used_slots.iter().position(|used| !used)? as u32;
-        self.used_slots[slot as usize] = true;
+    fn free_slot(&mut self) -> Option<u32> {
+        let slot = self.used_slots.iter().position(|used| !used)?;
+        self.used_slots[slot] = true;
+        Some(slot as u32)
+    }
+
+    /// Opens a session for a client the table does not hold, in a free slot or in the
+    /// one an idle session gives up; `None` when there is neither.
+    fn open(&mut self, region: &Region, client_id: u64, epoch: u64) -> Option<&mut Session> {
+        let slot = match self.free_slot() {
+            Some(slot) => Some(slot),
+            None => self.end_idlest(region),
+        };
+        self.open_in(client_id, epoch, slot)
+    }
+
+    fn open_in(&mut self, client_id: u64, epoch: u64, slot: Option<u32>) -> Option<&mut Session> {
         Some(self.by_client.entry(client_id).or_insert(Session {
-            slot,
+            slot: slot?,
             epoch,
             next_expected: 0,
             committed_hwm: 0,
             held: BTreeMap::new(),
             fenced: false,
             gap_since: None,
+            last_active_ms: self.now_ms,
+            uncommitted: 0,
+            last_goi: None,
+            durable_start: Some(0),
             dirty: true,
         }))
     }
 
+    /// Ends the session idle longest, if one may end, and returns its slot: idle at
+    /// least `session_idle_evict` by both its last admitted batch and the table's stamp
+    /// (which brokers raise while its client is connected), nothing held or waiting for
+    /// the end of the epoch, and every batch on the disk replicas (their worker finds a
+    /// session's slot through the table for each of its entries). The clock alone is
+    /// not trusted: a jump must not end a session with batches in flight.
+    fn end_idlest(&mut self, region: &Region) -> Option<u32> {
+        let (now, idle, frontier) = (self.now_ms, self.idle_evict_ms, self.durable_frontier);
+        let topic = self.topic;
+        let (&client, _, last_active) = self
+            .by_client
+            .iter()
+            .filter(|(_, s)| {
+                s.held.is_empty() && s.uncommitted == 0 && s.last_goi.is_none_or(|g| g < frontier)
+            })
+            .map(|(client, s)| {
+                let stamp = region
+                    .session_read(topic, s.slot)
+                    .filter(|r| r.client_id == *client)
+                    .map_or(0, |r| r.last_active_ms);
+                (client, s, s.last_active_ms.max(stamp))
+            })
+            .filter(|(_, _, last_active)| session_idle(*last_active, now, idle))
+            .min_by_key(|(_, _, last_active)| *last_active)?;
+        let s = self.by_client.remove(&client).expect("found above");
+        tracing::info!(
+            topic,
+            client,
+            epoch = s.epoch,
+            committed_hwm = s.committed_hwm,
+            idle_s = now.saturating_sub(last_active) / 1000,
+            "order-5 session ended: idle, and its slot went to a new session"
+        );
+        self.evictions += 1;
+        Some(s.slot)
+    }
+
+    fn refresh_durable_frontier(&mut self, region: &Region) {
+        self.durable_frontier = match self.replication_factor {
+            0 | 1 => u64::MAX,
+            rf => region
+                .replica(self.topic, rf - 1)
+                .durable_seq
+                .load(Ordering::Acquire),
+        };
+    }
+
     /// Takes one scanned PBR slot (`entry` is `None` for a void slot).
-    pub fn admit(&mut self, broker: u32, pbr_index: u64, entry: Option<GoiEntry>) {
+    pub fn admit(&mut self, region: &Region, broker: u32, pbr_index: u64, entry: Option<GoiEntry>) {
         let Some(entry) = entry else {
             self.dirty = true;
             return;
@@ -149,19 +287,24 @@ impl Sessions {
         let seq = entry.client_seq;
         let window = self.window;
         if !self.by_client.contains_key(&entry.client_id)
-            && self.open(entry.client_id, entry.session_epoch).is_none()
+            && self
+                .open(region, entry.client_id, entry.session_epoch)
+                .is_none()
         {
             tracing::error!(
                 topic = self.topic,
                 client = entry.client_id,
-                "all {SESSION_SLOTS} order-5 session slots are in use; batch dropped"
+                "all {SESSION_SLOTS} order-5 session slots hold sessions active in the last {} s; batch dropped",
+                self.idle_evict_ms / 1000
             );
             return self.drop_batch(&batch);
         }
+        let now_ms = self.now_ms;
         let session = self
             .by_client
             .get_mut(&entry.client_id)
             .expect("opened above");
+        session.last_active_ms = now_ms;
         if entry.session_epoch < session.epoch
             || (entry.session_epoch == session.epoch && session.fenced)
         {
@@ -186,9 +329,11 @@ impl Sessions {
         } else if seq == session.next_expected {
             self.ready.push_back(batch);
             session.next_expected += 1;
+            session.uncommitted += 1;
             while let Some(next) = session.held.remove(&session.next_expected) {
                 self.ready.push_back(next);
                 session.next_expected += 1;
+                session.uncommitted += 1;
             }
             session.gap_since = (!session.held.is_empty()).then(Instant::now);
         } else {
@@ -207,8 +352,15 @@ impl Sessions {
         self.dirty = true;
     }
 
-    /// Fences every session whose head gap is older than the lease.
-    pub fn fence_expired(&mut self, now: Instant) {
+    /// Refreshes the clocks and the replicas' frontier, and fences every session whose
+    /// head gap is older than the lease. Called before every scan.
+    pub fn tick(&mut self, region: &Region, now: Instant) {
+        self.now_ms = wall_clock_ms();
+        self.refresh_durable_frontier(region);
+        self.fence_expired(now);
+    }
+
+    fn fence_expired(&mut self, now: Instant) {
         let mut dropped = Vec::new();
         for (client, s) in self.by_client.iter_mut() {
             let Some(since) = s.gap_since else { continue };
@@ -236,11 +388,13 @@ impl Sessions {
         }
     }
 
-    /// Records that `b` is now in the committed GOI (called in commit order).
-    pub fn committed(&mut self, b: &Admitted) {
+    /// Records that `b` is now in the committed GOI at index `goi` (called in commit order).
+    pub fn committed(&mut self, b: &Admitted, goi: u64) {
         self.outstanding[b.broker as usize].remove(&b.pbr_index);
         if let Some(s) = self.by_client.get_mut(&b.entry.client_id) {
             s.committed_hwm = s.committed_hwm.max(b.entry.client_seq + 1);
+            s.last_goi = Some(goi);
+            s.uncommitted -= 1;
             s.dirty = true;
         }
     }
@@ -248,6 +402,11 @@ impl Sessions {
     /// Writes changed sessions to the region's table.
     pub fn write_table(&mut self, region: &Region) {
         for (client, s) in self.by_client.iter_mut().filter(|(_, s)| s.dirty) {
+            if let Some(durable) = s.durable_start.take() {
+                region
+                    .session_durable_hwm(self.topic, s.slot)
+                    .store(durable, Ordering::Release);
+            }
             region.session_write(
                 self.topic,
                 s.slot,
@@ -260,6 +419,7 @@ impl Sessions {
                     client_id: *client,
                     session_epoch: s.epoch,
                     committed_hwm: s.committed_hwm,
+                    last_active_ms: s.last_active_ms,
                 },
             );
             s.dirty = false;

@@ -130,6 +130,9 @@ pub struct SequencerSettings {
     pub session_window: u64,
     /// Order 5: how long a gap at the head of a session may last before it is fenced.
     pub session_lease_ms: u64,
+    /// Order 5: a session idle this long may give up its slot in the topic's session
+    /// table (256 slots) when a new session needs one.
+    pub session_idle_evict_secs: u64,
 }
 
 impl Default for ServerConfig {
@@ -218,6 +221,7 @@ impl Default for SequencerSettings {
             epoch_us: 500,
             session_window: 4096,
             session_lease_ms: 30_000,
+            session_idle_evict_secs: 600,
         }
     }
 }
@@ -350,6 +354,14 @@ impl ServerConfig {
                 "sequencer.epoch_us must be at least {}, got {}",
                 embarcadero_sequencer::MIN_EPOCH.as_micros(),
                 self.sequencer.epoch_us
+            ));
+        }
+        // A broker raises a connected session's stamp once a second: a shorter threshold
+        // would end sessions whose clients are connected.
+        if self.sequencer.session_idle_evict_secs < 2 {
+            return bad(format!(
+                "sequencer.session_idle_evict_secs must be at least 2, got {}",
+                self.sequencer.session_idle_evict_secs
             ));
         }
         let r = &self.replication;
@@ -637,6 +649,16 @@ mod tests {
         let e = ServerConfig::load_with_env(None, env(&[("EMBARCADERO_SEQUENCER_EPOCH_US", "10")]))
             .unwrap_err();
         assert!(e.to_string().contains("epoch_us"), "{e}");
+        let e = ServerConfig::load_with_env(
+            None,
+            env(&[("EMBARCADERO_SEQUENCER_SESSION_IDLE_EVICT_SECS", "1")]),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("session_idle_evict_secs must be at least 2"),
+            "{e}"
+        );
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
         std::fs::write(&path, "brokerz = 2\n").unwrap();

@@ -130,10 +130,7 @@ impl ControlPlane {
         let slot = (0..max)
             .find(|s| topics.iter().all(|t| t.slot != *s))
             .ok_or(TopicError::Full(max))?;
-        let created_unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let created_unix_ms = embarcadero_region::unix_ms();
         let topic = PersistedTopic {
             spec: spec.clone(),
             slot,

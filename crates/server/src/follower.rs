@@ -150,7 +150,7 @@ impl Follower {
             incarnation,
             config.listen,
             &doc.config.broker,
-            doc.config.sequencer.session_window,
+            &doc.config.sequencer,
             &doc.config.replica_dirs,
         );
         let broker = Broker::start(broker_config, region.clone())

@@ -624,6 +624,12 @@ fn metrics(inner: &Inner) -> String {
             "Epochs cut short because GOI slots were still in use.",
             vec![(String::new(), s.goi_full_stalls.load(Ordering::Relaxed))],
         );
+        family(
+            "sequencer_sessions_evicted_total",
+            "counter",
+            "Idle order-5 sessions that gave up their session-table slot to a new session.",
+            vec![(String::new(), s.sessions_evicted.load(Ordering::Relaxed))],
+        );
     }
     let topics = inner.control.list();
     family(

@@ -166,7 +166,7 @@ impl Server {
                 embarcadero_region::owner::new_incarnation(),
                 SocketAddr::new(ip, port),
                 &config.broker,
-                config.sequencer.session_window,
+                &config.sequencer,
                 &replica_dirs,
             );
             brokers.push(
@@ -342,7 +342,7 @@ pub(crate) fn broker_config(
     incarnation: u64,
     listen: SocketAddr,
     b: &config::BrokerSettings,
-    session_window: u64,
+    s: &config::SequencerSettings,
     replica_dirs: &[PathBuf],
 ) -> BrokerConfig {
     BrokerConfig {
@@ -358,7 +358,8 @@ pub(crate) fn broker_config(
         max_connections: b.max_connections,
         idle_sleep_max: Duration::from_micros(b.idle_sleep_max_us),
         reader_stall_timeout: Duration::from_millis(b.reader_stall_timeout_ms),
-        session_window,
+        session_window: s.session_window,
+        session_idle_evict: Duration::from_secs(s.session_idle_evict_secs),
         replica_dirs: replica_dirs.to_vec(),
         fault: (b.fault_broker == id as i64).then_some(embarcadero_broker::Fault {
             delay_fraction: b.fault_delay_fraction,
@@ -383,6 +384,7 @@ pub(crate) fn sequencer_config_of(
         idle_sleep_max: Duration::from_micros(b.idle_sleep_max_us),
         session_window: s.session_window,
         session_lease: Duration::from_millis(s.session_lease_ms),
+        session_idle_evict: Duration::from_secs(s.session_idle_evict_secs),
         fencing_epoch: None,
     }
 }

@@ -236,11 +236,21 @@ fn raw_publish(t: &common::TestServer, topic: &str, epoch: u64) -> TcpStream {
 
 /// A publish connection to broker 0 for session `(client, epoch)`, hello sent.
 fn raw_session(t: &common::TestServer, topic: &str, client: u64, epoch: u64) -> TcpStream {
+    raw_session_at(t, topic, client, epoch, 1)
+}
+
+fn raw_session_at(
+    t: &common::TestServer,
+    topic: &str,
+    client: u64,
+    epoch: u64,
+    ack_level: u8,
+) -> TcpStream {
     let mut s = TcpStream::connect(&t.brokers()[0]).unwrap();
     s.write_all(
         &Hello {
             role: Role::Publish,
-            ack_level: 1,
+            ack_level,
             client_id: client,
             session_epoch: epoch,
             start_position: 0,
@@ -378,9 +388,89 @@ fn frame_after_hello(s: &mut TcpStream) -> (FrameHeader, Vec<u8>) {
     common::next_frame(s)
 }
 
-/// A topic keeps a session slot per client id; once all 256 hold sessions, a new client
-/// is told so (SessionsExhausted): at the hello, or, if it connected while there was
-/// still room, when its first batch finds none. Clients that have a slot carry on.
+/// Opens a session for `client` (epoch 1, ack 1), publishes its batch 0 and waits for
+/// the acknowledgement; returns the open connection.
+fn publish_first_batch(t: &common::TestServer, topic: &str, client: u64) -> TcpStream {
+    let mut s = raw_session(t, topic, client, 1);
+    s.write_all(&session_batch(client, 0, 1)).unwrap();
+    let (ack, _) = frame_after_hello(&mut s);
+    assert_eq!((ack.kind, ack.arg), (FrameKind::Ack, 1), "client {client}");
+    s
+}
+
+/// A full session table is not the end of a topic: a new client takes the slot of a
+/// session idle for `sequencer.session_idle_evict_secs`, and so on for as many clients
+/// as come, each batch ordered exactly once.
+#[test]
+fn idle_sessions_give_their_slots_to_new_clients() {
+    let t = common::start_with(|c| c.sequencer.session_idle_evict_secs = 2);
+    t.admin().create_topic(&TopicSpec::new("churn", 5)).unwrap();
+    for client in 0..256 {
+        drop(publish_first_batch(&t, "churn", client));
+    }
+    // What is tested is idleness: every session must have been idle for the threshold.
+    std::thread::sleep(Duration::from_millis(2500));
+    for client in 1000..1100 {
+        drop(publish_first_batch(&t, "churn", client));
+    }
+    assert_eq!(
+        t.metric_sum("embarcadero_sequencer_sessions_evicted_total"),
+        100
+    );
+    assert_eq!(t.server.topic("churn").unwrap().next_position, 356);
+}
+
+/// A connected client's session is never taken for idle, whether it waits for acks
+/// or publishes at ack 0: its broker keeps the session's stamp fresh. Once the other
+/// slots hold sessions active within the threshold, a new client is refused.
+#[test]
+fn a_connected_session_keeps_its_slot_however_long_it_is_quiet() {
+    let t = common::start_with(|c| c.sequencer.session_idle_evict_secs = 3);
+    t.admin().create_topic(&TopicSpec::new("kept", 5)).unwrap();
+    let mut waiting = publish_first_batch(&t, "kept", 5000);
+    let mut quiet = raw_session_at(&t, "kept", 5001, 1, 0);
+    quiet.write_all(&session_batch(5001, 0, 1)).unwrap();
+    assert_eq!(common::next_frame(&mut quiet).0.kind, FrameKind::HelloOk);
+    for client in 0..254 {
+        drop(publish_first_batch(&t, "kept", client));
+    }
+    // Idleness is the property: the closed sessions must be idle for the threshold,
+    // while the two connected ones stay quiet just as long.
+    std::thread::sleep(Duration::from_millis(3500));
+    for client in 1000..1254 {
+        drop(publish_first_batch(&t, "kept", client));
+    }
+    assert_eq!(
+        t.metric_sum("embarcadero_sequencer_sessions_evicted_total"),
+        254
+    );
+    let e = error_frame(&mut raw_session(&t, "kept", 9999, 1));
+    assert_eq!(e.code, ErrorCode::SessionsExhausted, "{}", e.message);
+    assert!(e.message.contains("3 s"), "{}", e.message);
+
+    waiting.write_all(&session_batch(5000, 1, 1)).unwrap();
+    let (ack, _) = common::next_frame(&mut waiting);
+    assert_eq!(
+        (ack.kind, ack.arg),
+        (FrameKind::Ack, 2),
+        "session 5000 went on"
+    );
+    quiet.write_all(&session_batch(5001, 1, 1)).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while t.server.topic("kept").unwrap().next_position < 512 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "session 5001's batch 1 is ordered"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(t.server.topic("kept").unwrap().next_position, 512);
+}
+
+/// A topic keeps a session slot per client id; once all 256 hold sessions active within
+/// `sequencer.session_idle_evict_secs` (600 s by default), a new client is told so
+/// (SessionsExhausted): at the hello, or, if it connected while there was still room,
+/// when its first batch finds none. Clients that have a slot carry on.
 #[test]
 fn a_new_session_is_refused_with_a_clear_error_once_every_slot_is_taken() {
     let t = common::start();
@@ -388,10 +478,7 @@ fn a_new_session_is_refused_with_a_clear_error_once_every_slot_is_taken() {
     // Connected while there is room; publishes only once the table is full.
     let mut late = raw_session(&t, "full", 5000, 1);
     for client in 1000..1256 {
-        let mut s = raw_session(&t, "full", client, 1);
-        s.write_all(&session_batch(client, 0, 1)).unwrap();
-        let (ack, _) = frame_after_hello(&mut s);
-        assert_eq!((ack.kind, ack.arg), (FrameKind::Ack, 1), "client {client}");
+        publish_first_batch(&t, "full", client);
     }
     let mut refused = raw_session(&t, "full", 5001, 1);
     let e = error_frame(&mut refused);

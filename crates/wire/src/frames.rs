@@ -287,6 +287,9 @@ pub enum ErrorCode {
     /// The broker already has as many connections as it accepts; sent instead of
     /// HelloOk. Retry later or through another broker.
     TooManyConnections = 20,
+    /// Order 5: the session ended while the connection was open (it was idle and its
+    /// slot in the session table went to another session); its marks are gone.
+    SessionExpired = 21,
 }
 
 impl ErrorCode {
@@ -313,6 +316,7 @@ impl ErrorCode {
             18 => SlowPayload,
             19 => SessionsExhausted,
             20 => TooManyConnections,
+            21 => SessionExpired,
             _ => return None,
         })
     }
