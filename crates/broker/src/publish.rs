@@ -26,8 +26,9 @@ const MAX_UNSENT_BYTES: usize = 64 * 1024;
 /// What the service thread needs to acknowledge one publishing connection.
 pub struct PublishConn {
     pub topic: u32,
-    pub client_id: u64,
     pub session_epoch: u64,
+    /// Order 5: the session as the hello found it, for the service thread's view.
+    pub session: Option<SessionView>,
     pub order: u8,
     pub ack_level: u8,
     /// Committed batches, in order. Producer: the connection thread. Consumer: the
@@ -113,9 +114,13 @@ pub fn run(
         Err(_) => return End::Gone,
     };
     let mut ok = net::hello_ok(shared, &hello, topic, &meta);
+    // Order 5: the connection's threads start from this view, which knows the session's
+    // slot from the hello on (so an ending of the session is noticed), and the session
+    // counts as active from now.
+    let mut session = SessionView::new(topic, hello.client_id, hello.session_epoch);
     if meta.order == 5 {
-        let status =
-            SessionView::new(topic, hello.client_id, hello.session_epoch).status(&shared.region);
+        let status = session.status(&shared.region);
+        session.touch(&shared.region, unix_ms());
         if status.fenced {
             return Refusal::new(
                 ErrorCode::SessionFenced,
@@ -130,8 +135,8 @@ pub fn run(
     }
     let conn = std::sync::Arc::new(PublishConn {
         topic,
-        client_id: hello.client_id,
         session_epoch: hello.session_epoch,
+        session: (meta.order == 5).then(|| session.clone()),
         order: meta.order,
         ack_level: hello.ack_level,
         pending: ArrayQueue::new(MAX_UNACKED_BATCHES),
@@ -147,7 +152,7 @@ pub fn run(
     {
         return End::Gone;
     }
-    let end = receive_batches(shared, stream, &hello, topic, &conn);
+    let end = receive_batches(shared, stream, &hello, topic, &conn, session);
     // Stop the service thread from writing, and finish any frame it left half sent,
     // so an error frame that follows starts on a frame boundary.
     let unsent = {
@@ -168,13 +173,13 @@ fn receive_batches(
     hello: &Hello,
     topic: u32,
     conn: &PublishConn,
+    mut session: SessionView,
 ) -> End {
     let writer = shared.writer(topic);
     let broker = shared.config.broker_id;
     let region = &shared.region;
     let max_batch = shared.config.max_batch_bytes;
     let sessions = conn.order == 5;
-    let mut session = SessionView::new(topic, hello.client_id, hello.session_epoch);
     // Orders 0-2: batches of a connection are numbered 0, 1, 2, ...
     let mut expected_seq = 0u64;
     // After a BACKPRESSURE error: batches are dropped until this one is resent.

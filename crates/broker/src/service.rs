@@ -69,8 +69,7 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
         let seen = bell.seen();
         let mut progress = false;
         while let Ok(conn) = new_conns.try_recv() {
-            let session = (conn.order == 5)
-                .then(|| SessionView::new(conn.topic, conn.client_id, conn.session_epoch));
+            let session = conn.session.clone();
             acks.push(AckState {
                 conn,
                 head: None,
@@ -329,8 +328,20 @@ fn ack_session(
     if head.is_none() {
         *head = conn.pending.pop();
     }
-    // A session opened when the table still had room, whose first batch found none.
-    if head.is_some() && session.crowded_out(&shared.region, shared.config.session_idle_evict) {
+    // The sequencer has passed this connection's batch (the ordered frontier is beyond
+    // it) without the table holding the session: it found no slot to give it (all taken
+    // by sessions active within the idle threshold, or not yet on the replicas). The
+    // table is written before the frontier moves, so a session it admitted is found.
+    let dropped_without_slot = |h: &PendingAck| {
+        session.slot().is_none()
+            && shared
+                .region
+                .log(conn.topic, shared.config.broker_id)
+                .ordered_pbr
+                .load(Ordering::Acquire)
+                > h.pbr_index
+    };
+    if head.as_ref().is_some_and(dropped_without_slot) {
         let name = shared
             .region
             .topic_meta(conn.topic)

@@ -5,6 +5,7 @@
 use embarcadero_region::{unix_ms, Region, SessionState};
 use std::time::Duration;
 
+#[derive(Debug, Clone)]
 pub struct SessionView {
     topic: u32,
     client_id: u64,
@@ -62,34 +63,30 @@ impl SessionView {
     /// The session's current status; a session the sequencer has not seen yet has
     /// committed nothing.
     pub fn status(&mut self, region: &Region) -> SessionStatus {
-        let unknown = SessionStatus {
+        let unknown = |expired| SessionStatus {
             committed_hwm: 0,
             durable_hwm: 0,
             fenced: false,
-            expired: self.expired,
+            expired,
         };
         if self.expired {
-            return unknown;
+            return unknown(true);
         }
         let record = match self
             .slot
             .map(|slot| (slot, region.session_read(self.topic, slot)))
         {
             Some((slot, Some(r))) if r.client_id == self.client_id => Some((slot, r)),
-            // Slots are never emptied, only given to another session: a slot that reads
-            // as empty is being rewritten. One holding another client's session is gone.
+            // A session never moves, so once its slot holds another client's, it ended
+            // (even if its client id has a newer session elsewhere).
             Some((_, Some(_))) => {
-                let found = region.session_find(self.topic, self.client_id);
-                self.expired = found.is_none();
-                found
+                self.expired = true;
+                return unknown(true);
             }
             _ => region.session_find(self.topic, self.client_id),
         };
         let Some((slot, r)) = record else {
-            return SessionStatus {
-                expired: self.expired,
-                ..unknown
-            };
+            return unknown(false);
         };
         self.slot = Some(slot);
         SessionStatus {
@@ -103,6 +100,11 @@ impl SessionView {
         }
     }
 
+    /// The session's slot, once the table has been seen holding the session.
+    pub fn slot(&self) -> Option<u32> {
+        self.slot
+    }
+
     /// Raises the session's last-active stamp (at most once a second): its client is
     /// connected, so the session must not be taken for idle and ended.
     pub fn touch(&mut self, region: &Region, now_ms: u64) {
@@ -114,9 +116,10 @@ impl SessionView {
         }
     }
 
-    /// True when the session has no slot in the table and cannot get one: every slot
-    /// holds another client's session, active within `idle_evict`, so the sequencer
-    /// drops this session's batches. One that has a slot is never crowded out.
+    /// True when the session has no slot in the table and, by the stamps, cannot get one:
+    /// every slot holds another client's session, active within `idle_evict`. The hello's
+    /// early refusal; the sequencer may refuse a session for more reasons (see
+    /// `service`, which learns it from the ordered frontier).
     pub fn crowded_out(&self, region: &Region, idle_evict: Duration) -> bool {
         self.slot.is_none()
             && region.session_find(self.topic, self.client_id).is_none()
@@ -183,6 +186,7 @@ mod tests {
             session_epoch: 1,
             committed_hwm,
             last_active_ms,
+            opened_at: 0,
         }
     }
 
@@ -205,6 +209,15 @@ mod tests {
         // For good: the client's marks are gone even if it shows up again elsewhere.
         r.session_write(0, 4, &record(7, 1, 3));
         assert!(view.status(&r).expired);
+        // Also when the client id's new session is found first, and then its old slot
+        // is seen holding another client.
+        let mut old = SessionView::new(0, 9, 1);
+        r.session_write(0, 5, &record(9, 4, 1));
+        old.status(&r);
+        r.session_write(0, 6, &record(9, 1, 4));
+        r.session_write(0, 5, &record(10, 1, 4));
+        let s = old.status(&r);
+        assert!(s.expired && s.committed_hwm == 0, "{s:?}");
         // A fresh connection of client 7 sees its new session.
         assert_eq!(SessionView::new(0, 7, 1).status(&r).committed_hwm, 1);
     }

@@ -1732,15 +1732,20 @@ fn reopen(inner: &Inner, index: usize) -> Result<TcpStream, Error> {
             topic: inner.topic.clone(),
         };
         match conn::open(&q.broker, &hello, &[]) {
-            // The broker knows less of the session than this connection was told: the
-            // session ended (idle, its slot given away) and its marks are gone.
-            Ok((_, ok)) if ok.next_batch_seq < conn.acked.load(Ordering::Acquire) => {
+            // The broker knows less of the session than this connection was told, or
+            // more than it ever sent: the session ended (idle, its slot given away) and
+            // the marks are gone or another session's.
+            Ok((_, ok))
+                if ok.next_batch_seq < conn.acked.load(Ordering::Acquire)
+                    || ok.next_batch_seq > session.next_seq.load(Ordering::Acquire) =>
+            {
                 return Err(Error::Broker {
                     broker: q.broker.clone(),
                     code: ErrorCode::SessionExpired,
                     message: format!(
-                        "the broker has no record of this order-5 session (it acknowledged up to batch {} before; now it expects batch {}): the session ended while idle and its slot went to another session; batches not yet acknowledged may or may not be in the log: start a new publisher and resend them",
+                        "the broker's record of this order-5 session is not this publisher's (it acknowledged up to batch {} and sent up to {}; the broker now expects batch {}): the session ended while idle and its slot went to another session; batches not yet acknowledged may or may not be in the log: start a new publisher and resend them",
                         conn.acked.load(Ordering::Acquire),
+                        session.next_seq.load(Ordering::Acquire),
                         ok.next_batch_seq
                     ),
                 });

@@ -29,7 +29,9 @@ pub use owner::{Fenced, OwnerRecord, ProcessIdentity};
 pub use region::{
     monotonic_ns, unix_ms, LogControl, Region, ReplicaProgress, TopicSeq, READER_CLAIMING,
 };
-pub use slots::{session_idle, GoiEntry, SessionRecord, SessionState, TopicMeta, TopicState};
+pub use slots::{
+    session_idle, GoiEntry, SessionRecord, SessionState, TopicMeta, TopicState, GOI_SESSION_START,
+};
 
 use std::path::PathBuf;
 

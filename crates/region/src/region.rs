@@ -50,6 +50,7 @@ const R_DURABLE_POSITION: u64 = 24;
 // the sequencer when it hands the slot to another session); the rest is the sequencer's.
 const S_DURABLE_HWM: u64 = 32;
 const S_LAST_ACTIVE_MS: u64 = 40;
+const S_OPENED_AT: u64 = 48;
 
 /// The mapped region. Cheap to share behind an `Arc`; all access is through atomics
 /// on 8-byte words or through the BLog byte accessors.
@@ -636,9 +637,16 @@ impl Region {
     /// Writes a session slot, state word last. Sequencer only. The last-active stamp is
     /// only raised (brokers raise it too, `session_touch`); a slot given to another
     /// session keeps the previous holder's stamp, which is older than the new one's.
+    ///
+    /// The state word carries a write count above its low byte (a seqlock): a reader
+    /// that slept through a whole rewrite sees the word change, so it can never take
+    /// one client's id with another's marks when the slot goes to another session.
     pub fn session_write(&self, topic: u32, slot: u32, s: &SessionRecord) {
         let base = self.layout.session_slot_off(topic, slot);
-        self.invalidate(base);
+        let writes = (self.word(base).load(Ordering::Relaxed) >> 8).wrapping_add(1);
+        // State 0 with the count: being rewritten (a free slot's word is all zero).
+        self.word(base).store(writes << 8, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
         self.word(base + 8).store(s.client_id, Ordering::Relaxed);
         self.word(base + 16)
             .store(s.session_epoch, Ordering::Relaxed);
@@ -646,23 +654,41 @@ impl Region {
             .store(s.committed_hwm, Ordering::Relaxed);
         self.word(base + S_LAST_ACTIVE_MS)
             .fetch_max(s.last_active_ms, Ordering::Relaxed);
+        self.word(base + S_OPENED_AT)
+            .store(s.opened_at, Ordering::Relaxed);
         store_fence();
-        self.word(base).store(s.state as u64, Ordering::Release);
+        self.word(base)
+            .store(s.state as u64 | writes << 8, Ordering::Release);
     }
 
-    /// Reads a session slot if it is in use (and not being rewritten).
+    /// Reads a session slot if it is in use. A slot being rewritten is waited for (a
+    /// rewrite is a few stores), so a slot in use never reads as free; only a writer
+    /// that stopped mid-rewrite (a crashed sequencer) leaves it reading as free.
     pub fn session_read(&self, topic: u32, slot: u32) -> Option<SessionRecord> {
+        const SPINS: u32 = 10_000;
         let base = self.layout.session_slot_off(topic, slot);
-        let state = self.word(base).load(Ordering::Acquire);
-        let state = SessionState::from_u64(state)?;
-        let rec = SessionRecord {
-            state,
-            client_id: self.word(base + 8).load(Ordering::Acquire),
-            session_epoch: self.word(base + 16).load(Ordering::Acquire),
-            committed_hwm: self.word(base + 24).load(Ordering::Acquire),
-            last_active_ms: self.word(base + S_LAST_ACTIVE_MS).load(Ordering::Acquire),
-        };
-        (self.word(base).load(Ordering::Acquire) == state as u64).then_some(rec)
+        for _ in 0..SPINS {
+            let word = self.word(base).load(Ordering::Acquire);
+            if word == 0 {
+                return None;
+            }
+            let Some(state) = SessionState::from_u64(word & 0xff) else {
+                std::hint::spin_loop();
+                continue;
+            };
+            let rec = SessionRecord {
+                state,
+                client_id: self.word(base + 8).load(Ordering::Acquire),
+                session_epoch: self.word(base + 16).load(Ordering::Acquire),
+                committed_hwm: self.word(base + 24).load(Ordering::Acquire),
+                last_active_ms: self.word(base + S_LAST_ACTIVE_MS).load(Ordering::Acquire),
+                opened_at: self.word(base + S_OPENED_AT).load(Ordering::Acquire),
+            };
+            if self.word(base).load(Ordering::Acquire) == word {
+                return Some(rec);
+            }
+        }
+        None
     }
 
     /// Raises the last-active stamp of the session in `slot` to `now_ms`: a broker does
@@ -1254,5 +1280,49 @@ mod tests {
         }
         writer.join().unwrap();
         assert!(accepted > 0);
+    }
+
+    /// The sequencer rewrites one session slot over and over, alternating between two
+    /// clients whose marks differ, while a reader reads it: every read it accepts is
+    /// one whole record, never one client's id with the other's marks.
+    #[test]
+    fn a_session_slot_rewritten_for_another_client_never_reads_torn() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Arc::new(Region::create(&dir.path().join("r"), small()).unwrap());
+        let record = |i: u64| {
+            let client = i % 2;
+            SessionRecord {
+                state: SessionState::Open,
+                client_id: client,
+                session_epoch: 10 + client,
+                committed_hwm: 100 * client + i,
+                last_active_ms: 0,
+                opened_at: client,
+            }
+        };
+        const WRITES: u64 = 200_000;
+        let writer = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                for i in 0..WRITES {
+                    r.session_write(0, 3, &record(i));
+                }
+            })
+        };
+        let mut accepted = 0u64;
+        while !writer.is_finished() {
+            if let Some(rec) = r.session_read(0, 3) {
+                let client = rec.client_id;
+                assert_eq!(rec.session_epoch, 10 + client, "{rec:?}");
+                assert_eq!(rec.committed_hwm % 2, client, "{rec:?}");
+                if client == 1 {
+                    assert!(rec.committed_hwm >= 100, "{rec:?}");
+                }
+                accepted += 1;
+            }
+        }
+        writer.join().unwrap();
+        assert!(accepted > 0);
+        assert_eq!(r.session_read(0, 3), Some(record(WRITES - 1)));
     }
 }

@@ -1,6 +1,11 @@
 //! Plain-value forms of the region's slots. The region stores them as 64-bit words so
 //! that fields written after a commit (a PBR slot's `total_order`) are atomics too.
 
+/// `GoiEntry::flags`: the first batch of an order-5 session the sequencer opened. A
+/// client id may have several sessions over time (one ends while idle, the id comes
+/// back): whoever folds committed batches into per-session marks starts over here.
+pub const GOI_SESSION_START: u16 = 1;
+
 /// One entry of a topic's global order index. `global_seq` (the GOI index + 1) is the
 /// readiness token, written last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -136,6 +141,11 @@ pub struct SessionRecord {
     /// while a connection of the session is open; 0 when unknown (a region written
     /// before this field existed). What the sequencer and the brokers judge idleness by.
     pub last_active_ms: u64,
+    /// The topic's committed GOI count when the session was opened: every batch of this
+    /// session is at or above it, so GOI entries of the same client id below it belong
+    /// to an earlier session of that id, which ended. 0 for a region written before
+    /// this field existed.
+    pub opened_at: u64,
 }
 
 impl SessionRecord {

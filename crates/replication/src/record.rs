@@ -15,7 +15,7 @@
 //! 60     4   num_msg
 //! 64     4   payload_crc  CRC-32 of the payload
 //! 68     2   broker_id
-//! 70     2   flags        zero
+//! 70     2   flags        the GOI entry's (GOI_SESSION_START); zero before it existed
 //! 72     8   pbr_index    where the batch sat in its broker's ring (diagnostics)
 //! ```
 //!
@@ -39,6 +39,7 @@ pub struct RecordHeader {
     pub num_msg: u32,
     pub payload_crc: u32,
     pub broker_id: u16,
+    pub flags: u16,
     pub pbr_index: u64,
 }
 
@@ -67,6 +68,7 @@ impl RecordHeader {
             num_msg: e.num_msg,
             payload_crc: crc32fast::hash(payload),
             broker_id: e.broker_id,
+            flags: e.flags,
             pbr_index: e.pbr_index,
         }
     }
@@ -96,6 +98,7 @@ impl RecordHeader {
         w4(&mut b, 60, self.num_msg);
         w4(&mut b, 64, self.payload_crc);
         b[68..70].copy_from_slice(&self.broker_id.to_le_bytes());
+        b[70..72].copy_from_slice(&self.flags.to_le_bytes());
         w8(&mut b, 72, self.pbr_index);
         let crc = crc32fast::hash(&b[8..]);
         w4(&mut b, 4, crc);
@@ -123,6 +126,7 @@ impl RecordHeader {
             num_msg: r4(60),
             payload_crc: r4(64),
             broker_id: u16::from_le_bytes([b[68], b[69]]),
+            flags: u16::from_le_bytes([b[70], b[71]]),
             pbr_index: r8(72),
         })
     }
@@ -153,6 +157,7 @@ mod tests {
             num_msg: 1,
             payload_crc: crc32fast::hash(b"hello"),
             broker_id: 3,
+            flags: embarcadero_region::GOI_SESSION_START,
             pbr_index: 99,
         }
     }

@@ -161,7 +161,14 @@ fn drain(
         for s in stores.iter_mut() {
             s.append(&h, payload)?;
         }
-        fold_session(sessions, e.client_id, e.session_epoch, e.client_seq);
+        fold_session(
+            sessions,
+            e.client_id,
+            e.session_epoch,
+            e.client_seq,
+            g,
+            e.flags,
+        );
         g += 1;
     }
     if g > start {
@@ -179,28 +186,44 @@ pub fn resume_memory_only((region, slot): OldTopic<'_>) -> Resume {
     let seq = region.topic_seq(slot);
     let committed = seq.committed_seq.load(Ordering::Acquire);
     let mut sessions = BTreeMap::new();
+    // The table holds each client id's latest session; GOI entries of the id from before
+    // that session was opened belong to an earlier one, which ended.
+    let mut table = BTreeMap::new();
     for s in 0..SESSION_SLOTS {
         if let Some(r) = region.session_read(slot, s) {
-            if r.committed_hwm > 0 {
-                fold_session(
-                    &mut sessions,
-                    r.client_id,
-                    r.session_epoch,
-                    r.committed_hwm - 1,
-                );
-            } else {
-                sessions.entry(r.client_id).or_insert(SessionMark {
+            table.insert(r.client_id, r);
+            sessions.insert(
+                r.client_id,
+                SessionMark {
                     epoch: r.session_epoch,
-                    hwm: 0,
-                });
-            }
+                    hwm: r.committed_hwm,
+                    last_seq: r.opened_at,
+                },
+            );
         }
     }
     // The table may lag the GOI by the last epoch.
     let from = committed.saturating_sub(region.capacities().goi_slots);
     for g in from..committed {
         if let Some(e) = region.goi_read(slot, g) {
-            fold_session(&mut sessions, e.client_id, e.session_epoch, e.client_seq);
+            if table.get(&e.client_id).is_some_and(|r| g < r.opened_at) {
+                continue;
+            }
+            fold_session(
+                &mut sessions,
+                e.client_id,
+                e.session_epoch,
+                e.client_seq,
+                g,
+                e.flags,
+            );
+        }
+    }
+    // A start in the ring resets the epoch too; the table's may be above it (a session
+    // reopened after a fence and committed nothing since).
+    for (client, r) in &table {
+        if let Some(m) = sessions.get_mut(client) {
+            m.epoch = m.epoch.max(r.session_epoch);
         }
     }
     Resume {
@@ -224,20 +247,19 @@ pub fn seed(region: &Region, topic: u32, replication_factor: u8, resume: &Resume
         p.durable_position
             .store(resume.next_position, Ordering::Release);
     }
-    if resume.sessions.len() > SESSION_SLOTS as usize {
-        tracing::warn!(
+    // The table keeps the most recently active sessions; the others ended (a client id
+    // that comes back starts a new session, and one that reconnects is told).
+    let mut recent: Vec<(&u64, &SessionMark)> = resume.sessions.iter().collect();
+    recent.sort_by_key(|(_, m)| std::cmp::Reverse(m.last_seq));
+    if recent.len() > SESSION_SLOTS as usize {
+        tracing::info!(
             topic,
-            sessions = resume.sessions.len(),
-            "more recovered sessions than session slots; the rest start over"
+            sessions = recent.len(),
+            "more recovered sessions than session slots; the least recently active ended"
         );
     }
     let now_ms = embarcadero_region::unix_ms();
-    for (slot, (client_id, m)) in resume
-        .sessions
-        .iter()
-        .take(SESSION_SLOTS as usize)
-        .enumerate()
-    {
+    for (slot, (client_id, m)) in recent.into_iter().take(SESSION_SLOTS as usize).enumerate() {
         region.session_write(
             topic,
             slot as u32,
@@ -248,6 +270,8 @@ pub fn seed(region: &Region, topic: u32, replication_factor: u8, resume: &Resume
                 committed_hwm: m.hwm,
                 // Not on disk: idle counts from the recovery.
                 last_active_ms: now_ms,
+                // The new region's GOI starts empty.
+                opened_at: 0,
             },
         );
         region.session_durable_hwm(topic, slot as u32).store(

@@ -92,22 +92,32 @@ pub struct SessionMark {
     pub epoch: u64,
     /// One above the highest `client_seq` seen.
     pub hwm: u64,
+    /// GOI index of the session's latest batch: how recently it was active.
+    pub last_seq: u64,
 }
 
-/// Folds one committed batch into the sessions it belongs to (session FIFO means the
-/// highest sequence seen is the session's committed high-water mark).
+/// Folds one committed batch (GOI index `seq`) into the session it belongs to (session
+/// FIFO means the highest sequence seen is the session's committed high-water mark). A
+/// batch flagged as a session's start begins a new session of its client id: the
+/// earlier one ended, and its marks must not carry over.
 pub fn fold_session(
     sessions: &mut BTreeMap<u64, SessionMark>,
     client_id: u64,
     epoch: u64,
     client_seq: u64,
+    seq: u64,
+    flags: u16,
 ) {
     if epoch == 0 {
         return;
     }
     let m = sessions.entry(client_id).or_default();
+    if flags & embarcadero_region::GOI_SESSION_START != 0 {
+        *m = SessionMark::default();
+    }
     m.epoch = m.epoch.max(epoch);
     m.hwm = m.hwm.max(client_seq + 1);
+    m.last_seq = m.last_seq.max(seq);
 }
 
 #[derive(Debug)]
@@ -648,7 +658,14 @@ fn scan_segment(
                 break true;
             }
         }
-        fold_session(sessions, h.client_id, h.session_epoch, h.client_seq);
+        fold_session(
+            sessions,
+            h.client_id,
+            h.session_epoch,
+            h.client_seq,
+            h.seq,
+            h.flags,
+        );
         next_seq += 1;
         next_position = h.end_position();
         off += h.record_len();
@@ -824,7 +841,37 @@ pub(crate) mod tests {
         drop(s);
         let s = TopicStore::open(dir.path(), 500).unwrap();
         assert_eq!((s.next_seq(), s.next_position()), (6, 12));
-        assert_eq!(s.sessions()[&5], SessionMark { epoch: 1, hwm: 6 });
+        assert_eq!(
+            s.sessions()[&5],
+            SessionMark {
+                epoch: 1,
+                hwm: 6,
+                last_seq: 5
+            }
+        );
+    }
+
+    /// A client id's session ended and the id came back: the new session's marks are
+    /// its own, not the old one's (which are higher, and would make its new batches
+    /// look like duplicates).
+    #[test]
+    fn a_session_start_folds_into_fresh_marks() {
+        let mut sessions = BTreeMap::new();
+        for (g, seq) in (0..5).enumerate() {
+            fold_session(&mut sessions, 5, 3, seq, g as u64, 0);
+        }
+        fold_session(&mut sessions, 9, 1, 0, 5, 0);
+        assert_eq!(sessions[&5].hwm, 5);
+        let start = embarcadero_region::GOI_SESSION_START;
+        fold_session(&mut sessions, 5, 1, 0, 6, start);
+        fold_session(&mut sessions, 5, 1, 1, 7, 0);
+        let expected = SessionMark {
+            epoch: 1,
+            hwm: 2,
+            last_seq: 7,
+        };
+        assert_eq!(sessions[&5], expected);
+        assert_eq!(sessions[&9].hwm, 1, "other sessions untouched");
     }
 
     #[test]

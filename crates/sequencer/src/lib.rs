@@ -427,8 +427,11 @@ impl Core {
                 break;
             }
             let goi = t.tail.committed;
-            t.tail
-                .append(region, t.topic, b.broker, b.pbr_index, b.entry);
+            let entry = GoiEntry {
+                flags: b.entry.flags | sessions.goi_flags(&b),
+                ..b.entry
+            };
+            t.tail.append(region, t.topic, b.broker, b.pbr_index, entry);
             sessions.ready.pop_front();
             sessions.committed(&b, goi);
         }
@@ -579,7 +582,7 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use embarcadero_region::{Capacities, TopicMeta, SESSION_SLOTS};
+    use embarcadero_region::{Capacities, TopicMeta, GOI_SESSION_START, SESSION_SLOTS};
     use embarcadero_wire::BatchHeader;
 
     pub(super) fn region(goi_slots: u64) -> (tempfile::TempDir, Arc<Region>) {
@@ -1129,6 +1132,72 @@ mod tests {
         assert!(r.session_find(0, 1000).is_none(), "no session could end");
         assert_eq!(r.session_find(0, 7).unwrap().1.committed_hwm, 2);
         assert_eq!(goi_sessions(&r).last(), Some(&(7, 1)));
+        sessions::test_clock::NOW_MS.set(None);
+    }
+
+    /// Client 5's session ends while idle and the id comes back with a new session: a
+    /// restarted sequencer gives the new session its own marks, not the ended one's
+    /// (whose batches are still in the GOI ring, with higher sequence numbers), both
+    /// before the new session has committed anything and after.
+    #[test]
+    fn a_restarted_sequencer_keeps_a_returning_client_ids_new_session_apart() {
+        let (_d, r) = wide_session_region(1);
+        let mut c = idle_core(&r);
+        let t0 = 1_000 * MINUTE_MS;
+        fill_session_table(&r, &mut c, t0);
+        for seq in 1..10 {
+            commit_session(&r, 0, 255 + seq, 5, 1, seq);
+        }
+        c.scan();
+        c.seal_all();
+        assert_eq!(r.session_find(0, 5).unwrap().1.committed_hwm, 10);
+        // Eleven minutes on, everyone but 5 connected: 1000 takes 5's slot.
+        let now = t0 + 11 * MINUTE_MS;
+        let touch_all_but = |idle: u64, at: u64| {
+            for slot in 0..SESSION_SLOTS {
+                let rec = r.session_read(0, slot).unwrap();
+                if rec.client_id != idle {
+                    r.session_touch(0, slot, at);
+                }
+            }
+        };
+        touch_all_but(5, now);
+        sessions::test_clock::NOW_MS.set(Some(now));
+        commit_session(&r, 0, 265, 1000, 1, 0);
+        c.scan();
+        c.seal_all();
+        assert!(r.session_find(0, 5).is_none());
+        // Later client 5 comes back, starting over from batch 0, in client 6's slot.
+        let later = now + 11 * MINUTE_MS;
+        touch_all_but(6, later);
+        sessions::test_clock::NOW_MS.set(Some(later));
+        commit_session(&r, 0, 266, 5, 1, 0);
+        c.scan();
+        // The sequencer stops before the epoch is sealed; a successor takes over.
+        drop(c);
+        let mut c = idle_core(&r);
+        c.scan();
+        c.seal_all();
+        assert_eq!(
+            goi_sessions(&r).last(),
+            Some(&(5, 0)),
+            "not taken for a duplicate"
+        );
+        assert_eq!(r.session_find(0, 5).unwrap().1.committed_hwm, 1);
+        commit_session(&r, 0, 267, 5, 1, 1);
+        c.scan();
+        c.seal_all();
+        drop(c);
+        let mut c = idle_core(&r);
+        c.scan();
+        c.seal_all();
+        assert_eq!(r.session_find(0, 5).unwrap().1.committed_hwm, 2);
+        let g = goi_sessions(&r).iter().position(|x| *x == (5, 0)).unwrap() as u64;
+        assert_eq!(
+            r.goi_read(0, g).unwrap().flags,
+            GOI_SESSION_START,
+            "the new session's first batch marks its start for the disk replicas' fold"
+        );
         sessions::test_clock::NOW_MS.set(None);
     }
 }

@@ -26,7 +26,8 @@
 
 use crate::SequencerConfig;
 use embarcadero_region::{
-    session_idle, unix_ms, GoiEntry, Region, SessionRecord, SessionState, SESSION_SLOTS,
+    session_idle, unix_ms, GoiEntry, Region, SessionRecord, SessionState, GOI_SESSION_START,
+    SESSION_SLOTS,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -77,10 +78,39 @@ struct Session {
     /// GOI index of the session's last committed batch, if it is still in the ring:
     /// the slot can be given away only once the disk replicas have it.
     last_goi: Option<u64>,
-    /// The slot was just given to this session: its durable mark must be set to this
-    /// before the record is written (the previous holder's mark must not carry over).
-    durable_start: Option<u64>,
+    /// The topic's committed GOI count when the session was opened (see
+    /// `SessionRecord::opened_at`).
+    opened_at: u64,
+    /// Opened here and nothing committed yet: its first GOI entry is flagged
+    /// `GOI_SESSION_START`.
+    starts: bool,
     dirty: bool,
+}
+
+impl Session {
+    fn record(&self, client_id: u64) -> SessionRecord {
+        SessionRecord {
+            state: if self.fenced {
+                SessionState::Fenced
+            } else {
+                SessionState::Open
+            },
+            client_id,
+            session_epoch: self.epoch,
+            committed_hwm: self.committed_hwm,
+            last_active_ms: self.last_active_ms,
+            opened_at: self.opened_at,
+        }
+    }
+}
+
+/// What the committed GOI says of one client id's latest session.
+struct Folded {
+    hwm: u64,
+    epoch: u64,
+    last_goi: u64,
+    /// The latest session's first entry is in the ring: its marks are these alone.
+    from_start: bool,
 }
 
 pub(crate) struct Sessions {
@@ -154,37 +184,70 @@ impl Sessions {
                         },
                         uncommitted: 0,
                         last_goi: None,
-                        durable_start: None,
+                        opened_at: r.opened_at,
+                        starts: false,
                         dirty: false,
                     },
                 );
             }
         }
         // Batches committed after the table was last written, and the last GOI index
-        // of every session still in the ring. A session not in the table takes a free
-        // slot (its first batches may be waiting for acknowledgements); with none free,
-        // it is one that ended to free its slot.
+        // of every session still in the ring. Entries of a client id from before its
+        // session was opened belong to an earlier session of the id, which ended; a
+        // session start in the ring makes the marks start over too. A session not in
+        // the table (a region from before the table was written at once) takes a free
+        // slot; with none free it is one that ended.
         let committed = region
             .topic_seq(topic)
             .committed_seq
             .load(Ordering::Acquire);
         let from = committed.saturating_sub(region.capacities().goi_slots);
+        let mut folded: HashMap<u64, Folded> = HashMap::new();
         for g in from..committed {
             let Some(e) = region.goi_read(topic, g) else {
                 continue;
             };
-            if !s.by_client.contains_key(&e.client_id) {
+            let opened_at = s.by_client.get(&e.client_id).map_or(0, |x| x.opened_at);
+            if g < opened_at {
+                continue;
+            }
+            let f = folded.entry(e.client_id).or_insert(Folded {
+                hwm: 0,
+                epoch: 0,
+                last_goi: g,
+                from_start: false,
+            });
+            if e.flags & GOI_SESSION_START != 0 {
+                *f = Folded {
+                    hwm: 0,
+                    epoch: 0,
+                    last_goi: g,
+                    from_start: true,
+                };
+            }
+            f.hwm = f.hwm.max(e.client_seq + 1);
+            f.epoch = f.epoch.max(e.session_epoch);
+            f.last_goi = g;
+        }
+        for (client, f) in folded {
+            if !s.by_client.contains_key(&client) {
                 let slot = s.free_slot();
-                if s.open_in(e.client_id, e.session_epoch, slot).is_none() {
+                if s.open_in(client, f.epoch, slot).is_none() {
                     continue;
                 }
             }
-            let session = s.by_client.get_mut(&e.client_id).expect("opened above");
-            session.last_goi = Some(g);
-            if e.client_seq + 1 > session.committed_hwm {
-                session.committed_hwm = e.client_seq + 1;
-                session.next_expected = session.committed_hwm;
-                session.epoch = session.epoch.max(e.session_epoch);
+            let session = s.by_client.get_mut(&client).expect("opened above");
+            session.last_goi = Some(f.last_goi);
+            // The table may lag the GOI by an epoch, never lead it.
+            let hwm = if f.from_start {
+                f.hwm
+            } else {
+                f.hwm.max(session.committed_hwm)
+            };
+            session.epoch = session.epoch.max(f.epoch);
+            if hwm != session.committed_hwm {
+                session.committed_hwm = hwm;
+                session.next_expected = hwm;
                 session.dirty = true;
             }
         }
@@ -199,13 +262,28 @@ impl Sessions {
     }
 
     /// Opens a session for a client the table does not hold, in a free slot or in the
-    /// one an idle session gives up; `None` when there is neither.
+    /// one an idle session gives up; `None` when there is neither. The table holds the
+    /// new session at once, with a fresh durable mark, before any of its batches can
+    /// commit: a successor sequencer, the replicas' worker and the brokers find it
+    /// there, never the session that held the slot before.
     fn open(&mut self, region: &Region, client_id: u64, epoch: u64) -> Option<&mut Session> {
         let slot = match self.free_slot() {
             Some(slot) => Some(slot),
             None => self.end_idlest(region),
         };
-        self.open_in(client_id, epoch, slot)
+        let topic = self.topic;
+        let opened_at = region
+            .topic_seq(topic)
+            .committed_seq
+            .load(Ordering::Acquire);
+        let session = self.open_in(client_id, epoch, slot)?;
+        session.opened_at = opened_at;
+        session.starts = true;
+        region
+            .session_durable_hwm(topic, session.slot)
+            .store(0, Ordering::Release);
+        region.session_write(topic, session.slot, &session.record(client_id));
+        Some(session)
     }
 
     fn open_in(&mut self, client_id: u64, epoch: u64, slot: Option<u32>) -> Option<&mut Session> {
@@ -220,7 +298,8 @@ impl Sessions {
             last_active_ms: self.now_ms,
             uncommitted: 0,
             last_goi: None,
-            durable_start: Some(0),
+            opened_at: 0,
+            starts: false,
             dirty: true,
         }))
     }
@@ -388,6 +467,19 @@ impl Sessions {
         }
     }
 
+    /// The flags of `b`'s GOI entry: the first committed batch of a session opened here
+    /// is flagged as its start. Called just before `b` is appended.
+    pub fn goi_flags(&mut self, b: &Admitted) -> u16 {
+        match self.by_client.get_mut(&b.entry.client_id) {
+            Some(s) if s.starts => {
+                debug_assert_eq!(b.entry.client_seq, 0, "a new session starts at batch 0");
+                s.starts = false;
+                GOI_SESSION_START
+            }
+            _ => 0,
+        }
+    }
+
     /// Records that `b` is now in the committed GOI at index `goi` (called in commit order).
     pub fn committed(&mut self, b: &Admitted, goi: u64) {
         self.outstanding[b.broker as usize].remove(&b.pbr_index);
@@ -402,26 +494,7 @@ impl Sessions {
     /// Writes changed sessions to the region's table.
     pub fn write_table(&mut self, region: &Region) {
         for (client, s) in self.by_client.iter_mut().filter(|(_, s)| s.dirty) {
-            if let Some(durable) = s.durable_start.take() {
-                region
-                    .session_durable_hwm(self.topic, s.slot)
-                    .store(durable, Ordering::Release);
-            }
-            region.session_write(
-                self.topic,
-                s.slot,
-                &SessionRecord {
-                    state: if s.fenced {
-                        SessionState::Fenced
-                    } else {
-                        SessionState::Open
-                    },
-                    client_id: *client,
-                    session_epoch: s.epoch,
-                    committed_hwm: s.committed_hwm,
-                    last_active_ms: s.last_active_ms,
-                },
-            );
+            region.session_write(self.topic, s.slot, &s.record(*client));
             s.dirty = false;
         }
         self.dirty = false;

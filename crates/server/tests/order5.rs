@@ -421,8 +421,8 @@ fn idle_sessions_give_their_slots_to_new_clients() {
 }
 
 /// A connected client's session is never taken for idle, whether it waits for acks
-/// or publishes at ack 0: its broker keeps the session's stamp fresh. Once the other
-/// slots hold sessions active within the threshold, a new client is refused.
+/// or publishes at ack 0: its broker keeps the session's stamp fresh, so new clients
+/// take the slots of the closed sessions, and the connected ones go on.
 #[test]
 fn a_connected_session_keeps_its_slot_however_long_it_is_quiet() {
     let t = common::start_with(|c| c.sequencer.session_idle_evict_secs = 3);
@@ -444,10 +444,6 @@ fn a_connected_session_keeps_its_slot_however_long_it_is_quiet() {
         t.metric_sum("embarcadero_sequencer_sessions_evicted_total"),
         254
     );
-    let e = error_frame(&mut raw_session(&t, "kept", 9999, 1));
-    assert_eq!(e.code, ErrorCode::SessionsExhausted, "{}", e.message);
-    assert!(e.message.contains("3 s"), "{}", e.message);
-
     waiting.write_all(&session_batch(5000, 1, 1)).unwrap();
     let (ack, _) = common::next_frame(&mut waiting);
     assert_eq!(
