@@ -339,6 +339,7 @@ fn receive_batches(
             start_logical_offset: 0,
             total_order: 0,
             topic_id: topic,
+            committed_ns: embarcadero_region::monotonic_ns(),
             publish_commit: 0,
             ..header
         };

@@ -529,10 +529,16 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         .collect();
     // The mean batch's wait from commit to acknowledgeable (the epoch wait for orders
     // 2 and 5): a per-batch figure, unlike the per-GB thread time above.
-    let ack_wait_us_per_batch = stage_run_nanos
-        .get("ack_wait")
-        .filter(|_| stats.batches > 0 && args.ack > 0)
-        .map(|&ns| ns as f64 / 1e3 / stats.batches as f64);
+    let per_batch_us = |stage: &str| {
+        stage_run_nanos
+            .get(stage)
+            .filter(|_| stats.batches > 0)
+            .map(|&ns| ns as f64 / 1e3 / stats.batches as f64)
+    };
+    let ack_wait_us_per_batch = per_batch_us("ack_wait").filter(|_| args.ack > 0);
+    // Orders 2 and 5: the part of that wait spent in the sequencer until the epoch closed.
+    let epoch_wait_us_per_batch =
+        per_batch_us("sequencer_epoch_wait").filter(|_| config.order >= 2);
     let mut figures = common_figures(args, config, &outcome, elapsed);
     let extra = serde_json::json!({
         "region_file": region_file.as_ref().map(|p| p.display().to_string()),
@@ -549,6 +555,7 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         "client_cpu_seconds_per_gb": per_gb(client_cpu),
         "stage_ms_per_gb": stage_ms_per_gb,
         "ack_wait_us_per_batch": ack_wait_us_per_batch,
+        "epoch_wait_us_per_batch": epoch_wait_us_per_batch,
         "check": check,
         "ceilings": ceilings,
     });
@@ -589,14 +596,21 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         per_gb(client_cpu)
     );
     if !stage_ms_per_gb.is_empty() {
-        say!("time per stage, ms per GB of payload (summed over brokers):");
-        // ack_wait is time batches spent waiting, not time a thread spent: shown below.
-        for (stage, ms) in stage_ms_per_gb.iter().filter(|(s, _)| *s != "ack_wait") {
-            say!("  {stage:<16} {ms:>9.1}");
+        say!("thread time per stage, ms per GB of payload (summed over brokers):");
+        // The two waits are time batches spent waiting, not time a thread spent: below.
+        let waits = ["ack_wait", "sequencer_epoch_wait"];
+        for (stage, ms) in stage_ms_per_gb
+            .iter()
+            .filter(|(s, _)| !waits.contains(&s.as_str()))
+        {
+            say!("  {stage:<20} {ms:>9.1}");
         }
     }
     if let Some(us) = ack_wait_us_per_batch {
         say!("mean wait per batch from commit to acknowledgeable (ack_wait): {us:.0} us");
+    }
+    if let Some(us) = epoch_wait_us_per_batch {
+        say!("  of which in the sequencer, waiting for the epoch to close: {us:.0} us");
     }
     print_ceilings(&figures, mb_s);
     Ok(figures)

@@ -131,6 +131,12 @@ pub struct SequencerArgs {
     /// Name of this cluster in etcd (the election key is /embarcadero/NAME/sequencer).
     #[arg(long, default_value = "default")]
     cluster_name: String,
+    /// Address to serve /metrics and /healthz on.
+    #[arg(long, default_value = "127.0.0.1")]
+    bind: IpAddr,
+    /// Port of this sequencer's /metrics; 0 for an ephemeral port.
+    #[arg(long, default_value_t = 0)]
+    metrics_port: u16,
 }
 
 pub fn sequencer(args: SequencerArgs) -> CliResult {
@@ -151,6 +157,7 @@ pub fn sequencer(args: SequencerArgs) -> CliResult {
         standby: args.standby,
         etcd: args.etcd,
         cluster_name: args.cluster_name,
+        metrics_listen: SocketAddr::new(args.bind, args.metrics_port),
     };
     let Some(mut sequencer) =
         SequencerProcess::start(&config, &give_up).map_err(|e| e.to_string())?
@@ -158,8 +165,9 @@ pub fn sequencer(args: SequencerArgs) -> CliResult {
         return Ok(());
     };
     eprintln!(
-        "embarcadero sequencer is active (fencing epoch {})",
-        sequencer.fencing_epoch()
+        "embarcadero sequencer is active (fencing epoch {})  metrics http://{}/metrics",
+        sequencer.fencing_epoch(),
+        sequencer.metrics_addr()
     );
     while !give_up.load(Ordering::Acquire) {
         if sequencer.lost_lease() {

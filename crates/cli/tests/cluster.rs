@@ -111,12 +111,26 @@ fn scrape(addr: &str) -> String {
 }
 
 fn sequencer(control: &str) -> Proc {
-    Proc::ready(
+    sequencer_with_metrics(control).0
+}
+
+/// An external sequencer and the address of its /metrics.
+fn sequencer_with_metrics(control: &str) -> (Proc, String) {
+    let (proc, line) = Proc::ready(
         &["sequencer", "--head-addr", control],
         &[],
         "sequencer is active",
-    )
-    .0
+    );
+    (proc, metrics_address(&line))
+}
+
+/// The value of the sample `name` (labels included) in a /metrics text.
+fn sample(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no sample {name} in:\n{text}"))
+        .parse()
+        .unwrap()
 }
 
 /// (id, state) of every member, from the head's status document.
@@ -238,7 +252,7 @@ fn followers_in_their_own_processes_serve_one_total_order() {
     let control = head.control.clone();
     let (f1, f1_metrics) = follower_with_metrics(&control, 1);
     let f2 = follower(&control, 2);
-    let seq = sequencer(&control);
+    let (seq, seq_metrics) = sequencer_with_metrics(&control);
     assert_eq!(
         members(&control),
         [
@@ -262,14 +276,21 @@ fn followers_in_their_own_processes_serve_one_total_order() {
         HashSet::from([0, 1, 2]),
         "every process took batches"
     );
-    // Each follower exports its own broker's counters.
-    let text = scrape(&f1_metrics);
-    let batches: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("embarcadero_publish_batches_total{broker=\"1\"} "))
-        .expect("broker 1's batch counter")
-        .parse()
-        .unwrap();
+    // Each follower exports its own broker's counters, the sequencer its own.
+    let batches = sample(
+        &scrape(&f1_metrics),
+        "embarcadero_publish_batches_total{broker=\"1\"}",
+    );
+    let text = scrape(&seq_metrics);
+    let ordered = sample(&text, "embarcadero_sequencer_batches_ordered_total");
+    assert!(
+        ordered >= batches,
+        "{ordered} batches ordered of all brokers"
+    );
+    for stage in ["scan", "epoch_wait", "sequence", "goi_write"] {
+        let name = format!("embarcadero_stage_nanoseconds_total{{stage=\"sequencer_{stage}\"}}");
+        assert!(sample(&text, &name) > 0, "{name}");
+    }
     let mine = a.iter().filter(|m| m.2 == 1).count() as u64;
     assert!(
         batches > 0 && batches <= mine,

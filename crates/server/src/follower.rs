@@ -173,7 +173,11 @@ impl Follower {
                 "follower-metrics",
                 Limits::default(),
                 Arc::default(),
-                move |request| crate::http::respond_follower(&info, request),
+                move |request| {
+                    crate::http::respond_metrics_only("a follower", request, || {
+                        crate::http::follower_metrics(&info)
+                    })
+                },
             )
             .map_err(|e| ServerError::Start(format!("cannot serve /metrics: {e}")))?
         };

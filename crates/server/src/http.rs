@@ -18,9 +18,10 @@ use crate::cluster::{FenceRefusal, JoinError, MemberState};
 use crate::control::{TopicError, TopicSpec};
 use crate::http_server::{Request, Response};
 use crate::Inner;
+use embarcadero_sequencer::SequencerMetrics;
 use serde_json::json;
 use std::fmt::Write as _;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Answers one admin request (`HttpServer` has read it in full).
 pub fn respond(inner: &Inner, request: &Request) -> Response {
@@ -544,93 +545,114 @@ pub(crate) fn broker_families(
 pub(crate) fn follower_metrics(broker: &crate::BrokerInfo) -> String {
     let mut families = Families::default();
     let stages = broker_families(&mut families, std::slice::from_ref(broker));
-    families.family(
-        "stage_nanoseconds_total",
-        "counter",
-        "Time spent in each stage of the data path (broker stages per broker).",
-        stages,
-    );
+    families.family("stage_nanoseconds_total", "counter", STAGES_HELP, stages);
     families.text()
 }
 
-/// Answers a follower's `/metrics` and `/healthz`.
-pub(crate) fn respond_follower(broker: &crate::BrokerInfo, request: &Request) -> Response {
+/// Answers `/metrics` and `/healthz` for a process that serves nothing else: a
+/// follower broker (`role` "a follower") or an external sequencer.
+pub(crate) fn respond_metrics_only(
+    role: &str,
+    request: &Request,
+    metrics: impl FnOnce() -> String,
+) -> Response {
     match (request.method.as_str(), request.path()) {
-        ("GET", "/metrics") => Response::new(
-            200,
-            "text/plain; version=0.0.4",
-            follower_metrics(broker),
-        ),
+        ("GET", "/metrics") => Response::new(200, "text/plain; version=0.0.4", metrics()),
         ("GET", "/healthz") => Response::new(200, "text/plain", "ok\n".to_string()),
         (_, path) => Response::error(
             404,
-            format!("no such endpoint: {path} (a follower serves /metrics and /healthz; the rest is on the head)"),
+            format!("no such endpoint: {path} ({role} serves /metrics and /healthz; the rest is on the head)"),
         ),
     }
+}
+
+const STAGES_HELP: &str = "Time spent in each stage of the data path (broker stages per broker; the sequencer's scan, epoch wait, sequencing and GOI write). Thread time, except ack_wait and sequencer_epoch_wait: batch-time spent waiting.";
+
+/// The sequencer's stages, as samples of `stage_nanoseconds_total`.
+fn sequencer_stages(s: &SequencerMetrics) -> Vec<(String, u64)> {
+    [
+        ("sequencer_scan", &s.scan_nanos),
+        ("sequencer_epoch_wait", &s.epoch_wait_nanos),
+        ("sequencer_sequence", &s.sequence_nanos),
+        ("sequencer_goi_write", &s.goi_write_nanos),
+    ]
+    .into_iter()
+    .map(|(stage, v)| (format!("{{stage=\"{stage}\"}}"), v.load(Ordering::Relaxed)))
+    .collect()
+}
+
+/// The sequencer's own families, the same in the head and in `embarcadero sequencer`.
+fn sequencer_families(families: &mut Families, s: &SequencerMetrics) {
+    let counters: [(&str, &str, &AtomicU64); 6] = [
+        (
+            "sequencer_epochs_total",
+            "Epochs sealed by the sequencer.",
+            &s.epochs_sealed,
+        ),
+        (
+            "sequencer_batches_ordered_total",
+            "Batches given a global position.",
+            &s.batches_ordered,
+        ),
+        (
+            "sequencer_messages_ordered_total",
+            "Messages given a global position.",
+            &s.messages_ordered,
+        ),
+        (
+            "sequencer_seal_nanoseconds_total",
+            "Time spent sealing epochs (GOI write plus sequencing).",
+            &s.seal_nanos,
+        ),
+        (
+            "sequencer_goi_full_stalls_total",
+            "Epochs cut short because GOI slots were still in use.",
+            &s.goi_full_stalls,
+        ),
+        (
+            "sequencer_sessions_evicted_total",
+            "Idle order-5 sessions that gave up their session-table slot to a new session.",
+            &s.sessions_evicted,
+        ),
+    ];
+    for (name, help, value) in counters {
+        families.family(
+            name,
+            "counter",
+            help,
+            vec![(String::new(), value.load(Ordering::Relaxed))],
+        );
+    }
+}
+
+/// What an external sequencer (`embarcadero sequencer`) exports.
+pub(crate) fn sequencer_process_metrics(s: &SequencerMetrics) -> String {
+    let mut families = Families::default();
+    families.family(
+        "stage_nanoseconds_total",
+        "counter",
+        STAGES_HELP,
+        sequencer_stages(s),
+    );
+    sequencer_families(&mut families, s);
+    families.text()
 }
 
 /// Everything the head exports.
 fn metrics(inner: &Inner) -> String {
     let mut families = Families::default();
     let mut samples = broker_families(&mut families, &inner.brokers);
+    // An external sequencer's counters live in its own process (its own /metrics).
+    if let Some(s) = inner.sequencer_metrics.as_deref() {
+        samples.extend(sequencer_stages(s));
+    }
+    families.family("stage_nanoseconds_total", "counter", STAGES_HELP, samples);
+    if let Some(s) = inner.sequencer_metrics.as_deref() {
+        sequencer_families(&mut families, s);
+    }
     let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
         families.family(name, kind, help, samples)
     };
-    // An external sequencer's counters live in its own process.
-    if let Some(s) = inner.sequencer_metrics.as_deref() {
-        samples.push((
-            "{stage=\"sequencer_scan\"}".into(),
-            s.scan_nanos.load(Ordering::Relaxed),
-        ));
-        samples.push((
-            "{stage=\"sequencer_seal\"}".into(),
-            s.seal_nanos.load(Ordering::Relaxed),
-        ));
-    }
-    family(
-        "stage_nanoseconds_total",
-        "counter",
-        "Time spent in each stage of the data path (broker stages per broker; sequencer scan and seal).",
-        samples,
-    );
-    if let Some(s) = inner.sequencer_metrics.as_deref() {
-        family(
-            "sequencer_epochs_total",
-            "counter",
-            "Epochs sealed by the sequencer.",
-            vec![(String::new(), s.epochs_sealed.load(Ordering::Relaxed))],
-        );
-        family(
-            "sequencer_batches_ordered_total",
-            "counter",
-            "Batches given a global position.",
-            vec![(String::new(), s.batches_ordered.load(Ordering::Relaxed))],
-        );
-        family(
-            "sequencer_messages_ordered_total",
-            "counter",
-            "Messages given a global position.",
-            vec![(String::new(), s.messages_ordered.load(Ordering::Relaxed))],
-        );
-        family(
-            "sequencer_seal_nanoseconds_total",
-            "counter",
-            "Time spent sealing epochs.",
-            vec![(String::new(), s.seal_nanos.load(Ordering::Relaxed))],
-        );
-        family(
-            "sequencer_goi_full_stalls_total",
-            "counter",
-            "Epochs cut short because GOI slots were still in use.",
-            vec![(String::new(), s.goi_full_stalls.load(Ordering::Relaxed))],
-        );
-        family(
-            "sequencer_sessions_evicted_total",
-            "counter",
-            "Idle order-5 sessions that gave up their session-table slot to a new session.",
-            vec![(String::new(), s.sessions_evicted.load(Ordering::Relaxed))],
-        );
-    }
     let topics = inner.control.list();
     family(
         "topic_committed_batches",

@@ -4,14 +4,16 @@
 //! expires), and orders the region until stopped or until it learns that it lost the
 //! lease or the leadership.
 //!
-//! Owns: its lease and its sequencer thread. It rebuilds every piece of sequencer
+//! Owns: its lease, its sequencer thread and its `/metrics` server. It rebuilds every piece of sequencer
 //! state from the region at start (as a restarted embedded sequencer does).
 
 use crate::election::{self, Leadership};
 use crate::follower::{attach_head_region, fetch_cluster};
+use crate::http_server::{HttpServer, Limits};
 use crate::ServerError;
 use embarcadero_region::Region;
 use embarcadero_sequencer::{Lease, Sequencer, SequencerConfig};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -30,12 +32,15 @@ pub struct SequencerProcessConfig {
     pub etcd: Option<String>,
     /// Names the election key, so several clusters can share one etcd.
     pub cluster_name: String,
+    /// Where to serve `/metrics` and `/healthz` (port 0: an ephemeral one).
+    pub metrics_listen: SocketAddr,
 }
 
 /// An active external sequencer. Dropping it stops ordering and releases the lease.
 pub struct SequencerProcess {
     // Field order: the sequencer stops before the leases are released.
     sequencer: Sequencer,
+    metrics: HttpServer,
     lease: Lease,
     leadership: Option<Leadership>,
     region: Arc<Region>,
@@ -47,6 +52,13 @@ impl SequencerProcess {
         config: &SequencerProcessConfig,
         give_up: &AtomicBool,
     ) -> Result<Option<Self>, ServerError> {
+        // Bound first: a busy port is reported before any lease is taken.
+        let listener = std::net::TcpListener::bind(config.metrics_listen).map_err(|e| {
+            ServerError::Start(format!(
+                "cannot listen for /metrics on {}: {e}; choose another --metrics-port",
+                config.metrics_listen
+            ))
+        })?;
         let doc = fetch_cluster(&config.head)?;
         let region = attach_head_region(&doc, config.region_path.as_ref())?;
         let duration = Duration::from_millis(doc.config.cluster.sequencer_lease_ms);
@@ -103,6 +115,21 @@ impl SequencerProcess {
             },
         )
         .map_err(|e| ServerError::Start(format!("cannot start the sequencer: {e}")))?;
+        let metrics = {
+            let counters = sequencer.metrics();
+            HttpServer::start(
+                listener,
+                "sequencer-metrics",
+                Limits::default(),
+                Arc::default(),
+                move |request| {
+                    crate::http::respond_metrics_only("an external sequencer", request, || {
+                        crate::http::sequencer_process_metrics(&counters)
+                    })
+                },
+            )
+            .map_err(|e| ServerError::Start(format!("cannot serve /metrics: {e}")))?
+        };
         tracing::info!(
             id = format_args!("{id:016x}"),
             fencing_epoch = lease.fencing_epoch(),
@@ -110,10 +137,16 @@ impl SequencerProcess {
         );
         Ok(Some(Self {
             sequencer,
+            metrics,
             lease,
             leadership,
             region,
         }))
+    }
+
+    /// Where `/metrics` is served.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics.local_addr()
     }
 
     pub fn fencing_epoch(&self) -> u64 {

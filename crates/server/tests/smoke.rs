@@ -47,7 +47,10 @@ fn metrics_count_bytes_batches_and_time_per_stage() {
             .sum();
         assert!(total > 0, "stage {stage} was timed");
     }
-    assert!(t.metric_sum("embarcadero_stage_nanoseconds_total{stage=\"sequencer_seal\"}") > 0);
+    for stage in ["scan", "epoch_wait", "sequence", "goi_write"] {
+        let name = format!("embarcadero_stage_nanoseconds_total{{stage=\"sequencer_{stage}\"}}");
+        assert!(t.metric_sum(&name) > 0, "stage sequencer_{stage} was timed");
+    }
     // The process's CPU time, under Prometheus's standard name: this process served 2000
     // messages, so it has used some.
     let text = common::TestServer::metric_text(&t.control());

@@ -33,6 +33,7 @@ pub mod offsets {
     pub const LOG_OFFSET: usize = 72;
     pub const TOTAL_ORDER: usize = 80;
     pub const TOPIC_ID: usize = 88;
+    pub const COMMITTED_NS: usize = 96;
     pub const PUBLISH_COMMIT: usize = 120;
 }
 
@@ -67,6 +68,9 @@ pub struct BatchHeader {
     pub total_order: u64,
     /// *broker*: id of the topic slot in the region.
     pub topic_id: u32,
+    /// *broker*: the region's host's `CLOCK_MONOTONIC`, in nanoseconds, when the broker
+    /// committed the slot; informative (the sequencer's epoch-wait figure).
+    pub committed_ns: u64,
     /// *broker*: commit token, `pbr_index + 1`, written last.
     pub publish_commit: u64,
 }
@@ -89,6 +93,7 @@ impl BatchHeader {
         put_u64(&mut b, LOG_OFFSET, self.log_offset);
         put_u64(&mut b, TOTAL_ORDER, self.total_order);
         put_u32(&mut b, TOPIC_ID, self.topic_id);
+        put_u64(&mut b, COMMITTED_NS, self.committed_ns);
         put_u64(&mut b, PUBLISH_COMMIT, self.publish_commit);
         b
     }
@@ -112,6 +117,7 @@ impl BatchHeader {
             log_offset: u64_at(b, LOG_OFFSET),
             total_order: u64_at(b, TOTAL_ORDER),
             topic_id: u32_at(b, TOPIC_ID),
+            committed_ns: u64_at(b, COMMITTED_NS),
             publish_commit: u64_at(b, PUBLISH_COMMIT),
         })
     }
@@ -166,6 +172,7 @@ mod tests {
             log_offset: 4096,
             total_order: 77,
             topic_id: 3,
+            committed_ns: 88,
             publish_commit: 6,
         };
         assert_eq!(BatchHeader::decode(&h.encode()).unwrap(), h);

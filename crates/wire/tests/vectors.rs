@@ -310,6 +310,7 @@ const BATCH_HEADER_LAYOUT: Layout = &[
     ("log_offset", 72, 8),
     ("total_order", 80, 8),
     ("topic_id", 88, 4),
+    ("committed_ns", 96, 8),
     ("publish_commit", 120, 8),
 ];
 
@@ -450,6 +451,7 @@ fn batch_header_from(m: &Obj) -> BatchHeader {
         log_offset: num(m, "log_offset"),
         total_order: num(m, "total_order"),
         topic_id: int(m, "topic_id"),
+        committed_ns: num(m, "committed_ns"),
         publish_commit: num(m, "publish_commit"),
     }
 }

@@ -133,6 +133,7 @@ fn batch_header_j(h: &BatchHeader) -> J {
         ("log_offset", n(h.log_offset)),
         ("total_order", n(h.total_order)),
         ("topic_id", n(h.topic_id)),
+        ("committed_ns", n(h.committed_ns)),
         ("publish_commit", n(h.publish_commit)),
     ])
 }
@@ -594,8 +595,8 @@ fn vectors() -> Vec<Vector> {
         "batch_header_client",
         "batch_header",
         "The BatchHeader of publish_batch.json alone, as sent by a client: broker_id, flags, \
-         pbr_index, start_logical_offset, log_offset, total_order, topic_id and publish_commit \
-         are zero.",
+         pbr_index, start_logical_offset, log_offset, total_order, topic_id, committed_ns and \
+         publish_commit are zero.",
         None,
         batch_header_j(&three_header),
         &three_header.encode(),
@@ -608,6 +609,7 @@ fn vectors() -> Vec<Vector> {
         log_offset: 0x0004_0000,
         total_order: 1234,
         topic_id: 3,
+        committed_ns: 86_400_000_250_000,
         publish_commit: 42,
         ..three_header
     };
@@ -616,7 +618,7 @@ fn vectors() -> Vec<Vector> {
         "batch_header",
         "The same batch as a committed PBR slot in the shared region after ordering: broker 2, \
          flags VALID (1), PBR index 41, per-broker position 5000, log offset 0x40000, topic id 3, \
-         global position 1234 (written by the sequencer), publish_commit = pbr_index + 1 = 42.",
+         committed a day and 250 us after the host booted (committed_ns, its monotonic clock), global position 1234 (written by the sequencer), publish_commit = pbr_index + 1 = 42.",
         None,
         batch_header_j(&slot),
         &slot.encode(),
