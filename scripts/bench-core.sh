@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the figures of docs/PERFORMANCE.md ("the performance bar" section): 1 KiB
 # messages, ack 1, 4 brokers. Per run and order (ORDERS, default 0 2 5): publish-only with
-# the machine's ceilings measured in the same process right after (`--ceilings`), and
+# the machine's ceilings measured in the same process right after (every run measures them), and
 # publish + one ordered subscriber; then the fixed-rate runs at RATE MB/s (default 330,
 # 10% of order 2's saturation on the project's machine) with LINGER_US (default 0: a batch
 # is sealed as soon as its sender is free, the client's lowest-latency setting), each after
@@ -36,7 +36,7 @@ PY
 for run in $(seq 1 "$RUNS"); do
   for order in $ORDERS; do
     f="$OUT/publish-order$order-run$run.json"
-    $B bench --mode publish --order "$order" --ack 1 --size 1024 --total-bytes "$TOTAL" --ceilings --json > "$f"
+    $B bench --mode publish --order "$order" --ack 1 --size 1024 --total-bytes "$TOTAL" --json > "$f"
     line "$f"
     f="$OUT/e2e-order$order-run$run.json"
     $B bench --mode e2e --order "$order" --ack 1 --size 1024 --total-bytes "$TOTAL" --json > "$f"

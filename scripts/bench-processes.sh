@@ -29,7 +29,7 @@ for n in "$@"; do
   pids=()
   start=$(date +%s.%N)
   for i in $(seq "$n"); do
-    $B bench --control "127.0.0.1:$PORT" --order "$ORDER" --ack 1 --size 1024 \
+    $B bench --no-ceilings --control "127.0.0.1:$PORT" --order "$ORDER" --ack 1 --size 1024 \
       --total-bytes $((TOTAL / n)) --json > "$OUT/n$n-p$i.json" 2> /dev/null &
     pids+=($!)
   done

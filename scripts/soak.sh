@@ -81,7 +81,7 @@ sample() {
 
 echo "seconds,rss_anon_kib,open_files,threads,cpu_seconds,free_segments,replica_bytes" >"$OUT/samples.csv"
 started=$SECONDS
-"$B" bench --control "$CONTROL" --mode e2e --verify --order "$ORDER" --ack "$ACK" --rf 3 \
+"$B" bench --no-ceilings --control "$CONTROL" --mode e2e --verify --order "$ORDER" --ack "$ACK" --rf 3 \
   --rate "$RATE" --duration "$SOAK_SECS" --json >"$OUT/bench.json" 2>"$OUT/bench.err" &
 BENCH=$!
 echo "soak: $SOAK_SECS s at $RATE MB/s, order $ORDER, ack $ACK, two replicas; samples in $OUT/samples.csv"

@@ -34,10 +34,10 @@ pub struct Ceiling {
     pub seconds: f64,
     /// Throughput in MB/s, MB = 1e6 bytes.
     pub mb_per_s: f64,
-    /// Median latency of one operation (fdatasync only), microseconds.
+    /// Median latency of one operation (fdatasync, round trip), microseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p50_us: Option<f64>,
-    /// 99th-percentile latency of one operation (fdatasync only), microseconds.
+    /// 99th-percentile latency of one operation (fdatasync, round trip), microseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p99_us: Option<f64>,
 }
@@ -194,6 +194,60 @@ fn join<T>(handle: JoinHandle<io::Result<T>>) -> io::Result<T> {
         .map_err(|_| io::Error::other("measurement thread panicked"))?
 }
 
+/// Loopback TCP round trips, the floor under any acknowledgement's latency: one
+/// connection with the product's socket options, a client thread that writes
+/// `request_bytes` and waits for `reply_bytes`, a server thread that reads the request
+/// whole and replies, one at a time. The first tenth are a warm-up, left out of the
+/// figures. p50/p99 are per round trip; MB/s counts request bytes.
+pub fn loopback_round_trips(
+    request_bytes: usize,
+    reply_bytes: usize,
+    round_trips: usize,
+) -> io::Result<Ceiling> {
+    let (request_bytes, reply_bytes) = (request_bytes.max(1), reply_bytes.max(1));
+    let round_trips = round_trips.max(1);
+    let warmup = round_trips / 10;
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    let mut client = TcpStream::connect(listener.local_addr()?)?;
+    let (mut server, _) = listener.accept()?;
+    tune_socket(&client);
+    tune_socket(&server);
+    let total = warmup + round_trips;
+    let echo = thread::spawn(move || -> io::Result<()> {
+        let (mut request, reply) = (vec![0u8; request_bytes], vec![0x3c_u8; reply_bytes]);
+        for _ in 0..total {
+            server.read_exact(&mut request)?;
+            server.write_all(&reply)?;
+        }
+        Ok(())
+    });
+    let (request, mut reply) = (vec![0xa5_u8; request_bytes], vec![0u8; reply_bytes]);
+    let mut latencies = Vec::with_capacity(round_trips);
+    let mut start = Instant::now();
+    for i in 0..total {
+        if i == warmup {
+            start = Instant::now();
+        }
+        let t = Instant::now();
+        client.write_all(&request)?;
+        client.read_exact(&mut reply)?;
+        if i >= warmup {
+            latencies.push(t.elapsed());
+        }
+    }
+    let elapsed = start.elapsed();
+    join(echo)?;
+    latencies.sort_unstable();
+    let mut ceiling = Ceiling::new(
+        format!("loopback_round_trip request={request_bytes} reply={reply_bytes}"),
+        (round_trips * request_bytes) as u64,
+        elapsed,
+    );
+    ceiling.p50_us = percentile_us(&latencies, 50.0);
+    ceiling.p99_us = percentile_us(&latencies, 99.0);
+    Ok(ceiling)
+}
+
 /// Memory copy: `total_bytes` copied, `buffer_bytes` at a time, between two
 /// buffers that are written (so faulted in) before the clock starts.
 pub fn memcpy_bandwidth(buffer_bytes: usize, total_bytes: u64) -> Ceiling {
@@ -299,7 +353,13 @@ pub struct CeilingPlan {
     /// One fdatasync ceiling per size: bytes written between two fdatasyncs
     /// (1 MiB, and the replicas' group-commit size).
     pub sync_write_bytes: Vec<usize>,
+    /// Request size of the round-trip ceiling: the bench's message size (0 leaves it
+    /// out). The reply is an acknowledgement frame's size.
+    pub round_trip_request_bytes: usize,
 }
+
+/// Reply of the round-trip ceiling: an Ack frame, a bare 16-byte frame header.
+const ROUND_TRIP_REPLY_BYTES: usize = 16;
 
 impl CeilingPlan {
     pub fn new(sync_dir: &Path, quick: bool) -> Self {
@@ -314,19 +374,20 @@ impl CeilingPlan {
             },
             sync_dir: sync_dir.to_path_buf(),
             sync_write_bytes: vec![MIB as usize],
+            round_trip_request_bytes: 1024,
         }
     }
 }
 
 /// All ceilings of `plan`. Full size: 2 GiB over TCP (one stream, the streams into
-/// rings, then two streams), 4 GiB memcpy through 64 MiB buffers and 512 MiB of
-/// fdatasync'd writes per write size; `quick` uses 32 MiB (rings of 4 MiB), 64 MiB
-/// through 8 MiB and 4 MiB.
+/// rings, then two streams), 20 000 round trips, 4 GiB memcpy through 64 MiB buffers
+/// and 512 MiB of fdatasync'd writes per write size; `quick` uses 32 MiB (rings of 4
+/// MiB), 200 round trips, 64 MiB through 8 MiB and 4 MiB.
 pub fn measure_all(plan: &CeilingPlan) -> io::Result<Vec<Ceiling>> {
-    let (tcp, memcpy_buffer, memcpy, sync) = if plan.quick {
-        (32 * MIB, 8 * MIB, 64 * MIB, 4 * MIB)
+    let (tcp, round_trips, memcpy_buffer, memcpy, sync) = if plan.quick {
+        (32 * MIB, 200, 8 * MIB, 64 * MIB, 4 * MIB)
     } else {
-        (2048 * MIB, 64 * MIB, 4096 * MIB, 512 * MIB)
+        (2048 * MIB, 20_000, 64 * MIB, 4096 * MIB, 512 * MIB)
     };
     let mut out = vec![loopback_tcp(tcp, plan.tcp_chunk_bytes, 1)?];
     if plan.ring_streams > 0 {
@@ -339,6 +400,13 @@ pub fn measure_all(plan: &CeilingPlan) -> io::Result<Vec<Ceiling>> {
     }
     if !plan.quick {
         out.push(loopback_tcp(tcp, plan.tcp_chunk_bytes, 2)?);
+    }
+    if plan.round_trip_request_bytes > 0 {
+        out.push(loopback_round_trips(
+            plan.round_trip_request_bytes,
+            ROUND_TRIP_REPLY_BYTES,
+            round_trips,
+        )?);
     }
     out.push(memcpy_bandwidth(memcpy_buffer as usize, memcpy));
     for &write in &plan.sync_write_bytes {
@@ -416,6 +484,15 @@ mod tests {
     }
 
     #[test]
+    fn round_trips_time_each_exchange_after_the_warm_up() {
+        let c = loopback_round_trips(1000, 64, 50).unwrap();
+        assert_sane(&c, 50 * 1000);
+        assert_eq!(c.name, "loopback_round_trip request=1000 reply=64");
+        let (p50, p99) = (c.p50_us.unwrap(), c.p99_us.unwrap());
+        assert!(p50 > 0.0 && p50 <= p99, "{c:?}");
+    }
+
+    #[test]
     fn memcpy_counts_partial_last_copy() {
         let total = 3 * MIB + 7;
         assert_sane(&memcpy_bandwidth(MIB as usize, total), total);
@@ -451,16 +528,17 @@ mod tests {
     fn quick_measure_all_formats_and_serializes() {
         let dir = tempfile::tempdir().unwrap();
         let all = measure_all(&CeilingPlan::new(dir.path(), true)).unwrap();
-        assert_eq!(all.len(), 4);
-        let expected = [32 * MIB, 32 * MIB, 64 * MIB, 4 * MIB];
+        assert_eq!(all.len(), 5);
+        let expected = [32 * MIB, 32 * MIB, 200 * 1024, 64 * MIB, 4 * MIB];
         for (c, bytes) in all.iter().zip(expected) {
             assert_sane(c, bytes);
         }
         let table = format_table(&all);
-        assert_eq!(table.lines().count(), 5);
+        assert_eq!(table.lines().count(), 6);
         assert!(all.iter().all(|c| table.contains(&c.name)));
         let json = serde_json::to_value(&all).unwrap();
         assert!(json[0].get("p50_us").is_none());
-        assert!(json[3]["p99_us"].as_f64().unwrap() > 0.0);
+        assert!(json[2]["p50_us"].as_f64().unwrap() > 0.0);
+        assert!(json[4]["p99_us"].as_f64().unwrap() > 0.0);
     }
 }

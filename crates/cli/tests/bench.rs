@@ -33,6 +33,7 @@ fn png_size(path: &std::path::Path) -> (u32, u32) {
 fn failure_mode_delivers_every_acknowledged_message_exactly_once_at_orders_2_and_5() {
     let out = run_bin(&[
         "bench",
+        "--no-ceilings",
         "--mode",
         "failure",
         "--order",
@@ -82,6 +83,7 @@ fn a_sweep_prints_one_json_run_per_combination_and_plots_them_again_from_the_fil
     let plot = dir.path().join("sweep.png");
     let out = run_bin(&[
         "bench",
+        "--no-ceilings",
         "--order",
         "0,2",
         "--rate",
@@ -112,6 +114,7 @@ fn a_sweep_prints_one_json_run_per_combination_and_plots_them_again_from_the_fil
     let replot = dir.path().join("again.png");
     let out = run_bin(&[
         "bench",
+        "--no-ceilings",
         "--plot",
         replot.to_str().unwrap(),
         "--from-json",
@@ -126,9 +129,95 @@ fn a_sweep_prints_one_json_run_per_combination_and_plots_them_again_from_the_fil
     assert_eq!(png_size(&replot), size);
 }
 
+/// A default run measures the machine's ceilings right after itself and reports every
+/// headline figure against them, and summarises the server's per-stage timers.
+#[test]
+fn a_run_reports_its_figures_against_the_same_runs_ceilings_and_per_stage() {
+    let out = run_bin(&[
+        "bench",
+        "--mode",
+        "e2e",
+        "--order",
+        "2",
+        "--total-bytes",
+        "20000000",
+        "--json",
+    ]);
+    let run = json_of(&out);
+    let ceilings = run["ceilings"].as_array().expect("ceilings by default");
+    let ceiling = |prefix: &str| {
+        ceilings
+            .iter()
+            .find(|c| c["name"].as_str().unwrap().starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} ceiling in {ceilings:?}"))
+    };
+    for prefix in ["loopback_tcp_ring", "memcpy", "fdatasync"] {
+        assert!(ceiling(prefix)["mb_per_s"].as_f64().unwrap() > 0.0);
+    }
+    let ratios = &run["ceiling_ratios"];
+    let ratio = |key: &str| {
+        ratios[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key}: {ratios}"))
+    };
+    let mb_s = run["mb_per_s"].as_f64().unwrap();
+    let same = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs();
+    let loopback = ceiling("loopback_tcp streams=1 ")["mb_per_s"]
+        .as_f64()
+        .unwrap();
+    assert!(same(ratio("mb_per_s_to_loopback_tcp"), mb_s / loopback));
+    assert!(ratio("mb_per_s_to_loopback_tcp_ring") > 0.0);
+    // Latencies as multiples of one message's loopback round trip.
+    let round_trip = ceiling("loopback_round_trip request=1024 reply=16");
+    for (figure, key) in [
+        ("append_to_ack_us", "append_to_ack"),
+        ("e2e_latency_us", "e2e"),
+    ] {
+        for p in ["p50", "p99"] {
+            let ours = run[figure][p].as_f64().unwrap();
+            let floor = round_trip[format!("{p}_us")].as_f64().unwrap();
+            let key = format!("{key}_{p}_over_loopback_round_trip");
+            assert!(same(ratio(&key), ours / floor), "{key}");
+        }
+    }
+    assert!(
+        ratios.get("mb_per_s_to_fdatasync").is_none(),
+        "ack 1 writes no disk"
+    );
+    // Per stage: the brokers' and the sequencer's, and the epoch's share of the wait.
+    let stages = run["stage_ms_per_gb"].as_object().unwrap();
+    for stage in [
+        "receive",
+        "commit",
+        "ack_send",
+        "sequencer_scan",
+        "sequencer_goi_write",
+        "sequencer_sequence",
+    ] {
+        assert!(
+            stages[stage].as_f64().unwrap() > 0.0,
+            "stage {stage}: {stages:?}"
+        );
+    }
+    let epoch_wait = run["epoch_wait_us_per_batch"].as_f64().unwrap();
+    let ack_wait = run["ack_wait_us_per_batch"].as_f64().unwrap();
+    assert!(
+        epoch_wait > 0.0 && epoch_wait <= ack_wait,
+        "{epoch_wait} of {ack_wait}"
+    );
+}
+
 #[test]
 fn duration_publishes_until_it_ends_and_excludes_total_bytes() {
-    let out = run_bin(&["bench", "--duration", "1", "--rate", "10", "--json"]);
+    let out = run_bin(&[
+        "bench",
+        "--no-ceilings",
+        "--duration",
+        "1",
+        "--rate",
+        "10",
+        "--json",
+    ]);
     let run = json_of(&out);
     assert!(run.is_object(), "one run: one object, as before");
     assert_eq!(run["duration_s"], 1.0);
@@ -138,7 +227,14 @@ fn duration_publishes_until_it_ends_and_excludes_total_bytes() {
     let messages = run["messages"].as_u64().unwrap();
     assert!((1..=9766 + 16).contains(&messages), "{messages}");
 
-    let out = run_bin(&["bench", "--duration", "1", "--total-bytes", "1000"]);
+    let out = run_bin(&[
+        "bench",
+        "--no-ceilings",
+        "--duration",
+        "1",
+        "--total-bytes",
+        "1000",
+    ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
 }
@@ -149,6 +245,7 @@ fn duration_publishes_until_it_ends_and_excludes_total_bytes() {
 fn an_end_to_end_warm_up_is_read_but_left_out_of_the_figures() {
     let out = run_bin(&[
         "bench",
+        "--no-ceilings",
         "--mode",
         "e2e",
         "--rate",
@@ -178,6 +275,7 @@ fn an_end_to_end_warm_up_is_read_but_left_out_of_the_figures() {
 fn an_end_to_end_run_with_verify_checks_every_message_exactly_once() {
     let out = run_bin(&[
         "bench",
+        "--no-ceilings",
         "--mode",
         "e2e",
         "--order",
@@ -268,6 +366,7 @@ fn a_failure_run_ended_by_sigterm_kills_its_cluster_and_removes_its_region() {
     let mut bench = Command::new(BIN)
         .args([
             "bench",
+            "--no-ceilings",
             "--mode",
             "failure",
             "--duration",

@@ -379,6 +379,7 @@ fn bench_fills_a_topic_with_parallel_publishers_and_reads_it_back() {
     let out = Command::new(BIN)
         .args([
             "bench",
+            "--no-ceilings",
             "--mode",
             "subscribe",
             "--publishers",
@@ -413,6 +414,7 @@ fn bench_reports_server_and_client_cpu_per_gb() {
     let out = Command::new(BIN)
         .args([
             "bench",
+            "--no-ceilings",
             "--order",
             "2",
             "--total-bytes",
@@ -437,6 +439,7 @@ fn bench_reports_server_and_client_cpu_per_gb() {
     let out = serve.run(
         &[
             "bench",
+            "--no-ceilings",
             "--order",
             "2",
             "--total-bytes",
@@ -460,6 +463,7 @@ fn bench_at_a_fixed_rate_keeps_the_schedule() {
     let out = Command::new(BIN)
         .args([
             "bench",
+            "--no-ceilings",
             "--publishers",
             "3",
             "--total-bytes",

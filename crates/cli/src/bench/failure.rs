@@ -8,8 +8,8 @@
 //! whether every acknowledged message was delivered exactly once in one order.
 
 use super::{
-    common_figures, measure_ceilings, merge, message_count, print_ceilings, print_run_header,
-    progress_bar, publish_all, tempdir, BenchArgs, Publishing, RunConfig,
+    add_ceiling_ratios, common_figures, measure_ceilings, merge, message_count, print_ceilings,
+    print_run_header, progress_bar, publish_all, tempdir, BenchArgs, Publishing, RunConfig,
 };
 use crate::publish::report;
 use crate::CliResult;
@@ -444,6 +444,7 @@ pub fn run(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
             },
         }),
     );
+    add_ceiling_ratios(&mut figures);
     if args.json {
         return Ok(figures);
     }
@@ -470,7 +471,7 @@ pub fn run(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         None => say!("  the batches sealed before the kill were never all acknowledged"),
     }
     print_check(&check, config.order);
-    print_ceilings(&figures, figures["mb_per_s"].as_f64().unwrap_or(0.0));
+    print_ceilings(&figures);
     Ok(figures)
 }
 
