@@ -8,7 +8,10 @@
 # Usage: scripts/peers/run.sh [--quick] [--peers embarcadero,kafka,nats,redis] [--variants V1,V2]
 #                             [--runs N] [--total-bytes BYTES] [--rate R[,R2,...]] [--warmup S]
 #                             [--out DIR]
-# Variants: embarcadero ack1,ack2; kafka acks1,acksall; nats file,memory; redis noaof,aof-everysec.
+# Variants: embarcadero ack1,ack2; kafka acks1,acksall,acksall-fsync; nats file,memory,file-sync;
+# redis noaof,aof-everysec,aof-always. The -fsync/-sync/-always variants force every write to
+# disk before the acknowledgement, as Embarcadero's ack 2 does (its replica's fdatasync), and
+# keep their data under DISK_ROOT like Embarcadero's replica.
 # Embarcadero runs `target/release/embarcadero bench` (build it first; EMBARCADERO_BIN overrides)
 # in the same series, so every figure of one run of this script comes from the same minutes.
 # Without --rate every client publishes as fast as its window allows (<peer>-<variant>-run<N>.json).
@@ -18,7 +21,9 @@
 # warm-up, waits for their acks and leaves them out of the figures; the total excludes them.
 # Each publish is bounded by max(RUN_TIMEOUT, 2 x (total + warm-up) / rate + 60 s).
 # Environment: PEERS_DIR (as for install.sh), DATA_ROOT (where servers keep their data;
-# default /dev/shm, like `embarcadero bench`'s region, else /tmp), KAFKA_PORT (19092, and
+# default /dev/shm, like `embarcadero bench`'s region, else /tmp), DISK_ROOT (a directory on
+# a disk for the variants that fsync and Embarcadero's ack-2 replica; default $REPLICA_ROOT,
+# else /var/tmp: never tmpfs, where fsync costs nothing), KAFKA_PORT (19092, and
 # +1 for the controller), NATS_PORT (14222), REDIS_PORT (16379), RUN_TIMEOUT (seconds one
 # publish may take, default 300), KAFKA_BATCH / KAFKA_LINGER_MS / KAFKA_BUFFER /
 # KAFKA_EXTRA_PROPS (producer settings, defaults 524288 / 1 / 67108864 / none),
@@ -41,6 +46,7 @@ KAFKA_BUFFER=${KAFKA_BUFFER:-67108864}
 KAFKA_EXTRA_PROPS=${KAFKA_EXTRA_PROPS:-}
 EMBARCADERO_LINGER_US=${EMBARCADERO_LINGER_US:-1000}
 EMBARCADERO_EPOCH_US=${EMBARCADERO_EPOCH_US:-500}
+DISK_ROOT=${DISK_ROOT:-${REPLICA_ROOT:-/var/tmp}}
 if [[ -z ${DATA_ROOT:-} ]]; then
   if [[ -d /dev/shm && -w /dev/shm ]]; then DATA_ROOT=/dev/shm; else DATA_ROOT=/tmp; fi
 fi
@@ -110,9 +116,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-new_workdir() {
+new_workdir() { # [disk]: under DISK_ROOT instead of DATA_ROOT
   cleanup
-  WORK=$(mktemp -d "$DATA_ROOT/peerbench.XXXXXX")
+  WORK=$(mktemp -d "$([[ ${1:-} == disk ]] && echo "$DISK_ROOT" || echo "$DATA_ROOT")/peerbench.XXXXXX")
 }
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -258,7 +264,7 @@ KAFKA_JVM_GC=(-XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPe
               -XX:+ExplicitGCInvokesConcurrent -Djava.awt.headless=true)
 kjava() { java -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -cp "$KAFKA_LIBS/*" "$@"; }
 
-kafka_start() {
+kafka_start() { # [extra server.properties line]
   need_free "$KAFKA_PORT" $((KAFKA_PORT + 1))
   local cfg="$WORK/server.properties"
   cat >"$cfg" <<EOF
@@ -281,6 +287,7 @@ share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 message.max.bytes=2097152
+${1:-}
 EOF
   kjava kafka.tools.StorageTool format -t "$(kjava kafka.tools.StorageTool random-uuid)" \
     -c "$cfg" >"$WORK/format.log" 2>&1 || { cat "$WORK/format.log" >&2; return 1; }
@@ -294,15 +301,17 @@ EOF
 }
 
 kafka_run() { # variant run
-  local variant=$1 run=$2 acks durability
+  local variant=$1 run=$2 acks durability flush=
   case $variant in
     acks1) acks=1
       durability="acks=1: the partition leader appended the batch to its log segment (OS page cache; no fsync, Kafka's default log.flush.interval.messages is unbounded); replication factor 1" ;;
     acksall) acks=all
       durability="acks=all with replication factor 1 (the only in-sync replica is the leader): appended to the leader's log in the page cache, no fsync; idempotent producer on (the default with acks=all)" ;;
+    acksall-fsync) acks=all flush=log.flush.interval.messages=1
+      durability="acks=all, and the broker fsyncs the partition's log after every append (log.flush.interval.messages=1), before the response; log on DISK_ROOT" ;;
   esac
-  new_workdir
-  kafka_start || return 1
+  new_workdir ${flush:+disk}
+  kafka_start "$flush" || return 1
   local props=(bootstrap.servers=127.0.0.1:$KAFKA_PORT acks=$acks batch.size=$KAFKA_BATCH
                linger.ms=$KAFKA_LINGER_MS compression.type=none buffer.memory=$KAFKA_BUFFER
                max.request.size=$((KAFKA_BATCH > 1048576 ? KAFKA_BATCH : 1048576)) client.id=peerbench
@@ -354,8 +363,8 @@ PY
         --topic bench --time -1 2>/dev/null | awk -F: '{print $3}')
   summary=$(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d["log_end_offset"]=int(sys.argv[2] or -1); print(json.dumps(d))' "$summary" "$end")
   local settings
-  settings=$(printf '{"kafka_version":"%s","load_generator":"%s","acks":"%s","batch_size":%s,"linger_ms":%s,"compression":"none","buffer_memory":%s,"extra_props":"%s","partitions":1,"replication_factor":1,"broker_heap":"2g","producer_heap":"1g","log_dirs":"%s"}' \
-             "$KAFKA_VERSION" "$tool" "$acks" "$KAFKA_BATCH" "$KAFKA_LINGER_MS" "$KAFKA_BUFFER" "$KAFKA_EXTRA_PROPS" "$DATA_ROOT")
+  settings=$(printf '{"kafka_version":"%s","load_generator":"%s","acks":"%s","batch_size":%s,"linger_ms":%s,"compression":"none","buffer_memory":%s,"extra_props":"%s","broker_extra":"%s","partitions":1,"replication_factor":1,"broker_heap":"2g","producer_heap":"1g","log_dirs":"%s"}' \
+             "$KAFKA_VERSION" "$tool" "$acks" "$KAFKA_BATCH" "$KAFKA_LINGER_MS" "$KAFKA_BUFFER" "$KAFKA_EXTRA_PROPS" "$flush" "$(dirname "$WORK")")
   write_result kafka "$variant" "$run" "$durability" "$settings" "$summary" "${cmd[*]}" || return 1
   [[ $end == "$((COUNT + WARMUP))" ]] || { log "kafka: log end offset $end, expected $((COUNT + WARMUP))"; return 1; }
   stop_server
@@ -363,40 +372,47 @@ PY
 
 # --- NATS JetStream ---------------------------------------------------------------------
 nats_run() { # variant run
-  local variant=$1 run=$2 durability
+  local variant=$1 run=$2 durability storage=$1 sync=
   case $variant in
     file) durability="JetStream PubAck from a file-backed stream, 1 replica: the message is in the stream's file store (written to the OS page cache; the server fsyncs every sync_interval, default 2 minutes, not per message)" ;;
     memory) durability="JetStream PubAck from a memory-backed stream, 1 replica: the message is in the server's memory only" ;;
+    file-sync) storage=file sync=always
+      durability="JetStream PubAck from a file-backed stream, 1 replica, with sync_interval: always: the server fsyncs every write before the PubAck; store on DISK_ROOT" ;;
   esac
   need_free "$NATS_PORT"
-  new_workdir
-  "$PEERS_DIR/bin/nats-server" -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$WORK/jetstream" \
+  new_workdir ${sync:+disk}
+  # A config file only for what has no flag: jetstream's sync_interval.
+  printf 'jetstream {\n  store_dir: "%s"\n%s}\n' "$WORK/jetstream" "${sync:+  sync_interval: $sync
+}" >"$WORK/nats.conf"
+  "$PEERS_DIR/bin/nats-server" -a 127.0.0.1 -p "$NATS_PORT" -c "$WORK/nats.conf" \
     >"$WORK/nats.log" 2>&1 &
   SERVER_PID=$!
   wait_port "$NATS_PORT" 30 || { log "nats-server did not start"; tail -30 "$WORK/nats.log" >&2; return 1; }
   local cmd=("$PEERS_DIR/bin/natsbench" -url "nats://127.0.0.1:$NATS_PORT" -stream BENCH
-             -subject bench -size "$SIZE" -total-bytes "$TOTAL" -window 8192 -storage "$variant"
+             -subject bench -size "$SIZE" -total-bytes "$TOTAL" -window 8192 -storage "$storage"
              -timeout "$(publish_timeout)s" ${RATE:+-rate "$RATE" -warmup "$WARMUP"})
   log "nats $variant${RATE:+ at $RATE MB/s} run $run: $COUNT x $SIZE B"
   run_client "${cmd[@]}" || return 1
   local settings
-  settings=$(printf '{"nats_server":"%s","storage":"%s","replicas":1,"subjects":1,"async_publish_window":8192,"store_dir":"%s"}' \
-             "$("$PEERS_DIR/bin/nats-server" --version | awk '{print $NF}')" "$variant" "$DATA_ROOT")
+  settings=$(printf '{"nats_server":"%s","storage":"%s","sync_interval":"%s","replicas":1,"subjects":1,"async_publish_window":8192,"store_dir":"%s"}' \
+             "$("$PEERS_DIR/bin/nats-server" --version | awk '{print $NF}')" "$storage" "${sync:-default (2m)}" "$(dirname "$WORK")")
   write_result nats "$variant" "$run" "$durability" "$settings" "$(cat "$WORK/client.out")" "${cmd[*]}" || return 1
   stop_server
 }
 
 # --- Redis Streams ----------------------------------------------------------------------
 redis_run() { # variant run
-  local variant=$1 run=$2 durability persist
+  local variant=$1 run=$2 durability persist disk=
   case $variant in
     noaof) persist=(--appendonly no)
       durability="XADD reply: the entry is in the server's memory; no AOF and no RDB snapshots" ;;
     aof-everysec) persist=(--appendonly yes --appendfsync everysec)
       durability="XADD reply: the entry is in memory and written to the append-only file (OS page cache) before the reply; a background fsync once a second" ;;
+    aof-always) persist=(--appendonly yes --appendfsync always) disk=disk
+      durability="XADD reply: the entry is in the append-only file and fsync'd before the reply (appendfsync always; Redis fsyncs once per event-loop pass, so a pipeline's commands share one fsync); AOF on DISK_ROOT" ;;
   esac
   need_free "$REDIS_PORT"
-  new_workdir
+  new_workdir $disk
   redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$WORK" --save '' "${persist[@]}" \
     --daemonize no --logfile "$WORK/redis.log" &
   SERVER_PID=$!
@@ -408,7 +424,7 @@ redis_run() { # variant run
   run_client "${cmd[@]}" || return 1
   local settings
   settings=$(printf '{"redis_server":"%s","persistence":"%s","save":"","pipeline_batch":64,"window":8192,"dir":"%s"}' \
-             "$(redis-server --version | awk '{print $3}' | cut -d= -f2)" "${persist[*]}" "$DATA_ROOT")
+             "$(redis-server --version | awk '{print $3}' | cut -d= -f2)" "${persist[*]}" "$(dirname "$WORK")")
   write_result redis "$variant" "$run" "$durability" "$settings" "$(cat "$WORK/client.out")" "${cmd[*]}" || return 1
   stop_server
 }
@@ -425,10 +441,11 @@ embarcadero_run() { # variant run
   new_workdir
   # The embedded server runs inside the bench process: its CPU is the client's here.
   SERVER_PID=
-  # The disk replica goes on a disk (REPLICA_ROOT, default /var/tmp), never on tmpfs where
-  # fdatasync costs nothing; the region stays under DATA_ROOT like the peers' data.
-  REPLICA=$(mktemp -d "${REPLICA_ROOT:-/var/tmp}/embarcadero-replica.XXXXXX")
-  local cmd=("$EMBARCADERO_BIN" bench "${args[@]}" --size "$SIZE" --total-bytes "$TOTAL"
+  # The disk replica goes on a disk (DISK_ROOT), never on tmpfs where fdatasync costs
+  # nothing; the region stays under DATA_ROOT like the peers' data.
+  REPLICA=$(mktemp -d "$DISK_ROOT/embarcadero-replica.XXXXXX")
+  # No ceilings: they run in the same process after the run, and its CPU time is measured.
+  local cmd=("$EMBARCADERO_BIN" bench --no-ceilings "${args[@]}" --size "$SIZE" --total-bytes "$TOTAL"
              --linger-us "$EMBARCADERO_LINGER_US" --epoch-us "$EMBARCADERO_EPOCH_US"
              --region-dir "$DATA_ROOT" --replica-dir "$REPLICA"
              ${RATE:+--rate "$RATE" --warmup-messages "$WARMUP"} --json)
@@ -465,7 +482,8 @@ PY
 }
 
 # --- main -------------------------------------------------------------------------------
-declare -A VARIANTS=([embarcadero]="ack1 ack2" [kafka]="acks1 acksall" [nats]="file memory" [redis]="noaof aof-everysec")
+declare -A VARIANTS=([embarcadero]="ack1 ack2" [kafka]="acks1 acksall acksall-fsync" [nats]="file memory file-sync"
+                    [redis]="noaof aof-everysec aof-always")
 IFS=, read -r -a peer_list <<<"$PEERS"
 for p in "${peer_list[@]}"; do
   case $p in

@@ -164,11 +164,17 @@ def plot(flat, paced, path):
                 ys.append(v)
                 if not sustained(rs):
                     bad.append((rate, v))
-            # One colour per system, solid and dashed lines for its two variants.
+            # One colour per system; a line style per durability: memory or page cache
+            # (solid), every write forced to disk before the ack (dotted), the rest (dashed).
             color = {"embarcadero": "#c0392b", "kafka": "#2471a3", "nats": "#229954",
                      "redis": "#7d3c98"}.get(peer, "#7f8c8d")
-            first = variant in ("ack1", "acks1", "file", "noaof")
-            c.plot(xs, ys, marker="o" if first else "s", ls="-" if first else "--", color=color,
+            if variant in ("ack1", "acks1", "file", "noaof"):
+                marker, ls = "o", "-"
+            elif variant in ("ack2", "acksall-fsync", "file-sync", "aof-always"):
+                marker, ls = "^", ":"
+            else:
+                marker, ls = "s", "--"
+            c.plot(xs, ys, marker=marker, ls=ls, color=color,
                    lw=2.2 if peer == "embarcadero" else 1.2, label=f"{peer} {variant}")
             if bad:
                 c.scatter(*zip(*bad), marker="x", s=90, color="black", zorder=5)
