@@ -203,7 +203,7 @@ write_result() {
   shift 6
   local f="$OUT/$peer-$variant${RATE:+-rate$RATE}-run$run.json"
   python3 - "$f" "$peer" "$variant" "$run" "$durability" "$settings" "$summary" \
-      "$SIZE" "$SERVER_CPU" "$CLIENT_CPU" "$OTHER_CPU" "$WALL" "$DATA_ROOT" "$QUICK" "$RATE" "$*" <<'PY'
+      "$SIZE" "$SERVER_CPU" "$CLIENT_CPU" "$OTHER_CPU" "$WALL" "$(dirname "$WORK")" "$QUICK" "$RATE" "$*" <<'PY'
 import json, sys, platform, datetime
 (f, peer, variant, run, durability, settings, summary, size, scpu, ccpu, ocpu, wall,
  data_root, quick, rate, command) = sys.argv[1:]

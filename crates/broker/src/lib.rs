@@ -185,6 +185,10 @@ pub(crate) struct Shared {
     pub connections: Registry,
     /// Batches dropped by fault injection so far.
     pub fault_drops: AtomicU64,
+    /// The region was created on this host since it booted, so every process of the
+    /// region reads this host's `CLOCK_MONOTONIC`: commits are time-stamped
+    /// (`committed_ns`). A broker on another host leaves the stamp 0.
+    pub stamp_commits: bool,
 }
 
 impl Shared {
@@ -272,6 +276,7 @@ impl Broker {
             new_publishers: tx,
             connections: Registry::default(),
             fault_drops: AtomicU64::new(0),
+            stamp_commits: region.created_this_boot(),
             config,
             region,
         });

@@ -339,7 +339,11 @@ fn receive_batches(
             start_logical_offset: 0,
             total_order: 0,
             topic_id: topic,
-            committed_ns: embarcadero_region::monotonic_ns(),
+            committed_ns: if shared.stamp_commits {
+                embarcadero_region::monotonic_ns()
+            } else {
+                0
+            },
             publish_commit: 0,
             ..header
         };

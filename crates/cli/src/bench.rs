@@ -519,7 +519,6 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         _ => publish_elapsed,
     };
     let bytes = stats.bytes as f64;
-    let ceilings = measure_ceilings(args, &scratch)?;
     let mb_s = bytes / elapsed.as_secs_f64() / 1e6;
     let per_gb = |seconds: f64| seconds / (bytes / 1e9);
     // Per-stage time from the server's counters, less what they held when the measured
@@ -547,6 +546,10 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     // Orders 2 and 5: the part of that wait spent in the sequencer until the epoch closed.
     let epoch_wait_us_per_batch =
         per_batch_us("sequencer_epoch_wait").filter(|_| config.order >= 2);
+    // The server is done and its counters read: the ceilings get the machine to
+    // themselves, and nothing the server does meanwhile shows in the figures.
+    drop(server);
+    let ceilings = measure_ceilings(args, &scratch)?;
     let mut figures = common_figures(args, config, &outcome, elapsed);
     let extra = serde_json::json!({
         "region_file": region_file.as_ref().map(|p| p.display().to_string()),
@@ -569,7 +572,6 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     });
     merge(&mut figures, extra);
     add_ceiling_ratios(&mut figures);
-    drop(server);
     let _ = std::fs::remove_dir_all(&scratch);
     if let Some(f) = &region_file {
         let _ = std::fs::remove_file(f);

@@ -86,9 +86,11 @@ pub struct SequencerMetrics {
     pub sequence_nanos: AtomicU64,
     /// Total time spent scanning PBRs for committed slots, in ns.
     pub scan_nanos: AtomicU64,
-    /// Batch-nanoseconds spent waiting for an epoch to close: each batch from the scan
-    /// that found it to the seal that ordered it (divide by `batches_ordered` for the
-    /// mean). Waiting time, not thread time.
+    /// Batch-nanoseconds spent waiting for an epoch to close: each batch from its
+    /// broker's commit (`committed_ns`; from the scan that found it when the stamp is
+    /// missing) to the seal that ordered it; divide by `batches_ordered` for the mean.
+    /// Order 5: a batch the sessions drop counts until it is found, and time held
+    /// behind a gap in its session does not count. Waiting time, not thread time.
     pub epoch_wait_nanos: AtomicU64,
     /// Times an epoch could not be fully sealed because GOI slots were still in use.
     pub goi_full_stalls: AtomicU64,
@@ -247,10 +249,14 @@ struct Core {
     /// before they were found.
     found: u128,
     found_committed_ns: u128,
+    /// The region was created on this host since it booted, so brokers' commit stamps
+    /// read the same clock as this sequencer's; else they are not used.
+    same_clock: bool,
 }
 
 impl Core {
     fn new(region: Arc<Region>, config: SequencerConfig, metrics: Arc<SequencerMetrics>) -> Self {
+        let same_clock = region.created_this_boot();
         Self {
             region,
             config,
@@ -260,6 +266,7 @@ impl Core {
             queued_since: Instant::now(),
             found: 0,
             found_committed_ns: 0,
+            same_clock,
         }
     }
 
@@ -375,6 +382,7 @@ impl Core {
     fn scan(&mut self) -> usize {
         let region = &self.region;
         let mut waiting = 0;
+        let scan_started_ns = embarcadero_region::monotonic_ns();
         for t in &mut self.topics {
             if let Some(sessions) = &mut t.sessions {
                 sessions.tick(region, Instant::now());
@@ -401,7 +409,12 @@ impl Core {
                     let Some(h) = region.pbr_read(t.topic, s.broker, s.cursor) else {
                         break;
                     };
-                    if h.flags & BatchFlags::VALID != 0 && h.committed_ns != 0 {
+                    // A stamp after this scan began is not from this host's clock.
+                    if h.flags & BatchFlags::VALID != 0
+                        && self.same_clock
+                        && h.committed_ns != 0
+                        && h.committed_ns <= scan_started_ns
+                    {
                         self.found += 1;
                         self.found_committed_ns += h.committed_ns as u128;
                     }
@@ -456,14 +469,18 @@ impl Core {
         self.queued = self.count_queued();
     }
 
-    /// Batches scanned and not yet ordered: in the scanners' buffers, or admitted to an
-    /// order-5 session's turn (a batch held for a gap in its session is not waiting for
-    /// an epoch).
+    /// Batches scanned and not yet ordered: in the scanners' buffers (void slots, which
+    /// are never ordered, left out), or admitted to an order-5 session's turn (a batch
+    /// held for a gap in its session is not waiting for an epoch).
     fn count_queued(&self) -> u64 {
         self.topics
             .iter()
             .map(|t| {
-                let buffered: usize = t.scanners.iter().map(|s| s.buffer.len()).sum();
+                let buffered: usize = t
+                    .scanners
+                    .iter()
+                    .map(|s| s.buffer.iter().filter(|p| p.entry.is_some()).count())
+                    .sum();
                 let admitted = t.sessions.as_ref().map_or(0, |s| s.ready.len());
                 (buffered + admitted) as u64
             })
@@ -764,16 +781,20 @@ mod tests {
     fn epoch_wait_is_each_batch_from_its_commit_to_its_seal() {
         let (_d, r) = region(64);
         commit_at(&r, 0, 0, 1, true, 10_000);
+        // A void slot is never ordered, so it never waits.
+        commit_at(&r, 0, 1, 0, false, 11_000);
         // Not stamped (a broker from before the field): counted from when it is found.
         commit_at(&r, 1, 0, 1, true, 0);
         let mut c = core(&r);
+        assert!(c.same_clock, "the test's region was created on this boot");
         let t0 = Instant::now();
         c.queued_since = t0;
         let ms = Duration::from_millis;
-        assert_eq!(c.scan(), 2);
-        c.account_epoch_wait(t0, 15_000);
-        commit_at(&r, 2, 0, 1, true, 20_000);
         assert_eq!(c.scan(), 3);
+        c.account_epoch_wait(t0, 15_000);
+        assert_eq!(c.queued, 2);
+        commit_at(&r, 2, 0, 1, true, 20_000);
+        assert_eq!(c.scan(), 4);
         c.account_epoch_wait(t0 + ms(1), 30_000);
         c.account_epoch_wait(t0 + ms(4), 33_000);
         c.seal_epoch();

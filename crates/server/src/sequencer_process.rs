@@ -52,13 +52,6 @@ impl SequencerProcess {
         config: &SequencerProcessConfig,
         give_up: &AtomicBool,
     ) -> Result<Option<Self>, ServerError> {
-        // Bound first: a busy port is reported before any lease is taken.
-        let listener = std::net::TcpListener::bind(config.metrics_listen).map_err(|e| {
-            ServerError::Start(format!(
-                "cannot listen for /metrics on {}: {e}; choose another --metrics-port",
-                config.metrics_listen
-            ))
-        })?;
         let doc = fetch_cluster(&config.head)?;
         let region = attach_head_region(&doc, config.region_path.as_ref())?;
         let duration = Duration::from_millis(doc.config.cluster.sequencer_lease_ms);
@@ -115,6 +108,14 @@ impl SequencerProcess {
             },
         )
         .map_err(|e| ServerError::Start(format!("cannot start the sequencer: {e}")))?;
+        // Bound once active: a standby's port refuses connections rather than leaving
+        // scrapes to time out. Failing here drops the lease just taken.
+        let listener = std::net::TcpListener::bind(config.metrics_listen).map_err(|e| {
+            ServerError::Start(format!(
+                "cannot listen for /metrics on {}: {e}; choose another --metrics-port",
+                config.metrics_listen
+            ))
+        })?;
         let metrics = {
             let counters = sequencer.metrics();
             HttpServer::start(

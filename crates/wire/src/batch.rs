@@ -68,8 +68,9 @@ pub struct BatchHeader {
     pub total_order: u64,
     /// *broker*: id of the topic slot in the region.
     pub topic_id: u32,
-    /// *broker*: the region's host's `CLOCK_MONOTONIC`, in nanoseconds, when the broker
-    /// committed the slot; informative (the sequencer's epoch-wait figure).
+    /// *broker*: `CLOCK_MONOTONIC`, in nanoseconds, when the broker committed the slot;
+    /// 0 from a broker that is not on the host that created the region (another clock).
+    /// Informative: the sequencer's epoch-wait figure.
     pub committed_ns: u64,
     /// *broker*: commit token, `pbr_index + 1`, written last.
     pub publish_commit: u64,
