@@ -8,7 +8,7 @@
 //! the head, so a follower cannot disagree with the head about the region.
 
 use crate::config::{BrokerSettings, SequencerSettings};
-use crate::http_server::{HttpServer, Limits};
+use crate::http_server::HttpServer;
 use crate::ServerError;
 use embarcadero_broker::Broker;
 use embarcadero_region::{Capacities, Region};
@@ -155,32 +155,18 @@ impl Follower {
         );
         let broker = Broker::start(broker_config, region.clone())
             .map_err(|e| ServerError::Start(e.to_string()))?;
-        let listener = std::net::TcpListener::bind(config.metrics_listen).map_err(|e| {
-            ServerError::Start(format!(
-                "cannot listen for /metrics on {}: {e}; choose another --metrics-port",
-                config.metrics_listen
-            ))
-        })?;
-        let metrics = {
-            let info = crate::BrokerInfo {
-                id: broker.id(),
-                addr: broker.local_addr(),
-                metrics: broker.metrics(),
-                pool: broker.segment_pool(),
-            };
-            HttpServer::start(
-                listener,
-                "follower-metrics",
-                Limits::default(),
-                Arc::default(),
-                move |request| {
-                    crate::http::respond_metrics_only("a follower", request, || {
-                        crate::http::follower_metrics(&info)
-                    })
-                },
-            )
-            .map_err(|e| ServerError::Start(format!("cannot serve /metrics: {e}")))?
+        let info = crate::BrokerInfo {
+            id: broker.id(),
+            addr: broker.local_addr(),
+            metrics: broker.metrics(),
+            pool: broker.segment_pool(),
         };
+        let metrics = crate::http::serve_metrics_only(
+            config.metrics_listen,
+            "a follower",
+            "follower-metrics",
+            move || crate::http::follower_metrics(&info),
+        )?;
         let advertised = config.advertise.unwrap_or_else(|| broker.local_addr());
         let call = MembershipCall {
             id: config.broker_id,

@@ -549,13 +549,31 @@ pub(crate) fn follower_metrics(broker: &crate::BrokerInfo) -> String {
     families.text()
 }
 
-/// Answers `/metrics` and `/healthz` for a process that serves nothing else: a
-/// follower broker (`role` "a follower") or an external sequencer.
-pub(crate) fn respond_metrics_only(
-    role: &str,
-    request: &Request,
-    metrics: impl FnOnce() -> String,
-) -> Response {
+/// Serves `/metrics` (the text `metrics` returns) and `/healthz` on `listen`, for a
+/// process that serves nothing else: a follower broker (`role` "a follower") or an
+/// external sequencer.
+pub(crate) fn serve_metrics_only(
+    listen: std::net::SocketAddr,
+    role: &'static str,
+    thread_name: &str,
+    metrics: impl Fn() -> String + Send + Sync + 'static,
+) -> Result<crate::http_server::HttpServer, crate::ServerError> {
+    let listener = std::net::TcpListener::bind(listen).map_err(|e| {
+        crate::ServerError::Start(format!(
+            "cannot listen for /metrics on {listen}: {e}; choose another --metrics-port"
+        ))
+    })?;
+    crate::http_server::HttpServer::start(
+        listener,
+        thread_name,
+        crate::http_server::Limits::default(),
+        std::sync::Arc::default(),
+        move |request| respond_metrics_only(role, request, &metrics),
+    )
+    .map_err(|e| crate::ServerError::Start(format!("cannot serve /metrics: {e}")))
+}
+
+fn respond_metrics_only(role: &str, request: &Request, metrics: &dyn Fn() -> String) -> Response {
     match (request.method.as_str(), request.path()) {
         ("GET", "/metrics") => Response::new(200, "text/plain; version=0.0.4", metrics()),
         ("GET", "/healthz") => Response::new(200, "text/plain", "ok\n".to_string()),

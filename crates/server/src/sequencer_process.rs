@@ -9,7 +9,7 @@
 
 use crate::election::{self, Leadership};
 use crate::follower::{attach_head_region, fetch_cluster};
-use crate::http_server::{HttpServer, Limits};
+use crate::http_server::HttpServer;
 use crate::ServerError;
 use embarcadero_region::Region;
 use embarcadero_sequencer::{Lease, Sequencer, SequencerConfig};
@@ -110,27 +110,13 @@ impl SequencerProcess {
         .map_err(|e| ServerError::Start(format!("cannot start the sequencer: {e}")))?;
         // Bound once active: a standby's port refuses connections rather than leaving
         // scrapes to time out. Failing here drops the lease just taken.
-        let listener = std::net::TcpListener::bind(config.metrics_listen).map_err(|e| {
-            ServerError::Start(format!(
-                "cannot listen for /metrics on {}: {e}; choose another --metrics-port",
-                config.metrics_listen
-            ))
-        })?;
-        let metrics = {
-            let counters = sequencer.metrics();
-            HttpServer::start(
-                listener,
-                "sequencer-metrics",
-                Limits::default(),
-                Arc::default(),
-                move |request| {
-                    crate::http::respond_metrics_only("an external sequencer", request, || {
-                        crate::http::sequencer_process_metrics(&counters)
-                    })
-                },
-            )
-            .map_err(|e| ServerError::Start(format!("cannot serve /metrics: {e}")))?
-        };
+        let counters = sequencer.metrics();
+        let metrics = crate::http::serve_metrics_only(
+            config.metrics_listen,
+            "an external sequencer",
+            "sequencer-metrics",
+            move || crate::http::sequencer_process_metrics(&counters),
+        )?;
         tracing::info!(
             id = format_args!("{id:016x}"),
             fencing_epoch = lease.fencing_epoch(),
