@@ -131,6 +131,9 @@ pub struct BrokerMetrics {
     pub reclaimed_batches: AtomicU64,
     /// Order 5: batches held back because they were beyond their session's window.
     pub session_window_waits: AtomicU64,
+    /// Order 5: hellos and connections refused because their session is bound to
+    /// another key (SessionKeyMismatch): hijack attempts, or clients that lost their key.
+    pub session_key_refusals: AtomicU64,
     pub stages: StageTimes,
 }
 

@@ -6,7 +6,7 @@ use crate::{publish, subscribe, Shared};
 use embarcadero_region::TopicMeta;
 use embarcadero_wire::{
     ErrorCode, ErrorFrame, FrameHeader, FrameKind, Hello, HelloOk, Role, WireError, HELLO_LEN,
-    HELLO_OK_LEN,
+    HELLO_OK_LEN, SESSION_KEY_LEN,
 };
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -190,8 +190,18 @@ fn handshake(shared: &Shared, stream: &mut TcpStream) -> Result<Accepted, End> {
                 )
                 .into());
             }
+            // Order 5: the key makes the session its opener's (PROTOCOL.md section 8).
+            if meta.order == 5 && hello.session_key == [0; SESSION_KEY_LEN] {
+                return Err(Refusal::new(
+                    ErrorCode::BadSession,
+                    "an order-5 hello must carry a session key (16 random bytes chosen when \
+                     the session is opened, kept for its life); this client is too old or \
+                     does not set one",
+                )
+                .into());
+            }
             if meta.order == 5
-                && SessionView::new(topic, hello.client_id, hello.session_epoch)
+                && SessionView::new(topic, hello.client_id, hello.session_epoch, 0)
                     .crowded_out(&shared.region, shared.config.session_idle_evict)
             {
                 return Err(Refusal::new(

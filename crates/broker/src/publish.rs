@@ -27,6 +27,9 @@ const MAX_UNSENT_BYTES: usize = 64 * 1024;
 pub struct PublishConn {
     pub topic: u32,
     pub session_epoch: u64,
+    /// Order 5: `session_key_hash` of the hello's key, stamped into every PBR slot of
+    /// the connection so the sequencer can tell the session's owner from a stranger.
+    pub session_key_hash: u64,
     /// Order 5: the session as the hello found it, for the service thread's view.
     pub session: Option<SessionView>,
     pub order: u8,
@@ -117,9 +120,17 @@ pub fn run(
     // Order 5: the connection's threads start from this view, which knows the session's
     // slot from the hello on (so an ending of the session is noticed), and the session
     // counts as active from now.
-    let mut session = SessionView::new(topic, hello.client_id, hello.session_epoch);
+    let key_hash = if meta.order == 5 {
+        embarcadero_wire::session_key_hash(&hello.session_key)
+    } else {
+        0
+    };
+    let mut session = SessionView::new(topic, hello.client_id, hello.session_epoch, key_hash);
     if meta.order == 5 {
         let status = session.status(&shared.region);
+        if status.foreign_key {
+            return refuse_foreign_key(shared, hello.client_id).into();
+        }
         session.touch(&shared.region, unix_ms());
         if status.fenced {
             return Refusal::new(
@@ -136,6 +147,7 @@ pub fn run(
     let conn = std::sync::Arc::new(PublishConn {
         topic,
         session_epoch: hello.session_epoch,
+        session_key_hash: key_hash,
         session: (meta.order == 5).then(|| session.clone()),
         order: meta.order,
         ack_level: hello.ack_level,
@@ -344,6 +356,7 @@ fn receive_batches(
             } else {
                 0
             },
+            session_key_hash: conn.session_key_hash,
             publish_commit: 0,
             ..header
         };
@@ -461,6 +474,9 @@ fn admit_session_batch(
         }
         backoff.idle(None);
     };
+    if status.foreign_key {
+        return Err(refuse_foreign_key(shared, hello.client_id));
+    }
     if status.fenced {
         return Err(Refusal {
             code: ErrorCode::SessionFenced,
@@ -495,6 +511,22 @@ fn admit_session_batch(
         });
     }
     Ok(true)
+}
+
+/// Refuses a connection whose session is bound to another key, and counts it.
+pub(crate) fn refuse_foreign_key(shared: &Shared, client_id: u64) -> Refusal {
+    shared
+        .metrics
+        .session_key_refusals
+        .fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(
+        client_id,
+        "order-5 connection refused: its session is bound to another key (a hijack attempt?)"
+    );
+    Refusal::new(
+        ErrorCode::SessionKeyMismatch,
+        session::foreign_key_message(client_id),
+    )
 }
 
 /// Waits while the broker is above its high watermark or the log has no room, up to

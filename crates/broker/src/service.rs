@@ -309,6 +309,20 @@ fn ack_session(
         *progress = true;
         return false;
     }
+    if status.foreign_key {
+        // Another key bound the session first (the hello found it unbound): nothing the
+        // session commits is this connection's, so it must never be told it is acked.
+        let refusal = crate::publish::refuse_foreign_key(shared, session.client_id());
+        let frame = ErrorFrame {
+            code: refusal.code,
+            batch_seq: u64::MAX,
+            message: refusal.message,
+        }
+        .encode();
+        close_with(shared, conn, &mut out, &frame);
+        *progress = true;
+        return false;
+    }
     // The client is connected: its session is not idle, even when it sends nothing.
     session.touch(&shared.region, unix_ms());
     if status.fenced {

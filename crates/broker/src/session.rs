@@ -10,6 +10,8 @@ pub struct SessionView {
     topic: u32,
     client_id: u64,
     epoch: u64,
+    /// `session_key_hash` of the key this connection's hello presented.
+    key_hash: u64,
     slot: Option<u32>,
     /// The session's slot was seen holding another client's session: the sequencer
     /// ended this one (idle) and gave its slot away.
@@ -30,6 +32,9 @@ pub struct SessionStatus {
     /// The session ended while this connection was open: it was idle and its slot in
     /// the session table went to another session. Its marks are gone.
     pub expired: bool,
+    /// The session is bound to another key than this connection's: the connection does
+    /// not own it (a hijack attempt, or a client that lost its key).
+    pub foreign_key: bool,
 }
 
 impl SessionStatus {
@@ -49,11 +54,12 @@ impl SessionStatus {
 const TOUCH_EVERY_MS: u64 = 1_000;
 
 impl SessionView {
-    pub fn new(topic: u32, client_id: u64, epoch: u64) -> Self {
+    pub fn new(topic: u32, client_id: u64, epoch: u64, key_hash: u64) -> Self {
         Self {
             topic,
             client_id,
             epoch,
+            key_hash,
             slot: None,
             expired: false,
             touched_ms: 0,
@@ -68,6 +74,7 @@ impl SessionView {
             durable_hwm: 0,
             fenced: false,
             expired,
+            foreign_key: false,
         };
         if self.expired {
             return unknown(true);
@@ -97,7 +104,13 @@ impl SessionView {
             fenced: r.session_epoch > self.epoch
                 || (r.session_epoch == self.epoch && r.state == SessionState::Fenced),
             expired: false,
+            foreign_key: r.key_hash != 0 && r.key_hash != self.key_hash,
         }
+    }
+
+    /// The client id the session belongs to.
+    pub fn client_id(&self) -> u64 {
+        self.client_id
     }
 
     /// The session's slot, once the table has been seen holding the session.
@@ -150,6 +163,15 @@ pub fn expired_message(idle_evict: Duration) -> String {
     )
 }
 
+/// The error text of a SessionKeyMismatch frame.
+pub fn foreign_key_message(client_id: u64) -> String {
+    format!(
+        "the order-5 session of client id {client_id} is bound to another session key: this \
+         connection does not own it; a publisher keeps its key for the session's life, so a \
+         restarted one that lost it must publish with a new client id"
+    )
+}
+
 /// The error text of a SessionFenced frame; clients parse `hwm=N`.
 pub fn fenced_message(epoch: u64, hwm: u64) -> String {
     format!(
@@ -187,13 +209,37 @@ mod tests {
             committed_hwm,
             last_active_ms,
             opened_at: 0,
+            key_hash: 0,
         }
+    }
+
+    #[test]
+    fn a_connection_with_another_key_than_the_sessions_reads_as_foreign() {
+        let (_d, r) = region();
+        let mut owner = SessionView::new(0, 7, 1, 0xa);
+        let mut thief = SessionView::new(0, 7, 1, 0xb);
+        r.session_write(0, 3, &record(7, 5, 1));
+        assert!(
+            !thief.status(&r).foreign_key,
+            "an unbound session (rebuilt from disk) takes any key"
+        );
+        r.session_write(
+            0,
+            3,
+            &SessionRecord {
+                key_hash: 0xa,
+                ..record(7, 5, 1)
+            },
+        );
+        assert!(!owner.status(&r).foreign_key);
+        assert!(thief.status(&r).foreign_key);
+        assert_eq!(thief.status(&r).committed_hwm, 5);
     }
 
     #[test]
     fn a_session_whose_slot_goes_to_another_client_reads_as_expired() {
         let (_d, r) = region();
-        let mut view = SessionView::new(0, 7, 1);
+        let mut view = SessionView::new(0, 7, 1, 0);
         let s = view.status(&r);
         assert!(
             !s.expired && s.committed_hwm == 0,
@@ -211,7 +257,7 @@ mod tests {
         assert!(view.status(&r).expired);
         // Also when the client id's new session is found first, and then its old slot
         // is seen holding another client.
-        let mut old = SessionView::new(0, 9, 1);
+        let mut old = SessionView::new(0, 9, 1, 0);
         r.session_write(0, 5, &record(9, 4, 1));
         old.status(&r);
         r.session_write(0, 6, &record(9, 1, 4));
@@ -219,14 +265,14 @@ mod tests {
         let s = old.status(&r);
         assert!(s.expired && s.committed_hwm == 0, "{s:?}");
         // A fresh connection of client 7 sees its new session.
-        assert_eq!(SessionView::new(0, 7, 1).status(&r).committed_hwm, 1);
+        assert_eq!(SessionView::new(0, 7, 1, 0).status(&r).committed_hwm, 1);
     }
 
     #[test]
     fn touching_raises_the_stamp_at_most_once_a_second() {
         let (_d, r) = region();
         r.session_write(0, 0, &record(7, 1, 1_000));
-        let mut view = SessionView::new(0, 7, 1);
+        let mut view = SessionView::new(0, 7, 1, 0);
         view.touch(&r, 5_000);
         assert_eq!(
             r.session_read(0, 0).unwrap().last_active_ms,
@@ -249,7 +295,7 @@ mod tests {
         let (_d, r) = region();
         let now = unix_ms();
         let idle = Duration::from_secs(600);
-        let view = SessionView::new(0, 9999, 1);
+        let view = SessionView::new(0, 9999, 1, 0);
         for slot in 0..SESSION_SLOTS - 1 {
             r.session_write(0, slot, &record(slot as u64, 1, now));
         }

@@ -10,7 +10,7 @@ use crate::{now_ns, Error, Result};
 use crossbeam_channel::{Receiver, Select, Sender, TryRecvError, TrySendError};
 use embarcadero_wire::{
     message_stride, BatchHeader, BlogMessageHeader, ErrorCode, Hello, HelloOk, Role,
-    MESSAGE_HEADER_LEN,
+    MESSAGE_HEADER_LEN, SESSION_KEY_LEN,
 };
 use hdrhistogram::Histogram;
 use parking_lot::{Condvar, Mutex};
@@ -46,6 +46,11 @@ pub struct PublisherConfig {
     /// Batches a connection may have unacknowledged before its sender waits.
     pub max_inflight_batches: usize,
     pub client_id: Option<u64>,
+    /// Order 5: the session's secret key, presented in every hello of the session so no
+    /// one else (a subscriber sees the client id and epoch) can publish as it. `None`:
+    /// 16 random bytes drawn when the publisher starts. A program that restarts and
+    /// resumes a session under the same `client_id` must pass the key it used before.
+    pub session_key: Option<[u8; SESSION_KEY_LEN]>,
     /// Longest `flush` wait.
     pub flush_timeout: Duration,
     /// Order 5: the session epoch to open, 1 or more; 0 (no session) for other orders.
@@ -84,6 +89,7 @@ impl Default for PublisherConfig {
             queue_depth: 4,
             max_inflight_batches: 16,
             client_id: None,
+            session_key: None,
             flush_timeout: Duration::from_secs(60),
             session_epoch: 0,
             deflect: true,
@@ -556,6 +562,10 @@ impl Publisher {
             0
         };
         let client_id = config.client_id.unwrap_or_else(crate::random_client_id);
+        let mut config = config;
+        if config.session_key.is_none() {
+            config.session_key = Some(crate::random_session_key()?);
+        }
         let slow_queue = config.slow_queue.or_else(slow_queue_from_env);
         let mut connected = Vec::new();
         for (process, addr) in brokers {
@@ -1245,6 +1255,7 @@ fn connect_broker(
                 connection_index: connection as u32,
                 cursor_count: 0,
                 topic: topic.to_string(),
+                session_key: config.session_key.expect("drawn when the publisher starts"),
             };
             let (stream, ok) = conn::open(addr, &hello, &[])?;
             let epoch = if ok.order == 5 { session_epoch } else { 0 };
@@ -1730,6 +1741,10 @@ fn reopen(inner: &Inner, index: usize) -> Result<TcpStream, Error> {
             connection_index: q.connection as u32,
             cursor_count: 0,
             topic: inner.topic.clone(),
+            session_key: inner
+                .config
+                .session_key
+                .expect("drawn when the publisher starts"),
         };
         match conn::open(&q.broker, &hello, &[]) {
             // The broker knows less of the session than this connection was told, or

@@ -268,6 +268,7 @@ impl Subscriber {
                 connection_index: 0,
                 cursor_count: (extra.len() / 8) as u32,
                 topic: self.topic.clone(),
+                session_key: [0; 16],
             };
             match conn::open(&addr, &hello, &extra) {
                 Ok((stream, ok)) => {

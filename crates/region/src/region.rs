@@ -51,6 +51,8 @@ const R_DURABLE_POSITION: u64 = 24;
 const S_DURABLE_HWM: u64 = 32;
 const S_LAST_ACTIVE_MS: u64 = 40;
 const S_OPENED_AT: u64 = 48;
+const S_KEY_HASH: u64 = 56;
+const _: () = assert!(S_KEY_HASH + 8 <= crate::layout::SESSION_SLOT_LEN);
 
 /// The mapped region. Cheap to share behind an `Arc`; all access is through atomics
 /// on 8-byte words or through the BLog byte accessors.
@@ -656,6 +658,8 @@ impl Region {
             .fetch_max(s.last_active_ms, Ordering::Relaxed);
         self.word(base + S_OPENED_AT)
             .store(s.opened_at, Ordering::Relaxed);
+        self.word(base + S_KEY_HASH)
+            .store(s.key_hash, Ordering::Relaxed);
         store_fence();
         self.word(base)
             .store(s.state as u64 | writes << 8, Ordering::Release);
@@ -683,6 +687,7 @@ impl Region {
                 committed_hwm: self.word(base + 24).load(Ordering::Acquire),
                 last_active_ms: self.word(base + S_LAST_ACTIVE_MS).load(Ordering::Acquire),
                 opened_at: self.word(base + S_OPENED_AT).load(Ordering::Acquire),
+                key_hash: self.word(base + S_KEY_HASH).load(Ordering::Acquire),
             };
             if self.word(base).load(Ordering::Acquire) == word {
                 return Some(rec);
@@ -1164,6 +1169,7 @@ mod tests {
             broker_id: 1,
             flags: 0,
             replication_token: 0,
+            session_key_hash: 0x5eed,
         };
         r.goi_write(1, 5, &e);
         assert_eq!(r.goi_read(1, 5).unwrap(), e);
@@ -1251,6 +1257,7 @@ mod tests {
             broker_id: g as u16,
             flags: 0,
             replication_token: 0,
+            session_key_hash: g * 19,
         };
         const N: u64 = 300_000;
         let w = r.clone();
@@ -1298,6 +1305,7 @@ mod tests {
                 committed_hwm: 100 * client + i,
                 last_active_ms: 0,
                 opened_at: client,
+                key_hash: 1000 + client,
             }
         };
         const WRITES: u64 = 200_000;
@@ -1310,10 +1318,13 @@ mod tests {
             })
         };
         let mut accepted = 0u64;
-        while !writer.is_finished() {
+        // Until the writer is done and at least one read got through (on a busy machine
+        // the writer may finish before this thread first runs).
+        while !writer.is_finished() || accepted == 0 {
             if let Some(rec) = r.session_read(0, 3) {
                 let client = rec.client_id;
                 assert_eq!(rec.session_epoch, 10 + client, "{rec:?}");
+                assert_eq!(rec.key_hash, 1000 + client, "{rec:?}");
                 assert_eq!(rec.committed_hwm % 2, client, "{rec:?}");
                 if client == 1 {
                     assert!(rec.committed_hwm >= 100, "{rec:?}");

@@ -26,6 +26,9 @@ pub struct GoiEntry {
     pub flags: u16,
     /// Reserved for the replication chain.
     pub replication_token: u32,
+    /// Order 5: the session key hash of the connection that sent the batch (the PBR
+    /// slot's); 0 for other orders. The sequencer binds a session to its first batch's.
+    pub session_key_hash: u64,
 }
 
 impl GoiEntry {
@@ -42,7 +45,7 @@ impl GoiEntry {
             self.broker_id as u64
                 | (self.flags as u64) << 16
                 | (self.replication_token as u64) << 32,
-            0,
+            self.session_key_hash,
             0,
             0,
             0,
@@ -65,6 +68,7 @@ impl GoiEntry {
             broker_id: w[8] as u16,
             flags: (w[8] >> 16) as u16,
             replication_token: (w[8] >> 32) as u32,
+            session_key_hash: w[9],
         }
     }
 }
@@ -146,6 +150,10 @@ pub struct SessionRecord {
     /// to an earlier session of that id, which ended. 0 for a region written before
     /// this field existed.
     pub opened_at: u64,
+    /// `session_key_hash` of the key the session is bound to: its first batch's, kept
+    /// across epochs. Brokers refuse a hello with another key. 0 when not bound yet (a
+    /// session rebuilt from disk binds again with its next batch).
+    pub key_hash: u64,
 }
 
 impl SessionRecord {

@@ -63,6 +63,7 @@ pub fn recover_replicated(
     }
     if let Some((region, slot)) = old {
         drain(region, slot, &mut stores, &mut sessions)?;
+        adopt_session_keys(region, slot, &mut sessions);
     }
     for s in &mut stores {
         s.sync()?;
@@ -73,6 +74,23 @@ pub fn recover_replicated(
         sessions,
     };
     Ok((stores, resume))
+}
+
+/// Takes each session's key binding from the previous region's table, where the
+/// disk records (which do not carry it) left it unknown: a restart on the same host's
+/// region keeps every session its owner's. Without a previous region, sessions bind
+/// again with their next batch (`docs/DESIGN.md`, "Order-5 session keys").
+fn adopt_session_keys(region: &Region, slot: u32, sessions: &mut BTreeMap<u64, SessionMark>) {
+    for s in 0..SESSION_SLOTS {
+        let Some(r) = region.session_read(slot, s) else {
+            continue;
+        };
+        if let Some(m) = sessions.get_mut(&r.client_id) {
+            if m.key_hash == 0 && m.epoch <= r.session_epoch {
+                m.key_hash = r.key_hash;
+            }
+        }
+    }
 }
 
 /// Copies the records `target` lacks from `source` (both of the same topic).
@@ -168,6 +186,7 @@ fn drain(
             e.client_seq,
             g,
             e.flags,
+            e.session_key_hash,
         );
         g += 1;
     }
@@ -198,6 +217,7 @@ pub fn resume_memory_only((region, slot): OldTopic<'_>) -> Resume {
                     epoch: r.session_epoch,
                     hwm: r.committed_hwm,
                     last_seq: r.opened_at,
+                    key_hash: r.key_hash,
                 },
             );
         }
@@ -216,6 +236,7 @@ pub fn resume_memory_only((region, slot): OldTopic<'_>) -> Resume {
                 e.client_seq,
                 g,
                 e.flags,
+                e.session_key_hash,
             );
         }
     }
@@ -272,6 +293,7 @@ pub fn seed(region: &Region, topic: u32, replication_factor: u8, resume: &Resume
                 last_active_ms: now_ms,
                 // The new region's GOI starts empty.
                 opened_at: 0,
+                key_hash: m.key_hash,
             },
         );
         region.session_durable_hwm(topic, slot as u32).store(

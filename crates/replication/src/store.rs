@@ -94,6 +94,9 @@ pub struct SessionMark {
     pub hwm: u64,
     /// GOI index of the session's latest batch: how recently it was active.
     pub last_seq: u64,
+    /// The session key hash it is bound to, where the previous region still told it
+    /// (disk records do not carry it); 0: the session binds again with its next batch.
+    pub key_hash: u64,
 }
 
 /// Folds one committed batch (GOI index `seq`) into the session it belongs to (session
@@ -107,6 +110,7 @@ pub fn fold_session(
     client_seq: u64,
     seq: u64,
     flags: u16,
+    key_hash: u64,
 ) {
     if epoch == 0 {
         return;
@@ -114,6 +118,9 @@ pub fn fold_session(
     let m = sessions.entry(client_id).or_default();
     if flags & embarcadero_region::GOI_SESSION_START != 0 {
         *m = SessionMark::default();
+    }
+    if m.key_hash == 0 {
+        m.key_hash = key_hash;
     }
     m.epoch = m.epoch.max(epoch);
     m.hwm = m.hwm.max(client_seq + 1);
@@ -665,6 +672,7 @@ fn scan_segment(
             h.client_seq,
             h.seq,
             h.flags,
+            0,
         );
         next_seq += 1;
         next_position = h.end_position();
@@ -846,7 +854,8 @@ pub(crate) mod tests {
             SessionMark {
                 epoch: 1,
                 hwm: 6,
-                last_seq: 5
+                last_seq: 5,
+                key_hash: 0,
             }
         );
     }
@@ -858,17 +867,18 @@ pub(crate) mod tests {
     fn a_session_start_folds_into_fresh_marks() {
         let mut sessions = BTreeMap::new();
         for (g, seq) in (0..5).enumerate() {
-            fold_session(&mut sessions, 5, 3, seq, g as u64, 0);
+            fold_session(&mut sessions, 5, 3, seq, g as u64, 0, 0);
         }
-        fold_session(&mut sessions, 9, 1, 0, 5, 0);
+        fold_session(&mut sessions, 9, 1, 0, 5, 0, 0);
         assert_eq!(sessions[&5].hwm, 5);
         let start = embarcadero_region::GOI_SESSION_START;
-        fold_session(&mut sessions, 5, 1, 0, 6, start);
-        fold_session(&mut sessions, 5, 1, 1, 7, 0);
+        fold_session(&mut sessions, 5, 1, 0, 6, start, 0xbeef);
+        fold_session(&mut sessions, 5, 1, 1, 7, 0, 0xbeef);
         let expected = SessionMark {
             epoch: 1,
             hwm: 2,
             last_seq: 7,
+            key_hash: 0xbeef,
         };
         assert_eq!(sessions[&5], expected);
         assert_eq!(sessions[&9].hwm, 1, "other sessions untouched");

@@ -96,6 +96,9 @@ pub struct SequencerMetrics {
     pub goi_full_stalls: AtomicU64,
     /// Order-5 sessions that gave up their table slot to a new session.
     pub sessions_evicted: AtomicU64,
+    /// Order-5 batches dropped because they claimed a session bound to another key:
+    /// hijack attempts that got past the brokers' hello check.
+    pub session_key_mismatches: AtomicU64,
 }
 
 /// A running sequencer thread. Dropping it stops it.
@@ -431,6 +434,7 @@ impl Core {
                         broker_id: s.broker as u16,
                         flags: 0,
                         replication_token: 0,
+                        session_key_hash: h.session_key_hash,
                     });
                     s.take(region, &mut t.sessions, entry);
                     taken += 1;
@@ -441,6 +445,10 @@ impl Core {
                 self.metrics
                     .sessions_evicted
                     .fetch_add(std::mem::take(&mut sessions.evictions), Ordering::Relaxed);
+                self.metrics.session_key_mismatches.fetch_add(
+                    std::mem::take(&mut sessions.key_mismatches),
+                    Ordering::Relaxed,
+                );
                 waiting += sessions.ready.len() + sessions.dirty as usize;
             }
         }
@@ -974,6 +982,18 @@ mod tests {
         epoch: u64,
         seq: u64,
     ) {
+        commit_keyed(r, broker, index, (client, 0), epoch, seq);
+    }
+
+    /// Commits a batch of session `client` whose connection presented `key_hash`.
+    fn commit_keyed(
+        r: &Region,
+        broker: u32,
+        index: u64,
+        (client, key_hash): (u64, u64),
+        epoch: u64,
+        seq: u64,
+    ) {
         r.pbr_commit(
             0,
             broker,
@@ -988,6 +1008,7 @@ mod tests {
                 pbr_index: index,
                 total_size: 64,
                 log_offset: index * 64,
+                session_key_hash: key_hash,
                 ..Default::default()
             },
         );
@@ -1053,6 +1074,58 @@ mod tests {
         assert_eq!(goi_sessions(&r), vec![(7, 0), (7, 1)]);
         assert_eq!(r.log(0, 1).ordered_pbr.load(Ordering::Acquire), 2);
         assert_eq!(r.session_find(0, 7).unwrap().1.committed_hwm, 2);
+    }
+
+    #[test]
+    fn a_batch_with_another_key_never_takes_a_sessions_place() {
+        const OWNER: u64 = 0xa11ce;
+        const THIEF: u64 = 0xbad;
+        let (_d, r) = session_region();
+        let mut c = session_core(&r, Duration::from_secs(30));
+        // Before the session is bound, a stranger's batch held ahead of its head binds
+        // nothing, and is dropped once the owner's head batch binds the session.
+        commit_keyed(&r, 2, 0, (7, THIEF), 1, 1);
+        c.scan();
+        c.seal_all();
+        commit_keyed(&r, 0, 0, (7, OWNER), 1, 0);
+        c.scan();
+        c.seal_all();
+        assert_eq!(goi_sessions(&r), vec![(7, 0)]);
+        assert_eq!(c.metrics.session_key_mismatches.load(Ordering::Relaxed), 1);
+        // Someone who read client 7's id and epoch from a delivery sends its next batch,
+        // and a reopen with a higher epoch, through other brokers.
+        commit_keyed(&r, 1, 0, (7, THIEF), 1, 1);
+        commit_keyed(&r, 2, 1, (7, THIEF), 2, 1);
+        c.scan();
+        c.seal_all();
+        assert_eq!(
+            goi_sessions(&r),
+            vec![(7, 0)],
+            "the thief's batches are dropped"
+        );
+        assert_eq!(c.metrics.session_key_mismatches.load(Ordering::Relaxed), 3);
+        assert_eq!(
+            r.log(0, 1).ordered_pbr.load(Ordering::Acquire),
+            1,
+            "a dropped batch does not hold its broker's frontier"
+        );
+        let (_, rec) = r.session_find(0, 7).unwrap();
+        assert_eq!(
+            (rec.key_hash, rec.session_epoch),
+            (OWNER, 1),
+            "not reopened"
+        );
+        // The owner's own next batch is still admitted, also by a restarted sequencer,
+        // which finds the binding in the table.
+        commit_keyed(&r, 0, 1, (7, OWNER), 1, 1);
+        drop(c);
+        let mut c = session_core(&r, Duration::from_secs(30));
+        commit_keyed(&r, 1, 1, (7, THIEF), 1, 2);
+        c.scan();
+        c.seal_all();
+        assert_eq!(goi_sessions(&r), vec![(7, 0), (7, 1)]);
+        assert_eq!(c.metrics.session_key_mismatches.load(Ordering::Relaxed), 1);
+        assert_eq!(r.goi_read(0, 1).unwrap().session_key_hash, OWNER);
     }
 
     #[test]

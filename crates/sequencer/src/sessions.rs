@@ -84,6 +84,9 @@ struct Session {
     /// Opened here and nothing committed yet: its first GOI entry is flagged
     /// `GOI_SESSION_START`.
     starts: bool,
+    /// The session key hash it is bound to (`SessionRecord::key_hash`); 0 until a batch
+    /// binds it (a session rebuilt from disk). Never changes once set.
+    key_hash: u64,
     dirty: bool,
 }
 
@@ -100,8 +103,41 @@ impl Session {
             committed_hwm: self.committed_hwm,
             last_active_ms: self.last_active_ms,
             opened_at: self.opened_at,
+            key_hash: self.key_hash,
         }
     }
+
+    /// Whether a batch presenting `key_hash` may belong to this session: the session is
+    /// not bound yet, or bound to that key. A batch with no key (0: from a region written
+    /// before keys existed; brokers refuse keyless order-5 hellos) is never refused.
+    fn accepts_key(&self, key_hash: u64) -> bool {
+        self.key_hash == 0 || key_hash == 0 || self.key_hash == key_hash
+    }
+
+    /// Binds an unbound session to the key of the batch that fills its head: the batch
+    /// numbered next, which only the session's owner sends first (a batch held ahead of
+    /// the head binds nothing). A session's key never changes, across epochs too: a new
+    /// epoch continues the old one's marks, so a stranger must not get them.
+    fn bind_key(&mut self, key_hash: u64) {
+        if self.key_hash == 0 && key_hash != 0 {
+            self.key_hash = key_hash;
+            self.dirty = true;
+        }
+        debug_assert!(
+            key_hash == 0 || self.key_hash == key_hash,
+            "admitted a foreign key"
+        );
+    }
+}
+
+fn warn_foreign_key(topic: u32, b: &Admitted) {
+    tracing::warn!(
+        topic,
+        client = b.entry.client_id,
+        broker = b.broker,
+        batch_seq = b.entry.client_seq,
+        "order-5 batch claims a session bound to another key; dropped (a hijack attempt?)"
+    );
 }
 
 /// What the committed GOI says of one client id's latest session.
@@ -111,6 +147,8 @@ struct Folded {
     last_goi: u64,
     /// The latest session's first entry is in the ring: its marks are these alone.
     from_start: bool,
+    /// The key hash of the latest session's first entry seen (0: none had one).
+    key_hash: u64,
 }
 
 pub(crate) struct Sessions {
@@ -134,6 +172,8 @@ pub(crate) struct Sessions {
     now_ms: u64,
     /// Sessions that ended to free their slot, not yet counted in the metrics.
     pub evictions: u64,
+    /// Batches dropped for a key other than their session's, not yet in the metrics.
+    pub key_mismatches: u64,
     /// Something changed that must reach the region (a drop, a fence).
     pub dirty: bool,
 }
@@ -160,6 +200,7 @@ impl Sessions {
             durable_frontier: 0,
             now_ms: wall_clock_ms(),
             evictions: 0,
+            key_mismatches: 0,
             dirty: false,
         };
         s.refresh_durable_frontier(region);
@@ -186,6 +227,7 @@ impl Sessions {
                         last_goi: None,
                         opened_at: r.opened_at,
                         starts: false,
+                        key_hash: r.key_hash,
                         dirty: false,
                     },
                 );
@@ -216,6 +258,7 @@ impl Sessions {
                 epoch: 0,
                 last_goi: g,
                 from_start: false,
+                key_hash: e.session_key_hash,
             });
             if e.flags & GOI_SESSION_START != 0 {
                 *f = Folded {
@@ -223,6 +266,7 @@ impl Sessions {
                     epoch: 0,
                     last_goi: g,
                     from_start: true,
+                    key_hash: e.session_key_hash,
                 };
             }
             f.hwm = f.hwm.max(e.client_seq + 1);
@@ -245,6 +289,10 @@ impl Sessions {
                 f.hwm.max(session.committed_hwm)
             };
             session.epoch = session.epoch.max(f.epoch);
+            if session.key_hash == 0 && f.key_hash != 0 {
+                session.key_hash = f.key_hash;
+                session.dirty = true;
+            }
             if hwm != session.committed_hwm {
                 session.committed_hwm = hwm;
                 session.next_expected = hwm;
@@ -300,6 +348,7 @@ impl Sessions {
             last_goi: None,
             opened_at: 0,
             starts: false,
+            key_hash: 0,
             dirty: true,
         }))
     }
@@ -383,6 +432,11 @@ impl Sessions {
             .by_client
             .get_mut(&entry.client_id)
             .expect("opened above");
+        if !session.accepts_key(entry.session_key_hash) {
+            self.key_mismatches += 1;
+            warn_foreign_key(self.topic, &batch);
+            return self.drop_batch(&batch);
+        }
         session.last_active_ms = now_ms;
         if entry.session_epoch < session.epoch
             || (entry.session_epoch == session.epoch && session.fenced)
@@ -406,10 +460,18 @@ impl Sessions {
         {
             dropped.push(batch);
         } else if seq == session.next_expected {
+            session.bind_key(entry.session_key_hash);
             self.ready.push_back(batch);
             session.next_expected += 1;
             session.uncommitted += 1;
             while let Some(next) = session.held.remove(&session.next_expected) {
+                // Held while the session was unbound, by someone else than its owner.
+                if !session.accepts_key(next.entry.session_key_hash) {
+                    self.key_mismatches += 1;
+                    warn_foreign_key(self.topic, &next);
+                    dropped.push(next);
+                    break;
+                }
                 self.ready.push_back(next);
                 session.next_expected += 1;
                 session.uncommitted += 1;

@@ -408,7 +408,7 @@ pub(crate) fn broker_families(
         families.family(name, kind, help, samples)
     };
     type Field = fn(&embarcadero_broker::BrokerMetrics) -> &std::sync::atomic::AtomicU64;
-    let per_broker: [(&str, &str, &str, Field); 13] = [
+    let per_broker: [(&str, &str, &str, Field); 14] = [
         (
             "publish_bytes_total",
             "counter",
@@ -486,6 +486,12 @@ pub(crate) fn broker_families(
             "counter",
             "Order-5 batches held back because they were beyond their session's window.",
             |m| &m.session_window_waits,
+        ),
+        (
+            "session_key_refusals_total",
+            "counter",
+            "Order-5 hellos and connections refused because their session is bound to another key (hijack attempts).",
+            |m| &m.session_key_refusals,
         ),
     ];
     for (name, kind, help, field) in per_broker {
@@ -601,7 +607,7 @@ fn sequencer_stages(s: &SequencerMetrics) -> Vec<(String, u64)> {
 
 /// The sequencer's own families, the same in the head and in `embarcadero sequencer`.
 fn sequencer_families(families: &mut Families, s: &SequencerMetrics) {
-    let counters: [(&str, &str, &AtomicU64); 6] = [
+    let counters: [(&str, &str, &AtomicU64); 7] = [
         (
             "sequencer_epochs_total",
             "Epochs sealed by the sequencer.",
@@ -631,6 +637,11 @@ fn sequencer_families(families: &mut Families, s: &SequencerMetrics) {
             "sequencer_sessions_evicted_total",
             "Idle order-5 sessions that gave up their session-table slot to a new session.",
             &s.sessions_evicted,
+        ),
+        (
+            "sequencer_session_key_mismatches_total",
+            "Order-5 batches dropped because they claimed a session bound to another key.",
+            &s.session_key_mismatches,
         ),
     ];
     for (name, help, value) in counters {

@@ -27,6 +27,7 @@ fn hello(topic: &str, role: Role, ack: u8) -> Hello {
         connection_index: 0,
         cursor_count: 0,
         topic: topic.into(),
+        session_key: [0; 16],
     }
 }
 

@@ -257,6 +257,42 @@ fn raw_session_at(
             connection_index: 0,
             cursor_count: 0,
             topic: topic.into(),
+            session_key: key_of(client),
+        }
+        .encode(),
+    )
+    .unwrap();
+    s
+}
+
+/// The session key the raw test clients use: one per client id, never zero.
+fn key_of(client: u64) -> [u8; 16] {
+    let mut key = [0x5au8; 16];
+    key[..8].copy_from_slice(&client.to_le_bytes());
+    key
+}
+
+/// A publish connection to broker `broker` for session `(client, 1)`, ack 1, that
+/// presents `key`; hello sent.
+fn raw_keyed(
+    t: &common::TestServer,
+    broker: usize,
+    topic: &str,
+    client: u64,
+    key: [u8; 16],
+) -> TcpStream {
+    let mut s = TcpStream::connect(&t.brokers()[broker]).unwrap();
+    s.write_all(
+        &Hello {
+            role: Role::Publish,
+            ack_level: 1,
+            client_id: client,
+            session_epoch: 1,
+            start_position: 0,
+            connection_index: 0,
+            cursor_count: 0,
+            topic: topic.into(),
+            session_key: key,
         }
         .encode(),
     )
@@ -310,6 +346,11 @@ fn bad_session_input_gets_clear_errors() {
     assert_eq!(error_frame(&mut s).code, ErrorCode::BadSession);
     let mut s = raw_publish(&t, "s", 0);
     assert_eq!(error_frame(&mut s).code, ErrorCode::BadSession);
+    // A session without a key.
+    let mut s = raw_keyed(&t, 0, "s", 5, [0; 16]);
+    let e = error_frame(&mut s);
+    assert_eq!(e.code, ErrorCode::BadSession);
+    assert!(e.message.contains("session key"), "{}", e.message);
 
     // A batch sequence far beyond the window.
     let mut s = raw_publish(&t, "s", 1);
@@ -332,6 +373,97 @@ fn bad_session_input_gets_clear_errors() {
     let e = error_frame(&mut stale);
     assert_eq!(e.code, ErrorCode::SessionFenced);
     assert!(e.message.contains("hwm=1"), "{}", e.message);
+}
+
+/// The attack of issue 28: a client that has only read the topic learns a publisher's
+/// client id and session epoch from a delivery, and publishes as that session with
+/// batch numbers ahead of the victim's, so the victim's real batches would be dropped as
+/// duplicates yet acknowledged. The session belongs to the key that opened it: the
+/// attacker is refused at the hello (also with a higher epoch), and every one of the
+/// victim's messages is delivered, in order, acknowledged.
+#[test]
+fn a_reader_cannot_publish_as_another_clients_session() {
+    let t = common::start();
+    t.admin().create_topic(&TopicSpec::new("pay", 5)).unwrap();
+    let victim = Publisher::connect_brokers(&t.brokers(), "pay", session_config()).unwrap();
+    victim.publish(b"victim 0").unwrap();
+    victim.flush().unwrap();
+    let seen = read(&t.brokers(), "pay", 1);
+    let client = seen[0].client_id;
+    assert_eq!(client, victim.client_id());
+    for epoch in [1, 2] {
+        let mut s = TcpStream::connect(&t.brokers()[1]).unwrap();
+        s.write_all(
+            &Hello {
+                role: Role::Publish,
+                ack_level: 1,
+                client_id: client,
+                session_epoch: epoch,
+                start_position: 0,
+                connection_index: 7,
+                cursor_count: 0,
+                topic: "pay".into(),
+                session_key: [0xee; 16],
+            }
+            .encode(),
+        )
+        .unwrap();
+        let e = error_frame(&mut s);
+        assert_eq!(
+            e.code,
+            ErrorCode::SessionKeyMismatch,
+            "epoch {epoch}: {e:?}"
+        );
+        assert!(e.message.contains("another session key"), "{}", e.message);
+    }
+    for i in 1..50 {
+        victim.publish(format!("victim {i}").as_bytes()).unwrap();
+    }
+    victim.flush().unwrap();
+    let all = read(&t.brokers(), "pay", 50);
+    for (i, m) in all.iter().enumerate() {
+        assert_eq!(m.payload, format!("victim {i}").as_bytes(), "position {i}");
+    }
+    assert_eq!(t.server.topic("pay").unwrap().next_position, 50);
+    assert!(t.metric_sum("embarcadero_session_key_refusals_total") >= 2);
+}
+
+/// Two connections claim the same not-yet-bound session (a client id a user chose, and
+/// someone who guessed it) with different keys, and the stranger sends a batch ahead of
+/// the session's head: it binds nothing. The owner's head batch binds the session to its
+/// key; the stranger's batch is dropped by the sequencer, its connection is told
+/// SessionKeyMismatch and never acknowledged, and the owner carries on.
+#[test]
+fn a_batch_ahead_of_an_unbound_session_does_not_take_it() {
+    let t = common::start();
+    t.admin().create_topic(&TopicSpec::new("race", 5)).unwrap();
+    let mut thief = raw_keyed(&t, 1, "race", 4242, [2; 16]);
+    assert_eq!(common::next_frame(&mut thief).0.kind, FrameKind::HelloOk);
+    let mut owner = raw_keyed(&t, 0, "race", 4242, [1; 16]);
+    assert_eq!(common::next_frame(&mut owner).0.kind, FrameKind::HelloOk);
+    thief.write_all(&session_batch(4242, 1, 1)).unwrap();
+    // The stranger's batch is in its broker's log before the owner sends anything.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while t.metric_sum("embarcadero_publish_batches_total") < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the batch never arrived"
+        );
+        std::thread::yield_now();
+    }
+    owner.write_all(&session_batch(4242, 0, 1)).unwrap();
+    let (ack, _) = common::next_frame(&mut owner);
+    assert_eq!((ack.kind, ack.arg), (FrameKind::Ack, 1));
+    let e = error_frame(&mut thief);
+    assert_eq!(e.code, ErrorCode::SessionKeyMismatch, "{e:?}");
+    owner.write_all(&session_batch(4242, 1, 1)).unwrap();
+    let (ack, _) = common::next_frame(&mut owner);
+    assert_eq!((ack.kind, ack.arg), (FrameKind::Ack, 2));
+    assert_eq!(t.server.topic("race").unwrap().next_position, 2);
+    assert_eq!(
+        t.metric_sum("embarcadero_sequencer_session_key_mismatches_total"),
+        1
+    );
 }
 
 /// An order-5 client that sends thousands of batches after a gap it never fills (batch 0

@@ -34,6 +34,7 @@ pub mod offsets {
     pub const TOTAL_ORDER: usize = 80;
     pub const TOPIC_ID: usize = 88;
     pub const COMMITTED_NS: usize = 96;
+    pub const SESSION_KEY_HASH: usize = 104;
     pub const PUBLISH_COMMIT: usize = 120;
 }
 
@@ -72,6 +73,10 @@ pub struct BatchHeader {
     /// 0 from a broker that is not on the host that created the region (another clock).
     /// Informative: the sequencer's epoch-wait figure.
     pub committed_ns: u64,
+    /// *broker*: order 5, [`crate::session_key_hash`] of the key the connection's hello
+    /// presented; the sequencer binds a session to the first batch's and drops batches
+    /// with another. 0 for other orders.
+    pub session_key_hash: u64,
     /// *broker*: commit token, `pbr_index + 1`, written last.
     pub publish_commit: u64,
 }
@@ -95,6 +100,7 @@ impl BatchHeader {
         put_u64(&mut b, TOTAL_ORDER, self.total_order);
         put_u32(&mut b, TOPIC_ID, self.topic_id);
         put_u64(&mut b, COMMITTED_NS, self.committed_ns);
+        put_u64(&mut b, SESSION_KEY_HASH, self.session_key_hash);
         put_u64(&mut b, PUBLISH_COMMIT, self.publish_commit);
         b
     }
@@ -119,6 +125,7 @@ impl BatchHeader {
             total_order: u64_at(b, TOTAL_ORDER),
             topic_id: u32_at(b, TOPIC_ID),
             committed_ns: u64_at(b, COMMITTED_NS),
+            session_key_hash: u64_at(b, SESSION_KEY_HASH),
             publish_commit: u64_at(b, PUBLISH_COMMIT),
         })
     }
@@ -174,6 +181,7 @@ mod tests {
             total_order: 77,
             topic_id: 3,
             committed_ns: 88,
+            session_key_hash: 0xfeed,
             publish_commit: 6,
         };
         assert_eq!(BatchHeader::decode(&h.encode()).unwrap(), h);

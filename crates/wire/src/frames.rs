@@ -9,6 +9,7 @@ use crate::le::{put_u16, put_u32, put_u64, u16_at, u32_at, u64_at};
 use crate::{
     need, validate_topic_name, WireError, DELIVERY_HEADER_LEN, FRAME_HEADER_LEN, HELLO_LEN,
     HELLO_OK_LEN, MAX_ERROR_TEXT_LEN, MAX_TOPIC_NAME_LEN, PROTOCOL_MAGIC, PROTOCOL_VERSION,
+    SESSION_KEY_LEN,
 };
 
 /// What a connection is for.
@@ -35,7 +36,18 @@ pub struct Hello {
     /// that follow the hello (0 means "every broker from 0").
     pub cursor_count: u32,
     pub topic: String,
+    /// Order 5: the session's secret, chosen at random by the client when it opens the
+    /// session and presented on every connection and reopen of it. Never sent back nor
+    /// delivered to subscribers; the broker keeps only [`crate::session_key_hash`] of it, and a
+    /// hello for a session bound to another key is refused (SessionKeyMismatch). Zero
+    /// for other orders.
+    pub session_key: [u8; SESSION_KEY_LEN],
 }
+
+/// Offset of [`Hello::session_key`]: after the longest topic name, so it never overlaps it.
+pub const HELLO_SESSION_KEY_OFFSET: usize = 104;
+const _: () = assert!(HELLO_SESSION_KEY_OFFSET >= 41 + MAX_TOPIC_NAME_LEN);
+const _: () = assert!(HELLO_SESSION_KEY_OFFSET + SESSION_KEY_LEN <= HELLO_LEN);
 
 impl Hello {
     pub fn encode(&self) -> [u8; HELLO_LEN] {
@@ -53,6 +65,8 @@ impl Hello {
         let n = name.len().min(MAX_TOPIC_NAME_LEN);
         b[40] = n as u8;
         b[41..41 + n].copy_from_slice(&name[..n]);
+        b[HELLO_SESSION_KEY_OFFSET..HELLO_SESSION_KEY_OFFSET + SESSION_KEY_LEN]
+            .copy_from_slice(&self.session_key);
         b
     }
 
@@ -104,6 +118,9 @@ impl Hello {
             connection_index: u32_at(b, 32),
             cursor_count: u32_at(b, 36),
             topic,
+            session_key: b[HELLO_SESSION_KEY_OFFSET..HELLO_SESSION_KEY_OFFSET + SESSION_KEY_LEN]
+                .try_into()
+                .expect("16 bytes"),
         })
     }
 }
@@ -290,6 +307,10 @@ pub enum ErrorCode {
     /// Order 5: the session ended while the connection was open (it was idle and its
     /// slot in the session table went to another session); its marks are gone.
     SessionExpired = 21,
+    /// Order 5: the session (client id) is bound to another session key: the connection
+    /// is not the session's owner. A hijack attempt, or a restarted client that lost its
+    /// key; such a client must use a new client id.
+    SessionKeyMismatch = 22,
 }
 
 impl ErrorCode {
@@ -317,6 +338,7 @@ impl ErrorCode {
             19 => SessionsExhausted,
             20 => TooManyConnections,
             21 => SessionExpired,
+            22 => SessionKeyMismatch,
             _ => return None,
         })
     }
@@ -526,6 +548,7 @@ mod tests {
             connection_index: 2,
             cursor_count: 0,
             topic: "orders".into(),
+            session_key: [0; 16],
         }
     }
 
@@ -533,6 +556,25 @@ mod tests {
     fn hello_roundtrip() {
         let h = hello();
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
+        let keyed = Hello {
+            topic: "t".repeat(MAX_TOPIC_NAME_LEN),
+            session_key: [0xa5; SESSION_KEY_LEN],
+            ..hello()
+        };
+        assert_eq!(
+            Hello::decode(&keyed.encode()).unwrap(),
+            keyed,
+            "the key never overlaps the longest topic name"
+        );
+    }
+
+    #[test]
+    fn session_key_hashes_differ_by_key_and_are_never_zero() {
+        let a = crate::session_key_hash(&[1; SESSION_KEY_LEN]);
+        let b = crate::session_key_hash(&[2; SESSION_KEY_LEN]);
+        assert_ne!(a, b);
+        assert_ne!(a, 0);
+        assert_eq!(a, crate::session_key_hash(&[1; SESSION_KEY_LEN]));
     }
 
     #[test]

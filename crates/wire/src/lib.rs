@@ -40,6 +40,19 @@ pub const HELLO_OK_LEN: usize = 48;
 pub const DELIVERY_HEADER_LEN: usize = 64;
 /// Longest topic name, in bytes.
 pub const MAX_TOPIC_NAME_LEN: usize = 63;
+/// Size of an order-5 session key ([`Hello::session_key`]).
+pub const SESSION_KEY_LEN: usize = 16;
+
+/// What the broker and the region keep of an order-5 session key: the first 8 bytes of
+/// its SHA-256, never 0 (0 means "no key bound"). A one-way hash, so a reader of the
+/// region or of a PBR slot learns nothing that lets it present the key.
+pub fn session_key_hash(key: &[u8; SESSION_KEY_LEN]) -> u64 {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(key);
+    let hash = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
+    hash.max(1)
+}
+
 /// Longest human-readable text in an error frame, in bytes.
 pub const MAX_ERROR_TEXT_LEN: usize = 4096;
 

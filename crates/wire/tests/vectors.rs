@@ -277,6 +277,8 @@ const HELLO_LAYOUT: Layout = &[
     ("connection_index", 32, 4),
     ("cursor_count", 36, 4),
     ("topic_len", 40, 1),
+    ("session_key_lo", 104, 8),
+    ("session_key_hi", 112, 8),
 ];
 
 const HELLO_OK_LAYOUT: Layout = &[
@@ -311,6 +313,7 @@ const BATCH_HEADER_LAYOUT: Layout = &[
     ("total_order", 80, 8),
     ("topic_id", 88, 4),
     ("committed_ns", 96, 8),
+    ("session_key_hash", 104, 8),
     ("publish_commit", 120, 8),
 ];
 
@@ -413,8 +416,17 @@ fn hello_from(m: &Obj) -> (Hello, Vec<u64>) {
         connection_index: int(m, "connection_index"),
         cursor_count: int(m, "cursor_count"),
         topic,
+        session_key: session_key_from(num(m, "session_key_lo"), num(m, "session_key_hi")),
     };
     (hello, cursors)
+}
+
+/// The 16 key bytes from the two little-endian halves the vectors name.
+fn session_key_from(lo: u64, hi: u64) -> [u8; 16] {
+    let mut key = [0u8; 16];
+    key[..8].copy_from_slice(&lo.to_le_bytes());
+    key[8..].copy_from_slice(&hi.to_le_bytes());
+    key
 }
 
 fn hello_ok_from(m: &Obj) -> HelloOk {
@@ -452,6 +464,7 @@ fn batch_header_from(m: &Obj) -> BatchHeader {
         total_order: num(m, "total_order"),
         topic_id: int(m, "topic_id"),
         committed_ns: num(m, "committed_ns"),
+        session_key_hash: num(m, "session_key_hash"),
         publish_commit: num(m, "publish_commit"),
     }
 }

@@ -98,6 +98,14 @@ fn hello_j(h: &Hello, cursors: &[u64]) -> J {
         ("topic_len", n(h.topic.len() as u64)),
         ("topic", s(h.topic.clone())),
         ("cursors", J::A(cursors.iter().map(|&c| n(c)).collect())),
+        (
+            "session_key_lo",
+            n(u64::from_le_bytes(h.session_key[..8].try_into().unwrap())),
+        ),
+        (
+            "session_key_hi",
+            n(u64::from_le_bytes(h.session_key[8..].try_into().unwrap())),
+        ),
     ])
 }
 
@@ -134,6 +142,7 @@ fn batch_header_j(h: &BatchHeader) -> J {
         ("total_order", n(h.total_order)),
         ("topic_id", n(h.topic_id)),
         ("committed_ns", n(h.committed_ns)),
+        ("session_key_hash", n(h.session_key_hash)),
         ("publish_commit", n(h.publish_commit)),
     ])
 }
@@ -355,6 +364,7 @@ fn vectors() -> Vec<Vector> {
         connection_index: 1,
         cursor_count: 0,
         topic: "orders".into(),
+        session_key: [0; 16],
     };
     v.push(positive(
         "hello_publish",
@@ -374,12 +384,14 @@ fn vectors() -> Vec<Vector> {
         connection_index: 0,
         cursor_count: 0,
         topic: "payments.eu-west_1".into(),
+        session_key: *b"secret-key-16-by",
     };
     v.push(positive(
         "hello_publish_session",
         "hello",
         "Publisher hello for an order-5 topic: ack level 2 (durable), session epoch 3, \
-         connection index 0, topic \"payments.eu-west_1\" (uses every allowed punctuation).",
+         connection index 0, topic \"payments.eu-west_1\" (uses every allowed punctuation), \
+         session key \"secret-key-16-by\" (16 bytes at offset 104; a real client draws it at random).",
         None,
         hello_j(&hello_session, &[]),
         &hello_session.encode(),
@@ -393,6 +405,7 @@ fn vectors() -> Vec<Vector> {
         connection_index: 0,
         cursor_count: 0,
         topic: "orders".into(),
+        session_key: [0; 16],
     };
     v.push(positive(
         "hello_subscribe",
@@ -413,6 +426,7 @@ fn vectors() -> Vec<Vector> {
         connection_index: 0,
         cursor_count: cursors.len() as u32,
         topic: "clicks".into(),
+        session_key: [0; 16],
     };
     let mut bytes = hello_cursors.encode().to_vec();
     for c in cursors {
@@ -746,6 +760,7 @@ fn vectors() -> Vec<Vector> {
     ));
     let bad_topic = Hello {
         topic: "bad topic".into(),
+        session_key: [0; 16],
         ..hello_publish.clone()
     };
     v.push(negative(
