@@ -17,6 +17,7 @@
 
 mod log_writer;
 mod net;
+mod payload_wait;
 mod publish;
 mod resume;
 mod service;

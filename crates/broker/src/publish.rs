@@ -4,6 +4,7 @@
 
 use crate::log_writer::{Reservation, ReserveError};
 use crate::net::{self, End, Refusal};
+use crate::payload_wait::{self, Arrival};
 use crate::session::{self, SessionView};
 use crate::{Shared, StageTimes};
 use crossbeam_queue::ArrayQueue;
@@ -197,6 +198,8 @@ fn receive_batches(
     // After a BACKPRESSURE error: batches are dropped until this one is resent.
     let mut discard_until: Option<u64> = None;
     let mut raw = [0u8; BATCH_HEADER_LEN];
+    // A payload larger than the socket can buffer is received here first (`payload_wait`).
+    let mut staging: Vec<u8> = Vec::new();
     // xorshift state for fault injection, different per connection.
     let mut fault_seed = hello.client_id ^ (hello.connection_index as u64) << 32 | 1;
     loop {
@@ -258,29 +261,34 @@ fn receive_batches(
         }
         let may_refuse = conn.ack_level > 0;
         let stages = &shared.metrics.stages;
-        let started = Instant::now();
+        let limit = shared.config.payload_timeout;
+        // Nothing is reserved until the payload can be received without waiting on the
+        // client (`payload_wait`): one slow client must not hold back the whole log.
+        let waiting = Instant::now();
+        let staged = match payload_wait::await_payload(stream, header.total_size as usize, limit) {
+            Ok(Arrival::InSocket) => false,
+            Ok(Arrival::TooLargeForSocket) => {
+                staging.resize(header.total_size as usize, 0);
+                match net::read_exact_within(stream, &mut staging, limit) {
+                    Ok(true) => true,
+                    Ok(false) => return slow_payload(&header, limit).into(),
+                    Err(e) => return e.into(),
+                }
+            }
+            Ok(Arrival::TimedOut) => return slow_payload(&header, limit).into(),
+            Err(e) => return e.into(),
+        };
+        let started = StageTimes::lap(&stages.receive, waiting);
         let reservation =
             match reserve_with_backpressure(shared, writer, header.total_size, may_refuse) {
                 Some(r) => r,
                 None => {
-                    if let Err(e) = net::drain(stream, header.total_size) {
-                        return e.into();
+                    if !staged {
+                        if let Err(e) = net::drain(stream, header.total_size) {
+                            return e.into();
+                        }
                     }
-                    shared
-                        .metrics
-                        .backpressure_errors
-                        .fetch_add(1, Ordering::Relaxed);
-                    let frame = ErrorFrame {
-                        code: ErrorCode::Backpressure,
-                        batch_seq: header.batch_seq,
-                        message: format!(
-                            "broker {broker} is out of log memory for {} ms; resend from batch {}",
-                            shared.config.backpressure_timeout.as_millis(),
-                            header.batch_seq
-                        ),
-                    }
-                    .encode();
-                    if send_from_connection(conn, &frame).is_err() {
+                    if refuse_backpressure(shared, conn, &header).is_err() {
                         return End::Gone;
                     }
                     discard_until = Some(header.batch_seq);
@@ -294,27 +302,20 @@ fn receive_batches(
             region.blog_bytes_mut(topic, broker, reservation.log_offset, reservation.len)
         }
         .expect("reserved range is mapped and inside one segment");
-        let limit = shared.config.payload_timeout;
-        match net::read_exact_within(stream, dest, limit) {
-            Ok(true) => {}
-            Ok(false) => {
-                commit_void(shared, topic, &reservation);
-                return Refusal {
-                    code: ErrorCode::SlowPayload,
-                    batch_seq: header.batch_seq,
-                    message: format!(
-                        "the payload of batch {} ({} bytes) did not arrive within {} ms of its \
-                         header; reconnect and resend it (smaller batches on a slow link)",
-                        header.batch_seq,
-                        header.total_size,
-                        limit.as_millis()
-                    ),
+        if staged {
+            dest.copy_from_slice(&staging);
+        } else {
+            // Whole in the socket already: this read does not wait on the client.
+            match net::read_exact_within(stream, dest, limit) {
+                Ok(true) => {}
+                Ok(false) => {
+                    commit_void(shared, topic, &reservation);
+                    return slow_payload(&header, limit).into();
                 }
-                .into();
-            }
-            Err(e) => {
-                commit_void(shared, topic, &reservation);
-                return e.into();
+                Err(e) => {
+                    commit_void(shared, topic, &reservation);
+                    return e.into();
+                }
             }
         }
         let arrived = StageTimes::lap(&stages.receive, reserved);
@@ -390,6 +391,46 @@ fn receive_batches(
         StageTimes::lap(&stages.commit, validated);
         expected_seq += 1;
     }
+}
+
+/// The refusal of a batch whose payload did not arrive within `limit` of its header.
+fn slow_payload(header: &BatchHeader, limit: Duration) -> Refusal {
+    Refusal {
+        code: ErrorCode::SlowPayload,
+        batch_seq: header.batch_seq,
+        message: format!(
+            "the payload of batch {} ({} bytes) did not arrive within {} ms of its \
+             header; reconnect and resend it (smaller batches on a slow link)",
+            header.batch_seq,
+            header.total_size,
+            limit.as_millis()
+        ),
+    }
+}
+
+/// Tells the client its batch is refused for lack of log memory (it resends from it,
+/// go-back-N), and counts it.
+fn refuse_backpressure(
+    shared: &Shared,
+    conn: &PublishConn,
+    header: &BatchHeader,
+) -> io::Result<()> {
+    shared
+        .metrics
+        .backpressure_errors
+        .fetch_add(1, Ordering::Relaxed);
+    let frame = ErrorFrame {
+        code: ErrorCode::Backpressure,
+        batch_seq: header.batch_seq,
+        message: format!(
+            "broker {} is out of log memory for {} ms; resend from batch {}",
+            shared.config.broker_id,
+            shared.config.backpressure_timeout.as_millis(),
+            header.batch_seq
+        ),
+    }
+    .encode();
+    send_from_connection(conn, &frame)
 }
 
 /// Waits until the connection's ack queue has room for one more batch, before the batch

@@ -368,6 +368,31 @@ fn a_payload_trickled_a_byte_at_a_time_is_cut_off_at_the_payload_timeout() {
     by.finish(&t);
 }
 
+/// Issue 28: a client that sends a batch header and then trickles its payload must not
+/// hold back anyone else. Nothing is reserved in the log until the whole payload is in
+/// the broker's socket, so while it dawdles (the payload timeout is two minutes here,
+/// longer than the bystander's flush waits) the other publishers of its broker are
+/// acknowledged and their messages delivered; and once its payload is whole, it is
+/// acknowledged too.
+#[test]
+fn a_trickling_client_holds_back_no_other_publisher_of_its_broker() {
+    let t = common::start_with(|c| c.broker.payload_timeout_ms = 120_000);
+    t.create_topic("t", 2);
+    let (mut slow, _) = connect(&t, 0, &hello("t", Role::Publish, 1));
+    let (h, payload) = batch(0, &[100, 100, 100]);
+    slow.write_all(&h.encode()).unwrap();
+    slow.write_all(&payload[..1]).unwrap();
+    let by = Bystander::start(&t);
+    by.finish(&t);
+    slow.write_all(&payload[1..]).unwrap();
+    let (ack, _) = common::next_frame(&mut slow);
+    assert_eq!(
+        (ack.kind, ack.arg),
+        (FrameKind::Ack, 1),
+        "the slow client is served too"
+    );
+}
+
 /// A broker holds a thread per connection, so it takes only `broker.max_connections`
 /// at once: one more is told why and closed, the connections it has carry on, and a
 /// place that frees up is taken again.
