@@ -74,6 +74,9 @@ pub struct BrokerConfig {
     /// Connections beyond this many are refused (TooManyConnections) as they arrive:
     /// each holds a thread, so the limit bounds what a flood of clients can take.
     pub max_connections: u64,
+    /// Connections from one client address beyond this many are refused
+    /// (TooManyConnections): one client cannot take every thread and reader slot.
+    pub max_connections_per_address: u64,
     /// Fault injection for experiments (`None` in normal operation).
     pub fault: Option<Fault>,
 }
@@ -108,6 +111,7 @@ impl BrokerConfig {
             session_idle_evict: Duration::from_secs(600),
             replica_dirs: Vec::new(),
             max_connections: 4096,
+            max_connections_per_address: 1024,
             fault: None,
         }
     }
@@ -129,6 +133,11 @@ pub struct BrokerMetrics {
     pub connections_total: AtomicU64,
     /// Connections refused because `max_connections` were open.
     pub connections_refused: AtomicU64,
+    /// Connections refused because their address had `max_connections_per_address` open.
+    pub connections_refused_per_address: AtomicU64,
+    /// Subscriber connections closed because the subscriber sent bytes after its hello
+    /// (a subscriber sends nothing) or left while it had nothing to receive.
+    pub subscribers_dropped: AtomicU64,
     pub reclaimed_batches: AtomicU64,
     /// Order 5: batches held back because they were beyond their session's window.
     pub session_window_waits: AtomicU64,
@@ -375,10 +384,16 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         let open = &shared.metrics.connections_open;
         if open.fetch_add(1, Ordering::Relaxed) >= shared.config.max_connections {
             open.fetch_sub(1, Ordering::Relaxed);
-            net::refuse_over_limit(&shared, stream);
+            net::refuse_over_limit(&shared, stream, net::Limit::Broker);
             continue;
         }
-        let id = shared.connections.add(clone);
+        let address = stream.peer_addr().map(|a| a.ip()).ok();
+        let per_address = shared.config.max_connections_per_address;
+        let Some(id) = shared.connections.add(clone, address, per_address) else {
+            open.fetch_sub(1, Ordering::Relaxed);
+            net::refuse_over_limit(&shared, stream, net::Limit::PerAddress);
+            continue;
+        };
         let spawned = std::thread::Builder::new()
             .name(format!("broker{}-conn", shared.config.broker_id))
             .spawn(move || {
@@ -421,39 +436,77 @@ impl Drop for Registered<'_> {
 /// disconnect only, never per batch.
 mod registry {
     use std::collections::HashMap;
-    use std::net::{Shutdown, TcpStream};
+    use std::net::{IpAddr, Shutdown, TcpStream};
     use std::sync::Mutex;
     use std::time::{Duration, Instant};
 
     #[derive(Default)]
     pub struct Registry {
-        inner: Mutex<(u64, HashMap<u64, TcpStream>)>,
+        inner: Mutex<Inner>,
+    }
+
+    #[derive(Default)]
+    struct Inner {
+        /// The id the last connection got; ids only grow.
+        last_id: u64,
+        /// Open connections by id, with the client address each counts against.
+        streams: HashMap<u64, (TcpStream, Option<IpAddr>)>,
+        /// Open connections per client address; an address with none has no entry.
+        per_address: HashMap<IpAddr, u64>,
     }
 
     impl Registry {
-        pub fn add(&self, stream: TcpStream) -> u64 {
+        /// Registers a connection from `address`, unless that address already has
+        /// `per_address_limit` open: `None` then.
+        pub fn add(
+            &self,
+            stream: TcpStream,
+            address: Option<IpAddr>,
+            per_address_limit: u64,
+        ) -> Option<u64> {
             let mut g = self.inner.lock().unwrap();
-            g.0 += 1;
-            let id = g.0;
-            g.1.insert(id, stream);
-            id
+            if let Some(ip) = address {
+                let count = g.per_address.entry(ip).or_insert(0);
+                if *count >= per_address_limit {
+                    if *count == 0 {
+                        g.per_address.remove(&ip);
+                    }
+                    return None;
+                }
+                *count += 1;
+            }
+            g.last_id += 1;
+            let id = g.last_id;
+            g.streams.insert(id, (stream, address));
+            Some(id)
         }
 
         pub fn remove(&self, id: u64) {
             // Also from a panicking thread: a poisoned lock still guards a valid map.
             let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            g.1.remove(&id);
+            let Some((_, Some(ip))) = g.streams.remove(&id) else {
+                return;
+            };
+            let count = g
+                .per_address
+                .get_mut(&ip)
+                .expect("a registered address is counted");
+            assert!(*count > 0, "per-address counts never go below zero");
+            *count -= 1;
+            if *count == 0 {
+                g.per_address.remove(&ip);
+            }
         }
 
         pub fn shutdown_all(&self) {
-            for stream in self.inner.lock().unwrap().1.values() {
+            for (stream, _) in self.inner.lock().unwrap().streams.values() {
                 let _ = stream.shutdown(Shutdown::Both);
             }
         }
 
         #[cfg(test)]
         pub fn len(&self) -> usize {
-            self.inner.lock().unwrap().1.len()
+            self.inner.lock().unwrap().streams.len()
         }
 
         /// Waits (bounded) for every connection thread to deregister after
@@ -461,7 +514,7 @@ mod registry {
         /// knows they are gone.
         pub fn wait_empty(&self, limit: Duration) {
             let deadline = Instant::now() + limit;
-            while !self.inner.lock().unwrap().1.is_empty() && Instant::now() < deadline {
+            while !self.inner.lock().unwrap().streams.is_empty() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(2));
             }
         }
@@ -478,7 +531,8 @@ mod tests {
         let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let registry = Registry::default();
         let open = AtomicU64::new(1);
-        let id = registry.add(client);
+        let ip = Some(client.local_addr().unwrap().ip());
+        let id = registry.add(client, ip, 1).unwrap();
         assert_eq!(registry.len(), 1);
         let outcome = std::thread::scope(|scope| {
             scope
@@ -495,5 +549,28 @@ mod tests {
         assert!(outcome.is_err(), "the thread panicked");
         assert_eq!(registry.len(), 0, "the socket clone is no longer held");
         assert_eq!(open.load(Ordering::Relaxed), 0);
+        let again = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        assert!(
+            registry.add(again, ip, 1).is_some(),
+            "the address's count was given back too"
+        );
+    }
+
+    #[test]
+    fn an_address_gets_at_most_its_limit_of_connections() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let connect = || std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let registry = Registry::default();
+        let a: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let b: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+        let first = registry.add(connect(), Some(a), 2).unwrap();
+        registry.add(connect(), Some(a), 2).unwrap();
+        assert_eq!(registry.add(connect(), Some(a), 2), None, "a third from a");
+        assert!(registry.add(connect(), Some(b), 2).is_some(), "b is not a");
+        registry.remove(first);
+        assert!(
+            registry.add(connect(), Some(a), 2).is_some(),
+            "a place came free"
+        );
     }
 }

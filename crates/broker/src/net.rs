@@ -112,27 +112,54 @@ pub fn handle_connection(shared: &Shared, mut stream: TcpStream) {
     let _ = stream.shutdown(std::net::Shutdown::Both);
 }
 
-/// Turns away a connection that arrived while the broker had `max_connections` open, on
-/// the accepting thread and without waiting: whatever hello has arrived is read (so the
-/// close does not reset the connection before the error frame is read), the error frame
-/// is written into the empty send buffer, and the connection is closed.
-pub fn refuse_over_limit(shared: &Shared, mut stream: TcpStream) {
+/// Which connection limit a refused connection met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// `broker.max_connections`, over all clients.
+    Broker,
+    /// `broker.max_connections_per_address`, from the connection's client address.
+    PerAddress,
+}
+
+/// Turns away a connection that arrived while the broker (or its client's address) had
+/// its limit of connections open, on the accepting thread and without waiting: whatever
+/// hello has arrived is read (so the close does not reset the connection before the
+/// error frame is read), the error frame is written into the empty send buffer, and
+/// the connection is closed.
+pub fn refuse_over_limit(shared: &Shared, mut stream: TcpStream, limit: Limit) {
     let m = &shared.metrics;
-    if m.connections_refused.fetch_add(1, Ordering::Relaxed) == 0 {
+    let c = &shared.config;
+    let (counter, setting, value) = match limit {
+        Limit::Broker => (
+            &m.connections_refused,
+            "broker.max_connections",
+            c.max_connections,
+        ),
+        Limit::PerAddress => (
+            &m.connections_refused_per_address,
+            "broker.max_connections_per_address",
+            c.max_connections_per_address,
+        ),
+    };
+    if counter.fetch_add(1, Ordering::Relaxed) == 0 {
         tracing::warn!(
-            broker = shared.config.broker_id,
-            limit = shared.config.max_connections,
-            "connections refused: the broker is at broker.max_connections \
+            broker = c.broker_id,
+            limit = value,
+            "connections refused: the broker is at {setting} \
              (embarcadero_connections_refused_total counts them)"
         );
     }
     m.errors_sent.fetch_add(1, Ordering::Relaxed);
+    let whose = match limit {
+        Limit::Broker => "",
+        Limit::PerAddress => " from this client address",
+    };
     let refusal = Refusal::new(
         ErrorCode::TooManyConnections,
         format!(
-            "broker {} already has {} connections, its broker.max_connections; retry later, \
+            "broker {} already has {value} connections{whose}, its {setting}; retry later, \
              close idle clients, or raise the limit",
-            shared.config.broker_id, shared.config.max_connections
+            c.broker_id
         ),
     );
     if stream.set_nonblocking(true).is_ok() {
@@ -329,23 +356,33 @@ pub fn read_exact_within(
     Ok(true)
 }
 
-/// True when the peer has closed the connection or the socket has failed, found
-/// without blocking and without consuming anything. For connections the broker only
-/// writes to (subscriptions): while it has nothing to send, it would otherwise not
-/// learn that the subscriber left until the next write.
-pub fn peer_closed(stream: &TcpStream) -> bool {
+/// What a look at a subscriber's socket found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// Connected, and silent as a subscriber must be.
+    There,
+    /// Closed its connection, or the socket failed.
+    Gone,
+    /// Sent bytes after its hello: a subscriber sends nothing, so it is broken or
+    /// hostile (and bytes waiting would hide its leaving from this probe for good).
+    Talked,
+}
+
+/// Looks at a subscriber's socket without blocking and without consuming anything.
+/// The broker only writes to subscriptions: while it has nothing to send, it would
+/// otherwise not learn that the subscriber left until the next write.
+pub fn probe_subscriber(stream: &TcpStream) -> Peer {
     let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
     let sock = socket2::SockRef::from(stream);
     match sock.recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
-        Ok(0) => true,
-        // Bytes waiting: the peer is there (what it sent is not read here).
-        Ok(_) => false,
+        Ok(0) => Peer::Gone,
+        Ok(_) => Peer::Talked,
         // Only errors that say the connection is over; a passing one (no memory for
         // the call) must not end a live subscription.
-        Err(e) => matches!(
-            e.raw_os_error(),
-            Some(libc::ECONNRESET | libc::ETIMEDOUT | libc::EPIPE | libc::ENOTCONN)
-        ),
+        Err(e) => match e.raw_os_error() {
+            Some(libc::ECONNRESET | libc::ETIMEDOUT | libc::EPIPE | libc::ENOTCONN) => Peer::Gone,
+            _ => Peer::There,
+        },
     }
 }
 

@@ -3,7 +3,7 @@
 //! so after each write the server re-checks the tokens and reclaimed frontiers it
 //! relied on, and only then confirms the deliveries with a BatchOk frame.
 
-use crate::net::{self, End, Refusal};
+use crate::net::{self, End, Peer, Refusal};
 use crate::Shared;
 use embarcadero_region::backoff::Backoff;
 use embarcadero_region::{
@@ -86,10 +86,14 @@ impl<'a> Pin<'a> {
     fn claim(region: &'a Region, topic: u32, broker: u32, positions: &[u64]) -> Self {
         for slot in 0..READER_SLOTS {
             let hb = region.reader_heartbeat(topic, slot);
-            if hb
-                .compare_exchange(0, READER_CLAIMING, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
+            if hb.load(Ordering::Relaxed) == 0
+                && hb
+                    .compare_exchange(0, READER_CLAIMING, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
             {
+                // Before anything else of the claim: a scan that sees the claiming
+                // heartbeat must reach this slot.
+                region.reader_slot_claimed(topic, slot);
                 region
                     .reader_owner(topic, slot)
                     .store(broker as u64 + 1, Ordering::Release);
@@ -393,6 +397,8 @@ fn locate_global(region: &Region, topic: u32, pos: u64) -> Locate {
 struct IdleWait {
     backoff: Backoff,
     next_probe: Instant,
+    /// Where a subscription ended by the probe is counted.
+    dropped: std::sync::Arc<crate::BrokerMetrics>,
 }
 
 impl IdleWait {
@@ -400,6 +406,7 @@ impl IdleWait {
         Self {
             backoff: Backoff::new(shared.config.idle_sleep_max),
             next_probe: Instant::now() + PEER_PROBE_EVERY,
+            dropped: shared.metrics.clone(),
         }
     }
 
@@ -413,8 +420,25 @@ impl IdleWait {
         let now = Instant::now();
         if now >= self.next_probe {
             self.next_probe = now + PEER_PROBE_EVERY;
-            if net::peer_closed(stream) {
-                return Err(End::Gone);
+            match net::probe_subscriber(stream) {
+                Peer::There => {}
+                Peer::Gone => {
+                    self.dropped
+                        .subscribers_dropped
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Err(End::Gone);
+                }
+                Peer::Talked => {
+                    self.dropped
+                        .subscribers_dropped
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Err(Refusal::new(
+                        ErrorCode::UnexpectedData,
+                        "a subscriber sends nothing after its hello (and cursors); \
+                         closing the subscription",
+                    )
+                    .into());
+                }
             }
         }
         self.backoff.idle(Some((bell, seen)));

@@ -13,7 +13,7 @@
 use crate::RegionError;
 
 pub const REGION_MAGIC: [u8; 8] = *b"EMBREGN\0";
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 pub const PAGE: u64 = 4096;
 
 pub const HEADER_LEN: u64 = PAGE;
@@ -35,8 +35,14 @@ pub const MAX_BROKERS: u32 = 32;
 pub const MAX_REPLICAS: u32 = 7;
 /// Per (topic, replica): the progress line that replica's worker owns.
 pub const REPLICA_LINE_LEN: u64 = 128;
-/// Subscriber pins per topic: readers whose positions hold back reclamation.
-pub const READER_SLOTS: u32 = 32;
+/// Subscriber pins per topic: readers whose positions hold back reclamation. Many, so
+/// that a burst of subscribers (or one client with many connections, bounded by
+/// `broker.max_connections_per_address`) does not leave later ones unprotected; scans
+/// stop at the highest slot ever claimed (the readers line), so unused ones cost nothing.
+pub const READER_SLOTS: u32 = 1024;
+/// The readers line before a topic's reader slots: one above the highest slot ever
+/// claimed (raised by claiming brokers, never lowered).
+pub const READERS_LINE_LEN: u64 = 64;
 /// Order-5 sessions per topic (the durable session table).
 pub const SESSION_SLOTS: u32 = 256;
 /// A session slot: state, client id, session epoch, committed high-water mark.
@@ -154,7 +160,7 @@ impl Layout {
         let log_control_rel = topic_bell_rel + TOPIC_BELL_LEN;
         let replicas_rel = log_control_rel + b * LOG_CONTROL_LEN;
         let readers_rel = replicas_rel + MAX_REPLICAS as u64 * REPLICA_LINE_LEN;
-        let sessions_rel = readers_rel + READER_SLOTS as u64 * READER_SLOT_LEN;
+        let sessions_rel = readers_rel + READERS_LINE_LEN + READER_SLOTS as u64 * READER_SLOT_LEN;
         let goi_rel = round_up(sessions_rel + SESSION_SLOTS as u64 * SESSION_SLOT_LEN, PAGE);
         let per_broker_rel = goi_rel + caps.goi_slots * GOI_ENTRY_LEN;
         let seg_map_rel_in_broker = caps.pbr_slots * PBR_SLOT_LEN;
@@ -205,7 +211,12 @@ impl Layout {
 
     pub fn reader_slot_off(&self, topic: u32, slot: u32) -> u64 {
         debug_assert!(slot < READER_SLOTS);
-        self.topic_off(topic) + self.readers_rel + slot as u64 * READER_SLOT_LEN
+        self.topic_off(topic) + self.readers_rel + READERS_LINE_LEN + slot as u64 * READER_SLOT_LEN
+    }
+
+    /// The readers line of `topic` (see [`READERS_LINE_LEN`]).
+    pub fn readers_line_off(&self, topic: u32) -> u64 {
+        self.topic_off(topic) + self.readers_rel
     }
 
     pub fn session_slot_off(&self, topic: u32, slot: u32) -> u64 {

@@ -565,6 +565,28 @@ impl Region {
 
     /// Heartbeat of a topic's reader slot: 0 when free, [`READER_CLAIMING`] while its
     /// positions are being written, otherwise the owner's last [`monotonic_ns`].
+    /// One above the highest reader slot of `topic` ever claimed: every slot at or above
+    /// it is free, so scans stop there.
+    pub fn reader_slots_high(&self, topic: u32) -> u32 {
+        let high = self
+            .word(self.layout.readers_line_off(topic))
+            .load(Ordering::Acquire);
+        assert!(
+            high <= READER_SLOTS as u64,
+            "readers line out of range: {high}"
+        );
+        high as u32
+    }
+
+    /// Records that `slot` of `topic` is being claimed, before its heartbeat is set, so
+    /// scans that start after the claim look at it. Any claiming broker raises it; it
+    /// never goes down.
+    pub fn reader_slot_claimed(&self, topic: u32, slot: u32) {
+        assert!(slot < READER_SLOTS);
+        self.word(self.layout.readers_line_off(topic))
+            .fetch_max(slot as u64 + 1, Ordering::AcqRel);
+    }
+
     pub fn reader_heartbeat(&self, topic: u32, slot: u32) -> &AtomicU64 {
         self.word(self.layout.reader_slot_off(topic, slot))
     }
@@ -591,7 +613,7 @@ impl Region {
     pub fn release_reader_slots(&self, broker: u32) -> usize {
         let mut freed = 0;
         for topic in 0..self.layout.caps.max_topics {
-            for slot in 0..READER_SLOTS {
+            for slot in 0..self.reader_slots_high(topic) {
                 if self.reader_owner(topic, slot).load(Ordering::Acquire) != broker as u64 + 1 {
                     continue;
                 }
@@ -615,7 +637,7 @@ impl Region {
     pub fn reader_floor(&self, topic: u32, index: u32, stall: std::time::Duration) -> u64 {
         let now = monotonic_ns();
         let mut floor = u64::MAX;
-        for slot in 0..READER_SLOTS {
+        for slot in 0..self.reader_slots_high(topic) {
             let hb = self.reader_heartbeat(topic, slot).load(Ordering::Acquire);
             if hb == 0 {
                 continue;
@@ -1003,6 +1025,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = Region::create(&dir.path().join("r"), small()).unwrap();
         for (slot, broker) in [(0u32, 1u64), (1, 0), (2, 1)] {
+            r.reader_slot_claimed(1, slot);
             r.reader_owner(1, slot).store(broker + 1, Ordering::Release);
             r.reader_position(1, slot, 0).store(10, Ordering::Release);
             r.reader_heartbeat(1, slot)

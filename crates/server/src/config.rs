@@ -105,6 +105,8 @@ pub struct BrokerSettings {
     pub payload_timeout_ms: u64,
     /// Connections a broker accepts at once; more are refused (TooManyConnections).
     pub max_connections: u64,
+    /// Connections a broker accepts at once from one client address.
+    pub max_connections_per_address: u64,
     pub idle_sleep_max_us: u64,
     /// A subscriber that makes no progress for this long stops holding memory.
     pub reader_stall_timeout_ms: u64,
@@ -204,6 +206,7 @@ impl Default for BrokerSettings {
             backpressure_timeout_ms: 5000,
             payload_timeout_ms: 30_000,
             max_connections: 4096,
+            max_connections_per_address: 1024,
             idle_sleep_max_us: 20_000,
             reader_stall_timeout_ms: 30_000,
             fault_broker: -1,
@@ -339,8 +342,11 @@ impl ServerConfig {
         if b.payload_timeout_ms == 0 {
             return bad("broker.payload_timeout_ms must be above 0".into());
         }
-        if b.max_connections == 0 {
-            return bad("broker.max_connections must be above 0".into());
+        if b.max_connections == 0 || b.max_connections_per_address == 0 {
+            return bad(
+                "broker.max_connections and broker.max_connections_per_address must be above 0"
+                    .into(),
+            );
         }
         if b.max_batch_bytes > self.region.segment_bytes {
             return bad(format!(

@@ -408,7 +408,7 @@ pub(crate) fn broker_families(
         families.family(name, kind, help, samples)
     };
     type Field = fn(&embarcadero_broker::BrokerMetrics) -> &std::sync::atomic::AtomicU64;
-    let per_broker: [(&str, &str, &str, Field); 14] = [
+    let per_broker: [(&str, &str, &str, Field); 16] = [
         (
             "publish_bytes_total",
             "counter",
@@ -480,6 +480,18 @@ pub(crate) fn broker_families(
             "counter",
             "Connections refused because broker.max_connections were open.",
             |m| &m.connections_refused,
+        ),
+        (
+            "connections_refused_per_address_total",
+            "counter",
+            "Connections refused because their client address had broker.max_connections_per_address open.",
+            |m| &m.connections_refused_per_address,
+        ),
+        (
+            "subscribers_dropped_total",
+            "counter",
+            "Subscriber connections closed because the subscriber left or sent bytes after its hello.",
+            |m| &m.subscribers_dropped,
         ),
         (
             "session_window_waits_total",

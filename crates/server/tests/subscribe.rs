@@ -272,3 +272,116 @@ fn subscribers_that_leave_an_idle_topic_release_their_connections() {
         t.wait_for_metric_at_most(open, 0, &format!("departed subscribers of {topic}"));
     }
 }
+
+/// A raw subscriber hello for `topic` from position 0 (an order 2 topic).
+fn subscriber_hello(topic: &str) -> Vec<u8> {
+    embarcadero_wire::Hello {
+        role: embarcadero_wire::Role::Subscribe,
+        ack_level: 0,
+        client_id: 5,
+        session_epoch: 0,
+        start_position: 0,
+        connection_index: 0,
+        cursor_count: 0,
+        topic: topic.into(),
+        session_key: [0; 16],
+    }
+    .encode()
+    .to_vec()
+}
+
+/// Issue 28: a subscriber that sends a byte after its hello and then leaves used to look
+/// alive to the broker's probe ("bytes waiting") for good, keeping its thread, socket and
+/// reader slot. A subscriber sends nothing: one that talks is told so and closed, and
+/// one that talked and left is let go, on an idle topic too.
+#[test]
+fn subscribers_that_talk_after_their_hello_are_closed_and_let_go() {
+    let t = common::start();
+    t.create_topic("quiet", 2);
+    // Nothing to deliver: only the idle probe can notice.
+    for _ in 0..40 {
+        let mut s = TcpStream::connect(&t.brokers()[0]).unwrap();
+        s.write_all(&subscriber_hello("quiet")).unwrap();
+        s.write_all(b"x").unwrap();
+    }
+    t.wait_for_metric_at_most(
+        "embarcadero_connections_open{",
+        0,
+        "subscribers that talked and left",
+    );
+    assert!(t.metric_sum("embarcadero_subscribers_dropped_total") >= 40);
+    // One that stays is told why.
+    let mut s = TcpStream::connect(&t.brokers()[1]).unwrap();
+    s.write_all(&subscriber_hello("quiet")).unwrap();
+    s.write_all(b"x").unwrap();
+    let error = loop {
+        let (h, body) = common::next_frame(&mut s);
+        if h.kind == embarcadero_wire::FrameKind::Error {
+            break embarcadero_wire::ErrorFrame::decode(&h, &body).unwrap();
+        }
+    };
+    assert_eq!(error.code, ErrorCode::UnexpectedData, "{}", error.message);
+    // Well-behaved subscribers still read everything.
+    publish(&t, "quiet", 0, 3, 4096);
+    let mut good =
+        Subscriber::connect_brokers(&t.brokers(), "quiet", SubscriberConfig::default()).unwrap();
+    for _ in 0..3 {
+        good.poll(Duration::from_secs(10))
+            .unwrap()
+            .expect("published");
+    }
+}
+
+/// Issue 28: one client address cannot take every connection (and with them threads
+/// and reader slots): past `broker.max_connections_per_address` it is refused with
+/// TooManyConnections, the connections it has keep working, and a place that frees up
+/// is taken again.
+#[test]
+fn one_address_gets_at_most_its_share_of_connections() {
+    let t = common::start_with(|c| c.broker.max_connections_per_address = 4);
+    t.create_topic("share", 2);
+    publish(&t, "share", 0, 2, 4096);
+    let mut held: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut s = TcpStream::connect(&t.brokers()[0]).unwrap();
+            s.write_all(&subscriber_hello("share")).unwrap();
+            assert_eq!(
+                common::next_frame(&mut s).0.kind,
+                embarcadero_wire::FrameKind::HelloOk
+            );
+            s
+        })
+        .collect();
+    let mut extra = TcpStream::connect(&t.brokers()[0]).unwrap();
+    extra.write_all(&subscriber_hello("share")).unwrap();
+    let (h, body) = common::next_frame(&mut extra);
+    let e = embarcadero_wire::ErrorFrame::decode(&h, &body).unwrap();
+    assert_eq!(e.code, ErrorCode::TooManyConnections);
+    assert!(
+        e.message.contains("from this client address"),
+        "{}",
+        e.message
+    );
+    assert_eq!(
+        t.metric_sum("embarcadero_connections_refused_per_address_total"),
+        1
+    );
+    // The held ones still deliver: each gets the two messages' delivery.
+    for s in &mut held {
+        let (h, _) = common::next_frame(s);
+        assert_eq!(h.kind, embarcadero_wire::FrameKind::Delivery);
+    }
+    drop(held.pop());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut s = TcpStream::connect(&t.brokers()[0]).unwrap();
+        s.write_all(&subscriber_hello("share")).unwrap();
+        if common::next_frame(&mut s).0.kind == embarcadero_wire::FrameKind::HelloOk {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the freed place is never taken"
+        );
+    }
+}

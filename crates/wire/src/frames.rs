@@ -311,6 +311,8 @@ pub enum ErrorCode {
     /// is not the session's owner. A hijack attempt, or a restarted client that lost its
     /// key; such a client must use a new client id.
     SessionKeyMismatch = 22,
+    /// A subscriber sent bytes after its hello (and cursors); a subscriber sends nothing.
+    UnexpectedData = 23,
 }
 
 impl ErrorCode {
@@ -339,6 +341,7 @@ impl ErrorCode {
             20 => TooManyConnections,
             21 => SessionExpired,
             22 => SessionKeyMismatch,
+            23 => UnexpectedData,
             _ => return None,
         })
     }
