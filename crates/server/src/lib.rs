@@ -18,6 +18,7 @@ pub mod failover;
 pub mod follower;
 mod http;
 mod http_server;
+mod room;
 pub mod sequencer_process;
 
 pub use config::ServerConfig;
@@ -111,6 +112,8 @@ impl Server {
         };
         std::fs::create_dir_all(dir).map_err(dir_err)?;
         let lock = lock_data_dir(dir)?;
+        // Before anything else touches the region: the previous one is retired below.
+        room::check_region_room(&config)?;
         let replica_dirs = config.replica_dirs();
         let (resumes, stores) = recover(&config, &replica_dirs)?;
         // Always a fresh region, refilled from what recovery found.
