@@ -90,9 +90,14 @@ pub struct ServeArgs {
     /// Number of brokers [default: 4].
     #[arg(long)]
     brokers: Option<u32>,
-    /// Address to listen on [default: 127.0.0.1].
+    /// Address to listen on [default: 127.0.0.1]; 0.0.0.0 (every interface) needs
+    /// --advertise.
     #[arg(long)]
     bind: Option<String>,
+    /// Host (IP address or name) clients reach the brokers at, as the server tells
+    /// them [default: the --bind address]. A follower also takes HOST:PORT.
+    #[arg(long, env = "EMBARCADERO_ADVERTISE")]
+    advertise: Option<String>,
     /// Broker i listens on base-port + i; 0 for ephemeral ports [default: 1214].
     #[arg(long)]
     base_port: Option<u16>,
@@ -225,6 +230,9 @@ pub fn serve_config(
     if let Some(v) = args.bind {
         config.bind = v;
     }
+    if let Some(v) = args.advertise {
+        config.advertise = v;
+    }
     if let Some(v) = args.base_port {
         config.base_port = v;
     }
@@ -235,6 +243,7 @@ pub fn serve_config(
         config.sequencer.epoch_us = v;
     }
     config.validate().map_err(|e| e.to_string())?;
+    config.advertised_ip().map_err(|e| e.to_string())?;
     if args.print_config {
         say!("{}", config.to_toml().trim_end_matches('\n'));
         return Ok(None);
@@ -275,9 +284,13 @@ pub fn run_server(config: ServerConfig) -> CliResult {
     init_logging();
     let stop = stop_signal()?;
     let mut server = Server::start(config).map_err(|e| e.to_string())?;
+    // Where clients reach the admin API: the advertised host, as for the brokers.
+    let control = match server.config().advertised_ip() {
+        Ok(ip) => std::net::SocketAddr::new(ip, server.control_addr().port()),
+        Err(_) => server.control_addr(),
+    };
     eprintln!(
-        "embarcadero is serving: control API http://{}  brokers {}",
-        server.control_addr(),
+        "embarcadero is serving: control API http://{control}  brokers {}",
         server
             .broker_addrs()
             .iter()

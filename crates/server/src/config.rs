@@ -8,6 +8,7 @@
 //! for the command line to warn about.
 
 use serde::{Deserialize, Serialize};
+use std::net::{IpAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -17,6 +18,9 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// Address every port binds to. Loopback by default.
     pub bind: String,
+    /// Host (IP address or name, resolved once at start) clients reach the brokers at;
+    /// empty: the bind address, which must then not be the unspecified `0.0.0.0`/`::`.
+    pub advertise: String,
     /// Number of brokers in the embedded server.
     pub brokers: u32,
     /// Broker i listens on `base_port + i`; 0 picks ephemeral ports.
@@ -140,6 +144,7 @@ impl Default for ServerConfig {
         Self {
             data_dir: PathBuf::from("embarcadero-data"),
             bind: "127.0.0.1".into(),
+            advertise: String::new(),
             brokers: 4,
             base_port: 1214,
             control_port: 12140,
@@ -394,6 +399,34 @@ impl ServerConfig {
             .map_err(|e| ConfigError::Invalid(e.to_string()))
     }
 
+    /// The IP address brokers are advertised at to clients (in `/v1/cluster` and
+    /// `/v1/status`): `advertise`, or else the bind address. Binding every interface
+    /// (`0.0.0.0`) without `advertise` is refused: clients cannot connect to 0.0.0.0.
+    pub fn advertised_ip(&self) -> Result<IpAddr, ConfigError> {
+        let host = self.advertise.trim();
+        if host.is_empty() {
+            let bind: IpAddr = self.bind.parse().map_err(|e| {
+                ConfigError::Invalid(format!(
+                    "bind address {:?} is not an IP address: {e}",
+                    self.bind
+                ))
+            })?;
+            if bind.is_unspecified() {
+                return Err(ConfigError::Invalid(format!(
+                    "bind = {bind} listens on every interface, but clients cannot connect to {bind}: pass --advertise HOST (config key advertise, EMBARCADERO_ADVERTISE) with the address clients reach this server at"
+                )));
+            }
+            return Ok(bind);
+        }
+        let ip = resolve_host(host)?;
+        if ip.is_unspecified() {
+            return Err(ConfigError::Invalid(format!(
+                "advertise = {host}: clients cannot connect to {ip}; give the address clients reach this server at"
+            )));
+        }
+        Ok(ip)
+    }
+
     /// The broker ids this process runs (`cluster.local_brokers`), in order.
     pub fn local_broker_ids(&self) -> Result<Vec<u32>, ConfigError> {
         let text = self.cluster.local_brokers.trim();
@@ -477,6 +510,24 @@ impl ServerConfig {
         }
         derived + &toml::to_string_pretty(self).expect("config serialises")
     }
+}
+
+/// `host` as an IP address: itself, or the first address its name resolves to.
+pub fn resolve_host(host: &str) -> Result<IpAddr, ConfigError> {
+    if let Ok(ip) = host.parse() {
+        return Ok(ip);
+    }
+    let unresolved = |why: String| {
+        ConfigError::Invalid(format!(
+            "advertise = {host:?} is neither an IP address nor a name that resolves ({why})"
+        ))
+    };
+    (host, 0)
+        .to_socket_addrs()
+        .map_err(|e| unresolved(e.to_string()))?
+        .next()
+        .map(|a| a.ip())
+        .ok_or_else(|| unresolved("no address".into()))
 }
 
 fn merge(base: &mut toml::Value, overlay: toml::Value) {
@@ -607,6 +658,29 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn every_interface_needs_an_advertised_host() {
+        let mut c = ServerConfig {
+            bind: "0.0.0.0".into(),
+            ..ServerConfig::default()
+        };
+        let e = c.advertised_ip().unwrap_err().to_string();
+        assert!(e.contains("--advertise"), "{e}");
+        c.advertise = "10.1.2.3".into();
+        assert_eq!(
+            c.advertised_ip().unwrap(),
+            "10.1.2.3".parse::<IpAddr>().unwrap()
+        );
+        c.advertise = "localhost".into();
+        assert!(c.advertised_ip().unwrap().is_loopback());
+        c.advertise = "0.0.0.0".into();
+        assert!(c.advertised_ip().is_err());
+        assert_eq!(
+            ServerConfig::default().advertised_ip().unwrap(),
+            "127.0.0.1".parse::<IpAddr>().unwrap()
+        );
     }
 
     #[test]
