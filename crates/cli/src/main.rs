@@ -164,6 +164,14 @@ enum TopicCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A misspelt variable (EMBARCADERO_CONTROLL) would otherwise be ignored without a
+    // word; `serve` and `broker --head` warn while loading their configuration.
+    if matches!(
+        cli.command,
+        Command::Topic(_) | Command::Pub(_) | Command::Sub(_) | Command::Status { .. }
+    ) {
+        warn_about_unknown_env();
+    }
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::Topic(cmd) => topic(cmd),
@@ -266,8 +274,7 @@ const NON_SERVER_ENV: &[&str] = &[
 
 /// A misspelt variable would otherwise be ignored without a word.
 fn warn_about_unknown_env() {
-    let env = std::env::vars().filter(|(name, _)| !NON_SERVER_ENV.contains(&name.as_str()));
-    for (name, meant) in ServerConfig::unknown_env(env) {
+    for (name, meant) in ServerConfig::unknown_env(std::env::vars(), NON_SERVER_ENV) {
         match meant {
             Some(meant) => eprintln!(
                 "warning: {name} names no setting and is ignored; did you mean {meant}?"

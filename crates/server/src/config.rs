@@ -293,18 +293,22 @@ impl ServerConfig {
         Ok(config)
     }
 
-    /// The `EMBARCADERO_*` names in `env` that name no server setting, each with the
-    /// setting's variable it most likely meant (if any is close). For a warning, not an
-    /// error: client-side knobs share the prefix.
+    /// The `EMBARCADERO_*` names in `env` that name neither a server setting nor one of
+    /// `also_known` (variables read elsewhere: the command line, the client, scripts),
+    /// each with the variable it most likely meant (if any is close). For a warning, not
+    /// an error: a misspelt name would otherwise be ignored without a word.
     pub fn unknown_env(
         env: impl IntoIterator<Item = (String, String)>,
+        also_known: &[&str],
     ) -> Vec<(String, Option<String>)> {
         let mut defaults =
             toml::Value::try_from(ServerConfig::default()).expect("defaults serialise");
-        let known = env_names(&defaults);
+        let mut known = env_names(&defaults);
+        known.extend(also_known.iter().map(|name| name.to_string()));
         env.into_iter()
             .map(|(name, _)| name)
             .filter(|name| name.starts_with("EMBARCADERO_"))
+            .filter(|name| !also_known.contains(&name.as_str()))
             .filter(|name| env_slot(&mut defaults, name).is_none())
             .map(|name| {
                 let closest = known
@@ -590,6 +594,16 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// A boolean as people write it in an environment: `1`/`0` and `yes`/`no` as well as
+/// `true`/`false` (any case), since shells and service files use all of them.
+fn parse_bool(raw: &str) -> Result<bool, String> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err("expected a boolean: 1, 0, true, false, yes, no, on or off".into()),
+    }
+}
+
 /// Parses `raw` as the same TOML type as the default in `like`.
 fn parse_like(like: &toml::Value, raw: &str) -> Result<toml::Value, String> {
     Ok(match like {
@@ -603,11 +617,7 @@ fn parse_like(like: &toml::Value, raw: &str) -> Result<toml::Value, String> {
                 .parse()
                 .map_err(|e| format!("expected a number: {e}"))?,
         ),
-        toml::Value::Boolean(_) => toml::Value::Boolean(
-            raw.trim()
-                .parse()
-                .map_err(|e| format!("expected true or false: {e}"))?,
-        ),
+        toml::Value::Boolean(_) => toml::Value::Boolean(parse_bool(raw)?),
         toml::Value::Array(_) => toml::Value::Array(
             raw.split(',')
                 .map(str::trim)
@@ -625,14 +635,19 @@ mod tests {
 
     #[test]
     fn misspelt_environment_names_are_listed_with_the_setting_they_meant() {
-        let unknown = ServerConfig::unknown_env(env(&[
-            ("EMBARCADERO_SEQUENCER_EPOCHUS", "100"),
-            ("EMBARCADERO_BROKER", "2"),
-            ("EMBARCADERO_BROKERS", "2"),
-            ("EMBARCADERO_REGION_MAX_TOPICS", "8"),
-            ("EMBARCADERO_SOMETHING_ELSE_ENTIRELY", "x"),
-            ("PATH", "/bin"),
-        ]));
+        let unknown = ServerConfig::unknown_env(
+            env(&[
+                ("EMBARCADERO_SEQUENCER_EPOCHUS", "100"),
+                ("EMBARCADERO_BROKER", "2"),
+                ("EMBARCADERO_BROKERS", "2"),
+                ("EMBARCADERO_REGION_MAX_TOPICS", "8"),
+                ("EMBARCADERO_SOMETHING_ELSE_ENTIRELY", "x"),
+                ("EMBARCADERO_CONTROL", "h:1"),
+                ("EMBARCADERO_CONTROLL", "h:1"),
+                ("PATH", "/bin"),
+            ]),
+            &["EMBARCADERO_CONTROL"],
+        );
         let suggestion = |name: &str| {
             unknown
                 .iter()
@@ -641,7 +656,11 @@ mod tests {
                 .1
                 .clone()
         };
-        assert_eq!(unknown.len(), 3, "{unknown:?}");
+        assert_eq!(unknown.len(), 4, "{unknown:?}");
+        assert_eq!(
+            suggestion("EMBARCADERO_CONTROLL").as_deref(),
+            Some("EMBARCADERO_CONTROL")
+        );
         assert_eq!(
             suggestion("EMBARCADERO_SEQUENCER_EPOCHUS").as_deref(),
             Some("EMBARCADERO_SEQUENCER_EPOCH_US")
@@ -658,6 +677,21 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn booleans_in_the_environment_take_the_usual_spellings() {
+        for (raw, want) in [("1", true), ("yes", true), ("TRUE", true), ("0", false)] {
+            let c = ServerConfig::load_with_env(None, env(&[("EMBARCADERO_REGION_PREFAULT", raw)]))
+                .unwrap();
+            assert_eq!(c.region.prefault, want, "{raw}");
+        }
+        for raw in ["no", "false", "off"] {
+            assert_eq!(parse_bool(raw), Ok(false), "{raw}");
+        }
+        let e = ServerConfig::load_with_env(None, env(&[("EMBARCADERO_REGION_PREFAULT", "2")]))
+            .unwrap_err();
+        assert!(e.to_string().contains("1, 0, true, false, yes, no"), "{e}");
     }
 
     #[test]
