@@ -193,6 +193,11 @@ fn main() -> ExitCode {
 
 pub type CliResult = Result<(), String>;
 
+/// `n` with the noun in the right number: "1 message", "2 messages", "0 batches".
+pub fn count_of(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// Value parser for counts and sizes that must be 1 or more.
 pub fn at_least_one(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
