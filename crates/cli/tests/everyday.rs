@@ -320,6 +320,14 @@ fn serve_on_every_interface_advertises_the_given_host() {
         .unwrap();
     let err = failed(&out);
     assert!(err.contains("pass --advertise HOST"), "{err}");
+    // A follower likewise, before it contacts any head.
+    let out = Command::new(BIN)
+        .args(["broker", "--follower", "--head-addr", "127.0.0.1:1"])
+        .args(["--broker-id", "1", "--bind", "0.0.0.0"])
+        .output()
+        .unwrap();
+    let err = failed(&out);
+    assert!(err.contains("pass --advertise HOST"), "{err}");
 
     let serve = Serve::start_with(
         &dir.path().join("d"),
