@@ -39,9 +39,6 @@ pub struct BrokerArgs {
     /// Follower: data port; 0 for an ephemeral port.
     #[arg(long, default_value_t = 0)]
     port: u16,
-    /// Follower: address clients reach the data port at [default: the bound address].
-    #[arg(long)]
-    advertise: Option<SocketAddr>,
     /// Follower: the head's region file as this host sees it [default: the head's path].
     #[arg(long)]
     region: Option<PathBuf>,
@@ -72,13 +69,14 @@ pub fn broker(args: BrokerArgs) -> CliResult {
         .unwrap_or("127.0.0.1")
         .parse()
         .map_err(|e| format!("--bind is not an IP address: {e}"))?;
+    let advertise = follower_advertise(args.serve.advertise.as_deref(), bind)?;
     init_logging();
     let stop = stop_signal()?;
     let mut follower = Follower::start(FollowerConfig {
         head: args.head_addr.expect("required for --follower"),
         broker_id: args.broker_id.expect("required for --follower"),
         listen: SocketAddr::new(bind, args.port),
-        advertise: args.advertise,
+        advertise,
         region_path: args.region,
         metrics_listen: SocketAddr::new(bind, args.metrics_port),
     })
@@ -112,6 +110,25 @@ pub fn broker(args: BrokerArgs) -> CliResult {
     eprintln!("shutting down");
     follower.stop();
     Ok(())
+}
+
+/// A follower's `--advertise`: HOST:PORT, or HOST with the port it binds (port 0 tells
+/// the follower so). Without it the bound address is advertised, which must then be
+/// one clients can connect to.
+fn follower_advertise(advertise: Option<&str>, bind: IpAddr) -> Result<Option<SocketAddr>, String> {
+    let Some(text) = advertise else {
+        if bind.is_unspecified() {
+            return Err(format!(
+                "--bind {bind} listens on every interface, but clients cannot connect to {bind}: pass --advertise HOST (or HOST:PORT) with the address clients reach this broker at"
+            ));
+        }
+        return Ok(None);
+    };
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(Some(addr));
+    }
+    let ip = embarcadero_server::config::resolve_host(text).map_err(|e| e.to_string())?;
+    Ok(Some(SocketAddr::new(ip, 0)))
 }
 
 #[derive(clap::Args)]

@@ -90,9 +90,14 @@ pub struct ServeArgs {
     /// Number of brokers [default: 4].
     #[arg(long)]
     brokers: Option<u32>,
-    /// Address to listen on [default: 127.0.0.1].
+    /// Address to listen on [default: 127.0.0.1]; 0.0.0.0 (every interface) needs
+    /// --advertise.
     #[arg(long)]
     bind: Option<String>,
+    /// Host (IP address or name) clients reach the brokers at, as the server tells
+    /// them [default: the --bind address]. A follower also takes HOST:PORT.
+    #[arg(long, env = "EMBARCADERO_ADVERTISE")]
+    advertise: Option<String>,
     /// Broker i listens on base-port + i; 0 for ephemeral ports [default: 1214].
     #[arg(long)]
     base_port: Option<u16>,
@@ -159,6 +164,14 @@ enum TopicCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A misspelt variable (EMBARCADERO_CONTROLL) would otherwise be ignored without a
+    // word; `serve` and `broker --head` warn while loading their configuration.
+    if matches!(
+        cli.command,
+        Command::Topic(_) | Command::Pub(_) | Command::Sub(_) | Command::Status { .. }
+    ) {
+        warn_about_unknown_env();
+    }
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::Topic(cmd) => topic(cmd),
@@ -179,6 +192,11 @@ fn main() -> ExitCode {
 }
 
 pub type CliResult = Result<(), String>;
+
+/// `n` with the noun in the right number: "1 message", "2 messages", "0 batches".
+pub fn count_of(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
 
 /// Value parser for counts and sizes that must be 1 or more.
 pub fn at_least_one(text: &str) -> Result<usize, String> {
@@ -225,6 +243,9 @@ pub fn serve_config(
     if let Some(v) = args.bind {
         config.bind = v;
     }
+    if let Some(v) = args.advertise {
+        config.advertise = v;
+    }
     if let Some(v) = args.base_port {
         config.base_port = v;
     }
@@ -235,6 +256,7 @@ pub fn serve_config(
         config.sequencer.epoch_us = v;
     }
     config.validate().map_err(|e| e.to_string())?;
+    config.advertised_ip().map_err(|e| e.to_string())?;
     if args.print_config {
         say!("{}", config.to_toml().trim_end_matches('\n'));
         return Ok(None);
@@ -257,8 +279,7 @@ const NON_SERVER_ENV: &[&str] = &[
 
 /// A misspelt variable would otherwise be ignored without a word.
 fn warn_about_unknown_env() {
-    let env = std::env::vars().filter(|(name, _)| !NON_SERVER_ENV.contains(&name.as_str()));
-    for (name, meant) in ServerConfig::unknown_env(env) {
+    for (name, meant) in ServerConfig::unknown_env(std::env::vars(), NON_SERVER_ENV) {
         match meant {
             Some(meant) => eprintln!(
                 "warning: {name} names no setting and is ignored; did you mean {meant}?"
@@ -275,9 +296,13 @@ pub fn run_server(config: ServerConfig) -> CliResult {
     init_logging();
     let stop = stop_signal()?;
     let mut server = Server::start(config).map_err(|e| e.to_string())?;
+    // Where clients reach the admin API: the advertised host, as for the brokers.
+    let control = match server.config().advertised_ip() {
+        Ok(ip) => std::net::SocketAddr::new(ip, server.control_addr().port()),
+        Err(_) => server.control_addr(),
+    };
     eprintln!(
-        "embarcadero is serving: control API http://{}  brokers {}",
-        server.control_addr(),
+        "embarcadero is serving: control API http://{control}  brokers {}",
         server
             .broker_addrs()
             .iter()

@@ -2,9 +2,11 @@
 
 use crate::{CliResult, ControlArg};
 use base64::Engine;
-use embarcadero_client::{Admin, Cursor, MessageRef, Subscriber, SubscriberConfig};
+use embarcadero_client::{
+    check_topic_name, Admin, Cursor, MessageRef, Subscriber, SubscriberConfig,
+};
 use std::io::Write;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct SubArgs {
@@ -12,9 +14,10 @@ pub struct SubArgs {
     pub topic: String,
     #[command(flatten)]
     pub control: ControlArg,
-    /// Start position: a global position (orders 2, 5), or one position per broker
-    /// separated by commas (orders 0, 1). Default: the beginning.
-    #[arg(long)]
+    /// Start position: a global position (orders 2, 5), one position per broker
+    /// separated by commas (orders 0, 1), or `end` for only the messages published from
+    /// now on. Default: the beginning.
+    #[arg(long, allow_hyphen_values = true)]
     pub from: Option<String>,
     /// Exit after printing this many messages.
     #[arg(long)]
@@ -27,19 +30,46 @@ pub struct SubArgs {
     pub idle_timeout_s: Option<u64>,
 }
 
-fn parse_from(from: &str) -> Result<Cursor, String> {
-    let parts: Result<Vec<u64>, _> = from.split(',').map(|p| p.trim().parse::<u64>()).collect();
+/// Where `--from` starts.
+enum Start {
+    Position(Cursor),
+    /// The end of the topic when the subscriber starts.
+    End,
+}
+
+/// How long to wait for more messages right after printing some before flushing the
+/// output: short enough that each message shows as it arrives, yet while messages keep
+/// coming they are written in large blocks.
+const MORE_NOW: Duration = Duration::from_millis(1);
+
+/// How long one poll waits when there is nothing to flush.
+const IDLE_POLL: Duration = Duration::from_millis(200);
+
+fn parse_from(from: &str) -> Result<Start, String> {
+    let text = from.trim();
+    if text.eq_ignore_ascii_case("end") {
+        return Ok(Start::End);
+    }
+    if text.starts_with('-') {
+        return Err(format!(
+            "--from {from}: positions count from 0 at the start of the topic and cannot be negative; to read only messages published from now on, use --from end"
+        ));
+    }
+    let parts: Result<Vec<u64>, _> = text.split(',').map(|p| p.trim().parse::<u64>()).collect();
     let parts = parts.map_err(|e| {
-        format!("--from {from:?}: {e}; give a position like 42, or one per broker like 0,0,10,3")
+        format!(
+            "--from {from:?}: {e}; give a position like 42, one per broker like 0,0,10,3, or end"
+        )
     })?;
-    Ok(if parts.len() == 1 {
+    Ok(Start::Position(if parts.len() == 1 {
         Cursor::Global(parts[0])
     } else {
         Cursor::PerBroker(parts)
-    })
+    }))
 }
 
 pub fn run(args: SubArgs) -> CliResult {
+    check_topic_name(&args.topic).map_err(|e| e.to_string())?;
     let start = args.from.as_deref().map(parse_from).transpose()?;
     let mut sub = Subscriber::connect(
         &args.control.control,
@@ -50,54 +80,102 @@ pub fn run(args: SubArgs) -> CliResult {
         },
     )
     .map_err(|e| e.to_string())?;
-    let ordered = sub.order() >= 2;
-    if let Some(start) = start {
-        let start = match (start, ordered) {
-            (Cursor::Global(0), false) => Cursor::PerBroker(vec![0; broker_count(&sub)]),
-            (Cursor::Global(p), false) if broker_count(&sub) == 1 => Cursor::PerBroker(vec![p]),
-            (Cursor::Global(p), false) => {
-                return Err(format!(
-                    "topic {} has order {}: positions are per broker; use --from with one position per broker, e.g. --from {}",
-                    args.topic,
-                    sub.order(),
-                    vec![p.to_string(); broker_count(&sub)].join(",")
-                ))
-            }
-            (Cursor::PerBroker(v), true) => {
-                return Err(format!(
-                    "topic {} has order {}: positions are global; use --from with one position, e.g. --from {}",
-                    args.topic,
-                    sub.order(),
-                    v.first().copied().unwrap_or(0)
-                ))
-            }
-            (Cursor::PerBroker(v), false) if v.len() != broker_count(&sub) => {
-                return Err(format!(
-                    "--from gives {} positions; topic {} has {} brokers: give one position per broker, e.g. --from {}",
-                    v.len(),
-                    args.topic,
-                    broker_count(&sub),
-                    vec!["0"; broker_count(&sub)].join(",")
-                ))
-            }
-            (c, _) => c,
-        };
-        if let Cursor::Global(from) = start {
-            warn_if_beyond_the_end(&args, from);
+    let cursor = match start {
+        None => None,
+        Some(Start::End) => {
+            let end = end_of_topic(&args, &sub)?;
+            // Says where "now" was: what is published after this line is printed.
+            eprintln!(
+                "note: starting at the end of topic {} ({})",
+                args.topic,
+                describe(&end)
+            );
+            Some(end)
         }
-        sub.seek(start).map_err(|e| e.to_string())?;
+        Some(Start::Position(cursor)) => {
+            let cursor = fitted_cursor(&args, &sub, cursor)?;
+            if let Cursor::Global(from) = cursor {
+                warn_if_beyond_the_end(&args, from);
+            }
+            Some(cursor)
+        }
+    };
+    if let Some(cursor) = cursor {
+        sub.seek(cursor).map_err(|e| e.to_string())?;
     }
+    print_messages(&args, &mut sub)
+}
+
+/// The position after the last message of the topic now: the next global position
+/// (orders 2, 5), or each broker's count of messages written (orders 0, 1).
+fn end_of_topic(args: &SubArgs, sub: &Subscriber) -> Result<Cursor, String> {
+    let topic = Admin::new(&args.control.control)
+        .describe_topic(&args.topic)
+        .map_err(|e| e.to_string())?;
+    if sub.order() >= 2 {
+        return Ok(Cursor::Global(topic.next_position));
+    }
+    let ends: Option<Vec<u64>> = topic
+        .brokers
+        .iter()
+        .map(|b| b["messages"].as_u64())
+        .collect();
+    match ends {
+        Some(ends) if ends.len() == broker_count(sub) => Ok(Cursor::PerBroker(ends)),
+        _ => Err(format!(
+            "the server did not describe the end of each broker's log of topic {}; give --from with one position per broker instead",
+            args.topic
+        )),
+    }
+}
+
+/// `cursor` in the form the topic's order needs (a single 0, or a single position on a
+/// one-broker server, works for per-broker positions too), or an error that says which.
+fn fitted_cursor(args: &SubArgs, sub: &Subscriber, cursor: Cursor) -> Result<Cursor, String> {
+    let ordered = sub.order() >= 2;
+    let brokers = broker_count(sub);
+    match (cursor, ordered) {
+        (Cursor::Global(0), false) => Ok(Cursor::PerBroker(vec![0; brokers])),
+        (Cursor::Global(p), false) if brokers == 1 => Ok(Cursor::PerBroker(vec![p])),
+        (Cursor::Global(p), false) => Err(format!(
+            "topic {} has order {}: positions are per broker; use --from with one position per broker, e.g. --from {}",
+            args.topic,
+            sub.order(),
+            vec![p.to_string(); brokers].join(",")
+        )),
+        (Cursor::PerBroker(v), true) => Err(format!(
+            "topic {} has order {}: positions are global; use --from with one position, e.g. --from {}",
+            args.topic,
+            sub.order(),
+            v.first().copied().unwrap_or(0)
+        )),
+        (Cursor::PerBroker(v), false) if v.len() != brokers => Err(format!(
+            "--from gives {} positions; topic {} has {brokers} brokers: give one position per broker, e.g. --from {}",
+            v.len(),
+            args.topic,
+            vec!["0"; brokers].join(",")
+        )),
+        (c, _) => Ok(c),
+    }
+}
+
+/// Prints messages until `--count` or the idle timeout. Output is buffered, and flushed
+/// as soon as no more messages are immediately available, so a message that arrives
+/// alone is printed at once (`sub` behaves like `tail -f`), while a stream of them is
+/// written in large blocks.
+fn print_messages(args: &SubArgs, sub: &mut Subscriber) -> CliResult {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let mut printed = 0u64;
+    let (jsonl, ordered) = (args.format == "jsonl", sub.order() >= 2);
     let limit = args.count.unwrap_or(u64::MAX);
-    let jsonl = args.format == "jsonl";
-    let mut idle = Duration::ZERO;
-    let step = Duration::from_millis(200);
+    let mut printed = 0u64;
+    let mut unflushed = false;
+    let mut last_message = Instant::now();
     let mut write_error = None;
     while printed < limit {
+        let wait = if unflushed { MORE_NOW } else { IDLE_POLL };
         let n = sub
-            .poll_with(step, |m| {
+            .poll_with(wait, |m| {
                 if printed >= limit || write_error.is_some() {
                     return;
                 }
@@ -108,29 +186,35 @@ pub fn run(args: SubArgs) -> CliResult {
             })
             .map_err(|e| e.to_string())?;
         if let Some(e) = write_error {
-            if e.kind() == std::io::ErrorKind::BrokenPipe {
-                return Ok(());
-            }
-            return Err(format!("cannot write to stdout: {e}"));
+            return stdout_failed(e);
         }
-        if n == 0 {
-            let _ = out.flush();
-            idle += step;
-            if let Some(t) = args.idle_timeout_s {
-                if idle >= Duration::from_secs(t) {
-                    return Err(format!(
-                        "no message for {t} s after {printed} messages (next {})",
-                        describe(&sub.position())
-                    ));
-                }
+        if n > 0 {
+            unflushed = true;
+            last_message = Instant::now();
+        } else if unflushed {
+            if let Err(e) = out.flush() {
+                return stdout_failed(e);
             }
-        } else {
-            idle = Duration::ZERO;
+            unflushed = false;
+        } else if let Some(t) = args.idle_timeout_s {
+            if last_message.elapsed() >= Duration::from_secs(t) {
+                return Err(format!(
+                    "no message for {t} s after {} (next {})",
+                    crate::count_of(printed, "message", "messages"),
+                    describe(&Subscriber::position(sub))
+                ));
+            }
         }
     }
-    out.flush()
-        .map_err(|e| format!("cannot write to stdout: {e}"))?;
-    Ok(())
+    out.flush().or_else(stdout_failed)
+}
+
+/// A reader that went away (`sub | head`) ends the command quietly, like any Unix tool.
+fn stdout_failed(e: std::io::Error) -> CliResult {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        return Ok(());
+    }
+    Err(format!("cannot write to stdout: {e}"))
 }
 
 /// A subscriber that starts past the end waits for the log to get there: say so, since

@@ -157,6 +157,7 @@ impl Admin {
     }
 
     pub fn create_topic(&self, spec: &TopicSpec) -> Result<TopicInfo> {
+        check_topic_name(&spec.name)?;
         let v = self.call(
             self.agent.post(&format!("{}/v1/topics", self.base)),
             Some(serde_json::to_value(spec).expect("serialisable")),
@@ -170,7 +171,8 @@ impl Admin {
     }
 
     pub fn describe_topic(&self, name: &str) -> Result<TopicInfo> {
-        parse(self.get(&format!("/v1/topics/{name}"))?)
+        check_topic_name(name)?;
+        parse(self.get(&format!("/v1/topics/{}", escape_path_segment(name)))?)
     }
 
     pub fn cluster(&self) -> Result<ClusterInfo> {
@@ -210,9 +212,62 @@ impl Admin {
     }
 }
 
+/// The rules of [`embarcadero_wire::validate_topic_name`], for error messages.
+pub const TOPIC_NAME_RULES: &str =
+    "a topic name is 1 to 63 letters, digits, '.', '_' or '-', not starting with '.' or '-'";
+
+/// Refuses, before any request, a name the server would refuse: unchecked, a name such
+/// as `a?x` or `../status` would change the request's URL and address something else.
+pub fn check_topic_name(name: &str) -> Result<()> {
+    embarcadero_wire::validate_topic_name(name)
+        .map_err(|e| Error::InvalidName(format!("{e} ({TOPIC_NAME_RULES})")))
+}
+
+/// `segment` percent-encoded for one URL path segment. Valid names need no escaping;
+/// this keeps any other text (a future rule change) inside its segment.
+fn escape_path_segment(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for b in segment.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 fn parse<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T> {
     serde_json::from_value(v).map_err(|e| Error::Admin {
         status: 200,
         message: format!("unexpected response shape: {e}"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_segments_are_percent_encoded() {
+        assert_eq!(
+            escape_path_segment("orders.v1_eu-west"),
+            "orders.v1_eu-west"
+        );
+        assert_eq!(escape_path_segment("a?zzz"), "a%3Fzzz");
+        assert_eq!(escape_path_segment("../status"), "..%2Fstatus");
+        assert_eq!(escape_path_segment("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn bad_names_are_refused_with_the_rules() {
+        for bad in ["a?zzz", "../status", "", ".hidden"] {
+            let e = check_topic_name(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("invalid topic name") && e.contains("1 to 63"),
+                "{e}"
+            );
+        }
+        assert!(check_topic_name("orders").is_ok());
+    }
 }

@@ -11,7 +11,9 @@ mod conn;
 mod publisher;
 mod subscriber;
 
-pub use admin::{Admin, BrokerAddr, ClusterInfo, TopicInfo, TopicSpec};
+pub use admin::{
+    check_topic_name, Admin, BrokerAddr, ClusterInfo, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
+};
 pub use publisher::{LatencySummary, Publisher, PublisherConfig, PublisherStats, QueueStats};
 pub use subscriber::{Cursor, Message, MessageRef, Subscriber, SubscriberConfig};
 
@@ -42,6 +44,9 @@ pub enum Error {
     MessageTooLarge { size: usize, max: usize },
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A topic name the server would refuse, caught before any request is sent.
+    #[error("{0}")]
+    InvalidName(String),
     #[error("timed out after {0:?}")]
     Timeout(std::time::Duration),
     #[error("the publisher is closed")]

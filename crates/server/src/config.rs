@@ -8,6 +8,7 @@
 //! for the command line to warn about.
 
 use serde::{Deserialize, Serialize};
+use std::net::{IpAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -17,6 +18,9 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// Address every port binds to. Loopback by default.
     pub bind: String,
+    /// Host (IP address or name, resolved once at start) clients reach the brokers at;
+    /// empty: the bind address, which must then not be the unspecified `0.0.0.0`/`::`.
+    pub advertise: String,
     /// Number of brokers in the embedded server.
     pub brokers: u32,
     /// Broker i listens on `base_port + i`; 0 picks ephemeral ports.
@@ -142,6 +146,7 @@ impl Default for ServerConfig {
         Self {
             data_dir: PathBuf::from("embarcadero-data"),
             bind: "127.0.0.1".into(),
+            advertise: String::new(),
             brokers: 4,
             base_port: 1214,
             control_port: 12140,
@@ -291,18 +296,22 @@ impl ServerConfig {
         Ok(config)
     }
 
-    /// The `EMBARCADERO_*` names in `env` that name no server setting, each with the
-    /// setting's variable it most likely meant (if any is close). For a warning, not an
-    /// error: client-side knobs share the prefix.
+    /// The `EMBARCADERO_*` names in `env` that name neither a server setting nor one of
+    /// `also_known` (variables read elsewhere: the command line, the client, scripts),
+    /// each with the variable it most likely meant (if any is close). For a warning, not
+    /// an error: a misspelt name would otherwise be ignored without a word.
     pub fn unknown_env(
         env: impl IntoIterator<Item = (String, String)>,
+        also_known: &[&str],
     ) -> Vec<(String, Option<String>)> {
         let mut defaults =
             toml::Value::try_from(ServerConfig::default()).expect("defaults serialise");
-        let known = env_names(&defaults);
+        let mut known = env_names(&defaults);
+        known.extend(also_known.iter().map(|name| name.to_string()));
         env.into_iter()
             .map(|(name, _)| name)
             .filter(|name| name.starts_with("EMBARCADERO_"))
+            .filter(|name| !also_known.contains(&name.as_str()))
             .filter(|name| env_slot(&mut defaults, name).is_none())
             .map(|name| {
                 let closest = known
@@ -400,6 +409,34 @@ impl ServerConfig {
             .map_err(|e| ConfigError::Invalid(e.to_string()))
     }
 
+    /// The IP address brokers are advertised at to clients (in `/v1/cluster` and
+    /// `/v1/status`): `advertise`, or else the bind address. Binding every interface
+    /// (`0.0.0.0`) without `advertise` is refused: clients cannot connect to 0.0.0.0.
+    pub fn advertised_ip(&self) -> Result<IpAddr, ConfigError> {
+        let host = self.advertise.trim();
+        if host.is_empty() {
+            let bind: IpAddr = self.bind.parse().map_err(|e| {
+                ConfigError::Invalid(format!(
+                    "bind address {:?} is not an IP address: {e}",
+                    self.bind
+                ))
+            })?;
+            if bind.is_unspecified() {
+                return Err(ConfigError::Invalid(format!(
+                    "bind = {bind} listens on every interface, but clients cannot connect to {bind}: pass --advertise HOST (config key advertise, EMBARCADERO_ADVERTISE) with the address clients reach this server at"
+                )));
+            }
+            return Ok(bind);
+        }
+        let ip = resolve_host(host)?;
+        if ip.is_unspecified() {
+            return Err(ConfigError::Invalid(format!(
+                "advertise = {host}: clients cannot connect to {ip}; give the address clients reach this server at"
+            )));
+        }
+        Ok(ip)
+    }
+
     /// The broker ids this process runs (`cluster.local_brokers`), in order.
     pub fn local_broker_ids(&self) -> Result<Vec<u32>, ConfigError> {
         let text = self.cluster.local_brokers.trim();
@@ -485,6 +522,24 @@ impl ServerConfig {
     }
 }
 
+/// `host` as an IP address: itself, or the first address its name resolves to.
+pub fn resolve_host(host: &str) -> Result<IpAddr, ConfigError> {
+    if let Ok(ip) = host.parse() {
+        return Ok(ip);
+    }
+    let unresolved = |why: String| {
+        ConfigError::Invalid(format!(
+            "advertise = {host:?} is neither an IP address nor a name that resolves ({why})"
+        ))
+    };
+    (host, 0)
+        .to_socket_addrs()
+        .map_err(|e| unresolved(e.to_string()))?
+        .next()
+        .map(|a| a.ip())
+        .ok_or_else(|| unresolved("no address".into()))
+}
+
 fn merge(base: &mut toml::Value, overlay: toml::Value) {
     match (base, overlay) {
         (toml::Value::Table(b), toml::Value::Table(o)) => {
@@ -545,6 +600,16 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// A boolean as people write it in an environment: `1`/`0` and `yes`/`no` as well as
+/// `true`/`false` (any case), since shells and service files use all of them.
+fn parse_bool(raw: &str) -> Result<bool, String> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err("expected a boolean: 1, 0, true, false, yes, no, on or off".into()),
+    }
+}
+
 /// Parses `raw` as the same TOML type as the default in `like`.
 fn parse_like(like: &toml::Value, raw: &str) -> Result<toml::Value, String> {
     Ok(match like {
@@ -558,11 +623,7 @@ fn parse_like(like: &toml::Value, raw: &str) -> Result<toml::Value, String> {
                 .parse()
                 .map_err(|e| format!("expected a number: {e}"))?,
         ),
-        toml::Value::Boolean(_) => toml::Value::Boolean(
-            raw.trim()
-                .parse()
-                .map_err(|e| format!("expected true or false: {e}"))?,
-        ),
+        toml::Value::Boolean(_) => toml::Value::Boolean(parse_bool(raw)?),
         toml::Value::Array(_) => toml::Value::Array(
             raw.split(',')
                 .map(str::trim)
@@ -580,14 +641,19 @@ mod tests {
 
     #[test]
     fn misspelt_environment_names_are_listed_with_the_setting_they_meant() {
-        let unknown = ServerConfig::unknown_env(env(&[
-            ("EMBARCADERO_SEQUENCER_EPOCHUS", "100"),
-            ("EMBARCADERO_BROKER", "2"),
-            ("EMBARCADERO_BROKERS", "2"),
-            ("EMBARCADERO_REGION_MAX_TOPICS", "8"),
-            ("EMBARCADERO_SOMETHING_ELSE_ENTIRELY", "x"),
-            ("PATH", "/bin"),
-        ]));
+        let unknown = ServerConfig::unknown_env(
+            env(&[
+                ("EMBARCADERO_SEQUENCER_EPOCHUS", "100"),
+                ("EMBARCADERO_BROKER", "2"),
+                ("EMBARCADERO_BROKERS", "2"),
+                ("EMBARCADERO_REGION_MAX_TOPICS", "8"),
+                ("EMBARCADERO_SOMETHING_ELSE_ENTIRELY", "x"),
+                ("EMBARCADERO_CONTROL", "h:1"),
+                ("EMBARCADERO_CONTROLL", "h:1"),
+                ("PATH", "/bin"),
+            ]),
+            &["EMBARCADERO_CONTROL"],
+        );
         let suggestion = |name: &str| {
             unknown
                 .iter()
@@ -596,7 +662,11 @@ mod tests {
                 .1
                 .clone()
         };
-        assert_eq!(unknown.len(), 3, "{unknown:?}");
+        assert_eq!(unknown.len(), 4, "{unknown:?}");
+        assert_eq!(
+            suggestion("EMBARCADERO_CONTROLL").as_deref(),
+            Some("EMBARCADERO_CONTROL")
+        );
         assert_eq!(
             suggestion("EMBARCADERO_SEQUENCER_EPOCHUS").as_deref(),
             Some("EMBARCADERO_SEQUENCER_EPOCH_US")
@@ -613,6 +683,44 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn booleans_in_the_environment_take_the_usual_spellings() {
+        for (raw, want) in [("1", true), ("yes", true), ("TRUE", true), ("0", false)] {
+            let c = ServerConfig::load_with_env(None, env(&[("EMBARCADERO_REGION_PREFAULT", raw)]))
+                .unwrap();
+            assert_eq!(c.region.prefault, want, "{raw}");
+        }
+        for raw in ["no", "false", "off"] {
+            assert_eq!(parse_bool(raw), Ok(false), "{raw}");
+        }
+        let e = ServerConfig::load_with_env(None, env(&[("EMBARCADERO_REGION_PREFAULT", "2")]))
+            .unwrap_err();
+        assert!(e.to_string().contains("1, 0, true, false, yes, no"), "{e}");
+    }
+
+    #[test]
+    fn every_interface_needs_an_advertised_host() {
+        let mut c = ServerConfig {
+            bind: "0.0.0.0".into(),
+            ..ServerConfig::default()
+        };
+        let e = c.advertised_ip().unwrap_err().to_string();
+        assert!(e.contains("--advertise"), "{e}");
+        c.advertise = "10.1.2.3".into();
+        assert_eq!(
+            c.advertised_ip().unwrap(),
+            "10.1.2.3".parse::<IpAddr>().unwrap()
+        );
+        c.advertise = "localhost".into();
+        assert!(c.advertised_ip().unwrap().is_loopback());
+        c.advertise = "0.0.0.0".into();
+        assert!(c.advertised_ip().is_err());
+        assert_eq!(
+            ServerConfig::default().advertised_ip().unwrap(),
+            "127.0.0.1".parse::<IpAddr>().unwrap()
+        );
     }
 
     #[test]

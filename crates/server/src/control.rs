@@ -8,8 +8,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// A topic as the admin API describes it.
+/// A topic as the admin API describes it. Unknown fields are refused: a misspelt or
+/// invented one (`"replication": 2`) would otherwise be dropped without a word and the
+/// topic created with a default the caller did not ask for. (`PersistedTopic` flattens
+/// this type; serde does not apply the refusal there, so `topics.json` keeps loading.)
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct TopicSpec {
     pub name: String,
     pub order: u8,

@@ -28,7 +28,7 @@ pub struct FollowerConfig {
     /// Where the data port listens.
     pub listen: SocketAddr,
     /// The address clients use to reach the data port (default: the bound address;
-    /// needed when listening on 0.0.0.0).
+    /// needed when listening on 0.0.0.0). Port 0: the port the data port bound.
     pub advertise: Option<SocketAddr>,
     /// The region file as this host sees it (default: the head's path).
     pub region_path: Option<PathBuf>,
@@ -167,7 +167,11 @@ impl Follower {
             "follower-metrics",
             move || crate::http::follower_metrics(&info),
         )?;
-        let advertised = config.advertise.unwrap_or_else(|| broker.local_addr());
+        let advertised = match config.advertise {
+            Some(a) if a.port() == 0 => SocketAddr::new(a.ip(), broker.local_addr().port()),
+            Some(a) => a,
+            None => broker.local_addr(),
+        };
         let call = MembershipCall {
             id: config.broker_id,
             addr: advertised,

@@ -9,7 +9,7 @@
 //! | POST | `/v1/failover` | which of a publisher's batches through a dead broker were ordered: `{"topic","broker","incarnation","client_id","batch_ids","ack_level"}` |
 //! | GET | `/v1/status` | cluster, topics with counters, broker and sequencer metrics |
 //! | GET | `/v1/topics` | every topic |
-//! | POST | `/v1/topics` | create: `{"name","order","replication_factor","default_ack"}` |
+//! | POST | `/v1/topics` | create: `{"name","order","replication_factor","default_ack","retention_bytes","retention_ms"}`; any other field is a 400 that names it |
 //! | GET | `/v1/topics/{name}` | one topic |
 //! | GET | `/metrics` | Prometheus text format |
 //! | GET | `/healthz` | `ok` |

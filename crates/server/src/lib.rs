@@ -18,6 +18,7 @@ pub mod failover;
 pub mod follower;
 mod http;
 mod http_server;
+mod room;
 pub mod sequencer_process;
 
 pub use config::ServerConfig;
@@ -104,6 +105,8 @@ pub struct Server {
 impl Server {
     pub fn start(config: ServerConfig) -> Result<Self, ServerError> {
         config.validate()?;
+        // Refused before anything is touched: clients could not use what it advertises.
+        let advertised = config.advertised_ip()?;
         let dir = &config.data_dir;
         let dir_err = |source| ServerError::DataDir {
             path: dir.clone(),
@@ -111,6 +114,8 @@ impl Server {
         };
         std::fs::create_dir_all(dir).map_err(dir_err)?;
         let lock = lock_data_dir(dir)?;
+        // Before anything else touches the region: the previous one is retired below.
+        room::check_region_room(&config)?;
         let replica_dirs = config.replica_dirs();
         let (resumes, stores) = recover(&config, &replica_dirs)?;
         // Always a fresh region, refilled from what recovery found.
@@ -184,12 +189,14 @@ impl Server {
         let control_addr = listener
             .local_addr()
             .map_err(|e| ServerError::Start(format!("control API: {e}")))?;
+        // Clients connect where the brokers are advertised, not where they bind.
+        let advertise = |b: &Broker| SocketAddr::new(advertised, b.local_addr().port());
         let inner = Arc::new(Inner {
             brokers: brokers
                 .iter()
                 .map(|b| BrokerInfo {
                     id: b.id(),
-                    addr: b.local_addr(),
+                    addr: advertise(b),
                     metrics: b.metrics(),
                     pool: b.segment_pool(),
                 })
@@ -200,7 +207,7 @@ impl Server {
                 config.brokers,
                 &brokers
                     .iter()
-                    .map(|b| (b.id(), b.local_addr(), b.incarnation()))
+                    .map(|b| (b.id(), advertise(b), b.incarnation()))
                     .collect::<Vec<_>>(),
                 Duration::from_millis(
                     config.cluster.heartbeat_interval_ms * config.cluster.heartbeat_misses as u64,
@@ -255,8 +262,9 @@ impl Server {
         self.control_addr
     }
 
+    /// The brokers' addresses as clients reach them (`advertise`, else the bound ones).
     pub fn broker_addrs(&self) -> Vec<SocketAddr> {
-        self.brokers.iter().map(|b| b.local_addr()).collect()
+        self.inner.brokers.iter().map(|b| b.addr).collect()
     }
 
     pub fn config(&self) -> &ServerConfig {

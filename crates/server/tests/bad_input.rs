@@ -296,7 +296,6 @@ fn invalid_topics_are_refused_by_the_admin_api() {
     let t = server();
     let admin = Admin::new(&t.control());
     for (spec, status) in [
-        (TopicSpec::new("bad name", 2), 400),
         (TopicSpec::new("t", 2), 409),
         (TopicSpec::new("x", 3), 400),
         (
@@ -321,6 +320,64 @@ fn invalid_topics_are_refused_by_the_admin_api() {
         Err(Error::Admin { status: 404, .. }) => {}
         other => panic!("{other:?}"),
     }
+    // The client refuses a bad name before any request; the server refuses it too.
+    match admin.create_topic(&TopicSpec::new("bad name", 2)) {
+        Err(Error::InvalidName(message)) => assert!(message.contains("1 to 63"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    let (status, body) = post_json(
+        &t.control(),
+        "/v1/topics",
+        r#"{"name": "bad name", "order": 2}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("invalid topic name"), "{body}");
+}
+
+/// A field the API does not know is refused and named, not dropped: `"replication": 2`
+/// silently ignored would create a memory-only topic the caller meant to replicate.
+#[test]
+fn unknown_fields_of_a_topic_creation_are_refused_and_named() {
+    let t = server();
+    let (status, body) = post_json(
+        &t.control(),
+        "/v1/topics",
+        r#"{"name": "meant-replicated", "order": 2, "replication": 2}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("unknown field `replication`"), "{body}");
+    assert!(
+        matches!(
+            t.admin().describe_topic("meant-replicated"),
+            Err(Error::Admin { status: 404, .. })
+        ),
+        "the topic was not created"
+    );
+}
+
+/// One admin API request as any HTTP client sends it; returns the status and body.
+fn post_json(control: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(control).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
 }
 
 #[test]

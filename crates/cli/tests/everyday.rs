@@ -1,0 +1,398 @@
+//! Everyday use of the `embarcadero` binary (issue 22), as a user hits it: live `sub`
+//! output, what a failed `pub` says, `sub --from end`, names checked before a request,
+//! `--advertise`, the region's room on its filesystem, and the smaller rough edges.
+
+mod common;
+
+use common::{Serve, BIN};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Longest wait for one line before the test fails: a hang guard, far above any
+/// normal delay, not a measurement.
+const LINE_GUARD: Duration = Duration::from_secs(30);
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "command failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn failed(out: &Output) -> String {
+    assert!(!out.status.success(), "command succeeded unexpectedly");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The lines of a child's pipe, as they are written, read on a thread of their own.
+fn lines_of(pipe: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// The next line of `lines` that contains `marker` (others are skipped).
+fn wait_for(lines: &Receiver<String>, marker: &str) -> String {
+    loop {
+        match lines.recv_timeout(LINE_GUARD) {
+            Ok(line) if line.contains(marker) => return line,
+            Ok(_) => {}
+            Err(RecvTimeoutError::Timeout) => {
+                panic!("no line with {marker:?} within {LINE_GUARD:?}")
+            }
+            Err(RecvTimeoutError::Disconnected) => panic!("the pipe closed before {marker:?}"),
+        }
+    }
+}
+
+/// `embarcadero ARGS --control ...` with every pipe connected to the test.
+fn spawn(serve: &Serve, args: &[&str]) -> Child {
+    Command::new(BIN)
+        .args(args)
+        .args(["--control", &serve.control])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn write_line(stdin: &Mutex<ChildStdin>, line: &str) {
+    let mut stdin = stdin.lock().unwrap();
+    writeln!(stdin, "{line}").unwrap();
+    stdin.flush().unwrap();
+}
+
+/// Messages published one at a time are each printed before the next is sent. Another
+/// message every 10 ms keeps the subscriber from ever going idle for its 200 ms poll, so
+/// a `sub` that flushed only after an idle poll (or a full 8 KiB buffer, 40 s of those
+/// two-byte messages) would never print the awaited line and the test would time out.
+#[test]
+fn sub_prints_each_message_as_it_arrives() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(&dir.path().join("d"));
+    ok(&serve.run(&["topic", "create", "live", "--order", "2"], None));
+    let mut sub = spawn(&serve, &["sub", "live"]);
+    let printed = lines_of(sub.stdout.take().unwrap());
+    let mut publisher = spawn(&serve, &["pub", "live", "--linger-us", "0"]);
+    let stdin = Arc::new(Mutex::new(publisher.stdin.take().unwrap()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let ticker = {
+        let (stdin, stop) = (stdin.clone(), stop.clone());
+        // A steady trickle (load, not synchronisation): never idle, never a full buffer.
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                write_line(&stdin, ".");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    for i in 0..5 {
+        let message = format!("message-{i}");
+        write_line(&stdin, &message);
+        assert_eq!(wait_for(&printed, "message-"), message);
+    }
+    stop.store(true, Ordering::Release);
+    ticker.join().unwrap();
+    drop(stdin);
+    let published = publisher.wait_with_output().unwrap();
+    ok(&published);
+    sub.kill().unwrap();
+    sub.wait().unwrap();
+    serve.stop();
+}
+
+/// The counts a failed `pub` reports: "N message(s) of P acknowledged", and the line
+/// to resume from (reading stdin).
+fn acked_and_resume(stderr: &str) -> (u64, u64) {
+    let acked_line = stderr
+        .lines()
+        .find(|l| l.contains(" acknowledged"))
+        .unwrap_or_else(|| panic!("no acknowledged count in {stderr}"));
+    let acked: u64 = acked_line
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let resume: u64 = acked_line
+        .split("resume from line ")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next())
+        .unwrap_or_else(|| panic!("no resume line in {acked_line}"))
+        .parse()
+        .unwrap();
+    (acked, resume)
+}
+
+/// A line too large to publish: the lines before it are acknowledged, and `pub` says
+/// so, names the line, says where to resume, and exits non-zero.
+#[test]
+fn pub_with_a_bad_line_says_what_was_acknowledged_and_where_to_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(&dir.path().join("d"));
+    ok(&serve.run(&["topic", "create", "lines", "--order", "2"], None));
+    let too_large = "x".repeat(2 << 20);
+    // Last, so that all of stdin is written before `pub` can stop reading it.
+    let input = format!("one\ntwo\n{too_large}\n");
+    let out = serve.run(&["pub", "lines", "--json"], Some(&input));
+    let err = failed(&out);
+    assert!(
+        err.contains("line 3 was not published") && err.contains("exceeds"),
+        "{err}"
+    );
+    assert!(err.contains("2 messages of 2 acknowledged"), "{err}");
+    assert_eq!(acked_and_resume(&err), (2, 3));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["acked_messages"], 2);
+    assert_eq!(summary["resume_line"], 3);
+    let read = ok(&serve.run(&["sub", "lines", "--count", "2"], None));
+    assert_eq!(read, "one\ntwo\n");
+    serve.stop();
+}
+
+/// The server is SIGKILLed while `pub --ack 2` reads stdin: `pub` exits non-zero with
+/// the number of acknowledged lines, and after a restart exactly those lines (at least)
+/// are in the topic, so resuming from the line it names loses nothing.
+#[test]
+fn pub_whose_server_is_killed_says_what_was_acknowledged_and_where_to_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let serve = Serve::start(&data);
+    ok(&serve.run(
+        &["topic", "create", "kept", "--order", "2", "--rf", "2"],
+        None,
+    ));
+    let mut publisher = spawn(&serve, &["pub", "kept", "--ack", "2", "--linger-us", "0"]);
+    let stdin = Mutex::new(publisher.stdin.take().unwrap());
+    for i in 1..=5 {
+        write_line(&stdin, &format!("line-{i}"));
+    }
+    // Durable, so acknowledged or about to be: the run is well under way.
+    ok(&serve.run(&["sub", "kept", "--count", "5"], None));
+    serve.kill();
+    for i in 6..=10 {
+        // The publisher may already have given up and closed its end.
+        let _ = writeln!(stdin.lock().unwrap(), "line-{i}");
+    }
+    drop(stdin);
+    let out = publisher.wait_with_output().unwrap();
+    let err = failed(&out);
+    let (acked, resume) = acked_and_resume(&err);
+    assert!(acked <= 10, "{err}");
+    assert_eq!(resume, acked + 1, "{err}");
+    assert!(err.contains(&format!("tail -n +{resume}")), "{err}");
+
+    let serve = Serve::start(&data);
+    if acked > 0 {
+        let count = acked.to_string();
+        let read = ok(&serve.run(&["sub", "kept", "--count", &count], None));
+        let want: String = (1..=acked).map(|i| format!("line-{i}\n")).collect();
+        assert_eq!(read, want, "every acknowledged line survived");
+    }
+    serve.stop();
+}
+
+/// `sub --from end` prints only what is published after it starts, for a global order
+/// and for per-broker positions.
+#[test]
+fn sub_from_end_prints_only_new_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(&dir.path().join("d"));
+    for (topic, order) in [("total", "2"), ("fifo", "1")] {
+        ok(&serve.run(&["topic", "create", topic, "--order", order], None));
+        ok(&serve.run(&["pub", topic], Some("old-1\nold-2\nold-3\n")));
+        let mut sub = spawn(&serve, &["sub", topic, "--from", "end", "--count", "1"]);
+        let notes = lines_of(sub.stderr.take().unwrap());
+        let note = wait_for(&notes, "starting at the end");
+        assert!(note.contains(topic), "{note}");
+        ok(&serve.run(&["pub", topic], Some("new\n")));
+        let out = sub.wait_with_output().unwrap();
+        assert_eq!(ok(&out), "new\n", "topic {topic}");
+    }
+    // Negative positions get advice that works, not clap's `-- -1` tip.
+    let err = failed(&serve.run(&["sub", "total", "--from", "-1"], None));
+    assert!(
+        err.contains("--from end") && !err.contains("-- -1"),
+        "{err}"
+    );
+    serve.stop();
+}
+
+/// Names are checked before any request: `a?zzz` is not topic `a` with a query, and
+/// `../status` is not another endpoint.
+#[test]
+fn topic_names_are_checked_before_any_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(&dir.path().join("d"));
+    ok(&serve.run(&["topic", "create", "a", "--order", "2"], None));
+    for name in ["a?zzz", "../status", "a/b"] {
+        for args in [
+            vec!["topic", "describe", name],
+            vec!["sub", name],
+            vec!["pub", name],
+        ] {
+            let err = failed(&serve.run(&args, None));
+            assert!(
+                err.contains("invalid topic name") && err.contains("1 to 63 letters"),
+                "{args:?}: {err}"
+            );
+        }
+    }
+    serve.stop();
+}
+
+/// The smaller rough edges of issue 22.
+#[test]
+fn small_rough_edges_are_smoothed() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(&dir.path().join("d"));
+    ok(&serve.run(&["topic", "create", "o0", "--order", "0"], None));
+    ok(&serve.run(&["topic", "create", "o2", "--order", "2"], None));
+    // A huge generated size is bounded by the brokers' limit, not an allocation abort.
+    let err = failed(&serve.run(
+        &["pub", "o2", "--count", "1", "--size", "100000000000"],
+        None,
+    ));
+    assert!(
+        err.contains("largest message the brokers accept (1048576 bytes"),
+        "{err}"
+    );
+    // Ack 2 where the order cannot have replicas: no `--rf 2` for this topic.
+    let err = failed(&serve.run(&["pub", "o0", "--ack", "2", "--count", "1"], None));
+    assert!(
+        err.contains("order 0, which cannot have them") && err.contains("--order 2 --rf 2"),
+        "{err}"
+    );
+    let err = failed(&serve.run(&["pub", "o2", "--ack", "2", "--count", "1"], None));
+    assert!(err.contains("created with --rf 2 or more"), "{err}");
+    // One message is "1 message".
+    let out = ok(&serve.run(&["pub", "o2"], Some("only\n")));
+    assert!(out.contains("published 1 message,"), "{out}");
+    // A misspelt variable is named by client commands too.
+    let out = Command::new(BIN)
+        .args(["status", "--control", &serve.control])
+        .env("EMBARCADERO_CONTROLL", "elsewhere:1")
+        .output()
+        .unwrap();
+    ok(&out);
+    let warning = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        warning.contains("EMBARCADERO_CONTROLL") && warning.contains("EMBARCADERO_CONTROL?"),
+        "{warning}"
+    );
+    serve.stop();
+    // Booleans take the spellings of shells and service files.
+    let out = Command::new(BIN)
+        .args(["serve", "--print-config"])
+        .env("EMBARCADERO_REGION_PREFAULT", "1")
+        .output()
+        .unwrap();
+    assert!(ok(&out).contains("prefault = true"));
+    let ignored =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../.gitignore")).unwrap();
+    assert!(ignored.lines().any(|l| l == "/embarcadero-data"));
+}
+
+/// `--bind 0.0.0.0` alone would advertise brokers at 0.0.0.0: refused, saying to pass
+/// `--advertise`; with it, clients are told that host and publish and read through it.
+#[test]
+fn serve_on_every_interface_advertises_the_given_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d").display().to_string();
+    let out = Command::new(BIN)
+        .args(["serve", "--bind", "0.0.0.0", "--base-port", "0"])
+        .args(["--control-port", "0", "--data-dir", &data])
+        .output()
+        .unwrap();
+    let err = failed(&out);
+    assert!(err.contains("pass --advertise HOST"), "{err}");
+    // A follower likewise, before it contacts any head.
+    let out = Command::new(BIN)
+        .args(["broker", "--follower", "--head-addr", "127.0.0.1:1"])
+        .args(["--broker-id", "1", "--bind", "0.0.0.0"])
+        .output()
+        .unwrap();
+    let err = failed(&out);
+    assert!(err.contains("pass --advertise HOST"), "{err}");
+
+    let serve = Serve::start_with(
+        &dir.path().join("d"),
+        &["--bind", "0.0.0.0", "--advertise", "127.0.0.1"],
+    );
+    assert!(serve.control.starts_with("127.0.0.1:"), "{}", serve.control);
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(&serve.run(&["status", "--json"], None))).unwrap();
+    let advertised: Vec<&str> = status["cluster"]["brokers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["addr"].as_str().unwrap())
+        .collect();
+    assert_eq!(advertised.len(), 4);
+    assert!(
+        advertised.iter().all(|a| a.starts_with("127.0.0.1:")),
+        "{advertised:?}"
+    );
+    ok(&serve.run(&["topic", "create", "t", "--order", "2"], None));
+    ok(&serve.run(&["pub", "t"], Some("through the advertised host\n")));
+    let read = ok(&serve.run(&["sub", "t", "--count", "1"], None));
+    assert_eq!(read, "through the advertised host\n");
+    serve.stop();
+    // The configuration key and its variable.
+    let out = Command::new(BIN)
+        .args(["serve", "--print-config", "--bind", "0.0.0.0"])
+        .env("EMBARCADERO_ADVERTISE", "10.1.2.3")
+        .output()
+        .unwrap();
+    assert!(ok(&out).contains("advertise = \"10.1.2.3\""));
+}
+
+/// A region larger than its filesystem's free space is refused at start with what it
+/// needs, what is free and which settings to lower, instead of a SIGBUS later; the
+/// region file is not even created.
+#[test]
+fn serve_refuses_a_region_its_filesystem_cannot_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    // 4 brokers x 2,000,000 segments x 1 GiB: far beyond any disk.
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--base-port",
+            "0",
+            "--control-port",
+            "0",
+            "--data-dir",
+        ])
+        .arg(&data)
+        .env("EMBARCADERO_REGION_SEGMENT_BYTES", "1073741824")
+        .env("EMBARCADERO_REGION_SEGMENTS_PER_BROKER", "2000000")
+        .output()
+        .unwrap();
+    let err = failed(&out);
+    assert!(out.status.code().is_some(), "ended by a signal: {err}");
+    for part in [
+        "needs",
+        "free",
+        "region.segments_per_broker (2000000)",
+        "region.segment_bytes (1 GiB)",
+        "brokers (4)",
+    ] {
+        assert!(err.contains(part), "{part:?} missing from {err}");
+    }
+    assert!(!data.join("region").exists(), "no region file was created");
+}
