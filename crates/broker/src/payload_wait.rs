@@ -36,7 +36,23 @@ pub fn await_payload(stream: &TcpStream, len: usize, limit: Duration) -> io::Res
     }
     // The kernel caps the low-water mark at what the socket can buffer (half its largest
     // receive buffer); below `len`, the payload can never all be waiting.
-    if set_recv_lowat(stream, len)? < len {
+    let raised = set_recv_lowat(stream, len)?;
+    let arrival = wait_for_lowat(stream, len, raised, limit);
+    // Back to 1 whatever happened: the kernel wakes a reader blocked in `recv` only once
+    // the mark is reached, whatever the read's own length, so a mark left high would
+    // leave the next header's blocking read asleep beside the bytes it waits for.
+    set_recv_lowat(stream, 1)?;
+    arrival
+}
+
+/// The wait of [`await_payload`] once `SO_RCVLOWAT` is raised to `raised`.
+fn wait_for_lowat(
+    stream: &TcpStream,
+    len: usize,
+    raised: usize,
+    limit: Duration,
+) -> io::Result<Arrival> {
+    if raised < len {
         return Ok(Arrival::TooLargeForSocket);
     }
     let deadline = Instant::now() + limit;
@@ -177,6 +193,44 @@ mod tests {
             got.iter().all(|&b| b == 7),
             "nothing was consumed by the wait"
         );
+    }
+
+    /// The low-water mark raised for a payload must not outlive the wait: the kernel
+    /// would not wake a blocking read of the next (small) header until that many bytes
+    /// were there, and a client that waits for its acknowledgement sends no more.
+    #[test]
+    fn a_blocking_read_after_the_wait_wakes_for_a_small_frame() {
+        let (mut client, server) = pair();
+        client.write_all(&[1; 50]).unwrap();
+        // Half of it: the wait raises the mark, and gives up.
+        assert_eq!(
+            await_payload(&server, 100, Duration::from_millis(20)).unwrap(),
+            Arrival::TimedOut
+        );
+        let mut server = server;
+        let mut payload = [0u8; 50];
+        server.read_exact(&mut payload).unwrap();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tid_tx.send(unsafe { libc::gettid() }).unwrap();
+            let mut header = [0u8; 16];
+            server.read_exact(&mut header).map(|_| header)
+        });
+        // The bug shows only when the read is already asleep as the bytes arrive.
+        let tid = tid_rx.recv().unwrap();
+        let stat = format!("/proc/self/task/{tid}/stat");
+        while !std::fs::read_to_string(&stat)
+            .unwrap()
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .starts_with(" S")
+        {
+            std::thread::yield_now();
+        }
+        client.write_all(&[2; 16]).unwrap();
+        assert_eq!(reader.join().unwrap().unwrap(), [2; 16]);
     }
 
     #[test]

@@ -121,9 +121,15 @@ enum TopicCommand {
         /// 0: no order; 1: FIFO per broker; 2: total order; 5: total order + per-session FIFO.
         #[arg(long, default_value_t = 2)]
         order: u8,
-        /// Replication factor, counting the in-memory copy.
-        #[arg(long, default_value_t = 1)]
-        rf: u8,
+        /// Replication factor, counting the in-memory copy. Default: 2 (one disk replica:
+        /// the data survives restarts) for orders 2 and 5; 1 for orders 0 and 1, which
+        /// have no global order to replicate.
+        #[arg(long, conflicts_with = "memory_only")]
+        rf: Option<u8>,
+        /// Keep the topic in memory only (--rf 1): faster, but its data is gone after a
+        /// restart of the server.
+        #[arg(long)]
+        memory_only: bool,
         /// Acknowledgement level `embarcadero pub` uses when not given `--ack` (library
         /// publishers set theirs in `PublisherConfig::ack_level`).
         #[arg(long, default_value_t = 1)]
@@ -340,18 +346,38 @@ pub fn stop_signal() -> Result<std::sync::mpsc::Receiver<()>, String> {
     Ok(rx)
 }
 
+/// The replication factor `topic create` asks for: durable by default where the order
+/// allows disk replicas (orders 2 and 5), memory only when asked for or for orders 0/1.
+fn replication_factor(order: u8, rf: Option<u8>, memory_only: bool) -> u8 {
+    match (rf, memory_only) {
+        (Some(rf), _) => rf,
+        (None, true) => 1,
+        (None, false) if order >= 2 => 2,
+        (None, false) => {
+            eprintln!(
+                "note: order {order} topics are memory only (disk replicas copy the global \
+                 order, which orders 0 and 1 do not have): their data does not survive a \
+                 restart; use --order 2 for a durable topic"
+            );
+            1
+        }
+    }
+}
+
 fn topic(cmd: TopicCommand) -> CliResult {
     match cmd {
         TopicCommand::Create {
             name,
             order,
             rf,
+            memory_only,
             default_ack,
             retention_bytes,
             retention_ms,
             control,
             json,
         } => {
+            let rf = replication_factor(order, rf, memory_only);
             let info = Admin::new(&control.control)
                 .create_topic(&TopicSpec {
                     name,

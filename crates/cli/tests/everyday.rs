@@ -396,3 +396,36 @@ fn serve_refuses_a_region_its_filesystem_cannot_hold() {
     }
     assert!(!data.join("region").exists(), "no region file was created");
 }
+
+/// Issue 22: `topic create` keeps a topic's data across restarts unless asked not to.
+/// A topic created with no flags survives a SIGKILL of the server and the loss of its
+/// region file; `--memory-only` makes one that does not keep its data; an order-0 topic
+/// cannot have disk replicas and says so.
+#[test]
+fn topics_are_durable_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let serve = Serve::start(&data);
+    let made = ok(&serve.run(&["topic", "create", "kept", "--json"], None));
+    let made: serde_json::Value = serde_json::from_str(&made).unwrap();
+    assert_eq!(made["replication_factor"], 2, "{made}");
+    let made = ok(&serve.run(
+        &["topic", "create", "fleeting", "--memory-only", "--json"],
+        None,
+    ));
+    let made: serde_json::Value = serde_json::from_str(&made).unwrap();
+    assert_eq!(made["replication_factor"], 1, "{made}");
+    let out = serve.run(&["topic", "create", "unordered", "--order", "0"], None);
+    ok(&out);
+    let note = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(note.contains("memory only"), "{note}");
+    ok(&serve.run(&["pub", "kept", "--ack", "2"], Some("a\nb\n")));
+    serve.kill();
+    std::fs::remove_file(data.join("region")).unwrap();
+    let serve = Serve::start(&data);
+    assert_eq!(
+        ok(&serve.run(&["sub", "kept", "--count", "2"], None)),
+        "a\nb\n"
+    );
+    serve.stop();
+}
