@@ -261,7 +261,10 @@ fn small_rough_edges_are_smoothed() {
     let dir = tempfile::tempdir().unwrap();
     let serve = Serve::start(&dir.path().join("d"));
     ok(&serve.run(&["topic", "create", "o0", "--order", "0"], None));
-    ok(&serve.run(&["topic", "create", "o2", "--order", "2"], None));
+    ok(&serve.run(
+        &["topic", "create", "o2", "--order", "2", "--memory-only"],
+        None,
+    ));
     // A huge generated size is bounded by the brokers' limit, not an allocation abort.
     let err = failed(&serve.run(
         &["pub", "o2", "--count", "1", "--size", "100000000000"],
