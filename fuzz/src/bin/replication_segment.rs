@@ -110,7 +110,8 @@ fn main() {
         }
         let _ = reader.seek_position(u64_at(data, 10).wrapping_add(split as u64), next);
 
-        if ctl & APPEND != 0 {
+        // A GOI index or position of 2^64 - 1 is never reached: no append there.
+        if ctl & APPEND != 0 && next < u64::MAX && store.next_position() < u64::MAX - 1 {
             let body = b"after recovery";
             let h = RecordHeader {
                 seq: next,
