@@ -154,6 +154,13 @@ const fn round_up(n: u64, to: u64) -> u64 {
 impl Layout {
     pub fn new(caps: Capacities) -> Result<Self, RegionError> {
         caps.validate()?;
+        // The capacities may come from a region file's header or a configuration file:
+        // sizes that overflow are an error, not a wrapped layout.
+        let too_big =
+            || RegionError::BadCapacities(format!("{caps:?} make a region of 2^64 bytes or more"));
+        let add = |a: u64, b: u64| a.checked_add(b).ok_or_else(too_big);
+        let mul = |a: u64, b: u64| a.checked_mul(b).ok_or_else(too_big);
+        let up = |n: u64, to: u64| n.checked_next_multiple_of(to).ok_or_else(too_big);
         let b = caps.brokers as u64;
         let topic_seq_rel = TOPIC_META_LEN;
         let topic_bell_rel = topic_seq_rel + TOPIC_SEQ_LEN;
@@ -162,17 +169,26 @@ impl Layout {
         let readers_rel = replicas_rel + MAX_REPLICAS as u64 * REPLICA_LINE_LEN;
         let sessions_rel = readers_rel + READERS_LINE_LEN + READER_SLOTS as u64 * READER_SLOT_LEN;
         let goi_rel = round_up(sessions_rel + SESSION_SLOTS as u64 * SESSION_SLOT_LEN, PAGE);
-        let per_broker_rel = goi_rel + caps.goi_slots * GOI_ENTRY_LEN;
-        let seg_map_rel_in_broker = caps.pbr_slots * PBR_SLOT_LEN;
-        let per_broker_stride = round_up(
-            seg_map_rel_in_broker + caps.seg_map_slots * SEG_MAP_ENTRY_LEN,
+        let per_broker_rel = add(goi_rel, mul(caps.goi_slots, GOI_ENTRY_LEN)?)?;
+        let seg_map_rel_in_broker = mul(caps.pbr_slots, PBR_SLOT_LEN)?;
+        let per_broker_stride = up(
+            add(
+                seg_map_rel_in_broker,
+                mul(caps.seg_map_slots, SEG_MAP_ENTRY_LEN)?,
+            )?,
             PAGE,
-        );
-        let topic_stride = round_up(per_broker_rel + b * per_broker_stride, PAGE);
+        )?;
+        let topic_stride = up(add(per_broker_rel, mul(b, per_broker_stride)?)?, PAGE)?;
         let control_off = HEADER_LEN;
         let topics_off = control_off + CONTROL_LEN;
-        let segments_off = round_up(topics_off + caps.max_topics as u64 * topic_stride, 1 << 21);
-        let total_len = segments_off + b * caps.segments_per_broker as u64 * caps.segment_bytes;
+        let segments_off = up(
+            add(topics_off, mul(caps.max_topics as u64, topic_stride)?)?,
+            1 << 21,
+        )?;
+        let total_len = add(
+            segments_off,
+            mul(mul(b, caps.segments_per_broker as u64)?, caps.segment_bytes)?,
+        )?;
         Ok(Self {
             caps,
             control_off,
@@ -319,6 +335,43 @@ mod tests {
             },
         ] {
             assert!(Layout::new(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// Found by fuzzing the region header check (`fuzz/`, target `region_header`): a
+    /// header (or a configuration) with huge capacities made the size computation
+    /// overflow, a panic in debug builds and a wrapped, too small layout in release.
+    #[test]
+    fn capacities_too_large_for_64_bits_are_refused() {
+        let ok = Capacities::default();
+        for bad in [
+            Capacities {
+                goi_slots: 1 << 60,
+                ..ok
+            },
+            Capacities {
+                pbr_slots: 1 << 62,
+                ..ok
+            },
+            Capacities {
+                seg_map_slots: 1 << 63,
+                ..ok
+            },
+            Capacities {
+                segment_bytes: u64::MAX - 4095,
+                ..ok
+            },
+            Capacities {
+                pbr_slots: 1 << 50,
+                max_topics: 4096,
+                brokers: MAX_BROKERS,
+                ..ok
+            },
+        ] {
+            assert!(
+                matches!(Layout::new(bad), Err(RegionError::BadCapacities(_))),
+                "{bad:?}"
+            );
         }
     }
 }

@@ -20,6 +20,8 @@ const H_INIT_DONE: u64 = 88;
 const H_BOOT_ID: u64 = 96; // 2 words: the kernel boot id when the region was created
 const H_RETIRED: u64 = 112; // nonzero once a restarted head has replaced this region
 const INIT_DONE_TOKEN: u64 = 0x454d_4244_5245_4459; // "EMBDREDY"
+/// Bytes of the header that [`Region::check_header`] reads.
+pub const ATTACH_HEAD_LEN: usize = 96;
 
 // Control block: fencing epoch and sequencer lease, then doorbells on their own lines.
 const C_FENCING_EPOCH: u64 = 0;
@@ -177,13 +179,33 @@ impl Region {
             .open(path)
             .map_err(io)?;
         let file_len = file.metadata().map_err(io)?.len();
-        let mut head = [0u8; 96];
+        let mut head = [0u8; ATTACH_HEAD_LEN];
         if file_len < head.len() as u64 {
             return Err(RegionError::BadMagic {
                 path: path.to_path_buf(),
             });
         }
         std::os::unix::fs::FileExt::read_exact_at(&file, &mut head, 0).map_err(io)?;
+        let layout = Self::check_header(path, &head, file_len, expected)?;
+        Self::map(path, file, layout)
+    }
+
+    /// The header check of [`Region::attach`], on the first bytes of a region file of
+    /// `file_len` bytes: magic, version, initialisation, the capacities (against
+    /// `expected` when given) and the total length. Returns the layout to map. The
+    /// bytes are untrusted (any file can be named as the region), so every failure is
+    /// an error, never a panic.
+    pub fn check_header(
+        path: &Path,
+        head: &[u8],
+        file_len: u64,
+        expected: Option<Capacities>,
+    ) -> Result<Layout, RegionError> {
+        if head.len() < ATTACH_HEAD_LEN || file_len < ATTACH_HEAD_LEN as u64 {
+            return Err(RegionError::BadMagic {
+                path: path.to_path_buf(),
+            });
+        }
         let word = |off: usize| u64::from_le_bytes(head[off..off + 8].try_into().unwrap());
         if head[0..8] != REGION_MAGIC {
             return Err(RegionError::BadMagic {
@@ -243,7 +265,7 @@ impl Region {
                 expected: layout.total_len,
             });
         }
-        Self::map(path, file, layout)
+        Ok(layout)
     }
 
     fn map(path: &Path, file: File, layout: Layout) -> Result<Self, RegionError> {

@@ -123,7 +123,8 @@ pub fn fold_session(
         m.key_hash = key_hash;
     }
     m.epoch = m.epoch.max(epoch);
-    m.hwm = m.hwm.max(client_seq + 1);
+    // Saturating: the bytes come from disk, and a sequence of u64::MAX must not panic.
+    m.hwm = m.hwm.max(client_seq.saturating_add(1));
     m.last_seq = m.last_seq.max(seq);
 }
 
@@ -232,7 +233,16 @@ impl TopicStore {
                 break;
             }
             let last = i + 1 == count;
-            let (file, scan) = scan_segment(f, last, &mut payload, &mut store.sessions)?;
+            let sessions_before = store.sessions.clone();
+            let (mut file, mut scan) = scan_segment(f, last, &mut payload, &mut store.sessions)?;
+            if scan.torn && !last {
+                // A damaged closed segment becomes the active one: its payloads were not
+                // checked (a closed segment was synced whole), but records will be
+                // appended after them, and the next start checks them as the last
+                // segment's; a bad one found then would cut the records appended since.
+                store.sessions = sessions_before;
+                (file, scan) = scan_segment(f, true, &mut payload, &mut store.sessions)?;
+            }
             if scan.torn {
                 tracing::warn!(
                     path = %f.path.display(),
@@ -655,7 +665,13 @@ fn scan_segment(
             Some(Err(_)) => break true,
             Some(Ok(h)) => h,
         };
-        if h.seq != next_seq || h.total_order != next_position || off + h.record_len() > file_len {
+        if h.seq != next_seq
+            || h.total_order != next_position
+            || off + h.record_len() > file_len
+            // Positions and indices past 2^64 are damage, never a log.
+            || h.seq == u64::MAX
+            || h.total_order.checked_add(h.num_msg as u64).is_none()
+        {
             break true;
         }
         if last {
@@ -1062,6 +1078,71 @@ pub(crate) mod tests {
             !aside.iter().any(|(n, _)| n.ends_with(".partial")),
             "no copy is left half-named"
         );
+    }
+
+    /// Found by fuzzing (`fuzz/`, target `replication_segment`): a closed segment with a
+    /// damaged header became the active segment with its payloads unchecked; a bad
+    /// payload before the damage then cut, at the next start, records appended and
+    /// synced after this one (durable records deleted, with no copy kept).
+    #[test]
+    fn a_damaged_closed_segment_has_its_payloads_checked_before_appends_follow() {
+        let dir = tempfile::tempdir().unwrap();
+        let segments = four_segments(dir.path());
+        let f = OpenOptions::new()
+            .write(true)
+            .open(&segments[1].path)
+            .unwrap();
+        // Bit rot in the first record's payload and the second record's header.
+        f.write_all_at(&[0xff; 8], 100).unwrap();
+        f.write_all_at(&[0xff; 8], 180).unwrap();
+        let mut s = TopicStore::open(dir.path(), 300).unwrap();
+        assert_eq!(s.next_seq(), 2, "the bad payload is found now");
+        fill(&mut s, 1);
+        s.sync().unwrap();
+        drop(s);
+        let s = TopicStore::open(dir.path(), 300).unwrap();
+        assert_eq!(s.next_seq(), 3, "the synced record survives the next start");
+    }
+
+    /// Found by fuzzing: a record (whole, checksums right) whose session sequence is
+    /// u64::MAX overflowed the session's high-water mark at open.
+    #[test]
+    fn a_session_sequence_of_u64_max_does_not_overflow_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = TopicStore::open(dir.path(), 1 << 20).unwrap();
+        let payload = [1u8; 10];
+        let h = RecordHeader {
+            client_seq: u64::MAX,
+            ..record(0, 0, &payload)
+        };
+        s.append(&h, &payload).unwrap();
+        s.sync().unwrap();
+        drop(s);
+        let s = TopicStore::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(s.next_seq(), 1);
+        assert_eq!(s.sessions()[&5].hwm, u64::MAX);
+    }
+
+    /// Found by fuzzing: a segment named near the end of the position space, with a
+    /// record whose messages run past 2^64, overflowed at open; it is damage, cut off.
+    #[test]
+    fn positions_past_2_pow_64_are_damage_not_a_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let payload = [1u8; 10];
+        let mut h = record(7, u64::MAX - 1, &payload);
+        let mut bytes = h.encode().to_vec();
+        bytes.extend_from_slice(&payload);
+        std::fs::write(dir.path().join(segment_name(7, u64::MAX - 1)), &bytes).unwrap();
+        let s = TopicStore::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!((s.next_seq(), s.next_position()), (7, u64::MAX - 1));
+        drop(s);
+        h = record(u64::MAX, 0, &payload);
+        let mut bytes = h.encode().to_vec();
+        bytes.extend_from_slice(&payload);
+        let other = tempfile::tempdir().unwrap();
+        std::fs::write(other.path().join(segment_name(u64::MAX, 0)), &bytes).unwrap();
+        let s = TopicStore::open(other.path(), 1 << 20).unwrap();
+        assert_eq!(s.next_seq(), u64::MAX);
     }
 
     #[test]

@@ -505,12 +505,12 @@ impl ServerConfig {
         let dirs: Vec<String> = self
             .replica_dirs()
             .iter()
-            .map(|d| d.display().to_string())
+            .map(|d| comment_text(&d.display().to_string()))
             .collect();
         let mut derived = String::new();
         if self.region.path.as_os_str().is_empty() {
-            let path = self.region_path();
-            derived += &format!("#   region.path = \"\" means {}\n", path.display());
+            let path = comment_text(&self.region_path().display().to_string());
+            derived += &format!("#   region.path = \"\" means {path}\n");
         }
         if self.replication.dirs.is_empty() {
             derived += &format!("#   replication.dirs = [] means {}\n", dirs.join(", "));
@@ -538,6 +538,21 @@ pub fn resolve_host(host: &str) -> Result<IpAddr, ConfigError> {
         .next()
         .map(|a| a.ip())
         .ok_or_else(|| unresolved("no address".into()))
+}
+
+/// `text` fit for a TOML comment: control characters (a line break would end the
+/// comment, a carriage return is not allowed in one) written as escapes.
+fn comment_text(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
 }
 
 fn merge(base: &mut toml::Value, overlay: toml::Value) {
@@ -638,6 +653,28 @@ fn parse_like(like: &toml::Value, raw: &str) -> Result<toml::Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by fuzzing (`fuzz/`, target `config_toml`): a data_dir with a carriage
+    /// return or a line break went raw into the comments of `to_toml`, so the printed
+    /// configuration did not load (or, with a line break, held a line of its own).
+    #[test]
+    fn printed_configuration_loads_whatever_the_data_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        for data_dir in [
+            "emb\rcadero-data",
+            "x\n[broker]\nmax_connections = 1",
+            "plain",
+        ] {
+            let config = ServerConfig {
+                data_dir: data_dir.into(),
+                ..Default::default()
+            };
+            let path = dir.path().join("printed.toml");
+            std::fs::write(&path, config.to_toml()).unwrap();
+            let again = ServerConfig::load_with_env(Some(&path), Vec::new()).unwrap();
+            assert_eq!(again, config, "{data_dir:?}");
+        }
+    }
 
     #[test]
     fn misspelt_environment_names_are_listed_with_the_setting_they_meant() {

@@ -69,7 +69,7 @@ fn route(inner: &Inner, request: &Request) -> (u16, &'static str, String) {
 }
 
 /// The request body as JSON of type `T`, or the 400 response that says what is wrong.
-fn read_json<T: serde::de::DeserializeOwned>(
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(
     request: &Request,
     example: &str,
 ) -> Result<T, (u16, &'static str, String)> {
@@ -146,24 +146,27 @@ fn cluster(inner: &Inner) -> serde_json::Value {
 /// `POST /v1/failover`: fences the dead broker and answers which of the client's
 /// batches through it (by batch id) are in the global order (and durable, for ack
 /// level 2). 409 while the broker is not declared dead yet.
+/// The body of `POST /v1/failover`.
+#[derive(serde::Deserialize)]
+pub(crate) struct FailoverCall {
+    topic: String,
+    broker: u32,
+    /// The broker process the batches went to (from `/v1/cluster`); absent: the
+    /// one serving the id now.
+    #[serde(default)]
+    incarnation: Option<u64>,
+    client_id: u64,
+    batch_ids: Vec<u64>,
+    #[serde(default = "one")]
+    ack_level: u8,
+}
+
+fn one() -> u8 {
+    1
+}
+
 fn failover_call(inner: &Inner, request: &Request) -> (u16, &'static str, String) {
-    #[derive(serde::Deserialize)]
-    struct Call {
-        topic: String,
-        broker: u32,
-        /// The broker process the batches went to (from `/v1/cluster`); absent: the
-        /// one serving the id now.
-        #[serde(default)]
-        incarnation: Option<u64>,
-        client_id: u64,
-        batch_ids: Vec<u64>,
-        #[serde(default = "one")]
-        ack_level: u8,
-    }
-    fn one() -> u8 {
-        1
-    }
-    let call: Call = match read_json(
+    let call: FailoverCall = match read_json(
         request,
         r#"{"topic": "t", "broker": 2, "client_id": 7, "batch_ids": [40, 41], "ack_level": 1}"#,
     ) {
@@ -241,13 +244,15 @@ fn failover_call(inner: &Inner, request: &Request) -> (u16, &'static str, String
 }
 
 /// `POST /v1/cluster/claim`: `{"id","incarnation"}`; answers how many logs it fenced.
+/// The body of `POST /v1/cluster/claim`.
+#[derive(serde::Deserialize)]
+pub(crate) struct ClaimCall {
+    id: u32,
+    incarnation: u64,
+}
+
 fn claim_call(inner: &Inner, request: &Request) -> (u16, &'static str, String) {
-    #[derive(serde::Deserialize)]
-    struct Call {
-        id: u32,
-        incarnation: u64,
-    }
-    let call: Call = match read_json(request, r#"{"id": 1, "incarnation": 7}"#) {
+    let call: ClaimCall = match read_json(request, r#"{"id": 1, "incarnation": 7}"#) {
         Ok(c) => c,
         Err(e) => return e,
     };
@@ -280,15 +285,17 @@ fn claim_call(inner: &Inner, request: &Request) -> (u16, &'static str, String) {
 }
 
 /// `POST /v1/cluster/join` and `/v1/cluster/heartbeat`: `{"id","addr","incarnation"}`.
+/// The body of `POST /v1/cluster/join` and `/v1/cluster/heartbeat`.
+#[derive(serde::Deserialize)]
+pub(crate) struct MembershipCall {
+    id: u32,
+    #[serde(default)]
+    addr: Option<std::net::SocketAddr>,
+    incarnation: u64,
+}
+
 fn membership_call(inner: &Inner, request: &Request, join: bool) -> (u16, &'static str, String) {
-    #[derive(serde::Deserialize)]
-    struct Call {
-        id: u32,
-        #[serde(default)]
-        addr: Option<std::net::SocketAddr>,
-        incarnation: u64,
-    }
-    let call: Call = match read_json(
+    let call: MembershipCall = match read_json(
         request,
         r#"{"id": 1, "addr": "10.0.0.2:1215", "incarnation": 7}"#,
     ) {

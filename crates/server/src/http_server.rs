@@ -268,73 +268,21 @@ fn read_some(stream: &mut TcpStream, buf: &mut Vec<u8>, due: Instant) -> Result<
 fn read_request(stream: &mut TcpStream, due: Instant) -> Result<Request, RequestError> {
     let mut buf = Vec::new();
     let head_len = loop {
-        let end = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
-        if end.unwrap_or(buf.len()) > MAX_HEAD {
-            return Err(refused(
-                431,
-                format!("request headers longer than {MAX_HEAD} bytes"),
-            ));
-        }
-        if let Some(end) = end {
+        if let Some(end) = head_end(&buf).map_err(RequestError::Refused)? {
             break end;
         }
         read_some(stream, &mut buf, due)?;
     };
     let mut body = buf.split_off(head_len);
-    let head = std::str::from_utf8(&buf)
-        .map_err(|_| refused(400, "request headers are not UTF-8 text"))?;
-    let mut lines = head.split("\r\n");
-    let request_line = lines.next().unwrap_or("");
-    let mut parts = request_line.split(' ');
-    let (Some(method), Some(url), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(refused(
-            400,
-            format!("malformed request line {request_line:?}"),
-        ));
-    };
-    if !matches!(version, "HTTP/1.0" | "HTTP/1.1") || method.is_empty() || !url.starts_with('/') {
-        return Err(refused(
-            400,
-            format!("malformed request line {request_line:?}"),
-        ));
-    }
-    let mut content_length = 0usize;
-    let mut expect_continue = false;
-    for line in lines.filter(|l| !l.is_empty()) {
-        let Some((name, value)) = line.split_once(':') else {
-            return Err(refused(400, format!("malformed header line {line:?}")));
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
-            content_length = value
-                .parse()
-                .map_err(|_| refused(400, format!("bad Content-Length {value:?}")))?;
-            if content_length > MAX_BODY {
-                return Err(refused(
-                    413,
-                    format!(
-                        "request body of {content_length} bytes; at most {MAX_BODY} are accepted"
-                    ),
-                ));
-            }
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            return Err(refused(
-                411,
-                "send the body with a Content-Length, not chunked",
-            ));
-        } else if name.eq_ignore_ascii_case("expect") {
-            expect_continue = value.eq_ignore_ascii_case("100-continue");
-        }
-    }
+    let head = parse_head(&buf).map_err(RequestError::Refused)?;
+    let content_length = head.content_length;
     if body.len() > content_length {
         return Err(refused(
             400,
             "more bytes than the Content-Length; one request per connection",
         ));
     }
-    if expect_continue && version == "HTTP/1.1" && body.len() < content_length {
+    if head.expect_continue && head.http11 && body.len() < content_length {
         stream
             .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
             .map_err(|_| RequestError::Gone)?;
@@ -349,9 +297,100 @@ fn read_request(stream: &mut TcpStream, due: Instant) -> Result<Request, Request
         }
     }
     Ok(Request {
+        method: head.method,
+        url: head.url,
+        body,
+    })
+}
+
+/// Where the head (request line and headers, up to and including the blank line) of the
+/// bytes received so far ends: `Ok(None)` while it is incomplete, the 431 answer once it
+/// is longer than allowed.
+pub fn head_end(received: &[u8]) -> Result<Option<usize>, Response> {
+    let end = received
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|i| i + 4);
+    if end.unwrap_or(received.len()) > MAX_HEAD {
+        return Err(Response::error(
+            431,
+            format!("request headers longer than {MAX_HEAD} bytes"),
+        ));
+    }
+    Ok(end)
+}
+
+/// What a request's head says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHead {
+    pub method: String,
+    pub url: String,
+    /// HTTP/1.1 (else 1.0).
+    pub http11: bool,
+    pub content_length: usize,
+    /// `Expect: 100-continue`.
+    pub expect_continue: bool,
+}
+
+/// Parses a request's head (the bytes [`head_end`] delimits; untrusted): the request
+/// line and the headers this server acts on. A refusal is the response that says why.
+pub fn parse_head(head: &[u8]) -> Result<RequestHead, Response> {
+    let head = std::str::from_utf8(head)
+        .map_err(|_| Response::error(400, "request headers are not UTF-8 text"))?;
+    let mut lines = head.split("\r\n");
+    let request_line = lines.next().unwrap_or("");
+    let mut parts = request_line.split(' ');
+    let (Some(method), Some(url), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(Response::error(
+            400,
+            format!("malformed request line {request_line:?}"),
+        ));
+    };
+    if !matches!(version, "HTTP/1.0" | "HTTP/1.1") || method.is_empty() || !url.starts_with('/') {
+        return Err(Response::error(
+            400,
+            format!("malformed request line {request_line:?}"),
+        ));
+    }
+    let mut content_length = 0usize;
+    let mut expect_continue = false;
+    for line in lines.filter(|l| !l.is_empty()) {
+        let Some((name, value)) = line.split_once(':') else {
+            return Err(Response::error(
+                400,
+                format!("malformed header line {line:?}"),
+            ));
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("content-length") {
+            content_length = value
+                .parse()
+                .map_err(|_| Response::error(400, format!("bad Content-Length {value:?}")))?;
+            if content_length > MAX_BODY {
+                return Err(Response::error(
+                    413,
+                    format!(
+                        "request body of {content_length} bytes; at most {MAX_BODY} are accepted"
+                    ),
+                ));
+            }
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            return Err(Response::error(
+                411,
+                "send the body with a Content-Length, not chunked",
+            ));
+        } else if name.eq_ignore_ascii_case("expect") {
+            expect_continue = value.eq_ignore_ascii_case("100-continue");
+        }
+    }
+    Ok(RequestHead {
         method: method.to_string(),
         url: url.to_string(),
-        body,
+        http11: version == "HTTP/1.1",
+        content_length,
+        expect_continue,
     })
 }
 

@@ -16,6 +16,8 @@ pub mod cpu;
 pub mod election;
 pub mod failover;
 pub mod follower;
+#[doc(hidden)]
+pub mod fuzzing;
 mod http;
 mod http_server;
 mod room;
