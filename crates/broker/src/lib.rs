@@ -144,6 +144,10 @@ pub struct BrokerMetrics {
     /// Order 5: hellos and connections refused because their session is bound to
     /// another key (SessionKeyMismatch): hijack attempts, or clients that lost their key.
     pub session_key_refusals: AtomicU64,
+    /// Orders 0 and 1: service rounds that stopped numbering a log's batches because
+    /// the next one would reach its topic's position ceiling (the control plane fell
+    /// behind raising it).
+    pub ceiling_stalls: AtomicU64,
     pub stages: StageTimes,
 }
 

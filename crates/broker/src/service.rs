@@ -140,16 +140,36 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
 }
 
 /// Moves `written_frontier` over newly committed slots, numbering their messages.
+///
+/// Orders 0 and 1: the numbers are the topic's per-broker positions, so none may reach
+/// the topic's position ceiling (`Region::position_ceiling`): a batch that would waits
+/// here, holding back the ones behind it, until the control plane raises the ceiling,
+/// which it does long before (one load per round and one compare per batch).
 fn advance_frontier(shared: &Shared, topic: u32, st: &mut LogState) -> bool {
     let region = &shared.region;
     let broker = shared.config.broker_id;
     let start = st.frontier;
+    let ceiling = if st.order <= 1 {
+        region.position_ceiling(topic).load(Ordering::Acquire)
+    } else {
+        // Orders 2 and 5 number messages per broker too, but their positions are the
+        // sequencer's, which it checks against the ceiling itself.
+        embarcadero_region::NO_POSITION_CEILING
+    };
     while st.frontier - start < MAX_SLOTS_PER_ROUND {
         let Some(h) = region.pbr_read(topic, broker, st.frontier) else {
             break;
         };
+        let valid = h.flags & BatchFlags::VALID != 0;
+        if valid && st.msgs.saturating_add(h.num_msg as u64) > ceiling {
+            shared
+                .metrics
+                .ceiling_stalls
+                .fetch_add(1, Ordering::Relaxed);
+            break;
+        }
         region.pbr_set_start_offset(topic, broker, st.frontier, st.msgs);
-        if h.flags & BatchFlags::VALID != 0 {
+        if valid {
             st.msgs += h.num_msg as u64;
         }
         st.written_end = h.log_offset + h.total_size;

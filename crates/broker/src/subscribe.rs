@@ -336,15 +336,26 @@ enum Locate {
 
 /// Finds the GOI entry holding global position `pos`.
 fn locate_global(region: &Region, topic: u32, pos: u64) -> Locate {
-    let committed = region
-        .topic_seq(topic)
-        .committed_seq
-        .load(Ordering::Acquire);
+    let seq = region.topic_seq(topic);
+    let committed = seq.committed_seq.load(Ordering::Acquire);
+    // Nothing readable in the GOI (none committed in this region yet, or a race with a
+    // wrap): a position below the region's first one is not coming back (memory-only
+    // topics; a replicated topic's is looked for on disk), so the subscriber need not
+    // wait for new data to learn it. Every entry is at or above that first position,
+    // so naming it never skips a message.
+    let empty = || {
+        let start = seq.start_position.load(Ordering::Acquire);
+        if pos < start {
+            Locate::Gone { first: start }
+        } else {
+            Locate::NotYet
+        }
+    };
     if committed == 0 {
-        return Locate::NotYet;
+        return empty();
     }
     let Some(last) = region.goi_read(topic, committed - 1) else {
-        return Locate::NotYet;
+        return empty();
     };
     if pos >= last.total_order + last.num_msg as u64 {
         return Locate::Ahead;

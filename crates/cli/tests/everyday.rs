@@ -432,3 +432,66 @@ fn topics_are_durable_by_default() {
     );
     serve.stop();
 }
+
+/// A memory-only topic never reuses a position: the server is SIGKILLed and its region
+/// file deleted (a reboot loses it too); after the restart `topic describe` shows the
+/// positions moved past every old one, `sub --from` an old position is refused naming
+/// the first available one, and new messages take positions from there.
+#[test]
+fn memory_only_positions_move_forward_after_sigkill_and_a_lost_region() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let serve = Serve::start(&data);
+    for (topic, order) in [("fifo", "1"), ("total", "2")] {
+        ok(&serve.run(
+            &["topic", "create", topic, "--order", order, "--memory-only"],
+            None,
+        ));
+        ok(&serve.run(&["pub", topic], Some("a\nb\nc\n")));
+    }
+    serve.kill();
+    std::fs::remove_file(data.join("region")).unwrap();
+    let serve = Serve::start(&data);
+    let describe = |topic: &str| -> serde_json::Value {
+        serde_json::from_str(&ok(
+            &serve.run(&["topic", "describe", topic, "--json"], None)
+        ))
+        .unwrap()
+    };
+    let next = describe("total")["next_position"].as_u64().unwrap();
+    assert!(next >= 3, "the global position moved past 0, 1, 2: {next}");
+    let fifo = describe("fifo");
+    let per_broker: Vec<u64> = fifo["brokers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["messages"].as_u64().unwrap())
+        .collect();
+    assert!(per_broker.iter().all(|p| *p >= 3), "{per_broker:?}");
+
+    let err = failed(&serve.run(&["sub", "total", "--from", "0", "--count", "1"], None));
+    assert!(
+        err.contains(&format!("first available position is {next}")),
+        "{err}"
+    );
+    let zeros = vec!["0"; per_broker.len()].join(",");
+    let err = failed(&serve.run(&["sub", "fifo", "--from", &zeros, "--count", "1"], None));
+    assert!(
+        err.contains(&format!("first available position is {}", per_broker[0])),
+        "{err}"
+    );
+    ok(&serve.run(&["pub", "total"], Some("d\n")));
+    let from = next.to_string();
+    let line = ok(&serve.run(
+        &[
+            "sub", "total", "--from", &from, "--count", "1", "--format", "jsonl",
+        ],
+        None,
+    ));
+    let m: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+    assert_eq!(
+        (m["global_seq"].as_u64(), m["payload"].as_str()),
+        (Some(next), Some("d"))
+    );
+    serve.stop();
+}

@@ -13,7 +13,9 @@
 use crate::RegionError;
 
 pub const REGION_MAGIC: [u8; 8] = *b"EMBREGN\0";
-pub const LAYOUT_VERSION: u32 = 4;
+/// 5: the topic's position ceiling (`Region::position_ceiling`), which every process
+/// that hands out positions must respect.
+pub const LAYOUT_VERSION: u32 = 5;
 pub const PAGE: u64 = 4096;
 
 pub const HEADER_LEN: u64 = PAGE;

@@ -32,6 +32,7 @@ pub use region::{
 };
 pub use slots::{
     session_idle, GoiEntry, SessionRecord, SessionState, TopicMeta, TopicState, GOI_SESSION_START,
+    NO_POSITION_CEILING,
 };
 
 use std::path::PathBuf;

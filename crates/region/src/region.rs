@@ -41,6 +41,14 @@ const T_NAME: u64 = 24; // 64 bytes = 8 words
 const T_CREATED_MS: u64 = 88;
 const T_RETENTION_BYTES: u64 = 96;
 const T_RETENTION_MS: u64 = 104;
+/// The position ceiling of a memory-only topic, on a line of its own: the sequencer
+/// (orders 2, 5) and every broker (orders 0, 1) read it once per epoch or service round,
+/// while the other meta words are read only when a topic is looked up. Written by the
+/// control plane only (one writer per field), and only raised once the new value is on
+/// disk: see [`Region::position_ceiling`].
+const T_POSITION_CEILING: u64 = 128;
+const _: () = assert!(T_RETENTION_MS + 8 <= T_POSITION_CEILING);
+const _: () = assert!(T_POSITION_CEILING + 64 <= crate::layout::TOPIC_META_LEN);
 
 // Replica line words.
 const R_DURABLE_SEQ: u64 = 0;
@@ -129,6 +137,10 @@ pub struct TopicSeq<'a> {
     pub committed_seq: &'a AtomicU64,
     /// Messages covered by the committed prefix: the next global position.
     pub next_position: &'a AtomicU64,
+    /// The position this region's GOI starts at: every entry it will hold is at or
+    /// above it, and a memory-only topic's positions below it are gone. Written once,
+    /// by the start-up that seeds the line (`recovery::seed`), before any sequencer.
+    pub start_position: &'a AtomicU64,
 }
 
 impl Region {
@@ -480,6 +492,8 @@ impl Region {
             .store(meta.retention_bytes, Ordering::Relaxed);
         self.word(base + T_RETENTION_MS)
             .store(meta.retention_ms, Ordering::Relaxed);
+        self.word(base + T_POSITION_CEILING)
+            .store(meta.position_ceiling, Ordering::Relaxed);
         store_fence();
         self.word(base + T_STATE)
             .store(TopicState::Active as u64, Ordering::Release);
@@ -509,7 +523,20 @@ impl Region {
             created_unix_ms: self.word(base + T_CREATED_MS).load(Ordering::Relaxed),
             retention_bytes: self.word(base + T_RETENTION_BYTES).load(Ordering::Relaxed),
             retention_ms: self.word(base + T_RETENTION_MS).load(Ordering::Relaxed),
+            position_ceiling: self.position_ceiling(topic).load(Ordering::Relaxed),
         })
+    }
+
+    /// No position of `topic` may be handed out at or above this value (a global
+    /// position for orders 2 and 5, a per-broker one for orders 0 and 1):
+    /// [`NO_POSITION_CEILING`](crate::NO_POSITION_CEILING) for replicated topics, whose positions the disk replicas
+    /// keep. A memory-only topic restarted without its previous region starts at the
+    /// ceiling persisted beside `topics.json`, so this bound is what makes a position
+    /// never reused. Written by the control plane only (after persisting the value),
+    /// and only raised; read by the sequencer once per epoch and by each broker's
+    /// service thread once per round, never on a connection's data path.
+    pub fn position_ceiling(&self, topic: u32) -> &AtomicU64 {
+        self.word(self.layout.topic_off(topic) + T_POSITION_CEILING)
     }
 
     /// Finds an active topic by name: its slot id and metadata.
@@ -524,6 +551,7 @@ impl Region {
         TopicSeq {
             committed_seq: self.word(base),
             next_position: self.word(base + 8),
+            start_position: self.word(base + 16),
         }
     }
 
@@ -1138,6 +1166,7 @@ mod tests {
             created_unix_ms: 99,
             retention_bytes: 1 << 30,
             retention_ms: 3_600_000,
+            position_ceiling: 1 << 40,
         };
         r.write_topic_meta(0, &meta);
         assert_eq!(r.topic_meta(0).unwrap(), meta);

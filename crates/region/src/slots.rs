@@ -94,11 +94,17 @@ pub struct TopicMeta {
     pub retention_bytes: u64,
     /// ...and nothing older than this many milliseconds (0: no limit).
     pub retention_ms: u64,
+    /// No position at or above this is handed out ([`NO_POSITION_CEILING`]: no limit);
+    /// see `Region::position_ceiling`.
+    pub position_ceiling: u64,
 }
+
+/// The position ceiling of a topic whose positions need none (replicated topics).
+pub const NO_POSITION_CEILING: u64 = u64::MAX;
 
 impl TopicMeta {
     /// A topic of this order in generation 1: one replica (memory only), ack 1 by
-    /// default, no retention limits, no creation time.
+    /// default, no retention limits, no creation time, no position ceiling.
     pub fn new(name: &str, order: u8) -> Self {
         Self {
             name: name.to_string(),
@@ -109,6 +115,7 @@ impl TopicMeta {
             created_unix_ms: 0,
             retention_bytes: 0,
             retention_ms: 0,
+            position_ceiling: NO_POSITION_CEILING,
         }
     }
 }

@@ -28,6 +28,9 @@ pub struct Resume {
     pub next_position: u64,
     /// Order 5: each session's epoch and committed high-water mark.
     pub sessions: BTreeMap<u64, SessionMark>,
+    /// Orders 0 and 1: where each broker's positions continue (its log's message
+    /// count), by broker id; empty for ordered topics.
+    pub broker_positions: Vec<u64>,
 }
 
 /// A topic of the previous region: the region and the topic's slot in it.
@@ -72,6 +75,7 @@ pub fn recover_replicated(
         next_seq: stores[0].next_seq(),
         next_position: stores[0].next_position(),
         sessions,
+        broker_positions: Vec::new(),
     };
     Ok((stores, resume))
 }
@@ -251,16 +255,38 @@ pub fn resume_memory_only((region, slot): OldTopic<'_>) -> Resume {
         next_seq: committed,
         next_position: seq.next_position.load(Ordering::Acquire),
         sessions,
+        broker_positions: Vec::new(),
     }
 }
 
+/// Orders 0 and 1 of a memory-only topic: each broker's message count in the previous
+/// region (its next per-broker position), by broker id. `frontier_msgs` is stored before
+/// the written frontier, so it covers every position a subscriber could have seen.
+pub fn broker_positions_of((region, slot): OldTopic<'_>) -> Vec<u64> {
+    (0..region.capacities().brokers)
+        .map(|b| region.log(slot, b).frontier_msgs.load(Ordering::Acquire))
+        .collect()
+}
+
 /// Writes a recovered topic into a fresh region before any broker, sequencer or
-/// replica starts: its sequence line, its replicas' progress, its session table.
+/// replica starts: its sequence line, its brokers' positions (orders 0 and 1), its
+/// replicas' progress, its session table.
 pub fn seed(region: &Region, topic: u32, replication_factor: u8, resume: &Resume) {
     let seq = region.topic_seq(topic);
+    seq.start_position
+        .store(resume.next_position, Ordering::Release);
     seq.next_position
         .store(resume.next_position, Ordering::Release);
     seq.committed_seq.store(resume.next_seq, Ordering::Release);
+    // Broker-owned, but no broker runs yet; each one's service thread numbers its log's
+    // next batch from here (`written_prefix` of an empty log).
+    let brokers = region.capacities().brokers as usize;
+    for (b, p) in resume.broker_positions.iter().take(brokers).enumerate() {
+        region
+            .log(topic, b as u32)
+            .frontier_msgs
+            .store(*p, Ordering::Release);
+    }
     for r in 1..replication_factor as u32 {
         let p = region.replica(topic, r);
         p.own_durable_seq.store(resume.next_seq, Ordering::Release);

@@ -94,6 +94,10 @@ pub struct SequencerMetrics {
     pub epoch_wait_nanos: AtomicU64,
     /// Times an epoch could not be fully sealed because GOI slots were still in use.
     pub goi_full_stalls: AtomicU64,
+    /// Times an epoch could not be fully sealed because the next batch would have
+    /// reached its memory-only topic's position ceiling (the control plane raises it
+    /// long before: nonzero means it fell behind).
+    pub ceiling_stalls: AtomicU64,
     /// Order-5 sessions that gave up their table slot to a new session.
     pub sessions_evicted: AtomicU64,
     /// Order-5 batches dropped because they claimed a session bound to another key:
@@ -530,8 +534,12 @@ impl Core {
         let goi_slots = region.capacities().goi_slots;
         let sessions = t.sessions.as_mut().expect("order-5 topic");
         let start = t.tail;
+        let ceiling = region.position_ceiling(t.topic).load(Ordering::Acquire);
         let writing = Instant::now();
         while let Some(b) = sessions.ready.front().copied() {
+            if !self.below_ceiling(t.tail, &b.entry, ceiling) {
+                break;
+            }
             if !self.goi_slot_free(t.topic, t.tail.committed, goi_slots) {
                 self.metrics.goi_full_stalls.fetch_add(1, Ordering::Relaxed);
                 break;
@@ -575,13 +583,18 @@ impl Core {
         let region = &self.region;
         let goi_slots = region.capacities().goi_slots;
         let start = t.tail;
+        let ceiling = region.position_ceiling(t.topic).load(Ordering::Acquire);
         let mut ordered_upto: Vec<Option<u64>> = vec![None; t.scanners.len()];
-        let mut stalled = false;
+        let (mut stalled, mut at_ceiling) = (false, false);
         let writing = Instant::now();
         for s in &mut t.scanners {
             let mut used = 0;
             for p in &s.buffer {
                 if let Some(e) = p.entry {
+                    if !self.below_ceiling(t.tail, &e, ceiling) {
+                        at_ceiling = true;
+                        break;
+                    }
                     if !self.goi_slot_free(t.topic, t.tail.committed, goi_slots) {
                         stalled = true;
                         break;
@@ -592,7 +605,7 @@ impl Core {
                 used += 1;
             }
             s.buffer.drain(..used);
-            if stalled {
+            if stalled || at_ceiling {
                 break;
             }
         }
@@ -673,6 +686,21 @@ impl Core {
         self.metrics
             .messages_ordered
             .fetch_add(end.next_position - start.next_position, Ordering::Relaxed);
+    }
+
+    /// Whether `entry` may take the next positions: all of them below the topic's
+    /// position ceiling, which a memory-only topic restarted without its region starts
+    /// from (`Region::position_ceiling`). One compare per batch; a batch that does not
+    /// fit waits, with every batch behind it, for the control plane to raise the ceiling.
+    fn below_ceiling(&self, tail: GoiTail, entry: &GoiEntry, ceiling: u64) -> bool {
+        let fits = tail
+            .next_position
+            .checked_add(entry.num_msg as u64)
+            .is_some_and(|end| end <= ceiling);
+        if !fits {
+            self.metrics.ceiling_stalls.fetch_add(1, Ordering::Relaxed);
+        }
+        fits
     }
 
     /// GOI slot of index `g` may be overwritten only once the batch of its previous
@@ -783,6 +811,55 @@ mod tests {
         assert_eq!(r.log(1, 1).ordered_pbr.load(Ordering::Acquire), 0);
         assert_eq!(r.log(1, 2).ordered_pbr.load(Ordering::Acquire), 1);
         assert_eq!(r.pbr_read(1, 2, 0).unwrap().total_order, 3);
+    }
+
+    #[test]
+    fn no_batch_takes_a_position_at_or_above_the_ceiling_until_it_is_raised() {
+        let (_d, r) = region(64);
+        // Positions 0..5 fit below 6; the third batch (5, 6, 7) would not.
+        r.position_ceiling(1).store(6, Ordering::Release);
+        commit(&r, 0, 0, 2, true);
+        commit(&r, 0, 1, 3, true);
+        commit(&r, 0, 2, 3, true);
+        commit(&r, 1, 0, 1, true);
+        let mut c = core(&r);
+        c.scan();
+        c.seal_all();
+        let seq = r.topic_seq(1);
+        assert_eq!(seq.committed_seq.load(Ordering::Acquire), 2);
+        assert_eq!(seq.next_position.load(Ordering::Acquire), 5);
+        assert_eq!(r.log(1, 0).ordered_pbr.load(Ordering::Acquire), 2);
+        assert_eq!(
+            r.log(1, 1).ordered_pbr.load(Ordering::Acquire),
+            0,
+            "a later broker waits too: the order is merged in broker order"
+        );
+        assert_eq!(c.metrics.ceiling_stalls.load(Ordering::Relaxed), 1);
+        c.seal_all();
+        assert_eq!(
+            seq.committed_seq.load(Ordering::Acquire),
+            2,
+            "still waiting"
+        );
+        r.position_ceiling(1).store(1 << 32, Ordering::Release);
+        c.seal_all();
+        assert_eq!(seq.committed_seq.load(Ordering::Acquire), 4);
+        assert_eq!(seq.next_position.load(Ordering::Acquire), 9);
+    }
+
+    #[test]
+    fn order5_batches_wait_at_the_ceiling_too() {
+        let (_d, r) = session_region();
+        r.position_ceiling(0).store(1, Ordering::Release);
+        commit_session(&r, 0, 0, 7, 1, 0);
+        commit_session(&r, 0, 1, 7, 1, 1);
+        let mut c = session_core(&r, Duration::from_secs(30));
+        c.scan();
+        c.seal_all();
+        assert_eq!(goi_sessions(&r), vec![(7, 0)]);
+        r.position_ceiling(0).store(1 << 32, Ordering::Release);
+        c.seal_all();
+        assert_eq!(goi_sessions(&r), vec![(7, 0), (7, 1)]);
     }
 
     #[test]

@@ -42,6 +42,14 @@ pub(crate) struct PersistedTopic {
     pub spec: TopicSpec,
     pub slot: u32,
     pub created_unix_ms: u64,
+    /// Memory-only topics: no position at or above this has been or will be handed out
+    /// before it is raised here (`crate::positions`); 0 in files from before ceilings.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub position_ceiling: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// What topic creation takes from the server's configuration.
@@ -136,6 +144,12 @@ impl ControlPlane {
             .ok_or(TopicError::Full(max))?;
         let created_unix_ms = embarcadero_region::unix_ms();
         let topic = PersistedTopic {
+            // Persisted before the region shows the topic: positions 0 and up.
+            position_ceiling: if spec.replication_factor == 1 {
+                crate::positions::CEILING_STEP
+            } else {
+                0
+            },
             spec: spec.clone(),
             slot,
             created_unix_ms,
@@ -147,6 +161,36 @@ impl ControlPlane {
         *topics = next;
         tracing::info!(topic = %spec.name, order = spec.order, slot, "topic created");
         Ok(spec)
+    }
+
+    /// Raises the position ceiling of every memory-only topic that has come within half
+    /// a step of it (`crate::positions`): the new values are on disk before any of them
+    /// is published in the region, so no process ever hands out a position that a start
+    /// without the region could give again. Returns how many were raised.
+    pub fn raise_ceilings(&self) -> Result<usize, TopicError> {
+        let mut topics = self.lock.lock();
+        let mut next = topics.clone();
+        let mut raised = 0;
+        for t in next.iter_mut().filter(|t| t.spec.replication_factor == 1) {
+            let used = crate::positions::used_positions(&self.region, t.slot, t.spec.order);
+            let step = crate::positions::CEILING_STEP;
+            if let Some(c) = crate::positions::raised_ceiling(used, t.position_ceiling, step) {
+                tracing::debug!(topic = %t.spec.name, used, ceiling = c, "raising the position ceiling");
+                t.position_ceiling = c;
+                raised += 1;
+            }
+        }
+        if raised == 0 {
+            return Ok(0);
+        }
+        save(&self.topics_file, &next)?;
+        for t in next.iter().filter(|t| t.spec.replication_factor == 1) {
+            self.region
+                .position_ceiling(t.slot)
+                .fetch_max(t.position_ceiling, Ordering::AcqRel);
+        }
+        *topics = next;
+        Ok(raised)
     }
 
     pub fn list(&self) -> Vec<TopicInfo> {
@@ -241,6 +285,11 @@ fn meta_of(t: &PersistedTopic) -> TopicMeta {
         created_unix_ms: t.created_unix_ms,
         retention_bytes: t.spec.retention_bytes.unwrap_or(0),
         retention_ms: t.spec.retention_ms.unwrap_or(0),
+        position_ceiling: if t.spec.replication_factor == 1 {
+            t.position_ceiling
+        } else {
+            embarcadero_region::NO_POSITION_CEILING
+        },
     }
 }
 

@@ -415,7 +415,7 @@ pub(crate) fn broker_families(
         families.family(name, kind, help, samples)
     };
     type Field = fn(&embarcadero_broker::BrokerMetrics) -> &std::sync::atomic::AtomicU64;
-    let per_broker: [(&str, &str, &str, Field); 16] = [
+    let per_broker: [(&str, &str, &str, Field); 17] = [
         (
             "publish_bytes_total",
             "counter",
@@ -511,6 +511,12 @@ pub(crate) fn broker_families(
             "counter",
             "Order-5 hellos and connections refused because their session is bound to another key (hijack attempts).",
             |m| &m.session_key_refusals,
+        ),
+        (
+            "position_ceiling_stalls_total",
+            "counter",
+            "Order 0/1 service rounds held at a memory-only topic's position ceiling (the control plane fell behind raising it).",
+            |m| &m.ceiling_stalls,
         ),
     ];
     for (name, kind, help, field) in per_broker {
@@ -626,7 +632,7 @@ fn sequencer_stages(s: &SequencerMetrics) -> Vec<(String, u64)> {
 
 /// The sequencer's own families, the same in the head and in `embarcadero sequencer`.
 fn sequencer_families(families: &mut Families, s: &SequencerMetrics) {
-    let counters: [(&str, &str, &AtomicU64); 7] = [
+    let counters: [(&str, &str, &AtomicU64); 8] = [
         (
             "sequencer_epochs_total",
             "Epochs sealed by the sequencer.",
@@ -651,6 +657,11 @@ fn sequencer_families(families: &mut Families, s: &SequencerMetrics) {
             "sequencer_goi_full_stalls_total",
             "Epochs cut short because GOI slots were still in use.",
             &s.goi_full_stalls,
+        ),
+        (
+            "sequencer_position_ceiling_stalls_total",
+            "Epochs cut short because a memory-only topic reached its position ceiling (the control plane fell behind raising it).",
+            &s.ceiling_stalls,
         ),
         (
             "sequencer_sessions_evicted_total",

@@ -20,6 +20,7 @@ pub mod follower;
 pub mod fuzzing;
 mod http;
 mod http_server;
+pub mod positions;
 mod room;
 pub mod sequencer_process;
 
@@ -98,8 +99,9 @@ pub struct Server {
     /// failover query waits for the sequencer) holds up no heartbeat.
     http: Option<http_server::HttpServer>,
     control_addr: SocketAddr,
-    /// Releases what dead followers held (see `watch_membership`).
-    monitor: Option<std::thread::JoinHandle<()>>,
+    /// Release what dead followers held (`watch_membership`) and raise position
+    /// ceilings (`watch_ceilings`).
+    monitors: Vec<std::thread::JoinHandle<()>>,
     monitor_stop: Arc<std::sync::atomic::AtomicBool>,
     _lock: File,
 }
@@ -143,6 +145,9 @@ impl Server {
         for (slot, rf, resume) in &resumes {
             recovery::seed(&region, *slot, *rf, resume);
         }
+        // Before anything hands out a position: every memory-only topic's ceiling lies a
+        // step beyond where it continues, on disk (`positions`).
+        control.raise_ceilings()?;
         let replicas = Replicas::start(region.clone(), replication_config(&config), stores)
             .map_err(|e| ServerError::Start(format!("cannot start the replica workers: {e}")))?;
         let ip: IpAddr = config.bind.parse().map_err(|e| {
@@ -233,13 +238,17 @@ impl Server {
             .map_err(|e| ServerError::Start(format!("cannot start the admin API: {e}")))?
         };
         let monitor_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let monitor = {
+        let spawn = |name: &str, watch: fn(&Inner, &std::sync::atomic::AtomicBool)| {
             let (inner, stop) = (inner.clone(), monitor_stop.clone());
             std::thread::Builder::new()
-                .name("cluster-monitor".into())
-                .spawn(move || watch_membership(&inner, &stop))
-                .map_err(|e| ServerError::Start(format!("cannot start the cluster monitor: {e}")))?
+                .name(name.into())
+                .spawn(move || watch(&inner, &stop))
+                .map_err(|e| ServerError::Start(format!("cannot start the {name} thread: {e}")))
         };
+        let monitor = vec![
+            spawn("cluster-monitor", watch_membership)?,
+            spawn("position-ceilings", watch_ceilings)?,
+        ];
         tracing::info!(
             control = %control_addr,
             brokers = ?inner.brokers.iter().map(|b| b.addr.to_string()).collect::<Vec<_>>(),
@@ -253,7 +262,7 @@ impl Server {
             replicas,
             http: Some(http),
             control_addr,
-            monitor: Some(monitor),
+            monitors: monitor,
             monitor_stop,
             _lock: lock,
         })
@@ -300,7 +309,7 @@ impl Server {
     pub fn stop(&mut self) {
         self.monitor_stop
             .store(true, std::sync::atomic::Ordering::Release);
-        if let Some(t) = self.monitor.take() {
+        for t in self.monitors.drain(..) {
             t.thread().unpark();
             let _ = t.join();
         }
@@ -343,6 +352,29 @@ fn watch_membership(inner: &Inner, stop: &std::sync::atomic::AtomicBool) {
         }
         // A period, not a wait for an event: `stop` unparks it.
         std::thread::park_timeout(interval);
+    }
+}
+
+/// Every `positions::CEILING_CHECK`: raises the position ceilings of memory-only topics
+/// that are getting close to theirs. A failure to persist (a full disk) is retried at
+/// the next check; meanwhile positions carry on below the current ceiling, which is
+/// half a step away at least, and only stop there.
+fn watch_ceilings(inner: &Inner, stop: &std::sync::atomic::AtomicBool) {
+    let mut failing = false;
+    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+        match inner.control.raise_ceilings() {
+            Ok(_) if failing => {
+                tracing::info!("position ceilings are saved again");
+                failing = false;
+            }
+            Ok(_) => {}
+            Err(e) if !failing => {
+                tracing::error!("cannot raise the position ceilings of memory-only topics: {e}; their publishers stop once they reach the current ceiling");
+                failing = true;
+            }
+            Err(_) => {}
+        }
+        std::thread::park_timeout(positions::CEILING_CHECK);
     }
 }
 
@@ -504,15 +536,13 @@ fn recover(config: &ServerConfig, replica_dirs: &[PathBuf]) -> Result<Recovered,
             }
             resume
         } else {
-            match old_topic {
-                Some(o) => recovery::resume_memory_only(o),
-                None => continue,
-            }
+            positions::memory_only_resume(t, old_topic, config.capacities().brokers)
         };
         tracing::info!(
             topic = %name,
             batches = resume.next_seq,
             next_position = resume.next_position,
+            broker_positions = ?resume.broker_positions,
             sessions = resume.sessions.len(),
             "topic recovered"
         );
