@@ -202,6 +202,8 @@ pub(crate) struct Shared {
     pub connections: Registry,
     /// Batches dropped by fault injection so far.
     pub fault_drops: AtomicU64,
+    /// Payload bytes staged by connections at the moment (`payload_wait::stage`).
+    pub staged_bytes: AtomicU64,
     /// The region was created on this host since it booted, so every process of the
     /// region reads this host's `CLOCK_MONOTONIC`: commits are time-stamped
     /// (`committed_ns`). A broker on another host leaves the stamp 0.
@@ -293,6 +295,7 @@ impl Broker {
             new_publishers: tx,
             connections: Registry::default(),
             fault_drops: AtomicU64::new(0),
+            staged_bytes: AtomicU64::new(0),
             stamp_commits: region.created_this_boot(),
             config,
             region,
@@ -491,12 +494,10 @@ mod registry {
             let Some((_, Some(ip))) = g.streams.remove(&id) else {
                 return;
             };
-            let count = g
-                .per_address
-                .get_mut(&ip)
-                .expect("a registered address is counted");
-            assert!(*count > 0, "per-address counts never go below zero");
-            *count -= 1;
+            // Runs from a drop guard, also while unwinding: it must not panic there.
+            let count = g.per_address.entry(ip).or_insert(0);
+            debug_assert!(*count > 0, "per-address counts never go below zero");
+            *count = count.saturating_sub(1);
             if *count == 0 {
                 g.per_address.remove(&ip);
             }

@@ -12,10 +12,98 @@
 //!
 //! Owns: the socket calls for this wait. Touches: the connection's socket only.
 
-use std::io;
+use embarcadero_region::backoff::Backoff;
+use std::io::{self, Read};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// Bytes of payloads one broker stages at once, over all its connections: what clients
+/// that send large batches slowly (or not at all) can make it hold.
+pub const STAGING_BUDGET: u64 = 256 << 20;
+
+/// A payload received into memory of its own, charged to the broker's staging budget
+/// until dropped.
+pub struct Staged<'a> {
+    pub bytes: Vec<u8>,
+    in_use: &'a AtomicU64,
+}
+
+impl Drop for Staged<'_> {
+    fn drop(&mut self) {
+        let len = self.bytes.capacity() as u64;
+        let before = self.in_use.fetch_sub(len, Ordering::AcqRel);
+        debug_assert!(before >= len, "staged bytes never go below zero");
+    }
+}
+
+/// Receives a payload the socket cannot hold whole into memory of its own, by
+/// `deadline`. Memory is taken from the broker's budget (`in_use`, at most
+/// [`STAGING_BUDGET`]) before anything is read, and is touched only as bytes arrive.
+/// `None`: the payload, or room in the budget, did not come in time.
+pub fn stage<'a>(
+    stream: &TcpStream,
+    len: usize,
+    deadline: Instant,
+    in_use: &'a AtomicU64,
+) -> io::Result<Option<Staged<'a>>> {
+    if !charge(in_use, len as u64, deadline) {
+        return Ok(None);
+    }
+    let mut staged = Staged {
+        bytes: Vec::with_capacity(len),
+        in_use,
+    };
+    // The charge is the capacity, which is what `Drop` gives back.
+    let extra = staged.bytes.capacity() - len;
+    in_use.fetch_add(extra as u64, Ordering::AcqRel);
+    while staged.bytes.len() < len {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        stream.set_read_timeout(Some(left))?;
+        let want = (len - staged.bytes.len()) as u64;
+        match (&*stream).take(want).read_to_end(&mut staged.bytes) {
+            Ok(_) if staged.bytes.len() < len => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(_) => {}
+            Err(e) if is_wait(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    stream.set_read_timeout(None)?;
+    debug_assert_eq!(staged.bytes.len(), len);
+    Ok(Some(staged))
+}
+
+fn is_wait(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
+}
+
+/// Takes `len` bytes of the staging budget, waiting for room until `deadline`.
+fn charge(in_use: &AtomicU64, len: u64, deadline: Instant) -> bool {
+    let mut backoff = Backoff::new(Duration::from_millis(5));
+    loop {
+        let now = in_use.load(Ordering::Acquire);
+        if now + len <= STAGING_BUDGET {
+            if in_use
+                .compare_exchange(now, now + len, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return true;
+            }
+            continue;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        backoff.idle(None);
+    }
+}
 
 /// Where a batch's payload is once [`await_payload`] returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,6 +319,27 @@ mod tests {
         }
         client.write_all(&[2; 16]).unwrap();
         assert_eq!(reader.join().unwrap().unwrap(), [2; 16]);
+    }
+
+    #[test]
+    fn staging_takes_memory_from_the_budget_and_gives_it_back() {
+        let (mut client, server) = pair();
+        let in_use = AtomicU64::new(0);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        client.write_all(&[3; 5000]).unwrap();
+        let staged = stage(&server, 5000, deadline, &in_use).unwrap().unwrap();
+        assert_eq!(staged.bytes, vec![3; 5000]);
+        assert!(in_use.load(Ordering::Relaxed) >= 5000);
+        drop(staged);
+        assert_eq!(in_use.load(Ordering::Relaxed), 0);
+        // A payload that does not arrive gives its charge back too.
+        let soon = Instant::now() + Duration::from_millis(20);
+        assert!(stage(&server, 100, soon, &in_use).unwrap().is_none());
+        assert_eq!(in_use.load(Ordering::Relaxed), 0);
+        // No room in the budget: refused by the deadline, nothing read.
+        in_use.store(STAGING_BUDGET, Ordering::Relaxed);
+        client.write_all(&[4; 10]).unwrap();
+        assert!(stage(&server, 10, soon, &in_use).unwrap().is_none());
     }
 
     #[test]

@@ -198,8 +198,6 @@ fn receive_batches(
     // After a BACKPRESSURE error: batches are dropped until this one is resent.
     let mut discard_until: Option<u64> = None;
     let mut raw = [0u8; BATCH_HEADER_LEN];
-    // A payload larger than the socket can buffer is received here first (`payload_wait`).
-    let mut staging: Vec<u8> = Vec::new();
     // xorshift state for fault injection, different per connection.
     let mut fault_seed = hello.client_id ^ (hello.connection_index as u64) << 32 | 1;
     loop {
@@ -265,13 +263,14 @@ fn receive_batches(
         // Nothing is reserved until the payload can be received without waiting on the
         // client (`payload_wait`): one slow client must not hold back the whole log.
         let waiting = Instant::now();
+        let deadline = waiting + limit;
         let staged = match payload_wait::await_payload(stream, header.total_size as usize, limit) {
-            Ok(Arrival::InSocket) => false,
+            Ok(Arrival::InSocket) => None,
             Ok(Arrival::TooLargeForSocket) => {
-                staging.resize(header.total_size as usize, 0);
-                match net::read_exact_within(stream, &mut staging, limit) {
-                    Ok(true) => true,
-                    Ok(false) => return slow_payload(&header, limit).into(),
+                let len = header.total_size as usize;
+                match payload_wait::stage(stream, len, deadline, &shared.staged_bytes) {
+                    Ok(Some(staged)) => Some(staged),
+                    Ok(None) => return slow_payload(&header, limit).into(),
                     Err(e) => return e.into(),
                 }
             }
@@ -283,7 +282,7 @@ fn receive_batches(
             match reserve_with_backpressure(shared, writer, header.total_size, may_refuse) {
                 Some(r) => r,
                 None => {
-                    if !staged {
+                    if staged.is_none() {
                         if let Err(e) = net::drain(stream, header.total_size) {
                             return e.into();
                         }
@@ -302,8 +301,12 @@ fn receive_batches(
             region.blog_bytes_mut(topic, broker, reservation.log_offset, reservation.len)
         }
         .expect("reserved range is mapped and inside one segment");
-        if staged {
-            dest.copy_from_slice(&staging);
+        debug_assert_eq!(
+            reservation.len, header.total_size,
+            "reserved what the header says"
+        );
+        if let Some(staged) = staged {
+            dest.copy_from_slice(&staged.bytes);
         } else {
             // Whole in the socket already: this read does not wait on the client.
             match net::read_exact_within(stream, dest, limit) {
@@ -556,14 +559,19 @@ fn admit_session_batch(
 
 /// Refuses a connection whose session is bound to another key, and counts it.
 pub(crate) fn refuse_foreign_key(shared: &Shared, client_id: u64) -> Refusal {
-    shared
+    let before = shared
         .metrics
         .session_key_refusals
         .fetch_add(1, Ordering::Relaxed);
-    tracing::warn!(
-        client_id,
-        "order-5 connection refused: its session is bound to another key (a hijack attempt?)"
-    );
+    // The 1st, 2nd, 4th, ... refusal: a client that retries must not flood the log.
+    if (before + 1).is_power_of_two() {
+        tracing::warn!(
+            client_id,
+            refusals = before + 1,
+            "order-5 connection refused: its session is bound to another key (a hijack \
+             attempt?); embarcadero_session_key_refusals_total counts them"
+        );
+    }
     Refusal::new(
         ErrorCode::SessionKeyMismatch,
         session::foreign_key_message(client_id),

@@ -67,7 +67,6 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// A client id that is unique with overwhelming probability (time, pid, hasher seed).
 /// A fresh order-5 session key from the operating system's random source.
 pub fn random_session_key() -> Result<[u8; embarcadero_wire::SESSION_KEY_LEN]> {
     let mut key = [0u8; embarcadero_wire::SESSION_KEY_LEN];
@@ -76,6 +75,7 @@ pub fn random_session_key() -> Result<[u8; embarcadero_wire::SESSION_KEY_LEN]> {
     Ok(key)
 }
 
+/// A client id that is unique with overwhelming probability (time, pid, hasher seed).
 pub fn random_client_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

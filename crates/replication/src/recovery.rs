@@ -89,8 +89,10 @@ fn adopt_session_keys(region: &Region, slot: u32, sessions: &mut BTreeMap<u64, S
         let Some(r) = region.session_read(slot, s) else {
             continue;
         };
+        // The same session as the marks: opened no later than their latest batch (a
+        // newer session of the id, opened after it, has a key of its own).
         if let Some(m) = sessions.get_mut(&r.client_id) {
-            if m.key_hash == 0 && m.epoch <= r.session_epoch {
+            if m.key_hash == 0 && m.epoch <= r.session_epoch && r.opened_at <= m.last_seq {
                 m.key_hash = r.key_hash;
             }
         }

@@ -108,10 +108,10 @@ impl Session {
     }
 
     /// Whether a batch presenting `key_hash` may belong to this session: the session is
-    /// not bound yet, or bound to that key. A batch with no key (0: from a region written
-    /// before keys existed; brokers refuse keyless order-5 hellos) is never refused.
+    /// not bound yet, or bound to that key. (Brokers refuse keyless order-5 hellos, so a
+    /// batch without a key can only match a session that is not bound either.)
     fn accepts_key(&self, key_hash: u64) -> bool {
-        self.key_hash == 0 || key_hash == 0 || self.key_hash == key_hash
+        self.key_hash == 0 || self.key_hash == key_hash
     }
 
     /// Binds an unbound session to the key of the batch that fills its head: the batch
@@ -130,8 +130,14 @@ impl Session {
     }
 }
 
-fn warn_foreign_key(topic: u32, b: &Admitted) {
+/// Logs the 1st, 2nd, 4th, ... dropped batch of another key (`total` so far), so that a
+/// client that keeps trying does not flood the log.
+fn warn_foreign_key(topic: u32, b: &Admitted, total: u64) {
+    if !total.is_power_of_two() {
+        return;
+    }
     tracing::warn!(
+        total,
         topic,
         client = b.entry.client_id,
         broker = b.broker,
@@ -174,6 +180,8 @@ pub(crate) struct Sessions {
     pub evictions: u64,
     /// Batches dropped for a key other than their session's, not yet in the metrics.
     pub key_mismatches: u64,
+    /// All batches dropped for another key, for rate-limiting the warning.
+    key_mismatches_total: u64,
     /// Something changed that must reach the region (a drop, a fence).
     pub dirty: bool,
 }
@@ -201,6 +209,7 @@ impl Sessions {
             now_ms: wall_clock_ms(),
             evictions: 0,
             key_mismatches: 0,
+            key_mismatches_total: 0,
             dirty: false,
         };
         s.refresh_durable_frontier(region);
@@ -434,7 +443,8 @@ impl Sessions {
             .expect("opened above");
         if !session.accepts_key(entry.session_key_hash) {
             self.key_mismatches += 1;
-            warn_foreign_key(self.topic, &batch);
+            self.key_mismatches_total += 1;
+            warn_foreign_key(self.topic, &batch, self.key_mismatches_total);
             return self.drop_batch(&batch);
         }
         session.last_active_ms = now_ms;
@@ -468,7 +478,8 @@ impl Sessions {
                 // Held while the session was unbound, by someone else than its owner.
                 if !session.accepts_key(next.entry.session_key_hash) {
                     self.key_mismatches += 1;
-                    warn_foreign_key(self.topic, &next);
+                    self.key_mismatches_total += 1;
+                    warn_foreign_key(self.topic, &next, self.key_mismatches_total);
                     dropped.push(next);
                     break;
                 }
