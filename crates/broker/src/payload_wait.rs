@@ -65,7 +65,7 @@ pub fn stage<'a>(
         }
         stream.set_read_timeout(Some(left))?;
         let want = (len - staged.bytes.len()) as u64;
-        match (&*stream).take(want).read_to_end(&mut staged.bytes) {
+        match stream.take(want).read_to_end(&mut staged.bytes) {
             Ok(_) if staged.bytes.len() < len => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(_) => {}
             Err(e) if is_wait(&e) => {}
