@@ -965,6 +965,10 @@ fn publish_all<T>(
             watched
         },
     );
+    // A monitor that saw publishing end early is explained by the publisher that failed.
+    if let (Err(seen), Some(Err(failed))) = (&watched, results.iter().find(|r| r.is_err())) {
+        return Err(format!("{seen}; a publisher failed: {failed}"));
+    }
     let watched = watched?;
     let finished = results.into_iter().collect::<Result<Vec<_>, _>>()?;
     // Up to the last acknowledgement, not to when the monitor (which polls every 100 ms)
