@@ -11,7 +11,6 @@ use embarcadero_client::{
 };
 use embarcadero_replication::store::{list_segments, SegmentFile};
 use embarcadero_server::{Server, ServerConfig};
-use embarcadero_wire::ErrorCode;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -266,32 +265,12 @@ fn retention_removes_old_segments_and_names_the_first_position_kept() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let err = first_error(&control, "short", 0);
-    let first = first_available(&err);
+    let first = common::first_available(&err);
     assert!(first > 0 && first < 40_000, "{first}");
     // From there on, everything is there.
     let rest = read(&control, "short", first, 40_000 - first);
     assert_eq!(rest.len() as u64, 40_000 - first);
     assert_eq!(rest[0].0, first);
-}
-
-/// The first available position a PositionNotRetained refusal names.
-fn first_available(err: &Error) -> u64 {
-    assert!(
-        matches!(
-            err,
-            Error::Broker {
-                code: ErrorCode::PositionNotRetained,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    let text = err.to_string();
-    text.split("first available position is ")
-        .nth(1)
-        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no first position in {text:?}"))
 }
 
 /// The first error a subscriber from `start` gets, after any number of empty polls.
@@ -376,7 +355,7 @@ fn a_position_one_replica_removed_is_read_from_another() {
     for segment in &two[..2] {
         std::fs::remove_file(&segment.path).unwrap();
     }
-    let first = first_available(&first_error(&control, "split", 0));
+    let first = common::first_available(&first_error(&control, "split", 0));
     assert_eq!(
         first,
         one[5].first_position.min(two[2].first_position),

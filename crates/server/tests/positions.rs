@@ -13,7 +13,6 @@ use embarcadero_client::{
 };
 use embarcadero_server::positions::CEILING_STEP;
 use embarcadero_server::Server;
-use embarcadero_wire::ErrorCode;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -76,26 +75,6 @@ fn first_error(server: &Server, topic: &str, start: Cursor) -> Error {
     }
 }
 
-/// The first available position a PositionNotRetained refusal names.
-fn first_available(err: &Error) -> u64 {
-    assert!(
-        matches!(
-            err,
-            Error::Broker {
-                code: ErrorCode::PositionNotRetained,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    let text = err.to_string();
-    text.split("first available position is ")
-        .nth(1)
-        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no first position in {text:?}"))
-}
-
 /// Where the topic's positions stand per `topic describe`: the next global position
 /// (orders 2, 5), or each broker's message count (orders 0, 1).
 fn described(server: &Server, topic: &str) -> Vec<u64> {
@@ -140,7 +119,7 @@ fn positions_move_forward_after_the_region_is_lost(order: u8) {
         "order {order}: the topic continues at {start:?}, past {old_max}"
     );
     let err = first_error(&server, &topic, from_zero());
-    let first = first_available(&err);
+    let first = common::first_available(&err);
     publish(&server, &topic, COUNT);
     let new = match order {
         0 | 1 => read(
@@ -163,7 +142,7 @@ fn positions_move_forward_after_the_region_is_lost(order: u8) {
     );
     // Once there is new data, the old range still answers the same way.
     assert_eq!(
-        first_available(&first_error(&server, &topic, from_zero())),
+        common::first_available(&first_error(&server, &topic, from_zero())),
         first
     );
     let moved = described(&server, &topic);

@@ -119,3 +119,23 @@ pub fn next_frame(s: &mut std::net::TcpStream) -> (embarcadero_wire::FrameHeader
     s.read_exact(&mut body).expect("the frame's body");
     (h, body)
 }
+
+/// The first available position a PositionNotRetained refusal names.
+pub fn first_available(err: &embarcadero_client::Error) -> u64 {
+    assert!(
+        matches!(
+            err,
+            embarcadero_client::Error::Broker {
+                code: embarcadero_wire::ErrorCode::PositionNotRetained,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let text = err.to_string();
+    text.split("first available position is ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no first position in {text:?}"))
+}
