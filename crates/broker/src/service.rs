@@ -319,13 +319,16 @@ fn ack_session(
         return false;
     }
     if status.expired {
-        let frame = ErrorFrame {
-            code: ErrorCode::SessionExpired,
-            batch_seq: status.acked_hwm(conn.ack_level),
-            message: crate::session::expired_message(shared.config.session_idle_evict),
-        }
-        .encode();
-        close_with(shared, conn, &mut out, &frame);
+        close_with(
+            shared,
+            conn,
+            &mut out,
+            ErrorFrame {
+                code: ErrorCode::SessionExpired,
+                batch_seq: status.acked_hwm(conn.ack_level),
+                message: crate::session::expired_message(shared.config.session_idle_evict),
+            },
+        );
         *progress = true;
         return false;
     }
@@ -333,29 +336,35 @@ fn ack_session(
         // Another key bound the session first (the hello found it unbound): nothing the
         // session commits is this connection's, so it must never be told it is acked.
         let refusal = crate::publish::refuse_foreign_key(shared, session.client_id());
-        let frame = ErrorFrame {
-            code: refusal.code,
-            batch_seq: u64::MAX,
-            message: refusal.message,
-        }
-        .encode();
-        close_with(shared, conn, &mut out, &frame);
+        close_with(
+            shared,
+            conn,
+            &mut out,
+            ErrorFrame {
+                code: refusal.code,
+                batch_seq: u64::MAX,
+                message: refusal.message,
+            },
+        );
         *progress = true;
         return false;
     }
     // The client is connected: its session is not idle, even when it sends nothing.
     session.touch(&shared.region, unix_ms());
     if status.fenced {
-        let frame = ErrorFrame {
-            code: ErrorCode::SessionFenced,
-            batch_seq: status.acked_hwm(conn.ack_level),
-            message: crate::session::fenced_message(
-                conn.session_epoch,
-                status.acked_hwm(conn.ack_level),
-            ),
-        }
-        .encode();
-        close_with(shared, conn, &mut out, &frame);
+        close_with(
+            shared,
+            conn,
+            &mut out,
+            ErrorFrame {
+                code: ErrorCode::SessionFenced,
+                batch_seq: status.acked_hwm(conn.ack_level),
+                message: crate::session::fenced_message(
+                    conn.session_epoch,
+                    status.acked_hwm(conn.ack_level),
+                ),
+            },
+        );
         *progress = true;
         return false;
     }
@@ -380,13 +389,16 @@ fn ack_session(
             .region
             .topic_meta(conn.topic)
             .map_or_else(String::new, |m| m.name);
-        let frame = ErrorFrame {
-            code: ErrorCode::SessionsExhausted,
-            batch_seq: 0,
-            message: crate::session::exhausted_message(&name, shared.config.session_idle_evict),
-        }
-        .encode();
-        close_with(shared, conn, &mut out, &frame);
+        close_with(
+            shared,
+            conn,
+            &mut out,
+            ErrorFrame {
+                code: ErrorCode::SessionsExhausted,
+                batch_seq: 0,
+                message: crate::session::exhausted_message(&name, shared.config.session_idle_evict),
+            },
+        );
         *progress = true;
         return false;
     }
@@ -434,8 +446,9 @@ fn ack_session(
 /// Sends an error frame on a session's connection and closes it for good. Closing also
 /// ends its connection thread's wait for room in the ack queue, which the entries of a
 /// fenced or crowded-out session would never make.
-fn close_with(shared: &Shared, conn: &PublishConn, out: &mut Outbox, frame: &[u8]) {
-    let _ = out.send_nonblocking(frame);
+fn close_with(shared: &Shared, conn: &PublishConn, out: &mut Outbox, error: ErrorFrame) {
+    let frame = error.encode();
+    let _ = out.send_nonblocking(&frame);
     let _ = out.stream.shutdown(std::net::Shutdown::Both);
     conn.closed.store(true, Ordering::Release);
     shared.metrics.errors_sent.fetch_add(1, Ordering::Relaxed);
