@@ -27,6 +27,9 @@ struct LogState {
     reclaimed_pbr: u64,
     /// Logical segments below this one have been returned to the pool.
     freed_segments_below: u64,
+    /// A subscriber is holding back memory its publishers need, and it has been logged
+    /// (once per episode: set when logged, cleared when reclamation passes it again).
+    held_by_reader: bool,
 }
 
 struct AckState {
@@ -100,6 +103,7 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
                     reclaimed_pbr: log.reclaimed_pbr.load(Ordering::Acquire),
                     freed_segments_below: log.reclaimed_blog.load(Ordering::Acquire)
                         / caps.segment_bytes,
+                    held_by_reader: false,
                 });
             }
             let st = slot.as_mut().expect("initialised above");
@@ -232,6 +236,8 @@ fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, segment_pressure: boo
     if target <= st.reclaimed_pbr {
         return false;
     }
+    let wanted = target;
+    let pressed = segment_pressure || reserved - st.reclaimed_pbr > ring_high;
     // Connected subscribers hold back what they have not read yet, unless it is on
     // disk (replicated topics), where they can still read it once memory lets go.
     let pin_index = if st.order >= 2 { 0 } else { broker };
@@ -262,9 +268,10 @@ fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, segment_pressure: boo
             i += 1;
         }
         target = i;
-        if target <= st.reclaimed_pbr {
-            return false;
-        }
+    }
+    note_reader_hold(shared, topic, st, pressed && target < wanted);
+    if target <= st.reclaimed_pbr {
+        return false;
     }
     let new_blog = if target < st.frontier {
         region
@@ -292,6 +299,40 @@ fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, segment_pressure: boo
         .fetch_add(target - st.reclaimed_pbr, Ordering::Relaxed);
     st.reclaimed_pbr = target;
     true
+}
+
+/// Logs, once per episode, that a subscriber keeps memory its publishers are waiting
+/// for: without this a paused subscriber stalls a topic and nobody is told who.
+fn note_reader_hold(shared: &Shared, topic: u32, st: &mut LogState, held: bool) {
+    if held == st.held_by_reader {
+        return;
+    }
+    st.held_by_reader = held;
+    let broker = shared.config.broker_id;
+    let name = shared
+        .region
+        .topic_meta(topic)
+        .map(|m| m.name)
+        .unwrap_or_default();
+    if !held {
+        tracing::info!(topic = %name, broker, "the subscriber that held back memory has moved on or was dropped");
+        return;
+    }
+    let index = if st.order >= 2 { 0 } else { broker };
+    let stall = shared.config.reader_stall_timeout;
+    let Some(r) = shared.region.slowest_reader(topic, index, stall) else {
+        return;
+    };
+    tracing::warn!(
+        topic = %name,
+        broker,
+        reader_slot = r.slot,
+        reader_broker = ?r.broker,
+        position = r.position,
+        "publishers of this topic wait for memory a subscriber has not read yet (it still needs position {}); it is dropped after {:?} without reading (broker.reader_stall_timeout_ms); a replicated topic (order 2 or 5, rf 2) lets subscribers fall behind without holding memory",
+        r.position,
+        stall
+    );
 }
 
 /// Order 5: acknowledges up to the session's committed high-water mark (acks are

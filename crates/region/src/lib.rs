@@ -27,8 +27,8 @@ pub use doorbell::Doorbell;
 pub use layout::{Capacities, Layout, MAX_BROKERS, MAX_REPLICAS, READER_SLOTS, SESSION_SLOTS};
 pub use owner::{Fenced, OwnerRecord, ProcessIdentity};
 pub use region::{
-    monotonic_ns, unix_ms, LogControl, Region, ReplicaProgress, TopicSeq, ATTACH_HEAD_LEN,
-    READER_CLAIMING,
+    monotonic_ns, unix_ms, LogControl, Region, ReplicaProgress, SlowestReader, TopicSeq,
+    ATTACH_HEAD_LEN, READER_CLAIMING,
 };
 pub use slots::{
     session_idle, GoiEntry, SessionRecord, SessionState, TopicMeta, TopicState, GOI_SESSION_START,

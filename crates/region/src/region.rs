@@ -95,6 +95,19 @@ pub struct ReplicaProgress<'a> {
     pub durable_position: &'a AtomicU64,
 }
 
+/// A live reader that holds memory back ([`Region::slowest_reader`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlowestReader {
+    /// Its reader slot in the topic.
+    pub slot: u32,
+    /// The position it still needs (0 while the slot is being claimed).
+    pub position: u64,
+    /// The broker serving it, when recorded.
+    pub broker: Option<u32>,
+    /// How long ago its broker last beat for it.
+    pub heartbeat_age_ns: u64,
+}
+
 /// Per (topic, broker) frontiers. Each line has exactly one writer.
 pub struct LogControl<'a> {
     // --- written by the broker that owns the log ---
@@ -685,25 +698,53 @@ impl Region {
     /// `u64::MAX` when no reader holds anything. A slot being claimed counts as 0; a
     /// slot whose heartbeat is older than `stall` is ignored.
     pub fn reader_floor(&self, topic: u32, index: u32, stall: std::time::Duration) -> u64 {
+        self.slowest_reader(topic, index, stall)
+            .map_or(u64::MAX, |r| r.position)
+    }
+
+    /// The live reader of `topic` that holds back the most at `index` (the one
+    /// [`Region::reader_floor`] is the position of), for reclamation and for telling
+    /// people who holds memory back. A slot being claimed is the slowest possible.
+    pub fn slowest_reader(
+        &self,
+        topic: u32,
+        index: u32,
+        stall: std::time::Duration,
+    ) -> Option<SlowestReader> {
         let now = monotonic_ns();
-        let mut floor = u64::MAX;
+        let mut slowest: Option<SlowestReader> = None;
         for slot in 0..self.reader_slots_high(topic) {
             let hb = self.reader_heartbeat(topic, slot).load(Ordering::Acquire);
-            if hb == 0 {
+            if hb == 0
+                || (hb != READER_CLAIMING && now.saturating_sub(hb) > stall.as_nanos() as u64)
+            {
                 continue;
             }
-            if hb == READER_CLAIMING {
-                return 0;
-            }
-            if now.saturating_sub(hb) > stall.as_nanos() as u64 {
-                continue;
-            }
-            floor = floor.min(
+            let position = if hb == READER_CLAIMING {
+                0
+            } else {
                 self.reader_position(topic, slot, index)
-                    .load(Ordering::Acquire),
-            );
+                    .load(Ordering::Acquire)
+            };
+            if slowest.as_ref().is_some_and(|s| s.position <= position) {
+                continue;
+            }
+            let owner = self.reader_owner(topic, slot).load(Ordering::Acquire);
+            slowest = Some(SlowestReader {
+                slot,
+                position,
+                broker: owner.checked_sub(1).map(|b| b as u32),
+                heartbeat_age_ns: if hb == READER_CLAIMING {
+                    0
+                } else {
+                    now.saturating_sub(hb)
+                },
+            });
+            if position == 0 {
+                break;
+            }
         }
-        floor
+        slowest
     }
 
     // ---------------------------------------------------------------- order-5 sessions
