@@ -61,6 +61,10 @@ pub struct TopicInfo {
     pub durable_position: u64,
     pub next_position: u64,
     pub brokers: Vec<serde_json::Value>,
+    /// Readers (`readers`, `slowest_reader`) and failing disk replicas
+    /// (`replica_errors`); absent from servers before it was reported.
+    #[serde(default)]
+    pub health: serde_json::Value,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -59,6 +59,9 @@ pub struct TopicDefaults {
     pub disk_replicas: u8,
     pub retention_bytes: u64,
     pub retention_ms: u64,
+    /// A subscriber whose broker has not beaten for it this long no longer holds memory
+    /// (`broker.reader_stall_timeout_ms`); topics' health counts only the others.
+    pub reader_stall: std::time::Duration,
 }
 
 /// Reads `<data_dir>/topics.json` (no topics if it does not exist).
@@ -237,6 +240,13 @@ impl ControlPlane {
             committed_batches: seq.committed_seq.load(Ordering::Acquire),
             next_position: seq.next_position.load(Ordering::Acquire),
             brokers,
+            health: crate::health::topic_health(
+                r,
+                t.slot,
+                t.spec.order,
+                t.spec.replication_factor,
+                self.defaults.reader_stall,
+            ),
         }
     }
 }
@@ -262,6 +272,8 @@ pub struct TopicInfo {
     /// Orders 2 and 5: the next global message position.
     pub next_position: u64,
     pub brokers: Vec<BrokerLogInfo>,
+    /// Replica disk errors and the subscriber furthest behind.
+    pub health: crate::health::TopicHealth,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

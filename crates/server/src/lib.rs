@@ -18,9 +18,11 @@ pub mod failover;
 pub mod follower;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod health;
 mod http;
 mod http_server;
 pub mod positions;
+mod rates;
 mod room;
 pub mod sequencer_process;
 
@@ -86,6 +88,8 @@ pub(crate) struct Inner {
     pub started: Instant,
     /// Connections the admin API is serving right now (`http_server::HttpServer`).
     pub control_connections: Arc<std::sync::atomic::AtomicUsize>,
+    /// Recent counter samples, for the rates `status` shows (`rates::watch`).
+    pub rates: rates::Rates,
 }
 
 /// A running embedded server. Dropping it stops it.
@@ -99,8 +103,8 @@ pub struct Server {
     /// failover query waits for the sequencer) holds up no heartbeat.
     http: Option<http_server::HttpServer>,
     control_addr: SocketAddr,
-    /// Release what dead followers held (`watch_membership`) and raise position
-    /// ceilings (`watch_ceilings`).
+    /// Release what dead followers held (`watch_membership`), raise position ceilings
+    /// (`watch_ceilings`) and sample counters for rates (`rates::watch`).
     monitors: Vec<std::thread::JoinHandle<()>>,
     monitor_stop: Arc<std::sync::atomic::AtomicBool>,
     _lock: File,
@@ -140,6 +144,7 @@ impl Server {
                 disk_replicas: replica_dirs.len() as u8,
                 retention_bytes: config.replication.retention_bytes,
                 retention_ms: config.replication.retention_ms,
+                reader_stall: Duration::from_millis(config.broker.reader_stall_timeout_ms),
             },
         )?;
         for (slot, rf, resume) in &resumes {
@@ -225,6 +230,7 @@ impl Server {
             control,
             started: Instant::now(),
             control_connections: Default::default(),
+            rates: Default::default(),
         });
         let http = {
             let routed = inner.clone();
@@ -248,6 +254,7 @@ impl Server {
         let monitor = vec![
             spawn("cluster-monitor", watch_membership)?,
             spawn("position-ceilings", watch_ceilings)?,
+            spawn("rates", rates::watch)?,
         ];
         tracing::info!(
             control = %control_addr,
