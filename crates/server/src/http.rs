@@ -7,7 +7,7 @@
 //! | POST | `/v1/cluster/join` | a follower serves a broker id at an address: `{"id","addr","incarnation"}` |
 //! | POST | `/v1/cluster/heartbeat` | a follower is alive: `{"id","incarnation"}` |
 //! | POST | `/v1/failover` | which of a publisher's batches through a dead broker were ordered: `{"topic","broker","incarnation","client_id","batch_ids","ack_level"}` |
-//! | GET | `/v1/status` | cluster, topics with counters, broker and sequencer metrics |
+//! | GET | `/v1/status` | cluster, topics with counters and health, rates over the last seconds, broker and sequencer metrics |
 //! | GET | `/v1/topics` | every topic |
 //! | POST | `/v1/topics` | create: `{"name","order","replication_factor","default_ack","retention_bytes","retention_ms"}`; any other field is a 400 that names it |
 //! | GET | `/v1/topics/{name}` | one topic |
@@ -148,6 +148,7 @@ fn cluster(inner: &Inner) -> serde_json::Value {
 /// level 2). 409 while the broker is not declared dead yet.
 /// The body of `POST /v1/failover`.
 #[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct FailoverCall {
     topic: String,
     broker: u32,
@@ -246,6 +247,7 @@ fn failover_call(inner: &Inner, request: &Request) -> (u16, &'static str, String
 /// `POST /v1/cluster/claim`: `{"id","incarnation"}`; answers how many logs it fenced.
 /// The body of `POST /v1/cluster/claim`.
 #[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct ClaimCall {
     id: u32,
     incarnation: u64,
@@ -287,6 +289,7 @@ fn claim_call(inner: &Inner, request: &Request) -> (u16, &'static str, String) {
 /// `POST /v1/cluster/join` and `/v1/cluster/heartbeat`: `{"id","addr","incarnation"}`.
 /// The body of `POST /v1/cluster/join` and `/v1/cluster/heartbeat`.
 #[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct MembershipCall {
     id: u32,
     #[serde(default)]
@@ -343,6 +346,7 @@ fn status(inner: &Inner) -> serde_json::Value {
         "uptime_s": inner.started.elapsed().as_secs(),
         "cluster": cluster(inner),
         "topics": inner.control.list(),
+        "rates": inner.rates.report(),
         "brokers": inner.brokers.iter().map(|b| {
             let m = &b.metrics;
             json!({
@@ -354,6 +358,7 @@ fn status(inner: &Inner) -> serde_json::Value {
                 "publish_messages": m.publish_messages.load(Ordering::Relaxed),
                 "subscribe_bytes": m.subscribe_bytes.load(Ordering::Relaxed),
                 "connections": m.connections_open.load(Ordering::Relaxed),
+                "backpressure_waits": m.backpressure_waits.load(Ordering::Relaxed),
                 "free_segments": b.pool.free_count(),
             })
         }).collect::<Vec<_>>(),

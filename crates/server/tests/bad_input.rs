@@ -355,6 +355,35 @@ fn unknown_fields_of_a_topic_creation_are_refused_and_named() {
     );
 }
 
+/// The same holds for every endpoint that takes a body (docs/API.md): a misspelt field
+/// of a cluster or failover call is named, and nothing is done.
+#[test]
+fn unknown_fields_of_every_admin_call_are_refused_and_named() {
+    let t = server();
+    for (path, body) in [
+        (
+            "/v1/cluster/claim",
+            r#"{"id": 1, "incarnation": 7, "incarnaton": 8}"#,
+        ),
+        (
+            "/v1/cluster/join",
+            r#"{"id": 1, "incarnation": 7, "adress": "127.0.0.1:1"}"#,
+        ),
+        (
+            "/v1/cluster/heartbeat",
+            r#"{"id": 1, "incarnation": 7, "state": "ok"}"#,
+        ),
+        (
+            "/v1/failover",
+            r#"{"topic": "t", "broker": 1, "client_id": 7, "batch_ids": [], "ack": 2}"#,
+        ),
+    ] {
+        let (status, answer) = post_json(&t.control(), path, body);
+        assert_eq!(status, 400, "{path}: {answer}");
+        assert!(answer.contains("unknown field"), "{path}: {answer}");
+    }
+}
+
 /// One admin API request as any HTTP client sends it; returns the status and body.
 fn post_json(control: &str, path: &str, body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(control).unwrap();
