@@ -23,6 +23,7 @@ macro_rules! say {
 mod bench;
 mod cluster;
 mod publish;
+mod show;
 mod subscribe;
 
 use clap::{Parser, Subcommand};
@@ -198,6 +199,26 @@ fn main() -> ExitCode {
 }
 
 pub type CliResult = Result<(), String>;
+
+/// Errors that mean the server is (for now) not there, as during a restart: `pub` and
+/// `sub` reconnect after these for `--retry-for` seconds.
+pub fn server_gone(e: &embarcadero_client::Error) -> bool {
+    use embarcadero_client::Error;
+    matches!(
+        e,
+        Error::ConnectionLost { .. }
+            | Error::Connect { .. }
+            | Error::NoLiveBroker
+            | Error::Timeout(_)
+    )
+}
+
+/// A pause between attempts to reach a server that is down, doubling up to 1 s.
+pub fn retry_pause(pause: &mut std::time::Duration) {
+    // A retry interval while the server is down, not a wait for an event.
+    std::thread::sleep(*pause);
+    *pause = (*pause * 2).min(std::time::Duration::from_secs(1));
+}
 
 /// `n` with the noun in the right number: "1 message", "2 messages", "0 batches".
 pub fn count_of(n: u64, one: &str, many: &str) -> String {
@@ -407,24 +428,7 @@ fn topic(cmd: TopicCommand) -> CliResult {
             if json {
                 say!("{}", serde_json::to_string_pretty(&topics).expect("json"));
             } else {
-                say!(
-                    "{:<32} {:>5} {:>3} {:>4} {:>14}",
-                    "NAME",
-                    "ORDER",
-                    "RF",
-                    "ACK",
-                    "NEXT POSITION"
-                );
-                for t in topics {
-                    say!(
-                        "{:<32} {:>5} {:>3} {:>4} {:>14}",
-                        t.name,
-                        t.order,
-                        t.replication_factor,
-                        t.default_ack,
-                        t.next_position
-                    );
-                }
+                say!("{}", show::topic_table(&topics, None).trim_end());
             }
         }
         TopicCommand::Describe {
@@ -438,27 +442,7 @@ fn topic(cmd: TopicCommand) -> CliResult {
             if json {
                 say!("{}", serde_json::to_string_pretty(&t).expect("json"));
             } else {
-                say!("topic            {}", t.name);
-                say!("order            {}", t.order);
-                say!("replication      {}", t.replication_factor);
-                say!("default ack      {}", t.default_ack);
-                say!(
-                    "retention        {} bytes, {} ms (0: no limit)",
-                    t.retention_bytes,
-                    t.retention_ms
-                );
-                say!("committed batches {}", t.committed_batches);
-                say!("durable batches  {}", t.durable_batches);
-                if t.replication_factor >= 2 {
-                    say!(
-                        "readable below   {} (the durable position)",
-                        t.durable_position
-                    );
-                }
-                say!("next position    {}", t.next_position);
-                for b in &t.brokers {
-                    say!("broker           {b}");
-                }
+                say!("{}", show::topic_text(&t).trim_end());
             }
         }
     }
@@ -471,65 +455,8 @@ fn status(control: &ControlArg, json: bool) -> CliResult {
         .map_err(|e| e.to_string())?;
     if json {
         say!("{}", serde_json::to_string_pretty(&s).expect("json"));
-        return Ok(());
-    }
-    say!(
-        "embarcadero {}  up {} s  control {}",
-        s["version"].as_str().unwrap_or("?"),
-        s["uptime_s"],
-        control.control
-    );
-    let seq = &s["sequencer"];
-    let lease = &s["cluster"]["sequencer"];
-    if seq["mode"] == "embedded" {
-        say!(
-            "sequencer: embedded, active  epochs {}  batches ordered {}  fencing epoch {}",
-            seq["epochs"],
-            seq["batches_ordered"],
-            lease["fencing_epoch"]
-        );
     } else {
-        say!(
-            "sequencer: external  holder {}  fencing epoch {}  lease {} ms left",
-            lease["holder"].as_str().unwrap_or("?"),
-            lease["fencing_epoch"],
-            lease["lease_remaining_ms"]
-        );
-    }
-    say!(
-        "{:<4} {:<22} {:<7} {:>14} {:>12} {:>6} {:>5}",
-        "ID",
-        "ADDRESS",
-        "STATE",
-        "LOG BYTES",
-        "MESSAGES",
-        "CONNS",
-        "FREE"
-    );
-    let local = s["brokers"].as_array().cloned().unwrap_or_default();
-    for m in s["cluster"]["members"].as_array().into_iter().flatten() {
-        // Counters are known for the head's own brokers; a follower keeps its own.
-        let counters = local.iter().find(|b| b["id"] == m["id"]);
-        let field = |name: &str| counters.map_or("-".to_string(), |b| b[name].to_string());
-        say!(
-            "{:<4} {:<22} {:<7} {:>14} {:>12} {:>6} {:>5}",
-            m["id"].to_string(),
-            m["addr"].as_str().unwrap_or("-"),
-            m["state"].as_str().unwrap_or("?"),
-            field("publish_bytes"),
-            field("publish_messages"),
-            field("connections"),
-            field("free_segments")
-        );
-    }
-    say!("topics: {}", s["topics"].as_array().map_or(0, |t| t.len()));
-    for t in s["topics"].as_array().into_iter().flatten() {
-        say!(
-            "  {} (order {}): next position {}",
-            t["name"].as_str().unwrap_or("?"),
-            t["order"],
-            t["next_position"]
-        );
+        say!("{}", show::status_text(&s, &control.control).trim_end());
     }
     Ok(())
 }

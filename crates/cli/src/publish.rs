@@ -1,9 +1,12 @@
 //! `embarcadero pub`.
 
+mod source;
+
 use crate::{CliResult, ControlArg};
 use embarcadero_client::{Admin, Publisher, PublisherConfig, PublisherStats, TopicInfo};
 use indicatif::{ProgressBar, ProgressState, ProgressStyle};
-use std::io::{BufRead, IsTerminal};
+use source::Source;
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
@@ -35,6 +38,11 @@ pub struct PubArgs {
     /// Print the final summary as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// When the server goes away (a restart), keep trying to reconnect for this many
+    /// seconds, then publish every message not yet acknowledged (those whose
+    /// acknowledgement was lost with the server are sent again); 0: fail at once.
+    #[arg(long, default_value_t = 60)]
+    pub retry_for: u64,
 }
 
 pub fn config_of(args: &PubArgs, ack_level: u8) -> PublisherConfig {
@@ -53,31 +61,164 @@ pub fn run(args: PubArgs) -> CliResult {
         .map_err(|e| e.to_string())?;
     let ack = args.ack.unwrap_or(topic.default_ack);
     check_ack_level(&topic, ack)?;
-    let publisher = Publisher::connect(&args.control.control, &args.topic, config_of(&args, ack))
-        .map_err(|e| e.to_string())?;
-    if args.count.is_some() {
-        check_size(args.size, publisher.max_message_bytes())?;
-    }
+    let mut publisher =
+        Publisher::connect(&args.control.control, &args.topic, config_of(&args, ack))
+            .map_err(|e| e.to_string())?;
+    let mut source = match args.count {
+        Some(count) => {
+            check_size(args.size, publisher.max_message_bytes())?;
+            Source::generated(args.size, count)
+        }
+        None => Source::lines(Box::new(std::io::stdin().lock())),
+    };
     let start = Instant::now();
     let bar = progress(args.count);
-    let mut ledger = AckLedger::default();
-    let sent = match args.count {
-        Some(count) => publish_generated(&publisher, args.size, count, &bar, &mut ledger),
-        None => publish_stdin(&publisher, &bar, &mut ledger),
-    };
-    // Everything published before a failure is still waited for (a bad line fails only
-    // itself), so that the count of acknowledged messages is as high as it truly is.
-    let flushed = publisher.flush().map_err(|e| e.to_string());
-    bar.finish_and_clear();
-    if let Err(cause) = sent.and(flushed) {
-        let acked = ledger.acked_messages(publisher.acked_prefix());
-        return Err(failure_report(&args, &cause, acked, ledger.published));
+    let mut reconnects = 0u64;
+    loop {
+        let base = source.position();
+        let mut ledger = AckLedger::default();
+        let outcome = publish_all(&publisher, &mut source, &bar, &mut ledger, ack);
+        let acked = base + ledger.acked_messages(publisher.acked_prefix());
+        match outcome {
+            Ok(()) => break,
+            Err(Failure::Server(e)) if crate::server_gone(&e) && args.retry_for > 0 => {
+                bar.suspend(|| -> CliResult {
+                    publisher = reconnect(&args, ack, acked, &e).map_err(|why| {
+                        failure_report(&args, &why, acked, base + ledger.published)
+                    })?;
+                    Ok(())
+                })?;
+                source.rewind(acked);
+                reconnects += 1;
+            }
+            Err(f) => {
+                bar.finish_and_clear();
+                return Err(failure_report(
+                    &args,
+                    &f.to_string(),
+                    acked,
+                    base + ledger.published,
+                ));
+            }
+        }
     }
+    bar.finish_and_clear();
     let stats = publisher.close().map_err(|e| {
         format!("{e}; not every message was acknowledged, so the publish did not complete")
     })?;
     report(&stats, start.elapsed(), args.json, ack);
+    if reconnects > 0 && !args.json {
+        say!(
+            "reconnected {} after losing the server; the figures above are since the last",
+            crate::count_of(reconnects, "time", "times")
+        );
+    }
     Ok(())
+}
+
+/// Why publishing stopped: the publisher's error (which may mean the server is gone),
+/// or anything else (unreadable input), already worded.
+enum Failure {
+    Server(embarcadero_client::Error),
+    Other(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Server(e) => write!(f, "{e}"),
+            Failure::Other(text) => f.write_str(text),
+        }
+    }
+}
+
+/// Publishes every message `source` still has, then waits for their acknowledgements.
+/// Everything published before a failure is still waited for (a bad line fails only
+/// itself), so that the count of acknowledged messages is as high as it truly is.
+fn publish_all(
+    publisher: &Publisher,
+    source: &mut Source,
+    bar: &ProgressBar,
+    ledger: &mut AckLedger,
+    ack: u8,
+) -> Result<(), Failure> {
+    let base = source.position();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let watcher =
+            (ack > 0).then(|| scope.spawn(|| warn_while_unacknowledged(publisher, bar, &done)));
+        let sent = publish_from(publisher, source, bar, ledger, base);
+        let flushed = publisher.flush().map_err(Failure::Server);
+        done.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(w) = watcher {
+            w.thread().unpark();
+        }
+        sent.and(flushed)
+    })
+}
+
+fn publish_from(
+    publisher: &Publisher,
+    source: &mut Source,
+    bar: &ProgressBar,
+    ledger: &mut AckLedger,
+    base: u64,
+) -> Result<(), Failure> {
+    let lines = source.is_lines();
+    loop {
+        let number = source.position() + 1;
+        let Some(message) = source.next().map_err(Failure::Other)? else {
+            return Ok(());
+        };
+        publisher.publish(message).map_err(|e| match &e {
+            e if crate::server_gone(e) => Failure::Server(e.clone()),
+            e if lines => Failure::Other(format!("line {number} was not published: {e}")),
+            _ => Failure::Server(e),
+        })?;
+        ledger.record(publisher.batches_sealed());
+        if lines || number.is_multiple_of(4096) {
+            bar.set_position(number);
+            // Copies of acknowledged lines are no longer needed for a resend.
+            source.acknowledged(base + ledger.acked_messages(publisher.acked_prefix()));
+        }
+    }
+}
+
+/// A new publisher as soon as the server answers again, within `--retry-for` seconds.
+fn reconnect(
+    args: &PubArgs,
+    ack: u8,
+    acked: u64,
+    cause: &embarcadero_client::Error,
+) -> Result<Publisher, String> {
+    eprintln!(
+        "note: lost the server ({cause}) with {} acknowledged; reconnecting for up to {} s to publish the rest (any whose acknowledgement was lost with the server are sent again)",
+        crate::count_of(acked, "message", "messages"),
+        args.retry_for
+    );
+    let deadline = Instant::now() + Duration::from_secs(args.retry_for);
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match Publisher::connect(&args.control.control, &args.topic, config_of(args, ack)) {
+            Ok(p) => {
+                eprintln!(
+                    "note: reconnected; publishing again from message {}",
+                    acked + 1
+                );
+                return Ok(p);
+            }
+            Err(e) if crate::server_gone(&e) && Instant::now() < deadline => {
+                crate::retry_pause(&mut pause)
+            }
+            Err(e) if crate::server_gone(&e) => {
+                return Err(format!(
+                    "the server did not come back within {} s ({e})",
+                    args.retry_for
+                ))
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
 }
 
 /// Ack level 2 waits for disk replicas: refused up front with the remedy that fits the
@@ -109,50 +250,36 @@ fn check_size(size: usize, max_message_bytes: usize) -> CliResult {
     Ok(())
 }
 
-fn publish_generated(
-    publisher: &Publisher,
-    size: usize,
-    count: u64,
-    bar: &ProgressBar,
-    ledger: &mut AckLedger,
-) -> Result<(), String> {
-    let payload: Vec<u8> = (0..size).map(|i| b'a' + (i % 26) as u8).collect();
-    for i in 0..count {
-        publisher.publish(&payload).map_err(|e| e.to_string())?;
-        ledger.record(publisher.batches_sealed());
-        if i % 4096 == 0 {
-            bar.set_position(i);
-        }
-    }
-    Ok(())
-}
+/// How long sealed batches may go without any acknowledgement before `pub` says so.
+const ACK_SILENCE: Duration = Duration::from_secs(3);
 
-/// One message per line of stdin (without its line ending).
-fn publish_stdin(
+/// Warns on stderr while sealed batches wait for acknowledgements that do not come (a
+/// broker holding publishers back), and says when they resume, until `done`.
+fn warn_while_unacknowledged(
     publisher: &Publisher,
     bar: &ProgressBar,
-    ledger: &mut AckLedger,
-) -> Result<(), String> {
-    let stdin = std::io::stdin();
-    let mut lock = stdin.lock();
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        let line_number = ledger.published + 1;
-        let read = lock
-            .read_until(b'\n', &mut line)
-            .map_err(|e| format!("cannot read line {line_number} of stdin: {e}"))?;
-        if read == 0 {
-            return Ok(());
+    done: &std::sync::atomic::AtomicBool,
+) {
+    let mut acked = publisher.acked_prefix();
+    let mut since = Instant::now();
+    let mut warned = false;
+    while !done.load(std::sync::atomic::Ordering::Acquire) {
+        std::thread::park_timeout(Duration::from_millis(200));
+        let now_acked = publisher.acked_prefix();
+        let waiting = publisher.batches_sealed().saturating_sub(now_acked);
+        if now_acked != acked || waiting == 0 {
+            if warned {
+                bar.suspend(|| eprintln!("note: acknowledgements resumed"));
+            }
+            (acked, since, warned) = (now_acked, Instant::now(), false);
+        } else if !warned && since.elapsed() >= ACK_SILENCE {
+            bar.suspend(|| eprintln!(
+                "warning: no acknowledgement for {} s ({} waiting): the brokers are holding publishers back, usually for a subscriber of a memory-only topic that does not read, or a disk replica that cannot write (ack 2); `embarcadero status` says which",
+                ACK_SILENCE.as_secs(),
+                crate::count_of(waiting, "batch", "batches")
+            ));
+            warned = true;
         }
-        while matches!(line.last(), Some(b'\n' | b'\r')) {
-            line.pop();
-        }
-        publisher
-            .publish(&line)
-            .map_err(|e| format!("line {line_number} was not published: {e}"))?;
-        ledger.record(publisher.batches_sealed());
-        bar.set_position(ledger.published);
     }
 }
 
@@ -193,6 +320,7 @@ impl AckLedger {
 /// The error of a failed run: what went wrong, how many messages are acknowledged, and
 /// (reading stdin) the line to resume from; with `--json` also a summary on stdout.
 fn failure_report(args: &PubArgs, cause: &str, acked: u64, published: u64) -> String {
+    assert!(acked <= published, "{acked} acknowledged of {published}");
     let from_stdin = args.count.is_none();
     let resume = acked + 1;
     if args.json {

@@ -28,6 +28,10 @@ pub struct SubArgs {
     /// Give up if no message arrives for this many seconds (default: wait forever).
     #[arg(long)]
     pub idle_timeout_s: Option<u64>,
+    /// When the server goes away (a restart), keep trying to reconnect for this many
+    /// seconds, then continue from the next message not yet printed; 0: fail at once.
+    #[arg(long, default_value_t = 60)]
+    pub retry_for: u64,
 }
 
 /// Where `--from` starts.
@@ -174,17 +178,24 @@ fn print_messages(args: &SubArgs, sub: &mut Subscriber) -> CliResult {
     let mut write_error = None;
     while printed < limit {
         let wait = if unflushed { MORE_NOW } else { IDLE_POLL };
-        let n = sub
-            .poll_with(wait, |m| {
-                if printed >= limit || write_error.is_some() {
-                    return;
-                }
-                if let Err(e) = print_message(&mut out, &m, jsonl, ordered) {
-                    write_error = Some(e);
-                }
-                printed += 1;
-            })
-            .map_err(|e| e.to_string())?;
+        let polled = sub.poll_with(wait, |m| {
+            if printed >= limit || write_error.is_some() {
+                return;
+            }
+            if let Err(e) = print_message(&mut out, &m, jsonl, ordered) {
+                write_error = Some(e);
+            }
+            printed += 1;
+        });
+        let n = match polled {
+            Ok(n) => n,
+            Err(e) if crate::server_gone(&e) && args.retry_for > 0 => {
+                out.flush().or_else(stdout_failed)?;
+                *sub = reconnect(args, sub, &e)?;
+                continue;
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         if let Some(e) = write_error {
             return stdout_failed(e);
         }
@@ -207,6 +218,55 @@ fn print_messages(args: &SubArgs, sub: &mut Subscriber) -> CliResult {
         }
     }
     out.flush().or_else(stdout_failed)
+}
+
+/// A new subscriber at the position after the last message printed, made as soon as
+/// the server answers again, within `--retry-for` seconds of losing it.
+fn reconnect(
+    args: &SubArgs,
+    lost: &Subscriber,
+    cause: &embarcadero_client::Error,
+) -> Result<Subscriber, String> {
+    let from = Subscriber::position(lost);
+    eprintln!(
+        "note: lost the server ({cause}); reconnecting for up to {} s to continue from {}",
+        args.retry_for,
+        describe(&from)
+    );
+    let deadline = Instant::now() + Duration::from_secs(args.retry_for);
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let config = SubscriberConfig {
+            start: Some(from.clone()),
+            ..SubscriberConfig::default()
+        };
+        match Subscriber::connect(&args.control.control, &args.topic, config) {
+            Ok(sub) => {
+                eprintln!("note: reconnected; continuing from {}", describe(&from));
+                return Ok(sub);
+            }
+            Err(e) if crate::server_gone(&e) => {
+                if Instant::now() >= deadline {
+                    return Err(format!(
+                        "the server did not come back within {} s ({e}); to continue later: embarcadero sub {} --from {}",
+                        args.retry_for,
+                        args.topic,
+                        cursor_arg(&from)
+                    ));
+                }
+                crate::retry_pause(&mut pause);
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// `cursor` as `--from` takes it.
+fn cursor_arg(cursor: &Cursor) -> String {
+    match cursor {
+        Cursor::Global(p) => p.to_string(),
+        Cursor::PerBroker(v) => v.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
+    }
 }
 
 /// A reader that went away (`sub | head`) ends the command quietly, like any Unix tool.

@@ -176,7 +176,19 @@ fn pub_whose_server_is_killed_says_what_was_acknowledged_and_where_to_resume() {
         &["topic", "create", "kept", "--order", "2", "--rf", "2"],
         None,
     ));
-    let mut publisher = spawn(&serve, &["pub", "kept", "--ack", "2", "--linger-us", "0"]);
+    let mut publisher = spawn(
+        &serve,
+        &[
+            "pub",
+            "kept",
+            "--ack",
+            "2",
+            "--linger-us",
+            "0",
+            "--retry-for",
+            "0",
+        ],
+    );
     let stdin = Mutex::new(publisher.stdin.take().unwrap());
     for i in 1..=5 {
         write_line(&stdin, &format!("line-{i}"));
@@ -203,6 +215,60 @@ fn pub_whose_server_is_killed_says_what_was_acknowledged_and_where_to_resume() {
         let want: String = (1..=acked).map(|i| format!("line-{i}\n")).collect();
         assert_eq!(read, want, "every acknowledged line survived");
     }
+    serve.stop();
+}
+
+/// The server is SIGKILLed and started again on the same ports while `pub` reads stdin
+/// and `sub` prints: both reconnect by themselves (`--retry-for`, 60 s by default),
+/// `pub` exits 0 once every line is acknowledged, and `sub` continues where it was:
+/// every line arrives, in order of first appearance (a line whose acknowledgement was
+/// lost with the server may be published, and so printed, a second time).
+#[test]
+fn pub_and_sub_carry_on_across_a_server_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let (base, control) = (common::free_port(), common::free_port());
+    let one_broker = ["--brokers", "1"];
+    let serve = Serve::start_on(&data, base, control, &one_broker);
+    ok(&serve.run(&["topic", "create", "on", "--order", "2"], None));
+    let mut sub = spawn(&serve, &["sub", "on"]);
+    let printed = lines_of(sub.stdout.take().unwrap());
+    let mut publisher = spawn(&serve, &["pub", "on", "--ack", "2", "--linger-us", "0"]);
+    let stdin = Mutex::new(publisher.stdin.take().unwrap());
+    let mut seen = Vec::new();
+    for i in 1..=5 {
+        write_line(&stdin, &format!("line-{i}"));
+        seen.push(wait_for(&printed, "line-"));
+    }
+    let notes = lines_of(publisher.stderr.take().unwrap());
+    serve.kill();
+    for i in 6..=10 {
+        write_line(&stdin, &format!("line-{i}"));
+    }
+    // At the end of its input `pub` waits for the acknowledgements; the server stays
+    // down until `pub` has given up on its connections and waits for the server.
+    drop(stdin);
+    wait_for(&notes, "lost the server");
+    let serve = Serve::start_on(&data, base, control, &one_broker);
+    wait_for(&notes, "reconnected");
+    assert!(publisher.wait().unwrap().success(), "pub exits 0");
+    while seen.last().is_none_or(|l| l != "line-10") {
+        seen.push(wait_for(&printed, "line-"));
+    }
+    let mut first_seen: Vec<&String> = Vec::new();
+    for line in &seen {
+        if !first_seen.contains(&line) {
+            first_seen.push(line);
+        }
+    }
+    let want: Vec<String> = (1..=10).map(|i| format!("line-{i}")).collect();
+    assert_eq!(
+        first_seen,
+        want.iter().collect::<Vec<_>>(),
+        "printed: {seen:?}"
+    );
+    sub.kill().unwrap();
+    sub.wait().unwrap();
     serve.stop();
 }
 

@@ -110,13 +110,20 @@ impl Serve {
     /// server picks and names in its "serving" line: a port picked here and released
     /// before the server binds it can be taken by someone else meanwhile.
     pub fn start_with(data_dir: &Path, extra: &[&str]) -> Self {
+        Self::start_on(data_dir, 0, 0, extra)
+    }
+
+    /// The same on given ports (0: ephemeral), for a server that must come back where
+    /// its clients knew it, after a restart.
+    pub fn start_on(data_dir: &Path, base_port: u16, control_port: u16, extra: &[&str]) -> Self {
         let data_dir = data_dir.display().to_string();
+        let (base_port, control_port) = (base_port.to_string(), control_port.to_string());
         let mut args = vec![
             "serve",
             "--base-port",
-            "0",
+            &base_port,
             "--control-port",
-            "0",
+            &control_port,
             "--data-dir",
             &data_dir,
         ];
