@@ -77,6 +77,10 @@ pub struct BrokerConfig {
     /// Connections from one client address beyond this many are refused
     /// (TooManyConnections): one client cannot take every thread and reader slot.
     pub max_connections_per_address: u64,
+    /// Reader slots of one topic that subscribers from one client address may hold over
+    /// every broker of the region; more are refused (TooManyConnections), so no client
+    /// can leave every other subscriber without a pin.
+    pub max_subscribers_per_address: u32,
     /// Fault injection for experiments (`None` in normal operation).
     pub fault: Option<Fault>,
 }
@@ -112,6 +116,7 @@ impl BrokerConfig {
             replica_dirs: Vec::new(),
             max_connections: 4096,
             max_connections_per_address: 1024,
+            max_subscribers_per_address: 128,
             fault: None,
         }
     }

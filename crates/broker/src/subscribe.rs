@@ -81,9 +81,50 @@ struct Pin<'a> {
     last_beat: Cell<u64>,
 }
 
+/// Who is claiming a reader slot: for which broker, and from which client address.
+struct Claimant {
+    broker: u32,
+    /// [`address_hash`] of the subscriber's address.
+    address: u64,
+    /// Slots of the topic its address may hold (`max_subscribers_per_address`).
+    limit: u32,
+    /// Pins older than this hold nothing, and do not count.
+    stall: Duration,
+}
+
+impl Claimant {
+    fn of(shared: &Shared, stream: &TcpStream) -> io::Result<Self> {
+        Ok(Self {
+            broker: shared.config.broker_id,
+            address: address_hash(stream.peer_addr()?.ip()),
+            limit: shared.config.max_subscribers_per_address,
+            stall: shared.config.reader_stall_timeout,
+        })
+    }
+}
+
+/// A stable, non-zero hash of a client address (FNV-1a over its bytes): the same in
+/// every broker process, so one address's pins can be counted region-wide.
+fn address_hash(ip: std::net::IpAddr) -> u64 {
+    let bytes = match ip.to_canonical() {
+        std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
+        std::net::IpAddr::V6(v6) => v6.octets().to_vec(),
+    };
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    hash | 1
+}
+
 impl<'a> Pin<'a> {
-    /// Claims a free slot for broker `broker`, pinning `positions[i]` at index `i`.
-    fn claim(region: &'a Region, topic: u32, broker: u32, positions: &[u64]) -> Self {
+    /// Claims a free slot for `who`, pinning `positions[i]` at index `i`; refused when
+    /// its address already holds its limit of the topic's slots.
+    fn claim(
+        region: &'a Region,
+        topic: u32,
+        who: &Claimant,
+        positions: &[u64],
+    ) -> Result<Self, End> {
         for slot in 0..READER_SLOTS {
             let hb = region.reader_heartbeat(topic, slot);
             if hb.load(Ordering::Relaxed) == 0
@@ -91,37 +132,73 @@ impl<'a> Pin<'a> {
                     .compare_exchange(0, READER_CLAIMING, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
             {
-                // Before anything else of the claim: a scan that sees the claiming
-                // heartbeat must reach this slot.
-                region.reader_slot_claimed(topic, slot);
-                region
-                    .reader_owner(topic, slot)
-                    .store(broker as u64 + 1, Ordering::Release);
-                for (i, p) in positions.iter().enumerate() {
-                    region
-                        .reader_position(topic, slot, i as u32)
-                        .store(*p, Ordering::Release);
-                }
-                let now = monotonic_ns();
-                hb.store(now, Ordering::Release);
-                return Self {
-                    region,
-                    topic,
-                    slot: Cell::new(Some(slot)),
-                    last_beat: Cell::new(now),
-                };
+                return Self::fill(region, topic, slot, who, positions);
             }
         }
         tracing::warn!(
             topic,
             "all {READER_SLOTS} reader slots are in use; this subscriber does not hold back reclamation"
         );
-        Self {
+        Ok(Self {
             region,
             topic,
             slot: Cell::new(None),
             last_beat: Cell::new(0),
+        })
+    }
+
+    /// Completes the claim of `slot` (its heartbeat is [`READER_CLAIMING`], so only
+    /// this broker writes it), or gives it back if the address is over its limit.
+    fn fill(
+        region: &'a Region,
+        topic: u32,
+        slot: u32,
+        who: &Claimant,
+        positions: &[u64],
+    ) -> Result<Self, End> {
+        let hb = region.reader_heartbeat(topic, slot);
+        assert_eq!(
+            hb.load(Ordering::Acquire),
+            READER_CLAIMING,
+            "a slot being claimed"
+        );
+        // Before anything else of the claim: a scan that sees the claiming heartbeat
+        // must reach this slot.
+        region.reader_slot_claimed(topic, slot);
+        // SeqCst with the count's loads: of two claims from one address at once, at
+        // least one sees the other, so together they never pass the limit.
+        region
+            .reader_address(topic, slot)
+            .store(who.address, Ordering::SeqCst);
+        let held = region.readers_from(topic, who.address, who.stall);
+        if held > who.limit {
+            region
+                .reader_address(topic, slot)
+                .store(0, Ordering::Release);
+            hb.store(0, Ordering::Release);
+            let message = format!(
+                "this client address already has {} subscribers of the topic holding memory (broker.max_subscribers_per_address = {}); close some, or raise the setting",
+                held - 1,
+                who.limit
+            );
+            return Err(Refusal::new(ErrorCode::TooManyConnections, message).into());
         }
+        region
+            .reader_owner(topic, slot)
+            .store(who.broker as u64 + 1, Ordering::Release);
+        for (i, p) in positions.iter().enumerate() {
+            region
+                .reader_position(topic, slot, i as u32)
+                .store(*p, Ordering::Release);
+        }
+        let now = monotonic_ns();
+        hb.store(now, Ordering::Release);
+        Ok(Self {
+            region,
+            topic,
+            slot: Cell::new(Some(slot)),
+            last_beat: Cell::new(now),
+        })
     }
 
     fn set(&self, index: u32, position: u64) {
@@ -469,7 +546,7 @@ fn serve_global(
     let mut idle = IdleWait::new(shared);
     let mut cursor: Option<(u64, u32)> = None;
     let mut disk = DiskLog::new(shared, meta);
-    let pin = Pin::claim(region, topic, shared.config.broker_id, &[start]);
+    let pin = Pin::claim(region, topic, &Claimant::of(shared, stream)?, &[start])?;
     while !shared.shutdown.load(Ordering::Relaxed) {
         let seen = bell.seen();
         pin.beat();
@@ -847,7 +924,7 @@ fn serve_per_broker(
     let brokers = positions.len() as u32;
     let mut cursors: Vec<Option<(u64, u32)>> = vec![None; brokers as usize];
     let per_broker_limit = (MAX_BATCHES_PER_ROUND / brokers as usize).max(1);
-    let pin = Pin::claim(region, topic, shared.config.broker_id, &positions);
+    let pin = Pin::claim(region, topic, &Claimant::of(shared, stream)?, &positions)?;
     while !shared.shutdown.load(Ordering::Relaxed) {
         let seen = bell.seen();
         pin.beat();

@@ -49,8 +49,15 @@ pub const READERS_LINE_LEN: u64 = 64;
 pub const SESSION_SLOTS: u32 = 256;
 /// A session slot: state, client id, session epoch, committed high-water mark.
 pub const SESSION_SLOT_LEN: u64 = 64;
-/// A reader slot: heartbeat, then one position per possible broker.
+/// A reader slot: heartbeat, then one position per possible broker, the owner word and
+/// the client address word, then spare room.
 pub const READER_SLOT_LEN: u64 = 8 * (1 + MAX_BROKERS as u64) + 56;
+/// In a reader slot: 1 + the broker serving the reader.
+pub const READER_OWNER_REL: u64 = 8 * (1 + MAX_BROKERS as u64);
+/// In a reader slot: a hash of the subscriber's client address (0: not recorded), so a
+/// cap per address can count an address's pins over every broker of the region.
+pub const READER_ADDRESS_REL: u64 = READER_OWNER_REL + 8;
+const _: () = assert!(READER_ADDRESS_REL + 8 <= READER_SLOT_LEN);
 
 /// Capacities of a region. Stored in its header; an attaching process must agree (the
 /// head publishes them to followers as JSON).

@@ -665,7 +665,28 @@ impl Region {
     /// 1 + the broker serving a reader slot (0: none recorded). Written by that broker
     /// when it claims the slot, before the slot's positions.
     pub fn reader_owner(&self, topic: u32, slot: u32) -> &AtomicU64 {
-        self.word(self.layout.reader_slot_off(topic, slot) + 8 * (1 + MAX_BROKERS as u64))
+        self.word(self.layout.reader_slot_off(topic, slot) + crate::layout::READER_OWNER_REL)
+    }
+
+    /// A hash of the client address of the reader in `slot` (0: not recorded). Written
+    /// by the claiming broker before the slot's heartbeat leaves [`READER_CLAIMING`].
+    pub fn reader_address(&self, topic: u32, slot: u32) -> &AtomicU64 {
+        self.word(self.layout.reader_slot_off(topic, slot) + crate::layout::READER_ADDRESS_REL)
+    }
+
+    /// How many slots of `topic` are held (claimed or live) by readers from the client
+    /// address with hash `address`; stale ones (older than `stall`) are not counted.
+    pub fn readers_from(&self, topic: u32, address: u64, stall: std::time::Duration) -> u32 {
+        assert_ne!(address, 0, "0 means an address that was not recorded");
+        let now = monotonic_ns();
+        (0..self.reader_slots_high(topic))
+            .filter(|&slot| {
+                let hb = self.reader_heartbeat(topic, slot).load(Ordering::Acquire);
+                let live = hb == READER_CLAIMING
+                    || (hb != 0 && now.saturating_sub(hb) <= stall.as_nanos() as u64);
+                live && self.reader_address(topic, slot).load(Ordering::Acquire) == address
+            })
+            .count() as u32
     }
 
     /// Frees every reader slot `broker` holds, so that its subscribers (who reconnect

@@ -111,6 +111,10 @@ pub struct BrokerSettings {
     pub max_connections: u64,
     /// Connections a broker accepts at once from one client address.
     pub max_connections_per_address: u64,
+    /// Subscribers of one topic from one client address that hold a reader slot, over
+    /// every broker; at most `READER_SLOTS` / 8, so eight addresses are needed to take
+    /// every slot.
+    pub max_subscribers_per_address: u32,
     pub idle_sleep_max_us: u64,
     /// A subscriber that makes no progress for this long stops holding memory.
     pub reader_stall_timeout_ms: u64,
@@ -212,6 +216,7 @@ impl Default for BrokerSettings {
             payload_timeout_ms: 30_000,
             max_connections: 4096,
             max_connections_per_address: 1024,
+            max_subscribers_per_address: 128,
             idle_sleep_max_us: 20_000,
             reader_stall_timeout_ms: 30_000,
             fault_broker: -1,
@@ -350,6 +355,14 @@ impl ServerConfig {
         }
         if b.payload_timeout_ms == 0 {
             return bad("broker.payload_timeout_ms must be above 0".into());
+        }
+        let most_subscribers = embarcadero_region::READER_SLOTS / 8;
+        if b.max_subscribers_per_address == 0 || b.max_subscribers_per_address > most_subscribers {
+            return bad(format!(
+                "broker.max_subscribers_per_address must be 1..={most_subscribers} (an eighth of the {} reader slots of a topic), got {}",
+                embarcadero_region::READER_SLOTS,
+                b.max_subscribers_per_address
+            ));
         }
         if b.max_connections == 0 || b.max_connections_per_address == 0 {
             return bad(

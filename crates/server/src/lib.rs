@@ -406,6 +406,7 @@ pub(crate) fn broker_config(
         payload_timeout: Duration::from_millis(b.payload_timeout_ms),
         max_connections: b.max_connections,
         max_connections_per_address: b.max_connections_per_address,
+        max_subscribers_per_address: b.max_subscribers_per_address,
         idle_sleep_max: Duration::from_micros(b.idle_sleep_max_us),
         reader_stall_timeout: Duration::from_millis(b.reader_stall_timeout_ms),
         session_window: s.session_window,

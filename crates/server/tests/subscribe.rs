@@ -385,3 +385,54 @@ fn one_address_gets_at_most_its_share_of_connections() {
         );
     }
 }
+
+/// Issue 28: one client address cannot take every reader slot of a topic, even spread
+/// over every broker (slots are region-wide): past `broker.max_subscribers_per_address`
+/// a subscriber is refused with TooManyConnections, and a slot that frees up can be
+/// taken again.
+#[test]
+fn one_address_holds_at_most_its_share_of_reader_slots() {
+    let t = common::start_with(|c| c.broker.max_subscribers_per_address = 3);
+    t.create_topic("pins", 2);
+    publish(&t, "pins", 0, 1, 64);
+    let brokers = t.brokers();
+    let subscribe = |broker: usize| {
+        let mut s = TcpStream::connect(&brokers[broker % brokers.len()]).unwrap();
+        s.write_all(&subscriber_hello("pins")).unwrap();
+        let (h, _) = common::next_frame(&mut s);
+        assert_eq!(h.kind, embarcadero_wire::FrameKind::HelloOk);
+        let (h, body) = common::next_frame(&mut s);
+        (s, h, body)
+    };
+    let mut held: Vec<TcpStream> = (0..3)
+        .map(|i| {
+            let (s, h, _) = subscribe(i);
+            assert_eq!(
+                h.kind,
+                embarcadero_wire::FrameKind::Delivery,
+                "subscriber {i}"
+            );
+            s
+        })
+        .collect();
+    let (_, h, body) = subscribe(3);
+    let e = embarcadero_wire::ErrorFrame::decode(&h, &body).unwrap();
+    assert_eq!(e.code, ErrorCode::TooManyConnections);
+    assert!(
+        e.message.contains("max_subscribers_per_address = 3"),
+        "{}",
+        e.message
+    );
+    drop(held.pop());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, h, _) = subscribe(3);
+        if h.kind == embarcadero_wire::FrameKind::Delivery {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the freed slot is never taken"
+        );
+    }
+}
