@@ -332,66 +332,81 @@ pub struct RequestHead {
     pub expect_continue: bool,
 }
 
-/// Parses a request's head (the bytes [`head_end`] delimits; untrusted): the request
-/// line and the headers this server acts on. A refusal is the response that says why.
+/// Most headers a request may carry.
+const MAX_HEADERS: usize = 64;
+
+/// Parses a request's head (the bytes [`head_end`] delimits; untrusted) with `httparse`:
+/// the request line and the headers this server acts on. A refusal is the response that
+/// says why.
 pub fn parse_head(head: &[u8]) -> Result<RequestHead, Response> {
-    let head = std::str::from_utf8(head)
-        .map_err(|_| Response::error(400, "request headers are not UTF-8 text"))?;
-    let mut lines = head.split("\r\n");
-    let request_line = lines.next().unwrap_or("");
-    let mut parts = request_line.split(' ');
-    let (Some(method), Some(url), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => {
+            return Err(Response::error(400, "the request head ends too early"))
+        }
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(Response::error(
+                431,
+                format!("more than {MAX_HEADERS} request headers"),
+            ))
+        }
+        Err(e) => return Err(Response::error(400, format!("malformed request head: {e}"))),
+    }
+    let (Some(method), Some(url), Some(version)) = (request.method, request.path, request.version)
     else {
-        return Err(Response::error(
-            400,
-            format!("malformed request line {request_line:?}"),
-        ));
+        return Err(Response::error(400, "malformed request line"));
     };
-    if !matches!(version, "HTTP/1.0" | "HTTP/1.1") || method.is_empty() || !url.starts_with('/') {
+    if !url.starts_with('/') {
         return Err(Response::error(
             400,
-            format!("malformed request line {request_line:?}"),
+            format!("request target {url:?} is not a path"),
         ));
     }
-    let mut content_length = 0usize;
+    let mut content_length = None;
     let mut expect_continue = false;
-    for line in lines.filter(|l| !l.is_empty()) {
-        let Some((name, value)) = line.split_once(':') else {
-            return Err(Response::error(
-                400,
-                format!("malformed header line {line:?}"),
-            ));
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
-            content_length = value
-                .parse()
-                .map_err(|_| Response::error(400, format!("bad Content-Length {value:?}")))?;
-            if content_length > MAX_BODY {
-                return Err(Response::error(
-                    413,
-                    format!(
-                        "request body of {content_length} bytes; at most {MAX_BODY} are accepted"
-                    ),
-                ));
+    for header in request.headers.iter() {
+        let value = std::str::from_utf8(header.value)
+            .map_err(|_| Response::error(400, format!("header {} is not UTF-8 text", header.name)))?
+            .trim();
+        if header.name.eq_ignore_ascii_case("content-length") {
+            if content_length.is_some() {
+                return Err(Response::error(400, "more than one Content-Length header"));
             }
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            content_length = Some(body_length(value)?);
+        } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
             return Err(Response::error(
                 411,
                 "send the body with a Content-Length, not chunked",
             ));
-        } else if name.eq_ignore_ascii_case("expect") {
+        } else if header.name.eq_ignore_ascii_case("expect") {
             expect_continue = value.eq_ignore_ascii_case("100-continue");
         }
     }
     Ok(RequestHead {
         method: method.to_string(),
         url: url.to_string(),
-        http11: version == "HTTP/1.1",
-        content_length,
+        http11: version == 1,
+        content_length: content_length.unwrap_or(0),
         expect_continue,
     })
+}
+
+/// A Content-Length value: digits only, at most [`MAX_BODY`].
+fn body_length(value: &str) -> Result<usize, Response> {
+    let bad = || Response::error(400, format!("bad Content-Length {value:?}"));
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let length: usize = value.parse().map_err(|_| bad())?;
+    if length > MAX_BODY {
+        return Err(Response::error(
+            413,
+            format!("request body of {length} bytes; at most {MAX_BODY} are accepted"),
+        ));
+    }
+    Ok(length)
 }
 
 fn encode(response: &Response) -> Vec<u8> {
@@ -506,7 +521,8 @@ mod tests {
     #[test]
     fn bad_requests_get_the_status_that_says_why() {
         let server = echo(Limits::default());
-        let cases: [(&[u8], u16); 6] = [
+        let many_headers = format!("GET /x HTTP/1.1\r\n{}\r\n", "A: b\r\n".repeat(65));
+        let cases: [(&[u8], u16); 9] = [
             (b"NONSENSE\r\n\r\n", 400),
             (b"GET /x HTTP/2.0\r\n\r\n", 400),
             (b"GET /x HTTP/1.1\r\nno colon\r\n\r\n", 400),
@@ -516,6 +532,13 @@ mod tests {
                 411,
             ),
             (b"POST /x HTTP/1.1\r\nContent-Length: 1\r\n\r\nab", 400),
+            // Two lengths would let two parsers of one request disagree on its body.
+            (
+                b"POST /x HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nab",
+                400,
+            ),
+            (b"POST /x HTTP/1.1\r\nContent-Length: +2\r\n\r\nab", 400),
+            (many_headers.as_bytes(), 431),
         ];
         for (request, expected) in cases {
             let response = exchange(&server, &[request]);
