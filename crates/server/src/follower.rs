@@ -161,11 +161,11 @@ impl Follower {
             metrics: broker.metrics(),
             pool: broker.segment_pool(),
         };
-        let metrics = crate::http::serve_metrics_only(
+        let metrics = crate::metrics::serve_metrics_only(
             config.metrics_listen,
             "a follower",
             "follower-metrics",
-            move || crate::http::follower_metrics(&info),
+            move || crate::metrics::follower_metrics(&info),
         )?;
         let advertised = match config.advertise {
             Some(a) if a.port() == 0 => SocketAddr::new(a.ip(), broker.local_addr().port()),

@@ -21,6 +21,7 @@ pub mod fuzzing;
 pub mod health;
 mod http;
 mod http_server;
+mod metrics;
 pub mod positions;
 mod rates;
 mod room;

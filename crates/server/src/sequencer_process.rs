@@ -111,11 +111,11 @@ impl SequencerProcess {
         // Bound once active: a standby's port refuses connections rather than leaving
         // scrapes to time out. Failing here drops the lease just taken.
         let counters = sequencer.metrics();
-        let metrics = crate::http::serve_metrics_only(
+        let metrics = crate::metrics::serve_metrics_only(
             config.metrics_listen,
             "an external sequencer",
             "sequencer-metrics",
-            move || crate::http::sequencer_process_metrics(&counters),
+            move || crate::metrics::sequencer_process_metrics(&counters),
         )?;
         tracing::info!(
             id = format_args!("{id:016x}"),
