@@ -134,11 +134,7 @@ pub fn run(
         }
         session.touch(&shared.region, unix_ms());
         if status.fenced {
-            return Refusal::new(
-                ErrorCode::SessionFenced,
-                session::fenced_message(hello.session_epoch, status.acked_hwm(hello.ack_level)),
-            )
-            .into();
+            return session::fenced(hello.session_epoch, status.acked_hwm(hello.ack_level)).into();
         }
         ok.next_batch_seq = status.acked_hwm(hello.ack_level);
     }
@@ -522,14 +518,10 @@ fn admit_session_batch(
         return Err(refuse_foreign_key(shared, hello.client_id));
     }
     if status.fenced {
-        return Err(Refusal {
-            code: ErrorCode::SessionFenced,
-            batch_seq: header.batch_seq,
-            message: session::fenced_message(
-                hello.session_epoch,
-                status.acked_hwm(hello.ack_level),
-            ),
-        });
+        return Err(session::fenced(
+            hello.session_epoch,
+            status.acked_hwm(hello.ack_level),
+        ));
     }
     if header.batch_seq < status.committed_hwm {
         return Ok(false);

@@ -397,14 +397,7 @@ fn ack_session(
             shared,
             conn,
             &mut out,
-            ErrorFrame {
-                code: ErrorCode::SessionFenced,
-                batch_seq: status.acked_hwm(conn.ack_level),
-                message: crate::session::fenced_message(
-                    conn.session_epoch,
-                    status.acked_hwm(conn.ack_level),
-                ),
-            },
+            ErrorFrame::session_fenced(conn.session_epoch, status.acked_hwm(conn.ack_level)),
         );
         *progress = true;
         return false;

@@ -172,12 +172,15 @@ pub fn foreign_key_message(client_id: u64) -> String {
     )
 }
 
-/// The error text of a SessionFenced frame; clients parse `hwm=N`.
-pub fn fenced_message(epoch: u64, hwm: u64) -> String {
-    format!(
-        "session epoch {epoch} is fenced: a gap at its head outlived the session lease (or a newer epoch exists); hwm={hwm}; reopen with epoch {} and resend from batch {hwm}",
-        epoch + 1
-    )
+/// The SessionFenced refusal of `epoch`, carrying the committed high-water mark `hwm`
+/// in the frame's `arg` for the client to resend from.
+pub fn fenced(epoch: u64, hwm: u64) -> crate::net::Refusal {
+    let frame = embarcadero_wire::ErrorFrame::session_fenced(epoch, hwm);
+    crate::net::Refusal {
+        code: frame.code,
+        batch_seq: frame.batch_seq,
+        message: frame.message,
+    }
 }
 
 #[cfg(test)]

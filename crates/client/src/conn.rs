@@ -12,8 +12,23 @@ use std::time::Duration;
 pub const SOCKET_BUFFER_BYTES: usize = 4 << 20;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Connects, tunes the socket and completes the handshake.
+/// How a handshake ended: accepted, or refused with the broker's error frame (whose
+/// fields, such as a fenced session's high-water mark, the caller may need).
+pub enum Handshake {
+    Accepted(TcpStream, HelloOk),
+    Refused(ErrorFrame),
+}
+
+/// Connects, tunes the socket and completes the handshake; a refusal is an error.
 pub fn open(addr: &str, hello: &Hello, extra: &[u8]) -> Result<(TcpStream, HelloOk)> {
+    match handshake(addr, hello, extra)? {
+        Handshake::Accepted(stream, ok) => Ok((stream, ok)),
+        Handshake::Refused(e) => Err(broker_error(addr, e)),
+    }
+}
+
+/// Connects, tunes the socket and sends the hello; returns the broker's answer.
+pub fn handshake(addr: &str, hello: &Hello, extra: &[u8]) -> Result<Handshake> {
     embarcadero_wire::validate_topic_name(&hello.topic)
         .map_err(|e| Error::Config(e.to_string()))?;
     let connect_err = |message: String| Error::Connect {
@@ -45,8 +60,8 @@ pub fn open(addr: &str, hello: &Hello, extra: &[u8]) -> Result<(TcpStream, Hello
         .set_read_timeout(None)
         .map_err(|e| connect_err(e.to_string()))?;
     match frame {
-        Frame::HelloOk(ok) => Ok((stream, ok)),
-        Frame::Error(e) => Err(broker_error(addr, e)),
+        Frame::HelloOk(ok) => Ok(Handshake::Accepted(stream, ok)),
+        Frame::Error(e) => Ok(Handshake::Refused(e)),
         other => Err(Error::Protocol {
             peer: addr.to_string(),
             message: format!("expected HelloOk, got {other:?}"),

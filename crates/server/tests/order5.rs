@@ -372,7 +372,11 @@ fn bad_session_input_gets_clear_errors() {
     let mut stale = raw_publish(&t, "s", 1);
     let e = error_frame(&mut stale);
     assert_eq!(e.code, ErrorCode::SessionFenced);
-    assert!(e.message.contains("hwm=1"), "{}", e.message);
+    assert_eq!(
+        e.fenced_hwm(),
+        Some(1),
+        "the frame carries the high-water mark"
+    );
 }
 
 /// The attack of issue 28: a client that has only read the topic learns a publisher's

@@ -291,9 +291,9 @@ pub enum ErrorCode {
     Internal = 13,
     ShuttingDown = 14,
     BadCursor = 15,
-    /// Order 5: the session's epoch is fenced (or superseded); the text carries the
-    /// committed high-water mark as `hwm=N`. Reopen with a higher epoch and resend the
-    /// batches from N on.
+    /// Order 5: the session's epoch is fenced (or superseded); the frame's `arg` is the
+    /// committed high-water mark N ([`ErrorFrame::fenced_hwm`]). Reopen with a higher
+    /// epoch and resend the batches from N on.
     SessionFenced = 16,
     /// A session epoch on a topic that is not order 5, or none on one that is.
     BadSession = 17,
@@ -377,12 +377,30 @@ impl ErrorCode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ErrorFrame {
     pub code: ErrorCode,
-    /// The batch sequence number the error concerns, or `u64::MAX`.
+    /// The batch sequence number the error concerns, or `u64::MAX`; for SessionFenced,
+    /// the session's committed high-water mark (the batch to resend from).
     pub batch_seq: u64,
     pub message: String,
 }
 
 impl ErrorFrame {
+    /// Order 5: a SessionFenced error for `epoch`, everything below `hwm` committed.
+    pub fn session_fenced(epoch: u64, hwm: u64) -> Self {
+        Self {
+            code: ErrorCode::SessionFenced,
+            batch_seq: hwm,
+            message: format!(
+                "session epoch {epoch} is fenced: a gap at its head outlived the session lease (or a newer epoch exists); reopen with epoch {} and resend from batch {hwm}",
+                epoch + 1
+            ),
+        }
+    }
+
+    /// The committed high-water mark a SessionFenced error carries; `None` for others.
+    pub fn fenced_hwm(&self) -> Option<u64> {
+        (self.code == ErrorCode::SessionFenced).then_some(self.batch_seq)
+    }
+
     /// Encodes header and body into one buffer, truncating over-long text.
     pub fn encode(&self) -> Vec<u8> {
         let mut text = self.message.as_bytes();

@@ -47,6 +47,7 @@ const REQUIRED: &[&str] = &[
     "error_out_of_sequence",
     "error_unknown_topic",
     "error_position_not_retained",
+    "error_session_fenced",
     "delivery_header",
     "delivery",
     "batch_ok",

@@ -562,6 +562,13 @@ fn vectors() -> Vec<Vector> {
         },
     ));
     v.push(error_vector(
+        "error_session_fenced",
+        "Error frame with code 16 SessionFenced: order-5 session epoch 3 is fenced; arg is \
+         the session's committed high-water mark (batch 41): reopen with epoch 4 and resend \
+         from batch 41. The broker closes the connection after it.",
+        ErrorFrame::session_fenced(3, 41),
+    ));
+    v.push(error_vector(
         "error_position_not_retained",
         "Error frame on a subscription (arg u64::MAX) with code 11 PositionNotRetained: a \
          delivery was reclaimed while being sent; unconfirmed deliveries must be discarded.",

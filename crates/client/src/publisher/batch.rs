@@ -1,0 +1,374 @@
+//! Batch building: messages appended in their final wire form into the open batch,
+//! sealed by size, by their queue's sender when the linger runs out, or by the backstop.
+
+use super::*;
+
+pub(super) struct Sealed {
+    /// Order 5: the session sequence, assigned at seal; otherwise the sender numbers
+    /// batches per connection.
+    pub(super) seq: Option<u64>,
+    pub(super) buf: Vec<u8>,
+    pub(super) num_msg: u32,
+    pub(super) sealed_at: Instant,
+    /// When the batch's first message was published (its due time, if it was published
+    /// with [`Publisher::publish_due`]): the start of its append-to-ack latency.
+    pub(super) first_at: Instant,
+    /// Each message's due time, when every message was published with
+    /// [`Publisher::publish_due`]: each message's append-to-ack latency runs from its own
+    /// due time, as the peers' load generators count it. Empty otherwise.
+    pub(super) dues: Vec<Instant>,
+    pub(super) batch_id: u64,
+    /// Position in seal order (0 for the first batch this publisher sealed).
+    pub(super) index: u64,
+}
+
+pub(super) struct InFlight {
+    pub(super) seq: u64,
+    pub(super) batch: Sealed,
+}
+
+pub(super) struct Builder {
+    pub(super) buf: Vec<u8>,
+    pub(super) num_msg: u32,
+    /// When the open batch's first message was appended (the linger runs from here).
+    pub(super) first_at: Option<Instant>,
+    /// The wall clock at that moment: every message of the batch carries it.
+    pub(super) opened_ns: u64,
+    /// The due time its first message was published with, if any (latency only).
+    pub(super) first_due: Option<Instant>,
+    /// Every message's due time while all of them have one (see [`Sealed::dues`]).
+    pub(super) dues: Vec<Instant>,
+    /// The last batch was sealed when its linger ran out, not by size: the load is
+    /// light, so the next batch's sender is woken to time its linger.
+    pub(super) lingered_last: bool,
+    pub(super) round_robin: usize,
+}
+
+impl Publisher {
+    pub(super) fn append(&self, payload: &[u8], due: Option<Instant>) -> Result<()> {
+        let inner = &self.inner;
+        if inner.closed.load(Ordering::Relaxed) {
+            return Err(Error::Closed);
+        }
+        if inner.any_failed.load(Ordering::Relaxed) {
+            inner.first_error()?;
+        }
+        if payload.len() > inner.max_message {
+            return Err(Error::MessageTooLarge {
+                size: payload.len(),
+                max: inner.max_message,
+            });
+        }
+        let stride = message_stride(payload.len() as u64) as usize;
+        let mut b = inner.builder.lock();
+        if b.num_msg > 0 && b.buf.len() + stride > inner.max_batch {
+            inner.seal(&mut b)?;
+        }
+        if b.num_msg == 0 {
+            // One clock read per batch, not per message: a read costs 100+ ns where the
+            // kernel cannot serve it from the vDSO (this project's VMs), which was 9% of
+            // a publish-only run. Every message carries its batch's opening time, which
+            // overstates its end-to-end latency by at most the batch's linger; on a fixed
+            // schedule, the first message's due time, so end-to-end latency does not
+            // excuse a late publish either.
+            let late = due.map_or(0, |d| d.elapsed().as_nanos() as u64);
+            b.opened_ns = now_ns().saturating_sub(late);
+        }
+        // On a schedule, each message carries its own due time (the batch's opening
+        // time plus its offset in the schedule, so still no clock read).
+        let publish_ts_ns = match (due, b.first_due) {
+            (Some(due), Some(first)) if b.num_msg > 0 => {
+                b.opened_ns + due.saturating_duration_since(first).as_nanos() as u64
+            }
+            _ => b.opened_ns,
+        };
+        let header = BlogMessageHeader {
+            size: payload.len() as u32,
+            publish_ts_ns,
+            counter: inner.counter.fetch_add(1, Ordering::Relaxed),
+            client_id: inner.client_id,
+            ..Default::default()
+        };
+        let mut encoded = [0u8; MESSAGE_HEADER_LEN];
+        header.encode_into(&mut encoded);
+        // Written once in its final form: no zero-fill first.
+        let end = b.buf.len() + stride;
+        b.buf.extend_from_slice(&encoded);
+        b.buf.extend_from_slice(payload);
+        b.buf.resize(end, 0);
+        b.num_msg += 1;
+        if b.num_msg == 1 {
+            let now = Instant::now();
+            b.first_at = Some(now);
+            b.first_due = due.map(|d| d.min(now));
+            b.dues.clear();
+            // The sender of the queue this batch is due on times its linger.
+            // (Past `OpenBatch`'s 16 bits of queue index, only the backstop seals.)
+            if let Some(owner) = inner
+                .live_queue_from(b.round_robin)
+                .filter(|&o| o < OpenBatch::MAX_OWNER)
+            {
+                let open = OpenBatch {
+                    owner,
+                    deadline: now + inner.config.linger,
+                };
+                inner
+                    .open_batch
+                    .store(open.encode(inner.created), Ordering::Release);
+                // Under load batches fill before their linger runs out and the wake-up
+                // would be wasted: each idle sender looks at the open batch anyway
+                // before it waits, and at least every `SENDER_IDLE_WAIT`.
+                if b.lingered_last {
+                    let _ = inner.queues[owner].batch_opened.0.try_send(());
+                }
+            }
+        }
+        match due {
+            Some(due) if b.dues.len() + 1 == b.num_msg as usize => {
+                let due = due.max(b.first_due.expect("set by the batch's first message"));
+                b.dues.push(due);
+            }
+            // A message without a due time: the batch falls back to its first message's.
+            _ => b.dues.clear(),
+        }
+        inner.messages.fetch_add(1, Ordering::Relaxed);
+        inner
+            .bytes
+            .fetch_add(payload.len() as u64, Ordering::Relaxed);
+        if b.buf.len() >= inner.config.batch_bytes {
+            inner.seal(&mut b)?;
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// Hands the open batch to a queue: round-robin, deflecting past full queues,
+    /// blocking only when every queue is full.
+    pub(super) fn seal(&self, b: &mut Builder) -> Result<()> {
+        let (sealed, due) = self.take_sealed(b);
+        self.dispatch(sealed, due)
+    }
+
+    /// Takes the open batch out of the builder as a sealed batch, with the queue it is
+    /// due on (round-robin).
+    pub(super) fn take_sealed(&self, b: &mut Builder) -> (Sealed, usize) {
+        let now = Instant::now();
+        b.lingered_last = b.first_at.is_some_and(|f| now >= f + self.config.linger);
+        let fresh = self.pool.1.try_recv().unwrap_or_else(|_| {
+            Vec::with_capacity(self.config.batch_bytes + MESSAGE_HEADER_LEN * 2)
+        });
+        let buf = std::mem::replace(&mut b.buf, fresh);
+        let seq = self
+            .session
+            .as_ref()
+            .map(|session| session.next_seq.fetch_add(1, Ordering::Relaxed));
+        let index = {
+            let mut outstanding = self.outstanding.lock();
+            let index = self.batches.fetch_add(1, Ordering::AcqRel);
+            outstanding.insert(index);
+            index
+        };
+        let sealed = Sealed {
+            seq,
+            buf,
+            num_msg: b.num_msg,
+            sealed_at: now,
+            first_at: b.first_due.or(b.first_at).unwrap_or_else(Instant::now),
+            dues: {
+                let capacity = b.dues.len();
+                std::mem::replace(&mut b.dues, Vec::with_capacity(capacity))
+            },
+            batch_id: self.next_batch_id.fetch_add(1, Ordering::Relaxed),
+            index,
+        };
+        b.num_msg = 0;
+        b.first_at = None;
+        self.open_batch.store(0, Ordering::Release);
+        self.backstop_armed.store(false, Ordering::Relaxed);
+        b.first_due = None;
+        let due = b.round_robin;
+        b.round_robin = (due + 1) % self.queues.len();
+        (sealed, due)
+    }
+
+    /// For queue `index`'s idle sender: the open batch, sealed, if it is due on this
+    /// queue and its linger has run out (counted as dispatched here under the builder's
+    /// lock, so `flush` never sees it nowhere); else when to look again.
+    pub(super) fn linger_for(&self, index: usize) -> Linger {
+        // Most calls end here, without the lock the producer takes for every message.
+        match OpenBatch::decode(self.open_batch.load(Ordering::Acquire), self.created) {
+            Some(open) if open.owner == index => {
+                if Instant::now() < open.deadline {
+                    return Linger::Until(open.deadline);
+                }
+            }
+            // Its owner died after it opened: the next live queue takes it over (below).
+            Some(open) if !self.queues[open.owner].is_live() => {}
+            _ => return Linger::NotDue,
+        }
+        // Never wait long for the builder: a producer blocked in `dispatch` (every queue
+        // full) holds it until a sender makes room, so a sender that waited here would
+        // deadlock with it.
+        let Some(mut b) = self.builder.try_lock_for(BUILDER_WAIT) else {
+            return Linger::Busy;
+        };
+        let Some(first) = b.first_at else {
+            return Linger::NotDue;
+        };
+        if self.live_queue_from(b.round_robin) != Some(index) {
+            return Linger::NotDue;
+        }
+        let deadline = first + self.config.linger;
+        if Instant::now() < deadline {
+            return Linger::Until(deadline);
+        }
+        // A batch sealed earlier waits in this queue's channel (every dispatch happens
+        // under the builder's lock, so this cannot change while it is held): written
+        // now, this one would overtake it. Take that one first.
+        if !self.queues[index].rx.is_empty() {
+            return Linger::Busy;
+        }
+        let (sealed, _) = self.take_sealed(&mut b);
+        let q = &self.queues[index];
+        q.dispatched.fetch_add(1, Ordering::Release);
+        q.lingered.fetch_add(1, Ordering::Relaxed);
+        Linger::Sealed(sealed)
+    }
+
+    /// For a sender about to wait at its in-flight limit: if the open batch is due on
+    /// its queue, the backstop seals it on time instead (and dispatch deflects it from a
+    /// full queue), so a slow broker's batches do not grow past their linger.
+    pub(super) fn arm_backstop_if_owner(&self, index: usize) {
+        let open = OpenBatch::decode(self.open_batch.load(Ordering::Acquire), self.created);
+        if open.is_some_and(|o| o.owner == index)
+            && !self.backstop_armed.swap(true, Ordering::Relaxed)
+        {
+            self.backstop_wake.notify_all();
+        }
+    }
+}
+
+/// Seals a batch that its queue's sender did not take when its linger ran out (the
+/// sender was writing, waiting for acknowledgements, or gone), `linger_backstop` later.
+/// Normally a batch is sealed by that sender itself ([`Inner::linger_for`]).
+pub(super) fn linger_backstop(inner: Arc<Inner>) {
+    let mut b = inner.builder.lock();
+    while !inner.closed.load(Ordering::Relaxed) {
+        let late = if inner.backstop_armed.load(Ordering::Relaxed) {
+            inner.config.linger
+        } else {
+            inner.config.linger + inner.config.linger_backstop
+        };
+        match b.first_at {
+            Some(first) if Instant::now() >= first + late => {
+                if inner.seal(&mut b).is_err() {
+                    return;
+                }
+            }
+            Some(first) => {
+                let wait = (first + late).saturating_duration_since(Instant::now());
+                inner.backstop_wake.wait_for(&mut b, wait);
+            }
+            // Not woken when a batch opens (its sender is): looks again this often.
+            None => {
+                inner
+                    .backstop_wake
+                    .wait_for(&mut b, inner.config.linger_backstop);
+            }
+        }
+    }
+}
+
+/// What an idle sender does about the open batch (see [`Inner::linger_for`]).
+pub(super) enum Linger {
+    /// Due on this queue and lingered out: the sender writes it.
+    Sealed(Sealed),
+    /// Due on this queue; its linger runs out then.
+    Until(Instant),
+    /// No open batch, or it is due on another queue.
+    NotDue,
+    /// The builder is held (by the producer, appending or waiting for room), or a batch
+    /// sealed earlier waits in this queue's channel: look again soon, meanwhile taking
+    /// what the channel brings.
+    Busy,
+}
+
+/// The open batch as the senders see it: packed into one `u64` (the deadline in whole
+/// microseconds since the publisher was created, rounded up, above 16 bits of queue
+/// index + 1), so a sender can read it without the builder's lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct OpenBatch {
+    pub(super) owner: usize,
+    pub(super) deadline: Instant,
+}
+
+impl OpenBatch {
+    /// Queue indexes from here on do not fit.
+    const MAX_OWNER: usize = 0xffff;
+
+    pub(super) fn encode(&self, base: Instant) -> u64 {
+        let since = self.deadline.saturating_duration_since(base);
+        let micros = since.as_micros() + u128::from(!since.subsec_nanos().is_multiple_of(1000));
+        let micros = u64::try_from(micros)
+            .unwrap_or(u64::MAX)
+            .min(u64::MAX >> 16);
+        assert!(
+            self.owner < Self::MAX_OWNER,
+            "queue index {} does not fit",
+            self.owner
+        );
+        (micros << 16) | (self.owner as u64 + 1)
+    }
+
+    pub(super) fn decode(packed: u64, base: Instant) -> Option<Self> {
+        let owner = (packed & 0xffff).checked_sub(1)? as usize;
+        Some(Self {
+            owner,
+            deadline: base + Duration::from_micros(packed >> 16),
+        })
+    }
+}
+
+/// Longest a sender waits for the builder's lock.
+pub(super) const BUILDER_WAIT: Duration = Duration::from_micros(50);
+
+pub(super) fn batch_header(
+    inner: &Inner,
+    seq: u64,
+    batch: &Sealed,
+    session_epoch: u64,
+) -> [u8; 128] {
+    BatchHeader {
+        batch_seq: seq,
+        client_id: inner.client_id,
+        num_msg: batch.num_msg,
+        epoch_created: now_ns(),
+        batch_id: batch.batch_id,
+        session_epoch,
+        total_size: batch.buf.len() as u64,
+        ..Default::default()
+    }
+    .encode()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    pub(super) fn an_open_batch_packs_its_owner_and_a_deadline_never_earlier_than_its_own() {
+        let base = Instant::now();
+        assert_eq!(OpenBatch::decode(0, base), None, "0: no batch open");
+        for (owner, nanos) in [(0, 0), (3, 1), (3, 999), (7, 1000), (65534, 123_456_789)] {
+            let open = OpenBatch {
+                owner,
+                deadline: base + Duration::from_nanos(nanos),
+            };
+            let back = OpenBatch::decode(open.encode(base), base).unwrap();
+            assert_eq!(back.owner, owner);
+            assert!(back.deadline >= open.deadline, "rounded up, never early");
+            assert!(back.deadline - open.deadline < Duration::from_micros(1));
+        }
+    }
+}

@@ -1,0 +1,496 @@
+//! The publisher: messages are appended in their final wire form (64-byte header,
+//! payload, padding) into a pooled batch buffer; sealed batches go round-robin to one
+//! queue per connection, deflecting to the next queue when one is full and blocking
+//! only when all are. Each connection has a sender thread (writes batches, resends on
+//! BACKPRESSURE) and a reader thread (acks and errors).
+//!
+//! Its rooms: `batch` (building and sealing batches, the linger), `queue` (dispatch and
+//! deflection over the connections' queues), `connection` (what a connection's two
+//! threads share, opening it), `sender` and `reader` (those threads), `session` (order
+//! 5: fences and reopening), `failover` (moving a dead broker's batches, following
+//! membership), `stats` and `config`. This file holds the publisher's shared state
+//! (`Inner`) and its public face.
+
+use crate::admin::Admin;
+use crate::conn::{self, Frame};
+use crate::{now_ns, Error, Result};
+use crossbeam_channel::{Receiver, Select, Sender, TryRecvError, TrySendError};
+use embarcadero_wire::{
+    message_stride, BatchHeader, BlogMessageHeader, ErrorCode, Hello, HelloOk, Role,
+    MESSAGE_HEADER_LEN, SESSION_KEY_LEN,
+};
+use hdrhistogram::Histogram;
+use parking_lot::{Condvar, Mutex};
+use serde::Serialize;
+use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::io::{IoSlice, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+mod batch;
+mod config;
+mod connection;
+mod failover;
+mod queue;
+mod reader;
+mod sender;
+mod session;
+mod stats;
+
+use batch::*;
+pub use config::PublisherConfig;
+use config::*;
+use connection::*;
+use failover::*;
+use queue::*;
+use reader::*;
+use sender::*;
+use session::*;
+pub use stats::{LatencySummary, PublisherStats, QueueStats};
+
+struct Inner {
+    config: PublisherConfig,
+    client_id: u64,
+    max_message: usize,
+    max_batch: usize,
+    builder: Mutex<Builder>,
+    /// Wakes the linger backstop at close.
+    backstop_wake: Condvar,
+    /// The open batch's linger deadline and the queue it is due on, for the senders to
+    /// read without the builder's lock (see [`OpenBatch`]); 0: none open.
+    open_batch: AtomicU64,
+    /// Where [`OpenBatch`] deadlines count from.
+    created: Instant,
+    /// The open batch's sender cannot take it (it waits at the in-flight limit): the
+    /// backstop seals it at its linger deadline, not `linger_backstop` later.
+    backstop_armed: AtomicBool,
+    queues: Queues,
+    pool: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
+    progress: (Mutex<()>, Condvar),
+    closed: AtomicBool,
+    /// Set once any connection failed, so `publish` checks one flag, not every connection.
+    any_failed: AtomicBool,
+    messages: AtomicU64,
+    bytes: AtomicU64,
+    batches: AtomicU64,
+    /// Seal indices of the batches not acknowledged yet (for ack 0: not written yet):
+    /// its smallest entry is the acknowledged prefix. Numbered under this lock, so a
+    /// sealed batch is never missing from it.
+    outstanding: Mutex<BTreeSet<u64>>,
+    counter: AtomicU64,
+    next_batch_id: AtomicU64,
+    topic: String,
+    session: Option<Session>,
+    slow_queue: Option<(usize, Duration)>,
+    /// The topic's order level.
+    order: u8,
+    /// The head's control address, for failover questions.
+    control: Option<String>,
+    /// Failovers under way: `flush` is not done while batches are being moved.
+    failovers: AtomicU64,
+    /// Wakes the membership watcher before its next refresh (after a failover, at close).
+    membership_wake: Sender<()>,
+}
+
+/// Publishes to one topic through every broker of a cluster.
+pub struct Publisher {
+    inner: Arc<Inner>,
+    threads: Vec<JoinHandle<()>>,
+    /// The membership watcher; it returns the threads of the queues it added.
+    membership: Option<JoinHandle<Vec<JoinHandle<()>>>>,
+}
+
+impl Publisher {
+    /// Discovers the brokers from the control plane at `control` and connects.
+    pub fn connect(control: &str, topic: &str, config: PublisherConfig) -> Result<Self> {
+        let admin = Admin::new(control);
+        let cluster = admin.cluster()?;
+        let mut config = config;
+        if config.session_epoch == 0 && admin.describe_topic(topic).is_ok_and(|t| t.order == 5) {
+            config.session_epoch = 1;
+        }
+        let brokers: Vec<(Option<BrokerProcess>, String)> = cluster
+            .brokers
+            .into_iter()
+            .map(|b| {
+                let process = BrokerProcess {
+                    id: b.id,
+                    incarnation: b.incarnation,
+                };
+                (Some(process), b.addr)
+            })
+            .collect();
+        Self::start(&brokers, Some(control.to_string()), topic, config)
+    }
+
+    /// Connects to the given brokers directly (no failover: that needs the head).
+    pub fn connect_brokers(
+        brokers: &[String],
+        topic: &str,
+        config: PublisherConfig,
+    ) -> Result<Self> {
+        let brokers: Vec<(Option<BrokerProcess>, String)> =
+            brokers.iter().map(|a| (None, a.clone())).collect();
+        Self::start(&brokers, None, topic, config)
+    }
+
+    fn start(
+        brokers: &[(Option<BrokerProcess>, String)],
+        control: Option<String>,
+        topic: &str,
+        config: PublisherConfig,
+    ) -> Result<Self> {
+        if config.ack_level > 2 {
+            return Err(Error::Config(format!(
+                "ack level {} does not exist; choose 0, 1 or 2",
+                config.ack_level
+            )));
+        }
+        if brokers.is_empty() || config.threads_per_broker == 0 || config.queue_depth == 0 {
+            return Err(Error::Config(
+                "need at least one broker, one connection per broker and a queue depth of 1".into(),
+            ));
+        }
+        let watch_membership = control.is_some() && !config.membership_refresh.is_zero();
+        let room_for_joins = if watch_membership {
+            config
+                .max_joined_brokers
+                .checked_mul(config.threads_per_broker)
+                .filter(|&slots| slots <= MAX_JOINED_QUEUES)
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "max_joined_brokers x threads_per_broker is above {MAX_JOINED_QUEUES}"
+                    ))
+                })?
+        } else {
+            0
+        };
+        let client_id = config.client_id.unwrap_or_else(crate::random_client_id);
+        let mut config = config;
+        if config.session_key.is_none() {
+            config.session_key = Some(crate::random_session_key()?);
+        }
+        let slow_queue = config.slow_queue.or_else(slow_queue_from_env);
+        let mut connected = Vec::new();
+        for (process, addr) in brokers {
+            connected.extend(connect_broker(
+                &config,
+                client_id,
+                topic,
+                config.session_epoch,
+                *process,
+                addr,
+            )?);
+        }
+        let order = connected.last().map(|(_, ok)| ok.order);
+        let session_start = connected
+            .iter()
+            .map(|(_, ok)| ok.next_batch_seq)
+            .max()
+            .unwrap_or(0);
+        let max_message = connected
+            .iter()
+            .map(|(_, ok)| ok.max_message_bytes as usize)
+            .min()
+            .unwrap_or(u32::MAX as usize);
+        let max_batch = connected
+            .iter()
+            .map(|(_, ok)| ok.max_batch_bytes as usize)
+            .min()
+            .unwrap_or(u32::MAX as usize);
+        let first_seqs: Vec<u64> = connected.iter().map(|(_, ok)| ok.next_batch_seq).collect();
+        let queues = Queues::new(
+            connected.into_iter().map(|(queue, _)| queue).collect(),
+            room_for_joins,
+        );
+        let batch_bytes = config.batch_bytes.clamp(MESSAGE_HEADER_LEN, max_batch);
+        // One pending wake is enough: the watcher reads the whole membership each time.
+        let (membership_wake, membership_woken) = crossbeam_channel::bounded(1);
+        let inner = Arc::new(Inner {
+            builder: Mutex::new(Builder {
+                buf: Vec::with_capacity(batch_bytes + MESSAGE_HEADER_LEN * 2),
+                num_msg: 0,
+                first_at: None,
+                opened_ns: 0,
+                first_due: None,
+                dues: Vec::new(),
+                lingered_last: true,
+                round_robin: 0,
+            }),
+            config: PublisherConfig {
+                batch_bytes,
+                // Instants past these would overflow; a backstop of 0 would spin.
+                linger: config.linger.min(LONGEST_LINGER),
+                linger_backstop: config
+                    .linger_backstop
+                    .clamp(Duration::from_micros(100), LONGEST_LINGER),
+                ..config
+            },
+            client_id,
+            max_message,
+            max_batch,
+            backstop_wake: Condvar::new(),
+            open_batch: AtomicU64::new(0),
+            created: Instant::now(),
+            backstop_armed: AtomicBool::new(false),
+            queues,
+            pool: crossbeam_channel::unbounded(),
+            progress: (Mutex::new(()), Condvar::new()),
+            closed: AtomicBool::new(false),
+            any_failed: AtomicBool::new(false),
+            messages: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            outstanding: Mutex::new(BTreeSet::new()),
+            counter: AtomicU64::new(0),
+            // Unique across publisher instances too (a restarted publisher may reuse its
+            // client id): failover asks the head about batches by id.
+            next_batch_id: AtomicU64::new(crate::random_client_id() << 32),
+            topic: topic.to_string(),
+            session: (order == Some(5)).then(|| Session {
+                next_seq: AtomicU64::new(session_start),
+                epoch: AtomicU64::new(config.session_epoch),
+                fences: AtomicU64::new(0),
+                fenced_hwm: AtomicU64::new(session_start),
+            }),
+            slow_queue,
+            order: order.unwrap_or(2),
+            control,
+            failovers: AtomicU64::new(0),
+            membership_wake,
+        });
+        let mut threads = Vec::new();
+        for (index, first_seq) in first_seqs.into_iter().enumerate() {
+            start_connection(&inner, index, first_seq, 0, &mut threads)?;
+        }
+        let l = inner.clone();
+        threads.push(spawn("pub-linger".into(), move || linger_backstop(l))?);
+        let membership = if watch_membership {
+            let w = inner.clone();
+            Some(spawn("pub-members".into(), move || {
+                follow_membership(w, membership_woken)
+            })?)
+        } else {
+            None
+        };
+        Ok(Self {
+            inner,
+            threads,
+            membership,
+        })
+    }
+
+    pub fn client_id(&self) -> u64 {
+        self.inner.client_id
+    }
+
+    /// Largest payload the brokers accept.
+    pub fn max_message_bytes(&self) -> usize {
+        self.inner.max_message
+    }
+
+    /// Appends one message. Returns once it is in a batch; see [`Publisher::flush`].
+    pub fn publish(&self, payload: &[u8]) -> Result<()> {
+        self.append(payload, None)
+    }
+
+    /// Like [`Publisher::publish`], for a message that was due at `due` (a load generator
+    /// on a fixed schedule): its append-to-ack and end-to-end latencies are counted from
+    /// `due` instead of from now, so time the caller spent behind its schedule (or
+    /// blocked in here) is not left out. The linger still runs from the append.
+    pub fn publish_due(&self, payload: &[u8], due: Instant) -> Result<()> {
+        self.append(payload, Some(due))
+    }
+
+    /// Seals the open batch and waits until everything published so far is
+    /// acknowledged at the configured level (for ack 0: written to the sockets).
+    pub fn flush(&self) -> Result<()> {
+        let inner = &self.inner;
+        {
+            let mut b = inner.builder.lock();
+            if b.num_msg > 0 {
+                inner.seal(&mut b)?;
+            }
+        }
+        let deadline = Instant::now() + inner.config.flush_timeout;
+        loop {
+            inner.first_error()?;
+            // A dead broker's batches count where the failover moved them.
+            // A dead broker's batches count where the failover moved them, once moved.
+            let done = inner.failovers.load(Ordering::Acquire) == 0
+                && inner.queues.iter().all(|q| {
+                    if !q.is_live() {
+                        return q.moved_out.load(Ordering::Acquire);
+                    }
+                    let sent = q.conn.sent.load(Ordering::Acquire);
+                    sent == q.dispatched.load(Ordering::Acquire)
+                        && (inner.config.ack_level == 0
+                            || q.conn.acked_batches.load(Ordering::Acquire) >= sent)
+                });
+            if done {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout(inner.config.flush_timeout));
+            }
+            let mut g = inner.progress.0.lock();
+            inner.progress.1.wait_for(&mut g, Duration::from_millis(20));
+        }
+    }
+
+    /// Batches sealed so far.
+    pub fn batches_sealed(&self) -> u64 {
+        self.inner.batches.load(Ordering::Acquire)
+    }
+
+    /// The acknowledged prefix in seal order: every one of the first `acked_prefix()`
+    /// batches this publisher sealed is acknowledged (for ack 0: written), wherever a
+    /// failover moved it. Unlike a count of acknowledgements, it stops at the oldest
+    /// batch still waiting, so it shows when a broker's death holds batches up.
+    pub fn acked_prefix(&self) -> u64 {
+        let outstanding = self.inner.outstanding.lock();
+        outstanding
+            .first()
+            .copied()
+            .unwrap_or_else(|| self.inner.batches.load(Ordering::Acquire))
+    }
+
+    /// Flushes, then closes every connection.
+    pub fn close(mut self) -> Result<PublisherStats> {
+        let flushed = self.flush();
+        let stats = self.stats();
+        self.shutdown();
+        flushed.map(|_| stats)
+    }
+
+    fn shutdown(&mut self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.backstop_wake.notify_all();
+        let _ = self.inner.membership_wake.try_send(());
+        // The watcher first: once it has stopped no queue is added, so every connection
+        // is shut below and every thread joined.
+        if let Some(watcher) = self.membership.take() {
+            if let Ok(started) = watcher.join() {
+                self.threads.extend(started);
+            }
+        }
+        for q in self.inner.queues.iter() {
+            let _ = q.stream.lock().shutdown(std::net::Shutdown::Both);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Inner {
+    fn first_error(&self) -> Result<()> {
+        for q in self.queues.iter() {
+            if let Some(e) = q.conn.failed.lock().clone() {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits (bounded) for `cond`, waking on progress notifications.
+    fn wait_until(&self, limit: Duration, cond: impl Fn() -> bool) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            if cond() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline || self.closed.load(Ordering::Relaxed) {
+                return false;
+            }
+            let mut g = self.progress.0.lock();
+            self.progress
+                .1
+                .wait_for(&mut g, (deadline - now).min(Duration::from_millis(10)));
+        }
+    }
+
+    /// Records the first failure of a connection and wakes anyone waiting on it.
+    fn fail(&self, conn: &ConnShared, error: Error) {
+        {
+            let mut f = conn.failed.lock();
+            if f.is_none() {
+                *f = Some(error);
+            }
+        }
+        self.any_failed.store(true, Ordering::Release);
+        self.notify_progress();
+    }
+
+    fn notify_progress(&self) {
+        let _g = self.progress.0.lock();
+        self.progress.1.notify_all();
+    }
+
+    /// Counts a batch as acknowledged without its ack passing through the queue (the
+    /// ack overtook it, or a fence reported it committed) and recycles its buffer.
+    fn settle(&self, conn: &ConnShared, f: InFlight) {
+        self.acknowledged([f.batch.index]);
+        conn.acked_batches.fetch_add(1, Ordering::Release);
+        self.recycle(f.batch.buf);
+    }
+
+    /// Takes acknowledged batches (by seal index) out of the outstanding set.
+    fn acknowledged(&self, indices: impl IntoIterator<Item = u64>) {
+        let mut outstanding = self.outstanding.lock();
+        for index in indices {
+            outstanding.remove(&index);
+        }
+    }
+
+    /// Queues sent batches for acknowledgement, settling at once any the broker already
+    /// acknowledged: an ack can overtake the sender. `acked` is read under the queue lock,
+    /// which is where the reader moves it.
+    fn requeue(&self, conn: &ConnShared, batches: impl IntoIterator<Item = InFlight>) {
+        let mut settled = Vec::new();
+        {
+            let mut unacked = conn.unacked.lock();
+            let acked = conn.acked.load(Ordering::Acquire);
+            for f in batches {
+                if f.seq < acked {
+                    settled.push(f);
+                } else {
+                    unacked.push_back(f);
+                }
+            }
+        }
+        // Acknowledged before this point: timed from now, which overstates them a little.
+        conn.record_latency(&settled, Instant::now());
+        for f in settled {
+            self.settle(conn, f);
+        }
+    }
+
+    fn recycle(&self, mut buf: Vec<u8>) {
+        buf.clear();
+        let _ = self.pool.0.send(buf);
+    }
+}
+
+/// Most queues a publisher reserves room for, beyond those of `connect`.
+const MAX_JOINED_QUEUES: usize = 1 << 16;
+
+fn spawn<T: Send + 'static>(
+    name: String,
+    body: impl FnOnce() -> T + Send + 'static,
+) -> Result<JoinHandle<T>> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(body)
+        .map_err(|e| Error::Config(format!("cannot spawn a thread: {e}")))
+}

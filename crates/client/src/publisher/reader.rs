@@ -1,0 +1,103 @@
+//! A connection's ack reader thread: acknowledgements, broker errors, fences, and the
+//! start of a failover when the connection is lost.
+
+use super::*;
+
+/// Reads acks and errors of one connection.
+pub(super) fn reader(inner: Arc<Inner>, index: usize) {
+    let q = &inner.queues[index];
+    let conn = &q.conn;
+    let mut generation = q.stream_gen.load(Ordering::Acquire);
+    let mut epoch = q.epoch.load(Ordering::Acquire);
+    let Ok(mut stream) = q.stream.lock().try_clone() else {
+        return;
+    };
+    // Order 5: after a fence the sender replaces the socket; follow it.
+    let next_stream = |generation: u64| -> Option<(u64, u64, TcpStream)> {
+        inner.session.as_ref()?;
+        if !inner.wait_until(Duration::from_secs(5), || {
+            q.stream_gen.load(Ordering::Acquire) != generation
+        }) {
+            return None;
+        }
+        let generation = q.stream_gen.load(Ordering::Acquire);
+        let epoch = q.epoch.load(Ordering::Acquire);
+        let stream = q.stream.lock().try_clone().ok()?;
+        Some((generation, epoch, stream))
+    };
+    loop {
+        match conn::read_frame(&mut stream, &q.broker, 64) {
+            Ok(Frame::Ack { count }) => {
+                let now = Instant::now();
+                let mut done = Vec::new();
+                {
+                    // `acked` moves under the queue lock: the sender checks it under the
+                    // same lock when it queues a batch the broker acknowledged before
+                    // the sender got to queue it.
+                    let mut unacked = conn.unacked.lock();
+                    while unacked.front().is_some_and(|f| f.seq < count) {
+                        done.push(unacked.pop_front().expect("front exists"));
+                    }
+                    conn.acked.fetch_max(count, Ordering::AcqRel);
+                }
+                conn.record_latency(&done, now);
+                inner.acknowledged(done.iter().map(|f| f.batch.index));
+                conn.acked_batches
+                    .fetch_add(done.len() as u64, Ordering::Release);
+                for f in done {
+                    inner.recycle(f.batch.buf);
+                }
+                inner.notify_progress();
+            }
+            Ok(Frame::Error(e)) if e.code == ErrorCode::Backpressure => {
+                conn.resend_from.store(e.batch_seq, Ordering::Release);
+            }
+            Ok(Frame::Error(e))
+                if e.code == ErrorCode::SessionFenced && inner.session.is_some() =>
+            {
+                inner.fence(epoch, e.fenced_hwm().expect("a SessionFenced frame"));
+                match next_stream(generation) {
+                    Some((g, ep, s)) => (generation, epoch, stream) = (g, ep, s),
+                    None => return inner.fail(conn, conn::broker_error(&q.broker, e)),
+                }
+            }
+            Ok(Frame::Error(e)) => {
+                return inner.fail(conn, conn::broker_error(&q.broker, e));
+            }
+            Ok(other) => {
+                return inner.fail(
+                    conn,
+                    Error::Protocol {
+                        peer: q.broker.clone(),
+                        message: format!("unexpected frame on a publish connection: {other:?}"),
+                    },
+                );
+            }
+            Err(e) => {
+                if inner.closed.load(Ordering::Relaxed) {
+                    inner.notify_progress();
+                    return;
+                }
+                let replaced = || {
+                    // Order 5: a fence reopen replaces the socket; give it a moment.
+                    inner.session.is_some()
+                        && inner.wait_until(Duration::from_millis(200), || {
+                            q.stream_gen.load(Ordering::Acquire) != generation
+                        })
+                };
+                if inner.can_fail_over(q) && !replaced() {
+                    return fail_over(&inner, index, e);
+                }
+                // The socket may have been replaced (or closed by the broker for a
+                // fence another connection reported): follow it if so.
+                match next_stream(generation) {
+                    Some((g, ep, s)) => (generation, epoch, stream) = (g, ep, s),
+                    None => {
+                        inner.fail(conn, e);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! Order 5: the publisher's session, fences and the reopen of a connection with the
+//! next epoch.
+
+use super::*;
+
+/// Order 5: the publisher's session.
+pub(super) struct Session {
+    pub(super) next_seq: AtomicU64,
+    /// The epoch (re)opened connections use; raised after a fence.
+    pub(super) epoch: AtomicU64,
+    /// Bumped on every fence; each sender reopens its connection when it changes.
+    pub(super) fences: AtomicU64,
+    /// The highest committed high-water mark a fence reported.
+    pub(super) fenced_hwm: AtomicU64,
+}
+
+impl Inner {
+    /// Order 5: the session's epoch `fenced_epoch` was fenced with everything below `hwm`
+    /// committed. The first report opens the next epoch; every sender then reopens its
+    /// connection and resends what is not committed.
+    pub(super) fn fence(&self, fenced_epoch: u64, hwm: u64) {
+        let Some(session) = &self.session else { return };
+        session.fenced_hwm.fetch_max(hwm, Ordering::AcqRel);
+        if session
+            .epoch
+            .compare_exchange(
+                fenced_epoch,
+                fenced_epoch + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            tracing::info!(
+                client = self.client_id,
+                epoch = fenced_epoch + 1,
+                hwm,
+                "order-5 session fenced; reopening with the next epoch"
+            );
+            session.fences.fetch_add(1, Ordering::AcqRel);
+        }
+        self.notify_progress();
+    }
+}
+
+/// Order 5, after a fence: opens the connection again with the session's new epoch,
+/// counts what the fence reported committed as acknowledged, and resends the rest of
+/// this connection's unacknowledged batches in order (the sequencer drops any that turn
+/// out to be committed already, so each is delivered exactly once).
+pub(super) fn reopen(inner: &Inner, index: usize) -> Result<TcpStream, Error> {
+    let q = &inner.queues[index];
+    let conn = &q.conn;
+    let (mut stream, epoch, hwm) = open_next_epoch(inner, q)?;
+    let lost = |e: std::io::Error| Error::ConnectionLost {
+        broker: q.broker.clone(),
+        message: e.to_string(),
+    };
+    {
+        let mut current = q.stream.lock();
+        let _ = current.shutdown(std::net::Shutdown::Both);
+        *current = stream.try_clone().map_err(lost)?;
+    }
+    q.epoch.store(epoch, Ordering::Release);
+    q.stream_gen.fetch_add(1, Ordering::AcqRel);
+    conn.resend_from.store(u64::MAX, Ordering::Release);
+    inner.notify_progress();
+    let pending: Vec<InFlight> = conn.unacked.lock().drain(..).collect();
+    let mut resent = Vec::new();
+    for f in pending {
+        if f.seq < hwm {
+            inner.settle(conn, f);
+        } else {
+            let header = batch_header(inner, f.seq, &f.batch, epoch);
+            write_batch(&mut stream, &header, &f.batch.buf).map_err(lost)?;
+            resent.push(f);
+        }
+    }
+    conn.acked.fetch_max(hwm, Ordering::AcqRel);
+    inner.requeue(conn, resent);
+    inner.notify_progress();
+    Ok(stream)
+}
+
+/// Opens queue `q`'s connection with the session's current epoch, taking a newer one
+/// when the broker reports this one fenced meanwhile (a few times at most). Returns the
+/// socket, its epoch and the committed high-water mark to resend from.
+fn open_next_epoch(inner: &Inner, q: &Queue) -> Result<(TcpStream, u64, u64), Error> {
+    let session = inner.session.as_ref().expect("order-5 publisher");
+    for _ in 0..=MAX_REFENCES {
+        let epoch = session.epoch.load(Ordering::Acquire);
+        let hello = Hello {
+            role: Role::Publish,
+            ack_level: inner.config.ack_level,
+            client_id: inner.client_id,
+            session_epoch: epoch,
+            start_position: 0,
+            connection_index: q.connection as u32,
+            cursor_count: 0,
+            topic: inner.topic.clone(),
+            session_key: inner
+                .config
+                .session_key
+                .expect("drawn when the publisher starts"),
+        };
+        match conn::handshake(&q.broker, &hello, &[])? {
+            conn::Handshake::Accepted(stream, ok) => {
+                check_session_marks(inner, q, &ok)?;
+                let hwm = ok
+                    .next_batch_seq
+                    .max(session.fenced_hwm.load(Ordering::Acquire));
+                return Ok((stream, epoch, hwm));
+            }
+            // Fenced again meanwhile: take the newer epoch and try again.
+            conn::Handshake::Refused(e) if e.code == ErrorCode::SessionFenced => {
+                inner.fence(epoch, e.fenced_hwm().expect("a SessionFenced frame"));
+            }
+            conn::Handshake::Refused(e) => return Err(conn::broker_error(&q.broker, e)),
+        }
+    }
+    Err(Error::Broker {
+        broker: q.broker.clone(),
+        code: ErrorCode::SessionFenced,
+        message: format!(
+            "the order-5 session was fenced again at each of {} reopens in a row; another process may be publishing with this client id",
+            MAX_REFENCES + 1
+        ),
+    })
+}
+
+/// Reopens that meet a newer fence each time before giving up.
+const MAX_REFENCES: usize = 5;
+
+/// The broker knows less of the session than this connection was told, or more than
+/// it ever sent: the session ended (idle, its slot given away) and the marks are gone
+/// or another session's.
+fn check_session_marks(inner: &Inner, q: &Queue, ok: &HelloOk) -> Result<(), Error> {
+    let session = inner.session.as_ref().expect("order-5 publisher");
+    let acked = q.conn.acked.load(Ordering::Acquire);
+    let sent = session.next_seq.load(Ordering::Acquire);
+    if ok.next_batch_seq >= acked && ok.next_batch_seq <= sent {
+        return Ok(());
+    }
+    Err(Error::Broker {
+        broker: q.broker.clone(),
+        code: ErrorCode::SessionExpired,
+        message: format!(
+            "the broker's record of this order-5 session is not this publisher's (it acknowledged up to batch {acked} and sent up to {sent}; the broker now expects batch {}): the session ended while idle and its slot went to another session; batches not yet acknowledged may or may not be in the log: start a new publisher and resend them",
+            ok.next_batch_seq
+        ),
+    })
+}

@@ -1,0 +1,108 @@
+//! What a publisher reports: per-queue counters and latency summaries.
+
+use super::*;
+
+/// Per-queue counters, reported at the end of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueStats {
+    pub broker: String,
+    pub connection: usize,
+    pub batches: u64,
+    /// Batches acknowledged on this connection (those a failover found in the order count
+    /// on the dead broker's queue).
+    pub acked_batches: u64,
+    /// Batches round-robin chose for this queue that went elsewhere because it was full.
+    pub deflected: u64,
+    /// Times the producer blocked because every queue was full when this one was due.
+    pub producer_waits: u64,
+    pub backpressure_retries: u64,
+    /// Batches this queue's sender sealed itself when their linger ran out.
+    pub lingered: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PublisherStats {
+    pub client_id: u64,
+    pub messages: u64,
+    pub bytes: u64,
+    pub batches: u64,
+    pub acked_batches: u64,
+    /// Seal-to-acknowledgement latency of batches, microseconds.
+    pub ack_latency_us: LatencySummary,
+    /// From publish to acknowledgement, microseconds: includes the linger wait,
+    /// queueing, the network and the ordering. One figure per message, from its due time,
+    /// for batches whose messages all came through [`Publisher::publish_due`]; otherwise
+    /// one per batch, from its first message's publish (an upper bound for the rest,
+    /// which saves a clock read per message).
+    pub append_to_ack_us: LatencySummary,
+    pub queues: Vec<QueueStats>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LatencySummary {
+    pub count: u64,
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
+}
+
+impl LatencySummary {
+    pub fn of(h: &Histogram<u64>) -> Self {
+        Self {
+            count: h.len(),
+            p50: h.value_at_quantile(0.5),
+            p90: h.value_at_quantile(0.9),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            max: h.max(),
+        }
+    }
+}
+
+impl Publisher {
+    pub fn stats(&self) -> PublisherStats {
+        let inner = &self.inner;
+        let (all, appended) = self.latency_histograms();
+        PublisherStats {
+            client_id: inner.client_id,
+            messages: inner.messages.load(Ordering::Relaxed),
+            bytes: inner.bytes.load(Ordering::Relaxed),
+            batches: inner.batches.load(Ordering::Relaxed),
+            acked_batches: inner
+                .queues
+                .iter()
+                .map(|q| q.conn.acked_batches.load(Ordering::Relaxed))
+                .sum(),
+            ack_latency_us: LatencySummary::of(&all),
+            append_to_ack_us: LatencySummary::of(&appended),
+            queues: inner
+                .queues
+                .iter()
+                .map(|q| QueueStats {
+                    broker: q.broker.clone(),
+                    connection: q.connection,
+                    batches: q.dispatched.load(Ordering::Relaxed),
+                    acked_batches: q.conn.acked_batches.load(Ordering::Relaxed),
+                    deflected: q.deflected.load(Ordering::Relaxed),
+                    producer_waits: q.producer_waits.load(Ordering::Relaxed),
+                    backpressure_retries: q.conn.backpressure_retries.load(Ordering::Relaxed),
+                    lingered: q.lingered.load(Ordering::Relaxed),
+                })
+                .collect(),
+        }
+    }
+
+    /// The raw latency histograms behind [`PublisherStats`] (seal to ack, and append
+    /// to ack, in microseconds), so several publishers' figures can be merged exactly.
+    pub fn latency_histograms(&self) -> (Histogram<u64>, Histogram<u64>) {
+        let mut sealed = Histogram::<u64>::new(3).expect("valid histogram");
+        let mut appended = Histogram::<u64>::new(3).expect("valid histogram");
+        for q in self.inner.queues.iter() {
+            let _ = sealed.add(&*q.conn.latency.lock());
+            let _ = appended.add(&*q.conn.append_latency.lock());
+        }
+        (sealed, appended)
+    }
+}
