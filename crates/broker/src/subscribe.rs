@@ -84,7 +84,8 @@ struct Pin<'a> {
 /// Who is claiming a reader slot: for which broker, and from which client address.
 struct Claimant {
     broker: u32,
-    /// [`address_hash`] of the subscriber's address.
+    /// [`address_hash`] of the subscriber's address; 0 when the socket no longer has a
+    /// peer (it left already; the idle probe ends it, and it counts against no one).
     address: u64,
     /// Slots of the topic its address may hold (`max_subscribers_per_address`).
     limit: u32,
@@ -93,13 +94,13 @@ struct Claimant {
 }
 
 impl Claimant {
-    fn of(shared: &Shared, stream: &TcpStream) -> io::Result<Self> {
-        Ok(Self {
+    fn of(shared: &Shared, stream: &TcpStream) -> Self {
+        Self {
             broker: shared.config.broker_id,
-            address: address_hash(stream.peer_addr()?.ip()),
+            address: stream.peer_addr().map_or(0, |a| address_hash(a.ip())),
             limit: shared.config.max_subscribers_per_address,
             stall: shared.config.reader_stall_timeout,
-        })
+        }
     }
 }
 
@@ -170,7 +171,10 @@ impl<'a> Pin<'a> {
         region
             .reader_address(topic, slot)
             .store(who.address, Ordering::SeqCst);
-        let held = region.readers_from(topic, who.address, who.stall);
+        let held = match who.address {
+            0 => 0,
+            address => region.readers_from(topic, address, who.stall),
+        };
         if held > who.limit {
             region
                 .reader_address(topic, slot)
@@ -546,7 +550,7 @@ fn serve_global(
     let mut idle = IdleWait::new(shared);
     let mut cursor: Option<(u64, u32)> = None;
     let mut disk = DiskLog::new(shared, meta);
-    let pin = Pin::claim(region, topic, &Claimant::of(shared, stream)?, &[start])?;
+    let pin = Pin::claim(region, topic, &Claimant::of(shared, stream), &[start])?;
     while !shared.shutdown.load(Ordering::Relaxed) {
         let seen = bell.seen();
         pin.beat();
@@ -924,7 +928,7 @@ fn serve_per_broker(
     let brokers = positions.len() as u32;
     let mut cursors: Vec<Option<(u64, u32)>> = vec![None; brokers as usize];
     let per_broker_limit = (MAX_BATCHES_PER_ROUND / brokers as usize).max(1);
-    let pin = Pin::claim(region, topic, &Claimant::of(shared, stream)?, &positions)?;
+    let pin = Pin::claim(region, topic, &Claimant::of(shared, stream), &positions)?;
     while !shared.shutdown.load(Ordering::Relaxed) {
         let seen = bell.seen();
         pin.beat();
