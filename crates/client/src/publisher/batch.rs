@@ -44,6 +44,22 @@ pub(super) struct Builder {
     pub(super) round_robin: usize,
 }
 
+impl Builder {
+    /// An empty builder whose buffer holds a batch of `batch_bytes` without growing.
+    pub(super) fn new(batch_bytes: usize) -> Self {
+        Self {
+            buf: Vec::with_capacity(batch_bytes + MESSAGE_HEADER_LEN * 2),
+            num_msg: 0,
+            first_at: None,
+            opened_ns: 0,
+            first_due: None,
+            dues: Vec::new(),
+            lingered_last: true,
+            round_robin: 0,
+        }
+    }
+}
+
 impl Publisher {
     pub(super) fn append(&self, payload: &[u8], due: Option<Instant>) -> Result<()> {
         let inner = &self.inner;

@@ -40,9 +40,7 @@ pub(super) fn fail_over(inner: &Inner, index: usize, cause: Error) {
     }
     tracing::warn!(broker = %q.broker, "lost the broker ({cause}); moving its batches to the live brokers");
     let result = (|| -> Result<usize> {
-        if !inner.wait_until(Duration::from_secs(30), || {
-            q.sender_done.load(Ordering::Acquire)
-        }) {
+        if !inner.wait_until(Duration::from_secs(30), || q.life.sender_stopped()) {
             return Err(Error::Timeout(Duration::from_secs(30)));
         }
         // Marked dead: nothing enters the channel any more, so this empties it for good.
@@ -96,7 +94,7 @@ pub(super) fn fail_over(inner: &Inner, index: usize, cause: Error) {
         Ok(count) => tracing::info!(broker = %q.broker, batches = count, "failover done"),
         Err(e) => inner.fail(conn, e),
     }
-    q.moved_out.store(true, Ordering::Release);
+    q.life.mark_moved_out();
     inner.failovers.fetch_sub(1, Ordering::AcqRel);
     inner.notify_progress();
     // The broker may come back (restarted) or others may have joined: look now rather

@@ -34,6 +34,7 @@ mod batch;
 mod config;
 mod connection;
 mod failover;
+mod lifecycle;
 mod queue;
 mod reader;
 mod sender;
@@ -45,6 +46,7 @@ pub use config::PublisherConfig;
 use config::*;
 use connection::*;
 use failover::*;
+use lifecycle::Lifecycle;
 use queue::*;
 use reader::*;
 use sender::*;
@@ -143,37 +145,13 @@ impl Publisher {
         topic: &str,
         config: PublisherConfig,
     ) -> Result<Self> {
-        if config.ack_level > 2 {
-            return Err(Error::Config(format!(
-                "ack level {} does not exist; choose 0, 1 or 2",
-                config.ack_level
-            )));
-        }
-        if brokers.is_empty() || config.threads_per_broker == 0 || config.queue_depth == 0 {
-            return Err(Error::Config(
-                "need at least one broker, one connection per broker and a queue depth of 1".into(),
-            ));
-        }
+        let room_for_joins = check_config(&config, brokers.len(), control.is_some())?;
         let watch_membership = control.is_some() && !config.membership_refresh.is_zero();
-        let room_for_joins = if watch_membership {
-            config
-                .max_joined_brokers
-                .checked_mul(config.threads_per_broker)
-                .filter(|&slots| slots <= MAX_JOINED_QUEUES)
-                .ok_or_else(|| {
-                    Error::Config(format!(
-                        "max_joined_brokers x threads_per_broker is above {MAX_JOINED_QUEUES}"
-                    ))
-                })?
-        } else {
-            0
-        };
         let client_id = config.client_id.unwrap_or_else(crate::random_client_id);
         let mut config = config;
         if config.session_key.is_none() {
             config.session_key = Some(crate::random_session_key()?);
         }
-        let slow_queue = config.slow_queue.or_else(slow_queue_from_env);
         let mut connected = Vec::new();
         for (process, addr) in brokers {
             connected.extend(connect_broker(
@@ -185,83 +163,23 @@ impl Publisher {
                 addr,
             )?);
         }
-        let order = connected.last().map(|(_, ok)| ok.order);
-        let session_start = connected
-            .iter()
-            .map(|(_, ok)| ok.next_batch_seq)
-            .max()
-            .unwrap_or(0);
-        let max_message = connected
-            .iter()
-            .map(|(_, ok)| ok.max_message_bytes as usize)
-            .min()
-            .unwrap_or(u32::MAX as usize);
-        let max_batch = connected
-            .iter()
-            .map(|(_, ok)| ok.max_batch_bytes as usize)
-            .min()
-            .unwrap_or(u32::MAX as usize);
+        let found = Found::of(connected.iter().map(|(_, ok)| ok));
         let first_seqs: Vec<u64> = connected.iter().map(|(_, ok)| ok.next_batch_seq).collect();
         let queues = Queues::new(
             connected.into_iter().map(|(queue, _)| queue).collect(),
             room_for_joins,
         );
-        let batch_bytes = config.batch_bytes.clamp(MESSAGE_HEADER_LEN, max_batch);
         // One pending wake is enough: the watcher reads the whole membership each time.
         let (membership_wake, membership_woken) = crossbeam_channel::bounded(1);
-        let inner = Arc::new(Inner {
-            builder: Mutex::new(Builder {
-                buf: Vec::with_capacity(batch_bytes + MESSAGE_HEADER_LEN * 2),
-                num_msg: 0,
-                first_at: None,
-                opened_ns: 0,
-                first_due: None,
-                dues: Vec::new(),
-                lingered_last: true,
-                round_robin: 0,
-            }),
-            config: PublisherConfig {
-                batch_bytes,
-                // Instants past these would overflow; a backstop of 0 would spin.
-                linger: config.linger.min(LONGEST_LINGER),
-                linger_backstop: config
-                    .linger_backstop
-                    .clamp(Duration::from_micros(100), LONGEST_LINGER),
-                ..config
-            },
+        let inner = Arc::new(Inner::new(
+            config,
             client_id,
-            max_message,
-            max_batch,
-            backstop_wake: Condvar::new(),
-            open_batch: AtomicU64::new(0),
-            created: Instant::now(),
-            backstop_armed: AtomicBool::new(false),
-            queues,
-            pool: crossbeam_channel::unbounded(),
-            progress: (Mutex::new(()), Condvar::new()),
-            closed: AtomicBool::new(false),
-            any_failed: AtomicBool::new(false),
-            messages: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
-            batches: AtomicU64::new(0),
-            outstanding: Mutex::new(BTreeSet::new()),
-            counter: AtomicU64::new(0),
-            // Unique across publisher instances too (a restarted publisher may reuse its
-            // client id): failover asks the head about batches by id.
-            next_batch_id: AtomicU64::new(crate::random_client_id() << 32),
-            topic: topic.to_string(),
-            session: (order == Some(5)).then(|| Session {
-                next_seq: AtomicU64::new(session_start),
-                epoch: AtomicU64::new(config.session_epoch),
-                fences: AtomicU64::new(0),
-                fenced_hwm: AtomicU64::new(session_start),
-            }),
-            slow_queue,
-            order: order.unwrap_or(2),
+            topic,
             control,
-            failovers: AtomicU64::new(0),
+            &found,
+            queues,
             membership_wake,
-        });
+        ));
         let mut threads = Vec::new();
         for (index, first_seq) in first_seqs.into_iter().enumerate() {
             start_connection(&inner, index, first_seq, 0, &mut threads)?;
@@ -323,7 +241,7 @@ impl Publisher {
             let done = inner.failovers.load(Ordering::Acquire) == 0
                 && inner.queues.iter().all(|q| {
                     if !q.is_live() {
-                        return q.moved_out.load(Ordering::Acquire);
+                        return q.life.moved_out();
                     }
                     let sent = q.conn.sent.load(Ordering::Acquire);
                     sent == q.dispatched.load(Ordering::Acquire)
@@ -479,6 +397,121 @@ impl Inner {
     fn recycle(&self, mut buf: Vec<u8>) {
         buf.clear();
         let _ = self.pool.0.send(buf);
+    }
+}
+
+/// Refuses settings no publisher can run with; returns how many queues to reserve for
+/// brokers that join later (0 when membership is not followed).
+fn check_config(config: &PublisherConfig, brokers: usize, through_head: bool) -> Result<usize> {
+    if config.ack_level > 2 {
+        return Err(Error::Config(format!(
+            "ack level {} does not exist; choose 0, 1 or 2",
+            config.ack_level
+        )));
+    }
+    if brokers == 0 || config.threads_per_broker == 0 || config.queue_depth == 0 {
+        return Err(Error::Config(
+            "need at least one broker, one connection per broker and a queue depth of 1".into(),
+        ));
+    }
+    if !through_head || config.membership_refresh.is_zero() {
+        return Ok(0);
+    }
+    config
+        .max_joined_brokers
+        .checked_mul(config.threads_per_broker)
+        .filter(|&slots| slots <= MAX_JOINED_QUEUES)
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "max_joined_brokers x threads_per_broker is above {MAX_JOINED_QUEUES}"
+            ))
+        })
+}
+
+/// What the brokers' HelloOks said, taken together: the order, where an order-5
+/// session stands, and the limits every broker accepts.
+struct Found {
+    order: Option<u8>,
+    session_start: u64,
+    max_message: usize,
+    max_batch: usize,
+}
+
+impl Found {
+    fn of<'a>(oks: impl Iterator<Item = &'a HelloOk> + Clone) -> Self {
+        Self {
+            order: oks.clone().last().map(|ok| ok.order),
+            session_start: oks.clone().map(|ok| ok.next_batch_seq).max().unwrap_or(0),
+            max_message: oks
+                .clone()
+                .map(|ok| ok.max_message_bytes as usize)
+                .min()
+                .unwrap_or(u32::MAX as usize),
+            max_batch: oks
+                .map(|ok| ok.max_batch_bytes as usize)
+                .min()
+                .unwrap_or(u32::MAX as usize),
+        }
+    }
+}
+
+impl Inner {
+    fn new(
+        config: PublisherConfig,
+        client_id: u64,
+        topic: &str,
+        control: Option<String>,
+        found: &Found,
+        queues: Queues,
+        membership_wake: Sender<()>,
+    ) -> Self {
+        let batch_bytes = config
+            .batch_bytes
+            .clamp(MESSAGE_HEADER_LEN, found.max_batch);
+        Inner {
+            builder: Mutex::new(Builder::new(batch_bytes)),
+            slow_queue: config.slow_queue.or_else(slow_queue_from_env),
+            session: (found.order == Some(5)).then(|| Session {
+                next_seq: AtomicU64::new(found.session_start),
+                epoch: AtomicU64::new(config.session_epoch),
+                fences: AtomicU64::new(0),
+                fenced_hwm: AtomicU64::new(found.session_start),
+            }),
+            config: PublisherConfig {
+                batch_bytes,
+                // Instants past these would overflow; a backstop of 0 would spin.
+                linger: config.linger.min(LONGEST_LINGER),
+                linger_backstop: config
+                    .linger_backstop
+                    .clamp(Duration::from_micros(100), LONGEST_LINGER),
+                ..config
+            },
+            client_id,
+            max_message: found.max_message,
+            max_batch: found.max_batch,
+            backstop_wake: Condvar::new(),
+            open_batch: AtomicU64::new(0),
+            created: Instant::now(),
+            backstop_armed: AtomicBool::new(false),
+            queues,
+            pool: crossbeam_channel::unbounded(),
+            progress: (Mutex::new(()), Condvar::new()),
+            closed: AtomicBool::new(false),
+            any_failed: AtomicBool::new(false),
+            messages: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            outstanding: Mutex::new(BTreeSet::new()),
+            counter: AtomicU64::new(0),
+            // Unique across publisher instances too (a restarted publisher may reuse its
+            // client id): failover asks the head about batches by id.
+            next_batch_id: AtomicU64::new(crate::random_client_id() << 32),
+            topic: topic.to_string(),
+            order: found.order.unwrap_or(2),
+            control,
+            failovers: AtomicU64::new(0),
+            membership_wake,
+        }
     }
 }
 

@@ -18,17 +18,12 @@ pub(super) struct Queue {
     /// connected (known when discovered through the head): failover questions name the
     /// process, so a restarted broker's answer covers the old one.
     pub(super) process: Option<BrokerProcess>,
-    /// The broker is gone: nothing more is dispatched here; set before the failover.
-    pub(super) dead: AtomicBool,
-    /// The sender thread has stopped (after `dead`): its batches are all in `unacked`.
-    pub(super) sender_done: AtomicBool,
+    /// Dead, sender stopped, moved out: see [`Lifecycle`].
+    pub(super) life: Lifecycle,
     /// Batches a failover moved here from a dead broker's queue.
     pub(super) moved: Mutex<VecDeque<Sealed>>,
-    /// A dead queue's failover has finished: its batches are elsewhere (or the
-    /// publisher failed). Until then `flush` waits for it.
-    pub(super) moved_out: AtomicBool,
-    /// Held to check `dead` and hand a batch to `tx` as one step, and to set `dead`:
-    /// once `dead` is set nothing more enters the channel, so a failover can empty it.
+    /// Held to check that the queue lives and hand a batch to `tx` as one step, and to
+    /// mark it dead: once dead nothing more enters the channel, so a failover can empty it.
     pub(super) gate: Mutex<()>,
     pub(super) conn: Arc<ConnShared>,
     pub(super) broker: String,
@@ -63,10 +58,8 @@ impl Queue {
             tx,
             rx,
             process,
-            dead: AtomicBool::new(false),
-            sender_done: AtomicBool::new(false),
+            life: Lifecycle::default(),
             moved: Mutex::new(VecDeque::new()),
-            moved_out: AtomicBool::new(false),
             gate: Mutex::new(()),
             conn: Arc::new(ConnShared {
                 unacked: Mutex::new(VecDeque::new()),
@@ -93,13 +86,13 @@ impl Queue {
     }
 
     pub(super) fn is_live(&self) -> bool {
-        !self.dead.load(Ordering::Acquire)
+        self.life.is_live()
     }
 
     /// Stops dispatching to this queue (its broker is gone).
     pub(super) fn mark_dead(&self) {
         let _gate = self.gate.lock();
-        self.dead.store(true, Ordering::Release);
+        self.life.mark_dead();
     }
 
     /// Takes a batch a failover moved from a dead queue, unless this one is dead too.

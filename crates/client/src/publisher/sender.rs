@@ -64,155 +64,171 @@ pub(super) fn write_batch(
     Ok(())
 }
 
+/// First pause before resending after BACKPRESSURE; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+
 /// Writes the batches of one queue; resends from the refused batch after BACKPRESSURE.
 pub(super) fn sender(inner: Arc<Inner>, index: usize, first_seq: u64, fences_seen: u64) {
     let q = &inner.queues[index];
-    let conn = &q.conn;
-    let Ok(mut stream) = q.stream.lock().try_clone() else {
+    let Ok(stream) = q.stream.lock().try_clone() else {
         return;
     };
-    let mut next_seq = first_seq;
-    let mut fences_handled = fences_seen;
-    let mut backoff = Duration::from_millis(5);
-    // A failed write: with failover, the reader (whose read fails too once the socket
-    // is shut) moves this queue's batches to the live brokers.
-    let fail = |e: std::io::Error| {
-        if inner.closed.load(Ordering::Relaxed) {
-            return;
-        }
-        if inner.can_fail_over(q) {
-            q.mark_dead();
-            let _ = q.stream.lock().shutdown(std::net::Shutdown::Both);
-        } else {
-            inner.fail(
-                conn,
-                Error::ConnectionLost {
-                    broker: q.broker.clone(),
-                    message: e.to_string(),
-                },
-            );
-        }
-    };
     // Whatever ends the sender, the failover waits for it before collecting `unacked`.
-    struct Done<'a>(&'a AtomicBool, &'a Inner);
-    impl Drop for Done<'_> {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::Release);
-            self.1.notify_progress();
-        }
-    }
-    let _done = Done(&q.sender_done, &inner);
-    // A write error on an order-5 connection may be the broker closing a fenced epoch:
-    // give the reader a moment to report the fence before calling it a failure.
-    // A reader that already started a failover (the broker is gone) ends the wait.
-    let fenced_meanwhile = |handled: u64| {
-        inner.session.as_ref().is_some_and(|session| {
-            inner.wait_until(Duration::from_secs(2), || {
-                session.fences.load(Ordering::Acquire) != handled || !q.is_live()
-            }) && q.is_live()
-        })
+    let _stopped = MarkStoppedOnDrop(q, &inner);
+    let mut sender = SenderLoop {
+        inner: &inner,
+        index,
+        q,
+        stream,
+        next_seq: first_seq,
+        fences_handled: fences_seen,
+        backoff: FIRST_BACKOFF,
     };
-    loop {
-        if conn.failed.lock().is_some() || q.dead.load(Ordering::Acquire) {
-            return;
+    while let Step::Again = sender.step() {}
+}
+
+/// Marks the queue's sender stopped when dropped, however the sender ends.
+struct MarkStoppedOnDrop<'a>(&'a Queue, &'a Inner);
+
+impl Drop for MarkStoppedOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.life.mark_sender_stopped();
+        self.1.notify_progress();
+    }
+}
+
+/// Whether the sender goes round its loop again.
+enum Step {
+    Again,
+    Stop,
+}
+
+/// One connection's sender: its socket and the numbering of its batches.
+struct SenderLoop<'a> {
+    inner: &'a Inner,
+    index: usize,
+    q: &'a Queue,
+    stream: TcpStream,
+    /// Orders 0-2: the sequence number the connection's next batch gets.
+    next_seq: u64,
+    /// Order 5: the session's fence count this connection has reopened for.
+    fences_handled: u64,
+    /// Pause before the next resend after BACKPRESSURE; reset by a successful write.
+    backoff: Duration,
+}
+
+impl SenderLoop<'_> {
+    fn step(&mut self) -> Step {
+        let (inner, q) = (self.inner, self.q);
+        if q.conn.failed.lock().is_some() || !q.is_live() {
+            return Step::Stop;
         }
         if let Some(session) = &inner.session {
             let fences = session.fences.load(Ordering::Acquire);
-            if fences != fences_handled {
-                fences_handled = fences;
-                match reopen(&inner, index) {
-                    Ok(new) => stream = new,
-                    Err(e) => return inner.fail(conn, e),
-                }
-                continue;
+            if fences != self.fences_handled {
+                self.fences_handled = fences;
+                return match reopen(inner, self.index) {
+                    Ok(new) => {
+                        self.stream = new;
+                        Step::Again
+                    }
+                    Err(e) => {
+                        inner.fail(&q.conn, e);
+                        Step::Stop
+                    }
+                };
             }
         }
-        let resend_from = conn.resend_from.swap(u64::MAX, Ordering::AcqRel);
+        let resend_from = q.conn.resend_from.swap(u64::MAX, Ordering::AcqRel);
         if resend_from != u64::MAX {
-            conn.backpressure_retries.fetch_add(1, Ordering::Relaxed);
-            std::thread::sleep(backoff);
-            if inner.closed.load(Ordering::Relaxed) {
-                return;
-            }
-            backoff = (backoff * 2).min(Duration::from_millis(500));
-            let tail: Vec<InFlight> = {
-                let mut unacked = conn.unacked.lock();
-                let keep = unacked.iter().take_while(|f| f.seq < resend_from).count();
-                unacked.drain(keep..).collect()
-            };
-            let epoch = q.epoch.load(Ordering::Acquire);
-            let mut written = true;
-            for f in &tail {
-                let header = batch_header(&inner, f.seq, &f.batch, epoch);
-                if let Err(e) = write_batch(&mut stream, &header, &f.batch.buf) {
-                    if !fenced_meanwhile(fences_handled) {
-                        // Back with the unacknowledged ones, for the failover.
-                        conn.unacked.lock().extend(tail);
-                        return fail(e);
-                    }
-                    written = false;
-                    break;
-                }
-            }
-            if !written {
-                // Put them back; the reopen resends them.
-                let mut unacked = conn.unacked.lock();
-                for f in tail {
-                    unacked.push_back(f);
-                }
-                continue;
-            }
-            inner.requeue(conn, tail);
-            continue;
+            return self.resend(resend_from);
         }
-        // Batches moved here from a dead broker go first and past the in-flight limit:
-        // for order 5 the acknowledgements of what is in flight may wait for them.
-        let moved = q.moved.lock().pop_front();
-        let batch = match moved {
-            Some(b) => b,
-            None => {
-                if inner.config.ack_level > 0
-                    && conn.unacked.lock().len() >= inner.config.max_inflight_batches
-                {
-                    if inner.closed.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    inner.arm_backstop_if_owner(index);
-                    let mut g = inner.progress.0.lock();
-                    inner.progress.1.wait_for(&mut g, Duration::from_millis(5));
-                    continue;
-                }
-                match next_batch(&inner, index) {
-                    Next::Batch(b) => b,
-                    Next::Again => continue,
-                    Next::Stop => return,
-                }
-            }
+        match self.next() {
+            Next::Batch(batch) => self.send(batch),
+            Next::Again => Step::Again,
+            Next::Stop => Step::Stop,
+        }
+    }
+
+    /// After BACKPRESSURE for batch `from`: pauses, then writes every unacknowledged
+    /// batch from `from` on again, in order.
+    fn resend(&mut self, from: u64) -> Step {
+        let (inner, conn) = (self.inner, &self.q.conn);
+        conn.backpressure_retries.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(self.backoff);
+        if inner.closed.load(Ordering::Relaxed) {
+            return Step::Stop;
+        }
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        let tail: Vec<InFlight> = {
+            let mut unacked = conn.unacked.lock();
+            let keep = unacked.iter().take_while(|f| f.seq < from).count();
+            unacked.drain(keep..).collect()
         };
+        let epoch = self.q.epoch.load(Ordering::Acquire);
+        for f in &tail {
+            let header = batch_header(inner, f.seq, &f.batch, epoch);
+            if let Err(e) = write_batch(&mut self.stream, &header, &f.batch.buf) {
+                // Back with the unacknowledged ones: for the failover, or for the reopen
+                // to resend if the write failed because the session was fenced.
+                conn.unacked.lock().extend(tail);
+                return if self.fenced_meanwhile() {
+                    Step::Again
+                } else {
+                    self.fail(e)
+                };
+            }
+        }
+        inner.requeue(conn, tail);
+        Step::Again
+    }
+
+    /// The next batch to write: one a failover moved here first (past the in-flight
+    /// limit: for order 5 the acknowledgements of what is in flight may wait for it),
+    /// else one from the queue once the in-flight limit allows.
+    fn next(&mut self) -> Next {
+        let (inner, q) = (self.inner, self.q);
+        if let Some(moved) = q.moved.lock().pop_front() {
+            return Next::Batch(moved);
+        }
+        if inner.config.ack_level > 0
+            && q.conn.unacked.lock().len() >= inner.config.max_inflight_batches
+        {
+            if inner.closed.load(Ordering::Relaxed) {
+                return Next::Stop;
+            }
+            inner.arm_backstop_if_owner(self.index);
+            let mut g = inner.progress.0.lock();
+            inner.progress.1.wait_for(&mut g, Duration::from_millis(5));
+            return Next::Again;
+        }
+        next_batch(inner, self.index)
+    }
+
+    /// Numbers `batch` (orders 0-2), writes it and queues it for its acknowledgement.
+    fn send(&mut self, batch: Sealed) -> Step {
+        let (inner, q, conn) = (self.inner, self.q, &self.q.conn);
         if let Some((slow, pause)) = inner.slow_queue {
-            if slow == index {
+            if slow == self.index {
                 std::thread::sleep(pause);
             }
         }
-        let seq = match batch.seq {
-            Some(seq) => seq,
-            None => {
-                let seq = next_seq;
-                next_seq += 1;
-                seq
-            }
-        };
-        let header = batch_header(&inner, seq, &batch, q.epoch.load(Ordering::Acquire));
-        if let Err(e) = write_batch(&mut stream, &header, &batch.buf) {
-            if !fenced_meanwhile(fences_handled) {
+        let seq = batch.seq.unwrap_or_else(|| {
+            self.next_seq += 1;
+            self.next_seq - 1
+        });
+        let header = batch_header(inner, seq, &batch, q.epoch.load(Ordering::Acquire));
+        if let Err(e) = write_batch(&mut self.stream, &header, &batch.buf) {
+            if !self.fenced_meanwhile() {
                 // Kept with the unacknowledged batches, for the failover.
                 conn.unacked.lock().push_back(InFlight { seq, batch });
                 conn.sent.fetch_add(1, Ordering::Release);
-                return fail(e);
+                return self.fail(e);
             }
-            // Keep it with the unacknowledged batches: the reopen resends it.
+            // Kept with the unacknowledged batches (below): the reopen resends it.
         }
-        backoff = Duration::from_millis(5);
+        self.backoff = FIRST_BACKOFF;
         if inner.config.ack_level > 0 {
             inner.requeue(conn, [InFlight { seq, batch }]);
         } else {
@@ -221,5 +237,39 @@ pub(super) fn sender(inner: Arc<Inner>, index: usize, first_seq: u64, fences_see
         }
         conn.sent.fetch_add(1, Ordering::Release);
         inner.notify_progress();
+        Step::Again
+    }
+
+    /// A write error on an order-5 connection may be the broker closing a fenced epoch:
+    /// gives the reader a moment to report the fence before calling it a failure. A
+    /// reader that already started a failover (the broker is gone) ends the wait.
+    fn fenced_meanwhile(&self) -> bool {
+        let (inner, q, handled) = (self.inner, self.q, self.fences_handled);
+        inner.session.as_ref().is_some_and(|session| {
+            inner.wait_until(Duration::from_secs(2), || {
+                session.fences.load(Ordering::Acquire) != handled || !q.is_live()
+            }) && q.is_live()
+        })
+    }
+
+    /// A failed write: with failover, the reader (whose read fails too once the socket
+    /// is shut) moves this queue's batches to the live brokers; without, the publisher
+    /// fails.
+    fn fail(&self, e: std::io::Error) -> Step {
+        let (inner, q) = (self.inner, self.q);
+        if inner.closed.load(Ordering::Relaxed) {
+            return Step::Stop;
+        }
+        if inner.can_fail_over(q) {
+            q.mark_dead();
+            let _ = q.stream.lock().shutdown(std::net::Shutdown::Both);
+        } else {
+            let lost = Error::ConnectionLost {
+                broker: q.broker.clone(),
+                message: e.to_string(),
+            };
+            inner.fail(&q.conn, lost);
+        }
+        Step::Stop
     }
 }
