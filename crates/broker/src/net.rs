@@ -97,9 +97,7 @@ pub fn handle_connection(shared: &Shared, mut stream: TcpStream) {
                 Role::Publish => {
                     publish::run(shared, stream.try_clone(), &mut stream, hello, topic, meta)
                 }
-                Role::Subscribe => {
-                    subscribe::run(shared, &mut stream, hello, topic, meta, cursors)
-                }
+                Role::Subscribe => subscribe::run(shared, &mut stream, hello, topic, meta, cursors),
             },
         },
         Err(end) => end,

@@ -511,7 +511,12 @@ fn tell_deleted(shared: &Shared, conn: &PublishConn, progress: &mut bool) -> boo
     };
     if !conn.closed.load(Ordering::Acquire) {
         // The meta is gone with the deletion; the name was only needed for the text.
-        close_with(shared, conn, &mut out, crate::net::topic_deleted(&conn.topic_name));
+        close_with(
+            shared,
+            conn,
+            &mut out,
+            crate::net::topic_deleted(&conn.topic_name),
+        );
         *progress = true;
     }
     true

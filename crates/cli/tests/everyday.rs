@@ -560,9 +560,12 @@ fn topic_delete_frees_memory_and_disk_tells_clients_and_frees_the_name() {
     });
     let replica = data.join("replica-1");
     eventually("the disk replica is removed", || {
-        std::fs::read_dir(&replica)
-            .unwrap()
-            .all(|e| !e.unwrap().file_name().to_string_lossy().starts_with("doomed."))
+        std::fs::read_dir(&replica).unwrap().all(|e| {
+            !e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("doomed.")
+        })
     });
     let describe = failed(&serve.run(&["topic", "describe", "doomed"], None));
     let again = failed(&serve.run(&["topic", "delete", "doomed"], None));

@@ -453,8 +453,12 @@ impl Worker {
         }
         for (topic, dir) in dirs {
             match std::fs::remove_dir_all(&dir) {
-                Ok(()) => tracing::info!(replica = self.replica, topic, dir = %dir.display(), "removed the replica log of a deleted topic"),
-                Err(e) => tracing::warn!(replica = self.replica, topic, dir = %dir.display(), "cannot remove the replica log of a deleted topic: {e}; remove it by hand"),
+                Ok(()) => {
+                    tracing::info!(replica = self.replica, topic, dir = %dir.display(), "removed the replica log of a deleted topic")
+                }
+                Err(e) => {
+                    tracing::warn!(replica = self.replica, topic, dir = %dir.display(), "cannot remove the replica log of a deleted topic: {e}; remove it by hand")
+                }
             }
         }
     }

@@ -85,7 +85,10 @@ fn connected_clients_are_told_and_every_segment_comes_back() {
             p.publish(&i.to_le_bytes()).unwrap();
         }
         p.flush().unwrap();
-        let first = s.poll(GUARD).unwrap().expect("a message before the deletion");
+        let first = s
+            .poll(GUARD)
+            .unwrap()
+            .expect("a message before the deletion");
         assert_eq!(first.payload.len(), 8);
         assert!(free_segments(&control) < all_free, "{name} took segments");
 
@@ -103,7 +106,10 @@ fn connected_clients_are_told_and_every_segment_comes_back() {
         drop(p);
         let deadline = Instant::now() + GUARD;
         while free_segments(&control) != all_free {
-            assert!(Instant::now() < deadline, "{name}'s segments never came back");
+            assert!(
+                Instant::now() < deadline,
+                "{name}'s segments never came back"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         let err = t.admin().describe_topic(name).unwrap_err().to_string();
@@ -128,7 +134,10 @@ fn a_topic_created_again_under_the_name_is_a_new_topic() {
     }
     p.close().unwrap();
     let before = t.admin().delete_topic("again").unwrap();
-    assert_eq!(before.next_position, 50, "the reply is the topic just before");
+    assert_eq!(
+        before.next_position, 50,
+        "the reply is the topic just before"
+    );
     t.create_topic("again", 2);
     let p = Publisher::connect(&control, "again", PublisherConfig::default()).unwrap();
     p.publish(b"new").unwrap();
@@ -185,7 +194,11 @@ fn a_deleted_topic_stays_deleted_and_its_slot_is_reused_after_a_restart() {
     let gone_dir = embarcadero_replication::topic_dir(&replica, "gone", gone.created_unix_ms);
     assert!(!gone_dir.exists(), "{} is still there", gone_dir.display());
     let new = admin.create_topic(&TopicSpec::new("new", 2)).unwrap();
-    assert_eq!((new.id, new.next_position), (gone.id, 0), "the slot, afresh");
+    assert_eq!(
+        (new.id, new.next_position),
+        (gone.id, 0),
+        "the slot, afresh"
+    );
     let mut s = subscriber(&control, "kept");
     assert_eq!(&s.poll(GUARD).unwrap().unwrap().payload[..], b"kept");
     let mut s = subscriber(&control, "new");
