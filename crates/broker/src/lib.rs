@@ -199,6 +199,9 @@ pub(crate) struct Shared {
     pub pool: Arc<SegmentPool>,
     /// One writer per topic slot, created when the first publisher arrives.
     pub writers: Vec<OnceLock<Arc<LogWriter>>>,
+    /// Per topic slot, this broker's connections on the topic (`TopicConn`): a deleted
+    /// topic's log is released once none is left.
+    pub topic_conns: Vec<AtomicU64>,
     pub metrics: Arc<BrokerMetrics>,
     pub shutdown: AtomicBool,
     /// Set by the service thread while memory is above the high watermark.
@@ -234,6 +237,39 @@ impl Shared {
                 self.config.broker_id,
             ))
         })
+    }
+}
+
+/// A connection's hold on its topic: while any is held, the broker keeps the topic's
+/// log (and its segments) even once the topic is deleted, since the connection may still
+/// be writing into it or reading from it.
+pub(crate) struct TopicConn<'a> {
+    shared: &'a Shared,
+    topic: u32,
+}
+
+impl<'a> TopicConn<'a> {
+    /// Holds `topic` for a connection, unless it has been deleted: `None` then. The count
+    /// is raised before the topic's state is read, and the service thread reads them the
+    /// other way round (both sequentially consistent), so either the connection sees the
+    /// deletion or the service thread sees the connection and waits for it.
+    pub fn hold(shared: &'a Shared, topic: u32) -> Option<Self> {
+        shared.topic_conns[topic as usize].fetch_add(1, Ordering::SeqCst);
+        let held = Self { shared, topic };
+        (!shared.region.topic_deleted(topic)).then_some(held)
+    }
+}
+
+impl Drop for TopicConn<'_> {
+    fn drop(&mut self) {
+        let left = self.shared.topic_conns[self.topic as usize].fetch_sub(1, Ordering::SeqCst);
+        if left == 1 && self.shared.region.topic_deleted(self.topic) {
+            // The last one: the service thread can release the log now.
+            self.shared
+                .region
+                .broker_bell(self.shared.config.broker_id)
+                .ring();
+        }
     }
 }
 
@@ -294,6 +330,7 @@ impl Broker {
         let shared = Arc::new(Shared {
             pool,
             writers,
+            topic_conns: (0..caps.max_topics).map(|_| AtomicU64::new(0)).collect(),
             metrics: Arc::new(BrokerMetrics::default()),
             shutdown: AtomicBool::new(false),
             paused: AtomicBool::new(false),

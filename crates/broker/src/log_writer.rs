@@ -120,6 +120,12 @@ impl LogWriter {
         (self.state.load(Ordering::Acquire) >> 64) as u64
     }
 
+    /// End of the reserved log bytes: every logical segment below `tail.div_ceil(seg)`
+    /// has been taken from the pool (and not yet returned, unless reclaimed).
+    pub fn reserved_tail(&self) -> u64 {
+        self.state.load(Ordering::Acquire) as u64
+    }
+
     /// Reserves a slot and `len` bytes (`0 < len <= segment_bytes`).
     pub fn reserve(&self, len: u64) -> Result<Reservation, ReserveError> {
         let caps = self.region.capacities();

@@ -90,11 +90,15 @@ pub fn handle_connection(shared: &Shared, mut stream: TcpStream) {
     tune_socket(&stream);
     let result = handshake(shared, &mut stream);
     let end = match result {
-        Ok((hello, topic, meta, cursors)) => match hello.role {
-            Role::Publish => {
-                publish::run(shared, stream.try_clone(), &mut stream, hello, topic, meta)
-            }
-            Role::Subscribe => subscribe::run(shared, &mut stream, hello, topic, meta, cursors),
+        Ok((hello, topic, meta, cursors)) => match crate::TopicConn::hold(shared, topic) {
+            // Deleted since the hello found it: to this client it never existed.
+            None => unknown_topic(&hello.topic).into(),
+            Some(_held) => match hello.role {
+                Role::Publish => {
+                    publish::run(shared, stream.try_clone(), &mut stream, hello, topic, meta)
+                }
+                Role::Subscribe => subscribe::run(shared, &mut stream, hello, topic, meta, cursors),
+            },
         },
         Err(end) => end,
     };
@@ -172,20 +176,34 @@ pub fn refuse_over_limit(shared: &Shared, mut stream: TcpStream, limit: Limit) {
 
 type Accepted = (Hello, u32, TopicMeta, Vec<u64>);
 
+/// The refusal of a hello for a topic that does not exist (or no longer does).
+fn unknown_topic(name: &str) -> Refusal {
+    Refusal::new(
+        ErrorCode::UnknownTopic,
+        format!("topic {name:?} does not exist; create it with `embarcadero topic create {name} --order 2`"),
+    )
+}
+
+/// The error frame a connection of a topic deleted while it was open ends with.
+pub fn topic_deleted(name: &str) -> ErrorFrame {
+    ErrorFrame {
+        code: ErrorCode::TopicDeleted,
+        batch_seq: u64::MAX,
+        message: format!(
+            "topic {name:?} was deleted; the connection is closed (a topic created later with this name is another topic, whose positions start again at 0)"
+        ),
+    }
+}
+
 fn handshake(shared: &Shared, stream: &mut TcpStream) -> Result<Accepted, End> {
     stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
     let mut raw = [0u8; HELLO_LEN];
     stream.read_exact(&mut raw)?;
     let hello = Hello::decode(&raw).map_err(|e| Refusal::from_wire(&e, u64::MAX))?;
-    let (topic, meta) = shared.region.find_topic(&hello.topic).ok_or_else(|| {
-        Refusal::new(
-            ErrorCode::UnknownTopic,
-            format!(
-                "topic {:?} does not exist; create it with `embarcadero topic create {} --order 2`",
-                hello.topic, hello.topic
-            ),
-        )
-    })?;
+    let (topic, meta) = shared
+        .region
+        .find_topic(&hello.topic)
+        .ok_or_else(|| unknown_topic(&hello.topic))?;
     let mut cursors = Vec::new();
     match hello.role {
         Role::Publish => {

@@ -27,6 +27,8 @@ const MAX_UNSENT_BYTES: usize = 64 * 1024;
 /// What the service thread needs to acknowledge one publishing connection.
 pub struct PublishConn {
     pub topic: u32,
+    /// The topic's name, for the TopicDeleted frame (the region's meta goes with it).
+    pub topic_name: String,
     pub session_epoch: u64,
     /// Order 5: `session_key_hash` of the hello's key, stamped into every PBR slot of
     /// the connection so the sequencer can tell the session's owner from a stranger.
@@ -143,6 +145,7 @@ pub fn run(
     }
     let conn = std::sync::Arc::new(PublishConn {
         topic,
+        topic_name: meta.name.clone(),
         session_epoch: hello.session_epoch,
         session_key_hash: key_hash,
         session: (meta.order == 5).then(|| session.clone()),
@@ -156,9 +159,9 @@ pub fn run(
         closed: AtomicBool::new(false),
     });
     // The service thread acknowledges; for an order-5 session it also keeps the session's
-    // last-active stamp fresh while the client is connected, acks or not.
-    if (hello.ack_level > 0 || meta.order == 5) && shared.new_publishers.send(conn.clone()).is_err()
-    {
+    // last-active stamp fresh while the client is connected, acks or not; and it tells
+    // every publisher, ack 0 too, when its topic is deleted.
+    if shared.new_publishers.send(conn.clone()).is_err() {
         return End::Gone;
     }
     let end = receive_batches(shared, stream, &hello, topic, &conn, session);
@@ -277,6 +280,8 @@ fn receive_batches(
         let reservation =
             match reserve_with_backpressure(shared, writer, header.total_size, may_refuse) {
                 Some(r) => r,
+                // The service thread has sent TopicDeleted and closed the connection.
+                None if shared.region.topic_deleted(topic) => return End::Gone,
                 None => {
                     if staged.is_none() {
                         if let Err(e) = net::drain(stream, header.total_size) {
@@ -598,7 +603,11 @@ fn reserve_with_backpressure(
         });
         // Ack-0 publishers cannot resend (they keep no copies), so they only ever get
         // TCP backpressure: the broker waits for memory instead of refusing.
-        if (may_refuse && now >= deadline) || shared.shutdown.load(Ordering::Relaxed) {
+        // A deleted topic's memory is released only once this connection has gone.
+        if (may_refuse && now >= deadline)
+            || shared.shutdown.load(Ordering::Relaxed)
+            || shared.region.topic_deleted(writer.topic)
+        {
             return None;
         }
         // Ask the service thread to reclaim, then wait a little.

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Where one (topic, broker) log continues.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LogResume {
     /// Next PBR index to reserve: every slot below it is committed (valid or void).
     pub next_pbr: u64,
@@ -182,9 +182,14 @@ pub fn resume_broker(
     broker: u32,
 ) -> (Arc<SegmentPool>, Vec<(u32, LogResume)>) {
     let caps = region.capacities();
-    // An empty log resumes at zero: resuming every log needs no test for "empty".
+    // An empty log resumes at zero: resuming every log needs no test for "empty". A slot
+    // that never held a topic is passed by: resuming reads its whole PBR ring, which
+    // with hundreds of slots took seconds and a gigabyte of page cache at every start.
     let resumed: Vec<(u32, LogResume)> = (0..caps.max_topics)
-        .map(|topic| (topic, resume_log(region, topic, broker)))
+        .map(|topic| match region.topic_slot_used(topic) {
+            true => (topic, resume_log(region, topic, broker)),
+            false => (topic, LogResume::default()),
+        })
         .collect();
     let tails: Vec<(u32, u64)> = resumed.iter().map(|(t, r)| (*t, r.tail)).collect();
     let pool = Arc::new(rebuild_pool(region, broker, &tails));
@@ -249,6 +254,8 @@ mod tests {
     /// A process that died mid-stream: slots 0, 1 and 3 committed, 2 and 4 reserved
     /// and never committed, the frontier moved over slot 0 only.
     fn crashed_log(region: &Arc<Region>, broker: u32) -> Vec<Reservation> {
+        // Only a slot that holds a topic has logs to resume.
+        region.write_topic_meta(1, &embarcadero_region::TopicMeta::new("t", 2));
         let pool = Arc::new(SegmentPool::new(caps().segments_per_broker));
         let w = LogWriter::new(region.clone(), pool, 1, broker);
         let r: Vec<Reservation> = (0..5).map(|_| w.reserve(1500).unwrap()).collect();
@@ -304,6 +311,21 @@ mod tests {
         );
         let again = resume_broker(&region, 1).1;
         assert_eq!(again[1].1.voided, 0, "resuming twice voids nothing more");
+    }
+
+    /// Free slots are passed by (their rings are never read at start); a deleted
+    /// topic's log is resumed like a live one, so its segments stay counted as used
+    /// until the service thread releases them.
+    #[test]
+    fn only_slots_that_held_a_topic_are_resumed() {
+        let dir = tempfile::tempdir().unwrap();
+        let region = Arc::new(Region::create(&dir.path().join("r"), caps()).unwrap());
+        crashed_log(&region, 1);
+        region.delete_topic(1);
+        let (pool, resumed) = resume_broker(&region, 1);
+        assert_eq!(resumed[0].1, LogResume::default(), "never held a topic");
+        assert_eq!(resumed[1].1.next_pbr, 4, "deleted, still resumed");
+        assert_eq!(pool.free_count(), 8 - 2, "its segments are still held");
     }
 
     #[test]

@@ -48,6 +48,8 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
     let broker = shared.config.broker_id;
     let caps = region.capacities();
     let mut logs: Vec<Option<LogState>> = (0..caps.max_topics).map(|_| None).collect();
+    // Deleted topics whose logs on this broker have been released (or held nothing).
+    let mut released = vec![false; caps.max_topics as usize];
     let mut acks: Vec<AckState> = Vec::new();
     let mut backoff = Backoff::new(shared.config.idle_sleep_max);
     let bell = region.broker_bell(broker);
@@ -81,10 +83,21 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
         }
         for (topic, slot) in logs.iter_mut().enumerate() {
             let topic = topic as u32;
-            if slot.is_none() {
-                if shared.writers[topic as usize].get().is_none() {
-                    continue;
+            // A log this broker never wrote holds nothing to release (and its
+            // subscribers end themselves): slots without a writer cost one load.
+            if released[topic as usize] || shared.writers[topic as usize].get().is_none() {
+                continue;
+            }
+            if region.topic_deleted(topic) {
+                // Its publishers are told in `send_acks`, its subscribers by their threads.
+                if shared.topic_conns[topic as usize].load(Ordering::SeqCst) == 0 {
+                    release_deleted(&shared, topic, slot.take());
+                    released[topic as usize] = true;
+                    progress = true;
                 }
+                continue;
+            }
+            if slot.is_none() {
                 let Some(meta) = region.topic_meta(topic) else {
                     continue;
                 };
@@ -335,6 +348,42 @@ fn note_reader_hold(shared: &Shared, topic: u32, st: &mut LogState, held: bool) 
     );
 }
 
+/// Lets go of a deleted topic's log on this broker, once none of its connections is on
+/// the topic (so nothing of this broker writes to the log or reads it any more): every
+/// segment the log still holds goes back to the pool. The reclaimed frontiers move to
+/// the end first, as in `reclaim`, so a subscriber of another broker that is reading the
+/// log finds its copy invalid before the memory is handed out again.
+fn release_deleted(shared: &Shared, topic: u32, st: Option<LogState>) {
+    let Some(writer) = shared.writers[topic as usize].get() else {
+        return;
+    };
+    let region = &shared.region;
+    let broker = shared.config.broker_id;
+    let seg = region.capacities().segment_bytes;
+    let log = region.log(topic, broker);
+    let freed_below = st.map_or_else(
+        || log.reclaimed_blog.load(Ordering::Acquire) / seg,
+        |st| st.freed_segments_below,
+    );
+    let tail = writer.reserved_tail();
+    log.reclaimed_blog.store(tail, Ordering::Release);
+    log.reclaimed_pbr
+        .store(writer.reserved_pbr(), Ordering::Release);
+    let mut freed = 0;
+    for logical in freed_below..tail.div_ceil(seg) {
+        if let Some(physical) = region.seg_map_lookup(topic, broker, logical) {
+            shared.pool.push(physical);
+            freed += 1;
+        }
+    }
+    tracing::info!(
+        broker,
+        topic,
+        segments = freed,
+        "released the log of a deleted topic"
+    );
+}
+
 /// Order 5: acknowledges up to the session's committed high-water mark (acks are
 /// cumulative per session, and every broker relays them from the region, so no broker
 /// is a single point of failure for them). A fenced epoch gets SessionFenced and the
@@ -488,6 +537,25 @@ fn close_with(shared: &Shared, conn: &PublishConn, out: &mut Outbox, error: Erro
     shared.metrics.errors_sent.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Tells a publisher its topic was deleted and closes its connection; false if its
+/// connection thread holds the outbox (tried again next round).
+fn tell_deleted(shared: &Shared, conn: &PublishConn, progress: &mut bool) -> bool {
+    let Ok(mut out) = conn.out.try_lock() else {
+        return false;
+    };
+    if !conn.closed.load(Ordering::Acquire) {
+        // The meta is gone with the deletion; the name was only needed for the text.
+        close_with(
+            shared,
+            conn,
+            &mut out,
+            crate::net::topic_deleted(&conn.topic_name),
+        );
+        *progress = true;
+    }
+    true
+}
+
 /// Acknowledges, per connection, every pending batch that reached the ack level.
 fn send_acks(
     shared: &Shared,
@@ -502,6 +570,9 @@ fn send_acks(
         let conn = &a.conn;
         if conn.closed.load(Ordering::Acquire) {
             return false;
+        }
+        if region.topic_deleted(conn.topic) {
+            return !tell_deleted(shared, conn, &mut progress);
         }
         let log = region.log(conn.topic, broker);
         if let Some(session) = &mut a.session {

@@ -65,8 +65,24 @@ pub fn run(
     };
     match result {
         Ok(()) => End::Gone,
+        // A read that failed because the deletion took the data from under it (memory
+        // released, replica files removed) is told as what it is.
+        Err(End::Refused(_)) if shared.region.topic_deleted(topic) => deleted(&meta),
         Err(end) => end,
     }
+}
+
+/// Ends a subscription whose topic is deleted; checked once per round (one load).
+fn still_there(region: &Region, topic: u32, meta: &TopicMeta) -> Result<(), End> {
+    if region.topic_deleted(topic) {
+        return Err(deleted(meta));
+    }
+    Ok(())
+}
+
+fn deleted(meta: &TopicMeta) -> End {
+    let frame = net::topic_deleted(&meta.name);
+    Refusal::new(frame.code, frame.message).into()
 }
 
 /// A reader slot in the region: while held, the brokers keep everything from the
@@ -553,6 +569,7 @@ fn serve_global(
     let pin = Pin::claim(region, topic, &Claimant::of(shared, stream), &[start])?;
     while !shared.shutdown.load(Ordering::Relaxed) {
         let seen = bell.seen();
+        still_there(region, topic, meta)?;
         pin.beat();
         if cursor.is_none() {
             let memory = locate_global(region, topic, start);
@@ -931,6 +948,7 @@ fn serve_per_broker(
     let pin = Pin::claim(region, topic, &Claimant::of(shared, stream), &positions)?;
     while !shared.shutdown.load(Ordering::Relaxed) {
         let seen = bell.seen();
+        still_there(region, topic, meta)?;
         pin.beat();
         let mut plan = Vec::new();
         for broker in 0..brokers {

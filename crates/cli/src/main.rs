@@ -157,6 +157,18 @@ enum TopicCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Delete a topic: its data, memory and disk replicas go at once, and its connected
+    /// publishers and subscribers are told (TopicDeleted). A topic created later with
+    /// the same name is a new topic, whose positions start at 0.
+    Delete {
+        /// Topic name.
+        name: String,
+        #[command(flatten)]
+        control: ControlArg,
+        /// Print the deleted topic as JSON on stdout (with "deleted": true).
+        #[arg(long)]
+        json: bool,
+    },
     /// Describe one topic with its counters.
     Describe {
         /// Topic name.
@@ -431,6 +443,11 @@ fn topic(cmd: TopicCommand) -> CliResult {
                 say!("{}", show::topic_table(&topics, None).trim_end());
             }
         }
+        TopicCommand::Delete {
+            name,
+            control,
+            json,
+        } => topic_delete(&name, &control, json)?,
         TopicCommand::Describe {
             name,
             control,
@@ -445,6 +462,31 @@ fn topic(cmd: TopicCommand) -> CliResult {
                 say!("{}", show::topic_text(&t).trim_end());
             }
         }
+    }
+    Ok(())
+}
+
+/// `topic delete NAME`: one line saying what went, or the deleted topic as JSON.
+fn topic_delete(name: &str, control: &ControlArg, json: bool) -> CliResult {
+    let t = Admin::new(&control.control)
+        .delete_topic(name)
+        .map_err(|e| e.to_string())?;
+    if json {
+        let mut v = serde_json::to_value(&t).expect("json");
+        v["deleted"] = serde_json::Value::Bool(true);
+        say!("{}", serde_json::to_string_pretty(&v).expect("json"));
+    } else {
+        let disk = if t.replication_factor >= 2 {
+            " and disk replicas"
+        } else {
+            ""
+        };
+        say!(
+            "deleted topic {} (order {}, rf {}): its data, memory{disk} are freed; connected clients were told",
+            t.name,
+            t.order,
+            t.replication_factor
+        );
     }
     Ok(())
 }

@@ -561,3 +561,94 @@ fn memory_only_positions_move_forward_after_sigkill_and_a_lost_region() {
     );
     serve.stop();
 }
+
+/// The free segments of each broker, from `status --json`.
+fn free_segments(serve: &Serve) -> Vec<u64> {
+    let status = ok(&serve.run(&["status", "--json"], None));
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    status["brokers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["free_segments"].as_u64().unwrap())
+        .collect()
+}
+
+/// Polls `done` until it holds, failing the test with `what` after a hang guard.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + LINE_GUARD;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `topic delete` as a user hits it: a connected `sub` and `pub` are told the topic was
+/// deleted and exit non-zero, every broker's free segments come back, the disk replica
+/// goes, the name is unknown after (with describe's advice), and a topic created again
+/// with the name starts afresh: a subscriber sees only its messages.
+#[test]
+fn topic_delete_frees_memory_and_disk_tells_clients_and_frees_the_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let serve = Serve::start(&data);
+    let free_before = free_segments(&serve);
+    ok(&serve.run(&["topic", "create", "doomed"], None));
+    ok(&serve.run(&["pub", "doomed", "--ack", "2"], Some("old-1\nold-2\n")));
+    assert!(
+        free_segments(&serve) < free_before,
+        "the messages took segments"
+    );
+    let mut sub = spawn(&serve, &["sub", "doomed"]);
+    let out = lines_of(sub.stdout.take().unwrap());
+    wait_for(&out, "old-2");
+    let mut publisher = spawn(&serve, &["pub", "doomed", "--ack", "1"]);
+    let stdin = Mutex::new(publisher.stdin.take().unwrap());
+    write_line(&stdin, "live-1");
+    wait_for(&out, "live-1");
+
+    let said = ok(&serve.run(&["topic", "delete", "doomed"], None));
+    assert!(
+        said.starts_with("deleted topic doomed") && said.lines().count() == 1,
+        "{said}"
+    );
+    let sub = sub.wait_with_output().unwrap();
+    let sub_err = failed(&sub);
+    assert!(sub_err.contains("was deleted"), "{sub_err}");
+    // Whether `pub` has already ended on the error or meets it with this line.
+    let _ = writeln!(stdin.lock().unwrap(), "live-2");
+    drop(stdin);
+    let pub_err = failed(&publisher.wait_with_output().unwrap());
+    assert!(pub_err.contains("was deleted"), "{pub_err}");
+
+    eventually("every broker's segments came back", || {
+        free_segments(&serve) == free_before
+    });
+    let replica = data.join("replica-1");
+    eventually("the disk replica is removed", || {
+        std::fs::read_dir(&replica).unwrap().all(|e| {
+            !e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("doomed.")
+        })
+    });
+    let describe = failed(&serve.run(&["topic", "describe", "doomed"], None));
+    let again = failed(&serve.run(&["topic", "delete", "doomed"], None));
+    assert!(describe.contains("does not exist"), "{describe}");
+    assert!(again.contains("does not exist"), "{again}");
+
+    let made = ok(&serve.run(&["topic", "create", "doomed", "--json"], None));
+    let made: serde_json::Value = serde_json::from_str(&made).unwrap();
+    assert_eq!(made["next_position"], 0, "a new topic: {made}");
+    ok(&serve.run(&["pub", "doomed", "--ack", "2"], Some("new-1\n")));
+    assert_eq!(
+        ok(&serve.run(&["sub", "doomed", "--count", "1"], None)),
+        "new-1\n"
+    );
+    let gone = ok(&serve.run(&["topic", "delete", "doomed", "--json"], None));
+    let gone: serde_json::Value = serde_json::from_str(&gone).unwrap();
+    assert_eq!(gone["deleted"], true, "{gone}");
+    assert_eq!(gone["name"], "doomed", "{gone}");
+    serve.stop();
+}

@@ -179,6 +179,15 @@ impl Admin {
         parse(self.get(&format!("/v1/topics/{}", escape_path_segment(name)))?)
     }
 
+    /// Deletes a topic: its data, memory and disk replicas go, and its connected
+    /// publishers and subscribers get `TopicDeleted`. Returns the topic as it was just
+    /// before. A topic created later with the same name is a new topic.
+    pub fn delete_topic(&self, name: &str) -> Result<TopicInfo> {
+        check_topic_name(name)?;
+        let url = format!("{}/v1/topics/{}", self.base, escape_path_segment(name));
+        parse(self.call(self.agent.delete(&url), None)?)
+    }
+
     pub fn cluster(&self) -> Result<ClusterInfo> {
         parse(self.get("/v1/cluster")?)
     }

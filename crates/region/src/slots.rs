@@ -73,11 +73,16 @@ impl GoiEntry {
     }
 }
 
-/// Lifecycle of a topic slot; the state word is written last.
+/// Lifecycle of a topic slot; the state word is written last. A slot goes
+/// Free -> Active -> Deleted within one region and never back: a deleted topic's slot is
+/// reused only by the next start's fresh region (`docs/DESIGN.md`, "Topic delete"), so
+/// no process can take a later topic's slot for the deleted one's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TopicState {
     Free = 0,
     Active = 1,
+    /// Deleted by the control plane: every process lets go of what it holds for it.
+    Deleted = 2,
 }
 
 /// Metadata of one topic slot, written by the control plane only.

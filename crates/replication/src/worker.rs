@@ -354,8 +354,9 @@ impl Worker {
         }
     }
 
-    /// Starts copying topics created since the last look.
+    /// Starts copying topics created since the last look, and removes deleted ones.
     fn refresh_topics(&mut self) {
+        self.remove_deleted();
         let caps = self.region.capacities();
         for topic in 0..caps.max_topics {
             let Some(meta) = self.region.topic_meta(topic) else {
@@ -419,6 +420,46 @@ impl Worker {
                 next_retention: Instant::now(),
                 meta,
             });
+        }
+    }
+
+    /// Stops copying deleted topics and removes their replica logs (this worker owns
+    /// the files; a deleted topic's slot is never reused in this region, so what it
+    /// copied meanwhile is only more of what is removed). A sync in flight is waited for
+    /// first, so the sync thread holds no file of the directory.
+    fn remove_deleted(&mut self) {
+        let region = self.region.clone();
+        let (deleted, kept) = std::mem::take(&mut self.topics)
+            .into_iter()
+            .partition(|t| region.topic_deleted(t.topic));
+        self.topics = kept;
+        let mut dirs: Vec<(u32, PathBuf)> = Vec::new();
+        for mut t in deleted {
+            if let Some(rx) = t.syncing.take() {
+                let _ = rx.recv();
+            }
+            dirs.push((t.topic, t.store.dir().to_path_buf()));
+        }
+        let preopened: Vec<u32> = self
+            .preopened
+            .keys()
+            .copied()
+            .filter(|topic| region.topic_deleted(*topic))
+            .collect();
+        for topic in preopened {
+            if let Some(store) = self.preopened.remove(&topic) {
+                dirs.push((topic, store.dir().to_path_buf()));
+            }
+        }
+        for (topic, dir) in dirs {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {
+                    tracing::info!(replica = self.replica, topic, dir = %dir.display(), "removed the replica log of a deleted topic")
+                }
+                Err(e) => {
+                    tracing::warn!(replica = self.replica, topic, dir = %dir.display(), "cannot remove the replica log of a deleted topic: {e}; remove it by hand")
+                }
+            }
         }
     }
 

@@ -328,9 +328,20 @@ impl Core {
         }
     }
 
-    /// Picks up ordered topics created since the last look, resuming from the region.
+    /// Picks up ordered topics created since the last look, resuming from the region,
+    /// and lets go of deleted ones: their slots are never reused in this region, so the
+    /// sequencer at worst orders a deleted topic's batches for one more look, into lines
+    /// nobody reads.
     fn refresh_topics(&mut self) {
         let caps = self.region.capacities();
+        let region = &self.region;
+        self.topics.retain(|t| {
+            let deleted = region.topic_deleted(t.topic);
+            if deleted {
+                tracing::info!(topic = t.topic, "the sequencer let go of a deleted topic");
+            }
+            !deleted
+        });
         for topic in 0..caps.max_topics {
             let Some(meta) = self.region.topic_meta(topic) else {
                 continue;

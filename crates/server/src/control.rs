@@ -90,6 +90,15 @@ pub enum TopicError {
     NotFound(String),
     #[error("all {0} topic slots are in use; raise region.max_topics (EMBARCADERO_REGION_MAX_TOPICS) and restart the server (the data dir and its topics are kept)")]
     Full(u32),
+    #[error("all {max} topic slots are in use, {deleted} of them by deleted topics, whose slots come free at the next start of the server; restart it, or raise region.max_topics (EMBARCADERO_REGION_MAX_TOPICS) and restart (the data dir and its topics are kept)")]
+    FullOfDeleted { max: u32, deleted: u32 },
+    #[error("topic {name:?} uses topic slot {slot} but region.max_topics is {max}: raise region.max_topics (EMBARCADERO_REGION_MAX_TOPICS) to at least {needed} and start again (the data dir and its topics are kept)")]
+    TooFewSlots {
+        name: String,
+        slot: u32,
+        max: u32,
+        needed: u32,
+    },
     #[error("cannot save topic metadata in {path}: {source}")]
     Io {
         path: PathBuf,
@@ -103,6 +112,11 @@ pub struct ControlPlane {
     topics_file: PathBuf,
     /// Serialises topic creation (admin requests only, never the data path).
     lock: parking_lot::Mutex<Vec<PersistedTopic>>,
+    /// Topics deleted since this region was created (taken after `lock`): their slots are
+    /// not reused before the next start, whose region is new (`docs/DESIGN.md`, "Topic
+    /// delete"), and a topic created with the name of one of them gets a later creation
+    /// time, which names its replica directories.
+    deleted: parking_lot::Mutex<Vec<PersistedTopic>>,
 }
 
 impl ControlPlane {
@@ -115,13 +129,16 @@ impl ControlPlane {
         let topics_file = data_dir.join("topics.json");
         let topics = load_topics(data_dir)?;
         let max = region.capacities().max_topics;
+        let needed = topics.iter().map(|t| t.slot + 1).max().unwrap_or(0);
+        if let Some(t) = topics.iter().find(|t| t.slot >= max) {
+            return Err(TopicError::TooFewSlots {
+                name: t.spec.name.clone(),
+                slot: t.slot,
+                max,
+                needed,
+            });
+        }
         for t in &topics {
-            if t.slot >= max {
-                return Err(TopicError::Invalid(format!(
-                    "topic {:?} uses slot {} but the region has {max} topic slots; raise region.max_topics",
-                    t.spec.name, t.slot
-                )));
-            }
             region.write_topic_meta(t.slot, &meta_of(t));
         }
         Ok(Self {
@@ -129,6 +146,7 @@ impl ControlPlane {
             defaults,
             topics_file,
             lock: parking_lot::Mutex::new(topics),
+            deleted: parking_lot::Mutex::new(Vec::new()),
         })
     }
 
@@ -141,11 +159,22 @@ impl ControlPlane {
         if topics.iter().any(|t| t.spec.name == spec.name) {
             return Err(TopicError::Exists(spec.name));
         }
+        let deleted = self.deleted.lock();
         let max = self.region.capacities().max_topics;
         let slot = (0..max)
-            .find(|s| topics.iter().all(|t| t.slot != *s))
-            .ok_or(TopicError::Full(max))?;
-        let created_unix_ms = embarcadero_region::unix_ms();
+            .find(|s| topics.iter().chain(deleted.iter()).all(|t| t.slot != *s))
+            .ok_or(match deleted.len() as u32 {
+                0 => TopicError::Full(max),
+                n => TopicError::FullOfDeleted { max, deleted: n },
+            })?;
+        // Later than any deleted topic of the same name: the creation time tells their
+        // replica directories (and their previous regions' slots) apart.
+        let created_unix_ms = deleted
+            .iter()
+            .filter(|t| t.spec.name == spec.name)
+            .map(|t| t.created_unix_ms + 1)
+            .fold(embarcadero_region::unix_ms(), u64::max);
+        drop(deleted);
         let topic = PersistedTopic {
             // Persisted before the region shows the topic: positions 0 and up.
             position_ceiling: if spec.replication_factor == 1 {
@@ -194,6 +223,28 @@ impl ControlPlane {
         }
         *topics = next;
         Ok(raised)
+    }
+
+    /// Deletes a topic: gone from `topics.json` first (so a crash after this point
+    /// never brings it back), then marked deleted in the region, where brokers (local
+    /// and followers), the sequencer and the replica workers see it and let go of it:
+    /// connections get TopicDeleted, log segments return to their brokers' pools, replica
+    /// directories are removed. Returns the topic as it was just before.
+    pub fn delete(&self, name: &str) -> Result<TopicInfo, TopicError> {
+        let mut topics = self.lock.lock();
+        let i = topics
+            .iter()
+            .position(|t| t.spec.name == name)
+            .ok_or_else(|| TopicError::NotFound(name.to_string()))?;
+        let mut next = topics.clone();
+        let gone = next.remove(i);
+        let info = self.info(&gone);
+        save(&self.topics_file, &next)?;
+        self.region.delete_topic(gone.slot);
+        tracing::info!(topic = %gone.spec.name, slot = gone.slot, "topic deleted");
+        self.deleted.lock().push(gone);
+        *topics = next;
+        Ok(info)
     }
 
     pub fn list(&self) -> Vec<TopicInfo> {

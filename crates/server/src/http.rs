@@ -66,6 +66,9 @@ fn route(inner: &Inner, request: &Request) -> (u16, &'static str, String) {
                 Err(e) => topic_error(e),
             }
         }
+        ("DELETE", path) if path.starts_with("/v1/topics/") => {
+            delete_topic(inner, &path["/v1/topics/".len()..])
+        }
         (_, path) => error(404, format!("no such endpoint: {path}")),
     }
 }
@@ -89,6 +92,18 @@ pub(crate) fn read_json<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// `DELETE /v1/topics/NAME`: the topic as it was just before, with `"deleted": true`.
+fn delete_topic(inner: &Inner, name: &str) -> (u16, &'static str, String) {
+    match inner.control.delete(name) {
+        Ok(info) => {
+            let mut body = serde_json::to_value(info).expect("serialisable");
+            body["deleted"] = json!(true);
+            (200, "application/json", body.to_string())
+        }
+        Err(e) => topic_error(e),
+    }
+}
+
 fn error(status: u16, message: String) -> (u16, &'static str, String) {
     (
         status,
@@ -102,7 +117,8 @@ fn topic_error(e: TopicError) -> (u16, &'static str, String) {
         TopicError::Invalid(_) => 400,
         TopicError::NotFound(_) => 404,
         TopicError::Exists(_) => 409,
-        TopicError::Full(_) => 507,
+        TopicError::Full(_) | TopicError::FullOfDeleted { .. } => 507,
+        TopicError::TooFewSlots { .. } => 500,
         TopicError::Io { .. } => 500,
     };
     error(status, e.to_string())

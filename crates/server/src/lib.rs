@@ -299,6 +299,11 @@ impl Server {
         self.inner.control.describe(&spec.name)
     }
 
+    /// Deletes a topic (see `ControlPlane::delete`); returns it as it was just before.
+    pub fn delete_topic(&self, name: &str) -> Result<TopicInfo, control::TopicError> {
+        self.inner.control.delete(name)
+    }
+
     pub fn topic(&self, name: &str) -> Result<TopicInfo, control::TopicError> {
         self.inner.control.describe(name)
     }

@@ -2,7 +2,7 @@
 //!
 //! The region is a memory-mapped file. A page the filesystem has no room for is not an
 //! error anywhere a program can catch it: the first write to it kills the process with
-//! SIGBUS, without a word (a 64 MiB Docker `/dev/shm` under the default 0.9 GiB region
+//! SIGBUS, without a word (a 64 MiB Docker `/dev/shm` under the default 2.9 GiB region
 //! does exactly that). So `serve` refuses to start unless the filesystem could hold
 //! every byte of the region, prefaulted or not, and says which settings make it smaller.
 
@@ -127,7 +127,7 @@ mod tests {
             "region.segment_bytes (8 MiB)",
             "brokers (4)",
             "the brokers' logs take 768 MiB",
-            "region.max_topics (16)",
+            "region.max_topics (256)",
         ] {
             assert!(e.contains(part), "{part:?} missing from {e}");
         }

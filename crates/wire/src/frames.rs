@@ -313,6 +313,10 @@ pub enum ErrorCode {
     SessionKeyMismatch = 22,
     /// A subscriber sent bytes after its hello (and cursors); a subscriber sends nothing.
     UnexpectedData = 23,
+    /// The topic was deleted while the connection was open (or between a lookup and
+    /// the hello): the connection is closed. Not retriable, and no other broker serves
+    /// it either; a topic created later with the same name is another topic.
+    TopicDeleted = 24,
 }
 
 impl ErrorCode {
@@ -342,6 +346,7 @@ impl ErrorCode {
             21 => SessionExpired,
             22 => SessionKeyMismatch,
             23 => UnexpectedData,
+            24 => TopicDeleted,
             _ => return None,
         })
     }
