@@ -11,6 +11,7 @@
 //! | GET | `/v1/topics` | every topic |
 //! | POST | `/v1/topics` | create: `{"name","order","replication_factor","default_ack","retention_bytes","retention_ms"}`; any other field is a 400 that names it |
 //! | GET | `/v1/topics/{name}` | one topic |
+//! | DELETE | `/v1/topics/{name}` | delete a topic: its connections get TopicDeleted, its memory and disk logs are freed |
 //! | GET | `/metrics` | Prometheus text format |
 //! | GET | `/healthz` | `ok` |
 
