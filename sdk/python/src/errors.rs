@@ -11,9 +11,8 @@ static ERRORS: GILOnceCell<Py<PyModule>> = GILOnceCell::new();
 
 /// The exception class `name` of `embarcadero.errors`.
 fn class<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
-    let module = ERRORS.get_or_try_init(py, || {
-        py.import("embarcadero.errors").map(Bound::unbind)
-    })?;
+    let module =
+        ERRORS.get_or_try_init(py, || py.import("embarcadero.errors").map(Bound::unbind))?;
     module.bind(py).getattr(name)
 }
 

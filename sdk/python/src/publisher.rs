@@ -183,9 +183,7 @@ impl Publisher {
         embarcadero_client::check_topic_name(topic).map_err(to_py)?;
         let publisher = py
             .allow_threads(|| match &brokers {
-                Some(addrs) => {
-                    embarcadero_client::Publisher::connect_brokers(addrs, topic, config)
-                }
+                Some(addrs) => embarcadero_client::Publisher::connect_brokers(addrs, topic, config),
                 None => embarcadero_client::Publisher::connect(control, topic, config),
             })
             .map_err(to_py)?;
@@ -213,7 +211,10 @@ impl Publisher {
     /// published.
     fn publish_many(&self, py: Python<'_>, messages: &Bound<'_, PyAny>) -> PyResult<usize> {
         let payloads: Vec<Payload> = match messages.downcast::<PyList>() {
-            Ok(list) => list.iter().map(|m| Payload::extract(&m)).collect::<PyResult<_>>(),
+            Ok(list) => list
+                .iter()
+                .map(|m| Payload::extract(&m))
+                .collect::<PyResult<_>>(),
             Err(_) => messages
                 .try_iter()?
                 .map(|m| Payload::extract(&m?))

@@ -329,7 +329,10 @@ impl Subscriber {
         brokers: Option<Vec<String>>,
     ) -> PyResult<Self> {
         embarcadero_client::check_topic_name(topic).map_err(to_py)?;
-        let start = start.filter(|s| !s.is_none()).map(parse_start).transpose()?;
+        let start = start
+            .filter(|s| !s.is_none())
+            .map(parse_start)
+            .transpose()?;
         let config = SubscriberConfig {
             start: None,
             client_id,
@@ -406,7 +409,11 @@ impl Subscriber {
         // Messages polled but not taken yet come before the Rust subscriber's cursor.
         let pending: Vec<(u16, u64)> = {
             let ready = self.ready.lock();
-            ready.metas.iter().map(|m| (m.broker_id, m.position)).collect()
+            ready
+                .metas
+                .iter()
+                .map(|m| (m.broker_id, m.position))
+                .collect()
         };
         match self.with_sub(py, |s| Ok(embarcadero_client::Subscriber::position(s)))? {
             Cursor::Global(p) => {

@@ -76,7 +76,9 @@ class Process:
                     raise RuntimeError(f"`{BIN} {' '.join(self.args)}` exited:\n" + self.log())
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise RuntimeError(f"no line with {marker!r} within {timeout} s:\n" + self.log())
+                    raise RuntimeError(
+                        f"no line with {marker!r} within {timeout} s:\n" + self.log()
+                    )
                 self._changed.wait(left)
 
     def log(self) -> str:
@@ -108,8 +110,17 @@ class Server:
     def __init__(self, brokers: int = 4, env: Optional[Dict[str, str]] = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="embarcadero-py-")
         self.process = Process(
-            ["serve", "--base-port", "0", "--control-port", "0", "--data-dir", self.dir,
-             "--brokers", str(brokers)],
+            [
+                "serve",
+                "--base-port",
+                "0",
+                "--control-port",
+                "0",
+                "--data-dir",
+                self.dir,
+                "--brokers",
+                str(brokers),
+            ],
             env,
         )
         self.control = control_address(self.process.wait_line("embarcadero is serving"))
@@ -129,16 +140,27 @@ class Cluster:
     def __init__(self, brokers: int = 3) -> None:
         self.dir = tempfile.mkdtemp(prefix="embarcadero-py-cluster-")
         self.head = Process(
-            ["broker", "--head", "--brokers", str(brokers), "--base-port", "0",
-             "--control-port", "0", "--data-dir", os.path.join(self.dir, "head")],
+            [
+                "broker",
+                "--head",
+                "--brokers",
+                str(brokers),
+                "--base-port",
+                "0",
+                "--control-port",
+                "0",
+                "--data-dir",
+                os.path.join(self.dir, "head"),
+            ],
             FAST_CLUSTER,
         )
         self.control = control_address(self.head.wait_line("embarcadero is serving"))
         self.followers = {i: self.follower(i) for i in range(1, brokers)}
 
     def follower(self, broker_id: int) -> Process:
-        p = Process(["broker", "--follower", "--head-addr", self.control,
-                     "--broker-id", str(broker_id)])
+        p = Process(
+            ["broker", "--follower", "--head-addr", self.control, "--broker-id", str(broker_id)]
+        )
         p.wait_line("is serving at")
         return p
 

@@ -20,7 +20,9 @@ def parse(message: embarcadero.Message) -> Tuple[int, int]:
     return HEADER.unpack_from(message.payload)
 
 
-def read(sub: embarcadero.Subscriber, count: int, timeout: float = 60.0) -> List[embarcadero.Message]:
+def read(
+    sub: embarcadero.Subscriber, count: int, timeout: float = 60.0
+) -> List[embarcadero.Message]:
     """`count` messages from `sub`; fails (never hangs) if they do not come in `timeout`."""
     got: List[embarcadero.Message] = []
     deadline = time.monotonic() + timeout

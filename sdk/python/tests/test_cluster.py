@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import threading
 
+from embarcadero import Admin, Publisher, Subscriber
+
 from conftest import wait_for
 from helpers import parse, payload, read
-
-from embarcadero import Admin, Publisher, Subscriber
 
 # Published before the kill (at least), and after it.
 BEFORE = 10_000
@@ -52,8 +52,12 @@ def test_a_follower_killed_under_load_loses_and_duplicates_nothing(cluster, topi
     COUNT = published
     assert stats["messages"] == COUNT
     assert stats["acked_batches"] == stats["batches"], "every batch acknowledged"
-    victim = [q for q in stats["queues"] if q["batches"] and q["broker"] not in
-              {b["addr"] for b in Admin(control).cluster()["brokers"]}]
+    victim = [
+        q
+        for q in stats["queues"]
+        if q["batches"]
+        and q["broker"] not in {b["addr"] for b in Admin(control).cluster()["brokers"]}
+    ]
     assert victim, "the killed broker had been given batches"
 
     assert Admin(control).describe_topic(topic_name)["next_position"] == COUNT, "no duplicates"

@@ -89,7 +89,12 @@ def test_a_killed_server_makes_the_next_calls_raise_within_a_bounded_time(fresh_
     fresh_server.kill()
 
     start = time.monotonic()
-    with pytest.raises(embarcadero.EmbarcaderoError):
+    lost = (
+        embarcadero.ConnectionLostError,
+        embarcadero.ConnectError,
+        embarcadero.NoLiveBrokerError,
+    )
+    with pytest.raises(lost):
         # Publishing only appends; the loss shows at the latest when flushing.
         for _ in range(1000):
             p.publish(b"after")
@@ -100,8 +105,13 @@ def test_a_killed_server_makes_the_next_calls_raise_within_a_bounded_time(fresh_
         Admin(control, timeout=5).list_topics()
     with pytest.raises(embarcadero.ConnectError):
         Publisher(control, topic_name)
+    # Closing a publisher that failed may report the failure again; it closes all the same.
+    try:
+        p.close()
+    except lost:
+        pass
+    assert p.closed
     assert time.monotonic() - start < 60, "every call gave up in bounded time"
-    p.close() if not p.closed else None
 
 
 SIGINT_SCRIPT = textwrap.dedent(
@@ -123,7 +133,8 @@ def test_ctrl_c_interrupts_a_blocking_iteration(server, topic_name):
     Admin(server.control).create_topic(topic_name)
     child = subprocess.Popen(
         [sys.executable, "-c", SIGINT_SCRIPT, server.control, topic_name],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert child.stdout.readline().strip() == "reading"

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import threading
 
-from helpers import parse, payload, read
-
 import embarcadero
 from embarcadero import Admin, Publisher, Subscriber
+
+from helpers import parse, payload, read
 
 SESSIONS = 3
 COUNT = 3000
@@ -22,7 +22,10 @@ def test_order5_sessions_are_fifo_across_brokers(server, topic_name):
         # Small batches over 4 brokers x 2 connections: consecutive batches of one session
         # take different paths and can arrive out of order; order 5 must restore it.
         with Publisher(
-            server.control, topic_name, batch_bytes=1024, threads_per_broker=2,
+            server.control,
+            topic_name,
+            batch_bytes=1024,
+            threads_per_broker=2,
             session_key=embarcadero.random_session_key(),
         ) as p:
             for i in range(0, COUNT, 100):

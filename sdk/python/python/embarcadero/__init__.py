@@ -35,7 +35,7 @@ from .errors import (
 
 # `embarcadero.TimeoutError` (a subclass of the built-in one); left out of `__all__` so a
 # star import does not shadow the built-in.
-TimeoutError = errors.TimeoutError  # noqa: A001
+TimeoutError = errors.TimeoutError
 
 # How long one poll of `async for` waits in a worker thread. A cancelled `async for` leaves
 # that poll running for at most this long; nothing it reads is lost (it stays buffered).

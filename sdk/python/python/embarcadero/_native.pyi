@@ -2,19 +2,29 @@
 ``embarcadero``. Durations given as options end in ``_ms``; call timeouts are seconds, as in
 the standard library."""
 
-from __future__ import annotations
-
 from types import TracebackType
-from typing import Any, Iterable, Iterator, List, Literal, Optional, Sequence, Tuple, TypedDict, Union
+from typing import (
+    Any,
+    Iterable,
+    Iterator,
+    List,
+    Literal,
+    Optional,
+    Sequence,
+    Tuple,
+    TypedDict,
+    Union,
+)
 
+from typing_extensions import TypeAlias
 
 DEFAULT_CONTROL: str
 """``"127.0.0.1:12140"``, where ``embarcadero serve`` serves its admin API by default."""
 
-Payload = Union[bytes, bytearray, str]
+Payload: TypeAlias = Union[bytes, bytearray, str]
 """A message: bytes as they are, a ``str`` as UTF-8."""
 
-Position = Union[int, List[int]]
+Position: TypeAlias = Union[int, List[int]]
 """A global position (orders 2 and 5) or one position per broker (orders 0 and 1)."""
 
 class BrokerLog(TypedDict):

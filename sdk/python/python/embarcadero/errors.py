@@ -83,7 +83,7 @@ class InvalidNameError(EmbarcaderoError, ValueError):
     """A topic name the server would refuse (checked before any request is sent)."""
 
 
-class TimeoutError(EmbarcaderoError, builtins.TimeoutError):  # noqa: A001
+class TimeoutError(EmbarcaderoError, builtins.TimeoutError):
     """Waiting (for a flush, say) took longer than allowed; ``timeout`` is in seconds.
 
     A subclass of the built-in ``TimeoutError`` too, so ``except TimeoutError`` catches it.
