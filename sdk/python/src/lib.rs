@@ -6,6 +6,7 @@
 mod admin;
 mod errors;
 mod publisher;
+mod read_ahead;
 mod subscriber;
 
 use pyo3::prelude::*;

@@ -1,16 +1,17 @@
 //! `embarcadero.Subscriber` and `embarcadero.Message`: reads a topic in order through the
-//! Rust subscriber. Network waits happen with the GIL released, in slices short enough for
-//! Ctrl-C to interrupt a blocking call. Each slice hands every message that is ready to
-//! Python at once: their payloads are copied into one buffer (the client's batch buffers
-//! are reused as soon as the poll returns), and each becomes a `bytes` when it is taken.
+//! Rust subscriber, which a thread of its own polls ahead (`read_ahead`). Waits happen with
+//! the GIL released, in slices short enough for Ctrl-C to interrupt a blocking call. Each
+//! poll's messages come as one buffer of payloads; each becomes a `bytes` when taken.
 
 use crate::errors::{config, to_py};
-use embarcadero_client::{Admin, Cursor, Error, MessageRef, SubscriberConfig};
+use crate::read_ahead::{Meta, ReadAhead};
+use embarcadero_client::{Admin, Cursor, Error, SubscriberConfig};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Longest wait with the GIL released before signals (Ctrl-C) are checked.
@@ -51,55 +52,22 @@ impl Message {
     }
 }
 
-/// A message's fields, with its payload's place in [`Ready::arena`].
-struct Meta {
-    position: u64,
-    broker_id: u16,
-    client_id: u64,
-    batch_seq: u64,
-    index_in_batch: u32,
-    publish_ts_ns: u64,
-    start: usize,
-    len: usize,
-}
-
 /// Messages polled and not yet taken by Python. Locked only with the GIL held, and only
 /// for moments that run no Python code, so it never waits.
 #[derive(Default)]
 struct Ready {
     arena: Vec<u8>,
     metas: VecDeque<Meta>,
-    /// The previous arena, reused by the next poll.
-    spare: Vec<u8>,
-}
-
-/// What one poll with the GIL released brought.
-struct Polled {
-    arena: Vec<u8>,
-    metas: Vec<Meta>,
-}
-
-fn collect(polled: &mut Polled, m: MessageRef<'_>) {
-    let start = polled.arena.len();
-    polled.arena.extend_from_slice(m.payload);
-    polled.metas.push(Meta {
-        position: m.position,
-        broker_id: m.broker_id,
-        client_id: m.client_id,
-        batch_seq: m.batch_seq,
-        index_in_batch: m.index_in_batch,
-        publish_ts_ns: m.publish_ts_ns,
-        start,
-        len: m.payload.len(),
-    });
 }
 
 /// Reads a topic in order. See the package documentation for ``start`` and iteration.
 #[pyclass(module = "embarcadero._native", frozen, subclass)]
 pub struct Subscriber {
-    /// `None` once closed. Locked only with the GIL released (or by `try_lock`).
-    fetch: Mutex<Option<embarcadero_client::Subscriber>>,
+    /// Used only with the GIL released (its calls wait for the reading thread).
+    reader: ReadAhead,
     ready: Mutex<Ready>,
+    /// Set by `close`: checked on every `__next__` without waiting for the reader.
+    closed: AtomicBool,
     control: Option<String>,
     topic: String,
     order: u8,
@@ -156,40 +124,32 @@ impl Subscriber {
         py: Python<'_>,
         f: impl FnOnce(&mut embarcadero_client::Subscriber) -> Result<R, Error> + Send,
     ) -> PyResult<R> {
-        py.allow_threads(|| match &mut *self.fetch.lock() {
-            Some(s) => f(s),
-            None => Err(Error::Closed),
-        })
-        .map_err(to_py)
+        py.allow_threads(|| self.reader.with_sub(f)).map_err(to_py)
     }
 
-    /// Polls once for up to `wait` (GIL released) and appends what came to `ready`.
+    /// Waits up to `wait` (GIL released) for the next poll and appends its messages to
+    /// `ready`.
     fn fill(&self, py: Python<'_>, wait: Duration) -> PyResult<()> {
-        let spare = std::mem::take(&mut self.ready.lock().spare);
-        let polled = self.with_sub(py, move |s| {
-            let mut polled = Polled {
-                arena: spare,
-                metas: Vec::new(),
-            };
-            polled.arena.clear();
-            s.poll_with(wait, |m| collect(&mut polled, m))?;
-            Ok(polled)
-        })?;
+        let polled = match py.allow_threads(|| self.reader.next_poll(wait)) {
+            None => return Ok(()),
+            Some(polled) => polled.map_err(to_py)?,
+        };
         let mut ready = self.ready.lock();
-        let base = if ready.metas.is_empty() {
-            ready.spare = std::mem::replace(&mut ready.arena, polled.arena);
-            0
+        let done = if ready.metas.is_empty() {
+            ready.metas.extend(polled.metas);
+            std::mem::replace(&mut ready.arena, polled.arena)
         } else {
             // Another thread's poll left messages that are not taken yet: keep them first.
             let base = ready.arena.len();
             ready.arena.extend_from_slice(&polled.arena);
-            ready.spare = polled.arena;
-            base
+            ready.metas.extend(polled.metas.into_iter().map(|mut m| {
+                m.start += base;
+                m
+            }));
+            polled.arena
         };
-        ready.metas.extend(polled.metas.into_iter().map(|mut m| {
-            m.start += base;
-            m
-        }));
+        drop(ready);
+        self.reader.recycle(done);
         Ok(())
     }
 
@@ -310,7 +270,7 @@ impl Subscriber {
             Start::At(c) => self.fitted(py, c)?,
         };
         self.ready.lock().metas.clear();
-        self.with_sub(py, move |s| s.seek(cursor))
+        py.allow_threads(|| self.reader.seek(cursor)).map_err(to_py)
     }
 }
 
@@ -348,8 +308,9 @@ impl Subscriber {
             .map_err(to_py)?;
         let this = Self {
             order: sub.order(),
-            fetch: Mutex::new(Some(sub)),
+            reader: ReadAhead::new(sub),
             ready: Mutex::default(),
+            closed: AtomicBool::new(false),
             control: brokers.is_none().then(|| control.to_string()),
             topic: topic.to_string(),
         };
@@ -406,16 +367,16 @@ impl Subscriber {
     /// or as ``start`` to resume.
     #[getter]
     fn position(&self, py: Python<'_>) -> PyResult<PyObject> {
-        // Messages polled but not taken yet come before the Rust subscriber's cursor.
-        let pending: Vec<(u16, u64)> = {
+        // Messages polled but not taken yet (in `ready`, then read ahead) come before the
+        // Rust subscriber's cursor.
+        let mut pending: Vec<(u16, u64)> = {
             let ready = self.ready.lock();
-            ready
-                .metas
-                .iter()
-                .map(|m| (m.broker_id, m.position))
-                .collect()
+            let taken = ready.metas.iter();
+            taken.map(|m| (m.broker_id, m.position)).collect()
         };
-        match self.with_sub(py, |s| Ok(embarcadero_client::Subscriber::position(s)))? {
+        let (cursor, ahead) = py.allow_threads(|| self.reader.position()).map_err(to_py)?;
+        pending.extend(ahead);
+        match cursor {
             Cursor::Global(p) => {
                 let first = pending.first().map_or(p, |m| m.1);
                 Ok(first.into_pyobject(py)?.into_any().unbind())
@@ -444,14 +405,14 @@ impl Subscriber {
 
     /// Whether :meth:`close` was called.
     #[getter]
-    fn closed(&self, py: Python<'_>) -> bool {
-        py.allow_threads(|| self.fetch.lock().is_none())
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Closes the connection. Iteration then stops; other calls raise ``ClosedError``.
     fn close(&self, py: Python<'_>) {
-        let sub = py.allow_threads(|| self.fetch.lock().take());
-        drop(sub);
+        self.closed.store(true, Ordering::Release);
+        py.allow_threads(|| self.reader.close());
         self.ready.lock().metas.clear();
     }
 
@@ -477,7 +438,7 @@ impl Subscriber {
 
     /// Blocks until the next message; Ctrl-C interrupts it. Ends once closed.
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<Message>>> {
-        if self.closed(py) {
+        if self.closed() {
             return Ok(None);
         }
         self.poll(py, None)

@@ -187,3 +187,17 @@ def test_a_cancelled_async_read_loses_no_message(server, topic_name):
         p.publish_many(payload(0, i) for i in range(10))
     got = [asyncio.run(next_within(30)) for _ in range(10)]
     assert [parse(m)[1] for m in got] == list(range(10))
+
+
+def test_a_blocked_poll_lets_other_threads_run(server, topic_name):
+    # The poll below waits for ever; were the GIL held while it waits, this thread could
+    # never publish the message it waits for.
+    Admin(server.control).create_topic(topic_name, order=2)
+    sub = Subscriber(server.control, topic_name)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(sub.poll()))
+    reader.start()
+    with Publisher(server.control, topic_name) as p:
+        p.publish(b"while blocked")
+    reader.join(timeout=60)
+    assert not reader.is_alive() and got[0].payload == b"while blocked"
