@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import time
 import uuid
@@ -24,41 +25,51 @@ from embarcadero import Admin, Publisher, Subscriber
 MB = 1e6
 
 
+class Timed:
+    """Wall seconds and this process's CPU seconds (every thread: the client's sender and
+    reader threads too) of a `with` block."""
+
+    def __enter__(self) -> Timed:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self.wall
+        self.cpu = time.process_time() - self.cpu
+
+
 def new_topic(control: str, kind: str) -> str:
     name = f"pybench-{kind}-{uuid.uuid4().hex[:8]}"
     Admin(control).create_topic(name, order=2, memory_only=True)
     return name
 
 
-def publish_many(control: str, topic: str, count: int, size: int, chunk: int) -> float:
-    """Seconds from the first message to the last acknowledgement (close flushes)."""
+def publish_many(control: str, topic: str, count: int, size: int, chunk: int) -> Timed:
+    """From the first message to the last acknowledgement."""
     batch = [os.urandom(size)] * chunk
-    with Publisher(control, topic, ack_level=1) as p:
-        start = time.perf_counter()
+    with Publisher(control, topic, ack_level=1) as p, Timed() as timed:
         for _ in range(count // chunk):
             p.publish_many(batch)
         p.publish_many(batch[: count % chunk])
         p.flush()
-        return time.perf_counter() - start
+    return timed
 
 
-def publish_each(control: str, topic: str, count: int, size: int) -> float:
+def publish_each(control: str, topic: str, count: int, size: int) -> Timed:
     message = os.urandom(size)
-    with Publisher(control, topic, ack_level=1) as p:
+    with Publisher(control, topic, ack_level=1) as p, Timed() as timed:
         publish = p.publish
-        start = time.perf_counter()
         for _ in range(count):
             publish(message)
         p.flush()
-        return time.perf_counter() - start
+    return timed
 
 
-def subscribe(control: str, topic: str, count: int, many: bool) -> float:
-    """Seconds for one subscriber to read `count` messages from position 0 (`for m in sub`,
-    or `poll_many` with `many`), touching each payload's length."""
-    with Subscriber(control, topic) as sub:
+def subscribe(control: str, topic: str, count: int, many: bool) -> Timed:
+    """One subscriber reading `count` messages from position 0 (`for m in sub`, or
+    `poll_many` with `many`), touching each payload's length."""
+    with Subscriber(control, topic) as sub, Timed() as timed:
         received = 0
-        start = time.perf_counter()
         if many:
             while received < count:
                 for m in sub.poll_many(timeout=30):
@@ -68,35 +79,24 @@ def subscribe(control: str, topic: str, count: int, many: bool) -> float:
                 received += len(m.payload) > 0
                 if received == count:
                     break
-        return time.perf_counter() - start
+    return timed
 
 
-def rust_bench(binary: str, control: str, total: int, size: int) -> Dict[str, float]:
-    """`embarcadero bench --mode subscribe` against the same server: it publishes, then
-    reads everything with one subscriber."""
-    cmd = [
-        binary,
-        "bench",
-        "--control",
-        control,
-        "--mode",
-        "subscribe",
-        "--order",
-        "2",
-        "--ack",
-        "1",
-        "--size",
-        str(size),
-        "--total-bytes",
-        str(total),
-        "--no-ceilings",
-        "--json",
-    ]
+def rust_bench(binary: str, control: str, mode: str, total: int, size: int) -> Dict[str, float]:
+    """`embarcadero bench --mode MODE` against the same server (mode subscribe publishes,
+    then reads everything with one subscriber), and the CPU seconds its process used."""
+    cmd = [binary, "bench", "--control", control, "--mode", mode, "--order", "2", "--ack"]
+    cmd += ["1", "--size", str(size), "--total-bytes", str(total), "--no-ceilings", "--json"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     figures = json.loads(out)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    seconds = figures["subscribe_only_seconds"] if mode == "subscribe" else None
     return {
         "publish": figures["publish_mb_per_s"],
-        "subscribe": figures["payload_bytes"] / figures["subscribe_only_seconds"] / MB,
+        "subscribe": figures["payload_bytes"] / seconds / MB if seconds else 0.0,
+        "cpu": cpu,
     }
 
 
@@ -115,22 +115,33 @@ def main() -> None:
     args = parser.parse_args()
     count = args.total_bytes // args.size
     payload_mb = count * args.size / MB
+    gb = count * args.size / 1e9
     rows: List[Dict[str, float]] = []
     for _ in range(args.runs):
         row: Dict[str, float] = {}
         if args.rust_bench:
-            rust = rust_bench(args.rust_bench, args.control, args.total_bytes, args.size)
-            row["rust publish"], row["rust subscribe"] = rust["publish"], rust["subscribe"]
+            pub = rust_bench(args.rust_bench, args.control, "publish", args.total_bytes, args.size)
+            both = rust_bench(
+                args.rust_bench, args.control, "subscribe", args.total_bytes, args.size
+            )
+            row["rust publish"] = pub["publish"]
+            row["rust subscribe"] = both["subscribe"]
+            # The process's CPU per GB, for publishing and (by difference) subscribing.
+            row["rust publish cpu s/GB"] = pub["cpu"] / gb
+            row["rust subscribe cpu s/GB"] = (both["cpu"] - pub["cpu"]) / gb
         topic = new_topic(args.control, "many")
-        row["publish_many"] = payload_mb / publish_many(
-            args.control, topic, count, args.size, args.chunk
-        )
-        row["subscribe (for m in sub)"] = payload_mb / subscribe(args.control, topic, count, False)
-        row["subscribe (poll_many)"] = payload_mb / subscribe(args.control, topic, count, True)
+        measured = [
+            ("publish_many", publish_many(args.control, topic, count, args.size, args.chunk)),
+            ("subscribe (for m in sub)", subscribe(args.control, topic, count, False)),
+            ("subscribe (poll_many)", subscribe(args.control, topic, count, True)),
+        ]
         topic = new_topic(args.control, "each")
-        row["publish"] = payload_mb / publish_each(args.control, topic, count, args.size)
+        measured.append(("publish", publish_each(args.control, topic, count, args.size)))
+        for name, timed in measured:
+            row[name] = payload_mb / timed.wall
+            row[f"{name} cpu s/GB"] = timed.cpu / gb
         rows.append(row)
-        print(json.dumps({k: round(v, 1) for k, v in row.items()}), flush=True)
+        print(json.dumps({k: round(v, 2) for k, v in row.items()}), flush=True)
     if args.rust_bench:
         for name, base in [
             ("publish_many", "rust publish"),
@@ -139,7 +150,7 @@ def main() -> None:
             ("subscribe (poll_many)", "rust subscribe"),
         ]:
             ratios = ", ".join(f"{r[name] / r[base]:.0%}" for r in rows)
-            print(f"{name}: {ratios} of the Rust client")
+            print(f"{name}: {ratios} of the Rust client's MB/s")
 
 
 if __name__ == "__main__":
