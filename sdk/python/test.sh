@@ -24,7 +24,14 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 venv="$CARGO_TARGET_DIR/sdk-python-venv"
 
 if [ ! -x "$venv/bin/python" ]; then
-  "${PYTHON:-python3}" -m venv "$venv"
+  python="${PYTHON:-python3}"
+  # A Python without the venv module (Debian's python3 without python3-venv) gets
+  # virtualenv from PyPI instead.
+  "$python" -m venv "$venv" 2>/dev/null || {
+    rm -rf "$venv"
+    "$python" -m pip install -q --user --disable-pip-version-check virtualenv
+    "$python" -m virtualenv -q "$venv"
+  }
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.5,<2" "pytest>=7" "ruff==0.17.6"
 VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" maturin develop -q -m "$here/Cargo.toml"

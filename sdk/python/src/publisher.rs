@@ -45,8 +45,21 @@ impl Payload {
     }
 }
 
-/// Publishes to one topic through every broker of the cluster; see the package
-/// documentation (``help(embarcadero.Publisher)``) for the options.
+/// Publishes to topic ``topic`` through every broker of the cluster whose control plane is
+/// at ``control`` (or, with ``brokers``, straight to those broker addresses, no failover).
+///
+/// Keyword options, those of the Rust ``PublisherConfig``: ``ack_level`` (0 fire and
+/// forget, 1 acknowledged once ordered, 2 durable: needs rf 2 or more), ``batch_bytes``,
+/// ``linger_ms``, ``linger_backstop_ms``, ``threads_per_broker`` (connections per broker),
+/// ``queue_depth``, ``max_inflight_batches``, ``deflect`` (try the next queue when the due
+/// one is full), ``client_id``, ``session_key`` (16 bytes) and ``session_epoch`` (order 5:
+/// pass the same client id and key to resume a session), ``flush_timeout_ms``,
+/// ``failover`` (move a dead broker's unacknowledged batches to the live ones, resending
+/// exactly those not in the order), ``membership_refresh_ms``, ``max_joined_brokers``,
+/// ``slow_queue`` (fault injection: ``(queue, ms)``).
+///
+/// Use it as a context manager, ``with Publisher(...) as p:``, to flush and close it at
+/// the end.
 #[pyclass(module = "embarcadero._native", frozen, subclass)]
 pub struct Publisher {
     /// `None` once closed. Taken only inside `allow_threads`, never with the GIL held.
