@@ -106,6 +106,8 @@ impl ReadAhead {
                 .spare
                 .extend(dropped.into_iter().flatten().map(|p| p.arena));
             drop(queue);
+            // The thread may be waiting for room, which there is now.
+            self.shared.changed.notify_all();
             s.seek(cursor)
         })
     }

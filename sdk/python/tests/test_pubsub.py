@@ -201,3 +201,23 @@ def test_a_blocked_poll_lets_other_threads_run(server, topic_name):
         p.publish(b"while blocked")
     reader.join(timeout=60)
     assert not reader.is_alive() and got[0].payload == b"while blocked"
+
+
+def test_seek_after_the_reader_filled_its_read_ahead(server, topic_name):
+    # Rounds published one at a time while the subscriber's thread reads: each lands in a
+    # poll of its own, so the thread fills its queue and then waits for room; a seek empties
+    # the queue, and reading must go on from the new position.
+    Admin(server.control).create_topic(topic_name, order=2)
+    sub = Subscriber(server.control, topic_name)
+    with Publisher(server.control, topic_name) as p:
+        p.publish(payload(0, 0))
+        p.flush()
+        assert sub.poll(timeout=30).global_seq == 0
+        for i in range(1, 200):
+            p.publish(payload(0, i))
+            if i % 10 == 0:
+                p.flush()
+    sub.seek(150)
+    assert [m.global_seq for m in read(sub, 50, timeout=20)] == list(range(150, 200))
+    sub.seek("end")
+    assert sub.position == 200 and sub.poll(timeout=0.2) is None
