@@ -1,0 +1,157 @@
+"""Benchmark of the Python client (not a test): MB/s of `publish_many`, of `publish` and of
+an ordered subscriber, 1 KiB messages, order 2, ack 1, against a running server; with
+--rust-bench, `embarcadero bench` runs against the same server first, for the ratios.
+
+    python bench.py --control 127.0.0.1:12140 --rust-bench target/release/embarcadero
+
+Each run publishes --total-bytes to a memory-only topic of its own (as `embarcadero bench`
+does by default, rf 1), so keep it well below the region's log memory (4 brokers x 24 x 8
+MiB by default): old topics are reclaimed as new data needs the room.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import time
+import uuid
+from typing import Dict, List
+
+from embarcadero import Admin, Publisher, Subscriber
+
+MB = 1e6
+
+
+class Timed:
+    """Wall seconds and this process's CPU seconds (every thread: the client's sender and
+    reader threads too) of a `with` block."""
+
+    def __enter__(self) -> Timed:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self.wall
+        self.cpu = time.process_time() - self.cpu
+
+
+def new_topic(control: str, kind: str) -> str:
+    name = f"pybench-{kind}-{uuid.uuid4().hex[:8]}"
+    Admin(control).create_topic(name, order=2, memory_only=True)
+    return name
+
+
+def publish_many(control: str, topic: str, count: int, size: int, chunk: int) -> Timed:
+    """From the first message to the last acknowledgement."""
+    batch = [os.urandom(size)] * chunk
+    with Publisher(control, topic, ack_level=1) as p, Timed() as timed:
+        for _ in range(count // chunk):
+            p.publish_many(batch)
+        p.publish_many(batch[: count % chunk])
+        p.flush()
+    return timed
+
+
+def publish_each(control: str, topic: str, count: int, size: int) -> Timed:
+    message = os.urandom(size)
+    with Publisher(control, topic, ack_level=1) as p, Timed() as timed:
+        publish = p.publish
+        for _ in range(count):
+            publish(message)
+        p.flush()
+    return timed
+
+
+def subscribe(control: str, topic: str, count: int, many: bool) -> Timed:
+    """One subscriber reading `count` messages from position 0 (`for m in sub`, or
+    `poll_many` with `many`), touching each payload's length."""
+    with Subscriber(control, topic) as sub, Timed() as timed:
+        received = 0
+        if many:
+            while received < count:
+                for m in sub.poll_many(timeout=30):
+                    received += len(m.payload) > 0
+        else:
+            for m in sub:
+                received += len(m.payload) > 0
+                if received == count:
+                    break
+    return timed
+
+
+def rust_bench(binary: str, control: str, mode: str, total: int, size: int) -> Dict[str, float]:
+    """`embarcadero bench --mode MODE` against the same server (mode subscribe publishes,
+    then reads everything with one subscriber), and the CPU seconds its process used."""
+    cmd = [binary, "bench", "--control", control, "--mode", mode, "--order", "2", "--ack"]
+    cmd += ["1", "--size", str(size), "--total-bytes", str(total), "--no-ceilings", "--json"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    figures = json.loads(out)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    seconds = figures["subscribe_only_seconds"] if mode == "subscribe" else None
+    return {
+        "publish": figures["publish_mb_per_s"],
+        "subscribe": figures["payload_bytes"] / seconds / MB if seconds else 0.0,
+        "cpu": cpu,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--control", default="127.0.0.1:12140")
+    parser.add_argument("--size", type=int, default=1024, help="message bytes")
+    parser.add_argument("--total-bytes", type=int, default=256 << 20, help="per measurement")
+    parser.add_argument("--chunk", type=int, default=1024, help="messages per publish_many")
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument(
+        "--rust-bench",
+        metavar="EMBARCADERO_BIN",
+        help="also run `embarcadero bench` against the same server",
+    )
+    args = parser.parse_args()
+    count = args.total_bytes // args.size
+    payload_mb = count * args.size / MB
+    gb = count * args.size / 1e9
+    rows: List[Dict[str, float]] = []
+    for _ in range(args.runs):
+        row: Dict[str, float] = {}
+        if args.rust_bench:
+            pub = rust_bench(args.rust_bench, args.control, "publish", args.total_bytes, args.size)
+            both = rust_bench(
+                args.rust_bench, args.control, "subscribe", args.total_bytes, args.size
+            )
+            row["rust publish"] = pub["publish"]
+            row["rust subscribe"] = both["subscribe"]
+            # The process's CPU per GB, for publishing and (by difference) subscribing.
+            row["rust publish cpu s/GB"] = pub["cpu"] / gb
+            row["rust subscribe cpu s/GB"] = (both["cpu"] - pub["cpu"]) / gb
+        topic = new_topic(args.control, "many")
+        measured = [
+            ("publish_many", publish_many(args.control, topic, count, args.size, args.chunk)),
+            ("subscribe (for m in sub)", subscribe(args.control, topic, count, False)),
+            ("subscribe (poll_many)", subscribe(args.control, topic, count, True)),
+        ]
+        topic = new_topic(args.control, "each")
+        measured.append(("publish", publish_each(args.control, topic, count, args.size)))
+        for name, timed in measured:
+            row[name] = payload_mb / timed.wall
+            row[f"{name} cpu s/GB"] = timed.cpu / gb
+        rows.append(row)
+        print(json.dumps({k: round(v, 2) for k, v in row.items()}), flush=True)
+    if args.rust_bench:
+        for name, base in [
+            ("publish_many", "rust publish"),
+            ("publish", "rust publish"),
+            ("subscribe (for m in sub)", "rust subscribe"),
+            ("subscribe (poll_many)", "rust subscribe"),
+        ]:
+            ratios = ", ".join(f"{r[name] / r[base]:.0%}" for r in rows)
+            print(f"{name}: {ratios} of the Rust client's MB/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Python client of Embarcadero, a totally ordered shared log.
+
+A thin binding of the Rust client (``crates/client``): publishing, batching, order-5
+sessions, failover and acknowledgements behave exactly as there. Three classes:
+
+- :class:`Admin` creates, lists and describes topics and reports the cluster's status;
+- :class:`Publisher` publishes to a topic (``publish``, ``publish_many``, ``flush``,
+  ``close``; a context manager);
+- :class:`Subscriber` reads a topic in order (``for m in sub``, ``async for m in sub``,
+  ``poll``, ``seek``, ``position``), yielding :class:`Message` objects.
+
+Errors are :class:`EmbarcaderoError` subclasses (see :mod:`embarcadero.errors`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from . import errors
+from ._native import DEFAULT_CONTROL, Admin, Message, Publisher, random_session_key
+from ._native import Subscriber as _NativeSubscriber
+from .errors import (
+    AdminError,
+    BrokerError,
+    ClosedError,
+    ConfigError,
+    ConnectError,
+    ConnectionLostError,
+    EmbarcaderoError,
+    InvalidNameError,
+    MessageTooLargeError,
+    NoLiveBrokerError,
+    ProtocolError,
+)
+
+# `embarcadero.TimeoutError` (a subclass of the built-in one); left out of `__all__` so a
+# star import does not shadow the built-in.
+TimeoutError = errors.TimeoutError
+
+# How long one poll of `async for` waits in a worker thread. A cancelled `async for` leaves
+# that poll running for at most this long; nothing it reads is lost (it stays buffered).
+_ASYNC_SLICE_S = 0.2
+
+
+class Subscriber(_NativeSubscriber):
+    """Reads a topic in order: ``for m in sub`` blocks for each message (Ctrl-C
+    interrupts it), ``async for m in sub`` waits without blocking the event loop.
+    """
+
+    def __aiter__(self) -> Subscriber:
+        return self
+
+    async def __anext__(self) -> Message:
+        """The next message: the blocking poll runs in the loop's default executor, so
+        the event loop's thread never waits on the network."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                message = self._take()
+                if message is not None:
+                    return message
+                # Only fills the buffer: should this task be cancelled meanwhile, what the
+                # poll read stays for the next call instead of being lost with its result.
+                await loop.run_in_executor(None, self._fill, _ASYNC_SLICE_S)
+            except ClosedError:
+                raise StopAsyncIteration from None
+
+
+__all__ = [
+    "DEFAULT_CONTROL",
+    "Admin",
+    "AdminError",
+    "BrokerError",
+    "ClosedError",
+    "ConfigError",
+    "ConnectError",
+    "ConnectionLostError",
+    "EmbarcaderoError",
+    "InvalidNameError",
+    "Message",
+    "MessageTooLargeError",
+    "NoLiveBrokerError",
+    "ProtocolError",
+    "Publisher",
+    "Subscriber",
+    "errors",
+    "random_session_key",
+]

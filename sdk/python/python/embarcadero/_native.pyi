@@ -1,0 +1,266 @@
+"""Types of the native module (the Rust binding); the public names are re-exported by
+``embarcadero``. Durations given as options end in ``_ms``; call timeouts are seconds, as in
+the standard library."""
+
+from types import TracebackType
+from typing import (
+    Any,
+    Iterable,
+    Iterator,
+    List,
+    Literal,
+    Optional,
+    Sequence,
+    Tuple,
+    TypedDict,
+    Union,
+)
+
+from typing_extensions import TypeAlias
+
+DEFAULT_CONTROL: str
+"""``"127.0.0.1:12140"``, where ``embarcadero serve`` serves its admin API by default."""
+
+Payload: TypeAlias = Union[bytes, bytearray, str]
+"""A message: bytes as they are, a ``str`` as UTF-8."""
+
+Position: TypeAlias = Union[int, List[int]]
+"""A global position (orders 2 and 5) or one position per broker (orders 0 and 1)."""
+
+class BrokerLog(TypedDict):
+    broker: int
+    written_batches: int
+    messages: int
+    ordered_batches: int
+    durable_batches: int
+    reclaimed_batches: int
+
+class TopicInfo(TypedDict):
+    name: str
+    id: int
+    order: int
+    replication_factor: int
+    default_ack: int
+    retention_bytes: int
+    retention_ms: int
+    created_unix_ms: int
+    committed_batches: int
+    durable_batches: int
+    durable_position: int
+    next_position: int
+    brokers: List[BrokerLog]
+
+class BrokerAddr(TypedDict):
+    id: int
+    addr: str
+    incarnation: int
+
+class ClusterInfo(TypedDict):
+    brokers: List[BrokerAddr]
+    max_message_bytes: int
+    max_batch_bytes: int
+
+class LatencySummary(TypedDict):
+    count: int
+    p50: int
+    p90: int
+    p99: int
+    p999: int
+    max: int
+
+class QueueStats(TypedDict):
+    broker: str
+    connection: int
+    batches: int
+    acked_batches: int
+    deflected: int
+    producer_waits: int
+    backpressure_retries: int
+    lingered: int
+
+class PublisherStats(TypedDict):
+    client_id: int
+    messages: int
+    bytes: int
+    batches: int
+    acked_batches: int
+    ack_latency_us: LatencySummary
+    append_to_ack_us: LatencySummary
+    queues: List[QueueStats]
+
+class Admin:
+    """Client of the control plane's admin API at ``control`` (``host:port``)."""
+
+    def __init__(self, control: str = ..., *, timeout: float = 20.0) -> None:
+        """``timeout``: seconds each request may take (above the head's longest wait)."""
+    @property
+    def control_url(self) -> str: ...
+    def create_topic(
+        self,
+        name: str,
+        order: Literal[0, 1, 2, 5] = 2,
+        *,
+        rf: Optional[int] = None,
+        memory_only: bool = False,
+        default_ack: Literal[0, 1, 2] = 1,
+        retention_bytes: Optional[int] = None,
+        retention_ms: Optional[int] = None,
+    ) -> TopicInfo:
+        """Creates topic ``name``, with the CLI's defaults: ``rf`` 2 (one disk replica, the
+        data survives restarts) for orders 2 and 5, 1 for orders 0 and 1;
+        ``memory_only=True`` asks for rf 1. Raises ``InvalidNameError`` for a name the
+        server would refuse, ``AdminError`` (with ``.status``) when the server refuses."""
+    def list_topics(self) -> List[TopicInfo]: ...
+    def describe_topic(self, name: str) -> TopicInfo:
+        """Topic ``name`` with its counters; ``AdminError`` (status 404) if there is none."""
+    def cluster(self) -> ClusterInfo:
+        """The live brokers and the message and batch size limits."""
+    def status(self) -> dict[str, Any]:
+        """The raw ``/v1/status`` document (what ``embarcadero status`` prints)."""
+    # DELETE-TOPIC: `def delete_topic(self, name: str) -> None` goes here once the Rust
+    # `Admin::delete_topic` lands (see src/admin.rs).
+
+class Publisher:
+    """Publishes to topic ``topic`` through every broker of the cluster whose control plane
+    is at ``control`` (or, with ``brokers``, straight to those broker addresses, without
+    failover).
+
+    Options (those of the Rust ``PublisherConfig``):
+
+    - ``ack_level``: 0 fire and forget, 1 acknowledged once ordered (order 0: written),
+      2 durable (needs a topic with ``rf`` 2 or more).
+    - ``batch_bytes``: a batch is sealed once it holds this many bytes of messages.
+    - ``linger_ms``: a non-empty batch is sealed this long after its first message;
+      ``linger_backstop_ms``: a backstop thread seals it that much later still when its
+      sender is busy.
+    - ``threads_per_broker``: connections (and queues) per broker; ``queue_depth``:
+      sealed batches a queue holds before publishing deflects to the next;
+      ``max_inflight_batches``: unacknowledged batches per connection; ``deflect``: try the
+      next queue when the due one is full.
+    - ``client_id``: default random; ``session_key`` (16 bytes) and ``session_epoch``
+      (order 5): a program that resumes a session after a restart passes the same
+      ``client_id`` and key (see :func:`random_session_key`); epoch 0 picks 1 for order-5
+      topics.
+    - ``flush_timeout_ms``: longest :meth:`flush` wait.
+    - ``failover``: when a broker's connection fails, move its unacknowledged batches to
+      the live brokers, resending exactly those not in the order (orders 2 and 5).
+    - ``membership_refresh_ms`` / ``max_joined_brokers``: how often to look for brokers
+      that joined, and how many may be added.
+    - ``slow_queue``: fault injection for experiments, ``(queue, ms)``.
+    """
+
+    def __init__(
+        self,
+        control: str,
+        topic: str,
+        *,
+        ack_level: Literal[0, 1, 2] = 1,
+        batch_bytes: int = 524288,
+        linger_ms: float = 1.0,
+        linger_backstop_ms: float = 5.0,
+        threads_per_broker: int = 1,
+        queue_depth: int = 4,
+        max_inflight_batches: int = 16,
+        client_id: Optional[int] = None,
+        session_key: Optional[bytes] = None,
+        session_epoch: int = 0,
+        flush_timeout_ms: float = 60000.0,
+        deflect: bool = True,
+        failover: bool = True,
+        membership_refresh_ms: float = 1000.0,
+        max_joined_brokers: int = 64,
+        slow_queue: Optional[Tuple[int, float]] = None,
+        brokers: Optional[Sequence[str]] = None,
+    ) -> None: ...
+    def publish(self, message: Payload) -> None:
+        """Appends one message to the open batch (not yet acknowledged: see :meth:`flush`).
+        Raises ``MessageTooLargeError`` over :attr:`max_message_bytes`, ``ClosedError``
+        once closed."""
+    def publish_many(self, messages: Iterable[Payload]) -> int:
+        """Publishes every message in order, crossing into the client once; returns how
+        many. On an error, those before the failing one were published."""
+    def flush(self) -> None:
+        """Waits until everything published so far is acknowledged at ``ack_level``."""
+    def close(self) -> PublisherStats:
+        """Flushes, closes every connection, returns the final statistics."""
+    def stats(self) -> PublisherStats: ...
+    @property
+    def client_id(self) -> int: ...
+    @property
+    def max_message_bytes(self) -> int: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def acked_prefix(self) -> int: ...
+    @property
+    def batches_sealed(self) -> int: ...
+    def __enter__(self) -> Publisher: ...
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException] = None,
+        tb: Optional[TracebackType] = None,
+    ) -> bool: ...
+
+class Message:
+    """One delivered message."""
+
+    position: int
+    """Orders 2 and 5: the position in the total order; orders 0 and 1: in its broker's log."""
+    global_seq: Optional[int]
+    """Orders 2 and 5: ``position``; ``None`` for orders 0 and 1."""
+    broker_id: int
+    broker_seq: Optional[int]
+    """Orders 0 and 1: ``position`` (in broker ``broker_id``'s log); ``None`` for 2 and 5."""
+    client_id: int
+    batch_seq: int
+    """The publisher's batch sequence (order 5: the session's sequence)."""
+    index_in_batch: int
+    publish_ts_ns: int
+    """When the publisher appended it, nanoseconds since the Unix epoch."""
+    payload: bytes
+
+class Subscriber:
+    """Reads topic ``topic`` in order from any broker of the cluster at ``control`` (or
+    from the given ``brokers``). ``start``: ``None`` (the beginning), a position, a list of
+    positions (one per broker, orders 0 and 1) or ``"end"``. A lost connection is retried
+    ``max_reconnects`` times in a row before the error is raised."""
+
+    def __init__(
+        self,
+        control: str,
+        topic: str,
+        *,
+        start: Union[None, int, Sequence[int], Literal["end"]] = None,
+        client_id: Optional[int] = None,
+        max_reconnects: int = 10,
+        brokers: Optional[Sequence[str]] = None,
+    ) -> None: ...
+    def poll(self, timeout: Optional[float] = None) -> Optional[Message]:
+        """The next message within ``timeout`` seconds (``None``: wait for one)."""
+    def poll_many(
+        self, timeout: Optional[float] = None, max_messages: Optional[int] = None
+    ) -> List[Message]:
+        """Every ready message (at least one unless ``timeout`` runs out)."""
+    def seek(self, position: Union[int, Sequence[int], Literal["end"]]) -> None: ...
+    @property
+    def position(self) -> Position:
+        """Where the next message :meth:`poll` returns is."""
+    @property
+    def order(self) -> int: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+    def _fill(self, timeout: float) -> bool: ...
+    def _take(self) -> Optional[Message]: ...
+    def __iter__(self) -> Iterator[Message]: ...
+    def __next__(self) -> Message: ...
+    def __enter__(self) -> Subscriber: ...
+    def __exit__(self, *args: object) -> bool: ...
+
+def random_session_key() -> bytes:
+    """16 random bytes for ``Publisher(session_key=...)`` (order 5)."""

@@ -1,0 +1,42 @@
+//! The native half of the `embarcadero` Python package: a thin PyO3 binding of the Rust
+//! client (`crates/client`), so publishing, ordering, failover and acknowledgements behave
+//! exactly as in Rust. Owns only the crossing of the language boundary: argument
+//! conversion, releasing the GIL around every wait, and turning errors into exceptions.
+
+mod admin;
+mod errors;
+mod publisher;
+mod read_ahead;
+mod subscriber;
+
+use pyo3::prelude::*;
+
+/// The control plane address `embarcadero serve` listens on by default.
+pub(crate) const DEFAULT_CONTROL: &str = "127.0.0.1:12140";
+
+/// `value` as a Python object, through its JSON form (the admin API's documents and the
+/// publisher's statistics are JSON-shaped: dicts, lists, numbers, strings).
+pub(crate) fn to_python<T: serde::Serialize>(py: Python<'_>, value: &T) -> PyResult<PyObject> {
+    let text = serde_json::to_string(value)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("DEFAULT_CONTROL", DEFAULT_CONTROL)?;
+    m.add_class::<admin::Admin>()?;
+    m.add_class::<publisher::Publisher>()?;
+    m.add_class::<subscriber::Subscriber>()?;
+    m.add_class::<subscriber::Message>()?;
+    m.add_function(wrap_pyfunction!(random_session_key, m)?)?;
+    Ok(())
+}
+
+/// A fresh order-5 session key (16 bytes from the operating system's random source): pass
+/// the same key again (with the same ``client_id``) to resume a session after a restart.
+#[pyfunction]
+fn random_session_key(py: Python<'_>) -> PyResult<Py<pyo3::types::PyBytes>> {
+    let key = embarcadero_client::random_session_key().map_err(errors::to_py)?;
+    Ok(pyo3::types::PyBytes::new(py, &key).unbind())
+}

@@ -1,0 +1,221 @@
+//! Reading ahead for `embarcadero.Subscriber`: a thread of its own polls the Rust subscriber
+//! while Python handles the messages of the previous poll, so the network read and the
+//! per-message work in Python overlap instead of adding up. At most `READ_AHEAD` polls'
+//! messages wait; then the thread waits for Python to take some.
+
+use embarcadero_client::{Cursor, Error, MessageRef, Subscriber};
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Polls waiting to be taken before the thread stops reading.
+const READ_AHEAD: usize = 4;
+/// Longest poll: seek, position and close wait at most this long for the thread.
+const POLL: Duration = Duration::from_millis(100);
+
+/// A message's fields, with its payload's place in [`Polled::arena`].
+pub struct Meta {
+    pub position: u64,
+    pub broker_id: u16,
+    pub client_id: u64,
+    pub batch_seq: u64,
+    pub index_in_batch: u32,
+    pub publish_ts_ns: u64,
+    pub start: usize,
+    pub len: usize,
+}
+
+/// What one poll brought: the payloads, one after the other (the client's batch buffers
+/// are reused as soon as the poll returns), and each message's fields.
+pub struct Polled {
+    pub arena: Vec<u8>,
+    pub metas: Vec<Meta>,
+}
+
+impl Polled {
+    fn collect(&mut self, m: MessageRef<'_>) {
+        let start = self.arena.len();
+        self.arena.extend_from_slice(m.payload);
+        self.metas.push(Meta {
+            position: m.position,
+            broker_id: m.broker_id,
+            client_id: m.client_id,
+            batch_seq: m.batch_seq,
+            index_in_batch: m.index_in_batch,
+            publish_ts_ns: m.publish_ts_ns,
+            start,
+            len: m.payload.len(),
+        });
+    }
+}
+
+#[derive(Default)]
+struct Queue {
+    polls: VecDeque<Result<Polled, Error>>,
+    /// Arenas Python is done with, for the next polls.
+    spare: Vec<Vec<u8>>,
+    stop: bool,
+}
+
+struct Shared {
+    /// `None` once closed. The thread holds it for one poll at a time, and pushes what it
+    /// read before letting go, so whoever holds it sees the cursor and the queue agree.
+    sub: Mutex<Option<Subscriber>>,
+    queue: Mutex<Queue>,
+    changed: Condvar,
+}
+
+/// The Rust subscriber and the thread that reads ahead from it (started by the first
+/// `next_poll`). Every method may wait up to one poll: call them without the GIL.
+pub struct ReadAhead {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl ReadAhead {
+    pub fn new(sub: Subscriber) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                sub: Mutex::new(Some(sub)),
+                queue: Mutex::default(),
+                changed: Condvar::new(),
+            }),
+            thread: Mutex::new(None),
+        }
+    }
+
+    /// Runs `f` on the subscriber while the thread is not polling.
+    pub fn with_sub<R>(
+        &self,
+        f: impl FnOnce(&mut Subscriber) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        match &mut *self.shared.sub.lock() {
+            Some(s) => f(s),
+            None => Err(Error::Closed),
+        }
+    }
+
+    /// Continues from `cursor`, dropping what was read ahead.
+    pub fn seek(&self, cursor: Cursor) -> Result<(), Error> {
+        self.with_sub(|s| {
+            let mut queue = self.shared.queue.lock();
+            let dropped: Vec<_> = queue.polls.drain(..).collect();
+            queue
+                .spare
+                .extend(dropped.into_iter().flatten().map(|p| p.arena));
+            drop(queue);
+            // The thread may be waiting for room, which there is now.
+            self.shared.changed.notify_all();
+            s.seek(cursor)
+        })
+    }
+
+    /// The subscriber's cursor (after everything read ahead), and the broker and position
+    /// of each message read ahead and not taken yet, oldest first.
+    pub fn position(&self) -> Result<(Cursor, Vec<(u16, u64)>), Error> {
+        self.with_sub(|s| {
+            let queue = self.shared.queue.lock();
+            let pending = queue.polls.iter().flatten().flat_map(|p| &p.metas);
+            Ok((
+                Subscriber::position(s),
+                pending.map(|m| (m.broker_id, m.position)).collect(),
+            ))
+        })
+    }
+
+    /// The next poll's messages (or its error), waiting at most `wait`; `None` if none
+    /// came in time.
+    pub fn next_poll(&self, wait: Duration) -> Option<Result<Polled, Error>> {
+        self.start();
+        let mut queue = self.shared.queue.lock();
+        if queue.stop {
+            return Some(Err(Error::Closed));
+        }
+        if queue.polls.is_empty() {
+            self.shared.changed.wait_for(&mut queue, wait);
+        }
+        let next = queue.polls.pop_front();
+        if next.is_some() {
+            self.shared.changed.notify_all();
+        }
+        next
+    }
+
+    /// Hands back an arena Python is done with.
+    pub fn recycle(&self, arena: Vec<u8>) {
+        let mut queue = self.shared.queue.lock();
+        if queue.spare.len() < READ_AHEAD {
+            queue.spare.push(arena);
+        }
+    }
+
+    fn start(&self) {
+        let mut thread = self.thread.lock();
+        if thread.is_none() {
+            let shared = self.shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name("embarcadero-subscriber".into())
+                .spawn(move || read(&shared));
+            // Without a thread, `next_poll` times out and the caller's deadline applies.
+            *thread = spawned.ok();
+        }
+    }
+
+    /// Stops the thread and closes the connection.
+    pub fn close(&self) {
+        self.stop();
+        if let Some(thread) = self.thread.lock().take() {
+            let _ = thread.join();
+        }
+        drop(self.shared.sub.lock().take());
+    }
+
+    fn stop(&self) {
+        self.shared.queue.lock().stop = true;
+        self.shared.changed.notify_all();
+    }
+}
+
+impl Drop for ReadAhead {
+    /// The thread ends after its current poll; the connection closes with it.
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The thread: polls while there is room in the queue, until stopped or closed.
+fn read(shared: &Shared) {
+    loop {
+        let arena = {
+            let mut queue = shared.queue.lock();
+            while !queue.stop && queue.polls.len() >= READ_AHEAD {
+                shared.changed.wait(&mut queue);
+            }
+            if queue.stop {
+                return;
+            }
+            queue.spare.pop().unwrap_or_default()
+        };
+        let mut sub = shared.sub.lock();
+        let Some(s) = sub.as_mut() else {
+            return;
+        };
+        let mut polled = Polled {
+            arena,
+            metas: Vec::new(),
+        };
+        polled.arena.clear();
+        let result = s.poll_with(POLL, |m| polled.collect(m));
+        let mut queue = shared.queue.lock();
+        match result {
+            Ok(_) if polled.metas.is_empty() => queue.spare.push(polled.arena),
+            Ok(_) => queue.polls.push_back(Ok(polled)),
+            Err(e) => queue.polls.push_back(Err(e)),
+        }
+        drop(queue);
+        drop(sub);
+        shared.changed.notify_all();
+    }
+}

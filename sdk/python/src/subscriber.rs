@@ -1,0 +1,467 @@
+//! `embarcadero.Subscriber` and `embarcadero.Message`: reads a topic in order through the
+//! Rust subscriber, which a thread of its own polls ahead (`read_ahead`). Waits happen with
+//! the GIL released, in slices short enough for Ctrl-C to interrupt a blocking call. Each
+//! poll's messages come as one buffer of payloads; each becomes a `bytes` when taken.
+
+use crate::errors::{config, to_py};
+use crate::read_ahead::{Meta, ReadAhead};
+use embarcadero_client::{Admin, Cursor, Error, SubscriberConfig};
+use parking_lot::Mutex;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Longest wait with the GIL released before signals (Ctrl-C) are checked.
+const SLICE: Duration = Duration::from_millis(100);
+/// The shortest read: a poll with timeout 0 still reads what has already arrived.
+const MIN_WAIT: Duration = Duration::from_millis(1);
+
+/// One delivered message.
+#[pyclass(module = "embarcadero._native", frozen, get_all)]
+pub struct Message {
+    /// Orders 2 and 5: the position in the topic's total order; orders 0 and 1: the
+    /// position in its broker's log.
+    position: u64,
+    /// Orders 2 and 5: ``position``; ``None`` for orders 0 and 1.
+    global_seq: Option<u64>,
+    broker_id: u16,
+    /// Orders 0 and 1: ``position`` (in broker ``broker_id``'s log); ``None`` for 2 and 5.
+    broker_seq: Option<u64>,
+    client_id: u64,
+    batch_seq: u64,
+    index_in_batch: u32,
+    /// When the publisher appended it (nanoseconds since the Unix epoch).
+    publish_ts_ns: u64,
+    payload: Py<PyBytes>,
+}
+
+#[pymethods]
+impl Message {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "Message(position={}, broker_id={}, client_id={}, batch_seq={}, payload=<{} bytes>)",
+            self.position,
+            self.broker_id,
+            self.client_id,
+            self.batch_seq,
+            self.payload.bind(py).as_bytes().len()
+        )
+    }
+}
+
+/// Messages polled and not yet taken by Python. Locked only with the GIL held, and only
+/// for moments that run no Python code, so it never waits.
+#[derive(Default)]
+struct Ready {
+    arena: Vec<u8>,
+    metas: VecDeque<Meta>,
+}
+
+/// Reads topic ``topic`` in order from any broker of the cluster whose control plane is at
+/// ``control`` (or from the given ``brokers``).
+///
+/// ``start``: ``None`` (the beginning), a position, a list with one position per broker
+/// (orders 0 and 1) or ``"end"`` (only what is published from now on). A lost connection
+/// is retried ``max_reconnects`` times in a row before the error is raised. ``for m in
+/// sub`` blocks for each message (Ctrl-C interrupts it); ``async for m in sub`` waits
+/// without blocking the event loop.
+#[pyclass(module = "embarcadero._native", frozen, subclass)]
+pub struct Subscriber {
+    /// Used only with the GIL released (its calls wait for the reading thread).
+    reader: ReadAhead,
+    ready: Mutex<Ready>,
+    /// Set by `close`: checked on every `__next__` without waiting for the reader.
+    closed: AtomicBool,
+    control: Option<String>,
+    topic: String,
+    order: u8,
+}
+
+/// A start position from Python: an int (a global position, or 0 for every broker), a
+/// list of ints (one per broker, orders 0 and 1), or "end".
+enum Start {
+    End,
+    At(Cursor),
+}
+
+fn parse_start(start: &Bound<'_, PyAny>) -> PyResult<Start> {
+    if let Ok(s) = start.downcast::<PyString>() {
+        let text = s.to_cow()?;
+        if text.eq_ignore_ascii_case("end") {
+            return Ok(Start::End);
+        }
+        return Err(config(format!(
+            "start={text:?}: give a position like 42, one per broker like [0, 0, 10, 3], or \"end\""
+        )));
+    }
+    if let Ok(p) = start.extract::<i128>() {
+        return match u64::try_from(p) {
+            Ok(p) => Ok(Start::At(Cursor::Global(p))),
+            Err(_) => Err(config(format!(
+                "start={p}: positions count from 0 at the start of the topic and cannot be negative; to read only messages published from now on, use start=\"end\""
+            ))),
+        };
+    }
+    if start.downcast::<PyList>().is_ok() || start.downcast::<pyo3::types::PyTuple>().is_ok() {
+        return Ok(Start::At(Cursor::PerBroker(start.extract()?)));
+    }
+    Err(PyTypeError::new_err(
+        "start is None, a position (int >= 0), a list of positions (one per broker) or \"end\"",
+    ))
+}
+
+/// A deadline `timeout` seconds from now; `None` waits for ever.
+fn deadline(timeout: Option<f64>) -> PyResult<Option<Instant>> {
+    timeout
+        .map(|t| {
+            Duration::try_from_secs_f64(t)
+                .map(|d| Instant::now() + d)
+                .map_err(|e| config(format!("timeout {t}: {e}")))
+        })
+        .transpose()
+}
+
+impl Subscriber {
+    /// Runs `f` on the open subscriber with the GIL released.
+    fn with_sub<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut embarcadero_client::Subscriber) -> Result<R, Error> + Send,
+    ) -> PyResult<R> {
+        py.allow_threads(|| self.reader.with_sub(f)).map_err(to_py)
+    }
+
+    /// Waits up to `wait` (GIL released) for the next poll and appends its messages to
+    /// `ready`.
+    fn fill(&self, py: Python<'_>, wait: Duration) -> PyResult<()> {
+        let polled = match py.allow_threads(|| self.reader.next_poll(wait)) {
+            None => return Ok(()),
+            Some(polled) => polled.map_err(to_py)?,
+        };
+        let mut ready = self.ready.lock();
+        let done = if ready.metas.is_empty() {
+            ready.metas.extend(polled.metas);
+            std::mem::replace(&mut ready.arena, polled.arena)
+        } else {
+            // Another thread's poll left messages that are not taken yet: keep them first.
+            let base = ready.arena.len();
+            ready.arena.extend_from_slice(&polled.arena);
+            ready.metas.extend(polled.metas.into_iter().map(|mut m| {
+                m.start += base;
+                m
+            }));
+            polled.arena
+        };
+        drop(ready);
+        self.reader.recycle(done);
+        Ok(())
+    }
+
+    /// Polls in slices until a message is ready or `timeout` seconds pass (`None`: for
+    /// ever), checking for signals between slices. Whether a message is ready.
+    fn wait_ready(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let deadline = deadline(timeout)?;
+        let mut first = true;
+        loop {
+            if !self.ready.lock().metas.is_empty() {
+                return Ok(true);
+            }
+            let wait = match deadline {
+                None => SLICE,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() && !first {
+                        return Ok(false);
+                    }
+                    left.clamp(MIN_WAIT, SLICE)
+                }
+            };
+            first = false;
+            self.fill(py, wait)?;
+            py.check_signals()?;
+        }
+    }
+
+    /// The next ready message, without waiting.
+    fn take_one(&self, py: Python<'_>) -> PyResult<Option<Py<Message>>> {
+        let (meta, payload) = {
+            let mut ready = self.ready.lock();
+            let Some(meta) = ready.metas.pop_front() else {
+                return Ok(None);
+            };
+            // Allocating a bytes object runs no Python code, so the lock is held briefly.
+            let bytes = &ready.arena[meta.start..meta.start + meta.len];
+            (meta, PyBytes::new(py, bytes).unbind())
+        };
+        let ordered = self.order >= 2;
+        let message = Message {
+            position: meta.position,
+            global_seq: ordered.then_some(meta.position),
+            broker_id: meta.broker_id,
+            broker_seq: (!ordered).then_some(meta.position),
+            client_id: meta.client_id,
+            batch_seq: meta.batch_seq,
+            index_in_batch: meta.index_in_batch,
+            publish_ts_ns: meta.publish_ts_ns,
+            payload,
+        };
+        Py::new(py, message).map(Some)
+    }
+
+    fn broker_count(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_sub(py, |s| {
+            Ok(match embarcadero_client::Subscriber::position(s) {
+                Cursor::PerBroker(v) => v.len(),
+                Cursor::Global(_) => 1,
+            })
+        })
+    }
+
+    /// The position after the last message of the topic now: the next global position
+    /// (orders 2, 5), or each broker's count of messages written (orders 0, 1).
+    fn end_of_topic(&self, py: Python<'_>) -> PyResult<Cursor> {
+        let control = self.control.as_deref().ok_or_else(|| {
+            config("start=\"end\" asks the control plane where the end is, and a subscriber made with brokers= has none; give a position")
+        })?;
+        let topic = py
+            .allow_threads(|| Admin::new(control).describe_topic(&self.topic))
+            .map_err(to_py)?;
+        if self.order >= 2 {
+            return Ok(Cursor::Global(topic.next_position));
+        }
+        let ends: Option<Vec<u64>> = topic
+            .brokers
+            .iter()
+            .map(|b| b["messages"].as_u64())
+            .collect();
+        match ends {
+            Some(ends) if ends.len() == self.broker_count(py)? => Ok(Cursor::PerBroker(ends)),
+            _ => Err(config(format!(
+                "the server did not describe the end of each broker's log of topic {}; give start with one position per broker instead",
+                self.topic
+            ))),
+        }
+    }
+
+    /// `cursor` in the form the topic's order needs (0, or any position on a one-broker
+    /// server, also works per broker), or a `ConfigError` that says which form.
+    fn fitted(&self, py: Python<'_>, cursor: Cursor) -> PyResult<Cursor> {
+        let (ordered, brokers) = (self.order >= 2, self.broker_count(py)?);
+        let (topic, order) = (&self.topic, self.order);
+        match (cursor, ordered) {
+            (Cursor::Global(0), false) => Ok(Cursor::PerBroker(vec![0; brokers])),
+            (Cursor::Global(p), false) if brokers == 1 => Ok(Cursor::PerBroker(vec![p])),
+            (Cursor::Global(p), false) => Err(config(format!(
+                "topic {topic} has order {order}: positions are per broker; give one position per broker, e.g. start={:?}",
+                vec![p; brokers]
+            ))),
+            (Cursor::PerBroker(v), true) => Err(config(format!(
+                "topic {topic} has order {order}: positions are global; give one position, e.g. start={}",
+                v.first().copied().unwrap_or(0)
+            ))),
+            (Cursor::PerBroker(v), false) if v.len() != brokers => Err(config(format!(
+                "start gives {} positions; topic {topic} has {brokers} brokers: give one position per broker, e.g. start={:?}",
+                v.len(),
+                vec![0; brokers]
+            ))),
+            (c, _) => Ok(c),
+        }
+    }
+
+    fn seek_to(&self, py: Python<'_>, start: Start) -> PyResult<()> {
+        let cursor = match start {
+            Start::End => self.end_of_topic(py)?,
+            Start::At(c) => self.fitted(py, c)?,
+        };
+        self.ready.lock().metas.clear();
+        py.allow_threads(|| self.reader.seek(cursor)).map_err(to_py)
+    }
+}
+
+#[pymethods]
+impl Subscriber {
+    #[new]
+    #[pyo3(signature = (control, topic, *, start = None, client_id = None, max_reconnects = 10,
+                        brokers = None))]
+    fn new(
+        py: Python<'_>,
+        control: &str,
+        topic: &str,
+        start: Option<&Bound<'_, PyAny>>,
+        client_id: Option<u64>,
+        max_reconnects: u32,
+        brokers: Option<Vec<String>>,
+    ) -> PyResult<Self> {
+        embarcadero_client::check_topic_name(topic).map_err(to_py)?;
+        let start = start
+            .filter(|s| !s.is_none())
+            .map(parse_start)
+            .transpose()?;
+        let config = SubscriberConfig {
+            start: None,
+            client_id,
+            max_reconnects,
+        };
+        let sub = py
+            .allow_threads(|| match &brokers {
+                Some(addrs) => {
+                    embarcadero_client::Subscriber::connect_brokers(addrs, topic, config)
+                }
+                None => embarcadero_client::Subscriber::connect(control, topic, config),
+            })
+            .map_err(to_py)?;
+        let this = Self {
+            order: sub.order(),
+            reader: ReadAhead::new(sub),
+            ready: Mutex::default(),
+            closed: AtomicBool::new(false),
+            control: brokers.is_none().then(|| control.to_string()),
+            topic: topic.to_string(),
+        };
+        if let Some(start) = start {
+            this.seek_to(py, start)?;
+        }
+        Ok(this)
+    }
+
+    /// The next message, waiting at most ``timeout`` seconds (``None``: until one comes;
+    /// 0: only what has already arrived). ``None`` when the time runs out.
+    #[pyo3(signature = (timeout = None))]
+    fn poll(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Py<Message>>> {
+        if self.wait_ready(py, timeout)? {
+            self.take_one(py)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Every message that is ready (at most ``max_messages``), waiting at most ``timeout``
+    /// seconds for the first (``None``: until one comes). An empty list when the time
+    /// runs out. Cheaper per message than :meth:`poll` for a stream.
+    #[pyo3(signature = (timeout = None, max_messages = None))]
+    fn poll_many(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+        max_messages: Option<usize>,
+    ) -> PyResult<Vec<Py<Message>>> {
+        let mut out = Vec::new();
+        if !self.wait_ready(py, timeout)? {
+            return Ok(out);
+        }
+        while out.len() < max_messages.unwrap_or(usize::MAX) {
+            match self.take_one(py)? {
+                Some(m) => out.push(m),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Continues from ``position``: an int (orders 2 and 5; 0 also for 0 and 1), a list
+    /// with one position per broker (orders 0 and 1), or ``"end"`` (only messages
+    /// published from now on). Messages already polled but not taken are dropped.
+    fn seek(&self, py: Python<'_>, position: &Bound<'_, PyAny>) -> PyResult<()> {
+        let start = parse_start(position)?;
+        self.seek_to(py, start)
+    }
+
+    /// The position of the next message :meth:`poll` returns: an int (orders 2 and 5)
+    /// or a list with one position per broker (orders 0 and 1). Pass it to :meth:`seek`
+    /// or as ``start`` to resume.
+    #[getter]
+    fn position(&self, py: Python<'_>) -> PyResult<PyObject> {
+        // Messages polled but not taken yet (in `ready`, then read ahead) come before the
+        // Rust subscriber's cursor.
+        let mut pending: Vec<(u16, u64)> = {
+            let ready = self.ready.lock();
+            let taken = ready.metas.iter();
+            taken.map(|m| (m.broker_id, m.position)).collect()
+        };
+        let (cursor, ahead) = py.allow_threads(|| self.reader.position()).map_err(to_py)?;
+        pending.extend(ahead);
+        match cursor {
+            Cursor::Global(p) => {
+                let first = pending.first().map_or(p, |m| m.1);
+                Ok(first.into_pyobject(py)?.into_any().unbind())
+            }
+            Cursor::PerBroker(mut v) => {
+                for (broker, position) in pending {
+                    if let Some(next) = v.get_mut(broker as usize) {
+                        *next = (*next).min(position);
+                    }
+                }
+                Ok(v.into_pyobject(py)?.into_any().unbind())
+            }
+        }
+    }
+
+    /// The topic's order level (0, 1, 2 or 5), as the broker reported it.
+    #[getter]
+    fn order(&self) -> u8 {
+        self.order
+    }
+
+    #[getter]
+    fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// Whether :meth:`close` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Closes the connection. Iteration then stops; other calls raise ``ClosedError``.
+    fn close(&self, py: Python<'_>) {
+        self.closed.store(true, Ordering::Release);
+        py.allow_threads(|| self.reader.close());
+        self.ready.lock().metas.clear();
+    }
+
+    /// For ``async for``: polls once for up to ``timeout`` seconds (run it off the event
+    /// loop's thread). Whether a message is ready for :meth:`_take`.
+    fn _fill(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+        if self.ready.lock().metas.is_empty() {
+            let wait = Duration::try_from_secs_f64(timeout)
+                .map_err(|e| config(format!("timeout {timeout}: {e}")))?;
+            self.fill(py, wait.max(MIN_WAIT))?;
+        }
+        Ok(!self.ready.lock().metas.is_empty())
+    }
+
+    /// For ``async for``: the next ready message, never waiting.
+    fn _take(&self, py: Python<'_>) -> PyResult<Option<Py<Message>>> {
+        self.take_one(py)
+    }
+
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Blocks until the next message; Ctrl-C interrupts it. Ends once closed.
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<Message>>> {
+        if self.closed() {
+            return Ok(None);
+        }
+        self.poll(py, None)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Subscriber(topic={:?}, order={})", self.topic, self.order)
+    }
+}

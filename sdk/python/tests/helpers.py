@@ -1,0 +1,33 @@
+"""Shared by the tests: numbered payloads and reading a topic up to a count."""
+
+from __future__ import annotations
+
+import struct
+import time
+from typing import List, Tuple
+
+import embarcadero
+
+HEADER = struct.Struct("<QQ")
+
+
+def payload(source: int, seq: int, size: int = 64) -> bytes:
+    """A message naming its publisher (`source`) and its place in that publisher's stream."""
+    return HEADER.pack(source, seq) + b"x" * (size - HEADER.size)
+
+
+def parse(message: embarcadero.Message) -> Tuple[int, int]:
+    return HEADER.unpack_from(message.payload)
+
+
+def read(
+    sub: embarcadero.Subscriber, count: int, timeout: float = 60.0
+) -> List[embarcadero.Message]:
+    """`count` messages from `sub`; fails (never hangs) if they do not come in `timeout`."""
+    got: List[embarcadero.Message] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count:
+        left = deadline - time.monotonic()
+        assert left > 0, f"only {len(got)} of {count} messages arrived within {timeout} s"
+        got.extend(sub.poll_many(timeout=min(left, 1.0), max_messages=count - len(got)))
+    return got

@@ -1,0 +1,61 @@
+"""Admin: topics with the CLI's defaults, cluster status, and refused input."""
+
+from __future__ import annotations
+
+import pytest
+
+import embarcadero
+from embarcadero import Admin
+
+
+def test_create_topic_is_durable_by_default_for_orders_2_and_5(server, topic_name):
+    admin = Admin(server.control)
+    for order, rf in [(2, 2), (5, 2), (0, 1), (1, 1)]:
+        info = admin.create_topic(f"{topic_name}-o{order}", order=order)
+        assert (info["order"], info["replication_factor"]) == (order, rf)
+        assert info["default_ack"] == 1
+    assert admin.create_topic(f"{topic_name}-mem", memory_only=True)["replication_factor"] == 1
+    assert admin.create_topic(f"{topic_name}-rf3", rf=3)["replication_factor"] == 3
+
+
+def test_list_and_describe_topics(server, topic_name):
+    admin = Admin(server.control)
+    admin.create_topic(topic_name, order=1, default_ack=0)
+    info = admin.describe_topic(topic_name)
+    assert info["name"] == topic_name
+    assert info["order"] == 1 and info["default_ack"] == 0
+    assert len(info["brokers"]) == 4
+    assert topic_name in [t["name"] for t in admin.list_topics()]
+
+
+def test_cluster_and_status(server):
+    admin = Admin(server.control)
+    cluster = admin.cluster()
+    assert [b["id"] for b in cluster["brokers"]] == [0, 1, 2, 3]
+    assert cluster["max_message_bytes"] == 1 << 20
+    assert isinstance(admin.status(), dict)
+    assert admin.control_url == f"http://{server.control}"
+
+
+def test_refused_requests_raise_typed_errors_with_the_cli_text(server, topic_name):
+    admin = Admin(server.control)
+    with pytest.raises(embarcadero.InvalidNameError, match="1 to 63") as bad:
+        admin.create_topic("../status")
+    assert isinstance(bad.value, ValueError)
+    with pytest.raises(embarcadero.AdminError) as missing:
+        admin.describe_topic(topic_name)
+    assert missing.value.status == 404
+    assert str(missing.value).startswith("admin API error (404): ")
+    admin.create_topic(topic_name)
+    with pytest.raises(embarcadero.AdminError) as twice:
+        admin.create_topic(topic_name)
+    assert 400 <= twice.value.status < 500
+    with pytest.raises(embarcadero.ConfigError, match="memory_only"):
+        admin.create_topic(topic_name + "x", rf=2, memory_only=True)
+
+
+def test_an_unreachable_control_plane_raises_connect_error():
+    with pytest.raises(embarcadero.ConnectError, match="is `embarcadero serve` running") as e:
+        Admin("127.0.0.1:1", timeout=5).list_topics()
+    assert isinstance(e.value, ConnectionError)
+    assert "127.0.0.1:1" in e.value.addr

@@ -1,0 +1,146 @@
+"""Bad input raises the right exception, and nothing hangs: an unknown topic, a message over
+the maximum, a closed publisher, a server that is gone, Ctrl-C in a blocking read."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import embarcadero
+from embarcadero import Admin, Publisher, Subscriber
+
+
+def test_an_unknown_topic_is_refused(server, topic_name):
+    with pytest.raises(embarcadero.EmbarcaderoError) as pub:
+        p = Publisher(server.control, topic_name)
+        p.publish(b"x")
+        p.flush()
+    with pytest.raises(embarcadero.BrokerError) as sub:
+        Subscriber(server.control, topic_name)
+    for e in (pub.value, sub.value):
+        assert isinstance(e, embarcadero.BrokerError), repr(e)
+        assert (e.code, e.code_number) == ("UnknownTopic", 3)
+        assert str(e).startswith(f"broker {e.broker} refused: ")
+        assert str(e).endswith("(UnknownTopic)")
+
+
+def test_an_invalid_topic_name_is_refused_before_connecting(server):
+    with pytest.raises(embarcadero.InvalidNameError, match="invalid topic name"):
+        Publisher(server.control, "a?b")
+    with pytest.raises(embarcadero.InvalidNameError):
+        Subscriber(server.control, "")
+
+
+def test_a_message_over_the_maximum_is_refused(server, topic_name):
+    Admin(server.control).create_topic(topic_name)
+    with Publisher(server.control, topic_name) as p:
+        assert p.max_message_bytes == 1 << 20
+        with pytest.raises(embarcadero.MessageTooLargeError) as e:
+            p.publish(b"x" * (p.max_message_bytes + 1))
+        assert (e.value.size, e.value.max) == (p.max_message_bytes + 1, p.max_message_bytes)
+        assert str(e.value) == (
+            f"message of {e.value.size} bytes exceeds the broker's maximum of {e.value.max} bytes"
+        )
+        with pytest.raises(embarcadero.MessageTooLargeError):
+            p.publish_many([b"ok", b"x" * (2 << 20)])
+        p.publish(b"x" * p.max_message_bytes)
+
+
+def test_a_closed_publisher_refuses_everything_but_stats(server, topic_name):
+    Admin(server.control).create_topic(topic_name)
+    p = Publisher(server.control, topic_name)
+    p.publish(b"one")
+    assert p.close()["messages"] == 1
+    for call in (lambda: p.publish(b"x"), lambda: p.publish_many([b"x"]), p.flush, p.close):
+        with pytest.raises(embarcadero.ClosedError, match="the publisher is closed"):
+            call()
+    assert p.stats()["messages"] == 1
+    sub = Subscriber(server.control, topic_name)
+    sub.close()
+    assert list(sub) == []
+    with pytest.raises(embarcadero.ClosedError):
+        sub.poll(0)
+
+
+def test_bad_options_raise_config_errors(server, topic_name):
+    Admin(server.control).create_topic(topic_name)
+    with pytest.raises(embarcadero.ConfigError, match="16 bytes"):
+        Publisher(server.control, topic_name, session_key=b"short")
+    with pytest.raises(embarcadero.ConfigError, match="linger_ms"):
+        Publisher(server.control, topic_name, linger_ms=-1)
+    with pytest.raises(embarcadero.ConfigError, match='"end"'):
+        Subscriber(server.control, topic_name, start="middle")
+
+
+def test_a_killed_server_makes_the_next_calls_raise_within_a_bounded_time(fresh_server, topic_name):
+    control = fresh_server.control
+    Admin(control).create_topic(topic_name)
+    p = Publisher(control, topic_name, flush_timeout_ms=10_000)
+    sub = Subscriber(control, topic_name, max_reconnects=3)
+    p.publish(b"before")
+    p.flush()
+    assert sub.poll(timeout=30).payload == b"before"
+    fresh_server.kill()
+
+    start = time.monotonic()
+    lost = (
+        embarcadero.ConnectionLostError,
+        embarcadero.ConnectError,
+        embarcadero.NoLiveBrokerError,
+    )
+    with pytest.raises(lost):
+        # Publishing only appends; the loss shows at the latest when flushing.
+        for _ in range(1000):
+            p.publish(b"after")
+        p.flush()
+    with pytest.raises((embarcadero.ConnectionLostError, embarcadero.ConnectError)):
+        sub.poll(timeout=60)
+    with pytest.raises(embarcadero.ConnectError):
+        Admin(control, timeout=5).list_topics()
+    with pytest.raises(embarcadero.ConnectError):
+        Publisher(control, topic_name)
+    # Closing a publisher that failed may report the failure again; it closes all the same.
+    try:
+        p.close()
+    except lost:
+        pass
+    assert p.closed
+    assert time.monotonic() - start < 60, "every call gave up in bounded time"
+
+
+SIGINT_SCRIPT = textwrap.dedent(
+    """
+    import sys, embarcadero
+    sub = embarcadero.Subscriber(sys.argv[1], sys.argv[2])
+    try:
+        print("reading", flush=True)
+        for m in sub:
+            pass
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(7)
+    """
+)
+
+
+def test_ctrl_c_interrupts_a_blocking_iteration(server, topic_name):
+    Admin(server.control).create_topic(topic_name)
+    child = subprocess.Popen(
+        [sys.executable, "-c", SIGINT_SCRIPT, server.control, topic_name],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "reading"
+        os.kill(child.pid, signal.SIGINT)
+        assert child.wait(timeout=30) == 7
+        assert child.stdout.read().strip() == "interrupted"
+    finally:
+        if child.poll() is None:
+            child.kill()
