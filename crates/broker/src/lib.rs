@@ -15,6 +15,7 @@
 //! straight into the region), and one service thread that advances frontiers,
 //! reclaims memory and sends acknowledgements.
 
+mod fault;
 mod log_writer;
 mod net;
 mod payload_wait;

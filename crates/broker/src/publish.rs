@@ -2,9 +2,10 @@
 //! the log, validation, PBR commit. Acknowledgements are sent by the service thread,
 //! which this connection feeds through a single-producer queue.
 
-use crate::log_writer::{Reservation, ReserveError};
+use crate::fault::FaultDice;
+use crate::log_writer::{LogWriter, Reservation, ReserveError};
 use crate::net::{self, End, Refusal};
-use crate::payload_wait::{self, Arrival};
+use crate::payload_wait::{self, Arrival, Staged};
 use crate::session::{self, SessionView};
 use crate::{Shared, StageTimes};
 use crossbeam_queue::ArrayQueue;
@@ -185,169 +186,240 @@ fn receive_batches(
     hello: &Hello,
     topic: u32,
     conn: &PublishConn,
-    mut session: SessionView,
+    session: SessionView,
 ) -> End {
-    let writer = shared.writer(topic);
-    let broker = shared.config.broker_id;
-    let region = &shared.region;
-    let max_batch = shared.config.max_batch_bytes;
-    let sessions = conn.order == 5;
-    // Orders 0-2: batches of a connection are numbered 0, 1, 2, ...
-    let mut expected_seq = 0u64;
-    // After a BACKPRESSURE error: batches are dropped until this one is resent.
-    let mut discard_until: Option<u64> = None;
-    let mut raw = [0u8; BATCH_HEADER_LEN];
-    // xorshift state for fault injection, different per connection.
-    let mut fault_seed = hello.client_id ^ (hello.connection_index as u64) << 32 | 1;
+    let mut receiver = Receiver {
+        shared,
+        stream,
+        hello,
+        topic,
+        conn,
+        session,
+        writer: shared.writer(topic),
+        expected_seq: 0,
+        discard_until: None,
+        faults: FaultDice::new(
+            shared.config.fault.as_ref(),
+            hello.client_id,
+            hello.connection_index,
+        ),
+    };
     loop {
-        if let Err(e) = stream.read_exact(&mut raw) {
-            return e.into();
+        if let Err(end) = receiver.next_batch() {
+            return end;
         }
+    }
+}
+
+/// One connection's receive loop: each batch is admitted (header checks, sequence,
+/// order-5 session), received (once its payload is all there: a reservation in the log,
+/// the payload straight into it, validation), then committed to the PBR.
+struct Receiver<'a> {
+    shared: &'a Shared,
+    stream: &'a mut TcpStream,
+    hello: &'a Hello,
+    topic: u32,
+    conn: &'a PublishConn,
+    session: SessionView,
+    writer: &'a LogWriter,
+    /// Orders 0-2: batches of a connection are numbered 0, 1, 2, ...
+    expected_seq: u64,
+    /// After a BACKPRESSURE error: batches are dropped until this one is resent.
+    discard_until: Option<u64>,
+    faults: FaultDice<'a>,
+}
+
+/// What admission decided about a batch whose header was read.
+enum Admitted {
+    /// Write it.
+    Write,
+    /// Its payload was read and dropped (discarded after BACKPRESSURE, or an order-5
+    /// retransmit that is committed already and was acknowledged again).
+    Done,
+}
+
+impl<'a> Receiver<'a> {
+    fn next_batch(&mut self) -> Result<(), End> {
+        let header = self.read_header()?;
+        if let Admitted::Done = self.admit(&header)? {
+            return Ok(());
+        }
+        if !self.shared.owns_logs() || !wait_for_ack_room(self.shared, self.conn) {
+            return Err(End::Gone);
+        }
+        let stages = &self.shared.metrics.stages;
+        let waiting = Instant::now();
+        let staged = self.await_payload(&header)?;
+        let started = StageTimes::lap(&stages.receive, waiting);
+        let Some(reservation) = self.reserve(&header, staged.is_some())? else {
+            return Ok(());
+        };
+        let reserved = StageTimes::lap(&stages.reserve, started);
+        let validated = self.receive_into(&header, &reservation, staged, reserved)?;
+        if self.faults.delay_then_drop(&self.shared.fault_drops) {
+            commit_void(self.shared, self.topic, &reservation);
+            self.expected_seq += 1;
+            return Ok(());
+        }
+        self.commit(&header, &reservation, validated)
+    }
+
+    /// Reads and checks a batch header: its own fields, and that it is this client's.
+    fn read_header(&mut self) -> Result<BatchHeader, End> {
+        let mut raw = [0u8; BATCH_HEADER_LEN];
+        self.stream.read_exact(&mut raw)?;
         let header = BatchHeader::decode(&raw).expect("128 bytes");
-        if let Err(e) = header.validate_incoming(max_batch) {
-            return Refusal::from_wire(&e, header.batch_seq).into();
+        if let Err(e) = header.validate_incoming(self.shared.config.max_batch_bytes) {
+            return Err(Refusal::from_wire(&e, header.batch_seq).into());
         }
-        if header.client_id != hello.client_id {
-            return Refusal {
+        if header.client_id != self.hello.client_id {
+            return Err(Refusal {
                 code: ErrorCode::MalformedBatch,
                 batch_seq: header.batch_seq,
                 message: format!(
                     "batch names client {} but the connection belongs to client {}",
-                    header.client_id, hello.client_id
+                    header.client_id, self.hello.client_id
                 ),
             }
-            .into();
+            .into());
         }
-        if discard_until.is_some_and(|k| header.batch_seq != k) {
-            if let Err(e) = net::drain(stream, header.total_size) {
-                return e.into();
-            }
-            continue;
+        Ok(header)
+    }
+
+    /// Whether to write the batch: discarded while a BACKPRESSURE resend is awaited;
+    /// orders 0-2 in connection sequence; order 5 through the session's admission.
+    fn admit(&mut self, header: &BatchHeader) -> Result<Admitted, End> {
+        if self.discard_until.is_some_and(|k| header.batch_seq != k) {
+            net::drain(self.stream, header.total_size)?;
+            return Ok(Admitted::Done);
         }
-        discard_until = None;
-        if sessions {
-            match admit_session_batch(shared, &mut session, hello, &header) {
-                Ok(true) => {}
-                Ok(false) => {
-                    // Already committed (a retransmit): acknowledge, do not write again.
-                    if let Err(e) = net::drain(stream, header.total_size) {
-                        return e.into();
-                    }
-                    push_pending(conn, header.batch_seq, 0, Instant::now());
-                    region.broker_bell(broker).ring();
-                    continue;
-                }
-                Err(refusal) => return refusal.into(),
+        self.discard_until = None;
+        if self.conn.order == 5 {
+            if admit_session_batch(self.shared, &mut self.session, self.hello, header)? {
+                return Ok(Admitted::Write);
             }
-        } else if header.batch_seq != expected_seq {
-            return Refusal {
+            // Already committed (a retransmit): acknowledge, do not write again.
+            net::drain(self.stream, header.total_size)?;
+            push_pending(self.conn, header.batch_seq, 0, Instant::now());
+            let broker = self.shared.config.broker_id;
+            self.shared.region.broker_bell(broker).ring();
+            return Ok(Admitted::Done);
+        }
+        if header.batch_seq != self.expected_seq {
+            return Err(Refusal {
                 code: ErrorCode::OutOfSequence,
                 batch_seq: header.batch_seq,
                 message: format!(
                     "batch sequence {} arrived, {} was expected",
-                    header.batch_seq, expected_seq
+                    header.batch_seq, self.expected_seq
                 ),
             }
-            .into();
+            .into());
         }
-        if !shared.owns_logs() {
-            return End::Gone;
-        }
-        if !wait_for_ack_room(shared, conn) {
-            return End::Gone;
-        }
-        let may_refuse = conn.ack_level > 0;
-        let stages = &shared.metrics.stages;
-        let limit = shared.config.payload_timeout;
-        // Nothing is reserved until the payload can be received without waiting on the
-        // client (`payload_wait`): one slow client must not hold back the whole log.
-        let waiting = Instant::now();
-        let deadline = waiting + limit;
-        let staged = match payload_wait::await_payload(stream, header.total_size as usize, limit) {
-            Ok(Arrival::InSocket) => None,
-            Ok(Arrival::TooLargeForSocket) => {
-                let len = header.total_size as usize;
-                match payload_wait::stage(stream, len, deadline, &shared.staged_bytes) {
-                    Ok(Some(staged)) => Some(staged),
-                    Ok(None) => return slow_payload(&header, limit).into(),
-                    Err(e) => return e.into(),
+        Ok(Admitted::Write)
+    }
+
+    /// Waits until the whole payload can be received without waiting on the client
+    /// (`payload_wait`): nothing is reserved before, so one slow client cannot hold back
+    /// the log. A payload larger than the socket can buffer is staged in memory.
+    fn await_payload(&mut self, header: &BatchHeader) -> Result<Option<Staged<'a>>, End> {
+        let limit = self.shared.config.payload_timeout;
+        let deadline = Instant::now() + limit;
+        let len = header.total_size as usize;
+        match payload_wait::await_payload(self.stream, len, limit)? {
+            Arrival::InSocket => Ok(None),
+            Arrival::TooLargeForSocket => {
+                match payload_wait::stage(self.stream, len, deadline, &self.shared.staged_bytes)? {
+                    Some(staged) => Ok(Some(staged)),
+                    None => Err(slow_payload(header, limit).into()),
                 }
             }
-            Ok(Arrival::TimedOut) => return slow_payload(&header, limit).into(),
-            Err(e) => return e.into(),
-        };
-        let started = StageTimes::lap(&stages.receive, waiting);
-        let reservation =
-            match reserve_with_backpressure(shared, writer, header.total_size, may_refuse) {
-                Some(r) => r,
-                // The service thread has sent TopicDeleted and closed the connection.
-                None if shared.region.topic_deleted(topic) => return End::Gone,
-                None => {
-                    if staged.is_none() {
-                        if let Err(e) = net::drain(stream, header.total_size) {
-                            return e.into();
-                        }
-                    }
-                    if refuse_backpressure(shared, conn, &header).is_err() {
-                        return End::Gone;
-                    }
-                    discard_until = Some(header.batch_seq);
-                    continue;
-                }
-            };
-        let reserved = StageTimes::lap(&stages.reserve, started);
+            Arrival::TimedOut => Err(slow_payload(header, limit).into()),
+        }
+    }
+
+    /// Reserves the batch's place in the log; `None` when the log had no room within
+    /// the backpressure timeout and the batch was refused with BACKPRESSURE (its
+    /// payload dropped; later batches are discarded until it is sent again).
+    fn reserve(&mut self, header: &BatchHeader, staged: bool) -> Result<Option<Reservation>, End> {
+        let (shared, topic) = (self.shared, self.topic);
+        let may_refuse = self.conn.ack_level > 0;
+        if let Some(r) =
+            reserve_with_backpressure(shared, self.writer, header.total_size, may_refuse)
+        {
+            assert_eq!(r.len, header.total_size, "reserved what the header says");
+            return Ok(Some(r));
+        }
+        if shared.region.topic_deleted(topic) {
+            // The service thread has sent TopicDeleted and closed the connection.
+            return Err(End::Gone);
+        }
+        if !staged {
+            net::drain(self.stream, header.total_size)?;
+        }
+        if refuse_backpressure(shared, self.conn, header).is_err() {
+            return Err(End::Gone);
+        }
+        self.discard_until = Some(header.batch_seq);
+        Ok(None)
+    }
+
+    /// Receives the payload into its reservation and validates it; a failure voids the
+    /// reservation. Returns when validation finished (the ack-wait stage starts there).
+    fn receive_into(
+        &mut self,
+        header: &BatchHeader,
+        reservation: &Reservation,
+        staged: Option<Staged<'a>>,
+        reserved: Instant,
+    ) -> Result<Instant, End> {
+        let (shared, topic) = (self.shared, self.topic);
+        let broker = shared.config.broker_id;
+        let limit = shared.config.payload_timeout;
         // SAFETY: the reservation gives this connection exclusive ownership of the
-        // range until its PBR slot is committed below (or voided on error).
+        // range until its PBR slot is committed (or voided on error).
         let dest = unsafe {
-            region.blog_bytes_mut(topic, broker, reservation.log_offset, reservation.len)
+            shared
+                .region
+                .blog_bytes_mut(topic, broker, reservation.log_offset, reservation.len)
         }
         .expect("reserved range is mapped and inside one segment");
-        debug_assert_eq!(
-            reservation.len, header.total_size,
-            "reserved what the header says"
-        );
-        if let Some(staged) = staged {
-            dest.copy_from_slice(&staged.bytes);
-        } else {
+        let received = match staged {
+            Some(staged) => {
+                dest.copy_from_slice(&staged.bytes);
+                Ok(true)
+            }
             // Whole in the socket already: this read does not wait on the client.
-            match net::read_exact_within(stream, dest, limit) {
-                Ok(true) => {}
-                Ok(false) => {
-                    commit_void(shared, topic, &reservation);
-                    return slow_payload(&header, limit).into();
-                }
-                Err(e) => {
-                    commit_void(shared, topic, &reservation);
-                    return e.into();
-                }
-            }
+            None => net::read_exact_within(self.stream, dest, limit),
+        };
+        let void = |end: End| {
+            commit_void(shared, topic, reservation);
+            end
+        };
+        match received {
+            Ok(true) => {}
+            Ok(false) => return Err(void(slow_payload(header, limit).into())),
+            Err(e) => return Err(void(e.into())),
         }
+        let stages = &shared.metrics.stages;
         let arrived = StageTimes::lap(&stages.receive, reserved);
-        if let Err(e) = validate_batch_payload(&header, dest, shared.config.max_message_bytes) {
-            commit_void(shared, topic, &reservation);
-            return Refusal::from_wire(&e, header.batch_seq).into();
-        }
-        let validated = StageTimes::lap(&stages.validate, arrived);
-        if let Some(fault) = &shared.config.fault {
-            let roll = |seed: &mut u64| {
-                *seed ^= *seed << 13;
-                *seed ^= *seed >> 7;
-                *seed ^= *seed << 17;
-                (*seed >> 11) as f64 / (1u64 << 53) as f64
-            };
-            if roll(&mut fault_seed) < fault.delay_fraction {
-                std::thread::sleep(fault.delay);
-            }
-            if roll(&mut fault_seed) < fault.drop_fraction
-                && (fault.drop_limit == 0
-                    || shared.fault_drops.fetch_add(1, Ordering::Relaxed) < fault.drop_limit)
-            {
-                commit_void(shared, topic, &reservation);
-                expected_seq += 1;
-                continue;
-            }
+        if let Err(e) = validate_batch_payload(header, dest, shared.config.max_message_bytes) {
+            return Err(void(Refusal::from_wire(&e, header.batch_seq).into()));
         }
         embarcadero_region::coherence::flush_range(dest.as_ptr(), dest.len());
+        Ok(StageTimes::lap(&stages.validate, arrived))
+    }
+
+    /// Commits the batch to its PBR slot and queues its acknowledgement.
+    fn commit(
+        &mut self,
+        header: &BatchHeader,
+        reservation: &Reservation,
+        validated: Instant,
+    ) -> Result<(), End> {
+        let (shared, topic, conn) = (self.shared, self.topic, self.conn);
+        let region = &shared.region;
+        let broker = shared.config.broker_id;
         let committed = BatchHeader {
             broker_id: broker as u16,
             flags: BatchFlags::VALID,
@@ -363,7 +435,7 @@ fn receive_batches(
             },
             session_key_hash: conn.session_key_hash,
             publish_commit: 0,
-            ..header
+            ..*header
         };
         // Counted before the commit, so no acknowledgement can get ahead of the counters.
         let m = &shared.metrics;
@@ -375,7 +447,7 @@ fn receive_batches(
         // A process declared dead and replaced must not commit over its successor's
         // slots (a paused process resumes here; see `resume`).
         if !shared.owns_logs() {
-            return End::Gone;
+            return Err(End::Gone);
         }
         if conn.order >= 2 {
             // The service thread acknowledges these once they are ordered, woken by the
@@ -392,8 +464,9 @@ fn receive_batches(
             push_pending(conn, header.batch_seq, reservation.pbr_index, validated);
             region.broker_bell(broker).ring();
         }
-        StageTimes::lap(&stages.commit, validated);
-        expected_seq += 1;
+        StageTimes::lap(&shared.metrics.stages.commit, validated);
+        self.expected_seq += 1;
+        Ok(())
     }
 }
 
