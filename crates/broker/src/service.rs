@@ -98,28 +98,11 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
                 continue;
             }
             if slot.is_none() {
-                let Some(meta) = region.topic_meta(topic) else {
-                    continue;
-                };
-                // From the region: zeros for a new log, where the previous process of
-                // this broker left off for a resumed one.
-                let log = region.log(topic, broker);
-                let frontier = log.written_frontier.load(Ordering::Acquire);
-                let (written_end, msgs) =
-                    crate::resume::written_prefix(&region, topic, broker, frontier);
-                *slot = Some(LogState {
-                    order: meta.order,
-                    replication_factor: meta.replication_factor,
-                    frontier,
-                    msgs,
-                    written_end,
-                    reclaimed_pbr: log.reclaimed_pbr.load(Ordering::Acquire),
-                    freed_segments_below: log.reclaimed_blog.load(Ordering::Acquire)
-                        / caps.segment_bytes,
-                    held_by_reader: false,
-                });
+                *slot = log_state(&shared, topic);
             }
-            let st = slot.as_mut().expect("initialised above");
+            let Some(st) = slot.as_mut() else {
+                continue;
+            };
             let stages = &shared.metrics.stages;
             let started = std::time::Instant::now();
             progress |= advance_frontier(&shared, topic, st);
@@ -154,6 +137,29 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
             backoff.idle(Some((&bell, seen)));
         }
     }
+}
+
+/// The service thread's view of a log it starts serving, from the region: zeros for a
+/// new log, where the previous process of this broker left off for a resumed one.
+/// `None` while the topic is not active.
+fn log_state(shared: &Shared, topic: u32) -> Option<LogState> {
+    let region = &shared.region;
+    let broker = shared.config.broker_id;
+    let meta = region.topic_meta(topic)?;
+    let log = region.log(topic, broker);
+    let frontier = log.written_frontier.load(Ordering::Acquire);
+    let (written_end, msgs) = crate::resume::written_prefix(region, topic, broker, frontier);
+    Some(LogState {
+        order: meta.order,
+        replication_factor: meta.replication_factor,
+        frontier,
+        msgs,
+        written_end,
+        reclaimed_pbr: log.reclaimed_pbr.load(Ordering::Acquire),
+        freed_segments_below: log.reclaimed_blog.load(Ordering::Acquire)
+            / region.capacities().segment_bytes,
+        held_by_reader: false,
+    })
 }
 
 /// Moves `written_frontier` over newly committed slots, numbering their messages.

@@ -323,6 +323,44 @@ fn followers_in_their_own_processes_serve_one_total_order() {
     head.proc.stop();
 }
 
+/// Topic delete in cluster mode: the follower's broker (another process on the region)
+/// lets go of the topic's log on its own and its segments come back, as do the head's;
+/// the external sequencer drops the topic; the name then makes a new topic that every
+/// process serves from position 0.
+#[test]
+fn a_deleted_topic_is_let_go_by_followers_and_the_external_sequencer() {
+    let head = start_head(2);
+    let control = head.control.clone();
+    let (f1, f1_metrics) = follower_with_metrics(&control, 1);
+    let seq = sequencer(&control);
+    let admin = Admin::new(&control);
+    let free = |text: &str, broker: u32| {
+        sample(
+            text,
+            &format!("embarcadero_free_segments{{broker=\"{broker}\"}}"),
+        )
+    };
+    let all_free = (free(&scrape(&control), 0), free(&scrape(&f1_metrics), 1));
+    admin.create_topic(&TopicSpec::new("t", 2)).unwrap();
+    assert_eq!(publish(&control, "t", 0..2000), 2, "both brokers used");
+    assert!(
+        free(&scrape(&f1_metrics), 1) < all_free.1,
+        "the follower took segments"
+    );
+
+    admin.delete_topic("t").unwrap();
+    wait_for("every segment back, on the head and the follower", || {
+        (free(&scrape(&control), 0), free(&scrape(&f1_metrics), 1)) == all_free
+    });
+    admin.create_topic(&TopicSpec::new("t", 2)).unwrap();
+    assert_eq!(publish(&control, "t", 0..500), 2);
+    assert_exactly_once(&read(&control, "t", 0, 500), 0, 0..500);
+
+    f1.stop();
+    seq.stop();
+    head.proc.stop();
+}
+
 #[test]
 fn a_standby_sequencer_takes_over_when_the_active_one_dies() {
     let head = start_head(2);

@@ -114,16 +114,15 @@ impl Admin {
         to_python(py, &status)
     }
 
-    // DELETE-TOPIC: `delete_topic(name)` belongs here, binding the Rust
-    // `Admin::delete_topic(name)` that is being added on main (the server side is not part
-    // of this package). Once it lands:
-    //
-    //     /// Deletes topic ``name``.
-    //     fn delete_topic(&self, py: Python<'_>, name: &str) -> PyResult<()> {
-    //         py.allow_threads(|| self.inner.delete_topic(name)).map_err(to_py)
-    //     }
-    //
-    // and add it to `_native.pyi` (marked there too) and a test in tests/test_admin.py.
+    /// Deletes topic ``name`` and returns it as it was just before (with its counters).
+    /// Connected publishers and subscribers get ``BrokerError`` with code
+    /// ``TopicDeleted``; the name can be created again as a new topic at once.
+    fn delete_topic(&self, py: Python<'_>, name: &str) -> PyResult<PyObject> {
+        let info = py
+            .allow_threads(|| self.inner.delete_topic(name))
+            .map_err(to_py)?;
+        to_python(py, &info)
+    }
 
     fn __repr__(&self) -> String {
         format!("Admin({:?})", self.inner.control_url())

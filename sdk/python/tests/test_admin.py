@@ -28,6 +28,24 @@ def test_list_and_describe_topics(server, topic_name):
     assert topic_name in [t["name"] for t in admin.list_topics()]
 
 
+def test_delete_topic_frees_the_name_and_tells_subscribers(server, topic_name):
+    admin = Admin(server.control)
+    admin.create_topic(topic_name, order=2)
+    with embarcadero.Publisher(server.control, topic_name) as publisher:
+        publisher.publish(b"old")
+    subscriber = embarcadero.Subscriber(server.control, topic_name)
+    assert subscriber.poll(10.0).payload == b"old"
+    deleted = admin.delete_topic(topic_name)
+    assert deleted["name"] == topic_name
+    with pytest.raises(embarcadero.BrokerError) as told:
+        subscriber.poll(10.0)
+    assert told.value.code == "TopicDeleted"
+    with pytest.raises(embarcadero.AdminError) as gone:
+        admin.describe_topic(topic_name)
+    assert gone.value.status == 404
+    assert admin.create_topic(topic_name, order=2)["next_position"] == 0
+
+
 def test_cluster_and_status(server):
     admin = Admin(server.control)
     cluster = admin.cluster()

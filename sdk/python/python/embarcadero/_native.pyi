@@ -117,8 +117,10 @@ class Admin:
         """The live brokers and the message and batch size limits."""
     def status(self) -> dict[str, Any]:
         """The raw ``/v1/status`` document (what ``embarcadero status`` prints)."""
-    # DELETE-TOPIC: `def delete_topic(self, name: str) -> None` goes here once the Rust
-    # `Admin::delete_topic` lands (see src/admin.rs).
+    def delete_topic(self, name: str) -> TopicInfo:
+        """Deletes topic ``name`` and returns it as it was just before. Connected
+        publishers and subscribers get ``BrokerError`` with code ``TopicDeleted``; the name
+        can be created again as a new topic at once. ``AdminError`` (404) if there is none."""
 
 class Publisher:
     """Publishes to topic ``topic`` through every broker of the cluster whose control plane
