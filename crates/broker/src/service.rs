@@ -213,12 +213,27 @@ fn advance_frontier(shared: &Shared, topic: u32, st: &mut LogState) -> bool {
 /// Releases the oldest batches of a log when memory is needed: ring pressure, a
 /// sequencer request (it must reuse GOI slots), or the broker's segment pool running
 /// low. Only batches every consumer is done with are eligible: written, ordered
-/// (orders 2 and 5), durable (replicated topics).
+/// (orders 2 and 5), durable (replicated topics), and read by every pinned subscriber.
 fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, segment_pressure: bool) -> bool {
-    let region = &shared.region;
-    let broker = shared.config.broker_id;
-    let caps = region.capacities();
-    let log = region.log(topic, broker);
+    let log = shared.region.log(topic, shared.config.broker_id);
+    let eligible = eligible_below(st, &log);
+    let (wanted, pressed) = wanted_below(shared, topic, st, eligible, segment_pressure);
+    let wanted = wanted.min(eligible);
+    if wanted <= st.reclaimed_pbr {
+        return false;
+    }
+    let target = below_reader_pins(shared, topic, st, wanted);
+    note_reader_hold(shared, topic, st, pressed && target < wanted);
+    if target <= st.reclaimed_pbr {
+        return false;
+    }
+    release_below(shared, topic, st, target);
+    true
+}
+
+/// The PBR index below which every batch is written, ordered (orders 2, 5) and durable
+/// (replicated topics): nothing at or above it may be reclaimed.
+fn eligible_below(st: &LogState, log: &embarcadero_region::LogControl<'_>) -> u64 {
     let mut eligible = st.frontier;
     if st.order >= 2 {
         eligible = eligible.min(log.ordered_pbr.load(Ordering::Acquire));
@@ -226,13 +241,30 @@ fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, segment_pressure: boo
     if st.replication_factor >= 2 {
         eligible = eligible.min(log.durable_pbr.load(Ordering::Acquire));
     }
+    eligible
+}
+
+/// How far memory pressure asks to reclaim (ring above its high-water mark, the
+/// sequencer's request, the segment pool low), and whether the ring or pool is pressed.
+fn wanted_below(
+    shared: &Shared,
+    topic: u32,
+    st: &LogState,
+    eligible: u64,
+    segment_pressure: bool,
+) -> (u64, bool) {
+    let region = &shared.region;
+    let broker = shared.config.broker_id;
+    let caps = region.capacities();
+    let log = region.log(topic, broker);
     let mut target = st.reclaimed_pbr;
     let reserved = shared.writers[topic as usize]
         .get()
         .map_or(0, |w| w.reserved_pbr());
     let ring_high = (caps.pbr_slots as f64 * shared.config.high_watermark) as u64;
     let ring_low = (caps.pbr_slots as f64 * shared.config.low_watermark) as u64;
-    if reserved - st.reclaimed_pbr > ring_high {
+    let ring_pressed = reserved - st.reclaimed_pbr > ring_high;
+    if ring_pressed {
         target = target.max(reserved - ring_low);
     }
     target = target.max(log.reclaim_request.load(Ordering::Acquire));
@@ -251,47 +283,58 @@ fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, segment_pressure: boo
             target = target.max(i);
         }
     }
-    let mut target = target.min(eligible);
-    if target <= st.reclaimed_pbr {
-        return false;
+    (target, segment_pressure || ring_pressed)
+}
+
+/// `target`, lowered to the first batch a connected subscriber has not read yet
+/// (memory-only topics: a replicated topic's subscribers read from disk once memory
+/// lets go).
+fn below_reader_pins(shared: &Shared, topic: u32, st: &LogState, target: u64) -> u64 {
+    if st.replication_factor >= 2 {
+        return target;
     }
-    let wanted = target;
-    let pressed = segment_pressure || reserved - st.reclaimed_pbr > ring_high;
-    // Connected subscribers hold back what they have not read yet, unless it is on
-    // disk (replicated topics), where they can still read it once memory lets go.
+    let region = &shared.region;
+    let broker = shared.config.broker_id;
     let pin_index = if st.order >= 2 { 0 } else { broker };
-    let floor = if st.replication_factor >= 2 {
-        u64::MAX
-    } else {
-        region.reader_floor(topic, pin_index, shared.config.reader_stall_timeout)
-    };
-    if floor != u64::MAX {
-        let mut i = st.reclaimed_pbr;
-        while i < target {
-            let Some(h) = region.pbr_read(topic, broker, i) else {
-                break;
-            };
-            let first = if st.order >= 2 {
-                h.total_order
-            } else {
-                h.start_logical_offset
-            };
-            let n = if h.flags & BatchFlags::VALID != 0 {
-                h.num_msg as u64
-            } else {
-                0
-            };
-            if n > 0 && first + n > floor {
-                break;
-            }
-            i += 1;
+    let floor = region.reader_floor(topic, pin_index, shared.config.reader_stall_timeout);
+    if floor == u64::MAX {
+        return target;
+    }
+    let mut i = st.reclaimed_pbr;
+    while i < target {
+        let Some(h) = region.pbr_read(topic, broker, i) else {
+            break;
+        };
+        let first = if st.order >= 2 {
+            h.total_order
+        } else {
+            h.start_logical_offset
+        };
+        let n = if h.flags & BatchFlags::VALID != 0 {
+            h.num_msg as u64
+        } else {
+            0
+        };
+        if n > 0 && first + n > floor {
+            break;
         }
-        target = i;
+        i += 1;
     }
-    note_reader_hold(shared, topic, st, pressed && target < wanted);
-    if target <= st.reclaimed_pbr {
-        return false;
-    }
+    i
+}
+
+/// Moves the log's reclaimed frontiers to `target` and gives the segments wholly below
+/// it back to the pool.
+fn release_below(shared: &Shared, topic: u32, st: &mut LogState, target: u64) {
+    let region = &shared.region;
+    let broker = shared.config.broker_id;
+    let log = region.log(topic, broker);
+    assert!(target > st.reclaimed_pbr, "reclamation only moves forward");
+    assert!(
+        target <= eligible_below(st, &log),
+        "reclamation passes no batch that is not written, ordered and durable: {target} > {}",
+        eligible_below(st, &log)
+    );
     let new_blog = if target < st.frontier {
         region
             .pbr_read(topic, broker, target)
@@ -300,11 +343,15 @@ fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, segment_pressure: boo
     } else {
         st.written_end
     };
+    assert!(
+        new_blog >= log.reclaimed_blog.load(Ordering::Relaxed),
+        "reclaimed log bytes only grow"
+    );
     // Readers re-check these after copying, so they must move before the memory is
     // handed out again.
     log.reclaimed_blog.store(new_blog, Ordering::Release);
     log.reclaimed_pbr.store(target, Ordering::Release);
-    let seg = caps.segment_bytes;
+    let seg = region.capacities().segment_bytes;
     while st.freed_segments_below < new_blog / seg {
         let logical = st.freed_segments_below;
         if let Some(physical) = region.seg_map_lookup(topic, broker, logical) {
@@ -317,7 +364,6 @@ fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, segment_pressure: boo
         .reclaimed_batches
         .fetch_add(target - st.reclaimed_pbr, Ordering::Relaxed);
     st.reclaimed_pbr = target;
-    true
 }
 
 /// Logs, once per episode, that a subscriber keeps memory its publishers are waiting

@@ -571,6 +571,10 @@ impl Core {
         sessions.write_table(region);
         for s in &t.scanners {
             let frontier = sessions.ordered_frontier(s.broker, s.cursor);
+            assert!(
+                frontier >= t.last_ordered[s.broker as usize],
+                "a broker's ordered frontier only grows: brokers reclaim below it"
+            );
             if frontier != t.last_ordered[s.broker as usize] {
                 region
                     .log(t.topic, s.broker)
@@ -634,10 +638,12 @@ impl Core {
         self.announce(t.topic, t.replicated, start, t.tail);
         for (broker, upto) in ordered_upto.iter().enumerate() {
             if let Some(upto) = upto {
-                region
-                    .log(t.topic, broker as u32)
-                    .ordered_pbr
-                    .store(*upto, Ordering::Release);
+                let ordered = region.log(t.topic, broker as u32).ordered_pbr;
+                assert!(
+                    *upto >= ordered.load(Ordering::Relaxed),
+                    "a broker's ordered frontier only grows: brokers reclaim below it"
+                );
+                ordered.store(*upto, Ordering::Release);
                 region.broker_bell(broker as u32).ring();
             }
         }
