@@ -430,6 +430,24 @@ fn serve_on_every_interface_advertises_the_given_host() {
     assert!(ok(&out).contains("advertise = \"10.1.2.3\""));
 }
 
+/// A region page its filesystem cannot hold after start (a shared tmpfs filled by
+/// others) kills the server with SIGBUS, which no code can turn into an error: the server
+/// says why and what to do before it dies of the signal. (The signal is sent here: filling
+/// a filesystem under a test is not something a test can do safely.)
+#[test]
+fn a_server_killed_by_sigbus_says_why() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut serve = Serve::start(&dir.path().join("d"));
+    serve.proc.signal("BUS");
+    let line = serve.proc.wait_line("killed by SIGBUS");
+    assert!(
+        line.contains("filesystem is full") && line.contains("region.prefault"),
+        "{line}"
+    );
+    assert_eq!(serve.proc.wait().signal(), Some(libc::SIGBUS));
+}
+
 /// A region larger than its filesystem's free space is refused at start with what it
 /// needs, what is free and which settings to lower, instead of a SIGBUS later; the
 /// region file is not even created.

@@ -26,6 +26,7 @@ pub mod positions;
 mod rates;
 mod room;
 pub mod sequencer_process;
+mod sigbus;
 
 pub use config::ServerConfig;
 pub use control::{BrokerLogInfo, TopicDefaults, TopicInfo, TopicSpec};
@@ -125,6 +126,7 @@ impl Server {
         let lock = lock_data_dir(dir)?;
         // Before anything else touches the region: the previous one is retired below.
         room::check_region_room(&config)?;
+        sigbus::explain_on_sigbus(&config.region_path());
         let replica_dirs = config.replica_dirs();
         let (resumes, stores) = recover(&config, &replica_dirs)?;
         // Always a fresh region, refilled from what recovery found.

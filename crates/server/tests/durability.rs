@@ -473,7 +473,11 @@ fn a_full_disk_holds_back_ack2_and_recovers_when_space_returns() {
     // The API (and `status`, which shows it) names the failing replica and its error.
     let health = admin.describe_topic("durable").unwrap().health;
     assert_eq!(health["replica_errors"][0]["replica"], 1, "{health}");
-    assert_eq!(health["replica_errors"][0]["errno"], libc::ENOSPC as u64, "{health}");
+    assert_eq!(
+        health["replica_errors"][0]["errno"],
+        libc::ENOSPC as u64,
+        "{health}"
+    );
     let topic = server.topic("durable").unwrap();
     assert!(topic.committed_batches > 0, "the batches were ordered");
     assert_eq!(
