@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The TypeScript client's suite, run by scripts/test.sh with EMBARCADERO_BIN set to the
-# cargo-built server. Installs its npm devDependencies (napi-rs CLI, TypeScript, Node's
-# types; from the npm registry, pinned by package-lock.json) into node_modules here,
-# builds the native addon and the TypeScript, and runs `node --test` against real servers.
+# cargo-built server. `npm ci` installs the devDependencies (napi-rs CLI, TypeScript,
+# Node's types; from the npm registry, pinned by package-lock.json) into node_modules here
+# and, through the `prepare` script, builds the native addon and the TypeScript; then
+# `node --test` runs the suite against real servers.
 #
 # The addon is a debug build of this crate over dependencies built with opt-level 2
 # (Cargo.toml's profile.dev.package."*"): it compiles in about half the time of a release
-# build, and the tests measure no speed. `bench.mjs` builds the release addon instead.
+# build, and the tests measure no speed. `npm run bench` builds the release addon instead.
 set -euo pipefail
 cd "$(dirname "$0")"
 : "${EMBARCADERO_BIN:?set EMBARCADERO_BIN to the embarcadero binary (scripts/test.sh does)}"
 export EMBARCADERO_BIN
-if [ -f package-lock.json ]; then npm ci --no-audit --no-fund; else npm install --no-audit --no-fund; fi
-npm run build
+npm ci --no-audit --no-fund
 node --test --test-concurrency=1 build/test/*.test.js

@@ -29,5 +29,9 @@ where
 
 /// Milliseconds from JavaScript (a number) as a duration; negative or NaN is zero.
 pub(crate) fn millis(ms: f64) -> std::time::Duration {
-    std::time::Duration::from_secs_f64(if ms.is_finite() && ms > 0.0 { ms / 1e3 } else { 0.0 })
+    std::time::Duration::from_secs_f64(if ms.is_finite() && ms > 0.0 {
+        ms / 1e3
+    } else {
+        0.0
+    })
 }

@@ -60,7 +60,10 @@ impl NativePublisherConfig {
         let session_key = match self.session_key {
             None => None,
             Some(k) => Some(<[u8; SESSION_KEY_LEN]>::try_from(&k[..]).map_err(|_| {
-                config(format!("sessionKey must be {SESSION_KEY_LEN} bytes, not {}", k.len()))
+                config(format!(
+                    "sessionKey must be {SESSION_KEY_LEN} bytes, not {}",
+                    k.len()
+                ))
             })?),
         };
         let slow_queue = match (self.slow_queue_index, self.slow_queue_ms) {
@@ -72,7 +75,9 @@ impl NativePublisherConfig {
             batch_bytes: self.batch_bytes.map_or(d.batch_bytes, |b| b as usize),
             linger: self.linger_ms.map_or(d.linger, millis),
             linger_backstop: self.linger_backstop_ms.map_or(d.linger_backstop, millis),
-            threads_per_broker: self.threads_per_broker.map_or(d.threads_per_broker, |t| t as usize),
+            threads_per_broker: self
+                .threads_per_broker
+                .map_or(d.threads_per_broker, |t| t as usize),
             queue_depth: self.queue_depth.map_or(d.queue_depth, |q| q as usize),
             max_inflight_batches: self
                 .max_inflight_batches
@@ -87,8 +92,12 @@ impl NativePublisherConfig {
             deflect: self.deflect.unwrap_or(d.deflect),
             slow_queue,
             failover: self.failover.unwrap_or(d.failover),
-            membership_refresh: self.membership_refresh_ms.map_or(d.membership_refresh, millis),
-            max_joined_brokers: self.max_joined_brokers.map_or(d.max_joined_brokers, |m| m as usize),
+            membership_refresh: self
+                .membership_refresh_ms
+                .map_or(d.membership_refresh, millis),
+            max_joined_brokers: self
+                .max_joined_brokers
+                .map_or(d.max_joined_brokers, |m| m as usize),
         };
         Ok((cfg, self.brokers))
     }
@@ -166,7 +175,10 @@ impl NativePublisher {
         self.stage_all(payloads.iter().map(|p| &p[..]))
     }
 
-    fn stage_all<'a>(&self, payloads: impl Iterator<Item = &'a [u8]> + Clone) -> napi::Result<bool> {
+    fn stage_all<'a>(
+        &self,
+        payloads: impl Iterator<Item = &'a [u8]> + Clone,
+    ) -> napi::Result<bool> {
         let shared = &self.shared;
         let mut st = shared.stage.lock();
         check_open(&st).map_err(to_js)?;

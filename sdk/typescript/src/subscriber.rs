@@ -65,7 +65,9 @@ fn start_of(c: Option<NativeCursor>) -> napi::Result<Start> {
             Ok(Start::From(Some(Cursor::PerBroker(v))))
         }
         (None, None, _) => Ok(Start::From(None)),
-        (Some(_), Some(_), _) => Err(config("give one global position or one per broker, not both")),
+        (Some(_), Some(_), _) => Err(config(
+            "give one global position or one per broker, not both",
+        )),
     }
 }
 
@@ -102,7 +104,11 @@ fn end_of_topic(control: &str, topic: &str, sub: &Subscriber) -> Result<Cursor, 
     if sub.order() >= 2 {
         return Ok(Cursor::Global(info.next_position));
     }
-    let ends: Option<Vec<u64>> = info.brokers.iter().map(|b| b["messages"].as_u64()).collect();
+    let ends: Option<Vec<u64>> = info
+        .brokers
+        .iter()
+        .map(|b| b["messages"].as_u64())
+        .collect();
     ends.ok_or_else(|| {
         Error::Config(format!(
             "the server did not describe the end of each broker's log of topic {topic}; \
@@ -132,7 +138,9 @@ pub async fn connect_subscriber(
         Some(c) => {
             let (signed, v, lossless) = c.get_u64();
             if signed || !lossless {
-                return Err(crate::error::config("clientId must be an unsigned 64-bit integer"));
+                return Err(crate::error::config(
+                    "clientId must be an unsigned 64-bit integer",
+                ));
             }
             Some(v)
         }
@@ -144,7 +152,9 @@ pub async fn connect_subscriber(
             Start::End => None,
         },
         client_id,
-        max_reconnects: config.max_reconnects.unwrap_or(SubscriberConfig::default().max_reconnects),
+        max_reconnects: config
+            .max_reconnects
+            .unwrap_or(SubscriberConfig::default().max_reconnects),
     };
     let brokers = config.brokers;
     let sub = blocking(move || {
@@ -197,7 +207,12 @@ impl NativeSubscriber {
 
     /// Continues from `cursor` (`end`: the end of the topic now).
     #[napi]
-    pub async fn seek(&self, control: String, topic: String, cursor: NativeCursor) -> napi::Result<NativeCursor> {
+    pub async fn seek(
+        &self,
+        control: String,
+        topic: String,
+        cursor: NativeCursor,
+    ) -> napi::Result<NativeCursor> {
         let inner = self.inner.clone();
         let start = start_of(Some(cursor))?;
         blocking(move || {
@@ -270,4 +285,3 @@ impl Packed {
         })
     }
 }
-

@@ -64,9 +64,9 @@ for (const [order, acks] of [
       await sub.close();
       const ids = got.map((m) => Number(m.text().slice(1)));
       assert.equal(new Set(ids).size, COUNT, "each message once");
-      for (const m of got) {
+      for (const [i, m] of got.entries()) {
         assert.equal(m.clientId, p.clientId);
-        assert.ok(m.payload.equals(Buffer.from(`m${ids[got.indexOf(m)]}`)));
+        assert.ok(m.payload.equals(Buffer.from(`m${ids[i]}`)));
       }
       if (order >= 2) {
         assert.deepEqual(got.map((m) => m.globalSeq), [...Array(COUNT).keys()], "positions 0..n-1");
