@@ -166,5 +166,8 @@ test("per-broker positions for orders 0 and 1", { timeout: 60_000 }, async () =>
   for (const [broker, n] of perBroker) assert.equal(end[broker], n);
   const tail = await Subscriber.connect(topic, { control: server.control, from: "end" });
   assert.deepEqual(tail.position(), end);
+  await sub.seek("start");
+  assert.deepEqual(sub.position(), end.map(() => 0));
+  assert.equal((await read(sub, 400)).length, 400, "from the start again");
   await Promise.all([sub.close(), tail.close()]);
 });

@@ -242,7 +242,8 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
 
   /** Continues from `from` (a position, `"start"` or `"end"`), discarding anything received and not yet handed out. */
   seek(from: From): Promise<void> {
-    const cursor = cursorOf(from) ?? (this.#order >= 2 ? { global: 0 } : { perBroker: [] as number[] });
+    const now = this.#next;
+    const cursor = cursorOf(from) ?? (typeof now === "number" ? { global: 0 } : { perBroker: now.map(() => 0) });
     return this.#serial(async () => {
       if (this.#closed) throw new ClosedError("the subscriber is closed");
       const at = await settle(() => this.#native.seek(this.#control, this.#topic, cursor));
