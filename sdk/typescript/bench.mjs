@@ -2,14 +2,17 @@
 // against a running server, for comparison with `embarcadero bench` (the Rust client) on
 // the same server in the same run (docs/PERFORMANCE.md, "TypeScript client").
 //
-//   node bench.mjs --control 127.0.0.1:12140 [--mb 1024] [--size 1024] [--order 2] [--ack 1]
+//   node bench.mjs --control 127.0.0.1:12140 [--mb 1024] [--sub-mb 256] [--size 1024] [--order 2] [--ack 1]
 //
 // Three figures, MB/s of payload (10^6 bytes), each on a fresh memory-only topic:
 //   publishMany: chunks of 256 messages per call, timed from the first call until
 //                close() resolves (every message acknowledged at the ack level);
 //   publish:     one awaited publish() per message, timed the same way;
-//   subscribe:   one ordered subscriber reading the publishMany topic from the start
-//                with `for await`, touching each payload, timed from connect to the last.
+//   subscribe:   a topic of --sub-mb filled with publishMany, then one ordered subscriber
+//                reading it from the start with `for await`, touching each payload, timed
+//                from its first poll to the last message (as `bench --mode subscribe`
+//                times it). A memory-only topic keeps only about the region's log memory:
+//                keep --sub-mb below that (256 is).
 // Run `npm run build:native:release && npm run build:ts` first (`npm run bench` does).
 import { Admin, Publisher, Subscriber } from "./build/ts/index.js";
 
@@ -24,6 +27,7 @@ const size = Number(arg("size", "1024"));
 const order = Number(arg("order", "2"));
 const ackLevel = Number(arg("ack", "1"));
 const count = Math.floor(totalBytes / size);
+const subCount = Math.floor(Number(arg("sub-mb", "256")) * 1024 * 1024 / size);
 const CHUNK = 256;
 
 const admin = new Admin(control);
@@ -41,8 +45,8 @@ function report(what, bytes, seconds, extra = "") {
   return mbs;
 }
 
-async function publishMany() {
-  const name = await topic("many");
+async function publishMany(count, kind = "many", quiet = false) {
+  const name = await topic(kind);
   const p = await Publisher.connect(name, { control, ackLevel });
   const chunk = Array.from({ length: CHUNK }, (_, i) => Buffer.alloc(size, i));
   const start = process.hrtime.bigint();
@@ -54,7 +58,7 @@ async function publishMany() {
   }
   const stats = await p.close();
   const seconds = Number(process.hrtime.bigint() - start) / 1e9;
-  report("publishMany", stats.bytes, seconds, `, ${stats.batches} batches`);
+  if (!quiet) report("publishMany", stats.bytes, seconds, `, ${stats.batches} batches`);
   return name;
 }
 
@@ -69,9 +73,9 @@ async function publishOne() {
   report("publish", stats.bytes, seconds, `, ${stats.batches} batches`);
 }
 
-async function subscribe(name) {
-  const start = process.hrtime.bigint();
+async function subscribe(name, count) {
   const sub = await Subscriber.connect(name, { control });
+  const start = process.hrtime.bigint();
   let bytes = 0;
   let n = 0;
   for await (const m of sub) {
@@ -84,6 +88,6 @@ async function subscribe(name) {
 }
 
 console.log(`TypeScript client: ${count} messages of ${size} bytes, order ${order}, ack ${ackLevel}, server ${control}`);
-const filled = await publishMany();
+await publishMany(count);
 await publishOne();
-await subscribe(filled);
+await subscribe(await publishMany(subCount, "sub", true), subCount);
