@@ -32,14 +32,23 @@ export interface CreateTopicOptions {
 
 /** A topic as the control plane describes it. */
 export interface TopicInfo {
+  /** The topic's name. */
   name: string;
+  /** The server's id for it. */
   id: number;
+  /** Its order level. */
   order: Order;
+  /** Copies of its data, counting the in-memory one (1: memory only). */
   replicationFactor: number;
+  /** The ack level the CLI's `pub` uses for it when not told. */
   defaultAck: number;
+  /** Disk retention in bytes per replica (0: no limit). */
   retentionBytes: number;
+  /** Disk retention in milliseconds (0: no limit). */
   retentionMs: number;
+  /** When it was created, milliseconds since the Unix epoch. */
   createdUnixMs: number;
+  /** Batches in its global order. */
   committedBatches: number;
   /** Batches of the global order on every disk replica. */
   durableBatches: number;
@@ -53,6 +62,7 @@ export interface TopicInfo {
 
 /** A broker clients can reach. */
 export interface BrokerAddr {
+  /** The broker's id. */
   id: number;
   /** Data address, `host:port`. */
   addr: string;
@@ -66,6 +76,7 @@ export interface ClusterInfo {
   brokers: BrokerAddr[];
   /** Largest payload the brokers accept, in bytes. */
   maxMessageBytes: number;
+  /** Largest batch the brokers accept, in bytes. */
   maxBatchBytes: number;
 }
 

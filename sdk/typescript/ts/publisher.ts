@@ -52,24 +52,35 @@ export interface PublisherOptions {
 
 /** Summary of a latency histogram, in microseconds. */
 export interface LatencySummary {
+  /** Samples. */
   count: number;
+  /** Median. */
   p50: number;
+  /** 90th percentile. */
   p90: number;
+  /** 99th percentile. */
   p99: number;
+  /** 99.9th percentile. */
   p999: number;
+  /** Largest sample. */
   max: number;
 }
 
 /** Counters of one connection's queue. */
 export interface QueueStats {
+  /** The broker's data address. */
   broker: string;
+  /** Which of the broker's connections (0 to threadsPerBroker - 1). */
   connection: number;
+  /** Batches sent on it. */
   batches: number;
+  /** Batches acknowledged on it. */
   ackedBatches: number;
   /** Batches round-robin chose for this queue that went elsewhere because it was full. */
   deflected: number;
   /** Times the producer waited because every queue was full when this one was due. */
   producerWaits: number;
+  /** Batches the broker refused with BACKPRESSURE and that were sent again. */
   backpressureRetries: number;
   /** Batches this queue's sender sealed when their linger ran out. */
   lingered: number;
@@ -77,15 +88,21 @@ export interface QueueStats {
 
 /** A publisher's counters. */
 export interface PublisherStats {
+  /** The publisher's client id. */
   clientId: bigint;
+  /** Messages published. */
   messages: number;
+  /** Payload bytes published. */
   bytes: number;
+  /** Batches sealed. */
   batches: number;
+  /** Batches acknowledged. */
   ackedBatches: number;
   /** Seal-to-acknowledgement latency of batches. */
   ackLatencyUs: LatencySummary;
   /** Publish-to-acknowledgement latency. */
   appendToAckUs: LatencySummary;
+  /** Per connection. */
   queues: QueueStats[];
 }
 
