@@ -156,11 +156,11 @@ export class Admin {
     return topicInfo((await settle(() => this.#native.describeTopic(name))) as Json);
   }
 
-  // DELETE TOPIC: `Admin::delete_topic(name)` is being added to the Rust client on main.
-  // Once it lands and src/admin.rs binds it as `deleteTopic`, add:
-  //   /** Deletes a topic. */
-  //   async deleteTopic(name: string): Promise<void> {
-  //     await settle(() => this.#native.deleteTopic(name));
+  // DELETE TOPIC: the Rust `Admin::delete_topic` is on main but not yet on this branch.
+  // Once src/admin.rs binds it (see the note there), add:
+  //   /** Deletes a topic (its data, memory and replicas); resolves the topic as it was just before. */
+  //   async deleteTopic(name: string): Promise<TopicInfo> {
+  //     return topicInfo((await settle(() => this.#native.deleteTopic(name))) as Json);
   //   }
 
   /** The live brokers and the size limits. */
