@@ -169,3 +169,20 @@ test("a server that is gone: every call rejects, none hangs", { timeout: 60_000 
   await sub.close();
   await doomed.stop();
 });
+
+test("await using closes the publisher and the subscriber at the end of the scope", { timeout: 30_000 }, async () => {
+  const topic = topicName("using");
+  await admin.createTopic(topic, { memoryOnly: true });
+  let kept: Publisher;
+  let sub: Subscriber;
+  {
+    await using p = await Publisher.connect(topic, { control: server.control });
+    await using s = await Subscriber.connect(topic, { control: server.control });
+    await p.publish("scoped");
+    kept = p;
+    sub = s;
+  }
+  assert.equal(kept.stats().messages, 1, "closed: the final statistics");
+  await assert.rejects(kept.publish("late"), ClosedError);
+  await assert.rejects(sub.poll(10), ClosedError);
+});
