@@ -5,9 +5,9 @@
 # and, through the `prepare` script, builds the native addon and the TypeScript; then
 # `node --test` runs the suite against real servers.
 #
-# The addon is a debug build of this crate over dependencies built with opt-level 2
-# (Cargo.toml's profile.dev.package."*"): it compiles in about half the time of a release
-# build, and the tests measure no speed. `npm run bench` builds the release addon instead.
+# The addon is a debug build with no optimisation and no debug info anywhere (Cargo.toml's
+# dev profile): the cheapest compile on CI's two cores, and the suite measures no speed.
+# `npm run bench` builds the release addon instead.
 set -euo pipefail
 cd "$(dirname "$0")"
 : "${EMBARCADERO_BIN:?set EMBARCADERO_BIN to the embarcadero binary (scripts/test.sh does)}"
