@@ -1,0 +1,93 @@
+// A benchmark, not a test: the TypeScript client's publish and subscribe throughput
+// against a running server, for comparison with `embarcadero bench` (the Rust client) on
+// the same server in the same run (docs/PERFORMANCE.md, "TypeScript client").
+//
+//   node bench.mjs --control 127.0.0.1:12140 [--mb 1024] [--sub-mb 256] [--size 1024] [--order 2] [--ack 1]
+//
+// Three figures, MB/s of payload (10^6 bytes), each on a fresh memory-only topic:
+//   publishMany: chunks of 256 messages per call, timed from the first call until
+//                close() resolves (every message acknowledged at the ack level);
+//   publish:     one awaited publish() per message, timed the same way;
+//   subscribe:   a topic of --sub-mb filled with publishMany, then one ordered subscriber
+//                reading it from the start with `for await`, touching each payload, timed
+//                from its first poll to the last message (as `bench --mode subscribe`
+//                times it). A memory-only topic keeps only about the region's log memory:
+//                keep --sub-mb below that (256 is).
+// Run `npm run build:native:release && npm run build:ts` first (`npm run bench` does).
+import { Admin, Publisher, Subscriber } from "./build/ts/index.js";
+
+function arg(name, fallback) {
+  const i = process.argv.indexOf(`--${name}`);
+  return i >= 0 ? process.argv[i + 1] : fallback;
+}
+
+const control = arg("control", process.env.EMBARCADERO_CONTROL ?? "127.0.0.1:12140");
+const totalBytes = Number(arg("mb", "1024")) * 1024 * 1024;
+const size = Number(arg("size", "1024"));
+const order = Number(arg("order", "2"));
+const ackLevel = Number(arg("ack", "1"));
+const count = Math.floor(totalBytes / size);
+const subCount = Math.floor(Number(arg("sub-mb", "256")) * 1024 * 1024 / size);
+const CHUNK = 256;
+
+const admin = new Admin(control);
+const stamp = `${process.pid}-${Date.now()}`;
+
+async function topic(kind) {
+  const name = `tsbench-${kind}-${stamp}`;
+  await admin.createTopic(name, { order, memoryOnly: true });
+  return name;
+}
+
+function report(what, bytes, seconds, extra = "") {
+  const mbs = bytes / seconds / 1e6;
+  console.log(`${what.padEnd(12)} ${mbs.toFixed(1).padStart(8)} MB/s  (${(bytes / 1e6).toFixed(0)} MB in ${seconds.toFixed(2)} s)${extra}`);
+  return mbs;
+}
+
+async function publishMany(count, kind = "many", quiet = false) {
+  const name = await topic(kind);
+  const p = await Publisher.connect(name, { control, ackLevel });
+  const chunk = Array.from({ length: CHUNK }, (_, i) => Buffer.alloc(size, i));
+  const start = process.hrtime.bigint();
+  let sent = 0;
+  while (sent < count) {
+    const n = Math.min(CHUNK, count - sent);
+    await p.publishMany(n === CHUNK ? chunk : chunk.slice(0, n));
+    sent += n;
+  }
+  const stats = await p.close();
+  const seconds = Number(process.hrtime.bigint() - start) / 1e9;
+  if (!quiet) report("publishMany", stats.bytes, seconds, `, ${stats.batches} batches`);
+  return name;
+}
+
+async function publishOne() {
+  const name = await topic("one");
+  const p = await Publisher.connect(name, { control, ackLevel });
+  const payload = Buffer.alloc(size, 7);
+  const start = process.hrtime.bigint();
+  for (let i = 0; i < count; i++) await p.publish(payload);
+  const stats = await p.close();
+  const seconds = Number(process.hrtime.bigint() - start) / 1e9;
+  report("publish", stats.bytes, seconds, `, ${stats.batches} batches`);
+}
+
+async function subscribe(name, count) {
+  const sub = await Subscriber.connect(name, { control });
+  const start = process.hrtime.bigint();
+  let bytes = 0;
+  let n = 0;
+  for await (const m of sub) {
+    bytes += m.payload.length;
+    if (++n === count) break;
+  }
+  const seconds = Number(process.hrtime.bigint() - start) / 1e9;
+  await sub.close();
+  report("subscribe", bytes, seconds);
+}
+
+console.log(`TypeScript client: ${count} messages of ${size} bytes, order ${order}, ack ${ackLevel}, server ${control}`);
+await publishMany(count);
+await publishOne();
+await subscribe(await publishMany(subCount, "sub", true), subCount);

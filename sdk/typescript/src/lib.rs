@@ -1,0 +1,41 @@
+//! The native half of the `embarcadero` npm package: a thin napi-rs binding of
+//! `embarcadero-client` (crates/client). It owns only what crossing into Node needs:
+//! running every call that may wait on the network off the JavaScript thread (on the
+//! blocking pool of napi's tokio runtime, answering with a Promise), staging published
+//! messages so `publish` never waits on the event loop, packing delivered messages
+//! into a few typed arrays, and turning client errors into JavaScript errors the
+//! TypeScript layer (`ts/`) rebuilds as typed classes. The protocol, batching, acks,
+//! sessions and failover are the Rust client's, unchanged.
+
+// napi-derive registers the exported functions only outside `cfg(test)`, so a test build
+// (clippy --all-targets) would see them as unused.
+#![cfg_attr(test, allow(dead_code))]
+
+mod admin;
+mod error;
+mod publisher;
+mod subscriber;
+
+use embarcadero_client::Error;
+
+/// Runs `f` on the blocking pool of napi's tokio runtime and waits for it there, so
+/// the JavaScript thread only ever awaits a Promise.
+pub(crate) async fn blocking<T, F>(f: F) -> napi::Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, Error> + Send + 'static,
+{
+    napi::bindgen_prelude::spawn_blocking(f)
+        .await
+        .map_err(|e| error::to_js(Error::Config(format!("the worker thread failed: {e}"))))?
+        .map_err(error::to_js)
+}
+
+/// Milliseconds from JavaScript (a number) as a duration; negative or NaN is zero.
+pub(crate) fn millis(ms: f64) -> std::time::Duration {
+    std::time::Duration::from_secs_f64(if ms.is_finite() && ms > 0.0 {
+        ms / 1e3
+    } else {
+        0.0
+    })
+}

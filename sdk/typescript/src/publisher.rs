@@ -1,0 +1,358 @@
+//! `NativePublisher`: a Rust `Publisher` fed from a staging area so that `publish` never
+//! waits on the JavaScript thread. `stage` copies messages into one byte buffer (the
+//! only work done on the event loop) and starts a drain job on the blocking pool, which
+//! hands them, in order, to `Publisher::publish` (that is where batching, queueing,
+//! deflect-when-full and backpressure happen, and where it may block). `stage` tells
+//! the caller when the staging area is above its high-water mark, and the TypeScript
+//! layer then awaits `wait_room` instead of staging more: memory stays bounded and a
+//! fast producer is paced by the network, not by a blocked event loop.
+
+use crate::error::{config, to_js};
+use crate::{blocking, millis};
+use embarcadero_client::{Error, Publisher, PublisherConfig, PublisherStats};
+use embarcadero_wire::SESSION_KEY_LEN;
+use napi::bindgen_prelude::{BigInt, Buffer, BufferSlice};
+use napi_derive::napi;
+use parking_lot::{Condvar, Mutex};
+use serde_json::Value;
+use std::sync::Arc;
+
+/// Staged bytes above which `stage` asks the caller to wait: a few batches' worth, so
+/// the drain always has the next chunk ready while the JavaScript thread fills another.
+const HIGH_WATER: usize = 4 << 20;
+
+/// Every `PublisherConfig` option, as JavaScript passes them (camelCase, milliseconds).
+#[napi(object)]
+pub struct NativePublisherConfig {
+    pub ack_level: Option<u8>,
+    pub batch_bytes: Option<u32>,
+    pub linger_ms: Option<f64>,
+    pub linger_backstop_ms: Option<f64>,
+    pub threads_per_broker: Option<u32>,
+    pub queue_depth: Option<u32>,
+    pub max_inflight_batches: Option<u32>,
+    pub client_id: Option<BigInt>,
+    pub session_key: Option<Buffer>,
+    pub flush_timeout_ms: Option<f64>,
+    pub session_epoch: Option<BigInt>,
+    pub deflect: Option<bool>,
+    pub slow_queue_index: Option<u32>,
+    pub slow_queue_ms: Option<f64>,
+    pub failover: Option<bool>,
+    pub membership_refresh_ms: Option<f64>,
+    pub max_joined_brokers: Option<u32>,
+    /// Publish to these broker addresses directly instead of asking the control plane
+    /// (`Publisher::connect_brokers`: no failover, which needs the control plane).
+    pub brokers: Option<Vec<String>>,
+}
+
+fn u64_of(name: &str, v: BigInt) -> napi::Result<u64> {
+    let (signed, value, lossless) = v.get_u64();
+    if signed || !lossless {
+        return Err(config(format!("{name} must be an unsigned 64-bit integer")));
+    }
+    Ok(value)
+}
+
+impl NativePublisherConfig {
+    fn into_client(self) -> napi::Result<(PublisherConfig, Option<Vec<String>>)> {
+        let d = PublisherConfig::default();
+        let session_key = match self.session_key {
+            None => None,
+            Some(k) => Some(<[u8; SESSION_KEY_LEN]>::try_from(&k[..]).map_err(|_| {
+                config(format!(
+                    "sessionKey must be {SESSION_KEY_LEN} bytes, not {}",
+                    k.len()
+                ))
+            })?),
+        };
+        let slow_queue = match (self.slow_queue_index, self.slow_queue_ms) {
+            (Some(q), Some(ms)) => Some((q as usize, millis(ms))),
+            _ => None,
+        };
+        let cfg = PublisherConfig {
+            ack_level: self.ack_level.unwrap_or(d.ack_level),
+            batch_bytes: self.batch_bytes.map_or(d.batch_bytes, |b| b as usize),
+            linger: self.linger_ms.map_or(d.linger, millis),
+            linger_backstop: self.linger_backstop_ms.map_or(d.linger_backstop, millis),
+            threads_per_broker: self
+                .threads_per_broker
+                .map_or(d.threads_per_broker, |t| t as usize),
+            queue_depth: self.queue_depth.map_or(d.queue_depth, |q| q as usize),
+            max_inflight_batches: self
+                .max_inflight_batches
+                .map_or(d.max_inflight_batches, |m| m as usize),
+            client_id: self.client_id.map(|c| u64_of("clientId", c)).transpose()?,
+            session_key,
+            flush_timeout: self.flush_timeout_ms.map_or(d.flush_timeout, millis),
+            session_epoch: match self.session_epoch {
+                Some(e) => u64_of("sessionEpoch", e)?,
+                None => d.session_epoch,
+            },
+            deflect: self.deflect.unwrap_or(d.deflect),
+            slow_queue,
+            failover: self.failover.unwrap_or(d.failover),
+            membership_refresh: self
+                .membership_refresh_ms
+                .map_or(d.membership_refresh, millis),
+            max_joined_brokers: self
+                .max_joined_brokers
+                .map_or(d.max_joined_brokers, |m| m as usize),
+        };
+        Ok((cfg, self.brokers))
+    }
+}
+
+/// Messages waiting for the drain job, and what the job left behind.
+#[derive(Default)]
+struct Stage {
+    bytes: Vec<u8>,
+    /// End offset in `bytes` of each staged message.
+    ends: Vec<usize>,
+    /// A drain job is running (at most one: it keeps the messages in order).
+    draining: bool,
+    /// `close` has begun: nothing more is staged.
+    closed: bool,
+    /// The first error a drain met; every later call reports it, as the Rust
+    /// publisher reports its first error.
+    error: Option<Error>,
+}
+
+struct Shared {
+    /// Taken by `close` (which consumes the Rust publisher); drains clone the `Arc`.
+    publisher: Mutex<Option<Arc<Publisher>>>,
+    stage: Mutex<Stage>,
+    /// Signalled whenever the drain takes a chunk or stops.
+    progress: Condvar,
+    max_message: usize,
+}
+
+#[napi]
+pub struct NativePublisher {
+    shared: Arc<Shared>,
+    client_id: u64,
+    /// The statistics `close` returned, reported by `stats` from then on.
+    final_stats: Arc<Mutex<Option<PublisherStats>>>,
+}
+
+/// Connects a publisher (discovering the brokers through `control` unless the config
+/// names them).
+#[napi]
+pub async fn connect_publisher(
+    control: String,
+    topic: String,
+    config: NativePublisherConfig,
+) -> napi::Result<NativePublisher> {
+    let (cfg, brokers) = config.into_client()?;
+    let publisher = blocking(move || match brokers {
+        Some(b) => Publisher::connect_brokers(&b, &topic, cfg),
+        None => Publisher::connect(&control, &topic, cfg),
+    })
+    .await?;
+    Ok(NativePublisher {
+        client_id: publisher.client_id(),
+        shared: Arc::new(Shared {
+            max_message: publisher.max_message_bytes(),
+            publisher: Mutex::new(Some(Arc::new(publisher))),
+            stage: Mutex::new(Stage::default()),
+            progress: Condvar::new(),
+        }),
+        final_stats: Arc::default(),
+    })
+}
+
+#[napi]
+impl NativePublisher {
+    /// Stages one message; true when the caller should `wait_room` before staging more.
+    #[napi]
+    pub fn stage(&self, payload: BufferSlice) -> napi::Result<bool> {
+        self.stage_all(std::iter::once(&payload[..]))
+    }
+
+    /// Stages many messages in one crossing, all or none.
+    #[napi]
+    pub fn stage_many(&self, payloads: Vec<BufferSlice>) -> napi::Result<bool> {
+        self.stage_all(payloads.iter().map(|p| &p[..]))
+    }
+
+    fn stage_all<'a>(
+        &self,
+        payloads: impl Iterator<Item = &'a [u8]> + Clone,
+    ) -> napi::Result<bool> {
+        let shared = &self.shared;
+        let mut st = shared.stage.lock();
+        check_open(&st).map_err(to_js)?;
+        let max = shared.max_message;
+        if let Some(p) = payloads.clone().find(|p| p.len() > max) {
+            return Err(to_js(Error::MessageTooLarge { size: p.len(), max }));
+        }
+        for p in payloads {
+            st.bytes.extend_from_slice(p);
+            let end = st.bytes.len();
+            st.ends.push(end);
+        }
+        if !st.draining && !st.ends.is_empty() {
+            st.draining = true;
+            let shared = self.shared.clone();
+            napi::bindgen_prelude::spawn_blocking(move || drain(&shared));
+        }
+        Ok(st.bytes.len() >= HIGH_WATER)
+    }
+
+    /// Resolves once the staging area is below its high-water mark again.
+    #[napi]
+    pub async fn wait_room(&self) -> napi::Result<()> {
+        let shared = self.shared.clone();
+        blocking(move || {
+            let mut st = shared.stage.lock();
+            while st.draining && st.error.is_none() && st.bytes.len() >= HIGH_WATER {
+                shared.progress.wait(&mut st);
+            }
+            st.error.clone().map_or(Ok(()), Err)
+        })
+        .await
+    }
+
+    /// Everything published so far handed to the Rust publisher, then its `flush`.
+    #[napi]
+    pub async fn flush(&self) -> napi::Result<()> {
+        let shared = self.shared.clone();
+        blocking(move || {
+            wait_drained(&shared)?;
+            let publisher = shared.publisher.lock().clone().ok_or(Error::Closed)?;
+            publisher.flush()
+        })
+        .await
+    }
+
+    /// Refuses further messages, publishes the staged ones, then closes the Rust
+    /// publisher (flush and disconnect) and returns its statistics.
+    #[napi]
+    pub async fn close(&self) -> napi::Result<Value> {
+        let shared = self.shared.clone();
+        {
+            let mut st = shared.stage.lock();
+            if st.closed {
+                return Err(to_js(Error::Closed));
+            }
+            st.closed = true;
+        }
+        let final_stats = self.final_stats.clone();
+        let client_id = self.client_id;
+        blocking(move || {
+            let drained = wait_drained(&shared);
+            let publisher = take_sole(&shared).ok_or(Error::Closed)?;
+            let stats = publisher.close()?;
+            drained?;
+            *final_stats.lock() = Some(stats.clone());
+            Ok(stats_json(&stats, client_id))
+        })
+        .await
+    }
+
+    /// Counters and latency summaries (those `close` returned, once closed).
+    #[napi]
+    pub fn stats(&self) -> Value {
+        if let Some(stats) = self.final_stats.lock().as_ref() {
+            return stats_json(stats, self.client_id);
+        }
+        let publisher = self.shared.publisher.lock().clone();
+        match publisher {
+            Some(p) => stats_json(&p.stats(), self.client_id),
+            // Between `close` taking the publisher and storing its statistics.
+            None => Value::Null,
+        }
+    }
+
+    #[napi(getter)]
+    pub fn client_id(&self) -> BigInt {
+        BigInt::from(self.client_id)
+    }
+
+    #[napi(getter)]
+    pub fn max_message_bytes(&self) -> u32 {
+        self.shared.max_message.min(u32::MAX as usize) as u32
+    }
+}
+
+fn check_open(st: &Stage) -> Result<(), Error> {
+    if let Some(e) = &st.error {
+        return Err(e.clone());
+    }
+    if st.closed {
+        return Err(Error::Closed);
+    }
+    Ok(())
+}
+
+/// The drain job: hands staged chunks to the Rust publisher until none is left.
+fn drain(shared: &Shared) {
+    let mut chunk = (Vec::new(), Vec::new());
+    loop {
+        {
+            let mut st = shared.stage.lock();
+            if st.ends.is_empty() {
+                st.draining = false;
+                shared.progress.notify_all();
+                return;
+            }
+            // Swap in the emptied buffers of the previous chunk (no new allocation).
+            chunk.0.clear();
+            chunk.1.clear();
+            std::mem::swap(&mut st.bytes, &mut chunk.0);
+            std::mem::swap(&mut st.ends, &mut chunk.1);
+            shared.progress.notify_all();
+        }
+        if let Err(e) = publish_chunk(shared, &chunk.0, &chunk.1) {
+            let mut st = shared.stage.lock();
+            st.error.get_or_insert(e);
+            st.bytes.clear();
+            st.ends.clear();
+            st.draining = false;
+            shared.progress.notify_all();
+            return;
+        }
+    }
+}
+
+fn publish_chunk(shared: &Shared, bytes: &[u8], ends: &[usize]) -> Result<(), Error> {
+    let publisher = shared.publisher.lock().clone().ok_or(Error::Closed)?;
+    let mut start = 0;
+    for &end in ends {
+        publisher.publish(&bytes[start..end])?;
+        start = end;
+    }
+    Ok(())
+}
+
+/// Waits until the drain job has published everything staged (or failed).
+fn wait_drained(shared: &Shared) -> Result<(), Error> {
+    let mut st = shared.stage.lock();
+    while st.draining {
+        shared.progress.wait(&mut st);
+    }
+    st.error.clone().map_or(Ok(()), Err)
+}
+
+/// The publisher itself, once no drain or `stats` call holds a clone of it (they hold
+/// it only for a call; nothing is staged any more when this runs).
+fn take_sole(shared: &Shared) -> Option<Publisher> {
+    let mut arc = shared.publisher.lock().take()?;
+    loop {
+        match Arc::try_unwrap(arc) {
+            Ok(p) => return Some(p),
+            Err(again) => {
+                arc = again;
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// The statistics as JSON, the client id as a decimal string (it is a u64, and the
+/// TypeScript layer makes a bigint of it).
+fn stats_json(stats: &PublisherStats, client_id: u64) -> Value {
+    let mut v = serde_json::to_value(stats).expect("stats serialise");
+    v["client_id"] = Value::String(client_id.to_string());
+    v
+}

@@ -1,0 +1,188 @@
+// Bad input rejects with the right typed error, the message the CLI would print, and
+// never hangs (each test has a deadline): unknown topic, bad names, a message over the
+// maximum, a closed publisher, and a server that is gone (SIGKILLed). Also: waiting on
+// the network never blocks the event loop.
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import {
+  Admin,
+  AdminError,
+  BrokerError,
+  ClosedError,
+  ConfigError,
+  ConnectError,
+  EmbarcaderoError,
+  InvalidNameError,
+  MessageTooLargeError,
+  Publisher,
+  Subscriber,
+} from "../ts/index";
+import { Server, topicName } from "./servers";
+
+let server: Server;
+let admin: Admin;
+
+before(async () => {
+  server = await Server.serve();
+  admin = new Admin(server.control);
+});
+
+after(async () => {
+  await server.stop();
+});
+
+test("admin: create, list, describe, cluster, status, with the CLI's defaults", { timeout: 30_000 }, async () => {
+  const durable = await admin.createTopic(topicName("durable"));
+  assert.equal(durable.order, 2);
+  assert.equal(durable.replicationFactor, 2);
+  assert.equal((await admin.createTopic(topicName("mem"), { memoryOnly: true })).replicationFactor, 1);
+  assert.equal((await admin.createTopic(topicName("o0"), { order: 0 })).replicationFactor, 1);
+  assert.equal((await admin.createTopic(topicName("rf3"), { order: 5, rf: 3 })).replicationFactor, 3);
+  const names = (await admin.listTopics()).map((t) => t.name);
+  assert.ok(names.includes(durable.name));
+  const d = await admin.describeTopic(durable.name);
+  assert.equal(d.nextPosition, 0);
+  const cluster = await admin.cluster();
+  assert.equal(cluster.brokers.length, 4);
+  assert.ok(cluster.maxMessageBytes > 0);
+  assert.equal(typeof (await admin.status()), "object");
+  await assert.rejects(admin.createTopic(topicName("x"), { rf: 2, memoryOnly: true }), ConfigError);
+});
+
+test("an existing topic, an unknown topic and a bad name", { timeout: 30_000 }, async () => {
+  const topic = topicName("dup");
+  await admin.createTopic(topic);
+  await assert.rejects(admin.createTopic(topic), (e: unknown) => {
+    assert.ok(e instanceof AdminError && e.status === 409, String(e));
+    return true;
+  });
+  await assert.rejects(admin.describeTopic("no-such-topic"), (e: unknown) => {
+    assert.ok(e instanceof AdminError, String(e));
+    assert.equal(e.status, 404);
+    assert.match(e.message, /^admin API error \(404\): /);
+    return true;
+  });
+  for (const connect of [
+    () => Publisher.connect("no-such-topic", { control: server.control }),
+    () => Subscriber.connect("no-such-topic", { control: server.control }),
+  ]) {
+    await assert.rejects(connect(), (e: unknown) => {
+      assert.ok(e instanceof BrokerError, String(e));
+      assert.equal(e.kind, "Broker");
+      assert.equal(e.codeName, "UnknownTopic");
+      assert.equal(e.code, 3);
+      assert.match(e.message, /^broker .* refused: .*\(UnknownTopic\)$/);
+      return true;
+    });
+  }
+  await assert.rejects(admin.createTopic("../status"), (e: unknown) => {
+    assert.ok(e instanceof InvalidNameError && e instanceof EmbarcaderoError);
+    assert.match(e.message, /1 to 63 letters/);
+    return true;
+  });
+});
+
+test("a message over the maximum, and a closed publisher", { timeout: 30_000 }, async () => {
+  const topic = topicName("limits");
+  await admin.createTopic(topic, { memoryOnly: true });
+  const p = await Publisher.connect(topic, { control: server.control });
+  const max = p.maxMessageBytes;
+  assert.equal(max, (await admin.cluster()).maxMessageBytes);
+  await assert.rejects(p.publish(Buffer.alloc(max + 1)), (e: unknown) => {
+    assert.ok(e instanceof MessageTooLargeError, String(e));
+    assert.equal(e.size, max + 1);
+    assert.equal(e.max, max);
+    assert.equal(e.message, `message of ${max + 1} bytes exceeds the broker's maximum of ${max} bytes`);
+    return true;
+  });
+  // All or none: the good message before the large one is not published either.
+  await assert.rejects(p.publishMany(["ok", Buffer.alloc(max + 1)]), MessageTooLargeError);
+  await p.publish(Buffer.alloc(max)); // exactly the maximum is fine
+  const stats = await p.close();
+  assert.equal(stats.messages, 1);
+  assert.deepEqual(await p.close(), stats, "close again: the same result");
+  assert.equal(p.stats().messages, 1);
+  for (const call of [() => p.publish("late"), () => p.publishMany(["late"]), () => p.flush()]) {
+    await assert.rejects(call(), (e: unknown) => {
+      assert.ok(e instanceof ClosedError, String(e));
+      assert.equal(e.message, "the publisher is closed");
+      return true;
+    });
+  }
+  const sub = await Subscriber.connect(topic, { control: server.control });
+  await sub.close();
+  await assert.rejects(sub.poll(10), ClosedError);
+});
+
+test("bad options are refused with a ConfigError", { timeout: 30_000 }, async () => {
+  const topic = topicName("opts");
+  await admin.createTopic(topic, { memoryOnly: true });
+  await assert.rejects(
+    Publisher.connect(topic, { control: server.control, ackLevel: 3 as 0 }),
+    (e: unknown) => e instanceof ConfigError && /ack level 3 does not exist/.test(e.message),
+  );
+  await assert.rejects(
+    Publisher.connect(topic, { control: server.control, sessionKey: new Uint8Array(3) }),
+    (e: unknown) => e instanceof ConfigError && /16 bytes/.test(e.message),
+  );
+  await assert.rejects(Subscriber.connect(topic, { control: server.control, from: -1 }), ConfigError);
+});
+
+test("waiting on the network leaves the event loop free", { timeout: 30_000 }, async () => {
+  const topic = topicName("loop");
+  await admin.createTopic(topic, { memoryOnly: true });
+  const sub = await Subscriber.connect(topic, { control: server.control });
+  // An empty topic: the poll waits its whole timeout, on a worker thread. A timer set
+  // after it starts fires first, which a poll blocking this thread would not allow.
+  const poll = sub.poll(3_000).then(() => "poll");
+  const timer = new Promise((r) => setTimeout(r, 1)).then(() => "timer");
+  assert.equal(await Promise.race([poll, timer]), "timer");
+  assert.equal(await poll, "poll");
+  await sub.close();
+});
+
+test("a server that is gone: every call rejects, none hangs", { timeout: 60_000 }, async () => {
+  const doomed = await Server.serve();
+  const a = new Admin(doomed.control, { timeoutMs: 5_000 });
+  const topic = topicName("gone");
+  await a.createTopic(topic, { memoryOnly: true });
+  const p = await Publisher.connect(topic, { control: doomed.control, flushTimeoutMs: 10_000 });
+  const sub = await Subscriber.connect(topic, { control: doomed.control, maxReconnects: 2 });
+  await p.publish("before");
+  await p.flush();
+  assert.equal((await sub.poll(10_000))?.text(), "before");
+  await doomed.kill();
+
+  await assert.rejects(a.listTopics(), (e: unknown) => {
+    assert.ok(e instanceof ConnectError, String(e));
+    assert.match(e.message, /is `embarcadero serve` running\?/);
+    return true;
+  });
+  await assert.rejects(async () => {
+    // The publisher learns of the loss on its connections: a publish, or at the latest the flush, fails.
+    await p.publish("after");
+    await p.flush();
+  }, EmbarcaderoError);
+  await assert.rejects(sub.poll(10_000), EmbarcaderoError);
+  await assert.rejects(Publisher.connect(topic, { control: doomed.control }), ConnectError);
+  await p.close().catch(() => undefined);
+  await sub.close();
+  await doomed.stop();
+});
+
+test("await using closes the publisher and the subscriber at the end of the scope", { timeout: 30_000 }, async () => {
+  const topic = topicName("using");
+  await admin.createTopic(topic, { memoryOnly: true });
+  let kept: Publisher;
+  let sub: Subscriber;
+  {
+    await using p = await Publisher.connect(topic, { control: server.control });
+    await using s = await Subscriber.connect(topic, { control: server.control });
+    await p.publish("scoped");
+    kept = p;
+    sub = s;
+  }
+  assert.equal(kept.stats().messages, 1, "closed: the final statistics");
+  await assert.rejects(kept.publish("late"), ClosedError);
+  await assert.rejects(sub.poll(10), ClosedError);
+});

@@ -1,0 +1,173 @@
+// Every order level with every ack level it allows, publish and publishMany, read back
+// in full by a subscriber; two subscribers see one order; order-5 sessions keep their
+// FIFO order across brokers; positions, seek and "end".
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { Admin, Message, Order, Publisher, Subscriber } from "../ts/index";
+import { Server, topicName } from "./servers";
+
+let server: Server;
+let admin: Admin;
+
+before(async () => {
+  server = await Server.serve();
+  admin = new Admin(server.control);
+});
+
+after(async () => {
+  await server.stop();
+});
+
+/** Reads exactly `count` messages (failing if fewer come within the test's time). */
+async function read(sub: Subscriber, count: number): Promise<Message[]> {
+  const got: Message[] = [];
+  for await (const m of sub) {
+    got.push(m);
+    if (got.length === count) break;
+  }
+  return got;
+}
+
+/** Publishes "id" payloads 0..count-1: half with publish, half with publishMany. */
+async function publishIds(p: Publisher, from: number, count: number): Promise<void> {
+  const half = Math.floor(count / 2);
+  for (let i = from; i < from + half; i++) await p.publish(`m${i}`);
+  const rest: Buffer[] = [];
+  for (let i = from + half; i < from + count; i++) rest.push(Buffer.from(`m${i}`));
+  await p.publishMany(rest);
+}
+
+const COUNT = 2000;
+
+for (const [order, acks] of [
+  [0, [0, 1]],
+  [1, [0, 1]],
+  [2, [0, 1, 2]],
+  [5, [0, 1, 2]],
+] as [Order, (0 | 1 | 2)[]][]) {
+  for (const ackLevel of acks) {
+    test(`order ${order}, ack ${ackLevel}: every message delivered once, in order`, { timeout: 60_000 }, async () => {
+      const topic = topicName(`o${order}a${ackLevel}`);
+      const info = await admin.createTopic(topic, { order });
+      assert.equal(info.replicationFactor, order >= 2 ? 2 : 1, "the CLI's durable default");
+      const p = await Publisher.connect(topic, { control: server.control, ackLevel, batchBytes: 4096 });
+      await publishIds(p, 0, COUNT);
+      await p.flush();
+      const stats = await p.close();
+      assert.equal(stats.messages, COUNT);
+      assert.equal(stats.clientId, p.clientId);
+      if (ackLevel > 0) assert.equal(stats.ackedBatches, stats.batches);
+
+      const sub = await Subscriber.connect(topic, { control: server.control });
+      assert.equal(sub.order, order);
+      const got = await read(sub, COUNT);
+      await sub.close();
+      const ids = got.map((m) => Number(m.text().slice(1)));
+      assert.equal(new Set(ids).size, COUNT, "each message once");
+      for (const [i, m] of got.entries()) {
+        assert.equal(m.clientId, p.clientId);
+        assert.ok(m.payload.equals(Buffer.from(`m${ids[i]}`)));
+      }
+      if (order >= 2) {
+        assert.deepEqual(got.map((m) => m.globalSeq), [...Array(COUNT).keys()], "positions 0..n-1");
+        assert.ok(got.every((m) => m.brokerSeq === undefined));
+      } else {
+        assert.ok(got.every((m) => m.globalSeq === undefined && m.brokerSeq === m.position));
+      }
+      if (order === 1 || order === 5) {
+        // One publisher: FIFO per broker (order 1), and per session overall (order 5).
+        const byBroker = new Map<number, number[]>();
+        for (const [i, m] of got.entries()) {
+          const key = order === 5 ? 0 : m.brokerId;
+          byBroker.set(key, [...(byBroker.get(key) ?? []), ids[i]!]);
+        }
+        for (const seq of byBroker.values()) {
+          assert.deepEqual(seq, [...seq].sort((a, b) => a - b));
+        }
+      }
+    });
+  }
+}
+
+test("two subscribers see one order", { timeout: 60_000 }, async () => {
+  const topic = topicName("two");
+  await admin.createTopic(topic, { order: 2, memoryOnly: true });
+  const subs = await Promise.all([1, 2].map(() => Subscriber.connect(topic, { control: server.control })));
+  const publishers = await Promise.all(
+    [0, 1, 2].map(() => Publisher.connect(topic, { control: server.control, batchBytes: 2048 })),
+  );
+  const reading = subs.map((s) => read(s, 3 * COUNT));
+  await Promise.all(publishers.map((p, i) => publishIds(p, i * COUNT, COUNT).then(() => p.close())));
+  const [a, b] = await Promise.all(reading);
+  const key = (m: Message) => `${m.position}:${m.text()}`;
+  assert.deepEqual(a!.map(key), b!.map(key));
+  assert.equal(new Set(a!.map((m) => m.text())).size, 3 * COUNT);
+  await Promise.all(subs.map((s) => s.close()));
+});
+
+test("order 5: each session's messages keep their order across brokers", { timeout: 60_000 }, async () => {
+  const topic = topicName("o5fifo");
+  await admin.createTopic(topic, { order: 5 });
+  const sessions = await Promise.all(
+    [0, 1, 2].map(() => Publisher.connect(topic, { control: server.control, batchBytes: 1024, lingerMs: 0 })),
+  );
+  await Promise.all(sessions.map((p, i) => publishIds(p, i * COUNT, COUNT).then(() => p.close())));
+  const sub = await Subscriber.connect(topic, { control: server.control });
+  const got = await read(sub, 3 * COUNT);
+  await sub.close();
+  for (const p of sessions) {
+    const mine = got.filter((m) => m.clientId === p.clientId);
+    assert.equal(mine.length, COUNT);
+    const ids = mine.map((m) => Number(m.text().slice(1)));
+    assert.deepEqual(ids, [...ids].sort((x, y) => x - y), "publish order within the session");
+    assert.ok(new Set(mine.map((m) => m.brokerId)).size > 1, "the session's batches went through several brokers");
+  }
+});
+
+test("position, seek and starting from a position or the end", { timeout: 60_000 }, async () => {
+  const topic = topicName("seek");
+  await admin.createTopic(topic, { order: 2, memoryOnly: true });
+  const p = await Publisher.connect(topic, { control: server.control });
+  await publishIds(p, 0, 100);
+  await p.flush();
+
+  const sub = await Subscriber.connect(topic, { control: server.control, from: 40 });
+  assert.equal(sub.position(), 40);
+  const first = await sub.poll(10_000);
+  assert.equal(first?.position, 40);
+  assert.equal(first?.text(), "m40");
+  assert.equal(sub.position(), 41);
+  await sub.seek(7);
+  assert.equal(sub.position(), 7);
+  assert.equal((await sub.poll(10_000))?.text(), "m7");
+
+  const tail = await Subscriber.connect(topic, { control: server.control, from: "end" });
+  assert.equal(tail.position(), 100);
+  await p.publish("after");
+  await p.flush();
+  const next = await tail.poll(10_000);
+  assert.equal(next?.position, 100);
+  assert.equal(next?.text(), "after");
+  await Promise.all([sub.close(), tail.close(), p.close()]);
+});
+
+test("per-broker positions for orders 0 and 1", { timeout: 60_000 }, async () => {
+  const topic = topicName("perbroker");
+  await admin.createTopic(topic, { order: 1 });
+  const p = await Publisher.connect(topic, { control: server.control, batchBytes: 512 });
+  await publishIds(p, 0, 400);
+  await p.close();
+  const sub = await Subscriber.connect(topic, { control: server.control });
+  const all = await read(sub, 400);
+  const end = sub.position() as readonly number[];
+  assert.ok(Array.isArray(end));
+  const perBroker = new Map<number, number>();
+  for (const m of all) perBroker.set(m.brokerId, (perBroker.get(m.brokerId) ?? 0) + 1);
+  for (const [broker, n] of perBroker) assert.equal(end[broker], n);
+  const tail = await Subscriber.connect(topic, { control: server.control, from: "end" });
+  assert.deepEqual(tail.position(), end);
+  await sub.seek("start");
+  assert.deepEqual(sub.position(), end.map(() => 0));
+  assert.equal((await read(sub, 400)).length, 400, "from the start again");
+  await Promise.all([sub.close(), tail.close()]);
+});

@@ -1,0 +1,142 @@
+// Real `embarcadero` processes for the suite: the binary named by EMBARCADERO_BIN (the
+// cargo-built one; test.sh sets it), on ephemeral ports, with a temporary data directory.
+// Every wait is for a line the process prints or a condition, with a deadline.
+import { ChildProcess, spawn } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+
+const BIN = process.env.EMBARCADERO_BIN ?? "embarcadero";
+
+/** Fast failure detection for cluster tests: dead after 3 x 100 ms. */
+export const FAST_CLUSTER = {
+  EMBARCADERO_CLUSTER_HEARTBEAT_INTERVAL_MS: "100",
+  EMBARCADERO_CLUSTER_SEQUENCER_LEASE_MS: "400",
+};
+
+/** A running `embarcadero` process whose stderr lines can be waited for. */
+export class Proc {
+  readonly child: ChildProcess;
+  readonly #lines: string[] = [];
+  #waiters: (() => void)[] = [];
+  #exited = false;
+
+  constructor(args: string[], env: Record<string, string> = {}) {
+    this.child = spawn(BIN, args, {
+      env: { ...process.env, ...env, NO_COLOR: "1" },
+      stdio: ["ignore", "ignore", "pipe"],
+    });
+    createInterface({ input: this.child.stderr! }).on("line", (line) => {
+      this.#lines.push(line);
+      if (process.env.EMBARCADERO_TEST_ECHO) process.stderr.write(`[${args[0]}] ${line}\n`);
+      this.#wake();
+    });
+    this.child.on("exit", () => {
+      this.#exited = true;
+      this.#wake();
+    });
+  }
+
+  #wake(): void {
+    const w = this.#waiters;
+    this.#waiters = [];
+    for (const f of w) f();
+  }
+
+  /** Waits (at most `ms`) for a stderr line containing `marker`; returns it. */
+  async waitLine(marker: string, ms = 30_000): Promise<string> {
+    const deadline = Date.now() + ms;
+    for (let seen = 0; ; ) {
+      for (; seen < this.#lines.length; seen++) {
+        if (this.#lines[seen]!.includes(marker)) return this.#lines[seen]!;
+      }
+      if (this.#exited) throw new Error(`${BIN} exited before printing ${marker}:\n${this.#lines.join("\n")}`);
+      const left = deadline - Date.now();
+      if (left <= 0) throw new Error(`no line with ${marker} within ${ms} ms:\n${this.#lines.join("\n")}`);
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, left);
+        this.#waiters.push(() => {
+          clearTimeout(t);
+          resolve();
+        });
+      });
+    }
+  }
+
+  /** Sends `signal` and waits for the process to exit. */
+  async end(signal: NodeJS.Signals = "SIGKILL"): Promise<void> {
+    if (this.#exited) return;
+    const exited = new Promise<void>((resolve) => this.child.once("exit", () => resolve()));
+    this.child.kill(signal);
+    await exited;
+  }
+}
+
+/** The control API address in a serving line ("... control API http://ADDR ..."). */
+function controlAddress(line: string): string {
+  const m = /control API http:\/\/(\S+)/.exec(line);
+  if (!m) throw new Error(`no control address in ${line}`);
+  return m[1]!;
+}
+
+/** `embarcadero serve` (or a cluster head) with its data directory; `stop` cleans up. */
+export class Server {
+  constructor(
+    readonly proc: Proc,
+    readonly control: string,
+    readonly dataDir: string,
+  ) {}
+
+  /** Starts `embarcadero serve` on ephemeral ports and waits until it serves. */
+  static async serve(extra: string[] = []): Promise<Server> {
+    return Server.#start(["serve"], extra, {});
+  }
+
+  /** Starts a cluster head (`broker --head`) with `brokers` broker ids, fast failure detection. */
+  static async head(brokers: number): Promise<Server> {
+    return Server.#start(["broker", "--head"], ["--brokers", String(brokers)], FAST_CLUSTER);
+  }
+
+  static async #start(cmd: string[], extra: string[], env: Record<string, string>): Promise<Server> {
+    const dataDir = mkdtempSync(join(tmpdir(), "embarcadero-ts-"));
+    const args = [...cmd, "--base-port", "0", "--control-port", "0", "--data-dir", dataDir, ...extra];
+    const proc = new Proc(args, env);
+    const line = await proc.waitLine("embarcadero is serving");
+    return new Server(proc, controlAddress(line), dataDir);
+  }
+
+  /** A follower broker process for broker `id` of this head. */
+  async follower(id: number): Promise<Proc> {
+    const p = new Proc(["broker", "--follower", "--head-addr", this.control, "--broker-id", String(id)]);
+    await p.waitLine("is serving at");
+    return p;
+  }
+
+  /** SIGKILL, as a crash would; the data directory stays until `cleanup`. */
+  async kill(): Promise<void> {
+    await this.proc.end("SIGKILL");
+  }
+
+  /** Stops the server and removes its data. */
+  async stop(): Promise<void> {
+    await this.proc.end("SIGKILL");
+    rmSync(this.dataDir, { recursive: true, force: true });
+  }
+}
+
+/** Polls `cond` until it holds, failing after `ms`. */
+export async function waitFor(what: string, cond: () => boolean | Promise<boolean>, ms = 30_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/** A unique topic name for one test. */
+let topics = 0;
+export function topicName(prefix: string): string {
+  topics += 1;
+  return `${prefix}-${process.pid}-${topics}`;
+}

@@ -1,0 +1,23 @@
+// The `embarcadero` package: a Node.js client for Embarcadero, a thin binding of the
+// Rust client (crates/client). See README.md for a quickstart and the design notes.
+export { Admin, defaultControl, replicationFactor } from "./admin";
+export type { BrokerAddr, ClusterInfo, CreateTopicOptions, Order, TopicInfo } from "./admin";
+export { Publisher } from "./publisher";
+export type { LatencySummary, Payload, PublisherOptions, PublisherStats, QueueStats } from "./publisher";
+export { Message, Subscriber } from "./subscriber";
+export type { From, Position, SubscriberOptions } from "./subscriber";
+export {
+  AdminError,
+  BrokerError,
+  ClosedError,
+  ConfigError,
+  ConnectError,
+  ConnectionLostError,
+  EmbarcaderoError,
+  InvalidNameError,
+  MessageTooLargeError,
+  NoLiveBrokerError,
+  ProtocolError,
+  TimeoutError,
+} from "./errors";
+export type { ErrorKind } from "./errors";

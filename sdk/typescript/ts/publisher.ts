@@ -1,0 +1,266 @@
+// The publisher: a Rust `Publisher` behind a staging area (see src/publisher.rs).
+// `publish` and `publishMany` copy the payloads into native memory on the calling
+// thread and resolve at once while there is room; when the staging area is above its
+// high-water mark they resolve once it has drained below it, so `await publish(...)` in
+// a loop is paced by the network without ever blocking the event loop.
+import { native, Native } from "./native";
+import { ClosedError, settle, sync, translate } from "./errors";
+import { defaultControl } from "./admin";
+
+/** Every option of the Rust client's `PublisherConfig`, in milliseconds where it is a duration. */
+export interface PublisherOptions {
+  /** The control plane's address (default: `EMBARCADERO_CONTROL`, else `127.0.0.1:12140`). */
+  control?: string;
+  /** Publish to these broker data addresses directly, without the control plane (no failover). */
+  brokers?: string[];
+  /** 0: fire and forget; 1: ordered and visible (default); 2: durable (needs a replicated topic). */
+  ackLevel?: 0 | 1 | 2;
+  /** A batch is sealed once it holds this many bytes of messages (default 512 KiB). */
+  batchBytes?: number;
+  /** A non-empty batch is sealed this long after its first message (default 1 ms; 0: as soon as a sender is free). */
+  lingerMs?: number;
+  /** When the sender that should seal a lingering batch is busy, a backstop seals it this much later (default 5 ms). */
+  lingerBackstopMs?: number;
+  /** Connections (and queues) per broker (default 1). */
+  threadsPerBroker?: number;
+  /** Sealed batches each queue holds before the producer deflects to the next (default 4). */
+  queueDepth?: number;
+  /** Batches a connection may have unacknowledged before its sender waits (default 16). */
+  maxInflightBatches?: number;
+  /** This publisher's client id (default: a random one). Order 5: the session's id. */
+  clientId?: bigint;
+  /**
+   * Order 5: the session's 16-byte secret key (default: 16 random bytes). A program that
+   * resumes a session under the same `clientId` must pass the key it used before.
+   */
+  sessionKey?: Uint8Array;
+  /** Order 5: the session epoch to open, 1 or more (default: 1 for order-5 topics, else none). */
+  sessionEpoch?: bigint;
+  /** Longest `flush` wait (default 60 s). */
+  flushTimeoutMs?: number;
+  /** Try the next queue when the round-robin one is full (default true). */
+  deflect?: boolean;
+  /** Fault injection for experiments: queue `index` sleeps `ms` before each batch it sends. */
+  slowQueue?: { index: number; ms: number };
+  /** Orders 2 and 5: move a failed broker's unacknowledged batches to live ones (default true). */
+  failover?: boolean;
+  /** How often to re-read the live brokers and connect to new ones (default 1000 ms; 0: never). */
+  membershipRefreshMs?: number;
+  /** At most this many brokers are added after connecting (default 64). */
+  maxJoinedBrokers?: number;
+}
+
+/** Summary of a latency histogram, in microseconds. */
+export interface LatencySummary {
+  /** Samples. */
+  count: number;
+  /** Median. */
+  p50: number;
+  /** 90th percentile. */
+  p90: number;
+  /** 99th percentile. */
+  p99: number;
+  /** 99.9th percentile. */
+  p999: number;
+  /** Largest sample. */
+  max: number;
+}
+
+/** Counters of one connection's queue. */
+export interface QueueStats {
+  /** The broker's data address. */
+  broker: string;
+  /** Which of the broker's connections (0 to threadsPerBroker - 1). */
+  connection: number;
+  /** Batches sent on it. */
+  batches: number;
+  /** Batches acknowledged on it. */
+  ackedBatches: number;
+  /** Batches round-robin chose for this queue that went elsewhere because it was full. */
+  deflected: number;
+  /** Times the producer waited because every queue was full when this one was due. */
+  producerWaits: number;
+  /** Batches the broker refused with BACKPRESSURE and that were sent again. */
+  backpressureRetries: number;
+  /** Batches this queue's sender sealed when their linger ran out. */
+  lingered: number;
+}
+
+/** A publisher's counters. */
+export interface PublisherStats {
+  /** The publisher's client id. */
+  clientId: bigint;
+  /** Messages published. */
+  messages: number;
+  /** Payload bytes published. */
+  bytes: number;
+  /** Batches sealed. */
+  batches: number;
+  /** Batches acknowledged. */
+  ackedBatches: number;
+  /** Seal-to-acknowledgement latency of batches. */
+  ackLatencyUs: LatencySummary;
+  /** Publish-to-acknowledgement latency. */
+  appendToAckUs: LatencySummary;
+  /** Per connection. */
+  queues: QueueStats[];
+}
+
+type Json = Record<string, unknown>;
+
+function latency(v: Json): LatencySummary {
+  return {
+    count: Number(v.count),
+    p50: Number(v.p50),
+    p90: Number(v.p90),
+    p99: Number(v.p99),
+    p999: Number(v.p999),
+    max: Number(v.max),
+  };
+}
+
+function stats(v: Json): PublisherStats {
+  return {
+    clientId: BigInt(v.client_id as string),
+    messages: Number(v.messages),
+    bytes: Number(v.bytes),
+    batches: Number(v.batches),
+    ackedBatches: Number(v.acked_batches),
+    ackLatencyUs: latency(v.ack_latency_us as Json),
+    appendToAckUs: latency(v.append_to_ack_us as Json),
+    queues: (v.queues as Json[]).map((q) => ({
+      broker: q.broker as string,
+      connection: Number(q.connection),
+      batches: Number(q.batches),
+      ackedBatches: Number(q.acked_batches),
+      deflected: Number(q.deflected),
+      producerWaits: Number(q.producer_waits),
+      backpressureRetries: Number(q.backpressure_retries),
+      lingered: Number(q.lingered),
+    })),
+  };
+}
+
+/** A message payload: bytes, or a string published as UTF-8. */
+export type Payload = Uint8Array | string;
+
+/** The payload as a Buffer: strings encoded, other byte arrays viewed in place (no copy). */
+function bytes(p: Payload): Buffer {
+  if (typeof p === "string") return Buffer.from(p, "utf8");
+  return Buffer.isBuffer(p) ? p : Buffer.from(p.buffer, p.byteOffset, p.byteLength);
+}
+
+const DONE: Promise<void> = Promise.resolve();
+
+/**
+ * Publishes to one topic through every broker of a cluster. Create it with {@link Publisher.connect};
+ * end it with {@link Publisher.close} (or `await using`).
+ *
+ * Messages are published in the order of the calls. `publish` resolves once the message is
+ * accepted (copied into the publisher); `flush` waits until everything so far is acknowledged
+ * at the publisher's ack level. Errors of the network side (a lost broker with no failover
+ * left, say) are reported by the next call.
+ */
+export class Publisher implements AsyncDisposable {
+  readonly #native: Native.NativePublisher;
+  #closing: Promise<PublisherStats> | undefined;
+
+  private constructor(n: Native.NativePublisher) {
+    this.#native = n;
+  }
+
+  /**
+   * Connects to the brokers of `topic` (found through the control plane unless `options.brokers` names them).
+   * @throws {@link BrokerError} (`UnknownTopic`) for a topic that does not exist; {@link ConnectError} when nothing answers.
+   */
+  static async connect(topic: string, options: PublisherOptions = {}): Promise<Publisher> {
+    const config: Native.NativePublisherConfig = {
+      ackLevel: options.ackLevel,
+      batchBytes: options.batchBytes,
+      lingerMs: options.lingerMs,
+      lingerBackstopMs: options.lingerBackstopMs,
+      threadsPerBroker: options.threadsPerBroker,
+      queueDepth: options.queueDepth,
+      maxInflightBatches: options.maxInflightBatches,
+      clientId: options.clientId,
+      sessionKey: options.sessionKey === undefined ? undefined : Buffer.from(options.sessionKey),
+      flushTimeoutMs: options.flushTimeoutMs,
+      sessionEpoch: options.sessionEpoch,
+      deflect: options.deflect,
+      slowQueueIndex: options.slowQueue?.index,
+      slowQueueMs: options.slowQueue?.ms,
+      failover: options.failover,
+      membershipRefreshMs: options.membershipRefreshMs,
+      maxJoinedBrokers: options.maxJoinedBrokers,
+      brokers: options.brokers,
+    };
+    const control = options.control ?? defaultControl();
+    return new Publisher(await settle(() => native.connectPublisher(control, topic, config)));
+  }
+
+  /** This publisher's client id (order 5: its session's id). */
+  get clientId(): bigint {
+    return this.#native.clientId;
+  }
+
+  /** The largest payload the brokers accept, in bytes. */
+  get maxMessageBytes(): number {
+    return this.#native.maxMessageBytes;
+  }
+
+  /**
+   * Publishes one message. Resolves once it is accepted (at once, unless the publisher is
+   * behind, when it resolves as it catches up); see {@link Publisher.flush} for acknowledgement.
+   * @throws {@link MessageTooLargeError}, {@link ClosedError}, or the error that failed an earlier publish.
+   */
+  publish(payload: Payload): Promise<void> {
+    try {
+      return this.#native.stage(bytes(payload)) ? this.#waitRoom() : DONE;
+    } catch (e) {
+      return Promise.reject(translate(e));
+    }
+  }
+
+  /**
+   * Publishes many messages, in order, with one crossing into native code: the fastest way
+   * to publish. All or none are accepted (a too-large one refuses the whole call).
+   */
+  publishMany(payloads: readonly Payload[]): Promise<void> {
+    try {
+      const all = payloads.map(bytes);
+      return this.#native.stageMany(all) ? this.#waitRoom() : DONE;
+    } catch (e) {
+      return Promise.reject(translate(e));
+    }
+  }
+
+  #waitRoom(): Promise<void> {
+    return settle(() => this.#native.waitRoom());
+  }
+
+  /** Waits until everything published so far is acknowledged at the ack level (ack 0: written to the sockets). */
+  flush(): Promise<void> {
+    return settle(() => this.#native.flush());
+  }
+
+  /** Counters and latencies so far (after `close`: the final ones). */
+  stats(): PublisherStats {
+    const v = sync(() => this.#native.stats()) as Json | null;
+    if (v === null) throw new ClosedError("the publisher is closing");
+    return stats(v);
+  }
+
+  /**
+   * Publishes what is pending, waits for its acknowledgements, disconnects and returns the
+   * final statistics. Calling it again returns the same result.
+   */
+  close(): Promise<PublisherStats> {
+    this.#closing ??= settle(() => this.#native.close()).then((v) => stats(v as Json));
+    return this.#closing;
+  }
+
+  /** `await using p = await Publisher.connect(...)` closes it at the end of the scope. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+}

@@ -1,0 +1,287 @@
+// The subscriber: reads a topic in order (the Rust `Subscriber`), one batch of messages
+// per crossing into native code. A batch's payloads sit back to back in one Buffer and
+// each `Message` is a view over it (no copy per message); its fields are read lazily
+// from two typed arrays (see src/subscriber.rs for the layout).
+import { native, Native } from "./native";
+import { ClosedError, ConfigError, settle } from "./errors";
+import { defaultControl, Order } from "./admin";
+
+/** A position: one global position (orders 2 and 5), or one per broker (orders 0 and 1). */
+export type Position = number | readonly number[];
+
+/** Where a subscriber starts or seeks to: a position, `"start"`, or `"end"` (only what is published from then on). */
+export type From = Position | bigint | readonly bigint[] | "start" | "end";
+
+/** Options of {@link Subscriber.connect}. */
+export interface SubscriberOptions {
+  /** The control plane's address (default: `EMBARCADERO_CONTROL`, else `127.0.0.1:12140`). */
+  control?: string;
+  /** Read from these broker data addresses directly, without the control plane. */
+  brokers?: string[];
+  /** Where to start (default `"start"`). */
+  from?: From;
+  /** The subscriber's client id (default: a random one). */
+  clientId?: bigint;
+  /** Reconnections in a row after a lost connection before a poll fails (default 10). */
+  maxReconnects?: number;
+}
+
+const NUMS = 7; // per message: position, batch seq, broker id, index, offset, length, counter
+const BIGS = 2; // per message: client id, publish time
+
+/** One delivered message. Its `payload` is a view into the buffer of the batch it came in. */
+export class Message {
+  readonly #batch: Native.NativeBatch;
+  readonly #i: number;
+  readonly #order: Order;
+
+  /** @internal */
+  constructor(batch: Native.NativeBatch, index: number, order: Order) {
+    this.#batch = batch;
+    this.#i = index;
+    this.#order = order;
+  }
+
+  #num(k: number): number {
+    return this.#batch.nums[this.#i * NUMS + k]!;
+  }
+
+  /** Global position (orders 2 and 5) or position in its broker's log (orders 0 and 1). */
+  get position(): number {
+    return this.#num(0);
+  }
+
+  /** Orders 2 and 5: the global position (the message's sequence number in the total order). */
+  get globalSeq(): number | undefined {
+    return this.#order >= 2 ? this.#num(0) : undefined;
+  }
+
+  /** Orders 0 and 1: the position within its broker's log. */
+  get brokerSeq(): number | undefined {
+    return this.#order < 2 ? this.#num(0) : undefined;
+  }
+
+  /** The broker whose log the message was written to. */
+  get brokerId(): number {
+    return this.#num(2);
+  }
+
+  /** The publisher's client id (order 5: its session). */
+  get clientId(): bigint {
+    return this.#batch.bigs[this.#i * BIGS]!;
+  }
+
+  /** The sequence number of its batch among the publisher's batches to that broker. */
+  get batchSeq(): number {
+    return this.#num(1);
+  }
+
+  /** Its index within its batch. */
+  get indexInBatch(): number {
+    return this.#num(3);
+  }
+
+  /** The publisher's per-client message counter. */
+  get counter(): number {
+    return this.#num(6);
+  }
+
+  /** When its batch was opened by the publisher, in nanoseconds since the Unix epoch. */
+  get publishTsNs(): bigint {
+    return this.#batch.bigs[this.#i * BIGS + 1]!;
+  }
+
+  /** The payload: a view into the batch's buffer (copy it to keep it apart from the batch). */
+  get payload(): Buffer {
+    const offset = this.#num(4);
+    return this.#batch.data.subarray(offset, offset + this.#num(5));
+  }
+
+  /** The payload decoded as UTF-8. */
+  text(): string {
+    const offset = this.#num(4);
+    return this.#batch.data.toString("utf8", offset, offset + this.#num(5));
+  }
+}
+
+function cursorOf(from: From | undefined): Native.NativeCursor | undefined {
+  if (from === undefined || from === "start") return undefined;
+  if (from === "end") return { end: true };
+  const n = (p: number | bigint): number => {
+    if (typeof p === "bigint" && p > BigInt(Number.MAX_SAFE_INTEGER)) {
+      throw new ConfigError(`position ${p} is beyond any topic's end`);
+    }
+    return Number(p);
+  };
+  if (typeof from === "number" || typeof from === "bigint") return { global: n(from) };
+  if (Array.isArray(from)) return { perBroker: (from as readonly (number | bigint)[]).map(n) };
+  throw new ConfigError(`from ${String(from)}: give a position, one per broker, "start" or "end"`);
+}
+
+function positionOf(c: Native.NativeCursor): Position {
+  return c.perBroker ?? c.global ?? 0;
+}
+
+/** Slices of a long poll: a closing subscriber waits at most this long for a poll under way. */
+const SLICE_MS = 250;
+
+/**
+ * Reads a topic in order. Iterate it with `for await (const m of sub)`, or call
+ * {@link Subscriber.poll}; start from any position or the end, and {@link Subscriber.seek}.
+ */
+export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
+  readonly #native: Native.NativeSubscriber;
+  readonly #control: string;
+  readonly #topic: string;
+  readonly #order: Order;
+  /** Messages delivered by native code and not yet handed out. */
+  #batch: Native.NativeBatch | undefined;
+  #index = 0;
+  /** The position after `#batch` (or the subscriber's position when there is none). */
+  #next: Position;
+  /** Calls run one at a time, in the order they were made. */
+  #tail: Promise<unknown> = Promise.resolve();
+  #closed = false;
+
+  private constructor(n: Native.NativeSubscriber, control: string, topic: string) {
+    this.#native = n;
+    this.#control = control;
+    this.#topic = topic;
+    this.#order = n.order as Order;
+    this.#next = positionOf(n.start);
+  }
+
+  /**
+   * Connects to `topic` and places the subscriber at `options.from`.
+   * @throws {@link BrokerError} (`UnknownTopic`) for a topic that does not exist.
+   */
+  static async connect(topic: string, options: SubscriberOptions = {}): Promise<Subscriber> {
+    const control = options.control ?? defaultControl();
+    const config: Native.NativeSubscriberConfig = {
+      start: cursorOf(options.from),
+      clientId: options.clientId,
+      maxReconnects: options.maxReconnects,
+      brokers: options.brokers,
+    };
+    const n = await settle(() => native.connectSubscriber(control, topic, config));
+    return new Subscriber(n, control, topic);
+  }
+
+  /** The topic's order level. */
+  get order(): Order {
+    return this.#order;
+  }
+
+  /** The position of the next message this subscriber will deliver. */
+  position(): Position {
+    const b = this.#batch;
+    if (b === undefined || this.#index >= b.count) return this.#next;
+    if (typeof this.#next === "number") return b.nums[this.#index * NUMS]!;
+    // Per broker: the first message still held of each broker, else the position after the batch.
+    const at = [...this.#next];
+    const seen = new Set<number>();
+    for (let i = this.#index; i < b.count; i++) {
+      const broker = b.nums[i * NUMS + 2]!;
+      if (!seen.has(broker)) {
+        seen.add(broker);
+        at[broker] = b.nums[i * NUMS]!;
+      }
+    }
+    return at;
+  }
+
+  #serial<T>(f: () => Promise<T>): Promise<T> {
+    const run = this.#tail.then(f, f);
+    this.#tail = run.catch(() => undefined);
+    return run;
+  }
+
+  /** Fetches the next batch from native code, waiting at most `timeoutMs`; false if none came. */
+  async #fill(timeoutMs: number): Promise<boolean> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      if (this.#closed) throw new ClosedError("the subscriber is closed");
+      const wait = Math.max(0, Math.min(SLICE_MS, deadline - Date.now()));
+      const batch = await settle(() => this.#native.pollBatch(wait));
+      if (batch) {
+        this.#batch = batch;
+        this.#index = 0;
+        this.#next = positionOf(batch.next);
+        return true;
+      }
+      if (Date.now() >= deadline) return false;
+    }
+  }
+
+  #take(): Message | null {
+    const b = this.#batch;
+    if (b === undefined || this.#index >= b.count) return null;
+    return new Message(b, this.#index++, this.#order);
+  }
+
+  /** The next message, waiting at most `timeoutMs` (default 1000); `null` if none came. */
+  poll(timeoutMs = 1000): Promise<Message | null> {
+    return this.#serial(async () => this.#take() ?? ((await this.#fill(timeoutMs)) ? this.#take() : null));
+  }
+
+  /**
+   * Every message already received, or else those of the next delivery, waiting at most
+   * `timeoutMs` (default 1000); empty if none came. Fewer awaits than `poll` per message.
+   */
+  pollMany(timeoutMs = 1000): Promise<Message[]> {
+    return this.#serial(async () => {
+      const b = this.#batch;
+      if (b === undefined || this.#index >= b.count) {
+        if (!(await this.#fill(timeoutMs))) return [];
+      }
+      const out: Message[] = [];
+      for (let m = this.#take(); m !== null; m = this.#take()) out.push(m);
+      return out;
+    });
+  }
+
+  /** Continues from `from` (a position, `"start"` or `"end"`), discarding anything received and not yet handed out. */
+  seek(from: From): Promise<void> {
+    const now = this.#next;
+    const cursor = cursorOf(from) ?? (typeof now === "number" ? { global: 0 } : { perBroker: now.map(() => 0) });
+    return this.#serial(async () => {
+      if (this.#closed) throw new ClosedError("the subscriber is closed");
+      const at = await settle(() => this.#native.seek(this.#control, this.#topic, cursor));
+      this.#batch = undefined;
+      this.#index = 0;
+      this.#next = positionOf(at);
+    });
+  }
+
+  /** Disconnects. Iterations end; later calls reject with {@link ClosedError}. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    await settle(() => this.#native.close());
+  }
+
+  /** `await using sub = await Subscriber.connect(...)` closes it at the end of the scope. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+
+  /**
+   * Messages in order, waiting for more as they come; ends when the subscriber is closed.
+   * Messages already received are handed out without a round trip into native code.
+   */
+  async *[Symbol.asyncIterator](): AsyncGenerator<Message, void, undefined> {
+    for (;;) {
+      const m = this.#take();
+      if (m !== null) {
+        yield m;
+        continue;
+      }
+      if (this.#closed) return;
+      try {
+        await this.#serial(() => this.#fill(SLICE_MS * 4));
+      } catch (e) {
+        if (this.#closed && e instanceof ClosedError) return;
+        throw e;
+      }
+    }
+  }
+}
