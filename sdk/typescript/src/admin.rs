@@ -60,11 +60,11 @@ impl NativeAdmin {
         blocking(move || admin.describe_topic(&name).map(json)).await
     }
 
-    // DELETE TOPIC: `Admin::delete_topic(name) -> Result<TopicInfo>` (the topic as it was
-    // just before) is on main but not yet on this branch. After merging main, bind it
-    // exactly like `describe_topic`:
-    //     #[napi] pub async fn delete_topic(&self, name: String) -> napi::Result<Value>
-    // and un-comment `Admin.deleteTopic` in ts/admin.ts.
+    #[napi]
+    pub async fn delete_topic(&self, name: String) -> napi::Result<Value> {
+        let admin = self.admin.clone();
+        blocking(move || admin.delete_topic(&name).map(json)).await
+    }
 
     #[napi]
     pub async fn cluster(&self) -> napi::Result<Value> {

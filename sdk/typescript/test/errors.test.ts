@@ -49,6 +49,26 @@ test("admin: create, list, describe, cluster, status, with the CLI's defaults", 
   await assert.rejects(admin.createTopic(topicName("x"), { rf: 2, memoryOnly: true }), ConfigError);
 });
 
+test("deleteTopic tells a connected subscriber and frees the name", { timeout: 30_000 }, async () => {
+  const topic = topicName("deleted");
+  await admin.createTopic(topic);
+  const p = await Publisher.connect(topic, { control: server.control });
+  await p.publish("old");
+  await p.close();
+  const sub = await Subscriber.connect(topic, { control: server.control });
+  assert.equal((await sub.poll(10_000))?.payload.toString(), "old");
+  assert.equal((await admin.deleteTopic(topic)).name, topic);
+  await assert.rejects(sub.poll(10_000), (e: unknown) => {
+    assert.ok(e instanceof BrokerError && e.codeName === "TopicDeleted", String(e));
+    return true;
+  });
+  await assert.rejects(admin.describeTopic(topic), (e: unknown) => {
+    assert.ok(e instanceof AdminError && e.status === 404, String(e));
+    return true;
+  });
+  assert.equal((await admin.createTopic(topic)).nextPosition, 0);
+});
+
 test("an existing topic, an unknown topic and a bad name", { timeout: 30_000 }, async () => {
   const topic = topicName("dup");
   await admin.createTopic(topic);

@@ -156,12 +156,15 @@ export class Admin {
     return topicInfo((await settle(() => this.#native.describeTopic(name))) as Json);
   }
 
-  // DELETE TOPIC: the Rust `Admin::delete_topic` is on main but not yet on this branch.
-  // Once src/admin.rs binds it (see the note there), add:
-  //   /** Deletes a topic (its data, memory and replicas); resolves the topic as it was just before. */
-  //   async deleteTopic(name: string): Promise<TopicInfo> {
-  //     return topicInfo((await settle(() => this.#native.deleteTopic(name))) as Json);
-  //   }
+  /**
+   * Deletes a topic: its connected publishers and subscribers get a `BrokerError`
+   * with `codeName` `"TopicDeleted"`, its memory and disk logs are freed, and the name can
+   * be created again at once (as a new topic, positions from 0).
+   * Resolves the topic as it was just before. @throws {@link AdminError} (404) for an unknown topic.
+   */
+  async deleteTopic(name: string): Promise<TopicInfo> {
+    return topicInfo((await settle(() => this.#native.deleteTopic(name))) as Json);
+  }
 
   /** The live brokers and the size limits. */
   async cluster(): Promise<ClusterInfo> {
