@@ -19,7 +19,7 @@ pub mod follower;
 #[doc(hidden)]
 pub mod fuzzing;
 mod http;
-mod http_server;
+pub mod http_server;
 pub mod positions;
 mod room;
 pub mod sequencer_process;

@@ -229,7 +229,10 @@ impl State {
 
     fn step_event(&mut self, event: &Event, position: u64, ts: u64) -> Result<(), Rejected> {
         let at = step_ref(event);
-        let task = open_task(&mut self.tasks, &at.task)?;
+        let task = self
+            .tasks
+            .get_mut(&at.task)
+            .ok_or_else(|| Rejected::UnknownTask(at.task.clone()))?;
         let index = task
             .template
             .step_index(&at.step)
@@ -237,25 +240,47 @@ impl State {
                 task: at.task.clone(),
                 step: at.step.clone(),
             })?;
-        let ready = task.deps[index]
-            .iter()
-            .all(|&d| task.steps[d].state == StepState::Complete);
-        let timeout_s = task.template.steps[index].timeout_seconds;
-        let step = &mut task.steps[index];
-        let how = crate::step_events::At {
-            ready,
-            timeout_s,
-            position,
-            ts,
+        let outcome = if task.state.is_terminal() {
+            Err(Rejected::TaskClosed {
+                task: at.task.clone(),
+                state: task.state,
+            })
+        } else {
+            apply_to_step(task, index, event, position, ts)
         };
-        let outcome = crate::step_events::apply(step, event, how);
         if let Err(e) = &outcome {
-            step.refused.push(format!("position {position}: {e}"));
-            return outcome;
+            let note = format!(
+                "position {position}: {} of attempt {}: {e}",
+                event.kind(),
+                at.attempt
+            );
+            task.steps[index].refused.push(note);
         }
-        crate::settle::settle(task, position, ts);
-        Ok(())
+        outcome
     }
+}
+
+/// A step event on an open task; the task settles if it applied.
+fn apply_to_step(
+    task: &mut Task,
+    index: usize,
+    event: &Event,
+    position: u64,
+    ts: u64,
+) -> Result<(), Rejected> {
+    let ready = task.deps[index]
+        .iter()
+        .all(|&d| task.steps[d].state == StepState::Complete);
+    let timeout_s = task.template.steps[index].timeout_seconds;
+    let how = crate::step_events::At {
+        ready,
+        timeout_s,
+        position,
+        ts,
+    };
+    crate::step_events::apply(&mut task.steps[index], event, how)?;
+    crate::settle::settle(task, position, ts);
+    Ok(())
 }
 
 struct NewTask<'a> {

@@ -288,7 +288,9 @@ fn the_first_claim_wins_and_a_late_result_of_a_superseded_attempt_is_refused() {
         a.refused
     );
     assert!(
-        a.refused.iter().any(|r| r.contains("result for attempt 1")),
+        a.refused
+            .iter()
+            .any(|r| r.contains("step_result of attempt 1")),
         "{:?}",
         a.refused
     );
