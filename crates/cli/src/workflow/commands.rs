@@ -41,6 +41,24 @@ pub enum TaskCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Measure latency: create COUNT tasks one after another, each awaited by long poll,
+    /// and print POST-to-complete percentiles (docs/PERFORMANCE.md).
+    Bench {
+        #[arg(long)]
+        namespace: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long, default_value = "1.0.0")]
+        version: String,
+        #[arg(long, default_value = "{}")]
+        context: String,
+        #[arg(long, default_value_t = 200, value_parser = crate::at_least_one)]
+        count: usize,
+        #[command(flatten)]
+        api: ApiArg,
+        #[arg(long)]
+        json: bool,
+    },
     /// Wait for a task to finish; exits non-zero unless it completed.
     Wait {
         uuid: String,
@@ -120,6 +138,20 @@ pub fn task(cmd: TaskCommand) -> CliResult {
             );
             Ok(())
         }
+        TaskCommand::Bench {
+            namespace,
+            name,
+            version,
+            context,
+            count,
+            api,
+            json,
+        } => {
+            let context: Value = serde_json::from_str(&context)
+                .map_err(|e| format!("--context is not JSON: {e}"))?;
+            let template = [namespace.as_str(), &name, &version];
+            bench(&ApiClient::new(&api.api), template, &context, count, json)
+        }
         TaskCommand::Wait {
             uuid,
             timeout,
@@ -180,6 +212,39 @@ pub fn template(cmd: TemplateCommand) -> CliResult {
             Ok(())
         }
     }
+}
+
+/// Sequential tasks, each from `POST` to the long poll's answer that it completed.
+fn bench(
+    client: &ApiClient,
+    [ns, name, version]: [&str; 3],
+    context: &Value,
+    count: usize,
+    json: bool,
+) -> CliResult {
+    let mut micros = Vec::with_capacity(count);
+    for _ in 0..count {
+        let start = std::time::Instant::now();
+        let t = client
+            .create_task(ns, name, version, context.clone(), None)
+            .map_err(api_error)?;
+        let uuid = text(&t["task_uuid"]);
+        let t = if t["status"] == "complete" {
+            t
+        } else {
+            client.get_task(&uuid, 60).map_err(api_error)?
+        };
+        finished_ok(&t, true)?;
+        micros.push(start.elapsed().as_micros() as u64);
+    }
+    micros.sort_unstable();
+    let pct = |p: f64| micros[((micros.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0;
+    let (p50, p95, p99) = (pct(0.50), pct(0.95), pct(0.99));
+    match json {
+        true => say!("{}", serde_json::json!({"tasks": count, "p50_ms": p50, "p95_ms": p95, "p99_ms": p99})),
+        false => say!("{count} tasks of {ns}/{name}@{version}: POST to complete p50 {p50:.2} ms  p95 {p95:.2} ms  p99 {p99:.2} ms"),
+    }
+    Ok(())
 }
 
 fn read(file: &PathBuf) -> Result<String, String> {
