@@ -9,6 +9,7 @@ use crate::decide::{decide, Clock};
 use crate::event::{Event, StepRef};
 use crate::ids::now_ms;
 use crate::log::{ensure_topic, Folded, Folder, LogConfig, Shared, Writer};
+use crate::machine::StepState;
 use embarcadero_client::Error;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -121,11 +122,32 @@ impl Runtime {
                     continue;
                 }
                 tracing::info!("replayed {} events of the log", self.replay_end);
+                self.start_leases(now);
                 self.engine.caught_up.store(true, Ordering::SeqCst);
             }
             wait = self.decide_and_publish(now)?;
         }
         Ok(())
+    }
+
+    /// After the replay: every attempt in progress gets a lease from now (its worker,
+    /// if alive, heartbeats; if not, the attempt is taken back a lease later).
+    fn start_leases(&mut self, now: u64) {
+        let state = self.engine.shared.lock();
+        for task in state.tasks.values().filter(|t| !t.state.is_terminal()) {
+            for s in task
+                .steps
+                .iter()
+                .filter(|s| s.state == StepState::InProgress)
+            {
+                let at = StepRef {
+                    task: task.uuid.clone(),
+                    step: s.name.clone(),
+                    attempt: s.attempt,
+                };
+                self.claimed_at.entry(at).or_insert(now);
+            }
+        }
     }
 
     /// Notes what the lease checks need and which of its own decisions came back.
