@@ -351,11 +351,11 @@ fn a_paused_worker_loses_its_claim_and_its_late_result_is_refused() {
     let t = api.get_task(&uuid, 30).unwrap();
     assert_eq!(t["status"], "complete", "{t:#}");
     let nap = step(&t, "nap");
-    assert_eq!(
-        (&nap["attempts"], &nap["lease_losses"], &nap["worker"]),
-        (&json!(2), &json!(1), &json!(second_id))
-    );
-    assert_eq!(nap["result"]["attempt"], 2);
+    // The first worker's attempt was taken back (a very slow machine may also take one
+    // of the second worker's back; it then runs the next attempt itself).
+    assert_eq!(nap["worker"], json!(second_id), "{nap:#}");
+    assert!(nap["lease_losses"].as_u64().unwrap() >= 1, "{nap:#}");
+    assert_eq!(nap["result"]["attempt"], nap["attempts"], "{nap:#}");
     first.signal("CONT");
     let late = |t: &Value| {
         step(t, "nap")["refused_events"]
@@ -371,11 +371,7 @@ fn a_paused_worker_loses_its_claim_and_its_late_result_is_refused() {
             .any(|r| r.as_str().unwrap().contains("step_result of attempt 1")),
         "{nap:#}"
     );
-    assert_eq!(
-        (entered(nap, "complete"), &nap["result"]["attempt"]),
-        (1, &json!(2)),
-        "accepted once: {nap:#}"
-    );
+    assert_eq!(entered(nap, "complete"), 1, "accepted once: {nap:#}");
     first.kill();
 }
 
