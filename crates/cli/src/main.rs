@@ -25,6 +25,7 @@ mod cluster;
 mod publish;
 mod show;
 mod subscribe;
+mod workflow;
 
 use clap::{Parser, Subcommand};
 use embarcadero_client::{Admin, TopicSpec};
@@ -78,6 +79,16 @@ enum Command {
     Broker(cluster::BrokerArgs),
     /// Cluster mode: run the sequencer in its own process (active, or --standby).
     Sequencer(cluster::SequencerArgs),
+    /// Workflow engine: run the orchestrator and its API (docs/WORKFLOW.md).
+    Orchestrator(workflow::OrchestratorArgs),
+    /// Workflow engine: run a worker with the built-in Rust step handlers.
+    Worker(workflow::WorkerArgs),
+    /// Workflow tasks: create, get, wait.
+    #[command(subcommand)]
+    Task(workflow::TaskCommand),
+    /// Workflow templates: register, list, validate.
+    #[command(subcommand)]
+    Template(workflow::TemplateCommand),
 }
 
 #[derive(clap::Args)]
@@ -200,6 +211,10 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Broker(args) => cluster::broker(args),
         Command::Sequencer(args) => cluster::sequencer(args),
+        Command::Orchestrator(args) => workflow::orchestrator(args),
+        Command::Worker(args) => workflow::worker(args),
+        Command::Task(cmd) => workflow::task(cmd),
+        Command::Template(cmd) => workflow::template(cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -314,6 +329,7 @@ const NON_SERVER_ENV: &[&str] = &[
     "EMBARCADERO_BIN",
     "EMBARCADERO_LINGER_US",
     "EMBARCADERO_EPOCH_US",
+    "EMBARCADERO_WORKFLOW_API",
 ];
 
 /// A misspelt variable would otherwise be ignored without a word.

@@ -20,7 +20,7 @@ pub mod follower;
 pub mod fuzzing;
 pub mod health;
 mod http;
-mod http_server;
+pub mod http_server;
 mod metrics;
 pub mod positions;
 mod rates;

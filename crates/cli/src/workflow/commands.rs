@@ -1,0 +1,298 @@
+//! `embarcadero task ...` and `embarcadero template ...`: clients of the workflow API
+//! (`template validate` works offline), human output or `--json`.
+
+use super::ApiArg;
+use crate::CliResult;
+use clap::Subcommand;
+use embarcadero_workflow::client::{ApiClient, ApiError};
+use embarcadero_workflow::{validate, Registry};
+use serde_json::Value;
+use std::path::PathBuf;
+
+#[derive(Subcommand)]
+pub enum TaskCommand {
+    /// Start a task from a registered template.
+    Create {
+        #[arg(long)]
+        namespace: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long, default_value = "1.0.0")]
+        version: String,
+        /// The task's input, a JSON object.
+        #[arg(long, default_value = "{}")]
+        context: String,
+        /// A second create with the same key returns the first task.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        /// Wait up to this many seconds for the task to finish.
+        #[arg(long, default_value_t = 0)]
+        wait: u64,
+        #[command(flatten)]
+        api: ApiArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a task, its steps and their results.
+    Get {
+        uuid: String,
+        #[command(flatten)]
+        api: ApiArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure latency: create COUNT tasks one after another, each awaited by long poll,
+    /// and print POST-to-complete percentiles (docs/PERFORMANCE.md).
+    Bench {
+        #[arg(long)]
+        namespace: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long, default_value = "1.0.0")]
+        version: String,
+        #[arg(long, default_value = "{}")]
+        context: String,
+        #[arg(long, default_value_t = 200, value_parser = crate::at_least_one)]
+        count: usize,
+        #[command(flatten)]
+        api: ApiArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Wait for a task to finish; exits non-zero unless it completed.
+    Wait {
+        uuid: String,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+        #[command(flatten)]
+        api: ApiArg,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TemplateCommand {
+    /// Register a YAML template.
+    Register {
+        file: PathBuf,
+        #[command(flatten)]
+        api: ApiArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List registered templates.
+    List {
+        #[command(flatten)]
+        api: ApiArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a YAML template without registering it (handlers: the built-in ones).
+    Validate {
+        file: PathBuf,
+        /// Accept any handler name.
+        #[arg(long)]
+        any_handler: bool,
+    },
+}
+
+pub fn task(cmd: TaskCommand) -> CliResult {
+    match cmd {
+        TaskCommand::Create {
+            namespace,
+            name,
+            version,
+            context,
+            idempotency_key,
+            wait,
+            api,
+            json,
+        } => {
+            let context: Value = serde_json::from_str(&context)
+                .map_err(|e| format!("--context is not JSON: {e}"))?;
+            let client = ApiClient::new(&api.api);
+            let created = client
+                .create_task(
+                    &namespace,
+                    &name,
+                    &version,
+                    context,
+                    idempotency_key.as_deref(),
+                )
+                .map_err(api_error)?;
+            let task = match (wait, created["task_uuid"].as_str()) {
+                (0, _) | (_, None) => created,
+                (s, Some(uuid)) => client.get_task(uuid, s).map_err(api_error)?,
+            };
+            show_task(&task, json);
+            finished_ok(&task, wait > 0)
+        }
+        TaskCommand::Get { uuid, api, json } => {
+            show_task(
+                &ApiClient::new(&api.api)
+                    .get_task(&uuid, 0)
+                    .map_err(api_error)?,
+                json,
+            );
+            Ok(())
+        }
+        TaskCommand::Bench {
+            namespace,
+            name,
+            version,
+            context,
+            count,
+            api,
+            json,
+        } => {
+            let context: Value = serde_json::from_str(&context)
+                .map_err(|e| format!("--context is not JSON: {e}"))?;
+            let template = [namespace.as_str(), &name, &version];
+            bench(&ApiClient::new(&api.api), template, &context, count, json)
+        }
+        TaskCommand::Wait {
+            uuid,
+            timeout,
+            api,
+            json,
+        } => {
+            let task = ApiClient::new(&api.api)
+                .get_task(&uuid, timeout)
+                .map_err(api_error)?;
+            show_task(&task, json);
+            finished_ok(&task, true)
+        }
+    }
+}
+
+pub fn template(cmd: TemplateCommand) -> CliResult {
+    match cmd {
+        TemplateCommand::Register { file, api, json } => {
+            let t = ApiClient::new(&api.api)
+                .register_template(&read(&file)?)
+                .map_err(api_error)?;
+            match json {
+                true => say!("{t}"),
+                false => say!(
+                    "registered {}/{}@{}",
+                    text(&t["namespace"]),
+                    text(&t["name"]),
+                    text(&t["version"])
+                ),
+            }
+            Ok(())
+        }
+        TemplateCommand::List { api, json } => {
+            let list = ApiClient::new(&api.api)
+                .list_templates()
+                .map_err(api_error)?;
+            if json {
+                say!("{list}");
+                return Ok(());
+            }
+            for t in list["templates"].as_array().into_iter().flatten() {
+                let steps = t["steps"].as_array().map_or(0, |s| s.len());
+                say!(
+                    "{}/{}@{}  {} steps",
+                    text(&t["namespace"]),
+                    text(&t["name"]),
+                    text(&t["version"]),
+                    steps
+                );
+            }
+            Ok(())
+        }
+        TemplateCommand::Validate { file, any_handler } => {
+            let known = Registry::builtin().names();
+            let t = validate::load(&read(&file)?, (!any_handler).then_some(&known))
+                .map_err(|e| e.to_string())?;
+            say!("{} is valid: {} steps", t.key(), t.steps.len());
+            Ok(())
+        }
+    }
+}
+
+/// Sequential tasks, each from `POST` to the long poll's answer that it completed.
+fn bench(
+    client: &ApiClient,
+    [ns, name, version]: [&str; 3],
+    context: &Value,
+    count: usize,
+    json: bool,
+) -> CliResult {
+    let mut micros = Vec::with_capacity(count);
+    for _ in 0..count {
+        let start = std::time::Instant::now();
+        let t = client
+            .create_task(ns, name, version, context.clone(), None)
+            .map_err(api_error)?;
+        let uuid = text(&t["task_uuid"]);
+        let t = if t["status"] == "complete" {
+            t
+        } else {
+            client.get_task(&uuid, 60).map_err(api_error)?
+        };
+        finished_ok(&t, true)?;
+        micros.push(start.elapsed().as_micros() as u64);
+    }
+    micros.sort_unstable();
+    let pct = |p: f64| micros[((micros.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0;
+    let (p50, p95, p99) = (pct(0.50), pct(0.95), pct(0.99));
+    match json {
+        true => say!("{}", serde_json::json!({"tasks": count, "p50_ms": p50, "p95_ms": p95, "p99_ms": p99})),
+        false => say!("{count} tasks of {ns}/{name}@{version}: POST to complete p50 {p50:.2} ms  p95 {p95:.2} ms  p99 {p99:.2} ms"),
+    }
+    Ok(())
+}
+
+fn read(file: &PathBuf) -> Result<String, String> {
+    std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))
+}
+
+fn api_error(e: ApiError) -> String {
+    e.to_string()
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().map_or_else(|| v.to_string(), str::to_string)
+}
+
+fn show_task(t: &Value, json: bool) {
+    if json {
+        say!("{t}");
+        return;
+    }
+    say!(
+        "task {}  {}  {}% complete",
+        text(&t["task_uuid"]),
+        text(&t["status"]),
+        t["completion_percentage"]
+    );
+    for s in t["steps"].as_array().into_iter().flatten() {
+        let detail = match (&s["result"], &s["last_error"]) {
+            (Value::Null, Value::Null) => String::new(),
+            (Value::Null, e) => format!("error: {}", text(e)),
+            (r, _) => format!("result: {r}"),
+        };
+        say!(
+            "  {:<20} {:<28} attempt {}  {detail}",
+            text(&s["name"]),
+            text(&s["current_state"]),
+            s["attempts"]
+        );
+    }
+}
+
+/// With `must_finish`, a task that did not complete is a failure of the command.
+fn finished_ok(t: &Value, must_finish: bool) -> CliResult {
+    match (must_finish, t["status"].as_str()) {
+        (false, _) | (true, Some("complete")) => Ok(()),
+        (true, status) => Err(format!(
+            "task {} is {}",
+            text(&t["task_uuid"]),
+            status.unwrap_or("?")
+        )),
+    }
+}

@@ -1,0 +1,49 @@
+//! The workflow commands: `orchestrator` and `worker` (long-running processes of the
+//! engine in `embarcadero-workflow`), and `task` and `template` (clients of its API).
+//! Owns their arguments and output; the engine does the work.
+
+mod commands;
+mod serve;
+
+pub use commands::{task, template, TaskCommand, TemplateCommand};
+pub use serve::{orchestrator, worker, OrchestratorArgs, WorkerArgs};
+
+/// Where the workflow API is; shared by `task` and `template`.
+#[derive(clap::Args, Clone)]
+pub struct ApiArg {
+    /// Address of the orchestrator's API (host:port), as its "serving" line says.
+    #[arg(
+        long,
+        env = "EMBARCADERO_WORKFLOW_API",
+        default_value = "127.0.0.1:12150"
+    )]
+    pub api: String,
+}
+
+/// Where the event log is; shared by `orchestrator` and `worker`.
+#[derive(clap::Args, Clone)]
+pub struct LogArgs {
+    #[command(flatten)]
+    pub control: crate::ControlArg,
+    /// The order-5 topic holding the engine's events (created if missing).
+    #[arg(long, default_value = "workflow.events")]
+    pub topic: String,
+    /// Acknowledgement level of the engine's events: 1 ordered, 2 durable (needs --rf 2).
+    #[arg(long, default_value_t = 1)]
+    pub ack: u8,
+    /// Replication factor of the topic when it is created here.
+    #[arg(long, default_value_t = 1)]
+    pub rf: u8,
+    /// A worker not heard from for this many milliseconds loses its claims.
+    #[arg(long, default_value_t = 3000)]
+    pub lease_ms: u64,
+}
+
+impl LogArgs {
+    fn log_config(&self) -> embarcadero_workflow::log::LogConfig {
+        let mut c = embarcadero_workflow::log::LogConfig::new(&self.control.control, &self.topic);
+        c.ack = self.ack;
+        c.replication_factor = self.rf;
+        c
+    }
+}

@@ -1,0 +1,134 @@
+//! `embarcadero orchestrator` (the engine and its API on a port of its own, phase 1)
+//! and `embarcadero worker` (the built-in Rust handlers), both until SIGINT/SIGTERM.
+
+use super::LogArgs;
+use crate::CliResult;
+use embarcadero_server::http_server::{HttpServer, Limits, Request, Response};
+use embarcadero_workflow::{Api, Orchestrator, OrchestratorConfig, Registry, Worker, WorkerConfig};
+use std::net::TcpListener;
+use std::sync::atomic::AtomicUsize;
+use std::sync::mpsc::RecvTimeoutError;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct OrchestratorArgs {
+    #[command(flatten)]
+    log: LogArgs,
+    /// Address the API listens on (port 0: an ephemeral one, named in the "serving" line).
+    #[arg(long, default_value = "127.0.0.1:12150")]
+    listen: String,
+    /// Accept templates naming any handler (default: only the built-in handlers that
+    /// `embarcadero worker` runs).
+    #[arg(long)]
+    any_handler: bool,
+}
+
+#[derive(clap::Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    log: LogArgs,
+    /// Namespace to serve (repeat for several); none: every namespace.
+    #[arg(long = "namespace")]
+    namespaces: Vec<String>,
+    /// Step attempts run at once.
+    #[arg(long, default_value_t = 8, value_parser = crate::at_least_one)]
+    concurrency: usize,
+}
+
+pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
+    crate::init_logging();
+    let stop = crate::stop_signal()?;
+    let listener = TcpListener::bind(&args.listen)
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let config = OrchestratorConfig {
+        log: args.log.log_config(),
+        lease_ms: args.log.lease_ms,
+    };
+    let mut orchestrator =
+        Orchestrator::start(config).map_err(|e| format!("cannot start the orchestrator: {e}"))?;
+    let known = (!args.any_handler).then(|| Registry::builtin().names());
+    let api = Arc::new(Api::new(orchestrator.engine.clone(), known));
+    let limits = Limits {
+        // Long polls hold their connection up to the longest wait.
+        request_deadline: Duration::from_secs(10),
+        max_connections: 1024,
+    };
+    let handler = move |r: &Request| {
+        let reply = api.handle(&r.method, &r.url, &r.body);
+        Response::new(reply.status, "application/json", reply.body.to_string())
+    };
+    wait_for_replay(&orchestrator)?;
+    let mut http = HttpServer::start(
+        listener,
+        "workflow-api",
+        limits,
+        Arc::new(AtomicUsize::new(0)),
+        handler,
+    )
+    .map_err(|e| format!("cannot serve the API: {e}"))?;
+    eprintln!(
+        "workflow orchestrator is serving: API http://{}",
+        http.local_addr()
+    );
+    let ended = wait_for_stop(&stop, || orchestrator.engine.failure.lock().clone());
+    http.stop();
+    orchestrator.stop();
+    ended
+}
+
+pub fn worker(args: WorkerArgs) -> CliResult {
+    crate::init_logging();
+    let stop = crate::stop_signal()?;
+    let config = WorkerConfig {
+        log: args.log.log_config(),
+        namespaces: args.namespaces,
+        concurrency: args.concurrency,
+        lease_ms: args.log.lease_ms,
+    };
+    let registry = Registry::builtin();
+    let handlers: Vec<String> = registry.names().into_iter().collect();
+    let mut worker =
+        Worker::start(config, registry).map_err(|e| format!("cannot start the worker: {e}"))?;
+    eprintln!(
+        "workflow worker {} is running: handlers {}",
+        worker.id,
+        handlers.join(" ")
+    );
+    let ended = wait_for_stop(&stop, || {
+        worker
+            .is_finished()
+            .then(|| "the worker loop ended".to_string())
+    });
+    let stopped = worker.stop().map_err(|e| format!("the worker failed: {e}"));
+    ended.and(stopped)
+}
+
+/// Waits until the engine has replayed the log, so that the API answers from the
+/// whole state once the "serving" line is out.
+fn wait_for_replay(o: &Orchestrator) -> CliResult {
+    while !o.engine.caught_up.load(std::sync::atomic::Ordering::SeqCst) {
+        if let Some(why) = o.engine.failure.lock().clone() {
+            return Err(format!("the orchestrator stopped while replaying: {why}"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// Waits for a signal (Ok) or for `failed` to say why the process must end (Err).
+fn wait_for_stop(
+    stop: &std::sync::mpsc::Receiver<()>,
+    failed: impl Fn() -> Option<String>,
+) -> CliResult {
+    loop {
+        match stop.recv_timeout(Duration::from_millis(100)) {
+            Err(RecvTimeoutError::Timeout) => {
+                if let Some(why) = failed() {
+                    return Err(why);
+                }
+            }
+            _ => return Ok(()),
+        }
+    }
+}

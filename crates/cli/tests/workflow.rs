@@ -1,0 +1,401 @@
+//! The workflow engine end to end: a real `embarcadero serve`, a real orchestrator and
+//! real workers (`embarcadero orchestrator` / `embarcadero worker`), driven through the
+//! API and the CLI; workers are paused or killed and the orchestrator restarted.
+
+mod common;
+
+use common::{run_bin, Proc, Serve};
+use embarcadero_workflow::client::ApiClient;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const LINEAR: &str = "name: linear
+namespace: demo
+version: 1.0.0
+description: square the even number four times
+input_schema:
+  type: object
+  required: [even_number]
+  properties: {even_number: {type: integer, multipleOf: 2}}
+steps:
+  - {name: one, handler: {callable: math.square}}
+  - {name: two, dependencies: [one], handler: {callable: math.square}}
+  - {name: three, dependencies: [two], handler: {callable: math.square}}
+  - {name: four, dependencies: [three], handler: {callable: math.square}}
+";
+
+const DIAMOND: &str = "name: diamond
+namespace: demo
+version: 1.0.0
+steps:
+  - {name: start, handler: {callable: math.square}}
+  - {name: left, dependencies: [start], handler: {callable: math.square}}
+  - {name: right, dependencies: [start], handler: {callable: math.square}}
+  - {name: end, dependencies: [left, right], handler: {callable: math.square}}
+";
+
+const FLAKY: &str = "name: flaky
+namespace: demo
+version: 1.0.0
+steps:
+  - name: once
+    handler: {callable: test.fail_times, initialization: {failures: 1}}
+    retry: {max_attempts: 3, backoff: linear, backoff_base_ms: 50}
+  - name: always
+    dependencies: [once]
+    handler: {callable: test.fail_times, initialization: {failures: 100}}
+    retry: {max_attempts: 2, backoff: exponential, backoff_base_ms: 20}
+";
+
+/// One slow step (for pausing its worker), then a quick one.
+const SLOW: &str = "name: slow
+namespace: demo
+version: 1.0.0
+steps:
+  - {name: nap, handler: {callable: test.sleep, initialization: {ms: 1500}}}
+  - {name: after, dependencies: [nap], handler: {callable: test.sleep}}
+";
+
+/// A server and the engine's processes on it.
+struct Engine {
+    serve: Serve,
+    _dir: tempfile::TempDir,
+}
+
+impl Engine {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let serve = Serve::start(dir.path());
+        Self { serve, _dir: dir }
+    }
+
+    /// Starts an orchestrator; returns it and its API address.
+    fn orchestrator(&self, lease_ms: &str) -> (Proc, String) {
+        let args = [
+            "orchestrator",
+            "--control",
+            &self.serve.control,
+            "--listen",
+            "127.0.0.1:0",
+            "--lease-ms",
+            lease_ms,
+        ];
+        let (p, line) = Proc::ready(&args, &[], "workflow orchestrator is serving");
+        let api = line.rsplit("http://").next().unwrap().trim().to_string();
+        (p, api)
+    }
+
+    /// Starts a worker; returns it and its id.
+    fn worker(&self, lease_ms: &str) -> (Proc, String) {
+        let args = [
+            "worker",
+            "--control",
+            &self.serve.control,
+            "--lease-ms",
+            lease_ms,
+        ];
+        let (p, line) = Proc::ready(&args, &[], "is running");
+        let id = line
+            .split("workflow worker ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_string();
+        (p, id)
+    }
+}
+
+fn register(api: &ApiClient, yaml: &str) {
+    api.register_template(yaml).unwrap();
+}
+
+fn create(api: &ApiClient, name: &str, context: Value) -> String {
+    let t = api
+        .create_task("demo", name, "1.0.0", context, None)
+        .unwrap();
+    t["task_uuid"].as_str().unwrap().to_string()
+}
+
+fn step<'a>(task: &'a Value, name: &str) -> &'a Value {
+    task["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap()
+}
+
+/// Polls the task until `cond` holds (at most 30 s).
+fn until(api: &ApiClient, uuid: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let t = api.get_task(uuid, 0).unwrap();
+        if cond(&t) {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "waited 30 s for {what}: {t:#}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How many times a step entered `state` in its audit trail.
+fn entered(step: &Value, state: &str) -> usize {
+    step["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["to"] == state)
+        .count()
+}
+
+#[test]
+fn linear_and_diamond_tasks_complete_with_the_right_results() {
+    let engine = Engine::start();
+    let (_orchestrator, addr) = engine.orchestrator("3000");
+    let (_w1, _) = engine.worker("3000");
+    let (_w2, _) = engine.worker("3000");
+    let api = ApiClient::new(&addr);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("linear.yaml");
+    std::fs::write(&file, LINEAR).unwrap();
+    let out = run_bin(&[
+        "template",
+        "register",
+        file.to_str().unwrap(),
+        "--api",
+        &addr,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    register(&api, DIAMOND);
+
+    let out = run_bin(&[
+        "task",
+        "create",
+        "--namespace",
+        "demo",
+        "--name",
+        "linear",
+        "--context",
+        r#"{"even_number":2}"#,
+        "--wait",
+        "30",
+        "--json",
+        "--api",
+        &addr,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (t["status"].as_str(), t["completion_percentage"].as_f64()),
+        (Some("complete"), Some(100.0))
+    );
+    assert_eq!(t["execution_status"], "all_complete");
+    let results: Vec<&Value> = ["one", "two", "three", "four"]
+        .iter()
+        .map(|s| &step(&t, s)["result"])
+        .collect();
+    assert_eq!(results, [&json!(4), &json!(16), &json!(256), &json!(65536)]);
+
+    let d = api
+        .get_task(&create(&api, "diamond", json!({"even_number": 2})), 30)
+        .unwrap();
+    assert_eq!(d["status"], "complete", "{d:#}");
+    assert_eq!(
+        (&step(&d, "left")["result"], &step(&d, "end")["result"]),
+        (&json!(16), &json!(65536))
+    );
+
+    let e = api
+        .create_task("demo", "linear", "1.0.0", json!({"even_number": 3}), None)
+        .unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (400, "invalid_input"), "{e}");
+    assert!(e.message.contains("/even_number"), "{e}");
+    let first = api
+        .create_task(
+            "demo",
+            "diamond",
+            "1.0.0",
+            json!({"even_number": 4}),
+            Some("k1"),
+        )
+        .unwrap();
+    let again = api
+        .create_task(
+            "demo",
+            "diamond",
+            "1.0.0",
+            json!({"even_number": 4}),
+            Some("k1"),
+        )
+        .unwrap();
+    assert_eq!(
+        first["task_uuid"], again["task_uuid"],
+        "the same idempotency key gives the same task"
+    );
+    let e = api.get_task("no-such-task", 0).unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (404, "not_found"));
+}
+
+#[test]
+fn template_errors_name_the_template_step_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.yaml");
+    let bad = LINEAR.replace("dependencies: [two]", "dependencies: [twoo]");
+    std::fs::write(&file, &bad).unwrap();
+    let out = run_bin(&["template", "validate", file.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("demo/linear@1.0.0")
+            && err.contains("step `three`")
+            && err.contains("field `dependencies`")
+            && err.contains("twoo"),
+        "{err}"
+    );
+
+    let engine = Engine::start();
+    let (_orchestrator, addr) = engine.orchestrator("3000");
+    let api = ApiClient::new(&addr);
+    let e = api
+        .register_template(&LINEAR.replace(
+            "math.square}}\n  - {name: four",
+            "math.cube}}\n  - {name: four",
+        ))
+        .unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (400, "invalid_template"));
+    assert!(
+        e.message.contains("step `three`")
+            && e.message.contains("handler.callable")
+            && e.message.contains("math.cube"),
+        "{e}"
+    );
+    let e = api
+        .register_template(&LINEAR.replace("dependencies: [one]", "dependencies: [four]"))
+        .unwrap_err();
+    assert!(e.message.contains("cycle"), "{e}");
+    register(&api, LINEAR);
+    let e = api
+        .register_template(&LINEAR.replace("four times", "4 times"))
+        .unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (409, "template_conflict"));
+    let list = api.list_templates().unwrap();
+    assert_eq!(list["templates"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn failing_steps_are_retried_by_their_policy_and_then_fail_the_task() {
+    let engine = Engine::start();
+    let (_orchestrator, addr) = engine.orchestrator("3000");
+    let (_w, _) = engine.worker("3000");
+    let api = ApiClient::new(&addr);
+    register(&api, FLAKY);
+    let t = api.get_task(&create(&api, "flaky", json!({})), 30).unwrap();
+    assert_eq!(t["status"], "error", "{t:#}");
+    let once = step(&t, "once");
+    assert_eq!(
+        (&once["current_state"], &once["attempts"], &once["result"]),
+        (&json!("complete"), &json!(2), &json!({"attempt": 2}))
+    );
+    assert_eq!(entered(once, "waiting_for_retry"), 1);
+    let always = step(&t, "always");
+    assert_eq!(
+        (
+            &always["current_state"],
+            &always["attempts"],
+            &always["failures"]
+        ),
+        (&json!("error"), &json!(2), &json!(2))
+    );
+    assert!(
+        always["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("max attempts (2)"),
+        "{always:#}"
+    );
+    let task_states: Vec<&str> = t["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["to"].as_str().unwrap())
+        .collect();
+    assert!(
+        task_states.contains(&"waiting_for_retry") && task_states.ends_with(&["error"]),
+        "{task_states:?}"
+    );
+}
+
+#[test]
+fn a_paused_worker_loses_its_claim_and_its_late_result_is_refused() {
+    let engine = Engine::start();
+    let (_orchestrator, addr) = engine.orchestrator("1000");
+    let (first, first_id) = engine.worker("1000");
+    let api = ApiClient::new(&addr);
+    register(&api, SLOW);
+    let uuid = create(&api, "slow", json!({}));
+    until(&api, &uuid, "the first worker's claim", |t| {
+        step(t, "nap")["worker"] == first_id.as_str()
+    });
+    first.signal("STOP");
+    let (_second, second_id) = engine.worker("1000");
+    let t = api.get_task(&uuid, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    let nap = step(&t, "nap");
+    // The first worker's attempt was taken back (a very slow machine may also take one
+    // of the second worker's back; it then runs the next attempt itself).
+    assert_eq!(nap["worker"], json!(second_id), "{nap:#}");
+    assert!(nap["lease_losses"].as_u64().unwrap() >= 1, "{nap:#}");
+    assert_eq!(nap["result"]["attempt"], nap["attempts"], "{nap:#}");
+    first.signal("CONT");
+    let late = |t: &Value| {
+        step(t, "nap")["refused_events"]
+            .to_string()
+            .contains("step_result of attempt 1")
+    };
+    let t = until(&api, &uuid, "the late result to be refused", late);
+    let nap = step(&t, "nap");
+    let refused = nap["refused_events"].as_array().unwrap();
+    assert!(
+        refused
+            .iter()
+            .any(|r| r.as_str().unwrap().contains("step_result of attempt 1")),
+        "{nap:#}"
+    );
+    assert_eq!(entered(nap, "complete"), 1, "accepted once: {nap:#}");
+    first.kill();
+}
+
+#[test]
+fn a_restarted_orchestrator_replays_the_log_and_the_task_completes() {
+    let engine = Engine::start();
+    let (orchestrator, addr) = engine.orchestrator("3000");
+    let (_w, _) = engine.worker("3000");
+    let api = ApiClient::new(&addr);
+    register(&api, SLOW);
+    let uuid = create(&api, "slow", json!({}));
+    until(&api, &uuid, "the slow step to start", |t| {
+        step(t, "nap")["current_state"] == "in_progress"
+    });
+    orchestrator.kill();
+    let (_again, addr) = engine.orchestrator("3000");
+    let api = ApiClient::new(&addr);
+    let t = api.get_task(&uuid, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    for s in t["steps"].as_array().unwrap() {
+        assert_eq!(
+            (entered(s, "complete"), &s["attempts"]),
+            (1, &json!(1)),
+            "{s:#}"
+        );
+    }
+}

@@ -1,0 +1,303 @@
+//! The REST API as a function from (method, target, body) to (status, JSON body), with
+//! no HTTP server of its own: `embarcadero orchestrator` serves it on its own port in
+//! phase 1, and the control plane can route `/v1/tasks` and `/v1/templates` to it
+//! later. Commands are published to the log and answered once the fold has applied
+//! them, so a `GET` right after a `POST` sees what the `POST` made.
+
+use crate::event::Event;
+use crate::orchestrator::Engine;
+use crate::schema::InputSchema;
+use crate::state::{idempotency_scope, State};
+use crate::template::TemplateKey;
+use crate::validate;
+use crate::view::{task_view, template_view};
+use parking_lot::Mutex;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// An answer: HTTP status and JSON body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    pub status: u16,
+    pub body: Value,
+}
+
+impl Reply {
+    fn ok(status: u16, body: Value) -> Self {
+        Self { status, body }
+    }
+
+    /// `{"error":{"code","message"}}`.
+    pub fn error(status: u16, code: &str, message: impl Into<String>) -> Self {
+        let body = json!({"error": {"code": code, "message": message.into()}});
+        Self { status, body }
+    }
+}
+
+/// How long a command waits for the fold to apply it.
+const APPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest long poll (`?wait=`).
+pub const MAX_WAIT_S: u64 = 300;
+
+pub struct Api {
+    engine: Arc<Engine>,
+    /// Handler names templates may use; `None`: any.
+    known_handlers: Option<BTreeSet<String>>,
+    schemas: Mutex<HashMap<TemplateKey, Arc<InputSchema>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateTask {
+    name: String,
+    namespace: String,
+    version: String,
+    #[serde(default)]
+    context: Value,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+    /// Tasker's fields, accepted and not used in phase 1.
+    #[serde(default)]
+    initiator: Option<String>,
+    #[serde(default)]
+    source_system: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+impl Api {
+    pub fn new(engine: Arc<Engine>, known_handlers: Option<BTreeSet<String>>) -> Self {
+        Self {
+            engine,
+            known_handlers,
+            schemas: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn handle(&self, method: &str, target: &str, body: &[u8]) -> Reply {
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        if let Some(why) = self.engine.failure.lock().clone() {
+            return Reply::error(
+                503,
+                "engine_stopped",
+                format!("the orchestrator stopped: {why}"),
+            );
+        }
+        if !self.engine.caught_up.load(Ordering::SeqCst) {
+            return Reply::error(
+                503,
+                "replaying",
+                "the orchestrator is replaying the log; retry shortly",
+            );
+        }
+        let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+        match (method, parts.as_slice()) {
+            ("POST", ["v1", "tasks"]) => self.create_task(body),
+            ("GET", ["v1", "tasks", uuid]) => self.get_task(uuid, query),
+            ("POST", ["v1", "templates"]) => self.register_template(body),
+            ("GET", ["v1", "templates"]) => self.list_templates(),
+            (_, ["v1", "tasks"] | ["v1", "tasks", _] | ["v1", "templates"]) => Reply::error(
+                405,
+                "method_not_allowed",
+                format!("{method} is not allowed on {path}"),
+            ),
+            _ => Reply::error(404, "not_found", format!("no route {method} {path}")),
+        }
+    }
+
+    fn create_task(&self, body: &[u8]) -> Reply {
+        let req: CreateTask = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return Reply::error(400, "bad_request", format!("not a task request: {e}")),
+        };
+        let _ = (&req.initiator, &req.source_system, &req.reason);
+        let key = TemplateKey {
+            namespace: req.namespace.clone(),
+            name: req.name.clone(),
+            version: req.version.clone(),
+        };
+        let scope = req
+            .idempotency_key
+            .as_deref()
+            .map(|k| idempotency_scope(&key, k));
+        if let Some(reply) = self.check_task_request(&key, scope.as_deref(), &req.context) {
+            return reply;
+        }
+        let uuid = crate::ids::new_uuid();
+        let event = Event::TaskCreated {
+            task: uuid.clone(),
+            namespace: req.namespace,
+            name: req.name,
+            version: req.version,
+            context: req.context,
+            idempotency_key: req.idempotency_key,
+        };
+        if let Err(e) = self.engine.writer.publish(event) {
+            return Reply::error(
+                503,
+                "log_unavailable",
+                format!("cannot publish the task: {e}"),
+            );
+        }
+        let found = self
+            .engine
+            .shared
+            .wait_for(Instant::now() + APPLY_TIMEOUT, |s| {
+                if let Some(t) = s.tasks.get(&uuid) {
+                    return Some((201, task_view(t)));
+                }
+                let other = scope.as_ref().and_then(|k| s.idempotency.get(k))?;
+                Some((200, task_view(&s.tasks[other])))
+            });
+        match found {
+            Some((status, view)) => Reply::ok(status, view),
+            None => Reply::error(
+                504,
+                "not_applied",
+                "the task was published but not applied in time",
+            ),
+        }
+    }
+
+    /// The template exists, the key is new (else the existing task, 200), the input
+    /// fits the schema. `None`: go ahead.
+    fn check_task_request(
+        &self,
+        key: &TemplateKey,
+        scope: Option<&str>,
+        input: &Value,
+    ) -> Option<Reply> {
+        let state = self.engine.shared.lock();
+        let Some(template) = state.templates.get(key).cloned() else {
+            return Some(Reply::error(
+                404,
+                "template_not_found",
+                format!("no template {key} is registered"),
+            ));
+        };
+        if let Some(existing) = scope.and_then(|k| state.idempotency.get(k)) {
+            return Some(Reply::ok(200, task_view(&state.tasks[existing])));
+        }
+        drop(state);
+        let schema = template.input_schema.as_ref()?;
+        let compiled = self.schema(key, schema)?;
+        let problems = compiled.problems(input);
+        (!problems.is_empty()).then(|| {
+            Reply::error(
+                400,
+                "invalid_input",
+                format!(
+                    "the context does not fit {key}'s input_schema: {}",
+                    problems.join("; ")
+                ),
+            )
+        })
+    }
+
+    fn schema(&self, key: &TemplateKey, schema: &Value) -> Option<Arc<InputSchema>> {
+        let mut cache = self.schemas.lock();
+        if let Some(s) = cache.get(key) {
+            return Some(s.clone());
+        }
+        // Registration checked the schema; a failure here means no checking is possible.
+        let compiled = Arc::new(InputSchema::compile(schema).ok()?);
+        cache.insert(key.clone(), compiled.clone());
+        Some(compiled)
+    }
+
+    fn get_task(&self, uuid: &str, query: &str) -> Reply {
+        let wait_s = match query_param(query, "wait").map(str::parse::<u64>) {
+            None => 0,
+            Some(Ok(s)) => s.min(MAX_WAIT_S),
+            Some(Err(_)) => return Reply::error(400, "bad_request", "wait must be whole seconds"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(wait_s);
+        let found = self.engine.shared.wait_for(deadline, |s| {
+            let t = s.tasks.get(uuid)?;
+            (wait_s == 0 || t.state.is_terminal()).then(|| task_view(t))
+        });
+        match found {
+            Some(view) => Reply::ok(200, view),
+            None => match self.engine.shared.lock().tasks.get(uuid) {
+                Some(t) => Reply::ok(200, task_view(t)),
+                None => Reply::error(404, "not_found", format!("no task {uuid}")),
+            },
+        }
+    }
+
+    fn register_template(&self, body: &[u8]) -> Reply {
+        let text = String::from_utf8_lossy(body);
+        let template = match validate::load(&text, self.known_handlers.as_ref()) {
+            Ok(t) => t,
+            Err(e) => return template_error(&e),
+        };
+        let key = template.key();
+        match self.engine.shared.lock().templates.get(&key) {
+            Some(t) if **t == template => return Reply::ok(200, template_view(t)),
+            Some(_) => return conflict(&key),
+            None => {}
+        }
+        let expected = template.clone();
+        if let Err(e) = self
+            .engine
+            .writer
+            .publish(Event::TemplateRegistered { template })
+        {
+            return Reply::error(
+                503,
+                "log_unavailable",
+                format!("cannot publish the template: {e}"),
+            );
+        }
+        let found = self
+            .engine
+            .shared
+            .wait_for(Instant::now() + APPLY_TIMEOUT, |s: &State| {
+                s.templates.get(&key).map(|t| **t == expected)
+            });
+        match found {
+            Some(true) => Reply::ok(201, template_view(&expected)),
+            Some(false) => conflict(&key),
+            None => Reply::error(
+                504,
+                "not_applied",
+                "the template was published but not applied in time",
+            ),
+        }
+    }
+
+    fn list_templates(&self) -> Reply {
+        let state = self.engine.shared.lock();
+        let list: Vec<Value> = state.templates.values().map(|t| template_view(t)).collect();
+        Reply::ok(200, json!({ "templates": list }))
+    }
+}
+
+fn template_error(e: &validate::TemplateError) -> Reply {
+    let mut r = Reply::error(400, "invalid_template", e.to_string());
+    r.body["error"]["template"] = json!(e.template);
+    r.body["error"]["step"] = json!(e.step);
+    r.body["error"]["field"] = json!(e.field);
+    r
+}
+
+fn conflict(key: &TemplateKey) -> Reply {
+    Reply::error(
+        409,
+        "template_conflict",
+        format!("template {key} is registered already with other content; register a new version"),
+    )
+}
+
+/// The value of `name` in a query string (no percent-decoding: values are numbers).
+fn query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}

@@ -1,0 +1,107 @@
+//! A client of the workflow API (what the CLI and the tests use): each call returns
+//! the JSON document, or the API's `{"error":{"code","message"}}` as [`ApiError`].
+
+use serde_json::{json, Value};
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message} ({code}, HTTP {status})")]
+pub struct ApiError {
+    pub status: u16,
+    pub code: String,
+    pub message: String,
+}
+
+pub struct ApiClient {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl ApiClient {
+    /// `addr`: host:port of the orchestrator's API (or a full http:// URL).
+    pub fn new(addr: &str) -> Self {
+        let base = if addr.starts_with("http://") {
+            addr.trim_end_matches('/').to_string()
+        } else {
+            format!("http://{addr}")
+        };
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(5))
+            .build();
+        Self { base, agent }
+    }
+
+    pub fn register_template(&self, yaml: &str) -> Result<Value, ApiError> {
+        let req = self.agent.post(&format!("{}/v1/templates", self.base));
+        answer(
+            req.set("Content-Type", "application/yaml")
+                .send_string(yaml),
+        )
+    }
+
+    pub fn list_templates(&self) -> Result<Value, ApiError> {
+        answer(
+            self.agent
+                .get(&format!("{}/v1/templates", self.base))
+                .call(),
+        )
+    }
+
+    /// `POST /v1/tasks` with Tasker's body.
+    pub fn create_task(
+        &self,
+        namespace: &str,
+        name: &str,
+        version: &str,
+        context: Value,
+        idempotency_key: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        let mut body =
+            json!({"namespace": namespace, "name": name, "version": version, "context": context});
+        if let Some(k) = idempotency_key {
+            body["idempotency_key"] = json!(k);
+        }
+        answer(
+            self.agent
+                .post(&format!("{}/v1/tasks", self.base))
+                .send_json(body),
+        )
+    }
+
+    /// `GET /v1/tasks/{uuid}`; with `wait_s` > 0, a long poll that answers once the
+    /// task is finished or the wait is over.
+    pub fn get_task(&self, uuid: &str, wait_s: u64) -> Result<Value, ApiError> {
+        let url = format!("{}/v1/tasks/{uuid}?wait={wait_s}", self.base);
+        let req = self
+            .agent
+            .get(&url)
+            .timeout(Duration::from_secs(wait_s + 30));
+        answer(req.call())
+    }
+}
+
+fn answer(r: Result<ureq::Response, ureq::Error>) -> Result<Value, ApiError> {
+    match r {
+        Ok(resp) => resp
+            .into_json()
+            .map_err(|e| transport(format!("unreadable answer: {e}"))),
+        Err(ureq::Error::Status(status, resp)) => {
+            let body: Value = resp.into_json().unwrap_or(Value::Null);
+            let field = |k: &str| body["error"][k].as_str().unwrap_or("").to_string();
+            Err(ApiError {
+                status,
+                code: field("code"),
+                message: field("message"),
+            })
+        }
+        Err(e) => Err(transport(e.to_string())),
+    }
+}
+
+fn transport(message: String) -> ApiError {
+    ApiError {
+        status: 0,
+        code: "unreachable".into(),
+        message,
+    }
+}

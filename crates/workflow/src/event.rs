@@ -1,0 +1,198 @@
+//! The events of the workflow log and their encoding. Every command and every decision
+//! is one message of the order-5 event topic: one version byte (`1`), then the event as
+//! compact JSON (`{"ts_ms":..,"kind":"step_claimed",...}`). A reader refuses a version
+//! it does not know with [`DecodeError`] instead of guessing.
+
+use crate::template::Template;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The encoding's version, the first byte of every message.
+pub const ENCODING_VERSION: u8 = 1;
+
+/// An event with the wall-clock time its publisher stamped it with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    pub ts_ms: u64,
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// Identifies one attempt of one step of one task.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct StepRef {
+    pub task: String,
+    pub step: String,
+    pub attempt: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Event {
+    /// The API registered a (checked) template.
+    TemplateRegistered { template: Template },
+    /// The API accepted a task.
+    TaskCreated {
+        task: String,
+        namespace: String,
+        name: String,
+        version: String,
+        context: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        idempotency_key: Option<String>,
+    },
+    /// The orchestrator made attempt `attempt` of a step available to workers.
+    StepEnqueued(StepRef),
+    /// A worker asks for an attempt; the first claim in log order wins.
+    StepClaimed {
+        #[serde(flatten)]
+        at: StepRef,
+        worker: String,
+    },
+    /// A worker is alive (it holds claims).
+    Heartbeat { worker: String },
+    /// A worker's handler finished an attempt.
+    StepResult {
+        #[serde(flatten)]
+        at: StepRef,
+        worker: String,
+        outcome: Outcome,
+    },
+    /// The orchestrator took an attempt back: its worker's lease ran out, or it ran
+    /// past the step's timeout.
+    StepExpired {
+        #[serde(flatten)]
+        at: StepRef,
+        reason: Expiry,
+    },
+    /// The orchestrator accepted an attempt's success.
+    StepCompleted(StepRef),
+    /// The orchestrator will enqueue the next attempt at `due_ms` (wall clock).
+    RetryScheduled {
+        #[serde(flatten)]
+        at: StepRef,
+        due_ms: u64,
+    },
+    /// The orchestrator gave up on the step.
+    StepErrored {
+        #[serde(flatten)]
+        at: StepRef,
+        reason: String,
+    },
+    /// Someone cancelled the task.
+    TaskCancelled { task: String, reason: String },
+}
+
+/// What a handler's attempt produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Success {
+        result: Value,
+    },
+    Failure {
+        message: String,
+        retryable: bool,
+        /// The handler's own pause before a retry, overriding the backoff.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after_ms: Option<u64>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Expiry {
+    /// The claiming worker stopped heartbeating: retried, not counted as a failure.
+    LeaseLost,
+    /// The attempt ran past `timeout_seconds`: a failure, retried by the policy.
+    Timeout,
+}
+
+impl Event {
+    /// The attempt a step event is about.
+    pub fn step_ref(&self) -> Option<&StepRef> {
+        match self {
+            Event::StepEnqueued(at) | Event::StepCompleted(at) => Some(at),
+            Event::StepClaimed { at, .. }
+            | Event::StepResult { at, .. }
+            | Event::StepExpired { at, .. }
+            | Event::RetryScheduled { at, .. }
+            | Event::StepErrored { at, .. } => Some(at),
+            _ => None,
+        }
+    }
+
+    /// The event's kind, as in its encoding.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::TemplateRegistered { .. } => "template_registered",
+            Event::TaskCreated { .. } => "task_created",
+            Event::StepEnqueued(_) => "step_enqueued",
+            Event::StepClaimed { .. } => "step_claimed",
+            Event::Heartbeat { .. } => "heartbeat",
+            Event::StepResult { .. } => "step_result",
+            Event::StepExpired { .. } => "step_expired",
+            Event::StepCompleted(_) => "step_completed",
+            Event::RetryScheduled { .. } => "retry_scheduled",
+            Event::StepErrored { .. } => "step_errored",
+            Event::TaskCancelled { .. } => "task_cancelled",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("empty message")]
+    Empty,
+    #[error("encoding version {0} is not one this reader knows (it knows {ENCODING_VERSION})")]
+    UnknownVersion(u8),
+    #[error("not a workflow event: {0}")]
+    Malformed(String),
+}
+
+pub fn encode(e: &Envelope) -> Vec<u8> {
+    let mut out = vec![ENCODING_VERSION];
+    // Serializing these types cannot fail: every map key is a string.
+    serde_json::to_writer(&mut out, e).expect("events serialize");
+    out
+}
+
+pub fn decode(bytes: &[u8]) -> Result<Envelope, DecodeError> {
+    match bytes.split_first() {
+        None => Err(DecodeError::Empty),
+        Some((&ENCODING_VERSION, rest)) => {
+            serde_json::from_slice(rest).map_err(|e| DecodeError::Malformed(e.to_string()))
+        }
+        Some((&v, _)) => Err(DecodeError::UnknownVersion(v)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_round_trip_and_unknown_versions_are_refused() {
+        let e = Envelope {
+            ts_ms: 7,
+            event: Event::StepClaimed {
+                at: StepRef {
+                    task: "t".into(),
+                    step: "s".into(),
+                    attempt: 2,
+                },
+                worker: "w".into(),
+            },
+        };
+        let bytes = encode(&e);
+        assert_eq!(bytes[0], 1);
+        assert!(std::str::from_utf8(&bytes[1..])
+            .unwrap()
+            .contains(r#""kind":"step_claimed""#));
+        assert_eq!(decode(&bytes).unwrap(), e);
+        let mut v2 = bytes.clone();
+        v2[0] = 2;
+        assert_eq!(decode(&v2), Err(DecodeError::UnknownVersion(2)));
+        assert!(matches!(decode(b"\x01{}"), Err(DecodeError::Malformed(_))));
+    }
+}

@@ -1,0 +1,31 @@
+//! The workflow engine on the ordered log (see docs/WORKFLOW.md): templates, events,
+//! the fold that turns the event log into the engine's state, the orchestrator's
+//! decisions, Rust step handlers, and the worker and orchestrator that run them.
+
+pub mod api;
+mod builtin;
+pub mod client;
+pub mod decide;
+pub mod event;
+pub mod handler;
+pub mod ids;
+pub mod log;
+pub mod machine;
+pub mod orchestrator;
+pub mod schema;
+pub mod settle;
+pub mod state;
+mod step_events;
+pub mod template;
+pub mod validate;
+mod view;
+pub mod worker;
+
+pub use api::{Api, Reply};
+pub use event::{Envelope, Event, Outcome, StepRef};
+pub use handler::{Registry, StepContext, StepError, StepHandler};
+pub use machine::{StepState, TaskState};
+pub use orchestrator::{Orchestrator, OrchestratorConfig};
+pub use state::{Rejected, State, Task};
+pub use template::{Template, TemplateKey};
+pub use worker::{Worker, WorkerConfig};

@@ -1,0 +1,186 @@
+//! The event topic through the client library: creating it (order 5), a [`Writer`]
+//! that stamps and encodes events into one order-5 session (so a writer's events keep
+//! their order), and a [`Folder`] that reads the topic from the start and folds every
+//! event into a shared [`State`], waking whoever waits on it.
+
+use crate::event::{decode, encode, Envelope, Event};
+use crate::ids::now_ms;
+use crate::state::{Rejected, State};
+use embarcadero_client::{
+    Admin, Error, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
+};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Where the event log is and how it is written.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// The server's control address (host:port).
+    pub control: String,
+    pub topic: String,
+    /// Acknowledgement level of every event (2: durable, needs `replication_factor` 2).
+    pub ack: u8,
+    /// Used when the topic is created here.
+    pub replication_factor: u8,
+}
+
+impl LogConfig {
+    pub fn new(control: &str, topic: &str) -> Self {
+        Self {
+            control: control.to_string(),
+            topic: topic.to_string(),
+            ack: 1,
+            replication_factor: 1,
+        }
+    }
+}
+
+/// Creates the order-5 topic unless it exists; returns the position after its end.
+pub fn ensure_topic(cfg: &LogConfig) -> Result<u64, Error> {
+    let admin = Admin::new(&cfg.control);
+    match admin.describe_topic(&cfg.topic) {
+        Ok(info) if info.order != 5 => Err(Error::Config(format!(
+            "topic {} has order {}; the workflow log needs order 5",
+            cfg.topic, info.order
+        ))),
+        Ok(info) => Ok(info.next_position),
+        Err(Error::Admin { status: 404, .. }) => {
+            let mut spec = TopicSpec::new(cfg.topic.clone(), 5).replicated(cfg.replication_factor);
+            spec.default_ack = cfg.ack;
+            match admin.create_topic(&spec) {
+                Ok(info) => Ok(info.next_position),
+                // Someone else created it meanwhile.
+                Err(Error::Admin { status: 409, .. }) => {
+                    Ok(admin.describe_topic(&cfg.topic)?.next_position)
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Publishes events, each stamped with the wall clock.
+pub struct Writer {
+    publisher: Publisher,
+}
+
+impl Writer {
+    pub fn open(cfg: &LogConfig) -> Result<Self, Error> {
+        let config = PublisherConfig {
+            ack_level: cfg.ack,
+            // Events are small and latency matters: send each as soon as a sender is free.
+            linger: Duration::ZERO,
+            ..PublisherConfig::default()
+        };
+        Ok(Self {
+            publisher: Publisher::connect(&cfg.control, &cfg.topic, config)?,
+        })
+    }
+
+    pub fn publish(&self, event: Event) -> Result<(), Error> {
+        let env = Envelope {
+            ts_ms: now_ms(),
+            event,
+        };
+        self.publisher.publish(&encode(&env))
+    }
+
+    /// Waits until every event published so far is acknowledged.
+    pub fn flush(&self) -> Result<(), Error> {
+        self.publisher.flush()
+    }
+}
+
+/// The folded state and a condition variable signalled after every batch of events.
+#[derive(Default)]
+pub struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Shared {
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock()
+    }
+
+    /// Waits (until `deadline`) for `found` to return something.
+    pub fn wait_for<T>(
+        &self,
+        deadline: Instant,
+        mut found: impl FnMut(&State) -> Option<T>,
+    ) -> Option<T> {
+        let mut state = self.state.lock();
+        loop {
+            if let Some(t) = found(&state) {
+                return Some(t);
+            }
+            if self.changed.wait_until(&mut state, deadline).timed_out() {
+                return found(&state);
+            }
+        }
+    }
+}
+
+/// One event read and what the fold made of it.
+pub struct Folded {
+    pub position: u64,
+    /// `None` for a message that did not decode.
+    pub envelope: Option<Envelope>,
+    pub outcome: Result<(), Rejected>,
+}
+
+/// Reads the event topic from the start into a [`Shared`] state.
+pub struct Folder {
+    subscriber: Subscriber,
+}
+
+impl Folder {
+    pub fn open(cfg: &LogConfig) -> Result<Self, Error> {
+        let subscriber =
+            Subscriber::connect(&cfg.control, &cfg.topic, SubscriberConfig::default())?;
+        Ok(Self { subscriber })
+    }
+
+    /// Waits at most `timeout` for events and folds all that have arrived.
+    pub fn pump(&mut self, shared: &Shared, timeout: Duration) -> Result<Vec<Folded>, Error> {
+        let mut read = Vec::new();
+        self.subscriber
+            .poll_with(timeout, |m| read.push((m.position, m.payload.to_vec())))?;
+        if read.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut state = shared.state.lock();
+        let out = read
+            .iter()
+            .map(|(position, payload)| fold_one(&mut state, *position, payload))
+            .collect();
+        drop(state);
+        shared.changed.notify_all();
+        Ok(out)
+    }
+}
+
+fn fold_one(state: &mut State, position: u64, payload: &[u8]) -> Folded {
+    match decode(payload) {
+        Ok(env) => {
+            let outcome = state.apply(position, &env);
+            if let Err(e) = &outcome {
+                tracing::debug!("event at {position} refused: {e}");
+            }
+            Folded {
+                position,
+                envelope: Some(env),
+                outcome,
+            }
+        }
+        Err(e) => {
+            tracing::warn!("message at {position} is not a workflow event: {e}");
+            Folded {
+                position,
+                envelope: None,
+                outcome: Err(state.refuse(position, e.to_string())),
+            }
+        }
+    }
+}

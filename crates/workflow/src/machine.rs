@@ -1,0 +1,137 @@
+//! Tasker's task and step state machines: the states, and the edges a task or a step
+//! may move along. The fold ([`crate::state`]) moves states only through [`legal_task`]
+//! and [`legal_step`]; anything else is a bug it asserts against.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    Pending,
+    Initializing,
+    EnqueuingSteps,
+    StepsInProcess,
+    EvaluatingResults,
+    WaitingForDependencies,
+    WaitingForRetry,
+    BlockedByFailures,
+    Complete,
+    Error,
+    Cancelled,
+    ResolvedManually,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepState {
+    Pending,
+    Enqueued,
+    InProgress,
+    EnqueuedForOrchestration,
+    Complete,
+    Error,
+    Cancelled,
+    ResolvedManually,
+    WaitingForRetry,
+}
+
+impl TaskState {
+    pub fn is_terminal(self) -> bool {
+        use TaskState::*;
+        matches!(self, Complete | Error | Cancelled | ResolvedManually)
+    }
+
+    pub fn name(self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+}
+
+impl StepState {
+    pub fn is_terminal(self) -> bool {
+        use StepState::*;
+        matches!(self, Complete | Error | Cancelled | ResolvedManually)
+    }
+
+    /// Handed to a worker, or back from one and not decided yet.
+    pub fn is_active(self) -> bool {
+        use StepState::*;
+        matches!(self, Enqueued | InProgress | EnqueuedForOrchestration)
+    }
+
+    pub fn name(self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+}
+
+/// The task edges. Terminal states have none in phase 1 (a rerun, later, adds
+/// `error -> pending`; manual resolution adds `blocked_by_failures -> resolved_manually`).
+pub fn legal_task(from: TaskState, to: TaskState) -> bool {
+    use TaskState::*;
+    if from.is_terminal() {
+        return false;
+    }
+    if to == Cancelled {
+        return true;
+    }
+    match from {
+        Pending => matches!(to, Initializing),
+        Initializing => matches!(to, EnqueuingSteps | Complete | Error),
+        EnqueuingSteps => matches!(to, StepsInProcess | EvaluatingResults),
+        StepsInProcess => matches!(to, EvaluatingResults),
+        EvaluatingResults => matches!(
+            to,
+            EnqueuingSteps
+                | StepsInProcess
+                | WaitingForDependencies
+                | WaitingForRetry
+                | BlockedByFailures
+                | Complete
+                | Error
+        ),
+        WaitingForDependencies => matches!(to, EvaluatingResults),
+        WaitingForRetry => matches!(to, EnqueuingSteps | EvaluatingResults),
+        BlockedByFailures => matches!(to, EvaluatingResults | Error | ResolvedManually),
+        Complete | Error | Cancelled | ResolvedManually => false,
+    }
+}
+
+/// The step edges.
+pub fn legal_step(from: StepState, to: StepState) -> bool {
+    use StepState::*;
+    if from.is_terminal() {
+        return false;
+    }
+    if to == Cancelled {
+        return true;
+    }
+    match from {
+        Pending => matches!(to, Enqueued),
+        Enqueued => matches!(to, InProgress),
+        InProgress => matches!(to, EnqueuedForOrchestration),
+        EnqueuedForOrchestration => matches!(to, Complete | Error | WaitingForRetry),
+        WaitingForRetry => matches!(to, Enqueued),
+        Complete | Error | Cancelled | ResolvedManually => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_states_have_no_way_out() {
+        for s in [TaskState::Complete, TaskState::Error, TaskState::Cancelled] {
+            assert!(!legal_task(s, TaskState::Pending));
+            assert!(!legal_task(s, TaskState::Cancelled));
+        }
+        assert!(!legal_step(StepState::Complete, StepState::Enqueued));
+        assert!(legal_step(StepState::InProgress, StepState::Cancelled));
+        assert_eq!(TaskState::StepsInProcess.name(), "steps_in_process");
+    }
+}

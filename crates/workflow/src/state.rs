@@ -1,0 +1,434 @@
+//! The fold: the engine's whole state as a pure, deterministic function of the event
+//! sequence. [`State::apply`] takes the next event (with its log position) and either
+//! applies it or rejects it with a typed [`Rejected`], leaving the state unchanged;
+//! every reader of the log (orchestrator, standby, workers) computes the same state,
+//! the same claim winners and the same rejections. Step events are checked before any
+//! change; task states are derived from the steps ([`crate::settle`]).
+
+use crate::event::{Envelope, Event, Expiry, Outcome, StepRef};
+use crate::machine::{legal_step, StepState, TaskState};
+use crate::template::{Template, TemplateKey};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// One move of a state machine, with the event that caused it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Transition<S> {
+    pub from: S,
+    pub to: S,
+    pub position: u64,
+    pub ts_ms: u64,
+}
+
+/// An attempt's result waiting for the orchestrator's decision.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Returned {
+    Success(Value),
+    Failure {
+        message: String,
+        retryable: bool,
+        retry_after_ms: Option<u64>,
+    },
+    LeaseLost,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Step {
+    pub name: String,
+    pub state: StepState,
+    /// The current attempt (0 before the first is enqueued).
+    pub attempt: u32,
+    /// The worker whose claim of the current attempt won.
+    pub worker: Option<String>,
+    /// Failed attempts (handler failures and timeouts), counted against `max_attempts`.
+    pub failures: u32,
+    /// Attempts taken back because their worker's lease ran out.
+    pub lease_losses: u32,
+    pub result: Option<Value>,
+    pub last_error: Option<String>,
+    pub returned: Option<Returned>,
+    pub retry_due_ms: Option<u64>,
+    pub history: Vec<Transition<StepState>>,
+    /// Events about this step the fold refused (late results, lost claims), for audit.
+    pub refused: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Task {
+    pub uuid: String,
+    #[serde(skip)]
+    pub template: Arc<Template>,
+    pub context: Value,
+    pub state: TaskState,
+    pub steps: Vec<Step>,
+    /// Per step, the indices of its direct dependencies.
+    #[serde(skip)]
+    pub deps: Vec<Vec<usize>>,
+    pub idempotency_key: Option<String>,
+    pub cancelled: bool,
+    pub created_ms: u64,
+    pub updated_ms: u64,
+    pub completed_ms: Option<u64>,
+    pub history: Vec<Transition<TaskState>>,
+}
+
+/// Why an event was not applied. Deterministic: every reader rejects the same events.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejected {
+    #[error("undecodable event: {0}")]
+    Undecodable(String),
+    #[error("template {0} is already registered with other content")]
+    TemplateConflict(TemplateKey),
+    #[error("no template {0}")]
+    UnknownTemplate(TemplateKey),
+    #[error("task {0} exists already")]
+    DuplicateTask(String),
+    #[error("idempotency key already used by task {existing}")]
+    DuplicateKey { existing: String },
+    #[error("no task {0}")]
+    UnknownTask(String),
+    #[error("task {task} has no step {step}")]
+    UnknownStep { task: String, step: String },
+    #[error("task {task} is {state:?}")]
+    TaskClosed { task: String, state: TaskState },
+    #[error("{event} for attempt {} of {}: the step is at attempt {current}, {state:?}", at.attempt, at.step)]
+    Superseded {
+        event: &'static str,
+        at: StepRef,
+        current: u32,
+        state: StepState,
+    },
+    #[error("claim of attempt {} of {} by {worker} lost to {winner}", at.attempt, at.step)]
+    ClaimLost {
+        at: StepRef,
+        worker: String,
+        winner: String,
+    },
+    #[error("step {} is not ready: a dependency is not complete", at.step)]
+    NotReady { at: StepRef },
+}
+
+/// The engine's state. Iteration orders are those of `BTreeMap`s, so that everything
+/// derived from a state (decisions included) is the same on every reader.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct State {
+    pub templates: BTreeMap<TemplateKey, Arc<Template>>,
+    pub tasks: BTreeMap<String, Task>,
+    /// `namespace/name@version/key` to the task it created.
+    pub idempotency: BTreeMap<String, String>,
+    /// The position after the last event applied or rejected.
+    pub next_position: u64,
+    pub rejected: u64,
+}
+
+/// What the API scopes an idempotency key by.
+pub fn idempotency_scope(key: &TemplateKey, idempotency_key: &str) -> String {
+    format!("{key}/{idempotency_key}")
+}
+
+impl State {
+    /// Applies the event at `position` (or refuses it; the state is then unchanged).
+    pub fn apply(&mut self, position: u64, env: &Envelope) -> Result<(), Rejected> {
+        self.next_position = position + 1;
+        let result = self.dispatch(position, env);
+        if result.is_err() {
+            self.rejected += 1;
+        }
+        result
+    }
+
+    /// The same for a message that did not decode: counted, refused.
+    pub fn refuse(&mut self, position: u64, why: String) -> Rejected {
+        self.next_position = position + 1;
+        self.rejected += 1;
+        Rejected::Undecodable(why)
+    }
+
+    fn dispatch(&mut self, position: u64, env: &Envelope) -> Result<(), Rejected> {
+        let ts = env.ts_ms;
+        match &env.event {
+            Event::TemplateRegistered { template } => self.register(template),
+            Event::TaskCreated {
+                task,
+                namespace,
+                name,
+                version,
+                context,
+                idempotency_key,
+            } => {
+                let key = TemplateKey {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    version: version.clone(),
+                };
+                let new = NewTask {
+                    uuid: task,
+                    key,
+                    context,
+                    idempotency_key: idempotency_key.as_deref(),
+                };
+                self.create(new, position, ts)
+            }
+            Event::Heartbeat { .. } => Ok(()),
+            Event::TaskCancelled { task, .. } => self.cancel(task, position, ts),
+            step_event => self.step_event(step_event, position, ts),
+        }
+    }
+
+    fn register(&mut self, template: &Template) -> Result<(), Rejected> {
+        let key = template.key();
+        match self.templates.get(&key) {
+            Some(t) if **t == *template => Ok(()),
+            Some(_) => Err(Rejected::TemplateConflict(key)),
+            None => {
+                self.templates.insert(key, Arc::new(template.clone()));
+                Ok(())
+            }
+        }
+    }
+
+    fn create(&mut self, new: NewTask, position: u64, ts: u64) -> Result<(), Rejected> {
+        let template = self
+            .templates
+            .get(&new.key)
+            .cloned()
+            .ok_or_else(|| Rejected::UnknownTemplate(new.key.clone()))?;
+        if self.tasks.contains_key(new.uuid) {
+            return Err(Rejected::DuplicateTask(new.uuid.to_string()));
+        }
+        let scope = new.idempotency_key.map(|k| idempotency_scope(&new.key, k));
+        if let Some(existing) = scope.as_ref().and_then(|s| self.idempotency.get(s)) {
+            return Err(Rejected::DuplicateKey {
+                existing: existing.clone(),
+            });
+        }
+        let mut task = Task::new(new.uuid, template, new.context.clone(), ts);
+        task.idempotency_key = new.idempotency_key.map(str::to_string);
+        crate::settle::settle(&mut task, position, ts);
+        if let Some(scope) = scope {
+            self.idempotency.insert(scope, new.uuid.to_string());
+        }
+        self.tasks.insert(new.uuid.to_string(), task);
+        Ok(())
+    }
+
+    fn cancel(&mut self, uuid: &str, position: u64, ts: u64) -> Result<(), Rejected> {
+        let task = open_task(&mut self.tasks, uuid)?;
+        for step in &mut task.steps {
+            if !step.state.is_terminal() {
+                step.enter(StepState::Cancelled, position, ts);
+            }
+        }
+        task.cancelled = true;
+        crate::settle::settle(task, position, ts);
+        Ok(())
+    }
+
+    fn step_event(&mut self, event: &Event, position: u64, ts: u64) -> Result<(), Rejected> {
+        let at = step_ref(event);
+        let task = self
+            .tasks
+            .get_mut(&at.task)
+            .ok_or_else(|| Rejected::UnknownTask(at.task.clone()))?;
+        let index = task
+            .template
+            .step_index(&at.step)
+            .ok_or_else(|| Rejected::UnknownStep {
+                task: at.task.clone(),
+                step: at.step.clone(),
+            })?;
+        let outcome = if task.state.is_terminal() {
+            Err(Rejected::TaskClosed {
+                task: at.task.clone(),
+                state: task.state,
+            })
+        } else {
+            apply_to_step(task, index, event, position, ts)
+        };
+        if let Err(e) = &outcome {
+            let note = format!(
+                "position {position}: {} of attempt {}: {e}",
+                event.kind(),
+                at.attempt
+            );
+            task.steps[index].refused.push(note);
+        }
+        outcome
+    }
+}
+
+/// A step event on an open task; the task settles if it applied.
+fn apply_to_step(
+    task: &mut Task,
+    index: usize,
+    event: &Event,
+    position: u64,
+    ts: u64,
+) -> Result<(), Rejected> {
+    let ready = task.deps[index]
+        .iter()
+        .all(|&d| task.steps[d].state == StepState::Complete);
+    let timeout_s = task.template.steps[index].timeout_seconds;
+    let how = crate::step_events::At {
+        ready,
+        timeout_s,
+        position,
+        ts,
+    };
+    crate::step_events::apply(&mut task.steps[index], event, how)?;
+    crate::settle::settle(task, position, ts);
+    Ok(())
+}
+
+struct NewTask<'a> {
+    uuid: &'a str,
+    key: TemplateKey,
+    context: &'a Value,
+    idempotency_key: Option<&'a str>,
+}
+
+fn open_task<'a>(
+    tasks: &'a mut BTreeMap<String, Task>,
+    uuid: &str,
+) -> Result<&'a mut Task, Rejected> {
+    let task = tasks
+        .get_mut(uuid)
+        .ok_or_else(|| Rejected::UnknownTask(uuid.to_string()))?;
+    if task.state.is_terminal() {
+        return Err(Rejected::TaskClosed {
+            task: uuid.to_string(),
+            state: task.state,
+        });
+    }
+    Ok(task)
+}
+
+/// The attempt a step event is about (every event `step_event` gets has one).
+fn step_ref(event: &Event) -> &StepRef {
+    match event.step_ref() {
+        Some(at) => at,
+        None => unreachable!("not a step event: {event:?}"),
+    }
+}
+
+impl Task {
+    fn new(uuid: &str, template: Arc<Template>, context: Value, ts: u64) -> Self {
+        let deps = template
+            .steps
+            .iter()
+            .map(|s| {
+                let found = s.dependencies.iter().filter_map(|d| template.step_index(d));
+                found.collect()
+            })
+            .collect();
+        let steps = template.steps.iter().map(|s| Step::new(&s.name)).collect();
+        Self {
+            uuid: uuid.to_string(),
+            template,
+            context,
+            state: TaskState::Pending,
+            steps,
+            deps,
+            idempotency_key: None,
+            cancelled: false,
+            created_ms: ts,
+            updated_ms: ts,
+            completed_ms: None,
+            history: Vec::new(),
+        }
+    }
+
+    /// Pending steps whose dependencies are all complete.
+    pub fn ready_steps(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.steps.len()).filter(|&i| {
+            self.steps[i].state == StepState::Pending
+                && self.deps[i]
+                    .iter()
+                    .all(|&d| self.steps[d].state == StepState::Complete)
+        })
+    }
+
+    /// Every step `index` depends on, directly or not, in template order.
+    pub fn ancestors(&self, index: usize) -> Vec<usize> {
+        let mut seen = vec![false; self.steps.len()];
+        let mut stack = self.deps[index].clone();
+        while let Some(i) = stack.pop() {
+            if !std::mem::replace(&mut seen[i], true) {
+                stack.extend(&self.deps[i]);
+            }
+        }
+        (0..self.steps.len()).filter(|&i| seen[i]).collect()
+    }
+
+    pub fn step(&self, name: &str) -> Option<&Step> {
+        self.steps.iter().find(|s| s.name == name)
+    }
+}
+
+impl Step {
+    fn new(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            state: StepState::Pending,
+            attempt: 0,
+            worker: None,
+            failures: 0,
+            lease_losses: 0,
+            result: None,
+            last_error: None,
+            returned: None,
+            retry_due_ms: None,
+            history: Vec::new(),
+            refused: Vec::new(),
+        }
+    }
+
+    /// Moves along a legal edge; any other move is a bug in the fold.
+    pub(crate) fn enter(&mut self, to: StepState, position: u64, ts_ms: u64) {
+        let from = self.state;
+        assert!(
+            legal_step(from, to),
+            "illegal step transition {from:?} -> {to:?} of {}",
+            self.name
+        );
+        self.state = to;
+        self.history.push(Transition {
+            from,
+            to,
+            position,
+            ts_ms,
+        });
+    }
+}
+
+/// How an expiry reads as a returned attempt.
+pub(crate) fn expired(reason: Expiry, timeout_s: u64) -> Returned {
+    match reason {
+        Expiry::LeaseLost => Returned::LeaseLost,
+        Expiry::Timeout => Returned::Failure {
+            message: format!("timed out after {timeout_s} s"),
+            retryable: true,
+            retry_after_ms: None,
+        },
+    }
+}
+
+impl From<&Outcome> for Returned {
+    fn from(o: &Outcome) -> Self {
+        match o {
+            Outcome::Success { result } => Returned::Success(result.clone()),
+            Outcome::Failure {
+                message,
+                retryable,
+                retry_after_ms,
+            } => Returned::Failure {
+                message: message.clone(),
+                retryable: *retryable,
+                retry_after_ms: *retry_after_ms,
+            },
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! Task templates: the YAML document a user registers (Tasker's fields), parsed into
+//! typed structs. Checking a parsed template (dependencies, cycles, handlers, schema)
+//! is [`crate::validate`]'s job; this module owns only the shape and its defaults.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::fmt;
+
+/// A registered template, the same in YAML, in the API's JSON and in the log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Template {
+    pub name: String,
+    #[serde(alias = "namespace_name")]
+    pub namespace: String,
+    pub version: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// JSON Schema every task's context must satisfy on submit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_schema: Option<Value>,
+    pub steps: Vec<StepTemplate>,
+    /// Staleness thresholds (Tasker's `lifecycle`); kept, not acted on in phase 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<Lifecycle>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Value>,
+}
+
+/// Where a template is found: namespace, name and version.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TemplateKey {
+    pub namespace: String,
+    pub name: String,
+    pub version: String,
+}
+
+impl fmt::Display for TemplateKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}@{}", self.namespace, self.name, self.version)
+    }
+}
+
+impl Template {
+    pub fn key(&self) -> TemplateKey {
+        TemplateKey {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            version: self.version.clone(),
+        }
+    }
+
+    /// The index of the step called `name`.
+    pub fn step_index(&self, name: &str) -> Option<usize> {
+        self.steps.iter().position(|s| s.name == name)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepTemplate {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, rename = "type")]
+    pub step_type: StepType,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependencies: Vec<String>,
+    pub handler: HandlerSpec,
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    /// The longest one attempt may run; enforced by the worker and the orchestrator.
+    #[serde(default = "default_timeout_seconds")]
+    pub timeout_seconds: u64,
+    /// Batch steps (phase 2): kept as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_config: Option<Value>,
+}
+
+fn default_timeout_seconds() -> u64 {
+    30
+}
+
+/// Tasker's step types. Phase 1 executes `standard` only; registration refuses others.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepType {
+    #[default]
+    Standard,
+    Decision,
+    DeferredConvergence,
+    Batchable,
+    BatchWorker,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandlerSpec {
+    /// The handler's registered name.
+    pub callable: String,
+    /// Configuration handed to the handler with every call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialization: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryPolicy {
+    pub retryable: bool,
+    /// Attempts in all, counting the first (so 1 means no retry).
+    pub max_attempts: u32,
+    pub backoff: Backoff,
+    pub backoff_base_ms: u64,
+    pub max_backoff_ms: u64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            retryable: true,
+            max_attempts: 3,
+            backoff: Backoff::Exponential,
+            backoff_base_ms: 100,
+            max_backoff_ms: 10_000,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The pause before the retry that follows the `failures`-th failure (1-based).
+    pub fn delay_ms(&self, failures: u32) -> u64 {
+        let n = failures.max(1) as u64;
+        let raw = match self.backoff {
+            Backoff::None => 0,
+            Backoff::Linear => self.backoff_base_ms.saturating_mul(n),
+            Backoff::Exponential => {
+                let shift = (n - 1).min(32) as u32;
+                self.backoff_base_ms.saturating_mul(1u64 << shift)
+            }
+        };
+        raw.min(self.max_backoff_ms)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backoff {
+    None,
+    Linear,
+    Exponential,
+}
+
+/// Tasker's staleness thresholds, in minutes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lifecycle {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps_in_process_minutes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_waiting_for_retry_minutes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_waiting_for_dependencies_minutes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_duration_minutes: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_as_the_policy_says_and_stops_at_the_cap() {
+        let mut p = RetryPolicy {
+            backoff_base_ms: 100,
+            max_backoff_ms: 350,
+            ..RetryPolicy::default()
+        };
+        assert_eq!([1, 2, 3].map(|n| p.delay_ms(n)), [100, 200, 350]);
+        p.backoff = Backoff::Linear;
+        assert_eq!([1, 2, 3, 4].map(|n| p.delay_ms(n)), [100, 200, 300, 350]);
+        p.backoff = Backoff::None;
+        assert_eq!(p.delay_ms(5), 0);
+    }
+}

@@ -1,0 +1,317 @@
+//! Loading and checking templates: YAML text to a [`Template`], then the checks a
+//! template must pass before it is registered (names, dependencies, cycles, handlers,
+//! the input schema), each failure a [`TemplateError`] naming template, step and field.
+
+use crate::schema::InputSchema;
+use crate::template::{StepType, Template};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+/// What is wrong with a template, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateError {
+    /// `namespace/name@version` when known, else what the document's `name` says.
+    pub template: String,
+    pub step: Option<String>,
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for TemplateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "template `{}`", self.template)?;
+        if let Some(step) = &self.step {
+            write!(f, ", step `{step}`")?;
+        }
+        write!(f, ", field `{}`: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for TemplateError {}
+
+/// Handler names a template may use; `None` checks none (the orchestrator of a
+/// deployment whose workers register handlers it does not link).
+pub type KnownHandlers<'a> = Option<&'a BTreeSet<String>>;
+
+/// Parses YAML (or JSON, which is YAML) and checks the result.
+pub fn load(text: &str, handlers: KnownHandlers) -> Result<Template, TemplateError> {
+    let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).map_err(|e| TemplateError {
+        template: "?".into(),
+        step: None,
+        field: "(document)".into(),
+        message: format!("not YAML: {e}"),
+    })?;
+    // From the text, not the value: only then do serde_yaml_ng's errors carry the path.
+    let template: Template =
+        serde_yaml_ng::from_str(text).map_err(|e| shape_error(&value, &e.to_string()))?;
+    check(&template, handlers)?;
+    Ok(template)
+}
+
+/// A serde error located: serde_yaml_ng says `steps[1].retry: unknown field ...`; the
+/// step index is turned into the step's name when the document has one.
+fn shape_error(doc: &serde_yaml_ng::Value, text: &str) -> TemplateError {
+    let template = doc
+        .get("name")
+        .and_then(|n| n.as_str())
+        .unwrap_or("?")
+        .to_string();
+    let (path, message) = match text.split_once(": ") {
+        Some((p, m)) if !p.contains(' ') => (p.to_string(), m.to_string()),
+        _ => (String::new(), text.to_string()),
+    };
+    let (step, field) = match path.strip_prefix("steps[") {
+        Some(rest) => {
+            let (index, field) = rest.split_once(']').unwrap_or((rest, ""));
+            let name = index
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| doc.get("steps")?.get(i)?.get("name")?.as_str())
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("#{index}"));
+            (Some(name), field.trim_start_matches('.').to_string())
+        }
+        None => (None, path),
+    };
+    let field = if field.is_empty() {
+        field_in(&message)
+    } else {
+        field
+    };
+    TemplateError {
+        template,
+        step,
+        field,
+        message,
+    }
+}
+
+/// The field a serde message names (``unknown field `x` `` or ``missing field `x` ``).
+fn field_in(message: &str) -> String {
+    message
+        .split('`')
+        .nth(1)
+        .map(str::to_string)
+        .unwrap_or_else(|| "(document)".into())
+}
+
+/// Every check a parsed template must pass.
+pub fn check(t: &Template, handlers: KnownHandlers) -> Result<(), TemplateError> {
+    let err = |step: Option<&str>, field: &str, message: String| TemplateError {
+        template: t.key().to_string(),
+        step: step.map(str::to_string),
+        field: field.into(),
+        message,
+    };
+    for (field, value) in [
+        ("name", &t.name),
+        ("namespace", &t.namespace),
+        ("version", &t.version),
+    ] {
+        if !is_identifier(value) {
+            return Err(err(
+                None,
+                field,
+                format!("`{value}` must be 1-128 letters, digits, '.', '_' or '-'"),
+            ));
+        }
+    }
+    if t.steps.is_empty() {
+        return Err(err(
+            None,
+            "steps",
+            "a template needs at least one step".into(),
+        ));
+    }
+    if let Some(schema) = &t.input_schema {
+        InputSchema::compile(schema).map_err(|m| err(None, "input_schema", m))?;
+    }
+    check_steps(t, handlers).map_err(|(step, field, m)| err(Some(&step), field, m))?;
+    if let Some(cycle) = find_cycle(t) {
+        let (first, path) = (cycle[0].clone(), cycle.join(" -> "));
+        return Err(err(
+            Some(&first),
+            "dependencies",
+            format!("dependency cycle: {path}"),
+        ));
+    }
+    Ok(())
+}
+
+type StepProblem = (String, &'static str, String);
+
+fn check_steps(t: &Template, handlers: KnownHandlers) -> Result<(), StepProblem> {
+    let mut seen = BTreeSet::new();
+    for s in &t.steps {
+        let fail = |field, message: String| Err((s.name.clone(), field, message));
+        if !is_identifier(&s.name) {
+            return fail(
+                "name",
+                "must be 1-128 letters, digits, '.', '_' or '-'".into(),
+            );
+        }
+        if !seen.insert(s.name.as_str()) {
+            return fail("name", "two steps have this name".into());
+        }
+        if s.step_type != StepType::Standard {
+            let kind = serde_json::to_value(s.step_type).unwrap_or_default();
+            return fail(
+                "type",
+                format!("{kind} steps are not supported yet (phase 1 runs standard steps)"),
+            );
+        }
+        for d in &s.dependencies {
+            if t.step_index(d).is_none() {
+                return fail("dependencies", format!("no step is called `{d}`"));
+            }
+        }
+        if let Some(known) = handlers {
+            if !known.contains(&s.handler.callable) {
+                let list: Vec<_> = known.iter().map(String::as_str).collect();
+                return fail(
+                    "handler.callable",
+                    format!(
+                        "no handler `{}` is registered (known: {})",
+                        s.handler.callable,
+                        list.join(", ")
+                    ),
+                );
+            }
+        }
+        if s.retry.max_attempts == 0 {
+            return fail(
+                "retry.max_attempts",
+                "must be at least 1 (the first attempt counts)".into(),
+            );
+        }
+        if s.timeout_seconds == 0 {
+            return fail("timeout_seconds", "must be at least 1".into());
+        }
+    }
+    Ok(())
+}
+
+fn is_identifier(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// A dependency cycle as step names (first repeated at the end), if there is one.
+fn find_cycle(t: &Template) -> Option<Vec<String>> {
+    let deps: BTreeMap<&str, &[String]> = t
+        .steps
+        .iter()
+        .map(|s| (s.name.as_str(), s.dependencies.as_slice()))
+        .collect();
+    // 0: unvisited, 1: on the current path, 2: done.
+    let mut mark: BTreeMap<&str, u8> = BTreeMap::new();
+    let mut path = Vec::new();
+    for s in &t.steps {
+        if let Some(c) = visit(&s.name, &deps, &mut mark, &mut path) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+fn visit<'a>(
+    node: &'a str,
+    deps: &BTreeMap<&'a str, &'a [String]>,
+    mark: &mut BTreeMap<&'a str, u8>,
+    path: &mut Vec<&'a str>,
+) -> Option<Vec<String>> {
+    match mark.get(node).copied().unwrap_or(0) {
+        2 => return None,
+        1 => {
+            let start = path.iter().position(|n| *n == node).unwrap_or(0);
+            let mut cycle: Vec<String> = path[start..].iter().map(|s| s.to_string()).collect();
+            cycle.push(node.to_string());
+            return Some(cycle);
+        }
+        _ => {}
+    }
+    mark.insert(node, 1);
+    path.push(node);
+    for d in deps.get(node).copied().unwrap_or_default() {
+        if let Some(c) = visit(d.as_str(), deps, mark, path) {
+            return Some(c);
+        }
+    }
+    path.pop();
+    mark.insert(node, 2);
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "name: lin\nnamespace: demo\nversion: 1.0.0\nsteps:\n";
+
+    fn load_err(steps: &str) -> TemplateError {
+        let known: BTreeSet<String> = ["math.square".to_string()].into();
+        load(&format!("{BASE}{steps}"), Some(&known)).unwrap_err()
+    }
+
+    #[test]
+    fn a_good_template_loads() {
+        let t = load(
+            &format!("{BASE}  - name: a\n    handler: {{callable: math.square}}\n  - name: b\n    dependencies: [a]\n    handler: {{callable: math.square}}\n"),
+            None,
+        )
+        .unwrap();
+        assert_eq!(t.steps[1].dependencies, ["a"]);
+        assert_eq!(t.steps[1].retry.max_attempts, 3);
+    }
+
+    #[test]
+    fn errors_name_template_step_and_field() {
+        let e =
+            load_err("  - name: a\n    dependencies: [zz]\n    handler: {callable: math.square}\n");
+        assert_eq!(
+            (e.step.as_deref(), e.field.as_str()),
+            (Some("a"), "dependencies")
+        );
+        assert!(
+            e.to_string().contains("demo/lin@1.0.0") && e.message.contains("zz"),
+            "{e}"
+        );
+
+        let e = load_err("  - name: a\n    handler: {callable: nope}\n");
+        assert_eq!(e.field, "handler.callable");
+
+        let e = load_err("  - name: a\n    dependencies: [b]\n    handler: {callable: math.square}\n  - name: b\n    dependencies: [a]\n    handler: {callable: math.square}\n");
+        assert!(e.message.contains("a -> b -> a"), "{e}");
+
+        let e = load_err("  - name: a\n    handler: {callable: math.square}\n  - name: a\n    handler: {callable: math.square}\n");
+        assert_eq!((e.step.as_deref(), e.field.as_str()), (Some("a"), "name"));
+    }
+
+    #[test]
+    fn bad_fields_are_located_by_step_name() {
+        let e = load_err("  - name: a\n    handler: {callable: math.square}\n  - name: b\n    handler: {callable: math.square}\n    retry: {backoff: fast}\n");
+        assert_eq!(e.template, "lin");
+        assert_eq!(e.step.as_deref(), Some("b"), "{e}");
+        assert!(e.field.starts_with("retry"), "{e}");
+        let e = load_err("  - name: a\n    handlr: {callable: math.square}\n");
+        assert_eq!(
+            (e.step.as_deref(), e.field.as_str()),
+            (Some("a"), "handlr"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_bad_input_schema_is_refused_at_load() {
+        let e = load(
+            &format!(
+                "{BASE}  - name: a\n    handler: {{callable: x}}\ninput_schema: {{type: 12}}\n"
+            ),
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "input_schema", "{e}");
+    }
+}

@@ -1,0 +1,294 @@
+//! A worker: folds the event log like the orchestrator does, claims enqueued attempts
+//! of its namespaces whose handler it has (a claim is an event; the first claim of an
+//! attempt in log order wins, and every reader agrees which), runs the attempts it won
+//! on threads of their own with the step's timeout, publishes their results, and
+//! heartbeats while it holds any.
+
+use crate::event::{Event, Outcome, StepRef};
+use crate::handler::{Registry, StepContext, StepError};
+use crate::ids::{new_uuid, now_ms};
+use crate::log::{ensure_topic, Folded, Folder, LogConfig, Shared, Writer};
+use crate::machine::StepState;
+use crate::state::State;
+use embarcadero_client::Error;
+use serde_json::{Map, Value};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub log: LogConfig,
+    /// Namespaces served; empty: all.
+    pub namespaces: Vec<String>,
+    /// Attempts run at once.
+    pub concurrency: usize,
+    /// The orchestrator's lease; heartbeats go out three times per lease.
+    pub lease_ms: u64,
+}
+
+pub struct Worker {
+    pub id: String,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<(), Error>>>,
+}
+
+impl Worker {
+    pub fn start(cfg: WorkerConfig, registry: Registry) -> Result<Self, Error> {
+        let replay_end = ensure_topic(&cfg.log)?;
+        let id = format!("worker-{}", &new_uuid()[..8]);
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut runtime = Runtime {
+            id: id.clone(),
+            folder: Folder::open(&cfg.log)?,
+            shared: Arc::new(Shared::default()),
+            writer: Arc::new(Writer::open(&cfg.log)?),
+            registry,
+            running: Arc::new(AtomicUsize::new(0)),
+            claims: HashSet::new(),
+            last_heartbeat: 0,
+            replay_end,
+            cfg,
+        };
+        let stop_flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("worker".into())
+            .spawn(move || runtime.run(&stop_flag))
+            .map_err(|e| Error::Config(format!("cannot start the worker thread: {e}")))?;
+        Ok(Self {
+            id,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops claiming and returns once the loop has ended (attempts running finish on
+    /// their own threads).
+    pub fn stop(&mut self) -> Result<(), Error> {
+        self.stop.store(true, Ordering::SeqCst);
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(Error::Config("the worker thread panicked".into())),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the loop has ended (it fails when the log does).
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+}
+
+struct Runtime {
+    id: String,
+    cfg: WorkerConfig,
+    folder: Folder,
+    shared: Arc<Shared>,
+    writer: Arc<Writer>,
+    registry: Registry,
+    running: Arc<AtomicUsize>,
+    /// Claims published and not yet decided by the log.
+    claims: HashSet<StepRef>,
+    last_heartbeat: u64,
+    replay_end: u64,
+}
+
+const POLL: Duration = Duration::from_millis(20);
+
+impl Runtime {
+    fn run(&mut self, stop: &AtomicBool) -> Result<(), Error> {
+        while !stop.load(Ordering::SeqCst) {
+            let folded = self.folder.pump(&self.shared, POLL)?;
+            for f in &folded {
+                self.settle_claim(f);
+            }
+            if self.shared.lock().next_position < self.replay_end {
+                continue;
+            }
+            self.claim_more()?;
+            self.heartbeat()?;
+        }
+        Ok(())
+    }
+
+    /// A claim of ours came back through the log: run it if it won.
+    fn settle_claim(&mut self, f: &Folded) {
+        let Some(Event::StepClaimed { at, worker }) = f.envelope.as_ref().map(|e| &e.event) else {
+            return;
+        };
+        if *worker != self.id || !self.claims.remove(at) {
+            return;
+        }
+        if f.outcome.is_err() {
+            return; // another worker's claim came first
+        }
+        match self.prepare(at) {
+            Some(job) => self.spawn(job),
+            None => tracing::warn!("won {at:?} but cannot prepare it"),
+        }
+    }
+
+    fn claim_more(&mut self) -> Result<(), Error> {
+        let free = self
+            .cfg
+            .concurrency
+            .saturating_sub(self.running.load(Ordering::SeqCst) + self.claims.len());
+        if free == 0 {
+            return Ok(());
+        }
+        let wanted: Vec<StepRef> =
+            claimable(&self.shared.lock(), &self.cfg.namespaces, &self.registry)
+                .filter(|at| !self.claims.contains(at))
+                .take(free)
+                .collect();
+        for at in wanted {
+            self.claims.insert(at.clone());
+            let worker = self.id.clone();
+            self.writer.publish(Event::StepClaimed { at, worker })?;
+        }
+        Ok(())
+    }
+
+    fn heartbeat(&mut self) -> Result<(), Error> {
+        let now = now_ms();
+        let busy = self.running.load(Ordering::SeqCst) > 0 || !self.claims.is_empty();
+        if busy && now.saturating_sub(self.last_heartbeat) >= self.cfg.lease_ms / 3 {
+            self.last_heartbeat = now;
+            self.writer.publish(Event::Heartbeat {
+                worker: self.id.clone(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The context a won attempt runs with.
+    fn prepare(&self, at: &StepRef) -> Option<Job> {
+        let state = self.shared.lock();
+        let task = state.tasks.get(&at.task)?;
+        let index = task.template.step_index(&at.step)?;
+        let spec = &task.template.steps[index];
+        let ancestors: Map<String, Value> = task
+            .ancestors(index)
+            .into_iter()
+            .map(|i| {
+                (
+                    task.steps[i].name.clone(),
+                    task.steps[i].result.clone().unwrap_or(Value::Null),
+                )
+            })
+            .collect();
+        Some(Job {
+            at: at.clone(),
+            callable: spec.handler.callable.clone(),
+            timeout: Duration::from_secs(spec.timeout_seconds),
+            ctx: StepContext {
+                task_uuid: at.task.clone(),
+                step_name: at.step.clone(),
+                attempt: at.attempt,
+                context: task.context.clone(),
+                initialization: spec.handler.initialization.clone().unwrap_or(Value::Null),
+                ancestors,
+                dependencies: spec.dependencies.clone(),
+            },
+        })
+    }
+
+    fn spawn(&self, job: Job) {
+        let Some(handler) = self.registry.get(&job.callable) else {
+            return;
+        };
+        let (writer, running, worker) =
+            (self.writer.clone(), self.running.clone(), self.id.clone());
+        running.fetch_add(1, Ordering::SeqCst);
+        let started = std::thread::Builder::new()
+            .name("step".into())
+            .spawn(move || {
+                let outcome = run_with_timeout(handler, job.ctx, job.timeout);
+                let event = Event::StepResult {
+                    at: job.at,
+                    worker,
+                    outcome,
+                };
+                if let Err(e) = writer.publish(event) {
+                    tracing::error!("cannot publish a step result: {e}");
+                }
+                running.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = started {
+            tracing::error!("cannot start a step thread: {e}");
+            self.running.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+struct Job {
+    at: StepRef,
+    callable: String,
+    timeout: Duration,
+    ctx: StepContext,
+}
+
+/// Enqueued attempts of the namespaces served whose handler this worker has.
+fn claimable<'a>(
+    state: &'a State,
+    namespaces: &'a [String],
+    registry: &'a Registry,
+) -> impl Iterator<Item = StepRef> + 'a {
+    state
+        .tasks
+        .values()
+        .filter(|t| !t.state.is_terminal())
+        .filter(move |t| namespaces.is_empty() || namespaces.contains(&t.template.namespace))
+        .flat_map(move |t| {
+            t.steps.iter().enumerate().filter_map(move |(i, s)| {
+                let has = registry
+                    .get(&t.template.steps[i].handler.callable)
+                    .is_some();
+                (s.state == StepState::Enqueued && has).then(|| StepRef {
+                    task: t.uuid.clone(),
+                    step: s.name.clone(),
+                    attempt: s.attempt,
+                })
+            })
+        })
+}
+
+/// Runs the handler on a thread of its own and stops waiting at the timeout (the
+/// thread is left to finish; its late result is never published).
+fn run_with_timeout(
+    handler: Arc<dyn crate::handler::StepHandler>,
+    ctx: StepContext,
+    timeout: Duration,
+) -> Outcome {
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("handler".into())
+        .spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.call(&ctx)));
+            let _ =
+                tx.send(r.unwrap_or_else(|_| Err(StepError::retryable("the handler panicked"))));
+        });
+    if let Err(e) = spawned {
+        return failure(StepError::retryable(format!(
+            "cannot start the handler: {e}"
+        )));
+    }
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(result)) => Outcome::Success { result },
+        Ok(Err(e)) => failure(e),
+        Err(_) => failure(StepError::retryable(format!(
+            "timed out after {} s",
+            timeout.as_secs()
+        ))),
+    }
+}
+
+fn failure(e: StepError) -> Outcome {
+    Outcome::Failure {
+        message: e.message,
+        retryable: e.retryable,
+        retry_after_ms: e.retry_after_ms,
+    }
+}

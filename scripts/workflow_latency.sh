@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Workflow latency, phase 1: a server, an orchestrator and one worker on this host;
+# 200 linear 4-step tasks one after another, each from POST to complete (long poll).
+# Events are durable (topic RF 2, ack 2; ACK=1 for ordered only, RF 1).
+# Usage: [ACK=1] scripts/workflow_latency.sh [BIN] [COUNT]
+set -euo pipefail
+BIN=${1:-target/release/embarcadero}
+COUNT=${2:-200}
+ACK=${ACK:-2}
+RF=$([ "$ACK" = 2 ] && echo 2 || echo 1)
+DIR=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$DIR"' EXIT
+
+"$BIN" serve --data-dir "$DIR/data" --base-port 0 --control-port 0 2>"$DIR/serve.log" &
+until grep -q 'embarcadero is serving' "$DIR/serve.log"; do sleep 0.1; done
+CONTROL=$(grep -o 'http://[0-9.:]*' "$DIR/serve.log" | head -1 | sed 's|http://||')
+
+"$BIN" orchestrator --control "$CONTROL" --listen 127.0.0.1:0 --rf "$RF" --ack "$ACK" 2>"$DIR/orch.log" &
+until grep -q 'orchestrator is serving' "$DIR/orch.log"; do sleep 0.1; done
+API=$(grep -o 'http://[0-9.:]*' "$DIR/orch.log" | tail -1 | sed 's|http://||')
+
+"$BIN" worker --control "$CONTROL" --rf "$RF" --ack "$ACK" 2>"$DIR/worker.log" &
+until grep -q 'is running' "$DIR/worker.log"; do sleep 0.1; done
+
+cat >"$DIR/linear.yaml" <<'YAML'
+name: linear
+namespace: bench
+version: 1.0.0
+steps:
+  - {name: one, handler: {callable: math.square}}
+  - {name: two, dependencies: [one], handler: {callable: math.square}}
+  - {name: three, dependencies: [two], handler: {callable: math.square}}
+  - {name: four, dependencies: [three], handler: {callable: math.square}}
+YAML
+"$BIN" template register "$DIR/linear.yaml" --api "$API"
+"$BIN" task bench --namespace bench --name linear --context '{"even_number":2}' --count "$COUNT" --api "$API"
