@@ -3,19 +3,10 @@
 
 mod common;
 
-use common::{free_port, Proc, Serve, BIN};
+use common::{free_port, ok, Proc, Serve, BIN};
 use std::io::Write;
 use std::net::TcpListener;
-use std::process::{Command, Output, Stdio};
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "command failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
+use std::process::{Command, Stdio};
 
 #[test]
 fn quickstart_then_restart_keeps_topics() {

@@ -4,9 +4,9 @@
 
 mod common;
 
-use common::{Serve, BIN};
+use common::{failed, ok, Serve, BIN};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -15,20 +15,6 @@ use std::time::Duration;
 /// Longest wait for one line before the test fails: a hang guard, far above any
 /// normal delay, not a measurement.
 const LINE_GUARD: Duration = Duration::from_secs(30);
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "command failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
-
-fn failed(out: &Output) -> String {
-    assert!(!out.status.success(), "command succeeded unexpectedly");
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 /// The lines of a child's pipe, as they are written, read on a thread of their own.
 fn lines_of(pipe: impl Read + Send + 'static) -> Receiver<String> {

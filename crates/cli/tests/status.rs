@@ -5,22 +5,13 @@
 
 mod common;
 
-use common::{Serve, BIN};
+use common::{ok, Serve, BIN};
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Longest wait for a condition before the test fails: a hang guard, not a measurement.
 const GUARD: Duration = Duration::from_secs(60);
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "command failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
 
 fn json(serve: &Serve, args: &[&str]) -> serde_json::Value {
     let mut args = args.to_vec();

@@ -86,6 +86,22 @@ impl Proc {
     }
 }
 
+/// The stdout of a command that must have succeeded (else its stderr is the failure).
+pub fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "command failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// The stderr of a command that must have failed.
+pub fn failed(out: &Output) -> String {
+    assert!(!out.status.success(), "command succeeded unexpectedly");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// Runs `embarcadero ARGS` to completion.
 pub fn run_bin(args: &[&str]) -> Output {
     Command::new(BIN)
