@@ -13,10 +13,13 @@ use std::path::PathBuf;
 pub enum TaskCommand {
     /// Start a task from a registered template.
     Create {
+        /// The template's namespace.
         #[arg(long)]
         namespace: String,
+        /// The template's name.
         #[arg(long)]
         name: String,
+        /// The template's version.
         #[arg(long, default_value = "1.0.0")]
         version: String,
         /// The task's input, a JSON object.
@@ -30,43 +33,54 @@ pub enum TaskCommand {
         wait: u64,
         #[command(flatten)]
         api: ApiArg,
+        /// Print the result as JSON, for scripts.
         #[arg(long)]
         json: bool,
     },
     /// Show a task, its steps and their results.
     Get {
+        /// The task's id, as `task create` printed it.
         uuid: String,
         #[command(flatten)]
         api: ApiArg,
+        /// Print the result as JSON, for scripts.
         #[arg(long)]
         json: bool,
     },
     /// Measure latency: create COUNT tasks one after another, each awaited by long poll,
     /// and print POST-to-complete percentiles (docs/PERFORMANCE.md).
     Bench {
+        /// The template's namespace.
         #[arg(long)]
         namespace: String,
+        /// The template's name.
         #[arg(long)]
         name: String,
+        /// The template's version.
         #[arg(long, default_value = "1.0.0")]
         version: String,
+        /// Each task's input, a JSON object.
         #[arg(long, default_value = "{}")]
         context: String,
+        /// How many tasks to run, one after another.
         #[arg(long, default_value_t = 200, value_parser = crate::at_least_one)]
         count: usize,
         #[command(flatten)]
         api: ApiArg,
+        /// Print the result as JSON, for scripts.
         #[arg(long)]
         json: bool,
     },
     /// Wait for a task to finish; exits non-zero unless it completed.
     Wait {
+        /// The task's id, as `task create` printed it.
         uuid: String,
         /// Give up after this many seconds.
         #[arg(long, default_value_t = 60)]
         timeout: u64,
         #[command(flatten)]
         api: ApiArg,
+        /// Print the result as JSON, for scripts.
         #[arg(long)]
         json: bool,
     },
@@ -76,9 +90,11 @@ pub enum TaskCommand {
 pub enum TemplateCommand {
     /// Register a YAML template.
     Register {
+        /// The template's YAML file.
         file: PathBuf,
         #[command(flatten)]
         api: ApiArg,
+        /// Print the result as JSON, for scripts.
         #[arg(long)]
         json: bool,
     },
@@ -86,11 +102,13 @@ pub enum TemplateCommand {
     List {
         #[command(flatten)]
         api: ApiArg,
+        /// Print the result as JSON, for scripts.
         #[arg(long)]
         json: bool,
     },
     /// Check a YAML template without registering it (handlers: the built-in ones).
     Validate {
+        /// The template's YAML file.
         file: PathBuf,
         /// Accept any handler name.
         #[arg(long)]
