@@ -99,6 +99,8 @@ pub enum TopicError {
         max: u32,
         needed: u32,
     },
+    #[error("{0}")]
+    NoRoom(#[from] crate::reserve::ReserveError),
     #[error("cannot save topic metadata in {path}: {source}")]
     Io {
         path: PathBuf,
@@ -108,6 +110,8 @@ pub enum TopicError {
 
 pub struct ControlPlane {
     region: Arc<Region>,
+    /// Allocates a topic's slot before the topic is published in the region.
+    reservation: crate::reserve::Reservation,
     defaults: TopicDefaults,
     topics_file: PathBuf,
     /// Serialises topic creation (admin requests only, never the data path).
@@ -121,8 +125,9 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     /// Loads persisted topics and publishes them into the (fresh) region.
-    pub fn open(
+    pub(crate) fn open(
         region: Arc<Region>,
+        reservation: crate::reserve::Reservation,
         data_dir: &Path,
         defaults: TopicDefaults,
     ) -> Result<Self, TopicError> {
@@ -139,10 +144,12 @@ impl ControlPlane {
             });
         }
         for t in &topics {
+            reservation.topic(t.slot)?;
             region.write_topic_meta(t.slot, &meta_of(t));
         }
         Ok(Self {
             region,
+            reservation,
             defaults,
             topics_file,
             lock: parking_lot::Mutex::new(topics),
@@ -186,6 +193,8 @@ impl ControlPlane {
             slot,
             created_unix_ms,
         };
+        // Before it is saved: a topic that cannot have its memory does not exist.
+        self.reservation.topic(slot)?;
         let mut next = topics.clone();
         next.push(topic.clone());
         save(&self.topics_file, &next)?;

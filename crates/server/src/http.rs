@@ -114,11 +114,13 @@ fn error(status: u16, message: String) -> (u16, &'static str, String) {
 }
 
 fn topic_error(e: TopicError) -> (u16, &'static str, String) {
-    let status = match e {
+    let status = match &e {
         TopicError::Invalid(_) => 400,
         TopicError::NotFound(_) => 404,
         TopicError::Exists(_) => 409,
         TopicError::Full(_) | TopicError::FullOfDeleted { .. } => 507,
+        TopicError::NoRoom(e) if e.is_no_room() => 507,
+        TopicError::NoRoom(_) => 500,
         TopicError::TooFewSlots { .. } => 500,
         TopicError::Io { .. } => 500,
     };

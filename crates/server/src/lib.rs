@@ -24,6 +24,7 @@ pub mod http_server;
 mod metrics;
 pub mod positions;
 mod rates;
+mod reserve;
 mod room;
 pub mod sequencer_process;
 mod sigbus;
@@ -140,8 +141,15 @@ impl Server {
                 "region prefaulted"
             );
         }
+        // Before any topic or broker writes there (`reserve`): no SIGBUS later.
+        let reservation = reserve::Reservation::open(&region)
+            .map_err(|e| ServerError::Start(format!("cannot open the region file: {e}")))?;
+        reservation
+            .fixed()
+            .map_err(|e| ServerError::Start(e.to_string()))?;
         let control = control::ControlPlane::open(
             region.clone(),
+            reservation,
             dir,
             TopicDefaults {
                 disk_replicas: replica_dirs.len() as u8,

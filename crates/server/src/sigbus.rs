@@ -1,9 +1,10 @@
-//! The last word of a server whose region ran out of room after it started: a region
-//! page its filesystem cannot hold kills the process with SIGBUS at the first write, which
-//! no code can turn into an error. The start-up check (`room`) rules it out at start;
-//! space others take later (a shared tmpfs filling up) can still do it under a sparse
-//! region. Then, instead of dying without a word, the process says why and what to do,
-//! and dies of the signal as before (its exit status still shows SIGBUS).
+//! The last word of a server killed by SIGBUS on its region: a region page that cannot be
+//! backed kills the process at the first access, which no code can turn into an error.
+//! Running out of room cannot cause it any more (`room` checks at start, `reserve`
+//! allocates every range before it is written), so what is left is the region file being
+//! truncated or replaced by another program, or its filesystem failing. Instead of dying
+//! without a word, the process says so and what to do, and dies of the signal as before
+//! (its exit status still shows SIGBUS).
 //!
 //! Owns the process's SIGBUS disposition and one preformatted message.
 
@@ -20,9 +21,10 @@ pub(crate) fn explain_on_sigbus(region: &Path) {
     let _ = MESSAGE.set(
         format!(
             "\nembarcadero: killed by SIGBUS: a page of the region file {} could not be \
-             allocated, most likely because its filesystem is full. Free space there, move \
-             region.path to a filesystem with room for the whole region, or set \
-             region.prefault = true so that every page is allocated at start.\n",
+             accessed. Every range of it is allocated before it is written, so another \
+             program most likely truncated or replaced the file, or its filesystem failed. \
+             Keep other programs away from region.path and start the server again: it \
+             builds a fresh region from its disk replicas.\n",
             region.display()
         )
         .into_bytes(),
