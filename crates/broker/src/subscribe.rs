@@ -12,6 +12,7 @@ use embarcadero_region::{
 use embarcadero_replication::{DiskReader, DiskSeek};
 use embarcadero_wire::{
     BatchFlags, BatchOk, DeliveryHeader, ErrorCode, Hello, DELIVERY_HEADER_LEN, FRAME_HEADER_LEN,
+    SUBSCRIBE_FROM_FIRST_RETAINED,
 };
 use std::cell::Cell;
 use std::io::{self, Write};
@@ -52,8 +53,13 @@ pub fn run(
     if let Err(e) = stream.set_write_timeout(Some(stall)) {
         return e.into();
     }
+    let from_first = hello.subscribe_flags & SUBSCRIBE_FROM_FIRST_RETAINED != 0;
     let result = if meta.order >= 2 {
-        serve_global(shared, stream, topic, &meta, hello.start_position)
+        let start = Start {
+            position: hello.start_position,
+            from_first,
+        };
+        serve_global(shared, stream, topic, &meta, start)
     } else {
         let brokers = shared.region.capacities().brokers as usize;
         let cursors = if cursors.is_empty() {
@@ -61,7 +67,7 @@ pub fn run(
         } else {
             cursors
         };
-        serve_per_broker(shared, stream, topic, &meta, cursors)
+        serve_per_broker(shared, stream, topic, &meta, cursors, from_first)
     };
     match result {
         Ok(()) => End::Gone,
@@ -554,37 +560,65 @@ impl IdleWait {
     }
 }
 
+/// Where a subscription to an order 2 or 5 topic starts.
+struct Start {
+    /// The global position of the first message wanted.
+    position: u64,
+    /// [`SUBSCRIBE_FROM_FIRST_RETAINED`]: a position that is gone moves up to the first
+    /// retained one instead of ending the subscription.
+    from_first: bool,
+}
+
+impl Start {
+    /// `position` is gone and `first` is the first retained position: where to look
+    /// next, or the refusal the subscriber gets.
+    fn gone(&mut self, first: u64) -> Result<(), End> {
+        // Reclamation only moves forward, so the first retained position is past the
+        // one that is gone; a `first` at or below it would mean looking again forever.
+        if !self.from_first || first <= self.position {
+            return Err(not_retained(self.position, Some(first)));
+        }
+        self.position = first;
+        Ok(())
+    }
+}
+
 fn serve_global(
     shared: &Shared,
     stream: &mut TcpStream,
     topic: u32,
     meta: &TopicMeta,
-    start: u64,
+    mut start: Start,
 ) -> Result<(), End> {
     let region = &shared.region;
     let bell = region.topic_bell(topic);
     let mut idle = IdleWait::new(shared);
     let mut cursor: Option<(u64, u32)> = None;
     let mut disk = DiskLog::new(shared, meta);
-    let pin = Pin::claim(region, topic, &Claimant::of(shared, stream), &[start])?;
+    let claimant = Claimant::of(shared, stream);
+    let pin = Pin::claim(region, topic, &claimant, &[start.position])?;
     while !shared.shutdown.load(Ordering::Relaxed) {
         let seen = bell.seen();
         still_there(region, topic, meta)?;
         pin.beat();
         if cursor.is_none() {
-            let memory = locate_global(region, topic, start);
+            let memory = locate_global(region, topic, start.position);
             let durable = region.durable_seq(topic, meta.replication_factor);
             cursor = match (memory, disk.as_mut()) {
                 (Locate::At { index, skip }, _) => Some((index, skip)),
                 (Locate::Ahead, _) => None,
-                (_, Some(disk)) => match disk.seek_position(start, durable)? {
+                (_, Some(disk)) => match disk.seek_position(start.position, durable)? {
                     DiskSeek::At { seq, skip } => Some((seq, skip)),
                     DiskSeek::Gone { first_position } => {
-                        return Err(not_retained(start, Some(first_position)))
+                        start.gone(first_position)?;
+                        continue;
                     }
                     DiskSeek::Beyond => None,
                 },
-                (Locate::Gone { first }, None) => return Err(not_retained(start, Some(first))),
+                (Locate::Gone { first }, None) => {
+                    start.gone(first)?;
+                    continue;
+                }
                 (Locate::NotYet, None) => None,
             };
         }
@@ -932,12 +966,40 @@ fn locate_in_broker(region: &Region, topic: u32, broker: u32, pos: u64) -> Locat
     }
 }
 
+/// Where a subscription to an order 0 or 1 topic starts in `broker`'s log: the batch
+/// index and messages to skip, `None` if the log has not reached `position` yet. A
+/// position that is gone moves up to the first retained one where the subscriber asked
+/// for that (`from_first`), else ends the subscription with PositionNotRetained.
+fn locate_broker_start(
+    region: &Region,
+    topic: u32,
+    broker: u32,
+    position: &mut u64,
+    from_first: bool,
+) -> Result<Option<(u64, u32)>, End> {
+    loop {
+        match locate_in_broker(region, topic, broker, *position) {
+            Locate::At { index, skip } => return Ok(Some((index, skip))),
+            Locate::NotYet | Locate::Ahead => return Ok(None),
+            Locate::Gone { first } => {
+                let mut start = Start {
+                    position: *position,
+                    from_first,
+                };
+                start.gone(first)?;
+                *position = start.position;
+            }
+        }
+    }
+}
+
 fn serve_per_broker(
     shared: &Shared,
     stream: &mut TcpStream,
     topic: u32,
     meta: &TopicMeta,
-    positions: Vec<u64>,
+    mut positions: Vec<u64>,
+    from_first: bool,
 ) -> Result<(), End> {
     let region = &shared.region;
     let bell = region.topic_bell(topic);
@@ -954,12 +1016,10 @@ fn serve_per_broker(
         for broker in 0..brokers {
             let c = &mut cursors[broker as usize];
             if c.is_none() {
-                match locate_in_broker(region, topic, broker, positions[broker as usize]) {
-                    Locate::At { index, skip } => *c = Some((index, skip)),
-                    Locate::Gone { first } => {
-                        return Err(not_retained(positions[broker as usize], Some(first)))
-                    }
-                    Locate::NotYet | Locate::Ahead => continue,
+                let position = &mut positions[broker as usize];
+                match locate_broker_start(region, topic, broker, position, from_first)? {
+                    Some(at) => *c = Some(at),
+                    None => continue,
                 }
             }
             let (mut i, mut skip) = c.expect("located");

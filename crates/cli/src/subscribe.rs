@@ -16,7 +16,7 @@ pub struct SubArgs {
     pub control: ControlArg,
     /// Start position: a global position (orders 2, 5), one position per broker
     /// separated by commas (orders 0, 1), or `end` for only the messages published from
-    /// now on. Default: the beginning.
+    /// now on. Default: the beginning, that is the first message still retained.
     #[arg(long, allow_hyphen_values = true)]
     pub from: Option<String>,
     /// Exit after printing this many messages.

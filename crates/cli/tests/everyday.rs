@@ -592,7 +592,8 @@ fn topics_are_durable_by_default() {
 /// A memory-only topic never reuses a position: the server is SIGKILLed and its region
 /// file deleted (a reboot loses it too); after the restart `topic describe` shows the
 /// positions moved past every old one, `sub --from` an old position is refused naming
-/// the first available one, and new messages take positions from there.
+/// the first available one, `sub` with no `--from` starts at the first available one,
+/// and new messages take positions from there.
 #[test]
 fn memory_only_positions_move_forward_after_sigkill_and_a_lost_region() {
     let dir = tempfile::tempdir().unwrap();
@@ -637,6 +638,12 @@ fn memory_only_positions_move_forward_after_sigkill_and_a_lost_region() {
         "{err}"
     );
     ok(&serve.run(&["pub", "total"], Some("d\n")));
+    ok(&serve.run(&["pub", "fifo"], Some("e\n")));
+    // No --from: the beginning, which is now the first retained message.
+    for (topic, first) in [("total", "d\n"), ("fifo", "e\n")] {
+        let out = ok(&serve.run(&["sub", topic, "--count", "1"], None));
+        assert_eq!(out, first, "{topic}");
+    }
     let from = next.to_string();
     let line = ok(&serve.run(
         &[

@@ -7,6 +7,7 @@ use crate::conn::{self, Frame};
 use crate::{Error, Result};
 use embarcadero_wire::{
     message_stride, DeliveryHeader, Hello, MessageIter, Role, DELIVERY_HEADER_LEN,
+    SUBSCRIBE_FROM_FIRST_RETAINED,
 };
 use std::collections::VecDeque;
 use std::io::Read;
@@ -27,7 +28,10 @@ pub enum Cursor {
 
 #[derive(Debug, Clone)]
 pub struct SubscriberConfig {
-    /// Where to start; `None` means from the beginning.
+    /// Where to start; `None` means from the beginning: the first message still
+    /// retained (older ones may have been reclaimed, or lost with a memory-only topic's
+    /// region). A position given here that is no longer retained is an error
+    /// (PositionNotRetained, naming the first available position).
     pub start: Option<Cursor>,
     pub client_id: Option<u64>,
     /// How many times in a row to reconnect after a lost connection (or a broker that
@@ -148,6 +152,10 @@ pub struct Subscriber {
     order: Option<u8>,
     num_brokers: usize,
     cursor: Option<Cursor>,
+    /// Asked for "the beginning" and delivered nothing yet: the broker may start at the
+    /// first retained position ([`SUBSCRIBE_FROM_FIRST_RETAINED`]). Cleared by the first
+    /// delivery, after which a position that is gone is an error the user must see.
+    from_first_retained: bool,
     unconfirmed: VecDeque<Batch>,
     ready: VecDeque<Batch>,
     spare: Vec<Vec<u8>>,
@@ -188,6 +196,7 @@ impl Subscriber {
             order: None,
             num_brokers: brokers.len(),
             cursor: config.start.clone(),
+            from_first_retained: config.start.is_none(),
             config,
             unconfirmed: VecDeque::new(),
             ready: VecDeque::new(),
@@ -217,6 +226,8 @@ impl Subscriber {
 
     /// Continues from `cursor`, discarding anything buffered.
     pub fn seek(&mut self, cursor: Cursor) -> Result<()> {
+        // An explicit position: if it is gone, the caller must hear so.
+        self.from_first_retained = false;
         self.cursor = Some(cursor);
         self.ready.clear();
         self.unconfirmed.clear();
@@ -269,6 +280,11 @@ impl Subscriber {
                 cursor_count: (extra.len() / 8) as u32,
                 topic: self.topic.clone(),
                 session_key: [0; 16],
+                subscribe_flags: if self.from_first_retained {
+                    SUBSCRIBE_FROM_FIRST_RETAINED
+                } else {
+                    0
+                },
             };
             match conn::open(&addr, &hello, &extra) {
                 Ok((stream, ok)) => {
@@ -341,6 +357,7 @@ impl Subscriber {
     }
 
     fn advance(&mut self, broker: u16, position: u64) {
+        self.from_first_retained = false;
         advance(&mut self.cursor, broker, position);
     }
 

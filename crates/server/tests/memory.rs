@@ -124,7 +124,11 @@ fn a_subscriber_that_stops_reading_stops_holding_memory() {
     assert!(started.elapsed() < Duration::from_secs(60));
     drop(stalled);
     // The newest data is still readable from the retained start.
-    let err = Subscriber::connect_brokers(&t.brokers(), "stall", SubscriberConfig::default())
+    let from_zero = SubscriberConfig {
+        start: Some(Cursor::Global(0)),
+        ..SubscriberConfig::default()
+    };
+    let err = Subscriber::connect_brokers(&t.brokers(), "stall", from_zero)
         .and_then(|mut s| s.poll(Duration::from_secs(10)))
         .expect_err("position 0 was reclaimed");
     let first: u64 = err

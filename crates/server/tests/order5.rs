@@ -258,6 +258,7 @@ fn raw_session_at(
             cursor_count: 0,
             topic: topic.into(),
             session_key: key_of(client),
+            subscribe_flags: 0,
         }
         .encode(),
     )
@@ -293,6 +294,7 @@ fn raw_keyed(
             cursor_count: 0,
             topic: topic.into(),
             session_key: key,
+            subscribe_flags: 0,
         }
         .encode(),
     )
@@ -408,6 +410,7 @@ fn a_reader_cannot_publish_as_another_clients_session() {
                 cursor_count: 0,
                 topic: "pay".into(),
                 session_key: [0xee; 16],
+                subscribe_flags: 0,
             }
             .encode(),
         )

@@ -198,7 +198,8 @@ fn order_1_subscribers_resume_from_per_broker_cursors() {
 }
 
 #[test]
-fn reading_below_the_retained_start_names_the_first_available_position() {
+fn reading_below_the_retained_start_names_the_first_available_position_where_the_beginning_starts()
+{
     // Four 256 KiB segments per broker: publishing 8 MB forces reclamation.
     let t = common::start_with(|c| {
         c.region.segment_bytes = 256 * 1024;
@@ -221,7 +222,11 @@ fn reading_below_the_retained_start_names_the_first_available_position() {
         p.publish(&payload).unwrap();
     }
     p.close().unwrap();
-    let err = Subscriber::connect_brokers(&t.brokers(), "small", SubscriberConfig::default())
+    let from_zero = SubscriberConfig {
+        start: Some(Cursor::Global(0)),
+        ..SubscriberConfig::default()
+    };
+    let err = Subscriber::connect_brokers(&t.brokers(), "small", from_zero)
         .and_then(|mut s| s.poll(Duration::from_secs(10)))
         .expect_err("position 0 is gone");
     assert_eq!(err.code(), Some(ErrorCode::PositionNotRetained));
@@ -233,7 +238,8 @@ fn reading_below_the_retained_start_names_the_first_available_position() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no position in {text}"));
     assert!(first > 0 && first < 8000);
-    // From there on, everything up to the end is readable.
+    // From there on, everything up to the end is readable; a subscriber that asks for
+    // the beginning (no start) starts there by itself.
     let mut s = Subscriber::connect_brokers(
         &t.brokers(),
         "small",
@@ -243,6 +249,16 @@ fn reading_below_the_retained_start_names_the_first_available_position() {
         },
     )
     .unwrap();
+    let mut from_beginning =
+        Subscriber::connect_brokers(&t.brokers(), "small", SubscriberConfig::default()).unwrap();
+    let started = from_beginning
+        .poll(Duration::from_secs(10))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        started.position, first,
+        "the beginning is the first retained"
+    );
     for i in first..8000 {
         assert_eq!(
             s.poll(Duration::from_secs(10)).unwrap().unwrap().position,
@@ -285,6 +301,7 @@ fn subscriber_hello(topic: &str) -> Vec<u8> {
         cursor_count: 0,
         topic: topic.into(),
         session_key: [0; 16],
+        subscribe_flags: 0,
     }
     .encode()
     .to_vec()

@@ -42,7 +42,19 @@ pub struct Hello {
     /// hello for a session bound to another key is refused (SessionKeyMismatch). Zero
     /// for other orders.
     pub session_key: [u8; SESSION_KEY_LEN],
+    /// Subscribe: [`SUBSCRIBE_FROM_FIRST_RETAINED`] or 0. Publish: 0.
+    pub subscribe_flags: u8,
 }
+
+/// [`Hello::subscribe_flags`]: where a start position (or a per-broker cursor) is no
+/// longer retained, start at the first retained one instead of refusing with
+/// PositionNotRetained. For a subscriber that has read nothing yet and asked for "the
+/// beginning", which is the oldest message still there; never for one resuming from
+/// where it was, which must learn that it skipped something.
+pub const SUBSCRIBE_FROM_FIRST_RETAINED: u8 = 1;
+/// Offset of [`Hello::subscribe_flags`]: the first byte after the session key.
+pub const HELLO_SUBSCRIBE_FLAGS_OFFSET: usize = HELLO_SESSION_KEY_OFFSET + SESSION_KEY_LEN;
+const _: () = assert!(HELLO_SUBSCRIBE_FLAGS_OFFSET < HELLO_LEN);
 
 /// Offset of [`Hello::session_key`]: after the longest topic name, so it never overlaps it.
 pub const HELLO_SESSION_KEY_OFFSET: usize = 104;
@@ -67,6 +79,7 @@ impl Hello {
         b[41..41 + n].copy_from_slice(&name[..n]);
         b[HELLO_SESSION_KEY_OFFSET..HELLO_SESSION_KEY_OFFSET + SESSION_KEY_LEN]
             .copy_from_slice(&self.session_key);
+        b[HELLO_SUBSCRIBE_FLAGS_OFFSET] = self.subscribe_flags;
         b
     }
 
@@ -109,6 +122,17 @@ impl Hello {
             .map_err(|_| WireError::InvalidTopicName("topic name is not UTF-8".into()))?
             .to_string();
         validate_topic_name(&topic)?;
+        let subscribe_flags = b[HELLO_SUBSCRIBE_FLAGS_OFFSET];
+        let allowed = match role {
+            Role::Subscribe => SUBSCRIBE_FROM_FIRST_RETAINED,
+            Role::Publish => 0,
+        };
+        if subscribe_flags & !allowed != 0 {
+            return Err(WireError::InvalidField {
+                field: "subscribe_flags",
+                value: subscribe_flags as u64,
+            });
+        }
         Ok(Self {
             role,
             ack_level,
@@ -121,6 +145,7 @@ impl Hello {
             session_key: b[HELLO_SESSION_KEY_OFFSET..HELLO_SESSION_KEY_OFFSET + SESSION_KEY_LEN]
                 .try_into()
                 .expect("16 bytes"),
+            subscribe_flags,
         })
     }
 }
@@ -575,6 +600,7 @@ mod tests {
             cursor_count: 0,
             topic: "orders".into(),
             session_key: [0; 16],
+            subscribe_flags: 0,
         }
     }
 
@@ -592,6 +618,34 @@ mod tests {
             keyed,
             "the key never overlaps the longest topic name"
         );
+    }
+
+    #[test]
+    fn only_a_subscriber_may_ask_to_start_from_the_first_retained_position() {
+        let subscriber = Hello {
+            role: Role::Subscribe,
+            ack_level: 0,
+            subscribe_flags: SUBSCRIBE_FROM_FIRST_RETAINED,
+            ..hello()
+        };
+        assert_eq!(Hello::decode(&subscriber.encode()).unwrap(), subscriber);
+        let publisher = Hello {
+            subscribe_flags: SUBSCRIBE_FROM_FIRST_RETAINED,
+            ..hello()
+        };
+        let unknown_bit = Hello {
+            subscribe_flags: 2,
+            ..subscriber.clone()
+        };
+        for bad in [publisher, unknown_bit] {
+            assert!(matches!(
+                Hello::decode(&bad.encode()),
+                Err(WireError::InvalidField {
+                    field: "subscribe_flags",
+                    ..
+                })
+            ));
+        }
     }
 
     #[test]

@@ -418,6 +418,7 @@ fn hello_from(m: &Obj) -> (Hello, Vec<u64>) {
         cursor_count: int(m, "cursor_count"),
         topic,
         session_key: session_key_from(num(m, "session_key_lo"), num(m, "session_key_hi")),
+        subscribe_flags: int(m, "subscribe_flags"),
     };
     (hello, cursors)
 }

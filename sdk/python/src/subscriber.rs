@@ -63,7 +63,7 @@ struct Ready {
 /// Reads topic ``topic`` in order from any broker of the cluster whose control plane is at
 /// ``control`` (or from the given ``brokers``).
 ///
-/// ``start``: ``None`` (the beginning), a position, a list with one position per broker
+/// ``start``: ``None`` (the beginning: the first message still retained), a position, a list with one position per broker
 /// (orders 0 and 1) or ``"end"`` (only what is published from now on). A lost connection
 /// is retried ``max_reconnects`` times in a row before the error is raised. ``for m in
 /// sub`` blocks for each message (Ctrl-C interrupts it); ``async for m in sub`` waits

@@ -9,7 +9,7 @@ import { defaultControl, Order } from "./admin";
 /** A position: one global position (orders 2 and 5), or one per broker (orders 0 and 1). */
 export type Position = number | readonly number[];
 
-/** Where a subscriber starts or seeks to: a position, `"start"`, or `"end"` (only what is published from then on). */
+/** Where a subscriber starts or seeks to: a position, `"start"` (the first message still retained), or `"end"` (only what is published from then on). */
 export type From = Position | bigint | readonly bigint[] | "start" | "end";
 
 /** Options of {@link Subscriber.connect}. */

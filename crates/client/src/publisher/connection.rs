@@ -66,6 +66,7 @@ pub(super) fn connect_broker(
                 cursor_count: 0,
                 topic: topic.to_string(),
                 session_key: config.session_key.expect("drawn when the publisher starts"),
+                subscribe_flags: 0,
             };
             let (stream, ok) = conn::open(addr, &hello, &[])?;
             let epoch = if ok.order == 5 { session_epoch } else { 0 };

@@ -101,6 +101,7 @@ fn open_next_epoch(inner: &Inner, q: &Queue) -> Result<(TcpStream, u64, u64), Er
                 .config
                 .session_key
                 .expect("drawn when the publisher starts"),
+            subscribe_flags: 0,
         };
         match conn::handshake(&q.broker, &hello, &[])? {
             conn::Handshake::Accepted(stream, ok) => {

@@ -9,7 +9,7 @@ use super::{vector_dir, DEFAULT_MAX_BATCH, DEFAULT_MAX_MESSAGE};
 use embarcadero_wire::{
     message_stride, BatchFlags, BatchHeader, BatchOk, BlogMessageHeader, DeliveryHeader, ErrorCode,
     ErrorFrame, FrameHeader, FrameKind, Hello, HelloOk, Role, BATCH_HEADER_LEN, HELLO_OK_LEN,
-    PROTOCOL_MAGIC, PROTOCOL_VERSION,
+    HELLO_SUBSCRIBE_FLAGS_OFFSET, PROTOCOL_MAGIC, PROTOCOL_VERSION, SUBSCRIBE_FROM_FIRST_RETAINED,
 };
 
 /// A JSON value whose objects keep the order their keys were written in.
@@ -106,6 +106,7 @@ fn hello_j(h: &Hello, cursors: &[u64]) -> J {
             "session_key_hi",
             n(u64::from_le_bytes(h.session_key[8..].try_into().unwrap())),
         ),
+        ("subscribe_flags", n(h.subscribe_flags)),
     ])
 }
 
@@ -365,6 +366,7 @@ fn vectors() -> Vec<Vector> {
         cursor_count: 0,
         topic: "orders".into(),
         session_key: [0; 16],
+        subscribe_flags: 0,
     };
     v.push(positive(
         "hello_publish",
@@ -385,6 +387,7 @@ fn vectors() -> Vec<Vector> {
         cursor_count: 0,
         topic: "payments.eu-west_1".into(),
         session_key: *b"secret-key-16-by",
+        subscribe_flags: 0,
     };
     v.push(positive(
         "hello_publish_session",
@@ -406,6 +409,7 @@ fn vectors() -> Vec<Vector> {
         cursor_count: 0,
         topic: "orders".into(),
         session_key: [0; 16],
+        subscribe_flags: 0,
     };
     v.push(positive(
         "hello_subscribe",
@@ -415,6 +419,22 @@ fn vectors() -> Vec<Vector> {
         None,
         hello_j(&hello_subscribe, &[]),
         &hello_subscribe.encode(),
+    ));
+    let hello_from_first = Hello {
+        start_position: 0,
+        subscribe_flags: SUBSCRIBE_FROM_FIRST_RETAINED,
+        ..hello_subscribe.clone()
+    };
+    v.push(positive(
+        "hello_subscribe_from_first",
+        "hello",
+        "Subscriber hello that asks for the beginning of the topic (position 0) with \
+         subscribe_flags 1 (from first retained): where position 0 is no longer retained, \
+         the broker starts at the first retained position instead of refusing with \
+         PositionNotRetained.",
+        None,
+        hello_j(&hello_from_first, &[]),
+        &hello_from_first.encode(),
     ));
     let cursors = [120u64, 0, 77, 4096];
     let hello_cursors = Hello {
@@ -427,6 +447,7 @@ fn vectors() -> Vec<Vector> {
         cursor_count: cursors.len() as u32,
         topic: "clicks".into(),
         session_key: [0; 16],
+        subscribe_flags: 0,
     };
     let mut bytes = hello_cursors.encode().to_vec();
     for c in cursors {
@@ -782,6 +803,24 @@ fn vectors() -> Vec<Vector> {
             code: Some(ErrorCode::InvalidTopicName),
         },
         &bad_topic.encode(),
+    ));
+    let mut bytes = hello_publish.encode();
+    bytes[HELLO_SUBSCRIBE_FLAGS_OFFSET] = SUBSCRIBE_FROM_FIRST_RETAINED;
+    v.push(negative(
+        "neg_hello_publish_subscribe_flags",
+        "hello",
+        "hello_publish.json with subscribe_flags 1, which only a subscriber may set: refused \
+         with MalformedBatch (error code 6), naming the field.",
+        None,
+        Expect {
+            error: "InvalidField",
+            fields: Some(J::O(vec![
+                ("field", s("subscribe_flags")),
+                ("value", n(1u8)),
+            ])),
+            code: Some(ErrorCode::MalformedBatch),
+        },
+        &bytes,
     ));
     let (_, mut bytes) = hello_ok_frame(&ok_publish);
     bytes[16..18].copy_from_slice(&2u16.to_le_bytes());
