@@ -6,9 +6,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --workspace
+# The CLI's integration tests made cargo build the `embarcadero` binary (test profile):
+# the client libraries' suites run that one, rather than a second build of every
+# workspace crate in the dev profile.
+bin="$PWD/target/debug/embarcadero"
+test -x "$bin" || { echo "no $bin after cargo test --workspace" >&2; exit 1; }
 shopt -s nullglob
 for suite in sdk/*/test.sh; do
   echo "== ${suite%/test.sh}"
-  cargo build -q -p embarcadero-cli
-  EMBARCADERO_BIN="$PWD/target/debug/embarcadero" bash "$suite"
+  EMBARCADERO_BIN="$bin" bash "$suite"
 done
