@@ -12,6 +12,7 @@
 pub mod reader;
 pub mod record;
 pub mod recovery;
+mod session_slots;
 pub mod store;
 pub mod worker;
 

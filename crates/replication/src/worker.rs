@@ -25,6 +25,7 @@
 //! so memory is not reclaimed either and publishers get backpressure, never loss.
 
 use crate::record::RecordHeader;
+use crate::session_slots::SessionSlots;
 use crate::store::{ExpiredSegments, PendingSync, TopicStore};
 use crate::topic_dir;
 use embarcadero_region::backoff::Backoff;
@@ -216,7 +217,7 @@ struct TopicCopy {
     /// Last replica, order 5: GOI entries below this have raised their session's
     /// `durable_hwm`.
     sessions_done: u64,
-    session_slots: HashMap<u64, u32>,
+    session_slots: SessionSlots,
     failing_since: Option<Instant>,
     retry_at: Option<Instant>,
     next_retention: Instant,
@@ -414,7 +415,7 @@ impl Worker {
                 published,
                 snapshots: VecDeque::new(),
                 sessions_done: published,
-                session_slots: HashMap::new(),
+                session_slots: SessionSlots::default(),
                 failing_since: None,
                 retry_at: None,
                 next_retention: Instant::now(),
@@ -730,20 +731,7 @@ impl Worker {
                 continue;
             };
             if e.session_epoch > 0 {
-                // The sequencer gives an idle session's slot to another one (and the
-                // idle one, when it returns, a new slot), so a cached slot is checked.
-                let cached = t.session_slots.get(&e.client_id).copied().filter(|&slot| {
-                    region
-                        .session_read(t.topic, slot)
-                        .is_some_and(|r| r.client_id == e.client_id)
-                });
-                let slot = cached.or_else(|| {
-                    region.session_find(t.topic, e.client_id).map(|(slot, _)| {
-                        t.session_slots.insert(e.client_id, slot);
-                        slot
-                    })
-                });
-                let Some(slot) = slot else {
+                let Some(slot) = t.session_slots.find(region, t.topic, e.client_id) else {
                     break;
                 };
                 region
