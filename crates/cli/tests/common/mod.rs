@@ -163,7 +163,7 @@ impl Serve {
             input.write_all(text.as_bytes()).unwrap();
         }
         drop(input);
-        child.wait_with_output().unwrap()
+        output_within(child, args, RUN_GUARD)
     }
 
     pub fn stop(self) {
@@ -172,6 +172,55 @@ impl Serve {
 
     pub fn kill(self) {
         self.proc.kill();
+    }
+}
+
+/// Longest a client command of a test may run before the test fails: a hang guard far
+/// above any normal run, so that a command that waits for ever (a `sub` whose messages
+/// never come) fails its test instead of holding the whole suite.
+pub const RUN_GUARD: Duration = Duration::from_secs(180);
+
+/// Waits for `child` like `wait_with_output`, but kills it and fails the test if it has
+/// not ended within `guard`. Its pipes are read on threads of their own meanwhile, so
+/// a child that writes much is never blocked on a full pipe.
+pub fn output_within(mut child: std::process::Child, args: &[&str], guard: Duration) -> Output {
+    use std::io::Read;
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let pid = child.id() as libc::pid_t;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let status = match rx.recv_timeout(guard) {
+        Ok(status) => status.unwrap(),
+        Err(_) => {
+            // SAFETY: kill(2) touches no memory of ours. The child had not ended when
+            // the guard ran out; should it end in this very instant and its pid be
+            // reused at once, another process would get the signal: a risk accepted
+            // for a hang guard in a test.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = rx.recv();
+            let err = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
+            panic!(
+                "`embarcadero {}` still running after {guard:?}; stderr: {err}",
+                args.join(" ")
+            );
+        }
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
     }
 }
 
