@@ -1,0 +1,1 @@
+fn main() { let _ = tasker_orchestration::orchestration::bootstrap::OrchestrationBootstrap::bootstrap; }

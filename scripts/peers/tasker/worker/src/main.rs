@@ -1,0 +1,1 @@
+fn main() { let _ = tasker_worker::WorkerBootstrap::bootstrap; }
