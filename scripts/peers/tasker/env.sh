@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034
 # Shared settings for the Tasker peer scripts (sourced by install.sh and run.sh): where the cache,
 # the private PostgreSQL cluster and the binaries live, and how to start and reach that cluster.
 # Everything built or stored lives outside the repository, under TASKER_CACHE.
