@@ -8,7 +8,7 @@ PGDATA_DIR=$TASKER_CACHE/pg
 PGSOCK_DIR=$TASKER_CACHE/pgsock
 export CARGO_TARGET_DIR=${TASKER_TARGET_DIR:-$TASKER_CACHE/target}
 TASKER_BIN=$CARGO_TARGET_DIR/release
-export DATABASE_URL="postgresql://postgres@127.0.0.1:$TASKER_PGPORT/tasker"
+export DATABASE_URL="postgresql://postgres:trust@127.0.0.1:$TASKER_PGPORT/tasker"
 PEER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # initdb and postgres refuse to run as root; the cluster belongs to the postgres user when we are root.

@@ -10,10 +10,10 @@ source "$(dirname "$0")/env.sh"
 REPO=$(cd "$PEER_DIR/../../.." && pwd)
 EMB=${EMBARCADERO:-$REPO/target/release/embarcadero}
 OUT=${1:-$(mktemp -d)}
-RUN=$(mktemp -d)
+RUN=$OUT/logs
 SUSTAINED_S=${SUSTAINED_S:-20}
 BENCH=(python3 "$PEER_DIR/bench.py" measure --sustained-seconds "$SUSTAINED_S" ${RAW_SAMPLES:+--raw-samples "$RAW_SAMPLES"})
-mkdir -p "$OUT"
+mkdir -p "$RUN"
 
 # Waits (up to 120 s) for a process's readiness line in its log; fails with the log's tail.
 wait_for() {
@@ -28,7 +28,7 @@ stop_jobs() {
   jobs -p | xargs -r kill 2>/dev/null || true
   wait 2>/dev/null || true
 }
-trap 'stop_jobs; rm -rf "$RUN"' EXIT
+trap stop_jobs EXIT
 
 run_tasker() {
   local port=18180
@@ -56,9 +56,10 @@ run_embarcadero() {
   for t in "$PEER_DIR"/templates/*.yaml; do "$EMB" template register "$t" --api "$api" >/dev/null; done
   "${BENCH[@]}" --engine embarcadero --api "$api" --out "$OUT/embarcadero.json"
   stop_jobs
+  rm -rf "$RUN/data"
 }
 
 run_tasker
 run_embarcadero
 python3 "$PEER_DIR/bench.py" table "$OUT/tasker.json" "$OUT/embarcadero.json" | tee "$OUT/table.txt"
-echo "results in $OUT"
+echo "results and logs in $OUT"
