@@ -171,7 +171,7 @@ def table(args):
     print(
         f"{'shape':15} {'method':7} "
         + " ".join(f"{n + ' ' + k:>18}" for n in names for k in ("p50", "p95", "p99"))
-        + "   ratio p50"
+        + "   p50 first/second"
     )
     shapes = list(dict.fromkeys(s for r in runs for s in r["shapes"]))
     for shape in shapes:

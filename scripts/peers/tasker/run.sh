@@ -3,7 +3,8 @@
 # Tasker: tasker-server + our Rust worker on the private PostgreSQL (fsync, synchronous_commit on).
 # Embarcadero: serve + orchestrator + worker, events durable with RF 2 and ack 2.
 # Each engine runs alone (the other's processes stopped); bench.py drives both over HTTP.
-# Needs install.sh first. Usage: [EMBARCADERO=path] [SUSTAINED_S=20] scripts/peers/tasker/run.sh [OUT_DIR]
+# Needs install.sh first. Usage: [EMBARCADERO=path] [ENGINES="tasker embarcadero"] [SUSTAINED_S=20]
+#   [RAW_SAMPLES=200] scripts/peers/tasker/run.sh [OUT_DIR]
 set -euo pipefail
 # shellcheck source=env.sh
 source "$(dirname "$0")/env.sh"
@@ -59,7 +60,9 @@ run_embarcadero() {
   rm -rf "$RUN/data"
 }
 
-run_tasker
-run_embarcadero
-python3 "$PEER_DIR/bench.py" table "$OUT/tasker.json" "$OUT/embarcadero.json" | tee "$OUT/table.txt"
+ENGINES=${ENGINES:-tasker embarcadero}
+for engine in $ENGINES; do "run_$engine"; done
+results=()  # Tasker first: the table's ratio is Tasker's p50 over ours
+for engine in tasker embarcadero; do [ ! -f "$OUT/$engine.json" ] || results+=("$OUT/$engine.json"); done
+python3 "$PEER_DIR/bench.py" table "${results[@]}" | tee "$OUT/table.txt"
 echo "results and logs in $OUT"
