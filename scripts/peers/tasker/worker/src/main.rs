@@ -55,7 +55,9 @@ fn square(step: &TaskSequenceStep) -> Result<i64, String> {
                 .get(name)
                 .and_then(|r| r.result.as_i64())
                 .ok_or_else(|| format!("no integer result from dependency `{name}`"))?;
-            product = product.checked_mul(value).ok_or("the product overflows 64 bits")?;
+            product = product
+                .checked_mul(value)
+                .ok_or("the product overflows 64 bits")?;
         }
         product
     };
