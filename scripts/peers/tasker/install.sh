@@ -5,7 +5,7 @@
 # and a release build of tasker-server plus our Rust worker (worker/) into TASKER_CACHE.
 # Usage: scripts/peers/tasker/install.sh [--no-build]
 set -euo pipefail
-# shellcheck source=env.sh
+# shellcheck source-path=SCRIPTDIR source=env.sh
 source "$(dirname "$0")/env.sh"
 MANIFEST=$PEER_DIR/worker/Cargo.toml
 mkdir -p "$TASKER_CACHE"

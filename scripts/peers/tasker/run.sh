@@ -6,7 +6,7 @@
 # Needs install.sh first. Usage: [EMBARCADERO=path] [ENGINES="tasker embarcadero"] [SUSTAINED_S=20]
 #   [RAW_SAMPLES=200] scripts/peers/tasker/run.sh [OUT_DIR]
 set -euo pipefail
-# shellcheck source=env.sh
+# shellcheck source-path=SCRIPTDIR source=env.sh
 source "$(dirname "$0")/env.sh"
 REPO=$(cd "$PEER_DIR/../../.." && pwd)
 EMB=${EMBARCADERO:-$REPO/target/release/embarcadero}
@@ -35,10 +35,12 @@ run_tasker() {
   local port=18180
   start_pg
   "$TASKER_BIN/tasker-config" "127.0.0.1:$port" >"$RUN/tasker.toml"
-  export TASKER_CONFIG_PATH=$RUN/tasker.toml TASKER_TEMPLATE_PATH=$PEER_DIR/templates RUST_LOG=${RUST_LOG:-info}
-  "$TASKER_BIN/tasker-server" >"$RUN/tasker-server.log" 2>&1 &
+  # RUST_LOG=info as in the seed's run; set for Tasker's processes only.
+  local env=(env TASKER_CONFIG_PATH="$RUN/tasker.toml" TASKER_TEMPLATE_PATH="$PEER_DIR/templates"
+    RUST_LOG="${RUST_LOG:-info}")
+  "${env[@]}" "$TASKER_BIN/tasker-server" >"$RUN/tasker-server.log" 2>&1 &
   wait_for "$RUN/tasker-server.log" 'tasker-server is running'
-  "$TASKER_BIN/tasker-bench-worker" >"$RUN/tasker-worker.log" 2>&1 &
+  "${env[@]}" "$TASKER_BIN/tasker-bench-worker" >"$RUN/tasker-worker.log" 2>&1 &
   wait_for "$RUN/tasker-worker.log" 'tasker-bench-worker is running'
   "${BENCH[@]}" --engine tasker --api "127.0.0.1:$port" --out "$OUT/tasker.json"
   stop_jobs
