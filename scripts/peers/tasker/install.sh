@@ -12,7 +12,8 @@ mkdir -p "$TASKER_CACHE"
 
 # tasker-shared's build script compiles its gRPC protos with protoc (Debian's protobuf-compiler).
 ensure_protoc() {
-  command -v protoc >/dev/null || apt-get install -y protobuf-compiler >/dev/null
+  command -v protoc >/dev/null || apt-get install -y protobuf-compiler >/dev/null ||
+    { apt-get update -q >/dev/null && apt-get install -y protobuf-compiler >/dev/null; }
 }
 
 # The source directory of crate $2 (version prefix $3) in the graph of manifest $1, as cargo
