@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Issue 25's workflow benchmark client: the same HTTP client for Tasker and Embarcadero.
+
+Per shape, two methods:
+  poll50: Tasker's own method: POST /v1/tasks, then GET every 50 ms until
+          execution_status == all_complete (50 samples by default);
+  raw:    POST until the engine first reports the task complete: Embarcadero's long poll
+          (GET ?wait=), Tasker polled every 1 ms (it has no long poll); 200 samples by default.
+`sustained` runs closed-loop clients creating linear tasks and reports throughput and p99.
+Results go to a JSON file; `table` prints two such files side by side. Standard library only.
+"""
+
+import argparse
+import http.client
+import json
+import sys
+import threading
+import time
+import uuid
+
+SHAPES = {  # template name, the root's number (larger shapes overflow 64 bits when squaring 2)
+    "linear": ("linear", 2),
+    "diamond": ("diamond", 2),
+    "complex_dag": ("complex_dag", 1),
+    "tree": ("tree", 1),
+    "concurrent_2x": ("linear", 2),
+}
+
+
+class Api:
+    """One keep-alive HTTP connection (one per client thread)."""
+
+    def __init__(self, address):
+        self.host, port = address.rsplit(":", 1)
+        self.port = int(port)
+        self.conn = None
+
+    def call(self, method, path, body=None):
+        for attempt in (1, 2):  # a server may close an idle keep-alive connection
+            try:
+                if self.conn is None:
+                    self.conn = http.client.HTTPConnection(self.host, self.port, timeout=120)
+                data = json.dumps(body) if body is not None else None
+                self.conn.request(method, path, data, {"Content-Type": "application/json"})
+                resp = self.conn.getresponse()
+                raw = resp.read()
+                if resp.status >= 300:
+                    raise RuntimeError(f"{method} {path}: {resp.status} {raw[:300]!r}")
+                return json.loads(raw)
+            except (http.client.HTTPException, ConnectionError):
+                self.conn = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def create(self, template, number):
+        body = {
+            "name": template,
+            "namespace": "bench",
+            "version": "1.0.0",
+            # A unique field: Tasker's default identity strategy refuses an identical context.
+            "context": {"even_number": number, "run": str(uuid.uuid4())},
+            "initiator": "bench",
+            "source_system": "bench",
+            "reason": "issue 25 benchmark",
+        }
+        return self.call("POST", "/v1/tasks", body)["task_uuid"]
+
+
+def wait_complete(api, task, engine, interval):
+    """Returns when the task is complete; interval None means Embarcadero's long poll."""
+    path = f"/v1/tasks/{task}" + ("?wait=30" if interval is None else "")
+    while True:
+        t = api.call("GET", path)
+        if t["execution_status"] == "all_complete":
+            return
+        if t.get("status") in ("error", "cancelled", "blocked_by_failures"):
+            raise RuntimeError(f"{engine} task {task} ended {t['status']}")
+        if interval:
+            time.sleep(interval)
+
+
+def one_sample(apis, shape, engine, interval):
+    template, number = SHAPES[shape]
+    start = time.perf_counter()
+    if shape == "concurrent_2x":  # two linear tasks at once; the sample ends when both are done
+        threads = [
+            threading.Thread(target=run_one, args=(a, template, number, engine, interval))
+            for a in apis[:2]
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        run_one(apis[0], template, number, engine, interval)
+    return (time.perf_counter() - start) * 1000
+
+
+def run_one(api, template, number, engine, interval):
+    wait_complete(api, api.create(template, number), engine, interval)
+
+
+def pct(sorted_ms, p):
+    return sorted_ms[min(len(sorted_ms) - 1, round((len(sorted_ms) - 1) * p))]
+
+
+def summary(samples):
+    s = sorted(samples)
+    return {"n": len(s), "p50": pct(s, 0.5), "p95": pct(s, 0.95), "p99": pct(s, 0.99)}
+
+
+def sustained(address, engine, clients, seconds, interval):
+    """Closed loop: each client creates a linear task and waits for it, until time is up."""
+    latencies, lock, stop = [], threading.Lock(), time.perf_counter() + seconds
+
+    def client():
+        api = Api(address)
+        while time.perf_counter() < stop:
+            start = time.perf_counter()
+            run_one(api, "linear", 2, engine, interval)
+            with lock:
+                latencies.append((time.perf_counter() - start) * 1000)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    begun = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    result = summary(latencies)
+    result["tasks_per_s"] = len(latencies) / (time.perf_counter() - begun)
+    result["clients"] = clients
+    return result
+
+
+def measure(args):
+    raw_interval = None if args.engine == "embarcadero" else 0.001
+    apis = [Api(args.api), Api(args.api)]
+    out = {"engine": args.engine, "shapes": {}}
+    for shape in args.shapes.split(","):
+        one_sample(apis, shape, args.engine, raw_interval)  # warm-up, not counted
+        poll = [one_sample(apis, shape, args.engine, 0.05) for _ in range(args.poll_samples)]
+        raw = [one_sample(apis, shape, args.engine, raw_interval) for _ in range(args.raw_samples)]
+        out["shapes"][shape] = {"poll50": summary(poll), "raw": summary(raw)}
+        print(
+            f"{args.engine} {shape}: poll50 {out['shapes'][shape]['poll50']} "
+            f"raw {out['shapes'][shape]['raw']}",
+            file=sys.stderr,
+        )
+    if args.sustained_seconds > 0:
+        interval = None if args.engine == "embarcadero" else 0.005
+        out["sustained"] = sustained(
+            args.api, args.engine, args.clients, args.sustained_seconds, interval
+        )
+        print(f"{args.engine} sustained: {out['sustained']}", file=sys.stderr)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+def fmt(r, key):
+    return f"{r[key]:8.1f}" if r else "       -"
+
+
+def table(args):
+    runs = []
+    for path in args.files:
+        with open(path) as f:
+            runs.append(json.load(f))
+    names = [r["engine"] for r in runs]
+    print(
+        f"{'shape':15} {'method':7} "
+        + " ".join(f"{n + ' ' + k:>18}" for n in names for k in ("p50", "p95", "p99"))
+        + "   p50 first/second"
+    )
+    shapes = list(dict.fromkeys(s for r in runs for s in r["shapes"]))
+    for shape in shapes:
+        for method in ("poll50", "raw"):
+            rs = [r["shapes"].get(shape, {}).get(method) for r in runs]
+            cells = " ".join(f"{fmt(r, k):>18}" for r in rs for k in ("p50", "p95", "p99"))
+            ratio = f"{rs[0]['p50'] / rs[1]['p50']:8.1f}x" if all(rs) and len(rs) == 2 else ""
+            print(f"{shape:15} {method:7} {cells}   {ratio}")
+    for r in runs:
+        if "sustained" in r:
+            s = r["sustained"]
+            print(
+                f"sustained {r['engine']}: {s['tasks_per_s']:.1f} tasks/s with {s['clients']} "
+                f"clients, p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms"
+            )
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure", help="measure one engine")
+    m.add_argument("--engine", choices=["tasker", "embarcadero"], required=True)
+    m.add_argument("--api", required=True, help="HOST:PORT of the engine's REST API")
+    m.add_argument("--shapes", default=",".join(SHAPES))
+    m.add_argument("--poll-samples", type=int, default=50)
+    m.add_argument("--raw-samples", type=int, default=200)
+    m.add_argument("--sustained-seconds", type=float, default=0)
+    m.add_argument("--clients", type=int, default=8)
+    m.add_argument("--out", required=True)
+    t = sub.add_parser("table", help="print result files side by side (first / second = ratio)")
+    t.add_argument("files", nargs="+")
+    args = p.parse_args()
+    measure(args) if args.cmd == "measure" else table(args)
+
+
+if __name__ == "__main__":
+    main()

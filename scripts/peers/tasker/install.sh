@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Sets up Tasker (tasker-systems, crates.io 0.1.8) beside Embarcadero, idempotently, everything from
+# package registries: a private PostgreSQL 15 cluster (fsync and synchronous_commit on), the pgmq
+# extension from the pgmq crate's own install SQL, a PL/pgSQL uuidv7(), tasker-shared's migrations,
+# and a release build of tasker-server plus our Rust worker (worker/) into TASKER_CACHE.
+# Usage: scripts/peers/tasker/install.sh [--no-build]
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=env.sh
+source "$(dirname "$0")/env.sh"
+MANIFEST=$PEER_DIR/worker/Cargo.toml
+mkdir -p "$TASKER_CACHE"
+
+# tasker-shared's build script compiles its gRPC protos with protoc (Debian's protobuf-compiler).
+ensure_protoc() {
+  command -v protoc >/dev/null || apt-get install -y protobuf-compiler >/dev/null ||
+    { apt-get update -q >/dev/null && apt-get install -y protobuf-compiler >/dev/null; }
+}
+
+# The source directory of crate $2 (version prefix $3) in the graph of manifest $1, as cargo
+# resolved and fetched it into its registry checkout.
+crate_dir() {
+  cargo fetch --manifest-path "$1" >/dev/null
+  cargo metadata --manifest-path "$1" --format-version 1 | python3 -c '
+import json, os, sys
+name, version = sys.argv[1], sys.argv[2]
+for p in json.load(sys.stdin)["packages"]:
+    if p["name"] == name and p["version"].startswith(version):
+        print(os.path.dirname(p["manifest_path"])); break' "$2" "$3"
+}
+
+# Tasker's own pgmq dependency (0.32) downloads its SQL from GitHub at run time; 0.33 embeds it,
+# so a throwaway manifest in the cache pulls that version from crates.io.
+pgmq_dir() {
+  local dir=$TASKER_CACHE/pgmq-sql
+  mkdir -p "$dir/src"
+  printf '[package]\nname = "pgmq-sql"\nversion = "0.0.0"\nedition = "2021"\n[dependencies]\npgmq = "=0.33.7"\n[workspace]\n' >"$dir/Cargo.toml"
+  touch "$dir/src/lib.rs"
+  crate_dir "$dir/Cargo.toml" pgmq 0.33
+}
+
+# pgmq is pure SQL; PostgreSQL 15 only finds extensions in its share directory, so its control
+# file (without the C module line, there is no library) and install script go there.
+install_pgmq_extension() {
+  local src ext version
+  src=$(pgmq_dir)/src/install/embedded
+  ext=$(pg_config --sharedir)/extension
+  version=$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$src/pgmq.control")
+  grep -v '^module_pathname' "$src/pgmq.control" >"$ext/pgmq.control"
+  cp "$src/sql/pgmq.sql" "$ext/pgmq--$version.sql"
+}
+
+init_cluster() {
+  [ -f "$PGDATA_DIR/PG_VERSION" ] && return
+  mkdir -p "$PGDATA_DIR" "$PGSOCK_DIR"
+  [ "$(id -u)" = 0 ] && chown postgres "$PGDATA_DIR" "$PGSOCK_DIR"
+  as_pg initdb -D "$PGDATA_DIR" -U postgres --auth=trust >/dev/null
+  cat >>"$PGDATA_DIR/postgresql.conf" <<EOF
+port = $TASKER_PGPORT
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$PGSOCK_DIR'
+fsync = on
+synchronous_commit = on
+max_connections = 300
+EOF
+}
+
+# Each migration runs once, in one transaction, in file-name order (sqlx's order).
+apply_migrations() {
+  local dir file name
+  dir=$(crate_dir "$MANIFEST" tasker-shared 0.1.8)/migrations
+  psql_db -d postgres -tc "SELECT 1 FROM pg_database WHERE datname = 'tasker'" | grep -q 1 ||
+    psql_db -d postgres -c 'CREATE DATABASE tasker'
+  psql_db -d tasker -f "$PEER_DIR/sql/uuidv7.sql"
+  psql_db -d tasker -c 'CREATE TABLE IF NOT EXISTS public.peer_migrations (name text PRIMARY KEY)'
+  for file in "$dir"/*.sql; do
+    name=$(basename "$file")
+    psql_db -d tasker -tc "SELECT 1 FROM peer_migrations WHERE name = '$name'" | grep -q 1 && continue
+    echo "applying $name"
+    psql_db -d tasker -1 -f "$file" -c "INSERT INTO peer_migrations VALUES ('$name')"
+  done
+}
+
+build() {
+  echo "building tasker-server and tasker-bench-worker into $CARGO_TARGET_DIR (log: $TASKER_CACHE/build.log)"
+  nice -n 15 cargo build --release --manifest-path "$MANIFEST" >"$TASKER_CACHE/build.log" 2>&1 ||
+    { tail -30 "$TASKER_CACHE/build.log"; exit 1; }
+}
+
+ensure_protoc
+install_pgmq_extension
+init_cluster
+start_pg
+apply_migrations
+[ "${1:-}" = --no-build ] || build
+echo "tasker installed: PostgreSQL on 127.0.0.1:$TASKER_PGPORT, binaries in $TASKER_BIN"

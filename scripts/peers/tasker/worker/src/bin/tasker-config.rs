@@ -1,0 +1,49 @@
+//! Writes Tasker's configuration (one TOML file, read from TASKER_CONFIG_PATH) from the crates'
+//! own defaults. The published crates do not ship Tasker's config/tasker/*.toml, so the defaults
+//! compiled into tasker-shared are the closest thing to Tasker's own set-up. Changed: the REST
+//! API is on (at the address given) and gRPC is off, since the benchmark drives the REST API.
+//! Usage: tasker-config ORCHESTRATION_BIND_ADDRESS > tasker.toml
+
+use tasker_shared::config::tasker::{
+    CommonConfig, OrchestrationConfig, OrchestrationWebConfig, TaskerConfig, WorkerConfig,
+};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let bind = std::env::args()
+        .nth(1)
+        .ok_or("usage: tasker-config ORCHESTRATION_BIND_ADDRESS")?;
+    let common = CommonConfig {
+        system: Default::default(),
+        database: Default::default(),
+        queues: Default::default(),
+        circuit_breakers: Default::default(),
+        mpsc_channels: Default::default(),
+        execution: Default::default(),
+        backoff: Default::default(),
+        task_templates: Default::default(),
+        cache: None,
+        pgmq_database: None,
+    };
+    let web = OrchestrationWebConfig {
+        bind_address: bind,
+        auth: None,
+        ..Default::default()
+    };
+    let orchestration = OrchestrationConfig {
+        web: Some(web),
+        grpc: None,
+        ..Default::default()
+    };
+    let worker = WorkerConfig {
+        web: None,
+        grpc: None,
+        ..Default::default()
+    };
+    let config = TaskerConfig {
+        common,
+        orchestration: Some(orchestration),
+        worker: Some(worker),
+    };
+    print!("{}", toml::to_string(&config)?);
+    Ok(())
+}
