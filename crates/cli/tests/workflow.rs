@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{run_bin, Proc, Serve};
+use common::{ok, run_bin, Proc, Serve};
 use embarcadero_workflow::client::ApiClient;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -54,6 +54,24 @@ version: 1.0.0
 steps:
   - {name: nap, handler: {callable: test.sleep, initialization: {ms: 1500}}}
   - {name: after, dependencies: [nap], handler: {callable: test.sleep}}
+";
+
+/// Tasker's conditional shape: a decision creates some of four branches (those the
+/// context lists), a deferred convergence waits for the ones created.
+const CONDITIONAL: &str = "name: conditional
+namespace: demo
+version: 1.0.0
+steps:
+  - {name: start, handler: {callable: math.square}}
+  - {name: route, type: decision, dependencies: [start], handler: {callable: decision.choose}}
+  - {name: small, dependencies: [start, route], handler: {callable: math.square}}
+  - {name: medium, dependencies: [start, route], handler: {callable: math.square}}
+  - {name: large, dependencies: [start, route], handler: {callable: math.square}}
+  - {name: huge, dependencies: [start, route], handler: {callable: math.square}}
+  - name: converge
+    type: deferred_convergence
+    dependencies: [small, medium, large, huge]
+    handler: {callable: math.square}
 ";
 
 /// A server and the engine's processes on it.
@@ -107,6 +125,35 @@ impl Engine {
     }
 }
 
+/// The usual setup: a server, an orchestrator, some workers and the templates
+/// registered. Fields drop in order: workers, then the orchestrator, then the server.
+struct Stack {
+    workers: Vec<(Proc, String)>,
+    orchestrator: Proc,
+    addr: String,
+    api: ApiClient,
+    engine: Engine,
+}
+
+impl Stack {
+    fn start(lease_ms: &str, workers: usize, templates: &[&str]) -> Self {
+        let engine = Engine::start();
+        let (orchestrator, addr) = engine.orchestrator(lease_ms);
+        let workers = (0..workers).map(|_| engine.worker(lease_ms)).collect();
+        let api = ApiClient::new(&addr);
+        for t in templates {
+            register(&api, t);
+        }
+        Self {
+            workers,
+            orchestrator,
+            addr,
+            api,
+            engine,
+        }
+    }
+}
+
 fn register(api: &ApiClient, yaml: &str) {
     api.register_template(yaml).unwrap();
 }
@@ -152,11 +199,8 @@ fn entered(step: &Value, state: &str) -> usize {
 
 #[test]
 fn linear_and_diamond_tasks_complete_with_the_right_results() {
-    let engine = Engine::start();
-    let (_orchestrator, addr) = engine.orchestrator("3000");
-    let (_w1, _) = engine.worker("3000");
-    let (_w2, _) = engine.worker("3000");
-    let api = ApiClient::new(&addr);
+    let stack = Stack::start("3000", 2, &[DIAMOND]);
+    let (api, addr) = (&stack.api, &stack.addr);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("linear.yaml");
     std::fs::write(&file, LINEAR).unwrap();
@@ -165,14 +209,9 @@ fn linear_and_diamond_tasks_complete_with_the_right_results() {
         "register",
         file.to_str().unwrap(),
         "--api",
-        &addr,
+        addr,
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    register(&api, DIAMOND);
+    ok(&out);
 
     let out = run_bin(&[
         "task",
@@ -187,14 +226,9 @@ fn linear_and_diamond_tasks_complete_with_the_right_results() {
         "30",
         "--json",
         "--api",
-        &addr,
+        addr,
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let t: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let t: Value = serde_json::from_str(&ok(&out)).unwrap();
     assert_eq!(
         (t["status"].as_str(), t["completion_percentage"].as_f64()),
         (Some("complete"), Some(100.0))
@@ -207,7 +241,7 @@ fn linear_and_diamond_tasks_complete_with_the_right_results() {
     assert_eq!(results, [&json!(4), &json!(16), &json!(256), &json!(65536)]);
 
     let d = api
-        .get_task(&create(&api, "diamond", json!({"even_number": 2})), 30)
+        .get_task(&create(api, "diamond", json!({"even_number": 2})), 30)
         .unwrap();
     assert_eq!(d["status"], "complete", "{d:#}");
     assert_eq!(
@@ -294,12 +328,9 @@ fn template_errors_name_the_template_step_and_field() {
 
 #[test]
 fn failing_steps_are_retried_by_their_policy_and_then_fail_the_task() {
-    let engine = Engine::start();
-    let (_orchestrator, addr) = engine.orchestrator("3000");
-    let (_w, _) = engine.worker("3000");
-    let api = ApiClient::new(&addr);
-    register(&api, FLAKY);
-    let t = api.get_task(&create(&api, "flaky", json!({})), 30).unwrap();
+    let stack = Stack::start("3000", 1, &[FLAKY]);
+    let api = &stack.api;
+    let t = api.get_task(&create(api, "flaky", json!({})), 30).unwrap();
     assert_eq!(t["status"], "error", "{t:#}");
     let once = step(&t, "once");
     assert_eq!(
@@ -337,13 +368,11 @@ fn failing_steps_are_retried_by_their_policy_and_then_fail_the_task() {
 
 #[test]
 fn a_paused_worker_loses_its_claim_and_its_late_result_is_refused() {
-    let engine = Engine::start();
-    let (_orchestrator, addr) = engine.orchestrator("1000");
-    let (first, first_id) = engine.worker("1000");
-    let api = ApiClient::new(&addr);
-    register(&api, SLOW);
-    let uuid = create(&api, "slow", json!({}));
-    until(&api, &uuid, "the first worker's claim", |t| {
+    let mut stack = Stack::start("1000", 1, &[SLOW]);
+    let (first, first_id) = stack.workers.pop().unwrap();
+    let (api, engine) = (&stack.api, &stack.engine);
+    let uuid = create(api, "slow", json!({}));
+    until(api, &uuid, "the first worker's claim", |t| {
         step(t, "nap")["worker"] == first_id.as_str()
     });
     first.signal("STOP");
@@ -362,7 +391,7 @@ fn a_paused_worker_loses_its_claim_and_its_late_result_is_refused() {
             .to_string()
             .contains("step_result of attempt 1")
     };
-    let t = until(&api, &uuid, "the late result to be refused", late);
+    let t = until(api, &uuid, "the late result to be refused", late);
     let nap = step(&t, "nap");
     let refused = nap["refused_events"].as_array().unwrap();
     assert!(
@@ -377,11 +406,13 @@ fn a_paused_worker_loses_its_claim_and_its_late_result_is_refused() {
 
 #[test]
 fn a_restarted_orchestrator_replays_the_log_and_the_task_completes() {
-    let engine = Engine::start();
-    let (orchestrator, addr) = engine.orchestrator("3000");
-    let (_w, _) = engine.worker("3000");
-    let api = ApiClient::new(&addr);
-    register(&api, SLOW);
+    let Stack {
+        workers: _w,
+        orchestrator,
+        api,
+        engine,
+        ..
+    } = Stack::start("3000", 1, &[SLOW]);
     let uuid = create(&api, "slow", json!({}));
     until(&api, &uuid, "the slow step to start", |t| {
         step(t, "nap")["current_state"] == "in_progress"
@@ -398,4 +429,51 @@ fn a_restarted_orchestrator_replays_the_log_and_the_task_completes() {
             "{s:#}"
         );
     }
+}
+
+#[test]
+fn a_decision_creates_the_branches_it_names_and_the_convergence_waits_for_them() {
+    let stack = Stack::start("3000", 2, &[CONDITIONAL]);
+    let api = &stack.api;
+    let context = json!({"even_number": 2, "branches": ["medium", "huge"]});
+    let t = api
+        .get_task(&create(api, "conditional", context), 30)
+        .unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    let names: Vec<&str> = t["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["start", "route", "medium", "huge", "converge"]);
+    assert_eq!(t["not_created_steps"], json!(["small", "large"]));
+    assert_eq!(
+        (&t["total_steps"], &t["completion_percentage"]),
+        (&json!(5), &json!(100.0))
+    );
+    // start 2^2 = 4; each branch 4^2 = 16; converge (16 x 16)^2.
+    assert_eq!(step(&t, "medium")["result"], json!(16));
+    assert_eq!(step(&t, "converge")["result"], json!(65536));
+    let enqueued = |name: &str| {
+        let s = step(&t, name);
+        let moves = s["transitions"].as_array().unwrap();
+        let hop = |to: &str| moves.iter().find(|m| m["to"] == to).unwrap()["position"].as_u64();
+        (hop("enqueued").unwrap(), hop("complete").unwrap())
+    };
+    let converge_enqueued = enqueued("converge").0;
+    assert!(converge_enqueued > enqueued("medium").1.max(enqueued("huge").1));
+
+    let bad = json!({"even_number": 2, "branches": ["medium", "tiny"]});
+    let t = api.get_task(&create(api, "conditional", bad), 30).unwrap();
+    assert_eq!(t["status"], "error", "{t:#}");
+    let route = step(&t, "route");
+    assert!(
+        route["last_error"].as_str().unwrap().contains("`tiny`"),
+        "{route:#}"
+    );
+    assert_eq!(
+        t["not_created_steps"],
+        json!(["small", "medium", "large", "huge", "converge"])
+    );
 }

@@ -1,5 +1,6 @@
-//! The built-in handlers: Tasker's benchmark arithmetic (square the number) and the
-//! test handlers the engine's own tests use to fail, sleep and record attempts.
+//! The built-in handlers: Tasker's benchmark arithmetic (square the number), a decision
+//! that routes by the task's input, and the test handlers the engine's own tests use to
+//! fail, sleep and record attempts.
 
 use crate::handler::{Registry, StepContext, StepError};
 use serde_json::{json, Value};
@@ -9,24 +10,38 @@ pub fn register_all(r: &mut Registry) {
     r.register("math.square", square);
     r.register("test.fail_times", fail_times);
     r.register("test.sleep", sleep);
+    r.register("decision.choose", choose);
 }
 
-/// Squares the product of the direct dependencies' results, or for a root step the
-/// context's number (field `initialization.input`, default `even_number`).
+/// Squares the product of the direct dependencies' results (a decision's outcome is
+/// not a number and is skipped; a dependency never created has no result), or, when
+/// there is no such result, the context's number (field `initialization.input`,
+/// default `even_number`).
 fn square(ctx: &StepContext) -> Result<Value, StepError> {
-    let input = if ctx.dependencies.is_empty() {
-        let field = ctx.initialization["input"]
-            .as_str()
-            .unwrap_or("even_number");
-        number(&ctx.context[field], field)?
-    } else {
-        let mut product: i64 = 1;
-        for (name, v) in ctx.dependencies.iter().zip(ctx.dependency_results()) {
-            product = product
-                .checked_mul(number(v, name)?)
-                .ok_or_else(|| StepError::permanent("the product overflows 64 bits"))?;
+    let mut product: Option<i64> = None;
+    for name in &ctx.dependencies {
+        let Some(v) = ctx.ancestors.get(name) else {
+            continue;
+        };
+        if v.get("step_names").is_some() {
+            continue;
         }
-        product
+        let n = number(v, name)?;
+        product = Some(
+            product
+                .unwrap_or(1)
+                .checked_mul(n)
+                .ok_or_else(|| StepError::permanent("the product overflows 64 bits"))?,
+        );
+    }
+    let input = match product {
+        Some(p) => p,
+        None => {
+            let field = ctx.initialization["input"]
+                .as_str()
+                .unwrap_or("even_number");
+            number(&ctx.context[field], field)?
+        }
     };
     let squared = input
         .checked_mul(input)
@@ -51,6 +66,19 @@ fn fail_times(ctx: &StepContext) -> Result<Value, StepError> {
         });
     }
     Ok(json!({"attempt": ctx.attempt}))
+}
+
+/// A decision: creates the branches the context's field `initialization.field`
+/// (default `branches`) lists, an array of step names.
+fn choose(ctx: &StepContext) -> Result<Value, StepError> {
+    let field = ctx.initialization["field"].as_str().unwrap_or("branches");
+    match ctx.context[field].as_array() {
+        Some(names) => Ok(json!({"type": "create_steps", "step_names": names})),
+        None => Err(StepError::permanent(format!(
+            "the context's `{field}` is {}, not a list of step names",
+            ctx.context[field]
+        ))),
+    }
 }
 
 /// Sleeps `initialization.ms`, then returns the attempt number and its dependencies'
@@ -88,5 +116,17 @@ mod tests {
             Ok(json!(36))
         );
         assert!(!square(&ctx(&[], json!({}))).unwrap_err().retryable);
+        let after_decision = ctx(
+            &[("decide", json!({"step_names": ["x"]}))],
+            json!({"even_number": 3}),
+        );
+        assert_eq!(square(&after_decision), Ok(json!(9)));
+    }
+
+    #[test]
+    fn choose_names_the_branches_the_context_lists() {
+        let c = ctx(&[], json!({"branches": ["a", "c"]}));
+        assert_eq!(choose(&c).unwrap()["step_names"], json!(["a", "c"]));
+        assert!(!choose(&ctx(&[], json!({}))).unwrap_err().retryable);
     }
 }

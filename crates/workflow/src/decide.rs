@@ -7,7 +7,8 @@
 use crate::event::{Event, Expiry, StepRef};
 use crate::machine::{StepState, TaskState};
 use crate::state::{Returned, State, Step, Task};
-use crate::template::StepTemplate;
+use crate::template::{StepTemplate, StepType};
+use serde_json::Value;
 
 /// Lease losses of one step after which it errors ("worker unavailable").
 pub const MAX_LEASE_LOSSES: u32 = 5;
@@ -34,7 +35,7 @@ pub fn decide(state: &State, clock: &Clock) -> (Vec<Event>, Option<u64>) {
             }
         }
         for (i, step) in task.steps.iter().enumerate() {
-            let spec = &task.template.steps[i];
+            let spec = task.spec(i);
             if let Some(e) = decide_step(task, i, step, spec, clock, blocked, &mut wake) {
                 out.push(e);
             }
@@ -91,7 +92,10 @@ fn decide_returned(
         reason,
     };
     match step.returned.as_ref() {
-        Some(Returned::Success(_)) => Event::StepCompleted(here.clone()),
+        Some(Returned::Success(result)) => match check_result(task, i, spec, result) {
+            Ok(()) => Event::StepCompleted(here.clone()),
+            Err(why) => error(why),
+        },
         Some(Returned::LeaseLost) if step.lease_losses < MAX_LEASE_LOSSES => retry(0),
         Some(Returned::LeaseLost) | None => error(format!(
             "worker unavailable: the lease of its worker ran out {} times",
@@ -114,6 +118,15 @@ fn decide_returned(
                 retry(retry_after_ms.unwrap_or_else(|| policy.delay_ms(step.failures)))
             }
         }
+    }
+}
+
+/// A decision's result must name some of its branches (the fold creates them when it
+/// applies the completion); other steps' results are not checked.
+fn check_result(task: &Task, i: usize, spec: &StepTemplate, result: &Value) -> Result<(), String> {
+    match spec.step_type {
+        StepType::Decision => crate::branch::check_decision(task, i, result),
+        _ => Ok(()),
     }
 }
 

@@ -9,11 +9,11 @@ use crate::state::{Task, Transition};
 /// The state the task's steps put it in.
 pub fn derive(task: &Task) -> TaskState {
     use StepState as S;
-    let any = |f: &dyn Fn(StepState) -> bool| task.steps.iter().any(|s| f(s.state));
+    let any = |f: &dyn Fn(StepState) -> bool| task.created_steps().any(|s| f(s.state));
     if task.cancelled {
         return TaskState::Cancelled;
     }
-    if task.steps.iter().all(|s| s.state == S::Complete) {
+    if task.created_steps().all(|s| s.state == S::Complete) {
         return TaskState::Complete;
     }
     if any(&|s| s == S::Error) {

@@ -7,7 +7,7 @@
 
 use crate::event::{Envelope, Event, Expiry, Outcome, StepRef};
 use crate::machine::{legal_step, StepState, TaskState};
-use crate::template::{Template, TemplateKey};
+use crate::template::{StepTemplate, StepType, Template, TemplateKey};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -38,6 +38,12 @@ pub enum Returned {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Step {
     pub name: String,
+    /// The index of the template step this step is an instance of.
+    #[serde(skip)]
+    pub spec: usize,
+    /// Whether the step exists: a step behind a decision is created only when the
+    /// decision names it (see [`crate::branch`]); one never created never runs.
+    pub created: bool,
     pub state: StepState,
     /// The current attempt (0 before the first is enqueued).
     pub attempt: u32,
@@ -218,7 +224,7 @@ impl State {
     fn cancel(&mut self, uuid: &str, position: u64, ts: u64) -> Result<(), Rejected> {
         let task = open_task(&mut self.tasks, uuid)?;
         for step in &mut task.steps {
-            if !step.state.is_terminal() {
+            if step.created && !step.state.is_terminal() {
                 step.enter(StepState::Cancelled, position, ts);
             }
         }
@@ -234,8 +240,7 @@ impl State {
             .get_mut(&at.task)
             .ok_or_else(|| Rejected::UnknownTask(at.task.clone()))?;
         let index = task
-            .template
-            .step_index(&at.step)
+            .index_of(&at.step)
             .ok_or_else(|| Rejected::UnknownStep {
                 task: at.task.clone(),
                 step: at.step.clone(),
@@ -268,10 +273,8 @@ fn apply_to_step(
     position: u64,
     ts: u64,
 ) -> Result<(), Rejected> {
-    let ready = task.deps[index]
-        .iter()
-        .all(|&d| task.steps[d].state == StepState::Complete);
-    let timeout_s = task.template.steps[index].timeout_seconds;
+    let ready = task.steps[index].created && crate::branch::dependencies_met(task, index);
+    let timeout_s = task.spec(index).timeout_seconds;
     let how = crate::step_events::At {
         ready,
         timeout_s,
@@ -279,6 +282,11 @@ fn apply_to_step(
         ts,
     };
     crate::step_events::apply(&mut task.steps[index], event, how)?;
+    let decided = task.steps[index].state == StepState::Complete
+        && task.spec(index).step_type == StepType::Decision;
+    if decided {
+        crate::branch::create_steps(task);
+    }
     crate::settle::settle(task, position, ts);
     Ok(())
 }
@@ -324,8 +332,13 @@ impl Task {
                 found.collect()
             })
             .collect();
-        let steps = template.steps.iter().map(|s| Step::new(&s.name)).collect();
-        Self {
+        let steps = template
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Step::new(&s.name, i))
+            .collect();
+        let mut task = Self {
             uuid: uuid.to_string(),
             template,
             context,
@@ -338,17 +351,32 @@ impl Task {
             updated_ms: ts,
             completed_ms: None,
             history: Vec::new(),
-        }
+        };
+        crate::branch::create_steps(&mut task);
+        task
     }
 
-    /// Pending steps whose dependencies are all complete.
+    /// Created pending steps whose dependencies let them run.
     pub fn ready_steps(&self) -> impl Iterator<Item = usize> + '_ {
         (0..self.steps.len()).filter(|&i| {
-            self.steps[i].state == StepState::Pending
-                && self.deps[i]
-                    .iter()
-                    .all(|&d| self.steps[d].state == StepState::Complete)
+            let s = &self.steps[i];
+            s.created && s.state == StepState::Pending && crate::branch::dependencies_met(self, i)
         })
+    }
+
+    /// The steps that exist (see [`Step::created`]).
+    pub fn created_steps(&self) -> impl Iterator<Item = &Step> + '_ {
+        self.steps.iter().filter(|s| s.created)
+    }
+
+    /// The template step step `i` runs.
+    pub fn spec(&self, i: usize) -> &StepTemplate {
+        &self.template.steps[self.steps[i].spec]
+    }
+
+    /// The index of the step called `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.steps.iter().position(|s| s.name == name)
     }
 
     /// Every step `index` depends on, directly or not, in template order.
@@ -369,9 +397,11 @@ impl Task {
 }
 
 impl Step {
-    fn new(name: &str) -> Self {
+    fn new(name: &str, spec: usize) -> Self {
         Self {
             name: name.to_string(),
+            spec,
+            created: false,
             state: StepState::Pending,
             attempt: 0,
             worker: None,

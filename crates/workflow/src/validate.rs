@@ -153,11 +153,14 @@ fn check_steps(t: &Template, handlers: KnownHandlers) -> Result<(), StepProblem>
         if !seen.insert(s.name.as_str()) {
             return fail("name", "two steps have this name".into());
         }
-        if s.step_type != StepType::Standard {
+        if matches!(s.step_type, StepType::Batchable | StepType::BatchWorker) {
             let kind = serde_json::to_value(s.step_type).unwrap_or_default();
+            return fail("type", format!("{kind} steps are not supported yet"));
+        }
+        if s.step_type == StepType::DeferredConvergence && s.dependencies.is_empty() {
             return fail(
-                "type",
-                format!("{kind} steps are not supported yet (phase 1 runs standard steps)"),
+                "dependencies",
+                "a deferred_convergence step converges dependencies; it has none".into(),
             );
         }
         for d in &s.dependencies {

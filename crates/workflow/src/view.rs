@@ -18,9 +18,9 @@ struct Counts {
 }
 
 fn counts(task: &Task) -> Counts {
-    let n = |f: &dyn Fn(StepState) -> bool| task.steps.iter().filter(|s| f(s.state)).count();
+    let n = |f: &dyn Fn(StepState) -> bool| task.created_steps().filter(|s| f(s.state)).count();
     Counts {
-        total: task.steps.len(),
+        total: task.created_steps().count(),
         pending: n(&|s| matches!(s, StepState::Pending | StepState::WaitingForRetry)),
         in_progress: n(&|s| s.is_active()),
         completed: n(&|s| matches!(s, StepState::Complete | StepState::ResolvedManually)),
@@ -58,9 +58,14 @@ pub fn task_view(task: &Task) -> Value {
     let c = counts(task);
     let (execution_status, recommended_action, health_status) = status_words(task, &c);
     let t = &task.template;
-    let steps: Vec<Value> = task
+    let not_created: Vec<&str> = task
         .steps
         .iter()
+        .filter(|s| !s.created)
+        .map(|s| s.name.as_str())
+        .collect();
+    let steps: Vec<Value> = task
+        .created_steps()
         .map(|s| {
             json!({
                 "name": s.name,
@@ -100,6 +105,7 @@ pub fn task_view(task: &Task) -> Value {
         "completion_percentage": (c.completed as f64) * 100.0 / (c.total.max(1) as f64),
         "transitions": task.history,
         "steps": steps,
+        "not_created_steps": not_created,
     })
 }
 
@@ -111,6 +117,7 @@ pub fn template_view(t: &Template) -> Value {
         "description": t.description,
         "steps": t.steps.iter().map(|s| json!({
             "name": s.name,
+            "type": s.step_type,
             "handler": s.handler.callable,
             "dependencies": s.dependencies,
         })).collect::<Vec<_>>(),

@@ -167,11 +167,12 @@ impl Runtime {
     fn prepare(&self, at: &StepRef) -> Option<Job> {
         let state = self.shared.lock();
         let task = state.tasks.get(&at.task)?;
-        let index = task.template.step_index(&at.step)?;
-        let spec = &task.template.steps[index];
+        let index = task.index_of(&at.step)?;
+        let spec = task.spec(index);
         let ancestors: Map<String, Value> = task
             .ancestors(index)
             .into_iter()
+            .filter(|&i| task.steps[i].created)
             .map(|i| {
                 (
                     task.steps[i].name.clone(),
@@ -243,9 +244,7 @@ fn claimable<'a>(
         .filter(move |t| namespaces.is_empty() || namespaces.contains(&t.template.namespace))
         .flat_map(move |t| {
             t.steps.iter().enumerate().filter_map(move |(i, s)| {
-                let has = registry
-                    .get(&t.template.steps[i].handler.callable)
-                    .is_some();
+                let has = registry.get(&t.spec(i).handler.callable).is_some();
                 (s.state == StepState::Enqueued && has).then(|| StepRef {
                     task: t.uuid.clone(),
                     step: s.name.clone(),
