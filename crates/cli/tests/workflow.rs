@@ -74,6 +74,44 @@ steps:
     handler: {callable: math.square}
 ";
 
+/// Tasker's CSV batch: analyze splits the rows among workers, one instance of
+/// `process` per cursor, `aggregate` converges them. `STRATEGY` and `PAUSE` (after each
+/// checkpoint, ms) are filled in per test.
+const CSV: &str = "name: csv_STRATEGY
+namespace: demo
+version: 1.0.0
+steps:
+  - name: analyze
+    type: batchable
+    handler: {callable: csv.analyze}
+    batch_config: {failure_strategy: STRATEGY}
+  - name: process
+    type: batch_worker
+    dependencies: [analyze]
+    handler: {callable: csv.process_batch, initialization: {pause_ms: PAUSE}}
+    retry: {max_attempts: 1}
+  - name: aggregate
+    type: deferred_convergence
+    dependencies: [process]
+    handler: {callable: csv.aggregate}
+";
+
+fn csv(strategy: &str, pause_ms: u64) -> String {
+    CSV.replace("STRATEGY", strategy)
+        .replace("PAUSE", &pause_ms.to_string())
+}
+
+/// The inventory value of the first `rows` rows of csv.process_batch's synthetic CSV.
+fn csv_value(rows: std::ops::Range<u64>) -> u64 {
+    rows.map(|i| (100 + (i * 37) % 1000) * (1 + i % 9)).sum()
+}
+
+/// The position at which a step entered `state` (its first time).
+fn entered_at(step: &Value, state: &str) -> Option<u64> {
+    let moves = step["transitions"].as_array().unwrap();
+    moves.iter().find(|m| m["to"] == state)?["position"].as_u64()
+}
+
 /// A server and the engine's processes on it.
 struct Engine {
     serve: Serve,
@@ -476,4 +514,111 @@ fn a_decision_creates_the_branches_it_names_and_the_convergence_waits_for_them()
         t["not_created_steps"],
         json!(["small", "medium", "large", "huge", "converge"])
     );
+}
+
+#[test]
+fn a_csv_batch_of_1000_rows_in_5_workers_resumes_from_its_checkpoint_after_a_crash() {
+    let mut stack = Stack::start("1000", 1, &[&csv("fail_fast", 500)]);
+    let (first, first_id) = stack.workers.pop().unwrap();
+    let api = &stack.api;
+    let context = json!({"rows": 1000, "worker_count": 5, "checkpoint_every": 50});
+    let uuid = create(api, "csv_fail_fast", context);
+    until(api, &uuid, "a checkpoint of a running batch", |t| {
+        t["steps"].as_array().unwrap().iter().any(|s| {
+            s["checkpoint"]["items_done"].as_u64() >= Some(50)
+                && s["current_state"] == "in_progress"
+                && s["worker"] == first_id.as_str()
+        })
+    });
+    first.kill();
+    let (_second, _) = stack.engine.worker("1000");
+    let t = api.get_task(&uuid, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    let names: Vec<&str> = t["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "analyze",
+            "aggregate",
+            "process_001",
+            "process_002",
+            "process_003",
+            "process_004",
+            "process_005"
+        ]
+    );
+    assert_eq!(t["not_created_steps"], json!(["process"]));
+    assert_eq!(
+        step(&t, "aggregate")["result"],
+        json!({"rows": 1000, "value": csv_value(0..1000), "batches": 5})
+    );
+    assert_eq!(
+        step(&t, "process_002")["batch"]["cursor"],
+        json!({"start": 200, "end": 400})
+    );
+    // The instances the crash took back resumed from their checkpoints and still
+    // counted all their rows (the aggregate's total above says no row was lost or doubled).
+    let resumed: Vec<&Value> = t["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["lease_losses"].as_u64() >= Some(1) && !s["result"]["resumed_from"].is_null())
+        .collect();
+    assert!(!resumed.is_empty(), "{t:#}");
+    for s in resumed {
+        let (from, start) = (&s["result"]["resumed_from"], &s["batch"]["cursor"]["start"]);
+        assert!(from.as_u64() > start.as_u64(), "{s:#}");
+        assert_eq!(s["result"]["rows"], json!(200), "{s:#}");
+    }
+}
+
+#[test]
+fn batch_failure_strategies_continue_fail_fast_or_isolate() {
+    let templates = ["continue_on_failure", "fail_fast", "isolate"].map(|s| csv(s, 0));
+    let stack = Stack::start("3000", 2, &templates.each_ref().map(String::as_str));
+    let api = &stack.api;
+    let context = json!({"rows": 1000, "worker_count": 5, "fail_batch": 3});
+    let run = |strategy: &str| {
+        let uuid = create(api, &format!("csv_{strategy}"), context.clone());
+        api.get_task(&uuid, 30).unwrap()
+    };
+    let siblings = ["process_001", "process_002", "process_004", "process_005"];
+
+    let t = run("continue_on_failure");
+    assert_eq!(
+        (&t["status"], &t["failed_steps"]),
+        (&json!("complete"), &json!(1)),
+        "{t:#}"
+    );
+    let expected = csv_value(0..400) + csv_value(600..1000);
+    assert_eq!(
+        step(&t, "aggregate")["result"],
+        json!({"rows": 800, "value": expected, "batches": 4})
+    );
+
+    let t = run("fail_fast");
+    assert_eq!(t["status"], "error", "{t:#}");
+    let failed_at = entered_at(step(&t, "process_003"), "error").unwrap();
+    for name in siblings {
+        let s = step(&t, name);
+        let state = s["current_state"].as_str().unwrap();
+        assert!(matches!(state, "complete" | "cancelled"), "{s:#}");
+        assert!(
+            entered_at(s, "complete").is_none_or(|p| p < failed_at),
+            "completed after the failure: {s:#}"
+        );
+    }
+    assert_eq!(step(&t, "aggregate")["current_state"], "pending");
+
+    let t = run("isolate");
+    assert_eq!(t["status"], "error", "{t:#}");
+    for name in siblings {
+        assert_eq!(step(&t, name)["current_state"], "complete", "{t:#}");
+    }
+    assert_eq!(step(&t, "aggregate")["current_state"], "pending");
 }

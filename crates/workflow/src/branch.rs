@@ -67,6 +67,9 @@ fn named_by(task: &Task, decision: usize, i: usize) -> bool {
 
 /// Whether step `i` (not created yet) is to be created now.
 fn creatable(task: &Task, i: usize) -> bool {
+    if kind(task, i) == StepType::BatchWorker {
+        return false; // its instances are created by the batch, not the step itself
+    }
     let deps = &task.deps[i];
     let gates: Vec<usize> = deps
         .iter()
@@ -95,22 +98,24 @@ pub(crate) fn create_steps(task: &mut Task) -> Vec<String> {
     }
 }
 
-/// Whether a dependency that was not created never will be: every decision above it
-/// has decided (or will never run).
+/// Whether a dependency that was not created never will be: every decision (or
+/// batchable step) above it has completed (or will never run).
 fn settled_absent(task: &Task, d: usize) -> bool {
     !task.steps[d].created
         && task.ancestors(d).into_iter().all(|a| {
-            kind(task, a) != StepType::Decision
+            !matches!(kind(task, a), StepType::Decision | StepType::Batchable)
                 || !task.steps[a].created
                 || task.steps[a].state == StepState::Complete
         })
 }
 
 /// Whether step `i`'s dependencies let it run: all complete; for a deferred
-/// convergence, those created complete and the others settled absent.
+/// convergence, those created complete (or failed under `continue_on_failure`) and the
+/// others settled absent.
 pub fn dependencies_met(task: &Task, i: usize) -> bool {
     let convergence = kind(task, i) == StepType::DeferredConvergence;
     task.deps[i].iter().all(|&d| {
-        task.steps[d].state == StepState::Complete || (convergence && settled_absent(task, d))
+        task.steps[d].state == StepState::Complete
+            || (convergence && (settled_absent(task, d) || crate::batch::tolerated(task, d)))
     })
 }

@@ -4,6 +4,7 @@
 //! out). Pure: time and liveness come in through [`Clock`], so a standby that takes
 //! over decides the same from the same log.
 
+use crate::batch::FailureStrategy;
 use crate::event::{Event, Expiry, StepRef};
 use crate::machine::{StepState, TaskState};
 use crate::state::{Returned, State, Step, Task};
@@ -36,6 +37,9 @@ pub fn decide(state: &State, clock: &Clock) -> (Vec<Event>, Option<u64>) {
         }
         for (i, step) in task.steps.iter().enumerate() {
             let spec = task.spec(i);
+            // An `isolate` batch's other instances still retry while the task is blocked.
+            let isolated = crate::batch::strategy(task, i) == Some(FailureStrategy::Isolate);
+            let blocked = blocked && !isolated;
             if let Some(e) = decide_step(task, i, step, spec, clock, blocked, &mut wake) {
                 out.push(e);
             }
@@ -126,6 +130,7 @@ fn decide_returned(
 fn check_result(task: &Task, i: usize, spec: &StepTemplate, result: &Value) -> Result<(), String> {
     match spec.step_type {
         StepType::Decision => crate::branch::check_decision(task, i, result),
+        StepType::Batchable => crate::batch::batch_cursors(result).map(|_| ()),
         _ => Ok(()),
     }
 }

@@ -51,6 +51,13 @@ pub enum Event {
     },
     /// A worker is alive (it holds claims).
     Heartbeat { worker: String },
+    /// A batch worker's handler saved how far it got, for a later attempt to resume.
+    StepCheckpoint {
+        #[serde(flatten)]
+        at: StepRef,
+        worker: String,
+        checkpoint: Checkpoint,
+    },
     /// A worker's handler finished an attempt.
     StepResult {
         #[serde(flatten)]
@@ -81,6 +88,16 @@ pub enum Event {
     },
     /// Someone cancelled the task.
     TaskCancelled { task: String, reason: String },
+}
+
+/// How far a batch worker got: the cursor to resume at, the items done so far and
+/// the partial results up to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub cursor: Value,
+    pub items_done: u64,
+    #[serde(default)]
+    pub partial: Value,
 }
 
 /// What a handler's attempt produced.
@@ -115,6 +132,7 @@ impl Event {
             Event::StepEnqueued(at) | Event::StepCompleted(at) => Some(at),
             Event::StepClaimed { at, .. }
             | Event::StepResult { at, .. }
+            | Event::StepCheckpoint { at, .. }
             | Event::StepExpired { at, .. }
             | Event::RetryScheduled { at, .. }
             | Event::StepErrored { at, .. } => Some(at),
@@ -131,6 +149,7 @@ impl Event {
             Event::StepClaimed { .. } => "step_claimed",
             Event::Heartbeat { .. } => "heartbeat",
             Event::StepResult { .. } => "step_result",
+            Event::StepCheckpoint { .. } => "step_checkpoint",
             Event::StepExpired { .. } => "step_expired",
             Event::StepCompleted(_) => "step_completed",
             Event::RetryScheduled { .. } => "retry_scheduled",

@@ -3,6 +3,7 @@
 //! decisions, Rust step handlers, and the worker and orchestrator that run them.
 
 pub mod api;
+pub mod batch;
 pub mod branch;
 mod builtin;
 pub mod client;

@@ -13,10 +13,17 @@ pub fn derive(task: &Task) -> TaskState {
     if task.cancelled {
         return TaskState::Cancelled;
     }
-    if task.created_steps().all(|s| s.state == S::Complete) {
+    // A batch instance that failed under `continue_on_failure` neither fails the task
+    // nor keeps it from completing.
+    let live = |i: &usize| task.steps[*i].created && !crate::batch::tolerated(task, *i);
+    let mut counted = (0..task.steps.len()).filter(live);
+    if counted.all(|i| task.steps[i].state == S::Complete) {
         return TaskState::Complete;
     }
-    if any(&|s| s == S::Error) {
+    let failed = (0..task.steps.len())
+        .filter(live)
+        .any(|i| task.steps[i].state == S::Error);
+    if failed {
         return match any(&|s| s.is_active()) {
             true => TaskState::BlockedByFailures,
             false => TaskState::Error,

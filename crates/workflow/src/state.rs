@@ -5,7 +5,8 @@
 //! the same claim winners and the same rejections. Step events are checked before any
 //! change; task states are derived from the steps ([`crate::settle`]).
 
-use crate::event::{Envelope, Event, Expiry, Outcome, StepRef};
+use crate::batch::BatchSlot;
+use crate::event::{Checkpoint, Envelope, Event, Expiry, Outcome, StepRef};
 use crate::machine::{legal_step, StepState, TaskState};
 use crate::template::{StepTemplate, StepType, Template, TemplateKey};
 use serde::Serialize;
@@ -57,6 +58,10 @@ pub struct Step {
     pub last_error: Option<String>,
     pub returned: Option<Returned>,
     pub retry_due_ms: Option<u64>,
+    /// For an instance of a batch worker step: its cursor and place in the batch.
+    pub batch: Option<BatchSlot>,
+    /// The last checkpoint an attempt of this step saved.
+    pub checkpoint: Option<Checkpoint>,
     pub history: Vec<Transition<StepState>>,
     /// Events about this step the fold refused (late results, lost claims), for audit.
     pub refused: Vec<String>,
@@ -282,13 +287,25 @@ fn apply_to_step(
         ts,
     };
     crate::step_events::apply(&mut task.steps[index], event, how)?;
-    let decided = task.steps[index].state == StepState::Complete
-        && task.spec(index).step_type == StepType::Decision;
-    if decided {
-        crate::branch::create_steps(task);
-    }
+    consequences(task, index, position, ts);
     crate::settle::settle(task, position, ts);
     Ok(())
+}
+
+/// What a step's completion or failure does to other steps: a decision or a batchable
+/// step creates steps; a batch instance's failure may cancel its siblings.
+fn consequences(task: &mut Task, index: usize, position: u64, ts: u64) {
+    match (task.spec(index).step_type, task.steps[index].state) {
+        (StepType::Decision, StepState::Complete) => {
+            crate::branch::create_steps(task);
+        }
+        (StepType::Batchable, StepState::Complete) => {
+            crate::batch::create_instances(task, index);
+            crate::branch::create_steps(task);
+        }
+        (_, StepState::Error) => crate::batch::on_error(task, index, position, ts),
+        _ => {}
+    }
 }
 
 struct NewTask<'a> {
@@ -397,7 +414,7 @@ impl Task {
 }
 
 impl Step {
-    fn new(name: &str, spec: usize) -> Self {
+    pub(crate) fn new(name: &str, spec: usize) -> Self {
         Self {
             name: name.to_string(),
             spec,
@@ -411,6 +428,8 @@ impl Step {
             last_error: None,
             returned: None,
             retry_due_ms: None,
+            batch: None,
+            checkpoint: None,
             history: Vec::new(),
             refused: Vec::new(),
         }

@@ -33,6 +33,18 @@ pub(crate) fn apply(step: &mut Step, event: &Event, at: At) -> Result<(), Reject
             returned(step, outcome.into(), &at);
             Ok(())
         }
+        Event::StepCheckpoint {
+            at: r,
+            worker,
+            checkpoint,
+        } => {
+            expect(step, r, "checkpoint", InProgress)?;
+            if step.worker.as_deref() != Some(worker) {
+                return Err(lost(step, r, worker));
+            }
+            step.checkpoint = Some(checkpoint.clone());
+            Ok(())
+        }
         Event::StepExpired { at: r, reason } => {
             expect(step, r, "expiry", InProgress)?;
             returned(step, expired(*reason, at.timeout_s), &at);

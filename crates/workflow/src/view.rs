@@ -34,7 +34,7 @@ fn status_words(task: &Task, c: &Counts) -> (&'static str, &'static str, &'stati
     if task.state == TaskState::Cancelled {
         return ("cancelled", "none", "unknown");
     }
-    if c.completed == c.total {
+    if c.completed == c.total || task.state == TaskState::Complete {
         return ("all_complete", "finalize_task", "healthy");
     }
     if c.failed > 0 {
@@ -77,6 +77,8 @@ pub fn task_view(task: &Task) -> Value {
                 "result": s.result,
                 "last_error": s.last_error,
                 "retry_due_ms": s.retry_due_ms,
+                "batch": s.batch,
+                "checkpoint": s.checkpoint,
                 "transitions": s.history,
                 "refused_events": s.refused,
             })

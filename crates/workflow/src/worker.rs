@@ -5,7 +5,7 @@
 //! heartbeats while it holds any.
 
 use crate::event::{Event, Outcome, StepRef};
-use crate::handler::{Registry, StepContext, StepError};
+use crate::handler::{BatchInput, CheckpointSink, Registry, StepContext, StepError};
 use crate::ids::{new_uuid, now_ms};
 use crate::log::{ensure_topic, Folded, Folder, LogConfig, Shared, Writer};
 use crate::machine::StepState;
@@ -180,6 +180,18 @@ impl Runtime {
                 )
             })
             .collect();
+        let dependencies = task.deps[index]
+            .iter()
+            .filter(|&&d| task.steps[d].created)
+            .map(|&d| task.steps[d].name.clone())
+            .collect();
+        let batch = task.steps[index].batch.as_ref().map(|slot| BatchInput {
+            cursor: slot.cursor.clone(),
+            index: slot.index,
+            count: slot.count,
+            resume: task.steps[index].checkpoint.clone(),
+            checkpoints: self.checkpoint_sink(at),
+        });
         Some(Job {
             at: at.clone(),
             callable: spec.handler.callable.clone(),
@@ -191,8 +203,24 @@ impl Runtime {
                 context: task.context.clone(),
                 initialization: spec.handler.initialization.clone().unwrap_or(Value::Null),
                 ancestors,
-                dependencies: spec.dependencies.clone(),
+                dependencies,
+                batch,
             },
+        })
+    }
+
+    /// Publishes a handler's checkpoints for the attempt `at` of this worker.
+    fn checkpoint_sink(&self, at: &StepRef) -> CheckpointSink {
+        let (writer, at, worker) = (self.writer.clone(), at.clone(), self.id.clone());
+        CheckpointSink::new(move |checkpoint| {
+            let event = Event::StepCheckpoint {
+                at: at.clone(),
+                worker: worker.clone(),
+                checkpoint,
+            };
+            if let Err(e) = writer.publish(event) {
+                tracing::warn!("cannot publish a checkpoint: {e}");
+            }
         })
     }
 

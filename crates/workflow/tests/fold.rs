@@ -27,8 +27,22 @@ const CONDITIONAL: &str = "name: cond\nnamespace: p\nversion: '1'\nsteps:
   - {name: e, dependencies: [b1], handler: {callable: x}}
   - {name: j, type: deferred_convergence, dependencies: [e, b2, b3], handler: {callable: x}}
 ";
+/// A batchable step, its worker step (instances `w_001`...) and their convergence;
+/// `STRATEGY` is replaced by each batch template's failure strategy.
+const BATCH: &str = "name: NAME\nnamespace: p\nversion: '1'\nsteps:
+  - {name: an, type: batchable, handler: {callable: x}, batch_config: {failure_strategy: STRATEGY}}
+  - {name: w, type: batch_worker, dependencies: [an], handler: {callable: x}, retry: {max_attempts: 1}}
+  - {name: agg, type: deferred_convergence, dependencies: [w], handler: {callable: x}}
+";
 /// Tasks and their templates.
-const TASKS: [(&str, &str); 3] = [("t1", "diamond"), ("t2", "diamond"), ("t3", "cond")];
+const TASKS: [(&str, &str); 5] = [
+    ("t1", "diamond"),
+    ("t2", "diamond"),
+    ("t3", "cond"),
+    ("t4", "batch_fail_fast"),
+    ("t5", "batch_continue_on_failure"),
+];
+const BATCH_STEPS: &[&str] = &["an", "w_001", "w_002", "w_003", "agg", "w"];
 const DIAMOND_STEPS: &[&str] = &["a", "b", "c", "d"];
 const COND_STEPS: &[&str] = &["a", "d", "b1", "b2", "b3", "e", "j"];
 /// What a decision may name (`zz` is no step: such a decision is refused).
@@ -59,13 +73,21 @@ enum Op {
         /// For a decision step: which of [`BRANCHES`] it names (a bit each).
         branches: u8,
     },
+    Checkpoint {
+        task: usize,
+        step: usize,
+        attempt: u32,
+        worker: usize,
+        done: u64,
+    },
     Raw(Box<Event>),
 }
 
 fn steps_of(task: usize) -> &'static [&'static str] {
     match TASKS[task].1 {
         "cond" => COND_STEPS,
-        _ => DIAMOND_STEPS,
+        "diamond" => DIAMOND_STEPS,
+        _ => BATCH_STEPS,
     }
 }
 
@@ -90,6 +112,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (t.clone(), s.clone(), a.clone(), w, any::<bool>(), 0u8..16).prop_map(|(task, step, attempt, worker, ok, branches)| Op::Result { task, step, attempt, worker, ok, branches }),
         1 => (t.clone(), s.clone(), a.clone()).prop_map(|(task, step, attempt)| Op::Raw(Box::new(Event::StepCompleted(at(task, step, attempt))))),
         1 => (t.clone(), s, a).prop_map(|(task, step, attempt)| Op::Raw(Box::new(Event::StepEnqueued(at(task, step, attempt))))),
+        2 => (t.clone(), s.clone(), a.clone(), 0..WORKERS.len(), 0u64..100).prop_map(|(task, step, attempt, worker, done)| Op::Checkpoint { task, step, attempt, worker, done }),
         1 => t.prop_map(|task| Op::Raw(Box::new(Event::TaskCancelled { task: TASKS[task].0.into(), reason: "test".into() }))),
     ]
 }
@@ -97,7 +120,12 @@ fn op() -> impl Strategy<Value = Op> {
 /// The events a history stands for, each computed against the state before it (so the
 /// orchestrator's decisions are those it would make at that point).
 fn events(ops: &[Op]) -> Vec<Envelope> {
-    let mut out: Vec<Event> = [DIAMOND, CONDITIONAL]
+    let batches = ["fail_fast", "continue_on_failure"].map(|strategy| {
+        BATCH
+            .replace("NAME", &format!("batch_{strategy}"))
+            .replace("STRATEGY", strategy)
+    });
+    let mut out: Vec<Event> = [DIAMOND, CONDITIONAL, &batches[0], &batches[1]]
         .iter()
         .map(|t| Event::TemplateRegistered {
             template: load(t, None).unwrap(),
@@ -166,6 +194,10 @@ fn op_events(state: &State, op: &Op) -> Vec<Event> {
             let at = at(task, step, attempt);
             let result = match at.step.as_str() {
                 "d" if TASKS[task].1 == "cond" => decision(branches),
+                "an" => {
+                    let n = (branches % 4) as usize;
+                    json!({"cursors": (0..n).collect::<Vec<_>>(), "worker_count": n})
+                }
                 _ => json!(attempt),
             };
             let outcome = match ok {
@@ -182,6 +214,21 @@ fn op_events(state: &State, op: &Op) -> Vec<Event> {
                 outcome,
             }]
         }
+        Op::Checkpoint {
+            task,
+            step,
+            attempt,
+            worker,
+            done,
+        } => vec![Event::StepCheckpoint {
+            at: at(task, step, attempt),
+            worker: WORKERS[worker].into(),
+            checkpoint: embarcadero_workflow::event::Checkpoint {
+                cursor: json!(done),
+                items_done: done,
+                partial: json!({}),
+            },
+        }],
         Op::Raw(e) => vec![*e],
     }
 }
@@ -257,6 +304,24 @@ proptest! {
     }
 
     #[test]
+    fn batches_make_one_instance_per_cursor_and_follow_their_failure_strategy(ops in prop::collection::vec(op(), 0..100)) {
+        let envs = events(&ops);
+        let mut s = State::default();
+        for (i, e) in envs.iter().enumerate() {
+            let before = s.clone();
+            if s.apply(i as u64, e).is_ok() {
+                check_checkpoint(&before, e)?;
+            }
+            for task in s.tasks.values() {
+                check_branches(task)?;
+                if task.template.name.starts_with("batch") {
+                    check_batch(task)?;
+                }
+            }
+        }
+    }
+
+    #[test]
     fn a_finished_task_never_changes_again_but_for_its_refusals(ops in prop::collection::vec(op(), 0..60)) {
         let envs = events(&ops);
         let mut s = State::default();
@@ -299,8 +364,9 @@ fn check_branches(task: &embarcadero_workflow::Task) -> Result<(), TestCaseError
         let convergence = task.spec(i).step_type == StepType::DeferredConvergence;
         for &d in &task.deps[i] {
             let dep = &task.steps[d];
+            let tolerated = embarcadero_workflow::batch::tolerated(task, d);
             prop_assert!(
-                dep.state == Complete || (convergence && !dep.created),
+                dep.state == Complete || (convergence && (!dep.created || tolerated)),
                 "{} ran while {} was {:?} (created: {})",
                 s.name,
                 dep.name,
@@ -327,6 +393,64 @@ fn check_branches(task: &embarcadero_workflow::Task) -> Result<(), TestCaseError
     }
     if task.state == embarcadero_workflow::TaskState::Complete {
         prop_assert!(task.created_steps().all(|s| s.state == Complete));
+    }
+    Ok(())
+}
+
+/// The rules of batches, on one folded batch task: one instance per cursor once the
+/// batchable step completed, none before; under `fail_fast` no instance completes
+/// after a sibling failed, and those not finished are cancelled.
+fn check_batch(task: &embarcadero_workflow::Task) -> Result<(), TestCaseError> {
+    use embarcadero_workflow::StepState::{Cancelled, Complete, Error};
+    let an = task.step("an").unwrap();
+    let cursors = match (&an.state, &an.result) {
+        (Complete, Some(r)) => embarcadero_workflow::batch::batch_cursors(r).unwrap().len(),
+        _ => 0,
+    };
+    let instances: Vec<_> = task.steps.iter().filter(|s| s.batch.is_some()).collect();
+    prop_assert_eq!(instances.len(), cursors);
+    for (k, s) in instances.iter().enumerate() {
+        prop_assert_eq!(
+            &s.name,
+            &embarcadero_workflow::batch::instance_name("w", k + 1)
+        );
+    }
+    if task.template.name != "batch_fail_fast" {
+        return Ok(());
+    }
+    let failed_at = instances
+        .iter()
+        .flat_map(|s| s.history.iter().filter(|h| h.to == Error))
+        .map(|h| h.position)
+        .min();
+    if let Some(p) = failed_at {
+        for s in &instances {
+            let completed = s.history.iter().find(|h| h.to == Complete);
+            prop_assert!(
+                completed.is_none_or(|h| h.position < p),
+                "{} completed after a sibling failed",
+                s.name
+            );
+            prop_assert!(
+                matches!(s.state, Complete | Error | Cancelled),
+                "{} is {:?}",
+                s.name,
+                s.state
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A checkpoint is applied only for the attempt in progress, from the worker that won it.
+fn check_checkpoint(before: &State, env: &Envelope) -> Result<(), TestCaseError> {
+    if let Event::StepCheckpoint { at, worker, .. } = &env.event {
+        let s = before.tasks[&at.task].step(&at.step).unwrap();
+        prop_assert_eq!(s.state, embarcadero_workflow::StepState::InProgress);
+        prop_assert_eq!(
+            (s.attempt, s.worker.as_deref()),
+            (at.attempt, Some(worker.as_str()))
+        );
     }
     Ok(())
 }
@@ -508,4 +632,20 @@ fn a_decision_creating_two_of_three_branches_is_followed_by_its_convergence() {
     assert_eq!(t.state, embarcadero_workflow::TaskState::Error);
     let d = t.step("d").unwrap();
     assert!(d.last_error.as_deref().unwrap().contains("`a`"), "{d:#?}");
+}
+
+#[test]
+fn a_batch_runs_one_instance_per_cursor_and_then_its_convergence() {
+    let state = run_to_the_end(|step| match step {
+        "an" => json!({"cursors": [{"start": 0}, {"start": 5}, {"start": 9}], "worker_count": 3}),
+        _ => json!(1),
+    });
+    for uuid in ["t4", "t5"] {
+        let t = &state.tasks[uuid];
+        assert_eq!(t.state, embarcadero_workflow::TaskState::Complete, "{t:#?}");
+        let created: Vec<&str> = t.created_steps().map(|s| s.name.as_str()).collect();
+        assert_eq!(created, ["an", "agg", "w_001", "w_002", "w_003"]);
+        let w2 = t.step("w_002").unwrap().batch.clone().unwrap();
+        assert_eq!((w2.cursor, w2.index, w2.count), (json!({"start": 5}), 2, 3));
+    }
 }
