@@ -622,3 +622,142 @@ fn batch_failure_strategies_continue_fail_fast_or_isolate() {
     }
     assert_eq!(step(&t, "aggregate")["current_state"], "pending");
 }
+
+#[test]
+fn tasks_are_listed_cancelled_reset_resolved_and_dead_lettered() {
+    let stack = Stack::start("3000", 1, &[FLAKY, SLOW]);
+    let (api, addr) = (&stack.api, stack.addr.as_str());
+    let flaky = create(api, "flaky", json!({}));
+    assert_eq!(api.get_task(&flaky, 30).unwrap()["status"], "error");
+
+    failed_steps_are_dead_lettered_reset_and_resolved(api, addr, &flaky);
+    cancel_and_list(api, addr, &flaky);
+}
+
+/// The DLQ entry of a failed step; a reset that runs it again (and fails again); a
+/// manual completion that completes the task; the step routes.
+fn failed_steps_are_dead_lettered_reset_and_resolved(api: &ApiClient, addr: &str, flaky: &str) {
+    let dlq = api.request("GET", "/v1/dlq", None).unwrap();
+    assert_eq!(dlq["entries"].as_array().unwrap().len(), 1, "{dlq:#}");
+    let entry = &dlq["entries"][0];
+    assert_eq!(
+        (&entry["step"], &entry["reason"]),
+        (&json!("always"), &json!("max_retries"))
+    );
+
+    let e = api
+        .step_action(flaky, "once", json!({"action_type": "reset_for_retry"}))
+        .unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (409, "invalid_state"), "{e}");
+    ok(&run_bin(&[
+        "task",
+        "reset-step",
+        flaky,
+        "always",
+        "--reason",
+        "try again",
+        "--api",
+        addr,
+    ]));
+    let t = api.get_task(flaky, 30).unwrap();
+    let always = step(&t, "always");
+    assert_eq!(
+        (&t["status"], &always["attempts"]),
+        (&json!("error"), &json!(4)),
+        "{t:#}"
+    );
+    assert_eq!(
+        entered(always, "pending"),
+        1,
+        "the reset is in the audit trail: {always:#}"
+    );
+    let out = ok(&run_bin(&[
+        "task",
+        "resolve-step",
+        flaky,
+        "always",
+        "--result",
+        "7",
+        "--json",
+        "--api",
+        addr,
+    ]));
+    let resolved: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&resolved["current_state"], &resolved["result"]),
+        (&json!("complete"), &json!(7))
+    );
+    let t = api.get_task(flaky, 0).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    let audit = api
+        .request(
+            "GET",
+            &format!("/v1/tasks/{flaky}/workflow_steps/always/audit"),
+            None,
+        )
+        .unwrap();
+    let moves: Vec<&str> = audit["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["to"].as_str().unwrap())
+        .collect();
+    assert!(moves.ends_with(&["error", "complete"]), "{moves:?}");
+    let e = api
+        .request(
+            "GET",
+            &format!("/v1/tasks/{flaky}/workflow_steps/nope"),
+            None,
+        )
+        .unwrap_err();
+    assert_eq!(e.status, 404);
+}
+
+/// Cancel while a step runs (and again: 409); the list's filters and pagination.
+fn cancel_and_list(api: &ApiClient, addr: &str, flaky: &str) {
+    let slow = create(api, "slow", json!({}));
+    until(api, &slow, "the slow step to start", |t| {
+        step(t, "nap")["current_state"] == "in_progress"
+    });
+    let out = ok(&run_bin(&[
+        "task", "cancel", &slow, "--json", "--api", addr,
+    ]));
+    let t: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&t["status"], &step(&t, "nap")["current_state"]),
+        (&json!("cancelled"), &json!("cancelled"))
+    );
+    let e = api.cancel_task(&slow).unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (409, "task_closed"), "{e}");
+
+    let list = api
+        .request("GET", "/v1/tasks?namespace=demo&per_page=1", None)
+        .unwrap();
+    assert_eq!(
+        list["tasks"][0]["task_uuid"],
+        json!(flaky),
+        "oldest first: {list:#}"
+    );
+    let p = &list["pagination"];
+    assert_eq!(
+        (&p["total_count"], &p["total_pages"], &p["has_next"]),
+        (&json!(2), &json!(2), &json!(true))
+    );
+    let cancelled = api
+        .request("GET", "/v1/tasks?status=cancelled", None)
+        .unwrap();
+    assert_eq!(cancelled["tasks"].as_array().unwrap().len(), 1);
+    assert_eq!(cancelled["tasks"][0]["task_uuid"], json!(slow));
+    let e = api
+        .request("GET", "/v1/tasks?status=sleepy", None)
+        .unwrap_err();
+    assert_eq!(e.status, 400);
+    let steps = api
+        .request("GET", &format!("/v1/tasks/{slow}/workflow_steps"), None)
+        .unwrap();
+    assert_eq!(steps["steps"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        api.request("GET", "/v1/dlq", None).unwrap()["entries"],
+        json!([])
+    );
+}

@@ -115,7 +115,9 @@ fn settled_absent(task: &Task, d: usize) -> bool {
 pub fn dependencies_met(task: &Task, i: usize) -> bool {
     let convergence = kind(task, i) == StepType::DeferredConvergence;
     task.deps[i].iter().all(|&d| {
-        task.steps[d].state == StepState::Complete
-            || (convergence && (settled_absent(task, d) || crate::batch::tolerated(task, d)))
+        matches!(
+            task.steps[d].state,
+            StepState::Complete | StepState::ResolvedManually
+        ) || (convergence && (settled_absent(task, d) || crate::batch::tolerated(task, d)))
     })
 }

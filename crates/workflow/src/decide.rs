@@ -32,7 +32,8 @@ pub fn decide(state: &State, clock: &Clock) -> (Vec<Event>, Option<u64>) {
         let blocked = task.state == TaskState::BlockedByFailures;
         if !blocked {
             for i in task.ready_steps() {
-                out.push(Event::StepEnqueued(at(task, i, 1)));
+                // 1 for a new step; after a reset, the attempt after the one that failed.
+                out.push(Event::StepEnqueued(at(task, i, task.steps[i].attempt + 1)));
             }
         }
         for (i, step) in task.steps.iter().enumerate() {

@@ -88,6 +88,22 @@ pub enum Event {
     },
     /// Someone cancelled the task.
     TaskCancelled { task: String, reason: String },
+    /// An operator reset a failed step for retry (attempt: the failed one).
+    StepReset {
+        #[serde(flatten)]
+        at: StepRef,
+        reason: String,
+    },
+    /// An operator resolved a failed step: `resolve_manually` (dependents run, with no
+    /// result from it) or `complete_manually` (with `result`).
+    StepResolved {
+        #[serde(flatten)]
+        at: StepRef,
+        reason: String,
+        complete: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        result: Option<Value>,
+    },
 }
 
 /// How far a batch worker got: the cursor to resume at, the items done so far and
@@ -135,7 +151,9 @@ impl Event {
             | Event::StepCheckpoint { at, .. }
             | Event::StepExpired { at, .. }
             | Event::RetryScheduled { at, .. }
-            | Event::StepErrored { at, .. } => Some(at),
+            | Event::StepErrored { at, .. }
+            | Event::StepReset { at, .. }
+            | Event::StepResolved { at, .. } => Some(at),
             _ => None,
         }
     }
@@ -155,6 +173,8 @@ impl Event {
             Event::RetryScheduled { .. } => "retry_scheduled",
             Event::StepErrored { .. } => "step_errored",
             Event::TaskCancelled { .. } => "task_cancelled",
+            Event::StepReset { .. } => "step_reset",
+            Event::StepResolved { .. } => "step_resolved",
         }
     }
 }

@@ -17,7 +17,7 @@ pub fn derive(task: &Task) -> TaskState {
     // nor keeps it from completing.
     let live = |i: &usize| task.steps[*i].created && !crate::batch::tolerated(task, *i);
     let mut counted = (0..task.steps.len()).filter(live);
-    if counted.all(|i| task.steps[i].state == S::Complete) {
+    if counted.all(|i| matches!(task.steps[i].state, S::Complete | S::ResolvedManually)) {
         return TaskState::Complete;
     }
     let failed = (0..task.steps.len())

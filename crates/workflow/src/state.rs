@@ -185,6 +185,9 @@ impl State {
             }
             Event::Heartbeat { .. } => Ok(()),
             Event::TaskCancelled { task, .. } => self.cancel(task, position, ts),
+            Event::StepReset { .. } | Event::StepResolved { .. } => {
+                crate::manual::apply(self, &env.event, position, ts)
+            }
             step_event => self.step_event(step_event, position, ts),
         }
     }
@@ -294,7 +297,7 @@ fn apply_to_step(
 
 /// What a step's completion or failure does to other steps: a decision or a batchable
 /// step creates steps; a batch instance's failure may cancel its siblings.
-fn consequences(task: &mut Task, index: usize, position: u64, ts: u64) {
+pub(crate) fn consequences(task: &mut Task, index: usize, position: u64, ts: u64) {
     match (task.spec(index).step_type, task.steps[index].state) {
         (StepType::Decision, StepState::Complete) => {
             crate::branch::create_steps(task);

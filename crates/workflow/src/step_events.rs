@@ -86,7 +86,8 @@ pub(crate) fn apply(step: &mut Step, event: &Event, at: At) -> Result<(), Reject
 
 fn enqueue(step: &mut Step, r: &StepRef, at: &At) -> Result<(), Rejected> {
     let fits = match step.state {
-        StepState::Pending => r.attempt == 1,
+        // After a reset the step is pending again, at the attempt that failed.
+        StepState::Pending => r.attempt == step.attempt + 1,
         StepState::WaitingForRetry => r.attempt == step.attempt + 1,
         _ => false,
     };

@@ -3,7 +3,7 @@
 //! with the steps, their results and their audit trail.
 
 use crate::machine::{StepState, TaskState};
-use crate::state::Task;
+use crate::state::{Step, Task};
 use crate::template::Template;
 use serde_json::{json, Value};
 
@@ -64,26 +64,7 @@ pub fn task_view(task: &Task) -> Value {
         .filter(|s| !s.created)
         .map(|s| s.name.as_str())
         .collect();
-    let steps: Vec<Value> = task
-        .created_steps()
-        .map(|s| {
-            json!({
-                "name": s.name,
-                "current_state": s.state,
-                "attempts": s.attempt,
-                "failures": s.failures,
-                "lease_losses": s.lease_losses,
-                "worker": s.worker,
-                "result": s.result,
-                "last_error": s.last_error,
-                "retry_due_ms": s.retry_due_ms,
-                "batch": s.batch,
-                "checkpoint": s.checkpoint,
-                "transitions": s.history,
-                "refused_events": s.refused,
-            })
-        })
-        .collect();
+    let steps: Vec<Value> = task.created_steps().map(step_view).collect();
     json!({
         "task_uuid": task.uuid,
         "name": t.name,
@@ -109,6 +90,37 @@ pub fn task_view(task: &Task) -> Value {
         "steps": steps,
         "not_created_steps": not_created,
     })
+}
+
+/// A step as the API shows it; its `step_uuid` is its name (unique in its task).
+pub fn step_view(s: &Step) -> Value {
+    json!({
+        "step_uuid": s.name,
+        "name": s.name,
+        "current_state": s.state,
+        "attempts": s.attempt,
+        "failures": s.failures,
+        "lease_losses": s.lease_losses,
+        "worker": s.worker,
+        "result": s.result,
+        "last_error": s.last_error,
+        "retry_due_ms": s.retry_due_ms,
+        "batch": s.batch,
+        "checkpoint": s.checkpoint,
+        "transitions": s.history,
+        "refused_events": s.refused,
+    })
+}
+
+/// A task in a list: its identity, state and counts, without its steps.
+pub fn task_summary(task: &Task) -> Value {
+    let mut v = task_view(task);
+    if let Some(o) = v.as_object_mut() {
+        for heavy in ["steps", "transitions", "context", "not_created_steps"] {
+            o.remove(heavy);
+        }
+    }
+    v
 }
 
 pub fn template_view(t: &Template) -> Value {

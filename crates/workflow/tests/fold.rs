@@ -111,8 +111,10 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (t.clone(), s.clone(), a.clone(), w.clone()).prop_map(|(task, step, attempt, worker)| Op::Claim { task, step, attempt, worker }),
         4 => (t.clone(), s.clone(), a.clone(), w, any::<bool>(), 0u8..16).prop_map(|(task, step, attempt, worker, ok, branches)| Op::Result { task, step, attempt, worker, ok, branches }),
         1 => (t.clone(), s.clone(), a.clone()).prop_map(|(task, step, attempt)| Op::Raw(Box::new(Event::StepCompleted(at(task, step, attempt))))),
-        1 => (t.clone(), s, a).prop_map(|(task, step, attempt)| Op::Raw(Box::new(Event::StepEnqueued(at(task, step, attempt))))),
+        1 => (t.clone(), s.clone(), a.clone()).prop_map(|(task, step, attempt)| Op::Raw(Box::new(Event::StepEnqueued(at(task, step, attempt))))),
         2 => (t.clone(), s.clone(), a.clone(), 0..WORKERS.len(), 0u64..100).prop_map(|(task, step, attempt, worker, done)| Op::Checkpoint { task, step, attempt, worker, done }),
+        1 => (t.clone(), s.clone(), a.clone()).prop_map(|(task, step, attempt)| Op::Raw(Box::new(Event::StepReset { at: at(task, step, attempt), reason: "test".into() }))),
+        1 => (t.clone(), s.clone(), a.clone(), any::<bool>()).prop_map(|(task, step, attempt, complete)| Op::Raw(Box::new(Event::StepResolved { at: at(task, step, attempt), reason: "test".into(), complete, result: Some(json!(0)) }))),
         1 => t.prop_map(|task| Op::Raw(Box::new(Event::TaskCancelled { task: TASKS[task].0.into(), reason: "test".into() }))),
     ]
 }
@@ -327,7 +329,14 @@ proptest! {
         let mut s = State::default();
         let mut finished: BTreeMap<String, embarcadero_workflow::Task> = BTreeMap::new();
         for (i, e) in envs.iter().enumerate() {
-            let _ = s.apply(i as u64, e);
+            let applied = s.apply(i as u64, e).is_ok();
+            // Only an operator's reset or resolution of a failed step reopens a failed task.
+            let manual = applied && matches!(e.event, Event::StepReset { .. } | Event::StepResolved { .. });
+            if manual {
+                let uuid = &e.event.step_ref().unwrap().task;
+                let was = finished.remove(uuid).map(|t| t.state);
+                prop_assert!(was.is_none_or(|w| w == embarcadero_workflow::TaskState::Error), "{:?} reopened", was);
+            }
             for (uuid, t) in &finished {
                 prop_assert_eq!(&without_refusals(&s.tasks[uuid]), t);
             }
@@ -366,7 +375,10 @@ fn check_branches(task: &embarcadero_workflow::Task) -> Result<(), TestCaseError
             let dep = &task.steps[d];
             let tolerated = embarcadero_workflow::batch::tolerated(task, d);
             prop_assert!(
-                dep.state == Complete || (convergence && (!dep.created || tolerated)),
+                matches!(
+                    dep.state,
+                    Complete | embarcadero_workflow::StepState::ResolvedManually
+                ) || (convergence && (!dep.created || tolerated)),
                 "{} ran while {} was {:?} (created: {})",
                 s.name,
                 dep.name,
@@ -415,7 +427,12 @@ fn check_batch(task: &embarcadero_workflow::Task) -> Result<(), TestCaseError> {
             &embarcadero_workflow::batch::instance_name("w", k + 1)
         );
     }
-    if task.template.name != "batch_fail_fast" {
+    // (An operator's reset or resolution of a failed instance is outside fail_fast's rule.)
+    let manual = task
+        .steps
+        .iter()
+        .any(|s| s.history.iter().any(|h| h.from == Error));
+    if task.template.name != "batch_fail_fast" || manual {
         return Ok(());
     }
     let failed_at = instances
