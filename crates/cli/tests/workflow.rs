@@ -518,7 +518,7 @@ fn a_decision_creates_the_branches_it_names_and_the_convergence_waits_for_them()
 
 #[test]
 fn a_csv_batch_of_1000_rows_in_5_workers_resumes_from_its_checkpoint_after_a_crash() {
-    let mut stack = Stack::start("1000", 1, &[&csv("fail_fast", 500)]);
+    let mut stack = Stack::start("1000", 1, &[csv("fail_fast", 500).as_str()]);
     let (first, first_id) = stack.workers.pop().unwrap();
     let api = &stack.api;
     let context = json!({"rows": 1000, "worker_count": 5, "checkpoint_every": 50});

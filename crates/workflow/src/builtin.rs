@@ -161,7 +161,8 @@ fn csv_process_batch(ctx: &StepContext) -> Result<Value, StepError> {
 /// The convergence of the CSV batch: the rows and value of every batch that succeeded.
 fn csv_aggregate(ctx: &StepContext) -> Result<Value, StepError> {
     let (mut rows, mut value, mut batches) = (0u64, 0u64, 0u64);
-    for r in ctx.dependency_results() {
+    // A failed instance (continue_on_failure) has no result: it is not a batch done.
+    for r in ctx.dependency_results().filter(|r| !r.is_null()) {
         rows += r["rows"].as_u64().unwrap_or(0);
         value += r["value"].as_u64().unwrap_or(0);
         batches += 1;
