@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{run_bin, Proc, Serve};
+use common::{ok, run_bin, Proc, Serve};
 use embarcadero_workflow::client::ApiClient;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -55,6 +55,62 @@ steps:
   - {name: nap, handler: {callable: test.sleep, initialization: {ms: 1500}}}
   - {name: after, dependencies: [nap], handler: {callable: test.sleep}}
 ";
+
+/// Tasker's conditional shape: a decision creates some of four branches (those the
+/// context lists), a deferred convergence waits for the ones created.
+const CONDITIONAL: &str = "name: conditional
+namespace: demo
+version: 1.0.0
+steps:
+  - {name: start, handler: {callable: math.square}}
+  - {name: route, type: decision, dependencies: [start], handler: {callable: decision.choose}}
+  - {name: small, dependencies: [start, route], handler: {callable: math.square}}
+  - {name: medium, dependencies: [start, route], handler: {callable: math.square}}
+  - {name: large, dependencies: [start, route], handler: {callable: math.square}}
+  - {name: huge, dependencies: [start, route], handler: {callable: math.square}}
+  - name: converge
+    type: deferred_convergence
+    dependencies: [small, medium, large, huge]
+    handler: {callable: math.square}
+";
+
+/// Tasker's CSV batch: analyze splits the rows among workers, one instance of
+/// `process` per cursor, `aggregate` converges them. `STRATEGY` and `PAUSE` (after each
+/// checkpoint, ms) are filled in per test.
+const CSV: &str = "name: csv_STRATEGY
+namespace: demo
+version: 1.0.0
+steps:
+  - name: analyze
+    type: batchable
+    handler: {callable: csv.analyze}
+    batch_config: {failure_strategy: STRATEGY}
+  - name: process
+    type: batch_worker
+    dependencies: [analyze]
+    handler: {callable: csv.process_batch, initialization: {pause_ms: PAUSE}}
+    retry: {max_attempts: 1}
+  - name: aggregate
+    type: deferred_convergence
+    dependencies: [process]
+    handler: {callable: csv.aggregate}
+";
+
+fn csv(strategy: &str, pause_ms: u64) -> String {
+    CSV.replace("STRATEGY", strategy)
+        .replace("PAUSE", &pause_ms.to_string())
+}
+
+/// The inventory value of the first `rows` rows of csv.process_batch's synthetic CSV.
+fn csv_value(rows: std::ops::Range<u64>) -> u64 {
+    rows.map(|i| (100 + (i * 37) % 1000) * (1 + i % 9)).sum()
+}
+
+/// The position at which a step entered `state` (its first time).
+fn entered_at(step: &Value, state: &str) -> Option<u64> {
+    let moves = step["transitions"].as_array().unwrap();
+    moves.iter().find(|m| m["to"] == state)?["position"].as_u64()
+}
 
 /// A server and the engine's processes on it.
 struct Engine {
@@ -107,6 +163,35 @@ impl Engine {
     }
 }
 
+/// The usual setup: a server, an orchestrator, some workers and the templates
+/// registered. Fields drop in order: workers, then the orchestrator, then the server.
+struct Stack {
+    workers: Vec<(Proc, String)>,
+    orchestrator: Proc,
+    addr: String,
+    api: ApiClient,
+    engine: Engine,
+}
+
+impl Stack {
+    fn start(lease_ms: &str, workers: usize, templates: &[&str]) -> Self {
+        let engine = Engine::start();
+        let (orchestrator, addr) = engine.orchestrator(lease_ms);
+        let workers = (0..workers).map(|_| engine.worker(lease_ms)).collect();
+        let api = ApiClient::new(&addr);
+        for t in templates {
+            register(&api, t);
+        }
+        Self {
+            workers,
+            orchestrator,
+            addr,
+            api,
+            engine,
+        }
+    }
+}
+
 fn register(api: &ApiClient, yaml: &str) {
     api.register_template(yaml).unwrap();
 }
@@ -152,11 +237,8 @@ fn entered(step: &Value, state: &str) -> usize {
 
 #[test]
 fn linear_and_diamond_tasks_complete_with_the_right_results() {
-    let engine = Engine::start();
-    let (_orchestrator, addr) = engine.orchestrator("3000");
-    let (_w1, _) = engine.worker("3000");
-    let (_w2, _) = engine.worker("3000");
-    let api = ApiClient::new(&addr);
+    let stack = Stack::start("3000", 2, &[DIAMOND]);
+    let (api, addr) = (&stack.api, &stack.addr);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("linear.yaml");
     std::fs::write(&file, LINEAR).unwrap();
@@ -165,14 +247,9 @@ fn linear_and_diamond_tasks_complete_with_the_right_results() {
         "register",
         file.to_str().unwrap(),
         "--api",
-        &addr,
+        addr,
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    register(&api, DIAMOND);
+    ok(&out);
 
     let out = run_bin(&[
         "task",
@@ -187,14 +264,9 @@ fn linear_and_diamond_tasks_complete_with_the_right_results() {
         "30",
         "--json",
         "--api",
-        &addr,
+        addr,
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let t: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let t: Value = serde_json::from_str(&ok(&out)).unwrap();
     assert_eq!(
         (t["status"].as_str(), t["completion_percentage"].as_f64()),
         (Some("complete"), Some(100.0))
@@ -207,7 +279,7 @@ fn linear_and_diamond_tasks_complete_with_the_right_results() {
     assert_eq!(results, [&json!(4), &json!(16), &json!(256), &json!(65536)]);
 
     let d = api
-        .get_task(&create(&api, "diamond", json!({"even_number": 2})), 30)
+        .get_task(&create(api, "diamond", json!({"even_number": 2})), 30)
         .unwrap();
     assert_eq!(d["status"], "complete", "{d:#}");
     assert_eq!(
@@ -294,12 +366,9 @@ fn template_errors_name_the_template_step_and_field() {
 
 #[test]
 fn failing_steps_are_retried_by_their_policy_and_then_fail_the_task() {
-    let engine = Engine::start();
-    let (_orchestrator, addr) = engine.orchestrator("3000");
-    let (_w, _) = engine.worker("3000");
-    let api = ApiClient::new(&addr);
-    register(&api, FLAKY);
-    let t = api.get_task(&create(&api, "flaky", json!({})), 30).unwrap();
+    let stack = Stack::start("3000", 1, &[FLAKY]);
+    let api = &stack.api;
+    let t = api.get_task(&create(api, "flaky", json!({})), 30).unwrap();
     assert_eq!(t["status"], "error", "{t:#}");
     let once = step(&t, "once");
     assert_eq!(
@@ -337,13 +406,11 @@ fn failing_steps_are_retried_by_their_policy_and_then_fail_the_task() {
 
 #[test]
 fn a_paused_worker_loses_its_claim_and_its_late_result_is_refused() {
-    let engine = Engine::start();
-    let (_orchestrator, addr) = engine.orchestrator("1000");
-    let (first, first_id) = engine.worker("1000");
-    let api = ApiClient::new(&addr);
-    register(&api, SLOW);
-    let uuid = create(&api, "slow", json!({}));
-    until(&api, &uuid, "the first worker's claim", |t| {
+    let mut stack = Stack::start("1000", 1, &[SLOW]);
+    let (first, first_id) = stack.workers.pop().unwrap();
+    let (api, engine) = (&stack.api, &stack.engine);
+    let uuid = create(api, "slow", json!({}));
+    until(api, &uuid, "the first worker's claim", |t| {
         step(t, "nap")["worker"] == first_id.as_str()
     });
     first.signal("STOP");
@@ -362,7 +429,7 @@ fn a_paused_worker_loses_its_claim_and_its_late_result_is_refused() {
             .to_string()
             .contains("step_result of attempt 1")
     };
-    let t = until(&api, &uuid, "the late result to be refused", late);
+    let t = until(api, &uuid, "the late result to be refused", late);
     let nap = step(&t, "nap");
     let refused = nap["refused_events"].as_array().unwrap();
     assert!(
@@ -377,11 +444,13 @@ fn a_paused_worker_loses_its_claim_and_its_late_result_is_refused() {
 
 #[test]
 fn a_restarted_orchestrator_replays_the_log_and_the_task_completes() {
-    let engine = Engine::start();
-    let (orchestrator, addr) = engine.orchestrator("3000");
-    let (_w, _) = engine.worker("3000");
-    let api = ApiClient::new(&addr);
-    register(&api, SLOW);
+    let Stack {
+        workers: _w,
+        orchestrator,
+        api,
+        engine,
+        ..
+    } = Stack::start("3000", 1, &[SLOW]);
     let uuid = create(&api, "slow", json!({}));
     until(&api, &uuid, "the slow step to start", |t| {
         step(t, "nap")["current_state"] == "in_progress"
@@ -398,4 +467,297 @@ fn a_restarted_orchestrator_replays_the_log_and_the_task_completes() {
             "{s:#}"
         );
     }
+}
+
+#[test]
+fn a_decision_creates_the_branches_it_names_and_the_convergence_waits_for_them() {
+    let stack = Stack::start("3000", 2, &[CONDITIONAL]);
+    let api = &stack.api;
+    let context = json!({"even_number": 2, "branches": ["medium", "huge"]});
+    let t = api
+        .get_task(&create(api, "conditional", context), 30)
+        .unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    let names: Vec<&str> = t["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["start", "route", "medium", "huge", "converge"]);
+    assert_eq!(t["not_created_steps"], json!(["small", "large"]));
+    assert_eq!(
+        (&t["total_steps"], &t["completion_percentage"]),
+        (&json!(5), &json!(100.0))
+    );
+    // start 2^2 = 4; each branch 4^2 = 16; converge (16 x 16)^2.
+    assert_eq!(step(&t, "medium")["result"], json!(16));
+    assert_eq!(step(&t, "converge")["result"], json!(65536));
+    let enqueued = |name: &str| {
+        let s = step(&t, name);
+        let moves = s["transitions"].as_array().unwrap();
+        let hop = |to: &str| moves.iter().find(|m| m["to"] == to).unwrap()["position"].as_u64();
+        (hop("enqueued").unwrap(), hop("complete").unwrap())
+    };
+    let converge_enqueued = enqueued("converge").0;
+    assert!(converge_enqueued > enqueued("medium").1.max(enqueued("huge").1));
+
+    let bad = json!({"even_number": 2, "branches": ["medium", "tiny"]});
+    let t = api.get_task(&create(api, "conditional", bad), 30).unwrap();
+    assert_eq!(t["status"], "error", "{t:#}");
+    let route = step(&t, "route");
+    assert!(
+        route["last_error"].as_str().unwrap().contains("`tiny`"),
+        "{route:#}"
+    );
+    assert_eq!(
+        t["not_created_steps"],
+        json!(["small", "medium", "large", "huge", "converge"])
+    );
+}
+
+#[test]
+fn a_csv_batch_of_1000_rows_in_5_workers_resumes_from_its_checkpoint_after_a_crash() {
+    let mut stack = Stack::start("1000", 1, &[csv("fail_fast", 500).as_str()]);
+    let (first, first_id) = stack.workers.pop().unwrap();
+    let api = &stack.api;
+    let context = json!({"rows": 1000, "worker_count": 5, "checkpoint_every": 50});
+    let uuid = create(api, "csv_fail_fast", context);
+    until(api, &uuid, "a checkpoint of a running batch", |t| {
+        t["steps"].as_array().unwrap().iter().any(|s| {
+            s["checkpoint"]["items_done"].as_u64() >= Some(50)
+                && s["current_state"] == "in_progress"
+                && s["worker"] == first_id.as_str()
+        })
+    });
+    first.kill();
+    let (_second, _) = stack.engine.worker("1000");
+    let t = api.get_task(&uuid, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    let names: Vec<&str> = t["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "analyze",
+            "aggregate",
+            "process_001",
+            "process_002",
+            "process_003",
+            "process_004",
+            "process_005"
+        ]
+    );
+    assert_eq!(t["not_created_steps"], json!(["process"]));
+    assert_eq!(
+        step(&t, "aggregate")["result"],
+        json!({"rows": 1000, "value": csv_value(0..1000), "batches": 5})
+    );
+    assert_eq!(
+        step(&t, "process_002")["batch"]["cursor"],
+        json!({"start": 200, "end": 400})
+    );
+    // The instances the crash took back resumed from their checkpoints and still
+    // counted all their rows (the aggregate's total above says no row was lost or doubled).
+    let resumed: Vec<&Value> = t["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["lease_losses"].as_u64() >= Some(1) && !s["result"]["resumed_from"].is_null())
+        .collect();
+    assert!(!resumed.is_empty(), "{t:#}");
+    for s in resumed {
+        let (from, start) = (&s["result"]["resumed_from"], &s["batch"]["cursor"]["start"]);
+        assert!(from.as_u64() > start.as_u64(), "{s:#}");
+        assert_eq!(s["result"]["rows"], json!(200), "{s:#}");
+    }
+}
+
+#[test]
+fn batch_failure_strategies_continue_fail_fast_or_isolate() {
+    let templates = ["continue_on_failure", "fail_fast", "isolate"].map(|s| csv(s, 0));
+    let stack = Stack::start("3000", 2, &templates.each_ref().map(String::as_str));
+    let api = &stack.api;
+    let context = json!({"rows": 1000, "worker_count": 5, "fail_batch": 3});
+    let run = |strategy: &str| {
+        let uuid = create(api, &format!("csv_{strategy}"), context.clone());
+        api.get_task(&uuid, 30).unwrap()
+    };
+    let siblings = ["process_001", "process_002", "process_004", "process_005"];
+
+    let t = run("continue_on_failure");
+    assert_eq!(
+        (&t["status"], &t["failed_steps"]),
+        (&json!("complete"), &json!(1)),
+        "{t:#}"
+    );
+    let expected = csv_value(0..400) + csv_value(600..1000);
+    assert_eq!(
+        step(&t, "aggregate")["result"],
+        json!({"rows": 800, "value": expected, "batches": 4})
+    );
+
+    let t = run("fail_fast");
+    assert_eq!(t["status"], "error", "{t:#}");
+    let failed_at = entered_at(step(&t, "process_003"), "error").unwrap();
+    for name in siblings {
+        let s = step(&t, name);
+        let state = s["current_state"].as_str().unwrap();
+        assert!(matches!(state, "complete" | "cancelled"), "{s:#}");
+        assert!(
+            entered_at(s, "complete").is_none_or(|p| p < failed_at),
+            "completed after the failure: {s:#}"
+        );
+    }
+    assert_eq!(step(&t, "aggregate")["current_state"], "pending");
+
+    let t = run("isolate");
+    assert_eq!(t["status"], "error", "{t:#}");
+    for name in siblings {
+        assert_eq!(step(&t, name)["current_state"], "complete", "{t:#}");
+    }
+    assert_eq!(step(&t, "aggregate")["current_state"], "pending");
+}
+
+#[test]
+fn tasks_are_listed_cancelled_reset_resolved_and_dead_lettered() {
+    let stack = Stack::start("3000", 1, &[FLAKY, SLOW]);
+    let (api, addr) = (&stack.api, stack.addr.as_str());
+    let flaky = create(api, "flaky", json!({}));
+    assert_eq!(api.get_task(&flaky, 30).unwrap()["status"], "error");
+
+    failed_steps_are_dead_lettered_reset_and_resolved(api, addr, &flaky);
+    cancel_and_list(api, addr, &flaky);
+}
+
+/// The DLQ entry of a failed step; a reset that runs it again (and fails again); a
+/// manual completion that completes the task; the step routes.
+fn failed_steps_are_dead_lettered_reset_and_resolved(api: &ApiClient, addr: &str, flaky: &str) {
+    let dlq = api.request("GET", "/v1/dlq", None).unwrap();
+    assert_eq!(dlq["entries"].as_array().unwrap().len(), 1, "{dlq:#}");
+    let entry = &dlq["entries"][0];
+    assert_eq!(
+        (&entry["step"], &entry["reason"]),
+        (&json!("always"), &json!("max_retries"))
+    );
+
+    let e = api
+        .step_action(flaky, "once", json!({"action_type": "reset_for_retry"}))
+        .unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (409, "invalid_state"), "{e}");
+    ok(&run_bin(&[
+        "task",
+        "reset-step",
+        flaky,
+        "always",
+        "--reason",
+        "try again",
+        "--api",
+        addr,
+    ]));
+    let t = api.get_task(flaky, 30).unwrap();
+    let always = step(&t, "always");
+    assert_eq!(
+        (&t["status"], &always["attempts"]),
+        (&json!("error"), &json!(4)),
+        "{t:#}"
+    );
+    assert_eq!(
+        entered(always, "pending"),
+        1,
+        "the reset is in the audit trail: {always:#}"
+    );
+    let out = ok(&run_bin(&[
+        "task",
+        "resolve-step",
+        flaky,
+        "always",
+        "--result",
+        "7",
+        "--json",
+        "--api",
+        addr,
+    ]));
+    let resolved: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&resolved["current_state"], &resolved["result"]),
+        (&json!("complete"), &json!(7))
+    );
+    let t = api.get_task(flaky, 0).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    let audit = api
+        .request(
+            "GET",
+            &format!("/v1/tasks/{flaky}/workflow_steps/always/audit"),
+            None,
+        )
+        .unwrap();
+    let moves: Vec<&str> = audit["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["to"].as_str().unwrap())
+        .collect();
+    assert!(moves.ends_with(&["error", "complete"]), "{moves:?}");
+    let e = api
+        .request(
+            "GET",
+            &format!("/v1/tasks/{flaky}/workflow_steps/nope"),
+            None,
+        )
+        .unwrap_err();
+    assert_eq!(e.status, 404);
+}
+
+/// Cancel while a step runs (and again: 409); the list's filters and pagination.
+fn cancel_and_list(api: &ApiClient, addr: &str, flaky: &str) {
+    let slow = create(api, "slow", json!({}));
+    until(api, &slow, "the slow step to start", |t| {
+        step(t, "nap")["current_state"] == "in_progress"
+    });
+    let out = ok(&run_bin(&[
+        "task", "cancel", &slow, "--json", "--api", addr,
+    ]));
+    let t: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&t["status"], &step(&t, "nap")["current_state"]),
+        (&json!("cancelled"), &json!("cancelled"))
+    );
+    let e = api.cancel_task(&slow).unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (409, "task_closed"), "{e}");
+
+    let list = api
+        .request("GET", "/v1/tasks?namespace=demo&per_page=1", None)
+        .unwrap();
+    assert_eq!(
+        list["tasks"][0]["task_uuid"],
+        json!(flaky),
+        "oldest first: {list:#}"
+    );
+    let p = &list["pagination"];
+    assert_eq!(
+        (&p["total_count"], &p["total_pages"], &p["has_next"]),
+        (&json!(2), &json!(2), &json!(true))
+    );
+    let cancelled = api
+        .request("GET", "/v1/tasks?status=cancelled", None)
+        .unwrap();
+    assert_eq!(cancelled["tasks"].as_array().unwrap().len(), 1);
+    assert_eq!(cancelled["tasks"][0]["task_uuid"], json!(slow));
+    let e = api
+        .request("GET", "/v1/tasks?status=sleepy", None)
+        .unwrap_err();
+    assert_eq!(e.status, 400);
+    let steps = api
+        .request("GET", &format!("/v1/tasks/{slow}/workflow_steps"), None)
+        .unwrap();
+    assert_eq!(steps["steps"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        api.request("GET", "/v1/dlq", None).unwrap()["entries"],
+        json!([])
+    );
 }

@@ -5,12 +5,14 @@
 //! them, so a `GET` right after a `POST` sees what the `POST` made.
 
 use crate::event::Event;
+use crate::machine::{StepState, TaskState};
 use crate::orchestrator::Engine;
 use crate::schema::InputSchema;
 use crate::state::{idempotency_scope, State};
+use crate::task_routes;
 use crate::template::TemplateKey;
 use crate::validate;
-use crate::view::{task_view, template_view};
+use crate::view::{step_view, task_view, template_view};
 use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -95,12 +97,36 @@ impl Api {
             );
         }
         let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let pairs = query_pairs(query);
+        let state = || self.engine.shared.lock();
         match (method, parts.as_slice()) {
             ("POST", ["v1", "tasks"]) => self.create_task(body),
+            ("GET", ["v1", "tasks"]) => task_routes::list_tasks(&state(), &pairs),
             ("GET", ["v1", "tasks", uuid]) => self.get_task(uuid, query),
+            ("DELETE", ["v1", "tasks", uuid]) => self.cancel_task(uuid),
+            ("GET", ["v1", "tasks", uuid, "workflow_steps"]) => {
+                task_routes::get_steps(&state(), uuid, None, false)
+            }
+            ("GET", ["v1", "tasks", uuid, "workflow_steps", step]) => {
+                task_routes::get_steps(&state(), uuid, Some(step), false)
+            }
+            ("GET", ["v1", "tasks", uuid, "workflow_steps", step, "audit"]) => {
+                task_routes::get_steps(&state(), uuid, Some(step), true)
+            }
+            ("PATCH", ["v1", "tasks", uuid, "workflow_steps", step]) => {
+                self.step_action(uuid, step, body)
+            }
+            ("GET", ["v1", "dlq"]) => task_routes::dlq(&state(), &pairs),
             ("POST", ["v1", "templates"]) => self.register_template(body),
             ("GET", ["v1", "templates"]) => self.list_templates(),
-            (_, ["v1", "tasks"] | ["v1", "tasks", _] | ["v1", "templates"]) => Reply::error(
+            (
+                _,
+                ["v1", "tasks"]
+                | ["v1", "tasks", _]
+                | ["v1", "tasks", _, "workflow_steps", ..]
+                | ["v1", "templates"]
+                | ["v1", "dlq"],
+            ) => Reply::error(
                 405,
                 "method_not_allowed",
                 format!("{method} is not allowed on {path}"),
@@ -229,6 +255,49 @@ impl Api {
         }
     }
 
+    /// `DELETE /v1/tasks/{uuid}`: 200 with the cancelled task; 409 if it finished.
+    fn cancel_task(&self, uuid: &str) -> Reply {
+        match self.engine.shared.lock().tasks.get(uuid) {
+            None => return Reply::error(404, "not_found", format!("no task {uuid}")),
+            Some(t) if t.state.is_terminal() => return closed(t),
+            Some(_) => {}
+        }
+        let reason = "cancelled through the API".to_string();
+        let event = Event::TaskCancelled {
+            task: uuid.to_string(),
+            reason,
+        };
+        if let Err(e) = self.engine.writer.publish(event) {
+            return Reply::error(503, "log_unavailable", format!("cannot publish: {e}"));
+        }
+        task_routes::await_fold(&self.engine.shared, APPLY_TIMEOUT, |s| {
+            let t = s.tasks.get(uuid)?;
+            match t.state {
+                TaskState::Cancelled => Some(Reply::ok(200, task_view(t))),
+                other if other.is_terminal() => Some(closed(t)),
+                _ => None,
+            }
+        })
+    }
+
+    /// `PATCH /v1/tasks/{uuid}/workflow_steps/{step}`: reset, resolve or complete a
+    /// failed step; 200 with the step once the fold has applied it.
+    fn step_action(&self, uuid: &str, step: &str, body: &[u8]) -> Reply {
+        let event = match task_routes::step_action(&self.engine.shared.lock(), uuid, step, body) {
+            Ok(e) => e,
+            Err(reply) => return reply,
+        };
+        let attempt = event.step_ref().map_or(0, |at| at.attempt);
+        if let Err(e) = self.engine.writer.publish(event) {
+            return Reply::error(503, "log_unavailable", format!("cannot publish: {e}"));
+        }
+        task_routes::await_fold(&self.engine.shared, APPLY_TIMEOUT, |s| {
+            let st = s.tasks.get(uuid)?.step(step)?;
+            let changed = st.state != StepState::Error || st.attempt != attempt;
+            changed.then(|| Reply::ok(200, step_view(st)))
+        })
+    }
+
     fn register_template(&self, body: &[u8]) -> Reply {
         let text = String::from_utf8_lossy(body);
         let template = match validate::load(&text, self.known_handlers.as_ref()) {
@@ -291,6 +360,20 @@ fn conflict(key: &TemplateKey) -> Reply {
         "template_conflict",
         format!("template {key} is registered already with other content; register a new version"),
     )
+}
+
+fn closed(t: &crate::state::Task) -> Reply {
+    let m = format!("task {} is {} already", t.uuid, t.state.name());
+    Reply::error(409, "task_closed", m)
+}
+
+/// A query string's pairs (no percent-decoding: the values are names and numbers).
+fn query_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 /// The value of `name` in a query string (no percent-decoding: values are numbers).

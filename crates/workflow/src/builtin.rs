@@ -1,5 +1,7 @@
-//! The built-in handlers: Tasker's benchmark arithmetic (square the number) and the
-//! test handlers the engine's own tests use to fail, sleep and record attempts.
+//! The built-in handlers: Tasker's benchmark arithmetic (square the number), a decision
+//! that routes by the task's input, and the test handlers the engine's own tests use to
+//! fail, sleep and record attempts, and Tasker's CSV batch (analyze the rows, process
+//! each worker's range with checkpoints, aggregate).
 
 use crate::handler::{Registry, StepContext, StepError};
 use serde_json::{json, Value};
@@ -9,24 +11,41 @@ pub fn register_all(r: &mut Registry) {
     r.register("math.square", square);
     r.register("test.fail_times", fail_times);
     r.register("test.sleep", sleep);
+    r.register("decision.choose", choose);
+    r.register("csv.analyze", csv_analyze);
+    r.register("csv.process_batch", csv_process_batch);
+    r.register("csv.aggregate", csv_aggregate);
 }
 
-/// Squares the product of the direct dependencies' results, or for a root step the
-/// context's number (field `initialization.input`, default `even_number`).
+/// Squares the product of the direct dependencies' results (a decision's outcome is
+/// not a number and is skipped; a dependency never created has no result), or, when
+/// there is no such result, the context's number (field `initialization.input`,
+/// default `even_number`).
 fn square(ctx: &StepContext) -> Result<Value, StepError> {
-    let input = if ctx.dependencies.is_empty() {
-        let field = ctx.initialization["input"]
-            .as_str()
-            .unwrap_or("even_number");
-        number(&ctx.context[field], field)?
-    } else {
-        let mut product: i64 = 1;
-        for (name, v) in ctx.dependencies.iter().zip(ctx.dependency_results()) {
-            product = product
-                .checked_mul(number(v, name)?)
-                .ok_or_else(|| StepError::permanent("the product overflows 64 bits"))?;
+    let mut product: Option<i64> = None;
+    for name in &ctx.dependencies {
+        let Some(v) = ctx.ancestors.get(name) else {
+            continue;
+        };
+        if v.get("step_names").is_some() {
+            continue;
         }
-        product
+        let n = number(v, name)?;
+        product = Some(
+            product
+                .unwrap_or(1)
+                .checked_mul(n)
+                .ok_or_else(|| StepError::permanent("the product overflows 64 bits"))?,
+        );
+    }
+    let input = match product {
+        Some(p) => p,
+        None => {
+            let field = ctx.initialization["input"]
+                .as_str()
+                .unwrap_or("even_number");
+            number(&ctx.context[field], field)?
+        }
     };
     let squared = input
         .checked_mul(input)
@@ -53,6 +72,104 @@ fn fail_times(ctx: &StepContext) -> Result<Value, StepError> {
     Ok(json!({"attempt": ctx.attempt}))
 }
 
+/// A decision: creates the branches the context's field `initialization.field`
+/// (default `branches`) lists, an array of step names.
+fn choose(ctx: &StepContext) -> Result<Value, StepError> {
+    let field = ctx.initialization["field"].as_str().unwrap_or("branches");
+    match ctx.context[field].as_array() {
+        Some(names) => Ok(json!({"type": "create_steps", "step_names": names})),
+        None => Err(StepError::permanent(format!(
+            "the context's `{field}` is {}, not a list of step names",
+            ctx.context[field]
+        ))),
+    }
+}
+
+/// A field of the context, else of `initialization`, else `default`.
+fn setting(ctx: &StepContext, field: &str, default: u64) -> u64 {
+    ctx.context[field]
+        .as_u64()
+        .or_else(|| ctx.initialization[field].as_u64())
+        .unwrap_or(default)
+}
+
+/// The batchable step of the CSV batch: `rows` rows (default 1000) split into
+/// `worker_count` (default 5) contiguous ranges, one cursor `{start, end}` each.
+fn csv_analyze(ctx: &StepContext) -> Result<Value, StepError> {
+    let rows = setting(ctx, "rows", 1000);
+    let workers = setting(ctx, "worker_count", 5).clamp(1, rows.max(1));
+    let cursors: Vec<Value> = (0..workers)
+        .map(|k| json!({"start": rows * k / workers, "end": rows * (k + 1) / workers}))
+        .collect();
+    Ok(
+        json!({"type": "create_batches", "worker_count": workers, "cursors": cursors, "total_items": rows}),
+    )
+}
+
+/// Row `i` of the synthetic product CSV: its inventory value in cents (price x quantity).
+fn csv_row_value(i: u64) -> u64 {
+    let price_cents = 100 + (i * 37) % 1000;
+    let quantity = 1 + i % 9;
+    price_cents * quantity
+}
+
+/// A batch worker of the CSV batch: sums the inventory value of the rows of its cursor,
+/// from the checkpoint of an earlier attempt if there is one, saving a checkpoint every
+/// `checkpoint_every` rows (0: never) and then pausing `pause_ms` (for tests that kill
+/// the worker mid-batch). The instance whose index is the context's `fail_batch` fails.
+fn csv_process_batch(ctx: &StepContext) -> Result<Value, StepError> {
+    let Some(batch) = &ctx.batch else {
+        return Err(StepError::permanent(
+            "csv.process_batch runs as a batch_worker step",
+        ));
+    };
+    if ctx.context["fail_batch"].as_u64() == Some(u64::from(batch.index)) {
+        return Err(StepError::permanent(format!(
+            "planned failure of batch {}",
+            batch.index
+        )));
+    }
+    let end = number(&batch.cursor["end"], "cursor.end")? as u64;
+    let (mut row, mut done, mut value) = match &batch.resume {
+        Some(c) => (
+            number(&c.cursor, "checkpoint.cursor")? as u64,
+            c.items_done,
+            c.partial["value"].as_u64().unwrap_or(0),
+        ),
+        None => (number(&batch.cursor["start"], "cursor.start")? as u64, 0, 0),
+    };
+    let resumed_from = batch.resume.as_ref().map(|c| c.cursor.clone());
+    let every = setting(ctx, "checkpoint_every", 0);
+    let pause = Duration::from_millis(ctx.initialization["pause_ms"].as_u64().unwrap_or(0));
+    while row < end {
+        value += csv_row_value(row);
+        (row, done) = (row + 1, done + 1);
+        if every > 0 && done % every == 0 && row < end {
+            let partial = json!({"value": value});
+            let checkpoint = crate::event::Checkpoint {
+                cursor: json!(row),
+                items_done: done,
+                partial,
+            };
+            batch.checkpoints.save(checkpoint);
+            std::thread::sleep(pause);
+        }
+    }
+    Ok(json!({"rows": done, "value": value, "resumed_from": resumed_from}))
+}
+
+/// The convergence of the CSV batch: the rows and value of every batch that succeeded.
+fn csv_aggregate(ctx: &StepContext) -> Result<Value, StepError> {
+    let (mut rows, mut value, mut batches) = (0u64, 0u64, 0u64);
+    // A failed instance (continue_on_failure) has no result: it is not a batch done.
+    for r in ctx.dependency_results().filter(|r| !r.is_null()) {
+        rows += r["rows"].as_u64().unwrap_or(0);
+        value += r["value"].as_u64().unwrap_or(0);
+        batches += 1;
+    }
+    Ok(json!({"rows": rows, "value": value, "batches": batches}))
+}
+
 /// Sleeps `initialization.ms`, then returns the attempt number and its dependencies'
 /// results (so a chain of sleeps still carries data).
 fn sleep(ctx: &StepContext) -> Result<Value, StepError> {
@@ -77,6 +194,7 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect(),
             dependencies: deps.iter().map(|(k, _)| k.to_string()).collect(),
+            batch: None,
         }
     }
 
@@ -88,5 +206,50 @@ mod tests {
             Ok(json!(36))
         );
         assert!(!square(&ctx(&[], json!({}))).unwrap_err().retryable);
+        let after_decision = ctx(
+            &[("decide", json!({"step_names": ["x"]}))],
+            json!({"even_number": 3}),
+        );
+        assert_eq!(square(&after_decision), Ok(json!(9)));
+    }
+
+    #[test]
+    fn the_csv_batch_resumes_from_its_checkpoint_with_the_same_total() {
+        use crate::handler::{BatchInput, CheckpointSink};
+        use std::sync::{Arc, Mutex};
+        let analyzed = csv_analyze(&ctx(&[], json!({"rows": 10, "worker_count": 3}))).unwrap();
+        assert_eq!(analyzed["cursors"][2], json!({"start": 6, "end": 10}));
+        let saved = Arc::new(Mutex::new(Vec::new()));
+        let sink = saved.clone();
+        let mut c = ctx(&[], json!({"checkpoint_every": 2}));
+        c.batch = Some(BatchInput {
+            cursor: json!({"start": 0, "end": 5}),
+            index: 1,
+            count: 1,
+            resume: None,
+            checkpoints: CheckpointSink::new(move |cp| sink.lock().unwrap().push(cp)),
+        });
+        let whole = csv_process_batch(&c).unwrap();
+        let expected: u64 = (0..5).map(csv_row_value).sum();
+        assert_eq!(whole["value"], json!(expected));
+        let first = saved.lock().unwrap()[0].clone();
+        assert_eq!((first.cursor.clone(), first.items_done), (json!(2), 2));
+        c.batch.as_mut().unwrap().resume = Some(first);
+        let resumed = csv_process_batch(&c).unwrap();
+        assert_eq!(
+            (
+                &resumed["value"],
+                &resumed["rows"],
+                &resumed["resumed_from"]
+            ),
+            (&json!(expected), &json!(5), &json!(2))
+        );
+    }
+
+    #[test]
+    fn choose_names_the_branches_the_context_lists() {
+        let c = ctx(&[], json!({"branches": ["a", "c"]}));
+        assert_eq!(choose(&c).unwrap()["step_names"], json!(["a", "c"]));
+        assert!(!choose(&ctx(&[], json!({}))).unwrap_err().retryable);
     }
 }

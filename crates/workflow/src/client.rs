@@ -80,6 +80,36 @@ impl ApiClient {
     }
 }
 
+impl ApiClient {
+    /// Any route: `method` on `path` (with its query), with a JSON body or none.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, ApiError> {
+        let req = self.agent.request(method, &format!("{}{path}", self.base));
+        answer(match body {
+            Some(b) => req.send_json(b),
+            None => req.call(),
+        })
+    }
+
+    /// `DELETE /v1/tasks/{uuid}`.
+    pub fn cancel_task(&self, uuid: &str) -> Result<Value, ApiError> {
+        self.request("DELETE", &format!("/v1/tasks/{uuid}"), None)
+    }
+
+    /// `PATCH /v1/tasks/{uuid}/workflow_steps/{step}` with Tasker's action body.
+    pub fn step_action(&self, uuid: &str, step: &str, action: Value) -> Result<Value, ApiError> {
+        self.request(
+            "PATCH",
+            &format!("/v1/tasks/{uuid}/workflow_steps/{step}"),
+            Some(action),
+        )
+    }
+}
+
 fn answer(r: Result<ureq::Response, ureq::Error>) -> Result<Value, ApiError> {
     match r {
         Ok(resp) => resp

@@ -4,10 +4,12 @@
 //! out). Pure: time and liveness come in through [`Clock`], so a standby that takes
 //! over decides the same from the same log.
 
+use crate::batch::FailureStrategy;
 use crate::event::{Event, Expiry, StepRef};
 use crate::machine::{StepState, TaskState};
 use crate::state::{Returned, State, Step, Task};
-use crate::template::StepTemplate;
+use crate::template::{StepTemplate, StepType};
+use serde_json::Value;
 
 /// Lease losses of one step after which it errors ("worker unavailable").
 pub const MAX_LEASE_LOSSES: u32 = 5;
@@ -30,11 +32,15 @@ pub fn decide(state: &State, clock: &Clock) -> (Vec<Event>, Option<u64>) {
         let blocked = task.state == TaskState::BlockedByFailures;
         if !blocked {
             for i in task.ready_steps() {
-                out.push(Event::StepEnqueued(at(task, i, 1)));
+                // 1 for a new step; after a reset, the attempt after the one that failed.
+                out.push(Event::StepEnqueued(at(task, i, task.steps[i].attempt + 1)));
             }
         }
         for (i, step) in task.steps.iter().enumerate() {
-            let spec = &task.template.steps[i];
+            let spec = task.spec(i);
+            // An `isolate` batch's other instances still retry while the task is blocked.
+            let isolated = crate::batch::strategy(task, i) == Some(FailureStrategy::Isolate);
+            let blocked = blocked && !isolated;
             if let Some(e) = decide_step(task, i, step, spec, clock, blocked, &mut wake) {
                 out.push(e);
             }
@@ -91,7 +97,10 @@ fn decide_returned(
         reason,
     };
     match step.returned.as_ref() {
-        Some(Returned::Success(_)) => Event::StepCompleted(here.clone()),
+        Some(Returned::Success(result)) => match check_result(task, i, spec, result) {
+            Ok(()) => Event::StepCompleted(here.clone()),
+            Err(why) => error(why),
+        },
         Some(Returned::LeaseLost) if step.lease_losses < MAX_LEASE_LOSSES => retry(0),
         Some(Returned::LeaseLost) | None => error(format!(
             "worker unavailable: the lease of its worker ran out {} times",
@@ -114,6 +123,16 @@ fn decide_returned(
                 retry(retry_after_ms.unwrap_or_else(|| policy.delay_ms(step.failures)))
             }
         }
+    }
+}
+
+/// A decision's result must name some of its branches (the fold creates them when it
+/// applies the completion); other steps' results are not checked.
+fn check_result(task: &Task, i: usize, spec: &StepTemplate, result: &Value) -> Result<(), String> {
+    match spec.step_type {
+        StepType::Decision => crate::branch::check_decision(task, i, result),
+        StepType::Batchable => crate::batch::batch_cursors(result).map(|_| ()),
+        _ => Ok(()),
     }
 }
 

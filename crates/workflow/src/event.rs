@@ -51,6 +51,13 @@ pub enum Event {
     },
     /// A worker is alive (it holds claims).
     Heartbeat { worker: String },
+    /// A batch worker's handler saved how far it got, for a later attempt to resume.
+    StepCheckpoint {
+        #[serde(flatten)]
+        at: StepRef,
+        worker: String,
+        checkpoint: Checkpoint,
+    },
     /// A worker's handler finished an attempt.
     StepResult {
         #[serde(flatten)]
@@ -81,6 +88,32 @@ pub enum Event {
     },
     /// Someone cancelled the task.
     TaskCancelled { task: String, reason: String },
+    /// An operator reset a failed step for retry (attempt: the failed one).
+    StepReset {
+        #[serde(flatten)]
+        at: StepRef,
+        reason: String,
+    },
+    /// An operator resolved a failed step: `resolve_manually` (dependents run, with no
+    /// result from it) or `complete_manually` (with `result`).
+    StepResolved {
+        #[serde(flatten)]
+        at: StepRef,
+        reason: String,
+        complete: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        result: Option<Value>,
+    },
+}
+
+/// How far a batch worker got: the cursor to resume at, the items done so far and
+/// the partial results up to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub cursor: Value,
+    pub items_done: u64,
+    #[serde(default)]
+    pub partial: Value,
 }
 
 /// What a handler's attempt produced.
@@ -115,9 +148,12 @@ impl Event {
             Event::StepEnqueued(at) | Event::StepCompleted(at) => Some(at),
             Event::StepClaimed { at, .. }
             | Event::StepResult { at, .. }
+            | Event::StepCheckpoint { at, .. }
             | Event::StepExpired { at, .. }
             | Event::RetryScheduled { at, .. }
-            | Event::StepErrored { at, .. } => Some(at),
+            | Event::StepErrored { at, .. }
+            | Event::StepReset { at, .. }
+            | Event::StepResolved { at, .. } => Some(at),
             _ => None,
         }
     }
@@ -131,11 +167,14 @@ impl Event {
             Event::StepClaimed { .. } => "step_claimed",
             Event::Heartbeat { .. } => "heartbeat",
             Event::StepResult { .. } => "step_result",
+            Event::StepCheckpoint { .. } => "step_checkpoint",
             Event::StepExpired { .. } => "step_expired",
             Event::StepCompleted(_) => "step_completed",
             Event::RetryScheduled { .. } => "retry_scheduled",
             Event::StepErrored { .. } => "step_errored",
             Event::TaskCancelled { .. } => "task_cancelled",
+            Event::StepReset { .. } => "step_reset",
+            Event::StepResolved { .. } => "step_resolved",
         }
     }
 }

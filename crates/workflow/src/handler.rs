@@ -1,9 +1,12 @@
 //! Rust step handlers: the [`StepHandler`] trait, what a handler is given
-//! ([`StepContext`]) and returns ([`StepError`] on failure), and the [`Registry`] a
-//! worker runs and a template's `handler.callable` names are checked against.
+//! ([`StepContext`], with [`BatchInput`] for a batch worker) and returns ([`StepError`]
+//! on failure), and the [`Registry`] a worker runs and a template's `handler.callable`
+//! names are checked against.
 
+use crate::event::Checkpoint;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::sync::Arc;
 
 /// Everything a handler sees of its task.
@@ -19,8 +22,48 @@ pub struct StepContext {
     pub initialization: Value,
     /// The results of the step's ancestors (direct and indirect), by step name.
     pub ancestors: Map<String, Value>,
-    /// The step's direct dependencies, in the template's order.
+    /// The step's direct dependencies that exist, in the template's order (for a
+    /// convergence after a batch: the worker instances).
     pub dependencies: Vec<String>,
+    /// For an instance of a batch worker step: its cursor and the checkpoint to resume from.
+    pub batch: Option<BatchInput>,
+}
+
+/// What a batch worker instance is given.
+#[derive(Debug, Clone)]
+pub struct BatchInput {
+    /// The cursor the batchable step gave this instance.
+    pub cursor: Value,
+    /// 1-based, of `count`.
+    pub index: u32,
+    pub count: u32,
+    /// The last checkpoint an earlier attempt of this instance saved.
+    pub resume: Option<Checkpoint>,
+    /// Saves a checkpoint (an event in the log, applied only while this attempt holds
+    /// the step), for the next attempt to resume from.
+    pub checkpoints: CheckpointSink,
+}
+
+/// Where a handler's checkpoints go (the worker publishes them); a no-op in unit tests.
+#[derive(Clone, Default)]
+pub struct CheckpointSink(Option<std::sync::Arc<dyn Fn(Checkpoint) + Send + Sync>>);
+
+impl CheckpointSink {
+    pub fn new(f: impl Fn(Checkpoint) + Send + Sync + 'static) -> Self {
+        Self(Some(std::sync::Arc::new(f)))
+    }
+
+    pub fn save(&self, checkpoint: Checkpoint) {
+        if let Some(f) = &self.0 {
+            f(checkpoint)
+        }
+    }
+}
+
+impl fmt::Debug for CheckpointSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CheckpointSink")
+    }
 }
 
 impl StepContext {

@@ -3,6 +3,8 @@
 //! decisions, Rust step handlers, and the worker and orchestrator that run them.
 
 pub mod api;
+pub mod batch;
+pub mod branch;
 mod builtin;
 pub mod client;
 pub mod decide;
@@ -11,11 +13,13 @@ pub mod handler;
 pub mod ids;
 pub mod log;
 pub mod machine;
+mod manual;
 pub mod orchestrator;
 pub mod schema;
 pub mod settle;
 pub mod state;
 mod step_events;
+mod task_routes;
 pub mod template;
 pub mod validate;
 mod view;

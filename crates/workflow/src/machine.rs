@@ -69,10 +69,13 @@ impl StepState {
     }
 }
 
-/// The task edges. Terminal states have none in phase 1 (a rerun, later, adds
-/// `error -> pending`; manual resolution adds `blocked_by_failures -> resolved_manually`).
+/// The task edges. Of the terminal states only `error` has a way out: an operator's
+/// reset or resolution of its failed step re-evaluates it.
 pub fn legal_task(from: TaskState, to: TaskState) -> bool {
     use TaskState::*;
+    if from == Error {
+        return to == EvaluatingResults;
+    }
     if from.is_terminal() {
         return false;
     }
@@ -101,9 +104,13 @@ pub fn legal_task(from: TaskState, to: TaskState) -> bool {
     }
 }
 
-/// The step edges.
+/// The step edges. A failed step has the operator's ways out: reset (to `pending`),
+/// resolved or completed manually.
 pub fn legal_step(from: StepState, to: StepState) -> bool {
     use StepState::*;
+    if from == Error {
+        return matches!(to, Pending | ResolvedManually | Complete);
+    }
     if from.is_terminal() {
         return false;
     }
@@ -130,7 +137,10 @@ mod tests {
             assert!(!legal_task(s, TaskState::Pending));
             assert!(!legal_task(s, TaskState::Cancelled));
         }
+        assert!(legal_task(TaskState::Error, TaskState::EvaluatingResults));
         assert!(!legal_step(StepState::Complete, StepState::Enqueued));
+        assert!(legal_step(StepState::Error, StepState::Pending));
+        assert!(!legal_step(StepState::Error, StepState::Enqueued));
         assert!(legal_step(StepState::InProgress, StepState::Cancelled));
         assert_eq!(TaskState::StepsInProcess.name(), "steps_in_process");
     }

@@ -9,14 +9,21 @@ use crate::state::{Task, Transition};
 /// The state the task's steps put it in.
 pub fn derive(task: &Task) -> TaskState {
     use StepState as S;
-    let any = |f: &dyn Fn(StepState) -> bool| task.steps.iter().any(|s| f(s.state));
+    let any = |f: &dyn Fn(StepState) -> bool| task.created_steps().any(|s| f(s.state));
     if task.cancelled {
         return TaskState::Cancelled;
     }
-    if task.steps.iter().all(|s| s.state == S::Complete) {
+    // A batch instance that failed under `continue_on_failure` neither fails the task
+    // nor keeps it from completing.
+    let live = |i: &usize| task.steps[*i].created && !crate::batch::tolerated(task, *i);
+    let mut counted = (0..task.steps.len()).filter(live);
+    if counted.all(|i| matches!(task.steps[i].state, S::Complete | S::ResolvedManually)) {
         return TaskState::Complete;
     }
-    if any(&|s| s == S::Error) {
+    let failed = (0..task.steps.len())
+        .filter(live)
+        .any(|i| task.steps[i].state == S::Error);
+    if failed {
         return match any(&|s| s.is_active()) {
             true => TaskState::BlockedByFailures,
             false => TaskState::Error,

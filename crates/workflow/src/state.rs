@@ -5,9 +5,10 @@
 //! the same claim winners and the same rejections. Step events are checked before any
 //! change; task states are derived from the steps ([`crate::settle`]).
 
-use crate::event::{Envelope, Event, Expiry, Outcome, StepRef};
+use crate::batch::BatchSlot;
+use crate::event::{Checkpoint, Envelope, Event, Expiry, Outcome, StepRef};
 use crate::machine::{legal_step, StepState, TaskState};
-use crate::template::{Template, TemplateKey};
+use crate::template::{StepTemplate, StepType, Template, TemplateKey};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -38,6 +39,12 @@ pub enum Returned {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Step {
     pub name: String,
+    /// The index of the template step this step is an instance of.
+    #[serde(skip)]
+    pub spec: usize,
+    /// Whether the step exists: a step behind a decision is created only when the
+    /// decision names it (see [`crate::branch`]); one never created never runs.
+    pub created: bool,
     pub state: StepState,
     /// The current attempt (0 before the first is enqueued).
     pub attempt: u32,
@@ -51,6 +58,10 @@ pub struct Step {
     pub last_error: Option<String>,
     pub returned: Option<Returned>,
     pub retry_due_ms: Option<u64>,
+    /// For an instance of a batch worker step: its cursor and place in the batch.
+    pub batch: Option<BatchSlot>,
+    /// The last checkpoint an attempt of this step saved.
+    pub checkpoint: Option<Checkpoint>,
     pub history: Vec<Transition<StepState>>,
     /// Events about this step the fold refused (late results, lost claims), for audit.
     pub refused: Vec<String>,
@@ -174,6 +185,9 @@ impl State {
             }
             Event::Heartbeat { .. } => Ok(()),
             Event::TaskCancelled { task, .. } => self.cancel(task, position, ts),
+            Event::StepReset { .. } | Event::StepResolved { .. } => {
+                crate::manual::apply(self, &env.event, position, ts)
+            }
             step_event => self.step_event(step_event, position, ts),
         }
     }
@@ -218,7 +232,7 @@ impl State {
     fn cancel(&mut self, uuid: &str, position: u64, ts: u64) -> Result<(), Rejected> {
         let task = open_task(&mut self.tasks, uuid)?;
         for step in &mut task.steps {
-            if !step.state.is_terminal() {
+            if step.created && !step.state.is_terminal() {
                 step.enter(StepState::Cancelled, position, ts);
             }
         }
@@ -234,8 +248,7 @@ impl State {
             .get_mut(&at.task)
             .ok_or_else(|| Rejected::UnknownTask(at.task.clone()))?;
         let index = task
-            .template
-            .step_index(&at.step)
+            .index_of(&at.step)
             .ok_or_else(|| Rejected::UnknownStep {
                 task: at.task.clone(),
                 step: at.step.clone(),
@@ -268,10 +281,8 @@ fn apply_to_step(
     position: u64,
     ts: u64,
 ) -> Result<(), Rejected> {
-    let ready = task.deps[index]
-        .iter()
-        .all(|&d| task.steps[d].state == StepState::Complete);
-    let timeout_s = task.template.steps[index].timeout_seconds;
+    let ready = task.steps[index].created && crate::branch::dependencies_met(task, index);
+    let timeout_s = task.spec(index).timeout_seconds;
     let how = crate::step_events::At {
         ready,
         timeout_s,
@@ -279,8 +290,25 @@ fn apply_to_step(
         ts,
     };
     crate::step_events::apply(&mut task.steps[index], event, how)?;
+    consequences(task, index, position, ts);
     crate::settle::settle(task, position, ts);
     Ok(())
+}
+
+/// What a step's completion or failure does to other steps: a decision or a batchable
+/// step creates steps; a batch instance's failure may cancel its siblings.
+pub(crate) fn consequences(task: &mut Task, index: usize, position: u64, ts: u64) {
+    match (task.spec(index).step_type, task.steps[index].state) {
+        (StepType::Decision, StepState::Complete) => {
+            crate::branch::create_steps(task);
+        }
+        (StepType::Batchable, StepState::Complete) => {
+            crate::batch::create_instances(task, index);
+            crate::branch::create_steps(task);
+        }
+        (_, StepState::Error) => crate::batch::on_error(task, index, position, ts),
+        _ => {}
+    }
 }
 
 struct NewTask<'a> {
@@ -324,8 +352,13 @@ impl Task {
                 found.collect()
             })
             .collect();
-        let steps = template.steps.iter().map(|s| Step::new(&s.name)).collect();
-        Self {
+        let steps = template
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Step::new(&s.name, i))
+            .collect();
+        let mut task = Self {
             uuid: uuid.to_string(),
             template,
             context,
@@ -338,17 +371,32 @@ impl Task {
             updated_ms: ts,
             completed_ms: None,
             history: Vec::new(),
-        }
+        };
+        crate::branch::create_steps(&mut task);
+        task
     }
 
-    /// Pending steps whose dependencies are all complete.
+    /// Created pending steps whose dependencies let them run.
     pub fn ready_steps(&self) -> impl Iterator<Item = usize> + '_ {
         (0..self.steps.len()).filter(|&i| {
-            self.steps[i].state == StepState::Pending
-                && self.deps[i]
-                    .iter()
-                    .all(|&d| self.steps[d].state == StepState::Complete)
+            let s = &self.steps[i];
+            s.created && s.state == StepState::Pending && crate::branch::dependencies_met(self, i)
         })
+    }
+
+    /// The steps that exist (see [`Step::created`]).
+    pub fn created_steps(&self) -> impl Iterator<Item = &Step> + '_ {
+        self.steps.iter().filter(|s| s.created)
+    }
+
+    /// The template step step `i` runs.
+    pub fn spec(&self, i: usize) -> &StepTemplate {
+        &self.template.steps[self.steps[i].spec]
+    }
+
+    /// The index of the step called `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.steps.iter().position(|s| s.name == name)
     }
 
     /// Every step `index` depends on, directly or not, in template order.
@@ -369,9 +417,11 @@ impl Task {
 }
 
 impl Step {
-    fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str, spec: usize) -> Self {
         Self {
             name: name.to_string(),
+            spec,
+            created: false,
             state: StepState::Pending,
             attempt: 0,
             worker: None,
@@ -381,6 +431,8 @@ impl Step {
             last_error: None,
             returned: None,
             retry_due_ms: None,
+            batch: None,
+            checkpoint: None,
             history: Vec::new(),
             refused: Vec::new(),
         }

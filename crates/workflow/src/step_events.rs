@@ -33,6 +33,18 @@ pub(crate) fn apply(step: &mut Step, event: &Event, at: At) -> Result<(), Reject
             returned(step, outcome.into(), &at);
             Ok(())
         }
+        Event::StepCheckpoint {
+            at: r,
+            worker,
+            checkpoint,
+        } => {
+            expect(step, r, "checkpoint", InProgress)?;
+            if step.worker.as_deref() != Some(worker) {
+                return Err(lost(step, r, worker));
+            }
+            step.checkpoint = Some(checkpoint.clone());
+            Ok(())
+        }
         Event::StepExpired { at: r, reason } => {
             expect(step, r, "expiry", InProgress)?;
             returned(step, expired(*reason, at.timeout_s), &at);
@@ -74,7 +86,8 @@ pub(crate) fn apply(step: &mut Step, event: &Event, at: At) -> Result<(), Reject
 
 fn enqueue(step: &mut Step, r: &StepRef, at: &At) -> Result<(), Rejected> {
     let fits = match step.state {
-        StepState::Pending => r.attempt == 1,
+        // After a reset the step is pending again, at the attempt that failed.
+        StepState::Pending => r.attempt == step.attempt + 1,
         StepState::WaitingForRetry => r.attempt == step.attempt + 1,
         _ => false,
     };

@@ -3,7 +3,7 @@
 //! the input schema), each failure a [`TemplateError`] naming template, step and field.
 
 use crate::schema::InputSchema;
-use crate::template::{StepType, Template};
+use crate::template::{StepTemplate, StepType, Template};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -153,12 +153,8 @@ fn check_steps(t: &Template, handlers: KnownHandlers) -> Result<(), StepProblem>
         if !seen.insert(s.name.as_str()) {
             return fail("name", "two steps have this name".into());
         }
-        if s.step_type != StepType::Standard {
-            let kind = serde_json::to_value(s.step_type).unwrap_or_default();
-            return fail(
-                "type",
-                format!("{kind} steps are not supported yet (phase 1 runs standard steps)"),
-            );
+        if let Some((field, m)) = check_kind(t, s) {
+            return fail(field, m);
         }
         for d in &s.dependencies {
             if t.step_index(d).is_none() {
@@ -189,6 +185,44 @@ fn check_steps(t: &Template, handlers: KnownHandlers) -> Result<(), StepProblem>
         }
     }
     Ok(())
+}
+
+/// The rules of the step types: a convergence converges something; a batch worker
+/// runs after exactly one batchable step and only convergences follow it (its
+/// instances' number is known only at run time); a batchable step's failure strategy
+/// is one of Tasker's.
+fn check_kind(t: &Template, s: &StepTemplate) -> Option<(&'static str, String)> {
+    let kind_of = |name: &str| t.steps.iter().find(|x| x.name == name).map(|x| x.step_type);
+    match s.step_type {
+        StepType::DeferredConvergence if s.dependencies.is_empty() => Some((
+            "dependencies",
+            "a deferred_convergence step converges dependencies; it has none".into(),
+        )),
+        StepType::BatchWorker => {
+            let one_batchable = s.dependencies.len() == 1
+                && kind_of(&s.dependencies[0]) == Some(StepType::Batchable);
+            if !one_batchable {
+                return Some((
+                    "dependencies",
+                    "a batch_worker step depends on exactly one batchable step".into(),
+                ));
+            }
+            let after = t.steps.iter().find(|x| {
+                x.dependencies.contains(&s.name) && x.step_type != StepType::DeferredConvergence
+            });
+            after.map(|x| {
+                let m = format!("step `{}` depends on it; only a deferred_convergence may follow a batch_worker", x.name);
+                ("type", m)
+            })
+        }
+        StepType::Batchable if crate::batch::strategy_of(s.batch_config.as_ref()).is_none() => {
+            Some((
+                "batch_config.failure_strategy",
+                "must be continue_on_failure, fail_fast or isolate".into(),
+            ))
+        }
+        _ => None,
+    }
 }
 
 fn is_identifier(s: &str) -> bool {
@@ -299,6 +333,32 @@ mod tests {
         assert_eq!(
             (e.step.as_deref(), e.field.as_str()),
             (Some("a"), "handlr"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn step_types_are_checked_at_load() {
+        let e = load_err("  - name: a\n    handler: {callable: math.square}\n  - name: w\n    type: batch_worker\n    dependencies: [a]\n    handler: {callable: math.square}\n");
+        assert_eq!(
+            (e.step.as_deref(), e.field.as_str()),
+            (Some("w"), "dependencies"),
+            "{e}"
+        );
+        let e = load_err("  - name: a\n    type: batchable\n    batch_config: {failure_strategy: shrug}\n    handler: {callable: math.square}\n");
+        assert_eq!(e.field, "batch_config.failure_strategy", "{e}");
+        let e = load_err("  - name: a\n    type: batchable\n    handler: {callable: math.square}\n  - name: w\n    type: batch_worker\n    dependencies: [a]\n    handler: {callable: math.square}\n  - name: z\n    dependencies: [w]\n    handler: {callable: math.square}\n");
+        assert_eq!(
+            (e.step.as_deref(), e.field.as_str()),
+            (Some("w"), "type"),
+            "{e}"
+        );
+        let e = load_err(
+            "  - name: j\n    type: deferred_convergence\n    handler: {callable: math.square}\n",
+        );
+        assert_eq!(
+            (e.step.as_deref(), e.field.as_str()),
+            (Some("j"), "dependencies"),
             "{e}"
         );
     }

@@ -3,7 +3,7 @@
 //! with the steps, their results and their audit trail.
 
 use crate::machine::{StepState, TaskState};
-use crate::state::Task;
+use crate::state::{Step, Task};
 use crate::template::Template;
 use serde_json::{json, Value};
 
@@ -18,9 +18,9 @@ struct Counts {
 }
 
 fn counts(task: &Task) -> Counts {
-    let n = |f: &dyn Fn(StepState) -> bool| task.steps.iter().filter(|s| f(s.state)).count();
+    let n = |f: &dyn Fn(StepState) -> bool| task.created_steps().filter(|s| f(s.state)).count();
     Counts {
-        total: task.steps.len(),
+        total: task.created_steps().count(),
         pending: n(&|s| matches!(s, StepState::Pending | StepState::WaitingForRetry)),
         in_progress: n(&|s| s.is_active()),
         completed: n(&|s| matches!(s, StepState::Complete | StepState::ResolvedManually)),
@@ -34,7 +34,7 @@ fn status_words(task: &Task, c: &Counts) -> (&'static str, &'static str, &'stati
     if task.state == TaskState::Cancelled {
         return ("cancelled", "none", "unknown");
     }
-    if c.completed == c.total {
+    if c.completed == c.total || task.state == TaskState::Complete {
         return ("all_complete", "finalize_task", "healthy");
     }
     if c.failed > 0 {
@@ -58,25 +58,13 @@ pub fn task_view(task: &Task) -> Value {
     let c = counts(task);
     let (execution_status, recommended_action, health_status) = status_words(task, &c);
     let t = &task.template;
-    let steps: Vec<Value> = task
+    let not_created: Vec<&str> = task
         .steps
         .iter()
-        .map(|s| {
-            json!({
-                "name": s.name,
-                "current_state": s.state,
-                "attempts": s.attempt,
-                "failures": s.failures,
-                "lease_losses": s.lease_losses,
-                "worker": s.worker,
-                "result": s.result,
-                "last_error": s.last_error,
-                "retry_due_ms": s.retry_due_ms,
-                "transitions": s.history,
-                "refused_events": s.refused,
-            })
-        })
+        .filter(|s| !s.created)
+        .map(|s| s.name.as_str())
         .collect();
+    let steps: Vec<Value> = task.created_steps().map(step_view).collect();
     json!({
         "task_uuid": task.uuid,
         "name": t.name,
@@ -100,7 +88,39 @@ pub fn task_view(task: &Task) -> Value {
         "completion_percentage": (c.completed as f64) * 100.0 / (c.total.max(1) as f64),
         "transitions": task.history,
         "steps": steps,
+        "not_created_steps": not_created,
     })
+}
+
+/// A step as the API shows it; its `step_uuid` is its name (unique in its task).
+pub fn step_view(s: &Step) -> Value {
+    json!({
+        "step_uuid": s.name,
+        "name": s.name,
+        "current_state": s.state,
+        "attempts": s.attempt,
+        "failures": s.failures,
+        "lease_losses": s.lease_losses,
+        "worker": s.worker,
+        "result": s.result,
+        "last_error": s.last_error,
+        "retry_due_ms": s.retry_due_ms,
+        "batch": s.batch,
+        "checkpoint": s.checkpoint,
+        "transitions": s.history,
+        "refused_events": s.refused,
+    })
+}
+
+/// A task in a list: its identity, state and counts, without its steps.
+pub fn task_summary(task: &Task) -> Value {
+    let mut v = task_view(task);
+    if let Some(o) = v.as_object_mut() {
+        for heavy in ["steps", "transitions", "context", "not_created_steps"] {
+            o.remove(heavy);
+        }
+    }
+    v
 }
 
 pub fn template_view(t: &Template) -> Value {
@@ -111,6 +131,7 @@ pub fn template_view(t: &Template) -> Value {
         "description": t.description,
         "steps": t.steps.iter().map(|s| json!({
             "name": s.name,
+            "type": s.step_type,
             "handler": s.handler.callable,
             "dependencies": s.dependencies,
         })).collect::<Vec<_>>(),

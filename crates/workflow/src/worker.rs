@@ -5,7 +5,7 @@
 //! heartbeats while it holds any.
 
 use crate::event::{Event, Outcome, StepRef};
-use crate::handler::{Registry, StepContext, StepError};
+use crate::handler::{BatchInput, CheckpointSink, Registry, StepContext, StepError};
 use crate::ids::{new_uuid, now_ms};
 use crate::log::{ensure_topic, Folded, Folder, LogConfig, Shared, Writer};
 use crate::machine::StepState;
@@ -167,11 +167,12 @@ impl Runtime {
     fn prepare(&self, at: &StepRef) -> Option<Job> {
         let state = self.shared.lock();
         let task = state.tasks.get(&at.task)?;
-        let index = task.template.step_index(&at.step)?;
-        let spec = &task.template.steps[index];
+        let index = task.index_of(&at.step)?;
+        let spec = task.spec(index);
         let ancestors: Map<String, Value> = task
             .ancestors(index)
             .into_iter()
+            .filter(|&i| task.steps[i].created)
             .map(|i| {
                 (
                     task.steps[i].name.clone(),
@@ -179,6 +180,18 @@ impl Runtime {
                 )
             })
             .collect();
+        let dependencies = task.deps[index]
+            .iter()
+            .filter(|&&d| task.steps[d].created)
+            .map(|&d| task.steps[d].name.clone())
+            .collect();
+        let batch = task.steps[index].batch.as_ref().map(|slot| BatchInput {
+            cursor: slot.cursor.clone(),
+            index: slot.index,
+            count: slot.count,
+            resume: task.steps[index].checkpoint.clone(),
+            checkpoints: self.checkpoint_sink(at),
+        });
         Some(Job {
             at: at.clone(),
             callable: spec.handler.callable.clone(),
@@ -190,8 +203,24 @@ impl Runtime {
                 context: task.context.clone(),
                 initialization: spec.handler.initialization.clone().unwrap_or(Value::Null),
                 ancestors,
-                dependencies: spec.dependencies.clone(),
+                dependencies,
+                batch,
             },
+        })
+    }
+
+    /// Publishes a handler's checkpoints for the attempt `at` of this worker.
+    fn checkpoint_sink(&self, at: &StepRef) -> CheckpointSink {
+        let (writer, at, worker) = (self.writer.clone(), at.clone(), self.id.clone());
+        CheckpointSink::new(move |checkpoint| {
+            let event = Event::StepCheckpoint {
+                at: at.clone(),
+                worker: worker.clone(),
+                checkpoint,
+            };
+            if let Err(e) = writer.publish(event) {
+                tracing::warn!("cannot publish a checkpoint: {e}");
+            }
         })
     }
 
@@ -243,9 +272,7 @@ fn claimable<'a>(
         .filter(move |t| namespaces.is_empty() || namespaces.contains(&t.template.namespace))
         .flat_map(move |t| {
             t.steps.iter().enumerate().filter_map(move |(i, s)| {
-                let has = registry
-                    .get(&t.template.steps[i].handler.callable)
-                    .is_some();
+                let has = registry.get(&t.spec(i).handler.callable).is_some();
                 (s.state == StepState::Enqueued && has).then(|| StepRef {
                     task: t.uuid.clone(),
                     step: s.name.clone(),

@@ -16,8 +16,37 @@ const DIAMOND: &str = "name: diamond\nnamespace: p\nversion: '1'\nsteps:
   - {name: c, dependencies: [a], handler: {callable: x}}
   - {name: d, dependencies: [b, c], handler: {callable: x}}
 ";
-const TASKS: [&str; 2] = ["t1", "t2"];
-const STEPS: [&str; 4] = ["a", "b", "c", "d"];
+/// A decision creating some of three branches, a step after one branch, and a
+/// deferred convergence of that step and the other two branches.
+const CONDITIONAL: &str = "name: cond\nnamespace: p\nversion: '1'\nsteps:
+  - {name: a, handler: {callable: x}}
+  - {name: d, type: decision, dependencies: [a], handler: {callable: x}, retry: {max_attempts: 2, backoff: none}}
+  - {name: b1, dependencies: [d], handler: {callable: x}}
+  - {name: b2, dependencies: [d], handler: {callable: x}}
+  - {name: b3, dependencies: [d], handler: {callable: x}}
+  - {name: e, dependencies: [b1], handler: {callable: x}}
+  - {name: j, type: deferred_convergence, dependencies: [e, b2, b3], handler: {callable: x}}
+";
+/// A batchable step, its worker step (instances `w_001`...) and their convergence;
+/// `STRATEGY` is replaced by each batch template's failure strategy.
+const BATCH: &str = "name: NAME\nnamespace: p\nversion: '1'\nsteps:
+  - {name: an, type: batchable, handler: {callable: x}, batch_config: {failure_strategy: STRATEGY}}
+  - {name: w, type: batch_worker, dependencies: [an], handler: {callable: x}, retry: {max_attempts: 1}}
+  - {name: agg, type: deferred_convergence, dependencies: [w], handler: {callable: x}}
+";
+/// Tasks and their templates.
+const TASKS: [(&str, &str); 5] = [
+    ("t1", "diamond"),
+    ("t2", "diamond"),
+    ("t3", "cond"),
+    ("t4", "batch_fail_fast"),
+    ("t5", "batch_continue_on_failure"),
+];
+const BATCH_STEPS: &[&str] = &["an", "w_001", "w_002", "w_003", "agg", "w"];
+const DIAMOND_STEPS: &[&str] = &["a", "b", "c", "d"];
+const COND_STEPS: &[&str] = &["a", "d", "b1", "b2", "b3", "e", "j"];
+/// What a decision may name (`zz` is no step: such a decision is refused).
+const BRANCHES: [&str; 4] = ["b1", "b2", "b3", "zz"];
 const WORKERS: [&str; 2] = ["w1", "w2"];
 
 /// One move of the generated history.
@@ -41,43 +70,74 @@ enum Op {
         attempt: u32,
         worker: usize,
         ok: bool,
+        /// For a decision step: which of [`BRANCHES`] it names (a bit each).
+        branches: u8,
+    },
+    Checkpoint {
+        task: usize,
+        step: usize,
+        attempt: u32,
+        worker: usize,
+        done: u64,
     },
     Raw(Box<Event>),
 }
 
+fn steps_of(task: usize) -> &'static [&'static str] {
+    match TASKS[task].1 {
+        "cond" => COND_STEPS,
+        "diamond" => DIAMOND_STEPS,
+        _ => BATCH_STEPS,
+    }
+}
+
+/// `step` is taken modulo the task's number of steps, so one generator fits both.
 fn at(task: usize, step: usize, attempt: u32) -> StepRef {
+    let steps = steps_of(task);
     StepRef {
-        task: TASKS[task].into(),
-        step: STEPS[step].into(),
+        task: TASKS[task].0.into(),
+        step: steps[step % steps.len()].into(),
         attempt,
     }
 }
 
 fn op() -> impl Strategy<Value = Op> {
     let t = 0..TASKS.len();
-    let s = 0..STEPS.len();
+    let s = 0..COND_STEPS.len();
     let a = 1u32..4;
     let w = 0..WORKERS.len();
     prop_oneof![
         4 => (0u64..1000, any::<bool>()).prop_map(|(now_ms, e)| Op::Decide { now_ms, expire: e }),
         4 => (t.clone(), s.clone(), a.clone(), w.clone()).prop_map(|(task, step, attempt, worker)| Op::Claim { task, step, attempt, worker }),
-        4 => (t.clone(), s.clone(), a.clone(), w, any::<bool>()).prop_map(|(task, step, attempt, worker, ok)| Op::Result { task, step, attempt, worker, ok }),
+        4 => (t.clone(), s.clone(), a.clone(), w, any::<bool>(), 0u8..16).prop_map(|(task, step, attempt, worker, ok, branches)| Op::Result { task, step, attempt, worker, ok, branches }),
         1 => (t.clone(), s.clone(), a.clone()).prop_map(|(task, step, attempt)| Op::Raw(Box::new(Event::StepCompleted(at(task, step, attempt))))),
-        1 => (t.clone(), s, a).prop_map(|(task, step, attempt)| Op::Raw(Box::new(Event::StepEnqueued(at(task, step, attempt))))),
-        1 => t.prop_map(|task| Op::Raw(Box::new(Event::TaskCancelled { task: TASKS[task].into(), reason: "test".into() }))),
+        1 => (t.clone(), s.clone(), a.clone()).prop_map(|(task, step, attempt)| Op::Raw(Box::new(Event::StepEnqueued(at(task, step, attempt))))),
+        2 => (t.clone(), s.clone(), a.clone(), 0..WORKERS.len(), 0u64..100).prop_map(|(task, step, attempt, worker, done)| Op::Checkpoint { task, step, attempt, worker, done }),
+        1 => (t.clone(), s.clone(), a.clone()).prop_map(|(task, step, attempt)| Op::Raw(Box::new(Event::StepReset { at: at(task, step, attempt), reason: "test".into() }))),
+        1 => (t.clone(), s.clone(), a.clone(), any::<bool>()).prop_map(|(task, step, attempt, complete)| Op::Raw(Box::new(Event::StepResolved { at: at(task, step, attempt), reason: "test".into(), complete, result: Some(json!(0)) }))),
+        1 => t.prop_map(|task| Op::Raw(Box::new(Event::TaskCancelled { task: TASKS[task].0.into(), reason: "test".into() }))),
     ]
 }
 
 /// The events a history stands for, each computed against the state before it (so the
 /// orchestrator's decisions are those it would make at that point).
 fn events(ops: &[Op]) -> Vec<Envelope> {
-    let template = load(DIAMOND, None).unwrap();
-    let mut out = vec![Event::TemplateRegistered { template }];
-    for t in TASKS {
+    let batches = ["fail_fast", "continue_on_failure"].map(|strategy| {
+        BATCH
+            .replace("NAME", &format!("batch_{strategy}"))
+            .replace("STRATEGY", strategy)
+    });
+    let mut out: Vec<Event> = [DIAMOND, CONDITIONAL, &batches[0], &batches[1]]
+        .iter()
+        .map(|t| Event::TemplateRegistered {
+            template: load(t, None).unwrap(),
+        })
+        .collect();
+    for (t, name) in TASKS {
         out.push(Event::TaskCreated {
             task: t.into(),
             namespace: "p".into(),
-            name: "diamond".into(),
+            name: name.into(),
             version: "1".into(),
             context: json!({}),
             idempotency_key: None,
@@ -131,11 +191,19 @@ fn op_events(state: &State, op: &Op) -> Vec<Event> {
             attempt,
             worker,
             ok,
+            branches,
         } => {
+            let at = at(task, step, attempt);
+            let result = match at.step.as_str() {
+                "d" if TASKS[task].1 == "cond" => decision(branches),
+                "an" => {
+                    let n = (branches % 4) as usize;
+                    json!({"cursors": (0..n).collect::<Vec<_>>(), "worker_count": n})
+                }
+                _ => json!(attempt),
+            };
             let outcome = match ok {
-                true => Outcome::Success {
-                    result: json!(attempt),
-                },
+                true => Outcome::Success { result },
                 false => Outcome::Failure {
                     message: "no".into(),
                     retryable: true,
@@ -143,13 +211,37 @@ fn op_events(state: &State, op: &Op) -> Vec<Event> {
                 },
             };
             vec![Event::StepResult {
-                at: at(task, step, attempt),
+                at,
                 worker: WORKERS[worker].into(),
                 outcome,
             }]
         }
+        Op::Checkpoint {
+            task,
+            step,
+            attempt,
+            worker,
+            done,
+        } => vec![Event::StepCheckpoint {
+            at: at(task, step, attempt),
+            worker: WORKERS[worker].into(),
+            checkpoint: embarcadero_workflow::event::Checkpoint {
+                cursor: json!(done),
+                items_done: done,
+                partial: json!({}),
+            },
+        }],
         Op::Raw(e) => vec![*e],
     }
+}
+
+/// A decision's result naming the branches whose bit is set.
+fn decision(bits: u8) -> serde_json::Value {
+    let names: Vec<&str> = (0..BRANCHES.len())
+        .filter(|i| bits & (1 << i) != 0)
+        .map(|i| BRANCHES[i])
+        .collect();
+    json!({ "step_names": names })
 }
 
 fn fold(envs: &[Envelope]) -> (State, Vec<bool>) {
@@ -202,12 +294,49 @@ proptest! {
     }
 
     #[test]
+    fn decisions_create_only_the_branches_they_name_and_convergence_waits_for_them(ops in prop::collection::vec(op(), 0..80)) {
+        let envs = events(&ops);
+        let mut s = State::default();
+        for (i, e) in envs.iter().enumerate() {
+            let _ = s.apply(i as u64, e);
+            for task in s.tasks.values() {
+                check_branches(task)?;
+            }
+        }
+    }
+
+    #[test]
+    fn batches_make_one_instance_per_cursor_and_follow_their_failure_strategy(ops in prop::collection::vec(op(), 0..100)) {
+        let envs = events(&ops);
+        let mut s = State::default();
+        for (i, e) in envs.iter().enumerate() {
+            let before = s.clone();
+            if s.apply(i as u64, e).is_ok() {
+                check_checkpoint(&before, e)?;
+            }
+            for task in s.tasks.values() {
+                check_branches(task)?;
+                if task.template.name.starts_with("batch") {
+                    check_batch(task)?;
+                }
+            }
+        }
+    }
+
+    #[test]
     fn a_finished_task_never_changes_again_but_for_its_refusals(ops in prop::collection::vec(op(), 0..60)) {
         let envs = events(&ops);
         let mut s = State::default();
         let mut finished: BTreeMap<String, embarcadero_workflow::Task> = BTreeMap::new();
         for (i, e) in envs.iter().enumerate() {
-            let _ = s.apply(i as u64, e);
+            let applied = s.apply(i as u64, e).is_ok();
+            // Only an operator's reset or resolution of a failed step reopens a failed task.
+            let manual = applied && matches!(e.event, Event::StepReset { .. } | Event::StepResolved { .. });
+            if manual {
+                let uuid = &e.event.step_ref().unwrap().task;
+                let was = finished.remove(uuid).map(|t| t.state);
+                prop_assert!(was.is_none_or(|w| w == embarcadero_workflow::TaskState::Error), "{:?} reopened", was);
+            }
             for (uuid, t) in &finished {
                 prop_assert_eq!(&without_refusals(&s.tasks[uuid]), t);
             }
@@ -216,6 +345,131 @@ proptest! {
             }
         }
     }
+}
+
+/// The rules of decisions and deferred convergence, on one folded task: a step not
+/// created never moved; a step that was enqueued had every dependency complete, but
+/// a convergence's dependencies that were never created; the branches created are
+/// those the completed decision named, and none before it completed; a complete task
+/// has every created step complete.
+fn check_branches(task: &embarcadero_workflow::Task) -> Result<(), TestCaseError> {
+    use embarcadero_workflow::template::StepType;
+    use embarcadero_workflow::StepState::{Complete, Pending};
+    for (i, s) in task.steps.iter().enumerate() {
+        if !s.created {
+            prop_assert!(
+                s.history.is_empty() && s.state == Pending,
+                "{} moved uncreated",
+                s.name
+            );
+        }
+        if !s
+            .history
+            .iter()
+            .any(|h| h.to == embarcadero_workflow::StepState::Enqueued)
+        {
+            continue; // never ran (a cancel moves pending steps too)
+        }
+        let convergence = task.spec(i).step_type == StepType::DeferredConvergence;
+        for &d in &task.deps[i] {
+            let dep = &task.steps[d];
+            let tolerated = embarcadero_workflow::batch::tolerated(task, d);
+            prop_assert!(
+                matches!(
+                    dep.state,
+                    Complete | embarcadero_workflow::StepState::ResolvedManually
+                ) || (convergence && (!dep.created || tolerated)),
+                "{} ran while {} was {:?} (created: {})",
+                s.name,
+                dep.name,
+                dep.state,
+                dep.created
+            );
+        }
+    }
+    if let Some(d) = task.step("d").filter(|_| task.template.name == "cond") {
+        let named: Vec<String> = match (&d.state, &d.result) {
+            (Complete, Some(r)) => embarcadero_workflow::branch::decision_names(r).unwrap(),
+            _ => Vec::new(),
+        };
+        for b in ["b1", "b2", "b3"] {
+            let created = task.step(b).unwrap().created;
+            prop_assert_eq!(
+                created,
+                named.iter().any(|n| n == b),
+                "branch {} vs {:?}",
+                b,
+                named
+            );
+        }
+    }
+    if task.state == embarcadero_workflow::TaskState::Complete {
+        prop_assert!(task.created_steps().all(|s| s.state == Complete));
+    }
+    Ok(())
+}
+
+/// The rules of batches, on one folded batch task: one instance per cursor once the
+/// batchable step completed, none before; under `fail_fast` no instance completes
+/// after a sibling failed, and those not finished are cancelled.
+fn check_batch(task: &embarcadero_workflow::Task) -> Result<(), TestCaseError> {
+    use embarcadero_workflow::StepState::{Cancelled, Complete, Error};
+    let an = task.step("an").unwrap();
+    let cursors = match (&an.state, &an.result) {
+        (Complete, Some(r)) => embarcadero_workflow::batch::batch_cursors(r).unwrap().len(),
+        _ => 0,
+    };
+    let instances: Vec<_> = task.steps.iter().filter(|s| s.batch.is_some()).collect();
+    prop_assert_eq!(instances.len(), cursors);
+    for (k, s) in instances.iter().enumerate() {
+        prop_assert_eq!(
+            &s.name,
+            &embarcadero_workflow::batch::instance_name("w", k + 1)
+        );
+    }
+    // (An operator's reset or resolution of a failed instance is outside fail_fast's rule.)
+    let manual = task
+        .steps
+        .iter()
+        .any(|s| s.history.iter().any(|h| h.from == Error));
+    if task.template.name != "batch_fail_fast" || manual {
+        return Ok(());
+    }
+    let failed_at = instances
+        .iter()
+        .flat_map(|s| s.history.iter().filter(|h| h.to == Error))
+        .map(|h| h.position)
+        .min();
+    if let Some(p) = failed_at {
+        for s in &instances {
+            let completed = s.history.iter().find(|h| h.to == Complete);
+            prop_assert!(
+                completed.is_none_or(|h| h.position < p),
+                "{} completed after a sibling failed",
+                s.name
+            );
+            prop_assert!(
+                matches!(s.state, Complete | Error | Cancelled),
+                "{} is {:?}",
+                s.name,
+                s.state
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A checkpoint is applied only for the attempt in progress, from the worker that won it.
+fn check_checkpoint(before: &State, env: &Envelope) -> Result<(), TestCaseError> {
+    if let Event::StepCheckpoint { at, worker, .. } = &env.event {
+        let s = before.tasks[&at.task].step(&at.step).unwrap();
+        prop_assert_eq!(s.state, embarcadero_workflow::StepState::InProgress);
+        prop_assert_eq!(
+            (s.attempt, s.worker.as_deref()),
+            (at.attempt, Some(worker.as_str()))
+        );
+    }
+    Ok(())
 }
 
 /// A task without its steps' audit of refused events (which a finished task keeps
@@ -271,6 +525,7 @@ fn the_first_claim_wins_and_a_late_result_of_a_superseded_attempt_is_refused() {
             attempt: 1,
             worker: 0,
             ok: true,
+            branches: 0,
         },
         Op::Result {
             task: 0,
@@ -278,6 +533,7 @@ fn the_first_claim_wins_and_a_late_result_of_a_superseded_attempt_is_refused() {
             attempt: 2,
             worker: 1,
             ok: true,
+            branches: 0,
         },
         Op::Decide {
             now_ms: 600,
@@ -304,4 +560,109 @@ fn the_first_claim_wins_and_a_late_result_of_a_superseded_attempt_is_refused() {
         "{:?}",
         a.refused
     );
+}
+
+/// Runs a history in which the workers do everything asked of them at once: each
+/// enqueued attempt is claimed by w1 and succeeds with `result(step)`.
+fn run_to_the_end(result: impl Fn(&str) -> serde_json::Value) -> State {
+    let mut envs = events(&[]);
+    let (mut state, _) = fold(&envs);
+    for round in 0..40 {
+        let clock_now = round * 10;
+        let clock = Clock {
+            now_ms: clock_now,
+            lease_ms: 100,
+            claimed_at: &|_| Some(clock_now),
+            worker_seen: &|_| Some(clock_now),
+        };
+        let mut next = decide(&state, &clock).0;
+        for t in state.tasks.values() {
+            for s in t
+                .steps
+                .iter()
+                .filter(|s| s.state == embarcadero_workflow::StepState::Enqueued)
+            {
+                let at = StepRef {
+                    task: t.uuid.clone(),
+                    step: s.name.clone(),
+                    attempt: s.attempt,
+                };
+                next.push(Event::StepClaimed {
+                    at: at.clone(),
+                    worker: "w1".into(),
+                });
+                let outcome = Outcome::Success {
+                    result: result(&s.name),
+                };
+                next.push(Event::StepResult {
+                    at,
+                    worker: "w1".into(),
+                    outcome,
+                });
+            }
+        }
+        for event in next {
+            let env = Envelope {
+                ts_ms: envs.len() as u64,
+                event,
+            };
+            let _ = state.apply(envs.len() as u64, &env);
+            envs.push(env);
+        }
+    }
+    state
+}
+
+#[test]
+fn a_decision_creating_two_of_three_branches_is_followed_by_its_convergence() {
+    let state = run_to_the_end(|step| match step {
+        "d" => json!({"type": "create_steps", "step_names": ["b1", "b3"]}),
+        _ => json!(1),
+    });
+    let t = &state.tasks["t3"];
+    assert_eq!(t.state, embarcadero_workflow::TaskState::Complete, "{t:#?}");
+    let created: Vec<&str> = t.created_steps().map(|s| s.name.as_str()).collect();
+    assert_eq!(created, ["a", "d", "b1", "b3", "e", "j"]);
+    let j = t.step("j").unwrap();
+    let e = t.step("e").unwrap();
+    let b3 = t.step("b3").unwrap();
+    // The convergence was enqueued after both of the created branches completed.
+    let entered = |s: &embarcadero_workflow::state::Step, to| {
+        s.history.iter().find(|h| h.to == to).unwrap().position
+    };
+    use embarcadero_workflow::StepState::{Complete, Enqueued};
+    assert!(entered(j, Enqueued) > entered(e, Complete).max(entered(b3, Complete)));
+
+    let none = run_to_the_end(|step| match step {
+        "d" => json!({"type": "no_branches"}),
+        _ => json!(1),
+    });
+    let t = &none.tasks["t3"];
+    assert_eq!(t.state, embarcadero_workflow::TaskState::Complete);
+    assert_eq!(t.created_steps().count(), 2, "a and d only");
+
+    let refused = run_to_the_end(|step| match step {
+        "d" => json!({"step_names": ["b1", "a"]}),
+        _ => json!(1),
+    });
+    let t = &refused.tasks["t3"];
+    assert_eq!(t.state, embarcadero_workflow::TaskState::Error);
+    let d = t.step("d").unwrap();
+    assert!(d.last_error.as_deref().unwrap().contains("`a`"), "{d:#?}");
+}
+
+#[test]
+fn a_batch_runs_one_instance_per_cursor_and_then_its_convergence() {
+    let state = run_to_the_end(|step| match step {
+        "an" => json!({"cursors": [{"start": 0}, {"start": 5}, {"start": 9}], "worker_count": 3}),
+        _ => json!(1),
+    });
+    for uuid in ["t4", "t5"] {
+        let t = &state.tasks[uuid];
+        assert_eq!(t.state, embarcadero_workflow::TaskState::Complete, "{t:#?}");
+        let created: Vec<&str> = t.created_steps().map(|s| s.name.as_str()).collect();
+        assert_eq!(created, ["an", "agg", "w_001", "w_002", "w_003"]);
+        let w2 = t.step("w_002").unwrap().batch.clone().unwrap();
+        assert_eq!((w2.cursor, w2.index, w2.count), (json!({"start": 5}), 2, 3));
+    }
 }

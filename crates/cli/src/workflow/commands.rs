@@ -71,6 +71,102 @@ pub enum TaskCommand {
         #[arg(long)]
         json: bool,
     },
+    /// List tasks, oldest first, a page at a time.
+    List {
+        /// Only tasks of this namespace.
+        #[arg(long)]
+        namespace: Option<String>,
+        /// Only tasks in this state (pending, steps_in_process, complete, error, ...).
+        #[arg(long)]
+        status: Option<String>,
+        /// The page to show (1 is the first).
+        #[arg(long, default_value_t = 1)]
+        page: usize,
+        /// Tasks per page (at most 100).
+        #[arg(long, default_value_t = 25)]
+        per_page: usize,
+        #[command(flatten)]
+        api: ApiArg,
+        /// Print the result as JSON, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a task: its unfinished steps are cancelled, late results refused.
+    Cancel {
+        /// The task's id, as `task create` printed it.
+        uuid: String,
+        #[command(flatten)]
+        api: ApiArg,
+        /// Print the result as JSON, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a task's steps, or one step, or one step's audit trail.
+    Steps {
+        /// The task's id, as `task create` printed it.
+        uuid: String,
+        /// One step's name (its step_uuid); all steps when absent.
+        step: Option<String>,
+        /// Show the step's audit trail: every transition and every refused event.
+        #[arg(long, requires = "step")]
+        audit: bool,
+        #[command(flatten)]
+        api: ApiArg,
+        /// Print the result as JSON, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Reset a failed step for retry: it runs again with a fresh retry budget.
+    ResetStep {
+        /// The task's id, as `task create` printed it.
+        uuid: String,
+        /// The failed step's name.
+        step: String,
+        /// Why, for the audit trail.
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[command(flatten)]
+        api: ApiArg,
+        /// Print the result as JSON, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resolve a failed step by hand: its dependents then run (with --complete or
+    /// --result, the step counts as complete with that result).
+    ResolveStep {
+        /// The task's id, as `task create` printed it.
+        uuid: String,
+        /// The failed step's name.
+        step: String,
+        /// Complete the step manually (Tasker's complete_manually) rather than resolve it.
+        #[arg(long)]
+        complete: bool,
+        /// The step's result, a JSON value (implies --complete).
+        #[arg(long)]
+        result: Option<String>,
+        /// Why, for the audit trail.
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[command(flatten)]
+        api: ApiArg,
+        /// Print the result as JSON, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The dead-letter list: failed steps of blocked or failed tasks, with the reason.
+    Dlq {
+        /// The page to show (1 is the first).
+        #[arg(long, default_value_t = 1)]
+        page: usize,
+        /// Entries per page (at most 100).
+        #[arg(long, default_value_t = 25)]
+        per_page: usize,
+        #[command(flatten)]
+        api: ApiArg,
+        /// Print the result as JSON, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
     /// Wait for a task to finish; exits non-zero unless it completed.
     Wait {
         /// The task's id, as `task create` printed it.
@@ -182,6 +278,7 @@ pub fn task(cmd: TaskCommand) -> CliResult {
             show_task(&task, json);
             finished_ok(&task, true)
         }
+        other => super::manage::run(other),
     }
 }
 
@@ -269,15 +366,15 @@ fn read(file: &PathBuf) -> Result<String, String> {
     std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))
 }
 
-fn api_error(e: ApiError) -> String {
+pub(super) fn api_error(e: ApiError) -> String {
     e.to_string()
 }
 
-fn text(v: &Value) -> String {
+pub(super) fn text(v: &Value) -> String {
     v.as_str().map_or_else(|| v.to_string(), str::to_string)
 }
 
-fn show_task(t: &Value, json: bool) {
+pub(super) fn show_task(t: &Value, json: bool) {
     if json {
         say!("{t}");
         return;

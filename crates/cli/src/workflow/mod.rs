@@ -3,6 +3,7 @@
 //! Owns their arguments and output; the engine does the work.
 
 mod commands;
+mod manage;
 mod serve;
 
 pub use commands::{task, template, TaskCommand, TemplateCommand};

@@ -1,0 +1,202 @@
+//! `embarcadero task list|cancel|steps|reset-step|resolve-step|dlq`: the task
+//! management commands, clients of the workflow API's routes over existing tasks.
+
+use super::commands::{api_error, show_task, text, TaskCommand};
+use crate::CliResult;
+use embarcadero_workflow::client::ApiClient;
+use serde_json::{json, Value};
+
+pub fn run(cmd: TaskCommand) -> CliResult {
+    match cmd {
+        TaskCommand::List {
+            namespace,
+            status,
+            page,
+            per_page,
+            api,
+            json,
+        } => list(&api.api, [namespace, status], [page, per_page], json),
+        TaskCommand::Cancel { uuid, api, json } => {
+            let t = ApiClient::new(&api.api)
+                .cancel_task(&uuid)
+                .map_err(api_error)?;
+            show_task(&t, json);
+            Ok(())
+        }
+        TaskCommand::Steps {
+            uuid,
+            step,
+            audit,
+            api,
+            json,
+        } => steps(&api.api, &uuid, step.as_deref(), audit, json),
+        TaskCommand::ResetStep {
+            uuid,
+            step,
+            reason,
+            api,
+            json,
+        } => {
+            let action = json!({"action_type": "reset_for_retry", "reason": reason});
+            act(&api.api, &uuid, &step, action, json)
+        }
+        TaskCommand::ResolveStep {
+            uuid,
+            step,
+            complete,
+            result,
+            reason,
+            api,
+            json,
+        } => {
+            let action = resolve_action(complete, result, reason)?;
+            act(&api.api, &uuid, &step, action, json)
+        }
+        TaskCommand::Dlq {
+            page,
+            per_page,
+            api,
+            json,
+        } => {
+            let list = get(
+                &api.api,
+                &format!("/v1/dlq?page={page}&per_page={per_page}"),
+            )?;
+            show_list(&list, "entries", json, |e| {
+                format!(
+                    "{}  step {}  {}: {}",
+                    text(&e["task_uuid"]),
+                    text(&e["step"]),
+                    text(&e["reason"]),
+                    text(&e["error"])
+                )
+            });
+            Ok(())
+        }
+        _ => unreachable!("not a task management command"),
+    }
+}
+
+/// `GET /v1/tasks` with the filters given.
+fn list(
+    api: &str,
+    [namespace, status]: [Option<String>; 2],
+    [page, per_page]: [usize; 2],
+    json: bool,
+) -> CliResult {
+    let mut query = format!("?page={page}&per_page={per_page}");
+    for (k, v) in [("namespace", namespace), ("status", status)] {
+        if let Some(v) = v {
+            query.push_str(&format!("&{k}={v}"));
+        }
+    }
+    let list = get(api, &format!("/v1/tasks{query}"))?;
+    show_list(&list, "tasks", json, |t| {
+        format!(
+            "{}  {}/{}@{}  {}  {}%",
+            text(&t["task_uuid"]),
+            text(&t["namespace"]),
+            text(&t["name"]),
+            text(&t["version"]),
+            text(&t["status"]),
+            t["completion_percentage"]
+        )
+    });
+    Ok(())
+}
+
+/// All steps, one step, or one step's audit trail.
+fn steps(api: &str, uuid: &str, step: Option<&str>, audit: bool, json: bool) -> CliResult {
+    let path = match (step, audit) {
+        (None, _) => format!("/v1/tasks/{uuid}/workflow_steps"),
+        (Some(s), false) => format!("/v1/tasks/{uuid}/workflow_steps/{s}"),
+        (Some(s), true) => format!("/v1/tasks/{uuid}/workflow_steps/{s}/audit"),
+    };
+    show_steps(&get(api, &path)?, json);
+    Ok(())
+}
+
+/// Tasker's resolve_manually, or complete_manually when there is a result.
+fn resolve_action(complete: bool, result: Option<String>, reason: String) -> Result<Value, String> {
+    let result: Option<Value> = match result {
+        Some(r) => {
+            Some(serde_json::from_str(&r).map_err(|e| format!("--result is not JSON: {e}"))?)
+        }
+        None => None,
+    };
+    let kind = match complete || result.is_some() {
+        true => "complete_manually",
+        false => "resolve_manually",
+    };
+    Ok(json!({"action_type": kind, "reason": reason, "completion_data": result}))
+}
+
+fn get(api: &str, path: &str) -> Result<Value, String> {
+    ApiClient::new(api)
+        .request("GET", path, None)
+        .map_err(api_error)
+}
+
+fn act(api: &str, uuid: &str, step: &str, action: Value, json: bool) -> CliResult {
+    let s = ApiClient::new(api)
+        .step_action(uuid, step, action)
+        .map_err(api_error)?;
+    match json {
+        true => say!("{s}"),
+        false => say!(
+            "step {} of task {uuid} is {}",
+            text(&s["name"]),
+            text(&s["current_state"])
+        ),
+    }
+    Ok(())
+}
+
+fn show_list(list: &Value, key: &str, json: bool, line: impl Fn(&Value) -> String) {
+    if json {
+        say!("{list}");
+        return;
+    }
+    for item in list[key].as_array().into_iter().flatten() {
+        say!("{}", line(item));
+    }
+    let p = &list["pagination"];
+    say!(
+        "page {} of {} ({} in all)",
+        p["page"],
+        p["total_pages"],
+        p["total_count"]
+    );
+}
+
+fn show_steps(v: &Value, json: bool) {
+    if json {
+        say!("{v}");
+        return;
+    }
+    let one = [v.clone()];
+    let steps = v["steps"].as_array().map_or(&one[..], |s| &s[..]);
+    for s in steps {
+        if s.get("current_state").is_some() {
+            say!(
+                "{:<20} {:<28} attempt {}  {}",
+                text(&s["name"]),
+                text(&s["current_state"]),
+                s["attempts"],
+                text(&s["last_error"])
+            );
+        }
+        for t in s["transitions"].as_array().into_iter().flatten() {
+            say!(
+                "  {} -> {}  at position {} ({} ms)",
+                text(&t["from"]),
+                text(&t["to"]),
+                t["position"],
+                t["ts_ms"]
+            );
+        }
+        for r in s["refused_events"].as_array().into_iter().flatten() {
+            say!("  refused: {}", text(r));
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! An operator's changes to a failed step: reset it for retry, resolve it manually
+//! (its dependents run without a result from it) or complete it manually (with a
+//! result). Each is an event checked like the engine's own step events (the step must
+//! be in `error`, at the attempt the event names, so a repeated command is refused),
+//! allowed on a task that is blocked or failed (which it reopens), never on one that
+//! completed or was cancelled.
+
+use crate::event::{Event, StepRef};
+use crate::machine::{StepState, TaskState};
+use crate::state::{Rejected, State};
+use serde_json::Value;
+
+pub(crate) fn apply(
+    state: &mut State,
+    event: &Event,
+    position: u64,
+    ts: u64,
+) -> Result<(), Rejected> {
+    let Some(at) = event.step_ref() else {
+        unreachable!("not a step event: {event:?}")
+    };
+    let task = state
+        .tasks
+        .get_mut(&at.task)
+        .ok_or_else(|| Rejected::UnknownTask(at.task.clone()))?;
+    let index = task
+        .index_of(&at.step)
+        .ok_or_else(|| Rejected::UnknownStep {
+            task: at.task.clone(),
+            step: at.step.clone(),
+        })?;
+    let open = !matches!(
+        task.state,
+        TaskState::Complete | TaskState::Cancelled | TaskState::ResolvedManually
+    );
+    let outcome = match open {
+        false => Err(Rejected::TaskClosed {
+            task: at.task.clone(),
+            state: task.state,
+        }),
+        true => change(&mut task.steps[index], event, at, position, ts),
+    };
+    match &outcome {
+        Ok(()) => {
+            crate::state::consequences(task, index, position, ts);
+            task.completed_ms = None;
+            crate::settle::settle(task, position, ts);
+        }
+        Err(e) => {
+            let note = format!(
+                "position {position}: {} of attempt {}: {e}",
+                event.kind(),
+                at.attempt
+            );
+            task.steps[index].refused.push(note);
+        }
+    }
+    outcome
+}
+
+fn change(
+    step: &mut crate::state::Step,
+    event: &Event,
+    at: &StepRef,
+    position: u64,
+    ts: u64,
+) -> Result<(), Rejected> {
+    if step.state != StepState::Error || step.attempt != at.attempt {
+        return Err(Rejected::Superseded {
+            event: event.kind(),
+            at: at.clone(),
+            current: step.attempt,
+            state: step.state,
+        });
+    }
+    match event {
+        Event::StepReset { .. } => {
+            step.failures = 0;
+            step.lease_losses = 0;
+            step.worker = None;
+            step.enter(StepState::Pending, position, ts);
+        }
+        Event::StepResolved {
+            complete, result, ..
+        } => {
+            let to = match complete {
+                true => StepState::Complete,
+                false => StepState::ResolvedManually,
+            };
+            step.result = match complete {
+                true => Some(result.clone().unwrap_or(Value::Null)),
+                false => result.clone(),
+            };
+            step.enter(to, position, ts);
+        }
+        other => unreachable!("not an operator's event: {other:?}"),
+    }
+    Ok(())
+}
