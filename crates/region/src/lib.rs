@@ -44,24 +44,34 @@
 //! | anyone | [`Doorbell`] | bells are counters every process may ring | everywhere |
 
 pub mod backoff;
+mod blog;
 pub mod coherence;
+mod control;
 mod doorbell;
+mod goi;
 pub mod layout;
 pub mod owner;
+mod pbr;
+mod readers;
 mod region;
+mod sessions;
 mod slots;
+#[cfg(test)]
+mod tests;
+mod topic;
 
 pub use doorbell::Doorbell;
-pub use layout::{Capacities, Layout, MAX_BROKERS, MAX_REPLICAS, READER_SLOTS, SESSION_SLOTS};
-pub use owner::{Fenced, OwnerRecord, ProcessIdentity};
-pub use region::{
-    monotonic_ns, unix_ms, LogControl, Region, ReplicaProgress, SlowestReader, TopicSeq,
-    ATTACH_HEAD_LEN, READER_CLAIMING,
+pub use layout::{
+    Capacities, Layout, ATTACH_HEAD_LEN, MAX_BROKERS, MAX_REPLICAS, READER_SLOTS, SESSION_SLOTS,
 };
+pub use owner::{Fenced, OwnerRecord, ProcessIdentity};
+pub use readers::{SlowestReader, READER_CLAIMING};
+pub use region::{monotonic_ns, unix_ms, Region};
 pub use slots::{
     session_idle, GoiEntry, SessionRecord, SessionState, TopicMeta, TopicState, GOI_SESSION_START,
     NO_POSITION_CEILING,
 };
+pub use topic::{LogControl, ReplicaProgress, TopicSeq};
 
 use std::path::PathBuf;
 
