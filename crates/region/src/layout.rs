@@ -140,7 +140,7 @@ pub(crate) const T_RETENTION_MS: u64 = 104;
 pub(crate) const T_POSITION_CEILING: u64 = 128;
 const _: () = assert!(T_NAME + T_NAME_LEN == T_CREATED_MS);
 const _: () = assert!(T_RETENTION_MS + WORD <= T_POSITION_CEILING);
-const _: () = assert!(T_POSITION_CEILING % LINE == 0);
+const _: () = assert!(T_POSITION_CEILING.is_multiple_of(LINE));
 const _: () = assert!(T_POSITION_CEILING + LINE <= TOPIC_META_LEN);
 
 // The sequence line of a topic (sequencer; `start_position` by the start-up seed).
@@ -219,10 +219,12 @@ pub(crate) const SM_PHYSICAL: u64 = 8;
 const _: () = assert!(SM_PHYSICAL + WORD == SEG_MAP_ENTRY_LEN);
 
 // Parts of a topic slot that follow one another start on whole lines.
-const _: () = assert!(TOPIC_META_LEN % LINE == 0 && TOPIC_SEQ_LEN % LINE == 0);
-const _: () = assert!(LOG_CONTROL_LEN % LINE == 0 && REPLICA_LINE_LEN % LINE == 0);
-const _: () = assert!(READER_SLOT_LEN % WORD == 0 && SESSION_SLOT_LEN % LINE == 0);
-const _: () = assert!(PBR_SLOT_LEN % LINE == 0 && GOI_ENTRY_LEN % LINE == 0);
+const _: () = assert!(TOPIC_META_LEN.is_multiple_of(LINE) && TOPIC_SEQ_LEN.is_multiple_of(LINE));
+const _: () =
+    assert!(LOG_CONTROL_LEN.is_multiple_of(LINE) && REPLICA_LINE_LEN.is_multiple_of(LINE));
+const _: () =
+    assert!(READER_SLOT_LEN.is_multiple_of(WORD) && SESSION_SLOT_LEN.is_multiple_of(LINE));
+const _: () = assert!(PBR_SLOT_LEN.is_multiple_of(LINE) && GOI_ENTRY_LEN.is_multiple_of(LINE));
 
 /// Capacities of a region. Stored in its header; an attaching process must agree (the
 /// head publishes them to followers as JSON).
