@@ -4,9 +4,10 @@
 use crate::coherence::flush_range;
 use crate::layout::*;
 use crate::region::boot_id;
+use crate::word::ReadWord;
 use crate::Region;
 use crate::{Doorbell, OwnerRecord};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 impl Region {
     /// Rung by brokers when they commit a PBR slot; the sequencer sleeps on it.
@@ -56,16 +57,16 @@ impl Region {
         self.word(H_RETIRED).load(Ordering::SeqCst) != 0
     }
 
-    pub fn fencing_epoch(&self) -> &AtomicU64 {
-        self.word(self.layout.control_off + C_FENCING_EPOCH)
+    pub fn fencing_epoch(&self) -> ReadWord<'_> {
+        self.read_word(self.layout.control_off + C_FENCING_EPOCH)
     }
 
-    pub fn sequencer_id(&self) -> &AtomicU64 {
-        self.word(self.layout.control_off + C_SEQUENCER_ID)
+    pub fn sequencer_id(&self) -> ReadWord<'_> {
+        self.read_word(self.layout.control_off + C_SEQUENCER_ID)
     }
 
-    pub fn lease_deadline_ns(&self) -> &AtomicU64 {
-        self.word(self.layout.control_off + C_LEASE_DEADLINE_NS)
+    pub fn lease_deadline_ns(&self) -> ReadWord<'_> {
+        self.read_word(self.layout.control_off + C_LEASE_DEADLINE_NS)
     }
 
     /// The process holding the sequencer lease (written by each new holder).

@@ -49,6 +49,7 @@ pub mod coherence;
 mod control;
 mod doorbell;
 mod goi;
+mod handles;
 pub mod layout;
 pub mod owner;
 mod pbr;
@@ -59,8 +60,13 @@ mod slots;
 #[cfg(test)]
 mod tests;
 mod topic;
+mod word;
 
 pub use doorbell::Doorbell;
+pub use handles::{
+    BrokerLine, ChainMarks, ControlPlane, LeaseWords, ReaderSlotHandle, ReplicaLine, SequencerLine,
+    SequencerTopic,
+};
 pub use layout::{
     Capacities, Layout, ATTACH_HEAD_LEN, MAX_BROKERS, MAX_REPLICAS, READER_SLOTS, SESSION_SLOTS,
 };
@@ -72,6 +78,7 @@ pub use slots::{
     NO_POSITION_CEILING,
 };
 pub use topic::{LogControl, ReplicaProgress, TopicSeq};
+pub use word::{MonotonicU64, OwnedWord, ReadWord};
 
 use std::path::PathBuf;
 

@@ -3,8 +3,9 @@
 
 use crate::layout::*;
 use crate::region::monotonic_ns;
+use crate::word::ReadWord;
 use crate::Region;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 /// Heartbeat value of a reader slot whose positions are not written yet.
 pub const READER_CLAIMING: u64 = 1;
@@ -38,37 +39,30 @@ impl Region {
         high as u32
     }
 
-    /// Records that `slot` of `topic` is being claimed, before its heartbeat is set, so
-    /// scans that start after the claim look at it. Any claiming broker raises it; it
-    /// never goes down.
-    pub fn reader_slot_claimed(&self, topic: u32, slot: u32) {
-        assert!(slot < READER_SLOTS);
-        self.word(self.layout.readers_line_off(topic))
-            .fetch_max(slot as u64 + 1, Ordering::AcqRel);
-    }
-
-    pub fn reader_heartbeat(&self, topic: u32, slot: u32) -> &AtomicU64 {
-        self.word(self.layout.reader_slot_off(topic, slot) + RS_HEARTBEAT)
+    pub fn reader_heartbeat(&self, topic: u32, slot: u32) -> ReadWord<'_> {
+        self.read_word(self.layout.reader_slot_off(topic, slot) + RS_HEARTBEAT)
     }
 
     /// The position a reader still needs: index 0 for orders 2 and 5 (a global
     /// position), index `broker` for orders 0 and 1 (a position in that broker's log).
     /// Written only by the slot's owner.
-    pub fn reader_position(&self, topic: u32, slot: u32, index: u32) -> &AtomicU64 {
+    pub fn reader_position(&self, topic: u32, slot: u32, index: u32) -> ReadWord<'_> {
         assert!(index < MAX_BROKERS);
-        self.word(self.layout.reader_slot_off(topic, slot) + RS_POSITIONS + WORD * index as u64)
+        self.read_word(
+            self.layout.reader_slot_off(topic, slot) + RS_POSITIONS + WORD * index as u64,
+        )
     }
 
     /// 1 + the broker serving a reader slot (0: none recorded). Written by that broker
     /// when it claims the slot, before the slot's positions.
-    pub fn reader_owner(&self, topic: u32, slot: u32) -> &AtomicU64 {
-        self.word(self.layout.reader_slot_off(topic, slot) + READER_OWNER_REL)
+    pub fn reader_owner(&self, topic: u32, slot: u32) -> ReadWord<'_> {
+        self.read_word(self.layout.reader_slot_off(topic, slot) + READER_OWNER_REL)
     }
 
     /// A hash of the client address of the reader in `slot` (0: not recorded). Written
     /// by the claiming broker before the slot's heartbeat leaves [`READER_CLAIMING`].
-    pub fn reader_address(&self, topic: u32, slot: u32) -> &AtomicU64 {
-        self.word(self.layout.reader_slot_off(topic, slot) + READER_ADDRESS_REL)
+    pub fn reader_address(&self, topic: u32, slot: u32) -> ReadWord<'_> {
+        self.read_word(self.layout.reader_slot_off(topic, slot) + READER_ADDRESS_REL)
     }
 
     /// How many slots of `topic` are held (claimed or live) by readers from the client
@@ -98,7 +92,7 @@ impl Region {
                 if self.reader_owner(topic, slot).load(Ordering::Acquire) != broker as u64 + 1 {
                     continue;
                 }
-                let heartbeat = self.reader_heartbeat(topic, slot);
+                let heartbeat = self.word(self.layout.reader_slot_off(topic, slot) + RS_HEARTBEAT);
                 let seen = heartbeat.load(Ordering::Acquire);
                 if seen != 0
                     && heartbeat

@@ -4,6 +4,7 @@
 
 use crate::coherence::store_fence;
 use crate::layout::*;
+use crate::word::{MonotonicU64, OwnedWord, ReadWord};
 use crate::{Doorbell, RegionError};
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -253,10 +254,28 @@ impl Region {
         self.len == 0
     }
 
+    /// The word at `off`, for reading only (what every process but its writer gets).
+    #[inline]
+    pub(crate) fn read_word(&self, off: u64) -> ReadWord<'_> {
+        ReadWord::new(self.word(off))
+    }
+
+    /// The word at `off`, for its owner's stores (write handles only).
+    #[inline]
+    pub(crate) fn owned_word(&self, off: u64) -> OwnedWord<'_> {
+        OwnedWord::new(self.word(off))
+    }
+
+    /// The counter at `off`, which only grows (write handles only).
+    #[inline]
+    pub(crate) fn monotonic(&self, off: u64, name: &'static str) -> MonotonicU64<'_> {
+        MonotonicU64::new(self.word(off), name)
+    }
+
     /// The 8-byte word at byte offset `off`. Panics if `off` is unaligned or outside
     /// the mapping: offsets come from [`Layout`], never from the network.
     #[inline]
-    pub fn word(&self, off: u64) -> &AtomicU64 {
+    pub(crate) fn word(&self, off: u64) -> &AtomicU64 {
         assert!(
             off.is_multiple_of(8) && off + 8 <= self.len,
             "region word offset {off} out of bounds"

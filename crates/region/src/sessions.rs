@@ -4,8 +4,9 @@
 use crate::coherence::store_fence;
 use crate::layout::*;
 use crate::slots::{SessionRecord, SessionState};
+use crate::word::ReadWord;
 use crate::Region;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 impl Region {
     /// Writes a session slot, state word last. Sequencer only. The last-active stamp is
@@ -79,8 +80,8 @@ impl Region {
 
     /// Order 5, ack 2: every batch of the session in `slot` with `batch_seq` below
     /// this is on every replica's disk. Written only by the last replica's worker.
-    pub fn session_durable_hwm(&self, topic: u32, slot: u32) -> &AtomicU64 {
-        self.word(self.layout.session_slot_off(topic, slot) + S_DURABLE_HWM)
+    pub fn session_durable_hwm(&self, topic: u32, slot: u32) -> ReadWord<'_> {
+        self.read_word(self.layout.session_slot_off(topic, slot) + S_DURABLE_HWM)
     }
 
     /// Finds the session slot of `client_id` in a topic's session table.

@@ -26,11 +26,11 @@ fn releasing_a_brokers_reader_slots_frees_only_its_own() {
     let dir = tempfile::tempdir().unwrap();
     let r = Region::create(&dir.path().join("r"), small()).unwrap();
     for (slot, broker) in [(0u32, 1u64), (1, 0), (2, 1)] {
-        r.reader_slot_claimed(1, slot);
-        r.reader_owner(1, slot).store(broker + 1, Ordering::Release);
-        r.reader_position(1, slot, 0).store(10, Ordering::Release);
-        r.reader_heartbeat(1, slot)
-            .store(monotonic_ns(), Ordering::Release);
+        let pin = r.reader_slot(1, slot);
+        pin.mark_claimed();
+        pin.owner.store(broker + 1, Ordering::Release);
+        pin.position(0).store(10, Ordering::Release);
+        pin.heartbeat.store(monotonic_ns(), Ordering::Release);
     }
     let stall = std::time::Duration::from_secs(30);
     assert_eq!(r.reader_floor(1, 0, stall), 10);
@@ -50,7 +50,9 @@ fn prefault_keeps_the_contents_and_the_header() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("r");
     let r = Region::create(&path, small()).unwrap();
-    r.topic_seq(1).committed_seq.store(7, Ordering::Release);
+    r.sequencer_topic(1)
+        .committed_seq
+        .advance(7, Ordering::Release);
     r.prefault().unwrap();
     assert_eq!(r.topic_seq(1).committed_seq.load(Ordering::Acquire), 7);
     assert_eq!(r.topic_seq(0).committed_seq.load(Ordering::Acquire), 0);
@@ -64,7 +66,9 @@ fn create_then_attach_from_another_handle_shares_memory() {
     let path = dir.path().join("region");
     let a = Region::create(&path, small()).unwrap();
     let b = Region::attach(&path, Some(small())).unwrap();
-    a.topic_seq(1).committed_seq.store(42, Ordering::Release);
+    a.sequencer_topic(1)
+        .committed_seq
+        .advance(42, Ordering::Release);
     assert_eq!(b.topic_seq(1).committed_seq.load(Ordering::Acquire), 42);
     // The file is sparse: far fewer blocks than its length.
     use std::os::unix::fs::MetadataExt;
@@ -129,7 +133,9 @@ fn a_deleted_topic_is_neither_described_nor_found_but_keeps_its_slot() {
     let path = dir.path().join("r");
     let r = Region::create(&path, small()).unwrap();
     r.write_topic_meta(1, &TopicMeta::new("gone", 2));
-    r.topic_seq(1).committed_seq.store(5, Ordering::Release);
+    r.sequencer_topic(1)
+        .committed_seq
+        .advance(5, Ordering::Release);
     assert!(!r.topic_deleted(1) && !r.topic_deleted(0));
     assert!(r.topic_slot_used(1) && !r.topic_slot_used(0));
     r.delete_topic(1);
@@ -267,7 +273,7 @@ fn pbr_ring_writer_reader_stress() {
             w.pbr_commit(0, 0, i, &h);
         }
     });
-    let log = r.log(0, 0);
+    let line = r.broker_line(0, 0);
     let mut next = 0;
     while next < N {
         match r.pbr_read(0, 0, next) {
@@ -275,7 +281,7 @@ fn pbr_ring_writer_reader_stress() {
                 assert_eq!(h.batch_seq, next * 3);
                 assert_eq!(h.pbr_index, next);
                 next += 1;
-                log.reclaimed_pbr.store(next, Ordering::Release);
+                line.reclaimed_pbr.advance(next, Ordering::Release);
             }
             None => std::hint::spin_loop(),
         }

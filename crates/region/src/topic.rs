@@ -5,70 +5,71 @@
 use crate::coherence::store_fence;
 use crate::layout::*;
 use crate::slots::{TopicMeta, TopicState};
+use crate::word::ReadWord;
 use crate::Doorbell;
 use crate::Region;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 /// Progress of one disk replica of a topic; written only by that replica's worker.
 pub struct ReplicaProgress<'a> {
     /// GOI entries below this index are on this replica's disk *and* on every earlier
     /// replica's (the chain token): the last replica's value is the topic's durable
     /// frontier.
-    pub durable_seq: &'a AtomicU64,
+    pub durable_seq: ReadWord<'a>,
     /// GOI entries below this index are on this replica's disk (fdatasync'd).
-    pub own_durable_seq: &'a AtomicU64,
+    pub own_durable_seq: ReadWord<'a>,
     /// 0 while healthy; otherwise the OS error number of the last failed write/sync.
-    pub error: &'a AtomicU64,
+    pub error: ReadWord<'a>,
     /// The global position that follows the entries below `durable_seq`.
-    pub durable_position: &'a AtomicU64,
+    pub durable_position: ReadWord<'a>,
 }
 
 /// Per (topic, broker) frontiers. Each line has exactly one writer.
 pub struct LogControl<'a> {
     // --- written by the broker that owns the log ---
     /// PBR slots below this index are committed (valid or void).
-    pub written_frontier: &'a AtomicU64,
+    pub written_frontier: ReadWord<'a>,
     /// Messages in the valid slots below `written_frontier`: the per-broker position.
-    pub frontier_msgs: &'a AtomicU64,
+    pub frontier_msgs: ReadWord<'a>,
     /// PBR slots below this index have been reclaimed and may be overwritten.
-    pub reclaimed_pbr: &'a AtomicU64,
+    pub reclaimed_pbr: ReadWord<'a>,
     /// Log bytes below this logical offset have been reclaimed.
-    pub reclaimed_blog: &'a AtomicU64,
+    pub reclaimed_blog: ReadWord<'a>,
     /// 0, or 1 + the PBR index from which the broker's slots are never ordered: set by
     /// the control plane once it has declared the broker dead (the line's owner is then
     /// the control plane), so a broker that only seemed dead cannot add to the order.
-    pub fence_pbr: &'a AtomicU64,
+    pub fence_pbr: ReadWord<'a>,
     /// A restarted broker resumes a fenced log here: the sequencer treats the slots from
     /// the fence up to this index as void (their publishers were told they were not
     /// ordered) and orders again from it. Written by the resuming broker before
     /// `resumed_fence`.
-    pub resume_pbr: &'a AtomicU64,
+    pub resume_pbr: ReadWord<'a>,
     /// The `fence_pbr` value that `resume_pbr` lifts; while it differs from
     /// `fence_pbr`, the fence holds.
-    pub resumed_fence: &'a AtomicU64,
+    pub resumed_fence: ReadWord<'a>,
     // --- written by the sequencer ---
     /// PBR slots below this index are in the committed GOI prefix (orders 2, 5).
-    pub ordered_pbr: &'a AtomicU64,
+    pub ordered_pbr: ReadWord<'a>,
     /// The sequencer needs slots below this index reclaimed to reuse GOI slots.
-    pub reclaim_request: &'a AtomicU64,
+    pub reclaim_request: ReadWord<'a>,
     /// Equals `fence_pbr` once the sequencer has ordered every slot it will ever order
     /// from this log: the GOI then says exactly which of the broker's batches made it.
-    pub fence_ack: &'a AtomicU64,
+    pub fence_ack: ReadWord<'a>,
     // --- written by the replication chain ---
     /// PBR slots below this index are on every replica's disk.
-    pub durable_pbr: &'a AtomicU64,
+    pub durable_pbr: ReadWord<'a>,
 }
 
 /// The sequencer-owned line of a topic.
 pub struct TopicSeq<'a> {
     /// GOI entries below this index are committed (the contiguous committed prefix).
-    pub committed_seq: &'a AtomicU64,
+    pub committed_seq: ReadWord<'a>,
     /// Messages covered by the committed prefix: the next global position.
-    pub next_position: &'a AtomicU64,
+    pub next_position: ReadWord<'a>,
     /// The position this region's GOI starts at: every entry it will hold is at or
     /// above it, and a memory-only topic's positions below it are gone. Written once,
     /// by the start-up that seeds the line (`recovery::seed`), before any sequencer.
-    pub start_position: &'a AtomicU64,
+    pub start_position: ReadWord<'a>,
 }
 
 impl Region {
@@ -178,8 +179,8 @@ impl Region {
     /// never reused. Written by the control plane only (after persisting the value),
     /// and only raised; read by the sequencer once per epoch and by each broker's
     /// service thread once per round, never on a connection's data path.
-    pub fn position_ceiling(&self, topic: u32) -> &AtomicU64 {
-        self.word(self.layout.topic_off(topic) + T_POSITION_CEILING)
+    pub fn position_ceiling(&self, topic: u32) -> ReadWord<'_> {
+        self.read_word(self.layout.topic_off(topic) + T_POSITION_CEILING)
     }
 
     /// Finds an active topic by name: its slot id and metadata.
@@ -192,9 +193,9 @@ impl Region {
     pub fn topic_seq(&self, topic: u32) -> TopicSeq<'_> {
         let base = self.layout.topic_off(topic) + self.layout.topic_seq_rel;
         TopicSeq {
-            committed_seq: self.word(base + Q_COMMITTED_SEQ),
-            next_position: self.word(base + Q_NEXT_POSITION),
-            start_position: self.word(base + Q_START_POSITION),
+            committed_seq: self.read_word(base + Q_COMMITTED_SEQ),
+            next_position: self.read_word(base + Q_NEXT_POSITION),
+            start_position: self.read_word(base + Q_START_POSITION),
         }
     }
 
@@ -206,17 +207,17 @@ impl Region {
     pub fn log(&self, topic: u32, broker: u32) -> LogControl<'_> {
         let base = self.layout.log_control_off(topic, broker);
         LogControl {
-            written_frontier: self.word(base + LC_WRITTEN_FRONTIER),
-            frontier_msgs: self.word(base + LC_FRONTIER_MSGS),
-            reclaimed_pbr: self.word(base + LC_RECLAIMED_PBR),
-            reclaimed_blog: self.word(base + LC_RECLAIMED_BLOG),
-            fence_pbr: self.word(base + LC_FENCE_PBR),
-            resume_pbr: self.word(base + LC_RESUME_PBR),
-            resumed_fence: self.word(base + LC_RESUMED_FENCE),
-            ordered_pbr: self.word(base + LC_ORDERED_PBR),
-            reclaim_request: self.word(base + LC_RECLAIM_REQUEST),
-            fence_ack: self.word(base + LC_FENCE_ACK),
-            durable_pbr: self.word(base + LC_DURABLE_PBR),
+            written_frontier: self.read_word(base + LC_WRITTEN_FRONTIER),
+            frontier_msgs: self.read_word(base + LC_FRONTIER_MSGS),
+            reclaimed_pbr: self.read_word(base + LC_RECLAIMED_PBR),
+            reclaimed_blog: self.read_word(base + LC_RECLAIMED_BLOG),
+            fence_pbr: self.read_word(base + LC_FENCE_PBR),
+            resume_pbr: self.read_word(base + LC_RESUME_PBR),
+            resumed_fence: self.read_word(base + LC_RESUMED_FENCE),
+            ordered_pbr: self.read_word(base + LC_ORDERED_PBR),
+            reclaim_request: self.read_word(base + LC_RECLAIM_REQUEST),
+            fence_ack: self.read_word(base + LC_FENCE_ACK),
+            durable_pbr: self.read_word(base + LC_DURABLE_PBR),
         }
     }
 
@@ -225,10 +226,10 @@ impl Region {
         assert!((1..=MAX_REPLICAS).contains(&replica), "replica {replica}");
         let base = self.layout.replica_line_off(topic, replica);
         ReplicaProgress {
-            durable_seq: self.word(base + R_DURABLE_SEQ),
-            own_durable_seq: self.word(base + R_OWN_DURABLE_SEQ),
-            error: self.word(base + R_ERROR),
-            durable_position: self.word(base + R_DURABLE_POSITION),
+            durable_seq: self.read_word(base + R_DURABLE_SEQ),
+            own_durable_seq: self.read_word(base + R_OWN_DURABLE_SEQ),
+            error: self.read_word(base + R_ERROR),
+            durable_position: self.read_word(base + R_DURABLE_POSITION),
         }
     }
 
