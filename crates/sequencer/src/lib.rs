@@ -1053,7 +1053,7 @@ mod tests {
         let log = r.log(1, 0);
         assert_eq!(log.reclaim_request.load(Ordering::Acquire), 1);
         // The broker reclaims the first two batches; the rest can now be ordered.
-        r.broker_line(1, 1)
+        r.broker_line(1, 0)
             .reclaimed_pbr
             .advance(2, Ordering::Release);
         c.scan();
