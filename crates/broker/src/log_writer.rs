@@ -325,7 +325,7 @@ mod tests {
             let region = Arc::new(Region::create(&dir.path().join("r"), c).unwrap());
             let pool = Arc::new(SegmentPool::new(4));
             let w = LogWriter::new(region.clone(), pool.clone(), 0, 0);
-            let log = region.log(0, 0);
+            let line = region.broker_line(0, 0);
             let mut live: std::collections::VecDeque<Reservation> = Default::default();
             let mut next_index = 0;
             let mut freed_below = 0u64; // logical segments returned to the pool
@@ -357,8 +357,8 @@ mod tests {
                             || w.state.load(Ordering::Acquire) as u64,
                             |r| r.log_offset,
                         );
-                        log.reclaimed_blog.store(reclaimed_blog, Ordering::Release);
-                        log.reclaimed_pbr.store(next_index - live.len() as u64, Ordering::Release);
+                        line.reclaimed_blog.advance(reclaimed_blog, Ordering::Release);
+                        line.reclaimed_pbr.advance(next_index - live.len() as u64, Ordering::Release);
                         while freed_below < reclaimed_blog / 4096 {
                             if let Some(s) = region.seg_map_lookup(0, 0, freed_below) {
                                 pool.push(s);

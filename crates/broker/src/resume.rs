@@ -109,8 +109,9 @@ pub fn resume_log(region: &Region, topic: u32, broker: u32) -> LogResume {
             "log ({topic}, {broker}) ends at {next_pbr}, below its fence {fence}"
         );
         skipped = next_pbr + 1 - fence;
-        log.resume_pbr.store(next_pbr, Ordering::Release);
-        log.resumed_fence.store(fence, Ordering::Release);
+        let line = region.broker_line(topic, broker);
+        line.resume_pbr.store(next_pbr, Ordering::Release);
+        line.resumed_fence.store(fence, Ordering::Release);
     }
     if voided > 0 || skipped > 0 {
         region.sequencer_bell().ring();
@@ -263,9 +264,9 @@ mod tests {
             commit_valid(region, 1, broker, &r[i]);
         }
         region
-            .log(1, broker)
+            .broker_line(1, broker)
             .written_frontier
-            .store(1, Ordering::Release);
+            .advance(1, Ordering::Release);
         r
     }
 
@@ -335,7 +336,10 @@ mod tests {
         let before = crashed_log(&region, 1);
         // The old service thread numbered slots 1 and 3 (after the hole is voided) and
         // stored frontier_msgs, then died before storing written_frontier.
-        region.log(1, 1).frontier_msgs.store(3, Ordering::Release);
+        region
+            .broker_line(1, 1)
+            .frontier_msgs
+            .store(3, Ordering::Release);
         assert_eq!(
             written_prefix(&region, 1, 1, 1),
             (before[0].log_offset + before[0].len, 1),
@@ -350,7 +354,10 @@ mod tests {
         crashed_log(&region, 0);
         // The control plane fenced it at the first hole (slot 2) when it died.
         let log = region.log(1, 0);
-        log.fence_pbr.store(2 + 1, Ordering::Release);
+        region
+            .control_plane()
+            .fence_pbr(1, 0)
+            .store(2 + 1, Ordering::Release);
         let (_, resumed) = resume_broker(&region, 0);
         let r = resumed[1].1;
         assert_eq!((r.next_pbr, r.voided, r.skipped), (4, 1, 2));

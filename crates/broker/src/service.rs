@@ -201,9 +201,10 @@ fn advance_frontier(shared: &Shared, topic: u32, st: &mut LogState) -> bool {
     if st.frontier == start {
         return false;
     }
-    let log = region.log(topic, broker);
-    log.frontier_msgs.store(st.msgs, Ordering::Release);
-    log.written_frontier.store(st.frontier, Ordering::Release);
+    let line = region.broker_line(topic, broker);
+    line.frontier_msgs.store(st.msgs, Ordering::Release);
+    line.written_frontier
+        .advance(st.frontier, Ordering::Release);
     if st.order <= 1 {
         region.topic_bell(topic).ring();
     }
@@ -343,14 +344,11 @@ fn release_below(shared: &Shared, topic: u32, st: &mut LogState, target: u64) {
     } else {
         st.written_end
     };
-    assert!(
-        new_blog >= log.reclaimed_blog.load(Ordering::Relaxed),
-        "reclaimed log bytes only grow"
-    );
     // Readers re-check these after copying, so they must move before the memory is
-    // handed out again.
-    log.reclaimed_blog.store(new_blog, Ordering::Release);
-    log.reclaimed_pbr.store(target, Ordering::Release);
+    // handed out again. Both only grow (`advance` asserts it).
+    let line = region.broker_line(topic, broker);
+    line.reclaimed_blog.advance(new_blog, Ordering::Release);
+    line.reclaimed_pbr.advance(target, Ordering::Release);
     let seg = region.capacities().segment_bytes;
     while st.freed_segments_below < new_blog / seg {
         let logical = st.freed_segments_below;
@@ -418,9 +416,10 @@ fn release_deleted(shared: &Shared, topic: u32, st: Option<LogState>) {
         |st| st.freed_segments_below,
     );
     let tail = writer.reserved_tail();
-    log.reclaimed_blog.store(tail, Ordering::Release);
-    log.reclaimed_pbr
-        .store(writer.reserved_pbr(), Ordering::Release);
+    let line = region.broker_line(topic, broker);
+    line.reclaimed_blog.advance(tail, Ordering::Release);
+    line.reclaimed_pbr
+        .advance(writer.reserved_pbr(), Ordering::Release);
     let mut freed = 0;
     for logical in freed_below..tail.div_ceil(seg) {
         if let Some(physical) = region.seg_map_lookup(topic, broker, logical) {

@@ -149,7 +149,7 @@ impl<'a> Pin<'a> {
         positions: &[u64],
     ) -> Result<Self, End> {
         for slot in 0..READER_SLOTS {
-            let hb = region.reader_heartbeat(topic, slot);
+            let hb = region.reader_slot(topic, slot).heartbeat;
             if hb.load(Ordering::Relaxed) == 0
                 && hb
                     .compare_exchange(0, READER_CLAIMING, Ordering::AcqRel, Ordering::Relaxed)
@@ -179,7 +179,8 @@ impl<'a> Pin<'a> {
         who: &Claimant,
         positions: &[u64],
     ) -> Result<Self, End> {
-        let hb = region.reader_heartbeat(topic, slot);
+        let pin = region.reader_slot(topic, slot);
+        let hb = pin.heartbeat;
         assert_eq!(
             hb.load(Ordering::Acquire),
             READER_CLAIMING,
@@ -187,20 +188,16 @@ impl<'a> Pin<'a> {
         );
         // Before anything else of the claim: a scan that sees the claiming heartbeat
         // must reach this slot.
-        region.reader_slot_claimed(topic, slot);
+        pin.mark_claimed();
         // SeqCst with the count's loads: of two claims from one address at once, at
         // least one sees the other, so together they never pass the limit.
-        region
-            .reader_address(topic, slot)
-            .store(who.address, Ordering::SeqCst);
+        pin.address.store(who.address, Ordering::SeqCst);
         let held = match who.address {
             0 => 0,
             address => region.readers_from(topic, address, who.stall),
         };
         if held > who.limit {
-            region
-                .reader_address(topic, slot)
-                .store(0, Ordering::Release);
+            pin.address.store(0, Ordering::Release);
             hb.store(0, Ordering::Release);
             let message = format!(
                 "this client address already has {} subscribers of the topic holding memory (broker.max_subscribers_per_address = {}); close some, or raise the setting",
@@ -209,13 +206,9 @@ impl<'a> Pin<'a> {
             );
             return Err(Refusal::new(ErrorCode::TooManyConnections, message).into());
         }
-        region
-            .reader_owner(topic, slot)
-            .store(who.broker as u64 + 1, Ordering::Release);
+        pin.owner.store(who.broker as u64 + 1, Ordering::Release);
         for (i, p) in positions.iter().enumerate() {
-            region
-                .reader_position(topic, slot, i as u32)
-                .store(*p, Ordering::Release);
+            pin.position(i as u32).store(*p, Ordering::Release);
         }
         let now = monotonic_ns();
         hb.store(now, Ordering::Release);
@@ -230,7 +223,8 @@ impl<'a> Pin<'a> {
     fn set(&self, index: u32, position: u64) {
         if let Some(slot) = self.slot.get() {
             self.region
-                .reader_position(self.topic, slot, index)
+                .reader_slot(self.topic, slot)
+                .position(index)
                 .store(position, Ordering::Release);
         }
     }
@@ -243,7 +237,8 @@ impl<'a> Pin<'a> {
         let now = monotonic_ns();
         match self
             .region
-            .reader_heartbeat(self.topic, slot)
+            .reader_slot(self.topic, slot)
+            .heartbeat
             .compare_exchange(
                 self.last_beat.get(),
                 now,
@@ -269,7 +264,8 @@ impl Drop for Pin<'_> {
         if let Some(slot) = self.slot.get() {
             let _ = self
                 .region
-                .reader_heartbeat(self.topic, slot)
+                .reader_slot(self.topic, slot)
+                .heartbeat
                 .compare_exchange(self.last_beat.get(), 0, Ordering::AcqRel, Ordering::Relaxed);
         }
     }

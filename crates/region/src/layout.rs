@@ -59,6 +59,173 @@ pub const READER_OWNER_REL: u64 = 8 * (1 + MAX_BROKERS as u64);
 pub const READER_ADDRESS_REL: u64 = READER_OWNER_REL + 8;
 const _: () = assert!(READER_ADDRESS_REL + 8 <= READER_SLOT_LEN);
 
+// ---------------------------------------------------------------- word offsets
+// Offsets of the words inside each part, relative to the part's start. Every module that
+// turns a part into words uses these names; the assertions below are the facts the layout
+// rests on (parts do not overlap, lines with different writers are on different cache
+// lines, a ring slot holds its record), checked when this crate compiles.
+
+/// One cache line: words with different writers never share one.
+pub const LINE: u64 = 64;
+/// Bytes of a shared word.
+pub const WORD: u64 = 8;
+
+// Header words.
+pub(crate) const H_MAGIC: u64 = 0;
+pub(crate) const H_VERSION: u64 = 8;
+/// 7 words of capacities ([`Capacities`], in declaration order).
+pub(crate) const H_CAPS: u64 = 16;
+pub(crate) const H_CAPS_WORDS: u64 = 7;
+pub(crate) const H_TOTAL_LEN: u64 = 72;
+pub(crate) const H_CREATED_NS: u64 = 80;
+pub(crate) const H_INIT_DONE: u64 = 88;
+/// 2 words: the kernel boot id when the region was created.
+pub(crate) const H_BOOT_ID: u64 = 96;
+/// Nonzero once a restarted head has replaced this region.
+pub(crate) const H_RETIRED: u64 = 112;
+pub(crate) const INIT_DONE_TOKEN: u64 = 0x454d_4244_5245_4459; // "EMBDREDY"
+/// Bytes of the header that [`crate::Region::check_header`] reads: up to the boot id.
+pub const ATTACH_HEAD_LEN: usize = H_BOOT_ID as usize;
+const _: () = assert!(H_CAPS + H_CAPS_WORDS * WORD == H_TOTAL_LEN);
+const _: () = assert!(H_INIT_DONE + WORD <= ATTACH_HEAD_LEN as u64);
+const _: () = assert!(H_RETIRED + WORD <= HEADER_LEN);
+
+// Control block: fencing epoch and sequencer lease, then doorbells on their own lines.
+pub(crate) const C_FENCING_EPOCH: u64 = 0;
+pub(crate) const C_SEQUENCER_ID: u64 = 8;
+pub(crate) const C_LEASE_DEADLINE_NS: u64 = 16;
+/// [`OWNER_RECORD_LEN`] bytes: the lease holder's process.
+pub(crate) const C_SEQUENCER_OWNER: u64 = 32;
+pub(crate) const C_SEQUENCER_BELL: u64 = 512;
+pub(crate) const C_REPLICATION_BELL: u64 = 768;
+/// One [`BELL_LINE_LEN`] line per broker.
+pub(crate) const C_BROKER_BELLS: u64 = 1024;
+/// [`OWNER_RECORD_LEN`] bytes per broker: the process serving its logs.
+pub(crate) const C_BROKER_OWNERS: u64 = 3072;
+/// A doorbell (count and waiters, two u32 words) alone on its line.
+pub(crate) const BELL_LINE_LEN: u64 = LINE;
+pub(crate) const BELL_WAITERS_REL: u64 = 4;
+/// An owner record: incarnation, boot, pid, start ticks.
+pub(crate) const OWNER_RECORD_LEN: u64 = 4 * WORD;
+pub(crate) const OWNER_INCARNATION: u64 = 0;
+pub(crate) const OWNER_BOOT: u64 = 8;
+pub(crate) const OWNER_PID: u64 = 16;
+pub(crate) const OWNER_START_TICKS: u64 = 24;
+const _: () = assert!(OWNER_START_TICKS + WORD == OWNER_RECORD_LEN);
+const _: () = assert!(C_LEASE_DEADLINE_NS + WORD <= C_SEQUENCER_OWNER);
+const _: () = assert!(C_SEQUENCER_OWNER + OWNER_RECORD_LEN <= C_SEQUENCER_BELL);
+const _: () = assert!(C_SEQUENCER_BELL + BELL_LINE_LEN <= C_REPLICATION_BELL);
+const _: () = assert!(C_REPLICATION_BELL + BELL_LINE_LEN <= C_BROKER_BELLS);
+const _: () = assert!(C_BROKER_BELLS + MAX_BROKERS as u64 * BELL_LINE_LEN <= C_BROKER_OWNERS);
+const _: () = assert!(C_BROKER_OWNERS + MAX_BROKERS as u64 * OWNER_RECORD_LEN <= CONTROL_LEN);
+const _: () = assert!(BELL_WAITERS_REL + 4 <= BELL_LINE_LEN);
+const _: () = assert!(TOPIC_BELL_LEN == BELL_LINE_LEN);
+
+// Topic meta words (control plane).
+pub(crate) const T_STATE: u64 = 0;
+pub(crate) const T_GENERATION: u64 = 8;
+/// order | rf << 8 | default_ack << 16 | name_len << 24
+pub(crate) const T_PACKED: u64 = 16;
+/// [`T_NAME_LEN`] bytes of name.
+pub(crate) const T_NAME: u64 = 24;
+pub(crate) const T_NAME_LEN: u64 = 64;
+pub(crate) const T_CREATED_MS: u64 = 88;
+pub(crate) const T_RETENTION_BYTES: u64 = 96;
+pub(crate) const T_RETENTION_MS: u64 = 104;
+/// The position ceiling of a memory-only topic, on a line of its own: the sequencer
+/// (orders 2, 5) and every broker (orders 0, 1) read it once per epoch or service round,
+/// while the other meta words are read only when a topic is looked up. Written by the
+/// control plane only (one writer per field), and only raised once the new value is on
+/// disk: see [`crate::Region::position_ceiling`].
+pub(crate) const T_POSITION_CEILING: u64 = 128;
+const _: () = assert!(T_NAME + T_NAME_LEN == T_CREATED_MS);
+const _: () = assert!(T_RETENTION_MS + WORD <= T_POSITION_CEILING);
+const _: () = assert!(T_POSITION_CEILING.is_multiple_of(LINE));
+const _: () = assert!(T_POSITION_CEILING + LINE <= TOPIC_META_LEN);
+
+// The sequence line of a topic (sequencer; `start_position` by the start-up seed).
+pub(crate) const Q_COMMITTED_SEQ: u64 = 0;
+pub(crate) const Q_NEXT_POSITION: u64 = 8;
+pub(crate) const Q_START_POSITION: u64 = 16;
+const _: () = assert!(Q_START_POSITION + WORD <= TOPIC_SEQ_LEN);
+
+// The log control of a (topic, broker): three 128-byte lines, one per writer.
+/// The broker's line.
+pub(crate) const LC_BROKER_LINE: u64 = 0;
+pub(crate) const LC_WRITTEN_FRONTIER: u64 = LC_BROKER_LINE;
+pub(crate) const LC_FRONTIER_MSGS: u64 = LC_BROKER_LINE + 8;
+pub(crate) const LC_RECLAIMED_PBR: u64 = LC_BROKER_LINE + 16;
+pub(crate) const LC_RECLAIMED_BLOG: u64 = LC_BROKER_LINE + 24;
+/// Written by the control plane, on the broker's line: see `LogControl::fence_pbr`.
+pub(crate) const LC_FENCE_PBR: u64 = LC_BROKER_LINE + 32;
+pub(crate) const LC_RESUME_PBR: u64 = LC_BROKER_LINE + 40;
+pub(crate) const LC_RESUMED_FENCE: u64 = LC_BROKER_LINE + 48;
+/// The sequencer's line.
+pub(crate) const LC_SEQUENCER_LINE: u64 = LOG_CONTROL_LINE_LEN;
+pub(crate) const LC_ORDERED_PBR: u64 = LC_SEQUENCER_LINE;
+pub(crate) const LC_RECLAIM_REQUEST: u64 = LC_SEQUENCER_LINE + 8;
+pub(crate) const LC_FENCE_ACK: u64 = LC_SEQUENCER_LINE + 16;
+/// The replication chain's line.
+pub(crate) const LC_CHAIN_LINE: u64 = 2 * LOG_CONTROL_LINE_LEN;
+pub(crate) const LC_DURABLE_PBR: u64 = LC_CHAIN_LINE;
+/// One writer's line of a log control.
+pub(crate) const LOG_CONTROL_LINE_LEN: u64 = 128;
+const _: () = assert!(LC_RESUMED_FENCE + WORD <= LC_SEQUENCER_LINE);
+const _: () = assert!(LC_FENCE_ACK + WORD <= LC_CHAIN_LINE);
+const _: () = assert!(LC_DURABLE_PBR + WORD <= LOG_CONTROL_LEN);
+const _: () = assert!(3 * LOG_CONTROL_LINE_LEN == LOG_CONTROL_LEN);
+
+// Replica line words (that replica's worker).
+pub(crate) const R_DURABLE_SEQ: u64 = 0;
+pub(crate) const R_OWN_DURABLE_SEQ: u64 = 8;
+pub(crate) const R_ERROR: u64 = 16;
+pub(crate) const R_DURABLE_POSITION: u64 = 24;
+const _: () = assert!(R_DURABLE_POSITION + WORD <= REPLICA_LINE_LEN);
+
+// Reader slot words: the heartbeat, then one position per possible broker.
+pub(crate) const RS_HEARTBEAT: u64 = 0;
+pub(crate) const RS_POSITIONS: u64 = 8;
+const _: () = assert!(RS_POSITIONS + MAX_BROKERS as u64 * WORD == READER_OWNER_REL);
+const _: () = assert!(READERS_LINE_LEN >= WORD);
+
+// Session slot words. The durable mark is written by the replication chain (and reset by
+// the sequencer when it hands the slot to another session); the rest is the sequencer's,
+// but for the last-active stamp, which brokers raise too.
+pub(crate) const S_STATE: u64 = 0;
+pub(crate) const S_CLIENT_ID: u64 = 8;
+pub(crate) const S_SESSION_EPOCH: u64 = 16;
+pub(crate) const S_COMMITTED_HWM: u64 = 24;
+pub(crate) const S_DURABLE_HWM: u64 = 32;
+pub(crate) const S_LAST_ACTIVE_MS: u64 = 40;
+pub(crate) const S_OPENED_AT: u64 = 48;
+pub(crate) const S_KEY_HASH: u64 = 56;
+const _: () = assert!(S_KEY_HASH + WORD <= SESSION_SLOT_LEN);
+
+// A PBR slot is one encoded batch header, its commit token in the last word.
+pub(crate) const PBR_TOKEN: u64 = embarcadero_wire::batch::offsets::PUBLISH_COMMIT as u64;
+const _: () = assert!(PBR_TOKEN + WORD == PBR_SLOT_LEN);
+const _: () = assert!(PBR_SLOT_LEN == embarcadero_wire::BATCH_HEADER_LEN as u64);
+const _: () = assert!(embarcadero_wire::batch::offsets::TOTAL_ORDER as u64 + WORD <= PBR_TOKEN);
+
+// A GOI entry: its token (global_seq), then the entry's words.
+pub(crate) const G_TOKEN: u64 = 0;
+pub(crate) const G_WORDS: u64 = 8;
+pub(crate) const G_WORD_COUNT: usize = 15;
+const _: () = assert!(G_WORDS + G_WORD_COUNT as u64 * WORD == GOI_ENTRY_LEN);
+
+// A segment-map entry: its token (logical segment + 1), then the physical segment.
+pub(crate) const SM_TOKEN: u64 = 0;
+pub(crate) const SM_PHYSICAL: u64 = 8;
+const _: () = assert!(SM_PHYSICAL + WORD == SEG_MAP_ENTRY_LEN);
+
+// Parts of a topic slot that follow one another start on whole lines.
+const _: () = assert!(TOPIC_META_LEN.is_multiple_of(LINE) && TOPIC_SEQ_LEN.is_multiple_of(LINE));
+const _: () =
+    assert!(LOG_CONTROL_LEN.is_multiple_of(LINE) && REPLICA_LINE_LEN.is_multiple_of(LINE));
+const _: () =
+    assert!(READER_SLOT_LEN.is_multiple_of(WORD) && SESSION_SLOT_LEN.is_multiple_of(LINE));
+const _: () = assert!(PBR_SLOT_LEN.is_multiple_of(LINE) && GOI_ENTRY_LEN.is_multiple_of(LINE));
+
 /// Capacities of a region. Stored in its header; an attaching process must agree (the
 /// head publishes them to followers as JSON).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -274,27 +274,30 @@ pub fn broker_positions_of((region, slot): OldTopic<'_>) -> Vec<u64> {
 /// replica starts: its sequence line, its brokers' positions (orders 0 and 1), its
 /// replicas' progress, its session table.
 pub fn seed(region: &Region, topic: u32, replication_factor: u8, resume: &Resume) {
-    let seq = region.topic_seq(topic);
+    // The owners' handles: the seed writes on behalf of owners that do not run yet.
+    let seq = region.sequencer_topic(topic);
     seq.start_position
         .store(resume.next_position, Ordering::Release);
     seq.next_position
-        .store(resume.next_position, Ordering::Release);
-    seq.committed_seq.store(resume.next_seq, Ordering::Release);
+        .advance(resume.next_position, Ordering::Release);
+    seq.committed_seq
+        .advance(resume.next_seq, Ordering::Release);
     // Broker-owned, but no broker runs yet; each one's service thread numbers its log's
     // next batch from here (`written_prefix` of an empty log).
     let brokers = region.capacities().brokers as usize;
     for (b, p) in resume.broker_positions.iter().take(brokers).enumerate() {
         region
-            .log(topic, b as u32)
+            .broker_line(topic, b as u32)
             .frontier_msgs
             .store(*p, Ordering::Release);
     }
     for r in 1..replication_factor as u32 {
-        let p = region.replica(topic, r);
-        p.own_durable_seq.store(resume.next_seq, Ordering::Release);
-        p.durable_seq.store(resume.next_seq, Ordering::Release);
+        let p = region.replica_line(topic, r);
+        p.own_durable_seq
+            .advance(resume.next_seq, Ordering::Release);
+        p.durable_seq.advance(resume.next_seq, Ordering::Release);
         p.durable_position
-            .store(resume.next_position, Ordering::Release);
+            .advance(resume.next_position, Ordering::Release);
     }
     // The table keeps the most recently active sessions; the others ended (a client id
     // that comes back starts a new session, and one that reconnects is told).
@@ -324,10 +327,13 @@ pub fn seed(region: &Region, topic: u32, replication_factor: u8, resume: &Resume
                 key_hash: m.key_hash,
             },
         );
-        region.session_durable_hwm(topic, slot as u32).store(
-            if replication_factor >= 2 { m.hwm } else { 0 },
-            Ordering::Release,
-        );
+        region
+            .chain_marks(topic)
+            .session_durable_hwm(slot as u32)
+            .advance(
+                if replication_factor >= 2 { m.hwm } else { 0 },
+                Ordering::Release,
+            );
     }
 }
 

@@ -404,7 +404,9 @@ impl Worker {
             store.set_fault_flag(self.config.fault_flag.clone());
             let progress = self.region.replica(topic, self.replica);
             let durable = store.durable_seq();
-            progress.own_durable_seq.store(durable, Ordering::Release);
+            self.region
+                .replica_line(topic, self.replica)
+                .reopen_own_durable_seq(durable);
             let published = progress.durable_seq.load(Ordering::Acquire);
             self.topics.push(TopicCopy {
                 topic,
@@ -612,10 +614,10 @@ impl Worker {
     fn finish_sync(&self, t: &mut TopicCopy, done: SyncDone) -> std::io::Result<()> {
         t.store.finish_sync(done.pending, done.result)?;
         self.metrics.replicas[self.replica as usize - 1].record_sync(done.took);
-        let progress = self.region.replica(t.topic, self.replica);
+        let progress = self.region.replica_line(t.topic, self.replica);
         progress
             .own_durable_seq
-            .store(t.store.durable_seq(), Ordering::Release);
+            .advance(t.store.durable_seq(), Ordering::Release);
         if let Some(since) = t.failing_since.take() {
             progress.error.store(0, Ordering::Release);
             tracing::info!(
@@ -638,7 +640,7 @@ impl Worker {
         metrics.disk_errors.fetch_add(1, Ordering::Relaxed);
         let code = e.raw_os_error().unwrap_or(libc::EIO) as u64;
         self.region
-            .replica(t.topic, self.replica)
+            .replica_line(t.topic, self.replica)
             .error
             .store(code, Ordering::Release);
         if t.failing_since.is_none() {
@@ -677,14 +679,14 @@ impl Worker {
         }
         let mut moved = false;
         if chain > t.published {
-            let line = region.replica(t.topic, self.replica);
+            let line = region.replica_line(t.topic, self.replica);
             // Entries below the frontier cannot be reclaimed before it moves on, so
             // the newest durable one is still in the GOI.
             if let Some(e) = region.goi_read(t.topic, chain - 1) {
                 line.durable_position
-                    .store(e.total_order + e.num_msg as u64, Ordering::Release);
+                    .advance(e.total_order + e.num_msg as u64, Ordering::Release);
             }
-            line.durable_seq.store(chain, Ordering::Release);
+            line.durable_seq.advance(chain, Ordering::Release);
             t.published = chain;
             region.replication_bell().ring();
             if last {
@@ -701,9 +703,9 @@ impl Worker {
                 if *c > t.published {
                     break;
                 }
+                let marks = region.chain_marks(t.topic);
                 for (b, o) in ordered.iter().enumerate() {
-                    let log = region.log(t.topic, b as u32);
-                    raised |= log.durable_pbr.fetch_max(*o, Ordering::AcqRel) < *o;
+                    raised |= marks.durable_pbr(b as u32).raise(*o, Ordering::AcqRel) < *o;
                 }
                 t.snapshots.pop_front();
             }
@@ -735,8 +737,9 @@ impl Worker {
                     break;
                 };
                 region
-                    .session_durable_hwm(t.topic, slot)
-                    .fetch_max(e.client_seq + 1, Ordering::AcqRel);
+                    .chain_marks(t.topic)
+                    .session_durable_hwm(slot)
+                    .raise(e.client_seq + 1, Ordering::AcqRel);
             }
             t.sessions_done += 1;
         }

@@ -68,7 +68,7 @@ impl Lease {
     /// every third of `duration`.
     pub fn acquire(region: Arc<Region>, id: u64, duration: Duration) -> Result<Self, LeaseError> {
         assert!(id != 0, "sequencer id 0 means no holder");
-        let deadline_word = region.lease_deadline_ns();
+        let deadline_word = region.lease_words().deadline_ns;
         let ttl = duration.as_nanos() as u64;
         let mut seen = deadline_word.load(Ordering::Acquire);
         let deadline = loop {
@@ -105,7 +105,7 @@ impl Lease {
                 Ok(_) => {}
                 Err(e) => {
                     // Give the lease back at once; nothing was written.
-                    region.lease_deadline_ns().store(0, Ordering::Release);
+                    deadline_word.store(0, Ordering::Release);
                     return Err(LeaseError::PredecessorAlive {
                         pid: who.pid,
                         error: e.to_string(),
@@ -114,8 +114,9 @@ impl Lease {
             }
         }
         owner.write(id, &ProcessIdentity::current());
-        let epoch = region.fencing_epoch().fetch_add(1, Ordering::AcqRel) + 1;
-        region.sequencer_id().store(id, Ordering::Release);
+        let words = region.lease_words();
+        let epoch = words.fencing_epoch.add(1, Ordering::AcqRel) + 1;
+        words.sequencer_id.store(id, Ordering::Release);
         let lost = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
         let renewer = {
@@ -178,7 +179,7 @@ fn renew(region: &Region, mut deadline: u64, ttl: u64, lost: &AtomicBool, stop: 
             return;
         }
         let next = monotonic_ns() + ttl;
-        match region.lease_deadline_ns().compare_exchange(
+        match region.lease_words().deadline_ns.compare_exchange(
             deadline,
             next,
             Ordering::AcqRel,
@@ -204,7 +205,10 @@ impl Drop for Lease {
         }
         if !self.is_lost() && self.region.sequencer_id().load(Ordering::Acquire) == self.id {
             // Release at once so a standby need not wait for the deadline.
-            self.region.lease_deadline_ns().store(0, Ordering::Release);
+            self.region
+                .lease_words()
+                .deadline_ns
+                .store(0, Ordering::Release);
         }
     }
 }
@@ -311,7 +315,7 @@ mod tests {
         let r = region(dir.path());
         let old = Lease::acquire(r.clone(), 1, Duration::from_millis(300)).unwrap();
         // As if the old holder were paused past its deadline: a standby takes over.
-        r.lease_deadline_ns().store(0, Ordering::Release);
+        r.lease_words().deadline_ns.store(0, Ordering::Release);
         let new = Lease::acquire(r.clone(), 2, Duration::from_secs(5)).unwrap();
         while !old.is_lost() {
             std::thread::sleep(Duration::from_millis(10));

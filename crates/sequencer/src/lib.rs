@@ -577,9 +577,9 @@ impl Core {
             );
             if frontier != t.last_ordered[s.broker as usize] {
                 region
-                    .log(t.topic, s.broker)
+                    .sequencer_line(t.topic, s.broker)
                     .ordered_pbr
-                    .store(frontier, Ordering::Release);
+                    .advance(frontier, Ordering::Release);
                 t.last_ordered[s.broker as usize] = frontier;
             }
             // Acks of order-5 sessions follow the table: wake every broker.
@@ -638,12 +638,11 @@ impl Core {
         self.announce(t.topic, t.replicated, start, t.tail);
         for (broker, upto) in ordered_upto.iter().enumerate() {
             if let Some(upto) = upto {
-                let ordered = region.log(t.topic, broker as u32).ordered_pbr;
-                assert!(
-                    *upto >= ordered.load(Ordering::Relaxed),
-                    "a broker's ordered frontier only grows: brokers reclaim below it"
-                );
-                ordered.store(*upto, Ordering::Release);
+                // Brokers reclaim below it: `advance` asserts it only grows.
+                region
+                    .sequencer_line(t.topic, broker as u32)
+                    .ordered_pbr
+                    .advance(*upto, Ordering::Release);
                 region.broker_bell(broker as u32).ring();
             }
         }
@@ -666,7 +665,10 @@ impl Core {
                 && s.buffer.is_empty()
                 && log.fence_ack.load(Ordering::Acquire) != fence
             {
-                log.fence_ack.store(fence, Ordering::Release);
+                self.region
+                    .sequencer_line(t.topic, s.broker)
+                    .fence_ack
+                    .store(fence, Ordering::Release);
             }
         }
     }
@@ -677,15 +679,15 @@ impl Core {
         if end == start {
             return;
         }
-        let seq = self.region.topic_seq(topic);
+        let seq = self.region.sequencer_topic(topic);
         let previous = seq
             .next_position
-            .fetch_add(end.next_position - start.next_position, Ordering::AcqRel);
-        debug_assert_eq!(
+            .add(end.next_position - start.next_position, Ordering::AcqRel);
+        assert_eq!(
             previous, start.next_position,
-            "the sequencer is the only writer"
+            "the sequencer is the only writer of next_position"
         );
-        seq.committed_seq.store(end.committed, Ordering::Release);
+        seq.committed_seq.advance(end.committed, Ordering::Release);
     }
 
     /// Wakes the topic's subscribers (and replicas) and counts the epoch's work.
@@ -733,8 +735,10 @@ impl Core {
         if log.reclaimed_pbr.load(Ordering::Acquire) > e.pbr_index {
             return true;
         }
-        log.reclaim_request
-            .fetch_max(e.pbr_index + 1, Ordering::AcqRel);
+        self.region
+            .sequencer_line(topic, e.broker_id as u32)
+            .reclaim_request
+            .raise(e.pbr_index + 1, Ordering::AcqRel);
         self.region.broker_bell(e.broker_id as u32).ring();
         false
     }
@@ -834,7 +838,7 @@ mod tests {
     fn no_batch_takes_a_position_at_or_above_the_ceiling_until_it_is_raised() {
         let (_d, r) = region(64);
         // Positions 0..5 fit below 6; the third batch (5, 6, 7) would not.
-        r.position_ceiling(1).store(6, Ordering::Release);
+        r.control_plane().position_ceiling(1).set_for_test(6);
         commit(&r, 0, 0, 2, true);
         commit(&r, 0, 1, 3, true);
         commit(&r, 0, 2, 3, true);
@@ -858,7 +862,9 @@ mod tests {
             2,
             "still waiting"
         );
-        r.position_ceiling(1).store(1 << 32, Ordering::Release);
+        r.control_plane()
+            .position_ceiling(1)
+            .advance(1 << 32, Ordering::Release);
         c.seal_all();
         assert_eq!(seq.committed_seq.load(Ordering::Acquire), 4);
         assert_eq!(seq.next_position.load(Ordering::Acquire), 9);
@@ -867,14 +873,16 @@ mod tests {
     #[test]
     fn order5_batches_wait_at_the_ceiling_too() {
         let (_d, r) = session_region();
-        r.position_ceiling(0).store(1, Ordering::Release);
+        r.control_plane().position_ceiling(0).set_for_test(1);
         commit_session(&r, 0, 0, 7, 1, 0);
         commit_session(&r, 0, 1, 7, 1, 1);
         let mut c = session_core(&r, Duration::from_secs(30));
         c.scan();
         c.seal_all();
         assert_eq!(goi_sessions(&r), vec![(7, 0)]);
-        r.position_ceiling(0).store(1 << 32, Ordering::Release);
+        r.control_plane()
+            .position_ceiling(0)
+            .advance(1 << 32, Ordering::Release);
         c.seal_all();
         assert_eq!(goi_sessions(&r), vec![(7, 0), (7, 1)]);
     }
@@ -947,7 +955,9 @@ mod tests {
         commit(&r, 1, 0, 1, true);
         commit(&r, 1, 1, 1, true);
         let log = r.log(1, 1);
-        log.fence_pbr.store(2 + 1, Ordering::Release);
+        r.control_plane()
+            .fence_pbr(1, 1)
+            .store(2 + 1, Ordering::Release);
         let mut c = core(&r);
         c.scan();
         c.seal_all();
@@ -976,15 +986,18 @@ mod tests {
         commit(&r, 1, 0, 1, true);
         commit(&r, 1, 2, 1, true);
         let log = r.log(1, 1);
-        log.fence_pbr.store(1 + 1, Ordering::Release);
+        r.control_plane()
+            .fence_pbr(1, 1)
+            .store(1 + 1, Ordering::Release);
         let mut c = core(&r);
         c.scan();
         c.seal_all();
         assert_eq!(log.fence_ack.load(Ordering::Acquire), 2);
         // A new process voids the hole, resumes at 3 and commits slot 3.
         commit(&r, 1, 1, 0, false);
-        log.resume_pbr.store(3, Ordering::Release);
-        log.resumed_fence.store(2, Ordering::Release);
+        let line = r.broker_line(1, 1);
+        line.resume_pbr.store(3, Ordering::Release);
+        line.resumed_fence.store(2, Ordering::Release);
         commit(&r, 1, 3, 5, true);
         c.scan();
         c.seal_all();
@@ -1003,7 +1016,9 @@ mod tests {
         );
         // The new process dies too: a second fence holds again.
         commit(&r, 1, 5, 1, true);
-        log.fence_pbr.store(4 + 1, Ordering::Release);
+        r.control_plane()
+            .fence_pbr(1, 1)
+            .store(4 + 1, Ordering::Release);
         c.scan();
         c.seal_all();
         assert_eq!(log.ordered_pbr.load(Ordering::Acquire), 4);
@@ -1015,7 +1030,9 @@ mod tests {
         let (_d, r) = region(64);
         let mut c = core(&r);
         let log = r.log(1, 2);
-        log.fence_pbr.store(1, Ordering::Release);
+        r.control_plane()
+            .fence_pbr(1, 2)
+            .store(1, Ordering::Release);
         assert_eq!(c.scan(), 0);
         for t in &c.topics {
             c.acknowledge_fences(t);
@@ -1036,7 +1053,9 @@ mod tests {
         let log = r.log(1, 0);
         assert_eq!(log.reclaim_request.load(Ordering::Acquire), 1);
         // The broker reclaims the first two batches; the rest can now be ordered.
-        log.reclaimed_pbr.store(2, Ordering::Release);
+        r.broker_line(1, 0)
+            .reclaimed_pbr
+            .advance(2, Ordering::Release);
         c.scan();
         c.seal_all();
         assert_eq!(r.topic_seq(1).committed_seq.load(Ordering::Acquire), 10);
@@ -1245,7 +1264,7 @@ mod tests {
         // ...and between the table and ordered_pbr: brokers' frontiers lag too, so the
         // restarted sequencer rescans batches that are already committed.
         for b in 0..3 {
-            r.log(0, b).ordered_pbr.store(0, Ordering::Release);
+            r.sequencer_line(0, b).ordered_pbr.set_for_test(0);
         }
         commit_session(&r, 1, 1, 7, 1, 3);
         let mut c = session_core(&r, Duration::from_secs(30));
@@ -1339,8 +1358,9 @@ mod tests {
         let t0 = 1_000 * MINUTE_MS;
         fill_session_table(&r, &mut c, t0);
         let (slot_of_5, _) = r.session_find(0, 5).unwrap();
-        r.session_durable_hwm(0, slot_of_5)
-            .store(77, Ordering::Release);
+        r.chain_marks(0)
+            .session_durable_hwm(slot_of_5)
+            .advance(77, Ordering::Release);
         // Eleven minutes on: every client but 5 is still connected (its broker keeps
         // its stamp fresh), or published a minute ago.
         let now = t0 + 11 * MINUTE_MS;
@@ -1421,8 +1441,8 @@ mod tests {
             "every session idle an hour, but none of their batches is on the replica"
         );
         // The replica catches up with all but the last session's batch.
-        let replica = r.replica(0, 1);
-        replica.durable_seq.store(255, Ordering::Release);
+        let replica = r.replica_line(0, 1);
+        replica.durable_seq.advance(255, Ordering::Release);
         commit_session(&r, 0, 257, 1000, 1, 0);
         c.scan();
         c.seal_all();

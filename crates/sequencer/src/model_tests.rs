@@ -254,7 +254,10 @@ impl Order2Model {
             Step::Reclaim { broker } => {
                 let log = self.r.log(ORDER2_TOPIC, broker as u32);
                 let ordered = log.ordered_pbr.load(Ordering::Acquire);
-                log.reclaimed_pbr.store(ordered, Ordering::Release);
+                self.r
+                    .broker_line(ORDER2_TOPIC, broker as u32)
+                    .reclaimed_pbr
+                    .advance(ordered, Ordering::Release);
                 self.reclaimed[broker] = ordered;
             }
             Step::Restart => {

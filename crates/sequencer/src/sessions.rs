@@ -337,8 +337,8 @@ impl Sessions {
         session.opened_at = opened_at;
         session.starts = true;
         region
-            .session_durable_hwm(topic, session.slot)
-            .store(0, Ordering::Release);
+            .sequencer_topic(topic)
+            .reset_session_durable_hwm(session.slot);
         region.session_write(topic, session.slot, &session.record(client_id));
         Some(session)
     }

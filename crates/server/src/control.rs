@@ -227,8 +227,9 @@ impl ControlPlane {
         save(&self.topics_file, &next)?;
         for t in next.iter().filter(|t| t.spec.replication_factor == 1) {
             self.region
+                .control_plane()
                 .position_ceiling(t.slot)
-                .fetch_max(t.position_ceiling, Ordering::AcqRel);
+                .raise(t.position_ceiling, Ordering::AcqRel);
         }
         *topics = next;
         Ok(raised)

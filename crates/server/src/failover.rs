@@ -50,7 +50,10 @@ pub fn fence_broker(region: &Region, broker: u32) -> usize {
         while region.pbr_holds(topic, broker, first_hole) {
             first_hole += 1;
         }
-        log.fence_pbr.store(first_hole + 1, Ordering::Release);
+        region
+            .control_plane()
+            .fence_pbr(topic, broker)
+            .store(first_hole + 1, Ordering::Release);
         fenced += 1;
     }
     if fenced > 0 {
@@ -220,8 +223,10 @@ mod tests {
                 ..Default::default()
             },
         );
-        r.topic_seq(0).committed_seq.store(3, Ordering::Release);
-        log.fence_ack.store(3, Ordering::Release);
+        r.sequencer_topic(0)
+            .committed_seq
+            .advance(3, Ordering::Release);
+        r.sequencer_line(0, 1).fence_ack.store(3, Ordering::Release);
         let got = ordered_batches(&r, &query, Duration::from_secs(1)).unwrap();
         assert_eq!(
             got,

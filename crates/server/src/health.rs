@@ -143,7 +143,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = region(dir.path());
         assert!(topic_health(&r, 0, 2, 3, STALL).replica_errors.is_empty());
-        r.replica(0, 2).error.store(28, Ordering::Release);
+        r.replica_line(0, 2).error.store(28, Ordering::Release);
         let errors = topic_health(&r, 0, 2, 3, STALL).replica_errors;
         assert_eq!(errors.len(), 1);
         assert_eq!((errors[0].replica, errors[0].errno), (2, 28));
@@ -157,17 +157,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = region(dir.path());
         assert_eq!(topic_health(&r, 0, 1, 1, STALL), TopicHealth::default());
-        r.log(0, 0).frontier_msgs.store(100, Ordering::Release);
-        r.log(0, 1).frontier_msgs.store(500, Ordering::Release);
+        r.broker_line(0, 0)
+            .frontier_msgs
+            .store(100, Ordering::Release);
+        r.broker_line(0, 1)
+            .frontier_msgs
+            .store(500, Ordering::Release);
         // Reader 0 is 10 behind in broker 0's log and 400 behind in broker 1's.
         for slot in [0, 1] {
-            r.reader_slot_claimed(0, slot);
-            r.reader_position(0, slot, 0).store(90, Ordering::Release);
-            r.reader_position(0, slot, 1)
+            let pin = r.reader_slot(0, slot);
+            pin.mark_claimed();
+            pin.position(0).store(90, Ordering::Release);
+            pin.position(1)
                 .store(100 + 300 * slot as u64, Ordering::Release);
-            r.reader_owner(0, slot).store(2, Ordering::Release);
+            pin.owner.store(2, Ordering::Release);
             let now = embarcadero_region::monotonic_ns();
-            r.reader_heartbeat(0, slot).store(now, Ordering::Release);
+            pin.heartbeat.store(now, Ordering::Release);
         }
         let health = topic_health(&r, 0, 1, 1, STALL);
         assert_eq!(health.readers, 2);
@@ -176,7 +181,7 @@ mod tests {
         assert_eq!((slowest.position, slowest.behind), (100, 400));
         assert_eq!(slowest.broker, Some(1));
         // One whose broker stopped beating long ago holds nothing and is not counted.
-        r.reader_heartbeat(0, 0).store(2, Ordering::Release);
+        r.reader_slot(0, 0).heartbeat.store(2, Ordering::Release);
         let health = topic_health(&r, 0, 1, 1, STALL);
         assert_eq!(health.readers, 1);
         assert_eq!(health.slowest_reader.unwrap().slot, 1);
