@@ -80,7 +80,35 @@ apply_migrations() {
   done
 }
 
+# utoipa-swagger-ui (a dependency of tasker-orchestration's web API) downloads Swagger UI from
+# GitHub in its build script, which cannot reach GitHub here. The same release is published on
+# npm as swagger-ui-dist: repackage it in the layout the build script reads (TOP/dist/...) and
+# point its documented SWAGGER_UI_DOWNLOAD_URL at the file.
+SWAGGER_UI_VERSION=5.17.14
+swagger_ui_zip() {
+  local zip=$TASKER_CACHE/swagger-ui-$SWAGGER_UI_VERSION.zip
+  if [ ! -s "$zip" ]; then
+    local tmp
+    tmp=$(mktemp -d)
+    (cd "$tmp" && npm pack --silent "swagger-ui-dist@$SWAGGER_UI_VERSION" >/dev/null &&
+      tar xzf "swagger-ui-dist-$SWAGGER_UI_VERSION.tgz")
+    python3 - "$tmp/package" "$zip" "swagger-ui-$SWAGGER_UI_VERSION/" <<'PY'
+import pathlib, sys, zipfile
+src, out, top = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+    z.writestr(top, "")
+    z.writestr(top + "dist/", "")
+    for f in sorted(src.rglob("*")):
+        if f.is_file():
+            z.write(f, top + "dist/" + f.relative_to(src).as_posix())
+PY
+    rm -rf "$tmp"
+  fi
+  export SWAGGER_UI_DOWNLOAD_URL="file://$zip"
+}
+
 build() {
+  swagger_ui_zip
   echo "building tasker-server and tasker-bench-worker into $CARGO_TARGET_DIR (log: $TASKER_CACHE/build.log)"
   nice -n 15 cargo build --release --manifest-path "$MANIFEST" >"$TASKER_CACHE/build.log" 2>&1 ||
     { tail -30 "$TASKER_CACHE/build.log"; exit 1; }
