@@ -280,6 +280,7 @@ const HELLO_LAYOUT: Layout = &[
     ("topic_len", 40, 1),
     ("session_key_lo", 104, 8),
     ("session_key_hi", 112, 8),
+    ("subscribe_flags", 120, 1),
 ];
 
 const HELLO_OK_LAYOUT: Layout = &[
