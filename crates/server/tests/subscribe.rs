@@ -321,12 +321,18 @@ fn subscribers_that_talk_after_their_hello_are_closed_and_let_go() {
         s.write_all(&subscriber_hello("quiet")).unwrap();
         s.write_all(b"x").unwrap();
     }
+    // Dropped first: a connection still in the listen backlog (connected, not yet
+    // accepted) is not open yet, so "none open" alone can be seen before all 40 were.
+    t.wait_for_metric_at_least(
+        "embarcadero_subscribers_dropped_total",
+        40,
+        "subscribers that talked and left, ended by the probe",
+    );
     t.wait_for_metric_at_most(
         "embarcadero_connections_open{",
         0,
         "subscribers that talked and left",
     );
-    assert!(t.metric_sum("embarcadero_subscribers_dropped_total") >= 40);
     // One that stays is told why.
     let mut s = TcpStream::connect(&t.brokers()[1]).unwrap();
     s.write_all(&subscriber_hello("quiet")).unwrap();

@@ -36,15 +36,24 @@ impl TestServer {
     /// Waits (at most 30 s, else fails the test with `what`) until the metric summed
     /// over the lines starting with `prefix` is at most `max`.
     pub fn wait_for_metric_at_most(&self, prefix: &str, max: u64, what: &str) {
+        self.wait_for_metric(prefix, what, &format!("at most {max}"), |v| v <= max);
+    }
+
+    /// The same, until it is at least `min`.
+    pub fn wait_for_metric_at_least(&self, prefix: &str, min: u64, what: &str) {
+        self.wait_for_metric(prefix, what, &format!("at least {min}"), |v| v >= min);
+    }
+
+    fn wait_for_metric(&self, prefix: &str, what: &str, want: &str, ok: impl Fn(u64) -> bool) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
             let value = self.metric_sum(prefix);
-            if value <= max {
+            if ok(value) {
                 return;
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "{what}: {prefix} is {value}, not at most {max}"
+                "{what}: {prefix} is {value}, not {want}"
             );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
