@@ -226,9 +226,10 @@ class Message:
 
 class Subscriber:
     """Reads topic ``topic`` in order from any broker of the cluster at ``control`` (or
-    from the given ``brokers``). ``start``: ``None`` (the beginning: the first message still retained), a position, a list of
-    positions (one per broker, orders 0 and 1) or ``"end"``. A lost connection is retried
-    ``max_reconnects`` times in a row before the error is raised."""
+    from the given ``brokers``). ``start``: ``None`` (the beginning: the first message
+    still retained), a position, a list of positions (one per broker, orders 0 and 1) or
+    ``"end"``. A lost connection is retried ``max_reconnects`` times in a row before the
+    error is raised."""
 
     def __init__(
         self,
