@@ -749,11 +749,10 @@ impl Order5Model {
             .c
             .topics
             .iter()
-            .find(|t| t.topic == ORDER5_TOPIC)
+            .find(|t| t.line.topic == ORDER5_TOPIC)
             .unwrap()
-            .sessions
-            .as_ref()
-            .unwrap()
+            .orderer
+            .sessions()
             .held();
         prop_assert_eq!(held, 0);
         Ok(())
