@@ -459,48 +459,72 @@ fn ack_session(
     if shared.region.is_retired() {
         return false;
     }
-    if status.expired {
-        close_with(
-            shared,
-            conn,
-            &mut out,
-            ErrorFrame {
-                code: ErrorCode::SessionExpired,
-                batch_seq: status.acked_hwm(conn.ack_level),
-                message: crate::session::expired_message(shared.config.session_idle_evict),
-            },
-        );
+    if let Some(error) = session_refusal(shared, conn, head, session, &status) {
+        close_with(shared, conn, &mut out, error);
         *progress = true;
         return false;
+    }
+    // Ack 2 waits until the batches are on every disk replica, not just ordered.
+    let hwm = status.acked_hwm(conn.ack_level);
+    let acked = take_session_acked(shared, conn, head, hwm, now);
+    let result = if acked {
+        *progress = true;
+        shared.metrics.acks_sent.fetch_add(1, Ordering::Relaxed);
+        out.send_nonblocking(
+            &Ack {
+                level: conn.ack_level,
+                count: hwm,
+            }
+            .encode(),
+        )
+    } else if !out.unsent.is_empty() {
+        out.send_nonblocking(&[])
+    } else {
+        Ok(())
+    };
+    if result.is_err() {
+        let _ = out.stream.shutdown(std::net::Shutdown::Both);
+        conn.closed.store(true, Ordering::Release);
+        return false;
+    }
+    true
+}
+
+/// Why the session's connection must be closed, if it must: the session expired, is
+/// bound to another key, is fenced, or the sequencer dropped its batch for want of a
+/// table slot. Otherwise marks the session active (its client is connected) and loads
+/// the connection's oldest unacknowledged batch into `head`.
+fn session_refusal(
+    shared: &Shared,
+    conn: &PublishConn,
+    head: &mut Option<PendingAck>,
+    session: &mut SessionView,
+    status: &crate::session::SessionStatus,
+) -> Option<ErrorFrame> {
+    if status.expired {
+        return Some(ErrorFrame {
+            code: ErrorCode::SessionExpired,
+            batch_seq: status.acked_hwm(conn.ack_level),
+            message: crate::session::expired_message(shared.config.session_idle_evict),
+        });
     }
     if status.foreign_key {
         // Another key bound the session first (the hello found it unbound): nothing the
         // session commits is this connection's, so it must never be told it is acked.
         let refusal = crate::publish::refuse_foreign_key(shared, session.client_id());
-        close_with(
-            shared,
-            conn,
-            &mut out,
-            ErrorFrame {
-                code: refusal.code,
-                batch_seq: u64::MAX,
-                message: refusal.message,
-            },
-        );
-        *progress = true;
-        return false;
+        return Some(ErrorFrame {
+            code: refusal.code,
+            batch_seq: u64::MAX,
+            message: refusal.message,
+        });
     }
     // The client is connected: its session is not idle, even when it sends nothing.
     session.touch(&shared.region, unix_ms());
     if status.fenced {
-        close_with(
-            shared,
-            conn,
-            &mut out,
-            ErrorFrame::session_fenced(conn.session_epoch, status.acked_hwm(conn.ack_level)),
-        );
-        *progress = true;
-        return false;
+        return Some(ErrorFrame::session_fenced(
+            conn.session_epoch,
+            status.acked_hwm(conn.ack_level),
+        ));
     }
     if head.is_none() {
         *head = conn.pending.pop();
@@ -523,21 +547,24 @@ fn ack_session(
             .region
             .topic_meta(conn.topic)
             .map_or_else(String::new, |m| m.name);
-        close_with(
-            shared,
-            conn,
-            &mut out,
-            ErrorFrame {
-                code: ErrorCode::SessionsExhausted,
-                batch_seq: 0,
-                message: crate::session::exhausted_message(&name, shared.config.session_idle_evict),
-            },
-        );
-        *progress = true;
-        return false;
+        return Some(ErrorFrame {
+            code: ErrorCode::SessionsExhausted,
+            batch_seq: 0,
+            message: crate::session::exhausted_message(&name, shared.config.session_idle_evict),
+        });
     }
-    // Ack 2 waits until the batches are on every disk replica, not just ordered.
-    let hwm = status.acked_hwm(conn.ack_level);
+    None
+}
+
+/// Takes off the connection's queue every batch below the session's acknowledged
+/// mark `hwm` (recording how long each waited); returns whether there was one.
+fn take_session_acked(
+    shared: &Shared,
+    conn: &PublishConn,
+    head: &mut Option<PendingAck>,
+    hwm: u64,
+    now: Instant,
+) -> bool {
     let mut acked = false;
     let mut waited = AckWait::default();
     loop {
@@ -554,27 +581,7 @@ fn ack_session(
         }
     }
     waited.record(shared);
-    let result = if acked {
-        *progress = true;
-        shared.metrics.acks_sent.fetch_add(1, Ordering::Relaxed);
-        out.send_nonblocking(
-            &Ack {
-                level: conn.ack_level,
-                count: hwm,
-            }
-            .encode(),
-        )
-    } else if !out.unsent.is_empty() {
-        out.send_nonblocking(&[])
-    } else {
-        Ok(())
-    };
-    if result.is_err() {
-        let _ = out.stream.shutdown(std::net::Shutdown::Both);
-        conn.closed.store(true, Ordering::Release);
-        return false;
-    }
-    true
+    acked
 }
 
 /// Sends an error frame on a session's connection and closes it for good. Closing also
