@@ -183,6 +183,14 @@ fn advance_frontier(shared: &Shared, topic: u32, st: &mut LogState) -> bool {
         let Some(h) = region.pbr_read(topic, broker, st.frontier) else {
             break;
         };
+        assert!(
+            h.pbr_index == st.frontier && h.log_offset >= st.written_end,
+            "log ({topic}, {broker}): slot {} names index {} at offset {}, before the bytes written up to {}",
+            st.frontier,
+            h.pbr_index,
+            h.log_offset,
+            st.written_end
+        );
         let valid = h.flags & BatchFlags::VALID != 0;
         if valid && st.msgs.saturating_add(h.num_msg as u64) > ceiling {
             shared

@@ -277,6 +277,10 @@ impl GoiTail {
         pbr_index: u64,
         entry: GoiEntry,
     ) {
+        assert!(
+            entry.pbr_index == pbr_index && entry.broker_id as u32 == broker,
+            "a GOI entry names the PBR slot it orders"
+        );
         let entry = GoiEntry {
             total_order: self.next_position,
             ..entry

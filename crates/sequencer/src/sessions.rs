@@ -92,6 +92,13 @@ struct Session {
 
 impl Session {
     fn record(&self, client_id: u64) -> SessionRecord {
+        // Only admitted batches commit: the durable mark never passes the head.
+        assert!(
+            self.committed_hwm <= self.next_expected,
+            "session of client {client_id}: committed up to {} but admitted only up to {}",
+            self.committed_hwm,
+            self.next_expected
+        );
         SessionRecord {
             state: if self.fenced {
                 SessionState::Fenced
@@ -366,6 +373,10 @@ impl Sessions {
             .topic_seq(topic)
             .committed_seq
             .load(Ordering::Acquire);
+        debug_assert!(
+            slot.is_none_or(|slot| self.by_client.values().all(|s| s.slot != slot)),
+            "a table slot holds one session"
+        );
         let session = self.open_in(client_id, epoch, slot)?;
         session.opened_at = opened_at;
         session.starts = true;
