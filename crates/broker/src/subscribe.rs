@@ -493,10 +493,17 @@ fn locate_global(region: &Region, topic: u32, pos: u64) -> Locate {
         }
     }
     match region.goi_read(topic, a) {
-        Some(e) => Locate::At {
-            index: a,
-            skip: (pos - e.total_order) as u32,
-        },
+        Some(e) => {
+            // Entries are consecutive and `pos` is below the last one's end.
+            debug_assert!(
+                pos >= e.total_order && pos - e.total_order < e.num_msg as u64,
+                "GOI entry {a} holds position {pos}"
+            );
+            Locate::At {
+                index: a,
+                skip: (pos - e.total_order) as u32,
+            }
+        }
         None => Locate::NotYet,
     }
 }
@@ -689,7 +696,7 @@ fn plan_global_round(
     readable: u64,
     mut disk: Option<&mut DiskLog>,
 ) -> Result<(Vec<Planned>, u64), End> {
-    let mut plan = Vec::new();
+    let mut plan: Vec<Planned> = Vec::new();
     let mut bytes = 0u64;
     while g < readable && plan.len() < MAX_BATCHES_PER_ROUND && bytes < MAX_BYTES_PER_ROUND {
         let entry = region.goi_read(topic, g);
@@ -711,6 +718,14 @@ fn plan_global_round(
                 return Err(not_retained(pos, None));
             }
         };
+        if let Some(previous) = plan.last() {
+            let h = &previous.header;
+            assert!(
+                planned.header.batch_position == h.batch_position + 1
+                    && planned.header.first_position == h.first_position + h.num_msg as u64,
+                "a round's batches are consecutive in the global order"
+            );
+        }
         bytes += planned.header.payload_len as u64;
         plan.push(planned);
         skip = 0;

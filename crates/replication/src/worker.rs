@@ -172,6 +172,11 @@ impl Replicas {
                     })?,
             );
         }
+        assert!(
+            stores.is_empty(),
+            "recovery opened logs of replicas without a directory: {:?}",
+            stores.keys().collect::<Vec<_>>()
+        );
         Ok(Self {
             shutdown,
             region,

@@ -339,6 +339,10 @@ impl TopicState {
             committed: seq.committed_seq.load(Ordering::Acquire),
             next_position: seq.next_position.load(Ordering::Acquire),
         };
+        assert!(
+            tail.next_position >= seq.start_position.load(Ordering::Acquire),
+            "topic {topic}'s positions continue at or above where this region starts"
+        );
         Self {
             orderer,
             line: TopicLine {
