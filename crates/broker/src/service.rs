@@ -667,6 +667,11 @@ fn send_acks(
             }
             match a.head {
                 Some(p) if p.pbr_index < limit => {
+                    // Queued in connection order, each batch numbered after the last.
+                    assert!(
+                        count.is_none_or(|c| p.batch_seq >= c),
+                        "a connection's acknowledged count only grows"
+                    );
                     count = Some(p.batch_seq + 1);
                     waited.add(p, now);
                     a.head = None;
