@@ -444,13 +444,20 @@ impl Sessions {
     }
 
     fn refresh_durable_frontier(&mut self, region: &Region) {
-        self.durable_frontier = match self.replication_factor {
+        let frontier = match self.replication_factor {
             0 | 1 => u64::MAX,
             rf => region
                 .replica(self.topic, rf - 1)
                 .durable_seq
                 .load(Ordering::Acquire),
         };
+        // A slot is given away once the frontier passed its session's last batch: a
+        // frontier that went back could not take that back.
+        assert!(
+            frontier >= self.durable_frontier,
+            "the durable frontier only grows"
+        );
+        self.durable_frontier = frontier;
     }
 
     fn drop_batch(&mut self, b: &Admitted) {
