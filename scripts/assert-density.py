@@ -18,10 +18,14 @@ FN = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?(?:const\s+)?(?:async\s+)?(?:unsa
 TEST_MOD_FILE = re.compile(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;")
 
 
+# One pass, leftmost first: a quote inside a comment, or `//` or a brace inside a string or
+# a char literal, is not taken for what it is outside one.
+TOKEN = re.compile(r"""//[^\n]*|"(?:\\[\s\S]|[^"\\])*"|'(?:\\.|[^'\\\n])'""")
+
+
 def strip_comments(text):
-    """Drops // comments and string literals' contents, so neither counts."""
-    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
-    return re.sub(r"//[^\n]*", "", text)
+    """Drops comments and the contents of string and char literals, so none counts."""
+    return TOKEN.sub(lambda m: "" if m.group(0).startswith("//") else '""', text)
 
 
 def product_code(text):

@@ -592,6 +592,39 @@ fn take_session_acked(
     acked
 }
 
+/// Takes off the connection's queue every batch whose PBR slot is below `limit`
+/// (recording how long each waited); returns the count to acknowledge, if any.
+fn take_acked_below(
+    shared: &Shared,
+    conn: &PublishConn,
+    head: &mut Option<PendingAck>,
+    limit: u64,
+    now: Instant,
+) -> Option<u64> {
+    let mut count = None;
+    let mut waited = AckWait::default();
+    loop {
+        if head.is_none() {
+            *head = conn.pending.pop();
+        }
+        match *head {
+            Some(p) if p.pbr_index < limit => {
+                // Queued in connection order, each batch numbered after the last.
+                assert!(
+                    count.is_none_or(|c| p.batch_seq >= c),
+                    "a connection's acknowledged count only grows"
+                );
+                count = Some(p.batch_seq + 1);
+                waited.add(p, now);
+                *head = None;
+            }
+            _ => break,
+        }
+    }
+    waited.record(shared);
+    count
+}
+
 /// Sends an error frame on a session's connection and closes it for good. Closing also
 /// ends its connection thread's wait for room in the ack queue, which the entries of a
 /// fenced or crowded-out session would never make.
@@ -659,27 +692,7 @@ fn send_acks(
             (_, 1) => written,
             _ => log.ordered_pbr.load(Ordering::Acquire),
         };
-        let mut count = None;
-        let mut waited = AckWait::default();
-        loop {
-            if a.head.is_none() {
-                a.head = conn.pending.pop();
-            }
-            match a.head {
-                Some(p) if p.pbr_index < limit => {
-                    // Queued in connection order, each batch numbered after the last.
-                    assert!(
-                        count.is_none_or(|c| p.batch_seq >= c),
-                        "a connection's acknowledged count only grows"
-                    );
-                    count = Some(p.batch_seq + 1);
-                    waited.add(p, now);
-                    a.head = None;
-                }
-                _ => break,
-            }
-        }
-        waited.record(shared);
+        let count = take_acked_below(shared, conn, &mut a.head, limit, now);
         // Never wait on a connection thread that is writing to its own client.
         let Ok(mut out) = conn.out.try_lock() else {
             if let Some(count) = count {

@@ -718,13 +718,21 @@ fn plan_global_round(
                 return Err(not_retained(pos, None));
             }
         };
+        // Memory and every replica hold the global order without gaps; a record on disk
+        // that breaks it (written by something else) is refused, never served.
         if let Some(previous) = plan.last() {
             let h = &previous.header;
-            assert!(
-                planned.header.batch_position == h.batch_position + 1
-                    && planned.header.first_position == h.first_position + h.num_msg as u64,
-                "a round's batches are consecutive in the global order"
-            );
+            let expected = h.first_position + h.num_msg as u64;
+            if planned.header.first_position != expected {
+                return Err(Refusal::new(
+                    ErrorCode::Internal,
+                    format!(
+                        "batch {g} starts at position {} where {expected} belongs",
+                        planned.header.first_position
+                    ),
+                )
+                .into());
+            }
         }
         bytes += planned.header.payload_len as u64;
         plan.push(planned);
