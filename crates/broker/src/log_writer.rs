@@ -161,30 +161,17 @@ impl LogWriter {
                 .compare_exchange(current, new, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => {
+                    assert!(
+                        start >= tail && start % seg + len <= seg,
+                        "a reservation lies after the tail and within one segment"
+                    );
                     let logical = start / seg;
                     match segment {
                         Some(physical) => {
                             self.region
                                 .seg_map_publish(self.topic, self.broker, logical, physical)
                         }
-                        None => {
-                            // Another connection opened this segment moments ago and
-                            // publishes its mapping right after its CAS.
-                            let mut spins = 0u32;
-                            while self
-                                .region
-                                .seg_map_lookup(self.topic, self.broker, logical)
-                                .is_none()
-                            {
-                                spins += 1;
-                                if spins < 64 {
-                                    std::hint::spin_loop();
-                                } else {
-                                    // The mapper may be descheduled (2 cores).
-                                    std::thread::yield_now();
-                                }
-                            }
-                        }
+                        None => self.await_mapping(logical),
                     }
                     return Ok(Reservation {
                         pbr_index: next,
@@ -196,8 +183,31 @@ impl LogWriter {
                     if let Some(physical) = segment {
                         self.pool.push(physical);
                     }
+                    assert!(
+                        (actual >> 64) as u64 >= next && actual as u64 >= tail,
+                        "the reserved PBR index and log tail never go back"
+                    );
                     current = actual;
                 }
+            }
+        }
+    }
+
+    /// Waits for the mapping of `logical`: another connection opened this segment
+    /// moments ago and publishes its mapping right after its CAS.
+    fn await_mapping(&self, logical: u64) {
+        let mut spins = 0u32;
+        while self
+            .region
+            .seg_map_lookup(self.topic, self.broker, logical)
+            .is_none()
+        {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                // The mapper may be descheduled (2 cores).
+                std::thread::yield_now();
             }
         }
     }

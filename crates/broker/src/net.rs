@@ -204,98 +204,121 @@ fn handshake(shared: &Shared, stream: &mut TcpStream) -> Result<Accepted, End> {
         .region
         .find_topic(&hello.topic)
         .ok_or_else(|| unknown_topic(&hello.topic))?;
-    let mut cursors = Vec::new();
-    match hello.role {
+    let cursors = match hello.role {
         Role::Publish => {
-            if (meta.order == 5) != (hello.session_epoch > 0) {
-                return Err(Refusal::new(
-                    ErrorCode::BadSession,
-                    if meta.order == 5 {
-                        format!(
-                            "topic {:?} has order 5: publishers must open a session (session epoch 1 or more)",
-                            meta.name
-                        )
-                    } else {
-                        format!(
-                            "topic {:?} has order {}: sessions (session epoch {}) need an order-5 topic",
-                            meta.name, meta.order, hello.session_epoch
-                        )
-                    },
-                )
-                .into());
-            }
-            // A fence tells the client to reopen with the next epoch, which must exist.
-            if hello.session_epoch == u64::MAX {
-                return Err(Refusal::new(
-                    ErrorCode::BadSession,
-                    format!(
-                        "session epoch {} leaves no epoch to reopen with; start from 1",
-                        u64::MAX
-                    ),
-                )
-                .into());
-            }
-            // Order 5: the key makes the session its opener's (PROTOCOL.md section 8).
-            if meta.order == 5 && hello.session_key == [0; SESSION_KEY_LEN] {
-                return Err(Refusal::new(
-                    ErrorCode::BadSession,
-                    "an order-5 hello must carry a session key (16 random bytes chosen when \
-                     the session is opened, kept for its life); this client is too old or \
-                     does not set one",
-                )
-                .into());
-            }
-            if meta.order == 5
-                && SessionView::new(topic, hello.client_id, hello.session_epoch, 0)
-                    .crowded_out(&shared.region, shared.config.session_idle_evict)
-            {
-                return Err(Refusal::new(
-                    ErrorCode::SessionsExhausted,
-                    session::exhausted_message(&meta.name, shared.config.session_idle_evict),
-                )
-                .into());
-            }
-            if hello.ack_level == 2 && meta.replication_factor < 2 {
-                return Err(Refusal::new(
-                    ErrorCode::AckNotAllowed,
-                    format!(
-                        "ack level 2 needs a replicated topic, but {:?} has replication factor {}; publish with --ack 1 or use a topic created with --rf 2 or more",
-                        meta.name, meta.replication_factor
-                    ),
-                )
-                .into());
-            }
+            check_publish_hello(shared, &hello, topic, &meta)?;
+            Vec::new()
         }
-        Role::Subscribe => {
-            if hello.cursor_count != 0 {
-                if meta.order >= 2 || hello.cursor_count != shared.region.capacities().brokers {
-                    return Err(Refusal::new(
-                        ErrorCode::BadCursor,
-                        format!(
-                            "{} per-broker cursors sent; topic {:?} (order {}) takes {}",
-                            hello.cursor_count,
-                            meta.name,
-                            meta.order,
-                            if meta.order >= 2 {
-                                0
-                            } else {
-                                shared.region.capacities().brokers
-                            }
-                        ),
-                    )
-                    .into());
-                }
-                let mut raw = vec![0u8; 8 * hello.cursor_count as usize];
-                stream.read_exact(&mut raw)?;
-                cursors = raw
-                    .chunks_exact(8)
-                    .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-                    .collect();
-            }
-        }
-    }
+        Role::Subscribe => read_cursors(shared, stream, &hello, &meta)?,
+    };
     stream.set_read_timeout(None)?;
     Ok((hello, topic, meta, cursors))
+}
+
+/// Refuses a publisher's hello the topic cannot take: a session on a topic of another
+/// order (or none on order 5), no epoch left to reopen with, an order-5 hello without
+/// a key, a full session table, ack 2 on a memory-only topic.
+fn check_publish_hello(
+    shared: &Shared,
+    hello: &Hello,
+    topic: u32,
+    meta: &TopicMeta,
+) -> Result<(), End> {
+    if (meta.order == 5) != (hello.session_epoch > 0) {
+        return Err(Refusal::new(
+            ErrorCode::BadSession,
+            if meta.order == 5 {
+                format!(
+                    "topic {:?} has order 5: publishers must open a session (session epoch 1 or more)",
+                    meta.name
+                )
+            } else {
+                format!(
+                    "topic {:?} has order {}: sessions (session epoch {}) need an order-5 topic",
+                    meta.name, meta.order, hello.session_epoch
+                )
+            },
+        )
+        .into());
+    }
+    // A fence tells the client to reopen with the next epoch, which must exist.
+    if hello.session_epoch == u64::MAX {
+        return Err(Refusal::new(
+            ErrorCode::BadSession,
+            format!(
+                "session epoch {} leaves no epoch to reopen with; start from 1",
+                u64::MAX
+            ),
+        )
+        .into());
+    }
+    // Order 5: the key makes the session its opener's (PROTOCOL.md section 8).
+    if meta.order == 5 && hello.session_key == [0; SESSION_KEY_LEN] {
+        return Err(Refusal::new(
+            ErrorCode::BadSession,
+            "an order-5 hello must carry a session key (16 random bytes chosen when \
+             the session is opened, kept for its life); this client is too old or \
+             does not set one",
+        )
+        .into());
+    }
+    if meta.order == 5
+        && SessionView::new(topic, hello.client_id, hello.session_epoch, 0)
+            .crowded_out(&shared.region, shared.config.session_idle_evict)
+    {
+        return Err(Refusal::new(
+            ErrorCode::SessionsExhausted,
+            session::exhausted_message(&meta.name, shared.config.session_idle_evict),
+        )
+        .into());
+    }
+    if hello.ack_level == 2 && meta.replication_factor < 2 {
+        return Err(Refusal::new(
+            ErrorCode::AckNotAllowed,
+            format!(
+                "ack level 2 needs a replicated topic, but {:?} has replication factor {}; publish with --ack 1 or use a topic created with --rf 2 or more",
+                meta.name, meta.replication_factor
+            ),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Reads a subscriber's per-broker cursors (orders 0 and 1: one per broker, or none).
+fn read_cursors(
+    shared: &Shared,
+    stream: &mut TcpStream,
+    hello: &Hello,
+    meta: &TopicMeta,
+) -> Result<Vec<u64>, End> {
+    let mut cursors = Vec::new();
+    if hello.cursor_count != 0 {
+        if meta.order >= 2 || hello.cursor_count != shared.region.capacities().brokers {
+            return Err(Refusal::new(
+                ErrorCode::BadCursor,
+                format!(
+                    "{} per-broker cursors sent; topic {:?} (order {}) takes {}",
+                    hello.cursor_count,
+                    meta.name,
+                    meta.order,
+                    if meta.order >= 2 {
+                        0
+                    } else {
+                        shared.region.capacities().brokers
+                    }
+                ),
+            )
+            .into());
+        }
+        let mut raw = vec![0u8; 8 * hello.cursor_count as usize];
+        stream.read_exact(&mut raw)?;
+        cursors = raw
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+    }
+    Ok(cursors)
 }
 
 /// Sends the HelloOk frame.

@@ -116,6 +116,10 @@ pub fn resume_log(region: &Region, topic: u32, broker: u32) -> LogResume {
     if voided > 0 || skipped > 0 {
         region.sequencer_bell().ring();
     }
+    assert!(
+        next_pbr >= reclaimed_pbr && end >= log.reclaimed_blog.load(Ordering::Acquire),
+        "log ({topic}, {broker}) continues at or after what it reclaimed"
+    );
     LogResume {
         next_pbr,
         tail: end,

@@ -183,6 +183,14 @@ fn advance_frontier(shared: &Shared, topic: u32, st: &mut LogState) -> bool {
         let Some(h) = region.pbr_read(topic, broker, st.frontier) else {
             break;
         };
+        assert!(
+            h.pbr_index == st.frontier && h.log_offset >= st.written_end,
+            "log ({topic}, {broker}): slot {} names index {} at offset {}, before the bytes written up to {}",
+            st.frontier,
+            h.pbr_index,
+            h.log_offset,
+            st.written_end
+        );
         let valid = h.flags & BatchFlags::VALID != 0;
         if valid && st.msgs.saturating_add(h.num_msg as u64) > ceiling {
             shared
@@ -459,48 +467,72 @@ fn ack_session(
     if shared.region.is_retired() {
         return false;
     }
-    if status.expired {
-        close_with(
-            shared,
-            conn,
-            &mut out,
-            ErrorFrame {
-                code: ErrorCode::SessionExpired,
-                batch_seq: status.acked_hwm(conn.ack_level),
-                message: crate::session::expired_message(shared.config.session_idle_evict),
-            },
-        );
+    if let Some(error) = session_refusal(shared, conn, head, session, &status) {
+        close_with(shared, conn, &mut out, error);
         *progress = true;
         return false;
+    }
+    // Ack 2 waits until the batches are on every disk replica, not just ordered.
+    let hwm = status.acked_hwm(conn.ack_level);
+    let acked = take_session_acked(shared, conn, head, hwm, now);
+    let result = if acked {
+        *progress = true;
+        shared.metrics.acks_sent.fetch_add(1, Ordering::Relaxed);
+        out.send_nonblocking(
+            &Ack {
+                level: conn.ack_level,
+                count: hwm,
+            }
+            .encode(),
+        )
+    } else if !out.unsent.is_empty() {
+        out.send_nonblocking(&[])
+    } else {
+        Ok(())
+    };
+    if result.is_err() {
+        let _ = out.stream.shutdown(std::net::Shutdown::Both);
+        conn.closed.store(true, Ordering::Release);
+        return false;
+    }
+    true
+}
+
+/// Why the session's connection must be closed, if it must: the session expired, is
+/// bound to another key, is fenced, or the sequencer dropped its batch for want of a
+/// table slot. Otherwise marks the session active (its client is connected) and loads
+/// the connection's oldest unacknowledged batch into `head`.
+fn session_refusal(
+    shared: &Shared,
+    conn: &PublishConn,
+    head: &mut Option<PendingAck>,
+    session: &mut SessionView,
+    status: &crate::session::SessionStatus,
+) -> Option<ErrorFrame> {
+    if status.expired {
+        return Some(ErrorFrame {
+            code: ErrorCode::SessionExpired,
+            batch_seq: status.acked_hwm(conn.ack_level),
+            message: crate::session::expired_message(shared.config.session_idle_evict),
+        });
     }
     if status.foreign_key {
         // Another key bound the session first (the hello found it unbound): nothing the
         // session commits is this connection's, so it must never be told it is acked.
         let refusal = crate::publish::refuse_foreign_key(shared, session.client_id());
-        close_with(
-            shared,
-            conn,
-            &mut out,
-            ErrorFrame {
-                code: refusal.code,
-                batch_seq: u64::MAX,
-                message: refusal.message,
-            },
-        );
-        *progress = true;
-        return false;
+        return Some(ErrorFrame {
+            code: refusal.code,
+            batch_seq: u64::MAX,
+            message: refusal.message,
+        });
     }
     // The client is connected: its session is not idle, even when it sends nothing.
     session.touch(&shared.region, unix_ms());
     if status.fenced {
-        close_with(
-            shared,
-            conn,
-            &mut out,
-            ErrorFrame::session_fenced(conn.session_epoch, status.acked_hwm(conn.ack_level)),
-        );
-        *progress = true;
-        return false;
+        return Some(ErrorFrame::session_fenced(
+            conn.session_epoch,
+            status.acked_hwm(conn.ack_level),
+        ));
     }
     if head.is_none() {
         *head = conn.pending.pop();
@@ -523,21 +555,24 @@ fn ack_session(
             .region
             .topic_meta(conn.topic)
             .map_or_else(String::new, |m| m.name);
-        close_with(
-            shared,
-            conn,
-            &mut out,
-            ErrorFrame {
-                code: ErrorCode::SessionsExhausted,
-                batch_seq: 0,
-                message: crate::session::exhausted_message(&name, shared.config.session_idle_evict),
-            },
-        );
-        *progress = true;
-        return false;
+        return Some(ErrorFrame {
+            code: ErrorCode::SessionsExhausted,
+            batch_seq: 0,
+            message: crate::session::exhausted_message(&name, shared.config.session_idle_evict),
+        });
     }
-    // Ack 2 waits until the batches are on every disk replica, not just ordered.
-    let hwm = status.acked_hwm(conn.ack_level);
+    None
+}
+
+/// Takes off the connection's queue every batch below the session's acknowledged
+/// mark `hwm` (recording how long each waited); returns whether there was one.
+fn take_session_acked(
+    shared: &Shared,
+    conn: &PublishConn,
+    head: &mut Option<PendingAck>,
+    hwm: u64,
+    now: Instant,
+) -> bool {
     let mut acked = false;
     let mut waited = AckWait::default();
     loop {
@@ -554,27 +589,40 @@ fn ack_session(
         }
     }
     waited.record(shared);
-    let result = if acked {
-        *progress = true;
-        shared.metrics.acks_sent.fetch_add(1, Ordering::Relaxed);
-        out.send_nonblocking(
-            &Ack {
-                level: conn.ack_level,
-                count: hwm,
+    acked
+}
+
+/// Takes off the connection's queue every batch whose PBR slot is below `limit`
+/// (recording how long each waited); returns the count to acknowledge, if any.
+fn take_acked_below(
+    shared: &Shared,
+    conn: &PublishConn,
+    head: &mut Option<PendingAck>,
+    limit: u64,
+    now: Instant,
+) -> Option<u64> {
+    let mut count = None;
+    let mut waited = AckWait::default();
+    loop {
+        if head.is_none() {
+            *head = conn.pending.pop();
+        }
+        match *head {
+            Some(p) if p.pbr_index < limit => {
+                // Queued in connection order, each batch numbered after the last.
+                assert!(
+                    count.is_none_or(|c| p.batch_seq >= c),
+                    "a connection's acknowledged count only grows"
+                );
+                count = Some(p.batch_seq + 1);
+                waited.add(p, now);
+                *head = None;
             }
-            .encode(),
-        )
-    } else if !out.unsent.is_empty() {
-        out.send_nonblocking(&[])
-    } else {
-        Ok(())
-    };
-    if result.is_err() {
-        let _ = out.stream.shutdown(std::net::Shutdown::Both);
-        conn.closed.store(true, Ordering::Release);
-        return false;
+            _ => break,
+        }
     }
-    true
+    waited.record(shared);
+    count
 }
 
 /// Sends an error frame on a session's connection and closes it for good. Closing also
@@ -644,22 +692,7 @@ fn send_acks(
             (_, 1) => written,
             _ => log.ordered_pbr.load(Ordering::Acquire),
         };
-        let mut count = None;
-        let mut waited = AckWait::default();
-        loop {
-            if a.head.is_none() {
-                a.head = conn.pending.pop();
-            }
-            match a.head {
-                Some(p) if p.pbr_index < limit => {
-                    count = Some(p.batch_seq + 1);
-                    waited.add(p, now);
-                    a.head = None;
-                }
-                _ => break,
-            }
-        }
-        waited.record(shared);
+        let count = take_acked_below(shared, conn, &mut a.head, limit, now);
         // Never wait on a connection thread that is writing to its own client.
         let Ok(mut out) = conn.out.try_lock() else {
             if let Some(count) = count {

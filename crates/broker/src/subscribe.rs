@@ -7,7 +7,7 @@ use crate::net::{self, End, Peer, Refusal};
 use crate::Shared;
 use embarcadero_region::backoff::Backoff;
 use embarcadero_region::{
-    monotonic_ns, Doorbell, Region, TopicMeta, READER_CLAIMING, READER_SLOTS,
+    monotonic_ns, Doorbell, GoiEntry, Region, TopicMeta, READER_CLAIMING, READER_SLOTS,
 };
 use embarcadero_replication::{DiskReader, DiskSeek};
 use embarcadero_wire::{
@@ -493,10 +493,17 @@ fn locate_global(region: &Region, topic: u32, pos: u64) -> Locate {
         }
     }
     match region.goi_read(topic, a) {
-        Some(e) => Locate::At {
-            index: a,
-            skip: (pos - e.total_order) as u32,
-        },
+        Some(e) => {
+            // Entries are consecutive and `pos` is below the last one's end.
+            debug_assert!(
+                pos >= e.total_order && pos - e.total_order < e.num_msg as u64,
+                "GOI entry {a} holds position {pos}"
+            );
+            Locate::At {
+                index: a,
+                skip: (pos - e.total_order) as u32,
+            }
+        }
         None => Locate::NotYet,
     }
 }
@@ -598,25 +605,10 @@ fn serve_global(
         still_there(region, topic, meta)?;
         pin.beat();
         if cursor.is_none() {
-            let memory = locate_global(region, topic, start.position);
-            let durable = region.durable_seq(topic, meta.replication_factor);
-            cursor = match (memory, disk.as_mut()) {
-                (Locate::At { index, skip }, _) => Some((index, skip)),
-                (Locate::Ahead, _) => None,
-                (_, Some(disk)) => match disk.seek_position(start.position, durable)? {
-                    DiskSeek::At { seq, skip } => Some((seq, skip)),
-                    DiskSeek::Gone { first_position } => {
-                        start.gone(first_position)?;
-                        continue;
-                    }
-                    DiskSeek::Beyond => None,
-                },
-                (Locate::Gone { first }, None) => {
-                    start.gone(first)?;
-                    continue;
-                }
-                (Locate::NotYet, None) => None,
-            };
+            match locate_start(region, topic, meta, &mut start, disk.as_mut())? {
+                StartAt::Found(at) => cursor = at,
+                StartAt::Moved => continue,
+            }
         }
         // A replicated topic is read up to its durable frontier only: what a
         // subscriber has seen survives the loss of the region.
@@ -627,63 +619,12 @@ fn serve_global(
                 .load(Ordering::Acquire),
             rf => region.durable_seq(topic, rf),
         };
-        let Some((mut g, mut skip)) = cursor.filter(|(g, _)| *g < readable) else {
+        let Some(from) = cursor.filter(|(g, _)| *g < readable) else {
             idle.wait(&bell, seen, stream)?;
             continue;
         };
         idle.reset();
-        let mut plan = Vec::new();
-        let mut bytes = 0u64;
-        while g < readable && plan.len() < MAX_BATCHES_PER_ROUND && bytes < MAX_BYTES_PER_ROUND {
-            let entry = region.goi_read(topic, g);
-            let in_memory = entry.and_then(|e| {
-                let broker = e.broker_id as u32;
-                if !retained(region, topic, broker, e.blog_offset) {
-                    return None;
-                }
-                let ptr = region.blog_ptr(topic, broker, e.blog_offset, e.payload_size as u64)?;
-                Some(Planned {
-                    header: DeliveryHeader {
-                        batch_position: g,
-                        first_position: e.total_order,
-                        client_id: e.client_id,
-                        batch_seq: e.client_seq,
-                        num_msg: e.num_msg,
-                        skip: skip.min(e.num_msg),
-                        broker_id: e.broker_id,
-                        order: meta.order,
-                        payload_len: e.payload_size,
-                        session_epoch: e.session_epoch,
-                    },
-                    ptr,
-                    broker,
-                    log_offset: e.blog_offset,
-                    token_index: g,
-                    owned: None,
-                })
-            });
-            let planned = match (in_memory, disk.as_mut()) {
-                (Some(p), _) => p,
-                (None, Some(disk)) => {
-                    let durable = region.durable_seq(topic, meta.replication_factor);
-                    match disk.read(g, durable, meta.order)? {
-                        Some(mut p) => {
-                            p.header.skip = skip.min(p.header.num_msg);
-                            p
-                        }
-                        None => break,
-                    }
-                }
-                (None, None) => {
-                    let pos = entry.map_or(0, |e| e.total_order);
-                    return Err(not_retained(pos, None));
-                }
-            };
-            bytes += planned.header.payload_len as u64;
-            plan.push(planned);
-            skip = 0;
-            g += 1;
-        }
+        let (plan, g) = plan_global_round(region, topic, meta, from, readable, disk.as_mut())?;
         if plan.is_empty() {
             idle.wait(&bell, seen, stream)?;
             continue;
@@ -703,6 +644,137 @@ fn serve_global(
         }
     }
     Ok(())
+}
+
+/// What looking for a global subscription's start found.
+enum StartAt {
+    /// The GOI index to read from and the messages to skip in its batch; `None`: not
+    /// committed yet.
+    Found(Option<(u64, u32)>),
+    /// The position is gone and the start moved up to the first retained one: look
+    /// again.
+    Moved,
+}
+
+/// Finds `start` in memory, else on disk.
+fn locate_start(
+    region: &Region,
+    topic: u32,
+    meta: &TopicMeta,
+    start: &mut Start,
+    disk: Option<&mut DiskLog>,
+) -> Result<StartAt, End> {
+    let memory = locate_global(region, topic, start.position);
+    let durable = region.durable_seq(topic, meta.replication_factor);
+    Ok(StartAt::Found(match (memory, disk) {
+        (Locate::At { index, skip }, _) => Some((index, skip)),
+        (Locate::Ahead, _) => None,
+        (_, Some(disk)) => match disk.seek_position(start.position, durable)? {
+            DiskSeek::At { seq, skip } => Some((seq, skip)),
+            DiskSeek::Gone { first_position } => {
+                start.gone(first_position)?;
+                return Ok(StartAt::Moved);
+            }
+            DiskSeek::Beyond => None,
+        },
+        (Locate::Gone { first }, None) => {
+            start.gone(first)?;
+            return Ok(StartAt::Moved);
+        }
+        (Locate::NotYet, None) => None,
+    }))
+}
+
+/// Plans one round of a global subscription from `(g, skip)`, below `readable`: from
+/// memory while a batch is retained there, else from disk. Returns the plan and the
+/// GOI index after it.
+fn plan_global_round(
+    region: &Region,
+    topic: u32,
+    meta: &TopicMeta,
+    (mut g, mut skip): (u64, u32),
+    readable: u64,
+    mut disk: Option<&mut DiskLog>,
+) -> Result<(Vec<Planned>, u64), End> {
+    let mut plan: Vec<Planned> = Vec::new();
+    let mut bytes = 0u64;
+    while g < readable && plan.len() < MAX_BATCHES_PER_ROUND && bytes < MAX_BYTES_PER_ROUND {
+        let entry = region.goi_read(topic, g);
+        let in_memory = entry.and_then(|e| plan_in_memory(region, topic, meta, g, skip, &e));
+        let planned = match (in_memory, disk.as_deref_mut()) {
+            (Some(p), _) => p,
+            (None, Some(disk)) => {
+                let durable = region.durable_seq(topic, meta.replication_factor);
+                match disk.read(g, durable, meta.order)? {
+                    Some(mut p) => {
+                        p.header.skip = skip.min(p.header.num_msg);
+                        p
+                    }
+                    None => break,
+                }
+            }
+            (None, None) => {
+                let pos = entry.map_or(0, |e| e.total_order);
+                return Err(not_retained(pos, None));
+            }
+        };
+        // Memory and every replica hold the global order without gaps; a record on disk
+        // that breaks it (written by something else) is refused, never served.
+        if let Some(previous) = plan.last() {
+            let h = &previous.header;
+            let expected = h.first_position + h.num_msg as u64;
+            if planned.header.first_position != expected {
+                return Err(Refusal::new(
+                    ErrorCode::Internal,
+                    format!(
+                        "batch {g} starts at position {} where {expected} belongs",
+                        planned.header.first_position
+                    ),
+                )
+                .into());
+            }
+        }
+        bytes += planned.header.payload_len as u64;
+        plan.push(planned);
+        skip = 0;
+        g += 1;
+    }
+    Ok((plan, g))
+}
+
+/// Plans GOI entry `g` (`e`) from its broker's log, if its batch is still there.
+fn plan_in_memory(
+    region: &Region,
+    topic: u32,
+    meta: &TopicMeta,
+    g: u64,
+    skip: u32,
+    e: &GoiEntry,
+) -> Option<Planned> {
+    let broker = e.broker_id as u32;
+    if !retained(region, topic, broker, e.blog_offset) {
+        return None;
+    }
+    let ptr = region.blog_ptr(topic, broker, e.blog_offset, e.payload_size as u64)?;
+    Some(Planned {
+        header: DeliveryHeader {
+            batch_position: g,
+            first_position: e.total_order,
+            client_id: e.client_id,
+            batch_seq: e.client_seq,
+            num_msg: e.num_msg,
+            skip: skip.min(e.num_msg),
+            broker_id: e.broker_id,
+            order: meta.order,
+            payload_len: e.payload_size,
+            session_epoch: e.session_epoch,
+        },
+        ptr,
+        broker,
+        log_offset: e.blog_offset,
+        token_index: g,
+        owned: None,
+    })
 }
 
 /// A replicated topic's log on disk, for positions that have left memory. Reads one

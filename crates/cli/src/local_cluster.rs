@@ -325,6 +325,81 @@ impl ClusterSpec {
     }
 }
 
+/// The region file of a cluster whose data lives in `dir`: in the spec's region
+/// directory (else /dev/shm when it exists, else `dir`), named after this process and
+/// `dir`, so clusters started side by side do not share one.
+fn region_file_in(spec: &ClusterSpec, dir: &Path) -> PathBuf {
+    let region_dir = spec.region_dir.clone().unwrap_or_else(|| shm_or(dir));
+    region_dir.join(format!(
+        "embarcadero-cluster-{}-{}.region",
+        std::process::id(),
+        dir.file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    ))
+}
+
+/// Starts the head on `data_dir` and `region_file`; returns it and its ready line.
+fn start_head(
+    spec: &ClusterSpec,
+    data_dir: &Path,
+    region_file: &Path,
+) -> Result<(ChildProcess, String), String> {
+    let mut env = spec.env.clone();
+    env.push((
+        "EMBARCADERO_REGION_PATH".into(),
+        region_file.display().to_string(),
+    ));
+    if !spec.replica_dirs.is_empty() {
+        let dirs: Vec<String> = spec
+            .replica_dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
+        env.push(("EMBARCADERO_REPLICATION_DIRS".into(), dirs.join(",")));
+    }
+    let brokers = spec.brokers.to_string();
+    let data = data_dir.display().to_string();
+    let epoch = spec.epoch_us.map(|e| e.to_string());
+    let mut args = vec![
+        "broker",
+        "--head",
+        "--brokers",
+        &brokers,
+        "--base-port",
+        "0",
+        "--control-port",
+        "0",
+        "--data-dir",
+        &data,
+    ];
+    if spec.external_sequencer {
+        args.push("--external-sequencer");
+    }
+    if let Some(epoch) = &epoch {
+        args.extend(["--epoch-us", epoch]);
+    }
+    // The head picks its control port (0: no race for a free port); its ready line
+    // names it: "embarcadero is serving: control API http://ADDR  brokers ...".
+    ChildProcess::ready(
+        &spec.program,
+        &args,
+        &env,
+        "the head",
+        "embarcadero is serving",
+        Echo::Quiet,
+    )
+}
+
+/// The control address the head's ready line names.
+fn control_addr_in(line: &str) -> Result<String, String> {
+    Ok(line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .ok_or_else(|| format!("the head's ready line names no control address: {line}"))?
+        .to_string())
+}
+
 /// A running cluster; dropping it kills every process and removes its files.
 pub struct LocalCluster {
     /// The head's control address (host:port).
@@ -350,76 +425,17 @@ impl LocalCluster {
             .prefix("embarcadero-cluster-")
             .tempdir()
             .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
-        let data_dir = dir.path().join("head");
-        let region_dir = spec
-            .region_dir
-            .clone()
-            .unwrap_or_else(|| shm_or(dir.path()));
-        let region_file = region_dir.join(format!(
-            "embarcadero-cluster-{}-{}.region",
-            std::process::id(),
-            dir.path()
-                .file_name()
-                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
-        ));
+        let region_file = region_file_in(spec, dir.path());
         clean_up_on_signal();
         leftovers()
             .paths
             .extend([region_file.clone(), dir.path().to_path_buf()]);
-        let mut env = spec.env.clone();
-        env.push((
-            "EMBARCADERO_REGION_PATH".into(),
-            region_file.display().to_string(),
-        ));
-        if !spec.replica_dirs.is_empty() {
-            let dirs: Vec<String> = spec
-                .replica_dirs
-                .iter()
-                .map(|d| d.display().to_string())
-                .collect();
-            env.push(("EMBARCADERO_REPLICATION_DIRS".into(), dirs.join(",")));
-        }
-        let brokers = spec.brokers.to_string();
-        let data = data_dir.display().to_string();
-        let epoch = spec.epoch_us.map(|e| e.to_string());
-        let mut args = vec![
-            "broker",
-            "--head",
-            "--brokers",
-            &brokers,
-            "--base-port",
-            "0",
-            "--control-port",
-            "0",
-            "--data-dir",
-            &data,
-        ];
-        if spec.external_sequencer {
-            args.push("--external-sequencer");
-        }
-        if let Some(epoch) = &epoch {
-            args.extend(["--epoch-us", epoch]);
-        }
-        // The head picks its control port (0: no race for a free port); its ready line
-        // names it: "embarcadero is serving: control API http://ADDR  brokers ...".
-        let (head, line) = ChildProcess::ready(
-            &spec.program,
-            &args,
-            &env,
-            "the head",
-            "embarcadero is serving",
-            Echo::Quiet,
-        )
-        .inspect_err(|_| {
-            let _ = std::fs::remove_file(&region_file);
-            forget_paths(&[&region_file, dir.path()]);
-        })?;
-        let control = line
-            .split("http://")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .ok_or_else(|| format!("the head's ready line names no control address: {line}"))?
-            .to_string();
+        let (head, ready_line) = start_head(spec, &dir.path().join("head"), &region_file)
+            .inspect_err(|_| {
+                let _ = std::fs::remove_file(&region_file);
+                forget_paths(&[&region_file, dir.path()]);
+            })?;
+        let control = control_addr_in(&ready_line)?;
         let mut cluster = Self {
             control,
             region_file,
@@ -429,26 +445,33 @@ impl LocalCluster {
             head: Some(head),
             dir,
         };
-        for id in 1..spec.brokers {
+        cluster.start_followers()?;
+        Ok(cluster)
+    }
+
+    /// Starts one follower per broker id 1..brokers, each once the one before it is
+    /// serving.
+    fn start_followers(&mut self) -> Result<(), String> {
+        for id in 1..self.spec.brokers {
             let id_arg = id.to_string();
             let (follower, _) = ChildProcess::ready(
-                &spec.program,
+                &self.spec.program,
                 &[
                     "broker",
                     "--follower",
                     "--head-addr",
-                    &cluster.control,
+                    &self.control,
                     "--broker-id",
                     &id_arg,
                 ],
-                &spec.env,
+                &self.spec.env,
                 &format!("follower {id}"),
                 "is serving at",
                 Echo::Quiet,
             )?;
-            cluster.followers.push((id, follower));
+            self.followers.push((id, follower));
         }
-        Ok(cluster)
+        Ok(())
     }
 
     /// Starts an `embarcadero sequencer` (active, or a standby waiting for the lease);

@@ -12,6 +12,12 @@ impl Region {
         assert!(physical < self.layout.caps.segments_per_broker);
         let off = self.layout.seg_map_off(topic, broker, logical);
         self.invalidate(off + SM_TOKEN);
+        // A restarted broker may map again a segment its predecessor mapped for a
+        // reservation it never committed; never one older than the slot holds.
+        assert!(
+            self.word(off + SM_TOKEN).load(Ordering::Relaxed) <= logical + 1,
+            "logical segment {logical} of ({topic}, {broker}) mapped after a later one"
+        );
         self.word(off + SM_PHYSICAL)
             .store(physical as u64, Ordering::Relaxed);
         self.word(off + SM_TOKEN)

@@ -12,6 +12,12 @@ impl Region {
     pub fn goi_write(&self, topic: u32, index: u64, e: &GoiEntry) {
         let base = self.layout.goi_entry_off(topic, index);
         self.invalidate(base + G_TOKEN);
+        let previous = self.word(base + G_TOKEN).load(Ordering::Relaxed);
+        assert!(
+            previous <= index + 1,
+            "GOI slot of topic {topic} holds entry {} and would go back to {index}",
+            previous.wrapping_sub(1)
+        );
         for (i, v) in e.to_words().iter().enumerate() {
             self.word(base + G_WORDS + WORD * i as u64)
                 .store(*v, Ordering::Relaxed);

@@ -56,6 +56,7 @@ impl SequencerTopic<'_> {
     /// new session (the one exception to the mark only growing: a new session's batch
     /// sequence starts again).
     pub fn reset_session_durable_hwm(&self, slot: u32) {
+        assert!(slot < SESSION_SLOTS, "session slot {slot}");
         self.region
             .owned_word(self.region.layout.session_slot_off(self.topic, slot) + S_DURABLE_HWM)
             .store(0, Ordering::Release);
@@ -94,6 +95,7 @@ pub struct ChainMarks<'a> {
 impl<'a> ChainMarks<'a> {
     /// PBR slots of `broker`'s log below this are on every replica's disk.
     pub fn durable_pbr(&self, broker: u32) -> MonotonicU64<'a> {
+        assert!(broker < self.region.layout.caps.brokers, "broker {broker}");
         self.region.monotonic(
             self.region.layout.log_control_off(self.topic, broker) + LC_DURABLE_PBR,
             "a log's durable PBR frontier",
@@ -102,6 +104,7 @@ impl<'a> ChainMarks<'a> {
 
     /// Order 5, ack 2: the session in `slot` has every batch below this on disk.
     pub fn session_durable_hwm(&self, slot: u32) -> MonotonicU64<'a> {
+        assert!(slot < SESSION_SLOTS, "session slot {slot}");
         self.region.monotonic(
             self.region.layout.session_slot_off(self.topic, slot) + S_DURABLE_HWM,
             "a session's durable mark",
@@ -184,6 +187,8 @@ impl Region {
     /// The broker line of `broker`'s log of `topic`: for the broker serving that log
     /// (its service thread, its restart) and the start-up seed only.
     pub fn broker_line(&self, topic: u32, broker: u32) -> BrokerLine<'_> {
+        // Beyond the region's brokers the line would be another topic's.
+        assert!(broker < self.layout.caps.brokers, "broker {broker}");
         let base = self.layout.log_control_off(topic, broker);
         BrokerLine {
             written_frontier: self.monotonic(base + LC_WRITTEN_FRONTIER, "written_frontier"),
@@ -197,6 +202,7 @@ impl Region {
 
     /// The sequencer's line of `broker`'s log of `topic`: for the sequencer only.
     pub fn sequencer_line(&self, topic: u32, broker: u32) -> SequencerLine<'_> {
+        assert!(broker < self.layout.caps.brokers, "broker {broker}");
         let base = self.layout.log_control_off(topic, broker);
         SequencerLine {
             ordered_pbr: self.monotonic(base + LC_ORDERED_PBR, "ordered_pbr"),
@@ -207,6 +213,7 @@ impl Region {
 
     /// The sequence line of `topic`: for the sequencer and the start-up seed only.
     pub fn sequencer_topic(&self, topic: u32) -> SequencerTopic<'_> {
+        assert!(topic < self.layout.caps.max_topics, "topic {topic}");
         let base = self.layout.topic_off(topic) + self.layout.topic_seq_rel;
         SequencerTopic {
             region: self,

@@ -423,6 +423,8 @@ impl Layout {
     }
 
     pub fn pbr_slot_off(&self, topic: u32, broker: u32, index: u64) -> u64 {
+        // Beyond the brokers it would land in the next topic's block.
+        debug_assert!(broker < self.caps.brokers);
         self.topic_off(topic)
             + self.per_broker_rel
             + broker as u64 * self.per_broker_stride
@@ -430,6 +432,7 @@ impl Layout {
     }
 
     pub fn seg_map_off(&self, topic: u32, broker: u32, logical_segment: u64) -> u64 {
+        debug_assert!(broker < self.caps.brokers);
         self.topic_off(topic)
             + self.per_broker_rel
             + broker as u64 * self.per_broker_stride
@@ -438,7 +441,7 @@ impl Layout {
     }
 
     pub fn segment_off(&self, broker: u32, physical: u32) -> u64 {
-        debug_assert!(physical < self.caps.segments_per_broker);
+        debug_assert!(broker < self.caps.brokers && physical < self.caps.segments_per_broker);
         self.segments_off
             + (broker as u64 * self.caps.segments_per_broker as u64 + physical as u64)
                 * self.caps.segment_bytes

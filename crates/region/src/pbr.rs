@@ -18,6 +18,12 @@ impl Region {
         let bytes = h.encode();
         let base = self.layout.pbr_slot_off(topic, broker, index);
         self.invalidate(base + PBR_TOKEN);
+        let previous = self.word(base + PBR_TOKEN).load(Ordering::Relaxed);
+        assert!(
+            previous <= index + 1,
+            "PBR slot of ({topic}, {broker}) holds index {} and would go back to {index}",
+            previous.wrapping_sub(1)
+        );
         for field in (0..PBR_TOKEN as usize).step_by(WORD as usize) {
             let v = u64::from_le_bytes(bytes[field..field + WORD as usize].try_into().unwrap());
             self.word(base + field as u64).store(v, Ordering::Relaxed);

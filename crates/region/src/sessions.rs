@@ -17,6 +17,7 @@ impl Region {
     /// that slept through a whole rewrite sees the word change, so it can never take
     /// one client's id with another's marks when the slot goes to another session.
     pub fn session_write(&self, topic: u32, slot: u32, s: &SessionRecord) {
+        assert!(slot < SESSION_SLOTS, "session slot {slot} out of range");
         let base = self.layout.session_slot_off(topic, slot);
         let writes = (self.word(base + S_STATE).load(Ordering::Relaxed) >> 8).wrapping_add(1);
         // State 0 with the count: being rewritten (a free slot's word is all zero).

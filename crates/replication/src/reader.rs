@@ -103,6 +103,14 @@ impl DiskReader {
                     h.seq
                 )));
             }
+            if position < h.total_order {
+                // The segment's name or an earlier record promised this position.
+                return Err(corrupt(format!(
+                    "{}: record {seq} starts at position {}, past {position} it should hold",
+                    seg.path.display(),
+                    h.total_order
+                )));
+            }
             if position < h.end_position() {
                 self.cursor = Some(Cursor {
                     file,

@@ -71,6 +71,19 @@ pub fn recover_replicated(
     for s in &mut stores {
         s.sync()?;
     }
+    // The replica workers copy from the new region's GOI, which starts at the common
+    // end: a log left short here could never catch up.
+    if let Some(short) = stores.iter().find(|s| s.next_seq() != stores[0].next_seq()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} ends at record {} and could not be brought to {}, where the other replicas end; check its segments",
+                short.dir().display(),
+                short.next_seq(),
+                stores[0].next_seq()
+            ),
+        ));
+    }
     let resume = Resume {
         next_seq: stores[0].next_seq(),
         next_position: stores[0].next_position(),

@@ -404,6 +404,7 @@ impl TopicStore {
 
     /// Starts a new, empty active segment at the current end of the log.
     fn create_active(&mut self) -> io::Result<()> {
+        assert!(self.active.is_none(), "a log has one active segment");
         let file = SegmentFile {
             first_seq: self.next_seq,
             first_position: self.next_position,
@@ -477,7 +478,10 @@ impl TopicStore {
             self.dir_dirty |= pending.dir.is_some();
             return Err(e);
         }
-        debug_assert!(pending.mark.seq >= self.synced.seq, "syncs finish in order");
+        assert!(
+            pending.mark.seq >= self.synced.seq && pending.mark.seq <= self.next_seq,
+            "syncs finish in order and cover only appended records"
+        );
         self.synced = pending.mark;
         let Some((seg, _)) = self.active.as_mut() else {
             return Ok(());
@@ -494,6 +498,10 @@ impl TopicStore {
     /// After a failed write or sync: forget everything since the last successful sync
     /// (after a failed fsync the page cache cannot be trusted), so it is written again.
     pub fn rewind(&mut self) -> io::Result<()> {
+        assert!(
+            self.synced.seq <= self.next_seq && self.synced.position <= self.next_position,
+            "nothing beyond the appended records is durable"
+        );
         self.next_seq = self.synced.seq;
         self.next_position = self.synced.position;
         let Some((seg, file)) = self.active.as_mut() else {

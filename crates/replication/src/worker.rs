@@ -172,6 +172,11 @@ impl Replicas {
                     })?,
             );
         }
+        assert!(
+            stores.is_empty(),
+            "recovery opened logs of replicas without a directory: {:?}",
+            stores.keys().collect::<Vec<_>>()
+        );
         Ok(Self {
             shutdown,
             region,
@@ -476,34 +481,58 @@ impl Worker {
         if t.retry_at.is_some_and(|at| now < at) {
             return false;
         }
-        let mut progress = false;
-        if let Some(rx) = &t.syncing {
-            let done = match rx.try_recv() {
-                Ok(done) => Some(done),
-                Err(mpsc::TryRecvError::Empty) => None,
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    t.syncing = None;
-                    t.store.sync_lost();
-                    let gone = std::io::Error::other("the replica sync thread is gone");
-                    self.on_disk_error(t, &gone);
-                    return true;
-                }
-            };
-            if let Some(done) = done {
-                t.syncing = None;
-                progress = true;
-                if let Err(e) = self.finish_sync(t, done) {
-                    self.on_disk_error(t, &e);
-                    return true;
-                }
+        let mut progress = match self.collect_sync(t) {
+            Ok(finished) => finished,
+            Err(e) => {
+                self.on_disk_error(t, &e);
+                return true;
+            }
+        };
+        let committed = self.snapshot(t);
+        match self.copy_group(t, committed, now) {
+            Ok(copied) => progress |= copied,
+            Err(e) => {
+                self.on_disk_error(t, &e);
+                return true;
             }
         }
+        progress |= self.sync_if_due(t, committed);
+        progress |= self.advance_chain(t);
+        if now >= t.next_retention {
+            t.next_retention = now + RETENTION_EVERY;
+            self.apply_retention(t);
+        }
+        progress
+    }
+
+    /// Applies the sync in flight if it finished; returns whether one did. A failed
+    /// sync, or a sync thread found gone, is a disk error.
+    fn collect_sync(&self, t: &mut TopicCopy) -> std::io::Result<bool> {
+        let Some(rx) = &t.syncing else {
+            return Ok(false);
+        };
+        match rx.try_recv() {
+            Ok(done) => {
+                t.syncing = None;
+                self.finish_sync(t, done)?;
+                Ok(true)
+            }
+            Err(mpsc::TryRecvError::Empty) => Ok(false),
+            Err(mpsc::TryRecvError::Disconnected) => {
+                t.syncing = None;
+                t.store.sync_lost();
+                Err(std::io::Error::other("the replica sync thread is gone"))
+            }
+        }
+    }
+
+    /// Step 1: snapshots each broker's `ordered_pbr` (last replica only), then the
+    /// topic's `committed_seq`, which it returns.
+    fn snapshot(&self, t: &mut TopicCopy) -> u64 {
         let region = &self.region;
-        let metrics = &self.metrics.replicas[self.replica as usize - 1];
         let last = self.is_last(t);
-        let brokers = region.capacities().brokers;
         let ordered: Vec<u64> = if last {
-            (0..brokers)
+            (0..region.capacities().brokers)
                 .map(|b| region.log(t.topic, b).ordered_pbr.load(Ordering::Acquire))
                 .collect()
         } else {
@@ -513,6 +542,12 @@ impl Worker {
             .topic_seq(t.topic)
             .committed_seq
             .load(Ordering::Acquire);
+        if let Some((c, o)) = t.snapshots.back() {
+            assert!(
+                *c <= committed && o.iter().zip(&ordered).all(|(before, now)| before <= now),
+                "committed_seq and ordered_pbr never go backwards"
+            );
+        }
         if last
             && t.snapshots
                 .back()
@@ -520,6 +555,14 @@ impl Worker {
         {
             t.snapshots.push_back((committed, ordered));
         }
+        committed
+    }
+
+    /// Step 2: appends the GOI entries not copied yet, below `committed`, up to the
+    /// group's byte budget; returns whether it copied any.
+    fn copy_group(&self, t: &mut TopicCopy, committed: u64, now: Instant) -> std::io::Result<bool> {
+        let region = &self.region;
+        let metrics = &self.metrics.replicas[self.replica as usize - 1];
         let budget = self.config.group_commit_bytes;
         let mut copied = 0u64;
         let mut result = Ok(());
@@ -527,15 +570,15 @@ impl Worker {
         // sync that closes it.
         while t.store.next_seq() < committed && t.unsynced_bytes < budget && !t.store.is_full() {
             let g = t.store.next_seq();
-            let Some(e) = region.goi_read(t.topic, g) else {
-                tracing::error!(
-                    topic = t.topic,
-                    g,
-                    "GOI entry vanished before replica {} copied it",
-                    self.replica
-                );
-                break;
-            };
+            // Below `committed_seq` the entry is written, and it stays until this
+            // replica has it on disk: the sequencer reuses a GOI slot only once its
+            // batch is reclaimed, which waits for every replica (`durable_pbr`).
+            let e = region.goi_read(t.topic, g).unwrap_or_else(|| {
+                panic!(
+                    "GOI entry {g} of topic {} vanished before replica {} copied it",
+                    t.topic, self.replica
+                )
+            });
             // SAFETY: the batch cannot be reclaimed while we read it: reclamation of a
             // replicated topic waits for `durable_pbr`, which only moves once every
             // replica, this one included, has this entry on disk.
@@ -547,14 +590,14 @@ impl Worker {
                     e.payload_size as u64,
                 )
             };
-            let Some(payload) = payload else {
-                tracing::error!(
-                    topic = t.topic,
-                    g,
-                    "GOI entry {g} points outside its broker's log"
-                );
-                break;
-            };
+            // The sequencer copies a batch's place from the PBR slot its broker wrote
+            // after reserving it in its own log.
+            let payload = payload.unwrap_or_else(|| {
+                panic!(
+                    "GOI entry {g} of topic {} points outside broker {}'s log",
+                    t.topic, e.broker_id
+                )
+            });
             let h = RecordHeader::of(g, &e, payload);
             if let Err(err) = t.store.append(&h, payload) {
                 result = Err(err);
@@ -565,49 +608,46 @@ impl Worker {
             metrics.batches_written.fetch_add(1, Ordering::Relaxed);
         }
         if copied > 0 {
-            progress = true;
             metrics.bytes_written.fetch_add(copied, Ordering::Relaxed);
             t.unsynced_since.get_or_insert(now);
         }
-        if let Err(e) = result {
-            self.on_disk_error(t, &e);
-            return true;
-        }
+        result.map(|()| copied > 0)
+    }
+
+    /// Step 3: begins the group commit on the sync thread when it is due (the group
+    /// filled its budget or a segment, or the copy caught up with `committed` and the
+    /// oldest unsynced record waited `group_commit_wait`); returns whether it did.
+    fn sync_if_due(&self, t: &mut TopicCopy, committed: u64) -> bool {
         let caught_up = t.store.next_seq() >= committed;
         let due = t.syncing.is_none()
             && t.unsynced_bytes > 0
-            && (t.unsynced_bytes >= budget
+            && (t.unsynced_bytes >= self.config.group_commit_bytes
                 || t.store.is_full()
                 || (caught_up
                     && t.unsynced_since
                         .is_some_and(|s| s.elapsed() >= self.config.group_commit_wait)));
-        if due {
-            let (done, syncing) = mpsc::channel();
-            let job = SyncJob {
-                pending: t.store.begin_sync(),
-                done,
-            };
-            if let Err(mpsc::SendError(job)) = self.syncer.send(job) {
-                // The sync thread is gone (it panicked): sync here instead.
-                let started = Instant::now();
-                let result = job.pending.run();
-                let _ = job.done.send(SyncDone {
-                    pending: job.pending,
-                    result,
-                    took: started.elapsed(),
-                });
-            }
-            t.syncing = Some(syncing);
-            t.unsynced_bytes = 0;
-            t.unsynced_since = None;
-            progress = true;
+        if !due {
+            return false;
         }
-        progress |= self.advance_chain(t);
-        if now >= t.next_retention {
-            t.next_retention = now + RETENTION_EVERY;
-            self.apply_retention(t);
+        let (done, syncing) = mpsc::channel();
+        let job = SyncJob {
+            pending: t.store.begin_sync(),
+            done,
+        };
+        if let Err(mpsc::SendError(job)) = self.syncer.send(job) {
+            // The sync thread is gone (it panicked): sync here instead.
+            let started = Instant::now();
+            let result = job.pending.run();
+            let _ = job.done.send(SyncDone {
+                pending: job.pending,
+                result,
+                took: started.elapsed(),
+            });
         }
-        progress
+        t.syncing = Some(syncing);
+        t.unsynced_bytes = 0;
+        t.unsynced_since = None;
+        true
     }
 
     /// Applies a finished sync: what it covered is durable on this replica.
@@ -680,12 +720,19 @@ impl Worker {
         let mut moved = false;
         if chain > t.published {
             let line = region.replica_line(t.topic, self.replica);
-            // Entries below the frontier cannot be reclaimed before it moves on, so
+            // Entries at or above the last replica's frontier cannot be reclaimed
+            // before it moves on, and it is at most this replica's published token, so
             // the newest durable one is still in the GOI.
-            if let Some(e) = region.goi_read(t.topic, chain - 1) {
-                line.durable_position
-                    .advance(e.total_order + e.num_msg as u64, Ordering::Release);
-            }
+            let e = region.goi_read(t.topic, chain - 1).unwrap_or_else(|| {
+                panic!(
+                    "GOI entry {} of topic {} left the ring before replica {} published it durable",
+                    chain - 1,
+                    t.topic,
+                    self.replica
+                )
+            });
+            line.durable_position
+                .advance(e.total_order + e.num_msg as u64, Ordering::Release);
             line.durable_seq.advance(chain, Ordering::Release);
             t.published = chain;
             region.replication_bell().ring();
@@ -724,14 +771,21 @@ impl Worker {
     /// yet is retried on the next pass).
     fn raise_session_hwms(&self, t: &mut TopicCopy, chain: u64) -> u64 {
         let region = &self.region;
+        assert!(
+            t.sessions_done >= t.published,
+            "session marks are raised before the frontier that covers them is published"
+        );
         while t.sessions_done < chain {
             let g = t.sessions_done;
-            let Some(e) = region.goi_read(t.topic, g) else {
-                // Below the durable frontier and not yet reclaimable: only a GOI entry
-                // from before a restart (not in this region) can be missing.
-                t.sessions_done += 1;
-                continue;
-            };
+            // At or above the published frontier (`sessions_done` starts there, and the
+            // frontier moves only after this): not reclaimable yet, so still in the GOI.
+            // A restart seeds the frontier at the new region's first entry.
+            let e = region.goi_read(t.topic, g).unwrap_or_else(|| {
+                panic!(
+                    "GOI entry {g} of topic {} left the ring before its session's durable mark was raised",
+                    t.topic
+                )
+            });
             if e.session_epoch > 0 {
                 let Some(slot) = t.session_slots.find(region, t.topic, e.client_id) else {
                     break;

@@ -179,6 +179,10 @@ fn renew(region: &Region, mut deadline: u64, ttl: u64, lost: &AtomicBool, stop: 
             return;
         }
         let next = monotonic_ns() + ttl;
+        assert!(
+            next >= deadline,
+            "the monotonic clock went back: a renewal would shorten the lease"
+        );
         match region.lease_words().deadline_ns.compare_exchange(
             deadline,
             next,

@@ -1,4 +1,5 @@
-//! The epoch sequencer: gives every batch of an order-2 topic one global position.
+//! The epoch sequencer: gives every batch of an ordered topic (order 2 or 5) one global
+//! position.
 //!
 //! Owns: the GOI of every ordered topic, each topic's sequence line (`committed_seq`,
 //! `next_position`), the sequencer line of every log (`ordered_pbr`,
@@ -8,12 +9,16 @@
 //! slots and broker-owned frontiers; it never touches payload bytes (axiom A1).
 //!
 //! Pipeline: one scanner per (topic, broker) follows that broker's PBR with plain
-//! loads of the commit tokens and collects committed descriptors into its own buffer
-//! (no locks: the scanner is the only writer of its buffer). Once per epoch the
-//! buffers are merged in broker order, positions are assigned with one atomic add per
-//! topic, GOI entries are written with their token last, and then `committed_seq`
-//! and each broker's `ordered_pbr` advance. A broker with nothing committed adds
-//! nothing to an epoch, so a slow or idle broker never stalls the others.
+//! loads of the commit tokens and hands committed descriptors to the topic's orderer,
+//! one type per ordering mode (no locks: the sequencer thread is the only writer).
+//! Order 2 ([`EpochMerge`]): a buffer per broker; once per epoch the buffers are merged
+//! in broker order. Order 5 ([`sessions::Sessions`]): each batch takes its turn in its
+//! session, and admitted batches are ordered in admission order. Either way, positions
+//! are assigned with one atomic add per topic, GOI entries are written with their token
+//! last, and then `committed_seq` and each broker's `ordered_pbr` advance. A broker
+//! with nothing committed adds nothing to an epoch, so a slow or idle broker never
+//! stalls the others. The scan loop is generic over the orderer ([`Admit`]), so the
+//! mode is chosen once per topic per scan and per seal, never per slot.
 //!
 //! Only the holder of the region's sequencer lease ([`lease`]) may run a sequencer on
 //! a region; the server and `embarcadero sequencer` take it before starting one.
@@ -27,7 +32,7 @@ mod model_tests;
 pub use lease::{Lease, LeaseError, LeaseState};
 
 use embarcadero_region::backoff::Backoff;
-use embarcadero_region::{GoiEntry, Region};
+use embarcadero_region::{GoiEntry, Region, TopicMeta};
 use embarcadero_wire::BatchFlags;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -166,29 +171,89 @@ struct Pending {
     entry: Option<GoiEntry>,
 }
 
+/// Takes a topic's scanned slots until an epoch orders them. One implementation per
+/// ordering mode; the scan loop is generic over it, so it is compiled once per mode and
+/// the mode is chosen once per topic per scan, never per slot.
+trait Admit {
+    /// Takes slot `pbr_index` of `broker` (`entry` is `None` for a void slot). Each
+    /// broker's slots come in PBR order, none skipped.
+    fn admit(&mut self, region: &Region, broker: u32, pbr_index: u64, entry: Option<GoiEntry>);
+}
+
+/// Order 2: per broker, the slots scanned and not yet sealed, in PBR order; an epoch
+/// merges them in broker order.
+struct EpochMerge {
+    /// Indexed by broker.
+    buffers: Vec<Vec<Pending>>,
+}
+
+impl Admit for EpochMerge {
+    fn admit(&mut self, _region: &Region, broker: u32, pbr_index: u64, entry: Option<GoiEntry>) {
+        let buffer = &mut self.buffers[broker as usize];
+        debug_assert!(
+            buffer.last().is_none_or(|p| p.pbr_index + 1 == pbr_index),
+            "a scanner takes its broker's slots in PBR order, none skipped"
+        );
+        buffer.push(Pending { pbr_index, entry });
+    }
+}
+
+/// How a topic's scanned slots become GOI entries: one type per ordering mode.
+enum Orderer {
+    /// Order 2: the epoch merge of per-broker buffers.
+    EpochMerge(EpochMerge),
+    /// Order 5: sessions, their hold buffers and the admitted batches, ordered in
+    /// admission order. Boxed: it is far larger than the merge, and reached once per
+    /// topic per scan and per seal.
+    Sessions(Box<sessions::Sessions>),
+}
+
+impl Orderer {
+    /// Whether slots of `broker` were scanned and not sealed yet. Order 5 seals or
+    /// holds what it admits: entries held for a session gap are not waited for (an
+    /// order-5 publisher resends by session sequence, which needs no confirmation).
+    fn unsealed(&self, broker: u32) -> bool {
+        match self {
+            Orderer::EpochMerge(m) => !m.buffers[broker as usize].is_empty(),
+            Orderer::Sessions(_) => false,
+        }
+    }
+
+    /// Batches scanned and waiting for an epoch: buffered (void slots, which are never
+    /// ordered, left out), or admitted to an order-5 session's turn (a batch held for a
+    /// gap in its session is not waiting for an epoch).
+    fn queued(&self) -> usize {
+        match self {
+            Orderer::EpochMerge(m) => m
+                .buffers
+                .iter()
+                .map(|b| b.iter().filter(|p| p.entry.is_some()).count())
+                .sum(),
+            Orderer::Sessions(s) => s.ready.len(),
+        }
+    }
+
+    /// The order-5 sessions (tests).
+    #[cfg(test)]
+    fn sessions(&self) -> &sessions::Sessions {
+        match self {
+            Orderer::Sessions(s) => s,
+            Orderer::EpochMerge(_) => panic!("not an order-5 topic"),
+        }
+    }
+}
+
+/// Follows one broker's PBR for one topic.
 struct Scanner {
     broker: u32,
     /// Next PBR index to look at.
     cursor: u64,
-    buffer: Vec<Pending>,
 }
 
 impl Scanner {
-    /// Takes the slot at the cursor (`None`: void) into the epoch's buffer, or, for
-    /// order 5, into the session it belongs to.
-    fn take(
-        &mut self,
-        region: &Region,
-        sessions: &mut Option<sessions::Sessions>,
-        entry: Option<GoiEntry>,
-    ) {
-        match sessions {
-            Some(sessions) => sessions.admit(region, self.broker, self.cursor, entry),
-            None => self.buffer.push(Pending {
-                pbr_index: self.cursor,
-                entry,
-            }),
-        }
+    /// Hands the slot at the cursor (`None`: void) to the topic's orderer.
+    fn take<A: Admit>(&mut self, region: &Region, orderer: &mut A, entry: Option<GoiEntry>) {
+        orderer.admit(region, self.broker, self.cursor, entry);
         self.cursor += 1;
     }
 }
@@ -212,6 +277,10 @@ impl GoiTail {
         pbr_index: u64,
         entry: GoiEntry,
     ) {
+        assert!(
+            entry.pbr_index == pbr_index && entry.broker_id as u32 == broker,
+            "a GOI entry names the PBR slot it orders"
+        );
         let entry = GoiEntry {
             total_order: self.next_position,
             ..entry
@@ -224,17 +293,215 @@ impl GoiTail {
 }
 
 struct TopicState {
+    orderer: Orderer,
+    line: TopicLine,
+}
+
+/// Where the sequencer stands on one topic, whatever its ordering mode.
+struct TopicLine {
     topic: u32,
     generation: u64,
     /// Has disk replicas, which wait on the replication bell for new batches.
     replicated: bool,
+    /// One per broker, in broker order.
     scanners: Vec<Scanner>,
     /// Where the sequencer has written the GOI up to.
     tail: GoiTail,
-    /// Order 5 only: sessions, their hold buffers and the admitted batches.
-    sessions: Option<sessions::Sessions>,
-    /// `ordered_pbr` last stored per broker.
-    last_ordered: Vec<u64>,
+}
+
+impl TopicState {
+    /// Resumes ordering `topic` where the region says the sequencer left it.
+    fn resume(region: &Region, topic: u32, meta: &TopicMeta, config: &SequencerConfig) -> Self {
+        let brokers = region.capacities().brokers;
+        let orderer = if meta.order == 5 {
+            Orderer::Sessions(Box::new(sessions::Sessions::recover(
+                region,
+                topic,
+                meta.replication_factor,
+                config,
+            )))
+        } else {
+            Orderer::EpochMerge(EpochMerge {
+                buffers: vec![Vec::new(); brokers as usize],
+            })
+        };
+        let mut cursors: Vec<u64> = (0..brokers)
+            .map(|broker| {
+                region
+                    .log(topic, broker)
+                    .ordered_pbr
+                    .load(Ordering::Acquire)
+            })
+            .collect();
+        if meta.order == 2 {
+            catch_up_with_published_order(region, topic, &mut cursors);
+        }
+        let scanners = (0..brokers)
+            .zip(cursors)
+            .map(|(broker, cursor)| Scanner { broker, cursor })
+            .collect();
+        let seq = region.topic_seq(topic);
+        let tail = GoiTail {
+            committed: seq.committed_seq.load(Ordering::Acquire),
+            next_position: seq.next_position.load(Ordering::Acquire),
+        };
+        assert!(
+            tail.next_position >= seq.start_position.load(Ordering::Acquire),
+            "topic {topic}'s positions continue at or above where this region starts"
+        );
+        Self {
+            orderer,
+            line: TopicLine {
+                topic,
+                generation: meta.generation,
+                replicated: meta.replication_factor >= 2,
+                scanners,
+                tail,
+            },
+        }
+    }
+}
+
+/// Order 2: moves each broker's scan cursor, and its `ordered_pbr`, past every slot a
+/// predecessor already published in the GOI.
+///
+/// A sequencer publishes an epoch (`committed_seq`) before it advances the brokers'
+/// `ordered_pbr`: a broker must never acknowledge or reclaim a batch whose position is
+/// not published yet. A predecessor killed between the two leaves `ordered_pbr` behind
+/// the GOI, and a successor starting its scan there would give those batches a second
+/// position (found by the fault campaign, docs/RELIABILITY.md). Each broker's entries
+/// stand in the GOI in PBR order, so the last one below `committed_seq` tells where its
+/// ordered slots end. Order 5 needs no such step: its session table, reconciled from the
+/// GOI at recovery, drops the sequence numbers it has ordered already.
+fn catch_up_with_published_order(region: &Region, topic: u32, cursors: &mut [u64]) {
+    let committed = region
+        .topic_seq(topic)
+        .committed_seq
+        .load(Ordering::Acquire);
+    let oldest = committed.saturating_sub(region.capacities().goi_slots);
+    let mut unresolved = cursors.len();
+    let mut resolved = vec![false; cursors.len()];
+    for g in (oldest..committed).rev() {
+        if unresolved == 0 {
+            break;
+        }
+        // A slot an unpublished write of the predecessor reused: look further back.
+        let Some(e) = region.goi_read(topic, g) else {
+            continue;
+        };
+        let b = e.broker_id as usize;
+        assert!(
+            b < cursors.len(),
+            "GOI entry {g} of topic {topic} names broker {b}"
+        );
+        if resolved[b] {
+            continue;
+        }
+        resolved[b] = true;
+        unresolved -= 1;
+        let past = e.pbr_index + 1;
+        if past > cursors[b] {
+            tracing::warn!(
+                topic,
+                broker = b,
+                ordered_pbr = cursors[b],
+                published_up_to = past,
+                "a predecessor published slots it had not marked ordered; not ordering them again"
+            );
+            cursors[b] = past;
+            region
+                .sequencer_line(topic, b as u32)
+                .ordered_pbr
+                .advance(past, Ordering::Release);
+            region.broker_bell(b as u32).ring();
+        }
+    }
+}
+
+/// What one scan shares across the logs it reads.
+struct ScanPass<'a> {
+    region: &'a Region,
+    /// Brokers' commit stamps read this host's clock (see `Core::same_clock`).
+    same_clock: bool,
+    started_ns: u64,
+    found: &'a mut Found,
+}
+
+/// Batches found by the current scan and the sum of their commit times
+/// (`committed_ns`; 0 from a broker that does not stamp it, left out): their wait
+/// before they were found.
+#[derive(Debug, Default)]
+struct Found {
+    batches: u128,
+    committed_ns: u128,
+}
+
+impl ScanPass<'_> {
+    /// Scans every broker's log of one topic into its orderer.
+    fn scan_topic<A: Admit>(&mut self, line: &mut TopicLine, orderer: &mut A) {
+        for s in &mut line.scanners {
+            self.scan_log(line.topic, s, orderer);
+        }
+    }
+
+    /// Takes the committed slots from `s`'s cursor on, at most `MAX_SCAN_PER_PASS`.
+    fn scan_log<A: Admit>(&mut self, topic: u32, s: &mut Scanner, orderer: &mut A) {
+        let region = self.region;
+        let limit = self.fence_limit(topic, s, orderer);
+        let mut taken = 0;
+        while taken < MAX_SCAN_PER_PASS && s.cursor < limit {
+            let Some(h) = region.pbr_read(topic, s.broker, s.cursor) else {
+                break;
+            };
+            let valid = h.flags & BatchFlags::VALID != 0;
+            if valid {
+                self.note_found(h.committed_ns);
+            }
+            let entry = valid.then_some(GoiEntry {
+                batch_id: h.batch_id,
+                total_order: 0,
+                blog_offset: h.log_offset,
+                pbr_index: s.cursor,
+                client_id: h.client_id,
+                client_seq: h.batch_seq,
+                session_epoch: h.session_epoch,
+                payload_size: h.total_size as u32,
+                num_msg: h.num_msg,
+                broker_id: s.broker as u16,
+                flags: 0,
+                replication_token: 0,
+                session_key_hash: h.session_key_hash,
+            });
+            s.take(region, orderer, entry);
+            taken += 1;
+        }
+    }
+
+    /// The PBR index `s` may scan below. A fenced broker's slots at or above the fence
+    /// are never ordered; a restarted broker lifts the fence from its own first slot
+    /// on, and the slots in between count as void (taken here).
+    fn fence_limit<A: Admit>(&self, topic: u32, s: &mut Scanner, orderer: &mut A) -> u64 {
+        let log = self.region.log(topic, s.broker);
+        let fence = log.fence_pbr.load(Ordering::Acquire);
+        let limit = fence.checked_sub(1).unwrap_or(u64::MAX);
+        if fence != 0 && log.resumed_fence.load(Ordering::Acquire) == fence && s.cursor >= limit {
+            let resume = log.resume_pbr.load(Ordering::Acquire);
+            while s.cursor < resume {
+                s.take(self.region, orderer, None);
+            }
+            return u64::MAX;
+        }
+        limit
+    }
+
+    /// Counts a found batch's wait before this scan, from its broker's commit stamp.
+    fn note_found(&mut self, committed_ns: u64) {
+        // A stamp after this scan began is not from this host's clock.
+        if self.same_clock && committed_ns != 0 && committed_ns <= self.started_ns {
+            self.found.batches += 1;
+            self.found.committed_ns += committed_ns as u128;
+        }
+    }
 }
 
 /// Most slots one scanner takes per pass, so one busy broker cannot monopolise a pass.
@@ -251,11 +518,8 @@ struct Core {
     /// [`Core::account_epoch_wait`]).
     queued: u64,
     queued_since: Instant,
-    /// Batches found by the current scan and the sum of their commit times
-    /// (`committed_ns`; 0 from a broker that does not stamp it, left out): their wait
-    /// before they were found.
-    found: u128,
-    found_committed_ns: u128,
+    /// Batches found by the current scan (see [`Found`]).
+    found: Found,
     /// The region was created on this host since it booted, so brokers' commit stamps
     /// read the same clock as this sequencer's; else they are not used.
     same_clock: bool,
@@ -271,8 +535,7 @@ impl Core {
             topics: Vec::new(),
             queued: 0,
             queued_since: Instant::now(),
-            found: 0,
-            found_committed_ns: 0,
+            found: Found::default(),
             same_clock,
         }
     }
@@ -336,9 +599,12 @@ impl Core {
         let caps = self.region.capacities();
         let region = &self.region;
         self.topics.retain(|t| {
-            let deleted = region.topic_deleted(t.topic);
+            let deleted = region.topic_deleted(t.line.topic);
             if deleted {
-                tracing::info!(topic = t.topic, "the sequencer let go of a deleted topic");
+                tracing::info!(
+                    topic = t.line.topic,
+                    "the sequencer let go of a deleted topic"
+                );
             }
             !deleted
         });
@@ -349,123 +615,45 @@ impl Core {
             if meta.order < 2 {
                 continue;
             }
-            if let Some(t) = self.topics.iter().find(|t| t.topic == topic) {
-                if t.generation == meta.generation {
+            if let Some(t) = self.topics.iter().find(|t| t.line.topic == topic) {
+                if t.line.generation == meta.generation {
                     continue;
                 }
-                self.topics.retain(|t| t.topic != topic);
+                self.topics.retain(|t| t.line.topic != topic);
             }
-            let seq = self.region.topic_seq(topic);
-            let sessions = (meta.order == 5).then(|| {
-                sessions::Sessions::recover(
-                    &self.region,
-                    topic,
-                    meta.replication_factor,
-                    &self.config,
-                )
-            });
-            self.topics.push(TopicState {
-                sessions,
-                last_ordered: (0..caps.brokers)
-                    .map(|b| {
-                        self.region
-                            .log(topic, b)
-                            .ordered_pbr
-                            .load(Ordering::Acquire)
-                    })
-                    .collect(),
-                topic,
-                generation: meta.generation,
-                replicated: meta.replication_factor >= 2,
-                scanners: (0..caps.brokers)
-                    .map(|broker| Scanner {
-                        broker,
-                        cursor: self
-                            .region
-                            .log(topic, broker)
-                            .ordered_pbr
-                            .load(Ordering::Acquire),
-                        buffer: Vec::new(),
-                    })
-                    .collect(),
-                tail: GoiTail {
-                    committed: seq.committed_seq.load(Ordering::Acquire),
-                    next_position: seq.next_position.load(Ordering::Acquire),
-                },
-            });
+            let state = TopicState::resume(&self.region, topic, &meta, &self.config);
+            self.topics.push(state);
         }
     }
 
     /// Collects newly committed PBR slots; returns how many are waiting in buffers.
     fn scan(&mut self) -> usize {
-        let region = &self.region;
+        let mut pass = ScanPass {
+            region: &self.region,
+            same_clock: self.same_clock,
+            started_ns: embarcadero_region::monotonic_ns(),
+            found: &mut self.found,
+        };
         let mut waiting = 0;
-        let scan_started_ns = embarcadero_region::monotonic_ns();
         for t in &mut self.topics {
-            if let Some(sessions) = &mut t.sessions {
-                sessions.tick(region, Instant::now());
-            }
-            for s in &mut t.scanners {
-                let mut taken = 0;
-                // A fenced broker's slots at or above the fence are never ordered; a
-                // restarted broker lifts the fence from its own first slot on, and the
-                // slots in between count as void.
-                let log = region.log(t.topic, s.broker);
-                let fence = log.fence_pbr.load(Ordering::Acquire);
-                let mut limit = fence.checked_sub(1).unwrap_or(u64::MAX);
-                if fence != 0
-                    && log.resumed_fence.load(Ordering::Acquire) == fence
-                    && s.cursor >= limit
-                {
-                    let resume = log.resume_pbr.load(Ordering::Acquire);
-                    while s.cursor < resume {
-                        s.take(region, &mut t.sessions, None);
-                    }
-                    limit = u64::MAX;
+            waiting += match &mut t.orderer {
+                Orderer::EpochMerge(m) => {
+                    pass.scan_topic(&mut t.line, m);
+                    m.buffers.iter().map(Vec::len).sum::<usize>()
                 }
-                while taken < MAX_SCAN_PER_PASS && s.cursor < limit {
-                    let Some(h) = region.pbr_read(t.topic, s.broker, s.cursor) else {
-                        break;
-                    };
-                    // A stamp after this scan began is not from this host's clock.
-                    if h.flags & BatchFlags::VALID != 0
-                        && self.same_clock
-                        && h.committed_ns != 0
-                        && h.committed_ns <= scan_started_ns
-                    {
-                        self.found += 1;
-                        self.found_committed_ns += h.committed_ns as u128;
-                    }
-                    let entry = (h.flags & BatchFlags::VALID != 0).then_some(GoiEntry {
-                        batch_id: h.batch_id,
-                        total_order: 0,
-                        blog_offset: h.log_offset,
-                        pbr_index: s.cursor,
-                        client_id: h.client_id,
-                        client_seq: h.batch_seq,
-                        session_epoch: h.session_epoch,
-                        payload_size: h.total_size as u32,
-                        num_msg: h.num_msg,
-                        broker_id: s.broker as u16,
-                        flags: 0,
-                        replication_token: 0,
-                        session_key_hash: h.session_key_hash,
-                    });
-                    s.take(region, &mut t.sessions, entry);
-                    taken += 1;
+                Orderer::Sessions(sessions) => {
+                    sessions.tick(pass.region, Instant::now());
+                    pass.scan_topic(&mut t.line, sessions.as_mut());
+                    self.metrics
+                        .sessions_evicted
+                        .fetch_add(std::mem::take(&mut sessions.evictions), Ordering::Relaxed);
+                    self.metrics.session_key_mismatches.fetch_add(
+                        std::mem::take(&mut sessions.key_mismatches),
+                        Ordering::Relaxed,
+                    );
+                    sessions.ready.len() + sessions.dirty as usize
                 }
-                waiting += s.buffer.len();
-            }
-            if let Some(sessions) = &mut t.sessions {
-                self.metrics
-                    .sessions_evicted
-                    .fetch_add(std::mem::take(&mut sessions.evictions), Ordering::Relaxed);
-                self.metrics.session_key_mismatches.fetch_add(
-                    std::mem::take(&mut sessions.key_mismatches),
-                    Ordering::Relaxed,
-                );
-                waiting += sessions.ready.len() + sessions.dirty as usize;
-            }
+            };
         }
         waiting
     }
@@ -479,8 +667,8 @@ impl Core {
     /// after.
     fn account_epoch_wait(&mut self, now: Instant, now_ns: u64) {
         let waited = now.saturating_duration_since(self.queued_since).as_nanos() as u64;
-        let before_found = (std::mem::take(&mut self.found) * now_ns as u128)
-            .saturating_sub(std::mem::take(&mut self.found_committed_ns));
+        let found = std::mem::take(&mut self.found);
+        let before_found = (found.batches * now_ns as u128).saturating_sub(found.committed_ns);
         let before_found = u64::try_from(before_found).unwrap_or(u64::MAX);
         self.metrics.epoch_wait_nanos.fetch_add(
             self.queued
@@ -492,22 +680,9 @@ impl Core {
         self.queued = self.count_queued();
     }
 
-    /// Batches scanned and not yet ordered: in the scanners' buffers (void slots, which
-    /// are never ordered, left out), or admitted to an order-5 session's turn (a batch
-    /// held for a gap in its session is not waiting for an epoch).
+    /// Batches scanned and not yet ordered (see [`Orderer::queued`]).
     fn count_queued(&self) -> u64 {
-        self.topics
-            .iter()
-            .map(|t| {
-                let buffered: usize = t
-                    .scanners
-                    .iter()
-                    .map(|s| s.buffer.iter().filter(|p| p.entry.is_some()).count())
-                    .sum();
-                let admitted = t.sessions.as_ref().map_or(0, |s| s.ready.len());
-                (buffered + admitted) as u64
-            })
-            .sum()
+        self.topics.iter().map(|t| t.orderer.queued() as u64).sum()
     }
 
     /// Seals the epoch; what it ordered no longer counts as waiting.
@@ -538,12 +713,24 @@ impl Core {
         );
     }
 
+    /// Orders one topic's waiting batches the way its ordering mode does, then confirms
+    /// its fences. Returns the time spent writing the GOI.
+    fn seal(&self, t: &mut TopicState) -> Duration {
+        let goi_write = match &mut t.orderer {
+            Orderer::EpochMerge(m) => self.seal_epoch_merge(&mut t.line, m),
+            Orderer::Sessions(sessions) => self.seal_sessions(&mut t.line, sessions),
+        };
+        // After `committed_seq` is published: whoever reads the acknowledgement then
+        // finds every ordered entry below the fence under `committed_seq`.
+        self.acknowledge_fences(t);
+        goi_write
+    }
+
     /// Orders one order-5 topic's admitted batches, in admission order. Returns the
     /// time spent writing the GOI.
-    fn seal_sessions(&self, t: &mut TopicState) -> Duration {
+    fn seal_sessions(&self, t: &mut TopicLine, sessions: &mut sessions::Sessions) -> Duration {
         let region = &self.region;
         let goi_slots = region.capacities().goi_slots;
-        let sessions = t.sessions.as_mut().expect("order-5 topic");
         let start = t.tail;
         let ceiling = region.position_ceiling(t.topic).load(Ordering::Acquire);
         let writing = Instant::now();
@@ -570,41 +757,31 @@ impl Core {
         // The table after committed_seq: recovery reconciles a lagging table from the GOI.
         sessions.write_table(region);
         for s in &t.scanners {
-            let frontier = sessions.ordered_frontier(s.broker, s.cursor);
-            assert!(
-                frontier >= t.last_ordered[s.broker as usize],
-                "a broker's ordered frontier only grows: brokers reclaim below it"
-            );
-            if frontier != t.last_ordered[s.broker as usize] {
+            if let Some(frontier) = sessions.frontier_moved(s.broker, s.cursor) {
                 region
                     .sequencer_line(t.topic, s.broker)
                     .ordered_pbr
                     .advance(frontier, Ordering::Release);
-                t.last_ordered[s.broker as usize] = frontier;
             }
             // Acks of order-5 sessions follow the table: wake every broker.
             region.broker_bell(s.broker).ring();
         }
-        self.acknowledge_fences(t);
         goi_write
     }
 
-    /// Orders one topic's buffered batches, scanner by scanner in broker order. Returns
-    /// the time spent writing the GOI.
-    fn seal(&self, t: &mut TopicState) -> Duration {
-        if t.sessions.is_some() {
-            return self.seal_sessions(t);
-        }
+    /// Orders one order-2 topic's buffered batches, broker by broker in broker order.
+    /// Returns the time spent writing the GOI.
+    fn seal_epoch_merge(&self, t: &mut TopicLine, m: &mut EpochMerge) -> Duration {
         let region = &self.region;
         let goi_slots = region.capacities().goi_slots;
         let start = t.tail;
         let ceiling = region.position_ceiling(t.topic).load(Ordering::Acquire);
-        let mut ordered_upto: Vec<Option<u64>> = vec![None; t.scanners.len()];
+        let mut ordered_upto: Vec<Option<u64>> = vec![None; m.buffers.len()];
         let (mut stalled, mut at_ceiling) = (false, false);
         let writing = Instant::now();
-        for s in &mut t.scanners {
+        for (broker, buffer) in m.buffers.iter_mut().enumerate() {
             let mut used = 0;
-            for p in &s.buffer {
+            for p in buffer.iter() {
                 if let Some(e) = p.entry {
                     if !self.below_ceiling(t.tail, &e, ceiling) {
                         at_ceiling = true;
@@ -614,12 +791,13 @@ impl Core {
                         stalled = true;
                         break;
                     }
-                    t.tail.append(region, t.topic, s.broker, p.pbr_index, e);
+                    t.tail
+                        .append(region, t.topic, broker as u32, p.pbr_index, e);
                 }
-                ordered_upto[s.broker as usize] = Some(p.pbr_index + 1);
+                ordered_upto[broker] = Some(p.pbr_index + 1);
                 used += 1;
             }
-            s.buffer.drain(..used);
+            buffer.drain(..used);
             if stalled || at_ceiling {
                 break;
             }
@@ -630,7 +808,6 @@ impl Core {
         }
         if t.tail == start && ordered_upto.iter().all(Option::is_none) {
             // Nothing new: what the GOI holds is published already.
-            self.acknowledge_fences(t);
             return goi_write;
         }
         self.publish(t.topic, start, t.tail);
@@ -646,27 +823,24 @@ impl Core {
                 region.broker_bell(broker as u32).ring();
             }
         }
-        // After `committed_seq` is published: whoever reads the acknowledgement then
-        // finds every ordered entry below the fence under `committed_seq`.
-        self.acknowledge_fences(t);
         goi_write
     }
 
     /// Confirms each fence once this topic's GOI holds every slot of the fenced log
-    /// that will ever be ordered: the scanner reached the fence and its buffer is
-    /// sealed. (Order 5: entries still held for a session gap are not waited for; an
-    /// order-5 publisher resends by session sequence, which needs no confirmation.)
+    /// that will ever be ordered: the scanner reached the fence and nothing it took
+    /// is left unsealed (see [`Orderer::unsealed`]).
     fn acknowledge_fences(&self, t: &TopicState) {
-        for s in &t.scanners {
-            let log = self.region.log(t.topic, s.broker);
+        let topic = t.line.topic;
+        for s in &t.line.scanners {
+            let log = self.region.log(topic, s.broker);
             let fence = log.fence_pbr.load(Ordering::Acquire);
             if fence != 0
                 && s.cursor + 1 >= fence
-                && s.buffer.is_empty()
+                && !t.orderer.unsealed(s.broker)
                 && log.fence_ack.load(Ordering::Acquire) != fence
             {
                 self.region
-                    .sequencer_line(t.topic, s.broker)
+                    .sequencer_line(topic, s.broker)
                     .fence_ack
                     .store(fence, Ordering::Release);
             }
@@ -1079,6 +1253,56 @@ mod tests {
         assert_eq!(r.topic_seq(1).next_position.load(Ordering::Acquire), 7);
     }
 
+    /// A sequencer killed after publishing an epoch's `committed_seq` but before
+    /// advancing `ordered_pbr`: its successor must not order those batches again. Found
+    /// by `embarcadero chaos` (SIGKILL of the active sequencer, order 2; see
+    /// docs/RELIABILITY.md, "Fault campaign"). Order 5 covers the same window in
+    /// `a_restarted_sequencer_recovers_sessions_from_table_and_goi`.
+    #[test]
+    fn a_successor_does_not_order_again_what_was_published_before_ordered_pbr_moved() {
+        let (_d, r) = region(64);
+        commit(&r, 0, 0, 2, true);
+        commit(&r, 1, 0, 3, true);
+        let mut c = core(&r);
+        c.scan();
+        c.seal_all();
+        drop(c);
+        assert_eq!(r.topic_seq(1).committed_seq.load(Ordering::Acquire), 2);
+        for b in 0..2 {
+            r.sequencer_line(1, b).ordered_pbr.set_for_test(0);
+        }
+        let mut c = core(&r);
+        c.scan();
+        c.seal_all();
+        let seq = r.topic_seq(1);
+        assert_eq!(
+            (
+                seq.committed_seq.load(Ordering::Acquire),
+                seq.next_position.load(Ordering::Acquire)
+            ),
+            (2, 5),
+            "the two batches are in the order once"
+        );
+        for b in 0..2 {
+            assert_eq!(
+                r.log(1, b).ordered_pbr.load(Ordering::Acquire),
+                1,
+                "broker {b}'s ordered slot is marked ordered again, so it is acknowledged"
+            );
+        }
+        commit(&r, 0, 1, 4, true);
+        c.scan();
+        c.seal_all();
+        assert_eq!(
+            (
+                seq.committed_seq.load(Ordering::Acquire),
+                seq.next_position.load(Ordering::Acquire)
+            ),
+            (3, 9),
+            "a batch committed after the takeover continues the order"
+        );
+    }
+
     // ------------------------------------------------------------------ order 5
 
     pub(super) fn session_region() -> (tempfile::TempDir, Arc<Region>) {
@@ -1162,7 +1386,7 @@ mod tests {
             vec![(8, 0)],
             "session 8 is not delayed by 7's gap"
         );
-        assert_eq!(c.topics[0].sessions.as_ref().unwrap().held(), 2);
+        assert_eq!(c.topics[0].orderer.sessions().held(), 2);
         // Broker 2's slot 0 is held, so its ordered frontier stays below it.
         assert_eq!(r.log(0, 2).ordered_pbr.load(Ordering::Acquire), 0);
         commit_session(&r, 0, 0, 7, 1, 0);

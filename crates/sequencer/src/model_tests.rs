@@ -12,10 +12,11 @@
 //! connections do.
 //!
 //! What one thread cannot observe: the memory orderings between the sequencer's writes
-//! (GOI token, `committed_seq`, `ordered_pbr`, session table) and a crash in the middle
-//! of a seal, since `seal_all` is one step here. Restarts happen between steps only; the
-//! unit test `a_restarted_sequencer_recovers_sessions_from_table_and_goi` simulates the
-//! torn cases by hand.
+//! (GOI token, `committed_seq`, `ordered_pbr`, session table). A crash in the middle of a
+//! seal is modelled at one point, the widest: after `committed_seq` is published and
+//! before any `ordered_pbr` moved (`Step::CrashAfterPublish`, found by the fault
+//! campaign); the unit test `a_restarted_sequencer_recovers_sessions_from_table_and_goi`
+//! simulates order 5's other torn cases by hand.
 
 use crate::tests::{
     commit, commit_session, core, goi_sessions, region, session_core, session_region,
@@ -53,6 +54,9 @@ enum Step {
     Reclaim { broker: usize },
     /// The sequencer is replaced by a new one that resumes from the region.
     Restart,
+    /// The sequencer seals an epoch and dies after publishing it (`committed_seq`) but
+    /// before any `ordered_pbr` moved; a new one resumes from the region.
+    CrashAfterPublish,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -63,7 +67,18 @@ fn step() -> impl Strategy<Value = Step> {
         3 => Just(Step::Seal),
         1 => (0..BROKERS).prop_map(|broker| Step::Reclaim { broker }),
         1 => Just(Step::Restart),
+        1 => Just(Step::CrashAfterPublish),
     ]
+}
+
+/// Puts every `ordered_pbr` of `topic` back where `before` saw it, as a sequencer
+/// killed between publishing an epoch and advancing them leaves the region.
+fn crash_before_ordered_pbr_moved(r: &Region, topic: u32, before: &Lines) {
+    for (b, ordered) in before.ordered_pbr.iter().enumerate() {
+        r.sequencer_line(topic, b as u32)
+            .ordered_pbr
+            .set_for_test(*ordered);
+    }
 }
 
 /// Which slots of each broker are committed, in PBR index order.
@@ -264,6 +279,14 @@ impl Order2Model {
                 self.c = core(&self.r);
                 // The new sequencer resumes from the region: it has scanned nothing yet.
                 self.scanned = self.lines.ordered_pbr.clone();
+            }
+            Step::CrashAfterPublish => {
+                self.c.seal_all();
+                self.after_seal()?;
+                crash_before_ordered_pbr_moved(&self.r, ORDER2_TOPIC, &self.lines);
+                self.c = core(&self.r);
+                // It resumes past what the GOI holds: the lines now say where.
+                self.scanned = Lines::read(&self.r, ORDER2_TOPIC).ordered_pbr;
             }
         }
         let lines = Lines::read(&self.r, ORDER2_TOPIC);
@@ -583,6 +606,13 @@ impl Order5Model {
                 self.c = session_core(&self.r, LONG_LEASE);
                 self.scanned = self.lines.ordered_pbr.clone();
             }
+            Step::CrashAfterPublish => {
+                self.c.seal_all();
+                self.after_seal()?;
+                crash_before_ordered_pbr_moved(&self.r, ORDER5_TOPIC, &self.lines);
+                self.c = session_core(&self.r, LONG_LEASE);
+                self.scanned = self.lines.ordered_pbr.clone();
+            }
         }
         let lines = Lines::read(&self.r, ORDER5_TOPIC);
         if self.check_steps {
@@ -749,11 +779,10 @@ impl Order5Model {
             .c
             .topics
             .iter()
-            .find(|t| t.topic == ORDER5_TOPIC)
+            .find(|t| t.line.topic == ORDER5_TOPIC)
             .unwrap()
-            .sessions
-            .as_ref()
-            .unwrap()
+            .orderer
+            .sessions()
             .held();
         prop_assert_eq!(held, 0);
         Ok(())

@@ -92,6 +92,13 @@ struct Session {
 
 impl Session {
     fn record(&self, client_id: u64) -> SessionRecord {
+        // Only admitted batches commit: the durable mark never passes the head.
+        assert!(
+            self.committed_hwm <= self.next_expected,
+            "session of client {client_id}: committed up to {} but admitted only up to {}",
+            self.committed_hwm,
+            self.next_expected
+        );
         SessionRecord {
             state: if self.fenced {
                 SessionState::Fenced
@@ -166,6 +173,8 @@ pub(crate) struct Sessions {
     /// Per broker: PBR indices scanned but neither committed nor dropped. A broker's
     /// ordered frontier cannot pass the lowest of them.
     outstanding: Vec<BTreeSet<u64>>,
+    /// Per broker: the ordered frontier (`ordered_pbr`) last stored.
+    last_ordered: Vec<u64>,
     window: u64,
     lease: Duration,
     idle_evict_ms: u64,
@@ -194,13 +203,32 @@ impl Sessions {
         replication_factor: u8,
         config: &SequencerConfig,
     ) -> Self {
-        let brokers = region.capacities().brokers as usize;
-        let mut s = Self {
+        let mut s = Self::empty(region, topic, replication_factor, config);
+        s.refresh_durable_frontier(region);
+        s.load_table(region);
+        let folded = s.fold_goi_tail(region);
+        s.reconcile(folded);
+        s.dirty = s.by_client.values().any(|x| x.dirty);
+        s
+    }
+
+    /// No session yet; the brokers' ordered frontiers as the region holds them.
+    fn empty(
+        region: &Region,
+        topic: u32,
+        replication_factor: u8,
+        config: &SequencerConfig,
+    ) -> Self {
+        let brokers = region.capacities().brokers;
+        Self {
             topic,
             by_client: HashMap::new(),
             used_slots: vec![false; SESSION_SLOTS as usize],
             ready: VecDeque::new(),
-            outstanding: vec![BTreeSet::new(); brokers],
+            outstanding: vec![BTreeSet::new(); brokers as usize],
+            last_ordered: (0..brokers)
+                .map(|b| region.log(topic, b).ordered_pbr.load(Ordering::Acquire))
+                .collect(),
             window: config.session_window,
             lease: config.session_lease,
             idle_evict_ms: config.session_idle_evict.as_millis() as u64,
@@ -211,87 +239,101 @@ impl Sessions {
             key_mismatches: 0,
             key_mismatches_total: 0,
             dirty: false,
-        };
-        s.refresh_durable_frontier(region);
-        for slot in 0..SESSION_SLOTS {
-            if let Some(r) = region.session_read(topic, slot) {
-                s.used_slots[slot as usize] = true;
-                s.by_client.insert(
-                    r.client_id,
-                    Session {
-                        slot,
-                        epoch: r.session_epoch,
-                        next_expected: r.committed_hwm,
-                        committed_hwm: r.committed_hwm,
-                        held: BTreeMap::new(),
-                        fenced: r.state == SessionState::Fenced,
-                        gap_since: None,
-                        // A region from before the field: idle from now on.
-                        last_active_ms: if r.last_active_ms == 0 {
-                            s.now_ms
-                        } else {
-                            r.last_active_ms
-                        },
-                        uncommitted: 0,
-                        last_goi: None,
-                        opened_at: r.opened_at,
-                        starts: false,
-                        key_hash: r.key_hash,
-                        dirty: false,
-                    },
-                );
-            }
         }
-        // Batches committed after the table was last written, and the last GOI index
-        // of every session still in the ring. Entries of a client id from before its
-        // session was opened belong to an earlier session of the id, which ended; a
-        // session start in the ring makes the marks start over too. A session not in
-        // the table (a region from before the table was written at once) takes a free
-        // slot; with none free it is one that ended.
+    }
+
+    /// Takes every session the region's table holds, as of its last write.
+    fn load_table(&mut self, region: &Region) {
+        for slot in 0..SESSION_SLOTS {
+            let Some(r) = region.session_read(self.topic, slot) else {
+                continue;
+            };
+            self.used_slots[slot as usize] = true;
+            let session = Session {
+                slot,
+                epoch: r.session_epoch,
+                next_expected: r.committed_hwm,
+                committed_hwm: r.committed_hwm,
+                held: BTreeMap::new(),
+                fenced: r.state == SessionState::Fenced,
+                gap_since: None,
+                // A region from before the field: idle from now on.
+                last_active_ms: if r.last_active_ms == 0 {
+                    self.now_ms
+                } else {
+                    r.last_active_ms
+                },
+                uncommitted: 0,
+                last_goi: None,
+                opened_at: r.opened_at,
+                starts: false,
+                key_hash: r.key_hash,
+                dirty: false,
+            };
+            let previous = self.by_client.insert(r.client_id, session);
+            assert!(
+                previous.is_none(),
+                "the session table holds client {} in two slots",
+                r.client_id
+            );
+        }
+    }
+
+    /// What the committed GOI still in the ring says of each client id's latest
+    /// session: batches committed after the table was last written, and the last GOI
+    /// index of every session. Entries of a client id from before its session was
+    /// opened belong to an earlier session of the id, which ended; a session start in
+    /// the ring makes the marks start over too.
+    fn fold_goi_tail(&self, region: &Region) -> HashMap<u64, Folded> {
         let committed = region
-            .topic_seq(topic)
+            .topic_seq(self.topic)
             .committed_seq
             .load(Ordering::Acquire);
         let from = committed.saturating_sub(region.capacities().goi_slots);
         let mut folded: HashMap<u64, Folded> = HashMap::new();
         for g in from..committed {
-            let Some(e) = region.goi_read(topic, g) else {
+            let Some(e) = region.goi_read(self.topic, g) else {
                 continue;
             };
-            let opened_at = s.by_client.get(&e.client_id).map_or(0, |x| x.opened_at);
+            let opened_at = self.by_client.get(&e.client_id).map_or(0, |x| x.opened_at);
             if g < opened_at {
                 continue;
             }
-            let f = folded.entry(e.client_id).or_insert(Folded {
+            let start = Folded {
                 hwm: 0,
                 epoch: 0,
                 last_goi: g,
-                from_start: false,
+                from_start: e.flags & GOI_SESSION_START != 0,
                 key_hash: e.session_key_hash,
+            };
+            let f = folded.entry(e.client_id).or_insert(Folded {
+                from_start: false,
+                ..start
             });
-            if e.flags & GOI_SESSION_START != 0 {
-                *f = Folded {
-                    hwm: 0,
-                    epoch: 0,
-                    last_goi: g,
-                    from_start: true,
-                    key_hash: e.session_key_hash,
-                };
+            if start.from_start {
+                *f = start;
             }
             f.hwm = f.hwm.max(e.client_seq + 1);
             f.epoch = f.epoch.max(e.session_epoch);
             f.last_goi = g;
         }
+        folded
+    }
+
+    /// Brings the sessions up to what the GOI says: the table may lag the GOI by an
+    /// epoch, never lead it. A session not in the table (a region from before the
+    /// table was written at once) takes a free slot; with none free it is one that
+    /// ended.
+    fn reconcile(&mut self, folded: HashMap<u64, Folded>) {
         for (client, f) in folded {
-            if !s.by_client.contains_key(&client) {
-                let slot = s.free_slot();
-                if s.open_in(client, f.epoch, slot).is_none() {
+            if !self.by_client.contains_key(&client) {
+                let slot = self.free_slot();
+                if self.open_in(client, f.epoch, slot).is_none() {
                     continue;
                 }
             }
-            let session = s.by_client.get_mut(&client).expect("opened above");
+            let session = self.by_client.get_mut(&client).expect("opened above");
             session.last_goi = Some(f.last_goi);
-            // The table may lag the GOI by an epoch, never lead it.
             let hwm = if f.from_start {
                 f.hwm
             } else {
@@ -308,8 +350,6 @@ impl Sessions {
                 session.dirty = true;
             }
         }
-        s.dirty = s.by_client.values().any(|x| x.dirty);
-        s
     }
 
     fn free_slot(&mut self) -> Option<u32> {
@@ -333,6 +373,10 @@ impl Sessions {
             .topic_seq(topic)
             .committed_seq
             .load(Ordering::Acquire);
+        debug_assert!(
+            slot.is_none_or(|slot| self.by_client.values().all(|s| s.slot != slot)),
+            "a table slot holds one session"
+        );
         let session = self.open_in(client_id, epoch, slot)?;
         session.opened_at = opened_at;
         session.starts = true;
@@ -400,103 +444,20 @@ impl Sessions {
     }
 
     fn refresh_durable_frontier(&mut self, region: &Region) {
-        self.durable_frontier = match self.replication_factor {
+        let frontier = match self.replication_factor {
             0 | 1 => u64::MAX,
             rf => region
                 .replica(self.topic, rf - 1)
                 .durable_seq
                 .load(Ordering::Acquire),
         };
-    }
-
-    /// Takes one scanned PBR slot (`entry` is `None` for a void slot).
-    pub fn admit(&mut self, region: &Region, broker: u32, pbr_index: u64, entry: Option<GoiEntry>) {
-        let Some(entry) = entry else {
-            self.dirty = true;
-            return;
-        };
-        self.outstanding[broker as usize].insert(pbr_index);
-        let batch = Admitted {
-            broker,
-            pbr_index,
-            entry,
-        };
-        let seq = entry.client_seq;
-        let window = self.window;
-        if !self.by_client.contains_key(&entry.client_id)
-            && self
-                .open(region, entry.client_id, entry.session_epoch)
-                .is_none()
-        {
-            tracing::error!(
-                topic = self.topic,
-                client = entry.client_id,
-                "all {SESSION_SLOTS} order-5 session slots hold sessions active in the last {} s; batch dropped",
-                self.idle_evict_ms / 1000
-            );
-            return self.drop_batch(&batch);
-        }
-        let now_ms = self.now_ms;
-        let session = self
-            .by_client
-            .get_mut(&entry.client_id)
-            .expect("opened above");
-        if !session.accepts_key(entry.session_key_hash) {
-            self.key_mismatches += 1;
-            self.key_mismatches_total += 1;
-            warn_foreign_key(self.topic, &batch, self.key_mismatches_total);
-            return self.drop_batch(&batch);
-        }
-        session.last_active_ms = now_ms;
-        if entry.session_epoch < session.epoch
-            || (entry.session_epoch == session.epoch && session.fenced)
-        {
-            return self.drop_batch(&batch);
-        }
-        let mut dropped = Vec::new();
-        if entry.session_epoch > session.epoch {
-            // The client reopened after a fence: a new epoch continues from the
-            // committed high-water mark; anything held from the old epoch is void.
-            session.epoch = entry.session_epoch;
-            session.fenced = false;
-            session.next_expected = session.committed_hwm.max(session.next_expected);
-            dropped.extend(std::mem::take(&mut session.held).into_values());
-            session.gap_since = None;
-            session.dirty = true;
-        }
-        if seq < session.next_expected
-            || seq >= session.next_expected + window
-            || session.held.contains_key(&seq)
-        {
-            dropped.push(batch);
-        } else if seq == session.next_expected {
-            session.bind_key(entry.session_key_hash);
-            self.ready.push_back(batch);
-            session.next_expected += 1;
-            session.uncommitted += 1;
-            while let Some(next) = session.held.remove(&session.next_expected) {
-                // Held while the session was unbound, by someone else than its owner.
-                if !session.accepts_key(next.entry.session_key_hash) {
-                    self.key_mismatches += 1;
-                    self.key_mismatches_total += 1;
-                    warn_foreign_key(self.topic, &next, self.key_mismatches_total);
-                    dropped.push(next);
-                    break;
-                }
-                self.ready.push_back(next);
-                session.next_expected += 1;
-                session.uncommitted += 1;
-            }
-            session.gap_since = (!session.held.is_empty()).then(Instant::now);
-        } else {
-            if session.held.is_empty() {
-                session.gap_since = Some(Instant::now());
-            }
-            session.held.insert(seq, batch);
-        }
-        for b in dropped {
-            self.drop_batch(&b);
-        }
+        // A slot is given away once the frontier passed its session's last batch: a
+        // frontier that went back could not take that back.
+        assert!(
+            frontier >= self.durable_frontier,
+            "the durable frontier only grows"
+        );
+        self.durable_frontier = frontier;
     }
 
     fn drop_batch(&mut self, b: &Admitted) {
@@ -555,13 +516,28 @@ impl Sessions {
 
     /// Records that `b` is now in the committed GOI at index `goi` (called in commit order).
     pub fn committed(&mut self, b: &Admitted, goi: u64) {
-        self.outstanding[b.broker as usize].remove(&b.pbr_index);
-        if let Some(s) = self.by_client.get_mut(&b.entry.client_id) {
-            s.committed_hwm = s.committed_hwm.max(b.entry.client_seq + 1);
-            s.last_goi = Some(goi);
-            s.uncommitted -= 1;
-            s.dirty = true;
-        }
+        let was_outstanding = self.outstanding[b.broker as usize].remove(&b.pbr_index);
+        assert!(
+            was_outstanding,
+            "a committed batch was scanned and not dropped"
+        );
+        // A session with uncommitted batches never ends (`end_idlest`).
+        let s = self
+            .by_client
+            .get_mut(&b.entry.client_id)
+            .expect("an admitted batch's session lives until the batch is committed");
+        assert!(
+            s.uncommitted > 0,
+            "committed more batches than were admitted"
+        );
+        assert!(
+            s.last_goi.is_none_or(|g| g < goi),
+            "a session's batches are committed in GOI order"
+        );
+        s.committed_hwm = s.committed_hwm.max(b.entry.client_seq + 1);
+        s.last_goi = Some(goi);
+        s.uncommitted -= 1;
+        s.dirty = true;
     }
 
     /// Writes changed sessions to the region's table.
@@ -575,16 +551,154 @@ impl Sessions {
 
     /// The ordered frontier of `broker`: everything scanned below `cursor` is committed
     /// or dropped, except what is still outstanding.
-    pub fn ordered_frontier(&self, broker: u32, cursor: u64) -> u64 {
+    fn ordered_frontier(&self, broker: u32, cursor: u64) -> u64 {
         self.outstanding[broker as usize]
             .first()
             .copied()
             .unwrap_or(cursor)
     }
 
+    /// The ordered frontier of `broker` (scanned up to `cursor`), if it moved since it
+    /// was last stored; the caller stores it.
+    pub fn frontier_moved(&mut self, broker: u32, cursor: u64) -> Option<u64> {
+        let frontier = self.ordered_frontier(broker, cursor);
+        let last = &mut self.last_ordered[broker as usize];
+        assert!(
+            frontier >= *last,
+            "a broker's ordered frontier only grows: brokers reclaim below it"
+        );
+        (frontier != *last).then(|| {
+            *last = frontier;
+            frontier
+        })
+    }
+
     /// Batches held behind gaps, over all sessions.
     #[cfg(test)]
     pub fn held(&self) -> usize {
         self.by_client.values().map(|s| s.held.len()).sum()
+    }
+}
+
+impl crate::Admit for Sessions {
+    /// Takes one scanned PBR slot (`entry` is `None` for a void slot).
+    fn admit(&mut self, region: &Region, broker: u32, pbr_index: u64, entry: Option<GoiEntry>) {
+        let Some(entry) = entry else {
+            self.dirty = true;
+            return;
+        };
+        let fresh = self.outstanding[broker as usize].insert(pbr_index);
+        assert!(
+            fresh,
+            "PBR slot {pbr_index} of broker {broker} scanned twice"
+        );
+        let batch = Admitted {
+            broker,
+            pbr_index,
+            entry,
+        };
+        if !self.admissible(region, &batch) {
+            return self.drop_batch(&batch);
+        }
+        for b in self.place(batch) {
+            self.drop_batch(&b);
+        }
+    }
+}
+
+impl Sessions {
+    /// Whether `b` may join its session: the session exists or can be opened, `b`
+    /// carries the session's key, and its epoch is current and not fenced (or newer).
+    /// Counts the session active.
+    fn admissible(&mut self, region: &Region, b: &Admitted) -> bool {
+        let entry = b.entry;
+        if !self.by_client.contains_key(&entry.client_id)
+            && self
+                .open(region, entry.client_id, entry.session_epoch)
+                .is_none()
+        {
+            tracing::error!(
+                topic = self.topic,
+                client = entry.client_id,
+                "all {SESSION_SLOTS} order-5 session slots hold sessions active in the last {} s; batch dropped",
+                self.idle_evict_ms / 1000
+            );
+            return false;
+        }
+        let now_ms = self.now_ms;
+        let session = self
+            .by_client
+            .get_mut(&entry.client_id)
+            .expect("opened above");
+        if !session.accepts_key(entry.session_key_hash) {
+            self.key_mismatches += 1;
+            self.key_mismatches_total += 1;
+            warn_foreign_key(self.topic, b, self.key_mismatches_total);
+            return false;
+        }
+        session.last_active_ms = now_ms;
+        entry.session_epoch > session.epoch
+            || (entry.session_epoch == session.epoch && !session.fenced)
+    }
+
+    /// Puts an admissible batch in its session's place: admitted to `ready` (with the
+    /// held successors it frees) when it is the next one, held when it is ahead within
+    /// the window. Returns the batches to drop: `b` itself when it is a duplicate, late
+    /// or beyond the window; held batches a new epoch voids.
+    fn place(&mut self, b: Admitted) -> Vec<Admitted> {
+        let (seq, window) = (b.entry.client_seq, self.window);
+        let session = self
+            .by_client
+            .get_mut(&b.entry.client_id)
+            .expect("admissible: the session exists");
+        let mut dropped = Vec::new();
+        if b.entry.session_epoch > session.epoch {
+            // The client reopened after a fence: a new epoch continues from the
+            // committed high-water mark; anything held from the old epoch is void.
+            session.epoch = b.entry.session_epoch;
+            session.fenced = false;
+            session.next_expected = session.committed_hwm.max(session.next_expected);
+            dropped.extend(std::mem::take(&mut session.held).into_values());
+            session.gap_since = None;
+            session.dirty = true;
+        }
+        if seq < session.next_expected
+            || seq >= session.next_expected + window
+            || session.held.contains_key(&seq)
+        {
+            dropped.push(b);
+        } else if seq == session.next_expected {
+            session.bind_key(b.entry.session_key_hash);
+            self.ready.push_back(b);
+            session.next_expected += 1;
+            session.uncommitted += 1;
+            while let Some(next) = session.held.remove(&session.next_expected) {
+                // Held while the session was unbound, by someone else than its owner.
+                if !session.accepts_key(next.entry.session_key_hash) {
+                    self.key_mismatches += 1;
+                    self.key_mismatches_total += 1;
+                    warn_foreign_key(self.topic, &next, self.key_mismatches_total);
+                    dropped.push(next);
+                    break;
+                }
+                self.ready.push_back(next);
+                session.next_expected += 1;
+                session.uncommitted += 1;
+            }
+            session.gap_since = (!session.held.is_empty()).then(Instant::now);
+        } else {
+            if session.held.is_empty() {
+                session.gap_since = Some(Instant::now());
+            }
+            session.held.insert(seq, b);
+        }
+        debug_assert!(
+            session
+                .held
+                .keys()
+                .all(|&k| k > session.next_expected && k < session.next_expected + window),
+            "a session holds only batches ahead of its head, within the window"
+        );
+        dropped
     }
 }

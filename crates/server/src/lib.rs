@@ -119,51 +119,17 @@ impl Server {
         // Refused before anything is touched: clients could not use what it advertises.
         let advertised = config.advertised_ip()?;
         let dir = &config.data_dir;
-        let dir_err = |source| ServerError::DataDir {
+        std::fs::create_dir_all(dir).map_err(|source| ServerError::DataDir {
             path: dir.clone(),
             source,
-        };
-        std::fs::create_dir_all(dir).map_err(dir_err)?;
+        })?;
         let lock = lock_data_dir(dir)?;
         // Before anything else touches the region: the previous one is retired below.
         room::check_region_room(&config)?;
         sigbus::explain_on_sigbus(&config.region_path());
         let replica_dirs = config.replica_dirs();
         let (resumes, stores) = recover(&config, &replica_dirs)?;
-        // Always a fresh region, refilled from what recovery found.
-        let region = Arc::new(Region::create(&config.region_path(), config.capacities())?);
-        if config.region.prefault {
-            let started = std::time::Instant::now();
-            region.prefault()?;
-            tracing::info!(
-                bytes = region.len(),
-                ms = started.elapsed().as_millis() as u64,
-                "region prefaulted"
-            );
-        }
-        // Before any topic or broker writes there (`reserve`): no SIGBUS later.
-        let reservation = reserve::Reservation::open(&region)
-            .map_err(|e| ServerError::Start(format!("cannot open the region file: {e}")))?;
-        reservation
-            .fixed()
-            .map_err(|e| ServerError::Start(e.to_string()))?;
-        let control = control::ControlPlane::open(
-            region.clone(),
-            reservation,
-            dir,
-            TopicDefaults {
-                disk_replicas: replica_dirs.len() as u8,
-                retention_bytes: config.replication.retention_bytes,
-                retention_ms: config.replication.retention_ms,
-                reader_stall: Duration::from_millis(config.broker.reader_stall_timeout_ms),
-            },
-        )?;
-        for (slot, rf, resume) in &resumes {
-            recovery::seed(&region, *slot, *rf, resume);
-        }
-        // Before anything hands out a position: every memory-only topic's ceiling lies a
-        // step beyond where it continues, on disk (`positions`).
-        control.raise_ceilings()?;
+        let (region, control) = open_region(&config, &replica_dirs, &resumes)?;
         let replicas = Replicas::start(region.clone(), replication_config(&config), stores)
             .map_err(|e| ServerError::Start(format!("cannot start the replica workers: {e}")))?;
         let ip: IpAddr = config.bind.parse().map_err(|e| {
@@ -177,65 +143,21 @@ impl Server {
         } else {
             None
         };
-        let mut brokers = Vec::new();
-        for id in config.local_broker_ids()? {
-            let port = if config.base_port == 0 {
-                0
-            } else {
-                config.base_port.checked_add(id as u16).ok_or_else(|| {
-                    ServerError::Start(format!(
-                        "base port {} + broker {id} exceeds 65535",
-                        config.base_port
-                    ))
-                })?
-            };
-            let broker_config = broker_config(
-                id,
-                embarcadero_region::owner::new_incarnation(),
-                SocketAddr::new(ip, port),
-                &config.broker,
-                &config.sequencer,
-                &replica_dirs,
-            );
-            brokers.push(
-                Broker::start(broker_config, region.clone())
-                    .map_err(|e| ServerError::Start(e.to_string()))?,
-            );
-        }
-        let listener = std::net::TcpListener::bind(SocketAddr::new(ip, config.control_port))
-            .map_err(|e| {
-                ServerError::Start(format!(
-                    "cannot listen on control port {}:{}: {e} (is another server running? choose another port with --control-port)",
-                    ip, config.control_port
-                ))
-            })?;
-        let control_addr = listener
-            .local_addr()
-            .map_err(|e| ServerError::Start(format!("control API: {e}")))?;
-        // Clients connect where the brokers are advertised, not where they bind.
-        let advertise = |b: &Broker| SocketAddr::new(advertised, b.local_addr().port());
+        let brokers = start_brokers(&config, &region, ip, &replica_dirs)?;
+        let (listener, control_addr) = bind_control(ip, config.control_port)?;
         let inner = Arc::new(Inner {
             brokers: brokers
                 .iter()
                 .map(|b| BrokerInfo {
                     id: b.id(),
-                    addr: advertise(b),
+                    addr: SocketAddr::new(advertised, b.local_addr().port()),
                     metrics: b.metrics(),
                     pool: b.segment_pool(),
                 })
                 .collect(),
             sequencer_metrics: sequencer.as_ref().map(|(s, _)| s.metrics()),
             replication_metrics: replicas.metrics(),
-            membership: cluster::Membership::new(
-                config.brokers,
-                &brokers
-                    .iter()
-                    .map(|b| (b.id(), advertise(b), b.incarnation()))
-                    .collect::<Vec<_>>(),
-                Duration::from_millis(
-                    config.cluster.heartbeat_interval_ms * config.cluster.heartbeat_misses as u64,
-                ),
-            ),
+            membership: membership(&config, &brokers, advertised),
             config,
             region,
             control,
@@ -243,30 +165,8 @@ impl Server {
             control_connections: Default::default(),
             rates: Default::default(),
         });
-        let http = {
-            let routed = inner.clone();
-            http_server::HttpServer::start(
-                listener,
-                "control",
-                http_server::Limits::default(),
-                inner.control_connections.clone(),
-                move |request| http::respond(&routed, request),
-            )
-            .map_err(|e| ServerError::Start(format!("cannot start the admin API: {e}")))?
-        };
-        let monitor_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let spawn = |name: &str, watch: fn(&Inner, &std::sync::atomic::AtomicBool)| {
-            let (inner, stop) = (inner.clone(), monitor_stop.clone());
-            std::thread::Builder::new()
-                .name(name.into())
-                .spawn(move || watch(&inner, &stop))
-                .map_err(|e| ServerError::Start(format!("cannot start the {name} thread: {e}")))
-        };
-        let monitor = vec![
-            spawn("cluster-monitor", watch_membership)?,
-            spawn("position-ceilings", watch_ceilings)?,
-            spawn("rates", rates::watch)?,
-        ];
+        let http = start_admin_api(listener, &inner)?;
+        let (monitors, monitor_stop) = start_monitors(&inner)?;
         tracing::info!(
             control = %control_addr,
             brokers = ?inner.brokers.iter().map(|b| b.addr.to_string()).collect::<Vec<_>>(),
@@ -280,7 +180,7 @@ impl Server {
             replicas,
             http: Some(http),
             control_addr,
-            monitors: monitor,
+            monitors,
             monitor_stop,
             _lock: lock,
         })
@@ -454,6 +354,160 @@ pub(crate) fn sequencer_config_of(
         session_idle_evict: Duration::from_secs(s.session_idle_evict_secs),
         fencing_epoch: None,
     }
+}
+
+/// A fresh region, refilled from what recovery found, with its control plane: every
+/// topic seeded where it continues and every memory-only topic's ceiling raised before
+/// anything hands out a position.
+fn open_region(
+    config: &ServerConfig,
+    replica_dirs: &[PathBuf],
+    resumes: &[(u32, u8, Resume)],
+) -> Result<(Arc<Region>, control::ControlPlane), ServerError> {
+    let region = Arc::new(Region::create(&config.region_path(), config.capacities())?);
+    if config.region.prefault {
+        let started = std::time::Instant::now();
+        region.prefault()?;
+        tracing::info!(
+            bytes = region.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "region prefaulted"
+        );
+    }
+    // Before any topic or broker writes there (`reserve`): no SIGBUS later.
+    let reservation = reserve::Reservation::open(&region)
+        .map_err(|e| ServerError::Start(format!("cannot open the region file: {e}")))?;
+    reservation
+        .fixed()
+        .map_err(|e| ServerError::Start(e.to_string()))?;
+    let control = control::ControlPlane::open(
+        region.clone(),
+        reservation,
+        &config.data_dir,
+        TopicDefaults {
+            disk_replicas: replica_dirs.len() as u8,
+            retention_bytes: config.replication.retention_bytes,
+            retention_ms: config.replication.retention_ms,
+            reader_stall: Duration::from_millis(config.broker.reader_stall_timeout_ms),
+        },
+    )?;
+    for (slot, rf, resume) in resumes {
+        recovery::seed(&region, *slot, *rf, resume);
+    }
+    // Before anything hands out a position: every memory-only topic's ceiling lies a
+    // step beyond where it continues, on disk (`positions`).
+    control.raise_ceilings()?;
+    Ok((region, control))
+}
+
+/// Starts this process's brokers, each on `base_port + id` (any port with base 0).
+fn start_brokers(
+    config: &ServerConfig,
+    region: &Arc<Region>,
+    ip: IpAddr,
+    replica_dirs: &[PathBuf],
+) -> Result<Vec<Broker>, ServerError> {
+    let mut brokers = Vec::new();
+    for id in config.local_broker_ids()? {
+        let port = if config.base_port == 0 {
+            0
+        } else {
+            config.base_port.checked_add(id as u16).ok_or_else(|| {
+                ServerError::Start(format!(
+                    "base port {} + broker {id} exceeds 65535",
+                    config.base_port
+                ))
+            })?
+        };
+        let broker_config = broker_config(
+            id,
+            embarcadero_region::owner::new_incarnation(),
+            SocketAddr::new(ip, port),
+            &config.broker,
+            &config.sequencer,
+            replica_dirs,
+        );
+        brokers.push(
+            Broker::start(broker_config, region.clone())
+                .map_err(|e| ServerError::Start(e.to_string()))?,
+        );
+    }
+    Ok(brokers)
+}
+
+/// Binds the admin API's port.
+fn bind_control(ip: IpAddr, port: u16) -> Result<(std::net::TcpListener, SocketAddr), ServerError> {
+    let listener = std::net::TcpListener::bind(SocketAddr::new(ip, port)).map_err(|e| {
+        ServerError::Start(format!(
+            "cannot listen on control port {ip}:{port}: {e} (is another server running? choose another port with --control-port)"
+        ))
+    })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ServerError::Start(format!("control API: {e}")))?;
+    Ok((listener, addr))
+}
+
+/// The cluster membership, with this process's brokers where clients reach them: at
+/// the advertised address, not where they bind.
+fn membership(
+    config: &ServerConfig,
+    brokers: &[Broker],
+    advertised: IpAddr,
+) -> cluster::Membership {
+    cluster::Membership::new(
+        config.brokers,
+        &brokers
+            .iter()
+            .map(|b| {
+                let addr = SocketAddr::new(advertised, b.local_addr().port());
+                (b.id(), addr, b.incarnation())
+            })
+            .collect::<Vec<_>>(),
+        Duration::from_millis(
+            config.cluster.heartbeat_interval_ms * config.cluster.heartbeat_misses as u64,
+        ),
+    )
+}
+
+/// Serves the admin API on `listener`.
+fn start_admin_api(
+    listener: std::net::TcpListener,
+    inner: &Arc<Inner>,
+) -> Result<http_server::HttpServer, ServerError> {
+    let routed = inner.clone();
+    http_server::HttpServer::start(
+        listener,
+        "control",
+        http_server::Limits::default(),
+        inner.control_connections.clone(),
+        move |request| http::respond(&routed, request),
+    )
+    .map_err(|e| ServerError::Start(format!("cannot start the admin API: {e}")))
+}
+
+/// Monitor threads and the flag that stops them.
+type Monitors = (
+    Vec<std::thread::JoinHandle<()>>,
+    Arc<std::sync::atomic::AtomicBool>,
+);
+
+/// Starts the monitor threads (see `Server::monitors`).
+fn start_monitors(inner: &Arc<Inner>) -> Result<Monitors, ServerError> {
+    let monitor_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spawn = |name: &str, watch: fn(&Inner, &std::sync::atomic::AtomicBool)| {
+        let (inner, stop) = (inner.clone(), monitor_stop.clone());
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || watch(&inner, &stop))
+            .map_err(|e| ServerError::Start(format!("cannot start the {name} thread: {e}")))
+    };
+    let monitors = vec![
+        spawn("cluster-monitor", watch_membership)?,
+        spawn("position-ceilings", watch_ceilings)?,
+        spawn("rates", rates::watch)?,
+    ];
+    Ok((monitors, monitor_stop))
 }
 
 /// Takes the region's sequencer lease, then starts the embedded sequencer.

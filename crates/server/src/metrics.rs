@@ -46,6 +46,115 @@ impl Families {
     }
 }
 
+/// A counter of every broker.
+type BrokerCounter = fn(&embarcadero_broker::BrokerMetrics) -> &AtomicU64;
+
+/// Per-broker families: name, type, help, counter.
+const BROKER_COUNTERS: [(&str, &str, &str, BrokerCounter); 17] = [
+    (
+        "publish_bytes_total",
+        "counter",
+        "Bytes of batches written into the broker's log: payloads with their 64-byte message headers and padding.",
+        |m| &m.publish_bytes,
+    ),
+    (
+        "publish_batches_total",
+        "counter",
+        "Batches committed to the broker's log.",
+        |m| &m.publish_batches,
+    ),
+    (
+        "publish_messages_total",
+        "counter",
+        "Messages committed to the broker's log.",
+        |m| &m.publish_messages,
+    ),
+    (
+        "subscribe_bytes_total",
+        "counter",
+        "Bytes of batches sent to subscribers: payloads with their 64-byte message headers and padding.",
+        |m| &m.subscribe_bytes,
+    ),
+    (
+        "subscribe_batches_total",
+        "counter",
+        "Batches sent to subscribers.",
+        |m| &m.subscribe_batches,
+    ),
+    (
+        "acks_sent_total",
+        "counter",
+        "Acknowledgement frames sent.",
+        |m| &m.acks_sent,
+    ),
+    (
+        "errors_sent_total",
+        "counter",
+        "Error frames sent before closing a connection.",
+        |m| &m.errors_sent,
+    ),
+    (
+        "backpressure_errors_total",
+        "counter",
+        "Batches refused with a retriable BACKPRESSURE error.",
+        |m| &m.backpressure_errors,
+    ),
+    (
+        "backpressure_waits_total",
+        "counter",
+        "Times a publisher connection had to wait for log memory.",
+        |m| &m.backpressure_waits,
+    ),
+    (
+        "reclaimed_batches_total",
+        "counter",
+        "Batches whose memory was reclaimed.",
+        |m| &m.reclaimed_batches,
+    ),
+    (
+        "connections_open",
+        "gauge",
+        "Open client connections.",
+        |m| &m.connections_open,
+    ),
+    (
+        "connections_refused_total",
+        "counter",
+        "Connections refused because broker.max_connections were open.",
+        |m| &m.connections_refused,
+    ),
+    (
+        "connections_refused_per_address_total",
+        "counter",
+        "Connections refused because their client address had broker.max_connections_per_address open.",
+        |m| &m.connections_refused_per_address,
+    ),
+    (
+        "subscribers_dropped_total",
+        "counter",
+        "Subscriber connections closed because the subscriber left or sent bytes after its hello.",
+        |m| &m.subscribers_dropped,
+    ),
+    (
+        "session_window_waits_total",
+        "counter",
+        "Order-5 batches held back because they were beyond their session's window.",
+        |m| &m.session_window_waits,
+    ),
+    (
+        "session_key_refusals_total",
+        "counter",
+        "Order-5 hellos and connections refused because their session is bound to another key (hijack attempts).",
+        |m| &m.session_key_refusals,
+    ),
+    (
+        "position_ceiling_stalls_total",
+        "counter",
+        "Order 0/1 service rounds held at a memory-only topic's position ceiling (the control plane fell behind raising it).",
+        |m| &m.ceiling_stalls,
+    ),
+];
+
 /// The families of `brokers` (the head's own, or a follower's); returns their
 /// per-stage time samples, which share one family with the sequencer's.
 pub(crate) fn broker_families(
@@ -55,112 +164,7 @@ pub(crate) fn broker_families(
     let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
         families.family(name, kind, help, samples)
     };
-    type Field = fn(&embarcadero_broker::BrokerMetrics) -> &std::sync::atomic::AtomicU64;
-    let per_broker: [(&str, &str, &str, Field); 17] = [
-        (
-            "publish_bytes_total",
-            "counter",
-            "Bytes of batches written into the broker's log: payloads with their 64-byte message headers and padding.",
-            |m| &m.publish_bytes,
-        ),
-        (
-            "publish_batches_total",
-            "counter",
-            "Batches committed to the broker's log.",
-            |m| &m.publish_batches,
-        ),
-        (
-            "publish_messages_total",
-            "counter",
-            "Messages committed to the broker's log.",
-            |m| &m.publish_messages,
-        ),
-        (
-            "subscribe_bytes_total",
-            "counter",
-            "Bytes of batches sent to subscribers: payloads with their 64-byte message headers and padding.",
-            |m| &m.subscribe_bytes,
-        ),
-        (
-            "subscribe_batches_total",
-            "counter",
-            "Batches sent to subscribers.",
-            |m| &m.subscribe_batches,
-        ),
-        (
-            "acks_sent_total",
-            "counter",
-            "Acknowledgement frames sent.",
-            |m| &m.acks_sent,
-        ),
-        (
-            "errors_sent_total",
-            "counter",
-            "Error frames sent before closing a connection.",
-            |m| &m.errors_sent,
-        ),
-        (
-            "backpressure_errors_total",
-            "counter",
-            "Batches refused with a retriable BACKPRESSURE error.",
-            |m| &m.backpressure_errors,
-        ),
-        (
-            "backpressure_waits_total",
-            "counter",
-            "Times a publisher connection had to wait for log memory.",
-            |m| &m.backpressure_waits,
-        ),
-        (
-            "reclaimed_batches_total",
-            "counter",
-            "Batches whose memory was reclaimed.",
-            |m| &m.reclaimed_batches,
-        ),
-        (
-            "connections_open",
-            "gauge",
-            "Open client connections.",
-            |m| &m.connections_open,
-        ),
-        (
-            "connections_refused_total",
-            "counter",
-            "Connections refused because broker.max_connections were open.",
-            |m| &m.connections_refused,
-        ),
-        (
-            "connections_refused_per_address_total",
-            "counter",
-            "Connections refused because their client address had broker.max_connections_per_address open.",
-            |m| &m.connections_refused_per_address,
-        ),
-        (
-            "subscribers_dropped_total",
-            "counter",
-            "Subscriber connections closed because the subscriber left or sent bytes after its hello.",
-            |m| &m.subscribers_dropped,
-        ),
-        (
-            "session_window_waits_total",
-            "counter",
-            "Order-5 batches held back because they were beyond their session's window.",
-            |m| &m.session_window_waits,
-        ),
-        (
-            "session_key_refusals_total",
-            "counter",
-            "Order-5 hellos and connections refused because their session is bound to another key (hijack attempts).",
-            |m| &m.session_key_refusals,
-        ),
-        (
-            "position_ceiling_stalls_total",
-            "counter",
-            "Order 0/1 service rounds held at a memory-only topic's position ceiling (the control plane fell behind raising it).",
-            |m| &m.ceiling_stalls,
-        ),
-    ];
-    for (name, kind, help, field) in per_broker {
+    for (name, kind, help, field) in BROKER_COUNTERS {
         family(
             name,
             kind,
@@ -190,6 +194,11 @@ pub(crate) fn broker_families(
             })
             .collect(),
     );
+    broker_stage_samples(brokers)
+}
+
+/// Each broker's time per publish stage, in ns.
+fn broker_stage_samples(brokers: &[crate::BrokerInfo]) -> Vec<(String, u64)> {
     type Stage = fn(&embarcadero_broker::StageTimes) -> &std::sync::atomic::AtomicU64;
     let stages: [(&str, Stage); 8] = [
         ("reserve", |s| &s.reserve),
@@ -399,7 +408,12 @@ pub(crate) fn of_head(inner: &Inner) -> String {
     );
     replication_metrics(inner, &topics, &mut family);
     let mut out = families.text();
-    let r = &inner.replication_metrics;
+    write_fsync_histogram(&mut out, &inner.replication_metrics);
+    out
+}
+
+/// The replicas' fdatasync latency, as a Prometheus histogram.
+fn write_fsync_histogram(out: &mut String, r: &embarcadero_replication::ReplicationMetrics) {
     let _ = writeln!(out, "# HELP embarcadero_replica_fsync_seconds Latency of the replicas' fdatasync (group commits).");
     let _ = writeln!(out, "# TYPE embarcadero_replica_fsync_seconds histogram");
     for (i, m) in r.replicas.iter().enumerate() {
@@ -427,8 +441,39 @@ pub(crate) fn of_head(inner: &Inner) -> String {
             "embarcadero_replica_fsync_seconds_count{{replica=\"{replica}\"}} {cumulative}"
         );
     }
-    out
 }
+
+/// A counter of every replica worker.
+type ReplicaCounter = fn(&embarcadero_replication::worker::ReplicaMetrics) -> &AtomicU64;
+
+/// Per-replica counter families: name, help, counter.
+const REPLICA_COUNTERS: [(&str, &str, ReplicaCounter); 5] = [
+    (
+        "replica_bytes_written_total",
+        "Record bytes written to the replica's disk.",
+        |m| &m.bytes_written,
+    ),
+    (
+        "replica_batches_written_total",
+        "Batches written to the replica's disk.",
+        |m| &m.batches_written,
+    ),
+    (
+        "replica_fsyncs_total",
+        "Group commits (fdatasync) of the replica.",
+        |m| &m.syncs,
+    ),
+    (
+        "replica_disk_errors_total",
+        "Failed writes or syncs of the replica (each is retried).",
+        |m| &m.disk_errors,
+    ),
+    (
+        "replica_segments_removed_total",
+        "Disk segments removed by retention.",
+        |m| &m.segments_removed,
+    ),
+];
 
 /// Replica counters, per-topic replication lag and durable frontiers.
 fn replication_metrics(
@@ -436,37 +481,8 @@ fn replication_metrics(
     topics: &[crate::TopicInfo],
     family: &mut impl FnMut(&str, &str, &str, Vec<(String, u64)>),
 ) {
-    type Field =
-        fn(&embarcadero_replication::worker::ReplicaMetrics) -> &std::sync::atomic::AtomicU64;
-    let per_replica: [(&str, &str, Field); 5] = [
-        (
-            "replica_bytes_written_total",
-            "Record bytes written to the replica's disk.",
-            |m| &m.bytes_written,
-        ),
-        (
-            "replica_batches_written_total",
-            "Batches written to the replica's disk.",
-            |m| &m.batches_written,
-        ),
-        (
-            "replica_fsyncs_total",
-            "Group commits (fdatasync) of the replica.",
-            |m| &m.syncs,
-        ),
-        (
-            "replica_disk_errors_total",
-            "Failed writes or syncs of the replica (each is retried).",
-            |m| &m.disk_errors,
-        ),
-        (
-            "replica_segments_removed_total",
-            "Disk segments removed by retention.",
-            |m| &m.segments_removed,
-        ),
-    ];
     let r = &inner.replication_metrics;
-    for (name, help, field) in per_replica {
+    for (name, help, field) in REPLICA_COUNTERS {
         family(
             name,
             "counter",
@@ -483,6 +499,17 @@ fn replication_metrics(
                 .collect(),
         );
     }
+    replica_lag_families(inner, topics, family);
+    topic_durable_families(topics, family);
+}
+
+/// Per topic and replica: how far behind the committed order its disk is, what a
+/// start set aside, and the replica's last error.
+fn replica_lag_families(
+    inner: &Inner,
+    topics: &[crate::TopicInfo],
+    family: &mut impl FnMut(&str, &str, &str, Vec<(String, u64)>),
+) {
     let region = &inner.region;
     let mut lag_batches = Vec::new();
     let mut lag_bytes = Vec::new();
@@ -537,6 +564,13 @@ fn replication_metrics(
         "0 while the replica's disk works, else the OS error number of its last failure.",
         errors,
     );
+}
+
+/// The durable frontiers: per topic, and per topic and broker.
+fn topic_durable_families(
+    topics: &[crate::TopicInfo],
+    family: &mut impl FnMut(&str, &str, &str, Vec<(String, u64)>),
+) {
     family(
         "topic_durable_batches",
         "gauge",
