@@ -12,7 +12,8 @@ mod publisher;
 mod subscriber;
 
 pub use admin::{
-    check_topic_name, Admin, BrokerAddr, ClusterInfo, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
+    check_topic_name, Admin, BrokerAddr, BrokerLogInfo, ClusterInfo, ReaderLag, ReplicaError,
+    TopicHealth, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
 };
 pub use publisher::{LatencySummary, Publisher, PublisherConfig, PublisherStats, QueueStats};
 pub use subscriber::{Cursor, Message, MessageRef, Subscriber, SubscriberConfig};

@@ -232,13 +232,9 @@ impl Subscriber {
         if self.order >= 2 {
             return Ok(Cursor::Global(topic.next_position));
         }
-        let ends: Option<Vec<u64>> = topic
-            .brokers
-            .iter()
-            .map(|b| b["messages"].as_u64())
-            .collect();
+        let ends: Vec<u64> = topic.brokers.iter().map(|b| b.messages).collect();
         match ends {
-            Some(ends) if ends.len() == self.broker_count(py)? => Ok(Cursor::PerBroker(ends)),
+            ends if ends.len() == self.broker_count(py)? => Ok(Cursor::PerBroker(ends)),
             _ => Err(config(format!(
                 "the server did not describe the end of each broker's log of topic {}; give start with one position per broker instead",
                 self.topic

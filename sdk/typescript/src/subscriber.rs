@@ -112,18 +112,14 @@ fn end_of_topic(control: &str, topic: &str, sub: &Subscriber) -> Result<Cursor, 
     if sub.order() >= 2 {
         return Ok(Cursor::Global(info.next_position));
     }
-    let ends: Option<Vec<u64>> = info
-        .brokers
-        .iter()
-        .map(|b| b["messages"].as_u64())
-        .collect();
-    ends.ok_or_else(|| {
-        Error::Config(format!(
+    let ends: Vec<u64> = info.brokers.iter().map(|b| b.messages).collect();
+    if ends.is_empty() {
+        return Err(Error::Config(format!(
             "the server did not describe the end of each broker's log of topic {topic}; \
              start from one position per broker instead"
-        ))
-    })
-    .map(Cursor::PerBroker)
+        )));
+    }
+    Ok(Cursor::PerBroker(ends))
 }
 
 #[napi]
