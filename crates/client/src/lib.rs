@@ -16,7 +16,7 @@ pub use admin::{
     TopicHealth, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
 };
 pub use publisher::{LatencySummary, Publisher, PublisherConfig, PublisherStats, QueueStats};
-pub use subscriber::{Cursor, Message, MessageRef, Subscriber, SubscriberConfig};
+pub use subscriber::{Cursor, Message, MessageRef, SharedBatch, Subscriber, SubscriberConfig};
 
 use embarcadero_wire::ErrorCode;
 
