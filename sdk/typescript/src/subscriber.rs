@@ -353,7 +353,14 @@ fn external_buffer(env: &Env, batch: SharedBatch) -> napi::Result<sys::napi_valu
     // `SharedBatch`), so JavaScript is their only user until then. Where external
     // buffers are not allowed napi-rs copies instead and drops `batch` at once.
     let buffer = unsafe {
-        BufferSlice::from_external(env, data, len, batch, |_, batch: SharedBatch| drop(batch))
+        BufferSlice::from_external(env, data, len, batch, |env, batch: SharedBatch| {
+            let _ = env.adjust_external_memory(-(batch.bytes().len() as i64));
+            drop(batch)
+        })
     }?;
+    // V8 does not see external memory by itself: told, it collects (and so hands the
+    // buffers back to the subscriber for reuse) as deliveries pile up, rather than only
+    // when its own heap fills, which let a fast reader allocate a new buffer per delivery.
+    env.adjust_external_memory(len as i64)?;
     Ok(buffer.raw())
 }
