@@ -4,7 +4,7 @@
 //
 //   node bench.mjs --control 127.0.0.1:12140 [--mb 1024] [--sub-mb 256] [--size 1024] [--order 2] [--ack 1]
 //
-// Three figures, MB/s of payload (10^6 bytes), each on a fresh memory-only topic:
+// Four figures, MB/s of payload (10^6 bytes), each on a fresh memory-only topic:
 //   publishMany: chunks of 256 messages per call, timed from the first call until
 //                close() resolves (every message acknowledged at the ack level);
 //   publish:     one awaited publish() per message, timed the same way;
@@ -12,7 +12,8 @@
 //                reading it from the start with `for await`, touching each payload, timed
 //                from its first poll to the last message (as `bench --mode subscribe`
 //                times it). A memory-only topic keeps only about the region's log memory:
-//                keep --sub-mb below that (256 is).
+//                keep --sub-mb below that (256 is);
+//   pollMany:    the same topic read again, by a subscriber looping over `pollMany()`.
 // Run `npm run build:native:release && npm run build:ts` first (`npm run bench` does).
 import { Admin, Publisher, Subscriber } from "./build/ts/index.js";
 
@@ -87,7 +88,25 @@ async function subscribe(name, count) {
   report("subscribe", bytes, seconds);
 }
 
+async function subscribeMany(name, count) {
+  const sub = await Subscriber.connect(name, { control });
+  const start = process.hrtime.bigint();
+  let bytes = 0;
+  let n = 0;
+  while (n < count) {
+    for (const m of await sub.pollMany()) {
+      bytes += m.payload.length;
+      n++;
+    }
+  }
+  const seconds = Number(process.hrtime.bigint() - start) / 1e9;
+  await sub.close();
+  report("pollMany", bytes, seconds);
+}
+
 console.log(`TypeScript client: ${count} messages of ${size} bytes, order ${order}, ack ${ackLevel}, server ${control}`);
 await publishMany(count);
 await publishOne();
-await subscribe(await publishMany(subCount, "sub", true), subCount);
+const subTopic = await publishMany(subCount, "sub", true);
+await subscribe(subTopic, subCount);
+await subscribeMany(subTopic, subCount);

@@ -2,7 +2,7 @@
 //! describe`. Each function turns the API's answer into text and prints nothing, so
 //! the layouts are unit-tested; `--json` output bypasses this module entirely.
 
-use embarcadero_client::TopicInfo;
+use embarcadero_client::{BrokerLogInfo, TopicHealth, TopicInfo};
 use serde_json::Value;
 use std::fmt::Write as _;
 
@@ -133,7 +133,7 @@ pub fn topic_table(topics: &[TopicInfo], rates: Option<&Value>) -> String {
             t.replication_factor,
             t.default_ack,
             rate,
-            t.health["readers"].as_u64().unwrap_or(0),
+            t.health.readers,
             next_position(t)
         );
     }
@@ -148,13 +148,7 @@ fn next_position(t: &TopicInfo) -> String {
     let per_broker: Vec<String> = t
         .brokers
         .iter()
-        .map(|b| {
-            format!(
-                "b{}:{}",
-                b["broker"],
-                count(b["messages"].as_u64().unwrap_or(0))
-            )
-        })
+        .map(|b| format!("b{}:{}", b.broker, count(b.messages)))
         .collect();
     per_broker.join(" ")
 }
@@ -228,13 +222,13 @@ fn order_meaning(order: u8) -> &'static str {
     }
 }
 
-fn readers_line(health: &Value) -> String {
-    let readers = health["readers"].as_u64().unwrap_or(0);
-    match health.get("slowest_reader") {
+fn readers_line(health: &TopicHealth) -> String {
+    let readers = health.readers;
+    match &health.slowest_reader {
         Some(r) if readers > 0 => format!(
             "{readers} connected; slowest is {} messages behind (at position {})",
-            count(r["behind"].as_u64().unwrap_or(0)),
-            count(r["position"].as_u64().unwrap_or(0))
+            count(r.behind),
+            count(r.position)
         ),
         _ => format!("{readers} connected"),
     }
@@ -243,23 +237,27 @@ fn readers_line(health: &Value) -> String {
 /// One row per broker log of the topic; the ordered and durable columns only where
 /// the topic has a global order and disk replicas.
 fn log_table(t: &TopicInfo) -> String {
-    let mut columns = vec![("BATCHES", "written_batches"), ("MESSAGES", "messages")];
+    type Column = (&'static str, fn(&BrokerLogInfo) -> u64);
+    let mut columns: Vec<Column> = vec![
+        ("BATCHES", |b| b.written_batches),
+        ("MESSAGES", |b| b.messages),
+    ];
     if t.order >= 2 {
-        columns.push(("ORDERED", "ordered_batches"));
+        columns.push(("ORDERED", |b| b.ordered_batches));
     }
     if t.replication_factor >= 2 {
-        columns.push(("DURABLE", "durable_batches"));
+        columns.push(("DURABLE", |b| b.durable_batches));
     }
-    columns.push(("RECLAIMED", "reclaimed_batches"));
+    columns.push(("RECLAIMED", |b| b.reclaimed_batches));
     let mut out = format!("{:<6}", "BROKER");
     for (title, _) in &columns {
         let _ = write!(out, " {title:>14}");
     }
     out.push('\n');
     for b in &t.brokers {
-        let _ = write!(out, "{:<6}", b["broker"].to_string());
-        for (_, key) in &columns {
-            let _ = write!(out, " {:>14}", count(b[*key].as_u64().unwrap_or(0)));
+        let _ = write!(out, "{:<6}", b.broker);
+        for (_, value) in &columns {
+            let _ = write!(out, " {:>14}", count(value(b)));
         }
         out.push('\n');
     }
@@ -291,22 +289,23 @@ fn problems(s: &Value, topics: &[TopicInfo]) -> Vec<String> {
 
 fn topic_problems(t: &TopicInfo) -> Vec<String> {
     let mut out = Vec::new();
-    for e in t.health["replica_errors"].as_array().into_iter().flatten() {
+    for e in &t.health.replica_errors {
         out.push(format!(
             "disk replica {} cannot write: {}; nothing new becomes durable and ack-2 publishers wait until the disk recovers (free space or fix the disk)",
-            e["replica"],
-            e["message"].as_str().unwrap_or("?")
+            e.replica, e.message
         ));
     }
-    let r = &t.health["slowest_reader"];
+    let Some(r) = &t.health.slowest_reader else {
+        return out;
+    };
     // A memory-only topic's subscribers hold memory; replicated ones read from disk.
-    let stuck = r["heartbeat_age_ms"].as_u64().unwrap_or(0) > 1000;
-    if t.replication_factor < 2 && stuck && r["behind"].as_u64().unwrap_or(0) > 0 {
+    let stuck = r.heartbeat_age_ms > 1000;
+    if t.replication_factor < 2 && stuck && r.behind > 0 {
         out.push(format!(
             "a subscriber (reader slot {}) has not moved for {} s and holds back memory from position {}; publishers stall once memory is full, until it is dropped (broker.reader_stall_timeout_ms)",
-            r["slot"],
-            r["heartbeat_age_ms"].as_u64().unwrap_or(0) / 1000,
-            count(r["position"].as_u64().unwrap_or(0))
+            r.slot,
+            r.heartbeat_age_ms / 1000,
+            count(r.position)
         ));
     }
     out

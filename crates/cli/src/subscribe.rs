@@ -119,13 +119,9 @@ fn end_of_topic(args: &SubArgs, sub: &Subscriber) -> Result<Cursor, String> {
     if sub.order() >= 2 {
         return Ok(Cursor::Global(topic.next_position));
     }
-    let ends: Option<Vec<u64>> = topic
-        .brokers
-        .iter()
-        .map(|b| b["messages"].as_u64())
-        .collect();
+    let ends: Vec<u64> = topic.brokers.iter().map(|b| b.messages).collect();
     match ends {
-        Some(ends) if ends.len() == broker_count(sub) => Ok(Cursor::PerBroker(ends)),
+        ends if ends.len() == broker_count(sub) => Ok(Cursor::PerBroker(ends)),
         _ => Err(format!(
             "the server did not describe the end of each broker's log of topic {}; give --from with one position per broker instead",
             args.topic

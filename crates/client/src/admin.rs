@@ -1,71 +1,11 @@
 //! The admin client: topics and cluster discovery over the control plane's HTTP API.
 
 use crate::{Error, Result};
+pub use embarcadero_api::{
+    BrokerLogInfo, ReaderLag, ReplicaError, TopicHealth, TopicInfo, TopicSpec,
+};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
-
-/// What to create.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct TopicSpec {
-    pub name: String,
-    pub order: u8,
-    pub replication_factor: u8,
-    pub default_ack: u8,
-    /// Disk retention in bytes per replica (0: no limit; `None`: the server's default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retention_bytes: Option<u64>,
-    /// Disk retention in milliseconds (0: no limit; `None`: the server's default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retention_ms: Option<u64>,
-}
-
-impl TopicSpec {
-    pub fn new(name: impl Into<String>, order: u8) -> Self {
-        Self {
-            name: name.into(),
-            order,
-            replication_factor: 1,
-            default_ack: 1,
-            retention_bytes: None,
-            retention_ms: None,
-        }
-    }
-
-    /// With `rf` copies: the region plus `rf - 1` disk replicas.
-    pub fn replicated(mut self, rf: u8) -> Self {
-        self.replication_factor = rf;
-        self
-    }
-}
-
-/// A topic as the control plane describes it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct TopicInfo {
-    pub name: String,
-    pub id: u32,
-    pub order: u8,
-    pub replication_factor: u8,
-    pub default_ack: u8,
-    #[serde(default)]
-    pub retention_bytes: u64,
-    #[serde(default)]
-    pub retention_ms: u64,
-    pub created_unix_ms: u64,
-    pub committed_batches: u64,
-    /// Batches of the global order on every disk replica.
-    #[serde(default)]
-    pub durable_batches: u64,
-    /// Replicated topics: subscribers read the positions below this one (those on
-    /// every disk replica).
-    #[serde(default)]
-    pub durable_position: u64,
-    pub next_position: u64,
-    pub brokers: Vec<serde_json::Value>,
-    /// Readers (`readers`, `slowest_reader`) and failing disk replicas
-    /// (`replica_errors`); absent from servers before it was reported.
-    #[serde(default)]
-    pub health: serde_json::Value,
-}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct BrokerAddr {

@@ -12,10 +12,11 @@ mod publisher;
 mod subscriber;
 
 pub use admin::{
-    check_topic_name, Admin, BrokerAddr, ClusterInfo, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
+    check_topic_name, Admin, BrokerAddr, BrokerLogInfo, ClusterInfo, ReaderLag, ReplicaError,
+    TopicHealth, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
 };
 pub use publisher::{LatencySummary, Publisher, PublisherConfig, PublisherStats, QueueStats};
-pub use subscriber::{Cursor, Message, MessageRef, Subscriber, SubscriberConfig};
+pub use subscriber::{Cursor, Message, MessageRef, SharedBatch, Subscriber, SubscriberConfig};
 
 use embarcadero_wire::ErrorCode;
 

@@ -1,6 +1,11 @@
 //! The subscriber: reads a topic in order from any broker, reconstructs each
 //! message's position (batch position + index in batch), and resumes after a lost
 //! connection from the next position it has not delivered.
+//!
+//! Owns its connection and its delivery buffers: each delivery is read into a buffer of
+//! its own, reused once its messages are handed out ([`Subscriber::poll_with`]), or lent
+//! whole to the caller ([`Subscriber::poll_shared`], [`SharedBatch`]) and reused only once
+//! the caller has dropped every clone of it.
 
 use crate::admin::Admin;
 use crate::conn::{self, Frame};
@@ -12,6 +17,8 @@ use embarcadero_wire::{
 use std::collections::VecDeque;
 use std::io::Read;
 use std::net::TcpStream;
+use std::ops::Range;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Largest delivery body accepted from a broker.
@@ -91,9 +98,45 @@ impl MessageRef<'_> {
     }
 }
 
+/// A confirmed delivery's bytes, lent whole by [`Subscriber::poll_shared`]: the
+/// subscriber reads nothing new into them while any clone is alive, so a message's
+/// payload can be kept (or viewed, without a copy) for as long as its batch is.
+#[derive(Debug, Clone)]
+pub struct SharedBatch(Arc<Vec<u8>>);
+
+impl SharedBatch {
+    /// The delivery as the broker sent it: message headers and payloads.
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Where `payload` (a message of this batch, as handed to the `poll_shared` callback)
+    /// lies in [`Self::bytes`].
+    pub fn range_of(&self, payload: &[u8]) -> Range<usize> {
+        let base = self.0.as_ptr() as usize;
+        let start = (payload.as_ptr() as usize).wrapping_sub(base);
+        assert!(
+            start <= self.0.len() && payload.len() <= self.0.len() - start,
+            "the payload is not one of this batch's"
+        );
+        start..start + payload.len()
+    }
+}
+
+impl AsRef<[u8]> for SharedBatch {
+    fn as_ref(&self) -> &[u8] {
+        self.bytes()
+    }
+}
+
+/// Lent batches the subscriber still watches for reuse; past this many, it forgets the
+/// oldest (the caller keeps it alive as long as it likes, and it is freed after).
+const LENT_WATCHED: usize = 64;
+
 struct Batch {
     header: DeliveryHeader,
-    payload: Vec<u8>,
+    /// Not shared while the batch is unconfirmed or ready (the subscriber reads into it).
+    payload: Arc<Vec<u8>>,
     /// Where reading stopped: next message index and its byte offset.
     next_index: u32,
     next_offset: usize,
@@ -158,7 +201,11 @@ pub struct Subscriber {
     from_first_retained: bool,
     unconfirmed: VecDeque<Batch>,
     ready: VecDeque<Batch>,
-    spare: Vec<Vec<u8>>,
+    /// Buffers free for the next delivery.
+    spare: Vec<Arc<Vec<u8>>>,
+    /// Buffers lent by `poll_shared`, oldest first: back to `spare` once the caller has
+    /// dropped every clone.
+    lent: VecDeque<Arc<Vec<u8>>>,
 }
 
 impl Subscriber {
@@ -201,6 +248,7 @@ impl Subscriber {
             unconfirmed: VecDeque::new(),
             ready: VecDeque::new(),
             spare: Vec::new(),
+            lent: VecDeque::new(),
         };
         s.reconnect()?;
         Ok(s)
@@ -326,6 +374,45 @@ impl Subscriber {
         Ok(delivered)
     }
 
+    /// As [`Self::poll_with`], but lends each batch whole: `f` gets the message and the
+    /// batch its payload lies in ([`SharedBatch::range_of`] says where), which stays
+    /// valid and unchanged for as long as the caller keeps a clone. Costs one reference
+    /// count per batch; the buffer is reused once every clone is dropped.
+    pub fn poll_shared(
+        &mut self,
+        timeout: Duration,
+        mut f: impl FnMut(&SharedBatch, MessageRef<'_>),
+    ) -> Result<usize> {
+        if self.ready.is_empty() {
+            self.fill(timeout)?;
+        }
+        let mut delivered = 0;
+        while let Some(mut batch) = self.ready.pop_front() {
+            let shared = SharedBatch(batch.payload.clone());
+            while let Some(m) = batch.next_wanted(&self.cursor)? {
+                let (broker, position) = (m.broker_id, m.position);
+                f(&shared, m);
+                advance(&mut self.cursor, broker, position);
+                delivered += 1;
+            }
+            drop(batch);
+            self.lend(shared.0);
+        }
+        Ok(delivered)
+    }
+
+    fn lend(&mut self, buffer: Arc<Vec<u8>>) {
+        if Arc::strong_count(&buffer) == 1 {
+            // The caller kept no message of it.
+            self.spare.push(buffer);
+            return;
+        }
+        if self.lent.len() >= LENT_WATCHED {
+            self.lent.pop_front();
+        }
+        self.lent.push_back(buffer);
+    }
+
     /// The next message, waiting at most `timeout`.
     pub fn poll(&mut self, timeout: Duration) -> Result<Option<Message>> {
         let deadline = Instant::now() + timeout;
@@ -446,9 +533,11 @@ impl Subscriber {
                         message: "delivery header and frame disagree on the payload length".into(),
                     });
                 }
-                let mut payload = self.spare.pop().unwrap_or_default();
-                payload.resize(header.payload_len as usize, 0);
-                stream.read_exact(&mut payload).map_err(lost)?;
+                let mut payload = free_buffer(&mut self.spare, &mut self.lent);
+                // Only the subscriber holds it: a spare one, or lent and since dropped.
+                let bytes = Arc::get_mut(&mut payload).expect("a free buffer is not shared");
+                bytes.resize(header.payload_len as usize, 0);
+                stream.read_exact(bytes).map_err(lost)?;
                 self.unconfirmed.push_back(Batch {
                     header,
                     payload,
@@ -489,6 +578,17 @@ impl Subscriber {
             }),
         }
     }
+}
+
+/// A buffer for the next delivery: a spare one, else a lent one every clone of which is
+/// gone, else a new one.
+fn free_buffer(spare: &mut Vec<Arc<Vec<u8>>>, lent: &mut VecDeque<Arc<Vec<u8>>>) -> Arc<Vec<u8>> {
+    if let Some(b) = spare.pop() {
+        return b;
+    }
+    // A count of 1 stays 1: nobody else holds it, so nobody can clone it.
+    let returned = lent.iter().position(|b| Arc::strong_count(b) == 1);
+    returned.and_then(|i| lent.remove(i)).unwrap_or_default()
 }
 
 /// Longest wait for the head's broker list while reconnecting.
@@ -533,5 +633,40 @@ impl Iterator for Subscriber {
                 Err(e) => return Some(Err(e)),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lent_buffer_is_reused_only_once_every_clone_is_dropped() {
+        let (mut spare, mut lent) = (Vec::new(), VecDeque::new());
+        let buffer = Arc::new(vec![7u8; 16]);
+        let kept = SharedBatch(buffer.clone());
+        lent.push_back(buffer);
+        let fresh = free_buffer(&mut spare, &mut lent);
+        assert_ne!(
+            fresh.as_ptr(),
+            kept.bytes().as_ptr(),
+            "a kept batch is not reused"
+        );
+        assert_eq!(lent.len(), 1);
+        let at = kept.bytes().as_ptr();
+        drop(kept);
+        let reused = free_buffer(&mut spare, &mut lent);
+        assert_eq!(reused.as_ptr(), at, "a dropped batch is reused");
+        assert!(lent.is_empty());
+    }
+
+    #[test]
+    fn a_payload_is_found_in_its_batch_and_only_there() {
+        let batch = SharedBatch(Arc::new((0u8..100).collect()));
+        assert_eq!(batch.range_of(&batch.bytes()[10..30]), 10..30);
+        assert_eq!(batch.range_of(&batch.bytes()[100..]), 100..100);
+        let other = [1u8; 4];
+        let outside = std::panic::catch_unwind(|| batch.range_of(&other));
+        assert!(outside.is_err(), "a payload of another buffer is refused");
     }
 }

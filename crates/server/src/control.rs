@@ -1,39 +1,13 @@
 //! The control plane: the one writer of topic metadata. Topics are kept in
 //! `<data-dir>/topics.json` (written atomically) and in the region's topic table.
 
+pub use embarcadero_api::{BrokerLogInfo, TopicInfo, TopicSpec};
 use embarcadero_region::{Region, TopicMeta};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-/// A topic as the admin API describes it. Unknown fields are refused: a misspelt or
-/// invented one (`"replication": 2`) would otherwise be dropped without a word and the
-/// topic created with a default the caller did not ask for. (`PersistedTopic` flattens
-/// this type; serde does not apply the refusal there, so `topics.json` keeps loading.)
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct TopicSpec {
-    pub name: String,
-    pub order: u8,
-    #[serde(default = "one")]
-    pub replication_factor: u8,
-    #[serde(default = "one")]
-    pub default_ack: u8,
-    /// Disk retention in bytes per replica (0: no limit); the server's
-    /// `replication.retention_bytes` when not given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retention_bytes: Option<u64>,
-    /// Disk retention in milliseconds (0: no limit); the server's
-    /// `replication.retention_ms` when not given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retention_ms: Option<u64>,
-}
-
-fn one() -> u8 {
-    1
-}
 
 /// A topic as `topics.json` keeps it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -310,42 +284,6 @@ impl ControlPlane {
             ),
         }
     }
-}
-
-/// A topic with its live counters.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct TopicInfo {
-    pub name: String,
-    pub id: u32,
-    pub order: u8,
-    pub replication_factor: u8,
-    pub default_ack: u8,
-    pub retention_bytes: u64,
-    pub retention_ms: u64,
-    pub created_unix_ms: u64,
-    /// Orders 2 and 5: batches in the committed global order.
-    pub committed_batches: u64,
-    /// Replicated topics: batches of the global order on every disk replica.
-    pub durable_batches: u64,
-    /// Replicated topics: the position after the durable ones; subscribers read below
-    /// it (0 for memory-only topics).
-    pub durable_position: u64,
-    /// Orders 2 and 5: the next global message position.
-    pub next_position: u64,
-    pub brokers: Vec<BrokerLogInfo>,
-    /// Replica disk errors and the subscriber furthest behind.
-    pub health: crate::health::TopicHealth,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct BrokerLogInfo {
-    pub broker: u32,
-    pub written_batches: u64,
-    pub messages: u64,
-    pub ordered_batches: u64,
-    /// PBR slots below this are on every disk replica (replicated topics).
-    pub durable_batches: u64,
-    pub reclaimed_batches: u64,
 }
 
 fn meta_of(t: &PersistedTopic) -> TopicMeta {

@@ -5,50 +5,10 @@
 //! Owns nothing: it only reads the region's replica lines, reader slots and frontiers,
 //! each of which has one writer elsewhere (replica workers, brokers).
 
+pub use embarcadero_api::{ReaderLag, ReplicaError, TopicHealth};
 use embarcadero_region::Region;
-use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-
-/// A topic's health, as the admin API reports it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct TopicHealth {
-    /// Subscribers that currently pin memory (live reader slots).
-    pub readers: u32,
-    /// The subscriber furthest behind, if any is connected.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub slowest_reader: Option<ReaderLag>,
-    /// Disk replicas whose last write or sync failed (empty when all are healthy).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub replica_errors: Vec<ReplicaError>,
-}
-
-/// How far one subscriber is behind the topic's writers.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ReaderLag {
-    /// Its reader slot in the topic.
-    pub slot: u32,
-    /// The broker serving it, when known.
-    pub broker: Option<u32>,
-    /// The position it still needs (orders 0 and 1: in the log of `log_broker`).
-    pub position: u64,
-    /// Orders 0 and 1: whose log `position` is in.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub log_broker: Option<u32>,
-    /// Messages written that it has not read yet.
-    pub behind: u64,
-    /// Time since its broker last beat for it.
-    pub heartbeat_age_ms: u64,
-}
-
-/// A disk replica that fails (the OS error of its last failed write or sync).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ReplicaError {
-    /// 1-based replica number.
-    pub replica: u32,
-    pub errno: u64,
-    pub message: String,
-}
 
 /// The health of the topic in `slot`.
 pub fn topic_health(

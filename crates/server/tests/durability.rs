@@ -472,12 +472,12 @@ fn a_full_disk_holds_back_ack2_and_recovers_when_space_returns() {
     );
     // The API (and `status`, which shows it) names the failing replica and its error.
     let health = admin.describe_topic("durable").unwrap().health;
-    assert_eq!(health["replica_errors"][0]["replica"], 1, "{health}");
-    assert_eq!(
-        health["replica_errors"][0]["errno"],
-        libc::ENOSPC as u64,
-        "{health}"
-    );
+    let failing = health
+        .replica_errors
+        .first()
+        .expect("the failing replica is named");
+    assert_eq!(failing.replica, 1, "{health:?}");
+    assert_eq!(failing.errno, libc::ENOSPC as u64, "{health:?}");
     let topic = server.topic("durable").unwrap();
     assert!(topic.committed_batches > 0, "the batches were ordered");
     assert_eq!(
@@ -525,7 +525,7 @@ fn a_full_disk_holds_back_ack2_and_recovers_when_space_returns() {
     assert_exactly_once(&read(&control, "durable", 0, 2000), 0, 0..2000);
     assert_eq!(topic.durable_position, 2000);
     let health = admin.describe_topic("durable").unwrap().health;
-    assert!(health.get("replica_errors").is_none(), "cleared: {health}");
+    assert!(health.replica_errors.is_empty(), "cleared: {health:?}");
     let mut got = 0u64;
     while got < 2000 {
         early

@@ -84,10 +84,7 @@ fn described(server: &Server, topic: &str) -> Vec<u64> {
     if info.order >= 2 {
         return vec![info.next_position];
     }
-    info.brokers
-        .iter()
-        .map(|b| b["messages"].as_u64().unwrap())
-        .collect()
+    info.brokers.iter().map(|b| b.messages).collect()
 }
 
 const COUNT: u64 = 200;

@@ -459,3 +459,39 @@ fn one_address_holds_at_most_its_share_of_reader_slots() {
         );
     }
 }
+
+/// `poll_shared` lends each batch whole: a payload kept from an early poll still reads
+/// as it was after many later polls: its buffer is not reused while it is alive.
+#[test]
+fn shared_batches_outlive_later_polls() {
+    let t = common::start();
+    t.create_topic("shared", 2);
+    publish(&t, "shared", 0, 20_000, 16 * 1024);
+    let mut sub =
+        Subscriber::connect_brokers(&t.brokers(), "shared", SubscriberConfig::default()).unwrap();
+    let mut kept: Vec<(
+        Vec<u8>,
+        embarcadero_client::SharedBatch,
+        std::ops::Range<usize>,
+    )> = Vec::new();
+    let mut next = 0u64;
+    while next < 20_000 {
+        sub.poll_shared(Duration::from_secs(10), |batch, m| {
+            assert_eq!(m.position, next);
+            assert!(m.payload.starts_with(b"msg-"), "{:?}", m.payload);
+            if next.is_multiple_of(1000) {
+                kept.push((m.payload.to_vec(), batch.clone(), batch.range_of(m.payload)));
+            }
+            next += 1;
+        })
+        .unwrap();
+    }
+    assert_eq!(kept.len(), 20);
+    for (payload, batch, range) in &kept {
+        assert_eq!(
+            &batch.bytes()[range.clone()],
+            payload,
+            "a kept payload is unchanged after later polls"
+        );
+    }
+}

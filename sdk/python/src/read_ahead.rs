@@ -3,9 +3,10 @@
 //! per-message work in Python overlap instead of adding up. At most `READ_AHEAD` polls'
 //! messages wait; then the thread waits for Python to take some.
 
-use embarcadero_client::{Cursor, Error, MessageRef, Subscriber};
+use embarcadero_client::{Cursor, Error, MessageRef, SharedBatch, Subscriber};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -15,7 +16,8 @@ const READ_AHEAD: usize = 4;
 /// Longest poll: seek, position and close wait at most this long for the thread.
 const POLL: Duration = Duration::from_millis(100);
 
-/// A message's fields, with its payload's place in [`Polled::arena`].
+/// A message's fields, and the batch its payload lies in (kept alive, and unchanged,
+/// while this is: the Rust subscriber lends it, [`Subscriber::poll_shared`]).
 pub struct Meta {
     pub position: u64,
     pub broker_id: u16,
@@ -23,21 +25,24 @@ pub struct Meta {
     pub batch_seq: u64,
     pub index_in_batch: u32,
     pub publish_ts_ns: u64,
-    pub start: usize,
-    pub len: usize,
+    pub batch: SharedBatch,
+    pub payload: Range<usize>,
 }
 
-/// What one poll brought: the payloads, one after the other (the client's batch buffers
-/// are reused as soon as the poll returns), and each message's fields.
+impl Meta {
+    pub fn payload(&self) -> &[u8] {
+        &self.batch.bytes()[self.payload.clone()]
+    }
+}
+
+/// What one poll brought: each message's fields and where its payload is. No payload is
+/// copied here: Python copies each once, into its `bytes`, from the batch it came in.
 pub struct Polled {
-    pub arena: Vec<u8>,
     pub metas: Vec<Meta>,
 }
 
 impl Polled {
-    fn collect(&mut self, m: MessageRef<'_>) {
-        let start = self.arena.len();
-        self.arena.extend_from_slice(m.payload);
+    fn collect(&mut self, batch: &SharedBatch, m: MessageRef<'_>) {
         self.metas.push(Meta {
             position: m.position,
             broker_id: m.broker_id,
@@ -45,8 +50,8 @@ impl Polled {
             batch_seq: m.batch_seq,
             index_in_batch: m.index_in_batch,
             publish_ts_ns: m.publish_ts_ns,
-            start,
-            len: m.payload.len(),
+            batch: batch.clone(),
+            payload: batch.range_of(m.payload),
         });
     }
 }
@@ -54,8 +59,6 @@ impl Polled {
 #[derive(Default)]
 struct Queue {
     polls: VecDeque<Result<Polled, Error>>,
-    /// Arenas Python is done with, for the next polls.
-    spare: Vec<Vec<u8>>,
     stop: bool,
 }
 
@@ -100,12 +103,7 @@ impl ReadAhead {
     /// Continues from `cursor`, dropping what was read ahead.
     pub fn seek(&self, cursor: Cursor) -> Result<(), Error> {
         self.with_sub(|s| {
-            let mut queue = self.shared.queue.lock();
-            let dropped: Vec<_> = queue.polls.drain(..).collect();
-            queue
-                .spare
-                .extend(dropped.into_iter().flatten().map(|p| p.arena));
-            drop(queue);
+            self.shared.queue.lock().polls.clear();
             // The thread may be waiting for room, which there is now.
             self.shared.changed.notify_all();
             s.seek(cursor)
@@ -141,14 +139,6 @@ impl ReadAhead {
             self.shared.changed.notify_all();
         }
         next
-    }
-
-    /// Hands back an arena Python is done with.
-    pub fn recycle(&self, arena: Vec<u8>) {
-        let mut queue = self.shared.queue.lock();
-        if queue.spare.len() < READ_AHEAD {
-            queue.spare.push(arena);
-        }
     }
 
     fn start(&self) {
@@ -188,7 +178,7 @@ impl Drop for ReadAhead {
 /// The thread: polls while there is room in the queue, until stopped or closed.
 fn read(shared: &Shared) {
     loop {
-        let arena = {
+        {
             let mut queue = shared.queue.lock();
             while !queue.stop && queue.polls.len() >= READ_AHEAD {
                 shared.changed.wait(&mut queue);
@@ -196,21 +186,16 @@ fn read(shared: &Shared) {
             if queue.stop {
                 return;
             }
-            queue.spare.pop().unwrap_or_default()
-        };
+        }
         let mut sub = shared.sub.lock();
         let Some(s) = sub.as_mut() else {
             return;
         };
-        let mut polled = Polled {
-            arena,
-            metas: Vec::new(),
-        };
-        polled.arena.clear();
-        let result = s.poll_with(POLL, |m| polled.collect(m));
+        let mut polled = Polled { metas: Vec::new() };
+        let result = s.poll_shared(POLL, |batch, m| polled.collect(batch, m));
         let mut queue = shared.queue.lock();
         match result {
-            Ok(_) if polled.metas.is_empty() => queue.spare.push(polled.arena),
+            Ok(_) if polled.metas.is_empty() => {}
             Ok(_) => queue.polls.push_back(Ok(polled)),
             Err(e) => queue.polls.push_back(Err(e)),
         }

@@ -56,7 +56,6 @@ impl Message {
 /// for moments that run no Python code, so it never waits.
 #[derive(Default)]
 struct Ready {
-    arena: Vec<u8>,
     metas: VecDeque<Meta>,
 }
 
@@ -141,22 +140,8 @@ impl Subscriber {
             None => return Ok(()),
             Some(polled) => polled.map_err(to_py)?,
         };
-        let mut ready = self.ready.lock();
-        let done = if ready.metas.is_empty() {
-            ready.metas.extend(polled.metas);
-            std::mem::replace(&mut ready.arena, polled.arena)
-        } else {
-            // Another thread's poll left messages that are not taken yet: keep them first.
-            let base = ready.arena.len();
-            ready.arena.extend_from_slice(&polled.arena);
-            ready.metas.extend(polled.metas.into_iter().map(|mut m| {
-                m.start += base;
-                m
-            }));
-            polled.arena
-        };
-        drop(ready);
-        self.reader.recycle(done);
+        // After any messages another thread's poll left that are not taken yet.
+        self.ready.lock().metas.extend(polled.metas);
         Ok(())
     }
 
@@ -193,8 +178,8 @@ impl Subscriber {
                 return Ok(None);
             };
             // Allocating a bytes object runs no Python code, so the lock is held briefly.
-            let bytes = &ready.arena[meta.start..meta.start + meta.len];
-            (meta, PyBytes::new(py, bytes).unbind())
+            let payload = PyBytes::new(py, meta.payload()).unbind();
+            (meta, payload)
         };
         let ordered = self.order >= 2;
         let message = Message {
@@ -232,13 +217,9 @@ impl Subscriber {
         if self.order >= 2 {
             return Ok(Cursor::Global(topic.next_position));
         }
-        let ends: Option<Vec<u64>> = topic
-            .brokers
-            .iter()
-            .map(|b| b["messages"].as_u64())
-            .collect();
+        let ends: Vec<u64> = topic.brokers.iter().map(|b| b.messages).collect();
         match ends {
-            Some(ends) if ends.len() == self.broker_count(py)? => Ok(Cursor::PerBroker(ends)),
+            ends if ends.len() == self.broker_count(py)? => Ok(Cursor::PerBroker(ends)),
             _ => Err(config(format!(
                 "the server did not describe the end of each broker's log of topic {}; give start with one position per broker instead",
                 self.topic

@@ -221,3 +221,20 @@ def test_seek_after_the_reader_filled_its_read_ahead(server, topic_name):
     assert [m.global_seq for m in read(sub, 50, timeout=20)] == list(range(150, 200))
     sub.seek("end")
     assert sub.position == 200 and sub.poll(timeout=0.2) is None
+
+
+def test_payloads_kept_from_early_polls_survive_later_polls(server, topic_name):
+    # The binding now takes whole batch buffers from the Rust subscriber and copies each
+    # payload out of them: a message kept from the first polls must still read as it was
+    # published after thousands more messages, whose deliveries reuse those buffers once
+    # their messages are taken.
+    Admin(server.control).create_topic(topic_name, order=2)
+    count = 20_000
+    with Publisher(server.control, topic_name) as p:
+        p.publish_many([payload(0, i, size=1024) for i in range(count)])
+    sub = Subscriber(server.control, topic_name)
+    kept = read(sub, 100)
+    rest = read(sub, count - 100)
+    assert sorted(parse(m) for m in kept + rest) == [(0, i) for i in range(count)]
+    assert all(m.payload == payload(0, parse(m)[1], size=1024) for m in kept)
+    assert all(len(m.payload) == 1024 for m in rest)

@@ -1,20 +1,28 @@
 //! `NativeSubscriber`: a Rust `Subscriber` polled on the blocking pool, one batch of
-//! messages per crossing. Each poll copies the delivered payloads once, back to back,
-//! into one buffer that becomes a Node `Buffer` without a further copy, and packs the
-//! per-message fields into two typed arrays (numbers, and the u64s JavaScript needs as
-//! bigints); the TypeScript layer builds `Message` objects over them lazily.
+//! messages per crossing. No payload is copied: each delivery buffer the Rust subscriber
+//! lends (`Subscriber::poll_shared`) becomes a Node `Buffer` that views it and keeps it
+//! alive (its finalizer drops the Rust owner, after which the subscriber reuses the
+//! buffer). The per-message fields are packed into two typed arrays (numbers, and the
+//! u64s JavaScript needs as bigints); the TypeScript layer builds `Message` objects over
+//! them lazily, each payload a view of its delivery's `Buffer`.
 
 use crate::blocking;
 use crate::error::config;
-use embarcadero_client::{Admin, Cursor, Error, MessageRef, Subscriber, SubscriberConfig};
-use napi::bindgen_prelude::{BigInt, BigUint64Array, Buffer, Float64Array};
+use embarcadero_client::{
+    Admin, Cursor, Error, MessageRef, SharedBatch, Subscriber, SubscriberConfig,
+};
+use napi::bindgen_prelude::{
+    BigInt, BigUint64Array, BufferSlice, Float64Array, JsValue, ToNapiValue, TypeName,
+};
+use napi::{sys, Env, ValueType};
 use napi_derive::napi;
 use parking_lot::Mutex;
 use std::sync::Arc;
 
 /// Numbers per message in `NativeBatch::nums`: position, batch seq, broker id, index in
-/// batch, payload offset, payload length, counter.
-pub const NUMS_PER_MESSAGE: usize = 7;
+/// batch, payload offset, payload length, counter, and which of `NativeBatch::data` the
+/// payload is in.
+pub const NUMS_PER_MESSAGE: usize = 8;
 /// Bigints per message in `NativeBatch::bigs`: client id, publish time (ns).
 pub const BIGS_PER_MESSAGE: usize = 2;
 
@@ -45,10 +53,12 @@ pub struct NativeSubscriberConfig {
 }
 
 /// Messages delivered by one poll.
-#[napi(object)]
+#[napi(object, object_from_js = false)]
 pub struct NativeBatch {
     pub count: u32,
-    pub data: Buffer,
+    /// The deliveries the messages are in, each viewed without a copy.
+    #[napi(ts_type = "Buffer[]")]
+    pub data: LentBuffers,
     pub nums: Float64Array,
     pub bigs: BigUint64Array,
     /// The subscriber's position after the last of these messages.
@@ -112,18 +122,14 @@ fn end_of_topic(control: &str, topic: &str, sub: &Subscriber) -> Result<Cursor, 
     if sub.order() >= 2 {
         return Ok(Cursor::Global(info.next_position));
     }
-    let ends: Option<Vec<u64>> = info
-        .brokers
-        .iter()
-        .map(|b| b["messages"].as_u64())
-        .collect();
-    ends.ok_or_else(|| {
-        Error::Config(format!(
+    let ends: Vec<u64> = info.brokers.iter().map(|b| b.messages).collect();
+    if ends.is_empty() {
+        return Err(Error::Config(format!(
             "the server did not describe the end of each broker's log of topic {topic}; \
              start from one position per broker instead"
-        ))
-    })
-    .map(Cursor::PerBroker)
+        )));
+    }
+    Ok(Cursor::PerBroker(ends))
 }
 
 #[napi]
@@ -210,9 +216,9 @@ impl NativeSubscriber {
             // Whatever else has already arrived comes along (up to GATHER_BYTES): a
             // crossing back to JavaScript costs two thread hand-offs, which on a busy
             // machine cost far more than the messages of one batch.
-            let mut more = sub.poll_with(timeout, |m| packed.push(&m))?;
-            while more > 0 && packed.data.len() < GATHER_BYTES {
-                more = sub.poll_with(GATHER_WAIT, |m| packed.push(&m))?;
+            let mut more = sub.poll_shared(timeout, |b, m| packed.push(b, &m))?;
+            while more > 0 && packed.bytes < GATHER_BYTES {
+                more = sub.poll_shared(GATHER_WAIT, |b, m| packed.push(b, &m))?;
             }
             Ok(packed.finish(&Subscriber::position(sub)))
         })
@@ -258,27 +264,30 @@ impl NativeSubscriber {
 /// Messages of one poll, packed for JavaScript.
 #[derive(Default)]
 struct Packed {
-    data: Vec<u8>,
+    /// The deliveries the messages are in, in order; each once.
+    batches: Vec<SharedBatch>,
+    bytes: usize,
     nums: Vec<f64>,
     bigs: Vec<u64>,
 }
 
 impl Packed {
-    fn push(&mut self, m: &MessageRef<'_>) {
-        if self.data.capacity() == 0 {
-            // One allocation for a typical gather instead of a dozen doublings.
-            self.data.reserve(GATHER_BYTES);
+    fn push(&mut self, batch: &SharedBatch, m: &MessageRef<'_>) {
+        let same = |b: &SharedBatch| b.bytes().as_ptr() == batch.bytes().as_ptr();
+        if !self.batches.last().is_some_and(same) {
+            self.bytes += batch.bytes().len();
+            self.batches.push(batch.clone());
         }
-        let offset = self.data.len();
-        self.data.extend_from_slice(m.payload);
+        let range = batch.range_of(m.payload);
         self.nums.extend_from_slice(&[
             m.position as f64,
             m.batch_seq as f64,
             m.broker_id as f64,
             m.index_in_batch as f64,
-            offset as f64,
-            m.payload.len() as f64,
+            range.start as f64,
+            range.len() as f64,
             m.counter as f64,
+            (self.batches.len() - 1) as f64,
         ]);
         self.bigs.extend_from_slice(&[m.client_id, m.publish_ts_ns]);
     }
@@ -288,21 +297,70 @@ impl Packed {
         if count == 0 {
             return None;
         }
-        debug_assert_eq!(self.bigs.len(), count * BIGS_PER_MESSAGE);
-        // An empty payload region still needs a real allocation behind the Buffer.
-        let mut data = self.data;
-        if data.is_empty() {
-            data.reserve(1);
-        } else if data.capacity() > 2 * data.len() {
-            // A small gather does not keep the whole reservation alive in JavaScript.
-            data.shrink_to_fit();
-        }
+        assert_eq!(self.bigs.len(), count * BIGS_PER_MESSAGE);
         Some(NativeBatch {
             count: count as u32,
-            data: data.into(),
+            data: LentBuffers(self.batches),
             nums: self.nums.into(),
             bigs: self.bigs.into(),
             next: js_cursor(next),
         })
     }
+}
+
+/// Delivery buffers lent by the Rust subscriber, on their way to JavaScript: each
+/// becomes a `Buffer` over its bytes that owns it until JavaScript lets go.
+pub struct LentBuffers(Vec<SharedBatch>);
+
+impl TypeName for LentBuffers {
+    fn type_name() -> &'static str {
+        "Buffer[]"
+    }
+
+    fn value_type() -> ValueType {
+        ValueType::Object
+    }
+}
+
+impl ToNapiValue for LentBuffers {
+    unsafe fn to_napi_value(raw_env: sys::napi_env, val: Self) -> napi::Result<sys::napi_value> {
+        let env = Env::from_raw(raw_env);
+        let mut array = std::ptr::null_mut();
+        // SAFETY: `raw_env` is the live env napi-rs converts this value in (the trait's
+        // contract), and `array` is a valid out-pointer.
+        let status =
+            unsafe { sys::napi_create_array_with_length(raw_env, val.0.len(), &mut array) };
+        napi::check_status!(status, "cannot make the array of deliveries")?;
+        for (i, batch) in val.0.into_iter().enumerate() {
+            let buffer = external_buffer(&env, batch)?;
+            // SAFETY: as above; `buffer` is a value of this env, `array` has room for i.
+            let status = unsafe { sys::napi_set_element(raw_env, array, i as u32, buffer) };
+            napi::check_status!(status, "cannot fill the array of deliveries")?;
+        }
+        Ok(array)
+    }
+}
+
+/// A `Buffer` viewing `batch`'s bytes, which it owns: its finalizer drops `batch`.
+fn external_buffer(env: &Env, batch: SharedBatch) -> napi::Result<sys::napi_value> {
+    let bytes = batch.bytes();
+    assert!(!bytes.is_empty(), "a delivery with messages has bytes");
+    let (data, len) = (bytes.as_ptr().cast_mut(), bytes.len());
+    // SAFETY: `data..data + len` is the heap buffer of `batch`, which the finalizer owns
+    // and drops only when the `Buffer` is collected, so the memory outlives every view of
+    // it. The Rust subscriber neither reads nor writes those bytes while the `Buffer`
+    // holds its clone (it reuses a buffer only once it holds the only reference,
+    // `SharedBatch`), so JavaScript is their only user until then. Where external
+    // buffers are not allowed napi-rs copies instead and drops `batch` at once.
+    let buffer = unsafe {
+        BufferSlice::from_external(env, data, len, batch, |env, batch: SharedBatch| {
+            let _ = env.adjust_external_memory(-(batch.bytes().len() as i64));
+            drop(batch)
+        })
+    }?;
+    // V8 does not see external memory by itself: told, it collects (and so hands the
+    // buffers back to the subscriber for reuse) as deliveries pile up, rather than only
+    // when its own heap fills, which let a fast reader allocate a new buffer per delivery.
+    env.adjust_external_memory(len as i64)?;
+    Ok(buffer.raw())
 }

@@ -42,6 +42,8 @@ test("admin: create, list, describe, cluster, status, with the CLI's defaults", 
   assert.ok(names.includes(durable.name));
   const d = await admin.describeTopic(durable.name);
   assert.equal(d.nextPosition, 0);
+  assert.deepEqual(d.brokers.map((b) => [b.broker, b.messages]), [[0, 0], [1, 0], [2, 0], [3, 0]]);
+  assert.deepEqual(d.health, { readers: 0, replicaErrors: [] }, "no subscriber, no failing replica");
   const cluster = await admin.cluster();
   assert.equal(cluster.brokers.length, 4);
   assert.ok(cluster.maxMessageBytes > 0);

@@ -3,6 +3,8 @@
 // FIFO order across brokers; positions, seek and "end".
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
+import { setFlagsFromString } from "node:v8";
+import { runInNewContext } from "node:vm";
 import { Admin, Message, Order, Publisher, Subscriber } from "../ts/index";
 import { Server, topicName } from "./servers";
 
@@ -170,4 +172,34 @@ test("per-broker positions for orders 0 and 1", { timeout: 60_000 }, async () =>
   assert.deepEqual(sub.position(), end.map(() => 0));
   assert.equal((await read(sub, 400)).length, 400, "from the start again");
   await Promise.all([sub.close(), tail.close()]);
+});
+
+test("payloads kept from early polls survive later polls and collections", { timeout: 60_000 }, async () => {
+  // Each payload is a view of the Rust subscriber's delivery buffer, which it reuses once
+  // JavaScript has collected every view of it: collecting between polls makes it reuse the
+  // buffers of the dropped messages, and the kept views must still read as published.
+  setFlagsFromString("--expose-gc");
+  const gc = runInNewContext("gc") as () => void;
+  const topic = topicName("kept");
+  await admin.createTopic(topic, { order: 2, memoryOnly: true });
+  const total = 20_000;
+  const body = (i: number): Buffer => Buffer.from(`m${i}:`.padEnd(1024, "x"));
+  const p = await Publisher.connect(topic, { control: server.control });
+  for (let i = 0; i < total; i += 1000) {
+    await p.publishMany(Array.from({ length: 1000 }, (_, k) => body(i + k)));
+  }
+  await p.close();
+  const sub = await Subscriber.connect(topic, { control: server.control });
+  const kept = (await read(sub, 100)).map((m) => m.payload);
+  let seen = 100;
+  while (seen < total) {
+    const more = await read(sub, Math.min(2000, total - seen));
+    seen += more.length;
+    gc();
+    await new Promise((resolve) => setImmediate(resolve)); // finalizers run after the collection
+  }
+  const ids = kept.map((b) => Number(b.toString("utf8", 1, b.indexOf(":"))));
+  assert.equal(new Set(ids).size, 100);
+  for (const [k, b] of kept.entries()) assert.ok(b.equals(body(ids[k]!)), `kept payload ${k} changed`);
+  await sub.close();
 });

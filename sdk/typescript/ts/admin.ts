@@ -56,8 +56,62 @@ export interface TopicInfo {
   durablePosition: number;
   /** The next global position (orders 2 and 5). */
   nextPosition: number;
-  /** Per-broker counters, as the server reports them (e.g. `messages` for orders 0 and 1). */
-  brokers: Record<string, unknown>[];
+  /** One entry per broker log. */
+  brokers: BrokerLogInfo[];
+  /** Readers and failing disk replicas. */
+  health: TopicHealth;
+}
+
+/** One broker's log of a topic. */
+export interface BrokerLogInfo {
+  /** The broker's id. */
+  broker: number;
+  /** Batches written. */
+  writtenBatches: number;
+  /** Messages written: for orders 0 and 1, the next position in this broker's log. */
+  messages: number;
+  /** Batches in the global order (orders 2 and 5). */
+  orderedBatches: number;
+  /** Batches on every disk replica (replicated topics). */
+  durableBatches: number;
+  /** Batches whose memory was released. */
+  reclaimedBatches: number;
+}
+
+/** How far the subscriber furthest behind is. */
+export interface ReaderLag {
+  /** Its reader slot in the topic. */
+  slot: number;
+  /** The broker serving it, when known. */
+  broker: number | null;
+  /** The position it still needs (orders 0 and 1: in the log of `logBroker`). */
+  position: number;
+  /** Orders 0 and 1: whose log `position` is in. */
+  logBroker?: number;
+  /** Messages written that it has not read yet. */
+  behind: number;
+  /** Time since its broker last beat for it. */
+  heartbeatAgeMs: number;
+}
+
+/** A disk replica whose last write or sync failed. */
+export interface ReplicaError {
+  /** 1-based replica number. */
+  replica: number;
+  /** The OS error number. */
+  errno: number;
+  /** The OS error's text. */
+  message: string;
+}
+
+/** A topic's trouble: the subscriber furthest behind and failing disk replicas. */
+export interface TopicHealth {
+  /** Subscribers that pin memory now. */
+  readers: number;
+  /** The subscriber furthest behind, if any is connected. */
+  slowestReader?: ReaderLag;
+  /** Failing disk replicas (empty when all are healthy). */
+  replicaErrors: ReplicaError[];
 }
 
 /** A broker clients can reach. */
@@ -96,7 +150,42 @@ function topicInfo(v: Json): TopicInfo {
     durableBatches: Number(v.durable_batches ?? 0),
     durablePosition: Number(v.durable_position ?? 0),
     nextPosition: Number(v.next_position),
-    brokers: v.brokers as Json[],
+    brokers: (v.brokers as Json[]).map(brokerLogInfo),
+    health: topicHealth((v.health ?? {}) as Json),
+  };
+}
+
+function brokerLogInfo(b: Json): BrokerLogInfo {
+  return {
+    broker: Number(b.broker),
+    writtenBatches: Number(b.written_batches),
+    messages: Number(b.messages),
+    orderedBatches: Number(b.ordered_batches),
+    durableBatches: Number(b.durable_batches),
+    reclaimedBatches: Number(b.reclaimed_batches),
+  };
+}
+
+function topicHealth(h: Json): TopicHealth {
+  const r = h.slowest_reader as Json | undefined;
+  const errors = (h.replica_errors ?? []) as Json[];
+  return {
+    readers: Number(h.readers ?? 0),
+    ...(r && {
+      slowestReader: {
+        slot: Number(r.slot),
+        broker: r.broker === null || r.broker === undefined ? null : Number(r.broker),
+        position: Number(r.position),
+        ...(r.log_broker !== undefined && { logBroker: Number(r.log_broker) }),
+        behind: Number(r.behind),
+        heartbeatAgeMs: Number(r.heartbeat_age_ms),
+      },
+    }),
+    replicaErrors: errors.map((e) => ({
+      replica: Number(e.replica),
+      errno: Number(e.errno),
+      message: String(e.message),
+    })),
   };
 }
 

@@ -1,7 +1,17 @@
 // The `embarcadero` package: a Node.js client for Embarcadero, a thin binding of the
 // Rust client (crates/client). See README.md for a quickstart and the design notes.
 export { Admin, defaultControl, replicationFactor } from "./admin";
-export type { BrokerAddr, ClusterInfo, CreateTopicOptions, Order, TopicInfo } from "./admin";
+export type {
+  BrokerAddr,
+  BrokerLogInfo,
+  ClusterInfo,
+  CreateTopicOptions,
+  Order,
+  ReaderLag,
+  ReplicaError,
+  TopicHealth,
+  TopicInfo,
+} from "./admin";
 export { Publisher } from "./publisher";
 export type { LatencySummary, Payload, PublisherOptions, PublisherStats, QueueStats } from "./publisher";
 export { Message, Subscriber } from "./subscriber";

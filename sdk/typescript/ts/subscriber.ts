@@ -1,7 +1,7 @@
 // The subscriber: reads a topic in order (the Rust `Subscriber`), one batch of messages
-// per crossing into native code. A batch's payloads sit back to back in one Buffer and
-// each `Message` is a view over it (no copy per message); its fields are read lazily
-// from two typed arrays (see src/subscriber.rs for the layout).
+// per crossing into native code. Each delivery arrives as a Buffer over the Rust
+// subscriber's own buffer (no copy at all) and each `Message`'s payload is a view of it;
+// its fields are read lazily from two typed arrays (see src/subscriber.rs for the layout).
 import { native, Native } from "./native";
 import { ClosedError, ConfigError, settle } from "./errors";
 import { defaultControl, Order } from "./admin";
@@ -26,7 +26,7 @@ export interface SubscriberOptions {
   maxReconnects?: number;
 }
 
-const NUMS = 7; // per message: position, batch seq, broker id, index, offset, length, counter
+const NUMS = 8; // per message: position, batch seq, broker id, index, offset, length, counter, delivery
 const BIGS = 2; // per message: client id, publish time
 
 /** One delivered message. Its `payload` is a view into the buffer of the batch it came in. */
@@ -91,16 +91,24 @@ export class Message {
     return this.#batch.bigs[this.#i * BIGS + 1]!;
   }
 
-  /** The payload: a view into the batch's buffer (copy it to keep it apart from the batch). */
+  /**
+   * The payload: a view into the buffer of the delivery it came in, which stays valid (and
+   * the delivery's memory in use) as long as any of its messages' payloads is referenced;
+   * copy it (`Buffer.from(m.payload)`) to keep it without the rest of the delivery.
+   */
   get payload(): Buffer {
     const offset = this.#num(4);
-    return this.#batch.data.subarray(offset, offset + this.#num(5));
+    return this.#delivery().subarray(offset, offset + this.#num(5));
   }
 
   /** The payload decoded as UTF-8. */
   text(): string {
     const offset = this.#num(4);
-    return this.#batch.data.toString("utf8", offset, offset + this.#num(5));
+    return this.#delivery().toString("utf8", offset, offset + this.#num(5));
+  }
+
+  #delivery(): Buffer {
+    return this.#batch.data[this.#num(7)]!;
   }
 }
 
@@ -266,22 +274,38 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
 
   /**
    * Messages in order, waiting for more as they come; ends when the subscriber is closed.
-   * Messages already received are handed out without a round trip into native code.
+   * Messages already received are handed out without a round trip into native code, and
+   * without an async generator: each costs one resolved promise, not a generator's yield
+   * and await (a third of the time per message, docs/PERFORMANCE.md).
    */
-  async *[Symbol.asyncIterator](): AsyncGenerator<Message, void, undefined> {
-    for (;;) {
-      const m = this.#take();
-      if (m !== null) {
-        yield m;
-        continue;
+  [Symbol.asyncIterator](): AsyncIterableIterator<Message> {
+    let finished = false;
+    const done: IteratorResult<Message> = { value: undefined, done: true };
+    const wait = async (): Promise<IteratorResult<Message>> => {
+      for (;;) {
+        const m = this.#take();
+        if (m !== null) return { value: m, done: false };
+        if (this.#closed) return done;
+        try {
+          await this.#serial(() => this.#fill(SLICE_MS * 4));
+        } catch (e) {
+          if (this.#closed && e instanceof ClosedError) return done;
+          throw e;
+        }
       }
-      if (this.#closed) return;
-      try {
-        await this.#serial(() => this.#fill(SLICE_MS * 4));
-      } catch (e) {
-        if (this.#closed && e instanceof ClosedError) return;
-        throw e;
-      }
-    }
+    };
+    const iterator: AsyncIterableIterator<Message> = {
+      next: (): Promise<IteratorResult<Message>> => {
+        if (finished) return Promise.resolve(done);
+        const m = this.#take();
+        return m !== null ? Promise.resolve({ value: m, done: false }) : wait();
+      },
+      return: (): Promise<IteratorResult<Message>> => {
+        finished = true;
+        return Promise.resolve(done);
+      },
+      [Symbol.asyncIterator]: () => iterator,
+    };
+    return iterator;
   }
 }

@@ -35,6 +35,27 @@ class BrokerLog(TypedDict):
     durable_batches: int
     reclaimed_batches: int
 
+class ReaderLag(TypedDict, total=False):
+    slot: int
+    broker: Optional[int]
+    position: int
+    log_broker: int
+    """Orders 0 and 1 only: whose log ``position`` is in."""
+    behind: int
+    heartbeat_age_ms: int
+
+class ReplicaError(TypedDict):
+    replica: int
+    errno: int
+    message: str
+
+class TopicHealth(TypedDict, total=False):
+    """Absent keys mean none."""
+
+    readers: int
+    slowest_reader: ReaderLag
+    replica_errors: List[ReplicaError]
+
 class TopicInfo(TypedDict):
     name: str
     id: int
@@ -49,6 +70,7 @@ class TopicInfo(TypedDict):
     durable_position: int
     next_position: int
     brokers: List[BrokerLog]
+    health: TopicHealth
 
 class BrokerAddr(TypedDict):
     id: int
