@@ -96,6 +96,15 @@ steps:
     handler: {callable: csv.aggregate}
 ";
 
+/// One step, under the identity strategy `STRATEGY` (filled in per template).
+const IDENTITY: &str = "name: id_STRATEGY
+namespace: demo
+version: 1.0.0
+identity_strategy: STRATEGY
+steps:
+  - {name: one, handler: {callable: math.square}}
+";
+
 fn csv(strategy: &str, pause_ms: u64) -> String {
     CSV.replace("STRATEGY", strategy)
         .replace("PAUSE", &pause_ms.to_string())
@@ -223,6 +232,66 @@ fn until(api: &ApiClient, uuid: &str, what: &str, cond: impl Fn(&Value) -> bool)
         assert!(Instant::now() < deadline, "waited 30 s for {what}: {t:#}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// An answer read off a plain socket: status, headers (names in lower case), body.
+struct RawAnswer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl RawAnswer {
+    fn header(&self, name: &str) -> Option<&str> {
+        let found = self.headers.iter().find(|(k, _)| k == name);
+        found.map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+/// One HTTP/1.1 request over a plain socket, read to its end (the API closes every
+/// connection after its answer, streams included).
+fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> RawAnswer {
+    use std::io::{Read, Write};
+    let mut socket = std::net::TcpStream::connect(addr).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    socket.write_all((head + &body).as_bytes()).unwrap();
+    let mut raw = String::new();
+    socket.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let status_line = lines.next().unwrap();
+    let status = status_line.split(' ').nth(1).unwrap().parse().unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    RawAnswer {
+        status,
+        headers,
+        body: body.to_string(),
+    }
+}
+
+/// `POST /v1/tasks` of `demo/{name}@1.0.0` over a plain socket (to see 200 from 201).
+fn submit(addr: &str, name: &str, context: Value, key: Option<&str>) -> RawAnswer {
+    let mut body =
+        json!({"namespace": "demo", "name": name, "version": "1.0.0", "context": context});
+    if let Some(k) = key {
+        body["idempotency_key"] = json!(k);
+    }
+    http(addr, "POST", "/v1/tasks", Some(&body))
 }
 
 /// How many times a step entered `state` in its audit trail.
@@ -759,5 +828,81 @@ fn cancel_and_list(api: &ApiClient, addr: &str, flaky: &str) {
     assert_eq!(
         api.request("GET", "/v1/dlq", None).unwrap()["entries"],
         json!([])
+    );
+}
+
+#[test]
+fn identity_strategies_deduplicate_by_context_by_key_or_never() {
+    let yaml =
+        ["strict", "caller_provided", "always_unique"].map(|s| IDENTITY.replace("STRATEGY", s));
+    let Stack {
+        orchestrator,
+        engine,
+        addr,
+        ..
+    } = Stack::start("3000", 0, &yaml.each_ref().map(String::as_str));
+    let answer = |addr: &str, name, context, key| {
+        let a = submit(addr, name, context, key);
+        (a.status, a.json()["task_uuid"].clone())
+    };
+    let reordered: Value = serde_json::from_str(r#"{"y": [1, 2], "x": 1}"#).unwrap();
+    let (first, strict) = answer(&addr, "id_strict", json!({"x": 1, "y": [1, 2]}), None);
+    assert_eq!(first, 201);
+    assert_eq!(
+        answer(&addr, "id_strict", reordered.clone(), None),
+        (200, strict.clone()),
+        "the same context, keys in another order, is the same task"
+    );
+    let (status, other) = answer(&addr, "id_strict", json!({"x": 2, "y": [1, 2]}), None);
+    assert_eq!(status, 201);
+    assert_ne!(other, strict);
+
+    let refused = submit(&addr, "id_caller_provided", json!({}), None);
+    assert_eq!(
+        (refused.status, &refused.json()["error"]["code"]),
+        (400, &json!("idempotency_key_required"))
+    );
+    let (status, keyed) = answer(
+        &addr,
+        "id_caller_provided",
+        json!({"x": 1}),
+        Some("order-7"),
+    );
+    assert_eq!(status, 201);
+    assert_eq!(
+        answer(
+            &addr,
+            "id_caller_provided",
+            json!({"x": 2}),
+            Some("order-7")
+        ),
+        (200, keyed.clone()),
+        "the key alone names the task"
+    );
+    assert_eq!(
+        answer(
+            &addr,
+            "id_caller_provided",
+            json!({"x": 1}),
+            Some("order-8")
+        )
+        .0,
+        201
+    );
+
+    let unique = [1, 2].map(|_| answer(&addr, "id_always_unique", json!({"x": 1}), Some("k")));
+    assert_eq!((unique[0].0, unique[1].0), (201, 201));
+    assert_ne!(unique[0].1, unique[1].1);
+
+    orchestrator.kill();
+    let (_again, addr) = engine.orchestrator("3000");
+    assert_eq!(
+        answer(&addr, "id_strict", reordered, None),
+        (200, strict),
+        "a replaying orchestrator knows the identities from the log"
+    );
+    assert_eq!(
+        answer(&addr, "id_caller_provided", json!({}), Some("order-7")),
+        (200, keyed)
     );
 }

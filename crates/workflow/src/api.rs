@@ -5,10 +5,11 @@
 //! them, so a `GET` right after a `POST` sees what the `POST` made.
 
 use crate::event::Event;
+use crate::identity::identity;
 use crate::machine::{StepState, TaskState};
 use crate::orchestrator::Engine;
 use crate::schema::InputSchema;
-use crate::state::{idempotency_scope, State};
+use crate::state::State;
 use crate::task_routes;
 use crate::template::TemplateKey;
 use crate::validate;
@@ -146,13 +147,10 @@ impl Api {
             name: req.name.clone(),
             version: req.version.clone(),
         };
-        let scope = req
-            .idempotency_key
-            .as_deref()
-            .map(|k| idempotency_scope(&key, k));
-        if let Some(reply) = self.check_task_request(&key, scope.as_deref(), &req.context) {
-            return reply;
-        }
+        let identity = match self.check_task_request(&key, &req) {
+            Ok(identity) => identity,
+            Err(reply) => return reply,
+        };
         let uuid = crate::ids::new_uuid();
         let event = Event::TaskCreated {
             task: uuid.clone(),
@@ -161,6 +159,7 @@ impl Api {
             version: req.version,
             context: req.context,
             idempotency_key: req.idempotency_key,
+            identity: identity.clone(),
         };
         if let Err(e) = self.engine.writer.publish(event) {
             return Reply::error(
@@ -169,6 +168,8 @@ impl Api {
                 format!("cannot publish the task: {e}"),
             );
         }
+        // Another request with the same identity may have come first in the log: the
+        // fold then refused ours, and the answer is that task.
         let found = self
             .engine
             .shared
@@ -176,7 +177,7 @@ impl Api {
                 if let Some(t) = s.tasks.get(&uuid) {
                     return Some((201, task_view(t)));
                 }
-                let other = scope.as_ref().and_then(|k| s.idempotency.get(k))?;
+                let other = identity.as_ref().and_then(|k| s.idempotency.get(k))?;
                 Some((200, task_view(&s.tasks[other])))
             });
         match found {
@@ -189,39 +190,47 @@ impl Api {
         }
     }
 
-    /// The template exists, the key is new (else the existing task, 200), the input
-    /// fits the schema. `None`: go ahead.
+    /// The template exists, the request has an identity under its strategy, no task
+    /// has that identity yet (else `Err` with that task, 200), the input fits the
+    /// schema. `Ok`: the identity to publish.
     fn check_task_request(
         &self,
         key: &TemplateKey,
-        scope: Option<&str>,
-        input: &Value,
-    ) -> Option<Reply> {
+        req: &CreateTask,
+    ) -> Result<Option<String>, Reply> {
         let state = self.engine.shared.lock();
         let Some(template) = state.templates.get(key).cloned() else {
-            return Some(Reply::error(
+            return Err(Reply::error(
                 404,
                 "template_not_found",
                 format!("no template {key} is registered"),
             ));
         };
-        if let Some(existing) = scope.and_then(|k| state.idempotency.get(k)) {
-            return Some(Reply::ok(200, task_view(&state.tasks[existing])));
+        let identity = identity(&template, &req.context, req.idempotency_key.as_deref())
+            .map_err(|e| Reply::error(400, "idempotency_key_required", e.to_string()))?;
+        if let Some(existing) = identity.as_ref().and_then(|k| state.idempotency.get(k)) {
+            return Err(Reply::ok(200, task_view(&state.tasks[existing])));
         }
         drop(state);
-        let schema = template.input_schema.as_ref()?;
-        let compiled = self.schema(key, schema)?;
-        let problems = compiled.problems(input);
-        (!problems.is_empty()).then(|| {
-            Reply::error(
-                400,
-                "invalid_input",
-                format!(
-                    "the context does not fit {key}'s input_schema: {}",
-                    problems.join("; ")
-                ),
-            )
-        })
+        let Some(compiled) = template
+            .input_schema
+            .as_ref()
+            .and_then(|schema| self.schema(key, schema))
+        else {
+            return Ok(identity);
+        };
+        let problems = compiled.problems(&req.context);
+        if problems.is_empty() {
+            return Ok(identity);
+        }
+        Err(Reply::error(
+            400,
+            "invalid_input",
+            format!(
+                "the context does not fit {key}'s input_schema: {}",
+                problems.join("; ")
+            ),
+        ))
     }
 
     fn schema(&self, key: &TemplateKey, schema: &Value) -> Option<Arc<InputSchema>> {

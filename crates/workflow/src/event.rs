@@ -40,6 +40,11 @@ pub enum Event {
         context: Value,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         idempotency_key: Option<String>,
+        /// The task's identity under its template's strategy ([`crate::identity`]); a
+        /// second task with the same identity is refused. Absent in events written
+        /// before identities (then the idempotency key, scoped by template, is it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        identity: Option<String>,
     },
     /// The orchestrator made attempt `attempt` of a step available to workers.
     StepEnqueued(StepRef),

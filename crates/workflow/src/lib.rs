@@ -10,6 +10,7 @@ pub mod client;
 pub mod decide;
 pub mod event;
 pub mod handler;
+pub mod identity;
 pub mod ids;
 pub mod log;
 pub mod machine;

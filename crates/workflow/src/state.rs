@@ -8,7 +8,7 @@
 use crate::batch::BatchSlot;
 use crate::event::{Checkpoint, Envelope, Event, Expiry, Outcome, StepRef};
 use crate::machine::{legal_step, StepState, TaskState};
-use crate::template::{StepTemplate, StepType, Template, TemplateKey};
+use crate::template::{IdentityStrategy, StepTemplate, StepType, Template, TemplateKey};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -97,7 +97,7 @@ pub enum Rejected {
     UnknownTemplate(TemplateKey),
     #[error("task {0} exists already")]
     DuplicateTask(String),
-    #[error("idempotency key already used by task {existing}")]
+    #[error("a task with the same identity exists: {existing}")]
     DuplicateKey { existing: String },
     #[error("no task {0}")]
     UnknownTask(String),
@@ -128,15 +128,17 @@ pub enum Rejected {
 pub struct State {
     pub templates: BTreeMap<TemplateKey, Arc<Template>>,
     pub tasks: BTreeMap<String, Task>,
-    /// `namespace/name@version/key` to the task it created.
+    /// A task's identity (see [`crate::identity`]; in older events
+    /// `namespace/name@version/key`) to the task that has it.
     pub idempotency: BTreeMap<String, String>,
     /// The position after the last event applied or rejected.
     pub next_position: u64,
     pub rejected: u64,
 }
 
-/// What the API scopes an idempotency key by.
-pub fn idempotency_scope(key: &TemplateKey, idempotency_key: &str) -> String {
+/// The identity of a task created by an event that records none (written before
+/// identities): its idempotency key, scoped by template.
+fn idempotency_scope(key: &TemplateKey, idempotency_key: &str) -> String {
     format!("{key}/{idempotency_key}")
 }
 
@@ -169,6 +171,7 @@ impl State {
                 version,
                 context,
                 idempotency_key,
+                identity,
             } => {
                 let key = TemplateKey {
                     namespace: namespace.clone(),
@@ -180,6 +183,7 @@ impl State {
                     key,
                     context,
                     idempotency_key: idempotency_key.as_deref(),
+                    identity: identity.as_deref(),
                 };
                 self.create(new, position, ts)
             }
@@ -213,7 +217,12 @@ impl State {
         if self.tasks.contains_key(new.uuid) {
             return Err(Rejected::DuplicateTask(new.uuid.to_string()));
         }
-        let scope = new.idempotency_key.map(|k| idempotency_scope(&new.key, k));
+        let unique = template.identity_strategy == IdentityStrategy::AlwaysUnique;
+        let scope = match (new.identity, new.idempotency_key) {
+            (Some(identity), _) => Some(identity.to_string()),
+            (None, Some(k)) if !unique => Some(idempotency_scope(&new.key, k)),
+            (None, _) => None,
+        };
         if let Some(existing) = scope.as_ref().and_then(|s| self.idempotency.get(s)) {
             return Err(Rejected::DuplicateKey {
                 existing: existing.clone(),
@@ -316,6 +325,7 @@ struct NewTask<'a> {
     key: TemplateKey,
     context: &'a Value,
     idempotency_key: Option<&'a str>,
+    identity: Option<&'a str>,
 }
 
 fn open_task<'a>(

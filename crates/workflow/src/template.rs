@@ -20,11 +20,33 @@ pub struct Template {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_schema: Option<Value>,
     pub steps: Vec<StepTemplate>,
+    /// How a new task's identity is derived, for deduplication (see [`crate::identity`]).
+    #[serde(default, skip_serializing_if = "IdentityStrategy::is_default")]
+    pub identity_strategy: IdentityStrategy,
     /// Staleness thresholds (Tasker's `lifecycle`); kept, not acted on in phase 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle: Option<Lifecycle>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Value>,
+}
+
+/// Tasker's identity strategies: which submissions of a template are the same task.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdentityStrategy {
+    /// Same template and same context (or same `idempotency_key`): the same task.
+    #[default]
+    Strict,
+    /// The caller names the task with an `idempotency_key`, which is then required.
+    CallerProvided,
+    /// Every submission is a new task.
+    AlwaysUnique,
+}
+
+impl IdentityStrategy {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// Where a template is found: namespace, name and version.

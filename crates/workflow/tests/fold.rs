@@ -141,6 +141,7 @@ fn events(ops: &[Op]) -> Vec<Envelope> {
             version: "1".into(),
             context: json!({}),
             idempotency_key: None,
+            identity: None,
         });
     }
     let mut state = State::default();

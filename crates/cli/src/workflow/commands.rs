@@ -339,9 +339,12 @@ fn bench(
 ) -> CliResult {
     let mut micros = Vec::with_capacity(count);
     for _ in 0..count {
+        // A fresh key per task: under the `strict` identity strategy the same context
+        // would otherwise name the first task again.
+        let key = format!("bench-{}", embarcadero_workflow::ids::new_uuid());
         let start = std::time::Instant::now();
         let t = client
-            .create_task(ns, name, version, context.clone(), None)
+            .create_task(ns, name, version, context.clone(), Some(&key))
             .map_err(api_error)?;
         let uuid = text(&t["task_uuid"]);
         let t = if t["status"] == "complete" {
