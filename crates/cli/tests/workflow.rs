@@ -7,6 +7,8 @@ mod common;
 use common::{ok, run_bin, Proc, Serve};
 use embarcadero_workflow::client::ApiClient;
 use serde_json::{json, Value};
+use std::io::BufReader;
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 const LINEAR: &str = "name: linear
@@ -102,7 +104,27 @@ namespace: demo
 version: 1.0.0
 identity_strategy: STRATEGY
 steps:
-  - {name: one, handler: {callable: math.square}}
+  - {name: one, handler: {callable: math.square, initialization: {input: x}}}
+";
+
+/// A step that sleeps for a minute under a 0.6 s (0.01 min) in-process threshold.
+const STALE: &str = "name: stale
+namespace: demo
+version: 1.0.0
+lifecycle: {max_steps_in_process_minutes: 0.01}
+steps:
+  - {name: nap, timeout_seconds: 120, handler: {callable: test.sleep, initialization: {ms: 60000}}}
+  - {name: after, dependencies: [nap], handler: {callable: test.sleep}}
+";
+
+/// Two parallel steps that fail their first attempt, with no retry; then a join.
+const RERUN: &str = "name: rerun
+namespace: demo
+version: 1.0.0
+steps:
+  - {name: left, retry: {max_attempts: 1}, handler: {callable: test.fail_times, initialization: {failures: 1}}}
+  - {name: right, retry: {max_attempts: 1}, handler: {callable: test.fail_times, initialization: {failures: 1}}}
+  - {name: join, dependencies: [left, right], handler: {callable: test.fail_times, initialization: {failures: 0}}}
 ";
 
 fn csv(strategy: &str, pause_ms: u64) -> String {
@@ -136,7 +158,12 @@ impl Engine {
 
     /// Starts an orchestrator; returns it and its API address.
     fn orchestrator(&self, lease_ms: &str) -> (Proc, String) {
-        let args = [
+        self.orchestrator_with(lease_ms, &[])
+    }
+
+    /// The same with more arguments.
+    fn orchestrator_with(&self, lease_ms: &str, more: &[&str]) -> (Proc, String) {
+        let mut args = vec![
             "orchestrator",
             "--control",
             &self.serve.control,
@@ -145,6 +172,7 @@ impl Engine {
             "--lease-ms",
             lease_ms,
         ];
+        args.extend_from_slice(more);
         let (p, line) = Proc::ready(&args, &[], "workflow orchestrator is serving");
         let api = line.rsplit("http://").next().unwrap().trim().to_string();
         (p, api)
@@ -253,10 +281,28 @@ impl RawAnswer {
 }
 
 /// One HTTP/1.1 request over a plain socket, read to its end (the API closes every
-/// connection after its answer, streams included).
+/// connection after its answer).
 fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> RawAnswer {
-    use std::io::{Read, Write};
-    let mut socket = std::net::TcpStream::connect(addr).unwrap();
+    use std::io::Read;
+    let (status, headers, mut reader) = send(addr, method, path, body);
+    let mut body = String::new();
+    reader.read_to_string(&mut body).unwrap();
+    RawAnswer {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// Sends a request and reads the answer's head; the reader is at the body.
+fn send(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, Vec<(String, String)>, BufReader<TcpStream>) {
+    use std::io::{BufRead, Write};
+    let mut socket = TcpStream::connect(addr).unwrap();
     socket
         .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
@@ -267,20 +313,36 @@ fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> RawAnswer
         body.len()
     );
     socket.write_all((head + &body).as_bytes()).unwrap();
-    let mut raw = String::new();
-    socket.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let mut lines = head.lines();
-    let status_line = lines.next().unwrap();
-    let status = status_line.split(' ').nth(1).unwrap().parse().unwrap();
-    let headers = lines
+    let mut reader = BufReader::new(socket);
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line.trim_end().is_empty() {
+            break;
+        }
+        lines.push(line.trim_end().to_string());
+    }
+    let status = lines[0].split(' ').nth(1).unwrap().parse().unwrap();
+    let headers = lines[1..]
+        .iter()
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
         .collect();
-    RawAnswer {
-        status,
-        headers,
-        body: body.to_string(),
+    (status, headers, reader)
+}
+
+/// The next `data:` of a server-sent event stream (comments skipped); `None` at its end.
+fn next_event(reader: &mut BufReader<TcpStream>) -> Option<Value> {
+    use std::io::BufRead;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 {
+            return None;
+        }
+        if let Some(data) = line.strip_prefix("data: ") {
+            return Some(serde_json::from_str(data).unwrap());
+        }
     }
 }
 
@@ -905,4 +967,188 @@ fn identity_strategies_deduplicate_by_context_by_key_or_never() {
         answer(&addr, "id_caller_provided", json!({}), Some("order-7")),
         (200, keyed)
     );
+}
+
+#[test]
+fn new_tasks_get_503_with_retry_after_while_the_open_tasks_are_at_the_limit() {
+    let engine = Engine::start();
+    let (_orchestrator, addr) = engine.orchestrator_with("3000", &["--max-open-tasks", "2"]);
+    let api = ApiClient::new(&addr);
+    register(&api, &IDENTITY.replace("STRATEGY", "strict"));
+    let open: Vec<Value> = [1, 2]
+        .map(|x| {
+            let a = submit(&addr, "id_strict", json!({"x": x}), None);
+            assert_eq!(a.status, 201, "{}", a.body);
+            a.json()["task_uuid"].clone()
+        })
+        .into();
+
+    let refused = submit(&addr, "id_strict", json!({"x": 3}), None);
+    assert_eq!(
+        (refused.status, refused.header("retry-after")),
+        (503, Some("1")),
+        "{}",
+        refused.body
+    );
+    assert_eq!(refused.json()["error"]["code"], "backpressure");
+    let duplicate = submit(&addr, "id_strict", json!({"x": 1}), None);
+    assert_eq!(
+        (duplicate.status, &duplicate.json()["task_uuid"]),
+        (200, &open[0]),
+        "a duplicate adds no work and is answered"
+    );
+
+    let _worker = engine.worker("3000");
+    for uuid in &open {
+        let t = api.get_task(uuid.as_str().unwrap(), 30).unwrap();
+        assert_eq!(t["status"], "complete", "{t:#}");
+    }
+    let retried = submit(&addr, "id_strict", json!({"x": 3}), None);
+    assert_eq!(retried.status, 201, "{}", retried.body);
+}
+
+#[test]
+fn task_events_stream_every_transition_in_log_order_and_end_when_the_task_is_finished() {
+    let engine = Engine::start();
+    let (_orchestrator, addr) = engine.orchestrator("3000");
+    let api = ApiClient::new(&addr);
+    register(&api, LINEAR);
+    let uuid = create(&api, "linear", json!({"even_number": 2}));
+    let (status, headers, mut stream) =
+        send(&addr, "GET", &format!("/v1/tasks/{uuid}/events"), None);
+    assert_eq!(status, 200);
+    assert!(
+        headers.contains(&("content-type".into(), "text/event-stream".into())),
+        "{headers:?}"
+    );
+    // No worker yet, so the task cannot finish: what arrives before one starts came
+    // while the task was open, and the stream is still open after it.
+    let mut events = Vec::new();
+    while events.last().is_none_or(|e: &Value| e["to"] != "enqueued") {
+        events.push(next_event(&mut stream).expect("the stream stays open while the task runs"));
+    }
+    let _worker = engine.worker("3000");
+    while let Some(e) = next_event(&mut stream) {
+        events.push(e);
+    }
+
+    let t = api.get_task(&uuid, 0).unwrap();
+    assert_eq!(
+        t["status"], "complete",
+        "the stream ended with the task: {t:#}"
+    );
+    let positions: Vec<u64> = events
+        .iter()
+        .map(|e| e["position"].as_u64().unwrap())
+        .collect();
+    assert!(positions.is_sorted(), "log order: {positions:?}");
+    let mut expected: Vec<(u64, Value, Value, Value)> = Vec::new();
+    for s in t["steps"].as_array().unwrap() {
+        for m in s["transitions"].as_array().unwrap() {
+            expected.push((
+                m["position"].as_u64().unwrap(),
+                s["name"].clone(),
+                m["from"].clone(),
+                m["to"].clone(),
+            ));
+        }
+    }
+    for m in t["transitions"].as_array().unwrap() {
+        expected.push((
+            m["position"].as_u64().unwrap(),
+            Value::Null,
+            m["from"].clone(),
+            m["to"].clone(),
+        ));
+    }
+    expected.sort_by_key(|e| e.0);
+    let got: Vec<(u64, Value, Value, Value)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["position"].as_u64().unwrap(),
+                e["step"].clone(),
+                e["from"].clone(),
+                e["to"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got, expected,
+        "every transition of the task and its steps, once"
+    );
+    assert_eq!(events.last().unwrap()["to"], "complete");
+
+    let missing = http(&addr, "GET", "/v1/tasks/nope/events", None);
+    assert_eq!(
+        (missing.status, &missing.json()["error"]["code"]),
+        (404, &json!("not_found"))
+    );
+}
+
+#[test]
+fn a_step_stuck_past_its_lifecycle_threshold_is_dead_lettered_as_stale_and_replay_agrees() {
+    let Stack {
+        workers: _w,
+        orchestrator,
+        api,
+        engine,
+        ..
+    } = Stack::start("3000", 1, &[STALE]);
+    let uuid = create(&api, "stale", json!({}));
+    let t = api.get_task(&uuid, 30).unwrap();
+    assert_eq!(t["status"], "error", "{t:#}");
+    let nap = step(&t, "nap");
+    assert_eq!(nap["current_state"], "error");
+    let error = nap["last_error"].as_str().unwrap();
+    assert!(
+        error.starts_with("stale:") && error.contains("max_steps_in_process_minutes"),
+        "{error}"
+    );
+    assert_eq!(step(&t, "after")["current_state"], "pending");
+    let dlq = api.request("GET", "/v1/dlq", None).unwrap();
+    let entries = dlq["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{dlq:#}");
+    assert_eq!(
+        (&entries[0]["step"], &entries[0]["reason"]),
+        (&json!("nap"), &json!("staleness"))
+    );
+
+    orchestrator.kill();
+    let (_again, addr) = engine.orchestrator("3000");
+    let replayed = ApiClient::new(&addr).get_task(&uuid, 0).unwrap();
+    for field in ["status", "transitions", "steps"] {
+        assert_eq!(replayed[field], t[field], "replay agrees on {field}");
+    }
+}
+
+#[test]
+fn a_rerun_starts_every_failed_step_of_a_failed_task_again() {
+    let stack = Stack::start("3000", 1, &[RERUN]);
+    let (api, addr) = (&stack.api, stack.addr.as_str());
+    let uuid = create(api, "rerun", json!({}));
+    let failed = until(api, &uuid, "both steps to fail", |t| {
+        t["status"] == "error" && t["failed_steps"] == 2
+    });
+    assert_eq!(step(&failed, "join")["current_state"], "pending");
+
+    let out = ok(&run_bin(&[
+        "task", "rerun", &uuid, "--reason", "fixed", "--json", "--api", addr,
+    ]));
+    let reopened: Value = serde_json::from_str(&out).unwrap();
+    assert_ne!(reopened["status"], "error", "{reopened:#}");
+    let t = api.get_task(&uuid, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    for name in ["left", "right"] {
+        let s = step(&t, name);
+        assert_eq!(
+            (&s["result"], entered(s, "error"), entered(s, "pending")),
+            (&json!({"attempt": 2}), 1, 1),
+            "failed once, reset once, then attempt 2 succeeded: {s:#}"
+        );
+    }
+    let again = api
+        .request("POST", &format!("/v1/tasks/{uuid}/rerun"), Some(json!({})))
+        .unwrap_err();
+    assert_eq!((again.status, again.code.as_str()), (409, "invalid_state"));
 }

@@ -10,6 +10,7 @@ use crate::machine::{StepState, TaskState};
 use crate::orchestrator::Engine;
 use crate::schema::InputSchema;
 use crate::state::State;
+use crate::task_events::TaskEvents;
 use crate::task_routes;
 use crate::template::TemplateKey;
 use crate::validate;
@@ -22,27 +23,40 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// An answer: HTTP status and JSON body.
+/// An answer: HTTP status, JSON body and headers beyond the content's type and length;
+/// or, for `GET /v1/tasks/{uuid}/events`, a stream of server-sent events instead of
+/// the body.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reply {
     pub status: u16,
     pub body: Value,
+    pub headers: Vec<(&'static str, String)>,
+    pub events: Option<TaskEvents>,
 }
 
 impl Reply {
-    fn ok(status: u16, body: Value) -> Self {
-        Self { status, body }
+    pub(crate) fn ok(status: u16, body: Value) -> Self {
+        Self {
+            status,
+            body,
+            headers: Vec::new(),
+            events: None,
+        }
     }
 
     /// `{"error":{"code","message"}}`.
     pub fn error(status: u16, code: &str, message: impl Into<String>) -> Self {
-        let body = json!({"error": {"code": code, "message": message.into()}});
-        Self { status, body }
+        Self::ok(
+            status,
+            json!({"error": {"code": code, "message": message.into()}}),
+        )
     }
 }
 
 /// How long a command waits for the fold to apply it.
 const APPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The `Retry-After` of a 503 for backpressure: about as long as a short task takes.
+const BACKPRESSURE_RETRY_S: u64 = 1;
 /// The longest long poll (`?wait=`).
 pub const MAX_WAIT_S: u64 = 300;
 
@@ -105,6 +119,8 @@ impl Api {
             ("GET", ["v1", "tasks"]) => task_routes::list_tasks(&state(), &pairs),
             ("GET", ["v1", "tasks", uuid]) => self.get_task(uuid, query),
             ("DELETE", ["v1", "tasks", uuid]) => self.cancel_task(uuid),
+            ("GET", ["v1", "tasks", uuid, "events"]) => self.task_events(uuid),
+            ("POST", ["v1", "tasks", uuid, "rerun"]) => self.rerun_task(uuid, body),
             ("GET", ["v1", "tasks", uuid, "workflow_steps"]) => {
                 task_routes::get_steps(&state(), uuid, None, false)
             }
@@ -124,6 +140,7 @@ impl Api {
                 _,
                 ["v1", "tasks"]
                 | ["v1", "tasks", _]
+                | ["v1", "tasks", _, "events" | "rerun"]
                 | ["v1", "tasks", _, "workflow_steps", ..]
                 | ["v1", "templates"]
                 | ["v1", "dlq"],
@@ -211,6 +228,7 @@ impl Api {
         if let Some(existing) = identity.as_ref().and_then(|k| state.idempotency.get(k)) {
             return Err(Reply::ok(200, task_view(&state.tasks[existing])));
         }
+        self.check_backlog(&state)?;
         drop(state);
         let Some(compiled) = template
             .input_schema
@@ -231,6 +249,25 @@ impl Api {
                 problems.join("; ")
             ),
         ))
+    }
+
+    /// Backpressure: 503 with `Retry-After` while the engine has as many open (not
+    /// finished) tasks as it is allowed. A duplicate is answered before this, as it
+    /// adds no work.
+    fn check_backlog(&self, state: &State) -> Result<(), Reply> {
+        let limit = self.engine.max_open_tasks;
+        let open = state.open_tasks();
+        if open < limit {
+            return Ok(());
+        }
+        let message = format!(
+            "the engine has {open} open tasks, its limit is {limit}; retry after {BACKPRESSURE_RETRY_S} s"
+        );
+        let mut reply = Reply::error(503, "backpressure", message);
+        reply
+            .headers
+            .push(("Retry-After", BACKPRESSURE_RETRY_S.to_string()));
+        Err(reply)
     }
 
     fn schema(&self, key: &TemplateKey, schema: &Value) -> Option<Arc<InputSchema>> {
@@ -264,6 +301,16 @@ impl Api {
         }
     }
 
+    /// `GET /v1/tasks/{uuid}/events`: the task's transitions as server-sent events.
+    fn task_events(&self, uuid: &str) -> Reply {
+        if !self.engine.shared.lock().tasks.contains_key(uuid) {
+            return Reply::error(404, "not_found", format!("no task {uuid}"));
+        }
+        let mut reply = Reply::ok(200, Value::Null);
+        reply.events = Some(TaskEvents::new(self.engine.shared.clone(), uuid));
+        reply
+    }
+
     /// `DELETE /v1/tasks/{uuid}`: 200 with the cancelled task; 409 if it finished.
     fn cancel_task(&self, uuid: &str) -> Reply {
         match self.engine.shared.lock().tasks.get(uuid) {
@@ -286,6 +333,41 @@ impl Api {
                 other if other.is_terminal() => Some(closed(t)),
                 _ => None,
             }
+        })
+    }
+
+    /// `POST /v1/tasks/{uuid}/rerun` (`{"reason"}`, optional): every failed step of a
+    /// failed task starts again; 200 with the reopened task, 409 unless it is `error`.
+    fn rerun_task(&self, uuid: &str, body: &[u8]) -> Reply {
+        let reason = match serde_json::from_slice::<Value>(body) {
+            _ if body.is_empty() => String::new(),
+            Ok(v) => v["reason"].as_str().unwrap_or("").to_string(),
+            Err(e) => return Reply::error(400, "bad_request", format!("not JSON: {e}")),
+        };
+        let moves_before = match self.engine.shared.lock().tasks.get(uuid) {
+            None => return Reply::error(404, "not_found", format!("no task {uuid}")),
+            Some(t) if t.state != TaskState::Error => {
+                let m = format!(
+                    "task {uuid} is {}; only a failed task can be rerun",
+                    t.state.name()
+                );
+                return Reply::error(409, "invalid_state", m);
+            }
+            Some(t) => t.history.len(),
+        };
+        let event = Event::TaskRerun {
+            task: uuid.to_string(),
+            reason,
+        };
+        if let Err(e) = self.engine.writer.publish(event) {
+            return Reply::error(503, "log_unavailable", format!("cannot publish: {e}"));
+        }
+        task_routes::await_fold(&self.engine.shared, APPLY_TIMEOUT, |s| {
+            // Reopened: it left `error` (it may have failed again since).
+            let t = s.tasks.get(uuid)?;
+            let moves = t.history.get(moves_before..).unwrap_or_default();
+            let reopened = moves.iter().any(|h| h.from == TaskState::Error);
+            reopened.then(|| Reply::ok(200, task_view(t)))
         })
     }
 

@@ -117,11 +117,15 @@ pub fn legal_step(from: StepState, to: StepState) -> bool {
     if to == Cancelled {
         return true;
     }
+    // Any unfinished step may fail for staleness (`step_stale`).
+    if to == Error {
+        return true;
+    }
     match from {
         Pending => matches!(to, Enqueued),
         Enqueued => matches!(to, InProgress),
         InProgress => matches!(to, EnqueuedForOrchestration),
-        EnqueuedForOrchestration => matches!(to, Complete | Error | WaitingForRetry),
+        EnqueuedForOrchestration => matches!(to, Complete | WaitingForRetry),
         WaitingForRetry => matches!(to, Enqueued),
         Complete | Error | Cancelled | ResolvedManually => false,
     }

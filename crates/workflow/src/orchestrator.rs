@@ -23,6 +23,8 @@ pub struct OrchestratorConfig {
     pub log: LogConfig,
     /// A worker not heard from for this long loses its claims.
     pub lease_ms: u64,
+    /// Backpressure: new tasks are refused (503) while this many are open.
+    pub max_open_tasks: usize,
 }
 
 /// What the API and the CLI see of a running orchestrator.
@@ -33,6 +35,8 @@ pub struct Engine {
     pub caught_up: AtomicBool,
     /// Why the engine thread stopped, if it failed.
     pub failure: Mutex<Option<String>>,
+    /// See [`OrchestratorConfig::max_open_tasks`].
+    pub max_open_tasks: usize,
     stop: AtomicBool,
 }
 
@@ -55,6 +59,7 @@ impl Orchestrator {
             writer: Arc::new(Writer::open(&cfg.log)?),
             caught_up: AtomicBool::new(replay_end == 0),
             failure: Mutex::new(None),
+            max_open_tasks: cfg.max_open_tasks,
             stop: AtomicBool::new(false),
         });
         let runtime = Runtime {

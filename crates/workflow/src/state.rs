@@ -118,6 +118,8 @@ pub enum Rejected {
         worker: String,
         winner: String,
     },
+    #[error("task {task} is {state:?}; only a failed task can be rerun")]
+    NotFailed { task: String, state: TaskState },
     #[error("step {} is not ready: a dependency is not complete", at.step)]
     NotReady { at: StepRef },
 }
@@ -151,6 +153,12 @@ impl State {
             self.rejected += 1;
         }
         result
+    }
+
+    /// Tasks not finished (complete, error, cancelled or resolved): the engine's backlog.
+    pub fn open_tasks(&self) -> usize {
+        let open = self.tasks.values().filter(|t| !t.state.is_terminal());
+        open.count()
     }
 
     /// The same for a message that did not decode: counted, refused.
@@ -189,6 +197,7 @@ impl State {
             }
             Event::Heartbeat { .. } => Ok(()),
             Event::TaskCancelled { task, .. } => self.cancel(task, position, ts),
+            Event::TaskRerun { task, .. } => crate::manual::rerun(self, task, position, ts),
             Event::StepReset { .. } | Event::StepResolved { .. } => {
                 crate::manual::apply(self, &env.event, position, ts)
             }

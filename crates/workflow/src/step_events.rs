@@ -80,6 +80,18 @@ pub(crate) fn apply(step: &mut Step, event: &Event, at: At) -> Result<(), Reject
             step.enter(Error, at.position, at.ts);
             Ok(())
         }
+        Event::StepStale {
+            at: r,
+            state,
+            reason,
+        } => {
+            expect(step, r, "staleness", *state)?;
+            step.returned = None;
+            step.retry_due_ms = None;
+            step.last_error = Some(reason.clone());
+            step.enter(Error, at.position, at.ts);
+            Ok(())
+        }
         other => unreachable!("not a step event: {other:?}"),
     }
 }

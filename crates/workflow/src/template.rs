@@ -23,7 +23,7 @@ pub struct Template {
     /// How a new task's identity is derived, for deduplication (see [`crate::identity`]).
     #[serde(default, skip_serializing_if = "IdentityStrategy::is_default")]
     pub identity_strategy: IdentityStrategy,
-    /// Staleness thresholds (Tasker's `lifecycle`); kept, not acted on in phase 1.
+    /// Staleness thresholds (Tasker's `lifecycle`), acted on by [`crate::staleness`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle: Option<Lifecycle>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -172,18 +172,40 @@ pub enum Backoff {
     Exponential,
 }
 
-/// Tasker's staleness thresholds, in minutes.
+/// Tasker's staleness thresholds, in minutes (fractions allowed); see
+/// [`crate::staleness`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Lifecycle {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_steps_in_process_minutes: Option<u64>,
+    pub max_steps_in_process_minutes: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_waiting_for_retry_minutes: Option<u64>,
+    pub max_waiting_for_retry_minutes: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_waiting_for_dependencies_minutes: Option<u64>,
+    pub max_waiting_for_dependencies_minutes: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_duration_minutes: Option<u64>,
+    pub max_duration_minutes: Option<f64>,
+}
+
+impl Lifecycle {
+    /// Each threshold by its field name.
+    pub fn thresholds(&self) -> [(&'static str, Option<f64>); 4] {
+        [
+            (
+                "max_steps_in_process_minutes",
+                self.max_steps_in_process_minutes,
+            ),
+            (
+                "max_waiting_for_retry_minutes",
+                self.max_waiting_for_retry_minutes,
+            ),
+            (
+                "max_waiting_for_dependencies_minutes",
+                self.max_waiting_for_dependencies_minutes,
+            ),
+            ("max_duration_minutes", self.max_duration_minutes),
+        ]
+    }
 }
 
 #[cfg(test)]

@@ -116,6 +116,19 @@ pub enum TaskCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Rerun a failed task: each of its failed steps runs again with a fresh retry budget.
+    Rerun {
+        /// The task's id, as `task create` printed it.
+        uuid: String,
+        /// Why, for the audit trail.
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[command(flatten)]
+        api: ApiArg,
+        /// Print the result as JSON, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
     /// Reset a failed step for retry: it runs again with a fresh retry budget.
     ResetStep {
         /// The task's id, as `task create` printed it.

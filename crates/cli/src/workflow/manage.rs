@@ -1,4 +1,4 @@
-//! `embarcadero task list|cancel|steps|reset-step|resolve-step|dlq`: the task
+//! `embarcadero task list|cancel|rerun|steps|reset-step|resolve-step|dlq`: the task
 //! management commands, clients of the workflow API's routes over existing tasks.
 
 use super::commands::{api_error, show_task, text, TaskCommand};
@@ -30,6 +30,19 @@ pub fn run(cmd: TaskCommand) -> CliResult {
             api,
             json,
         } => steps(&api.api, &uuid, step.as_deref(), audit, json),
+        TaskCommand::Rerun {
+            uuid,
+            reason,
+            api,
+            json,
+        } => {
+            let path = format!("/v1/tasks/{uuid}/rerun");
+            let t = ApiClient::new(&api.api)
+                .request("POST", &path, Some(json!({ "reason": reason })))
+                .map_err(api_error)?;
+            show_task(&t, json);
+            Ok(())
+        }
         TaskCommand::ResetStep {
             uuid,
             step,
