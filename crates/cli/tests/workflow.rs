@@ -1152,3 +1152,66 @@ fn a_rerun_starts_every_failed_step_of_a_failed_task_again() {
         .unwrap_err();
     assert_eq!((again.status, again.code.as_str()), (409, "invalid_state"));
 }
+
+/// The value of the sample `series` (name and labels, as written) in a metrics text.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
+#[test]
+fn metrics_count_tasks_and_steps_by_state_step_latency_by_handler_and_queue_lag() {
+    let stack = Stack::start("3000", 1, &[LINEAR]);
+    let (api, addr) = (&stack.api, stack.addr.as_str());
+    let uuid = create(api, "linear", json!({"even_number": 2}));
+    assert_eq!(api.get_task(&uuid, 30).unwrap()["status"], "complete");
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let m = http(addr, "GET", "/metrics", None);
+        assert_eq!(m.status, 200);
+        assert!(m.header("content-type").unwrap().starts_with("text/plain"));
+        // The worker's last events may still be on their way to the fold.
+        if sample(&m.body, "embarcadero_workflow_queue_lag_events") == Some(0.0) {
+            break m.body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lag never reached 0: {}",
+            m.body
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let tasks = |s: &str| {
+        sample(
+            &text,
+            &format!("embarcadero_workflow_tasks{{state=\"{s}\"}}"),
+        )
+    };
+    assert_eq!(
+        (tasks("complete"), tasks("error")),
+        (Some(1.0), Some(0.0)),
+        "{text}"
+    );
+    let steps = sample(&text, "embarcadero_workflow_steps{state=\"complete\"}");
+    assert_eq!(steps, Some(4.0), "{text}");
+    let histogram = "embarcadero_workflow_step_duration_seconds";
+    let handler = "handler=\"math.square\"";
+    let count = sample(&text, &format!("{histogram}_count{{{handler}}}"));
+    let all = sample(
+        &text,
+        &format!("{histogram}_bucket{{{handler},le=\"+Inf\"}}"),
+    );
+    assert_eq!((count, all), (Some(4.0), Some(4.0)), "{text}");
+    let buckets: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with(&format!("{histogram}_bucket{{{handler}")))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        buckets.is_sorted() && buckets.len() > 2,
+        "cumulative buckets: {buckets:?}"
+    );
+}

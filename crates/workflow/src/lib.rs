@@ -15,6 +15,7 @@ pub mod ids;
 pub mod log;
 pub mod machine;
 mod manual;
+pub mod metrics;
 pub mod orchestrator;
 pub mod schema;
 pub mod settle;

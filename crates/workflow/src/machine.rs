@@ -36,6 +36,25 @@ pub enum StepState {
 }
 
 impl TaskState {
+    /// Every state, in the order above.
+    pub const ALL: [TaskState; 12] = {
+        use TaskState::*;
+        [
+            Pending,
+            Initializing,
+            EnqueuingSteps,
+            StepsInProcess,
+            EvaluatingResults,
+            WaitingForDependencies,
+            WaitingForRetry,
+            BlockedByFailures,
+            Complete,
+            Error,
+            Cancelled,
+            ResolvedManually,
+        ]
+    };
+
     pub fn is_terminal(self) -> bool {
         use TaskState::*;
         matches!(self, Complete | Error | Cancelled | ResolvedManually)
@@ -50,6 +69,22 @@ impl TaskState {
 }
 
 impl StepState {
+    /// Every state, in the order above.
+    pub const ALL: [StepState; 9] = {
+        use StepState::*;
+        [
+            Pending,
+            Enqueued,
+            InProgress,
+            EnqueuedForOrchestration,
+            Complete,
+            Error,
+            Cancelled,
+            ResolvedManually,
+            WaitingForRetry,
+        ]
+    };
+
     pub fn is_terminal(self) -> bool {
         use StepState::*;
         matches!(self, Complete | Error | Cancelled | ResolvedManually)

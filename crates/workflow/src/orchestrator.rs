@@ -37,6 +37,8 @@ pub struct Engine {
     pub failure: Mutex<Option<String>>,
     /// See [`OrchestratorConfig::max_open_tasks`].
     pub max_open_tasks: usize,
+    /// Where the event log is (the metrics ask for its end).
+    pub log: LogConfig,
     stop: AtomicBool,
 }
 
@@ -60,6 +62,7 @@ impl Orchestrator {
             caught_up: AtomicBool::new(replay_end == 0),
             failure: Mutex::new(None),
             max_open_tasks: cfg.max_open_tasks,
+            log: cfg.log.clone(),
             stop: AtomicBool::new(false),
         });
         let runtime = Runtime {
@@ -86,6 +89,16 @@ impl Orchestrator {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+impl Engine {
+    /// The Prometheus metrics text, with the queue lag when the log's end can be read.
+    pub fn metrics(&self) -> String {
+        let admin = embarcadero_client::Admin::new(&self.log.control);
+        let log_end = admin.describe_topic(&self.log.topic).ok();
+        let state = self.shared.lock();
+        crate::metrics::render(&state, log_end.map(|info| info.next_position))
     }
 }
 

@@ -1,5 +1,6 @@
-//! `embarcadero orchestrator` (the engine and its API on a port of its own, phase 1)
-//! and `embarcadero worker` (the built-in Rust handlers), both until SIGINT/SIGTERM.
+//! `embarcadero orchestrator` (the engine, its API and its `/metrics` on a port of its
+//! own, phase 1) and `embarcadero worker` (the built-in Rust handlers), both until
+//! SIGINT/SIGTERM.
 
 use super::LogArgs;
 use crate::CliResult;
@@ -59,7 +60,11 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
         request_deadline: Duration::from_secs(10),
         max_connections: 1024,
     };
+    let engine = orchestrator.engine.clone();
     let handler = move |r: &Request| {
+        if (r.method.as_str(), r.path()) == ("GET", "/metrics") {
+            return Response::new(200, "text/plain; version=0.0.4", engine.metrics());
+        }
         let reply = api.handle(&r.method, &r.url, &r.body);
         let mut response = match reply.events {
             None => Response::new(reply.status, "application/json", reply.body.to_string()),
