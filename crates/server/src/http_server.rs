@@ -52,7 +52,10 @@ pub struct Response {
 /// Writes a streamed body to the connection, returning when it is complete or a write
 /// failed (the client left).
 #[derive(Clone)]
-pub struct StreamBody(pub Arc<dyn Fn(&mut dyn Write) -> io::Result<()> + Send + Sync>);
+pub struct StreamBody(pub Arc<WriteBody>);
+
+/// What a [`StreamBody`] runs on the connection's thread.
+pub type WriteBody = dyn Fn(&mut dyn Write) -> io::Result<()> + Send + Sync;
 
 impl std::fmt::Debug for StreamBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -323,10 +323,7 @@ impl Api {
             task: uuid.to_string(),
             reason,
         };
-        if let Err(e) = self.engine.writer.publish(event) {
-            return Reply::error(503, "log_unavailable", format!("cannot publish: {e}"));
-        }
-        task_routes::await_fold(&self.engine.shared, APPLY_TIMEOUT, |s| {
+        self.publish_then(event, |s| {
             let t = s.tasks.get(uuid)?;
             match t.state {
                 TaskState::Cancelled => Some(Reply::ok(200, task_view(t))),
@@ -359,16 +356,21 @@ impl Api {
             task: uuid.to_string(),
             reason,
         };
-        if let Err(e) = self.engine.writer.publish(event) {
-            return Reply::error(503, "log_unavailable", format!("cannot publish: {e}"));
-        }
-        task_routes::await_fold(&self.engine.shared, APPLY_TIMEOUT, |s| {
+        self.publish_then(event, |s| {
             // Reopened: it left `error` (it may have failed again since).
             let t = s.tasks.get(uuid)?;
             let moves = t.history.get(moves_before..).unwrap_or_default();
             let reopened = moves.iter().any(|h| h.from == TaskState::Error);
             reopened.then(|| Reply::ok(200, task_view(t)))
         })
+    }
+
+    /// Publishes `event` and answers once `done` says the fold has applied it.
+    fn publish_then(&self, event: Event, done: impl FnMut(&State) -> Option<Reply>) -> Reply {
+        if let Err(e) = self.engine.writer.publish(event) {
+            return Reply::error(503, "log_unavailable", format!("cannot publish: {e}"));
+        }
+        task_routes::await_fold(&self.engine.shared, APPLY_TIMEOUT, done)
     }
 
     /// `PATCH /v1/tasks/{uuid}/workflow_steps/{step}`: reset, resolve or complete a
@@ -379,10 +381,7 @@ impl Api {
             Err(reply) => return reply,
         };
         let attempt = event.step_ref().map_or(0, |at| at.attempt);
-        if let Err(e) = self.engine.writer.publish(event) {
-            return Reply::error(503, "log_unavailable", format!("cannot publish: {e}"));
-        }
-        task_routes::await_fold(&self.engine.shared, APPLY_TIMEOUT, |s| {
+        self.publish_then(event, |s| {
             let st = s.tasks.get(uuid)?.step(step)?;
             let changed = st.state != StepState::Error || st.attempt != attempt;
             changed.then(|| Reply::ok(200, step_view(st)))

@@ -667,3 +667,103 @@ fn a_batch_runs_one_instance_per_cursor_and_then_its_convergence() {
         assert_eq!((w2.cursor, w2.index, w2.count), (json!({"start": 5}), 2, 3));
     }
 }
+
+/// One step under a one-minute in-process threshold.
+const LIFECYCLE: &str = "name: life\nnamespace: p\nversion: '1'
+lifecycle: {max_steps_in_process_minutes: 1}
+steps:
+  - {name: a, handler: {callable: h}}";
+
+/// Applies `events` stamped at `ts_ms`, from the next position on; what each came to.
+fn apply_at(state: &mut State, ts_ms: u64, events: Vec<Event>) -> Vec<bool> {
+    let applied = events.into_iter().map(|event| {
+        let position = state.next_position;
+        state.apply(position, &Envelope { ts_ms, event }).is_ok()
+    });
+    applied.collect()
+}
+
+#[test]
+fn a_stale_attempt_errors_only_if_still_where_it_was_seen_and_a_rerun_starts_it_again() {
+    use embarcadero_workflow::staleness::stale_steps;
+    use embarcadero_workflow::{StepState, TaskState};
+    let mut state = State::default();
+    let created = Event::TaskCreated {
+        task: "t".into(),
+        namespace: "p".into(),
+        name: "life".into(),
+        version: "1".into(),
+        context: json!({}),
+        idempotency_key: None,
+        identity: None,
+    };
+    let template = Event::TemplateRegistered {
+        template: load(LIFECYCLE, None).unwrap(),
+    };
+    let at = |attempt| StepRef {
+        task: "t".into(),
+        step: "a".into(),
+        attempt,
+    };
+    let claimed = Event::StepClaimed {
+        at: at(1),
+        worker: "w".into(),
+    };
+    let setup = vec![template, created, Event::StepEnqueued(at(1)), claimed];
+    assert_eq!(apply_at(&mut state, 0, setup), [true; 4]);
+    assert!(stale_steps(&state.tasks["t"], 60_000).is_empty(), "not yet");
+    let stale = stale_steps(&state.tasks["t"], 60_001);
+    assert!(
+        matches!(&stale[..], [Event::StepStale { state: StepState::InProgress, at, .. }] if at.attempt == 1),
+        "{stale:?}"
+    );
+
+    // A result that comes first in the log wins: the stale event is then refused.
+    let mut raced = state.clone();
+    let result = Event::StepResult {
+        at: at(1),
+        worker: "w".into(),
+        outcome: Outcome::Success { result: json!(1) },
+    };
+    assert_eq!(
+        apply_at(&mut raced, 1, vec![result.clone(), stale[0].clone()]),
+        [true, false]
+    );
+    assert_eq!(
+        raced.tasks["t"].step("a").unwrap().state,
+        StepState::EnqueuedForOrchestration
+    );
+
+    // Applied first, the stale event fails the step and the task; the late result is refused.
+    assert_eq!(
+        apply_at(&mut state, 60_001, vec![stale[0].clone(), result]),
+        [true, false]
+    );
+    let task = &state.tasks["t"];
+    assert_eq!(
+        (task.state, task.steps[0].state),
+        (TaskState::Error, StepState::Error)
+    );
+    assert!(task.steps[0]
+        .last_error
+        .as_deref()
+        .unwrap()
+        .starts_with("stale:"));
+
+    let rerun = Event::TaskRerun {
+        task: "t".into(),
+        reason: "again".into(),
+    };
+    assert_eq!(
+        apply_at(&mut state, 60_002, vec![rerun.clone(), rerun]),
+        [true, false]
+    );
+    let task = &state.tasks["t"];
+    assert_eq!(task.steps[0].state, StepState::Pending);
+    assert!(!task.state.is_terminal(), "{:?}", task.state);
+    assert_eq!(
+        task.ready_steps().collect::<Vec<_>>(),
+        [0],
+        "attempt 2 may be enqueued"
+    );
+}
