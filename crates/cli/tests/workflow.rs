@@ -1214,4 +1214,10 @@ fn metrics_count_tasks_and_steps_by_state_step_latency_by_handler_and_queue_lag(
         buckets.is_sorted() && buckets.len() > 2,
         "cumulative buckets: {buckets:?}"
     );
+
+    let summary = ok(&run_bin(&["task", "stats", "--api", addr]));
+    assert_eq!(
+        summary.trim(),
+        "tasks: complete 1\nsteps: complete 4\nqueue lag: 0 events"
+    );
 }

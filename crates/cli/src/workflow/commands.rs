@@ -166,6 +166,12 @@ pub enum TaskCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The engine's summary: tasks and steps by state, and how far it is behind the log
+    /// (from the orchestrator's /metrics).
+    Stats {
+        #[command(flatten)]
+        api: ApiArg,
+    },
     /// The dead-letter list: failed steps of blocked or failed tasks, with the reason.
     Dlq {
         /// The page to show (1 is the first).
