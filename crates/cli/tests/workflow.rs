@@ -1009,13 +1009,11 @@ fn new_tasks_get_503_with_retry_after_while_the_open_tasks_are_at_the_limit() {
 
 #[test]
 fn task_events_stream_every_transition_in_log_order_and_end_when_the_task_is_finished() {
-    let engine = Engine::start();
-    let (_orchestrator, addr) = engine.orchestrator("3000");
-    let api = ApiClient::new(&addr);
-    register(&api, LINEAR);
-    let uuid = create(&api, "linear", json!({"even_number": 2}));
+    let stack = Stack::start("3000", 0, &[LINEAR]);
+    let (api, addr, engine) = (&stack.api, stack.addr.as_str(), &stack.engine);
+    let uuid = create(api, "linear", json!({"even_number": 2}));
     let (status, headers, mut stream) =
-        send(&addr, "GET", &format!("/v1/tasks/{uuid}/events"), None);
+        send(addr, "GET", &format!("/v1/tasks/{uuid}/events"), None);
     assert_eq!(status, 200);
     assert!(
         headers.contains(&("content-type".into(), "text/event-stream".into())),
@@ -1079,7 +1077,7 @@ fn task_events_stream_every_transition_in_log_order_and_end_when_the_task_is_fin
     );
     assert_eq!(events.last().unwrap()["to"], "complete");
 
-    let missing = http(&addr, "GET", "/v1/tasks/nope/events", None);
+    let missing = http(addr, "GET", "/v1/tasks/nope/events", None);
     assert_eq!(
         (missing.status, &missing.json()["error"]["code"]),
         (404, &json!("not_found"))

@@ -1,5 +1,6 @@
-//! The REST API as a function from (method, target, body) to (status, JSON body), with
-//! no HTTP server of its own: `embarcadero orchestrator` serves it on its own port in
+//! The REST API as a function from (method, target, body) to (status, JSON body, or a
+//! task's event stream; and headers such as a 503's Retry-After), with no HTTP server
+//! of its own: `embarcadero orchestrator` serves it on its own port in
 //! phase 1, and the control plane can route `/v1/tasks` and `/v1/templates` to it
 //! later. Commands are published to the log and answered once the fold has applied
 //! them, so a `GET` right after a `POST` sees what the `POST` made.

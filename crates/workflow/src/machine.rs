@@ -4,9 +4,24 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskState {
+/// Declares a state enum and `ALL`, its states in declaration order (one list, so
+/// the two cannot disagree).
+macro_rules! states {
+    ($name:ident { $($state:ident),+ $(,)? }) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name {
+            $($state),+
+        }
+
+        impl $name {
+            /// Every state, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$state),+];
+        }
+    };
+}
+
+states!(TaskState {
     Pending,
     Initializing,
     EnqueuingSteps,
@@ -19,11 +34,9 @@ pub enum TaskState {
     Error,
     Cancelled,
     ResolvedManually,
-}
+});
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StepState {
+states!(StepState {
     Pending,
     Enqueued,
     InProgress,
@@ -33,28 +46,9 @@ pub enum StepState {
     Cancelled,
     ResolvedManually,
     WaitingForRetry,
-}
+});
 
 impl TaskState {
-    /// Every state, in the order above.
-    pub const ALL: [TaskState; 12] = {
-        use TaskState::*;
-        [
-            Pending,
-            Initializing,
-            EnqueuingSteps,
-            StepsInProcess,
-            EvaluatingResults,
-            WaitingForDependencies,
-            WaitingForRetry,
-            BlockedByFailures,
-            Complete,
-            Error,
-            Cancelled,
-            ResolvedManually,
-        ]
-    };
-
     pub fn is_terminal(self) -> bool {
         use TaskState::*;
         matches!(self, Complete | Error | Cancelled | ResolvedManually)
@@ -69,22 +63,6 @@ impl TaskState {
 }
 
 impl StepState {
-    /// Every state, in the order above.
-    pub const ALL: [StepState; 9] = {
-        use StepState::*;
-        [
-            Pending,
-            Enqueued,
-            InProgress,
-            EnqueuedForOrchestration,
-            Complete,
-            Error,
-            Cancelled,
-            ResolvedManually,
-            WaitingForRetry,
-        ]
-    };
-
     pub fn is_terminal(self) -> bool {
         use StepState::*;
         matches!(self, Complete | Error | Cancelled | ResolvedManually)

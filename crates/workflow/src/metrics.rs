@@ -18,13 +18,13 @@ pub const LATENCY_BUCKETS_S: [f64; 12] = [
 pub fn render(state: &State, log_end: Option<u64>) -> String {
     let mut out = String::new();
     let tasks = count_by(state.tasks.values().map(|t| t.state.name()));
-    let names = TaskState::ALL.map(TaskState::name);
+    let names: Vec<String> = TaskState::ALL.iter().map(|s| s.name()).collect();
     gauge_by_state(&mut out, "tasks", "Tasks by state.", &names, &tasks);
     let steps = state
         .tasks
         .values()
         .flat_map(|t| t.created_steps().map(|s| s.state.name()));
-    let names = StepState::ALL.map(StepState::name);
+    let names: Vec<String> = StepState::ALL.iter().map(|s| s.name()).collect();
     gauge_by_state(
         &mut out,
         "steps",
