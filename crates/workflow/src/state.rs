@@ -265,8 +265,11 @@ impl State {
             .tasks
             .get_mut(&at.task)
             .ok_or_else(|| Rejected::UnknownTask(at.task.clone()))?;
+        // A step not created (yet, or ever) does not exist for events: nothing moves it
+        // (a `step_stale` seeing it `pending` at attempt 0 would otherwise match).
         let index = task
             .index_of(&at.step)
+            .filter(|&i| task.steps[i].created)
             .ok_or_else(|| Rejected::UnknownStep {
                 task: at.task.clone(),
                 step: at.step.clone(),

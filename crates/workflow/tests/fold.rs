@@ -48,6 +48,11 @@ const COND_STEPS: &[&str] = &["a", "d", "b1", "b2", "b3", "e", "j"];
 /// What a decision may name (`zz` is no step: such a decision is refused).
 const BRANCHES: [&str; 4] = ["b1", "b2", "b3", "zz"];
 const WORKERS: [&str; 2] = ["w1", "w2"];
+/// The states a `step_stale` event may say it saw its step in.
+const STALE_STATES: [embarcadero_workflow::StepState; 4] = {
+    use embarcadero_workflow::StepState::*;
+    [Pending, Enqueued, InProgress, WaitingForRetry]
+};
 
 /// One move of the generated history.
 #[derive(Debug, Clone)]
@@ -115,7 +120,9 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (t.clone(), s.clone(), a.clone(), 0..WORKERS.len(), 0u64..100).prop_map(|(task, step, attempt, worker, done)| Op::Checkpoint { task, step, attempt, worker, done }),
         1 => (t.clone(), s.clone(), a.clone()).prop_map(|(task, step, attempt)| Op::Raw(Box::new(Event::StepReset { at: at(task, step, attempt), reason: "test".into() }))),
         1 => (t.clone(), s.clone(), a.clone(), any::<bool>()).prop_map(|(task, step, attempt, complete)| Op::Raw(Box::new(Event::StepResolved { at: at(task, step, attempt), reason: "test".into(), complete, result: Some(json!(0)) }))),
-        1 => t.prop_map(|task| Op::Raw(Box::new(Event::TaskCancelled { task: TASKS[task].0.into(), reason: "test".into() }))),
+        1 => t.clone().prop_map(|task| Op::Raw(Box::new(Event::TaskCancelled { task: TASKS[task].0.into(), reason: "test".into() }))),
+        1 => (t.clone(), s.clone(), 0u32..4, 0..STALE_STATES.len()).prop_map(|(task, step, attempt, seen)| Op::Raw(Box::new(Event::StepStale { at: at(task, step, attempt), state: STALE_STATES[seen], reason: "stale: test".into() }))),
+        1 => t.prop_map(|task| Op::Raw(Box::new(Event::TaskRerun { task: TASKS[task].0.into(), reason: "test".into() }))),
     ]
 }
 
@@ -331,10 +338,14 @@ proptest! {
         let mut finished: BTreeMap<String, embarcadero_workflow::Task> = BTreeMap::new();
         for (i, e) in envs.iter().enumerate() {
             let applied = s.apply(i as u64, e).is_ok();
-            // Only an operator's reset or resolution of a failed step reopens a failed task.
-            let manual = applied && matches!(e.event, Event::StepReset { .. } | Event::StepResolved { .. });
-            if manual {
-                let uuid = &e.event.step_ref().unwrap().task;
+            // Only an operator's reset or resolution of a failed step, or a rerun of a
+            // failed task, reopens a failed task.
+            let reopening = match &e.event {
+                Event::StepReset { at, .. } | Event::StepResolved { at, .. } => Some(&at.task),
+                Event::TaskRerun { task, .. } => Some(task),
+                _ => None,
+            };
+            if let (true, Some(uuid)) = (applied, reopening) {
                 let was = finished.remove(uuid).map(|t| t.state);
                 prop_assert!(was.is_none_or(|w| w == embarcadero_workflow::TaskState::Error), "{:?} reopened", was);
             }
