@@ -7,6 +7,8 @@ mod common;
 use common::{ok, run_bin, Proc, Serve};
 use embarcadero_workflow::client::ApiClient;
 use serde_json::{json, Value};
+use std::io::BufReader;
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 const LINEAR: &str = "name: linear
@@ -96,6 +98,35 @@ steps:
     handler: {callable: csv.aggregate}
 ";
 
+/// One step, under the identity strategy `STRATEGY` (filled in per template).
+const IDENTITY: &str = "name: id_STRATEGY
+namespace: demo
+version: 1.0.0
+identity_strategy: STRATEGY
+steps:
+  - {name: one, handler: {callable: math.square, initialization: {input: x}}}
+";
+
+/// A step that sleeps for a minute under a 0.6 s (0.01 min) in-process threshold.
+const STALE: &str = "name: stale
+namespace: demo
+version: 1.0.0
+lifecycle: {max_steps_in_process_minutes: 0.01}
+steps:
+  - {name: nap, timeout_seconds: 120, handler: {callable: test.sleep, initialization: {ms: 60000}}}
+  - {name: after, dependencies: [nap], handler: {callable: test.sleep}}
+";
+
+/// Two parallel steps that fail their first attempt, with no retry; then a join.
+const RERUN: &str = "name: rerun
+namespace: demo
+version: 1.0.0
+steps:
+  - {name: left, retry: {max_attempts: 1}, handler: {callable: test.fail_times, initialization: {failures: 1}}}
+  - {name: right, retry: {max_attempts: 1}, handler: {callable: test.fail_times, initialization: {failures: 1}}}
+  - {name: join, dependencies: [left, right], handler: {callable: test.fail_times, initialization: {failures: 0}}}
+";
+
 fn csv(strategy: &str, pause_ms: u64) -> String {
     CSV.replace("STRATEGY", strategy)
         .replace("PAUSE", &pause_ms.to_string())
@@ -127,7 +158,12 @@ impl Engine {
 
     /// Starts an orchestrator; returns it and its API address.
     fn orchestrator(&self, lease_ms: &str) -> (Proc, String) {
-        let args = [
+        self.orchestrator_with(lease_ms, &[])
+    }
+
+    /// The same with more arguments.
+    fn orchestrator_with(&self, lease_ms: &str, more: &[&str]) -> (Proc, String) {
+        let mut args = vec![
             "orchestrator",
             "--control",
             &self.serve.control,
@@ -136,6 +172,7 @@ impl Engine {
             "--lease-ms",
             lease_ms,
         ];
+        args.extend_from_slice(more);
         let (p, line) = Proc::ready(&args, &[], "workflow orchestrator is serving");
         let api = line.rsplit("http://").next().unwrap().trim().to_string();
         (p, api)
@@ -223,6 +260,100 @@ fn until(api: &ApiClient, uuid: &str, what: &str, cond: impl Fn(&Value) -> bool)
         assert!(Instant::now() < deadline, "waited 30 s for {what}: {t:#}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// An answer read off a plain socket: status, headers (names in lower case), body.
+struct RawAnswer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl RawAnswer {
+    fn header(&self, name: &str) -> Option<&str> {
+        let found = self.headers.iter().find(|(k, _)| k == name);
+        found.map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+/// One HTTP/1.1 request over a plain socket, read to its end (the API closes every
+/// connection after its answer).
+fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> RawAnswer {
+    use std::io::Read;
+    let (status, headers, mut reader) = send(addr, method, path, body);
+    let mut body = String::new();
+    reader.read_to_string(&mut body).unwrap();
+    RawAnswer {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// Sends a request and reads the answer's head; the reader is at the body.
+fn send(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> (u16, Vec<(String, String)>, BufReader<TcpStream>) {
+    use std::io::{BufRead, Write};
+    let mut socket = TcpStream::connect(addr).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    socket.write_all((head + &body).as_bytes()).unwrap();
+    let mut reader = BufReader::new(socket);
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line.trim_end().is_empty() {
+            break;
+        }
+        lines.push(line.trim_end().to_string());
+    }
+    let status = lines[0].split(' ').nth(1).unwrap().parse().unwrap();
+    let headers = lines[1..]
+        .iter()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (status, headers, reader)
+}
+
+/// The next `data:` of a server-sent event stream (comments skipped); `None` at its end.
+fn next_event(reader: &mut BufReader<TcpStream>) -> Option<Value> {
+    use std::io::BufRead;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 {
+            return None;
+        }
+        if let Some(data) = line.strip_prefix("data: ") {
+            return Some(serde_json::from_str(data).unwrap());
+        }
+    }
+}
+
+/// `POST /v1/tasks` of `demo/{name}@1.0.0` over a plain socket (to see 200 from 201).
+fn submit(addr: &str, name: &str, context: Value, key: Option<&str>) -> RawAnswer {
+    let mut body =
+        json!({"namespace": "demo", "name": name, "version": "1.0.0", "context": context});
+    if let Some(k) = key {
+        body["idempotency_key"] = json!(k);
+    }
+    http(addr, "POST", "/v1/tasks", Some(&body))
 }
 
 /// How many times a step entered `state` in its audit trail.
@@ -759,5 +890,332 @@ fn cancel_and_list(api: &ApiClient, addr: &str, flaky: &str) {
     assert_eq!(
         api.request("GET", "/v1/dlq", None).unwrap()["entries"],
         json!([])
+    );
+}
+
+#[test]
+fn identity_strategies_deduplicate_by_context_by_key_or_never() {
+    let yaml =
+        ["strict", "caller_provided", "always_unique"].map(|s| IDENTITY.replace("STRATEGY", s));
+    let Stack {
+        orchestrator,
+        engine,
+        addr,
+        ..
+    } = Stack::start("3000", 0, &yaml.each_ref().map(String::as_str));
+    let answer = |addr: &str, name, context, key| {
+        let a = submit(addr, name, context, key);
+        (a.status, a.json()["task_uuid"].clone())
+    };
+    let reordered: Value = serde_json::from_str(r#"{"y": [1, 2], "x": 1}"#).unwrap();
+    let (first, strict) = answer(&addr, "id_strict", json!({"x": 1, "y": [1, 2]}), None);
+    assert_eq!(first, 201);
+    assert_eq!(
+        answer(&addr, "id_strict", reordered.clone(), None),
+        (200, strict.clone()),
+        "the same context, keys in another order, is the same task"
+    );
+    let (status, other) = answer(&addr, "id_strict", json!({"x": 2, "y": [1, 2]}), None);
+    assert_eq!(status, 201);
+    assert_ne!(other, strict);
+
+    let refused = submit(&addr, "id_caller_provided", json!({}), None);
+    assert_eq!(
+        (refused.status, &refused.json()["error"]["code"]),
+        (400, &json!("idempotency_key_required"))
+    );
+    let (status, keyed) = answer(
+        &addr,
+        "id_caller_provided",
+        json!({"x": 1}),
+        Some("order-7"),
+    );
+    assert_eq!(status, 201);
+    assert_eq!(
+        answer(
+            &addr,
+            "id_caller_provided",
+            json!({"x": 2}),
+            Some("order-7")
+        ),
+        (200, keyed.clone()),
+        "the key alone names the task"
+    );
+    assert_eq!(
+        answer(
+            &addr,
+            "id_caller_provided",
+            json!({"x": 1}),
+            Some("order-8")
+        )
+        .0,
+        201
+    );
+
+    let unique = [1, 2].map(|_| answer(&addr, "id_always_unique", json!({"x": 1}), Some("k")));
+    assert_eq!((unique[0].0, unique[1].0), (201, 201));
+    assert_ne!(unique[0].1, unique[1].1);
+
+    orchestrator.kill();
+    let (_again, addr) = engine.orchestrator("3000");
+    assert_eq!(
+        answer(&addr, "id_strict", reordered, None),
+        (200, strict),
+        "a replaying orchestrator knows the identities from the log"
+    );
+    assert_eq!(
+        answer(&addr, "id_caller_provided", json!({}), Some("order-7")),
+        (200, keyed)
+    );
+}
+
+#[test]
+fn new_tasks_get_503_with_retry_after_while_the_open_tasks_are_at_the_limit() {
+    let engine = Engine::start();
+    let (_orchestrator, addr) = engine.orchestrator_with("3000", &["--max-open-tasks", "2"]);
+    let api = ApiClient::new(&addr);
+    register(&api, &IDENTITY.replace("STRATEGY", "strict"));
+    let open: Vec<Value> = [1, 2]
+        .map(|x| {
+            let a = submit(&addr, "id_strict", json!({"x": x}), None);
+            assert_eq!(a.status, 201, "{}", a.body);
+            a.json()["task_uuid"].clone()
+        })
+        .into();
+
+    let refused = submit(&addr, "id_strict", json!({"x": 3}), None);
+    assert_eq!(
+        (refused.status, refused.header("retry-after")),
+        (503, Some("1")),
+        "{}",
+        refused.body
+    );
+    assert_eq!(refused.json()["error"]["code"], "backpressure");
+    let duplicate = submit(&addr, "id_strict", json!({"x": 1}), None);
+    assert_eq!(
+        (duplicate.status, &duplicate.json()["task_uuid"]),
+        (200, &open[0]),
+        "a duplicate adds no work and is answered"
+    );
+
+    let _worker = engine.worker("3000");
+    for uuid in &open {
+        let t = api.get_task(uuid.as_str().unwrap(), 30).unwrap();
+        assert_eq!(t["status"], "complete", "{t:#}");
+    }
+    let retried = submit(&addr, "id_strict", json!({"x": 3}), None);
+    assert_eq!(retried.status, 201, "{}", retried.body);
+}
+
+#[test]
+fn task_events_stream_every_transition_in_log_order_and_end_when_the_task_is_finished() {
+    let stack = Stack::start("3000", 0, &[LINEAR]);
+    let (api, addr, engine) = (&stack.api, stack.addr.as_str(), &stack.engine);
+    let uuid = create(api, "linear", json!({"even_number": 2}));
+    let (status, headers, mut stream) =
+        send(addr, "GET", &format!("/v1/tasks/{uuid}/events"), None);
+    assert_eq!(status, 200);
+    assert!(
+        headers.contains(&("content-type".into(), "text/event-stream".into())),
+        "{headers:?}"
+    );
+    // No worker yet, so the task cannot finish: what arrives before one starts came
+    // while the task was open, and the stream is still open after it.
+    let mut events = Vec::new();
+    while events.last().is_none_or(|e: &Value| e["to"] != "enqueued") {
+        events.push(next_event(&mut stream).expect("the stream stays open while the task runs"));
+    }
+    let _worker = engine.worker("3000");
+    while let Some(e) = next_event(&mut stream) {
+        events.push(e);
+    }
+
+    let t = api.get_task(&uuid, 0).unwrap();
+    assert_eq!(
+        t["status"], "complete",
+        "the stream ended with the task: {t:#}"
+    );
+    let positions: Vec<u64> = events
+        .iter()
+        .map(|e| e["position"].as_u64().unwrap())
+        .collect();
+    assert!(positions.is_sorted(), "log order: {positions:?}");
+    let mut expected: Vec<(u64, Value, Value, Value)> = Vec::new();
+    for s in t["steps"].as_array().unwrap() {
+        for m in s["transitions"].as_array().unwrap() {
+            expected.push((
+                m["position"].as_u64().unwrap(),
+                s["name"].clone(),
+                m["from"].clone(),
+                m["to"].clone(),
+            ));
+        }
+    }
+    for m in t["transitions"].as_array().unwrap() {
+        expected.push((
+            m["position"].as_u64().unwrap(),
+            Value::Null,
+            m["from"].clone(),
+            m["to"].clone(),
+        ));
+    }
+    expected.sort_by_key(|e| e.0);
+    let got: Vec<(u64, Value, Value, Value)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["position"].as_u64().unwrap(),
+                e["step"].clone(),
+                e["from"].clone(),
+                e["to"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got, expected,
+        "every transition of the task and its steps, once"
+    );
+    assert_eq!(events.last().unwrap()["to"], "complete");
+
+    let missing = http(addr, "GET", "/v1/tasks/nope/events", None);
+    assert_eq!(
+        (missing.status, &missing.json()["error"]["code"]),
+        (404, &json!("not_found"))
+    );
+}
+
+#[test]
+fn a_step_stuck_past_its_lifecycle_threshold_is_dead_lettered_as_stale_and_replay_agrees() {
+    let Stack {
+        workers: _w,
+        orchestrator,
+        api,
+        engine,
+        ..
+    } = Stack::start("3000", 1, &[STALE]);
+    let uuid = create(&api, "stale", json!({}));
+    let t = api.get_task(&uuid, 30).unwrap();
+    assert_eq!(t["status"], "error", "{t:#}");
+    let nap = step(&t, "nap");
+    assert_eq!(nap["current_state"], "error");
+    let error = nap["last_error"].as_str().unwrap();
+    assert!(
+        error.starts_with("stale:") && error.contains("max_steps_in_process_minutes"),
+        "{error}"
+    );
+    assert_eq!(step(&t, "after")["current_state"], "pending");
+    let dlq = api.request("GET", "/v1/dlq", None).unwrap();
+    let entries = dlq["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{dlq:#}");
+    assert_eq!(
+        (&entries[0]["step"], &entries[0]["reason"]),
+        (&json!("nap"), &json!("staleness"))
+    );
+
+    orchestrator.kill();
+    let (_again, addr) = engine.orchestrator("3000");
+    let replayed = ApiClient::new(&addr).get_task(&uuid, 0).unwrap();
+    for field in ["status", "transitions", "steps"] {
+        assert_eq!(replayed[field], t[field], "replay agrees on {field}");
+    }
+}
+
+#[test]
+fn a_rerun_starts_every_failed_step_of_a_failed_task_again() {
+    let stack = Stack::start("3000", 1, &[RERUN]);
+    let (api, addr) = (&stack.api, stack.addr.as_str());
+    let uuid = create(api, "rerun", json!({}));
+    let failed = until(api, &uuid, "both steps to fail", |t| {
+        t["status"] == "error" && t["failed_steps"] == 2
+    });
+    assert_eq!(step(&failed, "join")["current_state"], "pending");
+
+    let out = ok(&run_bin(&[
+        "task", "rerun", &uuid, "--reason", "fixed", "--json", "--api", addr,
+    ]));
+    let reopened: Value = serde_json::from_str(&out).unwrap();
+    assert_ne!(reopened["status"], "error", "{reopened:#}");
+    let t = api.get_task(&uuid, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    for name in ["left", "right"] {
+        let s = step(&t, name);
+        assert_eq!(
+            (&s["result"], entered(s, "error"), entered(s, "pending")),
+            (&json!({"attempt": 2}), 1, 1),
+            "failed once, reset once, then attempt 2 succeeded: {s:#}"
+        );
+    }
+    let again = api
+        .request("POST", &format!("/v1/tasks/{uuid}/rerun"), Some(json!({})))
+        .unwrap_err();
+    assert_eq!((again.status, again.code.as_str()), (409, "invalid_state"));
+}
+
+/// The value of the sample `series` (name and labels, as written) in a metrics text.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
+#[test]
+fn metrics_count_tasks_and_steps_by_state_step_latency_by_handler_and_queue_lag() {
+    let stack = Stack::start("3000", 1, &[LINEAR]);
+    let (api, addr) = (&stack.api, stack.addr.as_str());
+    let uuid = create(api, "linear", json!({"even_number": 2}));
+    assert_eq!(api.get_task(&uuid, 30).unwrap()["status"], "complete");
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let m = http(addr, "GET", "/metrics", None);
+        assert_eq!(m.status, 200);
+        assert!(m.header("content-type").unwrap().starts_with("text/plain"));
+        // The worker's last events may still be on their way to the fold.
+        if sample(&m.body, "embarcadero_workflow_queue_lag_events") == Some(0.0) {
+            break m.body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lag never reached 0: {}",
+            m.body
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let tasks = |s: &str| {
+        sample(
+            &text,
+            &format!("embarcadero_workflow_tasks{{state=\"{s}\"}}"),
+        )
+    };
+    assert_eq!(
+        (tasks("complete"), tasks("error")),
+        (Some(1.0), Some(0.0)),
+        "{text}"
+    );
+    let steps = sample(&text, "embarcadero_workflow_steps{state=\"complete\"}");
+    assert_eq!(steps, Some(4.0), "{text}");
+    let histogram = "embarcadero_workflow_step_duration_seconds";
+    let handler = "handler=\"math.square\"";
+    let count = sample(&text, &format!("{histogram}_count{{{handler}}}"));
+    let all = sample(
+        &text,
+        &format!("{histogram}_bucket{{{handler},le=\"+Inf\"}}"),
+    );
+    assert_eq!((count, all), (Some(4.0), Some(4.0)), "{text}");
+    let buckets: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with(&format!("{histogram}_bucket{{{handler}")))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        buckets.is_sorted() && buckets.len() > 2,
+        "cumulative buckets: {buckets:?}"
+    );
+
+    let summary = ok(&run_bin(&["task", "stats", "--api", addr]));
+    assert_eq!(
+        summary.trim(),
+        "tasks: complete 1\nsteps: complete 4\nqueue lag: 0 events"
     );
 }

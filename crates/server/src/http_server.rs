@@ -42,6 +42,31 @@ pub struct Response {
     pub status: u16,
     pub content_type: &'static str,
     pub body: String,
+    /// Headers beyond Content-Type, Content-Length and Connection (e.g. Retry-After).
+    pub headers: Vec<(&'static str, String)>,
+    /// A body written as it is produced (server-sent events), instead of `body`: the
+    /// response has no Content-Length and ends when the connection closes.
+    pub stream: Option<StreamBody>,
+}
+
+/// Writes a streamed body to the connection, returning when it is complete or a write
+/// failed (the client left).
+#[derive(Clone)]
+pub struct StreamBody(pub Arc<WriteBody>);
+
+/// What a [`StreamBody`] runs on the connection's thread.
+pub type WriteBody = dyn Fn(&mut dyn Write) -> io::Result<()> + Send + Sync;
+
+impl std::fmt::Debug for StreamBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StreamBody")
+    }
+}
+
+impl PartialEq for StreamBody {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 impl Response {
@@ -50,6 +75,8 @@ impl Response {
             status,
             content_type,
             body,
+            headers: Vec::new(),
+            stream: None,
         }
     }
 
@@ -217,7 +244,10 @@ fn serve_connection(mut stream: TcpStream, deadline: Duration, handler: &Handler
     };
     // Each write of the response must make progress within the deadline.
     let _ = stream.set_write_timeout(Some(deadline));
-    let _ = stream.write_all(&encode(&response));
+    let written = stream.write_all(&encode(&response));
+    if let (Ok(()), Some(body)) = (written, &response.stream) {
+        let _ = (body.0)(&mut stream);
+    }
     let _ = stream.shutdown(Shutdown::Both);
 }
 
@@ -426,12 +456,17 @@ fn encode(response: &Response) -> Vec<u8> {
         _ => "",
     };
     let mut out = format!(
-        "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        response.status,
-        response.content_type,
-        response.body.len()
-    )
-    .into_bytes();
+        "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nConnection: close\r\n",
+        response.status, response.content_type,
+    );
+    if response.stream.is_none() {
+        out.push_str(&format!("Content-Length: {}\r\n", response.body.len()));
+    }
+    for (name, value) in &response.headers {
+        out.push_str(&format!("{name}: {value}\r\n"));
+    }
+    out.push_str("\r\n");
+    let mut out = out.into_bytes();
     out.extend_from_slice(response.body.as_bytes());
     out
 }

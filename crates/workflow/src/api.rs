@@ -1,14 +1,17 @@
-//! The REST API as a function from (method, target, body) to (status, JSON body), with
-//! no HTTP server of its own: `embarcadero orchestrator` serves it on its own port in
+//! The REST API as a function from (method, target, body) to (status, JSON body, or a
+//! task's event stream; and headers such as a 503's Retry-After), with no HTTP server
+//! of its own: `embarcadero orchestrator` serves it on its own port in
 //! phase 1, and the control plane can route `/v1/tasks` and `/v1/templates` to it
 //! later. Commands are published to the log and answered once the fold has applied
 //! them, so a `GET` right after a `POST` sees what the `POST` made.
 
 use crate::event::Event;
+use crate::identity::identity;
 use crate::machine::{StepState, TaskState};
 use crate::orchestrator::Engine;
 use crate::schema::InputSchema;
-use crate::state::{idempotency_scope, State};
+use crate::state::State;
+use crate::task_events::TaskEvents;
 use crate::task_routes;
 use crate::template::TemplateKey;
 use crate::validate;
@@ -21,27 +24,40 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// An answer: HTTP status and JSON body.
+/// An answer: HTTP status, JSON body and headers beyond the content's type and length;
+/// or, for `GET /v1/tasks/{uuid}/events`, a stream of server-sent events instead of
+/// the body.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reply {
     pub status: u16,
     pub body: Value,
+    pub headers: Vec<(&'static str, String)>,
+    pub events: Option<TaskEvents>,
 }
 
 impl Reply {
-    fn ok(status: u16, body: Value) -> Self {
-        Self { status, body }
+    pub(crate) fn ok(status: u16, body: Value) -> Self {
+        Self {
+            status,
+            body,
+            headers: Vec::new(),
+            events: None,
+        }
     }
 
     /// `{"error":{"code","message"}}`.
     pub fn error(status: u16, code: &str, message: impl Into<String>) -> Self {
-        let body = json!({"error": {"code": code, "message": message.into()}});
-        Self { status, body }
+        Self::ok(
+            status,
+            json!({"error": {"code": code, "message": message.into()}}),
+        )
     }
 }
 
 /// How long a command waits for the fold to apply it.
 const APPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The `Retry-After` of a 503 for backpressure: about as long as a short task takes.
+const BACKPRESSURE_RETRY_S: u64 = 1;
 /// The longest long poll (`?wait=`).
 pub const MAX_WAIT_S: u64 = 300;
 
@@ -104,6 +120,8 @@ impl Api {
             ("GET", ["v1", "tasks"]) => task_routes::list_tasks(&state(), &pairs),
             ("GET", ["v1", "tasks", uuid]) => self.get_task(uuid, query),
             ("DELETE", ["v1", "tasks", uuid]) => self.cancel_task(uuid),
+            ("GET", ["v1", "tasks", uuid, "events"]) => self.task_events(uuid),
+            ("POST", ["v1", "tasks", uuid, "rerun"]) => self.rerun_task(uuid, body),
             ("GET", ["v1", "tasks", uuid, "workflow_steps"]) => {
                 task_routes::get_steps(&state(), uuid, None, false)
             }
@@ -123,6 +141,7 @@ impl Api {
                 _,
                 ["v1", "tasks"]
                 | ["v1", "tasks", _]
+                | ["v1", "tasks", _, "events" | "rerun"]
                 | ["v1", "tasks", _, "workflow_steps", ..]
                 | ["v1", "templates"]
                 | ["v1", "dlq"],
@@ -146,13 +165,10 @@ impl Api {
             name: req.name.clone(),
             version: req.version.clone(),
         };
-        let scope = req
-            .idempotency_key
-            .as_deref()
-            .map(|k| idempotency_scope(&key, k));
-        if let Some(reply) = self.check_task_request(&key, scope.as_deref(), &req.context) {
-            return reply;
-        }
+        let identity = match self.check_task_request(&key, &req) {
+            Ok(identity) => identity,
+            Err(reply) => return reply,
+        };
         let uuid = crate::ids::new_uuid();
         let event = Event::TaskCreated {
             task: uuid.clone(),
@@ -161,6 +177,7 @@ impl Api {
             version: req.version,
             context: req.context,
             idempotency_key: req.idempotency_key,
+            identity: identity.clone(),
         };
         if let Err(e) = self.engine.writer.publish(event) {
             return Reply::error(
@@ -169,6 +186,8 @@ impl Api {
                 format!("cannot publish the task: {e}"),
             );
         }
+        // Another request with the same identity may have come first in the log: the
+        // fold then refused ours, and the answer is that task.
         let found = self
             .engine
             .shared
@@ -176,7 +195,7 @@ impl Api {
                 if let Some(t) = s.tasks.get(&uuid) {
                     return Some((201, task_view(t)));
                 }
-                let other = scope.as_ref().and_then(|k| s.idempotency.get(k))?;
+                let other = identity.as_ref().and_then(|k| s.idempotency.get(k))?;
                 Some((200, task_view(&s.tasks[other])))
             });
         match found {
@@ -189,39 +208,67 @@ impl Api {
         }
     }
 
-    /// The template exists, the key is new (else the existing task, 200), the input
-    /// fits the schema. `None`: go ahead.
+    /// The template exists, the request has an identity under its strategy, no task
+    /// has that identity yet (else `Err` with that task, 200), the input fits the
+    /// schema. `Ok`: the identity to publish.
     fn check_task_request(
         &self,
         key: &TemplateKey,
-        scope: Option<&str>,
-        input: &Value,
-    ) -> Option<Reply> {
+        req: &CreateTask,
+    ) -> Result<Option<String>, Reply> {
         let state = self.engine.shared.lock();
         let Some(template) = state.templates.get(key).cloned() else {
-            return Some(Reply::error(
+            return Err(Reply::error(
                 404,
                 "template_not_found",
                 format!("no template {key} is registered"),
             ));
         };
-        if let Some(existing) = scope.and_then(|k| state.idempotency.get(k)) {
-            return Some(Reply::ok(200, task_view(&state.tasks[existing])));
+        let identity = identity(&template, &req.context, req.idempotency_key.as_deref())
+            .map_err(|e| Reply::error(400, "idempotency_key_required", e.to_string()))?;
+        if let Some(existing) = identity.as_ref().and_then(|k| state.idempotency.get(k)) {
+            return Err(Reply::ok(200, task_view(&state.tasks[existing])));
         }
+        self.check_backlog(&state)?;
         drop(state);
-        let schema = template.input_schema.as_ref()?;
-        let compiled = self.schema(key, schema)?;
-        let problems = compiled.problems(input);
-        (!problems.is_empty()).then(|| {
-            Reply::error(
-                400,
-                "invalid_input",
-                format!(
-                    "the context does not fit {key}'s input_schema: {}",
-                    problems.join("; ")
-                ),
-            )
-        })
+        let Some(compiled) = template
+            .input_schema
+            .as_ref()
+            .and_then(|schema| self.schema(key, schema))
+        else {
+            return Ok(identity);
+        };
+        let problems = compiled.problems(&req.context);
+        if problems.is_empty() {
+            return Ok(identity);
+        }
+        Err(Reply::error(
+            400,
+            "invalid_input",
+            format!(
+                "the context does not fit {key}'s input_schema: {}",
+                problems.join("; ")
+            ),
+        ))
+    }
+
+    /// Backpressure: 503 with `Retry-After` while the engine has as many open (not
+    /// finished) tasks as it is allowed. A duplicate is answered before this, as it
+    /// adds no work.
+    fn check_backlog(&self, state: &State) -> Result<(), Reply> {
+        let limit = self.engine.max_open_tasks;
+        let open = state.open_tasks();
+        if open < limit {
+            return Ok(());
+        }
+        let message = format!(
+            "the engine has {open} open tasks, its limit is {limit}; retry after {BACKPRESSURE_RETRY_S} s"
+        );
+        let mut reply = Reply::error(503, "backpressure", message);
+        reply
+            .headers
+            .push(("Retry-After", BACKPRESSURE_RETRY_S.to_string()));
+        Err(reply)
     }
 
     fn schema(&self, key: &TemplateKey, schema: &Value) -> Option<Arc<InputSchema>> {
@@ -255,6 +302,16 @@ impl Api {
         }
     }
 
+    /// `GET /v1/tasks/{uuid}/events`: the task's transitions as server-sent events.
+    fn task_events(&self, uuid: &str) -> Reply {
+        if !self.engine.shared.lock().tasks.contains_key(uuid) {
+            return Reply::error(404, "not_found", format!("no task {uuid}"));
+        }
+        let mut reply = Reply::ok(200, Value::Null);
+        reply.events = Some(TaskEvents::new(self.engine.shared.clone(), uuid));
+        reply
+    }
+
     /// `DELETE /v1/tasks/{uuid}`: 200 with the cancelled task; 409 if it finished.
     fn cancel_task(&self, uuid: &str) -> Reply {
         match self.engine.shared.lock().tasks.get(uuid) {
@@ -267,10 +324,7 @@ impl Api {
             task: uuid.to_string(),
             reason,
         };
-        if let Err(e) = self.engine.writer.publish(event) {
-            return Reply::error(503, "log_unavailable", format!("cannot publish: {e}"));
-        }
-        task_routes::await_fold(&self.engine.shared, APPLY_TIMEOUT, |s| {
+        self.publish_then(event, |s| {
             let t = s.tasks.get(uuid)?;
             match t.state {
                 TaskState::Cancelled => Some(Reply::ok(200, task_view(t))),
@@ -278,6 +332,46 @@ impl Api {
                 _ => None,
             }
         })
+    }
+
+    /// `POST /v1/tasks/{uuid}/rerun` (`{"reason"}`, optional): every failed step of a
+    /// failed task starts again; 200 with the reopened task, 409 unless it is `error`.
+    fn rerun_task(&self, uuid: &str, body: &[u8]) -> Reply {
+        let reason = match serde_json::from_slice::<Value>(body) {
+            _ if body.is_empty() => String::new(),
+            Ok(v) => v["reason"].as_str().unwrap_or("").to_string(),
+            Err(e) => return Reply::error(400, "bad_request", format!("not JSON: {e}")),
+        };
+        let moves_before = match self.engine.shared.lock().tasks.get(uuid) {
+            None => return Reply::error(404, "not_found", format!("no task {uuid}")),
+            Some(t) if t.state != TaskState::Error => {
+                let m = format!(
+                    "task {uuid} is {}; only a failed task can be rerun",
+                    t.state.name()
+                );
+                return Reply::error(409, "invalid_state", m);
+            }
+            Some(t) => t.history.len(),
+        };
+        let event = Event::TaskRerun {
+            task: uuid.to_string(),
+            reason,
+        };
+        self.publish_then(event, |s| {
+            // Reopened: it left `error` (it may have failed again since).
+            let t = s.tasks.get(uuid)?;
+            let moves = t.history.get(moves_before..).unwrap_or_default();
+            let reopened = moves.iter().any(|h| h.from == TaskState::Error);
+            reopened.then(|| Reply::ok(200, task_view(t)))
+        })
+    }
+
+    /// Publishes `event` and answers once `done` says the fold has applied it.
+    fn publish_then(&self, event: Event, done: impl FnMut(&State) -> Option<Reply>) -> Reply {
+        if let Err(e) = self.engine.writer.publish(event) {
+            return Reply::error(503, "log_unavailable", format!("cannot publish: {e}"));
+        }
+        task_routes::await_fold(&self.engine.shared, APPLY_TIMEOUT, done)
     }
 
     /// `PATCH /v1/tasks/{uuid}/workflow_steps/{step}`: reset, resolve or complete a
@@ -288,10 +382,7 @@ impl Api {
             Err(reply) => return reply,
         };
         let attempt = event.step_ref().map_or(0, |at| at.attempt);
-        if let Err(e) = self.engine.writer.publish(event) {
-            return Reply::error(503, "log_unavailable", format!("cannot publish: {e}"));
-        }
-        task_routes::await_fold(&self.engine.shared, APPLY_TIMEOUT, |s| {
+        self.publish_then(event, |s| {
             let st = s.tasks.get(uuid)?.step(step)?;
             let changed = st.state != StepState::Error || st.attempt != attempt;
             changed.then(|| Reply::ok(200, step_view(st)))

@@ -95,6 +95,16 @@ impl ApiClient {
         })
     }
 
+    /// `GET /metrics`: the engine's Prometheus text.
+    pub fn metrics(&self) -> Result<String, ApiError> {
+        match self.agent.get(&format!("{}/metrics", self.base)).call() {
+            Ok(resp) => resp
+                .into_string()
+                .map_err(|e| transport(format!("unreadable answer: {e}"))),
+            Err(e) => answer(Err(e)).map(|_| String::new()),
+        }
+    }
+
     /// `DELETE /v1/tasks/{uuid}`.
     pub fn cancel_task(&self, uuid: &str) -> Result<Value, ApiError> {
         self.request("DELETE", &format!("/v1/tasks/{uuid}"), None)

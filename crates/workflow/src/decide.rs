@@ -29,6 +29,12 @@ pub fn decide(state: &State, clock: &Clock) -> (Vec<Event>, Option<u64>) {
     let mut out = Vec::new();
     let mut wake: Option<u64> = None;
     for task in state.tasks.values().filter(|t| !t.state.is_terminal()) {
+        let stale = crate::staleness::stale_steps(task, clock.now_ms);
+        if !stale.is_empty() {
+            // Failing them comes first; what else to do follows from the failures.
+            out.extend(stale);
+            continue;
+        }
         let blocked = task.state == TaskState::BlockedByFailures;
         if !blocked {
             for i in task.ready_steps() {

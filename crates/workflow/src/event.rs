@@ -3,6 +3,7 @@
 //! compact JSON (`{"ts_ms":..,"kind":"step_claimed",...}`). A reader refuses a version
 //! it does not know with [`DecodeError`] instead of guessing.
 
+use crate::machine::StepState;
 use crate::template::Template;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -40,6 +41,11 @@ pub enum Event {
         context: Value,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         idempotency_key: Option<String>,
+        /// The task's identity under its template's strategy ([`crate::identity`]); a
+        /// second task with the same identity is refused. Absent in events written
+        /// before identities (then the idempotency key, scoped by template, is it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        identity: Option<String>,
     },
     /// The orchestrator made attempt `attempt` of a step available to workers.
     StepEnqueued(StepRef),
@@ -86,6 +92,16 @@ pub enum Event {
         at: StepRef,
         reason: String,
     },
+    /// The orchestrator failed a step stuck in `state` past a `lifecycle` threshold
+    /// (reason: which one).
+    StepStale {
+        #[serde(flatten)]
+        at: StepRef,
+        state: StepState,
+        reason: String,
+    },
+    /// An operator reran a failed task: its failed steps start again.
+    TaskRerun { task: String, reason: String },
     /// Someone cancelled the task.
     TaskCancelled { task: String, reason: String },
     /// An operator reset a failed step for retry (attempt: the failed one).
@@ -152,6 +168,7 @@ impl Event {
             | Event::StepExpired { at, .. }
             | Event::RetryScheduled { at, .. }
             | Event::StepErrored { at, .. }
+            | Event::StepStale { at, .. }
             | Event::StepReset { at, .. }
             | Event::StepResolved { at, .. } => Some(at),
             _ => None,
@@ -172,6 +189,8 @@ impl Event {
             Event::StepCompleted(_) => "step_completed",
             Event::RetryScheduled { .. } => "retry_scheduled",
             Event::StepErrored { .. } => "step_errored",
+            Event::StepStale { .. } => "step_stale",
+            Event::TaskRerun { .. } => "task_rerun",
             Event::TaskCancelled { .. } => "task_cancelled",
             Event::StepReset { .. } => "step_reset",
             Event::StepResolved { .. } => "step_resolved",

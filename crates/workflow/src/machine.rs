@@ -4,9 +4,24 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskState {
+/// Declares a state enum and `ALL`, its states in declaration order (one list, so
+/// the two cannot disagree).
+macro_rules! states {
+    ($name:ident { $($state:ident),+ $(,)? }) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name {
+            $($state),+
+        }
+
+        impl $name {
+            /// Every state, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$state),+];
+        }
+    };
+}
+
+states!(TaskState {
     Pending,
     Initializing,
     EnqueuingSteps,
@@ -19,11 +34,9 @@ pub enum TaskState {
     Error,
     Cancelled,
     ResolvedManually,
-}
+});
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StepState {
+states!(StepState {
     Pending,
     Enqueued,
     InProgress,
@@ -33,7 +46,7 @@ pub enum StepState {
     Cancelled,
     ResolvedManually,
     WaitingForRetry,
-}
+});
 
 impl TaskState {
     pub fn is_terminal(self) -> bool {
@@ -117,11 +130,15 @@ pub fn legal_step(from: StepState, to: StepState) -> bool {
     if to == Cancelled {
         return true;
     }
+    // Any unfinished step may fail for staleness (`step_stale`).
+    if to == Error {
+        return true;
+    }
     match from {
         Pending => matches!(to, Enqueued),
         Enqueued => matches!(to, InProgress),
         InProgress => matches!(to, EnqueuedForOrchestration),
-        EnqueuedForOrchestration => matches!(to, Complete | Error | WaitingForRetry),
+        EnqueuedForOrchestration => matches!(to, Complete | WaitingForRetry),
         WaitingForRetry => matches!(to, Enqueued),
         Complete | Error | Cancelled | ResolvedManually => false,
     }

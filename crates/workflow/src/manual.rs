@@ -1,6 +1,6 @@
 //! An operator's changes to a failed step: reset it for retry, resolve it manually
 //! (its dependents run without a result from it) or complete it manually (with a
-//! result). Each is an event checked like the engine's own step events (the step must
+//! result); and the rerun of a failed task (every failed step reset at once). Each is an event checked like the engine's own step events (the step must
 //! be in `error`, at the attempt the event names, so a repeated command is refused),
 //! allowed on a task that is blocked or failed (which it reopens), never on one that
 //! completed or was cancelled.
@@ -58,6 +58,42 @@ pub(crate) fn apply(
     outcome
 }
 
+/// `task_rerun`: every failed step of a failed task goes back to `pending` (as a
+/// reset), and the task is reopened; refused for a task that is not in `error`.
+pub(crate) fn rerun(state: &mut State, uuid: &str, position: u64, ts: u64) -> Result<(), Rejected> {
+    let task = state
+        .tasks
+        .get_mut(uuid)
+        .ok_or_else(|| Rejected::UnknownTask(uuid.to_string()))?;
+    if task.state != TaskState::Error {
+        return Err(Rejected::NotFailed {
+            task: uuid.to_string(),
+            state: task.state,
+        });
+    }
+    for step in task.steps.iter_mut() {
+        if step.created && step.state == StepState::Error {
+            reset(step, position, ts);
+        }
+    }
+    task.completed_ms = None;
+    crate::settle::settle(task, position, ts);
+    assert!(
+        task.state != TaskState::Error,
+        "a rerun task with its failed steps pending is open"
+    );
+    Ok(())
+}
+
+/// A failed step starts again: its failure counts too (the attempt number does not,
+/// so fencing by attempt still holds).
+fn reset(step: &mut crate::state::Step, position: u64, ts: u64) {
+    step.failures = 0;
+    step.lease_losses = 0;
+    step.worker = None;
+    step.enter(StepState::Pending, position, ts);
+}
+
 fn change(
     step: &mut crate::state::Step,
     event: &Event,
@@ -74,12 +110,7 @@ fn change(
         });
     }
     match event {
-        Event::StepReset { .. } => {
-            step.failures = 0;
-            step.lease_losses = 0;
-            step.worker = None;
-            step.enter(StepState::Pending, position, ts);
-        }
+        Event::StepReset { .. } => reset(step, position, ts),
         Event::StepResolved {
             complete, result, ..
         } => {

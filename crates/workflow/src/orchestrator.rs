@@ -23,6 +23,8 @@ pub struct OrchestratorConfig {
     pub log: LogConfig,
     /// A worker not heard from for this long loses its claims.
     pub lease_ms: u64,
+    /// Backpressure: new tasks are refused (503) while this many are open.
+    pub max_open_tasks: usize,
 }
 
 /// What the API and the CLI see of a running orchestrator.
@@ -33,6 +35,10 @@ pub struct Engine {
     pub caught_up: AtomicBool,
     /// Why the engine thread stopped, if it failed.
     pub failure: Mutex<Option<String>>,
+    /// See [`OrchestratorConfig::max_open_tasks`].
+    pub max_open_tasks: usize,
+    /// Where the event log is (the metrics ask for its end).
+    pub log: LogConfig,
     stop: AtomicBool,
 }
 
@@ -55,6 +61,8 @@ impl Orchestrator {
             writer: Arc::new(Writer::open(&cfg.log)?),
             caught_up: AtomicBool::new(replay_end == 0),
             failure: Mutex::new(None),
+            max_open_tasks: cfg.max_open_tasks,
+            log: cfg.log.clone(),
             stop: AtomicBool::new(false),
         });
         let runtime = Runtime {
@@ -81,6 +89,16 @@ impl Orchestrator {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+impl Engine {
+    /// The Prometheus metrics text, with the queue lag when the log's end can be read.
+    pub fn metrics(&self) -> String {
+        let admin = embarcadero_client::Admin::new(&self.log.control);
+        let log_end = admin.describe_topic(&self.log.topic).ok();
+        let state = self.shared.lock();
+        crate::metrics::render(&state, log_end.map(|info| info.next_position))
     }
 }
 

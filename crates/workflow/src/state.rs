@@ -8,7 +8,7 @@
 use crate::batch::BatchSlot;
 use crate::event::{Checkpoint, Envelope, Event, Expiry, Outcome, StepRef};
 use crate::machine::{legal_step, StepState, TaskState};
-use crate::template::{StepTemplate, StepType, Template, TemplateKey};
+use crate::template::{IdentityStrategy, StepTemplate, StepType, Template, TemplateKey};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -97,7 +97,7 @@ pub enum Rejected {
     UnknownTemplate(TemplateKey),
     #[error("task {0} exists already")]
     DuplicateTask(String),
-    #[error("idempotency key already used by task {existing}")]
+    #[error("a task with the same identity exists: {existing}")]
     DuplicateKey { existing: String },
     #[error("no task {0}")]
     UnknownTask(String),
@@ -118,6 +118,8 @@ pub enum Rejected {
         worker: String,
         winner: String,
     },
+    #[error("task {task} is {state:?}; only a failed task can be rerun")]
+    NotFailed { task: String, state: TaskState },
     #[error("step {} is not ready: a dependency is not complete", at.step)]
     NotReady { at: StepRef },
 }
@@ -128,15 +130,17 @@ pub enum Rejected {
 pub struct State {
     pub templates: BTreeMap<TemplateKey, Arc<Template>>,
     pub tasks: BTreeMap<String, Task>,
-    /// `namespace/name@version/key` to the task it created.
+    /// A task's identity (see [`crate::identity`]; in older events
+    /// `namespace/name@version/key`) to the task that has it.
     pub idempotency: BTreeMap<String, String>,
     /// The position after the last event applied or rejected.
     pub next_position: u64,
     pub rejected: u64,
 }
 
-/// What the API scopes an idempotency key by.
-pub fn idempotency_scope(key: &TemplateKey, idempotency_key: &str) -> String {
+/// The identity of a task created by an event that records none (written before
+/// identities): its idempotency key, scoped by template.
+fn idempotency_scope(key: &TemplateKey, idempotency_key: &str) -> String {
     format!("{key}/{idempotency_key}")
 }
 
@@ -149,6 +153,12 @@ impl State {
             self.rejected += 1;
         }
         result
+    }
+
+    /// Tasks not finished (complete, error, cancelled or resolved): the engine's backlog.
+    pub fn open_tasks(&self) -> usize {
+        let open = self.tasks.values().filter(|t| !t.state.is_terminal());
+        open.count()
     }
 
     /// The same for a message that did not decode: counted, refused.
@@ -169,6 +179,7 @@ impl State {
                 version,
                 context,
                 idempotency_key,
+                identity,
             } => {
                 let key = TemplateKey {
                     namespace: namespace.clone(),
@@ -180,11 +191,13 @@ impl State {
                     key,
                     context,
                     idempotency_key: idempotency_key.as_deref(),
+                    identity: identity.as_deref(),
                 };
                 self.create(new, position, ts)
             }
             Event::Heartbeat { .. } => Ok(()),
             Event::TaskCancelled { task, .. } => self.cancel(task, position, ts),
+            Event::TaskRerun { task, .. } => crate::manual::rerun(self, task, position, ts),
             Event::StepReset { .. } | Event::StepResolved { .. } => {
                 crate::manual::apply(self, &env.event, position, ts)
             }
@@ -213,7 +226,12 @@ impl State {
         if self.tasks.contains_key(new.uuid) {
             return Err(Rejected::DuplicateTask(new.uuid.to_string()));
         }
-        let scope = new.idempotency_key.map(|k| idempotency_scope(&new.key, k));
+        let unique = template.identity_strategy == IdentityStrategy::AlwaysUnique;
+        let scope = match (new.identity, new.idempotency_key) {
+            (Some(identity), _) => Some(identity.to_string()),
+            (None, Some(k)) if !unique => Some(idempotency_scope(&new.key, k)),
+            (None, _) => None,
+        };
         if let Some(existing) = scope.as_ref().and_then(|s| self.idempotency.get(s)) {
             return Err(Rejected::DuplicateKey {
                 existing: existing.clone(),
@@ -247,8 +265,11 @@ impl State {
             .tasks
             .get_mut(&at.task)
             .ok_or_else(|| Rejected::UnknownTask(at.task.clone()))?;
+        // A step not created (yet, or ever) does not exist for events: nothing moves it
+        // (a `step_stale` seeing it `pending` at attempt 0 would otherwise match).
         let index = task
             .index_of(&at.step)
+            .filter(|&i| task.steps[i].created)
             .ok_or_else(|| Rejected::UnknownStep {
                 task: at.task.clone(),
                 step: at.step.clone(),
@@ -316,6 +337,7 @@ struct NewTask<'a> {
     key: TemplateKey,
     context: &'a Value,
     idempotency_key: Option<&'a str>,
+    identity: Option<&'a str>,
 }
 
 fn open_task<'a>(

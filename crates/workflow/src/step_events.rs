@@ -80,8 +80,30 @@ pub(crate) fn apply(step: &mut Step, event: &Event, at: At) -> Result<(), Reject
             step.enter(Error, at.position, at.ts);
             Ok(())
         }
+        Event::StepStale {
+            at: r,
+            state,
+            reason,
+        } => stale(step, r, *state, reason, &at),
         other => unreachable!("not a step event: {other:?}"),
     }
+}
+
+/// A `lifecycle` threshold passed: the attempt fails for good, if it is still where
+/// the orchestrator saw it (else something that came first in the log moved it on).
+fn stale(
+    step: &mut Step,
+    r: &StepRef,
+    seen: StepState,
+    reason: &str,
+    at: &At,
+) -> Result<(), Rejected> {
+    expect(step, r, "staleness", seen)?;
+    step.returned = None;
+    step.retry_due_ms = None;
+    step.last_error = Some(reason.to_string());
+    step.enter(StepState::Error, at.position, at.ts);
+    Ok(())
 }
 
 fn enqueue(step: &mut Step, r: &StepRef, at: &At) -> Result<(), Rejected> {

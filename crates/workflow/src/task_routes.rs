@@ -58,7 +58,7 @@ fn paginate(key: &str, items: Vec<Value>, (page, per_page): (usize, usize)) -> R
         }
     });
     body[key] = Value::Array(slice);
-    Reply { status: 200, body }
+    Reply::ok(200, body)
 }
 
 /// `GET /v1/tasks?namespace=&name=&status=&page=&per_page=`, oldest first.
@@ -109,7 +109,9 @@ pub(crate) fn dlq(state: &State, query: &[(String, String)]) -> Reply {
 
 /// The DLQ reason a step's error stands for.
 fn dlq_reason(error: &str) -> &'static str {
-    if error.starts_with("max attempts") {
+    if error.starts_with(crate::staleness::STALE) {
+        "staleness"
+    } else if error.starts_with("max attempts") {
         "max_retries"
     } else if error.starts_with("worker unavailable") {
         "worker_unavailable"
@@ -127,10 +129,7 @@ pub(crate) fn get_steps(state: &State, uuid: &str, step: Option<&str>, audit: bo
     };
     let Some(name) = step else {
         let steps: Vec<Value> = task.created_steps().map(step_view).collect();
-        return Reply {
-            status: 200,
-            body: json!({"task_uuid": uuid, "steps": steps}),
-        };
+        return Reply::ok(200, json!({"task_uuid": uuid, "steps": steps}));
     };
     let Some(s) = task.step(name).filter(|s| s.created) else {
         return Reply::error(404, "not_found", format!("task {uuid} has no step {name}"));
@@ -142,7 +141,7 @@ pub(crate) fn get_steps(state: &State, uuid: &str, step: Option<&str>, audit: bo
             "transitions": s.history, "refused_events": s.refused,
         }),
     };
-    Reply { status: 200, body }
+    Reply::ok(200, body)
 }
 
 /// Tasker's `PATCH .../workflow_steps/{step}` body.

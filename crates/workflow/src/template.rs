@@ -20,11 +20,33 @@ pub struct Template {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_schema: Option<Value>,
     pub steps: Vec<StepTemplate>,
-    /// Staleness thresholds (Tasker's `lifecycle`); kept, not acted on in phase 1.
+    /// How a new task's identity is derived, for deduplication (see [`crate::identity`]).
+    #[serde(default, skip_serializing_if = "IdentityStrategy::is_default")]
+    pub identity_strategy: IdentityStrategy,
+    /// Staleness thresholds (Tasker's `lifecycle`), acted on by [`crate::staleness`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle: Option<Lifecycle>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Value>,
+}
+
+/// Tasker's identity strategies: which submissions of a template are the same task.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdentityStrategy {
+    /// Same template and same context (or same `idempotency_key`): the same task.
+    #[default]
+    Strict,
+    /// The caller names the task with an `idempotency_key`, which is then required.
+    CallerProvided,
+    /// Every submission is a new task.
+    AlwaysUnique,
+}
+
+impl IdentityStrategy {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// Where a template is found: namespace, name and version.
@@ -150,18 +172,40 @@ pub enum Backoff {
     Exponential,
 }
 
-/// Tasker's staleness thresholds, in minutes.
+/// Tasker's staleness thresholds, in minutes (fractions allowed); see
+/// [`crate::staleness`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Lifecycle {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_steps_in_process_minutes: Option<u64>,
+    pub max_steps_in_process_minutes: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_waiting_for_retry_minutes: Option<u64>,
+    pub max_waiting_for_retry_minutes: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_waiting_for_dependencies_minutes: Option<u64>,
+    pub max_waiting_for_dependencies_minutes: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_duration_minutes: Option<u64>,
+    pub max_duration_minutes: Option<f64>,
+}
+
+impl Lifecycle {
+    /// Each threshold by its field name.
+    pub fn thresholds(&self) -> [(&'static str, Option<f64>); 4] {
+        [
+            (
+                "max_steps_in_process_minutes",
+                self.max_steps_in_process_minutes,
+            ),
+            (
+                "max_waiting_for_retry_minutes",
+                self.max_waiting_for_retry_minutes,
+            ),
+            (
+                "max_waiting_for_dependencies_minutes",
+                self.max_waiting_for_dependencies_minutes,
+            ),
+            ("max_duration_minutes", self.max_duration_minutes),
+        ]
+    }
 }
 
 #[cfg(test)]

@@ -126,6 +126,17 @@ pub fn check(t: &Template, handlers: KnownHandlers) -> Result<(), TemplateError>
     if let Some(schema) = &t.input_schema {
         InputSchema::compile(schema).map_err(|m| err(None, "input_schema", m))?;
     }
+    let thresholds = t.lifecycle.iter().flat_map(|l| l.thresholds());
+    for (field, minutes) in thresholds {
+        if minutes.is_some_and(|m| !(m.is_finite() && m > 0.0)) {
+            let field = format!("lifecycle.{field}");
+            return Err(err(
+                None,
+                &field,
+                "must be a number of minutes above 0".into(),
+            ));
+        }
+    }
     check_steps(t, handlers).map_err(|(step, field, m)| err(Some(&step), field, m))?;
     if let Some(cycle) = find_cycle(t) {
         let (first, path) = (cycle[0].clone(), cycle.join(" -> "));

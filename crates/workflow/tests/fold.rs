@@ -48,6 +48,11 @@ const COND_STEPS: &[&str] = &["a", "d", "b1", "b2", "b3", "e", "j"];
 /// What a decision may name (`zz` is no step: such a decision is refused).
 const BRANCHES: [&str; 4] = ["b1", "b2", "b3", "zz"];
 const WORKERS: [&str; 2] = ["w1", "w2"];
+/// The states a `step_stale` event may say it saw its step in.
+const STALE_STATES: [embarcadero_workflow::StepState; 4] = {
+    use embarcadero_workflow::StepState::*;
+    [Pending, Enqueued, InProgress, WaitingForRetry]
+};
 
 /// One move of the generated history.
 #[derive(Debug, Clone)]
@@ -115,7 +120,9 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (t.clone(), s.clone(), a.clone(), 0..WORKERS.len(), 0u64..100).prop_map(|(task, step, attempt, worker, done)| Op::Checkpoint { task, step, attempt, worker, done }),
         1 => (t.clone(), s.clone(), a.clone()).prop_map(|(task, step, attempt)| Op::Raw(Box::new(Event::StepReset { at: at(task, step, attempt), reason: "test".into() }))),
         1 => (t.clone(), s.clone(), a.clone(), any::<bool>()).prop_map(|(task, step, attempt, complete)| Op::Raw(Box::new(Event::StepResolved { at: at(task, step, attempt), reason: "test".into(), complete, result: Some(json!(0)) }))),
-        1 => t.prop_map(|task| Op::Raw(Box::new(Event::TaskCancelled { task: TASKS[task].0.into(), reason: "test".into() }))),
+        1 => t.clone().prop_map(|task| Op::Raw(Box::new(Event::TaskCancelled { task: TASKS[task].0.into(), reason: "test".into() }))),
+        1 => (t.clone(), s.clone(), 0u32..4, 0..STALE_STATES.len()).prop_map(|(task, step, attempt, seen)| Op::Raw(Box::new(Event::StepStale { at: at(task, step, attempt), state: STALE_STATES[seen], reason: "stale: test".into() }))),
+        1 => t.prop_map(|task| Op::Raw(Box::new(Event::TaskRerun { task: TASKS[task].0.into(), reason: "test".into() }))),
     ]
 }
 
@@ -141,6 +148,7 @@ fn events(ops: &[Op]) -> Vec<Envelope> {
             version: "1".into(),
             context: json!({}),
             idempotency_key: None,
+            identity: None,
         });
     }
     let mut state = State::default();
@@ -330,10 +338,14 @@ proptest! {
         let mut finished: BTreeMap<String, embarcadero_workflow::Task> = BTreeMap::new();
         for (i, e) in envs.iter().enumerate() {
             let applied = s.apply(i as u64, e).is_ok();
-            // Only an operator's reset or resolution of a failed step reopens a failed task.
-            let manual = applied && matches!(e.event, Event::StepReset { .. } | Event::StepResolved { .. });
-            if manual {
-                let uuid = &e.event.step_ref().unwrap().task;
+            // Only an operator's reset or resolution of a failed step, or a rerun of a
+            // failed task, reopens a failed task.
+            let reopening = match &e.event {
+                Event::StepReset { at, .. } | Event::StepResolved { at, .. } => Some(&at.task),
+                Event::TaskRerun { task, .. } => Some(task),
+                _ => None,
+            };
+            if let (true, Some(uuid)) = (applied, reopening) {
                 let was = finished.remove(uuid).map(|t| t.state);
                 prop_assert!(was.is_none_or(|w| w == embarcadero_workflow::TaskState::Error), "{:?} reopened", was);
             }
@@ -665,4 +677,104 @@ fn a_batch_runs_one_instance_per_cursor_and_then_its_convergence() {
         let w2 = t.step("w_002").unwrap().batch.clone().unwrap();
         assert_eq!((w2.cursor, w2.index, w2.count), (json!({"start": 5}), 2, 3));
     }
+}
+
+/// One step under a one-minute in-process threshold.
+const LIFECYCLE: &str = "name: life\nnamespace: p\nversion: '1'
+lifecycle: {max_steps_in_process_minutes: 1}
+steps:
+  - {name: a, handler: {callable: h}}";
+
+/// Applies `events` stamped at `ts_ms`, from the next position on; what each came to.
+fn apply_at(state: &mut State, ts_ms: u64, events: Vec<Event>) -> Vec<bool> {
+    let applied = events.into_iter().map(|event| {
+        let position = state.next_position;
+        state.apply(position, &Envelope { ts_ms, event }).is_ok()
+    });
+    applied.collect()
+}
+
+#[test]
+fn a_stale_attempt_errors_only_if_still_where_it_was_seen_and_a_rerun_starts_it_again() {
+    use embarcadero_workflow::staleness::stale_steps;
+    use embarcadero_workflow::{StepState, TaskState};
+    let mut state = State::default();
+    let created = Event::TaskCreated {
+        task: "t".into(),
+        namespace: "p".into(),
+        name: "life".into(),
+        version: "1".into(),
+        context: json!({}),
+        idempotency_key: None,
+        identity: None,
+    };
+    let template = Event::TemplateRegistered {
+        template: load(LIFECYCLE, None).unwrap(),
+    };
+    let at = |attempt| StepRef {
+        task: "t".into(),
+        step: "a".into(),
+        attempt,
+    };
+    let claimed = Event::StepClaimed {
+        at: at(1),
+        worker: "w".into(),
+    };
+    let setup = vec![template, created, Event::StepEnqueued(at(1)), claimed];
+    assert_eq!(apply_at(&mut state, 0, setup), [true; 4]);
+    assert!(stale_steps(&state.tasks["t"], 60_000).is_empty(), "not yet");
+    let stale = stale_steps(&state.tasks["t"], 60_001);
+    assert!(
+        matches!(&stale[..], [Event::StepStale { state: StepState::InProgress, at, .. }] if at.attempt == 1),
+        "{stale:?}"
+    );
+
+    // A result that comes first in the log wins: the stale event is then refused.
+    let mut raced = state.clone();
+    let result = Event::StepResult {
+        at: at(1),
+        worker: "w".into(),
+        outcome: Outcome::Success { result: json!(1) },
+    };
+    assert_eq!(
+        apply_at(&mut raced, 1, vec![result.clone(), stale[0].clone()]),
+        [true, false]
+    );
+    assert_eq!(
+        raced.tasks["t"].step("a").unwrap().state,
+        StepState::EnqueuedForOrchestration
+    );
+
+    // Applied first, the stale event fails the step and the task; the late result is refused.
+    assert_eq!(
+        apply_at(&mut state, 60_001, vec![stale[0].clone(), result]),
+        [true, false]
+    );
+    let task = &state.tasks["t"];
+    assert_eq!(
+        (task.state, task.steps[0].state),
+        (TaskState::Error, StepState::Error)
+    );
+    assert!(task.steps[0]
+        .last_error
+        .as_deref()
+        .unwrap()
+        .starts_with("stale:"));
+
+    let rerun = Event::TaskRerun {
+        task: "t".into(),
+        reason: "again".into(),
+    };
+    assert_eq!(
+        apply_at(&mut state, 60_002, vec![rerun.clone(), rerun]),
+        [true, false]
+    );
+    let task = &state.tasks["t"];
+    assert_eq!(task.steps[0].state, StepState::Pending);
+    assert!(!task.state.is_terminal(), "{:?}", task.state);
+    assert_eq!(
+        task.ready_steps().collect::<Vec<_>>(),
+        [0],
+        "attempt 2 may be enqueued"
+    );
 }

@@ -116,6 +116,19 @@ pub enum TaskCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Rerun a failed task: each of its failed steps runs again with a fresh retry budget.
+    Rerun {
+        /// The task's id, as `task create` printed it.
+        uuid: String,
+        /// Why, for the audit trail.
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[command(flatten)]
+        api: ApiArg,
+        /// Print the result as JSON, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
     /// Reset a failed step for retry: it runs again with a fresh retry budget.
     ResetStep {
         /// The task's id, as `task create` printed it.
@@ -152,6 +165,12 @@ pub enum TaskCommand {
         /// Print the result as JSON, for scripts.
         #[arg(long)]
         json: bool,
+    },
+    /// The engine's summary: tasks and steps by state, and how far it is behind the log
+    /// (from the orchestrator's /metrics).
+    Stats {
+        #[command(flatten)]
+        api: ApiArg,
     },
     /// The dead-letter list: failed steps of blocked or failed tasks, with the reason.
     Dlq {
@@ -339,9 +358,12 @@ fn bench(
 ) -> CliResult {
     let mut micros = Vec::with_capacity(count);
     for _ in 0..count {
+        // A fresh key per task: under the `strict` identity strategy the same context
+        // would otherwise name the first task again.
+        let key = format!("bench-{}", embarcadero_workflow::ids::new_uuid());
         let start = std::time::Instant::now();
         let t = client
-            .create_task(ns, name, version, context.clone(), None)
+            .create_task(ns, name, version, context.clone(), Some(&key))
             .map_err(api_error)?;
         let uuid = text(&t["task_uuid"]);
         let t = if t["status"] == "complete" {

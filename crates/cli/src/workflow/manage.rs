@@ -1,4 +1,4 @@
-//! `embarcadero task list|cancel|steps|reset-step|resolve-step|dlq`: the task
+//! `embarcadero task list|cancel|rerun|steps|reset-step|resolve-step|stats|dlq`: the task
 //! management commands, clients of the workflow API's routes over existing tasks.
 
 use super::commands::{api_error, show_task, text, TaskCommand};
@@ -30,6 +30,17 @@ pub fn run(cmd: TaskCommand) -> CliResult {
             api,
             json,
         } => steps(&api.api, &uuid, step.as_deref(), audit, json),
+        TaskCommand::Rerun {
+            uuid,
+            reason,
+            api,
+            json,
+        } => rerun(&api.api, &uuid, &reason, json),
+        TaskCommand::Stats { api } => {
+            let metrics = ApiClient::new(&api.api).metrics().map_err(api_error)?;
+            say!("{}", stats(&metrics));
+            Ok(())
+        }
         TaskCommand::ResetStep {
             uuid,
             step,
@@ -75,6 +86,39 @@ pub fn run(cmd: TaskCommand) -> CliResult {
         }
         _ => unreachable!("not a task management command"),
     }
+}
+
+/// The summary of a /metrics text: the states that have tasks or steps, and the lag.
+fn stats(metrics: &str) -> String {
+    let mut lines = Vec::new();
+    for kind in ["tasks", "steps"] {
+        let prefix = format!("embarcadero_workflow_{kind}{{state=\"");
+        let counts: Vec<String> = metrics
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix)?.split_once("\"} "))
+            .filter(|(_, n)| *n != "0")
+            .map(|(state, n)| format!("{state} {n}"))
+            .collect();
+        lines.push(format!("{kind}: {}", counts.join(", ")));
+    }
+    let lag = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("embarcadero_workflow_queue_lag_events "));
+    lines.push(format!("queue lag: {} events", lag.unwrap_or("unknown")));
+    lines.join("\n")
+}
+
+/// `POST /v1/tasks/{uuid}/rerun`: the reopened task.
+fn rerun(api: &str, uuid: &str, reason: &str, json: bool) -> CliResult {
+    let t = ApiClient::new(api)
+        .request(
+            "POST",
+            &format!("/v1/tasks/{uuid}/rerun"),
+            Some(json!({ "reason": reason })),
+        )
+        .map_err(api_error)?;
+    show_task(&t, json);
+    Ok(())
 }
 
 /// `GET /v1/tasks` with the filters given.

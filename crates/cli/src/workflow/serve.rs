@@ -1,9 +1,10 @@
-//! `embarcadero orchestrator` (the engine and its API on a port of its own, phase 1)
-//! and `embarcadero worker` (the built-in Rust handlers), both until SIGINT/SIGTERM.
+//! `embarcadero orchestrator` (the engine, its API and its `/metrics` on a port of its
+//! own, phase 1) and `embarcadero worker` (the built-in Rust handlers), both until
+//! SIGINT/SIGTERM.
 
 use super::LogArgs;
 use crate::CliResult;
-use embarcadero_server::http_server::{HttpServer, Limits, Request, Response};
+use embarcadero_server::http_server::{HttpServer, Limits, Request, Response, StreamBody};
 use embarcadero_workflow::{Api, Orchestrator, OrchestratorConfig, Registry, Worker, WorkerConfig};
 use std::net::TcpListener;
 use std::sync::atomic::AtomicUsize;
@@ -22,6 +23,10 @@ pub struct OrchestratorArgs {
     /// `embarcadero worker` runs).
     #[arg(long)]
     any_handler: bool,
+    /// Backpressure: `POST /v1/tasks` answers 503 with Retry-After while this many
+    /// tasks are open (not finished).
+    #[arg(long, default_value_t = 10_000, value_parser = crate::at_least_one)]
+    max_open_tasks: usize,
 }
 
 #[derive(clap::Args)]
@@ -44,6 +49,7 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
     let config = OrchestratorConfig {
         log: args.log.log_config(),
         lease_ms: args.log.lease_ms,
+        max_open_tasks: args.max_open_tasks,
     };
     let mut orchestrator =
         Orchestrator::start(config).map_err(|e| format!("cannot start the orchestrator: {e}"))?;
@@ -54,9 +60,23 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
         request_deadline: Duration::from_secs(10),
         max_connections: 1024,
     };
+    let engine = orchestrator.engine.clone();
     let handler = move |r: &Request| {
+        if (r.method.as_str(), r.path()) == ("GET", "/metrics") {
+            return Response::new(200, "text/plain; version=0.0.4", engine.metrics());
+        }
         let reply = api.handle(&r.method, &r.url, &r.body);
-        Response::new(reply.status, "application/json", reply.body.to_string())
+        let mut response = match reply.events {
+            None => Response::new(reply.status, "application/json", reply.body.to_string()),
+            Some(events) => {
+                let mut r = Response::new(reply.status, "text/event-stream", String::new());
+                r.stream = Some(StreamBody(Arc::new(move |out| events.write_to(out))));
+                r.headers.push(("Cache-Control", "no-cache".to_string()));
+                r
+            }
+        };
+        response.headers.extend(reply.headers);
+        response
     };
     wait_for_replay(&orchestrator)?;
     let mut http = HttpServer::start(

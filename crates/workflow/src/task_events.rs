@@ -1,0 +1,115 @@
+//! Server-sent events of one task (`GET /v1/tasks/{uuid}/events`): every transition
+//! of the task and of its steps, in log order, each as one `data:` line of JSON, from
+//! the task's creation until it is finished; then the stream ends. Owns the order of
+//! transitions within one log position and the stream's framing; the HTTP server
+//! writes the bytes.
+
+use crate::log::Shared;
+use crate::state::Task;
+use serde_json::{json, Value};
+use std::io::{self, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often an idle stream sends an SSE comment, so that a client that went away is
+/// noticed (the write fails) and proxies do not close the connection.
+const KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// A task's transitions as a stream; cloned into the HTTP server's connection thread.
+#[derive(Clone)]
+pub struct TaskEvents {
+    shared: Arc<Shared>,
+    uuid: String,
+}
+
+impl std::fmt::Debug for TaskEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TaskEvents({})", self.uuid)
+    }
+}
+
+impl PartialEq for TaskEvents {
+    fn eq(&self, other: &Self) -> bool {
+        self.uuid == other.uuid && Arc::ptr_eq(&self.shared, &other.shared)
+    }
+}
+
+/// A batch of transitions read at once, and what follows it.
+struct Batch {
+    transitions: Vec<Value>,
+    /// Every transition before this position has been read.
+    next_position: u64,
+    finished: bool,
+}
+
+impl TaskEvents {
+    pub fn new(shared: Arc<Shared>, uuid: &str) -> Self {
+        Self {
+            shared,
+            uuid: uuid.to_string(),
+        }
+    }
+
+    /// Writes the task's transitions as they are applied, and returns once it is
+    /// finished (or the task is gone, or a write fails: the client left).
+    pub fn write_to(&self, out: &mut dyn Write) -> io::Result<()> {
+        let mut from = 0;
+        loop {
+            let Some(batch) = self.next_batch(from) else {
+                out.write_all(b": keepalive\n\n")?;
+                out.flush()?;
+                continue;
+            };
+            for t in &batch.transitions {
+                write!(out, "data: {t}\n\n")?;
+            }
+            out.flush()?;
+            if batch.finished {
+                return Ok(());
+            }
+            from = batch.next_position;
+        }
+    }
+
+    /// Waits (up to the keepalive) for events after `from`; the task's transitions at
+    /// positions from `from` on. A position's events are applied under one lock, so
+    /// every transition before `next_position` is there when it is read.
+    fn next_batch(&self, from: u64) -> Option<Batch> {
+        self.shared.wait_for(Instant::now() + KEEPALIVE, |state| {
+            let Some(task) = state.tasks.get(&self.uuid) else {
+                return Some(Batch {
+                    transitions: Vec::new(),
+                    next_position: state.next_position,
+                    finished: true,
+                });
+            };
+            let finished = task.state.is_terminal();
+            (finished || state.next_position > from).then(|| Batch {
+                transitions: transitions_since(task, from),
+                next_position: state.next_position,
+                finished,
+            })
+        })
+    }
+}
+
+/// The task's and its steps' transitions at positions `from` and later, in log order;
+/// within one position, by convention, the steps' moves (in step order) before the
+/// task's (the fold derives a task's state after its steps moved).
+pub fn transitions_since(task: &Task, from: u64) -> Vec<Value> {
+    let mut out: Vec<(u64, Value)> = Vec::new();
+    for step in task.created_steps() {
+        for t in step.history.iter().filter(|t| t.position >= from) {
+            let v = json!({"task_uuid": task.uuid, "step": step.name, "from": t.from,
+                "to": t.to, "position": t.position, "ts_ms": t.ts_ms});
+            out.push((t.position, v));
+        }
+    }
+    for t in task.history.iter().filter(|t| t.position >= from) {
+        let v = json!({"task_uuid": task.uuid, "step": null, "from": t.from, "to": t.to,
+            "position": t.position, "ts_ms": t.ts_ms});
+        out.push((t.position, v));
+    }
+    out.sort_by_key(|(position, _)| *position);
+    out.into_iter().map(|(_, v)| v).collect()
+}
