@@ -325,6 +325,16 @@ impl ClusterSpec {
     }
 }
 
+/// One process of a [`LocalCluster`], for a fault to aim at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Member {
+    Head,
+    /// The follower serving this broker id.
+    Follower(u32),
+    /// By the index [`LocalCluster::start_sequencer`] returned.
+    Sequencer(usize),
+}
+
 /// A running cluster; dropping it kills every process and removes its files.
 pub struct LocalCluster {
     /// The head's control address (host:port).
@@ -484,6 +494,19 @@ impl LocalCluster {
             .ok_or_else(|| format!("no follower serves broker {id}"))?;
         let (_, mut follower) = self.followers.remove(at);
         follower.kill()
+    }
+
+    /// The process of `member`, while it is part of the cluster.
+    pub fn member(&mut self, member: Member) -> Option<&mut ChildProcess> {
+        match member {
+            Member::Head => self.head.as_mut(),
+            Member::Follower(id) => self
+                .followers
+                .iter_mut()
+                .find(|(f, _)| *f == id)
+                .map(|(_, p)| p),
+            Member::Sequencer(index) => self.sequencers.get_mut(index),
+        }
     }
 
     /// SIGKILLs sequencer `index`; returns the instant the signal went out.
