@@ -60,6 +60,8 @@ const READERS: usize = 2;
 const ROUND: u64 = 16;
 /// Replacements of a failed publisher per cycle, at most.
 const MAX_GENERATIONS: usize = 20;
+/// Tries to start a cycle's cluster before the campaign gives up.
+const SETUP_ATTEMPTS: u32 = 3;
 /// A reader that gets nothing this long after publishing stopped gives up.
 const READER_IDLE: Duration = Duration::from_secs(20);
 
@@ -103,6 +105,7 @@ fn campaign(args: &ChaosArgs, nemeses: &[Nemesis]) -> CliResult {
     let started = Instant::now();
     let mut cycle = 0u64;
     let mut by_nemesis = std::collections::BTreeMap::<&str, u64>::new();
+    let mut setup_failures = 0u64;
     while args.cycles.is_none_or(|c| cycle < c)
         && args
             .seconds
@@ -111,7 +114,8 @@ fn campaign(args: &ChaosArgs, nemeses: &[Nemesis]) -> CliResult {
         let nemesis = nemeses[cycle as usize % nemeses.len()];
         let plan = Plan::draw(cycle, nemesis, args.cycle_secs, &mut rng);
         let history = args.out.join(format!("cycle-{cycle}.jsonl"));
-        let report = run_cycle(&plan, &history)
+        let stage = set_stage_retrying(&plan, &mut setup_failures)?;
+        let report = run_cycle(&plan, stage, &history)
             .map_err(|e| format!("cycle {cycle} ({}) failed: {e}", nemesis.name()))?;
         say!("{}", plan.summary(&report));
         if report.anomalies() > 0 {
@@ -131,10 +135,36 @@ fn campaign(args: &ChaosArgs, nemeses: &[Nemesis]) -> CliResult {
         cycle += 1;
     }
     say!(
-        "chaos: {cycle} cycles in {:.0} s, 0 anomalies ({by_nemesis:?})",
+        "chaos: {cycle} cycles in {:.0} s, 0 anomalies ({by_nemesis:?}); {setup_failures} cluster starts retried",
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// A cycle's stage, set again (at most `SETUP_ATTEMPTS` times) when a cluster does not
+/// come up whole: on a loaded machine a follower may miss its first heartbeats. That
+/// happens before any fault or message, so it is counted, not an anomaly.
+fn set_stage_retrying(plan: &Plan, failures: &mut u64) -> Result<Stage, String> {
+    let mut attempt = 1;
+    loop {
+        match set_stage(plan) {
+            Ok(stage) => return Ok(stage),
+            Err(e) if attempt < SETUP_ATTEMPTS => {
+                *failures += 1;
+                say!(
+                    "cycle {}: the cluster did not come up ({e}); again",
+                    plan.cycle
+                );
+                attempt += 1;
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cycle {}: the cluster did not come up {SETUP_ATTEMPTS} times: {e}",
+                    plan.cycle
+                ))
+            }
+        }
+    }
 }
 
 fn names(nemeses: &[Nemesis]) -> String {
@@ -201,25 +231,65 @@ impl Plan {
     }
 }
 
-/// One cycle: a fresh cluster, the publishers, readers and the fault, the history
-/// written to `history_path` and checked.
-fn run_cycle(plan: &Plan, history_path: &Path) -> Result<Report, String> {
+/// A cycle's cluster, ready for the fault: every broker has joined, the topic exists.
+struct Stage {
+    cluster: LocalCluster,
+    /// Where the fault flags live (removed with it).
+    flags: tempfile::TempDir,
+    topic: String,
+    /// Broker addresses by broker id.
+    brokers: Vec<String>,
+}
+
+/// Starts the cluster of a cycle and makes its topic; waits (at most 10 s) until the
+/// head lists all three brokers alive.
+fn set_stage(plan: &Plan) -> Result<Stage, String> {
     let flags = tempfile::tempdir().map_err(|e| format!("cannot make a directory: {e}"))?;
-    let mut cluster = start_cluster(flags.path())?;
-    let control = cluster.control.clone();
+    let cluster = start_cluster(flags.path())?;
     let topic = format!("chaos-{}", plan.cycle);
-    let admin = Admin::new(&control);
+    let admin = Admin::new(&cluster.control);
     admin
         .create_topic(&TopicSpec::new(&topic, plan.order).replicated(2))
         .map_err(|e| e.to_string())?;
-    let mut brokers: Vec<(u32, String)> = admin
-        .cluster()
-        .map_err(|e| e.to_string())?
-        .brokers
-        .into_iter()
-        .map(|b| (b.id, b.addr))
-        .collect();
-    brokers.sort();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut brokers: Vec<(u32, String)> = admin
+            .cluster()
+            .map_err(|e| e.to_string())?
+            .brokers
+            .into_iter()
+            .map(|b| (b.id, b.addr))
+            .collect();
+        brokers.sort();
+        if brokers.len() == 3 {
+            let brokers = brokers.into_iter().map(|(_, addr)| addr).collect();
+            return Ok(Stage {
+                cluster,
+                flags,
+                topic,
+                brokers,
+            });
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the head lists {brokers:?} after 10 s, not 3 brokers"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One cycle on a fresh stage: the publishers, readers and the fault, the history
+/// written to `history_path` and checked.
+fn run_cycle(plan: &Plan, stage: Stage, history_path: &Path) -> Result<Report, String> {
+    let Stage {
+        mut cluster,
+        flags,
+        topic,
+        brokers,
+    } = stage;
+    let control = cluster.control.clone();
+    let admin = Admin::new(&control);
     let recorder = Recorder::create(history_path)?;
     recorder.record(&Event::Topic {
         order: plan.order,
@@ -230,7 +300,7 @@ fn run_cycle(plan: &Plan, history_path: &Path) -> Result<Report, String> {
     let fault = std::thread::scope(|s| {
         let readers: Vec<_> = (0..READERS)
             .map(|r| {
-                let (addr, topic, recorder, end) = (&brokers[r].1, &topic, &recorder, &topic_end);
+                let (addr, topic, recorder, end) = (&brokers[r], &topic, &recorder, &topic_end);
                 s.spawn(move || read_to_end(r, addr, topic, end, recorder))
             })
             .collect();
