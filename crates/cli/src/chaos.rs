@@ -112,7 +112,9 @@ fn campaign(args: &ChaosArgs, nemeses: &[Nemesis]) -> CliResult {
             .is_none_or(|s| started.elapsed() < Duration::from_secs(s))
     {
         let nemesis = nemeses[cycle as usize % nemeses.len()];
-        let plan = Plan::draw(cycle, nemesis, args.cycle_secs, &mut rng);
+        // Each pass over the faults uses the next topic kind, so every fault meets each.
+        let kind = (cycle as usize / nemeses.len()) % 4;
+        let plan = Plan::draw(cycle, kind, nemesis, args.cycle_secs, &mut rng);
         let history = args.out.join(format!("cycle-{cycle}.jsonl"));
         let stage = set_stage_retrying(&plan, &mut setup_failures)?;
         let report = run_cycle(&plan, stage, &history)
@@ -197,14 +199,20 @@ struct Plan {
 }
 
 impl Plan {
-    fn draw(cycle: u64, nemesis: Nemesis, cycle_secs: f64, rng: &mut XorShift) -> Self {
+    /// `kind` picks the topic: 0 to 3 give order/ack 2/1, 5/1, 2/2, 5/2.
+    fn draw(
+        cycle: u64,
+        kind: usize,
+        nemesis: Nemesis,
+        cycle_secs: f64,
+        rng: &mut XorShift,
+    ) -> Self {
         let strike = rng.between(0.15, 0.4) * cycle_secs;
         let hold = rng.between(0.1, 0.4) * cycle_secs;
         Self {
             cycle,
-            // Orders and ack levels take turns: 2/1, 5/1, 2/2, 5/2.
-            order: [2, 5][cycle as usize % 2],
-            ack: [1, 2][(cycle as usize / 2) % 2],
+            order: [2, 5][kind % 2],
+            ack: [1, 2][(kind / 2) % 2],
             nemesis,
             strike_after: Duration::from_secs_f64(strike),
             heal_after: Duration::from_secs_f64(strike + hold),
