@@ -391,28 +391,9 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         }
     };
     // The warm-up's messages are in the topic too, ahead of the measured ones.
-    let warmed_up = if config.rate.is_some() {
-        args.warmup_messages
-    } else {
-        0
-    };
+    let warmed_up = config.rate.map_or(0, |_| args.warmup_messages);
     published.store(outcome.stats.messages + warmed_up, Ordering::Release);
-    // Subscribe-only: the topic is full now; one subscriber reads it all from the start.
-    let subscribe_only = if args.mode == "subscribe" {
-        Some(read_all_from_start(
-            &control,
-            &topic,
-            outcome.stats.messages,
-        )?)
-    } else {
-        None
-    };
-    let (e2e, check) = finish_e2e(subscriber, &control, &topic, &outcome)?;
-    let reads = Reads {
-        e2e,
-        check,
-        subscribe_only,
-    };
+    let reads = read_back(args, &control, &topic, subscriber, &outcome)?;
     bar.finish_and_clear();
     let cpu = CpuFigures::of(cpu, server_cpu_before, &control);
     let elapsed = reads.elapsed().unwrap_or(outcome.elapsed);
@@ -430,15 +411,14 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     if let Some(f) = &region_file {
         let _ = std::fs::remove_file(f);
     }
-    if args.json {
-        return Ok(figures);
+    if !args.json {
+        print_run_header(args, config, outcome.runs.len());
+        report(&outcome.stats, outcome.elapsed, false, args.ack);
+        let mb_s = bytes / elapsed.as_secs_f64() / 1e6;
+        print_reads(&reads, mb_s, config.order);
+        print_cpu_and_stages(&cpu, bytes, &stages);
+        print_ceilings(&figures);
     }
-    print_run_header(args, config, outcome.runs.len());
-    report(&outcome.stats, outcome.elapsed, false, args.ack);
-    let mb_s = bytes / elapsed.as_secs_f64() / 1e6;
-    print_reads(&reads, mb_s, config.order);
-    print_cpu_and_stages(&cpu, bytes, &stages);
-    print_ceilings(&figures);
     Ok(figures)
 }
 
@@ -629,6 +609,28 @@ fn spawn_e2e_subscriber(
         }
         Ok((received, last_at, e2e, verifier))
     }))
+}
+
+/// What the run's subscribers read: subscribe-only, one subscriber reads the full topic
+/// from the start now; e2e, the subscriber that read along is waited for.
+fn read_back(
+    args: &BenchArgs,
+    control: &str,
+    topic: &str,
+    subscriber: Option<std::thread::JoinHandle<E2eResult>>,
+    outcome: &PublishOutcome,
+) -> Result<Reads, String> {
+    let subscribe_only = if args.mode == "subscribe" {
+        Some(read_all_from_start(control, topic, outcome.stats.messages)?)
+    } else {
+        None
+    };
+    let (e2e, check) = finish_e2e(subscriber, control, topic, outcome)?;
+    Ok(Reads {
+        e2e,
+        check,
+        subscribe_only,
+    })
 }
 
 /// Subscribe-only: one subscriber reads the `count` messages of the full topic from the
