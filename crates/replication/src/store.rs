@@ -864,6 +864,27 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_sync_waits_while_the_slow_disk_flag_exists_and_still_makes_records_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let flag = dir.path().join("slow");
+        let mut s = TopicStore::open(&dir.path().join("log"), 500).unwrap();
+        s.set_slow_disk_flag(Some(flag.clone()));
+        std::fs::write(&flag, b"").unwrap();
+        fill(&mut s, 2);
+        let started = std::time::Instant::now();
+        s.sync().unwrap();
+        assert!(
+            started.elapsed() >= SLOW_DISK_DELAY,
+            "the flag slows the sync"
+        );
+        assert_eq!(s.durable_seq(), 2);
+        std::fs::remove_file(&flag).unwrap();
+        fill(&mut s, 1);
+        s.sync().unwrap();
+        assert_eq!(s.durable_seq(), 3);
+    }
+
+    #[test]
     fn reopening_finds_every_synced_record_and_rolls_segments() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = TopicStore::open(dir.path(), 500).unwrap();
