@@ -380,32 +380,30 @@ mod tests {
         assert!(kinds(&h).contains(&Kind::Unknown));
     }
 
+    /// Messages 0 (by `first`) and 1 (by `second`), delivered as 1 then 0; with
+    /// `serial`, 0 is acknowledged before 1 is sent.
+    fn swapped(order: u8, (first, second): (usize, usize), serial: bool) -> Vec<Event> {
+        let mut h = vec![Event::Topic { order, ack: 1 }, send(first, 0)];
+        if serial {
+            h.extend([ack(first, 0), send(second, 1)]);
+        } else {
+            h.extend([send(second, 1), ack(first, 0)]);
+        }
+        h.extend([
+            ack(second, 1),
+            deliver(0, 0, 1),
+            deliver(0, 1, 0),
+            end(0, 2),
+        ]);
+        h
+    }
+
     #[test]
     fn a_message_sent_after_an_ack_but_placed_before_it_is_a_reorder() {
         // 0 is acknowledged before 1 is sent, yet 1 takes the earlier position.
-        let h = vec![
-            Event::Topic { order: 2, ack: 1 },
-            send(0, 0),
-            ack(0, 0),
-            send(1, 1),
-            ack(1, 1),
-            deliver(0, 0, 1),
-            deliver(0, 1, 0),
-            end(0, 2),
-        ];
-        assert_eq!(kinds(&h), [Kind::Reorder]);
+        assert_eq!(kinds(&swapped(2, (0, 1), true)), [Kind::Reorder]);
         // Concurrent sends may land in either order.
-        let h = vec![
-            Event::Topic { order: 2, ack: 1 },
-            send(0, 0),
-            send(1, 1),
-            ack(0, 0),
-            ack(1, 1),
-            deliver(0, 0, 1),
-            deliver(0, 1, 0),
-            end(0, 2),
-        ];
-        assert_eq!(kinds(&h), []);
+        assert_eq!(kinds(&swapped(2, (0, 1), false)), []);
     }
 
     #[test]
@@ -427,20 +425,9 @@ mod tests {
     #[test]
     fn order5_fails_a_publisher_delivered_out_of_its_order() {
         // Both sent before either was acknowledged: only the session order binds them.
-        let mut h = vec![
-            Event::Topic { order: 5, ack: 1 },
-            send(0, 0),
-            send(0, 1),
-            ack(0, 0),
-            ack(0, 1),
-            deliver(0, 0, 1),
-            deliver(0, 1, 0),
-            end(0, 2),
-        ];
-        assert_eq!(kinds(&h), [Kind::SessionFifo]);
+        assert_eq!(kinds(&swapped(5, (0, 0), false)), [Kind::SessionFifo]);
         // The same deliveries in order 2 are no anomaly: it keeps no session order.
-        h[0] = Event::Topic { order: 2, ack: 1 };
-        assert_eq!(kinds(&h), []);
+        assert_eq!(kinds(&swapped(2, (0, 0), false)), []);
     }
 
     #[test]
