@@ -13,7 +13,7 @@ use crate::bench::failure::message_id;
 use crate::CliResult;
 use checker::Report;
 use clap::Args;
-use embarcadero_cli::local_cluster::{ClusterSpec, LocalCluster};
+use embarcadero_cli::local_cluster::{ClusterSpec, Echo, LocalCluster};
 use embarcadero_client::{
     Admin, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
 };
@@ -46,6 +46,10 @@ pub struct ChaosArgs {
     /// Seed of the fault timings (default: from the clock); printed at the start.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Echo every process's stderr, named, to this one's stderr (to see what the
+    /// cluster said around an anomaly).
+    #[arg(long)]
+    pub echo_processes: bool,
     /// Check this history file instead of running (prints the report as JSON).
     #[arg(long)]
     pub check: Option<PathBuf>,
@@ -114,7 +118,11 @@ fn campaign(args: &ChaosArgs, nemeses: &[Nemesis]) -> CliResult {
         let nemesis = nemeses[cycle as usize % nemeses.len()];
         // Each pass over the faults uses the next topic kind, so every fault meets each.
         let kind = (cycle as usize / nemeses.len()) % 4;
-        let plan = Plan::draw(cycle, kind, nemesis, args.cycle_secs, &mut rng);
+        let mut plan = Plan::draw(cycle, kind, nemesis, args.cycle_secs, &mut rng);
+        if args.echo_processes {
+            plan.echo = Echo::ToStderr;
+            eprintln!("== cycle {cycle} ({})", nemesis.name());
+        }
         let history = args.out.join(format!("cycle-{cycle}.jsonl"));
         let stage = set_stage_retrying(&plan, &mut setup_failures)?;
         let report = run_cycle(&plan, stage, &history)
@@ -196,6 +204,8 @@ struct Plan {
     strike_after: Duration,
     heal_after: Duration,
     publish_for: Duration,
+    /// Whether the cluster's processes echo their stderr.
+    echo: Echo,
 }
 
 impl Plan {
@@ -217,6 +227,7 @@ impl Plan {
             strike_after: Duration::from_secs_f64(strike),
             heal_after: Duration::from_secs_f64(strike + hold),
             publish_for: Duration::from_secs_f64(cycle_secs),
+            echo: Echo::Quiet,
         }
     }
 
@@ -253,7 +264,7 @@ struct Stage {
 /// head lists all three brokers alive.
 fn set_stage(plan: &Plan) -> Result<Stage, String> {
     let flags = tempfile::tempdir().map_err(|e| format!("cannot make a directory: {e}"))?;
-    let cluster = start_cluster(flags.path())?;
+    let cluster = start_cluster(flags.path(), plan.echo)?;
     let topic = format!("chaos-{}", plan.cycle);
     let admin = Admin::new(&cluster.control);
     admin
@@ -340,11 +351,12 @@ fn run_cycle(plan: &Plan, stage: Stage, history_path: &Path) -> Result<Report, S
     Ok(checker::check(&history::read(history_path)?))
 }
 
-fn start_cluster(flags: &Path) -> Result<LocalCluster, String> {
+fn start_cluster(flags: &Path, echo: Echo) -> Result<LocalCluster, String> {
     let program = std::env::current_exe()
         .map_err(|e| format!("cannot find this executable to start the cluster: {e}"))?;
     let mut spec = ClusterSpec::new(program, 3);
     spec.external_sequencer = true;
+    spec.echo = echo;
     spec.env = vec![
         // Quick failure detection, so a fault and its failover fit in a short cycle.
         (

@@ -140,10 +140,11 @@ impl ChildProcess {
         let pipe = child.stderr.take().expect("stderr is piped");
         let stderr = Arc::new(Stderr::default());
         let filled = stderr.clone();
+        let who = name.to_string();
         std::thread::spawn(move || {
             for line in BufReader::new(pipe).lines().map_while(Result::ok) {
                 if echo == Echo::ToStderr {
-                    eprintln!("  | {line}");
+                    eprintln!("  {who} | {line}");
                 }
                 filled.push(line);
             }
@@ -309,6 +310,8 @@ pub struct ClusterSpec {
     pub replica_dirs: Vec<PathBuf>,
     /// Extra environment for every process (settings such as the heartbeat interval).
     pub env: Vec<(String, String)>,
+    /// Whether the processes' stderr lines are echoed to this process's stderr.
+    pub echo: Echo,
 }
 
 impl ClusterSpec {
@@ -321,6 +324,7 @@ impl ClusterSpec {
             region_dir: None,
             replica_dirs: Vec::new(),
             env: Vec::new(),
+            echo: Echo::Quiet,
         }
     }
 }
@@ -418,7 +422,7 @@ impl LocalCluster {
             &env,
             "the head",
             "embarcadero is serving",
-            Echo::Quiet,
+            spec.echo,
         )
         .inspect_err(|_| {
             let _ = std::fs::remove_file(&region_file);
@@ -454,7 +458,7 @@ impl LocalCluster {
                 &spec.env,
                 &format!("follower {id}"),
                 "is serving at",
-                Echo::Quiet,
+                spec.echo,
             )?;
             cluster.followers.push((id, follower));
         }
@@ -478,7 +482,7 @@ impl LocalCluster {
             &self.spec.env,
             &name,
             ready,
-            Echo::Quiet,
+            self.spec.echo,
         )?;
         self.sequencers.push(sequencer);
         Ok(self.sequencers.len() - 1)
