@@ -1079,6 +1079,39 @@ mod tests {
         assert_eq!(r.topic_seq(1).next_position.load(Ordering::Acquire), 7);
     }
 
+    /// A sequencer killed after publishing an epoch's `committed_seq` but before
+    /// advancing `ordered_pbr`: its successor must not order those batches again. Found
+    /// by `embarcadero chaos` (SIGKILL of the active sequencer, order 2; see
+    /// docs/RELIABILITY.md, "Fault campaign"). Order 5 covers the same window in
+    /// `a_restarted_sequencer_recovers_sessions_from_table_and_goi`.
+    #[test]
+    #[ignore = "known bug: the successor orders the batches again (docs/RELIABILITY.md)"]
+    fn a_successor_does_not_order_again_what_was_published_before_ordered_pbr_moved() {
+        let (_d, r) = region(64);
+        commit(&r, 0, 0, 2, true);
+        commit(&r, 1, 0, 3, true);
+        let mut c = core(&r);
+        c.scan();
+        c.seal_all();
+        drop(c);
+        assert_eq!(r.topic_seq(1).committed_seq.load(Ordering::Acquire), 2);
+        for b in 0..2 {
+            r.sequencer_line(1, b).ordered_pbr.set_for_test(0);
+        }
+        let mut c = core(&r);
+        c.scan();
+        c.seal_all();
+        let seq = r.topic_seq(1);
+        assert_eq!(
+            (
+                seq.committed_seq.load(Ordering::Acquire),
+                seq.next_position.load(Ordering::Acquire)
+            ),
+            (2, 5),
+            "the two batches are in the order once"
+        );
+    }
+
     // ------------------------------------------------------------------ order 5
 
     pub(super) fn session_region() -> (tempfile::TempDir, Arc<Region>) {
