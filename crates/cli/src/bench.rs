@@ -5,7 +5,7 @@
 //! drawn by `plot`.
 
 mod canvas;
-mod failure;
+pub(crate) mod failure;
 mod font;
 mod plot;
 
@@ -345,37 +345,14 @@ fn message_count(args: &BenchArgs) -> Option<u64> {
     }
 }
 
+/// What the e2e subscriber returns: messages received, when the last arrived, the
+/// end-to-end latencies, and the exactly-once verifier (with --verify).
+type E2eResult = Result<(u64, Instant, Histogram<u64>, Option<failure::Verifier>), String>;
+
 /// One run against an embedded server (or --control).
 fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     let scratch = tempdir()?;
-    let mut server = None;
-    let mut region_file = None;
-    let control = match &args.control {
-        Some(c) => c.clone(),
-        None => {
-            let mut server_config = ServerConfig {
-                data_dir: scratch.join("data"),
-                base_port: 0,
-                control_port: 0,
-                brokers: args.brokers,
-                ..ServerConfig::default()
-            };
-            server_config.sequencer.epoch_us = args.epoch_us;
-            server_config.replication.dirs = args.replica_dir.clone();
-            let region_dir = args.region_dir.clone().unwrap_or_else(|| shm_or(&scratch));
-            server_config.region.path =
-                region_dir.join(format!("embarcadero-bench-{}.region", std::process::id()));
-            region_file = Some(server_config.region.path.clone());
-            server_config.region.prefault = !args.no_prefault;
-            // A run makes one topic: the old default of 16 slots keeps the prefaulted
-            // region (and its start) the size earlier runs measured with, not 2.9 GiB.
-            server_config.region.max_topics = 16;
-            let s = Server::start(server_config).map_err(|e| e.to_string())?;
-            let addr = s.control_addr().to_string();
-            server = Some(s);
-            addr
-        }
-    };
+    let (server, region_file, control) = start_server(args, &scratch)?;
     let topic = format!("bench-{}-{}", config.order, std::process::id());
     Admin::new(&control)
         .create_topic(&TopicSpec::new(&topic, config.order).replicated(args.rf))
@@ -386,58 +363,77 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     // are the warm-up's, read but not timed.
     let measured_from_ns = Arc::new(AtomicU64::new(0));
     let subscriber = if args.mode == "e2e" {
-        let mut sub = Subscriber::connect(&control, &topic, SubscriberConfig::default())
-            .map_err(|e| e.to_string())?;
-        let published = published.clone();
-        let measured_from_ns = measured_from_ns.clone();
-        let warming_up = args.warmup_messages > 0;
-        let mut verifier = args
-            .verify
-            .then(|| failure::Verifier::new(config.order, args.publishers.max(1)));
-        Some(std::thread::spawn(
-            move || -> Result<(u64, Instant, Histogram<u64>, Option<failure::Verifier>), String> {
-                let mut received = 0u64;
-                let mut last_at = Instant::now();
-                let mut e2e = Histogram::<u64>::new(3).expect("histogram");
-                while received < published.load(Ordering::Acquire) {
-                    let n = sub
-                        .poll_with(Duration::from_millis(100), |m| {
-                            let timed = !warming_up || {
-                                let from = measured_from_ns.load(Ordering::Relaxed);
-                                from != 0 && m.publish_ts_ns >= from
-                            };
-                            if timed && received.is_multiple_of(64) {
-                                let _ = e2e.record(
-                                    embarcadero_client::now_ns().saturating_sub(m.publish_ts_ns)
-                                        / 1000
-                                        + 1,
-                                );
-                            }
-                            if let Some(v) = verifier.as_mut() {
-                                v.observe(m.position, m.payload);
-                            }
-                            received += 1;
-                        })
-                        .map_err(|e| e.to_string())?;
-                    if n > 0 {
-                        last_at = Instant::now();
-                    } else if last_at.elapsed() > Duration::from_secs(30) {
-                        return Err(format!(
-                            "the subscriber received nothing for 30 s after {received} messages"
-                        ));
-                    }
-                }
-                Ok((received, last_at, e2e, verifier))
-            },
-        ))
+        let shared = (published.clone(), measured_from_ns.clone());
+        Some(spawn_e2e_subscriber(
+            &control, &topic, args, config, shared,
+        )?)
     } else {
         None
     };
-    let bar = progress_bar(message_count(args));
     let embedded = server.is_some();
     let server_cpu_before = (!embedded).then(|| server_cpu_seconds(&control));
     let mut cpu = CpuSplit::start();
-    let publishing = publish_all(&control, &topic, args, config, args.verify, |p| {
+    let bar = progress_bar(message_count(args));
+    let publishing = publish_measured(
+        &control,
+        &topic,
+        args,
+        config,
+        &bar,
+        &measured_from_ns,
+        &mut cpu,
+    );
+    let outcome = match publishing {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            published.store(0, Ordering::Release);
+            return Err(e);
+        }
+    };
+    // The warm-up's messages are in the topic too, ahead of the measured ones.
+    let warmed_up = config.rate.map_or(0, |_| args.warmup_messages);
+    published.store(outcome.stats.messages + warmed_up, Ordering::Release);
+    let reads = read_back(args, &control, &topic, subscriber, &outcome)?;
+    bar.finish_and_clear();
+    let cpu = CpuFigures::of(cpu, server_cpu_before, &control);
+    let elapsed = reads.elapsed().unwrap_or(outcome.elapsed);
+    let stages = stage_figures(&control, &outcome, args, config);
+    // The server is done and its counters read: the ceilings get the machine to
+    // themselves, and nothing the server does meanwhile shows in the figures.
+    drop(server);
+    let ceilings = measure_ceilings(args, &scratch)?;
+    let mut figures = common_figures(args, config, &outcome, elapsed);
+    let bytes = outcome.stats.bytes as f64;
+    let extra = extra_figures(region_file.as_ref(), &reads, &cpu, bytes, &stages, ceilings);
+    merge(&mut figures, extra);
+    add_ceiling_ratios(&mut figures);
+    let _ = std::fs::remove_dir_all(&scratch);
+    if let Some(f) = &region_file {
+        let _ = std::fs::remove_file(f);
+    }
+    if !args.json {
+        print_run_header(args, config, outcome.runs.len());
+        report(&outcome.stats, outcome.elapsed, false, args.ack);
+        let mb_s = bytes / elapsed.as_secs_f64() / 1e6;
+        print_reads(&reads, mb_s, config.order);
+        print_cpu_and_stages(&cpu, bytes, &stages);
+        print_ceilings(&figures);
+    }
+    Ok(figures)
+}
+
+/// Publishes the run, sampling CPU meanwhile; stores in `measured_from_ns` the
+/// wall-clock start of the measured schedule.
+fn publish_measured(
+    control: &str,
+    topic: &str,
+    args: &BenchArgs,
+    config: RunConfig,
+    bar: &ProgressBar,
+    measured_from_ns: &AtomicU64,
+    cpu: &mut CpuSplit,
+) -> Result<PublishOutcome, String> {
+    let (outcome, ()) = publish_all(control, topic, args, config, args.verify, |p| {
         let since_start = p.start.elapsed().as_nanos() as u64;
         measured_from_ns.store(
             embarcadero_client::now_ns().saturating_sub(since_start),
@@ -451,89 +447,269 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         // Before the publishers close, which ends the brokers' connection threads.
         cpu.sample();
         Ok(())
-    });
-    let outcome = match publishing {
-        Ok((outcome, ())) => outcome,
-        Err(e) => {
-            published.store(0, Ordering::Release);
-            return Err(e);
+    })?;
+    Ok(outcome)
+}
+
+/// What the subscribers of a run read: the e2e subscriber's count, time and latencies,
+/// its exactly-once verdict (--verify), and the subscribe-only count and time.
+struct Reads {
+    e2e: Option<(u64, Duration, Histogram<u64>)>,
+    check: Option<failure::Check>,
+    subscribe_only: Option<(u64, Duration)>,
+}
+
+impl Reads {
+    /// How long the subscriber took to read everything (none: publishing is the run).
+    fn elapsed(&self) -> Option<Duration> {
+        match (&self.e2e, &self.subscribe_only) {
+            (Some(e), _) => Some(e.1),
+            (_, Some((_, t))) => Some(*t),
+            _ => None,
         }
+    }
+}
+
+/// CPU seconds of a run: this process's (embedded only), the server's, the client's.
+struct CpuFigures {
+    process: Option<f64>,
+    server: Option<f64>,
+    client: f64,
+}
+
+impl CpuFigures {
+    /// From the run's CPU samples and, for a server of its own (not embedded), the
+    /// server's CPU seconds before the run.
+    fn of(cpu: CpuSplit, server_cpu_before: Option<Option<f64>>, control: &str) -> Self {
+        let (process_cpu, server_threads_cpu) = cpu.finish();
+        // Embedded: the server's threads; else the server process's own count, which
+        // covers whatever else it served meanwhile.
+        match server_cpu_before {
+            None => CpuFigures {
+                process: Some(process_cpu),
+                server: Some(server_threads_cpu),
+                client: process_cpu - server_threads_cpu,
+            },
+            Some(before) => CpuFigures {
+                process: None,
+                server: before.zip(server_cpu_seconds(control)).map(|(b, a)| a - b),
+                client: process_cpu,
+            },
+        }
+    }
+}
+
+/// The figures `run_one` adds to the common ones.
+fn extra_figures(
+    region_file: Option<&PathBuf>,
+    reads: &Reads,
+    cpu: &CpuFigures,
+    bytes: f64,
+    stages: &StageFigures,
+    ceilings: Value,
+) -> Value {
+    let per_gb = |seconds: f64| seconds / (bytes / 1e9);
+    serde_json::json!({
+        "region_file": region_file.map(|p| p.display().to_string()),
+        "subscribe_only_seconds": reads.subscribe_only.as_ref().map(|(_, t)| t.as_secs_f64()),
+        "e2e_latency_us": reads.e2e.as_ref().map(|(_, _, h)| serde_json::json!({
+            "p50": h.value_at_quantile(0.5),
+            "p99": h.value_at_quantile(0.99),
+            "p999": h.value_at_quantile(0.999),
+            "max": h.max(),
+            "samples": h.len(),
+        })),
+        "process_cpu_seconds_per_gb": cpu.process.map(per_gb),
+        "server_cpu_seconds_per_gb": cpu.server.map(per_gb),
+        "client_cpu_seconds_per_gb": per_gb(cpu.client),
+        "stage_ms_per_gb": stages.ms_per_gb,
+        "ack_wait_us_per_batch": stages.ack_wait_us_per_batch,
+        "epoch_wait_us_per_batch": stages.epoch_wait_us_per_batch,
+        "check": reads.check,
+        "ceilings": ceilings,
+    })
+}
+
+/// The embedded server of a run (none with --control): the server, its region file
+/// and the control address to use.
+fn start_server(
+    args: &BenchArgs,
+    scratch: &std::path::Path,
+) -> Result<(Option<Server>, Option<PathBuf>, String), String> {
+    if let Some(control) = &args.control {
+        return Ok((None, None, control.clone()));
+    }
+    let mut server_config = ServerConfig {
+        data_dir: scratch.join("data"),
+        base_port: 0,
+        control_port: 0,
+        brokers: args.brokers,
+        ..ServerConfig::default()
     };
-    // The warm-up's messages are in the topic too, ahead of the measured ones.
-    let warmed_up = if config.rate.is_some() {
-        args.warmup_messages
-    } else {
-        0
-    };
-    published.store(outcome.stats.messages + warmed_up, Ordering::Release);
-    let count = outcome.stats.messages;
-    let publish_elapsed = outcome.elapsed;
-    let stats = &outcome.stats;
-    // Subscribe-only: the topic is full now; one subscriber reads it all from the start.
-    let subscribe_only = if args.mode == "subscribe" {
-        let mut sub = Subscriber::connect(&control, &topic, SubscriberConfig::default())
-            .map_err(|e| e.to_string())?;
-        let sub_start = Instant::now();
+    server_config.sequencer.epoch_us = args.epoch_us;
+    server_config.replication.dirs = args.replica_dir.clone();
+    let region_dir = args.region_dir.clone().unwrap_or_else(|| shm_or(scratch));
+    server_config.region.path =
+        region_dir.join(format!("embarcadero-bench-{}.region", std::process::id()));
+    let region_file = server_config.region.path.clone();
+    server_config.region.prefault = !args.no_prefault;
+    // A run makes one topic: the old default of 16 slots keeps the prefaulted
+    // region (and its start) the size earlier runs measured with, not 2.9 GiB.
+    server_config.region.max_topics = 16;
+    let server = Server::start(server_config).map_err(|e| e.to_string())?;
+    let control = server.control_addr().to_string();
+    Ok((Some(server), Some(region_file), control))
+}
+
+/// The e2e subscriber: reads until it has as many messages as `published` says (u64::MAX
+/// until publishing ends), timing every 64th message measured (published after
+/// `measured_from_ns`), and feeding the exactly-once verifier with --verify.
+fn spawn_e2e_subscriber(
+    control: &str,
+    topic: &str,
+    args: &BenchArgs,
+    config: RunConfig,
+    (published, measured_from_ns): (Arc<AtomicU64>, Arc<AtomicU64>),
+) -> Result<std::thread::JoinHandle<E2eResult>, String> {
+    let mut sub = Subscriber::connect(control, topic, SubscriberConfig::default())
+        .map_err(|e| e.to_string())?;
+    let warming_up = args.warmup_messages > 0;
+    let mut verifier = args
+        .verify
+        .then(|| failure::Verifier::new(config.order, args.publishers.max(1)));
+    Ok(std::thread::spawn(move || -> E2eResult {
         let mut received = 0u64;
-        while received < count {
-            sub.poll_with(Duration::from_secs(30), |_| received += 1)
-                .map_err(|e| {
-                    format!("{e} (a memory-only topic keeps about the region's log memory: lower --total-bytes or --duration, or read from disk with --rf 2)")
-                })?;
+        let mut last_at = Instant::now();
+        let mut e2e = Histogram::<u64>::new(3).expect("histogram");
+        while received < published.load(Ordering::Acquire) {
+            let n = sub
+                .poll_with(Duration::from_millis(100), |m| {
+                    let timed = !warming_up || {
+                        let from = measured_from_ns.load(Ordering::Relaxed);
+                        from != 0 && m.publish_ts_ns >= from
+                    };
+                    if timed && received.is_multiple_of(64) {
+                        let _ = e2e.record(
+                            embarcadero_client::now_ns().saturating_sub(m.publish_ts_ns) / 1000 + 1,
+                        );
+                    }
+                    if let Some(v) = verifier.as_mut() {
+                        v.observe(m.position, m.payload);
+                    }
+                    received += 1;
+                })
+                .map_err(|e| e.to_string())?;
+            if n > 0 {
+                last_at = Instant::now();
+            } else if last_at.elapsed() > Duration::from_secs(30) {
+                return Err(format!(
+                    "the subscriber received nothing for 30 s after {received} messages"
+                ));
+            }
         }
-        Some((received, sub_start.elapsed()))
+        Ok((received, last_at, e2e, verifier))
+    }))
+}
+
+/// What the run's subscribers read: subscribe-only, one subscriber reads the full topic
+/// from the start now; e2e, the subscriber that read along is waited for.
+fn read_back(
+    args: &BenchArgs,
+    control: &str,
+    topic: &str,
+    subscriber: Option<std::thread::JoinHandle<E2eResult>>,
+    outcome: &PublishOutcome,
+) -> Result<Reads, String> {
+    let subscribe_only = if args.mode == "subscribe" {
+        Some(read_all_from_start(control, topic, outcome.stats.messages)?)
     } else {
         None
     };
+    let (e2e, check) = finish_e2e(subscriber, control, topic, outcome)?;
+    Ok(Reads {
+        e2e,
+        check,
+        subscribe_only,
+    })
+}
+
+/// Subscribe-only: one subscriber reads the `count` messages of the full topic from the
+/// start; returns how many it read and how long that took.
+fn read_all_from_start(control: &str, topic: &str, count: u64) -> Result<(u64, Duration), String> {
+    let mut sub = Subscriber::connect(control, topic, SubscriberConfig::default())
+        .map_err(|e| e.to_string())?;
+    let sub_start = Instant::now();
+    let mut received = 0u64;
+    while received < count {
+        sub.poll_with(Duration::from_secs(30), |_| received += 1)
+            .map_err(|e| {
+                format!("{e} (a memory-only topic keeps about the region's log memory: lower --total-bytes or --duration, or read from disk with --rf 2)")
+            })?;
+    }
+    Ok((received, sub_start.elapsed()))
+}
+
+/// Waits for the e2e subscriber (if any): messages received, time from the start of
+/// publishing to the last, the latencies; and the exactly-once verdict with --verify.
+#[allow(clippy::type_complexity)]
+fn finish_e2e(
+    subscriber: Option<std::thread::JoinHandle<E2eResult>>,
+    control: &str,
+    topic: &str,
+    outcome: &PublishOutcome,
+) -> Result<
+    (
+        Option<(u64, Duration, Histogram<u64>)>,
+        Option<failure::Check>,
+    ),
+    String,
+> {
+    let Some(handle) = subscriber else {
+        return Ok((None, None));
+    };
+    let (received, done, hist, verifier) = handle
+        .join()
+        .map_err(|_| "subscriber thread panicked".to_string())??;
     let mut check = None;
-    let e2e = match subscriber {
-        Some(handle) => {
-            let (received, done, hist, verifier) = handle
-                .join()
-                .map_err(|_| "subscriber thread panicked".to_string())??;
-            if let Some(verifier) = verifier {
-                let topic_end = Admin::new(&control)
-                    .describe_topic(&topic)
-                    .map_err(|e| e.to_string())?
-                    .next_position;
-                let published: Vec<u64> = outcome.runs.iter().map(|r| r.stats.messages).collect();
-                check = Some(verifier.finish(&published, topic_end));
-            }
-            Some((received, done.duration_since(outcome.start), hist))
-        }
-        None => None,
-    };
-    bar.finish_and_clear();
-    let (process_cpu, server_threads_cpu) = cpu.finish();
-    // Embedded: the server's threads; else the server process's own count, which covers
-    // whatever else it served meanwhile.
-    let server_cpu = match server_cpu_before {
-        None => Some(server_threads_cpu),
-        Some(before) => before.zip(server_cpu_seconds(&control)).map(|(b, a)| a - b),
-    };
-    let client_cpu = if embedded {
-        process_cpu - server_threads_cpu
-    } else {
-        process_cpu
-    };
-    let elapsed = match (&e2e, &subscribe_only) {
-        (Some(e), _) => e.1,
-        (_, Some((_, t))) => *t,
-        _ => publish_elapsed,
-    };
+    if let Some(verifier) = verifier {
+        let topic_end = Admin::new(control)
+            .describe_topic(topic)
+            .map_err(|e| e.to_string())?
+            .next_position;
+        let published: Vec<u64> = outcome.runs.iter().map(|r| r.stats.messages).collect();
+        check = Some(verifier.finish(&published, topic_end));
+    }
+    Ok((
+        Some((received, done.duration_since(outcome.start), hist)),
+        check,
+    ))
+}
+
+/// Per-stage figures of a run from the server's counters.
+struct StageFigures {
+    ms_per_gb: std::collections::BTreeMap<String, f64>,
+    ack_wait_us_per_batch: Option<f64>,
+    epoch_wait_us_per_batch: Option<f64>,
+}
+
+/// Per-stage time from the server's counters, less what they held when the measured
+/// schedule began (exact for an embedded server, which served only this run).
+fn stage_figures(
+    control: &str,
+    outcome: &PublishOutcome,
+    args: &BenchArgs,
+    config: RunConfig,
+) -> StageFigures {
+    let stats = &outcome.stats;
     let bytes = stats.bytes as f64;
-    let mb_s = bytes / elapsed.as_secs_f64() / 1e6;
-    let per_gb = |seconds: f64| seconds / (bytes / 1e9);
-    // Per-stage time from the server's counters, less what they held when the measured
-    // schedule began (exact for an embedded server, which served only this run).
-    let stage_run_nanos: std::collections::BTreeMap<String, u64> = stage_nanos(&control)
+    let stage_run_nanos: std::collections::BTreeMap<String, u64> = stage_nanos(control)
         .into_iter()
         .map(|(stage, ns)| {
             let before = outcome.stages_at_start.get(&stage).copied().unwrap_or(0);
             (stage, ns.saturating_sub(before))
         })
         .collect();
-    let stage_ms_per_gb: std::collections::BTreeMap<String, f64> = stage_run_nanos
+    let ms_per_gb = stage_run_nanos
         .iter()
         .map(|(stage, &ns)| (stage.clone(), ns as f64 / 1e6 / (bytes / 1e9)))
         .collect();
@@ -545,46 +721,17 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
             .filter(|_| stats.batches > 0)
             .map(|&ns| ns as f64 / 1e3 / stats.batches as f64)
     };
-    let ack_wait_us_per_batch = per_batch_us("ack_wait").filter(|_| args.ack > 0);
-    // Orders 2 and 5: the part of that wait spent in the sequencer until the epoch closed.
-    let epoch_wait_us_per_batch =
-        per_batch_us("sequencer_epoch_wait").filter(|_| config.order >= 2);
-    // The server is done and its counters read: the ceilings get the machine to
-    // themselves, and nothing the server does meanwhile shows in the figures.
-    drop(server);
-    let ceilings = measure_ceilings(args, &scratch)?;
-    let mut figures = common_figures(args, config, &outcome, elapsed);
-    let extra = serde_json::json!({
-        "region_file": region_file.as_ref().map(|p| p.display().to_string()),
-        "subscribe_only_seconds": subscribe_only.as_ref().map(|(_, t)| t.as_secs_f64()),
-        "e2e_latency_us": e2e.as_ref().map(|(_, _, h)| serde_json::json!({
-            "p50": h.value_at_quantile(0.5),
-            "p99": h.value_at_quantile(0.99),
-            "p999": h.value_at_quantile(0.999),
-            "max": h.max(),
-            "samples": h.len(),
-        })),
-        "process_cpu_seconds_per_gb": embedded.then(|| per_gb(process_cpu)),
-        "server_cpu_seconds_per_gb": server_cpu.map(per_gb),
-        "client_cpu_seconds_per_gb": per_gb(client_cpu),
-        "stage_ms_per_gb": stage_ms_per_gb,
-        "ack_wait_us_per_batch": ack_wait_us_per_batch,
-        "epoch_wait_us_per_batch": epoch_wait_us_per_batch,
-        "check": check,
-        "ceilings": ceilings,
-    });
-    merge(&mut figures, extra);
-    add_ceiling_ratios(&mut figures);
-    let _ = std::fs::remove_dir_all(&scratch);
-    if let Some(f) = &region_file {
-        let _ = std::fs::remove_file(f);
+    StageFigures {
+        ms_per_gb,
+        ack_wait_us_per_batch: per_batch_us("ack_wait").filter(|_| args.ack > 0),
+        // Orders 2 and 5: the part of that wait spent in the sequencer until the epoch closed.
+        epoch_wait_us_per_batch: per_batch_us("sequencer_epoch_wait").filter(|_| config.order >= 2),
     }
-    if args.json {
-        return Ok(figures);
-    }
-    print_run_header(args, config, outcome.runs.len());
-    report(stats, publish_elapsed, false, args.ack);
-    if let Some((received, t, h)) = &e2e {
+}
+
+/// The human report of what the subscribers read.
+fn print_reads(reads: &Reads, mb_s: f64, order: u8) {
+    if let Some((received, t, h)) = &reads.e2e {
         say!(
             "subscriber received {received} messages in {:.3} s: {:.1} MB/s; end-to-end latency p50 {} us, p99 {} us",
             t.as_secs_f64(),
@@ -593,41 +740,51 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
             h.value_at_quantile(0.99)
         );
     }
-    if let Some(check) = &check {
-        failure::print_check(check, config.order);
+    if let Some(check) = &reads.check {
+        failure::print_check(check, order);
     }
-    if let Some((received, t)) = &subscribe_only {
+    if let Some((received, t)) = reads.subscribe_only {
         say!(
             "subscriber read {received} messages from position 0 in {:.3} s: {:.1} MB/s",
             t.as_secs_f64(),
             mb_s
         );
     }
-    let server_cpu = server_cpu.map_or("-".to_string(), |s| format!("{:.2}", per_gb(s)));
-    let whole = if embedded { " of one process" } else { "" };
+}
+
+/// The human report of CPU per GB (server, client) and thread time per stage.
+fn print_cpu_and_stages(cpu: &CpuFigures, bytes: f64, stages: &StageFigures) {
+    let per_gb = |seconds: f64| seconds / (bytes / 1e9);
+    let server_cpu = cpu
+        .server
+        .map_or("-".to_string(), |s| format!("{:.2}", per_gb(s)));
+    let whole = if cpu.process.is_some() {
+        " of one process"
+    } else {
+        ""
+    };
     say!(
         "CPU per GB: server {server_cpu} s, client {:.2} s{whole}",
-        per_gb(client_cpu)
+        per_gb(cpu.client)
     );
-    if !stage_ms_per_gb.is_empty() {
+    if !stages.ms_per_gb.is_empty() {
         say!("thread time per stage, ms per GB of payload (summed over brokers):");
         // The two waits are time batches spent waiting, not time a thread spent: below.
         let waits = ["ack_wait", "sequencer_epoch_wait"];
-        for (stage, ms) in stage_ms_per_gb
+        for (stage, ms) in stages
+            .ms_per_gb
             .iter()
             .filter(|(s, _)| !waits.contains(&s.as_str()))
         {
             say!("  {stage:<20} {ms:>9.1}");
         }
     }
-    if let Some(us) = ack_wait_us_per_batch {
+    if let Some(us) = stages.ack_wait_us_per_batch {
         say!("mean wait per batch from commit to acknowledgeable (ack_wait): {us:.0} us");
     }
-    if let Some(us) = epoch_wait_us_per_batch {
+    if let Some(us) = stages.epoch_wait_us_per_batch {
         say!("  of which in the sequencer, waiting for the epoch to close: {us:.0} us");
     }
-    print_ceilings(&figures);
-    Ok(figures)
 }
 
 /// The first line of a run's human report.
@@ -916,19 +1073,8 @@ fn publish_all<T>(
     stamp_ids: bool,
     monitor: impl FnOnce(&Publishing) -> Result<T, String>,
 ) -> Result<(PublishOutcome, T), String> {
-    let publisher_config = PublisherConfig {
-        ack_level: args.ack,
-        batch_bytes: args.batch_bytes,
-        linger: Duration::from_micros(args.linger_us),
-        threads_per_broker: args.threads_per_broker,
-        deflect: !args.no_deflect,
-        ..PublisherConfig::default()
-    };
-    let count = args.publishers.max(1);
-    let publishers = (0..count)
-        .map(|_| Publisher::connect(control, topic, publisher_config.clone()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
+    let publishers = connect_publishers(control, topic, args)?;
+    let count = publishers.len();
     let messages = message_count(args);
     let progress = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
@@ -976,17 +1122,56 @@ fn publish_all<T>(
     let finished = results.into_iter().collect::<Result<Vec<_>, _>>()?;
     // Up to the last acknowledgement, not to when the monitor (which polls every 100 ms)
     // saw the publishers finish.
-    let elapsed = finished
-        .iter()
-        .map(|(_, flushed_at)| *flushed_at)
-        .max()
-        .unwrap_or_else(Instant::now)
-        .saturating_duration_since(start);
+    let (behind, flushed_at): (Vec<Duration>, Vec<Instant>) = finished.into_iter().unzip();
+    let last_ack = flushed_at.into_iter().max().unwrap_or_else(Instant::now);
+    let elapsed = last_ack.saturating_duration_since(start);
+    let runs = close_publishers(publishers, &behind, warmed)?;
+    Ok((
+        PublishOutcome {
+            stats: merge_stats(&runs),
+            behind_max: runs.iter().map(|r| r.behind_max).max().unwrap_or_default(),
+            runs,
+            start,
+            elapsed,
+            stages_at_start,
+        },
+        watched,
+    ))
+}
+
+/// The run's `--publishers` publishers, connected.
+fn connect_publishers(
+    control: &str,
+    topic: &str,
+    args: &BenchArgs,
+) -> Result<Vec<Publisher>, String> {
+    let publisher_config = PublisherConfig {
+        ack_level: args.ack,
+        batch_bytes: args.batch_bytes,
+        linger: Duration::from_micros(args.linger_us),
+        threads_per_broker: args.threads_per_broker,
+        deflect: !args.no_deflect,
+        ..PublisherConfig::default()
+    };
+    (0..args.publishers.max(1))
+        .map(|_| Publisher::connect(control, topic, publisher_config.clone()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())
+}
+
+/// Closes the publishers once they are done, each with its worst lateness, and takes
+/// out of its figures what the warm-up (if any) had counted.
+fn close_publishers(
+    publishers: Vec<Publisher>,
+    behind: &[Duration],
+    warmed: Option<Vec<PublisherRun>>,
+) -> Result<Vec<PublisherRun>, String> {
+    let count = publishers.len();
     let mut runs = Vec::with_capacity(count);
     let warmed = warmed.map(|w| w.into_iter().map(Some).collect::<Vec<_>>());
     let mut warmed = warmed.unwrap_or_else(|| (0..count).map(|_| None).collect());
-    for ((publisher, (behind_max, _)), warm) in
-        publishers.into_iter().zip(finished).zip(warmed.iter_mut())
+    for ((publisher, &behind_max), warm) in
+        publishers.into_iter().zip(behind).zip(warmed.iter_mut())
     {
         let (mut sealed, mut appended) = publisher.latency_histograms();
         let mut stats = publisher.close().map_err(|e| e.to_string())?;
@@ -1008,17 +1193,7 @@ fn publish_all<T>(
             behind_max,
         });
     }
-    Ok((
-        PublishOutcome {
-            stats: merge_stats(&runs),
-            behind_max: runs.iter().map(|r| r.behind_max).max().unwrap_or_default(),
-            runs,
-            start,
-            elapsed,
-            stages_at_start,
-        },
-        watched,
-    ))
+    Ok(runs)
 }
 
 /// Publishes `--warmup-messages` on a schedule of their own at the run's rate, waits

@@ -140,10 +140,11 @@ impl ChildProcess {
         let pipe = child.stderr.take().expect("stderr is piped");
         let stderr = Arc::new(Stderr::default());
         let filled = stderr.clone();
+        let who = name.to_string();
         std::thread::spawn(move || {
             for line in BufReader::new(pipe).lines().map_while(Result::ok) {
                 if echo == Echo::ToStderr {
-                    eprintln!("  | {line}");
+                    eprintln!("  {who} | {line}");
                 }
                 filled.push(line);
             }
@@ -309,6 +310,8 @@ pub struct ClusterSpec {
     pub replica_dirs: Vec<PathBuf>,
     /// Extra environment for every process (settings such as the heartbeat interval).
     pub env: Vec<(String, String)>,
+    /// Whether the processes' stderr lines are echoed to this process's stderr.
+    pub echo: Echo,
 }
 
 impl ClusterSpec {
@@ -321,6 +324,7 @@ impl ClusterSpec {
             region_dir: None,
             replica_dirs: Vec::new(),
             env: Vec::new(),
+            echo: Echo::Quiet,
         }
     }
 }
@@ -386,7 +390,7 @@ fn start_head(
         &env,
         "the head",
         "embarcadero is serving",
-        Echo::Quiet,
+        spec.echo,
     )
 }
 
@@ -398,6 +402,16 @@ fn control_addr_in(line: &str) -> Result<String, String> {
         .and_then(|rest| rest.split_whitespace().next())
         .ok_or_else(|| format!("the head's ready line names no control address: {line}"))?
         .to_string())
+}
+
+/// One process of a [`LocalCluster`], for a fault to aim at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Member {
+    Head,
+    /// The follower serving this broker id.
+    Follower(u32),
+    /// By the index [`LocalCluster::start_sequencer`] returned.
+    Sequencer(usize),
 }
 
 /// A running cluster; dropping it kills every process and removes its files.
@@ -467,7 +481,7 @@ impl LocalCluster {
                 &self.spec.env,
                 &format!("follower {id}"),
                 "is serving at",
-                Echo::Quiet,
+                self.spec.echo,
             )?;
             self.followers.push((id, follower));
         }
@@ -491,7 +505,7 @@ impl LocalCluster {
             &self.spec.env,
             &name,
             ready,
-            Echo::Quiet,
+            self.spec.echo,
         )?;
         self.sequencers.push(sequencer);
         Ok(self.sequencers.len() - 1)
@@ -507,6 +521,19 @@ impl LocalCluster {
             .ok_or_else(|| format!("no follower serves broker {id}"))?;
         let (_, mut follower) = self.followers.remove(at);
         follower.kill()
+    }
+
+    /// The process of `member`, while it is part of the cluster.
+    pub fn member(&mut self, member: Member) -> Option<&mut ChildProcess> {
+        match member {
+            Member::Head => self.head.as_mut(),
+            Member::Follower(id) => self
+                .followers
+                .iter_mut()
+                .find(|(f, _)| *f == id)
+                .map(|(_, p)| p),
+            Member::Sequencer(index) => self.sequencers.get_mut(index),
+        }
     }
 
     /// SIGKILLs sequencer `index`; returns the instant the signal went out.

@@ -21,6 +21,7 @@ macro_rules! say {
 }
 
 mod bench;
+mod chaos;
 mod cluster;
 mod publish;
 mod show;
@@ -74,6 +75,9 @@ enum Command {
     },
     /// Measure throughput and latency, next to the machine's own ceilings.
     Bench(bench::BenchArgs),
+    /// Fault campaign: cycles of faults against a cluster of processes, each cycle's
+    /// history of sends, acknowledgements and deliveries checked for anomalies.
+    Chaos(chaos::ChaosArgs),
     /// Cluster mode: run the head (control plane and its own brokers) or a follower
     /// broker in its own process.
     Broker(cluster::BrokerArgs),
@@ -209,6 +213,7 @@ fn main() -> ExitCode {
         Command::Sub(args) => subscribe::run(args),
         Command::Status { control, json } => status(&control, json),
         Command::Bench(args) => bench::run(args),
+        Command::Chaos(args) => chaos::run(args),
         Command::Broker(args) => cluster::broker(args),
         Command::Sequencer(args) => cluster::sequencer(args),
         Command::Orchestrator(args) => workflow::orchestrator(args),

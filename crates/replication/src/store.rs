@@ -147,6 +147,9 @@ struct Mark {
     len: u64,
 }
 
+/// How long each sync waits while the slow-disk fault flag exists.
+pub const SLOW_DISK_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// A sync begun by [`TopicStore::begin_sync`]: what must reach stable storage for
 /// everything appended before it began to be durable.
 #[derive(Debug)]
@@ -155,6 +158,7 @@ pub struct PendingSync {
     /// The directory, when a segment was created since its last fsync.
     dir: Option<Arc<File>>,
     fault_flag: Option<PathBuf>,
+    slow_disk_flag: Option<PathBuf>,
     mark: Mark,
 }
 
@@ -165,6 +169,9 @@ impl PendingSync {
             if flag.exists() {
                 return Err(io::Error::from_raw_os_error(libc::ENOSPC));
             }
+        }
+        if self.slow_disk_flag.as_ref().is_some_and(|f| f.exists()) {
+            std::thread::sleep(SLOW_DISK_DELAY);
         }
         if let Some(file) = &self.file {
             file.sync_data()?;
@@ -196,6 +203,7 @@ pub struct TopicStore {
     synced: Mark,
     sessions: BTreeMap<u64, SessionMark>,
     fault_flag: Option<PathBuf>,
+    slow_disk_flag: Option<PathBuf>,
 }
 
 impl TopicStore {
@@ -224,6 +232,7 @@ impl TopicStore {
             },
             sessions: BTreeMap::new(),
             fault_flag: None,
+            slow_disk_flag: None,
         };
         let count = files.len();
         let mut payload = Vec::new();
@@ -315,6 +324,11 @@ impl TopicStore {
     /// Every write fails with ENOSPC while this file exists (fault injection).
     pub fn set_fault_flag(&mut self, flag: Option<PathBuf>) {
         self.fault_flag = flag;
+    }
+
+    /// Every sync waits [`SLOW_DISK_DELAY`] first while this file exists (fault injection).
+    pub fn set_slow_disk_flag(&mut self, flag: Option<PathBuf>) {
+        self.slow_disk_flag = flag;
     }
 
     pub fn dir(&self) -> &Path {
@@ -457,6 +471,7 @@ impl TopicStore {
             file: self.active.as_ref().map(|(_, f)| f.clone()),
             dir,
             fault_flag: self.fault_flag.clone(),
+            slow_disk_flag: self.slow_disk_flag.clone(),
             mark: Mark {
                 seq: self.next_seq,
                 position: self.next_position,
@@ -854,6 +869,27 @@ pub(crate) mod tests {
             let h = record(store.next_seq(), store.next_position(), &payload);
             store.append(&h, &payload).unwrap();
         }
+    }
+
+    #[test]
+    fn a_sync_waits_while_the_slow_disk_flag_exists_and_still_makes_records_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let flag = dir.path().join("slow");
+        let mut s = TopicStore::open(&dir.path().join("log"), 500).unwrap();
+        s.set_slow_disk_flag(Some(flag.clone()));
+        std::fs::write(&flag, b"").unwrap();
+        fill(&mut s, 2);
+        let started = std::time::Instant::now();
+        s.sync().unwrap();
+        assert!(
+            started.elapsed() >= SLOW_DISK_DELAY,
+            "the flag slows the sync"
+        );
+        assert_eq!(s.durable_seq(), 2);
+        std::fs::remove_file(&flag).unwrap();
+        fill(&mut s, 1);
+        s.sync().unwrap();
+        assert_eq!(s.durable_seq(), 3);
     }
 
     #[test]

@@ -55,6 +55,8 @@ pub struct ReplicationConfig {
     pub retry_after_error: Duration,
     /// Fault injection: every replica write fails with ENOSPC while this file exists.
     pub fault_flag: Option<PathBuf>,
+    /// Fault injection: every fdatasync waits 100 ms first while this file exists.
+    pub slow_disk_flag: Option<PathBuf>,
 }
 
 impl ReplicationConfig {
@@ -67,6 +69,7 @@ impl ReplicationConfig {
             idle_sleep_max: Duration::from_millis(20),
             retry_after_error: Duration::from_millis(500),
             fault_flag: None,
+            slow_disk_flag: None,
         }
     }
 }
@@ -407,6 +410,7 @@ impl Worker {
             };
             self.open_failed.remove(&topic);
             store.set_fault_flag(self.config.fault_flag.clone());
+            store.set_slow_disk_flag(self.config.slow_disk_flag.clone());
             let progress = self.region.replica(topic, self.replica);
             let durable = store.durable_seq();
             self.region

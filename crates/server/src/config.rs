@@ -78,6 +78,9 @@ pub struct ReplicationSettings {
     /// Fault injection for experiments: while this file exists, every replica write
     /// fails with ENOSPC (as if the disk were full). Empty: off.
     pub fault_enospc_flag: PathBuf,
+    /// Fault injection for experiments: while this file exists, every replica fdatasync
+    /// first waits 100 ms (a slow disk). Empty: off.
+    pub fault_slow_disk_flag: PathBuf,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -186,6 +189,7 @@ impl Default for ReplicationSettings {
             retention_ms: 0,
             retry_after_error_ms: 500,
             fault_enospc_flag: PathBuf::new(),
+            fault_slow_disk_flag: PathBuf::new(),
         }
     }
 }

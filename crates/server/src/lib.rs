@@ -543,6 +543,8 @@ fn replication_config(config: &ServerConfig) -> ReplicationConfig {
         retry_after_error: Duration::from_millis(r.retry_after_error_ms),
         fault_flag: (!r.fault_enospc_flag.as_os_str().is_empty())
             .then(|| r.fault_enospc_flag.clone()),
+        slow_disk_flag: (!r.fault_slow_disk_flag.as_os_str().is_empty())
+            .then(|| r.fault_slow_disk_flag.clone()),
     }
 }
 

@@ -9,7 +9,8 @@
 
 use super::{
     add_ceiling_ratios, common_figures, measure_ceilings, merge, message_count, print_ceilings,
-    print_run_header, progress_bar, publish_all, tempdir, BenchArgs, Publishing, RunConfig,
+    print_run_header, progress_bar, publish_all, tempdir, BenchArgs, PublishOutcome, Publishing,
+    RunConfig,
 };
 use crate::publish::report;
 use crate::CliResult;
@@ -345,19 +346,28 @@ fn spawn_verifier(
     }))
 }
 
-/// One broker-failure run.
-pub fn run(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
+/// The cluster of a failure run, its topic, and the follower to be killed.
+struct Setup {
+    cluster: LocalCluster,
+    topic: String,
+    victim: u32,
+    victim_addr: String,
+    /// The brokers that stay alive, for the checking subscriber.
+    survivors: Vec<String>,
+}
+
+/// Starts the cluster and makes the topic.
+fn set_up(args: &BenchArgs, config: RunConfig) -> Result<Setup, String> {
     let program = std::env::current_exe()
         .map_err(|e| format!("cannot find this executable to start the cluster: {e}"))?;
     let mut spec = ClusterSpec::new(program, args.brokers);
     spec.epoch_us = Some(args.epoch_us);
     spec.region_dir = args.region_dir.clone();
     spec.replica_dirs = args.replica_dir.clone();
-    let mut cluster = LocalCluster::start(&spec)?;
-    let control = cluster.control.clone();
+    let cluster = LocalCluster::start(&spec)?;
     let victim = args.brokers - 1;
     let topic = format!("bench-failure-{}-{}", config.order, std::process::id());
-    let admin = Admin::new(&control);
+    let admin = Admin::new(&cluster.control);
     admin
         .create_topic(&TopicSpec::new(&topic, config.order).replicated(args.rf))
         .map_err(|e| e.to_string())?;
@@ -372,18 +382,40 @@ pub fn run(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         .next()
         .map(|b| b.addr)
         .ok_or_else(|| format!("broker {victim} is not in the cluster"))?;
+    Ok(Setup {
+        cluster,
+        topic,
+        victim,
+        victim_addr,
+        survivors: survivors.into_iter().map(|b| b.addr).collect(),
+    })
+}
+
+/// Publishes while the victim is killed and a subscriber checks every delivery.
+fn publish_and_check(
+    args: &BenchArgs,
+    config: RunConfig,
+    setup: &mut Setup,
+) -> Result<(PublishOutcome, Timeline, Check), String> {
+    let control = setup.cluster.control.clone();
     let target = Arc::new(AtomicU64::new(u64::MAX));
     let publishers = args.publishers.max(1);
     // The checking subscriber reads through the brokers that stay alive: the reader
     // slot of a subscriber served by the killed broker keeps pinning memory until it
     // goes stale (broker.reader_stall_timeout_ms, 30 s), which stalls every publisher
     // of a memory-only topic for that long (see docs/PERFORMANCE.md).
-    let survivors: Vec<String> = survivors.into_iter().map(|b| b.addr).collect();
-    let verifier = spawn_verifier(&survivors, &topic, config.order, publishers, target.clone())?;
+    let verifier = spawn_verifier(
+        &setup.survivors,
+        &setup.topic,
+        config.order,
+        publishers,
+        target.clone(),
+    )?;
     let bar = progress_bar(message_count(args));
     let when = kill_at(args);
-    let publishing = publish_all(&control, &topic, args, config, true, |p| {
-        kill_and_watch(p, &mut cluster, victim, when, &bar)
+    let (cluster, victim) = (&mut setup.cluster, setup.victim);
+    let publishing = publish_all(&control, &setup.topic, args, config, true, |p| {
+        kill_and_watch(p, cluster, victim, when, &bar)
     });
     bar.finish_and_clear();
     let (outcome, timeline) = match publishing {
@@ -397,18 +429,25 @@ pub fn run(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     let verifier = verifier
         .join()
         .map_err(|_| "the checking subscriber panicked".to_string())??;
-    let topic_end = admin
-        .describe_topic(&topic)
+    let topic_end = Admin::new(&control)
+        .describe_topic(&setup.topic)
         .map_err(|e| e.to_string())?
         .next_position;
     let published: Vec<u64> = outcome.runs.iter().map(|r| r.stats.messages).collect();
     let check = verifier.finish(&published, topic_end);
+    Ok((outcome, timeline, check))
+}
+
+/// One broker-failure run.
+pub fn run(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
+    let mut setup = set_up(args, config)?;
+    let (outcome, timeline, check) = publish_and_check(args, config, &mut setup)?;
     let scratch = tempdir()?;
     let ceilings = measure_ceilings(args, &scratch);
     let _ = std::fs::remove_dir_all(&scratch);
     let ceilings = ceilings?;
-    let region_file = cluster.region_file.display().to_string();
-    drop(cluster);
+    let region_file = setup.cluster.region_file.display().to_string();
+    drop(setup.cluster);
 
     let size = args.size as f64;
     let before_s = timeline.killed_after.as_secs_f64();
@@ -431,8 +470,8 @@ pub fn run(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
             "stage_ms_per_gb": {},
             "ceilings": ceilings,
             "failure": {
-                "killed_broker": victim,
-                "killed_broker_addr": victim_addr,
+                "killed_broker": setup.victim,
+                "killed_broker_addr": setup.victim_addr,
                 "kill_after_s": before_s,
                 "messages_before_kill": timeline.published_at_kill,
                 "before_mb_per_s": before_mb_s,
@@ -445,13 +484,27 @@ pub fn run(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         }),
     );
     add_ceiling_ratios(&mut figures);
-    if args.json {
-        return Ok(figures);
+    if !args.json {
+        print_run_header(args, config, outcome.runs.len());
+        report(&outcome.stats, outcome.elapsed, false, args.ack);
+        print_failure(
+            setup.victim,
+            &setup.victim_addr,
+            &timeline,
+            (before_mb_s, after_mb_s),
+        );
+        print_check(&check, config.order);
+        print_ceilings(&figures);
     }
-    print_run_header(args, config, outcome.runs.len());
-    report(&outcome.stats, outcome.elapsed, false, args.ack);
+    Ok(figures)
+}
+
+/// The human report of the kill and the failover.
+fn print_failure(victim: u32, victim_addr: &str, timeline: &Timeline, mb_s: (f64, f64)) {
+    let (before_mb_s, after_mb_s) = mb_s;
     say!(
-        "broker failure: follower broker {victim} ({victim_addr}) SIGKILLed {before_s:.3} s into the run, after {} messages",
+        "broker failure: follower broker {victim} ({victim_addr}) SIGKILLed {:.3} s into the run, after {} messages",
+        timeline.killed_after.as_secs_f64(),
         timeline.published_at_kill
     );
     say!("  throughput before the kill {before_mb_s:>9.1} MB/s");
@@ -470,9 +523,6 @@ pub fn run(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         ),
         None => say!("  the batches sealed before the kill were never all acknowledged"),
     }
-    print_check(&check, config.order);
-    print_ceilings(&figures);
-    Ok(figures)
 }
 
 /// Prints the verdict of an exactly-once check.
