@@ -537,20 +537,12 @@ fn session_refusal(
     if head.is_none() {
         *head = conn.pending.pop();
     }
-    // The sequencer has passed this connection's batch (the ordered frontier is beyond
-    // it) without the table holding the session: it found no slot to give it (all taken
-    // by sessions active within the idle threshold, or not yet on the replicas). The
-    // table is written before the frontier moves, so a session it admitted is found.
-    let dropped_without_slot = |h: &PendingAck| {
-        session.slot().is_none()
-            && shared
-                .region
-                .log(conn.topic, shared.config.broker_id)
-                .ordered_pbr
-                .load(Ordering::Acquire)
-                > h.pbr_index
+    let broker = shared.config.broker_id;
+    let dropped_without_slot = match head.as_ref() {
+        Some(h) => session.dropped_without_slot(&shared.region, broker, h.pbr_index),
+        None => false,
     };
-    if head.as_ref().is_some_and(dropped_without_slot) {
+    if dropped_without_slot {
         let name = shared
             .region
             .topic_meta(conn.topic)

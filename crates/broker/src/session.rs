@@ -129,6 +129,29 @@ impl SessionView {
         }
     }
 
+    /// True when the sequencer passed this connection's batch at `pbr_index` of `broker`'s
+    /// log (the ordered frontier is beyond it) without the table holding the session: it
+    /// found no slot to give it (all taken by sessions active within the idle threshold,
+    /// or not yet on the replicas).
+    ///
+    /// The sequencer writes the table before it moves the frontier, so the table is
+    /// looked up again after the frontier is read: a view whose last `status` came before
+    /// the sequencer admitted the session must not take it for dropped.
+    pub fn dropped_without_slot(&mut self, region: &Region, broker: u32, pbr_index: u64) -> bool {
+        if self.slot.is_some() {
+            return false;
+        }
+        let ordered = region
+            .log(self.topic, broker)
+            .ordered_pbr
+            .load(std::sync::atomic::Ordering::Acquire);
+        if ordered <= pbr_index {
+            return false;
+        }
+        self.status(region);
+        self.slot.is_none() && !self.expired
+    }
+
     /// True when the session has no slot in the table and, by the stamps, cannot get one:
     /// every slot holds another client's session, active within `idle_evict`. The hello's
     /// early refusal; the sequencer may refuse a session for more reasons (see
@@ -237,6 +260,39 @@ mod tests {
         assert!(!owner.status(&r).foreign_key);
         assert!(thief.status(&r).foreign_key);
         assert_eq!(thief.status(&r).committed_hwm, 5);
+    }
+
+    #[test]
+    fn a_session_admitted_after_the_last_status_is_not_taken_for_dropped() {
+        let (_d, r) = region();
+        let mut view = SessionView::new(0, 7, 1, 0);
+        assert_eq!(view.status(&r).committed_hwm, 0, "not seen yet");
+        assert!(
+            !view.dropped_without_slot(&r, 0, 0),
+            "the frontier has not passed the batch"
+        );
+        // The sequencer admits the session and orders its batch in slot 0: table first,
+        // then the frontier. The view's last status came before both.
+        r.session_write(0, 3, &record(7, 1, 1));
+        r.sequencer_line(0, 0)
+            .ordered_pbr
+            .advance(1, std::sync::atomic::Ordering::Release);
+        assert!(!view.dropped_without_slot(&r, 0, 0));
+        assert_eq!(view.slot(), Some(3));
+    }
+
+    #[test]
+    fn a_batch_passed_with_no_session_in_the_table_was_dropped_without_a_slot() {
+        let (_d, r) = region();
+        let mut view = SessionView::new(0, 7, 1, 0);
+        r.sequencer_line(0, 0)
+            .ordered_pbr
+            .advance(1, std::sync::atomic::Ordering::Release);
+        assert!(view.dropped_without_slot(&r, 0, 0));
+        assert!(
+            !view.dropped_without_slot(&r, 0, 1),
+            "a batch the frontier has not passed"
+        );
     }
 
     #[test]
