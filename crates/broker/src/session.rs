@@ -113,11 +113,6 @@ impl SessionView {
         self.client_id
     }
 
-    /// The session's slot, once the table has been seen holding the session.
-    pub fn slot(&self) -> Option<u32> {
-        self.slot
-    }
-
     /// Raises the session's last-active stamp (at most once a second): its client is
     /// connected, so the session must not be taken for idle and ended.
     pub fn touch(&mut self, region: &Region, now_ms: u64) {
@@ -278,7 +273,11 @@ mod tests {
             .ordered_pbr
             .advance(1, std::sync::atomic::Ordering::Release);
         assert!(!view.dropped_without_slot(&r, 0, 0));
-        assert_eq!(view.slot(), Some(3));
+        assert_eq!(
+            view.status(&r).committed_hwm,
+            1,
+            "the view found the session"
+        );
     }
 
     #[test]
