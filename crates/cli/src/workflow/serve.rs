@@ -39,6 +39,10 @@ pub struct WorkerArgs {
     /// Step attempts run at once.
     #[arg(long, default_value_t = 8, value_parser = crate::at_least_one)]
     concurrency: usize,
+    /// Append a line `task step attempt worker` to this file before each handler run
+    /// (for the chaos test, which compares the runs with the audit trail).
+    #[arg(long, env = "EMBARCADERO_WORKFLOW_RUN_LOG")]
+    run_log: Option<std::path::PathBuf>,
 }
 
 pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
@@ -105,6 +109,7 @@ pub fn worker(args: WorkerArgs) -> CliResult {
         namespaces: args.namespaces,
         concurrency: args.concurrency,
         lease_ms: args.log.lease_ms,
+        run_log: args.run_log,
     };
     let registry = Registry::builtin();
     let handlers: Vec<String> = registry.names().into_iter().collect();
