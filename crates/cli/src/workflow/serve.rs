@@ -126,7 +126,11 @@ pub fn worker(args: WorkerArgs) -> CliResult {
             .then(|| "the worker loop ended".to_string())
     });
     let stopped = worker.stop().map_err(|e| format!("the worker failed: {e}"));
-    ended.and(stopped)
+    match (ended, stopped) {
+        // The loop ended by itself: its error says why.
+        (Err(ended), Err(why)) => Err(format!("{ended}: {why}")),
+        (ended, stopped) => ended.and(stopped),
+    }
 }
 
 /// Waits until the engine has replayed the log, so that the API answers from the
