@@ -314,15 +314,21 @@ def count_in(api, status):
     return body["pagination"]["total_count"] if code == 200 else None
 
 
+VICTIMS = ["worker", "orchestrator", "follower"]
+
+
 def nemesis(cluster, submitter, min_secs, gap, counts, anomalies):
     """Kills and restarts a random victim every `gap` (random range) seconds until the
     submitter is done and `min_secs` have passed."""
     end = time.monotonic() + min_secs
     hard_end = end + 3600
-    while (submitter.is_alive() or time.monotonic() < end) and time.monotonic() < hard_end:
+    # Every kind of victim once first (in a random order), so that even a short run
+    # kills each; then at random, workers three times as often.
+    first = random.sample(VICTIMS, len(VICTIMS))
+    while (submitter.is_alive() or time.monotonic() < end or first) and time.monotonic() < hard_end:
         time.sleep(random.uniform(*gap))  # the random moment of the next kill
         anomalies.extend(cluster.unplanned_exits())
-        victim = random.choices(["worker", "orchestrator", "follower"], [3, 1, 1])[0]
+        victim = first.pop() if first else random.choices(VICTIMS, [3, 1, 1])[0]
         log(f"SIGKILL {cluster.kill(victim)}")
         counts[victim] += 1
 
@@ -439,8 +445,9 @@ def report(args, counts, done, anomalies, bad, stats, workdir):
     log(f"kills: {dict(counts)}; tasks complete {done}/{args.tasks}")
     log(f"checked {stats['tasks']} tasks, {stats['steps']} steps, {stats['runs']} handler runs; "
         f"{stats['failures']} failures, {stats['lease_losses']} lease losses; "
-        f"{stats['reruns']} runs of earlier attempts: {stats['reruns_on_killed_workers']} on killed "
-        f"workers, {stats['reruns'] - stats['reruns_on_killed_workers']} on live ones (lease ran out)")
+        f"{stats['reruns']} runs of earlier attempts (failed or lost): "
+        f"{stats['reruns_on_killed_workers']} on workers later killed, "
+        f"{stats['reruns'] - stats['reruns_on_killed_workers']} on live ones")
     for a in anomalies:
         log(f"UNPLANNED EXIT: {a}")
     for b in bad[:50]:
