@@ -42,24 +42,11 @@ FAST_CLUSTER = {
     "EMBARCADERO_CLUSTER_SEQUENCER_LEASE_MS": "400",
 }
 
-# Shapes beyond Tasker's four benchmark templates (read from scripts/peers/tasker):
-# the decision with a deferred convergence, the CSV batch with checkpoints, retries,
-# and a chain of sleeps (steps long enough to be killed in).
+# Shapes beyond Tasker's four benchmark templates (read from scripts/peers/tasker) and
+# the conditional one (testdata/workflow, shared with crates/cli/tests/workflow.rs):
+# the CSV batch with checkpoints, retries, and a chain of sleeps (steps long enough to
+# be killed in).
 EXTRA_TEMPLATES = [
-    """name: conditional
-namespace: bench
-version: 1.0.0
-steps:
-  - {name: start, handler: {callable: math.square}}
-  - {name: route, type: decision, dependencies: [start], handler: {callable: decision.choose}}
-  - {name: small, dependencies: [start, route], handler: {callable: math.square}}
-  - {name: medium, dependencies: [start, route], handler: {callable: math.square}}
-  - {name: large, dependencies: [start, route], handler: {callable: math.square}}
-  - name: converge
-    type: deferred_convergence
-    dependencies: [small, medium, large]
-    handler: {callable: math.square}
-""",
     """name: csv
 namespace: bench
 version: 1.0.0
@@ -89,16 +76,17 @@ steps:
 """,
 ]
 
-# (template, context) per shape; contexts keep math.square's products within 64 bits.
+# (namespace, template, context) per shape; contexts keep math.square's products
+# within 64 bits.
 SHAPES = [
-    ("linear", {"even_number": 2}),
-    ("diamond", {"even_number": 2}),
-    ("complex_dag", {"even_number": 1}),
-    ("tree", {"even_number": 1}),
-    ("conditional", {"even_number": 2, "branches": ["small", "large"]}),
-    ("csv", {"rows": 200, "worker_count": 4, "checkpoint_every": 10}),
-    ("flaky", {"even_number": 2}),
-    ("sleepy", {}),
+    ("bench", "linear", {"even_number": 2}),
+    ("bench", "diamond", {"even_number": 2}),
+    ("bench", "complex_dag", {"even_number": 1}),
+    ("bench", "tree", {"even_number": 1}),
+    ("demo", "conditional", {"even_number": 2, "branches": ["small", "large"]}),
+    ("bench", "csv", {"rows": 200, "worker_count": 4, "checkpoint_every": 10}),
+    ("bench", "flaky", {"even_number": 2}),
+    ("bench", "sleepy", {}),
 ]
 
 
@@ -267,6 +255,7 @@ class Cluster:
 def register_templates(api):
     folder = os.path.join(ROOT, "scripts", "peers", "tasker", "templates")
     texts = [open(os.path.join(folder, f)).read() for f in sorted(os.listdir(folder))]
+    texts.append(open(os.path.join(ROOT, "testdata", "workflow", "conditional.yaml")).read())
     for yaml in texts + EXTRA_TEMPLATES:
         status, body = retrying("register a template",
                                 lambda: http(api, "POST", "/v1/templates", yaml.encode(), "application/yaml"))
@@ -277,8 +266,8 @@ def register_templates(api):
 def submit(api, i):
     """Task `i` (shapes in turn), with an idempotency key, so that a retry after an
     answer lost to an orchestrator kill finds the task instead of making a second one."""
-    name, context = SHAPES[i % len(SHAPES)]
-    body = {"namespace": "bench", "name": name, "version": "1.0.0", "context": context,
+    namespace, name, context = SHAPES[i % len(SHAPES)]
+    body = {"namespace": namespace, "name": name, "version": "1.0.0", "context": context,
             "idempotency_key": f"chaos-{i}"}
 
     def attempt():
