@@ -60,21 +60,7 @@ steps:
 
 /// Tasker's conditional shape: a decision creates some of four branches (those the
 /// context lists), a deferred convergence waits for the ones created.
-const CONDITIONAL: &str = "name: conditional
-namespace: demo
-version: 1.0.0
-steps:
-  - {name: start, handler: {callable: math.square}}
-  - {name: route, type: decision, dependencies: [start], handler: {callable: decision.choose}}
-  - {name: small, dependencies: [start, route], handler: {callable: math.square}}
-  - {name: medium, dependencies: [start, route], handler: {callable: math.square}}
-  - {name: large, dependencies: [start, route], handler: {callable: math.square}}
-  - {name: huge, dependencies: [start, route], handler: {callable: math.square}}
-  - name: converge
-    type: deferred_convergence
-    dependencies: [small, medium, large, huge]
-    handler: {callable: math.square}
-";
+const CONDITIONAL: &str = include_str!("../../../testdata/workflow/conditional.yaml");
 
 /// Tasker's CSV batch: analyze splits the rows among workers, one instance of
 /// `process` per cursor, `aggregate` converges them. `STRATEGY` and `PAUSE` (after each

@@ -13,6 +13,8 @@ use crate::state::State;
 use embarcadero_client::Error;
 use serde_json::{Map, Value};
 use std::collections::HashSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
@@ -27,6 +29,9 @@ pub struct WorkerConfig {
     pub concurrency: usize,
     /// The orchestrator's lease; heartbeats go out three times per lease.
     pub lease_ms: u64,
+    /// Where to append `task step attempt worker` before each handler run (the chaos
+    /// test counts runs against the audit trail); `None`: nowhere.
+    pub run_log: Option<PathBuf>,
 }
 
 pub struct Worker {
@@ -230,10 +235,14 @@ impl Runtime {
         };
         let (writer, running, worker) =
             (self.writer.clone(), self.running.clone(), self.id.clone());
+        let run_log = self.cfg.run_log.clone();
         running.fetch_add(1, Ordering::SeqCst);
         let started = std::thread::Builder::new()
             .name("step".into())
             .spawn(move || {
+                if let Some(path) = &run_log {
+                    record_run(path, &job.at, &worker);
+                }
                 let outcome = run_with_timeout(handler, job.ctx, job.timeout);
                 let event = Event::StepResult {
                     at: job.at,
@@ -309,6 +318,21 @@ fn run_with_timeout(
             "timed out after {} s",
             timeout.as_secs()
         ))),
+    }
+}
+
+/// Appends one line `task step attempt worker` for a handler run about to start. One
+/// `write` of a short line to a file opened for appending, so that lines of concurrent
+/// runs and processes do not interleave, and a line written survives a SIGKILL.
+fn record_run(path: &Path, at: &StepRef, worker: &str) {
+    let line = format!("{} {} {} {worker}\n", at.task, at.step, at.attempt);
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = appended {
+        tracing::error!("cannot record a run in {}: {e}", path.display());
     }
 }
 

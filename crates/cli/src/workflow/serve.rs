@@ -39,6 +39,10 @@ pub struct WorkerArgs {
     /// Step attempts run at once.
     #[arg(long, default_value_t = 8, value_parser = crate::at_least_one)]
     concurrency: usize,
+    /// Append a line `task step attempt worker` to this file before each handler run
+    /// (for the chaos test, which compares the runs with the audit trail).
+    #[arg(long, env = "EMBARCADERO_WORKFLOW_RUN_LOG")]
+    run_log: Option<std::path::PathBuf>,
 }
 
 pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
@@ -105,6 +109,7 @@ pub fn worker(args: WorkerArgs) -> CliResult {
         namespaces: args.namespaces,
         concurrency: args.concurrency,
         lease_ms: args.log.lease_ms,
+        run_log: args.run_log,
     };
     let registry = Registry::builtin();
     let handlers: Vec<String> = registry.names().into_iter().collect();
@@ -121,7 +126,11 @@ pub fn worker(args: WorkerArgs) -> CliResult {
             .then(|| "the worker loop ended".to_string())
     });
     let stopped = worker.stop().map_err(|e| format!("the worker failed: {e}"));
-    ended.and(stopped)
+    match (ended, stopped) {
+        // The loop ended by itself: its error says why.
+        (Err(ended), Err(why)) => Err(format!("{ended}: {why}")),
+        (ended, stopped) => ended.and(stopped),
+    }
 }
 
 /// Waits until the engine has replayed the log, so that the API answers from the
