@@ -1,13 +1,16 @@
 //! The native half of the `embarcadero` Python package: a thin PyO3 binding of the Rust
 //! client (`crates/client`), so publishing, ordering, failover and acknowledgements behave
-//! exactly as in Rust. Owns only the crossing of the language boundary: argument
-//! conversion, releasing the GIL around every wait, and turning errors into exceptions.
+//! exactly as in Rust; and of the workflow engine's worker (`crates/workflow`), so Python
+//! step handlers run under the same worker loop as Rust ones. Owns only the crossing of the
+//! language boundary: argument conversion, releasing the GIL around every wait, and turning
+//! errors into exceptions.
 
 mod admin;
 mod errors;
 mod publisher;
 mod read_ahead;
 mod subscriber;
+mod workflow;
 
 use pyo3::prelude::*;
 
@@ -29,6 +32,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<publisher::Publisher>()?;
     m.add_class::<subscriber::Subscriber>()?;
     m.add_class::<subscriber::Message>()?;
+    m.add_class::<workflow::NativeWorker>()?;
+    m.add_class::<workflow::StepContext>()?;
+    m.add_class::<workflow::BatchInput>()?;
     m.add_function(wrap_pyfunction!(random_session_key, m)?)?;
     Ok(())
 }

@@ -10,6 +10,7 @@ sessions, failover and acknowledgements behave exactly as there. Three classes:
   ``poll``, ``seek``, ``position``), yielding :class:`Message` objects.
 
 Errors are :class:`EmbarcaderoError` subclasses (see :mod:`embarcadero.errors`).
+Step handlers of the workflow engine are in :mod:`embarcadero.workflow`.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ the standard library."""
 from types import TracebackType
 from typing import (
     Any,
+    Callable,
+    Dict,
     Iterable,
     Iterator,
     List,
@@ -289,3 +291,77 @@ class Subscriber:
 
 def random_session_key() -> bytes:
     """16 random bytes for ``Publisher(session_key=...)`` (order 5)."""
+
+class Checkpoint(TypedDict):
+    """A batch worker instance's saved progress."""
+
+    cursor: Any
+    items_done: int
+    partial: Any
+
+class BatchInput:
+    """What an instance of a batch worker step is given (``StepContext.batch``)."""
+
+    @property
+    def cursor(self) -> Any:
+        """The cursor the batchable step gave this instance."""
+    @property
+    def index(self) -> int:
+        """1-based, of :attr:`count`."""
+    @property
+    def count(self) -> int: ...
+    @property
+    def resume(self) -> Optional[Checkpoint]:
+        """The last checkpoint an earlier attempt of this instance saved."""
+    def checkpoint(self, cursor: Any, items_done: int, partial: Any = None) -> None:
+        """Saves a checkpoint for the next attempt to resume from."""
+
+class StepContext:
+    """What a step handler is given (the same as a Rust handler's ``StepContext``)."""
+
+    @property
+    def task_uuid(self) -> str: ...
+    @property
+    def step_name(self) -> str: ...
+    @property
+    def attempt(self) -> int:
+        """1 for the first attempt."""
+    @property
+    def context(self) -> Any:
+        """The task's input."""
+    @property
+    def initialization(self) -> Any:
+        """The step's ``handler.initialization`` (``None`` when absent)."""
+    @property
+    def ancestors(self) -> Dict[str, Any]:
+        """The results of every ancestor step (direct and indirect), by step name."""
+    @property
+    def dependencies(self) -> List[str]:
+        """The step's direct dependencies that exist, in the template's order."""
+    @property
+    def dependency_results(self) -> Dict[str, Any]:
+        """The results of the direct dependencies, by step name, in that order."""
+    @property
+    def batch(self) -> Optional[BatchInput]:
+        """For an instance of a batch worker step; else ``None``."""
+
+class NativeWorker:
+    """The engine's worker loop running Python handlers (``embarcadero.workflow.Worker``
+    wraps it)."""
+
+    def __init__(
+        self,
+        handlers: Dict[str, Callable[[StepContext], Any]],
+        control: str = ...,
+        *,
+        namespaces: List[str] = ...,
+        concurrency: int = 8,
+        lease_ms: int = 3000,
+        topic: str = "workflow.events",
+    ) -> None: ...
+    @property
+    def id(self) -> str: ...
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Whether the loop has ended, waiting at most ``timeout`` seconds."""
+    def is_finished(self) -> bool: ...
+    def stop(self) -> None: ...

@@ -1,0 +1,278 @@
+//! The native half of `embarcadero.workflow`: Python step handlers run by the engine's own
+//! worker loop (`embarcadero_workflow::Worker`: claims, heartbeats, timeouts, results), so
+//! there is one implementation of the worker protocol. Owns the crossing: a
+//! [`StepHandler`] that calls a Python function with the GIL held only for the call, the
+//! context it is given ([`StepContext`], [`BatchInput`]), and a raised exception turned
+//! into a step failure.
+
+use crate::errors::{config, to_py};
+use crate::{to_python, DEFAULT_CONTROL};
+use embarcadero_workflow::event::Checkpoint;
+use embarcadero_workflow::handler::{self, CheckpointSink, Registry, StepError, StepHandler};
+use embarcadero_workflow::log::LogConfig;
+use embarcadero_workflow::{Worker as RustWorker, WorkerConfig};
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
+use pyo3::types::PyDict;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+/// What a Python handler is given: the same as a Rust handler's `StepContext`.
+#[pyclass(module = "embarcadero._native", frozen, get_all)]
+pub struct StepContext {
+    /// The task's id.
+    task_uuid: String,
+    /// This step's name (a batch worker instance's: ``process_001``...).
+    step_name: String,
+    /// 1 for the first attempt.
+    attempt: u32,
+    /// The task's input.
+    context: PyObject,
+    /// The step's ``handler.initialization`` (``None`` when absent).
+    initialization: PyObject,
+    /// The results of every ancestor step (direct and indirect), by step name.
+    ancestors: PyObject,
+    /// The step's direct dependencies that exist, in the template's order.
+    dependencies: Vec<String>,
+    /// The results of the direct dependencies, by step name, in that order.
+    dependency_results: PyObject,
+    /// For an instance of a batch worker step, its cursor and checkpoint; else ``None``.
+    batch: Option<Py<BatchInput>>,
+}
+
+/// What an instance of a batch worker step is given.
+#[pyclass(module = "embarcadero._native", frozen)]
+pub struct BatchInput {
+    /// The cursor the batchable step gave this instance.
+    #[pyo3(get)]
+    cursor: PyObject,
+    /// 1-based, of ``count``.
+    #[pyo3(get)]
+    index: u32,
+    #[pyo3(get)]
+    count: u32,
+    /// The last checkpoint an earlier attempt saved (``cursor``, ``items_done``,
+    /// ``partial``), or ``None``.
+    #[pyo3(get)]
+    resume: PyObject,
+    sink: CheckpointSink,
+}
+
+#[pymethods]
+impl BatchInput {
+    /// Saves a checkpoint for the next attempt of this instance to resume from (an event in
+    /// the log, applied only while this attempt holds the step).
+    #[pyo3(signature = (cursor, items_done, partial = None))]
+    fn checkpoint(
+        &self,
+        py: Python<'_>,
+        cursor: &Bound<'_, PyAny>,
+        items_done: u64,
+        partial: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let checkpoint = Checkpoint {
+            cursor: to_json(py, cursor)?,
+            items_done,
+            partial: partial
+                .map(|p| to_json(py, p))
+                .transpose()?
+                .unwrap_or(Value::Null),
+        };
+        let sink = self.sink.clone();
+        py.allow_threads(|| sink.save(checkpoint));
+        Ok(())
+    }
+}
+
+impl StepContext {
+    fn build(py: Python<'_>, ctx: &handler::StepContext) -> PyResult<Self> {
+        let dependency_results = PyDict::new(py);
+        for name in &ctx.dependencies {
+            let result = ctx.ancestors.get(name).unwrap_or(&Value::Null);
+            dependency_results.set_item(name, to_python(py, result)?)?;
+        }
+        let batch = match &ctx.batch {
+            None => None,
+            Some(b) => Some(Py::new(
+                py,
+                BatchInput {
+                    cursor: to_python(py, &b.cursor)?,
+                    index: b.index,
+                    count: b.count,
+                    resume: to_python(py, &b.resume)?,
+                    sink: b.checkpoints.clone(),
+                },
+            )?),
+        };
+        Ok(Self {
+            task_uuid: ctx.task_uuid.clone(),
+            step_name: ctx.step_name.clone(),
+            attempt: ctx.attempt,
+            context: to_python(py, &ctx.context)?,
+            initialization: to_python(py, &ctx.initialization)?,
+            ancestors: to_python(py, &ctx.ancestors)?,
+            dependencies: ctx.dependencies.clone(),
+            dependency_results: dependency_results.into_any().unbind(),
+            batch,
+        })
+    }
+}
+
+/// A Python value as JSON, through `json.dumps` (so what a handler may return is exactly
+/// what the standard library can encode).
+fn to_json(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Value> {
+    let text: String = py
+        .import("json")?
+        .call_method1("dumps", (value,))?
+        .extract()?;
+    serde_json::from_str(&text).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
+}
+
+/// A Python function as a step handler.
+struct PyHandler(PyObject);
+
+impl StepHandler for PyHandler {
+    fn call(&self, ctx: &handler::StepContext) -> Result<Value, StepError> {
+        // The worker calls this on a thread of its own: the GIL is taken here, for the
+        // call only, and the worker's loop (claims, heartbeats) never waits for it.
+        Python::with_gil(|py| {
+            let ctx = StepContext::build(py, ctx)
+                .map_err(|e| StepError::retryable(format!("cannot pass the context: {e}")))?;
+            let value = self.0.call1(py, (ctx,)).map_err(|e| step_error(py, e))?;
+            // A result that is not JSON is a bug in the handler: retrying cannot fix it.
+            to_json(py, value.bind(py))
+                .map_err(|e| StepError::permanent(format!("the handler's result is not JSON: {e}")))
+        })
+    }
+}
+
+static STEP_ERROR: GILOnceCell<PyObject> = GILOnceCell::new();
+
+/// A raised exception as a step failure: `embarcadero.workflow.StepError` says whether to
+/// retry and after how long; any other exception is a retryable failure whose message is
+/// ``Type: text``.
+fn step_error(py: Python<'_>, e: PyErr) -> StepError {
+    let value = e.value(py);
+    let class = STEP_ERROR.get_or_try_init(py, || {
+        PyResult::Ok(
+            py.import("embarcadero.workflow")?
+                .getattr("StepError")?
+                .unbind(),
+        )
+    });
+    if let Ok(class) = class {
+        if value.is_instance(class.bind(py)).unwrap_or(false) {
+            let attr = |name: &str| value.getattr(name).ok();
+            return StepError {
+                message: value.to_string(),
+                retryable: attr("retryable")
+                    .and_then(|r| r.is_truthy().ok())
+                    .unwrap_or(true),
+                retry_after_ms: attr("retry_after_ms").and_then(|r| r.extract().ok()),
+            };
+        }
+    }
+    let kind = value.get_type().name().map(|n| n.to_string());
+    StepError::retryable(format!(
+        "{}: {value}",
+        kind.as_deref().unwrap_or("Exception")
+    ))
+}
+
+/// The engine's worker loop running Python handlers. `embarcadero.workflow.Worker` wraps it.
+#[pyclass(module = "embarcadero._native", frozen)]
+pub struct NativeWorker {
+    id: String,
+    /// `None` once stopped. Taken only inside `allow_threads`.
+    inner: Mutex<Option<RustWorker>>,
+}
+
+#[pymethods]
+impl NativeWorker {
+    #[new]
+    #[pyo3(signature = (
+        handlers, control = DEFAULT_CONTROL, *, namespaces = Vec::new(), concurrency = 8,
+        lease_ms = 3000, topic = "workflow.events",
+    ))]
+    fn new(
+        py: Python<'_>,
+        handlers: &Bound<'_, PyDict>,
+        control: &str,
+        namespaces: Vec<String>,
+        concurrency: usize,
+        lease_ms: u64,
+        topic: &str,
+    ) -> PyResult<Self> {
+        if concurrency == 0 || lease_ms == 0 {
+            return Err(config("concurrency and lease_ms must be at least 1"));
+        }
+        let mut registry = Registry::new();
+        for (name, function) in handlers.iter() {
+            registry.register(name.extract::<String>()?, PyHandler(function.unbind()));
+        }
+        let cfg = WorkerConfig {
+            log: LogConfig::new(control, topic),
+            namespaces,
+            concurrency,
+            lease_ms,
+        };
+        let worker = py
+            .allow_threads(|| RustWorker::start(cfg, registry))
+            .map_err(to_py)?;
+        Ok(Self {
+            id: worker.id.clone(),
+            inner: Mutex::new(Some(worker)),
+        })
+    }
+
+    /// The worker's id, as its claims and results name it in the log.
+    #[getter]
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Waits until the loop has ended (stopped, or failed) or `timeout` seconds have
+    /// passed; returns whether it has ended. Ctrl-C interrupts it.
+    #[pyo3(signature = (timeout = None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let deadline = match timeout {
+            Some(t) => Some(
+                Instant::now()
+                    + Duration::try_from_secs_f64(t)
+                        .map_err(|e| config(format!("timeout {t}: {e}")))?,
+            ),
+            None => None,
+        };
+        // The Rust worker has no blocking wait but `stop`; waiting in slices lets Python
+        // deliver signals (Ctrl-C) within one slice.
+        const SLICE: Duration = Duration::from_millis(50);
+        loop {
+            if self.is_finished(py) {
+                return Ok(true);
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left == Some(Duration::ZERO) {
+                return Ok(false);
+            }
+            let nap = left.map_or(SLICE, |l| l.min(SLICE));
+            py.allow_threads(|| std::thread::sleep(nap));
+            py.check_signals()?;
+        }
+    }
+
+    /// Whether the loop has ended.
+    fn is_finished(&self, py: Python<'_>) -> bool {
+        py.allow_threads(|| self.inner.lock().as_ref().is_none_or(|w| w.is_finished()))
+    }
+
+    /// Stops claiming and returns once the loop has ended; raises the error that ended it,
+    /// if one did. Attempts running finish on their own threads. Idempotent.
+    fn stop(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| match self.inner.lock().take() {
+            Some(mut worker) => worker.stop(),
+            None => Ok(()),
+        })
+        .map_err(to_py)
+    }
+}
