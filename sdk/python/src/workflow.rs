@@ -216,6 +216,8 @@ impl NativeWorker {
             namespaces,
             concurrency,
             lease_ms,
+            // The chaos test's record of handler runs; `embarcadero worker --run-log` has it.
+            run_log: None,
         };
         let worker = py
             .allow_threads(|| RustWorker::start(cfg, registry))
