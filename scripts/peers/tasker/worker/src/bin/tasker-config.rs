@@ -44,6 +44,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         orchestration: Some(orchestration),
         worker: Some(worker),
     };
-    print!("{}", toml::to_string(&config)?);
+    // TOML has no null or unit: the unit metadata of the generic event systems
+    // (`EventSystemConfig<()>`, `#[serde(default)]`) serialises as JSON null, so go through JSON
+    // and drop nulls; the loader fills those fields back in from their defaults.
+    let mut value = serde_json::to_value(&config)?;
+    drop_nulls(&mut value);
+    print!("{}", toml::to_string(&toml::Value::try_from(value)?)?);
     Ok(())
+}
+
+fn drop_nulls(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(drop_nulls);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_nulls),
+        _ => {}
+    }
 }
