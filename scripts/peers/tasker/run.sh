@@ -33,6 +33,9 @@ trap stop_jobs EXIT
 
 run_tasker() {
   local port=18180
+  # A fresh PostgreSQL at this script's priority: a cluster left running by install.sh (or by a
+  # session started under `nice`) would otherwise serve Tasker at that niceness.
+  if pg_running; then as_pg pg_ctl -D "$PGDATA_DIR" -m fast -w stop >/dev/null; fi
   start_pg
   "$TASKER_BIN/tasker-config" "127.0.0.1:$port" >"$RUN/tasker.toml"
   # RUST_LOG=info as in the seed's run; set for Tasker's processes only.
