@@ -181,7 +181,8 @@ def measure(args):
             file=sys.stderr,
         )
     if args.sustained_seconds > 0:
-        interval = None if args.engine == "embarcadero" else 0.005
+        interval = None if args.engine == "embarcadero" else args.sustained_poll_ms / 1000
+        out["sustained_poll_ms"] = None if args.engine == "embarcadero" else args.sustained_poll_ms
         out["sustained"] = sustained(
             args.api, args.engine, args.clients, args.sustained_seconds, interval
         )
@@ -241,6 +242,7 @@ def main():
     m.add_argument("--raw-samples", type=int, default=200)
     m.add_argument("--sustained-seconds", type=float, default=0)
     m.add_argument("--clients", type=int, default=8)
+    m.add_argument("--sustained-poll-ms", type=float, default=5, help="Tasker's poll interval")
     m.add_argument("--out", required=True)
     t = sub.add_parser("table", help="print result files side by side (first / second = ratio)")
     t.add_argument("files", nargs="+")

@@ -19,7 +19,7 @@ mkdir -p "$RUN"
 # Waits (up to 120 s) for a process's readiness line in its log; fails with the log's tail.
 wait_for() {
   local deadline=$((SECONDS + 120))
-  until grep -q "$2" "$1"; do
+  until grep -qs "$2" "$1"; do
     [ $SECONDS -lt $deadline ] || { tail -20 "$1"; echo "timed out waiting for '$2' in $1" >&2; exit 1; }
     sleep 0.1
   done
