@@ -122,10 +122,12 @@ def one_sample(apis, shape, engine, interval):
             t.start()
         for t in threads:
             t.join()
+        if len(done) != 2:  # a thread raised (its traceback is printed): fail, do not drop it
+            raise RuntimeError(f"{engine} concurrent_2x: a task failed")
     else:
         done.append(run_one(apis[0], template, number, engine, interval))
     ms = (time.perf_counter() - start) * 1000
-    return ms if len(done) == len(apis[: 2 if shape == "concurrent_2x" else 1]) and all(done) else None
+    return ms if all(done) else None
 
 
 def run_one(api, template, number, engine, interval):
