@@ -19,7 +19,7 @@ mkdir -p "$RUN"
 # Waits (up to 120 s) for a process's readiness line in its log; fails with the log's tail.
 wait_for() {
   local deadline=$((SECONDS + 120))
-  until grep -q "$2" "$1"; do
+  until grep -qs "$2" "$1"; do
     [ $SECONDS -lt $deadline ] || { tail -20 "$1"; echo "timed out waiting for '$2' in $1" >&2; exit 1; }
     sleep 0.1
   done
@@ -33,6 +33,9 @@ trap stop_jobs EXIT
 
 run_tasker() {
   local port=18180
+  # A fresh PostgreSQL at this script's priority: a cluster left running by install.sh (or by a
+  # session started under `nice`) would otherwise serve Tasker at that niceness.
+  if pg_running; then as_pg pg_ctl -D "$PGDATA_DIR" -m fast -w stop >/dev/null; fi
   start_pg
   "$TASKER_BIN/tasker-config" "127.0.0.1:$port" >"$RUN/tasker.toml"
   # RUST_LOG=info as in the seed's run; set for Tasker's processes only.

@@ -1,7 +1,8 @@
 //! Writes Tasker's configuration (one TOML file, read from TASKER_CONFIG_PATH) from the crates'
 //! own defaults. The published crates do not ship Tasker's config/tasker/*.toml, so the defaults
 //! compiled into tasker-shared are the closest thing to Tasker's own set-up. Changed: the REST
-//! API is on (at the address given) and gRPC is off, since the benchmark drives the REST API.
+//! API is on (at the address given) and gRPC is off, since the benchmark drives the REST API;
+//! the database pool has the 25 connections of Tasker's own base configuration.
 //! Usage: tasker-config ORCHESTRATION_BIND_ADDRESS > tasker.toml
 
 use tasker_shared::config::tasker::{
@@ -44,6 +45,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         orchestration: Some(orchestration),
         worker: Some(worker),
     };
-    print!("{}", toml::to_string(&config)?);
+    // TOML has no null or unit: the unit metadata of the generic event systems
+    // (`EventSystemConfig<()>`, `#[serde(default)]`) serialises as JSON null, so go through JSON
+    // and drop nulls; the loader fills those fields back in from their defaults.
+    let mut value = serde_json::to_value(&config)?;
+    drop_nulls(&mut value);
+    // The crate's default pool is 10 connections; Tasker's own base configuration
+    // (tasker-core config/tasker/base/common.toml) sets 25. With 10, three pgmq long polls
+    // (pgmq.read_with_poll holds a connection up to 5 s) and 8 concurrent clients starve it.
+    value["common"]["database"]["pool"]["max_connections"] = 25.into();
+    print!("{}", toml::to_string(&toml::Value::try_from(value)?)?);
     Ok(())
+}
+
+fn drop_nulls(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(drop_nulls);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_nulls),
+        _ => {}
+    }
 }
