@@ -519,7 +519,11 @@ fn status(control: &ControlArg, json: bool) -> CliResult {
     if json {
         say!("{}", serde_json::to_string_pretty(&s).expect("json"));
     } else {
+        let engines = workflow::engines_text(&s.services);
         say!("{}", show::status_text(&s, &control.control).trim_end());
+        if !engines.is_empty() {
+            say!("\n{}", engines.trim_end());
+        }
     }
     Ok(())
 }

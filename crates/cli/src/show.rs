@@ -2,28 +2,29 @@
 //! describe`. Each function turns the API's answer into text and prints nothing, so
 //! the layouts are unit-tested; `--json` output bypasses this module entirely.
 
-use embarcadero_client::{BrokerLogInfo, TopicHealth, TopicInfo};
-use serde_json::Value;
+use embarcadero_client::{
+    BrokerLogInfo, BrokerRates, LocalBrokerStats, SequencerStats, StatusReport, TopicHealth,
+    TopicInfo,
+};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 /// `status`: the server, its brokers with rates, its topics with positions, then
 /// anything that needs a person's attention.
-pub fn status_text(s: &Value, control: &str) -> String {
+pub fn status_text(s: &StatusReport, control: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
         "embarcadero {}   up {}   control {control}",
-        s["version"].as_str().unwrap_or("?"),
-        duration(s["uptime_s"].as_u64().unwrap_or(0)),
+        s.version,
+        duration(s.uptime_s),
     );
     let _ = writeln!(out, "sequencer   {}", sequencer_line(s));
     out.push('\n');
     out.push_str(&broker_table(s));
     out.push('\n');
-    let topics: Vec<TopicInfo> = serde_json::from_value(s["topics"].clone()).unwrap_or_default();
-    let rates = &s["rates"]["topics"];
-    out.push_str(&topic_table(&topics, Some(rates)));
-    let problems = problems(s, &topics);
+    out.push_str(&topic_table(&s.topics, Some(&s.rates.topics)));
+    let problems = problems(s);
     if !problems.is_empty() {
         let _ = writeln!(out, "\nneeds attention:");
         for p in problems {
@@ -33,80 +34,62 @@ pub fn status_text(s: &Value, control: &str) -> String {
     out
 }
 
-fn sequencer_line(s: &Value) -> String {
-    let seq = &s["sequencer"];
-    let lease = &s["cluster"]["sequencer"];
-    if seq["mode"] == "embedded" {
-        format!(
-            "embedded, active   epochs {}   batches ordered {}   fencing epoch {}",
-            seq["epochs"], seq["batches_ordered"], lease["fencing_epoch"]
-        )
-    } else {
-        format!(
+fn sequencer_line(s: &StatusReport) -> String {
+    let lease = &s.cluster.sequencer;
+    match &s.sequencer {
+        SequencerStats::Embedded { epochs, batches_ordered, .. } => format!(
+            "embedded, active   epochs {epochs}   batches ordered {batches_ordered}   fencing epoch {}",
+            lease.fencing_epoch
+        ),
+        SequencerStats::External => format!(
             "external   holder {}   fencing epoch {}   lease {} ms left",
-            lease["holder"].as_str().unwrap_or("?"),
-            lease["fencing_epoch"],
-            lease["lease_remaining_ms"]
-        )
+            lease.holder, lease.fencing_epoch, lease.lease_remaining_ms
+        ),
     }
 }
 
 /// One row per cluster member; counters and rates for the head's own brokers (a
 /// follower keeps its own, shown as `-`).
-fn broker_table(s: &Value) -> String {
-    let mut out = String::new();
+fn broker_table(s: &StatusReport) -> String {
     let row = |c: [&str; 8]| {
         format!(
-            "{:<6} {:<21} {:<6} {:>10} {:>13} {:>11} {:>11} {:>5} {:>13}\n",
-            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], ""
+            "{:<6} {:<21} {:<6} {:>10} {:>13} {:>11} {:>11} {:>5}",
+            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]
         )
     };
-    out.push_str(
-        row([
-            "BROKER",
-            "ADDRESS",
-            "STATE",
-            "PUBLISHED",
-            "MESSAGES",
-            "PUB/S",
-            "SUB/S",
-            "CONNS",
-        ])
-        .trim_end(),
-    );
-    out.push_str("  FREE SEGMENTS\n");
-    let local = s["brokers"].as_array().cloned().unwrap_or_default();
-    let rates = s["rates"]["brokers"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    for m in s["cluster"]["members"].as_array().into_iter().flatten() {
-        let counters = local.iter().find(|b| b["id"] == m["id"]);
-        let rate = rates.iter().find(|b| b["id"] == m["id"]);
-        let field = |name: &str, f: fn(u64) -> String| {
-            counters
-                .and_then(|b| b[name].as_u64())
-                .map_or("-".into(), f)
-        };
-        let per_s = |name: &str| {
-            rate.and_then(|r| r[name].as_u64())
-                .map_or("-".into(), |v| format!("{}/s", bytes(v)))
-        };
+    let header = [
+        "BROKER",
+        "ADDRESS",
+        "STATE",
+        "PUBLISHED",
+        "MESSAGES",
+        "PUB/S",
+        "SUB/S",
+        "CONNS",
+    ];
+    let mut out = format!("{}  FREE SEGMENTS\n", row(header));
+    for m in &s.cluster.members {
+        let counters = s.brokers.iter().find(|b| b.id == m.id);
+        let rate = s.rates.brokers.iter().find(|b| b.id == m.id);
+        let field = |f: &dyn Fn(&LocalBrokerStats) -> String| counters.map_or("-".into(), f);
+        let per_s =
+            |f: fn(&BrokerRates) -> u64| rate.map_or("-".into(), |r| format!("{}/s", bytes(f(r))));
         let line = row([
-            &m["id"].to_string(),
-            m["addr"].as_str().unwrap_or("-"),
-            m["state"].as_str().unwrap_or("?"),
-            &field("publish_bytes", bytes),
-            &field("publish_messages", count),
-            &per_s("publish_bytes_per_s"),
-            &per_s("subscribe_bytes_per_s"),
-            &field("connections", |v| v.to_string()),
+            &m.id.to_string(),
+            m.addr.as_deref().unwrap_or("-"),
+            &serde_json::to_value(m.state)
+                .map_or("?".into(), |v| v.as_str().unwrap_or("?").to_string()),
+            &field(&|b| bytes(b.publish_bytes)),
+            &field(&|b| count(b.publish_messages)),
+            &per_s(|r| r.publish_bytes_per_s),
+            &per_s(|r| r.subscribe_bytes_per_s),
+            &field(&|b| b.connections.to_string()),
         ]);
         let _ = writeln!(
             out,
             "{}  {:>13}",
             line.trim_end(),
-            field("free_segments", |v| v.to_string())
+            field(&|b| b.free_segments.to_string())
         );
     }
     out
@@ -114,7 +97,7 @@ fn broker_table(s: &Value) -> String {
 
 /// `topic list` (and the topics part of `status`, with `rates`: messages per second
 /// by topic name).
-pub fn topic_table(topics: &[TopicInfo], rates: Option<&Value>) -> String {
+pub fn topic_table(topics: &[TopicInfo], rates: Option<&BTreeMap<String, u64>>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -123,7 +106,7 @@ pub fn topic_table(topics: &[TopicInfo], rates: Option<&Value>) -> String {
     );
     for t in topics {
         let rate = rates
-            .and_then(|r| r[&t.name].as_u64())
+            .and_then(|r| r.get(&t.name).copied())
             .map_or("-".into(), count);
         let _ = writeln!(
             out,
@@ -266,8 +249,9 @@ fn log_table(t: &TopicInfo) -> String {
 
 /// What in the status needs a person: failing replica disks, subscribers holding
 /// memory back, publishers waiting for room.
-fn problems(s: &Value, topics: &[TopicInfo]) -> Vec<String> {
-    let mut out: Vec<String> = topics
+fn problems(s: &StatusReport) -> Vec<String> {
+    let mut out: Vec<String> = s
+        .topics
         .iter()
         .flat_map(|t| {
             topic_problems(t)
@@ -275,14 +259,16 @@ fn problems(s: &Value, topics: &[TopicInfo]) -> Vec<String> {
                 .map(move |p| format!("topic {}: {p}", t.name))
         })
         .collect();
-    for b in s["rates"]["brokers"].as_array().into_iter().flatten() {
-        let waits = b["backpressure_waits_per_s"].as_u64().unwrap_or(0);
-        if waits > 0 {
-            out.push(format!(
-                "broker {}: publishers wait for room ({waits}/s over the last seconds): a subscriber or a disk replica is behind (see the topics above)",
-                b["id"]
-            ));
-        }
+    for b in s
+        .rates
+        .brokers
+        .iter()
+        .filter(|b| b.backpressure_waits_per_s > 0)
+    {
+        out.push(format!(
+            "broker {}: publishers wait for room ({}/s over the last seconds): a subscriber or a disk replica is behind (see the topics above)",
+            b.id, b.backpressure_waits_per_s
+        ));
     }
     out
 }
@@ -352,7 +338,7 @@ fn duration(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn topic(order: u8, rf: u8, health: Value) -> TopicInfo {
         serde_json::from_value(json!({

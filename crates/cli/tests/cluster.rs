@@ -136,14 +136,17 @@ fn sample(text: &str, name: &str) -> u64 {
 /// (id, state) of every member, from the head's status document.
 fn members(control: &str) -> Vec<(u64, String)> {
     let s = Admin::new(control).status().unwrap();
-    s["cluster"]["members"]
-        .as_array()
-        .unwrap()
+    s.cluster
+        .members
         .iter()
         .map(|m| {
             (
-                m["id"].as_u64().unwrap(),
-                m["state"].as_str().unwrap().into(),
+                m.id as u64,
+                serde_json::to_value(m.state)
+                    .unwrap()
+                    .as_str()
+                    .unwrap()
+                    .into(),
             )
         })
         .collect()
@@ -377,9 +380,12 @@ fn a_standby_sequencer_takes_over_when_the_active_one_dies() {
         .unwrap();
     publish(&control, "t", 0..500);
     let epoch = |control: &str| {
-        Admin::new(control).status().unwrap()["cluster"]["sequencer"]["fencing_epoch"]
-            .as_u64()
+        Admin::new(control)
+            .status()
             .unwrap()
+            .cluster
+            .sequencer
+            .fencing_epoch
     };
     assert_eq!(epoch(&control), 1);
 

@@ -1205,3 +1205,51 @@ fn metrics_count_tasks_and_steps_by_state_step_latency_by_handler_and_queue_lag(
         "tasks: complete 1\nsteps: complete 4\nqueue lag: 0 events"
     );
 }
+
+/// Polls `status` (announcements come once a second) until `want` holds of its text.
+fn status_until(serve: &Serve, what: &str, want: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = ok(&serve.run(&["status"], None));
+        if want(&text) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "{what} never happened: {text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn status_shows_the_engine_that_announced_itself_and_forgets_it_once_silent() {
+    let Stack {
+        workers,
+        orchestrator,
+        addr,
+        api,
+        engine,
+    } = Stack::start("3000", 1, &[LINEAR]);
+    let uuid = create(&api, "linear", json!({"even_number": 2}));
+    assert_eq!(api.get_task(&uuid, 30).unwrap()["status"], "complete");
+    let line = format!("workflow engine   API http://{addr}");
+    let text = status_until(&engine.serve, "the engine in status", |t| {
+        t.contains(&line) && t.contains("tasks: complete 1")
+    });
+    assert!(text.contains("steps: complete 4"), "{text}");
+
+    let json: Value =
+        serde_json::from_str(&ok(&engine.serve.run(&["status", "--json"], None))).unwrap();
+    let services = json["services"].as_array().unwrap();
+    assert!(
+        services
+            .iter()
+            .any(|s| s["kind"] == "workflow" && s["addr"] == addr.as_str()),
+        "{json}"
+    );
+
+    // Killed, it stops announcing; the head forgets it after the ttl (3 s).
+    orchestrator.kill();
+    status_until(&engine.serve, "the head forgetting the engine", |t| {
+        !t.contains(&line)
+    });
+    drop(workers);
+}

@@ -2,26 +2,11 @@
 
 use crate::{Error, Result};
 pub use embarcadero_api::{
-    BrokerLogInfo, ReaderLag, ReplicaError, TopicHealth, TopicInfo, TopicSpec,
+    BrokerAddr, BrokerLogInfo, BrokerRates, ClusterInfo, LocalBrokerStats, MemberState, MemberView,
+    RatesReport, ReaderLag, ReplicaError, SequencerLease, SequencerStats, ServiceAnnounce,
+    ServiceInfo, StatusReport, TopicHealth, TopicInfo, TopicSpec,
 };
-use serde::{Deserialize, Serialize};
 use std::time::Duration;
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct BrokerAddr {
-    pub id: u32,
-    pub addr: String,
-    /// The process serving the id (0 for the head's own brokers and older heads).
-    #[serde(default)]
-    pub incarnation: u64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ClusterInfo {
-    pub brokers: Vec<BrokerAddr>,
-    pub max_message_bytes: u64,
-    pub max_batch_bytes: u64,
-}
 
 /// Client of the admin API at `host:port` (default `127.0.0.1:12140`).
 #[derive(Debug, Clone)]
@@ -159,9 +144,25 @@ impl Admin {
         parse(v.get("ordered").cloned().unwrap_or_default())
     }
 
-    /// The raw `/v1/status` document.
-    pub fn status(&self) -> Result<serde_json::Value> {
-        self.get("/v1/status")
+    /// Tells the head that a `kind` service serves at `addr` (`POST /v1/services`);
+    /// the head forgets it after `ttl` without another announcement.
+    pub fn announce_service(&self, kind: &str, addr: &str, ttl: Duration) -> Result<()> {
+        let announce = ServiceAnnounce {
+            kind: kind.into(),
+            addr: addr.into(),
+            ttl_ms: ttl.as_millis() as u64,
+        };
+        let body = serde_json::to_value(announce).expect("serialisable");
+        self.call(
+            self.agent.post(&format!("{}/v1/services", self.base)),
+            Some(body),
+        )?;
+        Ok(())
+    }
+
+    /// The `/v1/status` document (what `embarcadero status` shows).
+    pub fn status(&self) -> Result<StatusReport> {
+        parse(self.get("/v1/status")?)
     }
 }
 

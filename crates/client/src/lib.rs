@@ -12,8 +12,9 @@ mod publisher;
 mod subscriber;
 
 pub use admin::{
-    check_topic_name, Admin, BrokerAddr, BrokerLogInfo, ClusterInfo, ReaderLag, ReplicaError,
-    TopicHealth, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
+    check_topic_name, Admin, BrokerAddr, BrokerLogInfo, BrokerRates, ClusterInfo, LocalBrokerStats,
+    MemberState, MemberView, RatesReport, ReaderLag, ReplicaError, SequencerLease, SequencerStats,
+    ServiceInfo, StatusReport, TopicHealth, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
 };
 pub use publisher::{LatencySummary, Publisher, PublisherConfig, PublisherStats, QueueStats};
 pub use subscriber::{Cursor, Message, MessageRef, SharedBatch, Subscriber, SubscriberConfig};

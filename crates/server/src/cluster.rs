@@ -11,39 +11,11 @@
 //! learn the live brokers from `/v1/cluster` and nothing on the data path waits on it.
 
 use parking_lot::Mutex;
-use serde::Serialize;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MemberState {
-    /// Served by the head's own process.
-    Local,
-    /// A follower whose heartbeats arrive.
-    Alive,
-    /// A restarted follower that claimed its id and is taking over its logs; it serves
-    /// once it joins with its address.
-    Joining,
-    /// A follower that stopped sending heartbeats.
-    Dead,
-    /// No process has claimed this id yet.
-    Absent,
-}
-
-/// One broker id as `/v1/cluster` shows it.
-#[derive(Debug, Clone, Serialize)]
-pub struct MemberView {
-    pub id: u32,
-    pub addr: Option<String>,
-    pub state: MemberState,
-    /// Milliseconds since the last heartbeat (followers only).
-    pub last_heartbeat_ms: Option<u64>,
-    pub incarnation: u64,
-    /// Times a follower has joined under this id.
-    pub joins: u64,
-}
+pub use embarcadero_api::{MemberState, MemberView};
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum JoinError {

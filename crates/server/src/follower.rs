@@ -12,7 +12,7 @@ use crate::http_server::HttpServer;
 use crate::ServerError;
 use embarcadero_broker::Broker;
 use embarcadero_region::{Capacities, Region};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,22 +36,12 @@ pub struct FollowerConfig {
     pub metrics_listen: SocketAddr,
 }
 
-/// The parts of the head's `/v1/cluster` document a follower needs.
-#[derive(Debug, Deserialize)]
-pub struct ClusterDoc {
-    pub region: RegionDoc,
-    pub config: SharedConfig,
-}
+/// The head's `/v1/cluster` document, with its configuration and the region's
+/// capacities typed (what a follower and an external sequencer run with).
+pub type ClusterDoc = embarcadero_api::ClusterInfo<SharedConfig, Capacities>;
 
-#[derive(Debug, Deserialize)]
-pub struct RegionDoc {
-    pub path: PathBuf,
-    pub bytes: u64,
-    pub layout_version: u32,
-    pub capacities: Capacities,
-}
-
-#[derive(Debug, Deserialize)]
+/// The settings every process of the cluster must share with the head.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SharedConfig {
     pub broker: BrokerSettings,
     pub sequencer: SequencerSettings,
@@ -82,7 +72,8 @@ pub fn attach_head_region(
     doc: &ClusterDoc,
     path_override: Option<&PathBuf>,
 ) -> Result<Arc<Region>, ServerError> {
-    let path = path_override.unwrap_or(&doc.region.path);
+    let head_path = PathBuf::from(&doc.region.path);
+    let path = path_override.unwrap_or(&head_path);
     if doc.region.layout_version != embarcadero_region::layout::LAYOUT_VERSION {
         return Err(ServerError::Start(format!(
             "the head uses region layout version {} but this binary uses {}; run the same embarcadero version on every host",

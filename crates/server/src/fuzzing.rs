@@ -5,6 +5,7 @@
 use crate::control::{validate_spec, TopicSpec};
 use crate::http::{read_json, ClaimCall, FailoverCall, MembershipCall};
 use crate::http_server::{head_end, parse_head, Request, Response, MAX_BODY};
+use embarcadero_api::ServiceAnnounce;
 
 pub use crate::http_server::RequestHead;
 
@@ -34,15 +35,16 @@ pub fn http_request(received: &[u8]) -> Result<Option<(RequestHead, &[u8])>, Res
 }
 
 /// The admin endpoints that take a JSON body.
-pub const BODY_ENDPOINTS: [&str; 5] = [
+pub const BODY_ENDPOINTS: [&str; 6] = [
     "/v1/topics",
+    "/v1/services",
     "/v1/cluster/claim",
     "/v1/cluster/join",
     "/v1/cluster/heartbeat",
     "/v1/failover",
 ];
 
-/// Parses `body` as the endpoint at `BODY_ENDPOINTS[endpoint % 5]` does, and for a topic
+/// Parses `body` as the endpoint at `BODY_ENDPOINTS[endpoint % 6]` does, and for a topic
 /// creation validates the spec as the control plane does before it touches the region.
 /// `Ok(true)` when the body is accepted.
 pub fn admin_body(endpoint: usize, body: &[u8], disk_replicas: u8) -> Result<bool, Response> {
@@ -63,6 +65,10 @@ pub fn admin_body(endpoint: usize, body: &[u8], disk_replicas: u8) -> Result<boo
         "/v1/cluster/claim" => read_json::<ClaimCall>(&request, "")
             .map(|_| true)
             .map_err(refused),
+        "/v1/services" => {
+            let announce: ServiceAnnounce = read_json(&request, "").map_err(refused)?;
+            Ok(crate::services::validate(&announce).is_ok())
+        }
         "/v1/failover" => read_json::<FailoverCall>(&request, "")
             .map(|_| true)
             .map_err(refused),

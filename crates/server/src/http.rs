@@ -7,7 +7,9 @@
 //! | POST | `/v1/cluster/join` | a follower serves a broker id at an address: `{"id","addr","incarnation"}` |
 //! | POST | `/v1/cluster/heartbeat` | a follower is alive: `{"id","incarnation"}` |
 //! | POST | `/v1/failover` | which of a publisher's batches through a dead broker were ordered: `{"topic","broker","incarnation","client_id","batch_ids","ack_level"}` |
-//! | GET | `/v1/status` | cluster, topics with counters and health, rates over the last seconds, broker and sequencer metrics |
+//! | GET | `/v1/status` | cluster, topics with counters and health, rates over the last seconds, broker and sequencer metrics, services |
+//! | GET | `/v1/services` | services beside the log that announced themselves (the workflow orchestrator) |
+//! | POST | `/v1/services` | a service says where it serves: `{"kind","addr","ttl_ms"}`; forgotten after `ttl_ms` of silence |
 //! | GET | `/v1/topics` | every topic |
 //! | POST | `/v1/topics` | create: `{"name","order","replication_factor","default_ack","retention_bytes","retention_ms"}`; any other field is a 400 that names it |
 //! | GET | `/v1/topics/{name}` | one topic |
@@ -17,8 +19,14 @@
 
 use crate::cluster::{FenceRefusal, JoinError, MemberState};
 use crate::control::{TopicError, TopicSpec};
+use crate::follower::{ClusterDoc, SharedConfig};
 use crate::http_server::{Request, Response};
 use crate::Inner;
+use embarcadero_api::{
+    BrokerAddr, ClusterInfo, LocalBrokerStats, RegionInfo, SequencerLease, SequencerStats,
+    StatusReport,
+};
+use embarcadero_region::Capacities;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 
@@ -37,12 +45,14 @@ fn route(inner: &Inner, request: &Request) -> (u16, &'static str, String) {
             "text/plain; version=0.0.4",
             crate::metrics::of_head(inner),
         ),
-        ("GET", "/v1/cluster") => json_ok(cluster(inner)),
+        ("GET", "/v1/cluster") => json_ok(to_json(&cluster(inner))),
         ("POST", "/v1/cluster/claim") => claim_call(inner, request),
         ("POST", "/v1/cluster/join") => membership_call(inner, request, true),
         ("POST", "/v1/cluster/heartbeat") => membership_call(inner, request, false),
         ("POST", "/v1/failover") => failover_call(inner, request),
-        ("GET", "/v1/status") => json_ok(status(inner)),
+        ("GET", "/v1/status") => json_ok(to_json(&status(inner))),
+        ("GET", "/v1/services") => json_ok(json!({ "services": inner.services.live() })),
+        ("POST", "/v1/services") => announce_call(inner, request),
         ("GET", "/v1/topics") => json_ok(json!({ "topics": inner.control.list() })),
         ("POST", "/v1/topics") => {
             let spec: TopicSpec = match read_json(request, r#"{"name": "t", "order": 2}"#) {
@@ -127,41 +137,48 @@ fn topic_error(e: TopicError) -> (u16, &'static str, String) {
     error(status, e.to_string())
 }
 
-fn cluster(inner: &Inner) -> serde_json::Value {
+fn cluster(inner: &Inner) -> ClusterDoc {
     let members = inner.membership.view();
-    let caps = inner.region.capacities();
     let lease = embarcadero_sequencer::LeaseState::read(&inner.region);
-    json!({
+    let config = &inner.config;
+    ClusterInfo {
         // What clients use: the brokers that serve now.
-        "brokers": members.iter().filter(|m| matches!(m.state, MemberState::Local | MemberState::Alive)).map(|m| json!({
-            "id": m.id,
-            "addr": m.addr,
-            "incarnation": m.incarnation,
-        })).collect::<Vec<_>>(),
-        "members": members,
-        "epoch_us": inner.config.sequencer.epoch_us,
-        "max_message_bytes": inner.config.broker.max_message_bytes,
-        "max_batch_bytes": inner.config.broker.max_batch_bytes,
-        "region": {
-            "path": inner.region.path().display().to_string(),
-            "bytes": inner.region.len(),
-            "layout_version": embarcadero_region::layout::LAYOUT_VERSION,
-            "capacities": caps,
+        brokers: members
+            .iter()
+            .filter(|m| matches!(m.state, MemberState::Local | MemberState::Alive))
+            .filter_map(|m| {
+                let addr = m.addr.clone()?;
+                Some(BrokerAddr {
+                    id: m.id,
+                    addr,
+                    incarnation: m.incarnation,
+                })
+            })
+            .collect(),
+        members,
+        epoch_us: config.sequencer.epoch_us,
+        max_message_bytes: config.broker.max_message_bytes,
+        max_batch_bytes: config.broker.max_batch_bytes,
+        region: RegionInfo {
+            path: inner.region.path().display().to_string(),
+            bytes: inner.region.len(),
+            layout_version: embarcadero_region::layout::LAYOUT_VERSION,
+            capacities: inner.region.capacities(),
         },
         // What followers and an external sequencer need to run like the head's own.
-        "config": {
-            "broker": inner.config.broker,
-            "sequencer": inner.config.sequencer,
-            "cluster": inner.config.cluster,
-            "replica_dirs": inner.config.replica_dirs(),
+        config: SharedConfig {
+            broker: config.broker.clone(),
+            sequencer: config.sequencer.clone(),
+            cluster: config.cluster.clone(),
+            replica_dirs: config.replica_dirs(),
         },
-        "sequencer": {
-            "mode": inner.config.cluster.sequencer,
-            "holder": format!("{:016x}", lease.holder),
-            "fencing_epoch": lease.fencing_epoch,
-            "lease_remaining_ms": lease.remaining_ms,
+        sequencer: SequencerLease {
+            mode: config.cluster.sequencer.clone(),
+            holder: format!("{:016x}", lease.holder),
+            fencing_epoch: lease.fencing_epoch,
+            lease_remaining_ms: lease.remaining_ms,
         },
-    })
+    }
 }
 
 /// `POST /v1/failover`: fences the dead broker and answers which of the client's
@@ -361,37 +378,56 @@ fn membership_call(inner: &Inner, request: &Request, join: bool) -> (u16, &'stat
     }
 }
 
-fn status(inner: &Inner) -> serde_json::Value {
-    json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "uptime_s": inner.started.elapsed().as_secs(),
-        "cluster": cluster(inner),
-        "topics": inner.control.list(),
-        "rates": inner.rates.report(),
-        "brokers": inner.brokers.iter().map(|b| {
-            let m = &b.metrics;
-            json!({
-                "id": b.id,
-                "addr": b.addr.to_string(),
-                "state": "local",
-                "publish_bytes": m.publish_bytes.load(Ordering::Relaxed),
-                "publish_batches": m.publish_batches.load(Ordering::Relaxed),
-                "publish_messages": m.publish_messages.load(Ordering::Relaxed),
-                "subscribe_bytes": m.subscribe_bytes.load(Ordering::Relaxed),
-                "connections": m.connections_open.load(Ordering::Relaxed),
-                "backpressure_waits": m.backpressure_waits.load(Ordering::Relaxed),
-                "free_segments": b.pool.free_count(),
-            })
-        }).collect::<Vec<_>>(),
-        "sequencer": match inner.sequencer_metrics.as_deref() {
-            Some(seq) => json!({
-                "state": "active",
-                "mode": "embedded",
-                "epochs": seq.epochs_sealed.load(Ordering::Relaxed),
-                "batches_ordered": seq.batches_ordered.load(Ordering::Relaxed),
-                "messages_ordered": seq.messages_ordered.load(Ordering::Relaxed),
-            }),
-            None => json!({"mode": "external"}),
+fn to_json(document: &impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(document).expect("the API's documents serialise")
+}
+
+fn status(inner: &Inner) -> StatusReport<SharedConfig, Capacities> {
+    StatusReport {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        uptime_s: inner.started.elapsed().as_secs(),
+        cluster: cluster(inner),
+        topics: inner.control.list(),
+        rates: inner.rates.report(),
+        brokers: inner.brokers.iter().map(local_broker_stats).collect(),
+        sequencer: match inner.sequencer_metrics.as_deref() {
+            Some(seq) => SequencerStats::Embedded {
+                epochs: seq.epochs_sealed.load(Ordering::Relaxed),
+                batches_ordered: seq.batches_ordered.load(Ordering::Relaxed),
+                messages_ordered: seq.messages_ordered.load(Ordering::Relaxed),
+            },
+            None => SequencerStats::External,
         },
-    })
+        services: inner.services.live(),
+    }
+}
+
+/// `POST /v1/services`: `{"kind", "addr", "ttl_ms"}`; 400 for a bad field, 507 when the
+/// registry is full.
+fn announce_call(inner: &Inner, request: &Request) -> (u16, &'static str, String) {
+    let example = r#"{"kind": "workflow", "addr": "127.0.0.1:7411", "ttl_ms": 3000}"#;
+    let announce: embarcadero_api::ServiceAnnounce = match read_json(request, example) {
+        Ok(a) => a,
+        Err(e) => return e,
+    };
+    match inner.services.announce(announce) {
+        Ok(()) => (200, "application/json", "{}".into()),
+        Err(e @ crate::services::ServiceError::Invalid(_)) => error(400, e.to_string()),
+        Err(e @ crate::services::ServiceError::Full) => error(507, e.to_string()),
+    }
+}
+
+fn local_broker_stats(b: &crate::BrokerInfo) -> LocalBrokerStats {
+    let m = &b.metrics;
+    LocalBrokerStats {
+        id: b.id,
+        addr: b.addr.to_string(),
+        publish_bytes: m.publish_bytes.load(Ordering::Relaxed),
+        publish_batches: m.publish_batches.load(Ordering::Relaxed),
+        publish_messages: m.publish_messages.load(Ordering::Relaxed),
+        subscribe_bytes: m.subscribe_bytes.load(Ordering::Relaxed),
+        connections: m.connections_open.load(Ordering::Relaxed),
+        backpressure_waits: m.backpressure_waits.load(Ordering::Relaxed),
+        free_segments: b.pool.free_count() as u64,
+    }
 }

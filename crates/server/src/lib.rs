@@ -27,6 +27,7 @@ mod rates;
 mod reserve;
 mod room;
 pub mod sequencer_process;
+mod services;
 mod sigbus;
 
 pub use config::ServerConfig;
@@ -93,6 +94,8 @@ pub(crate) struct Inner {
     pub control_connections: Arc<std::sync::atomic::AtomicUsize>,
     /// Recent counter samples, for the rates `status` shows (`rates::watch`).
     pub rates: rates::Rates,
+    /// Services beside the log that announced themselves (`/v1/services`).
+    pub services: services::Services,
 }
 
 /// A running embedded server. Dropping it stops it.
@@ -164,6 +167,7 @@ impl Server {
             started: Instant::now(),
             control_connections: Default::default(),
             rates: Default::default(),
+            services: Default::default(),
         });
         let http = start_admin_api(listener, &inner)?;
         let (monitors, monitor_stop) = start_monitors(&inner)?;

@@ -6,8 +6,8 @@
 //! message counts) and writes nothing anyone else reads.
 
 use crate::Inner;
+use embarcadero_api::{BrokerRates, RatesReport};
 use parking_lot::Mutex;
-use serde_json::json;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -20,19 +20,15 @@ pub const WINDOW: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 struct Sample {
     at: Instant,
-    /// Per local broker: id, then `BROKER_COUNTERS` in order.
-    brokers: Vec<(u32, [u64; BROKER_COUNTERS.len()])>,
+    /// Per local broker: id, then its `BROKER_COUNTERS` counters.
+    brokers: Vec<(u32, [u64; BROKER_COUNTERS])>,
     /// Per topic: name and messages written over all brokers.
     topics: Vec<(String, u64)>,
 }
 
-/// The broker counters rates are reported for, with the name of their rate.
-const BROKER_COUNTERS: [&str; 4] = [
-    "publish_bytes_per_s",
-    "publish_messages_per_s",
-    "subscribe_bytes_per_s",
-    "backpressure_waits_per_s",
-];
+/// How many broker counters a sample holds: publish bytes, publish messages, subscribe
+/// bytes, backpressure waits (in `BrokerRates`' order).
+const BROKER_COUNTERS: usize = 4;
 
 #[derive(Default)]
 pub struct Rates {
@@ -54,41 +50,54 @@ impl Rates {
         }
     }
 
-    /// The rates between the oldest sample in the window and the newest, as JSON
-    /// (`{"window_ms", "brokers": [{id, ...}], "topics": {name: messages_per_s}}`);
-    /// empty until two samples exist.
-    pub(crate) fn report(&self) -> serde_json::Value {
+    /// The rates between the oldest sample in the window and the newest; empty until
+    /// two samples exist.
+    pub(crate) fn report(&self) -> RatesReport {
         let samples = self.samples.lock();
         let (Some(first), Some(last)) = (samples.front(), samples.back()) else {
-            return json!({});
+            return RatesReport::default();
         };
         let secs = last.at.duration_since(first.at).as_secs_f64();
         if secs <= 0.0 {
-            return json!({});
+            return RatesReport::default();
         }
         let per_s = |now: u64, then: u64| (now.saturating_sub(then) as f64 / secs).round() as u64;
-        let brokers: Vec<_> = last
+        let brokers = last
             .brokers
             .iter()
             .map(|(id, now)| {
-                let then = first.brokers.iter().find(|(b, _)| b == id).map(|(_, c)| *c);
-                let mut entry = json!({ "id": id });
-                for (i, name) in BROKER_COUNTERS.iter().enumerate() {
-                    entry[*name] = json!(per_s(now[i], then.map_or(now[i], |c| c[i])));
+                let then = first
+                    .brokers
+                    .iter()
+                    .find(|(b, _)| b == id)
+                    .map_or(*now, |(_, c)| *c);
+                let rate = |i: usize| per_s(now[i], then[i]);
+                BrokerRates {
+                    id: *id,
+                    publish_bytes_per_s: rate(0),
+                    publish_messages_per_s: rate(1),
+                    subscribe_bytes_per_s: rate(2),
+                    backpressure_waits_per_s: rate(3),
                 }
-                entry
             })
             .collect();
-        let mut topics = serde_json::Map::new();
-        for (name, now) in &last.topics {
-            let then = first
-                .topics
-                .iter()
-                .find(|(t, _)| t == name)
-                .map_or(*now, |t| t.1);
-            topics.insert(name.clone(), json!(per_s(*now, then)));
+        let topics = last
+            .topics
+            .iter()
+            .map(|(name, now)| {
+                let then = first
+                    .topics
+                    .iter()
+                    .find(|(t, _)| t == name)
+                    .map_or(*now, |t| t.1);
+                (name.clone(), per_s(*now, then))
+            })
+            .collect();
+        RatesReport {
+            window_ms: (secs * 1000.0) as u64,
+            brokers,
+            topics,
         }
-        json!({ "window_ms": (secs * 1000.0) as u64, "brokers": brokers, "topics": topics })
     }
 }
 

@@ -25,12 +25,7 @@ fn start_in(dir: &Path, tweak: impl Fn(&mut ServerConfig)) -> Server {
 
 fn free_segments(control: &str) -> Vec<u64> {
     let status = embarcadero_client::Admin::new(control).status().unwrap();
-    status["brokers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["free_segments"].as_u64().unwrap())
-        .collect()
+    status.brokers.iter().map(|b| b.free_segments).collect()
 }
 
 /// A subscriber from the beginning (position 0, or 0 on every broker).

@@ -108,7 +108,7 @@ impl Admin {
         to_python(py, &cluster)
     }
 
-    /// The raw ``/v1/status`` document (what ``embarcadero status`` prints).
+    /// The ``/v1/status`` document (what ``embarcadero status`` prints).
     fn status(&self, py: Python<'_>) -> PyResult<PyObject> {
         let status = py.allow_threads(|| self.inner.status()).map_err(to_py)?;
         to_python(py, &status)

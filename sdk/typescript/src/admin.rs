@@ -75,7 +75,7 @@ impl NativeAdmin {
     #[napi]
     pub async fn status(&self) -> napi::Result<Value> {
         let admin = self.admin.clone();
-        blocking(move || admin.status()).await
+        blocking(move || admin.status().map(json)).await
     }
 }
 

@@ -89,7 +89,7 @@ pub fn run(cmd: TaskCommand) -> CliResult {
 }
 
 /// The summary of a /metrics text: the states that have tasks or steps, and the lag.
-fn stats(metrics: &str) -> String {
+pub fn stats(metrics: &str) -> String {
     let mut lines = Vec::new();
     for kind in ["tasks", "steps"] {
         let prefix = format!("embarcadero_workflow_{kind}{{state=\"");

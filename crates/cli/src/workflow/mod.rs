@@ -2,12 +2,31 @@
 //! engine in `embarcadero-workflow`), and `task` and `template` (clients of its API).
 //! Owns their arguments and output; the engine does the work.
 
+mod announce;
 mod commands;
 mod manage;
 mod serve;
 
 pub use commands::{task, template, TaskCommand, TemplateCommand};
 pub use serve::{orchestrator, worker, OrchestratorArgs, WorkerArgs};
+
+/// `status`'s lines for the workflow engines that announced themselves to the head: each
+/// one's address, then its task and step counts and queue lag (as `task stats`).
+pub fn engines_text(services: &[embarcadero_client::ServiceInfo]) -> String {
+    let mut out = String::new();
+    for s in services.iter().filter(|s| s.kind == announce::KIND) {
+        out.push_str(&format!("workflow engine   API http://{}\n", s.addr));
+        let client = embarcadero_workflow::client::ApiClient::new(&s.addr);
+        let summary = match client.metrics() {
+            Ok(metrics) => manage::stats(&metrics),
+            Err(e) => format!("unreachable: {e}"),
+        };
+        for line in summary.lines() {
+            out.push_str(&format!("  {line}\n"));
+        }
+    }
+    out
+}
 
 /// Where the workflow API is; shared by `task` and `template`.
 #[derive(clap::Args, Clone)]

@@ -91,11 +91,15 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
         handler,
     )
     .map_err(|e| format!("cannot serve the API: {e}"))?;
+    let announcer =
+        super::announce::Announcer::start(&args.log.control.control, http.local_addr().to_string())
+            .map_err(|e| format!("cannot start the announcer thread: {e}"))?;
     eprintln!(
         "workflow orchestrator is serving: API http://{}",
         http.local_addr()
     );
     let ended = wait_for_stop(&stop, || orchestrator.engine.failure.lock().clone());
+    drop(announcer);
     http.stop();
     orchestrator.stop();
     ended
