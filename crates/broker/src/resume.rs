@@ -306,6 +306,14 @@ mod tests {
         let next = w.reserve(1500).unwrap();
         assert_eq!(next.pbr_index, 4);
         assert!(next.log_offset >= r.tail);
+        // The dead reservation had mapped logical 2; the successor maps it a second
+        // time, and the first physical segment is not lost: it went back to the pool.
+        assert_eq!(next.log_offset / caps().segment_bytes, 2);
+        assert_eq!(
+            pool.free_count(),
+            8 - 3,
+            "mapping logical 2 again takes one segment, and only one"
+        );
         let p = region.blog_ptr(1, 1, next.log_offset, 1500).unwrap() as usize;
         let old = region
             .blog_ptr(1, 1, before[3].log_offset, before[3].len)
