@@ -306,7 +306,10 @@ def table(args):
 
 
 # The plot: hand-written SVG (standard library only). Colours per engine, shades per percentile.
-COLOURS = {"tasker": ("#f4a582", "#d6604d", "#b2182b"), "embarcadero": ("#92c5de", "#4393c3", "#2166ac")}
+COLOURS = {
+    "tasker": ("#f4a582", "#d6604d", "#b2182b"),
+    "embarcadero": ("#92c5de", "#4393c3", "#2166ac"),
+}
 PCTS = ("p50", "p95", "p99")
 
 
@@ -332,7 +335,8 @@ def log_y_grid(x0, y0, w, h, lo, hi, label):
         v = lo * 10**k
         out.append(f'<line x1="{x0}" y1="{y(v):.1f}" x2="{x0 + w}" y2="{y(v):.1f}" stroke="#ddd"/>')
         out.append(svg_text(x0 - 4, y(v) + 4, f"{v:g}", anchor="end"))
-    out.append(svg_text(x0 - 44, y0 + h / 2, label, extra=f'transform="rotate(-90 {x0 - 44} {y0 + h / 2})"'))
+    turn = f'transform="rotate(-90 {x0 - 44} {y0 + h / 2})"'
+    out.append(svg_text(x0 - 44, y0 + h / 2, label, extra=turn))
     return out, y
 
 
@@ -366,9 +370,9 @@ def sustained_panel(runs, x0, y0, w, h):
     pts = [(r["engine"], r["sustained"]) for r in runs if r.get("sustained", {}).get("n")]
     if not pts:
         return [svg_text(x0 + w / 2, y0 + h / 2, "no sustained run")]
-    xlo, xhi = log_axis(min(s["tasks_per_s"] for _, s in pts), max(s["tasks_per_s"] for _, s in pts))
-    out, y = log_y_grid(x0, y0, w, h, *log_axis(min(s["p99"] for _, s in pts),
-                                                 max(s["p99"] for _, s in pts)), "p99 ms (log)")
+    rates, p99s = [s["tasks_per_s"] for _, s in pts], [s["p99"] for _, s in pts]
+    xlo, xhi = log_axis(min(rates), max(rates))
+    out, y = log_y_grid(x0, y0, w, h, *log_axis(min(p99s), max(p99s)), "p99 ms (log)")
     xspan = math.log10(xhi) - math.log10(xlo)
 
     def x(v):
@@ -382,9 +386,10 @@ def sustained_panel(runs, x0, y0, w, h):
     out.append(svg_text(x0 + w / 2, y0 - 10, "sustained: throughput against p99", 13))
     for engine, s in pts:
         px, py = x(s["tasks_per_s"]), y(s["p99"])
-        out.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="5" fill="{COLOURS.get(engine, ("#888",) * 3)[2]}"/>')
-        out.append(svg_text(px + 8, py - 6, f"{engine}: {s['tasks_per_s']:.1f}/s, p99 {s['p99']:.0f} ms "
-                            f"({s['clients']} clients)", anchor="start"))
+        fill = COLOURS.get(engine, ("#888",) * 3)[2]
+        out.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="5" fill="{fill}"/>')
+        text = f"{engine}: {s['tasks_per_s']:.1f}/s, p99 {s['p99']:.0f} ms ({s['clients']} clients)"
+        out.append(svg_text(px + 8, py - 6, text, anchor="start"))
     return out
 
 

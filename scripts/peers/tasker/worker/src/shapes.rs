@@ -82,7 +82,10 @@ fn choose(step: &TaskSequenceStep) -> Result<Value, String> {
 fn csv_analyze(step: &TaskSequenceStep) -> Result<Value, String> {
     let ctx = context(step);
     let rows = ctx["rows"].as_u64().unwrap_or(1000);
-    let workers = ctx["worker_count"].as_u64().unwrap_or(5).clamp(1, rows.max(1));
+    let workers = ctx["worker_count"]
+        .as_u64()
+        .unwrap_or(5)
+        .clamp(1, rows.max(1));
     let cursors: Vec<CursorConfig> = (0..workers)
         .map(|k| {
             let (start, end) = (rows * k / workers, rows * (k + 1) / workers);
