@@ -390,7 +390,8 @@ def sustained_panel(runs, x0, y0, w, h):
         out.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="5" fill="{fill}"/>')
         text = f"{engine}: {s['tasks_per_s']:.1f}/s, p99 {s['p99']:.0f} ms ({s['clients']} clients)"
         right = px > x0 + w / 2  # a label right of a point in the right half would be cut off
-        out.append(svg_text(px - 8 if right else px + 8, py - 6, text, anchor="end" if right else "start"))
+        tx, anchor = (px - 8, "end") if right else (px + 8, "start")
+        out.append(svg_text(tx, py - 6, text, anchor=anchor))
     return out
 
 
