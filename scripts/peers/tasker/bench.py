@@ -3,27 +3,56 @@
 
 Per shape, two methods:
   poll50: Tasker's own method: POST /v1/tasks, then GET every 50 ms until
-          execution_status == all_complete (50 samples by default);
+          execution_status == all_complete (50 samples by default); for the shapes whose
+          steps are created at run time (DYNAMIC) also status == complete, see wait_complete;
   raw:    POST until the engine first reports the task complete: Embarcadero's long poll
           (GET ?wait=), Tasker polled every 1 ms (it has no long poll); 200 samples by default.
 `sustained` runs closed-loop clients creating linear tasks and reports throughput and p99.
-Results go to a JSON file; `table` prints two such files side by side. Standard library only.
+Before measuring, `measure` runs one task of each shape with a known answer and checks its
+final step's result in the engine (a wrong answer stops the run).
+Results go to a JSON file; `table` prints two such files side by side and `plot` draws them
+as an SVG (p50/p95/p99 per shape, log scale; throughput against p99). Standard library only.
 """
 
 import argparse
 import http.client
 import json
+import math
 import sys
 import threading
 import time
 import uuid
 
-SHAPES = {  # template name, the root's number (larger shapes overflow 64 bits when squaring 2)
-    "linear": ("linear", 2),
-    "diamond": ("diamond", 2),
-    "complex_dag": ("complex_dag", 1),
-    "tree": ("tree", 1),
-    "concurrent_2x": ("linear", 2),
+# template name, the root's number (larger shapes overflow 64 bits when squaring 2), and
+# further context: the conditional's decision creates the two branches `branches` names.
+SHAPES = {
+    "linear": ("linear", 2, {}),
+    "diamond": ("diamond", 2, {}),
+    "conditional": ("conditional", 2, {"branches": ["medium", "huge"]}),
+    "complex_dag": ("complex_dag", 1, {}),
+    "tree": ("tree", 1, {}),
+    "batch": ("batch", 2, {}),
+    "concurrent_2x": ("linear", 2, {}),
+}
+
+
+def csv_value(rows):
+    """The inventory value of the synthetic CSV's rows (csv.process_batch's arithmetic)."""
+    return sum((100 + (i * 37) % 1000) * (1 + i % 9) for i in rows)
+
+
+# Per shape checked before measuring: the steps that must exist, and the last step's result.
+# linear: 2 -> 4 -> 16 -> 256 -> 65536; diamond: 4, 16, 16, (16*16)^2; conditional: the two
+# branches created square the context's 2, the convergence (4*4)^2; batch: 1000 rows in 5.
+EXPECTED = {
+    "linear": (["one", "two", "three", "four"], "four", 65536),
+    "diamond": (["start", "left", "right", "join"], "join", 65536),
+    "conditional": (["start", "route", "medium", "huge", "converge"], "converge", 256),
+    "batch": (
+        ["analyze"] + [f"process_{k:03}" for k in range(1, 6)] + ["aggregate"],
+        "aggregate",
+        {"rows": 1000, "value": csv_value(range(1000)), "batches": 5},
+    ),
 }
 
 
@@ -58,13 +87,13 @@ class Api:
                     raise
         raise AssertionError("unreachable")
 
-    def create(self, template, number):
+    def create(self, template, number, extra=None):
         body = {
             "name": template,
             "namespace": "bench",
             "version": "1.0.0",
             # A unique field: Tasker's default identity strategy refuses an identical context.
-            "context": {"even_number": number, "run": str(uuid.uuid4())},
+            "context": {"even_number": number, "run": str(uuid.uuid4()), **(extra or {})},
             "initiator": "bench",
             "source_system": "bench",
             "reason": "issue 25 benchmark",
@@ -86,13 +115,20 @@ class Api:
         raise AssertionError("unreachable")
 
 
-def wait_complete(api, task, engine, interval):
+# Shapes whose steps a decision or batchable step creates at run time. Tasker 0.1.8 reports
+# execution_status all_complete in the window between such a step's completion and the
+# creation of the steps it asks for (its task is then still `evaluating_results`), so for
+# these shapes a task is done only once its status is also `complete`, in both engines.
+DYNAMIC = {"conditional", "batch"}
+
+
+def wait_complete(api, task, engine, interval, dynamic=False):
     """Returns when the task is complete; interval None means Embarcadero's long poll."""
     path = f"/v1/tasks/{task}" + ("?wait=10" if interval is None else "")
     give_up = time.perf_counter() + STUCK_S
     while True:
         t = api.call("GET", path)
-        if t["execution_status"] == "all_complete":
+        if t["execution_status"] == "all_complete" and (not dynamic or t["status"] == "complete"):
             return True
         if time.perf_counter() > give_up:
             STUCK.append(task)
@@ -107,13 +143,15 @@ def wait_complete(api, task, engine, interval):
 
 def one_sample(apis, shape, engine, interval):
     """The sample's milliseconds, or None when a task of it got stuck (see STUCK)."""
-    template, number = SHAPES[shape]
+    template, number, extra = SHAPES[shape]
     start = time.perf_counter()
     done = []
     if shape == "concurrent_2x":  # two linear tasks at once; the sample ends when both are done
         threads = [
             threading.Thread(
-                target=lambda a: done.append(run_one(a, template, number, engine, interval)),
+                target=lambda a: done.append(
+                    run_one(a, template, number, engine, interval, extra)
+                ),
                 args=(a,),
             )
             for a in apis[:2]
@@ -125,13 +163,44 @@ def one_sample(apis, shape, engine, interval):
         if len(done) != 2:  # a thread raised (its traceback is printed): fail, do not drop it
             raise RuntimeError(f"{engine} concurrent_2x: a task failed")
     else:
-        done.append(run_one(apis[0], template, number, engine, interval))
+        done.append(run_one(apis[0], template, number, engine, interval, extra))
     ms = (time.perf_counter() - start) * 1000
     return ms if all(done) else None
 
 
-def run_one(api, template, number, engine, interval):
-    return wait_complete(api, api.create(template, number), engine, interval)
+def run_one(api, template, number, engine, interval, extra=None):
+    task = api.create(template, number, extra)
+    return wait_complete(api, task, engine, interval, template in DYNAMIC)
+
+
+def step_results(api, engine, task):
+    """{step name: result} of a finished task, as each engine reports it."""
+    if engine == "embarcadero":
+        return {s["name"]: s.get("result") for s in api.call("GET", f"/v1/tasks/{task}")["steps"]}
+    steps = api.call("GET", f"/v1/tasks/{task}/workflow_steps")
+    if isinstance(steps, dict):  # a wrapped list
+        steps = next(v for v in steps.values() if isinstance(v, list))
+    out = {}
+    for s in steps:
+        r = s.get("results")
+        # Tasker stores the whole StepExecutionResult; the handler's value is its `result`.
+        if isinstance(r, dict) and "result" in r and ("success" in r or "step_uuid" in r):
+            r = r["result"]
+        out[s["name"]] = r
+    return out
+
+
+def check(api, engine, shape):
+    """Runs one task of `shape` and fails unless its steps and last result are as expected."""
+    template, number, extra = SHAPES[shape]
+    names, last, want = EXPECTED[shape]
+    task = api.create(template, number, extra)
+    if not wait_complete(api, task, engine, 0.01, template in DYNAMIC):
+        raise RuntimeError(f"{engine} {shape}: check task {task} did not complete")
+    got = step_results(api, engine, task)
+    if sorted(got) != sorted(names) or got[last] != want:
+        raise RuntimeError(f"{engine} {shape}: steps {got}, want {names} and {last} = {want}")
+    print(f"{engine} {shape}: checked, {last} = {json.dumps(got[last])}", file=sys.stderr)
 
 
 def pct(sorted_ms, p):
@@ -170,8 +239,11 @@ def sustained(address, engine, clients, seconds, interval):
 def measure(args):
     raw_interval = None if args.engine == "embarcadero" else 0.001
     apis = [Api(args.api), Api(args.api)]
-    out = {"engine": args.engine, "shapes": {}}
+    out = {"engine": args.engine, "shapes": {}, "checked": []}
     for shape in args.shapes.split(","):
+        if shape in EXPECTED:
+            check(apis[0], args.engine, shape)
+            out["checked"].append(shape)
         one_sample(apis, shape, args.engine, raw_interval)  # warm-up, not counted
         poll = [one_sample(apis, shape, args.engine, 0.05) for _ in range(args.poll_samples)]
         raw = [one_sample(apis, shape, args.engine, raw_interval) for _ in range(args.raw_samples)]
@@ -233,6 +305,125 @@ def table(args):
             )
 
 
+# The plot: hand-written SVG (standard library only). Colours per engine, shades per percentile.
+COLOURS = {
+    "tasker": ("#f4a582", "#d6604d", "#b2182b"),
+    "embarcadero": ("#92c5de", "#4393c3", "#2166ac"),
+}
+PCTS = ("p50", "p95", "p99")
+
+
+def log_axis(lo, hi):
+    """Decade bounds covering [lo, hi] (ms or tasks/s, all > 0)."""
+    return 10 ** math.floor(math.log10(max(lo, 1e-3))), 10 ** math.ceil(math.log10(max(hi, 1e-3)))
+
+
+def svg_text(x, y, text, size=11, anchor="middle", extra=""):
+    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
+            f'font-family="sans-serif" {extra}>{text}</text>')
+
+
+def log_y_grid(x0, y0, w, h, lo, hi, label):
+    """Horizontal decade lines and labels of a log-scale y axis; returns (elements, y of value)."""
+    span = math.log10(hi) - math.log10(lo)
+
+    def y(v):
+        return y0 + h - (math.log10(max(v, lo)) - math.log10(lo)) / span * h
+
+    out = []
+    for k in range(round(span) + 1):
+        v = lo * 10**k
+        out.append(f'<line x1="{x0}" y1="{y(v):.1f}" x2="{x0 + w}" y2="{y(v):.1f}" stroke="#ddd"/>')
+        out.append(svg_text(x0 - 4, y(v) + 4, f"{v:g}", anchor="end"))
+    turn = f'transform="rotate(-90 {x0 - 44} {y0 + h / 2})"'
+    out.append(svg_text(x0 - 44, y0 + h / 2, label, extra=turn))
+    return out, y
+
+
+def latency_panel(runs, method, x0, y0, w, h):
+    """Bars of p50/p95/p99 per shape and engine for one method, log-scale milliseconds."""
+    shapes = list(dict.fromkeys(s for r in runs for s in r["shapes"]))
+    values = [r["shapes"][s][method][p] for r in runs for s in r["shapes"] for p in PCTS]
+    lo, hi = log_axis(min(values), max(values))
+    out, y = log_y_grid(x0, y0, w, h, lo, hi, "ms (log)")
+    out.append(svg_text(x0 + w / 2, y0 - 10, f"latency per shape, method {method}", 13))
+    group = w / max(len(shapes), 1)
+    bar = group * 0.8 / (3 * len(runs))
+    for i, shape in enumerate(shapes):
+        gx = x0 + i * group + group * 0.1
+        for j, r in enumerate(runs):
+            res = r["shapes"].get(shape, {}).get(method)
+            for k, p in enumerate(PCTS):
+                if not res:
+                    continue
+                bx, top = gx + (j * 3 + k) * bar, y(res[p])
+                fill = COLOURS.get(r["engine"], ("#ccc",) * 3)[k]
+                out.append(f'<rect x="{bx:.1f}" y="{top:.1f}" width="{bar - 1:.1f}" '
+                           f'height="{y0 + h - top:.1f}" fill="{fill}"><title>{r["engine"]} '
+                           f'{shape} {p} {res[p]:.1f} ms</title></rect>')
+        out.append(svg_text(x0 + i * group + group / 2, y0 + h + 14, shape))
+    return out
+
+
+def sustained_panel(runs, x0, y0, w, h):
+    """One point per engine: sustained throughput (x, log) against its p99 (y, log)."""
+    pts = [(r["engine"], r["sustained"]) for r in runs if r.get("sustained", {}).get("n")]
+    if not pts:
+        return [svg_text(x0 + w / 2, y0 + h / 2, "no sustained run")]
+    rates, p99s = [s["tasks_per_s"] for _, s in pts], [s["p99"] for _, s in pts]
+    xlo, xhi = log_axis(min(rates), max(rates))
+    out, y = log_y_grid(x0, y0, w, h, *log_axis(min(p99s), max(p99s)), "p99 ms (log)")
+    xspan = math.log10(xhi) - math.log10(xlo)
+
+    def x(v):
+        return x0 + (math.log10(v) - math.log10(xlo)) / xspan * w
+
+    for k in range(round(xspan) + 1):
+        v = xlo * 10**k
+        out.append(f'<line x1="{x(v):.1f}" y1="{y0}" x2="{x(v):.1f}" y2="{y0 + h}" stroke="#ddd"/>')
+        out.append(svg_text(x(v), y0 + h + 14, f"{v:g}"))
+    out.append(svg_text(x0 + w / 2, y0 + h + 30, "tasks/s (log)"))
+    out.append(svg_text(x0 + w / 2, y0 - 10, "sustained: throughput against p99", 13))
+    for engine, s in pts:
+        px, py = x(s["tasks_per_s"]), y(s["p99"])
+        fill = COLOURS.get(engine, ("#888",) * 3)[2]
+        out.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="5" fill="{fill}"/>')
+        text = f"{engine}: {s['tasks_per_s']:.1f}/s, p99 {s['p99']:.0f} ms ({s['clients']} clients)"
+        right = px > x0 + w / 2  # a label right of a point in the right half would be cut off
+        tx, anchor = (px - 8, "end") if right else (px + 8, "start")
+        out.append(svg_text(tx, py - 6, text, anchor=anchor))
+    return out
+
+
+def legend(runs, x0, y0):
+    out = []
+    for j, r in enumerate(runs):
+        for k, p in enumerate(PCTS):
+            fill = COLOURS.get(r["engine"], ("#ccc",) * 3)[k]
+            x = x0 + (j * 3 + k) * 130
+            out.append(f'<rect x="{x}" y="{y0}" width="12" height="12" fill="{fill}"/>')
+            out.append(svg_text(x + 16, y0 + 10, f"{r['engine']} {p}", anchor="start"))
+    return out
+
+
+def plot(args):
+    runs = []
+    for path in args.files:
+        with open(path) as f:
+            runs.append(json.load(f))
+    width, panel = 960, 260
+    body = legend(runs, 80, 12)
+    body += latency_panel(runs, "raw", 80, 60, width - 110, panel)
+    body += latency_panel(runs, "poll50", 80, 60 + panel + 70, width - 110, panel)
+    body += sustained_panel(runs, 80, 60 + 2 * (panel + 70), width - 110, panel)
+    height = 60 + 3 * (panel + 70)
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}"><rect width="100%" height="100%" fill="white"/>\n'
+           + "\n".join(body) + "\n</svg>\n")
+    with open(args.out, "w") as f:
+        f.write(svg)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -248,8 +439,11 @@ def main():
     m.add_argument("--out", required=True)
     t = sub.add_parser("table", help="print result files side by side (first / second = ratio)")
     t.add_argument("files", nargs="+")
+    g = sub.add_parser("plot", help="draw result files as an SVG")
+    g.add_argument("files", nargs="+")
+    g.add_argument("--out", required=True, help="the SVG file to write")
     args = p.parse_args()
-    measure(args) if args.cmd == "measure" else table(args)
+    {"measure": measure, "table": table, "plot": plot}[args.cmd](args)
 
 
 if __name__ == "__main__":

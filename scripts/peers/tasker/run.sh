@@ -4,7 +4,9 @@
 # Embarcadero: serve + orchestrator + worker, events durable with RF 2 and ack 2.
 # Each engine runs alone (the other's processes stopped); bench.py drives both over HTTP.
 # Needs install.sh first. Usage: [EMBARCADERO=path] [ENGINES="tasker embarcadero"] [SUSTAINED_S=20]
-#   [RAW_SAMPLES=200] scripts/peers/tasker/run.sh [OUT_DIR]
+#   [RAW_SAMPLES=200] [POLL_SAMPLES=50] [SHAPES=linear,batch,...] scripts/peers/tasker/run.sh [OUT_DIR]
+# Writes OUT_DIR/table.txt and OUT_DIR/plot.svg, and each half's /proc/loadavg at its start and end
+# into OUT_DIR/load.txt (the machine is shared: the load goes with the figures).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=env.sh
 source "$(dirname "$0")/env.sh"
@@ -13,7 +15,9 @@ EMB=${EMBARCADERO:-$REPO/target/release/embarcadero}
 OUT=${1:-$(mktemp -d)}
 RUN=$OUT/logs
 SUSTAINED_S=${SUSTAINED_S:-20}
-BENCH=(python3 "$PEER_DIR/bench.py" measure --sustained-seconds "$SUSTAINED_S" ${RAW_SAMPLES:+--raw-samples "$RAW_SAMPLES"})
+BENCH=(python3 "$PEER_DIR/bench.py" measure --sustained-seconds "$SUSTAINED_S"
+  ${RAW_SAMPLES:+--raw-samples "$RAW_SAMPLES"} ${POLL_SAMPLES:+--poll-samples "$POLL_SAMPLES"}
+  ${SHAPES:+--shapes "$SHAPES"})
 mkdir -p "$RUN"
 
 # Waits (up to 120 s) for a process's readiness line in its log; fails with the log's tail.
@@ -66,8 +70,13 @@ run_embarcadero() {
 }
 
 ENGINES=${ENGINES:-tasker embarcadero}
-for engine in $ENGINES; do "run_$engine"; done
+for engine in $ENGINES; do
+  echo "$engine start $(cat /proc/loadavg)" | tee -a "$OUT/load.txt"
+  "run_$engine"
+  echo "$engine end $(cat /proc/loadavg)" | tee -a "$OUT/load.txt"
+done
 results=()  # Tasker first: the table's ratio is Tasker's p50 over ours
 for engine in tasker embarcadero; do [ ! -f "$OUT/$engine.json" ] || results+=("$OUT/$engine.json"); done
 python3 "$PEER_DIR/bench.py" table "${results[@]}" | tee "$OUT/table.txt"
+python3 "$PEER_DIR/bench.py" plot "${results[@]}" --out "$OUT/plot.svg"
 echo "results and logs in $OUT"

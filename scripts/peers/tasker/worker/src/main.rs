@@ -1,7 +1,8 @@
 //! Tasker worker with the benchmark's handlers, for the side-by-side benchmark of issue 25.
 //! It boots tasker-worker (which registers the YAML templates in TASKER_TEMPLATE_PATH and
 //! listens on its namespace queues) and serves the dispatch channel with our handlers:
-//! `math.square`, the same arithmetic as Embarcadero's built-in handler of that name.
+//! `math.square`, the same arithmetic as Embarcadero's built-in handler of that name, and
+//! the conditional and CSV batch shapes' handlers (module `shapes`).
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
@@ -15,6 +16,8 @@ use tasker_worker::worker::handlers::{
 };
 use tasker_worker::{TaskSequenceStep, WorkerBootstrap};
 use tokio::signal::unix::{signal, SignalKind};
+
+mod shapes;
 
 /// Handlers by their template `callable`; fixed at start, so lookups need no lock.
 struct Registry(HashMap<String, Arc<dyn StepHandler>>);
@@ -35,31 +38,41 @@ impl StepHandlerRegistry for Registry {
     }
 }
 
-/// Squares the product of the direct dependencies' results, or for a root step the task
-/// context's `even_number` (Embarcadero's `math.square`, so both engines do the same work).
+/// Squares the product of the direct dependencies' integer results, or, when there is no
+/// such result, the task context's `even_number` (Embarcadero's `math.square`, so both engines
+/// do the same work). As there, a decision's outcome is not a number and is skipped, and so is
+/// a dependency a decision never created (a deferred convergence's).
 struct Square;
 
 fn square(step: &TaskSequenceStep) -> Result<i64, String> {
-    let deps = &step.step_definition.dependencies;
-    let input = if deps.is_empty() {
-        let context = step.task.task.context.as_ref();
-        context
+    let mut product: Option<i64> = None;
+    for name in &step.step_definition.dependencies {
+        let Some(result) = step.dependency_results.get(name).map(|r| &r.result) else {
+            continue;
+        };
+        if result.get("decision_point_outcome").is_some() {
+            continue;
+        }
+        let value = result
+            .as_i64()
+            .ok_or_else(|| format!("no integer result from dependency `{name}`"))?;
+        let so_far = product.unwrap_or(1);
+        product = Some(
+            so_far
+                .checked_mul(value)
+                .ok_or("the product overflows 64 bits")?,
+        );
+    }
+    let input = match product {
+        Some(p) => p,
+        None => step
+            .task
+            .task
+            .context
+            .as_ref()
             .and_then(|c| c.get("even_number"))
             .and_then(Value::as_i64)
-            .ok_or("context field `even_number` is not an integer")?
-    } else {
-        let mut product: i64 = 1;
-        for name in deps {
-            let value = step
-                .dependency_results
-                .get(name)
-                .and_then(|r| r.result.as_i64())
-                .ok_or_else(|| format!("no integer result from dependency `{name}`"))?;
-            product = product
-                .checked_mul(value)
-                .ok_or("the product overflows 64 bits")?;
-        }
-        product
+            .ok_or("context field `even_number` is not an integer")?,
     };
     input
         .checked_mul(input)
@@ -92,6 +105,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok_or("the worker gave no dispatch handles")?;
     let mut handlers: HashMap<String, Arc<dyn StepHandler>> = HashMap::new();
     handlers.insert("math.square".into(), Arc::new(Square));
+    shapes::register(&mut handlers);
     let (service, _capacity) = HandlerDispatchService::new(
         dispatch.dispatch_receiver,
         dispatch.completion_sender,
