@@ -14,7 +14,7 @@ use crate::CliResult;
 use embarcadero_bench::ceilings::{measure_all, CeilingPlan};
 use embarcadero_cli::local_cluster::shm_or;
 use embarcadero_client::{
-    Admin, LatencySummary, Publisher, PublisherConfig, PublisherStats, Subscriber,
+    Admin, LatencySummary, Publisher, PublisherConfig, PublisherStats, Subscriber, Transport,
     SubscriberConfig, TopicSpec,
 };
 use embarcadero_server::{cpu, Server, ServerConfig};
@@ -60,6 +60,11 @@ pub struct BenchArgs {
     /// Message payload size in bytes.
     #[arg(long, default_value_t = 1024)]
     pub size: usize,
+    /// How the publishers reach the brokers: `auto` (shared memory to a broker on this
+    /// host, else TCP), `tcp` or `shm`. A comma-separated list runs each in turn:
+    /// `--transport tcp,shm`.
+    #[arg(long, value_delimiter = ',', default_value = "auto", value_name = "auto|tcp|shm")]
+    pub transport: Vec<Transport>,
     /// Total payload bytes to publish.
     #[arg(long, default_value_t = 1 << 30)]
     pub total_bytes: u64,
@@ -161,6 +166,8 @@ fn parse_rate(text: &str) -> Result<Rate, String> {
 #[derive(Debug, Clone, Copy)]
 pub struct RunConfig {
     pub order: u8,
+    /// How the run's publishers reach the brokers.
+    pub transport: Transport,
     /// MB/s of payload on a fixed schedule; `None`: as fast as possible.
     pub rate: Option<f64>,
 }
@@ -172,15 +179,19 @@ fn configurations(args: &BenchArgs) -> Vec<RunConfig> {
     } else {
         args.rate.clone()
     };
-    args.order
-        .iter()
-        .flat_map(|&order| {
-            rates.iter().map(move |rate| RunConfig {
-                order,
-                rate: rate.0,
-            })
-        })
-        .collect()
+    let mut runs = Vec::new();
+    for &order in &args.order {
+        for &transport in &args.transport {
+            for rate in &rates {
+                runs.push(RunConfig {
+                    order,
+                    transport,
+                    rate: rate.0,
+                });
+            }
+        }
+    }
+    runs
 }
 
 /// Refuses combinations that cannot run, before anything starts.
@@ -232,10 +243,11 @@ pub fn run(args: BenchArgs) -> CliResult {
                 .rate
                 .map_or("as fast as possible".to_string(), |r| format!("{r} MB/s"));
             say!(
-                "== run {} of {}: order {}, {rate}",
+                "== run {} of {}: order {}, {}, {rate}",
                 i + 1,
                 configs.len(),
-                config.order
+                config.order,
+                config.transport
             );
         }
         let figures = if args.mode == "failure" {
@@ -790,9 +802,10 @@ fn print_cpu_and_stages(cpu: &CpuFigures, bytes: f64, stages: &StageFigures) {
 /// The first line of a run's human report.
 fn print_run_header(args: &BenchArgs, config: RunConfig, publishers: usize) {
     say!(
-        "mode {}  order {}  ack {}  rf {}  {} B messages  {} brokers x {} connections  {} publisher(s){}",
+        "mode {}  order {}  transport {}  ack {}  rf {}  {} B messages  {} brokers x {} connections  {} publisher(s){}",
         args.mode,
         config.order,
+        config.transport,
         args.ack,
         args.rf,
         args.size,
@@ -966,6 +979,7 @@ fn common_figures(
         "mode": args.mode,
         "publishers": outcome.runs.len(),
         "order": config.order,
+        "transport": config.transport.to_string(),
         "ack": args.ack,
         "rf": args.rf,
         "message_bytes": args.size,
@@ -1073,7 +1087,7 @@ fn publish_all<T>(
     stamp_ids: bool,
     monitor: impl FnOnce(&Publishing) -> Result<T, String>,
 ) -> Result<(PublishOutcome, T), String> {
-    let publishers = connect_publishers(control, topic, args)?;
+    let publishers = connect_publishers(control, topic, args, config.transport)?;
     let count = publishers.len();
     let messages = message_count(args);
     let progress = AtomicU64::new(0);
@@ -1144,8 +1158,10 @@ fn connect_publishers(
     control: &str,
     topic: &str,
     args: &BenchArgs,
+    transport: Transport,
 ) -> Result<Vec<Publisher>, String> {
     let publisher_config = PublisherConfig {
+        transport,
         ack_level: args.ack,
         batch_bytes: args.batch_bytes,
         linger: Duration::from_micros(args.linger_us),

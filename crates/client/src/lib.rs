@@ -9,12 +9,14 @@
 mod admin;
 mod conn;
 mod publisher;
+mod shm;
 mod subscriber;
 
 pub use admin::{
     check_topic_name, Admin, BrokerAddr, BrokerLogInfo, ClusterInfo, ReaderLag, ReplicaError,
     TopicHealth, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
 };
+pub use shm::Transport;
 pub use publisher::{LatencySummary, Publisher, PublisherConfig, PublisherStats, QueueStats};
 pub use subscriber::{Cursor, Message, MessageRef, SharedBatch, Subscriber, SubscriberConfig};
 
