@@ -286,11 +286,18 @@ fn handle(shared: &Shared, sock: UnixStream) {
     let _ = sock.shutdown(std::net::Shutdown::Both);
 }
 
-/// Checks the peer's uid, receives the hello and the memfd, checks and maps it.
+/// Receives the hello and the memfd, checks the peer's uid, checks and maps the memfd.
 fn open<'s>(
     shared: &'s Shared,
     sock: &UnixStream,
 ) -> Result<(ShmInbound<'s>, AckSink, [u8; HELLO_LEN]), End> {
+    // The hello first, whoever sent it: a refusal written while the client is still
+    // sending would meet a closed socket there instead of being read. The fd of a
+    // refused client is closed unmapped.
+    let mut raw = [0u8; HELLO_LEN];
+    let fd = socket::recv_hello(sock, &mut raw, HELLO_TIMEOUT).map_err(|e| {
+        Refusal::new(ErrorCode::ShmRefused, format!("shared-memory handshake: {e}"))
+    })?;
     let uid = socket::peer_uid(sock)?;
     let own = socket::own_uid();
     if uid != own && !shared.config.shm_allowed_uids.contains(&uid) {
@@ -304,10 +311,6 @@ fn open<'s>(
         )
         .into());
     }
-    let mut raw = [0u8; HELLO_LEN];
-    let fd = socket::recv_hello(sock, &mut raw, HELLO_TIMEOUT).map_err(|e| {
-        Refusal::new(ErrorCode::ShmRefused, format!("shared-memory handshake: {e}"))
-    })?;
     let (map, data_capacity) = socket::map_client_channel(&fd, shared.config.shm_max_ring_bytes)
         .map_err(|e| Refusal::new(ErrorCode::ShmRefused, e))?;
     drop(fd);
