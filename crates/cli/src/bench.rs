@@ -881,6 +881,8 @@ fn ceiling_ratios(figures: &Value) -> Value {
         "mb_per_s_to_loopback_tcp_ring",
         ceiling(figures, "loopback_tcp_ring"),
     );
+    // The bar of the shared-memory transport (issue 26).
+    throughput("mb_per_s_to_memcpy", ceiling(figures, "memcpy "));
     if figures["ack"].as_u64() == Some(2) {
         // The last fdatasync ceiling is the replicas' group-commit size.
         let sync = figures["ceilings"].as_array().and_then(|all| {
