@@ -8,8 +8,8 @@ use crate::fault::FaultDice;
 use crate::log_writer::{LogWriter, Reservation, ReserveError};
 use crate::net::{self, End, Refusal};
 use crate::payload_wait::{Arrival, Staged};
-use crate::transport::{Inbound, Sink};
 use crate::session::{self, SessionView};
+use crate::transport::{Inbound, Sink};
 use crate::{Shared, StageTimes};
 use crossbeam_queue::ArrayQueue;
 use embarcadero_region::backoff::Backoff;
@@ -332,7 +332,10 @@ impl<'a, I: Inbound> Receiver<'a, I> {
         match self.stream.await_payload(len, limit)? {
             Arrival::InSocket => Ok(None),
             Arrival::TooLargeForSocket => {
-                match self.stream.stage(len, deadline, &self.shared.staged_bytes)? {
+                match self
+                    .stream
+                    .stage(len, deadline, &self.shared.staged_bytes)?
+                {
                     Some(staged) => Ok(Some(staged)),
                     None => Err(slow_payload(header, limit).into()),
                 }

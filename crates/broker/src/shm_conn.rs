@@ -204,7 +204,10 @@ pub(crate) fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
         let open = &shared.metrics.connections_open;
         if open.fetch_add(1, Ordering::Relaxed) >= shared.config.max_connections {
             open.fetch_sub(1, Ordering::Relaxed);
-            shared.metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
+            shared
+                .metrics
+                .connections_refused
+                .fetch_add(1, Ordering::Relaxed);
             let refusal = Refusal::new(
                 ErrorCode::TooManyConnections,
                 format!(
@@ -259,9 +262,14 @@ fn handle(shared: &Shared, sock: UnixStream) {
                 .into(),
                 Ok((hello, topic, meta)) => match crate::TopicConn::hold(shared, topic) {
                     None => crate::net::unknown_topic(&hello.topic).into(),
-                    Some(_held) => {
-                        publish::run(shared, Ok(Sink::Shm(sink)), &mut inbound, hello, topic, meta)
-                    }
+                    Some(_held) => publish::run(
+                        shared,
+                        Ok(Sink::Shm(sink)),
+                        &mut inbound,
+                        hello,
+                        topic,
+                        meta,
+                    ),
                 },
             };
             (end, Some(inbound))
@@ -296,7 +304,10 @@ fn open<'s>(
     // refused client is closed unmapped.
     let mut raw = [0u8; HELLO_LEN];
     let fd = socket::recv_hello(sock, &mut raw, HELLO_TIMEOUT).map_err(|e| {
-        Refusal::new(ErrorCode::ShmRefused, format!("shared-memory handshake: {e}"))
+        Refusal::new(
+            ErrorCode::ShmRefused,
+            format!("shared-memory handshake: {e}"),
+        )
     })?;
     let uid = socket::peer_uid(sock)?;
     let own = socket::own_uid();
@@ -315,7 +326,10 @@ fn open<'s>(
         .map_err(|e| Refusal::new(ErrorCode::ShmRefused, e))?;
     drop(fd);
     let map = Arc::new(map);
-    let acks = Arc::new(Mutex::new(Producer::new(map.clone(), ack_ring(data_capacity))));
+    let acks = Arc::new(Mutex::new(Producer::new(
+        map.clone(),
+        ack_ring(data_capacity),
+    )));
     let inbound = ShmInbound {
         shared,
         sock: sock.try_clone()?,

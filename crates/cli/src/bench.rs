@@ -14,8 +14,8 @@ use crate::CliResult;
 use embarcadero_bench::ceilings::{measure_all, CeilingPlan};
 use embarcadero_cli::local_cluster::shm_or;
 use embarcadero_client::{
-    Admin, LatencySummary, Publisher, PublisherConfig, PublisherStats, Subscriber, Transport,
-    SubscriberConfig, TopicSpec,
+    Admin, LatencySummary, Publisher, PublisherConfig, PublisherStats, Subscriber,
+    SubscriberConfig, TopicSpec, Transport,
 };
 use embarcadero_server::{cpu, Server, ServerConfig};
 use hdrhistogram::Histogram;
@@ -43,7 +43,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub publishers: usize,
     /// Order level of the benchmark topic (`failure`: 2 or 5). A comma-separated list
-    /// runs a sweep, one run per order and rate, each on a fresh server: `--order 0,2,5`.
+    /// runs a sweep, one run per order, transport and rate, each on a fresh server:
+    /// `--order 0,2,5`.
     #[arg(long, value_delimiter = ',', default_value = "2")]
     pub order: Vec<u8>,
     /// Acknowledgement level: 0 fire and forget, 1 ordered (written, order 0), 2 durable
@@ -63,7 +64,12 @@ pub struct BenchArgs {
     /// How the publishers reach the brokers: `auto` (shared memory to a broker on this
     /// host, else TCP), `tcp` or `shm`. A comma-separated list runs each in turn:
     /// `--transport tcp,shm`.
-    #[arg(long, value_delimiter = ',', default_value = "auto", value_name = "auto|tcp|shm")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "auto",
+        value_name = "auto|tcp|shm"
+    )]
     pub transport: Vec<Transport>,
     /// Total payload bytes to publish.
     #[arg(long, default_value_t = 1 << 30)]
@@ -172,7 +178,7 @@ pub struct RunConfig {
     pub rate: Option<f64>,
 }
 
-/// Every combination of the listed orders and rates, orders outermost.
+/// Every combination of the listed orders, transports and rates, orders outermost.
 fn configurations(args: &BenchArgs) -> Vec<RunConfig> {
     let rates = if args.rate.is_empty() {
         vec![Rate(None)]

@@ -3,9 +3,7 @@
 mod source;
 
 use crate::{CliResult, ControlArg};
-use embarcadero_client::{
-    Admin, Publisher, PublisherConfig, PublisherStats, TopicInfo, Transport,
-};
+use embarcadero_client::{Admin, Publisher, PublisherConfig, PublisherStats, TopicInfo, Transport};
 use indicatif::{ProgressBar, ProgressState, ProgressStyle};
 use source::Source;
 use std::io::IsTerminal;
@@ -48,7 +46,12 @@ pub struct PubArgs {
     /// How to reach the brokers: `auto` uses a shared-memory channel to each broker on
     /// this host (when the broker allows this user), TCP to the others; `tcp`; `shm`
     /// (an error where shared memory cannot be used).
-    #[arg(long, default_value = "auto", env = "EMBARCADERO_TRANSPORT", value_name = "auto|tcp|shm")]
+    #[arg(
+        long,
+        default_value = "auto",
+        env = "EMBARCADERO_TRANSPORT",
+        value_name = "auto|tcp|shm"
+    )]
     pub transport: Transport,
 }
 

@@ -2,12 +2,12 @@
 //! publisher's connection is a [`Link`]: a TCP socket or a local shared-memory channel
 //! (`crate::shm`), chosen by its [`Transport`].
 
+use crate::shm::{ShmLink, Transport, Unavailable};
 use crate::{Error, Result};
 use embarcadero_wire::{
     BatchOk, ErrorCode, ErrorFrame, FrameHeader, FrameKind, Hello, HelloOk, FRAME_HEADER_LEN,
     MAX_ERROR_TEXT_LEN,
 };
-use crate::shm::{ShmLink, Transport, Unavailable};
 use std::io::{IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
@@ -99,7 +99,11 @@ pub fn handshake_link(
             Ok(Handshake::Refused(e))
                 if transport == Transport::Auto && e.code == ErrorCode::ShmRefused =>
             {
-                tracing::info!(broker = addr, "publishing over TCP: the broker refused a shared-memory channel: {}", e.message);
+                tracing::info!(
+                    broker = addr,
+                    "publishing over TCP: the broker refused a shared-memory channel: {}",
+                    e.message
+                );
             }
             Ok(answer) => {
                 if transport == Transport::Auto {
@@ -108,7 +112,10 @@ pub fn handshake_link(
                 return Ok(answer);
             }
             Err(Unavailable(why)) if transport == Transport::Auto => {
-                tracing::info!(broker = addr, "publishing over TCP: no shared-memory channel ({why})");
+                tracing::info!(
+                    broker = addr,
+                    "publishing over TCP: no shared-memory channel ({why})"
+                );
             }
             Err(Unavailable(why)) => {
                 return Err(Error::Connect {

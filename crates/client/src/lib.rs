@@ -16,8 +16,8 @@ pub use admin::{
     check_topic_name, Admin, BrokerAddr, BrokerLogInfo, ClusterInfo, ReaderLag, ReplicaError,
     TopicHealth, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
 };
-pub use shm::Transport;
 pub use publisher::{LatencySummary, Publisher, PublisherConfig, PublisherStats, QueueStats};
+pub use shm::Transport;
 pub use subscriber::{Cursor, Message, MessageRef, SharedBatch, Subscriber, SubscriberConfig};
 
 use embarcadero_wire::ErrorCode;

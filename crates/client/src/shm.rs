@@ -7,7 +7,7 @@
 //! thread), and the Unix socket that carries the handshake and tells either side that
 //! the other has gone. Touches: nothing else; never the region.
 
-use embarcadero_shm::layout::{ack_ring, data_ring, P_DATA_BELL, C_SPACE_BELL};
+use embarcadero_shm::layout::{ack_ring, data_ring, C_SPACE_BELL, P_DATA_BELL};
 use embarcadero_shm::{bell, socket, Consumer, Mapping, Producer, Waited};
 use std::io::{self, Read};
 use std::net::SocketAddr;
@@ -77,7 +77,9 @@ impl ShmLink {
     ) -> std::result::Result<(Arc<ShmLink>, UnixStream), Unavailable> {
         let names = socket::names_for(target);
         if names.is_empty() {
-            return Err(Unavailable(format!("{target} is not an address of this host")));
+            return Err(Unavailable(format!(
+                "{target} is not an address of this host"
+            )));
         }
         let sock = names
             .iter()
@@ -117,7 +119,10 @@ impl ShmLink {
         let s = socket2::SockRef::from(&self.sock);
         match s.recv_with_flags(&mut byte, libc_flags()) {
             Ok(_) => false,
-            Err(e) => matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted),
+            Err(e) => matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ),
         }
     }
 

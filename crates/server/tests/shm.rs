@@ -7,14 +7,13 @@
 mod common;
 
 use embarcadero_client::{
-    Error, Message, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
-    Transport,
+    Error, Message, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec, Transport,
 };
 use embarcadero_shm::layout::{self, ack_ring, data_ring};
 use embarcadero_shm::{socket, Consumer, Mapping, Producer, Waited};
 use embarcadero_wire::{
-    message_stride, BatchHeader, BlogMessageHeader, ErrorCode, ErrorFrame, FrameHeader,
-    FrameKind, Hello, Role,
+    message_stride, BatchHeader, BlogMessageHeader, ErrorCode, ErrorFrame, FrameHeader, FrameKind,
+    Hello, Role,
 };
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -66,7 +65,9 @@ fn exactly_once_in_order(t: &common::TestServer, topic: &str, config: PublisherC
                         .unwrap();
                 }
                 let id = p.client_id();
-                let stats = p.close().unwrap_or_else(|e| panic!("{topic}: not every message acknowledged: {e}"));
+                let stats = p
+                    .close()
+                    .unwrap_or_else(|e| panic!("{topic}: not every message acknowledged: {e}"));
                 assert_eq!(stats.messages, N);
                 id
             })
@@ -78,7 +79,13 @@ fn exactly_once_in_order(t: &common::TestServer, topic: &str, config: PublisherC
     // Orders 0 and 1 keep each connection's order only; counters still cover 0..N once.
     let mut seen: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for (at, m) in got.iter().enumerate() {
-        let i: u64 = std::str::from_utf8(&m.payload).unwrap().split(':').next().unwrap().parse().unwrap();
+        let i: u64 = std::str::from_utf8(&m.payload)
+            .unwrap()
+            .split(':')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
         assert_eq!(i, m.counter, "payload matches its counter");
         seen.entry(m.client_id).or_default().push(m.counter);
         if topic.starts_with("o2") || topic.starts_with("o5") {
@@ -148,10 +155,14 @@ fn an_order5_session_is_fenced_and_reopens_over_shm() {
     }
     assert!(p.stats().queues.iter().all(|q| q.transport == "shm"));
     let id = p.client_id();
-    p.close().expect("reopened after the fence and acknowledged");
+    p.close()
+        .expect("reopened after the fence and acknowledged");
     let got = reader.join().unwrap();
     for (i, m) in got.iter().enumerate() {
-        assert_eq!((m.position, m.client_id, m.counter), (i as u64, id, i as u64));
+        assert_eq!(
+            (m.position, m.client_id, m.counter),
+            (i as u64, id, i as u64)
+        );
     }
     let (_, rec) = t.server.region().session_find(0, id).unwrap();
     assert!(rec.session_epoch >= 2, "fenced and reopened: {rec:?}");
@@ -222,7 +233,9 @@ impl RawChannel {
 
     /// Whether the broker closed the channel's socket within 10 s.
     fn closed_by_broker(&self) -> bool {
-        self.sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        self.sock
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         let mut b = [0u8; 1];
         matches!((&self.sock).read(&mut b), Ok(0) | Err(_))
     }
@@ -308,7 +321,8 @@ fn garbage_in_a_live_ring_gets_that_client_refused_and_others_carry_on() {
                 for i in 0..200 {
                     p.publish(format!("good {rounds} {i}").as_bytes()).unwrap();
                 }
-                p.flush().expect("the good publisher is acknowledged throughout");
+                p.flush()
+                    .expect("the good publisher is acknowledged throughout");
                 rounds += 1;
             }
             p.close().unwrap();
@@ -319,7 +333,10 @@ fn garbage_in_a_live_ring_gets_that_client_refused_and_others_carry_on() {
     let expect_error = |ch: &mut RawChannel, code: ErrorCode, what: &str| {
         let e = ch.error();
         assert_eq!(e.code, code, "{what}: {e:?}");
-        assert!(ch.closed_by_broker(), "{what}: the broker closed the channel");
+        assert!(
+            ch.closed_by_broker(),
+            "{what}: the broker closed the channel"
+        );
         e.message
     };
     // A first good batch, acknowledged, then the producer position goes back.
@@ -362,7 +379,10 @@ fn garbage_in_a_live_ring_gets_that_client_refused_and_others_carry_on() {
     ch.send(&bytes_of(&h, &p));
     let e = ch.error();
     assert!(
-        matches!(e.code, ErrorCode::MalformedBatch | ErrorCode::MessageTooLarge),
+        matches!(
+            e.code,
+            ErrorCode::MalformedBatch | ErrorCode::MessageTooLarge
+        ),
         "{e:?}"
     );
     // An ack ring whose consumer position runs past what the broker wrote: the broker
@@ -373,7 +393,10 @@ fn garbage_in_a_live_ring_gets_that_client_refused_and_others_carry_on() {
         .store(1 << 40, Ordering::Release);
     let (h, p) = raw_batch(0, 1);
     ch.send(&bytes_of(&h, &p));
-    assert!(ch.closed_by_broker(), "a garbage ack position closes the channel");
+    assert!(
+        ch.closed_by_broker(),
+        "a garbage ack position closes the channel"
+    );
     let (stop, h) = good;
     stop.store(true, Ordering::Relaxed);
     assert!(h.join().unwrap() >= 5, "the good publisher kept going");
@@ -402,7 +425,9 @@ fn auto_falls_back_to_tcp_when_the_broker_serves_no_channels() {
     assert!(p.stats().queues.iter().all(|q| q.transport == "tcp"));
     p.publish(b"over tcp").unwrap();
     p.close().unwrap();
-    let e = Publisher::connect_brokers(&t.brokers(), "t", shm_config(1)).err().unwrap();
+    let e = Publisher::connect_brokers(&t.brokers(), "t", shm_config(1))
+        .err()
+        .unwrap();
     assert!(matches!(e, Error::Connect { .. }), "{e}");
     // With channels on, auto takes them.
     let t = common::start();
@@ -427,7 +452,14 @@ fn uid_child() {
     let shm = Publisher::connect_brokers(std::slice::from_ref(&broker), "u", shm_config(1));
     match (&shm, expect_allowed) {
         (Ok(_), true) => println!("CHILD shm accepted"),
-        (Err(Error::Broker { code: ErrorCode::ShmRefused, message, .. }), false) => {
+        (
+            Err(Error::Broker {
+                code: ErrorCode::ShmRefused,
+                message,
+                ..
+            }),
+            false,
+        ) => {
             println!("CHILD shm refused: {message}")
         }
         (other, _) => panic!("unexpected: {:?}", other.as_ref().map(|_| ())),
@@ -450,7 +482,10 @@ fn uid_child() {
 #[test]
 fn another_uid_is_refused_unless_allowed() {
     if nix_euid() != 0 {
-        println!("skipped: needs root to run its client as uid 65534 (running as uid {})", nix_euid());
+        println!(
+            "skipped: needs root to run its client as uid 65534 (running as uid {})",
+            nix_euid()
+        );
         return;
     }
     for allowed in [false, true] {
@@ -465,7 +500,10 @@ fn another_uid_is_refused_unless_allowed() {
             assert!(out.contains("CHILD shm accepted"), "{out}");
             assert!(out.contains("CHILD auto used shm"), "{out}");
         } else {
-            assert!(out.contains("CHILD shm refused") && out.contains("shm_allowed_uids"), "{out}");
+            assert!(
+                out.contains("CHILD shm refused") && out.contains("shm_allowed_uids"),
+                "{out}"
+            );
             assert!(out.contains("CHILD auto used tcp"), "{out}");
         }
         let got = read_all(&t.brokers(), "u", if allowed { 2 } else { 1 });

@@ -61,7 +61,10 @@ impl Mapping {
 
     /// The 64-bit word at `offset`.
     pub fn u64_at(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset.is_multiple_of(8) && offset + 8 <= self.len, "word inside the mapping");
+        assert!(
+            offset.is_multiple_of(8) && offset + 8 <= self.len,
+            "word inside the mapping"
+        );
         // SAFETY: in bounds and aligned (asserted; the mapping is page aligned); the
         // word lives as long as `self`; another process may write it at any time, which
         // an atomic allows.
@@ -70,7 +73,10 @@ impl Mapping {
 
     /// The 32-bit word at `offset`.
     pub fn u32_at(&self, offset: usize) -> &AtomicU32 {
-        assert!(offset.is_multiple_of(4) && offset + 4 <= self.len, "word inside the mapping");
+        assert!(
+            offset.is_multiple_of(4) && offset + 4 <= self.len,
+            "word inside the mapping"
+        );
         // SAFETY: as in `u64_at`.
         unsafe { &*(self.ptr.as_ptr().add(offset) as *const AtomicU32) }
     }

@@ -48,7 +48,10 @@ pub struct Producer {
 impl Producer {
     pub fn new(map: Arc<Mapping>, place: RingPlace) -> Self {
         assert!(place.capacity.is_power_of_two());
-        assert!(place.bytes + place.capacity <= map.len(), "ring inside the mapping");
+        assert!(
+            place.bytes + place.capacity <= map.len(),
+            "ring inside the mapping"
+        );
         Self {
             map,
             place,
@@ -158,7 +161,11 @@ impl Producer {
     }
 
     /// Writes all of `parts` in order, publishing as room runs out and at the end.
-    pub fn write_all(&mut self, parts: &[&[u8]], mut alive: impl FnMut() -> bool) -> io::Result<()> {
+    pub fn write_all(
+        &mut self,
+        parts: &[&[u8]],
+        mut alive: impl FnMut() -> bool,
+    ) -> io::Result<()> {
         let mut left: usize = parts.iter().map(|p| p.len()).sum();
         for part in parts {
             let mut done = 0;
@@ -198,7 +205,10 @@ pub struct Consumer {
 impl Consumer {
     pub fn new(map: Arc<Mapping>, place: RingPlace) -> Self {
         assert!(place.capacity.is_power_of_two());
-        assert!(place.bytes + place.capacity <= map.len(), "ring inside the mapping");
+        assert!(
+            place.bytes + place.capacity <= map.len(),
+            "ring inside the mapping"
+        );
         Self {
             map,
             place,
@@ -244,7 +254,10 @@ impl Consumer {
     pub fn copy_out(&self, dest: &mut [u8]) {
         let cap = self.place.capacity;
         let n = dest.len();
-        assert!(n as u64 <= self.tail_seen - self.head, "copy only what is published");
+        assert!(
+            n as u64 <= self.tail_seen - self.head,
+            "copy only what is published"
+        );
         let start = (self.head as usize) & (cap - 1);
         let first = n.min(cap - start);
         // SAFETY: both source ranges are inside this ring's bytes (as in
@@ -258,7 +271,10 @@ impl Consumer {
 
     /// Gives `n` bytes back to the producer and rings its doorbell.
     pub fn consume(&mut self, n: usize) {
-        assert!(n as u64 <= self.tail_seen - self.head, "consume only what is published");
+        assert!(
+            n as u64 <= self.tail_seen - self.head,
+            "consume only what is published"
+        );
         if n == 0 {
             return;
         }

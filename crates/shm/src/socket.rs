@@ -9,8 +9,8 @@ use crate::mapping::Mapping;
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::socket::{
-    getsockopt, recvmsg, sendmsg, sockopt::PeerCredentials, ControlMessage,
-    ControlMessageOwned, MsgFlags,
+    getsockopt, recvmsg, sendmsg, sockopt::PeerCredentials, ControlMessage, ControlMessageOwned,
+    MsgFlags,
 };
 use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::net::SocketAddr;
@@ -148,7 +148,10 @@ pub fn recv_hello(sock: &UnixStream, hello: &mut [u8], timeout: Duration) -> io:
     if fds.len() != 1 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("the hello must carry exactly one memfd, it carried {}", fds.len()),
+            format!(
+                "the hello must carry exactly one memfd, it carried {}",
+                fds.len()
+            ),
         ));
     }
     Ok(fds.pop().expect("one"))
@@ -157,7 +160,10 @@ pub fn recv_hello(sock: &UnixStream, hello: &mut [u8], timeout: Duration) -> io:
 /// Checks a client's channel fd and maps it: a memfd sealed against shrinking and
 /// growing, exactly as long as its descriptor says, with a data ring the broker accepts
 /// (at most `max_data_capacity`). Returns the mapping and the data ring's capacity.
-pub fn map_client_channel(fd: &OwnedFd, max_data_capacity: usize) -> Result<(Mapping, usize), String> {
+pub fn map_client_channel(
+    fd: &OwnedFd,
+    max_data_capacity: usize,
+) -> Result<(Mapping, usize), String> {
     let seals = fcntl(fd, FcntlArg::F_GET_SEALS)
         .map_err(|e| format!("the channel fd is not a sealable memfd ({e})"))?;
     let seals = SealFlag::from_bits_truncate(seals);
@@ -168,7 +174,9 @@ pub fn map_client_channel(fd: &OwnedFd, max_data_capacity: usize) -> Result<(Map
         .map_err(|e| format!("fstat of the channel memfd: {e}"))?
         .st_size as u64;
     if size < layout::HEADER_BYTES as u64 {
-        return Err(format!("the channel memfd is {size} bytes, less than its header"));
+        return Err(format!(
+            "the channel memfd is {size} bytes, less than its header"
+        ));
     }
     let head = Mapping::map(fd, layout::HEADER_BYTES).map_err(|e| e.to_string())?;
     // Copied out once: the client may change the descriptor later; only these copies count.
@@ -178,17 +186,28 @@ pub fn map_client_channel(fd: &OwnedFd, max_data_capacity: usize) -> Result<(Map
     let ack = head.u64_at(layout::D_ACK_CAPACITY).load(Ordering::Relaxed);
     drop(head);
     if magic != layout::MAGIC || version != layout::VERSION {
-        return Err(format!("the channel has magic {magic:#x} version {version}; this broker maps version {}", layout::VERSION));
+        return Err(format!(
+            "the channel has magic {magic:#x} version {version}; this broker maps version {}",
+            layout::VERSION
+        ));
     }
     let data = check_data_capacity(data)?;
     if data > max_data_capacity {
-        return Err(format!("shared-memory ring of {data} bytes is above this broker's {max_data_capacity}"));
+        return Err(format!(
+            "shared-memory ring of {data} bytes is above this broker's {max_data_capacity}"
+        ));
     }
     if ack != layout::ACK_CAPACITY as u64 {
-        return Err(format!("ack ring of {ack} bytes; the layout has {}", layout::ACK_CAPACITY));
+        return Err(format!(
+            "ack ring of {ack} bytes; the layout has {}",
+            layout::ACK_CAPACITY
+        ));
     }
     if size != channel_len(data) as u64 {
-        return Err(format!("the channel memfd is {size} bytes; its rings need {}", channel_len(data)));
+        return Err(format!(
+            "the channel memfd is {size} bytes; its rings need {}",
+            channel_len(data)
+        ));
     }
     let map = Mapping::map(fd, channel_len(data)).map_err(|e| e.to_string())?;
     Ok((map, data))

@@ -28,7 +28,12 @@ fn bytes_cross_the_ring_in_order_across_many_wraps() {
     let mut next = 0u8;
     for round in 0..200 {
         let len = 1000 + round * 37;
-        let chunk: Vec<u8> = (0..len).map(|_| { next = next.wrapping_add(1); next }).collect();
+        let chunk: Vec<u8> = (0..len)
+            .map(|_| {
+                next = next.wrapping_add(1);
+                next
+            })
+            .collect();
         assert_eq!(p.write(&chunk).unwrap(), len);
         p.publish();
         assert_eq!(c.available().unwrap(), len);
@@ -61,7 +66,8 @@ fn a_full_ring_takes_no_more_and_write_all_waits_for_room() {
         }
         total
     });
-    p.write_all(&[&vec![2; cap], &vec![3; cap]], || true).unwrap();
+    p.write_all(&[&vec![2; cap], &vec![3; cap]], || true)
+        .unwrap();
     assert_eq!(reader.join().unwrap(), 3 * cap);
 }
 
@@ -79,7 +85,10 @@ fn a_tail_that_goes_back_or_runs_too_far_ahead_is_a_violation() {
     let (_p, mut c, map) = pair(cap);
     map.u64_at(layout::DATA_PRODUCER + layout::P_TAIL)
         .store(cap as u64 + 1, Ordering::Release);
-    assert_eq!(c.available().unwrap_err().kind(), std::io::ErrorKind::InvalidData);
+    assert_eq!(
+        c.available().unwrap_err().kind(),
+        std::io::ErrorKind::InvalidData
+    );
 }
 
 #[test]
@@ -92,18 +101,27 @@ fn a_head_that_passes_the_tail_or_goes_back_is_a_violation() {
     acks.publish();
     let head = map.u64_at(layout::ACK_CONSUMER + layout::C_HEAD);
     head.store(65, Ordering::Release);
-    assert_eq!(acks.room().unwrap_err().kind(), std::io::ErrorKind::InvalidData);
+    assert_eq!(
+        acks.room().unwrap_err().kind(),
+        std::io::ErrorKind::InvalidData
+    );
     head.store(32, Ordering::Release);
     assert_eq!(acks.room().unwrap(), layout::ACK_CAPACITY - 32);
     head.store(16, Ordering::Release);
-    assert_eq!(acks.room().unwrap_err().kind(), std::io::ErrorKind::InvalidData);
+    assert_eq!(
+        acks.room().unwrap_err().kind(),
+        std::io::ErrorKind::InvalidData
+    );
 }
 
 #[test]
 fn a_wait_ends_at_its_deadline_or_when_the_peer_is_gone() {
     let (_p, mut c, _map) = pair(MIN_DATA_CAPACITY);
     let deadline = Instant::now() + Duration::from_millis(30);
-    assert_eq!(c.wait_available(1, Some(deadline), || true).unwrap(), Waited::TimedOut);
+    assert_eq!(
+        c.wait_available(1, Some(deadline), || true).unwrap(),
+        Waited::TimedOut
+    );
     assert_eq!(c.wait_available(1, None, || false).unwrap(), Waited::Gone);
 }
 
@@ -117,8 +135,12 @@ fn the_memfd_and_hello_cross_a_socket_and_the_broker_maps_the_same_memory() {
     assert_eq!(hello, [9u8; 128]);
     let (theirs, cap) = map_client_channel(&got, 1 << 20).unwrap();
     assert_eq!(cap, MIN_DATA_CAPACITY);
-    map.u64_at(layout::DATA_PRODUCER).store(42, Ordering::Release);
-    assert_eq!(theirs.u64_at(layout::DATA_PRODUCER).load(Ordering::Acquire), 42);
+    map.u64_at(layout::DATA_PRODUCER)
+        .store(42, Ordering::Release);
+    assert_eq!(
+        theirs.u64_at(layout::DATA_PRODUCER).load(Ordering::Acquire),
+        42
+    );
 }
 
 #[test]
@@ -126,17 +148,25 @@ fn the_broker_refuses_an_unsealed_fd_a_bad_descriptor_and_an_oversized_ring() {
     let plain = tempfile_fd();
     let e = map_client_channel(&plain, 1 << 20).err().unwrap();
     assert!(e.contains("sealable memfd"), "{e}");
-    let unsealed = nix::sys::memfd::memfd_create("t", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).unwrap();
+    let unsealed =
+        nix::sys::memfd::memfd_create("t", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).unwrap();
     nix::unistd::ftruncate(&unsealed, layout::channel_len(MIN_DATA_CAPACITY) as i64).unwrap();
     let e = map_client_channel(&unsealed, 1 << 20).err().unwrap();
-    assert!(e.contains("sealable memfd") || e.contains("not sealed"), "{e}");
+    assert!(
+        e.contains("sealable memfd") || e.contains("not sealed"),
+        "{e}"
+    );
     let (fd, map) = create_channel(MIN_DATA_CAPACITY).unwrap();
-    let e = map_client_channel(&fd, MIN_DATA_CAPACITY / 2).err().unwrap();
+    let e = map_client_channel(&fd, MIN_DATA_CAPACITY / 2)
+        .err()
+        .unwrap();
     assert!(e.contains("above this broker"), "{e}");
-    map.u64_at(layout::D_DATA_CAPACITY).store(3 << 20, Ordering::Release);
+    map.u64_at(layout::D_DATA_CAPACITY)
+        .store(3 << 20, Ordering::Release);
     let e = map_client_channel(&fd, 1 << 30).err().unwrap();
     assert!(e.contains("power of two"), "{e}");
-    map.u64_at(layout::D_DATA_CAPACITY).store(1 << 20, Ordering::Release);
+    map.u64_at(layout::D_DATA_CAPACITY)
+        .store(1 << 20, Ordering::Release);
     let e = map_client_channel(&fd, 1 << 30).err().unwrap();
     assert!(e.contains("its rings need"), "{e}");
     map.u64_at(layout::D_MAGIC).store(1, Ordering::Release);

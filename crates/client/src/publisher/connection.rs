@@ -99,7 +99,11 @@ pub(super) fn start_connection(
 }
 
 /// Opens one connection over the configured transport; a refusal is an error.
-pub(super) fn open_link(config: &PublisherConfig, addr: &str, hello: &Hello) -> Result<(Link, HelloOk)> {
+pub(super) fn open_link(
+    config: &PublisherConfig,
+    addr: &str,
+    hello: &Hello,
+) -> Result<(Link, HelloOk)> {
     match conn::handshake_link(addr, hello, config.transport, config.shm_ring_bytes)? {
         conn::Handshake::Accepted(link, ok) => Ok((link, ok)),
         conn::Handshake::Refused(e) => Err(conn::broker_error(addr, e)),

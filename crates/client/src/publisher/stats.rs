@@ -85,7 +85,11 @@ impl Publisher {
                 .map(|q| QueueStats {
                     broker: q.broker.clone(),
                     connection: q.connection,
-                    transport: if q.stream.lock().is_shm() { "shm" } else { "tcp" },
+                    transport: if q.stream.lock().is_shm() {
+                        "shm"
+                    } else {
+                        "tcp"
+                    },
                     batches: q.dispatched.load(Ordering::Relaxed),
                     acked_batches: q.conn.acked_batches.load(Ordering::Relaxed),
                     deflected: q.deflected.load(Ordering::Relaxed),
