@@ -18,7 +18,7 @@ use embarcadero_wire::{
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -310,84 +310,69 @@ fn garbage_in_a_live_ring_gets_that_client_refused_and_others_carry_on() {
     let t = common::start();
     t.create_topic("g", 2);
     let broker = t.brokers()[0].clone();
-    let good = {
-        let broker = broker.clone();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let s = stop.clone();
-        let h = std::thread::spawn(move || {
-            let p = Publisher::connect_brokers(&[broker], "g", shm_config(1)).unwrap();
-            let mut rounds = 0u64;
-            while !s.load(Ordering::Relaxed) || rounds < 5 {
-                for i in 0..200 {
-                    p.publish(format!("good {rounds} {i}").as_bytes()).unwrap();
-                }
-                p.flush()
-                    .expect("the good publisher is acknowledged throughout");
-                rounds += 1;
+    let (stop, good) = good_publisher(&broker);
+    garbage_positions(&broker);
+    garbage_batches(&broker);
+    stop.store(true, Ordering::Relaxed);
+    assert!(good.join().unwrap() >= 5, "the good publisher kept going");
+    // And the broker still opens channels.
+    let p = Publisher::connect_brokers(&[broker], "g", shm_config(1)).unwrap();
+    p.publish(b"after").unwrap();
+    p.close().unwrap();
+}
+
+/// A publisher over shared memory that flushes every 200 messages until told to stop
+/// (and at least 5 times); a flush that fails fails the test. Returns its rounds.
+fn good_publisher(broker: &str) -> (Arc<AtomicBool>, std::thread::JoinHandle<u64>) {
+    let broker = broker.to_string();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let h = std::thread::spawn(move || {
+        let p = Publisher::connect_brokers(&[broker], "g", shm_config(1)).unwrap();
+        let mut rounds = 0u64;
+        while !s.load(Ordering::Relaxed) || rounds < 5 {
+            for i in 0..200 {
+                p.publish(format!("good {rounds} {i}").as_bytes()).unwrap();
             }
-            p.close().unwrap();
-            rounds
-        });
-        (stop, h)
-    };
-    let expect_error = |ch: &mut RawChannel, code: ErrorCode, what: &str| {
-        let e = ch.error();
-        assert_eq!(e.code, code, "{what}: {e:?}");
-        assert!(
-            ch.closed_by_broker(),
-            "{what}: the broker closed the channel"
-        );
-        e.message
-    };
-    // A first good batch, acknowledged, then the producer position goes back.
-    let mut ch = RawChannel::open(&broker, "g");
+            p.flush()
+                .expect("the good publisher is acknowledged throughout");
+            rounds += 1;
+        }
+        p.close().unwrap();
+        rounds
+    });
+    (stop, h)
+}
+
+/// The broker's error on `ch` has one of `codes`, and the broker closed the channel.
+fn expect_error(ch: &mut RawChannel, codes: &[ErrorCode], what: &str) -> String {
+    let e = ch.error();
+    assert!(codes.contains(&e.code), "{what}: {e:?}");
+    assert!(
+        ch.closed_by_broker(),
+        "{what}: the broker closed the channel"
+    );
+    e.message
+}
+
+/// Positions out of range: a producer position that goes back, one more than the ring
+/// ahead, and an ack-ring consumer position past what the broker wrote.
+fn garbage_positions(broker: &str) {
+    let mut ch = RawChannel::open(broker, "g");
     let (h, p) = raw_batch(0, 2);
     ch.send(&bytes_of(&h, &p));
     let (ack, _) = ch.frame();
     assert_eq!((ack.kind, ack.arg), (FrameKind::Ack, 1));
     ch.tail_word().store(10, Ordering::Release);
-    let m = expect_error(&mut ch, ErrorCode::MalformedBatch, "tail went back");
+    let m = expect_error(&mut ch, &[ErrorCode::MalformedBatch], "tail went back");
     assert!(m.contains("went back"), "{m}");
-    // A tail more than the ring ahead of what the broker consumed.
-    let mut ch = RawChannel::open(&broker, "g");
+    let mut ch = RawChannel::open(broker, "g");
     ch.tail_word().store(ch.cap as u64 * 3, Ordering::Release);
     layout_ring(&ch);
-    let m = expect_error(&mut ch, ErrorCode::MalformedBatch, "tail too far");
+    let m = expect_error(&mut ch, &[ErrorCode::MalformedBatch], "tail too far");
     assert!(m.contains("past the consumer"), "{m}");
-    // A header whose total size is beyond the broker's largest batch.
-    let mut ch = RawChannel::open(&broker, "g");
-    let (mut h, _) = raw_batch(0, 1);
-    h.total_size = u64::MAX / 2;
-    ch.send(&h.encode());
-    expect_error(&mut ch, ErrorCode::BatchTooLarge, "huge total size");
-    // A message count that does not match the messages.
-    let mut ch = RawChannel::open(&broker, "g");
-    let (mut h, p) = raw_batch(0, 3);
-    h.num_msg = 7;
-    ch.send(&bytes_of(&h, &p));
-    expect_error(&mut ch, ErrorCode::MalformedBatch, "wrong count");
-    // A message whose length runs past its batch (an offset out of range).
-    let mut ch = RawChannel::open(&broker, "g");
-    let (h, mut p) = raw_batch(0, 2);
-    let stride = message_stride(3) as usize;
-    BlogMessageHeader {
-        size: 1 << 20,
-        client_id: RAW_CLIENT,
-        ..Default::default()
-    }
-    .encode_into(&mut p[stride..]);
-    ch.send(&bytes_of(&h, &p));
-    let e = ch.error();
-    assert!(
-        matches!(
-            e.code,
-            ErrorCode::MalformedBatch | ErrorCode::MessageTooLarge
-        ),
-        "{e:?}"
-    );
-    // An ack ring whose consumer position runs past what the broker wrote: the broker
-    // cannot even tell it why, and closes it.
-    let mut ch = RawChannel::open(&broker, "g");
+    // The broker cannot even tell this one why: it closes the channel.
+    let mut ch = RawChannel::open(broker, "g");
     ch.map
         .u64_at(layout::ACK_CONSUMER + layout::C_HEAD)
         .store(1 << 40, Ordering::Release);
@@ -397,13 +382,33 @@ fn garbage_in_a_live_ring_gets_that_client_refused_and_others_carry_on() {
         ch.closed_by_broker(),
         "a garbage ack position closes the channel"
     );
-    let (stop, h) = good;
-    stop.store(true, Ordering::Relaxed);
-    assert!(h.join().unwrap() >= 5, "the good publisher kept going");
-    // And the broker still opens channels.
-    let p = Publisher::connect_brokers(&[broker], "g", shm_config(1)).unwrap();
-    p.publish(b"after").unwrap();
-    p.close().unwrap();
+}
+
+/// Batches whose lengths, counts or offsets are wrong, validated in the log as over TCP.
+fn garbage_batches(broker: &str) {
+    let mut ch = RawChannel::open(broker, "g");
+    let (mut h, _) = raw_batch(0, 1);
+    h.total_size = u64::MAX / 2;
+    ch.send(&h.encode());
+    expect_error(&mut ch, &[ErrorCode::BatchTooLarge], "huge total size");
+    let mut ch = RawChannel::open(broker, "g");
+    let (mut h, p) = raw_batch(0, 3);
+    h.num_msg = 7;
+    ch.send(&bytes_of(&h, &p));
+    expect_error(&mut ch, &[ErrorCode::MalformedBatch], "wrong count");
+    // A message whose length runs past its batch.
+    let mut ch = RawChannel::open(broker, "g");
+    let (h, mut p) = raw_batch(0, 2);
+    let stride = message_stride(3) as usize;
+    BlogMessageHeader {
+        size: 1 << 20,
+        client_id: RAW_CLIENT,
+        ..Default::default()
+    }
+    .encode_into(&mut p[stride..]);
+    ch.send(&bytes_of(&h, &p));
+    let codes = [ErrorCode::MalformedBatch, ErrorCode::MessageTooLarge];
+    expect_error(&mut ch, &codes, "message past its batch");
 }
 
 /// Rings the broker's doorbell after a position was written by hand.
