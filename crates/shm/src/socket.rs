@@ -104,19 +104,10 @@ pub fn send_hello(sock: &UnixStream, hello: &[u8], fd: &OwnedFd) -> io::Result<(
     )?;
     if sent < hello.len() {
         // The fd went with the first bytes; the rest follows as plain data.
-        (&*sock).write_all_from(&hello[sent..])?;
+        let mut rest = sock;
+        io::Write::write_all(&mut rest, &hello[sent..])?;
     }
     Ok(())
-}
-
-trait WriteAllFrom {
-    fn write_all_from(self, bytes: &[u8]) -> io::Result<()>;
-}
-
-impl WriteAllFrom for &UnixStream {
-    fn write_all_from(mut self, bytes: &[u8]) -> io::Result<()> {
-        io::Write::write_all(&mut self, bytes)
-    }
 }
 
 /// Receives a hello of `hello.len()` bytes and the one fd sent with it, within
@@ -143,7 +134,8 @@ pub fn recv_hello(sock: &UnixStream, hello: &mut [u8], timeout: Duration) -> io:
     if got == 0 {
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
-    (&*sock).read_exact(&mut hello[got..])?;
+    let mut rest = sock;
+    rest.read_exact(&mut hello[got..])?;
     sock.set_read_timeout(None)?;
     if fds.len() != 1 {
         return Err(io::Error::new(
