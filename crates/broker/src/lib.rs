@@ -1,6 +1,7 @@
 //! A broker: one TCP port, one log per topic in the shared region.
 //!
-//! Owns: its listening socket and connections; the writer side of its (topic, broker)
+//! Owns: its listening socket (and, beside it, the Unix socket of local shared-memory
+//! channels, `shm_conn`) and connections; the writer side of its (topic, broker)
 //! logs (reservation, PBR commits, segment pool, reclamation); its line of each log's
 //! control block (`written_frontier`, `reclaimed_*`); acknowledgements to its
 //! publishers; serving subscribers (any broker can serve any topic: the data is all in
@@ -23,7 +24,9 @@ mod publish;
 mod resume;
 mod service;
 mod session;
+mod shm_conn;
 mod subscribe;
+mod transport;
 
 pub use log_writer::{LogWriter, Reservation, ReserveError, SegmentPool};
 pub use resume::LogResume;
@@ -84,6 +87,14 @@ pub struct BrokerConfig {
     pub max_subscribers_per_address: u32,
     /// Fault injection for experiments (`None` in normal operation).
     pub fault: Option<Fault>,
+    /// Serve local publishers over shared-memory channels too (`shm_conn`), on the
+    /// abstract Unix socket `embarcadero_shm::socket::broker_name(listen)`.
+    pub shm: bool,
+    /// Uids besides the broker's own that may open a shared-memory channel
+    /// (`broker.shm_allowed_uids`); anyone else is refused with ShmRefused.
+    pub shm_allowed_uids: Vec<u32>,
+    /// Largest data ring a channel may bring (`broker.shm_max_ring_bytes`).
+    pub shm_max_ring_bytes: usize,
 }
 
 /// Misbehaviour to inject into one broker, to provoke gaps and fences on demand.
@@ -119,6 +130,9 @@ impl BrokerConfig {
             max_connections_per_address: 1024,
             max_subscribers_per_address: 128,
             fault: None,
+            shm: true,
+            shm_allowed_uids: Vec::new(),
+            shm_max_ring_bytes: 256 << 20,
         }
     }
 }
@@ -278,6 +292,8 @@ impl Drop for TopicConn<'_> {
 pub struct Broker {
     shared: Arc<Shared>,
     local_addr: SocketAddr,
+    /// The abstract socket name of its shared-memory channels, if it serves them.
+    shm_name: Option<String>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -356,15 +372,27 @@ impl Broker {
                 .name(format!("broker{}-accept", s.config.broker_id))
                 .spawn(move || accept_loop(s, listener))?,
         );
+        let shm_name = if shared.config.shm {
+            start_shm(&shared, local_addr, &mut threads)
+        } else {
+            None
+        };
         Ok(Self {
             shared,
             local_addr,
+            shm_name,
             threads,
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The abstract Unix socket name local clients open shared-memory channels on, if
+    /// this broker serves them.
+    pub fn shm_name(&self) -> Option<&str> {
+        self.shm_name.as_deref()
     }
 
     pub fn id(&self) -> u32 {
@@ -393,6 +421,9 @@ impl Broker {
         // Wake the acceptor with a connection of our own, then close every socket so
         // connection threads blocked in reads return.
         let _ = TcpStream::connect_timeout(&self.local_addr, Duration::from_secs(1));
+        if let Some(name) = &self.shm_name {
+            let _ = embarcadero_shm::socket::connect(name);
+        }
         self.shared.connections.shutdown_all();
         self.shared
             .region
@@ -408,6 +439,40 @@ impl Broker {
 impl Drop for Broker {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Listens for shared-memory channels beside the TCP port; a broker that cannot (the
+/// name is taken by another process) serves TCP only, and says so.
+fn start_shm(
+    shared: &Arc<Shared>,
+    local_addr: SocketAddr,
+    threads: &mut Vec<JoinHandle<()>>,
+) -> Option<String> {
+    let name = embarcadero_shm::socket::broker_name(local_addr);
+    let listener = match embarcadero_shm::socket::listen(&name) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(
+                broker = shared.config.broker_id,
+                "no shared-memory channels: cannot listen on the abstract socket {name:?}: {e}; local clients use TCP"
+            );
+            return None;
+        }
+    };
+    let s = shared.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("broker{}-shm-accept", s.config.broker_id))
+        .spawn(move || shm_conn::accept_loop(s, listener));
+    match spawned {
+        Ok(t) => {
+            threads.push(t);
+            Some(name)
+        }
+        Err(e) => {
+            tracing::warn!("no shared-memory channels: cannot start their acceptor: {e}");
+            None
+        }
     }
 }
 
@@ -469,10 +534,10 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
 /// A connection thread's entry in the registry and in the open-connection count, given
 /// back when the thread ends, also by a panic (a stale entry would keep a socket open
 /// and make `stop` wait for a thread that is gone).
-struct Registered<'a> {
-    registry: &'a Registry,
-    open: &'a AtomicU64,
-    id: u64,
+pub(crate) struct Registered<'a> {
+    pub registry: &'a Registry,
+    pub open: &'a AtomicU64,
+    pub id: u64,
 }
 
 impl Drop for Registered<'_> {
@@ -487,6 +552,7 @@ impl Drop for Registered<'_> {
 mod registry {
     use std::collections::HashMap;
     use std::net::{IpAddr, Shutdown, TcpStream};
+    use std::os::unix::net::UnixStream;
     use std::sync::Mutex;
     use std::time::{Duration, Instant};
 
@@ -500,12 +566,36 @@ mod registry {
         /// The id the last connection got; ids only grow.
         last_id: u64,
         /// Open connections by id, with the client address each counts against.
-        streams: HashMap<u64, (TcpStream, Option<IpAddr>)>,
+        streams: HashMap<u64, (Socket, Option<IpAddr>)>,
         /// Open connections per client address; an address with none has no entry.
         per_address: HashMap<IpAddr, u64>,
     }
 
+    /// A connection's socket: TCP, or the Unix socket of a shared-memory channel.
+    enum Socket {
+        Tcp(TcpStream),
+        Unix(UnixStream),
+    }
+
+    impl Socket {
+        fn shutdown(&self) {
+            let _ = match self {
+                Socket::Tcp(s) => s.shutdown(Shutdown::Both),
+                Socket::Unix(s) => s.shutdown(Shutdown::Both),
+            };
+        }
+    }
+
     impl Registry {
+        /// Registers a shared-memory channel's socket (local: no address limit).
+        pub fn add_unix(&self, stream: UnixStream) -> u64 {
+            let mut g = self.inner.lock().unwrap();
+            g.last_id += 1;
+            let id = g.last_id;
+            g.streams.insert(id, (Socket::Unix(stream), None));
+            id
+        }
+
         /// Registers a connection from `address`, unless that address already has
         /// `per_address_limit` open: `None` then.
         pub fn add(
@@ -527,7 +617,7 @@ mod registry {
             }
             g.last_id += 1;
             let id = g.last_id;
-            g.streams.insert(id, (stream, address));
+            g.streams.insert(id, (Socket::Tcp(stream), address));
             Some(id)
         }
 
@@ -548,7 +638,7 @@ mod registry {
 
         pub fn shutdown_all(&self) {
             for (stream, _) in self.inner.lock().unwrap().streams.values() {
-                let _ = stream.shutdown(Shutdown::Both);
+                stream.shutdown();
             }
         }
 

@@ -75,7 +75,13 @@ pub enum End {
 }
 
 impl From<io::Error> for End {
-    fn from(_: io::Error) -> Self {
+    /// A failed socket is the client gone; `InvalidData` is what a shared-memory channel
+    /// reports when its client wrote garbage into its ring (a position out of range):
+    /// the client is told why, then disconnected.
+    fn from(e: io::Error) -> Self {
+        if e.kind() == io::ErrorKind::InvalidData {
+            return End::Refused(Refusal::new(ErrorCode::MalformedBatch, e.to_string()));
+        }
         End::Gone
     }
 }
@@ -95,7 +101,8 @@ pub fn handle_connection(shared: &Shared, mut stream: TcpStream) {
             None => unknown_topic(&hello.topic).into(),
             Some(_held) => match hello.role {
                 Role::Publish => {
-                    publish::run(shared, stream.try_clone(), &mut stream, hello, topic, meta)
+                    let sink = stream.try_clone().map(crate::transport::Sink::Tcp);
+                    publish::run(shared, sink, &mut stream, hello, topic, meta)
                 }
                 Role::Subscribe => subscribe::run(shared, &mut stream, hello, topic, meta, cursors),
             },
@@ -177,7 +184,7 @@ pub fn refuse_over_limit(shared: &Shared, mut stream: TcpStream, limit: Limit) {
 type Accepted = (Hello, u32, TopicMeta, Vec<u64>);
 
 /// The refusal of a hello for a topic that does not exist (or no longer does).
-fn unknown_topic(name: &str) -> Refusal {
+pub(crate) fn unknown_topic(name: &str) -> Refusal {
     Refusal::new(
         ErrorCode::UnknownTopic,
         format!("topic {name:?} does not exist; create it with `embarcadero topic create {name} --order 2`"),
@@ -199,20 +206,30 @@ fn handshake(shared: &Shared, stream: &mut TcpStream) -> Result<Accepted, End> {
     stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
     let mut raw = [0u8; HELLO_LEN];
     stream.read_exact(&mut raw)?;
-    let hello = Hello::decode(&raw).map_err(|e| Refusal::from_wire(&e, u64::MAX))?;
-    let (topic, meta) = shared
-        .region
-        .find_topic(&hello.topic)
-        .ok_or_else(|| unknown_topic(&hello.topic))?;
+    let (hello, topic, meta) = accept_hello(shared, &raw)?;
     let cursors = match hello.role {
-        Role::Publish => {
-            check_publish_hello(shared, &hello, topic, &meta)?;
-            Vec::new()
-        }
+        Role::Publish => Vec::new(),
         Role::Subscribe => read_cursors(shared, stream, &hello, &meta)?,
     };
     stream.set_read_timeout(None)?;
     Ok((hello, topic, meta, cursors))
+}
+
+/// Decodes a hello and finds its topic; a publisher's hello is checked against the
+/// topic too. Shared by both transports.
+pub(crate) fn accept_hello(
+    shared: &Shared,
+    raw: &[u8; HELLO_LEN],
+) -> Result<(Hello, u32, TopicMeta), End> {
+    let hello = Hello::decode(raw).map_err(|e| Refusal::from_wire(&e, u64::MAX))?;
+    let (topic, meta) = shared
+        .region
+        .find_topic(&hello.topic)
+        .ok_or_else(|| unknown_topic(&hello.topic))?;
+    if hello.role == Role::Publish {
+        check_publish_hello(shared, &hello, topic, &meta)?;
+    }
+    Ok((hello, topic, meta))
 }
 
 /// Refuses a publisher's hello the topic cannot take: a session on a topic of another

@@ -30,6 +30,24 @@ pub struct Staged<'a> {
     in_use: &'a AtomicU64,
 }
 
+impl<'a> Staged<'a> {
+    /// An empty buffer with room for `len` bytes, charged to the broker's budget
+    /// (`in_use`, at most [`STAGING_BUDGET`]), waiting for room until `deadline`.
+    pub fn charged(len: usize, deadline: Instant, in_use: &'a AtomicU64) -> Option<Self> {
+        if !charge(in_use, len as u64, deadline) {
+            return None;
+        }
+        let staged = Staged {
+            bytes: Vec::with_capacity(len),
+            in_use,
+        };
+        // The charge is the capacity, which is what `Drop` gives back.
+        let extra = staged.bytes.capacity() - len;
+        in_use.fetch_add(extra as u64, Ordering::AcqRel);
+        Some(staged)
+    }
+}
+
 impl Drop for Staged<'_> {
     fn drop(&mut self) {
         let len = self.bytes.capacity() as u64;
@@ -48,16 +66,9 @@ pub fn stage<'a>(
     deadline: Instant,
     in_use: &'a AtomicU64,
 ) -> io::Result<Option<Staged<'a>>> {
-    if !charge(in_use, len as u64, deadline) {
+    let Some(mut staged) = Staged::charged(len, deadline, in_use) else {
         return Ok(None);
-    }
-    let mut staged = Staged {
-        bytes: Vec::with_capacity(len),
-        in_use,
     };
-    // The charge is the capacity, which is what `Drop` gives back.
-    let extra = staged.bytes.capacity() - len;
-    in_use.fetch_add(extra as u64, Ordering::AcqRel);
     while staged.bytes.len() < len {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {

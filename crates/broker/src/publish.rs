@@ -1,12 +1,15 @@
 //! The publish path of one connection: header, reservation, payload straight into
 //! the log, validation, PBR commit. Acknowledgements are sent by the service thread,
-//! which this connection feeds through a single-producer queue.
+//! which this connection feeds through a single-producer queue. The same code serves
+//! TCP connections and local shared-memory channels (`transport::Inbound` for what
+//! comes in, `transport::Sink` for the acks).
 
 use crate::fault::FaultDice;
 use crate::log_writer::{LogWriter, Reservation, ReserveError};
 use crate::net::{self, End, Refusal};
-use crate::payload_wait::{self, Arrival, Staged};
+use crate::payload_wait::{Arrival, Staged};
 use crate::session::{self, SessionView};
+use crate::transport::{Inbound, Sink};
 use crate::{Shared, StageTimes};
 use crossbeam_queue::ArrayQueue;
 use embarcadero_region::backoff::Backoff;
@@ -14,8 +17,7 @@ use embarcadero_region::{unix_ms, TopicMeta};
 use embarcadero_wire::{
     validate_batch_payload, BatchFlags, BatchHeader, ErrorCode, ErrorFrame, Hello, BATCH_HEADER_LEN,
 };
-use std::io::{self, Read, Write};
-use std::net::TcpStream;
+use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -57,7 +59,7 @@ pub struct PendingAck {
 /// The write half of a connection, shared by acks (service thread) and retriable
 /// error frames (connection thread). Per connection: never shared between connections.
 pub struct Outbox {
-    pub stream: TcpStream,
+    pub sink: Sink,
     /// Bytes of a frame a non-blocking send left unsent; they go out before anything else.
     pub unsent: Vec<u8>,
 }
@@ -73,18 +75,20 @@ impl Outbox {
             ));
         }
         self.unsent.extend_from_slice(frame);
-        let sock = socket2::SockRef::from(&self.stream);
         while !self.unsent.is_empty() {
-            match sock.send_with_flags(&self.unsent, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
-                Ok(n) => {
+            match self.sink.send_some(&self.unsent)? {
+                0 => break,
+                n => {
                     self.unsent.drain(..n);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
             }
         }
         Ok(())
+    }
+
+    /// Closes the connection (both transports).
+    pub fn shutdown(&self) {
+        self.sink.shutdown();
     }
 }
 
@@ -108,10 +112,10 @@ fn send_from_connection(conn: &PublishConn, frame: &[u8]) -> io::Result<()> {
     }
 }
 
-pub fn run(
+pub(crate) fn run<I: Inbound>(
     shared: &Shared,
-    write_half: io::Result<TcpStream>,
-    stream: &mut TcpStream,
+    write_half: io::Result<Sink>,
+    stream: &mut I,
     hello: Hello,
     topic: u32,
     meta: TopicMeta,
@@ -141,7 +145,7 @@ pub fn run(
         }
         ok.next_batch_seq = status.acked_hwm(hello.ack_level);
     }
-    if let Err(e) = net::send_hello_ok(stream, &ok) {
+    if let Err(e) = stream.send_hello_ok(&ok) {
         return e.into();
     }
     let conn = std::sync::Arc::new(PublishConn {
@@ -154,7 +158,7 @@ pub fn run(
         ack_level: hello.ack_level,
         pending: ArrayQueue::new(MAX_UNACKED_BATCHES),
         out: Mutex::new(Outbox {
-            stream: write_half,
+            sink: write_half,
             unsent: Vec::new(),
         }),
         closed: AtomicBool::new(false),
@@ -174,15 +178,14 @@ pub fn run(
         std::mem::take(&mut out.unsent)
     };
     if !unsent.is_empty() {
-        let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
-        let _ = stream.write_all(&unsent);
+        let _ = stream.write_final(&unsent);
     }
     end
 }
 
-fn receive_batches(
+fn receive_batches<I: Inbound>(
     shared: &Shared,
-    stream: &mut TcpStream,
+    stream: &mut I,
     hello: &Hello,
     topic: u32,
     conn: &PublishConn,
@@ -214,9 +217,9 @@ fn receive_batches(
 /// One connection's receive loop: each batch is admitted (header checks, sequence,
 /// order-5 session), received (once its payload is all there: a reservation in the log,
 /// the payload straight into it, validation), then committed to the PBR.
-struct Receiver<'a> {
+struct Receiver<'a, I: Inbound> {
     shared: &'a Shared,
-    stream: &'a mut TcpStream,
+    stream: &'a mut I,
     hello: &'a Hello,
     topic: u32,
     conn: &'a PublishConn,
@@ -238,7 +241,7 @@ enum Admitted {
     Done,
 }
 
-impl<'a> Receiver<'a> {
+impl<'a, I: Inbound> Receiver<'a, I> {
     fn next_batch(&mut self) -> Result<(), End> {
         let header = self.read_header()?;
         if let Admitted::Done = self.admit(&header)? {
@@ -290,7 +293,7 @@ impl<'a> Receiver<'a> {
     /// orders 0-2 in connection sequence; order 5 through the session's admission.
     fn admit(&mut self, header: &BatchHeader) -> Result<Admitted, End> {
         if self.discard_until.is_some_and(|k| header.batch_seq != k) {
-            net::drain(self.stream, header.total_size)?;
+            self.stream.drain(header.total_size)?;
             return Ok(Admitted::Done);
         }
         self.discard_until = None;
@@ -299,7 +302,7 @@ impl<'a> Receiver<'a> {
                 return Ok(Admitted::Write);
             }
             // Already committed (a retransmit): acknowledge, do not write again.
-            net::drain(self.stream, header.total_size)?;
+            self.stream.drain(header.total_size)?;
             push_pending(self.conn, header.batch_seq, 0, Instant::now());
             let broker = self.shared.config.broker_id;
             self.shared.region.broker_bell(broker).ring();
@@ -326,10 +329,13 @@ impl<'a> Receiver<'a> {
         let limit = self.shared.config.payload_timeout;
         let deadline = Instant::now() + limit;
         let len = header.total_size as usize;
-        match payload_wait::await_payload(self.stream, len, limit)? {
+        match self.stream.await_payload(len, limit)? {
             Arrival::InSocket => Ok(None),
             Arrival::TooLargeForSocket => {
-                match payload_wait::stage(self.stream, len, deadline, &self.shared.staged_bytes)? {
+                match self
+                    .stream
+                    .stage(len, deadline, &self.shared.staged_bytes)?
+                {
                     Some(staged) => Ok(Some(staged)),
                     None => Err(slow_payload(header, limit).into()),
                 }
@@ -355,7 +361,7 @@ impl<'a> Receiver<'a> {
             return Err(End::Gone);
         }
         if !staged {
-            net::drain(self.stream, header.total_size)?;
+            self.stream.drain(header.total_size)?;
         }
         if refuse_backpressure(shared, self.conn, header).is_err() {
             return Err(End::Gone);
@@ -390,7 +396,7 @@ impl<'a> Receiver<'a> {
                 Ok(true)
             }
             // Whole in the socket already: this read does not wait on the client.
-            None => net::read_exact_within(self.stream, dest, limit),
+            None => self.stream.read_exact_within(dest, limit),
         };
         let void = |end: End| {
             commit_void(shared, topic, reservation);

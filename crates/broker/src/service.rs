@@ -491,7 +491,7 @@ fn ack_session(
         Ok(())
     };
     if result.is_err() {
-        let _ = out.stream.shutdown(std::net::Shutdown::Both);
+        out.shutdown();
         conn.closed.store(true, Ordering::Release);
         return false;
     }
@@ -623,7 +623,7 @@ fn take_acked_below(
 fn close_with(shared: &Shared, conn: &PublishConn, out: &mut Outbox, error: ErrorFrame) {
     let frame = error.encode();
     let _ = out.send_nonblocking(&frame);
-    let _ = out.stream.shutdown(std::net::Shutdown::Both);
+    out.shutdown();
     conn.closed.store(true, Ordering::Release);
     shared.metrics.errors_sent.fetch_add(1, Ordering::Relaxed);
 }
@@ -722,7 +722,7 @@ fn send_acks(
         };
         if result.is_err() {
             // The client stopped reading its acks: close it rather than leave it waiting.
-            let _ = out.stream.shutdown(std::net::Shutdown::Both);
+            out.shutdown();
             conn.closed.store(true, Ordering::Release);
             return false;
         }

@@ -15,7 +15,7 @@ use embarcadero_bench::ceilings::{measure_all, CeilingPlan};
 use embarcadero_cli::local_cluster::shm_or;
 use embarcadero_client::{
     Admin, LatencySummary, Publisher, PublisherConfig, PublisherStats, Subscriber,
-    SubscriberConfig, TopicSpec,
+    SubscriberConfig, TopicSpec, Transport,
 };
 use embarcadero_server::{cpu, Server, ServerConfig};
 use hdrhistogram::Histogram;
@@ -43,7 +43,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub publishers: usize,
     /// Order level of the benchmark topic (`failure`: 2 or 5). A comma-separated list
-    /// runs a sweep, one run per order and rate, each on a fresh server: `--order 0,2,5`.
+    /// runs a sweep, one run per order, transport and rate, each on a fresh server:
+    /// `--order 0,2,5`.
     #[arg(long, value_delimiter = ',', default_value = "2")]
     pub order: Vec<u8>,
     /// Acknowledgement level: 0 fire and forget, 1 ordered (written, order 0), 2 durable
@@ -60,6 +61,16 @@ pub struct BenchArgs {
     /// Message payload size in bytes.
     #[arg(long, default_value_t = 1024)]
     pub size: usize,
+    /// How the publishers reach the brokers: `auto` (shared memory to a broker on this
+    /// host, else TCP), `tcp` or `shm`. A comma-separated list runs each in turn:
+    /// `--transport tcp,shm`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "auto",
+        value_name = "auto|tcp|shm"
+    )]
+    pub transport: Vec<Transport>,
     /// Total payload bytes to publish.
     #[arg(long, default_value_t = 1 << 30)]
     pub total_bytes: u64,
@@ -161,26 +172,32 @@ fn parse_rate(text: &str) -> Result<Rate, String> {
 #[derive(Debug, Clone, Copy)]
 pub struct RunConfig {
     pub order: u8,
+    /// How the run's publishers reach the brokers.
+    pub transport: Transport,
     /// MB/s of payload on a fixed schedule; `None`: as fast as possible.
     pub rate: Option<f64>,
 }
 
-/// Every combination of the listed orders and rates, orders outermost.
+/// Every combination of the listed orders, transports and rates, orders outermost.
 fn configurations(args: &BenchArgs) -> Vec<RunConfig> {
     let rates = if args.rate.is_empty() {
         vec![Rate(None)]
     } else {
         args.rate.clone()
     };
-    args.order
-        .iter()
-        .flat_map(|&order| {
-            rates.iter().map(move |rate| RunConfig {
-                order,
-                rate: rate.0,
-            })
-        })
-        .collect()
+    let mut runs = Vec::new();
+    for &order in &args.order {
+        for &transport in &args.transport {
+            for rate in &rates {
+                runs.push(RunConfig {
+                    order,
+                    transport,
+                    rate: rate.0,
+                });
+            }
+        }
+    }
+    runs
 }
 
 /// Refuses combinations that cannot run, before anything starts.
@@ -232,10 +249,11 @@ pub fn run(args: BenchArgs) -> CliResult {
                 .rate
                 .map_or("as fast as possible".to_string(), |r| format!("{r} MB/s"));
             say!(
-                "== run {} of {}: order {}, {rate}",
+                "== run {} of {}: order {}, {}, {rate}",
                 i + 1,
                 configs.len(),
-                config.order
+                config.order,
+                config.transport
             );
         }
         let figures = if args.mode == "failure" {
@@ -790,9 +808,10 @@ fn print_cpu_and_stages(cpu: &CpuFigures, bytes: f64, stages: &StageFigures) {
 /// The first line of a run's human report.
 fn print_run_header(args: &BenchArgs, config: RunConfig, publishers: usize) {
     say!(
-        "mode {}  order {}  ack {}  rf {}  {} B messages  {} brokers x {} connections  {} publisher(s){}",
+        "mode {}  order {}  transport {}  ack {}  rf {}  {} B messages  {} brokers x {} connections  {} publisher(s){}",
         args.mode,
         config.order,
+        config.transport,
         args.ack,
         args.rf,
         args.size,
@@ -868,6 +887,8 @@ fn ceiling_ratios(figures: &Value) -> Value {
         "mb_per_s_to_loopback_tcp_ring",
         ceiling(figures, "loopback_tcp_ring"),
     );
+    // The bar of the shared-memory transport (issue 26).
+    throughput("mb_per_s_to_memcpy", ceiling(figures, "memcpy "));
     if figures["ack"].as_u64() == Some(2) {
         // The last fdatasync ceiling is the replicas' group-commit size.
         let sync = figures["ceilings"].as_array().and_then(|all| {
@@ -966,6 +987,7 @@ fn common_figures(
         "mode": args.mode,
         "publishers": outcome.runs.len(),
         "order": config.order,
+        "transport": config.transport.to_string(),
         "ack": args.ack,
         "rf": args.rf,
         "message_bytes": args.size,
@@ -1073,7 +1095,7 @@ fn publish_all<T>(
     stamp_ids: bool,
     monitor: impl FnOnce(&Publishing) -> Result<T, String>,
 ) -> Result<(PublishOutcome, T), String> {
-    let publishers = connect_publishers(control, topic, args)?;
+    let publishers = connect_publishers(control, topic, args, config.transport)?;
     let count = publishers.len();
     let messages = message_count(args);
     let progress = AtomicU64::new(0);
@@ -1144,8 +1166,10 @@ fn connect_publishers(
     control: &str,
     topic: &str,
     args: &BenchArgs,
+    transport: Transport,
 ) -> Result<Vec<Publisher>, String> {
     let publisher_config = PublisherConfig {
+        transport,
         ack_level: args.ack,
         batch_bytes: args.batch_bytes,
         linger: Duration::from_micros(args.linger_us),

@@ -3,7 +3,7 @@
 mod source;
 
 use crate::{CliResult, ControlArg};
-use embarcadero_client::{Admin, Publisher, PublisherConfig, PublisherStats, TopicInfo};
+use embarcadero_client::{Admin, Publisher, PublisherConfig, PublisherStats, TopicInfo, Transport};
 use indicatif::{ProgressBar, ProgressState, ProgressStyle};
 use source::Source;
 use std::io::IsTerminal;
@@ -43,6 +43,16 @@ pub struct PubArgs {
     /// acknowledgement was lost with the server are sent again); 0: fail at once.
     #[arg(long, default_value_t = 60)]
     pub retry_for: u64,
+    /// How to reach the brokers: `auto` uses a shared-memory channel to each broker on
+    /// this host (when the broker allows this user), TCP to the others; `tcp`; `shm`
+    /// (an error where shared memory cannot be used).
+    #[arg(
+        long,
+        default_value = "auto",
+        env = "EMBARCADERO_TRANSPORT",
+        value_name = "auto|tcp|shm"
+    )]
+    pub transport: Transport,
 }
 
 pub fn config_of(args: &PubArgs, ack_level: u8) -> PublisherConfig {
@@ -51,6 +61,7 @@ pub fn config_of(args: &PubArgs, ack_level: u8) -> PublisherConfig {
         batch_bytes: args.batch_bytes,
         linger: Duration::from_micros(args.linger_us),
         threads_per_broker: args.threads_per_broker,
+        transport: args.transport,
         ..PublisherConfig::default()
     }
 }

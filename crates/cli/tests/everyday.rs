@@ -749,3 +749,20 @@ fn topic_delete_frees_memory_and_disk_tells_clients_and_frees_the_name() {
     assert_eq!(gone["name"], "doomed", "{gone}");
     serve.stop();
 }
+
+/// `pub --transport shm` (a shared-memory channel to each broker on this host) and
+/// `--transport tcp` both deliver, in order; a transport that does not exist is refused
+/// with the choices.
+#[test]
+fn pub_publishes_over_either_transport() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(&dir.path().join("d"));
+    ok(&serve.run(&["topic", "create", "both", "--order", "2"], None));
+    ok(&serve.run(&["pub", "both", "--transport", "shm"], Some("a\nb\n")));
+    ok(&serve.run(&["pub", "both", "--transport", "tcp"], Some("c\n")));
+    let read = ok(&serve.run(&["sub", "both", "--count", "3"], None));
+    assert_eq!(read, "a\nb\nc\n");
+    let err = failed(&serve.run(&["pub", "both", "--transport", "udp"], Some("d\n")));
+    assert!(err.contains("auto, tcp or shm"), "{err}");
+    serve.stop();
+}

@@ -1,12 +1,16 @@
-//! Connection set-up and frame reading shared by publishers and subscribers.
+//! Connection set-up and frame reading shared by publishers and subscribers; a
+//! publisher's connection is a [`Link`]: a TCP socket or a local shared-memory channel
+//! (`crate::shm`), chosen by its [`Transport`].
 
+use crate::shm::{ShmLink, Transport, Unavailable};
 use crate::{Error, Result};
 use embarcadero_wire::{
-    BatchOk, ErrorFrame, FrameHeader, FrameKind, Hello, HelloOk, FRAME_HEADER_LEN,
+    BatchOk, ErrorCode, ErrorFrame, FrameHeader, FrameKind, Hello, HelloOk, FRAME_HEADER_LEN,
     MAX_ERROR_TEXT_LEN,
 };
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::io::{IoSlice, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub const SOCKET_BUFFER_BYTES: usize = 4 << 20;
@@ -14,9 +18,154 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How a handshake ended: accepted, or refused with the broker's error frame (whose
 /// fields, such as a fenced session's high-water mark, the caller may need).
-pub enum Handshake {
-    Accepted(TcpStream, HelloOk),
+pub enum Handshake<S = TcpStream> {
+    Accepted(S, HelloOk),
     Refused(ErrorFrame),
+}
+
+/// A publisher connection: a TCP socket or a shared-memory channel. Clones share the
+/// connection; a channel's data ring has one writer (the sender) and its ack ring one
+/// reader (the ack reader), as a socket's halves do.
+pub enum Link {
+    Tcp(TcpStream),
+    Shm(Arc<ShmLink>),
+}
+
+impl Link {
+    pub fn try_clone(&self) -> std::io::Result<Link> {
+        Ok(match self {
+            Link::Tcp(s) => Link::Tcp(s.try_clone()?),
+            Link::Shm(l) => Link::Shm(l.clone()),
+        })
+    }
+
+    pub fn shutdown(&self, how: Shutdown) -> std::io::Result<()> {
+        match self {
+            Link::Tcp(s) => s.shutdown(how),
+            Link::Shm(l) => {
+                l.shutdown();
+                Ok(())
+            }
+        }
+    }
+
+    pub fn is_shm(&self) -> bool {
+        matches!(self, Link::Shm(_))
+    }
+
+    /// Writes `[header][payload]` in full.
+    pub fn write_batch(&mut self, header: &[u8], payload: &[u8]) -> std::io::Result<()> {
+        match self {
+            Link::Tcp(stream) => {
+                let mut slices = [IoSlice::new(header), IoSlice::new(payload)];
+                let mut bufs = &mut slices[..];
+                while !bufs.is_empty() {
+                    let n = stream.write_vectored(bufs)?;
+                    if n == 0 {
+                        return Err(std::io::ErrorKind::WriteZero.into());
+                    }
+                    IoSlice::advance_slices(&mut bufs, n);
+                }
+                Ok(())
+            }
+            Link::Shm(l) => l.write_batch(header, payload),
+        }
+    }
+}
+
+impl Read for Link {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Link::Tcp(s) => s.read(buf),
+            Link::Shm(l) => l.as_ref().read(buf),
+        }
+    }
+}
+
+/// Opens a publisher connection over `transport` (`ring_bytes`: a shared-memory
+/// channel's data ring). `Auto` takes shared memory when the broker is on this host and
+/// lets this process open a channel, else TCP, and logs which.
+pub fn handshake_link(
+    addr: &str,
+    hello: &Hello,
+    transport: Transport,
+    ring_bytes: usize,
+) -> Result<Handshake<Link>> {
+    embarcadero_wire::validate_topic_name(&hello.topic)
+        .map_err(|e| Error::Config(e.to_string()))?;
+    if transport != Transport::Tcp {
+        let target = resolve(addr)?;
+        match open_shm(addr, target, hello, ring_bytes)? {
+            Ok(Handshake::Refused(e))
+                if transport == Transport::Auto && e.code == ErrorCode::ShmRefused =>
+            {
+                tracing::info!(
+                    broker = addr,
+                    "publishing over TCP: the broker refused a shared-memory channel: {}",
+                    e.message
+                );
+            }
+            Ok(answer) => {
+                if transport == Transport::Auto {
+                    tracing::info!(broker = addr, "publishing over shared memory");
+                }
+                return Ok(answer);
+            }
+            Err(Unavailable(why)) if transport == Transport::Auto => {
+                tracing::info!(
+                    broker = addr,
+                    "publishing over TCP: no shared-memory channel ({why})"
+                );
+            }
+            Err(Unavailable(why)) => {
+                return Err(Error::Connect {
+                    what: "broker (shared memory)",
+                    addr: addr.to_string(),
+                    message: why,
+                })
+            }
+        }
+    }
+    Ok(match handshake(addr, hello, &[])? {
+        Handshake::Accepted(stream, ok) => Handshake::Accepted(Link::Tcp(stream), ok),
+        Handshake::Refused(e) => Handshake::Refused(e),
+    })
+}
+
+/// The channel's handshake: the broker's answer comes on the Unix socket.
+fn open_shm(
+    addr: &str,
+    target: SocketAddr,
+    hello: &Hello,
+    ring_bytes: usize,
+) -> Result<std::result::Result<Handshake<Link>, Unavailable>> {
+    let (link, mut sock) = match ShmLink::open(target, &hello.encode(), ring_bytes) {
+        Ok(opened) => opened,
+        Err(u) => return Ok(Err(u)),
+    };
+    let frame = read_frame(&mut sock, addr, 1024)?;
+    Ok(Ok(match frame {
+        Frame::HelloOk(ok) => Handshake::Accepted(Link::Shm(link), ok),
+        Frame::Error(e) => Handshake::Refused(e),
+        other => {
+            return Err(Error::Protocol {
+                peer: addr.to_string(),
+                message: format!("expected HelloOk, got {other:?}"),
+            })
+        }
+    }))
+}
+
+fn resolve(addr: &str) -> Result<SocketAddr> {
+    let connect_err = |message: String| Error::Connect {
+        what: "broker",
+        addr: addr.to_string(),
+        message,
+    };
+    addr.to_socket_addrs()
+        .map_err(|e| connect_err(e.to_string()))?
+        .next()
+        .ok_or_else(|| connect_err("address resolves to nothing".into()))
 }
 
 /// Connects, tunes the socket and completes the handshake; a refusal is an error.
@@ -36,11 +185,7 @@ pub fn handshake(addr: &str, hello: &Hello, extra: &[u8]) -> Result<Handshake> {
         addr: addr.to_string(),
         message,
     };
-    let sock_addr = addr
-        .to_socket_addrs()
-        .map_err(|e| connect_err(e.to_string()))?
-        .next()
-        .ok_or_else(|| connect_err("address resolves to nothing".into()))?;
+    let sock_addr = resolve(addr)?;
     let mut stream = TcpStream::connect_timeout(&sock_addr, CONNECT_TIMEOUT)
         .map_err(|e| connect_err(e.to_string()))?;
     let sock = socket2::SockRef::from(&stream);
@@ -94,7 +239,7 @@ pub enum Frame {
 }
 
 /// Reads one frame; bodies other than deliveries are limited to `max_body` bytes.
-pub fn read_frame(stream: &mut TcpStream, peer: &str, max_body: u32) -> Result<Frame> {
+pub fn read_frame(stream: &mut impl Read, peer: &str, max_body: u32) -> Result<Frame> {
     let lost = |e: std::io::Error| Error::ConnectionLost {
         broker: peer.to_string(),
         message: e.to_string(),

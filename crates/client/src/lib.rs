@@ -9,6 +9,7 @@
 mod admin;
 mod conn;
 mod publisher;
+mod shm;
 mod subscriber;
 
 pub use admin::{
@@ -17,6 +18,7 @@ pub use admin::{
     ServiceInfo, StatusReport, TopicHealth, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
 };
 pub use publisher::{LatencySummary, Publisher, PublisherConfig, PublisherStats, QueueStats};
+pub use shm::Transport;
 pub use subscriber::{Cursor, Message, MessageRef, SharedBatch, Subscriber, SubscriberConfig};
 
 use embarcadero_wire::ErrorCode;

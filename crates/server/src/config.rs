@@ -118,6 +118,14 @@ pub struct BrokerSettings {
     /// every broker; at most `READER_SLOTS` / 8, so eight addresses are needed to take
     /// every slot.
     pub max_subscribers_per_address: u32,
+    /// Serve publishers on this host over shared-memory channels too (docs/DESIGN.md,
+    /// "Local shared-memory transport").
+    pub shm: bool,
+    /// Uids besides the server's own that may open a shared-memory channel; anyone else
+    /// is refused with ShmRefused (and publishes over TCP).
+    pub shm_allowed_uids: Vec<u32>,
+    /// Largest data ring a client's channel may bring (a power of two, at most 1 GiB).
+    pub shm_max_ring_bytes: u64,
     pub idle_sleep_max_us: u64,
     /// A subscriber that makes no progress for this long stops holding memory.
     pub reader_stall_timeout_ms: u64,
@@ -221,6 +229,9 @@ impl Default for BrokerSettings {
             max_connections: 4096,
             max_connections_per_address: 1024,
             max_subscribers_per_address: 128,
+            shm: true,
+            shm_allowed_uids: Vec::new(),
+            shm_max_ring_bytes: 256 << 20,
             idle_sleep_max_us: 20_000,
             reader_stall_timeout_ms: 30_000,
             fault_broker: -1,
@@ -367,6 +378,9 @@ impl ServerConfig {
                 embarcadero_region::READER_SLOTS,
                 b.max_subscribers_per_address
             ));
+        }
+        if let Err(e) = embarcadero_shm::layout::check_data_capacity(b.shm_max_ring_bytes) {
+            return bad(format!("broker.shm_max_ring_bytes: {e}"));
         }
         if b.max_connections == 0 || b.max_connections_per_address == 0 {
             return bad(

@@ -342,6 +342,11 @@ pub enum ErrorCode {
     /// the hello): the connection is closed. Not retriable, and no other broker serves
     /// it either; a topic created later with the same name is another topic.
     TopicDeleted = 24,
+    /// A local shared-memory channel was refused before its hello was read: the
+    /// client's uid may not open one (`broker.shm_allowed_uids`), or its memfd is not
+    /// a channel the broker maps (unsealed, wrong size or layout). Not retriable over
+    /// shared memory; the same client may publish over TCP.
+    ShmRefused = 25,
 }
 
 impl ErrorCode {
@@ -372,6 +377,7 @@ impl ErrorCode {
             22 => SessionKeyMismatch,
             23 => UnexpectedData,
             24 => TopicDeleted,
+            25 => ShmRefused,
             _ => return None,
         })
     }

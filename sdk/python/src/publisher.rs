@@ -125,6 +125,9 @@ fn publisher_config(
         failover,
         membership_refresh: millis("membership_refresh_ms", membership_refresh_ms)?,
         max_joined_brokers,
+        // The transport (auto: shared memory to brokers on this host) and its ring size
+        // keep the Rust client's defaults.
+        ..PublisherConfig::default()
     })
 }
 

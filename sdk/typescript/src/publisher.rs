@@ -98,6 +98,9 @@ impl NativePublisherConfig {
             max_joined_brokers: self
                 .max_joined_brokers
                 .map_or(d.max_joined_brokers, |m| m as usize),
+            // Auto: shared memory to brokers on this host (the Rust client's default).
+            transport: d.transport,
+            shm_ring_bytes: d.shm_ring_bytes,
         };
         Ok((cfg, self.brokers))
     }

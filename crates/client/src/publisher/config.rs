@@ -56,6 +56,15 @@ pub struct PublisherConfig {
     /// the queues live in slots reserved at start. Past it the publisher stops watching
     /// membership and keeps publishing to the brokers it has.
     pub max_joined_brokers: usize,
+    /// How connections reach their brokers: `Auto` (the default) opens a local
+    /// shared-memory channel to a broker on this host when it may, else TCP; `Tcp`
+    /// always TCP; `Shm` shared memory or an error. `EMBARCADERO_TRANSPORT` sets it
+    /// for the CLI.
+    pub transport: Transport,
+    /// Bytes of a shared-memory channel's data ring (a power of two, 64 KiB to 1 GiB;
+    /// the broker may accept less, `broker.shm_max_ring_bytes`). A batch larger than
+    /// the ring still goes through, staged by the broker.
+    pub shm_ring_bytes: usize,
 }
 
 impl Default for PublisherConfig {
@@ -77,6 +86,8 @@ impl Default for PublisherConfig {
             failover: true,
             membership_refresh: Duration::from_secs(1),
             max_joined_brokers: 64,
+            transport: Transport::Auto,
+            shm_ring_bytes: 8 << 20,
         }
     }
 }

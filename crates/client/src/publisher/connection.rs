@@ -68,7 +68,7 @@ pub(super) fn connect_broker(
                 session_key: config.session_key.expect("drawn when the publisher starts"),
                 subscribe_flags: 0,
             };
-            let (stream, ok) = conn::open(addr, &hello, &[])?;
+            let (stream, ok) = open_link(config, addr, &hello)?;
             let epoch = if ok.order == 5 { session_epoch } else { 0 };
             let queue = Queue::new(stream, addr, process, connection, config.queue_depth, epoch);
             Ok((queue, ok))
@@ -96,4 +96,16 @@ pub(super) fn start_connection(
         reader(b, index)
     })?);
     Ok(())
+}
+
+/// Opens one connection over the configured transport; a refusal is an error.
+pub(super) fn open_link(
+    config: &PublisherConfig,
+    addr: &str,
+    hello: &Hello,
+) -> Result<(Link, HelloOk)> {
+    match conn::handshake_link(addr, hello, config.transport, config.shm_ring_bytes)? {
+        conn::Handshake::Accepted(link, ok) => Ok((link, ok)),
+        conn::Handshake::Refused(e) => Err(conn::broker_error(addr, e)),
+    }
 }

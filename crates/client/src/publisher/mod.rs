@@ -12,7 +12,8 @@
 //! (`Inner`) and its public face.
 
 use crate::admin::Admin;
-use crate::conn::{self, Frame};
+use crate::conn::{self, Frame, Link};
+use crate::shm::Transport;
 use crate::{now_ns, Error, Result};
 use crossbeam_channel::{Receiver, Select, Sender, TryRecvError, TrySendError};
 use embarcadero_wire::{
@@ -23,8 +24,6 @@ use hdrhistogram::Histogram;
 use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashSet, VecDeque};
-use std::io::{IoSlice, Write};
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -413,6 +412,10 @@ fn check_config(config: &PublisherConfig, brokers: usize, through_head: bool) ->
         return Err(Error::Config(
             "need at least one broker, one connection per broker and a queue depth of 1".into(),
         ));
+    }
+    if config.transport != Transport::Tcp {
+        embarcadero_shm::layout::check_data_capacity(config.shm_ring_bytes as u64)
+            .map_err(|e| Error::Config(format!("shm_ring_bytes: {e}")))?;
     }
     if !through_head || config.membership_refresh.is_zero() {
         return Ok(0);

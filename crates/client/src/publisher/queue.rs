@@ -36,7 +36,7 @@ pub(super) struct Queue {
     /// A batch due on this queue opened: its sender times the linger.
     pub(super) batch_opened: (Sender<()>, Receiver<()>),
     /// The connection's current socket; replaced when an order-5 session reopens.
-    pub(super) stream: Mutex<TcpStream>,
+    pub(super) stream: Mutex<Link>,
     /// Bumped each time `stream` is replaced, so the reader follows.
     pub(super) stream_gen: AtomicU64,
     /// Session epoch the current socket was opened with (0 without a session).
@@ -46,7 +46,7 @@ pub(super) struct Queue {
 impl Queue {
     /// A queue for a connection just opened to `broker` (not started yet).
     pub(super) fn new(
-        stream: TcpStream,
+        stream: Link,
         broker: &str,
         process: Option<BrokerProcess>,
         connection: usize,

@@ -13,7 +13,7 @@ pub(super) fn reader(inner: Arc<Inner>, index: usize) {
         return;
     };
     // Order 5: after a fence the sender replaces the socket; follow it.
-    let next_stream = |generation: u64| -> Option<(u64, u64, TcpStream)> {
+    let next_stream = |generation: u64| -> Option<(u64, u64, Link)> {
         inner.session.as_ref()?;
         if !inner.wait_until(Duration::from_secs(5), || {
             q.stream_gen.load(Ordering::Acquire) != generation

@@ -47,21 +47,8 @@ pub(super) fn next_batch(inner: &Inner, index: usize) -> Next {
     }
 }
 
-pub(super) fn write_batch(
-    stream: &mut TcpStream,
-    header: &[u8],
-    payload: &[u8],
-) -> std::io::Result<()> {
-    let mut slices = [IoSlice::new(header), IoSlice::new(payload)];
-    let mut bufs = &mut slices[..];
-    while !bufs.is_empty() {
-        let n = stream.write_vectored(bufs)?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        IoSlice::advance_slices(&mut bufs, n);
-    }
-    Ok(())
+pub(super) fn write_batch(stream: &mut Link, header: &[u8], payload: &[u8]) -> std::io::Result<()> {
+    stream.write_batch(header, payload)
 }
 
 /// First pause before resending after BACKPRESSURE; it doubles up to [`MAX_BACKOFF`].
@@ -109,7 +96,7 @@ struct SenderLoop<'a> {
     inner: &'a Inner,
     index: usize,
     q: &'a Queue,
-    stream: TcpStream,
+    stream: Link,
     /// Orders 0-2: the sequence number the connection's next batch gets.
     next_seq: u64,
     /// Order 5: the session's fence count this connection has reopened for.

@@ -47,7 +47,7 @@ impl Inner {
 /// counts what the fence reported committed as acknowledged, and resends the rest of
 /// this connection's unacknowledged batches in order (the sequencer drops any that turn
 /// out to be committed already, so each is delivered exactly once).
-pub(super) fn reopen(inner: &Inner, index: usize) -> Result<TcpStream, Error> {
+pub(super) fn reopen(inner: &Inner, index: usize) -> Result<Link, Error> {
     let q = &inner.queues[index];
     let conn = &q.conn;
     let (mut stream, epoch, hwm) = open_next_epoch(inner, q)?;
@@ -84,7 +84,7 @@ pub(super) fn reopen(inner: &Inner, index: usize) -> Result<TcpStream, Error> {
 /// Opens queue `q`'s connection with the session's current epoch, taking a newer one
 /// when the broker reports this one fenced meanwhile (a few times at most). Returns the
 /// socket, its epoch and the committed high-water mark to resend from.
-fn open_next_epoch(inner: &Inner, q: &Queue) -> Result<(TcpStream, u64, u64), Error> {
+fn open_next_epoch(inner: &Inner, q: &Queue) -> Result<(Link, u64, u64), Error> {
     let session = inner.session.as_ref().expect("order-5 publisher");
     for _ in 0..=MAX_REFENCES {
         let epoch = session.epoch.load(Ordering::Acquire);
@@ -103,7 +103,8 @@ fn open_next_epoch(inner: &Inner, q: &Queue) -> Result<(TcpStream, u64, u64), Er
                 .expect("drawn when the publisher starts"),
             subscribe_flags: 0,
         };
-        match conn::handshake(&q.broker, &hello, &[])? {
+        let (transport, ring) = (inner.config.transport, inner.config.shm_ring_bytes);
+        match conn::handshake_link(&q.broker, &hello, transport, ring)? {
             conn::Handshake::Accepted(stream, ok) => {
                 check_session_marks(inner, q, &ok)?;
                 let hwm = ok

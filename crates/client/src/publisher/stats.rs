@@ -7,6 +7,8 @@ use super::*;
 pub struct QueueStats {
     pub broker: String,
     pub connection: usize,
+    /// `"shm"` or `"tcp"`: how this connection reaches its broker now.
+    pub transport: &'static str,
     pub batches: u64,
     /// Batches acknowledged on this connection (those a failover found in the order count
     /// on the dead broker's queue).
@@ -83,6 +85,11 @@ impl Publisher {
                 .map(|q| QueueStats {
                     broker: q.broker.clone(),
                     connection: q.connection,
+                    transport: if q.stream.lock().is_shm() {
+                        "shm"
+                    } else {
+                        "tcp"
+                    },
                     batches: q.dispatched.load(Ordering::Relaxed),
                     acked_batches: q.conn.acked_batches.load(Ordering::Relaxed),
                     deflected: q.deflected.load(Ordering::Relaxed),

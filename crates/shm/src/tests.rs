@@ -1,0 +1,183 @@
+//! The rings and the handshake checks, in one process (the broker's side gets the same
+//! `Mapping` a second process would).
+
+use crate::layout::{self, ack_ring, data_ring, MIN_DATA_CAPACITY};
+use crate::ring::{Consumer, Producer, Waited};
+use crate::socket::{create_channel, map_client_channel, recv_hello, send_hello};
+use crate::Mapping;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn pair(cap: usize) -> (Producer, Consumer, Arc<Mapping>) {
+    let (_fd, map) = create_channel(cap).unwrap();
+    let map = Arc::new(map);
+    (
+        Producer::new(map.clone(), data_ring(cap)),
+        Consumer::new(map.clone(), data_ring(cap)),
+        map,
+    )
+}
+
+#[test]
+fn bytes_cross_the_ring_in_order_across_many_wraps() {
+    let cap = MIN_DATA_CAPACITY;
+    let (mut p, mut c, _map) = pair(cap);
+    let mut expect = 0u8;
+    let mut next = 0u8;
+    for round in 0..200 {
+        let len = 1000 + round * 37;
+        let chunk: Vec<u8> = (0..len)
+            .map(|_| {
+                next = next.wrapping_add(1);
+                next
+            })
+            .collect();
+        assert_eq!(p.write(&chunk).unwrap(), len);
+        p.publish();
+        assert_eq!(c.available().unwrap(), len);
+        let mut out = vec![0; len];
+        c.copy_out(&mut out);
+        c.consume(len);
+        for b in out {
+            expect = expect.wrapping_add(1);
+            assert_eq!(b, expect);
+        }
+    }
+}
+
+#[test]
+fn a_full_ring_takes_no_more_and_write_all_waits_for_room() {
+    let cap = MIN_DATA_CAPACITY;
+    let (mut p, mut c, _map) = pair(cap);
+    assert_eq!(p.write(&vec![1; cap + 10]).unwrap(), cap);
+    assert_eq!(p.write(&[1]).unwrap(), 0);
+    p.publish();
+    let reader = std::thread::spawn(move || {
+        let mut total = 0;
+        let mut buf = vec![0; cap];
+        while total < 3 * cap {
+            assert_eq!(c.wait_available(1, None, || true).unwrap(), Waited::Ready);
+            let n = c.available().unwrap();
+            c.copy_out(&mut buf[..n]);
+            c.consume(n);
+            total += n;
+        }
+        total
+    });
+    p.write_all(&[&vec![2; cap], &vec![3; cap]], || true)
+        .unwrap();
+    assert_eq!(reader.join().unwrap(), 3 * cap);
+}
+
+#[test]
+fn a_tail_that_goes_back_or_runs_too_far_ahead_is_a_violation() {
+    let cap = MIN_DATA_CAPACITY;
+    let (mut p, mut c, map) = pair(cap);
+    p.write(&[7; 100]).unwrap();
+    p.publish();
+    assert_eq!(c.available().unwrap(), 100);
+    let tail = map.u64_at(layout::DATA_PRODUCER + layout::P_TAIL);
+    tail.store(50, Ordering::Release);
+    let e = c.available().unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+    let (_p, mut c, map) = pair(cap);
+    map.u64_at(layout::DATA_PRODUCER + layout::P_TAIL)
+        .store(cap as u64 + 1, Ordering::Release);
+    assert_eq!(
+        c.available().unwrap_err().kind(),
+        std::io::ErrorKind::InvalidData
+    );
+}
+
+#[test]
+fn a_head_that_passes_the_tail_or_goes_back_is_a_violation() {
+    let cap = MIN_DATA_CAPACITY;
+    let (_fd, map) = create_channel(cap).unwrap();
+    let map = Arc::new(map);
+    let mut acks = Producer::new(map.clone(), ack_ring(cap));
+    acks.write(&[1; 64]).unwrap();
+    acks.publish();
+    let head = map.u64_at(layout::ACK_CONSUMER + layout::C_HEAD);
+    head.store(65, Ordering::Release);
+    assert_eq!(
+        acks.room().unwrap_err().kind(),
+        std::io::ErrorKind::InvalidData
+    );
+    head.store(32, Ordering::Release);
+    assert_eq!(acks.room().unwrap(), layout::ACK_CAPACITY - 32);
+    head.store(16, Ordering::Release);
+    assert_eq!(
+        acks.room().unwrap_err().kind(),
+        std::io::ErrorKind::InvalidData
+    );
+}
+
+#[test]
+fn a_wait_ends_at_its_deadline_or_when_the_peer_is_gone() {
+    let (_p, mut c, _map) = pair(MIN_DATA_CAPACITY);
+    let deadline = Instant::now() + Duration::from_millis(30);
+    assert_eq!(
+        c.wait_available(1, Some(deadline), || true).unwrap(),
+        Waited::TimedOut
+    );
+    assert_eq!(c.wait_available(1, None, || false).unwrap(), Waited::Gone);
+}
+
+#[test]
+fn the_memfd_and_hello_cross_a_socket_and_the_broker_maps_the_same_memory() {
+    let (client, broker) = UnixStream::pair().unwrap();
+    let (fd, map) = create_channel(MIN_DATA_CAPACITY).unwrap();
+    send_hello(&client, &[9u8; 128], &fd).unwrap();
+    let mut hello = [0u8; 128];
+    let got = recv_hello(&broker, &mut hello, Duration::from_secs(5)).unwrap();
+    assert_eq!(hello, [9u8; 128]);
+    let (theirs, cap) = map_client_channel(&got, 1 << 20).unwrap();
+    assert_eq!(cap, MIN_DATA_CAPACITY);
+    map.u64_at(layout::DATA_PRODUCER)
+        .store(42, Ordering::Release);
+    assert_eq!(
+        theirs.u64_at(layout::DATA_PRODUCER).load(Ordering::Acquire),
+        42
+    );
+}
+
+#[test]
+fn the_broker_refuses_an_unsealed_fd_a_bad_descriptor_and_an_oversized_ring() {
+    let plain = tempfile_fd();
+    let e = map_client_channel(&plain, 1 << 20).err().unwrap();
+    assert!(e.contains("sealable memfd"), "{e}");
+    let unsealed =
+        nix::sys::memfd::memfd_create("t", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).unwrap();
+    nix::unistd::ftruncate(&unsealed, layout::channel_len(MIN_DATA_CAPACITY) as i64).unwrap();
+    let e = map_client_channel(&unsealed, 1 << 20).err().unwrap();
+    assert!(
+        e.contains("sealable memfd") || e.contains("not sealed"),
+        "{e}"
+    );
+    let (fd, map) = create_channel(MIN_DATA_CAPACITY).unwrap();
+    let e = map_client_channel(&fd, MIN_DATA_CAPACITY / 2)
+        .err()
+        .unwrap();
+    assert!(e.contains("above this broker"), "{e}");
+    map.u64_at(layout::D_DATA_CAPACITY)
+        .store(3 << 20, Ordering::Release);
+    let e = map_client_channel(&fd, 1 << 30).err().unwrap();
+    assert!(e.contains("power of two"), "{e}");
+    map.u64_at(layout::D_DATA_CAPACITY)
+        .store(1 << 20, Ordering::Release);
+    let e = map_client_channel(&fd, 1 << 30).err().unwrap();
+    assert!(e.contains("its rings need"), "{e}");
+    map.u64_at(layout::D_MAGIC).store(1, Ordering::Release);
+    let e = map_client_channel(&fd, 1 << 30).err().unwrap();
+    assert!(e.contains("magic"), "{e}");
+}
+
+fn tempfile_fd() -> std::os::fd::OwnedFd {
+    let path = std::env::temp_dir().join(format!("embarcadero-shm-test-{}", std::process::id()));
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(1 << 20).unwrap();
+    let _ = std::fs::remove_file(&path);
+    f.into()
+}
