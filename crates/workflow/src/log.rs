@@ -156,7 +156,8 @@ impl Folder {
         if read.is_empty() {
             return Ok(Vec::new());
         }
-        let read_ns = embarcadero_client::now_ns();
+        // Read before the fold, so that a trip in the trace does not include it.
+        let read_ns = crate::trace::enabled().then(embarcadero_client::now_ns);
         let mut state = shared.state.lock();
         let out: Vec<Folded> = read
             .iter()
@@ -164,7 +165,7 @@ impl Folder {
             .collect();
         drop(state);
         shared.changed.notify_all();
-        if crate::trace::enabled() {
+        if let Some(read_ns) = read_ns {
             let reads: Vec<_> = read
                 .iter()
                 .zip(&out)

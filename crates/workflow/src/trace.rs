@@ -6,8 +6,9 @@
 //! `publish_ts_ns`) and `read_ns` this process's wall clock when the fold got it. All
 //! processes of one host share the clock, so `scripts/workflow_trace.py` can put every
 //! trip through the log (publish to read) and every reaction (read to the next publish)
-//! of a task side by side. Off (no file) it costs one branch per batch of events. It
-//! touches nothing but the file it is given.
+//! of a task side by side. Off (no file) it costs one branch per batch of events; on,
+//! one `write` per batch, after the fold and before the process reacts (so reactions in
+//! a trace include it). It touches nothing but the file it is given.
 
 use crate::event::Envelope;
 use parking_lot::Mutex;
