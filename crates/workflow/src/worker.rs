@@ -412,8 +412,10 @@ fn enqueued_by(
     let Some(before) = state.tasks.get(&at.task).filter(|t| t.protocol >= 2) else {
         return Vec::new();
     };
-    let mut scratch = State::default();
-    scratch.next_position = state.next_position;
+    let mut scratch = State {
+        next_position: state.next_position,
+        ..State::default()
+    };
     let template = before.template.clone();
     scratch.templates.insert(template.key(), template);
     scratch.tasks.insert(before.uuid.clone(), before.clone());
