@@ -2,20 +2,28 @@
 # Workflow latency, phase 1: a server, an orchestrator and one worker on this host;
 # 200 linear 4-step tasks one after another, each from POST to complete (long poll).
 # Events are durable (topic RF 2, ack 2; ACK=1 for ordered only, RF 1).
-# Usage: [ACK=1] scripts/workflow_latency.sh [BIN] [COUNT]
+# TRACE=FILE: the orchestrator and the worker append a latency trace of every event they
+# read to FILE (see crates/workflow/src/trace.rs); scripts/workflow_trace.py reads it.
+# TASK_PROTOCOL=1: tasks of protocol 1 (the orchestrator enqueues and completes steps by
+# events; docs/WORKFLOW.md), for comparison; default: the orchestrator's (2).
+# EPOCH_US=N: the sequencer's epoch (default: the server's, 500 us).
+# Usage: [ACK=1] [TRACE=FILE] [TASK_PROTOCOL=1] [EPOCH_US=N] scripts/workflow_latency.sh [BIN] [COUNT]
 set -euo pipefail
 BIN=${1:-target/release/embarcadero}
 COUNT=${2:-200}
 ACK=${ACK:-2}
 RF=$([ "$ACK" = 2 ] && echo 2 || echo 1)
 DIR=$(mktemp -d)
+[ -n "${TRACE:-}" ] && export EMBARCADERO_WORKFLOW_TRACE="$TRACE"
 trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$DIR"' EXIT
 
-"$BIN" serve --data-dir "$DIR/data" --base-port 0 --control-port 0 2>"$DIR/serve.log" &
+"$BIN" serve --data-dir "$DIR/data" --base-port 0 --control-port 0 \
+  ${EPOCH_US:+--epoch-us "$EPOCH_US"} 2>"$DIR/serve.log" &
 until grep -q 'embarcadero is serving' "$DIR/serve.log"; do sleep 0.1; done
 CONTROL=$(grep -o 'http://[0-9.:]*' "$DIR/serve.log" | head -1 | sed 's|http://||')
 
-"$BIN" orchestrator --control "$CONTROL" --listen 127.0.0.1:0 --rf "$RF" --ack "$ACK" 2>"$DIR/orch.log" &
+"$BIN" orchestrator --control "$CONTROL" --listen 127.0.0.1:0 --rf "$RF" --ack "$ACK" \
+  ${TASK_PROTOCOL:+--task-protocol "$TASK_PROTOCOL"} 2>"$DIR/orch.log" &
 until grep -q 'orchestrator is serving' "$DIR/orch.log"; do sleep 0.1; done
 API=$(grep -o 'http://[0-9.:]*' "$DIR/orch.log" | tail -1 | sed 's|http://||')
 

@@ -521,6 +521,49 @@ fn failing_steps_are_retried_by_their_policy_and_then_fail_the_task() {
     );
 }
 
+/// A handler that outlives its step's one-second timeout, twice.
+const SLEEPY: &str = "name: sleepy
+namespace: demo
+version: 1.0.0
+steps:
+  - name: nap
+    timeout_seconds: 1
+    handler: {callable: test.sleep, initialization: {ms: 1300}}
+    retry: {max_attempts: 2, backoff: none}
+";
+
+#[test]
+fn a_handler_past_its_timeout_fails_its_attempt_and_its_late_value_is_dropped() {
+    // A lease of ten minutes: the orchestrator's backstop (timeout + lease) cannot take
+    // the attempts back while the test runs, so the timeouts seen are the worker's.
+    let stack = Stack::start("600000", 1, &[SLEEPY]);
+    let api = &stack.api;
+    let t = api.get_task(&create(api, "sleepy", json!({})), 30).unwrap();
+    assert_eq!(t["status"], "error", "{t:#}");
+    let nap = step(&t, "nap");
+    assert_eq!(
+        (&nap["attempts"], &nap["failures"], &nap["lease_losses"]),
+        (&json!(2), &json!(2), &json!(0)),
+        "{nap:#}"
+    );
+    let error = nap["last_error"].as_str().unwrap();
+    assert!(
+        error.contains("max attempts (2) reached: timed out after 1 s"),
+        "{error}"
+    );
+    // Attempt 1's handler finished (at 1.3 s) while attempt 2 ran: had its late value
+    // been published, the fold would have refused it as superseded.
+    assert_eq!(entered(nap, "enqueued_for_orchestration"), 2);
+    assert!(
+        !nap["refused_events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r.as_str().unwrap().contains("step_result")),
+        "{nap:#}"
+    );
+}
+
 #[test]
 fn a_paused_worker_loses_its_claim_and_its_late_result_is_refused() {
     let mut stack = Stack::start("1000", 1, &[SLOW]);
@@ -616,8 +659,11 @@ fn a_decision_creates_the_branches_it_names_and_the_convergence_waits_for_them()
         let hop = |to: &str| moves.iter().find(|m| m["to"] == to).unwrap()["position"].as_u64();
         (hop("enqueued").unwrap(), hop("complete").unwrap())
     };
+    // Once both branches completed: under protocol 2 (the default) the fold enqueues
+    // it at the position where the last one completes.
     let converge_enqueued = enqueued("converge").0;
-    assert!(converge_enqueued > enqueued("medium").1.max(enqueued("huge").1));
+    assert!(converge_enqueued >= enqueued("medium").1.max(enqueued("huge").1));
+    assert_eq!(t["protocol"], 2);
 
     let bad = json!({"even_number": 2, "branches": ["medium", "tiny"]});
     let t = api.get_task(&create(api, "conditional", bad), 30).unwrap();

@@ -178,6 +178,7 @@ impl Api {
             context: req.context,
             idempotency_key: req.idempotency_key,
             identity: identity.clone(),
+            protocol: Some(self.engine.task_protocol),
         };
         if let Err(e) = self.engine.writer.publish(event) {
             return Reply::error(

@@ -134,7 +134,12 @@ fn decide_returned(
 
 /// A decision's result must name some of its branches (the fold creates them when it
 /// applies the completion); other steps' results are not checked.
-fn check_result(task: &Task, i: usize, spec: &StepTemplate, result: &Value) -> Result<(), String> {
+pub(crate) fn check_result(
+    task: &Task,
+    i: usize,
+    spec: &StepTemplate,
+    result: &Value,
+) -> Result<(), String> {
     match spec.step_type {
         StepType::Decision => crate::branch::check_decision(task, i, result),
         StepType::Batchable => crate::batch::batch_cursors(result).map(|_| ()),

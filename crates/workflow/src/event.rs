@@ -46,6 +46,12 @@ pub enum Event {
         /// before identities (then the idempotency key, scoped by template, is it).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         identity: Option<String>,
+        /// Who moves the task's steps where no clock is needed ([`crate::settle`]):
+        /// absent or 1, the orchestrator, by `step_enqueued` and `step_completed` events
+        /// of its own; 2, the fold itself, at the position of the event that made a step
+        /// ready or returned its success. Another value is refused.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        protocol: Option<u8>,
     },
     /// The orchestrator made attempt `attempt` of a step available to workers.
     StepEnqueued(StepRef),
@@ -172,6 +178,16 @@ impl Event {
             | Event::StepReset { at, .. }
             | Event::StepResolved { at, .. } => Some(at),
             _ => None,
+        }
+    }
+
+    /// The task a task-level event is about (step events: see [`Event::step_ref`]).
+    pub fn task(&self) -> Option<&str> {
+        match self {
+            Event::TaskCreated { task, .. }
+            | Event::TaskRerun { task, .. }
+            | Event::TaskCancelled { task, .. } => Some(task),
+            other => other.step_ref().map(|at| at.task.as_str()),
         }
     }
 

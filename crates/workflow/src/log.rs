@@ -133,30 +133,51 @@ pub struct Folded {
 /// Reads the event topic from the start into a [`Shared`] state.
 pub struct Folder {
     subscriber: Subscriber,
+    /// Who reads, in the latency trace ([`crate::trace`]).
+    role: String,
 }
 
 impl Folder {
-    pub fn open(cfg: &LogConfig) -> Result<Self, Error> {
+    pub fn open(cfg: &LogConfig, role: &str) -> Result<Self, Error> {
         let subscriber =
             Subscriber::connect(&cfg.control, &cfg.topic, SubscriberConfig::default())?;
-        Ok(Self { subscriber })
+        Ok(Self {
+            subscriber,
+            role: role.to_string(),
+        })
     }
 
     /// Waits at most `timeout` for events and folds all that have arrived.
     pub fn pump(&mut self, shared: &Shared, timeout: Duration) -> Result<Vec<Folded>, Error> {
         let mut read = Vec::new();
-        self.subscriber
-            .poll_with(timeout, |m| read.push((m.position, m.payload.to_vec())))?;
+        self.subscriber.poll_with(timeout, |m| {
+            read.push((m.position, m.publish_ts_ns, m.payload.to_vec()))
+        })?;
         if read.is_empty() {
             return Ok(Vec::new());
         }
+        // Read before the fold, so that a trip in the trace does not include it.
+        let read_ns = crate::trace::enabled().then(embarcadero_client::now_ns);
         let mut state = shared.state.lock();
-        let out = read
+        let out: Vec<Folded> = read
             .iter()
-            .map(|(position, payload)| fold_one(&mut state, *position, payload))
+            .map(|(position, _, payload)| fold_one(&mut state, *position, payload))
             .collect();
         drop(state);
         shared.changed.notify_all();
+        if let Some(read_ns) = read_ns {
+            let reads: Vec<_> = read
+                .iter()
+                .zip(&out)
+                .map(|((position, publish_ns, _), f)| crate::trace::Read {
+                    position: *position,
+                    publish_ns: *publish_ns,
+                    read_ns,
+                    envelope: f.envelope.as_ref(),
+                })
+                .collect();
+            crate::trace::record(&self.role, &reads);
+        }
         Ok(out)
     }
 }

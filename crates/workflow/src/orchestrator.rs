@@ -25,6 +25,8 @@ pub struct OrchestratorConfig {
     pub lease_ms: u64,
     /// Backpressure: new tasks are refused (503) while this many are open.
     pub max_open_tasks: usize,
+    /// The protocol new tasks are created with ([`crate::state::Task::protocol`]).
+    pub task_protocol: u8,
 }
 
 /// What the API and the CLI see of a running orchestrator.
@@ -37,6 +39,8 @@ pub struct Engine {
     pub failure: Mutex<Option<String>>,
     /// See [`OrchestratorConfig::max_open_tasks`].
     pub max_open_tasks: usize,
+    /// See [`OrchestratorConfig::task_protocol`].
+    pub task_protocol: u8,
     /// Where the event log is (the metrics ask for its end).
     pub log: LogConfig,
     stop: AtomicBool,
@@ -55,13 +59,14 @@ const INFLIGHT_MS: u64 = 5_000;
 impl Orchestrator {
     pub fn start(cfg: OrchestratorConfig) -> Result<Self, Error> {
         let replay_end = ensure_topic(&cfg.log)?;
-        let folder = Folder::open(&cfg.log)?;
+        let folder = Folder::open(&cfg.log, "orchestrator")?;
         let engine = Arc::new(Engine {
             shared: Arc::new(Shared::default()),
             writer: Arc::new(Writer::open(&cfg.log)?),
             caught_up: AtomicBool::new(replay_end == 0),
             failure: Mutex::new(None),
             max_open_tasks: cfg.max_open_tasks,
+            task_protocol: cfg.task_protocol,
             log: cfg.log.clone(),
             stop: AtomicBool::new(false),
         });

@@ -2,9 +2,19 @@
 //! route along legal task edges from the state it was in to the derived one (through
 //! `evaluating_results` when there is no direct edge), each hop recorded with the event
 //! that caused it. Complete and error are reached here, not by events of their own.
+//!
+//! For a task of protocol 2 ([`Task::protocol`]) settling also makes the moves that
+//! need no clock and no liveness, which the orchestrator makes by events of its own
+//! under protocol 1: a returned success that passes its check is completed, and every
+//! ready step is enqueued (attempt after its last), at the position of the event that
+//! allowed it. Every reader makes the same moves at the same position, so this is as
+//! deterministic as the events it replaces, and it saves each step two trips through
+//! the log. Retries, expiries, errors and staleness stay the orchestrator's (they need
+//! its clock or its policy decisions).
 
+use crate::event::{Event, StepRef};
 use crate::machine::{legal_task, StepState, TaskState};
-use crate::state::{Task, Transition};
+use crate::state::{Returned, Task, Transition};
 
 /// The state the task's steps put it in.
 pub fn derive(task: &Task) -> TaskState {
@@ -44,8 +54,82 @@ pub fn derive(task: &Task) -> TaskState {
     TaskState::WaitingForDependencies
 }
 
-/// Moves the task to its derived state.
+/// Moves the task to its derived state (under protocol 2, with the fold's own moves).
 pub fn settle(task: &mut Task, position: u64, ts_ms: u64) {
+    move_to_derived(task, position, ts_ms);
+    if task.protocol >= 2 {
+        fold_moves(task, position, ts_ms);
+    }
+}
+
+/// Protocol 2: completes the successes that pass their check, then (unless the task
+/// is finished or blocked by failures, where the orchestrator would not either)
+/// enqueues every ready step; the task settles after each, so its audit trail passes
+/// through `evaluating_results` and `enqueuing_steps` as under protocol 1.
+fn fold_moves(task: &mut Task, position: u64, ts: u64) {
+    if task.state.is_terminal() {
+        return;
+    }
+    let accepted: Vec<usize> = (0..task.steps.len())
+        .filter(|&i| acceptable(task, i))
+        .collect();
+    for &i in &accepted {
+        let at = step_ref(task, i, task.steps[i].attempt);
+        move_step(task, i, &Event::StepCompleted(at), position, ts);
+        crate::state::consequences(task, i, position, ts);
+    }
+    if !accepted.is_empty() {
+        move_to_derived(task, position, ts);
+    }
+    if task.state.is_terminal() || task.state == TaskState::BlockedByFailures {
+        return;
+    }
+    let ready: Vec<usize> = task.ready_steps().collect();
+    for &i in &ready {
+        let at = step_ref(task, i, task.steps[i].attempt + 1);
+        move_step(task, i, &Event::StepEnqueued(at), position, ts);
+    }
+    if !ready.is_empty() {
+        move_to_derived(task, position, ts);
+    }
+}
+
+/// A returned success the orchestrator would complete ([`crate::decide`]'s check).
+fn acceptable(task: &Task, i: usize) -> bool {
+    let s = &task.steps[i];
+    let Some(Returned::Success(result)) = &s.returned else {
+        return false;
+    };
+    s.created
+        && s.state == StepState::EnqueuedForOrchestration
+        && crate::decide::check_result(task, i, task.spec(i), result).is_ok()
+}
+
+/// Applies a move the fold decided through the same checks as the event it stands
+/// for; it was chosen because it fits, so a refusal is a bug.
+fn move_step(task: &mut Task, i: usize, event: &Event, position: u64, ts: u64) {
+    let how = crate::step_events::At {
+        ready: true,
+        timeout_s: task.spec(i).timeout_seconds,
+        position,
+        ts,
+    };
+    let moved = crate::step_events::apply(&mut task.steps[i], event, how);
+    assert!(
+        moved.is_ok(),
+        "the fold's own {event:?} was refused: {moved:?}"
+    );
+}
+
+fn step_ref(task: &Task, i: usize, attempt: u32) -> StepRef {
+    StepRef {
+        task: task.uuid.clone(),
+        step: task.steps[i].name.clone(),
+        attempt,
+    }
+}
+
+fn move_to_derived(task: &mut Task, position: u64, ts_ms: u64) {
     let target = derive(task);
     task.updated_ms = ts_ms;
     while task.state != target {

@@ -79,6 +79,9 @@ pub struct Task {
     #[serde(skip)]
     pub deps: Vec<Vec<usize>>,
     pub idempotency_key: Option<String>,
+    /// 1: the orchestrator enqueues ready steps and completes successes by events; 2:
+    /// the fold does both itself (see [`crate::settle`]).
+    pub protocol: u8,
     pub cancelled: bool,
     pub created_ms: u64,
     pub updated_ms: u64,
@@ -122,7 +125,12 @@ pub enum Rejected {
     NotFailed { task: String, state: TaskState },
     #[error("step {} is not ready: a dependency is not complete", at.step)]
     NotReady { at: StepRef },
+    #[error("task protocol {0} is not one this reader knows (1 to {max})", max = LATEST_PROTOCOL)]
+    UnknownProtocol(u8),
 }
+
+/// The newest task protocol ([`Task::protocol`]) this fold knows.
+pub const LATEST_PROTOCOL: u8 = 2;
 
 /// The engine's state. Iteration orders are those of `BTreeMap`s, so that everything
 /// derived from a state (decisions included) is the same on every reader.
@@ -180,6 +188,7 @@ impl State {
                 context,
                 idempotency_key,
                 identity,
+                protocol,
             } => {
                 let key = TemplateKey {
                     namespace: namespace.clone(),
@@ -192,6 +201,7 @@ impl State {
                     context,
                     idempotency_key: idempotency_key.as_deref(),
                     identity: identity.as_deref(),
+                    protocol: protocol.unwrap_or(1),
                 };
                 self.create(new, position, ts)
             }
@@ -226,6 +236,9 @@ impl State {
         if self.tasks.contains_key(new.uuid) {
             return Err(Rejected::DuplicateTask(new.uuid.to_string()));
         }
+        if !(1..=LATEST_PROTOCOL).contains(&new.protocol) {
+            return Err(Rejected::UnknownProtocol(new.protocol));
+        }
         let unique = template.identity_strategy == IdentityStrategy::AlwaysUnique;
         let scope = match (new.identity, new.idempotency_key) {
             (Some(identity), _) => Some(identity.to_string()),
@@ -239,6 +252,7 @@ impl State {
         }
         let mut task = Task::new(new.uuid, template, new.context.clone(), ts);
         task.idempotency_key = new.idempotency_key.map(str::to_string);
+        task.protocol = new.protocol;
         crate::settle::settle(&mut task, position, ts);
         if let Some(scope) = scope {
             self.idempotency.insert(scope, new.uuid.to_string());
@@ -338,6 +352,7 @@ struct NewTask<'a> {
     context: &'a Value,
     idempotency_key: Option<&'a str>,
     identity: Option<&'a str>,
+    protocol: u8,
 }
 
 fn open_task<'a>(
@@ -388,6 +403,7 @@ impl Task {
             steps,
             deps,
             idempotency_key: None,
+            protocol: 1,
             cancelled: false,
             created_ms: ts,
             updated_ms: ts,

@@ -73,6 +73,7 @@ pub fn task_view(task: &Task) -> Value {
         "status": task.state,
         "context": task.context,
         "idempotency_key": task.idempotency_key,
+        "protocol": task.protocol,
         "created_at_ms": task.created_ms,
         "updated_at_ms": task.updated_ms,
         "completed_at_ms": task.completed_ms,

@@ -3,7 +3,17 @@
 //! attempt in log order wins, and every reader agrees which), runs the attempts it won
 //! on threads of their own with the step's timeout, publishes their results, and
 //! heartbeats while it holds any.
+//!
+//! Claiming ahead (tasks of protocol 2): when a handler succeeds, the worker works out
+//! on a copy of the task which steps the fold will enqueue at its result (the fold
+//! completes the step and enqueues what became ready, [`crate::settle`]) and publishes
+//! its claims of those it can run right behind the result, in the same session, so they
+//! follow it in the log. A claim is an ordinary claim: the fold accepts it only if the
+//! attempt is enqueued when it arrives (else refuses it, and the worker claims as usual
+//! once it sees the step), and the worker runs an attempt only after reading its own
+//! winning claim. What it saves is the trip of the enqueue to the worker.
 
+use crate::event::Envelope;
 use crate::event::{Event, Outcome, StepRef};
 use crate::handler::{BatchInput, CheckpointSink, Registry, StepContext, StepError};
 use crate::ids::{new_uuid, now_ms};
@@ -11,14 +21,15 @@ use crate::log::{ensure_topic, Folded, Folder, LogConfig, Shared, Writer};
 use crate::machine::StepState;
 use crate::state::State;
 use embarcadero_client::Error;
+use parking_lot::Mutex;
 use serde_json::{Map, Value};
 use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -45,14 +56,21 @@ impl Worker {
         let replay_end = ensure_topic(&cfg.log)?;
         let id = format!("worker-{}", &new_uuid()[..8]);
         let stop = Arc::new(AtomicBool::new(false));
-        let mut runtime = Runtime {
-            id: id.clone(),
-            folder: Folder::open(&cfg.log)?,
+        let steps = Arc::new(Steps {
+            worker: id.clone(),
             shared: Arc::new(Shared::default()),
             writer: Arc::new(Writer::open(&cfg.log)?),
             registry,
-            running: Arc::new(AtomicUsize::new(0)),
-            claims: HashSet::new(),
+            namespaces: cfg.namespaces.clone(),
+            concurrency: cfg.concurrency,
+            running: AtomicUsize::new(0),
+            claims: Mutex::new(HashSet::new()),
+            attempts: Mutex::new(Vec::new()),
+            run_log: cfg.run_log.clone(),
+        });
+        let mut runtime = Runtime {
+            folder: Folder::open(&cfg.log, &id)?,
+            steps,
             last_heartbeat: 0,
             replay_end,
             cfg,
@@ -87,17 +105,39 @@ impl Worker {
 }
 
 struct Runtime {
-    id: String,
     cfg: WorkerConfig,
     folder: Folder,
+    steps: Arc<Steps>,
+    last_heartbeat: u64,
+    replay_end: u64,
+}
+
+/// What the worker loop and the threads running attempts share.
+struct Steps {
+    worker: String,
     shared: Arc<Shared>,
     writer: Arc<Writer>,
     registry: Registry,
-    running: Arc<AtomicUsize>,
-    /// Claims published and not yet decided by the log.
-    claims: HashSet<StepRef>,
-    last_heartbeat: u64,
-    replay_end: u64,
+    namespaces: Vec<String>,
+    concurrency: usize,
+    /// Attempts whose handler is running (or whose result is being published).
+    running: AtomicUsize,
+    /// Claims published (or about to be) and not yet decided by the log.
+    claims: Mutex<HashSet<StepRef>>,
+    /// The attempts whose handler runs, for the loop to time out.
+    attempts: Mutex<Vec<Arc<Running>>>,
+    run_log: Option<PathBuf>,
+}
+
+/// An attempt whose handler runs on a thread of its own. Whoever reports it first
+/// publishes its result: the thread with the handler's outcome, or the worker loop
+/// with a timeout once `deadline` has passed (the thread is then left to finish, and
+/// its late outcome is dropped). One thread per attempt, none to wait for it.
+struct Running {
+    at: StepRef,
+    deadline: Instant,
+    timeout: Duration,
+    reported: AtomicBool,
 }
 
 const POLL: Duration = Duration::from_millis(20);
@@ -105,11 +145,12 @@ const POLL: Duration = Duration::from_millis(20);
 impl Runtime {
     fn run(&mut self, stop: &AtomicBool) -> Result<(), Error> {
         while !stop.load(Ordering::SeqCst) {
-            let folded = self.folder.pump(&self.shared, POLL)?;
+            let folded = self.folder.pump(&self.steps.shared, POLL)?;
             for f in &folded {
                 self.settle_claim(f);
             }
-            if self.shared.lock().next_position < self.replay_end {
+            self.steps.time_out_overdue();
+            if self.steps.shared.lock().next_position < self.replay_end {
                 continue;
             }
             self.claim_more()?;
@@ -123,51 +164,57 @@ impl Runtime {
         let Some(Event::StepClaimed { at, worker }) = f.envelope.as_ref().map(|e| &e.event) else {
             return;
         };
-        if *worker != self.id || !self.claims.remove(at) {
+        if *worker != self.steps.worker || !self.steps.claims.lock().remove(at) {
             return;
         }
         if f.outcome.is_err() {
-            return; // another worker's claim came first
+            return; // another worker's claim came first, or the attempt is not enqueued
         }
-        match self.prepare(at) {
-            Some(job) => self.spawn(job),
+        match self.steps.prepare(at) {
+            Some(job) => Steps::spawn(&self.steps, job),
             None => tracing::warn!("won {at:?} but cannot prepare it"),
         }
     }
 
     fn claim_more(&mut self) -> Result<(), Error> {
-        let free = self
-            .cfg
+        let steps = &self.steps;
+        // Under the claims' lock, so that a thread claiming ahead and this loop never
+        // claim the same attempt twice.
+        let mut claims = steps.claims.lock();
+        let free = steps
             .concurrency
-            .saturating_sub(self.running.load(Ordering::SeqCst) + self.claims.len());
+            .saturating_sub(steps.running.load(Ordering::SeqCst) + claims.len());
         if free == 0 {
             return Ok(());
         }
         let wanted: Vec<StepRef> =
-            claimable(&self.shared.lock(), &self.cfg.namespaces, &self.registry)
-                .filter(|at| !self.claims.contains(at))
+            claimable(&steps.shared.lock(), &steps.namespaces, &steps.registry)
+                .filter(|at| !claims.contains(at))
                 .take(free)
                 .collect();
         for at in wanted {
-            self.claims.insert(at.clone());
-            let worker = self.id.clone();
-            self.writer.publish(Event::StepClaimed { at, worker })?;
+            claims.insert(at.clone());
+            let worker = steps.worker.clone();
+            steps.writer.publish(Event::StepClaimed { at, worker })?;
         }
         Ok(())
     }
 
     fn heartbeat(&mut self) -> Result<(), Error> {
         let now = now_ms();
-        let busy = self.running.load(Ordering::SeqCst) > 0 || !self.claims.is_empty();
+        let steps = &self.steps;
+        let busy = steps.running.load(Ordering::SeqCst) > 0 || !steps.claims.lock().is_empty();
         if busy && now.saturating_sub(self.last_heartbeat) >= self.cfg.lease_ms / 3 {
             self.last_heartbeat = now;
-            self.writer.publish(Event::Heartbeat {
-                worker: self.id.clone(),
+            steps.writer.publish(Event::Heartbeat {
+                worker: steps.worker.clone(),
             })?;
         }
         Ok(())
     }
+}
 
+impl Steps {
     /// The context a won attempt runs with.
     fn prepare(&self, at: &StepRef) -> Option<Job> {
         let state = self.shared.lock();
@@ -216,7 +263,8 @@ impl Runtime {
 
     /// Publishes a handler's checkpoints for the attempt `at` of this worker.
     fn checkpoint_sink(&self, at: &StepRef) -> CheckpointSink {
-        let (writer, at, worker) = (self.writer.clone(), at.clone(), self.id.clone());
+        let (writer, at) = (self.writer.clone(), at.clone());
+        let worker = self.worker.clone();
         CheckpointSink::new(move |checkpoint| {
             let event = Event::StepCheckpoint {
                 at: at.clone(),
@@ -229,36 +277,163 @@ impl Runtime {
         })
     }
 
-    fn spawn(&self, job: Job) {
-        let Some(handler) = self.registry.get(&job.callable) else {
+    /// Runs a won attempt's handler on a thread of its own (see [`Running`]).
+    fn spawn(this: &Arc<Self>, job: Job) {
+        let Some(handler) = this.registry.get(&job.callable) else {
             return;
         };
-        let (writer, running, worker) =
-            (self.writer.clone(), self.running.clone(), self.id.clone());
-        let run_log = self.cfg.run_log.clone();
-        running.fetch_add(1, Ordering::SeqCst);
+        let attempt = Arc::new(Running {
+            at: job.at.clone(),
+            deadline: Instant::now() + job.timeout,
+            timeout: job.timeout,
+            reported: AtomicBool::new(false),
+        });
+        this.running.fetch_add(1, Ordering::SeqCst);
+        this.attempts.lock().push(attempt.clone());
+        let (steps, mine) = (this.clone(), attempt.clone());
         let started = std::thread::Builder::new()
             .name("step".into())
             .spawn(move || {
-                if let Some(path) = &run_log {
-                    record_run(path, &job.at, &worker);
+                if let Some(path) = &steps.run_log {
+                    record_run(path, &job.at, &steps.worker);
                 }
-                let outcome = run_with_timeout(handler, job.ctx, job.timeout);
-                let event = Event::StepResult {
-                    at: job.at,
-                    worker,
-                    outcome,
+                let ctx = job.ctx;
+                let r =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.call(&ctx)));
+                let outcome = match r {
+                    Ok(Ok(result)) => Outcome::Success { result },
+                    Ok(Err(e)) => failure(e),
+                    Err(_) => failure(StepError::retryable("the handler panicked")),
                 };
-                if let Err(e) = writer.publish(event) {
-                    tracing::error!("cannot publish a step result: {e}");
-                }
-                running.fetch_sub(1, Ordering::SeqCst);
+                steps.report(&mine, outcome);
             });
         if let Err(e) = started {
-            tracing::error!("cannot start a step thread: {e}");
-            self.running.fetch_sub(1, Ordering::SeqCst);
+            let why = format!("cannot start the handler: {e}");
+            this.report(&attempt, failure(StepError::retryable(why)));
         }
     }
+
+    /// Publishes an attempt's outcome unless it was reported already, and frees its slot.
+    fn report(&self, attempt: &Arc<Running>, outcome: Outcome) {
+        if attempt.reported.swap(true, Ordering::SeqCst) {
+            return; // timed out (or finished) first: this outcome is dropped
+        }
+        self.finish(attempt.at.clone(), outcome);
+        self.attempts.lock().retain(|a| !Arc::ptr_eq(a, attempt));
+        self.running.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Reports every attempt past its deadline as a retryable failure. Called by the
+    /// worker loop, which wakes at least every [`POLL`]: a timeout is reported at most
+    /// that late.
+    fn time_out_overdue(&self) {
+        let now = Instant::now();
+        let overdue: Vec<Arc<Running>> = self
+            .attempts
+            .lock()
+            .iter()
+            .filter(|a| a.deadline <= now)
+            .cloned()
+            .collect();
+        for a in overdue {
+            let why = format!("timed out after {} s", a.timeout.as_secs());
+            self.report(&a, failure(StepError::retryable(why)));
+        }
+    }
+
+    /// Publishes an attempt's result and, right behind it, the claims ahead it allows
+    /// (noted among the claims before the result goes out, so the loop, which may see
+    /// those steps enqueued as soon as the result is in the log, does not claim them
+    /// too). Runs while the attempt still counts as running, so its slot is one of the
+    /// free ones.
+    fn finish(&self, at: StepRef, outcome: Outcome) {
+        let success = matches!(outcome, Outcome::Success { .. });
+        let event = Event::StepResult {
+            at,
+            worker: self.worker.clone(),
+            outcome,
+        };
+        let ahead = match success {
+            true => self.reserve_ahead(&event),
+            false => Vec::new(),
+        };
+        if let Err(e) = self.writer.publish(event) {
+            tracing::error!("cannot publish a step result: {e}");
+            let mut claims = self.claims.lock();
+            ahead.iter().for_each(|at| {
+                claims.remove(at);
+            });
+            return;
+        }
+        for at in ahead {
+            let worker = self.worker.clone();
+            if let Err(e) = self.writer.publish(Event::StepClaimed { at, worker }) {
+                // The loop's next publish reports the log's failure.
+                tracing::error!("cannot publish a claim: {e}");
+            }
+        }
+    }
+
+    /// The attempts the fold will enqueue at `result` that this worker can run, as many
+    /// as its free slots (counting the one `result` frees), noted among the claims.
+    fn reserve_ahead(&self, result: &Event) -> Vec<StepRef> {
+        let mut claims = self.claims.lock();
+        let running = self.running.load(Ordering::SeqCst);
+        let free = (self.concurrency + 1).saturating_sub(running + claims.len());
+        let wanted: Vec<StepRef> = self
+            .enqueued_by(result)
+            .into_iter()
+            .filter(|at| !claims.contains(at))
+            .take(free)
+            .collect();
+        claims.extend(wanted.iter().cloned());
+        wanted
+    }
+
+    /// See [`enqueued_by`]: on the task as this worker knows it now.
+    fn enqueued_by(&self, result: &Event) -> Vec<StepRef> {
+        let state = self.shared.lock();
+        enqueued_by(&state, result, &self.namespaces, &self.registry)
+    }
+}
+
+/// The attempts of steps of `namespaces` with a handler in `registry` that the fold
+/// enqueues when it applies `result` to its task in `state` (none for a task of
+/// protocol 1, or a result `state` would refuse). Works on a copy of that one task.
+fn enqueued_by(
+    state: &State,
+    result: &Event,
+    namespaces: &[String],
+    registry: &Registry,
+) -> Vec<StepRef> {
+    let Some(at) = result.step_ref() else {
+        return Vec::new();
+    };
+    let Some(before) = state.tasks.get(&at.task).filter(|t| t.protocol >= 2) else {
+        return Vec::new();
+    };
+    let mut scratch = State {
+        next_position: state.next_position,
+        ..State::default()
+    };
+    let template = before.template.clone();
+    scratch.templates.insert(template.key(), template);
+    scratch.tasks.insert(before.uuid.clone(), before.clone());
+    let env = Envelope {
+        ts_ms: now_ms(),
+        event: result.clone(),
+    };
+    if scratch.apply(scratch.next_position, &env).is_err() {
+        return Vec::new();
+    }
+    let was_enqueued = |at: &StepRef| {
+        before
+            .step(&at.step)
+            .is_some_and(|s| s.state == StepState::Enqueued && s.attempt == at.attempt)
+    };
+    claimable(&scratch, namespaces, registry)
+        .filter(|at| !was_enqueued(at))
+        .collect()
 }
 
 struct Job {
@@ -291,36 +466,6 @@ fn claimable<'a>(
         })
 }
 
-/// Runs the handler on a thread of its own and stops waiting at the timeout (the
-/// thread is left to finish; its late result is never published).
-fn run_with_timeout(
-    handler: Arc<dyn crate::handler::StepHandler>,
-    ctx: StepContext,
-    timeout: Duration,
-) -> Outcome {
-    let (tx, rx) = mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("handler".into())
-        .spawn(move || {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.call(&ctx)));
-            let _ =
-                tx.send(r.unwrap_or_else(|_| Err(StepError::retryable("the handler panicked"))));
-        });
-    if let Err(e) = spawned {
-        return failure(StepError::retryable(format!(
-            "cannot start the handler: {e}"
-        )));
-    }
-    match rx.recv_timeout(timeout) {
-        Ok(Ok(result)) => Outcome::Success { result },
-        Ok(Err(e)) => failure(e),
-        Err(_) => failure(StepError::retryable(format!(
-            "timed out after {} s",
-            timeout.as_secs()
-        ))),
-    }
-}
-
 /// Appends one line `task step attempt worker` for a handler run about to start. One
 /// `write` of a short line to a file opened for appending, so that lines of concurrent
 /// runs and processes do not interleave, and a line written survives a SIGKILL.
@@ -341,5 +486,123 @@ fn failure(e: StepError) -> Outcome {
         message: e.message,
         retryable: e.retryable,
         retry_after_ms: e.retry_after_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DIAMOND: &str = "name: d\nnamespace: n\nversion: '1'\nsteps:
+  - {name: a, handler: {callable: math.square}}
+  - {name: b, dependencies: [a], handler: {callable: math.square}}
+  - {name: c, dependencies: [a], handler: {callable: other.handler}}
+  - {name: d, dependencies: [b, c], handler: {callable: math.square}}
+";
+
+    fn at(step: &str) -> StepRef {
+        StepRef {
+            task: "t".into(),
+            step: step.into(),
+            attempt: 1,
+        }
+    }
+
+    fn apply(state: &mut State, event: Event) {
+        let position = state.next_position;
+        let applied = state.apply(position, &Envelope { ts_ms: 0, event });
+        assert_eq!(applied, Ok(()));
+    }
+
+    fn success(step: &str) -> Event {
+        Event::StepResult {
+            at: at(step),
+            worker: "w".into(),
+            outcome: Outcome::Success {
+                result: serde_json::json!(4),
+            },
+        }
+    }
+
+    /// A diamond task with `a` claimed by `w`, created under `protocol`.
+    fn diamond(protocol: Option<u8>) -> State {
+        let mut state = State::default();
+        let template = crate::validate::load(DIAMOND, None).unwrap();
+        apply(&mut state, Event::TemplateRegistered { template });
+        let created = Event::TaskCreated {
+            task: "t".into(),
+            namespace: "n".into(),
+            name: "d".into(),
+            version: "1".into(),
+            context: serde_json::json!({}),
+            idempotency_key: None,
+            identity: None,
+            protocol,
+        };
+        apply(&mut state, created);
+        if protocol.is_none() {
+            apply(&mut state, Event::StepEnqueued(at("a")));
+        }
+        let worker = "w".to_string();
+        apply(
+            &mut state,
+            Event::StepClaimed {
+                at: at("a"),
+                worker,
+            },
+        );
+        state
+    }
+
+    #[test]
+    fn claims_ahead_are_the_steps_the_fold_enqueues_at_the_result_that_the_worker_can_run() {
+        let registry = Registry::builtin();
+        let all: &[String] = &[];
+        // Protocol 2: `a`'s success enqueues `b` and `c`; this worker has a handler
+        // for `b` only. The state itself is not changed by the guess.
+        let mut state = diamond(Some(2));
+        let before = state.clone();
+        assert_eq!(
+            enqueued_by(&state, &success("a"), all, &registry),
+            [at("b")]
+        );
+        assert_eq!(state, before);
+        // Another namespace's worker claims nothing; nor does a failure, or a result
+        // the fold would refuse (another worker's).
+        let other = ["m".to_string()];
+        assert!(enqueued_by(&state, &success("a"), &other, &registry).is_empty());
+        let failed = Event::StepResult {
+            at: at("a"),
+            worker: "w".into(),
+            outcome: Outcome::Failure {
+                message: "no".into(),
+                retryable: true,
+                retry_after_ms: None,
+            },
+        };
+        assert!(enqueued_by(&state, &failed, all, &registry).is_empty());
+        let Event::StepResult { at: a, outcome, .. } = success("a") else {
+            unreachable!()
+        };
+        let rival = Event::StepResult {
+            at: a,
+            worker: "v".into(),
+            outcome,
+        };
+        assert!(enqueued_by(&state, &rival, all, &registry).is_empty());
+        // `d` waits for `c` too: `b`'s success enqueues nothing.
+        apply(&mut state, success("a"));
+        let worker = "w".to_string();
+        apply(
+            &mut state,
+            Event::StepClaimed {
+                at: at("b"),
+                worker,
+            },
+        );
+        assert!(enqueued_by(&state, &success("b"), all, &registry).is_empty());
+        // Protocol 1: the orchestrator enqueues, by events of its own; nothing to guess.
+        let state = diamond(None);
+        assert!(enqueued_by(&state, &success("a"), all, &registry).is_empty());
     }
 }

@@ -34,13 +34,18 @@ const BATCH: &str = "name: NAME\nnamespace: p\nversion: '1'\nsteps:
   - {name: w, type: batch_worker, dependencies: [an], handler: {callable: x}, retry: {max_attempts: 1}}
   - {name: agg, type: deferred_convergence, dependencies: [w], handler: {callable: x}}
 ";
-/// Tasks and their templates.
-const TASKS: [(&str, &str); 5] = [
-    ("t1", "diamond"),
-    ("t2", "diamond"),
-    ("t3", "cond"),
-    ("t4", "batch_fail_fast"),
-    ("t5", "batch_continue_on_failure"),
+/// Tasks, their templates and their protocols (1: the orchestrator enqueues and
+/// completes by events; 2: the fold does).
+const TASKS: [(&str, &str, u8); 9] = [
+    ("t1", "diamond", 1),
+    ("t2", "diamond", 1),
+    ("t3", "cond", 1),
+    ("t4", "batch_fail_fast", 1),
+    ("t5", "batch_continue_on_failure", 1),
+    ("t6", "diamond", 2),
+    ("t7", "cond", 2),
+    ("t8", "batch_fail_fast", 2),
+    ("t9", "batch_continue_on_failure", 2),
 ];
 const BATCH_STEPS: &[&str] = &["an", "w_001", "w_002", "w_003", "agg", "w"];
 const DIAMOND_STEPS: &[&str] = &["a", "b", "c", "d"];
@@ -140,7 +145,7 @@ fn events(ops: &[Op]) -> Vec<Envelope> {
             template: load(t, None).unwrap(),
         })
         .collect();
-    for (t, name) in TASKS {
+    for (t, name, protocol) in TASKS {
         out.push(Event::TaskCreated {
             task: t.into(),
             namespace: "p".into(),
@@ -149,6 +154,8 @@ fn events(ops: &[Op]) -> Vec<Envelope> {
             context: json!({}),
             idempotency_key: None,
             identity: None,
+            // Absent means protocol 1, as in events written before protocols.
+            protocol: (protocol > 1).then_some(protocol),
         });
     }
     let mut state = State::default();
@@ -297,6 +304,14 @@ proptest! {
         for ((task, step, kind, attempt), n) in accepted {
             if matches!(kind, "step_claimed" | "step_result" | "step_completed") {
                 prop_assert_eq!(n, 1, "{} {}/{} attempt {} accepted {} times", kind, task, step, attempt, n);
+            }
+        }
+        // Under protocol 2 completions are the fold's, not events: each step still
+        // completes at most once, and only as the fold completes a returned success.
+        for task in state.tasks.values() {
+            for step in &task.steps {
+                let completions = step.history.iter().filter(|h| h.to == embarcadero_workflow::StepState::Complete).count();
+                prop_assert!(completions <= 1, "{}/{} completed {} times", task.uuid, step.name, completions);
             }
         }
     }
@@ -577,6 +592,11 @@ fn the_first_claim_wins_and_a_late_result_of_a_superseded_attempt_is_refused() {
 /// Runs a history in which the workers do everything asked of them at once: each
 /// enqueued attempt is claimed by w1 and succeeds with `result(step)`.
 fn run_to_the_end(result: impl Fn(&str) -> serde_json::Value) -> State {
+    run_with_events(result).0
+}
+
+/// [`run_to_the_end`], with the events of the history.
+fn run_with_events(result: impl Fn(&str) -> serde_json::Value) -> (State, Vec<Envelope>) {
     let mut envs = events(&[]);
     let (mut state, _) = fold(&envs);
     for round in 0..40 {
@@ -622,7 +642,7 @@ fn run_to_the_end(result: impl Fn(&str) -> serde_json::Value) -> State {
             envs.push(env);
         }
     }
-    state
+    (state, envs)
 }
 
 #[test]
@@ -631,36 +651,105 @@ fn a_decision_creating_two_of_three_branches_is_followed_by_its_convergence() {
         "d" => json!({"type": "create_steps", "step_names": ["b1", "b3"]}),
         _ => json!(1),
     });
-    let t = &state.tasks["t3"];
-    assert_eq!(t.state, embarcadero_workflow::TaskState::Complete, "{t:#?}");
-    let created: Vec<&str> = t.created_steps().map(|s| s.name.as_str()).collect();
-    assert_eq!(created, ["a", "d", "b1", "b3", "e", "j"]);
-    let j = t.step("j").unwrap();
-    let e = t.step("e").unwrap();
-    let b3 = t.step("b3").unwrap();
-    // The convergence was enqueued after both of the created branches completed.
-    let entered = |s: &embarcadero_workflow::state::Step, to| {
-        s.history.iter().find(|h| h.to == to).unwrap().position
-    };
-    use embarcadero_workflow::StepState::{Complete, Enqueued};
-    assert!(entered(j, Enqueued) > entered(e, Complete).max(entered(b3, Complete)));
+    // t3 under protocol 1, t7 under protocol 2 (where the fold enqueues the
+    // convergence at the position where the last branch completes).
+    for uuid in ["t3", "t7"] {
+        let t = &state.tasks[uuid];
+        assert_eq!(t.state, embarcadero_workflow::TaskState::Complete, "{t:#?}");
+        let created: Vec<&str> = t.created_steps().map(|s| s.name.as_str()).collect();
+        assert_eq!(created, ["a", "d", "b1", "b3", "e", "j"]);
+        let j = t.step("j").unwrap();
+        let e = t.step("e").unwrap();
+        let b3 = t.step("b3").unwrap();
+        // The convergence was enqueued once both of the created branches completed.
+        let entered = |s: &embarcadero_workflow::state::Step, to| {
+            s.history.iter().find(|h| h.to == to).unwrap().position
+        };
+        use embarcadero_workflow::StepState::{Complete, Enqueued};
+        let last = entered(e, Complete).max(entered(b3, Complete));
+        match t.protocol {
+            1 => assert!(entered(j, Enqueued) > last),
+            _ => assert_eq!(entered(j, Enqueued), last),
+        }
+    }
 
     let none = run_to_the_end(|step| match step {
         "d" => json!({"type": "no_branches"}),
         _ => json!(1),
     });
-    let t = &none.tasks["t3"];
-    assert_eq!(t.state, embarcadero_workflow::TaskState::Complete);
-    assert_eq!(t.created_steps().count(), 2, "a and d only");
+    for uuid in ["t3", "t7"] {
+        let t = &none.tasks[uuid];
+        assert_eq!(t.state, embarcadero_workflow::TaskState::Complete);
+        assert_eq!(t.created_steps().count(), 2, "a and d only");
+    }
 
     let refused = run_to_the_end(|step| match step {
         "d" => json!({"step_names": ["b1", "a"]}),
         _ => json!(1),
     });
-    let t = &refused.tasks["t3"];
-    assert_eq!(t.state, embarcadero_workflow::TaskState::Error);
-    let d = t.step("d").unwrap();
-    assert!(d.last_error.as_deref().unwrap().contains("`a`"), "{d:#?}");
+    // Under protocol 2 too: a success that fails its check is left to the orchestrator,
+    // which fails the step.
+    for uuid in ["t3", "t7"] {
+        let t = &refused.tasks[uuid];
+        assert_eq!(t.state, embarcadero_workflow::TaskState::Error);
+        let d = t.step("d").unwrap();
+        assert!(d.last_error.as_deref().unwrap().contains("`a`"), "{d:#?}");
+    }
+}
+
+/// What a step went through, without where in the log.
+fn moves(t: &embarcadero_workflow::Task) -> Vec<(String, Vec<String>)> {
+    let moves = t.steps.iter().map(|s| {
+        let to = s.history.iter().map(|h| format!("{:?}", h.to));
+        (s.name.clone(), to.collect())
+    });
+    moves.collect()
+}
+
+#[test]
+fn protocol_2_makes_the_same_moves_as_protocol_1_with_two_events_fewer_per_step() {
+    let (state, envs) = run_with_events(|step| match step {
+        "d" => json!({"step_names": ["b1", "b3"]}),
+        "an" => json!({"cursors": [0, 5], "worker_count": 2}),
+        _ => json!(7),
+    });
+    let events_of = |uuid: &str| envs.iter().filter(|e| e.event.task() == Some(uuid)).count();
+    for (p1, p2) in [("t1", "t6"), ("t3", "t7"), ("t4", "t8")] {
+        let (one, two) = (&state.tasks[p1], &state.tasks[p2]);
+        assert_eq!((one.protocol, two.protocol), (1, 2));
+        assert_eq!(
+            two.state,
+            embarcadero_workflow::TaskState::Complete,
+            "{two:#?}"
+        );
+        assert_eq!(moves(one), moves(two), "{p1} and {p2}");
+        let results = |t: &embarcadero_workflow::Task| -> Vec<_> {
+            t.steps.iter().map(|s| s.result.clone()).collect()
+        };
+        assert_eq!(results(one), results(two));
+        // Per step run: enqueue, claim, result, completion under protocol 1; claim and
+        // result under protocol 2.
+        let ran = two.created_steps().count();
+        assert_eq!(events_of(p1), 1 + 4 * ran, "{p1}");
+        assert_eq!(events_of(p2), 1 + 2 * ran, "{p2}");
+    }
+    // A protocol this fold does not know is refused, and no task is made.
+    let mut s = State::default();
+    let template = Event::TemplateRegistered {
+        template: load(DIAMOND, None).unwrap(),
+    };
+    let created = Event::TaskCreated {
+        task: "t".into(),
+        namespace: "p".into(),
+        name: "diamond".into(),
+        version: "1".into(),
+        context: json!({}),
+        idempotency_key: None,
+        identity: None,
+        protocol: Some(3),
+    };
+    assert_eq!(apply_at(&mut s, 0, vec![template, created]), [true, false]);
+    assert!(s.tasks.is_empty());
 }
 
 #[test]
@@ -669,7 +758,7 @@ fn a_batch_runs_one_instance_per_cursor_and_then_its_convergence() {
         "an" => json!({"cursors": [{"start": 0}, {"start": 5}, {"start": 9}], "worker_count": 3}),
         _ => json!(1),
     });
-    for uuid in ["t4", "t5"] {
+    for uuid in ["t4", "t5", "t8", "t9"] {
         let t = &state.tasks[uuid];
         assert_eq!(t.state, embarcadero_workflow::TaskState::Complete, "{t:#?}");
         let created: Vec<&str> = t.created_steps().map(|s| s.name.as_str()).collect();
@@ -707,6 +796,7 @@ fn a_stale_attempt_errors_only_if_still_where_it_was_seen_and_a_rerun_starts_it_
         context: json!({}),
         idempotency_key: None,
         identity: None,
+        protocol: None,
     };
     let template = Event::TemplateRegistered {
         template: load(LIFECYCLE, None).unwrap(),

@@ -27,6 +27,11 @@ pub struct OrchestratorArgs {
     /// tasks are open (not finished).
     #[arg(long, default_value_t = 10_000, value_parser = crate::at_least_one)]
     max_open_tasks: usize,
+    /// Protocol of new tasks: 2, the fold enqueues ready steps and completes successes
+    /// itself (two trips through the log fewer per step); 1, the orchestrator does, by
+    /// events (as before protocol 2; kept for comparison and for old readers).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+    task_protocol: u8,
 }
 
 #[derive(clap::Args)]
@@ -54,6 +59,7 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
         log: args.log.log_config(),
         lease_ms: args.log.lease_ms,
         max_open_tasks: args.max_open_tasks,
+        task_protocol: args.task_protocol,
     };
     let mut orchestrator =
         Orchestrator::start(config).map_err(|e| format!("cannot start the orchestrator: {e}"))?;
