@@ -163,7 +163,7 @@ impl Region {
         for broker in 0..self.layout.caps.brokers {
             let pass = self.log(topic, broker).reclaim_pass;
             let seen = pass.load(Ordering::Acquire);
-            if seen % 2 == 0 {
+            if seen.is_multiple_of(2) {
                 continue;
             }
             let mut spins = 0u32;
