@@ -310,7 +310,10 @@ impl<'a> PinnedPass<'a> {
     fn begin(line: embarcadero_region::BrokerLine<'a>) -> Self {
         let word = line.reclaim_pass;
         let before = word.add(1, Ordering::SeqCst);
-        assert!(before.is_multiple_of(2), "a reclamation pass is already under way");
+        assert!(
+            before.is_multiple_of(2),
+            "a reclamation pass is already under way"
+        );
         // Orders the odd word before the pin loads, against the reader's fence between
         // its pin stores and its load of this word.
         std::sync::atomic::fence(Ordering::SeqCst);
