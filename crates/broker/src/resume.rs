@@ -99,6 +99,12 @@ pub fn resume_log(region: &Region, topic: u32, broker: u32) -> LogResume {
             }
         }
     }
+    // A predecessor that died during a reclamation pass left it open: no pass of its
+    // runs any more, so readers need not wait for it.
+    let pass = region.broker_line(topic, broker).reclaim_pass;
+    if !pass.load(Ordering::Acquire).is_multiple_of(2) {
+        pass.add(1, Ordering::Release);
+    }
     let mut skipped = 0;
     let fence = log.fence_pbr.load(Ordering::Acquire);
     if fence != 0 && log.resumed_fence.load(Ordering::Acquire) != fence {

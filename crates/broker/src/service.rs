@@ -231,6 +231,9 @@ fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, segment_pressure: boo
     if wanted <= st.reclaimed_pbr {
         return false;
     }
+    // Memory-only topics: from before the pins are read until the frontiers moved.
+    let _pass = (st.replication_factor < 2)
+        .then(|| PinnedPass::begin(shared.region.broker_line(topic, shared.config.broker_id)));
     let target = below_reader_pins(shared, topic, st, wanted);
     note_reader_hold(shared, topic, st, pressed && target < wanted);
     if target <= st.reclaimed_pbr {
@@ -293,6 +296,36 @@ fn wanted_below(
         }
     }
     (target, segment_pressure || ring_pressed)
+}
+
+/// A reclamation pass that honours reader pins, announced on the log's `reclaim_pass`
+/// word (odd while it lasts) so that a reader who pins just as the pass reads the pins
+/// waits for the pass to end before it looks for its batch
+/// (`Region::await_reclaim_passes`).
+struct PinnedPass<'a> {
+    word: embarcadero_region::MonotonicU64<'a>,
+}
+
+impl<'a> PinnedPass<'a> {
+    fn begin(line: embarcadero_region::BrokerLine<'a>) -> Self {
+        let word = line.reclaim_pass;
+        let before = word.add(1, Ordering::SeqCst);
+        assert!(
+            before.is_multiple_of(2),
+            "a reclamation pass is already under way"
+        );
+        // Orders the odd word before the pin loads, against the reader's fence between
+        // its pin stores and its load of this word.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Self { word }
+    }
+}
+
+impl Drop for PinnedPass<'_> {
+    fn drop(&mut self) {
+        // Release: the frontiers the pass moved are visible to whoever sees it end.
+        self.word.add(1, Ordering::Release);
+    }
 }
 
 /// `target`, lowered to the first batch a connected subscriber has not read yet

@@ -94,16 +94,21 @@ fn deleted(meta: &TopicMeta) -> End {
 /// A reader slot in the region: while held, the brokers keep everything from the
 /// pinned positions on in memory (unless the pin goes stale; see
 /// `BrokerConfig::reader_stall_timeout`). The control plane frees the slots of a broker
-/// it declares dead; a pin that finds its slot freed stops pinning.
+/// it declares dead once they stop beating; a pin that finds its slot freed while its
+/// subscriber is still being served claims a slot again.
 struct Pin<'a> {
     region: &'a Region,
     topic: u32,
+    who: Claimant,
+    /// What the pin holds at each index, as last set: a new claim pins the same.
+    positions: std::cell::RefCell<Vec<u64>>,
     slot: Cell<Option<u32>>,
     /// The heartbeat this pin last wrote: beats are compare-and-swaps from it.
     last_beat: Cell<u64>,
 }
 
 /// Who is claiming a reader slot: for which broker, and from which client address.
+#[derive(Clone)]
 struct Claimant {
     broker: u32,
     /// [`address_hash`] of the subscriber's address; 0 when the socket no longer has a
@@ -139,53 +144,70 @@ fn address_hash(ip: std::net::IpAddr) -> u64 {
     hash | 1
 }
 
+/// How long a new pin waits for a reclamation pass that may not have seen it (a pass
+/// lasts microseconds; one whose broker died or is paused mid-pass is not waited for).
+const RECLAIM_PASS_PATIENCE: Duration = Duration::from_millis(100);
+
 impl<'a> Pin<'a> {
     /// Claims a free slot for `who`, pinning `positions[i]` at index `i`; refused when
     /// its address already holds its limit of the topic's slots.
     fn claim(
         region: &'a Region,
         topic: u32,
-        who: &Claimant,
+        who: Claimant,
         positions: &[u64],
     ) -> Result<Self, End> {
+        let pin = Self {
+            region,
+            topic,
+            who,
+            positions: std::cell::RefCell::new(positions.to_vec()),
+            slot: Cell::new(None),
+            last_beat: Cell::new(0),
+        };
+        pin.take_slot()?;
+        Ok(pin)
+    }
+
+    /// Takes a free slot and pins the positions in it, then waits out any reclamation
+    /// pass that may have read the pins before it (`Region::await_reclaim_passes`), so
+    /// that what the reader finds retained from now on stays so.
+    fn take_slot(&self) -> Result<(), End> {
         for slot in 0..READER_SLOTS {
-            let hb = region.reader_slot(topic, slot).heartbeat;
+            let hb = self.region.reader_slot(self.topic, slot).heartbeat;
             if hb.load(Ordering::Relaxed) == 0
                 && hb
                     .compare_exchange(0, READER_CLAIMING, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
+                && self.fill(slot)?
             {
-                return Self::fill(region, topic, slot, who, positions);
+                if !self
+                    .region
+                    .await_reclaim_passes(self.topic, RECLAIM_PASS_PATIENCE)
+                {
+                    tracing::debug!(
+                        topic = self.topic,
+                        "a reclamation pass did not end within {RECLAIM_PASS_PATIENCE:?}; its broker may be paused"
+                    );
+                }
+                return Ok(());
             }
         }
         tracing::warn!(
-            topic,
+            topic = self.topic,
             "all {READER_SLOTS} reader slots are in use; this subscriber does not hold back reclamation"
         );
-        Ok(Self {
-            region,
-            topic,
-            slot: Cell::new(None),
-            last_beat: Cell::new(0),
-        })
+        Ok(())
     }
 
     /// Completes the claim of `slot` (its heartbeat is [`READER_CLAIMING`], so only
     /// this broker writes it), or gives it back if the address is over its limit.
-    fn fill(
-        region: &'a Region,
-        topic: u32,
-        slot: u32,
-        who: &Claimant,
-        positions: &[u64],
-    ) -> Result<Self, End> {
+    /// `Ok(false)`: the control plane freed the slot during the claim (its last owner
+    /// was declared dead), so it may be someone else's: look for another.
+    fn fill(&self, slot: u32) -> Result<bool, End> {
+        let (region, topic, who) = (self.region, self.topic, &self.who);
         let pin = region.reader_slot(topic, slot);
         let hb = pin.heartbeat;
-        assert_eq!(
-            hb.load(Ordering::Acquire),
-            READER_CLAIMING,
-            "a slot being claimed"
-        );
         // Before anything else of the claim: a scan that sees the claiming heartbeat
         // must reach this slot.
         pin.mark_claimed();
@@ -197,8 +219,7 @@ impl<'a> Pin<'a> {
             address => region.readers_from(topic, address, who.stall),
         };
         if held > who.limit {
-            pin.address.store(0, Ordering::Release);
-            hb.store(0, Ordering::Release);
+            let _ = hb.compare_exchange(READER_CLAIMING, 0, Ordering::AcqRel, Ordering::Relaxed);
             let message = format!(
                 "this client address already has {} subscribers of the topic holding memory (broker.max_subscribers_per_address = {}); close some, or raise the setting",
                 held - 1,
@@ -207,20 +228,25 @@ impl<'a> Pin<'a> {
             return Err(Refusal::new(ErrorCode::TooManyConnections, message).into());
         }
         pin.owner.store(who.broker as u64 + 1, Ordering::Release);
-        for (i, p) in positions.iter().enumerate() {
+        for (i, p) in self.positions.borrow().iter().enumerate() {
             pin.position(i as u32).store(*p, Ordering::Release);
         }
         let now = monotonic_ns();
-        hb.store(now, Ordering::Release);
-        Ok(Self {
-            region,
-            topic,
-            slot: Cell::new(Some(slot)),
-            last_beat: Cell::new(now),
-        })
+        // A compare-and-swap, not a store: a claim freed meanwhile must not come back
+        // to life beside the next claimant's.
+        if hb
+            .compare_exchange(READER_CLAIMING, now, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return Ok(false);
+        }
+        self.slot.set(Some(slot));
+        self.last_beat.set(now);
+        Ok(true)
     }
 
     fn set(&self, index: u32, position: u64) {
+        self.positions.borrow_mut()[index as usize] = position;
         if let Some(slot) = self.slot.get() {
             self.region
                 .reader_slot(self.topic, slot)
@@ -229,13 +255,16 @@ impl<'a> Pin<'a> {
         }
     }
 
-    /// Proves the reader is alive; call at least once per round and while idle.
-    fn beat(&self) {
+    /// Proves the reader is alive; call at least once per round, while idle, and as a
+    /// round's bytes go out. A slot freed by the control plane (this broker was
+    /// declared dead while the subscriber still made no progress, then went on) is
+    /// claimed again: the subscriber is still being served, so it must hold memory.
+    fn beat(&self) -> Result<(), End> {
         let Some(slot) = self.slot.get() else {
-            return;
+            return Ok(());
         };
         let now = monotonic_ns();
-        match self
+        let beaten = self
             .region
             .reader_slot(self.topic, slot)
             .heartbeat
@@ -244,18 +273,18 @@ impl<'a> Pin<'a> {
                 now,
                 Ordering::AcqRel,
                 Ordering::Relaxed,
-            ) {
-            Ok(_) => self.last_beat.set(now),
-            Err(_) => {
-                // Freed by the control plane (this broker was declared dead): the slot
-                // may be someone else's now.
-                self.slot.set(None);
-                tracing::warn!(
-                    topic = self.topic,
-                    "this subscriber's reader slot was released (the broker was declared dead); it no longer holds back reclamation"
-                );
-            }
+            );
+        if beaten.is_ok() {
+            self.last_beat.set(now);
+            return Ok(());
         }
+        // The slot may be someone else's now.
+        self.slot.set(None);
+        tracing::warn!(
+            topic = self.topic,
+            "this subscriber's reader slot was released (its broker was declared dead); it claims one again"
+        );
+        self.take_slot()
     }
 }
 
@@ -293,6 +322,7 @@ fn send_round(
     global: bool,
     plan: &[Planned],
     resend_reclaimed: bool,
+    pin: &Pin<'_>,
 ) -> Result<usize, End> {
     let mut headers = vec![0u8; plan.len() * FRAME_AND_DELIVERY];
     let mut iov: Vec<libc::iovec> = Vec::with_capacity(plan.len() * 2);
@@ -311,7 +341,8 @@ fn send_round(
             iov_len: p.header.payload_len as usize,
         });
     }
-    writev_all(stream, &mut iov)?;
+    // The subscriber is taking bytes: that is progress, which keeps its pin fresh.
+    writev_all(stream, &mut iov, || pin.beat())?;
     let region = &shared.region;
     let mut confirmed = plan.len();
     for (i, p) in plan.iter().enumerate() {
@@ -375,22 +406,49 @@ fn not_retained(position: u64, first: Option<u64>) -> End {
     Refusal::new(ErrorCode::PositionNotRetained, message).into()
 }
 
-/// Writes every byte the iovecs describe, resuming after partial writes.
-fn writev_all(stream: &TcpStream, iov: &mut [libc::iovec]) -> io::Result<()> {
+/// Most bytes handed to one `writev`: between two, the reader's pin is beaten, so a
+/// subscriber that reads slowly but steadily keeps its pin fresh through a long round
+/// (a round is up to [`MAX_BYTES_PER_ROUND`]). One more system call per MiB.
+const MAX_BYTES_PER_WRITE: usize = 1 << 20;
+
+/// Writes every byte the iovecs describe, resuming after partial writes, at most
+/// [`MAX_BYTES_PER_WRITE`] per call; `progress` runs after each call that wrote.
+fn writev_all(
+    stream: &TcpStream,
+    iov: &mut [libc::iovec],
+    mut progress: impl FnMut() -> Result<(), End>,
+) -> Result<(), End> {
     let fd = stream.as_raw_fd();
     let mut first = 0;
     while first < iov.len() {
-        let count = (iov.len() - first).min(1024);
+        // The iovecs of this call: whole ones up to the byte bound, or the first cut
+        // short (restored after the call) if it alone is over it.
+        let mut count = 0;
+        let mut bytes = 0;
+        while first + count < iov.len() && count < 1024 {
+            let len = iov[first + count].iov_len;
+            if count > 0 && bytes + len > MAX_BYTES_PER_WRITE {
+                break;
+            }
+            bytes += len;
+            count += 1;
+        }
+        let whole = iov[first].iov_len;
+        if count == 1 {
+            iov[first].iov_len = whole.min(MAX_BYTES_PER_WRITE);
+        }
         // SAFETY: every iovec points into live memory: header buffers owned by the
         // caller, or region payload ranges inside the mapping (which lives as long as
-        // `shared`). The kernel only reads them.
+        // `shared`); a shortened one covers a prefix of its range. The kernel only
+        // reads them.
         let n = unsafe { libc::writev(fd, iov[first..].as_ptr(), count as libc::c_int) };
+        iov[first].iov_len = whole;
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
-            return Err(e);
+            return Err(e.into());
         }
         let mut n = n as usize;
         while first < iov.len() && n >= iov[first].iov_len {
@@ -406,6 +464,7 @@ fn writev_all(stream: &TcpStream, iov: &mut [libc::iovec]) -> io::Result<()> {
         while first < iov.len() && iov[first].iov_len == 0 {
             first += 1;
         }
+        progress()?;
     }
     Ok(())
 }
@@ -598,12 +657,16 @@ fn serve_global(
     let mut idle = IdleWait::new(shared);
     let mut cursor: Option<(u64, u32)> = None;
     let mut disk = DiskLog::new(shared, meta);
-    let claimant = Claimant::of(shared, stream);
-    let pin = Pin::claim(region, topic, &claimant, &[start.position])?;
+    let pin = Pin::claim(
+        region,
+        topic,
+        Claimant::of(shared, stream),
+        &[start.position],
+    )?;
     while !shared.shutdown.load(Ordering::Relaxed) {
         let seen = bell.seen();
         still_there(region, topic, meta)?;
-        pin.beat();
+        pin.beat()?;
         if cursor.is_none() {
             match locate_start(region, topic, meta, &mut start, disk.as_mut())? {
                 StartAt::Found(at) => cursor = at,
@@ -629,7 +692,7 @@ fn serve_global(
             idle.wait(&bell, seen, stream)?;
             continue;
         }
-        let confirmed = send_round(shared, stream, topic, true, &plan, disk.is_some())?;
+        let confirmed = send_round(shared, stream, topic, true, &plan, disk.is_some(), &pin)?;
         if confirmed > 0 {
             let last = &plan[confirmed - 1].header;
             pin.set(0, last.first_position + last.num_msg as u64);
@@ -1075,11 +1138,11 @@ fn serve_per_broker(
     let brokers = positions.len() as u32;
     let mut cursors: Vec<Option<(u64, u32)>> = vec![None; brokers as usize];
     let per_broker_limit = (MAX_BATCHES_PER_ROUND / brokers as usize).max(1);
-    let pin = Pin::claim(region, topic, &Claimant::of(shared, stream), &positions)?;
+    let pin = Pin::claim(region, topic, Claimant::of(shared, stream), &positions)?;
     while !shared.shutdown.load(Ordering::Relaxed) {
         let seen = bell.seen();
         still_there(region, topic, meta)?;
-        pin.beat();
+        pin.beat()?;
         let mut plan = Vec::new();
         for broker in 0..brokers {
             let c = &mut cursors[broker as usize];
@@ -1138,7 +1201,7 @@ fn serve_per_broker(
             continue;
         }
         idle.reset();
-        send_round(shared, stream, topic, false, &plan, false)?;
+        send_round(shared, stream, topic, false, &plan, false, &pin)?;
         for p in &plan {
             let h = &p.header;
             pin.set(h.broker_id as u32, h.first_position + h.num_msg as u64);
@@ -1153,6 +1216,45 @@ mod tests {
     use embarcadero_replication::store::{list_segments, SegmentFile};
     use embarcadero_replication::{RecordHeader, TopicStore};
     use std::path::Path;
+
+    /// A round's bytes go out at most a MiB per `writev`, with the pin beaten after
+    /// each, so a subscriber that reads slowly but steadily never looks stalled in the
+    /// middle of a long round; and every byte arrives, in order.
+    #[test]
+    fn a_long_write_reports_progress_at_least_every_mib() {
+        use std::io::Read;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).unwrap();
+            got
+        });
+        let head = [1u8; 10];
+        let payload: Vec<u8> = (0..3 * MAX_BYTES_PER_WRITE + 5)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let tail = [2u8; 7];
+        let mut iov: Vec<libc::iovec> = [&head[..], &payload[..], &tail[..]]
+            .iter()
+            .map(|b| libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
+        let mut calls = 0;
+        let mut progress = || {
+            calls += 1;
+            Ok(())
+        };
+        assert!(writev_all(&server, &mut iov, &mut progress).is_ok());
+        drop(server);
+        let got = reader.join().unwrap();
+        let want: Vec<u8> = [&head[..], &payload[..], &tail[..]].concat();
+        assert!(got == want, "every byte, in order");
+        assert!(calls >= 4, "{calls} beats for 3 MiB and a bit");
+    }
 
     /// The same `records` records (100 bytes of the record's index each) in every
     /// directory, in segments of about 400 bytes; returns the durable frontier.

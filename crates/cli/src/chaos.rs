@@ -8,17 +8,19 @@
 mod checker;
 mod history;
 mod nemesis;
+mod netns;
 
 use crate::bench::failure::message_id;
 use crate::CliResult;
 use checker::Report;
 use clap::Args;
-use embarcadero_cli::local_cluster::{ClusterSpec, Echo, LocalCluster};
+use embarcadero_cli::local_cluster::{ClusterSpec, Echo, Launch, LocalCluster};
 use embarcadero_client::{
     Admin, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
 };
 use history::{Event, Recorder};
-use nemesis::Nemesis;
+use nemesis::{Lab, Nemesis};
+use netns::Netns;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -84,7 +86,7 @@ pub fn run(args: ChaosArgs) -> CliResult {
     if !(args.cycle_secs.is_finite() && (1.0..=60.0).contains(&args.cycle_secs)) {
         return Err("--cycle-secs takes 1 to 60 seconds".into());
     }
-    let nemeses = if args.nemesis.is_empty() {
+    let mut nemeses: Vec<Nemesis> = if args.nemesis.is_empty() {
         nemesis::ALL.to_vec()
     } else {
         args.nemesis
@@ -92,13 +94,34 @@ pub fn run(args: ChaosArgs) -> CliResult {
             .map(|n| Nemesis::parse(n))
             .collect::<Result<_, _>>()?
     };
+    let netns = partition_namespace(&mut nemeses)?;
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
-    campaign(&args, &nemeses)
+    campaign(&args, &nemeses, netns.as_ref())
+}
+
+/// The network namespace the partition runs follower 2 in, if the partition is among
+/// `nemeses`; where none can be made (not root, no `ip`) the partition is left out of
+/// the campaign, saying why.
+fn partition_namespace(nemeses: &mut Vec<Nemesis>) -> Result<Option<Netns>, String> {
+    if !nemeses.contains(&Nemesis::PartitionFollower) {
+        return Ok(None);
+    }
+    match Netns::create() {
+        Ok(ns) => Ok(Some(ns)),
+        Err(why) => {
+            say!("chaos: partition-follower is left out: {why}");
+            nemeses.retain(|n| *n != Nemesis::PartitionFollower);
+            if nemeses.is_empty() {
+                return Err("no nemesis left to run".into());
+            }
+            Ok(None)
+        }
+    }
 }
 
 /// Cycles until the count or the time is up, or a cycle finds an anomaly or fails.
-fn campaign(args: &ChaosArgs, nemeses: &[Nemesis]) -> CliResult {
+fn campaign(args: &ChaosArgs, nemeses: &[Nemesis], netns: Option<&Netns>) -> CliResult {
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -124,8 +147,10 @@ fn campaign(args: &ChaosArgs, nemeses: &[Nemesis]) -> CliResult {
             eprintln!("== cycle {cycle} ({})", nemesis.name());
         }
         let history = args.out.join(format!("cycle-{cycle}.jsonl"));
-        let stage = set_stage_retrying(&plan, &mut setup_failures)?;
-        let report = run_cycle(&plan, stage, &history)
+        // Only a partition cycle puts follower 2 in the namespace.
+        let netns = netns.filter(|_| nemesis == Nemesis::PartitionFollower);
+        let stage = set_stage_retrying(&plan, netns, &mut setup_failures)?;
+        let report = run_cycle(&plan, stage, netns, &history)
             .map_err(|e| format!("cycle {cycle} ({}) failed: {e}", nemesis.name()))?;
         say!("{}", plan.summary(&report));
         if report.anomalies() > 0 {
@@ -154,10 +179,14 @@ fn campaign(args: &ChaosArgs, nemeses: &[Nemesis]) -> CliResult {
 /// A cycle's stage, set again (at most `SETUP_ATTEMPTS` times) when a cluster does not
 /// come up whole: on a loaded machine a follower may miss its first heartbeats. That
 /// happens before any fault or message, so it is counted, not an anomaly.
-fn set_stage_retrying(plan: &Plan, failures: &mut u64) -> Result<Stage, String> {
+fn set_stage_retrying(
+    plan: &Plan,
+    netns: Option<&Netns>,
+    failures: &mut u64,
+) -> Result<Stage, String> {
     let mut attempt = 1;
     loop {
-        match set_stage(plan) {
+        match set_stage(plan, netns) {
             Ok(stage) => return Ok(stage),
             Err(e) if attempt < SETUP_ATTEMPTS => {
                 *failures += 1;
@@ -219,10 +248,17 @@ impl Plan {
     ) -> Self {
         let strike = rng.between(0.15, 0.4) * cycle_secs;
         let hold = rng.between(0.1, 0.4) * cycle_secs;
+        // Ack 1 promises a place in the region's memory only, and a restarted head
+        // replaces the region: what was not yet on a replica's disk is lost by design.
+        // So the head is killed under ack 2 only.
+        let ack = match nemesis {
+            Nemesis::KillHead => 2,
+            _ => [1, 2][(kind / 2) % 2],
+        };
         Self {
             cycle,
             order: [2, 5][kind % 2],
-            ack: [1, 2][(kind / 2) % 2],
+            ack,
             nemesis,
             strike_after: Duration::from_secs_f64(strike),
             heal_after: Duration::from_secs_f64(strike + hold),
@@ -262,9 +298,9 @@ struct Stage {
 
 /// Starts the cluster of a cycle and makes its topic; waits (at most 10 s) until the
 /// head lists all three brokers alive.
-fn set_stage(plan: &Plan) -> Result<Stage, String> {
+fn set_stage(plan: &Plan, netns: Option<&Netns>) -> Result<Stage, String> {
     let flags = tempfile::tempdir().map_err(|e| format!("cannot make a directory: {e}"))?;
-    let cluster = start_cluster(flags.path(), plan.echo)?;
+    let cluster = start_cluster(flags.path(), plan.echo, netns)?;
     let topic = format!("chaos-{}", plan.cycle);
     let admin = Admin::new(&cluster.control);
     admin
@@ -300,7 +336,12 @@ fn set_stage(plan: &Plan) -> Result<Stage, String> {
 
 /// One cycle on a fresh stage: the publishers, readers and the fault, the history
 /// written to `history_path` and checked.
-fn run_cycle(plan: &Plan, stage: Stage, history_path: &Path) -> Result<Report, String> {
+fn run_cycle(
+    plan: &Plan,
+    stage: Stage,
+    netns: Option<&Netns>,
+    history_path: &Path,
+) -> Result<Report, String> {
     let Stage {
         mut cluster,
         flags,
@@ -317,10 +358,18 @@ fn run_cycle(plan: &Plan, stage: Stage, history_path: &Path) -> Result<Report, S
     let stop = AtomicBool::new(false);
     let topic_end = AtomicU64::new(u64::MAX);
     let fault = std::thread::scope(|s| {
+        // A killed head comes back with new broker addresses: readers then go through
+        // the head, which names them.
+        let through_head = plan.nemesis == Nemesis::KillHead;
         let readers: Vec<_> = (0..READERS)
             .map(|r| {
-                let (addr, topic, recorder, end) = (&brokers[r], &topic, &recorder, &topic_end);
-                s.spawn(move || read_to_end(r, addr, topic, end, recorder))
+                let via = if through_head {
+                    Via::Head(&control)
+                } else {
+                    Via::Broker(&brokers[r])
+                };
+                let (topic, recorder, end) = (&topic, &recorder, &topic_end);
+                s.spawn(move || read_to_end(r, via, topic, end, recorder))
             })
             .collect();
         let publishers: Vec<_> = (0..PUBLISHERS)
@@ -329,7 +378,11 @@ fn run_cycle(plan: &Plan, stage: Stage, history_path: &Path) -> Result<Report, S
                 s.spawn(move || publish_until(slot, control, topic, plan.ack, stop, recorder))
             })
             .collect();
-        let fault = strike_and_heal(plan, &mut cluster, flags.path(), &recorder);
+        let lab = Lab {
+            flags: flags.path(),
+            netns,
+        };
+        let fault = strike_and_heal(plan, &mut cluster, &lab, &recorder);
         stop.store(true, Ordering::Release);
         for p in publishers {
             p.join().expect("a publisher thread panicked");
@@ -351,7 +404,9 @@ fn run_cycle(plan: &Plan, stage: Stage, history_path: &Path) -> Result<Report, S
     Ok(checker::check(&history::read(history_path)?))
 }
 
-fn start_cluster(flags: &Path, echo: Echo) -> Result<LocalCluster, String> {
+/// Starts a cycle's cluster; with `netns`, follower 2 runs in that namespace and the
+/// head binds the namespace link's host address, which the follower reaches it at.
+fn start_cluster(flags: &Path, echo: Echo, netns: Option<&Netns>) -> Result<LocalCluster, String> {
     let program = std::env::current_exe()
         .map_err(|e| format!("cannot find this executable to start the cluster: {e}"))?;
     let mut spec = ClusterSpec::new(program, 3);
@@ -369,6 +424,15 @@ fn start_cluster(flags: &Path, echo: Echo) -> Result<LocalCluster, String> {
         ),
     ];
     spec.env.extend(nemesis::flag_settings(flags));
+    if let Some(ns) = netns {
+        let bind = |ip: &str| vec!["--bind".to_string(), ip.to_string()];
+        spec.head_args = bind(&ns.host_ip);
+        let launch = Launch {
+            prefix: ns.launch_prefix(),
+            args: bind(&ns.inner_ip),
+        };
+        spec.follower_launch = vec![(nemesis::VICTIM_BROKER, launch)];
+    }
     let mut cluster = LocalCluster::start(&spec)?;
     cluster.start_sequencer(false)?;
     cluster.start_sequencer(true)?;
@@ -380,7 +444,7 @@ fn start_cluster(flags: &Path, echo: Echo) -> Result<LocalCluster, String> {
 fn strike_and_heal(
     plan: &Plan,
     cluster: &mut LocalCluster,
-    flags: &Path,
+    lab: &Lab,
     recorder: &Recorder,
 ) -> Result<(), String> {
     let start = Instant::now();
@@ -390,9 +454,9 @@ fn strike_and_heal(
     };
     std::thread::sleep(plan.strike_after);
     recorder.record(&phase("start"));
-    let struck = plan.nemesis.strike(cluster, flags);
+    let struck = plan.nemesis.strike(cluster, lab);
     std::thread::sleep(plan.heal_after.saturating_sub(start.elapsed()));
-    let healed = plan.nemesis.heal(cluster, flags);
+    let healed = plan.nemesis.heal(cluster, lab);
     recorder.record(&phase("end"));
     std::thread::sleep(plan.publish_for.saturating_sub(start.elapsed()));
     struck.and(healed)
@@ -422,14 +486,16 @@ fn publish_until(
         flush_timeout: Duration::from_secs(15),
         ..PublisherConfig::default()
     };
-    for generation in 0..MAX_GENERATIONS {
-        if stop.load(Ordering::Acquire) {
-            return;
-        }
+    let mut generation = 0;
+    while generation < MAX_GENERATIONS && !stop.load(Ordering::Acquire) {
         let number = slot + generation * PUBLISHERS;
         match Publisher::connect(control, topic, config.clone()) {
-            Ok(publisher) => publish_rounds(&publisher, number, stop, recorder),
-            // The control plane may be paused: a later generation tries again.
+            Ok(publisher) => {
+                publish_rounds(&publisher, number, stop, recorder);
+                generation += 1;
+            }
+            // The control plane may be paused or restarting: try again (not a
+            // replacement: this generation never published).
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
     }
@@ -475,10 +541,20 @@ fn publish_rounds(publisher: &Publisher, number: usize, stop: &AtomicBool, recor
     }
 }
 
-/// Reads the topic from position 0 through broker address `addr`, recording every
+/// Where a reader connects.
+#[derive(Clone, Copy)]
+enum Via<'a> {
+    /// This broker address only.
+    Broker(&'a str),
+    /// The brokers the head at this control address names, asked again when none of
+    /// those known answers.
+    Head(&'a str),
+}
+
+/// Reads the topic from position 0 `via` a broker or the head, recording every
 /// delivery, until it reaches `topic_end` (u64::MAX until publishing stopped).
-fn read_to_end(reader: usize, addr: &str, topic: &str, topic_end: &AtomicU64, recorder: &Recorder) {
-    let error = read_deliveries(reader, addr, topic, topic_end, recorder).err();
+fn read_to_end(reader: usize, via: Via, topic: &str, topic_end: &AtomicU64, recorder: &Recorder) {
+    let error = read_deliveries(reader, via, topic, topic_end, recorder).err();
     recorder.record(&Event::ReaderEnd {
         reader,
         topic_end: topic_end.load(Ordering::Acquire),
@@ -488,17 +564,30 @@ fn read_to_end(reader: usize, addr: &str, topic: &str, topic_end: &AtomicU64, re
 
 fn read_deliveries(
     reader: usize,
-    addr: &str,
+    via: Via,
     topic: &str,
     topic_end: &AtomicU64,
     recorder: &Recorder,
 ) -> Result<(), String> {
-    let config = SubscriberConfig {
-        max_reconnects: 100,
-        ..SubscriberConfig::default()
+    let subscriber = match via {
+        Via::Broker(addr) => {
+            let config = SubscriberConfig {
+                max_reconnects: 100,
+                ..SubscriberConfig::default()
+            };
+            Subscriber::connect_brokers(&[addr.to_string()], topic, config)
+        }
+        Via::Head(control) => {
+            // Up to a minute of tries (each pause at most 100 ms): the head, then the
+            // followers, start again meanwhile.
+            let config = SubscriberConfig {
+                max_reconnects: 600,
+                ..SubscriberConfig::default()
+            };
+            Subscriber::connect(control, topic, config)
+        }
     };
-    let mut subscriber = Subscriber::connect_brokers(&[addr.to_string()], topic, config)
-        .map_err(|e| format!("cannot subscribe: {e}"))?;
+    let mut subscriber = subscriber.map_err(|e| format!("cannot subscribe: {e}"))?;
     let mut next = 0u64;
     let mut idle_since = Instant::now();
     loop {

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 /// How long a process may take to print its ready line.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a follower or sequencer of a replaced region may take to notice and stop.
+const OLD_REGION_EXIT: Duration = Duration::from_secs(30);
 /// Lines of a process's stderr shown in error messages.
 const TAIL_LINES: usize = 30;
 /// Lines of a process's stderr kept to wait for (older ones are dropped: a cluster may
@@ -228,6 +230,11 @@ impl ChildProcess {
         self.child.id()
     }
 
+    /// Whether the process has exited (reaped here if so).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
     /// SIGKILL, as a crash would: no chance to flush or say goodbye. Returns the instant
     /// the signal went out (where a failover clock starts), after the process is gone.
     pub fn kill(&mut self) -> Result<Instant, String> {
@@ -312,6 +319,20 @@ pub struct ClusterSpec {
     pub env: Vec<(String, String)>,
     /// Whether the processes' stderr lines are echoed to this process's stderr.
     pub echo: Echo,
+    /// Extra arguments for the head only (e.g. `--bind ADDR`).
+    pub head_args: Vec<String>,
+    /// Followers started differently (e.g. in a network namespace), by broker id.
+    pub follower_launch: Vec<(u32, Launch)>,
+}
+
+/// How one follower is started differently: through a command (such as
+/// `ip netns exec NAME`, which puts it in a network namespace) and with extra
+/// arguments (such as `--bind ADDR`).
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    /// The command and its arguments the follower's command line is appended to.
+    pub prefix: Vec<String>,
+    pub args: Vec<String>,
 }
 
 impl ClusterSpec {
@@ -325,6 +346,8 @@ impl ClusterSpec {
             replica_dirs: Vec::new(),
             env: Vec::new(),
             echo: Echo::Quiet,
+            head_args: Vec::new(),
+            follower_launch: Vec::new(),
         }
     }
 }
@@ -342,11 +365,13 @@ fn region_file_in(spec: &ClusterSpec, dir: &Path) -> PathBuf {
     ))
 }
 
-/// Starts the head on `data_dir` and `region_file`; returns it and its ready line.
+/// Starts the head on `data_dir` and `region_file`, its control API on `control_port`
+/// (0: one the system picks); returns it and its ready line.
 fn start_head(
     spec: &ClusterSpec,
     data_dir: &Path,
     region_file: &Path,
+    control_port: u16,
 ) -> Result<(ChildProcess, String), String> {
     let mut env = spec.env.clone();
     env.push((
@@ -364,6 +389,7 @@ fn start_head(
     let brokers = spec.brokers.to_string();
     let data = data_dir.display().to_string();
     let epoch = spec.epoch_us.map(|e| e.to_string());
+    let port = control_port.to_string();
     let mut args = vec![
         "broker",
         "--head",
@@ -372,13 +398,14 @@ fn start_head(
         "--base-port",
         "0",
         "--control-port",
-        "0",
+        &port,
         "--data-dir",
         &data,
     ];
     if spec.external_sequencer {
         args.push("--external-sequencer");
     }
+    args.extend(spec.head_args.iter().map(String::as_str));
     if let Some(epoch) = &epoch {
         args.extend(["--epoch-us", epoch]);
     }
@@ -422,6 +449,8 @@ pub struct LocalCluster {
     pub region_file: PathBuf,
     spec: ClusterSpec,
     sequencers: Vec<ChildProcess>,
+    /// Whether each sequencer was started as a standby, for starting it again.
+    standby: Vec<bool>,
     followers: Vec<(u32, ChildProcess)>,
     head: Option<ChildProcess>,
     /// The data directory, removed when the cluster is dropped.
@@ -444,7 +473,7 @@ impl LocalCluster {
         leftovers()
             .paths
             .extend([region_file.clone(), dir.path().to_path_buf()]);
-        let (head, ready_line) = start_head(spec, &dir.path().join("head"), &region_file)
+        let (head, ready_line) = start_head(spec, &dir.path().join("head"), &region_file, 0)
             .inspect_err(|_| {
                 let _ = std::fs::remove_file(&region_file);
                 forget_paths(&[&region_file, dir.path()]);
@@ -455,6 +484,7 @@ impl LocalCluster {
             region_file,
             spec: spec.clone(),
             sequencers: Vec::new(),
+            standby: Vec::new(),
             followers: Vec::new(),
             head: Some(head),
             dir,
@@ -468,16 +498,28 @@ impl LocalCluster {
     fn start_followers(&mut self) -> Result<(), String> {
         for id in 1..self.spec.brokers {
             let id_arg = id.to_string();
+            let launch = self
+                .spec
+                .follower_launch
+                .iter()
+                .find(|(f, _)| *f == id)
+                .map(|(_, l)| l.clone())
+                .unwrap_or_default();
+            let program = self.spec.program.display().to_string();
+            let mut command: Vec<&str> = launch.prefix.iter().map(String::as_str).collect();
+            command.extend([
+                program.as_str(),
+                "broker",
+                "--follower",
+                "--head-addr",
+                &self.control,
+                "--broker-id",
+                &id_arg,
+            ]);
+            command.extend(launch.args.iter().map(String::as_str));
             let (follower, _) = ChildProcess::ready(
-                &self.spec.program,
-                &[
-                    "broker",
-                    "--follower",
-                    "--head-addr",
-                    &self.control,
-                    "--broker-id",
-                    &id_arg,
-                ],
+                Path::new(command[0]),
+                &command[1..],
                 &self.spec.env,
                 &format!("follower {id}"),
                 "is serving at",
@@ -508,7 +550,55 @@ impl LocalCluster {
             self.spec.echo,
         )?;
         self.sequencers.push(sequencer);
+        self.standby.push(standby);
         Ok(self.sequencers.len() - 1)
+    }
+
+    /// SIGKILLs the head (control plane and broker 0); returns the instant the signal
+    /// went out, once the process is gone.
+    pub fn kill_head(&mut self) -> Result<Instant, String> {
+        let at = self
+            .head
+            .as_mut()
+            .ok_or("the head is not running")?
+            .kill()?;
+        self.head = None;
+        Ok(at)
+    }
+
+    /// Starts a killed head again on its data directory and control port, as a service
+    /// manager would. A restarted head replaces the region (it recovers replicated
+    /// topics from their disk replicas), so the followers and sequencers of the old one
+    /// stop on their own: this waits for each to say so and exit, then starts them
+    /// again, attached to the new region.
+    pub fn restart_head(&mut self) -> Result<(), String> {
+        if self.head.is_some() {
+            return Err("the head is running: kill it first".into());
+        }
+        let port: u16 = self
+            .control
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| format!("no port in the control address {}", self.control))?;
+        let data = self.dir.path().join("head");
+        let (head, _) = start_head(&self.spec, &data, &self.region_file, port)?;
+        self.head = Some(head);
+        let old = std::mem::take(&mut self.followers)
+            .into_iter()
+            .map(|(_, f)| f)
+            .chain(std::mem::take(&mut self.sequencers));
+        for mut process in old {
+            if !process.exited() {
+                process.wait_line("replaced the region", OLD_REGION_EXIT)?;
+            }
+            process.wait()?;
+        }
+        self.start_followers()?;
+        for standby in std::mem::take(&mut self.standby) {
+            self.start_sequencer(standby)?;
+        }
+        Ok(())
     }
 
     /// SIGKILLs the follower serving broker `id`; returns the instant the signal went

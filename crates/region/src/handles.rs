@@ -27,6 +27,10 @@ pub struct BrokerLine<'a> {
     pub resume_pbr: OwnedWord<'a>,
     /// The fence `resume_pbr` lifts, stored after it.
     pub resumed_fence: OwnedWord<'a>,
+    /// Odd while a reclamation pass of a memory-only topic is between reading the
+    /// reader pins and moving the reclaimed frontiers (see
+    /// [`Region::await_reclaim_passes`]); one more at each start and end of a pass.
+    pub reclaim_pass: MonotonicU64<'a>,
 }
 
 /// The words of a (topic, broker) log control that the sequencer writes.
@@ -197,6 +201,7 @@ impl Region {
             reclaimed_blog: self.monotonic(base + LC_RECLAIMED_BLOG, "reclaimed_blog"),
             resume_pbr: self.owned_word(base + LC_RESUME_PBR),
             resumed_fence: self.owned_word(base + LC_RESUMED_FENCE),
+            reclaim_pass: self.monotonic(base + LC_RECLAIM_PASS, "reclaim_pass"),
         }
     }
 

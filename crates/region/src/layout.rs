@@ -160,6 +160,7 @@ pub(crate) const LC_RECLAIMED_BLOG: u64 = LC_BROKER_LINE + 24;
 pub(crate) const LC_FENCE_PBR: u64 = LC_BROKER_LINE + 32;
 pub(crate) const LC_RESUME_PBR: u64 = LC_BROKER_LINE + 40;
 pub(crate) const LC_RESUMED_FENCE: u64 = LC_BROKER_LINE + 48;
+pub(crate) const LC_RECLAIM_PASS: u64 = LC_BROKER_LINE + 56;
 /// The sequencer's line.
 pub(crate) const LC_SEQUENCER_LINE: u64 = LOG_CONTROL_LINE_LEN;
 pub(crate) const LC_ORDERED_PBR: u64 = LC_SEQUENCER_LINE;
@@ -170,7 +171,8 @@ pub(crate) const LC_CHAIN_LINE: u64 = 2 * LOG_CONTROL_LINE_LEN;
 pub(crate) const LC_DURABLE_PBR: u64 = LC_CHAIN_LINE;
 /// One writer's line of a log control.
 pub(crate) const LOG_CONTROL_LINE_LEN: u64 = 128;
-const _: () = assert!(LC_RESUMED_FENCE + WORD <= LC_SEQUENCER_LINE);
+const _: () = assert!(LC_RESUMED_FENCE + WORD <= LC_RECLAIM_PASS);
+const _: () = assert!(LC_RECLAIM_PASS + WORD <= LC_SEQUENCER_LINE);
 const _: () = assert!(LC_FENCE_ACK + WORD <= LC_CHAIN_LINE);
 const _: () = assert!(LC_DURABLE_PBR + WORD <= LOG_CONTROL_LEN);
 const _: () = assert!(3 * LOG_CONTROL_LINE_LEN == LOG_CONTROL_LEN);

@@ -27,8 +27,8 @@
 //!
 //! | writer | handle | words | call sites |
 //! |---|---|---|---|
-//! | broker, service thread | [`BrokerLine`] | `written_frontier`, `reclaimed_pbr`, `reclaimed_blog` (monotonic); `frontier_msgs` (not asserted: see [`BrokerLine::frontier_msgs`]) | `broker/service.rs` |
-//! | broker, restart | [`BrokerLine`] | `resume_pbr`, `resumed_fence` | `broker/resume.rs` |
+//! | broker, service thread | [`BrokerLine`] | `written_frontier`, `reclaimed_pbr`, `reclaimed_blog`, `reclaim_pass` (monotonic); `frontier_msgs` (not asserted: see [`BrokerLine::frontier_msgs`]) | `broker/service.rs` |
+//! | broker, restart | [`BrokerLine`] | `resume_pbr`, `resumed_fence`; ends a `reclaim_pass` its predecessor left open | `broker/resume.rs` |
 //! | broker, connection | methods | a reserved PBR slot (`pbr_commit`), its seg-map entry (`seg_map_publish`) | `broker/publish.rs`, `log_writer.rs` |
 //! | broker, frontier pass | method | PBR `start_logical_offset` (`pbr_set_start_offset`) | `broker/service.rs` |
 //! | broker, subscriber | [`ReaderSlotHandle`] | a claimed reader slot's heartbeat (compare-and-swap), positions, owner, address; the readers line (raised) | `broker/subscribe.rs` |
@@ -41,7 +41,7 @@
 //! | replica worker | [`ReplicaLine`] | its progress line: `durable_seq`, `own_durable_seq`, `durable_position` (monotonic; `own_durable_seq` restated on opening the disk copy), `error` | `replication/worker.rs` |
 //! | last replica's worker | [`ChainMarks`] | `durable_pbr` per broker, a session's durable mark (raised) | `replication/worker.rs` |
 //! | control plane | [`ControlPlane`] | `fence_pbr` (declaring a broker dead), the position ceiling (raised) | `server/failover.rs`, `control.rs` |
-//! | control plane | methods | topic meta and state, Free → Active → Deleted (`write_topic_meta`, `delete_topic`); freeing a dead broker's reader slots by compare-and-swap (`release_reader_slots`) | `server/control.rs`, `lib.rs` |
+//! | control plane | methods | topic meta and state, Free → Active → Deleted (`write_topic_meta`, `delete_topic`); freeing a dead broker's unbeaten reader slots by compare-and-swap (`release_reader_slots`) | `server/control.rs`, `lib.rs` |
 //! | start-up seed (no other writer runs yet) | the owners' handles | the sequence line, `start_position`, broker positions, replica lines, session table | `replication/recovery.rs` |
 //! | region creator; restarted head | methods | the header (`create`), the retired flag (`retire`) | `server/lib.rs` |
 //! | anyone | [`Doorbell`] | bells are counters every process may ring | everywhere |
@@ -74,7 +74,7 @@ pub use layout::{
     Capacities, Layout, ATTACH_HEAD_LEN, MAX_BROKERS, MAX_REPLICAS, READER_SLOTS, SESSION_SLOTS,
 };
 pub use owner::{Fenced, OwnerRecord, ProcessIdentity};
-pub use readers::{SlowestReader, READER_CLAIMING};
+pub use readers::{Released, SlowestReader, READER_CLAIMING};
 pub use region::{monotonic_ns, unix_ms, Region};
 pub use slots::{
     session_idle, GoiEntry, SessionRecord, SessionState, TopicMeta, TopicState, GOI_SESSION_START,

@@ -10,6 +10,16 @@ use std::sync::atomic::Ordering;
 /// Heartbeat value of a reader slot whose positions are not written yet.
 pub const READER_CLAIMING: u64 = 1;
 
+/// What one pass of [`Region::release_reader_slots`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Released {
+    /// Slots it freed.
+    pub freed: usize,
+    /// Slots of the broker it left alone because they are still beaten (or were just
+    /// being claimed): look again later.
+    pub live: usize,
+}
+
 /// A live reader that holds memory back ([`Region::slowest_reader`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlowestReader {
@@ -80,13 +90,29 @@ impl Region {
             .count() as u32
     }
 
-    /// Frees every reader slot `broker` holds, so that its subscribers (who reconnect
-    /// elsewhere) stop holding memory at once instead of after the stall timeout. Only
-    /// for a broker that serves no more (declared dead or replaced); a slot is freed with
-    /// a compare-and-swap of the heartbeat it showed, so a reader still beating keeps it
-    /// and finds out from its next beat. Returns how many it freed.
-    pub fn release_reader_slots(&self, broker: u32) -> usize {
-        let mut freed = 0;
+    /// One pass of freeing the reader slots `broker` held, for a broker declared dead:
+    /// its subscribers (who reconnect elsewhere) stop holding memory within about
+    /// `stale_after` instead of after the stall timeout.
+    ///
+    /// Being declared dead is not proof of being gone: a follower that missed its
+    /// heartbeats under load, or was paused, rejoins and goes on serving. So a slot is
+    /// freed only once its own heartbeat, which the serving thread stamps as its reader
+    /// makes progress or waits, is older than `stale_after`. A slot still being claimed
+    /// carries no time: it is freed when `claims_seen` (what the previous pass found
+    /// being claimed for this broker; this pass writes what it finds) shows it was being
+    /// claimed then too, a claim taking microseconds. Each slot is freed with a
+    /// compare-and-swap of the heartbeat it showed, so a reader that beats meanwhile
+    /// keeps it. Call again while [`Released::live`] is not 0.
+    pub fn release_reader_slots(
+        &self,
+        broker: u32,
+        stale_after: std::time::Duration,
+        claims_seen: &mut Vec<(u32, u32)>,
+    ) -> Released {
+        let now = monotonic_ns();
+        let stale_after = stale_after.as_nanos() as u64;
+        let mut done = Released::default();
+        let mut claims = Vec::new();
         for topic in 0..self.layout.caps.max_topics {
             for slot in 0..self.reader_slots_high(topic) {
                 if self.reader_owner(topic, slot).load(Ordering::Acquire) != broker as u64 + 1 {
@@ -94,16 +120,67 @@ impl Region {
                 }
                 let heartbeat = self.word(self.layout.reader_slot_off(topic, slot) + RS_HEARTBEAT);
                 let seen = heartbeat.load(Ordering::Acquire);
-                if seen != 0
-                    && heartbeat
-                        .compare_exchange(seen, 0, Ordering::AcqRel, Ordering::Relaxed)
-                        .is_ok()
+                let due = match seen {
+                    0 => continue,
+                    READER_CLAIMING => {
+                        claims.push((topic, slot));
+                        claims_seen.contains(&(topic, slot))
+                    }
+                    beat => now.saturating_sub(beat) > stale_after,
+                };
+                if !due {
+                    done.live += 1;
+                } else if heartbeat
+                    .compare_exchange(seen, 0, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
                 {
-                    freed += 1;
+                    done.freed += 1;
                 }
             }
         }
-        freed
+        *claims_seen = claims;
+        done
+    }
+
+    /// Call after storing a reader slot's positions and heartbeat: waits until every
+    /// reclamation pass over `topic`'s logs that may have read the pins before those
+    /// stores has moved its reclaimed frontiers, so that what the reader then finds
+    /// retained stays retained while it is pinned. Without this, a pass that read the
+    /// pins just before the claim (and saw none) could reclaim the very batch the reader
+    /// had just found in memory: a check-then-pin race.
+    ///
+    /// Why it is enough: a pass makes its word odd, then fences, then reads the pins; the
+    /// caller stored its pin, then fences, then reads the word. Of the two fences one is
+    /// first: either the pass reads the pin, or this reads the odd word and waits for the
+    /// pass to end (its frontiers are stored before its word becomes even). A pass that
+    /// does not end within `patience` (its broker died or is paused mid-pass) is not waited
+    /// for; returns whether every pass ended. Readers re-check what they sent anyway, so a
+    /// `false` costs at worst a refusal, never a wrong delivery.
+    pub fn await_reclaim_passes(&self, topic: u32, patience: std::time::Duration) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + patience;
+        let mut all_ended = true;
+        for broker in 0..self.layout.caps.brokers {
+            let pass = self.log(topic, broker).reclaim_pass;
+            let seen = pass.load(Ordering::Acquire);
+            if seen.is_multiple_of(2) {
+                continue;
+            }
+            let mut spins = 0u32;
+            while pass.load(Ordering::Acquire) == seen {
+                if std::time::Instant::now() >= deadline {
+                    all_ended = false;
+                    break;
+                }
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        all_ended
     }
 
     /// The lowest position any live reader of `topic` still needs at `index`, or

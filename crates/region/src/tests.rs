@@ -21,28 +21,94 @@ fn small() -> Capacities {
     }
 }
 
+/// Pins `slot` of topic 1 at position 10 for `broker`, with heartbeat `beat`.
+fn pin_slot(r: &Region, slot: u32, broker: u64, beat: u64) {
+    let pin = r.reader_slot(1, slot);
+    pin.mark_claimed();
+    pin.owner.store(broker + 1, Ordering::Release);
+    pin.position(0).store(10, Ordering::Release);
+    pin.heartbeat.store(beat, Ordering::Release);
+}
+
 #[test]
-fn releasing_a_brokers_reader_slots_frees_only_its_own() {
+fn releasing_a_brokers_reader_slots_frees_only_its_own_that_stopped_beating() {
     let dir = tempfile::tempdir().unwrap();
     let r = Region::create(&dir.path().join("r"), small()).unwrap();
-    for (slot, broker) in [(0u32, 1u64), (1, 0), (2, 1)] {
-        let pin = r.reader_slot(1, slot);
-        pin.mark_claimed();
-        pin.owner.store(broker + 1, Ordering::Release);
-        pin.position(0).store(10, Ordering::Release);
-        pin.heartbeat.store(monotonic_ns(), Ordering::Release);
-    }
-    let stall = std::time::Duration::from_secs(30);
-    assert_eq!(r.reader_floor(1, 0, stall), 10);
-    assert_eq!(r.release_reader_slots(1), 2);
+    let death = std::time::Duration::from_millis(600);
+    let long_ago = monotonic_ns() - 2 * death.as_nanos() as u64;
+    // Broker 1: one slot silent since long ago, one still beaten (a follower declared
+    // dead that is still serving), one being claimed; broker 0: one silent slot.
+    pin_slot(&r, 0, 1, long_ago);
+    pin_slot(&r, 1, 0, long_ago);
+    pin_slot(&r, 2, 1, monotonic_ns());
+    pin_slot(&r, 3, 1, READER_CLAIMING);
+    let mut claims = Vec::new();
+    let pass = r.release_reader_slots(1, death, &mut claims);
+    assert_eq!(pass, Released { freed: 1, live: 2 });
     assert_eq!(r.reader_heartbeat(1, 0).load(Ordering::Acquire), 0);
     assert_ne!(
         r.reader_heartbeat(1, 1).load(Ordering::Acquire),
         0,
         "broker 0's"
     );
-    assert_eq!(r.reader_heartbeat(1, 2).load(Ordering::Acquire), 0);
-    assert_eq!(r.release_reader_slots(1), 0, "nothing left to free");
+    assert_ne!(
+        r.reader_heartbeat(1, 2).load(Ordering::Acquire),
+        0,
+        "still beaten: its subscriber is being served"
+    );
+    assert_eq!(
+        r.reader_heartbeat(1, 3).load(Ordering::Acquire),
+        READER_CLAIMING,
+        "a claim in progress is left to finish"
+    );
+    assert_eq!(claims, [(1, 3)]);
+    // Still being claimed a pass later: the claimant died mid-claim.
+    let pass = r.release_reader_slots(1, death, &mut claims);
+    assert_eq!(pass, Released { freed: 1, live: 1 });
+    assert_eq!(r.reader_heartbeat(1, 3).load(Ordering::Acquire), 0);
+    assert_eq!(r.reader_floor(1, 0, std::time::Duration::from_secs(30)), 10);
+}
+
+#[test]
+fn a_pin_stored_while_a_reclamation_pass_reads_the_pins_waits_for_the_pass_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(Region::create(&dir.path().join("r"), small()).unwrap());
+    let stall = std::time::Duration::from_secs(30);
+    let patience = std::time::Duration::from_secs(60);
+    assert!(r.await_reclaim_passes(1, patience), "no pass under way");
+    // Broker 1's reclamation starts a pass and reads the pins: none yet.
+    let pass = r.broker_line(1, 1).reclaim_pass;
+    pass.add(1, Ordering::SeqCst);
+    assert_eq!(r.reader_floor(1, 0, stall), u64::MAX);
+    // A reader pins position 10, which it found retained; the pass it raced with may
+    // still move the frontier past it, so it must not look for its batch yet.
+    pin_slot(&r, 0, 0, monotonic_ns());
+    assert!(
+        !r.await_reclaim_passes(1, std::time::Duration::ZERO),
+        "the pass under way is seen"
+    );
+    let waiter = {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            let ended = r.await_reclaim_passes(1, patience);
+            (ended, r.log(1, 1).reclaimed_blog.load(Ordering::Acquire))
+        })
+    };
+    // The pass moves the frontier, then ends.
+    r.broker_line(1, 1)
+        .reclaimed_blog
+        .advance(4096, Ordering::Release);
+    pass.add(1, Ordering::Release);
+    let (ended, reclaimed) = waiter.join().unwrap();
+    assert!(ended);
+    assert_eq!(
+        reclaimed, 4096,
+        "the waiter sees where the pass left the frontier"
+    );
+    // The next pass reads the pin.
+    pass.add(1, Ordering::SeqCst);
+    assert_eq!(r.reader_floor(1, 0, stall), 10);
+    pass.add(1, Ordering::Release);
 }
 
 #[test]

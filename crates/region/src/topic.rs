@@ -47,6 +47,9 @@ pub struct LogControl<'a> {
     /// The `fence_pbr` value that `resume_pbr` lifts; while it differs from
     /// `fence_pbr`, the fence holds.
     pub resumed_fence: ReadWord<'a>,
+    /// Odd while the broker's reclamation is between reading the reader pins and
+    /// moving the reclaimed frontiers (see [`Region::await_reclaim_passes`]).
+    pub reclaim_pass: ReadWord<'a>,
     // --- written by the sequencer ---
     /// PBR slots below this index are in the committed GOI prefix (orders 2, 5).
     pub ordered_pbr: ReadWord<'a>,
@@ -214,6 +217,7 @@ impl Region {
             fence_pbr: self.read_word(base + LC_FENCE_PBR),
             resume_pbr: self.read_word(base + LC_RESUME_PBR),
             resumed_fence: self.read_word(base + LC_RESUMED_FENCE),
+            reclaim_pass: self.read_word(base + LC_RECLAIM_PASS),
             ordered_pbr: self.read_word(base + LC_ORDERED_PBR),
             reclaim_request: self.read_word(base + LC_RECLAIM_REQUEST),
             fence_ack: self.read_word(base + LC_FENCE_ACK),

@@ -242,9 +242,18 @@ impl Membership {
         Ok(Some(fence()))
     }
 
-    /// Followers that have died since the last call, each death reported once: what
-    /// they held for their subscribers can be released.
-    pub fn newly_dead(&self) -> Vec<u32> {
+    /// Whether broker `id` is served now by the follower process `incarnation` (one
+    /// declared dead that rejoined is alive again; a restart is another incarnation).
+    pub fn is_alive_as(&self, id: u32, incarnation: u64) -> bool {
+        let members = self.members.lock();
+        members
+            .get(id as usize)
+            .is_some_and(|m| m.incarnation == incarnation && self.alive(m, Instant::now()))
+    }
+
+    /// Followers that have died since the last call, each death reported once with the
+    /// incarnation that died: what they held for their subscribers can be released.
+    pub fn newly_dead(&self) -> Vec<(u32, u64)> {
         let mut members = self.members.lock();
         let now = Instant::now();
         let mut dead = Vec::new();
@@ -252,7 +261,7 @@ impl Membership {
             let died = !m.local && m.last_heartbeat.is_some() && !self.alive(m, now);
             if died && !m.death_reported {
                 m.death_reported = true;
-                dead.push(id as u32);
+                dead.push((id as u32, m.incarnation));
             }
         }
         dead
@@ -342,7 +351,7 @@ mod tests {
             std::hint::spin_loop();
         }
         assert_eq!(m.view()[1].state, MemberState::Dead);
-        assert_eq!(m.newly_dead(), [1]);
+        assert_eq!(m.newly_dead(), [(1, 7)]);
         assert!(m.newly_dead().is_empty(), "each death is reported once");
         assert_eq!(
             m.heartbeat(1, 7),

@@ -260,26 +260,67 @@ impl Drop for Server {
     }
 }
 
-/// Once per heartbeat interval: a follower that has just been declared dead no longer
-/// serves its subscribers (they reconnect elsewhere), so its reader slots are released
-/// at once; otherwise their pins would hold log memory, and with it every publisher of a
-/// memory-only topic, until `broker.reader_stall_timeout_ms`.
+/// Once per heartbeat interval: a follower that has been declared dead no longer serves
+/// its subscribers (they reconnect elsewhere), so its reader slots are released;
+/// otherwise their pins would hold log memory, and with it every publisher of a
+/// memory-only topic, until `broker.reader_stall_timeout_ms`. A follower declared dead
+/// may still be serving, though (it missed heartbeats under load, then rejoins): only
+/// slots whose own heartbeat has stopped for the death timeout are released, pass after
+/// pass until none of the broker's is left, it is alive again, or the stall timeout has
+/// passed (after which its pins hold nothing anyway).
 fn watch_membership(inner: &Inner, stop: &std::sync::atomic::AtomicBool) {
-    let interval = Duration::from_millis(inner.config.cluster.heartbeat_interval_ms);
+    let cluster = &inner.config.cluster;
+    let interval = Duration::from_millis(cluster.heartbeat_interval_ms);
+    let death = interval * cluster.heartbeat_misses;
+    let stall = Duration::from_millis(inner.config.broker.reader_stall_timeout_ms);
+    // Brokers whose slots are being released: the incarnation declared dead, when, and
+    // the slots the last pass found being claimed.
+    let mut releasing: Vec<Releasing> = Vec::new();
     while !stop.load(std::sync::atomic::Ordering::Acquire) {
-        for broker in inner.membership.newly_dead() {
-            let released = inner.region.release_reader_slots(broker);
+        for (broker, incarnation) in inner.membership.newly_dead() {
             tracing::warn!(
                 broker,
-                released,
-                "broker declared dead (no heartbeat for {} ms); released its subscribers' reader slots",
-                inner.config.cluster.heartbeat_interval_ms
-                    * inner.config.cluster.heartbeat_misses as u64
+                "broker declared dead (no heartbeat for {death:?}); its subscribers' reader slots are released once they stop beating"
             );
+            releasing.retain(|r| r.broker != broker);
+            releasing.push(Releasing {
+                broker,
+                incarnation,
+                since: std::time::Instant::now(),
+                claims: Vec::new(),
+            });
         }
+        releasing.retain_mut(|r| {
+            // Rejoined: the same process serves its subscribers again.
+            let rejoined = inner.membership.is_alive_as(r.broker, r.incarnation);
+            if rejoined || r.since.elapsed() > stall {
+                return false;
+            }
+            let pass = inner
+                .region
+                .release_reader_slots(r.broker, death, &mut r.claims);
+            if pass.freed > 0 {
+                tracing::warn!(
+                    broker = r.broker,
+                    released = pass.freed,
+                    "released its subscribers' reader slots (broker declared dead, slots not beaten for {death:?})"
+                );
+            }
+            pass.live > 0
+        });
         // A period, not a wait for an event: `stop` unparks it.
         std::thread::park_timeout(interval);
     }
+}
+
+/// A broker declared dead whose reader slots `watch_membership` is releasing.
+struct Releasing {
+    broker: u32,
+    /// The follower process declared dead: if it rejoins, its slots are its own again.
+    incarnation: u64,
+    since: std::time::Instant,
+    /// The slots the last pass found being claimed for it.
+    claims: Vec<(u32, u32)>,
 }
 
 /// Every `positions::CEILING_CHECK`: raises the position ceilings of memory-only topics

@@ -154,3 +154,99 @@ fn a_subscriber_that_stops_reading_stops_holding_memory() {
         );
     }
 }
+
+/// Waits (at most 30 s, else fails with `what`) until `done` holds.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Issue 28 (chaos-failover, once in 315 runs): the head declared a follower dead
+/// while it was still serving a subscriber (it had missed its heartbeats under load,
+/// then rejoined) and freed that subscriber's reader slot. The subscriber went on
+/// unpinned, memory was reclaimed under it, and it was refused: "batch at position …
+/// was reclaimed while being sent". A subscriber still being served must pin again, so
+/// that a publisher writing far more than memory holds waits for it, and it loses
+/// nothing.
+#[test]
+fn a_subscriber_whose_slot_is_released_while_it_is_served_pins_again_and_loses_nothing() {
+    let t = common::start_with(tiny);
+    t.create_topic("released", 2);
+    let topic = t.server.topic("released").unwrap().id;
+    let region = t.server.region().clone();
+    let stall = Duration::from_secs(30);
+    let brokers = region.capacities().brokers;
+    let mut s =
+        Subscriber::connect_brokers(&t.brokers(), "released", SubscriberConfig::default()).unwrap();
+    let p = publisher(&t, "released");
+    let payload = vec![4u8; 1000];
+    const FIRST: u64 = 100;
+    for _ in 0..FIRST {
+        p.publish(&payload).unwrap();
+    }
+    p.flush().unwrap();
+    let mut counters = Vec::new();
+    for i in 0..FIRST {
+        let m = s.poll(Duration::from_secs(30)).unwrap().expect("message");
+        assert_eq!(m.position, i);
+        counters.push(m.counter);
+    }
+    wait_until("the pin at the subscriber's position", || {
+        region.reader_floor(topic, 0, stall) == FIRST
+    });
+    // What the head does to the slots of a broker it declared dead, as if they had
+    // stopped beating (the serving thread was starved).
+    wait_until("the slot released", || {
+        (0..brokers)
+            .map(|b| {
+                region
+                    .release_reader_slots(b, Duration::ZERO, &mut Vec::new())
+                    .freed
+            })
+            .sum::<usize>()
+            == 1
+    });
+    wait_until("the subscriber pinned again", || {
+        region.reader_floor(topic, 0, stall) == FIRST
+    });
+    // ~24 MB through 4 MiB of memory, the subscriber reading nothing until memory is
+    // full: its pin must make the publisher wait for it, not be reclaimed past.
+    const N: u64 = 24_000;
+    let waits = "embarcadero_backpressure_waits_total";
+    let waited_before = t.metric_sum(waits);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let publishing = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            for _ in FIRST..N {
+                p.publish(&payload).unwrap();
+            }
+            p.close().unwrap();
+            done.store(true, std::sync::atomic::Ordering::Release);
+        })
+    };
+    wait_until("the publisher waiting for memory", || {
+        t.metric_sum(waits) > waited_before || done.load(std::sync::atomic::Ordering::Acquire)
+    });
+    // Its pin stands where the broker last handed its socket a batch (what the kernel
+    // buffers is the subscriber's already), not past anything it was not sent.
+    let floor = region.reader_floor(topic, 0, stall);
+    assert!(
+        (FIRST..N).contains(&floor),
+        "memory is full and the subscriber still holds it, from {floor}"
+    );
+    for i in FIRST..N {
+        let m = s
+            .poll(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("the subscriber was refused at message {i}: {e}"))
+            .expect("message");
+        assert_eq!(m.position, i);
+        counters.push(m.counter);
+    }
+    publishing.join().unwrap();
+    counters.sort_unstable();
+    assert_eq!(counters, (0..N).collect::<Vec<_>>(), "exactly once");
+}

@@ -1,9 +1,18 @@
 //! The faults a chaos cycle injects into a [`LocalCluster`] of real processes: how each
-//! strikes and how it is healed. Broker 2 (a follower) and sequencer 0 (the active one;
-//! a standby waits) are the targets; the readers use brokers 0 and 1.
+//! strikes and how it is healed. Broker 2 (a follower), sequencer 0 (the active one; a
+//! standby waits) and the head are the targets; the readers use brokers 0 and 1 (through
+//! the head, to find the restarted brokers, when the head is killed).
 
+use super::netns::Netns;
 use embarcadero_cli::local_cluster::{LocalCluster, Member};
 use std::path::{Path, PathBuf};
+
+/// What the faults act through besides the cluster: the fault flag files' directory,
+/// and the network namespace follower 2 runs in for a partition.
+pub struct Lab<'a> {
+    pub flags: &'a Path,
+    pub netns: Option<&'a Netns>,
+}
 
 /// The follower broker the faults aim at.
 pub const VICTIM_BROKER: u32 = 2;
@@ -28,9 +37,16 @@ pub enum Nemesis {
     /// Every replica fdatasync waits 100 ms first (`replication.fault_slow_disk_flag`, a
     /// stand-in for a slow disk) until the heal removes the flag file.
     SlowDisk,
+    /// SIGKILL of the head (control plane, broker 0, the replica writers); the heal
+    /// starts it again on its data directory and control port, and, since a restarted
+    /// head replaces the region, the followers and sequencers again once they stopped.
+    KillHead,
+    /// Follower broker 2, in a network namespace of its own, is cut off from the head
+    /// and every client (the veth link goes down) until the heal brings the link up.
+    PartitionFollower,
 }
 
-pub const ALL: [Nemesis; 8] = [
+pub const ALL: [Nemesis; 10] = [
     Nemesis::KillFollower,
     Nemesis::PauseFollower,
     Nemesis::KillSequencer,
@@ -39,6 +55,8 @@ pub const ALL: [Nemesis; 8] = [
     Nemesis::DeleteRegion,
     Nemesis::FullDisk,
     Nemesis::SlowDisk,
+    Nemesis::KillHead,
+    Nemesis::PartitionFollower,
 ];
 
 impl Nemesis {
@@ -52,6 +70,8 @@ impl Nemesis {
             Nemesis::DeleteRegion => "delete-region",
             Nemesis::FullDisk => "full-disk",
             Nemesis::SlowDisk => "slow-disk",
+            Nemesis::KillHead => "kill-head",
+            Nemesis::PartitionFollower => "partition-follower",
         }
     }
 
@@ -63,8 +83,11 @@ impl Nemesis {
     }
 
     /// Injects the fault.
-    pub fn strike(self, cluster: &mut LocalCluster, flags: &Path) -> Result<(), String> {
+    pub fn strike(self, cluster: &mut LocalCluster, lab: &Lab) -> Result<(), String> {
+        let flags = lab.flags;
         match self {
+            Nemesis::KillHead => cluster.kill_head().map(drop),
+            Nemesis::PartitionFollower => Self::netns(lab)?.cut(),
             Nemesis::KillFollower => cluster.kill_follower(VICTIM_BROKER).map(drop),
             Nemesis::KillSequencer => cluster.kill_sequencer(0).map(drop),
             Nemesis::PauseFollower | Nemesis::PauseSequencer | Nemesis::PauseHead => {
@@ -77,10 +100,14 @@ impl Nemesis {
         }
     }
 
-    /// Undoes what can be undone: a paused process goes on, the disk has room again.
-    /// A killed process stays dead and a deleted region file stays deleted.
-    pub fn heal(self, cluster: &mut LocalCluster, flags: &Path) -> Result<(), String> {
+    /// Undoes what can be undone: a paused process goes on, the disk has room again, a
+    /// partition heals, a killed head is started again (as a service manager would). A
+    /// killed follower or sequencer stays dead and a deleted region file stays deleted.
+    pub fn heal(self, cluster: &mut LocalCluster, lab: &Lab) -> Result<(), String> {
+        let flags = lab.flags;
         match self {
+            Nemesis::KillHead => cluster.restart_head(),
+            Nemesis::PartitionFollower => Self::netns(lab)?.mend(),
             Nemesis::PauseFollower | Nemesis::PauseSequencer | Nemesis::PauseHead => {
                 self.signal(cluster, "CONT")
             }
@@ -88,6 +115,11 @@ impl Nemesis {
                 .map_err(|e| format!("cannot remove the {} flag: {e}", self.name())),
             Nemesis::KillFollower | Nemesis::KillSequencer | Nemesis::DeleteRegion => Ok(()),
         }
+    }
+
+    fn netns<'a>(lab: &Lab<'a>) -> Result<&'a Netns, String> {
+        lab.netns
+            .ok_or_else(|| "the partition needs the cycle's network namespace".to_string())
     }
 
     /// The flag file of a disk fault, in `flags`.
