@@ -8,6 +8,7 @@
 
 mod admin;
 mod conn;
+mod delivery;
 mod publisher;
 mod subscriber;
 
@@ -15,8 +16,9 @@ pub use admin::{
     check_topic_name, Admin, BrokerAddr, BrokerLogInfo, ClusterInfo, ReaderLag, ReplicaError,
     TopicHealth, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
 };
+pub use delivery::SharedBatch;
 pub use publisher::{LatencySummary, Publisher, PublisherConfig, PublisherStats, QueueStats};
-pub use subscriber::{Cursor, Message, MessageRef, SharedBatch, Subscriber, SubscriberConfig};
+pub use subscriber::{Cursor, Message, MessageRef, Subscriber, SubscriberConfig};
 
 use embarcadero_wire::ErrorCode;
 
