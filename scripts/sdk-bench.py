@@ -26,13 +26,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Callable, Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
 
 
-def serve(binary: str, broker_mib: int) -> tuple[subprocess.Popen[str], str, str]:
+def serve(binary: str, broker_mib: int) -> tuple[subprocess.Popen[bytes], str, str]:
     """A fresh server with `broker_mib` of log memory per broker (4 brokers, 8 MiB segments)."""
     data = tempfile.mkdtemp(prefix="sdk-bench-", dir="/dev/shm")
     segments = max(24, broker_mib // 8)
@@ -41,14 +42,20 @@ def serve(binary: str, broker_mib: int) -> tuple[subprocess.Popen[str], str, str
         f.write(f"[region]\nsegments_per_broker = {segments}\n")
     cmd = [binary, "serve", "--config", config, "--data-dir", data]
     cmd += ["--base-port", "0", "--control-port", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "control API http://" in line:
-            control = line.split("control API http://")[1].split()[0]
-            return proc, control, data
+    # It names its control address on stderr, then logs there: into a file, so that a
+    # full pipe never stops it.
+    log = os.path.join(data, "serve.log")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=out)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        with open(log) as f:
+            for line in f:
+                if "control API http://" in line:
+                    return proc, line.split("control API http://")[1].split()[0], data
+        time.sleep(0.1)
     proc.kill()
-    raise SystemExit("the server exited before serving")
+    raise SystemExit(f"the server did not start; see {log}")
 
 
 def rust(binary: str, control: str, mode: str, mib: int) -> Dict[str, float]:
@@ -97,9 +104,11 @@ RATIOS = [
 def one_round(args: argparse.Namespace, index: int) -> Dict[str, float]:
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
-    # A topic spreads over the 4 brokers: room for two of the largest, the one being read
-    # and the one before it (reclaimed as the next needs room).
-    broker_mib = max(args.pub_mb, args.sub_mb) // 2 + 64
+    # A topic spreads over the 4 brokers; a round writes six (two per client), and every
+    # one must fit: a memory-only topic's oldest batches are reclaimed once the region
+    # fills, even after a first reader passed them, and a second reader from the start
+    # then waits for messages that are gone (it happened with room for two).
+    broker_mib = 6 * max(args.pub_mb, args.sub_mb) // 4 + 64
     proc, control, data = serve(args.bin, broker_mib)
     steps: List[Callable[[], Dict[str, float]]] = [
         lambda: rust(args.bin, control, "publish", args.pub_mb),
