@@ -18,7 +18,7 @@ import resource
 import subprocess
 import time
 import uuid
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from embarcadero import Admin, Publisher, Subscriber
 
@@ -100,6 +100,24 @@ def rust_bench(binary: str, control: str, mode: str, total: int, size: int) -> D
     }
 
 
+def measure(args: argparse.Namespace, count: int) -> List[Tuple[str, Timed]]:
+    """The measurements of one run (all, or the one --only names)."""
+    measured = []
+    if args.only in (None, "publish_many", "subscribe"):
+        topic = new_topic(args.control, "many")
+        many = publish_many(args.control, topic, count, args.size, args.chunk)
+        if args.only != "subscribe":
+            measured.append(("publish_many", many))
+        if args.only != "publish_many":
+            each = subscribe(args.control, topic, count, False)
+            measured.append(("subscribe (for m in sub)", each))
+            measured.append(("subscribe (poll_many)", subscribe(args.control, topic, count, True)))
+    if args.only in (None, "publish"):
+        topic = new_topic(args.control, "each")
+        measured.append(("publish", publish_each(args.control, topic, count, args.size)))
+    return measured
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--control", default="127.0.0.1:12140")
@@ -107,6 +125,11 @@ def main() -> None:
     parser.add_argument("--total-bytes", type=int, default=256 << 20, help="per measurement")
     parser.add_argument("--chunk", type=int, default=1024, help="messages per publish_many")
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument(
+        "--only",
+        choices=["publish_many", "publish", "subscribe"],
+        help="run one measurement (subscribe: fill a topic, then both readers)",
+    )
     parser.add_argument(
         "--rust-bench",
         metavar="EMBARCADERO_BIN",
@@ -129,14 +152,7 @@ def main() -> None:
             # The process's CPU per GB, for publishing and (by difference) subscribing.
             row["rust publish cpu s/GB"] = pub["cpu"] / gb
             row["rust subscribe cpu s/GB"] = (both["cpu"] - pub["cpu"]) / gb
-        topic = new_topic(args.control, "many")
-        measured = [
-            ("publish_many", publish_many(args.control, topic, count, args.size, args.chunk)),
-            ("subscribe (for m in sub)", subscribe(args.control, topic, count, False)),
-            ("subscribe (poll_many)", subscribe(args.control, topic, count, True)),
-        ]
-        topic = new_topic(args.control, "each")
-        measured.append(("publish", publish_each(args.control, topic, count, args.size)))
+        measured = measure(args, count)
         for name, timed in measured:
             row[name] = payload_mb / timed.wall
             row[f"{name} cpu s/GB"] = timed.cpu / gb

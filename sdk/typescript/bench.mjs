@@ -3,6 +3,7 @@
 // the same server in the same run (docs/PERFORMANCE.md, "TypeScript client").
 //
 //   node bench.mjs --control 127.0.0.1:12140 [--mb 1024] [--sub-mb 256] [--size 1024] [--order 2] [--ack 1]
+//                  [--only publishMany|publish|subscribe] [--json]
 //
 // Four figures, MB/s of payload (10^6 bytes), each on a fresh memory-only topic:
 //   publishMany: chunks of 256 messages per call, timed from the first call until
@@ -14,6 +15,9 @@
 //                times it). A memory-only topic keeps only about the region's log memory:
 //                keep --sub-mb below that (256 is);
 //   pollMany:    the same topic read again, by a subscriber looping over `pollMany()`.
+// --only runs one of publishMany, publish or subscribe (the last with both readers);
+// --json prints one JSON object of MB/s per figure instead of the lines
+// (scripts/sdk-bench.py runs it that way, interleaved with the Rust client).
 // Run `npm run build:native:release && npm run build:ts` first (`npm run bench` does).
 import { Admin, Publisher, Subscriber } from "./build/ts/index.js";
 
@@ -30,6 +34,9 @@ const ackLevel = Number(arg("ack", "1"));
 const count = Math.floor(totalBytes / size);
 const subCount = Math.floor(Number(arg("sub-mb", "256")) * 1024 * 1024 / size);
 const CHUNK = 256;
+const only = arg("only", "");
+const json = process.argv.includes("--json");
+const figures = {};
 
 const admin = new Admin(control);
 const stamp = `${process.pid}-${Date.now()}`;
@@ -40,9 +47,20 @@ async function topic(kind) {
   return name;
 }
 
-function report(what, bytes, seconds, extra = "") {
+/** CPU seconds of this process (every thread: the addon's too) since `from` (process.cpuUsage()). */
+function cpuSince(from) {
+  const used = process.cpuUsage(from);
+  return (used.user + used.system) / 1e6;
+}
+
+function report(what, bytes, seconds, extra = "", cpu = undefined) {
   const mbs = bytes / seconds / 1e6;
-  console.log(`${what.padEnd(12)} ${mbs.toFixed(1).padStart(8)} MB/s  (${(bytes / 1e6).toFixed(0)} MB in ${seconds.toFixed(2)} s)${extra}`);
+  figures[what] = mbs;
+  if (cpu !== undefined) {
+    figures[`${what} cpu s/GB`] = cpu / (bytes / 1e9);
+    extra += `, ${(cpu / (bytes / 1e9)).toFixed(2)} CPU s/GB`;
+  }
+  if (!json) console.log(`${what.padEnd(12)} ${mbs.toFixed(1).padStart(8)} MB/s  (${(bytes / 1e6).toFixed(0)} MB in ${seconds.toFixed(2)} s)${extra}`);
   return mbs;
 }
 
@@ -50,6 +68,7 @@ async function publishMany(count, kind = "many", quiet = false) {
   const name = await topic(kind);
   const p = await Publisher.connect(name, { control, ackLevel });
   const chunk = Array.from({ length: CHUNK }, (_, i) => Buffer.alloc(size, i));
+  const cpu = process.cpuUsage();
   const start = process.hrtime.bigint();
   let sent = 0;
   while (sent < count) {
@@ -59,7 +78,7 @@ async function publishMany(count, kind = "many", quiet = false) {
   }
   const stats = await p.close();
   const seconds = Number(process.hrtime.bigint() - start) / 1e9;
-  if (!quiet) report("publishMany", stats.bytes, seconds, `, ${stats.batches} batches`);
+  if (!quiet) report("publishMany", stats.bytes, seconds, `, ${stats.batches} batches`, cpuSince(cpu));
   return name;
 }
 
@@ -76,6 +95,7 @@ async function publishOne() {
 
 async function subscribe(name, count) {
   const sub = await Subscriber.connect(name, { control });
+  const cpu = process.cpuUsage();
   const start = process.hrtime.bigint();
   let bytes = 0;
   let n = 0;
@@ -84,12 +104,14 @@ async function subscribe(name, count) {
     if (++n === count) break;
   }
   const seconds = Number(process.hrtime.bigint() - start) / 1e9;
+  const used = cpuSince(cpu);
   await sub.close();
-  report("subscribe", bytes, seconds);
+  report("subscribe", bytes, seconds, "", used);
 }
 
 async function subscribeMany(name, count) {
   const sub = await Subscriber.connect(name, { control });
+  const cpu = process.cpuUsage();
   const start = process.hrtime.bigint();
   let bytes = 0;
   let n = 0;
@@ -100,13 +122,17 @@ async function subscribeMany(name, count) {
     }
   }
   const seconds = Number(process.hrtime.bigint() - start) / 1e9;
+  const used = cpuSince(cpu);
   await sub.close();
-  report("pollMany", bytes, seconds);
+  report("pollMany", bytes, seconds, "", used);
 }
 
-console.log(`TypeScript client: ${count} messages of ${size} bytes, order ${order}, ack ${ackLevel}, server ${control}`);
-await publishMany(count);
-await publishOne();
-const subTopic = await publishMany(subCount, "sub", true);
-await subscribe(subTopic, subCount);
-await subscribeMany(subTopic, subCount);
+if (!json) console.log(`TypeScript client: ${count} messages of ${size} bytes, order ${order}, ack ${ackLevel}, server ${control}`);
+if (only === "" || only === "publishMany") await publishMany(count);
+if (only === "" || only === "publish") await publishOne();
+if (only === "" || only === "subscribe") {
+  const subTopic = await publishMany(subCount, "sub", true);
+  await subscribe(subTopic, subCount);
+  await subscribeMany(subTopic, subCount);
+}
+if (json) console.log(JSON.stringify(figures));

@@ -8,6 +8,7 @@
 
 mod admin;
 mod conn;
+mod delivery;
 mod publisher;
 mod shm;
 mod subscriber;
@@ -17,9 +18,10 @@ pub use admin::{
     MemberState, MemberView, RatesReport, ReaderLag, ReplicaError, SequencerLease, SequencerStats,
     ServiceInfo, StatusReport, TopicHealth, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
 };
+pub use delivery::SharedBatch;
 pub use publisher::{LatencySummary, Publisher, PublisherConfig, PublisherStats, QueueStats};
 pub use shm::Transport;
-pub use subscriber::{Cursor, Message, MessageRef, SharedBatch, Subscriber, SubscriberConfig};
+pub use subscriber::{Cursor, Message, MessageRef, Subscriber, SubscriberConfig};
 
 use embarcadero_wire::ErrorCode;
 

@@ -6,7 +6,6 @@
 use embarcadero_client::{Cursor, Error, MessageRef, SharedBatch, Subscriber};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
-use std::ops::Range;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -16,8 +15,7 @@ const READ_AHEAD: usize = 4;
 /// Longest poll: seek, position and close wait at most this long for the thread.
 const POLL: Duration = Duration::from_millis(100);
 
-/// A message's fields, and the batch its payload lies in (kept alive, and unchanged,
-/// while this is: the Rust subscriber lends it, [`Subscriber::poll_shared`]).
+/// A message's fields, and where its payload lies: in batch `batch` of its poll.
 pub struct Meta {
     pub position: u64,
     pub broker_id: u16,
@@ -25,24 +23,31 @@ pub struct Meta {
     pub batch_seq: u64,
     pub index_in_batch: u32,
     pub publish_ts_ns: u64,
-    pub batch: SharedBatch,
-    pub payload: Range<usize>,
+    /// Index into [`Polled::batches`].
+    batch: u32,
+    payload_at: u32,
+    payload_len: u32,
 }
 
-impl Meta {
-    pub fn payload(&self) -> &[u8] {
-        &self.batch.bytes()[self.payload.clone()]
-    }
-}
-
-/// What one poll brought: each message's fields and where its payload is. No payload is
-/// copied here: Python copies each once, into its `bytes`, from the batch it came in.
+/// What one poll brought: each message's fields and where its payload is, in the
+/// batches the Rust subscriber lent (kept alive, and unchanged, while this is:
+/// [`Subscriber::poll_shared`]). One reference per batch, none per message. No payload
+/// is copied here: Python copies each once, into its `bytes`, from the batch it came in.
+#[derive(Default)]
 pub struct Polled {
+    batches: Vec<SharedBatch>,
     pub metas: Vec<Meta>,
 }
 
 impl Polled {
     fn collect(&mut self, batch: &SharedBatch, m: MessageRef<'_>) {
+        let same = |b: &SharedBatch| b.as_mut_ptr() == batch.as_mut_ptr();
+        if !self.batches.last().is_some_and(same) {
+            self.batches.push(batch.clone());
+        }
+        let range = batch.range_of(m.payload);
+        // A delivery is at most 256 MiB (the client refuses larger), so offsets fit.
+        let (payload_at, payload_len) = (u32::try_from(range.start), u32::try_from(range.len()));
         self.metas.push(Meta {
             position: m.position,
             broker_id: m.broker_id,
@@ -50,9 +55,16 @@ impl Polled {
             batch_seq: m.batch_seq,
             index_in_batch: m.index_in_batch,
             publish_ts_ns: m.publish_ts_ns,
-            batch: batch.clone(),
-            payload: batch.range_of(m.payload),
+            batch: (self.batches.len() - 1) as u32,
+            payload_at: payload_at.expect("a delivery is under 4 GiB"),
+            payload_len: payload_len.expect("a delivery is under 4 GiB"),
         });
+    }
+
+    /// The payload of `meta`, one of this poll's messages.
+    pub fn payload(&self, meta: &Meta) -> &[u8] {
+        let at = meta.payload_at as usize;
+        &self.batches[meta.batch as usize].bytes()[at..at + meta.payload_len as usize]
     }
 }
 
@@ -191,7 +203,7 @@ fn read(shared: &Shared) {
         let Some(s) = sub.as_mut() else {
             return;
         };
-        let mut polled = Polled { metas: Vec::new() };
+        let mut polled = Polled::default();
         let result = s.poll_shared(POLL, |batch, m| polled.collect(batch, m));
         let mut queue = shared.queue.lock();
         match result {

@@ -1,10 +1,12 @@
 //! `embarcadero.Subscriber` and `embarcadero.Message`: reads a topic in order through the
 //! Rust subscriber, which a thread of its own polls ahead (`read_ahead`). Waits happen with
 //! the GIL released, in slices short enough for Ctrl-C to interrupt a blocking call. Each
-//! poll's messages come as one buffer of payloads; each becomes a `bytes` when taken.
+//! poll's messages come as their fields and the delivery buffers the Rust subscriber lent
+//! (one reference per delivery, none per message); each payload becomes a `bytes`, copied
+//! straight from its delivery, when its message is taken.
 
 use crate::errors::{config, to_py};
-use crate::read_ahead::{Meta, ReadAhead};
+use crate::read_ahead::{Meta, Polled, ReadAhead};
 use embarcadero_client::{Admin, Cursor, Error, SubscriberConfig};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyTypeError;
@@ -56,7 +58,73 @@ impl Message {
 /// for moments that run no Python code, so it never waits.
 #[derive(Default)]
 struct Ready {
-    metas: VecDeque<Meta>,
+    /// Oldest first; none is empty (a poll leaves once its last message is taken).
+    polls: VecDeque<Polled>,
+    /// Messages of the front poll already taken.
+    taken: usize,
+}
+
+impl Ready {
+    fn is_empty(&self) -> bool {
+        self.polls.is_empty()
+    }
+
+    fn push(&mut self, polled: Polled) {
+        if !polled.metas.is_empty() {
+            self.polls.push_back(polled);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.polls.clear();
+        self.taken = 0;
+    }
+
+    /// The messages not taken yet, oldest first.
+    fn pending(&self) -> impl Iterator<Item = &Meta> {
+        let skip = self.taken;
+        let front = self.polls.front().into_iter();
+        let front = front.flat_map(move |p| p.metas[skip..].iter());
+        front.chain(self.polls.iter().skip(1).flat_map(|p| p.metas.iter()))
+    }
+
+    /// The next message's fields and payload (as a new `bytes`), or `None`.
+    fn take<'py>(&mut self, py: Python<'py>) -> Option<(Fields, Bound<'py, PyBytes>)> {
+        let poll = self.polls.front()?;
+        let meta = &poll.metas[self.taken];
+        // Allocating a bytes object runs no Python code, so the lock is held briefly.
+        let payload = PyBytes::new(py, poll.payload(meta));
+        let fields = Fields::of(meta);
+        self.taken += 1;
+        if self.taken == poll.metas.len() {
+            self.polls.pop_front();
+            self.taken = 0;
+        }
+        Some((fields, payload))
+    }
+}
+
+/// A message's fields, copied out of the queue so the `Message` is built without its lock.
+struct Fields {
+    position: u64,
+    broker_id: u16,
+    client_id: u64,
+    batch_seq: u64,
+    index_in_batch: u32,
+    publish_ts_ns: u64,
+}
+
+impl Fields {
+    fn of(m: &Meta) -> Self {
+        Self {
+            position: m.position,
+            broker_id: m.broker_id,
+            client_id: m.client_id,
+            batch_seq: m.batch_seq,
+            index_in_batch: m.index_in_batch,
+            publish_ts_ns: m.publish_ts_ns,
+        }
+    }
 }
 
 /// Reads topic ``topic`` in order from any broker of the cluster whose control plane is at
@@ -141,7 +209,7 @@ impl Subscriber {
             Some(polled) => polled.map_err(to_py)?,
         };
         // After any messages another thread's poll left that are not taken yet.
-        self.ready.lock().metas.extend(polled.metas);
+        self.ready.lock().push(polled);
         Ok(())
     }
 
@@ -151,7 +219,7 @@ impl Subscriber {
         let deadline = deadline(timeout)?;
         let mut first = true;
         loop {
-            if !self.ready.lock().metas.is_empty() {
+            if !self.ready.lock().is_empty() {
                 return Ok(true);
             }
             let wait = match deadline {
@@ -172,15 +240,10 @@ impl Subscriber {
 
     /// The next ready message, without waiting.
     fn take_one(&self, py: Python<'_>) -> PyResult<Option<Py<Message>>> {
-        let (meta, payload) = {
-            let mut ready = self.ready.lock();
-            let Some(meta) = ready.metas.pop_front() else {
-                return Ok(None);
-            };
-            // Allocating a bytes object runs no Python code, so the lock is held briefly.
-            let payload = PyBytes::new(py, meta.payload()).unbind();
-            (meta, payload)
+        let Some((meta, payload)) = self.ready.lock().take(py) else {
+            return Ok(None);
         };
+        let payload = payload.unbind();
         let ordered = self.order >= 2;
         let message = Message {
             position: meta.position,
@@ -257,7 +320,7 @@ impl Subscriber {
             Start::End => self.end_of_topic(py)?,
             Start::At(c) => self.fitted(py, c)?,
         };
-        self.ready.lock().metas.clear();
+        self.ready.lock().clear();
         py.allow_threads(|| self.reader.seek(cursor)).map_err(to_py)
     }
 }
@@ -359,7 +422,7 @@ impl Subscriber {
         // Rust subscriber's cursor.
         let mut pending: Vec<(u16, u64)> = {
             let ready = self.ready.lock();
-            let taken = ready.metas.iter();
+            let taken = ready.pending();
             taken.map(|m| (m.broker_id, m.position)).collect()
         };
         let (cursor, ahead) = py.allow_threads(|| self.reader.position()).map_err(to_py)?;
@@ -401,18 +464,18 @@ impl Subscriber {
     fn close(&self, py: Python<'_>) {
         self.closed.store(true, Ordering::Release);
         py.allow_threads(|| self.reader.close());
-        self.ready.lock().metas.clear();
+        self.ready.lock().clear();
     }
 
     /// For ``async for``: polls once for up to ``timeout`` seconds (run it off the event
     /// loop's thread). Whether a message is ready for :meth:`_take`.
     fn _fill(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
-        if self.ready.lock().metas.is_empty() {
+        if self.ready.lock().is_empty() {
             let wait = Duration::try_from_secs_f64(timeout)
                 .map_err(|e| config(format!("timeout {timeout}: {e}")))?;
             self.fill(py, wait.max(MIN_WAIT))?;
         }
-        Ok(!self.ready.lock().metas.is_empty())
+        Ok(!self.ready.lock().is_empty())
     }
 
     /// For ``async for``: the next ready message, never waiting.

@@ -238,3 +238,24 @@ def test_payloads_kept_from_early_polls_survive_later_polls(server, topic_name):
     assert sorted(parse(m) for m in kept + rest) == [(0, i) for i in range(count)]
     assert all(m.payload == payload(0, parse(m)[1], size=1024) for m in kept)
     assert all(len(m.payload) == 1024 for m in rest)
+
+
+def test_position_is_the_next_message_wherever_it_lies_in_a_poll(server, topic_name):
+    # A poll brings many messages (one record each, in the lent batches of that poll) and
+    # Python takes them one at a time: the position is that of the first not taken, inside
+    # a poll partly taken or at its edge, and the messages come in order across polls.
+    Admin(server.control).create_topic(topic_name, order=2)
+    count = 3000
+    with Publisher(server.control, topic_name) as p:
+        p.publish_many([payload(0, i, size=512) for i in range(count)])
+    sub = Subscriber(server.control, topic_name)
+    taken, seen = 0, []
+    for stop in [1, 5, 999, 1000, 1001, 2500, count]:
+        for m in read(sub, stop - taken, timeout=30):
+            assert m.global_seq == taken
+            seen.append(parse(m))
+            taken += 1
+        assert sub.position == stop
+    assert sub.poll(timeout=0.1) is None and sub.position == count
+    # The total order interleaves the publisher's batches to different brokers: each once.
+    assert sorted(seen) == [(0, i) for i in range(count)]

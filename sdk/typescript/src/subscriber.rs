@@ -273,9 +273,9 @@ struct Packed {
 
 impl Packed {
     fn push(&mut self, batch: &SharedBatch, m: &MessageRef<'_>) {
-        let same = |b: &SharedBatch| b.bytes().as_ptr() == batch.bytes().as_ptr();
+        let same = |b: &SharedBatch| b.as_mut_ptr() == batch.as_mut_ptr();
         if !self.batches.last().is_some_and(same) {
-            self.bytes += batch.bytes().len();
+            self.bytes += batch.len();
             self.batches.push(batch.clone());
         }
         let range = batch.range_of(m.payload);
@@ -343,18 +343,24 @@ impl ToNapiValue for LentBuffers {
 
 /// A `Buffer` viewing `batch`'s bytes, which it owns: its finalizer drops `batch`.
 fn external_buffer(env: &Env, batch: SharedBatch) -> napi::Result<sys::napi_value> {
-    let bytes = batch.bytes();
-    assert!(!bytes.is_empty(), "a delivery with messages has bytes");
-    let (data, len) = (bytes.as_ptr().cast_mut(), bytes.len());
+    let len = batch.len();
+    assert!(len > 0, "a delivery with messages has bytes");
+    // A pointer that may be written through: JavaScript can write into any `Buffer`.
+    let data = batch.as_mut_ptr();
     // SAFETY: `data..data + len` is the heap buffer of `batch`, which the finalizer owns
     // and drops only when the `Buffer` is collected, so the memory outlives every view of
-    // it. The Rust subscriber neither reads nor writes those bytes while the `Buffer`
-    // holds its clone (it reuses a buffer only once it holds the only reference,
-    // `SharedBatch`), so JavaScript is their only user until then. Where external
+    // it. JavaScript may write it (the README asks it not to; nothing stops it), which
+    // `SharedBatch::as_mut_ptr` allows because the bytes are in `UnsafeCell`s, on its
+    // conditions: the `poll_shared` that lent the batch has returned (this runs after
+    // the poll, on the JavaScript thread); no Rust code reads these bytes while the
+    // `Buffer` lives (this binding keeps no other clone, and the subscriber keeps one only
+    // to see when it is dropped, reading nothing; the finalizer reads only the length);
+    // and only the JavaScript thread touches them, so nothing races. The subscriber
+    // reuses the buffer only once the finalizer has dropped the last clone. Where external
     // buffers are not allowed napi-rs copies instead and drops `batch` at once.
     let buffer = unsafe {
         BufferSlice::from_external(env, data, len, batch, |env, batch: SharedBatch| {
-            let _ = env.adjust_external_memory(-(batch.bytes().len() as i64));
+            let _ = env.adjust_external_memory(-(batch.len() as i64));
             drop(batch)
         })
     }?;

@@ -203,3 +203,53 @@ test("payloads kept from early polls survive later polls and collections", { tim
   for (const [k, b] of kept.entries()) assert.ok(b.equals(body(ids[k]!)), `kept payload ${k} changed`);
   await sub.close();
 });
+
+test("payloads written by JavaScript change only their own bytes, and later deliveries read as published", { timeout: 60_000 }, async () => {
+  // JavaScript can write into any Buffer, so into a payload, which is the Rust subscriber's
+  // own memory (its bytes sit in UnsafeCells for this reason). A write must stay in that
+  // payload: the neighbours in its delivery, the kept written payloads, and the buffers
+  // reused after collection must all read as they should, and the stream goes on in order.
+  setFlagsFromString("--expose-gc");
+  const gc = runInNewContext("gc") as () => void;
+  const topic = topicName("written");
+  await admin.createTopic(topic, { order: 2, memoryOnly: true });
+  const total = 20_000;
+  const body = (i: number): Buffer => Buffer.from(`m${i}:`.padEnd(1024, "x"));
+  const p = await Publisher.connect(topic, { control: server.control });
+  for (let i = 0; i < total; i += 1000) {
+    await p.publishMany(Array.from({ length: 1000 }, (_, k) => body(i + k)));
+  }
+  await p.close();
+  // The total order interleaves the publisher's batches to different brokers, so each
+  // payload is checked against the body its own id names.
+  const idOf = (b: Buffer): number => Number(b.toString("utf8", 1, b.indexOf(":")));
+  const ids = new Set<number>();
+  const check = (m: Message, position: number): void => {
+    assert.equal(m.position, position, "in order");
+    const id = idOf(m.payload);
+    assert.ok(m.payload.equals(body(id)), `message at ${position} (id ${id}) reads as published`);
+    ids.add(id);
+  };
+  const sub = await Subscriber.connect(topic, { control: server.control });
+  const first = await read(sub, 100);
+  first.forEach((m, k) => check(m, k));
+  // Every other payload overwritten and kept; the ones between must not change.
+  const written = first.filter((_, k) => k % 2 === 0).map((m) => m.payload.fill(0x21));
+  for (const [k, m] of first.entries()) {
+    if (k % 2 === 1) assert.ok(m.payload.equals(body(idOf(m.payload))), `neighbour ${k} changed by a write`);
+  }
+  assert.equal(first[0]!.payload, first[0]!.payload, "the payload view is made once");
+  let seen = 100;
+  while (seen < total) {
+    for (const m of await read(sub, Math.min(2000, total - seen))) {
+      check(m, seen);
+      m.payload.fill(0x3f); // dropped right after: its buffer is reused, written
+      seen += 1;
+    }
+    gc();
+    await new Promise((resolve) => setImmediate(resolve)); // finalizers run after the collection
+  }
+  assert.equal(ids.size, total, "every message once");
+  for (const b of written) assert.ok(b.every((x) => x === 0x21), "a kept written payload was reused");
+  await sub.close();
+});

@@ -1,7 +1,9 @@
 // The subscriber: reads a topic in order (the Rust `Subscriber`), one batch of messages
-// per crossing into native code. Each delivery arrives as a Buffer over the Rust
-// subscriber's own buffer (no copy at all) and each `Message`'s payload is a view of it;
-// its fields are read lazily from two typed arrays (see src/subscriber.rs for the layout).
+// per crossing into native code, with the next poll already under way while JavaScript
+// handles the batch before it (read-ahead). Each delivery arrives as a Buffer over the
+// Rust subscriber's own buffer (no copy at all) and each `Message`'s payload is a view of
+// it, made on first use; its fields are read lazily from two typed arrays (see
+// src/subscriber.rs for the layout).
 import { native, Native } from "./native";
 import { ClosedError, ConfigError, settle } from "./errors";
 import { defaultControl, Order } from "./admin";
@@ -34,6 +36,7 @@ export class Message {
   readonly #batch: Native.NativeBatch;
   readonly #i: number;
   readonly #order: Order;
+  #payload: Buffer | undefined;
 
   /** @internal */
   constructor(batch: Native.NativeBatch, index: number, order: Order) {
@@ -92,13 +95,20 @@ export class Message {
   }
 
   /**
-   * The payload: a view into the buffer of the delivery it came in, which stays valid (and
-   * the delivery's memory in use) as long as any of its messages' payloads is referenced;
-   * copy it (`Buffer.from(m.payload)`) to keep it without the rest of the delivery.
+   * The payload: a view into the buffer of the delivery it came in (made on first use,
+   * the same `Buffer` after), which stays valid (and the delivery's memory in use) as long
+   * as any of its messages' payloads is referenced; copy it (`Buffer.from(m.payload)`) to
+   * keep it without the rest of the delivery. Treat it as read-only: writing it changes
+   * only this message's bytes, but they are the subscriber's, not a copy.
    */
   get payload(): Buffer {
-    const offset = this.#num(4);
-    return this.#delivery().subarray(offset, offset + this.#num(5));
+    if (this.#payload === undefined) {
+      const d = this.#delivery();
+      // `Buffer.from(arrayBuffer, ...)` makes the view directly; `subarray` would first look
+      // up the species constructor, which costs more than the view itself.
+      this.#payload = Buffer.from(d.buffer, d.byteOffset + this.#num(4), this.#num(5));
+    }
+    return this.#payload;
   }
 
   /** The payload decoded as UTF-8. */
@@ -150,6 +160,12 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   /** Calls run one at a time, in the order they were made. */
   #tail: Promise<unknown> = Promise.resolve();
   #closed = false;
+  /**
+   * The poll started as soon as the previous one delivered, so that the Rust subscriber
+   * reads the socket while JavaScript handles the messages already here; taken by the
+   * next `#fill`, awaited and dropped by `seek`. Errors wait in it for that `#fill`.
+   */
+  #ahead: Promise<Native.NativeBatch | null> | undefined;
 
   private constructor(n: Native.NativeSubscriber, control: string, topic: string) {
     this.#native = n;
@@ -210,15 +226,59 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
     for (;;) {
       if (this.#closed) throw new ClosedError("the subscriber is closed");
       const wait = Math.max(0, Math.min(SLICE_MS, deadline - Date.now()));
-      const batch = await settle(() => this.#native.pollBatch(wait));
+      const batch = this.#ahead !== undefined ? await this.#takeAhead(wait) : await this.#pollNative(wait);
       if (batch) {
         this.#batch = batch;
         this.#index = 0;
         this.#next = positionOf(batch.next);
+        this.#readAhead();
         return true;
       }
       if (Date.now() >= deadline) return false;
     }
+  }
+
+  #pollNative(waitMs: number): Promise<Native.NativeBatch | null> {
+    return settle(() => this.#native.pollBatch(waitMs));
+  }
+
+  /** Starts the next poll now, in the background (at most one at a time). */
+  #readAhead(): void {
+    if (this.#closed || this.#ahead !== undefined) return;
+    const ahead = this.#pollNative(SLICE_MS);
+    // Rejections are seen by whoever takes it; none is left unhandled meanwhile.
+    ahead.catch(() => undefined);
+    this.#ahead = ahead;
+  }
+
+  /**
+   * The poll started ahead, if it answers within `waitMs`; else null, and it stays
+   * under way for the next call (so `poll(0)` does not wait out a whole slice).
+   */
+  async #takeAhead(waitMs: number): Promise<Native.NativeBatch | null> {
+    const ahead = this.#ahead!;
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<"late">((resolve) => {
+      timer = setTimeout(resolve, waitMs, "late");
+    });
+    try {
+      const first = await Promise.race([ahead, late]);
+      if (first === "late") return null;
+      this.#ahead = undefined;
+      return first;
+    } catch (e) {
+      this.#ahead = undefined;
+      throw e;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** Waits for the poll started ahead and drops what it read (before a seek moves the cursor). */
+  async #dropAhead(): Promise<void> {
+    const ahead = this.#ahead;
+    this.#ahead = undefined;
+    if (ahead !== undefined) await ahead.catch(() => undefined);
   }
 
   #take(): Message | null {
@@ -254,6 +314,9 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
     const cursor = cursorOf(from) ?? (typeof now === "number" ? { global: 0 } : { perBroker: now.map(() => 0) });
     return this.#serial(async () => {
       if (this.#closed) throw new ClosedError("the subscriber is closed");
+      // The native subscriber runs one call at a time but not necessarily in the order
+      // they were made: the seek must come after the poll under way, whose messages go.
+      await this.#dropAhead();
       const at = await settle(() => this.#native.seek(this.#control, this.#topic, cursor));
       this.#batch = undefined;
       this.#index = 0;
