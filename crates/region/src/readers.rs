@@ -86,6 +86,9 @@ impl Region {
     /// a compare-and-swap of the heartbeat it showed, so a reader still beating keeps it
     /// and finds out from its next beat. Returns how many it freed.
     pub fn release_reader_slots(&self, broker: u32) -> usize {
+        // Owner words hold 1 + a broker of this region: another id matches no slot, so
+        // its dead broker's pins would silently stay.
+        assert!(broker < self.layout.caps.brokers, "broker {broker}");
         let mut freed = 0;
         for topic in 0..self.layout.caps.max_topics {
             for slot in 0..self.reader_slots_high(topic) {
