@@ -11,12 +11,13 @@ impl Region {
     pub fn seg_map_publish(&self, topic: u32, broker: u32, logical: u64, physical: u32) {
         assert!(physical < self.layout.caps.segments_per_broker);
         let off = self.layout.seg_map_off(topic, broker, logical);
-        self.invalidate(off + SM_TOKEN);
         // A restarted broker may map again a segment its predecessor mapped for a
         // reservation it never committed; never one older than the slot holds.
-        assert!(
-            self.word(off + SM_TOKEN).load(Ordering::Relaxed) <= logical + 1,
-            "logical segment {logical} of ({topic}, {broker}) mapped after a later one"
+        self.begin_rewrite(
+            off + SM_TOKEN,
+            logical,
+            self.layout.caps.seg_map_slots,
+            || format!("segment map slot of ({topic}, {broker})"),
         );
         self.word(off + SM_PHYSICAL)
             .store(physical as u64, Ordering::Relaxed);

@@ -37,7 +37,10 @@ impl Doorbell<'_> {
         if self.count.load(Ordering::SeqCst) == seen {
             futex_wait(self.count, seen, timeout);
         }
-        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        let before = self.waiters.fetch_sub(1, Ordering::SeqCst);
+        // Paired with the add above; a count that wrapped would make every ring pay
+        // for a futex_wake, and one that reads 0 with a sleeper would lose its wake-up.
+        assert!(before > 0, "doorbell waiter count went below zero");
     }
 }
 
@@ -50,23 +53,35 @@ fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     // SAFETY: `word` is a live, aligned u32 (inside the region mapping, which outlives
     // this call); FUTEX_WAIT without the private flag works across processes sharing
     // the mapping. The kernel only reads the word and the timespec.
-    unsafe {
+    let rc = unsafe {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAIT,
             expected,
             &ts as *const libc::timespec,
-        );
-    }
+        )
+    };
+    // A ring, the count having moved, the timeout or a signal; anything else (a bad
+    // address or timeout) would turn every wait into a silent busy loop.
+    let errno = std::io::Error::last_os_error().raw_os_error();
+    assert!(
+        rc == 0 || matches!(errno, Some(libc::EAGAIN | libc::ETIMEDOUT | libc::EINTR)),
+        "futex wait failed: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 #[cfg(target_os = "linux")]
 fn futex_wake(word: &AtomicU32) {
     // SAFETY: as in `futex_wait`; FUTEX_WAKE only uses the address as a key.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
-    }
+    let rc = unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
+    // Fails only for a bad address: the sleepers would then wait out their timeout.
+    assert!(
+        rc >= 0,
+        "futex wake failed: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 #[cfg(not(target_os = "linux"))]

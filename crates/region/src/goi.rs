@@ -11,13 +11,9 @@ impl Region {
     /// Writes GOI entry `index` with its token (`index + 1`) last. Sequencer only.
     pub fn goi_write(&self, topic: u32, index: u64, e: &GoiEntry) {
         let base = self.layout.goi_entry_off(topic, index);
-        self.invalidate(base + G_TOKEN);
-        let previous = self.word(base + G_TOKEN).load(Ordering::Relaxed);
-        assert!(
-            previous <= index + 1,
-            "GOI slot of topic {topic} holds entry {} and would go back to {index}",
-            previous.wrapping_sub(1)
-        );
+        self.begin_rewrite(base + G_TOKEN, index, self.layout.caps.goi_slots, || {
+            format!("GOI slot of topic {topic}")
+        });
         for (i, v) in e.to_words().iter().enumerate() {
             self.word(base + G_WORDS + WORD * i as u64)
                 .store(*v, Ordering::Relaxed);
@@ -63,6 +59,12 @@ impl Region {
         let token = self
             .word(self.layout.goi_entry_off(topic, index))
             .load(Ordering::Acquire);
-        token.checked_sub(1)
+        let occupant = token.checked_sub(1);
+        // `goi_write` asserts the same where it stores the token.
+        debug_assert!(
+            occupant.is_none_or(|o| (o ^ index) & (self.layout.caps.goi_slots - 1) == 0),
+            "GOI slot of index {index} of topic {topic} holds entry {occupant:?} of another slot"
+        );
+        occupant
     }
 }

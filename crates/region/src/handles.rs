@@ -125,6 +125,8 @@ pub struct ControlPlane<'a> {
 impl<'a> ControlPlane<'a> {
     /// The fence of `broker`'s log of `topic`, set once the broker is declared dead.
     pub fn fence_pbr(&self, topic: u32, broker: u32) -> OwnedWord<'a> {
+        // Beyond the region's brokers the word would be a replica line's.
+        assert!(broker < self.region.layout.caps.brokers, "broker {broker}");
         self.region
             .owned_word(self.region.layout.log_control_off(topic, broker) + LC_FENCE_PBR)
     }
@@ -247,6 +249,7 @@ impl Region {
 
     /// The durable marks of `topic`: for the last replica's worker and the seed only.
     pub fn chain_marks(&self, topic: u32) -> ChainMarks<'_> {
+        assert!(topic < self.layout.caps.max_topics, "topic {topic}");
         ChainMarks {
             region: self,
             topic,

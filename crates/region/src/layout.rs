@@ -369,7 +369,7 @@ impl Layout {
             segments_off,
             mul(mul(b, caps.segments_per_broker as u64)?, caps.segment_bytes)?,
         )?;
-        Ok(Self {
+        let layout = Self {
             caps,
             control_off,
             topics_off,
@@ -386,7 +386,44 @@ impl Layout {
             seg_map_rel_in_broker,
             segments_off,
             total_len,
-        })
+        };
+        layout.assert_parts_in_order();
+        Ok(layout)
+    }
+
+    /// The facts every offset computed from this layout rests on, once the capacities
+    /// are known (those that hold for any capacities are checked at compile time above):
+    /// the parts of a topic slot follow one another without overlap, each broker's rings
+    /// fit its stride, the slots fit before the segments, and the segments end the file.
+    /// `Region::map` relies on the page alignment for its `madvise`.
+    fn assert_parts_in_order(&self) {
+        let b = self.caps.brokers as u64;
+        assert!(
+            self.log_control_rel + b * LOG_CONTROL_LEN <= self.replicas_rel
+                && self.replicas_rel + MAX_REPLICAS as u64 * REPLICA_LINE_LEN <= self.readers_rel
+                && self.sessions_rel + SESSION_SLOTS as u64 * SESSION_SLOT_LEN <= self.goi_rel
+                && self.goi_rel + self.caps.goi_slots * GOI_ENTRY_LEN <= self.per_broker_rel,
+            "the parts of a topic slot overlap: {self:?}"
+        );
+        assert!(
+            self.seg_map_rel_in_broker + self.caps.seg_map_slots * SEG_MAP_ENTRY_LEN
+                <= self.per_broker_stride
+                && self.per_broker_rel + b * self.per_broker_stride <= self.topic_stride,
+            "a broker's rings overflow its part of the topic slot: {self:?}"
+        );
+        assert!(
+            self.topics_off.is_multiple_of(PAGE)
+                && self.topic_stride.is_multiple_of(PAGE)
+                && self.topics_off + self.caps.max_topics as u64 * self.topic_stride
+                    <= self.segments_off
+                && self.segments_off.is_multiple_of(PAGE),
+            "the topic slots overlap the segments or are not page-aligned: {self:?}"
+        );
+        assert_eq!(
+            self.segments_off + b * self.caps.segments_per_broker as u64 * self.caps.segment_bytes,
+            self.total_len,
+            "the segments end the region"
+        );
     }
 
     pub fn topic_off(&self, topic: u32) -> u64 {

@@ -15,15 +15,17 @@ impl Region {
     /// Publishes a PBR slot: every field, then the commit token `index + 1` with
     /// `Release`. Only the broker connection that reserved `index` may call this.
     pub fn pbr_commit(&self, topic: u32, broker: u32, index: u64, h: &BatchHeader) {
+        // Readers take the index from the token, the sequencer from its cursor: the
+        // header must say the same (the sequencer checks it where it reads).
+        assert_eq!(
+            h.pbr_index, index,
+            "the header committed to PBR slot {index} of ({topic}, {broker}) names another"
+        );
         let bytes = h.encode();
         let base = self.layout.pbr_slot_off(topic, broker, index);
-        self.invalidate(base + PBR_TOKEN);
-        let previous = self.word(base + PBR_TOKEN).load(Ordering::Relaxed);
-        assert!(
-            previous <= index + 1,
-            "PBR slot of ({topic}, {broker}) holds index {} and would go back to {index}",
-            previous.wrapping_sub(1)
-        );
+        self.begin_rewrite(base + PBR_TOKEN, index, self.layout.caps.pbr_slots, || {
+            format!("PBR slot of ({topic}, {broker})")
+        });
         for field in (0..PBR_TOKEN as usize).step_by(WORD as usize) {
             let v = u64::from_le_bytes(bytes[field..field + WORD as usize].try_into().unwrap());
             self.word(base + field as u64).store(v, Ordering::Relaxed);
@@ -65,12 +67,22 @@ impl Region {
     /// Per-broker position of the slot's first message; written by the owning broker's
     /// frontier pass after the commit, read by readers below `written_frontier`.
     pub fn pbr_set_start_offset(&self, topic: u32, broker: u32, index: u64, v: u64) {
+        // The frontier pass and reclamation are the same thread: the slot is still there.
+        assert!(
+            self.pbr_holds(topic, broker, index),
+            "start offset written to PBR slot {index} of ({topic}, {broker}), which no longer holds it"
+        );
         self.pbr_word(topic, broker, index, bo::START_LOGICAL_OFFSET)
             .store(v, Ordering::Release);
     }
 
     /// Global position of the slot's first message; written by the sequencer.
     pub fn pbr_set_total_order(&self, topic: u32, broker: u32, index: u64, v: u64) {
+        // Reclamation waits for `ordered_pbr`, which moves past the slot only after this.
+        assert!(
+            self.pbr_holds(topic, broker, index),
+            "position written to PBR slot {index} of ({topic}, {broker}), which no longer holds it"
+        );
         self.pbr_word(topic, broker, index, bo::TOTAL_ORDER)
             .store(v, Ordering::Release);
     }

@@ -109,6 +109,9 @@ impl Region {
         stale_after: std::time::Duration,
         claims_seen: &mut Vec<(u32, u32)>,
     ) -> Released {
+        // Owner words hold 1 + a broker of this region: another id matches no slot, so
+        // its dead broker's pins would silently stay.
+        assert!(broker < self.layout.caps.brokers, "broker {broker}");
         let now = monotonic_ns();
         let stale_after = stale_after.as_nanos() as u64;
         let mut done = Released::default();

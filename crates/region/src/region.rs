@@ -60,7 +60,26 @@ impl Region {
         region
             .word(H_INIT_DONE)
             .store(INIT_DONE_TOKEN, Ordering::Release);
+        region.assert_header_reads_back(&caps);
         Ok(region)
+    }
+
+    /// The header just written passes the check every attaching process makes, with
+    /// these capacities and this length: the writer's and the readers' view of the
+    /// header are one (a field written at the wrong offset fails here, at creation,
+    /// rather than as a layout mismatch in another process).
+    fn assert_header_reads_back(&self, caps: &Capacities) {
+        let mut head = [0u8; ATTACH_HEAD_LEN];
+        for (i, chunk) in head.chunks_exact_mut(WORD as usize).enumerate() {
+            let word = self.word(WORD * i as u64).load(Ordering::Acquire);
+            chunk.copy_from_slice(&word.to_le_bytes());
+        }
+        let read = Self::check_header(&self.path, &head, self.len, Some(*caps))
+            .unwrap_or_else(|e| panic!("a region just created fails its own header check: {e}"));
+        assert_eq!(
+            read.total_len, self.len,
+            "the header states the mapped length"
+        );
     }
 
     /// Attaches to an existing region, checking magic, version and, when given, that
@@ -155,6 +174,13 @@ impl Region {
             segments_per_broker: found[5] as u32,
             seg_map_slots: found[6],
         };
+        // A 32-bit capacity stored as a larger word would be cut short above.
+        if caps_words(&caps)[..] != found[..] {
+            return Err(RegionError::BadCapacities(format!(
+                "{} holds capacities {found:?} that do not fit their fields",
+                path.display()
+            )));
+        }
         let layout = Layout::new(caps)?;
         let declared = word(H_TOTAL_LEN as usize);
         if declared != layout.total_len || file_len < layout.total_len {
@@ -191,6 +217,10 @@ impl Region {
         // file otherwise reads ahead, zeroing megabytes of page cache per slot, which
         // made a start with 512 slots take 3.5 s (`docs/DESIGN.md`, "Topic delete").
         // Only advice: a filesystem without readahead (tmpfs) ignores it.
+        assert!(
+            layout.topics_off.is_multiple_of(PAGE) && layout.segments_off <= layout.total_len,
+            "the topic tables are whole pages inside the mapping"
+        );
         let tables = (layout.segments_off - layout.topics_off) as usize;
         // SAFETY: the range lies inside the mapping just made (topics_off is page-aligned
         // and segments_off <= total_len); MADV_RANDOM changes no contents.
@@ -295,15 +325,37 @@ impl Region {
         unsafe { &*(self.ptr.add(off as usize) as *const AtomicU32) }
     }
 
-    /// First step of rewriting a slot: clear its token so that a reader that checks
-    /// the token before and after reading can never accept a half-rewritten slot
-    /// (the seqlock writer side). The fence keeps the data stores after the clear.
-    pub(crate) fn invalidate(&self, token_off: u64) {
-        self.word(token_off).store(0, Ordering::Relaxed);
+    /// First step of rewriting a ring slot for the record of absolute `index` (a ring of
+    /// `slots`, its token at `token_off`, `index + 1` of the record it holds): clear the
+    /// token so that a reader that checks the token before and after reading can never
+    /// accept a half-rewritten slot (the seqlock writer side). The fence keeps the data
+    /// stores after the clear.
+    ///
+    /// Before that, asserts the slot moves on to `index`: the token it held names the
+    /// same ring slot (so nothing else wrote into this one) and the same or an earlier
+    /// lap (a slot never goes back to an older record). `what` names the slot.
+    pub(crate) fn begin_rewrite(
+        &self,
+        token_off: u64,
+        index: u64,
+        slots: u64,
+        what: impl Fn() -> String,
+    ) {
+        let token = self.word(token_off);
+        if let Some(held) = token.load(Ordering::Relaxed).checked_sub(1) {
+            assert!(
+                held <= index && (index - held).is_multiple_of(slots),
+                "{} holds record {held} and would take {index}",
+                what()
+            );
+        }
+        token.store(0, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
     }
 
     pub(crate) fn bell_at(&self, off: u64) -> Doorbell<'_> {
+        // A bell is alone on its line: a neighbour's stores would wake its sleepers.
+        debug_assert!(off.is_multiple_of(BELL_LINE_LEN), "doorbell at {off}");
         Doorbell {
             count: self.word32(off),
             waiters: self.word32(off + BELL_WAITERS_REL),
@@ -315,9 +367,14 @@ impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly the mapping created in `map`; no references into
         // it outlive `self` (all accessors borrow `self`).
-        unsafe {
-            libc::munmap(self.ptr as *mut libc::c_void, self.len as usize);
-        }
+        let rc = unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len as usize) };
+        // Fails only for an address or length that is not this mapping's.
+        debug_assert_eq!(
+            rc,
+            0,
+            "munmap of the region: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 
@@ -340,7 +397,9 @@ pub fn monotonic_ns() -> u64 {
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes one timespec we own; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // A failure would leave 0: every lease and stall deadline would read as long past.
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC) failed");
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 

@@ -39,6 +39,17 @@ impl Region {
         store_fence();
         self.word(base + S_STATE)
             .store(s.state as u64 | writes << 8, Ordering::Release);
+        // The reader's view of the slot is the writer's: the same record, but for the
+        // last-active stamp, which brokers may have raised meanwhile.
+        debug_assert!(
+            self.session_read(topic, slot).is_some_and(|r| r
+                == SessionRecord {
+                    last_active_ms: r.last_active_ms,
+                    ..*s
+                }
+                && r.last_active_ms >= s.last_active_ms),
+            "session slot {slot} of topic {topic} reads back other than written: {s:?}"
+        );
     }
 
     /// Reads a session slot if it is in use. A slot being rewritten is waited for (a

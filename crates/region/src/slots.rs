@@ -55,6 +55,13 @@ impl GoiEntry {
     }
 
     pub(crate) fn from_words(w: &[u64; 15]) -> Self {
+        // `to_words` leaves the spare words zero: anything else there was not written
+        // as an entry (a torn read the token re-check should have refused).
+        debug_assert!(
+            w[10..].iter().all(|&spare| spare == 0),
+            "a GOI entry's spare words hold {:?}",
+            &w[10..]
+        );
         Self {
             batch_id: w[0],
             total_order: w[1],

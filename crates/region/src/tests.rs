@@ -265,7 +265,7 @@ fn pbr_token_guards_slot_and_detects_reuse() {
     assert_eq!(got.publish_commit, 4);
     // Index 11 maps to the same slot (8 slots): the old token must not satisfy it.
     assert!(r.pbr_read(0, 1, 11).is_none());
-    r.pbr_commit(0, 1, 11, &h);
+    r.pbr_commit(0, 1, 11, &BatchHeader { pbr_index: 11, ..h });
     assert!(!r.pbr_holds(0, 1, 3));
     assert!(r.pbr_read(0, 1, 3).is_none());
 }
@@ -453,4 +453,66 @@ fn a_session_slot_rewritten_for_another_client_never_reads_torn() {
     writer.join().unwrap();
     assert!(accepted > 0);
     assert_eq!(r.session_read(0, 3), Some(record(WRITES - 1)));
+}
+
+/// A ring slot moves on only to a later lap: committing an older index over a newer
+/// one (a reservation reused after its slot was recycled) stops at the store.
+#[test]
+#[should_panic(expected = "PBR slot of (0, 1) holds record 11 and would take 3")]
+fn a_pbr_slot_never_goes_back_to_an_older_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Region::create(&dir.path().join("r"), small()).unwrap();
+    let h = |pbr_index| BatchHeader {
+        flags: BatchFlags::VALID,
+        pbr_index,
+        ..Default::default()
+    };
+    r.pbr_commit(0, 1, 11, &h(11));
+    r.pbr_commit(0, 1, 3, &h(3));
+}
+
+#[test]
+#[should_panic(expected = "names another")]
+fn a_pbr_slot_takes_only_a_header_naming_its_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Region::create(&dir.path().join("r"), small()).unwrap();
+    let h = BatchHeader {
+        pbr_index: 4,
+        ..Default::default()
+    };
+    r.pbr_commit(0, 1, 5, &h);
+}
+
+#[test]
+#[should_panic(expected = "GOI slot of topic 1 holds record 21 and would take 5")]
+fn a_goi_slot_never_goes_back_to_an_older_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Region::create(&dir.path().join("r"), small()).unwrap();
+    r.goi_write(1, 21, &GoiEntry::default());
+    r.goi_write(1, 5, &GoiEntry::default());
+}
+
+#[test]
+#[should_panic(expected = "topic slot 1 deleted while not active")]
+fn deleting_a_free_topic_slot_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Region::create(&dir.path().join("r"), small()).unwrap();
+    r.delete_topic(1);
+}
+
+/// A 32-bit capacity stored in a larger header word is refused, not cut to its low bits
+/// (which named a region of 2 topics for one that claimed 2^32 + 2).
+#[test]
+fn a_header_capacity_too_large_for_its_field_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r");
+    let r = Region::create(&path, small()).unwrap();
+    let mut head = std::fs::read(&path).unwrap()[..ATTACH_HEAD_LEN].to_vec();
+    assert!(Region::check_header(&path, &head, r.len(), None).is_ok());
+    let max_topics = H_CAPS as usize;
+    head[max_topics..max_topics + 8].copy_from_slice(&((1u64 << 32) | 2).to_le_bytes());
+    assert!(matches!(
+        Region::check_header(&path, &head, r.len(), None),
+        Err(RegionError::BadCapacities(_))
+    ));
 }

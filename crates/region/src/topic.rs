@@ -113,6 +113,13 @@ impl Region {
         store_fence();
         self.word(base + T_STATE)
             .store(TopicState::Active as u64, Ordering::Release);
+        // What every process reads back is what was written: the packing of order, RF,
+        // ack and name length into one word has room for each.
+        debug_assert_eq!(
+            self.topic_meta(topic).as_ref(),
+            Some(meta),
+            "topic {topic}'s metadata reads back as written"
+        );
     }
 
     /// Marks an active topic deleted (state word only; the rest of its slot stays as it
@@ -121,8 +128,16 @@ impl Region {
     /// the topic may be sleeping on, so each notices at once.
     pub fn delete_topic(&self, topic: u32) {
         let base = self.layout.topic_off(topic);
-        self.word(base + T_STATE)
-            .store(TopicState::Deleted as u64, Ordering::SeqCst);
+        let was = self
+            .word(base + T_STATE)
+            .swap(TopicState::Deleted as u64, Ordering::SeqCst);
+        // Free -> Active -> Deleted, once: the control plane deletes only a topic it
+        // wrote, so another state means its table and the region disagree.
+        assert_eq!(
+            was,
+            TopicState::Active as u64,
+            "topic slot {topic} deleted while not active"
+        );
         self.topic_bell(topic).ring();
         for b in 0..self.layout.caps.brokers {
             self.broker_bell(b).ring();
@@ -208,6 +223,8 @@ impl Region {
     }
 
     pub fn log(&self, topic: u32, broker: u32) -> LogControl<'_> {
+        // Beyond the region's brokers the words would be the topic's replica lines.
+        assert!(broker < self.layout.caps.brokers, "broker {broker}");
         let base = self.layout.log_control_off(topic, broker);
         LogControl {
             written_frontier: self.read_word(base + LC_WRITTEN_FRONTIER),

@@ -102,6 +102,13 @@ impl RecordHeader {
         w8(&mut b, 72, self.pbr_index);
         let crc = crc32fast::hash(&b[8..]);
         w4(&mut b, 4, crc);
+        // What recovery and readers decode is what was written (a field at an offset
+        // the other side does not read it from would pass both checksums).
+        debug_assert_eq!(
+            Self::decode(&b),
+            Ok(*self),
+            "a record header decodes as encoded"
+        );
         b
     }
 

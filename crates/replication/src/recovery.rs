@@ -64,15 +64,9 @@ pub fn recover_replicated(
             repair(source, target)?;
         }
     }
-    if let Some((region, slot)) = old {
-        drain(region, slot, &mut stores, &mut sessions)?;
-        adopt_session_keys(region, slot, &mut sessions);
-    }
-    for s in &mut stores {
-        s.sync()?;
-    }
     // The replica workers copy from the new region's GOI, which starts at the common
-    // end: a log left short here could never catch up.
+    // end: a log left short here could never catch up. (Checked before the previous
+    // region's batches are appended, which `drain` does to every log alike.)
     if let Some(short) = stores.iter().find(|s| s.next_seq() != stores[0].next_seq()) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -84,12 +78,35 @@ pub fn recover_replicated(
             ),
         ));
     }
+    if let Some((region, slot)) = old {
+        drain(region, slot, &mut stores, &mut sessions)?;
+        adopt_session_keys(region, slot, &mut sessions);
+    }
+    for s in &mut stores {
+        s.sync()?;
+    }
     let resume = Resume {
         next_seq: stores[0].next_seq(),
         next_position: stores[0].next_position(),
         sessions,
         broker_positions: Vec::new(),
     };
+    // What the seed starts the new region's GOI at: every log ends there, durable.
+    assert!(
+        stores.iter().all(|s| s.durable_seq() == resume.next_seq
+            && s.next_seq() == resume.next_seq
+            && s.next_position() == resume.next_position),
+        "the recovered replica logs of {:?} end at different places",
+        topic_dirs
+    );
+    // Folded from records below that end.
+    debug_assert!(
+        resume
+            .sessions
+            .values()
+            .all(|m| m.last_seq < resume.next_seq),
+        "a session mark beyond the recovered log"
+    );
     Ok((stores, resume))
 }
 
@@ -136,7 +153,19 @@ fn repair(source: &TopicStore, target: &mut TopicStore) -> io::Result<()> {
     while let Some(h) = reader.next(end, &mut payload)? {
         target.append(&h, &payload)?;
     }
-    target.sync()
+    target.sync()?;
+    // The reader stops only at the source's durable end (a missing record is an error),
+    // so the target now ends where the source does.
+    assert!(
+        target.next_seq() == end && target.next_position() == source.next_position(),
+        "{} was repaired up to ({}, {}), {} ends at ({end}, {})",
+        target.dir().display(),
+        target.next_seq(),
+        target.next_position(),
+        source.dir().display(),
+        source.next_position()
+    );
+    Ok(())
 }
 
 /// Appends what the previous region committed beyond the logs' end.
@@ -148,6 +177,11 @@ fn drain(
 ) -> io::Result<()> {
     let committed = region.topic_seq(slot).committed_seq.load(Ordering::Acquire);
     let start = stores[0].next_seq();
+    // Every record below goes to every log: they must end at one place already.
+    assert!(
+        stores.iter().all(|s| s.next_seq() == start),
+        "the replica logs are drained from one common end"
+    );
     let mut g = start;
     while g < committed {
         let Some(e) = region.goi_read(slot, g) else {
@@ -289,6 +323,12 @@ pub fn broker_positions_of((region, slot): OldTopic<'_>) -> Vec<u64> {
 pub fn seed(region: &Region, topic: u32, replication_factor: u8, resume: &Resume) {
     // The owners' handles: the seed writes on behalf of owners that do not run yet.
     let seq = region.sequencer_topic(topic);
+    // Once, into a fresh region: a line that moved was written by a running owner.
+    assert!(
+        seq.committed_seq.load(Ordering::Acquire) == 0
+            && seq.next_position.load(Ordering::Acquire) == 0,
+        "topic {topic}'s sequence line is seeded once, before any sequencer"
+    );
     seq.start_position
         .store(resume.next_position, Ordering::Release);
     seq.next_position

@@ -35,7 +35,14 @@ pub struct SegmentFile {
 }
 
 pub fn segment_name(first_seq: u64, first_position: u64) -> String {
-    format!("{first_seq:020}-{first_position:020}{SEGMENT_SUFFIX}")
+    let name = format!("{first_seq:020}-{first_position:020}{SEGMENT_SUFFIX}");
+    // What a start reads back from the name is where the segment was written to begin.
+    assert_eq!(
+        parse_segment_name(&name),
+        Some((first_seq, first_position)),
+        "segment name {name}"
+    );
+    name
 }
 
 fn parse_segment_name(name: &str) -> Option<(u64, u64)> {
@@ -198,6 +205,8 @@ pub struct TopicStore {
     active: Option<(Segment, Arc<File>)>,
     /// The active segment was created since the last directory fsync.
     dir_dirty: bool,
+    /// A sync was begun and its outcome not applied yet (at most one: module comment).
+    sync_in_flight: bool,
     next_seq: u64,
     next_position: u64,
     synced: Mark,
@@ -223,6 +232,7 @@ impl TopicStore {
             closed: Vec::new(),
             active: None,
             dir_dirty: false,
+            sync_in_flight: false,
             next_seq: 0,
             next_position: 0,
             synced: Mark {
@@ -291,7 +301,38 @@ impl TopicStore {
             position: store.next_position,
             len,
         };
+        store.assert_contiguous();
         Ok(store)
+    }
+
+    /// The log's segments as this store keeps them are one run of records: each
+    /// segment's records end where the next segment begins, and the last one ends at
+    /// `next_seq`/`next_position`. Walks the segments: for a start (where the run was
+    /// just cut from the files found), not for every append.
+    fn assert_contiguous(&self) {
+        let segments = self
+            .closed
+            .iter()
+            .chain(self.active.as_ref().map(|(s, _)| s));
+        let mut end: Option<(u64, u64)> = None;
+        for seg in segments {
+            assert!(
+                end.is_none_or(|e| e == (seg.file.first_seq, seg.file.first_position))
+                    && seg.file.first_seq <= seg.end_seq
+                    && seg.file.first_position <= seg.end_position,
+                "{}: segment {:?} does not continue the log ending at {end:?}",
+                self.dir.display(),
+                seg.file.path
+            );
+            end = Some((seg.end_seq, seg.end_position));
+        }
+        assert!(
+            end.is_none_or(|e| e == (self.next_seq, self.next_position)),
+            "{}: the segments end at {end:?}, the log at ({}, {})",
+            self.dir.display(),
+            self.next_seq,
+            self.next_position
+        );
     }
 
     /// Makes an empty log start at `seq` / `position` instead of 0 (a replica that joins
@@ -406,6 +447,16 @@ impl TopicStore {
             self.create_active()?;
         }
         let (seg, file) = self.active.as_mut().expect("opened above");
+        // The segment written to ends where the log does (a write at `seg.len` of a
+        // segment that ended elsewhere would put the record at the wrong place).
+        assert!(
+            seg.end_seq == self.next_seq && seg.end_position == self.next_position,
+            "the active segment ends at ({}, {}), the log at ({}, {})",
+            seg.end_seq,
+            seg.end_position,
+            self.next_seq,
+            self.next_position
+        );
         file.write_all_at(&h.encode(), seg.len)?;
         file.write_all_at(payload, seg.len + RECORD_HEADER_LEN as u64)?;
         seg.len += h.record_len();
@@ -419,6 +470,15 @@ impl TopicStore {
     /// Starts a new, empty active segment at the current end of the log.
     fn create_active(&mut self) -> io::Result<()> {
         assert!(self.active.is_none(), "a log has one active segment");
+        // Its name says where it starts: where the newest closed one ends.
+        assert!(
+            self.closed
+                .last()
+                .is_none_or(|s| (s.end_seq, s.end_position) == (self.next_seq, self.next_position)),
+            "a new segment at ({}, {}) does not continue the closed ones",
+            self.next_seq,
+            self.next_position
+        );
         let file = SegmentFile {
             first_seq: self.next_seq,
             first_position: self.next_position,
@@ -466,6 +526,11 @@ impl TopicStore {
     /// on another thread while appends go on; hand its result to
     /// [`Self::finish_sync`] before beginning the next one.
     pub fn begin_sync(&mut self) -> PendingSync {
+        assert!(
+            !std::mem::replace(&mut self.sync_in_flight, true),
+            "{}: a sync begun while another is in flight",
+            self.dir.display()
+        );
         let dir = std::mem::take(&mut self.dir_dirty).then(|| self.dir_handle.clone());
         PendingSync {
             file: self.active.as_ref().map(|(_, f)| f.clone()),
@@ -483,12 +548,21 @@ impl TopicStore {
     /// A sync begun with [`Self::begin_sync`] was lost without an outcome (its thread
     /// died): nothing it covered counts as durable, and the directory is synced again.
     pub fn sync_lost(&mut self) {
+        assert!(
+            std::mem::take(&mut self.sync_in_flight),
+            "a sync lost that was not begun"
+        );
         self.dir_dirty = true;
     }
 
     /// Applies the outcome of a sync from [`Self::begin_sync`]: on success everything
     /// it covered is durable, and a full active segment it covered entirely is closed.
     pub fn finish_sync(&mut self, pending: PendingSync, result: io::Result<()>) -> io::Result<()> {
+        assert!(
+            std::mem::take(&mut self.sync_in_flight),
+            "{}: a sync finished that was not begun",
+            self.dir.display()
+        );
         if let Err(e) = result {
             self.dir_dirty |= pending.dir.is_some();
             return Err(e);
@@ -522,6 +596,17 @@ impl TopicStore {
         let Some((seg, file)) = self.active.as_mut() else {
             return Ok(());
         };
+        // The last sync lies within the active segment: cutting it there only shortens
+        // it (a longer length would make a hole of zeros in the log).
+        assert!(
+            self.synced.len <= seg.len
+                && seg.file.first_seq <= self.synced.seq
+                && seg.file.first_position <= self.synced.position,
+            "the durable mark {:?} lies outside the active segment {:?} of {} bytes",
+            self.synced,
+            seg.file,
+            seg.len
+        );
         seg.len = self.synced.len;
         seg.end_seq = self.synced.seq;
         seg.end_position = self.synced.position;
@@ -555,6 +640,7 @@ impl TopicStore {
             total -= oldest.len;
             expired.paths.push(self.closed.remove(0).file.path);
         }
+        debug_assert_eq!(total, self.bytes(), "the bytes kept are counted as they go");
         expired
     }
 
@@ -717,6 +803,12 @@ fn scan_segment(
         next_position = h.end_position();
         off += h.record_len();
     };
+    // Cutting at `off` only shortens the file; a segment read to its end is whole.
+    assert!(
+        off <= file_len && (torn || off == file_len),
+        "{}: scanned {off} bytes of {file_len}, torn: {torn}",
+        f.path.display()
+    );
     let scan = SegmentScan {
         valid_len: off,
         file_len,

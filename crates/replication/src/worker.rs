@@ -354,8 +354,13 @@ impl Worker {
         // A clean stop leaves nothing unsynced behind.
         let mut topics = std::mem::take(&mut self.topics);
         for t in &mut topics {
-            if let Some(done) = t.syncing.take().and_then(|rx| rx.recv().ok()) {
-                let _ = t.store.finish_sync(done.pending, done.result);
+            match t.syncing.take().map(|rx| rx.recv()) {
+                Some(Ok(done)) => {
+                    let _ = t.store.finish_sync(done.pending, done.result);
+                }
+                // The sync thread died with the job: nothing it covered counts.
+                Some(Err(_)) => t.store.sync_lost(),
+                None => {}
             }
             if t.unsynced_bytes > 0 {
                 let _ = t.store.sync();
@@ -568,6 +573,15 @@ impl Worker {
         let region = &self.region;
         let metrics = &self.metrics.replicas[self.replica as usize - 1];
         let budget = self.config.group_commit_bytes;
+        // The log on disk never runs ahead of the committed GOI: entries are copied only
+        // below `committed_seq`, and recovery seeds the GOI where the logs end.
+        assert!(
+            t.store.next_seq() <= committed,
+            "replica {} of topic {} holds records up to {}, beyond the committed GOI ({committed})",
+            self.replica,
+            t.topic,
+            t.store.next_seq()
+        );
         let mut copied = 0u64;
         let mut result = Ok(());
         // At most one group ahead of the sync in flight; a full segment waits for the
@@ -677,8 +691,12 @@ impl Worker {
     fn on_disk_error(&self, t: &mut TopicCopy, e: &std::io::Error) {
         // The sync in flight finishes first: rewinding under it would truncate what it
         // may be about to report durable.
-        if let Some(done) = t.syncing.take().and_then(|rx| rx.recv().ok()) {
-            let _ = self.finish_sync(t, done);
+        match t.syncing.take().map(|rx| rx.recv()) {
+            Some(Ok(done)) => {
+                let _ = self.finish_sync(t, done);
+            }
+            Some(Err(_)) => t.store.sync_lost(),
+            None => {}
         }
         let metrics = &self.metrics.replicas[self.replica as usize - 1];
         metrics.disk_errors.fetch_add(1, Ordering::Relaxed);
@@ -700,6 +718,12 @@ impl Worker {
         if let Err(e) = t.store.rewind() {
             tracing::warn!(replica = self.replica, topic = %t.meta.name, "cannot rewind the replica log: {e}");
         }
+        // Whatever the rewind's outcome, the next copy starts at the last good sync.
+        assert_eq!(
+            t.store.next_seq(),
+            t.store.durable_seq(),
+            "nothing unsynced survives a disk error"
+        );
         t.unsynced_bytes = 0;
         t.unsynced_since = None;
         t.retry_at = Some(Instant::now() + self.config.retry_after_error);
@@ -717,6 +741,15 @@ impl Worker {
                 .load(Ordering::Acquire),
         };
         let mut chain = own.min(previous);
+        // Both terms only grow (this replica's syncs finish in order, the previous
+        // replica's token is monotonic): the chain token never goes back.
+        assert!(
+            chain >= t.published,
+            "replica {} of topic {}: chain token {chain} below the published {}",
+            self.replica,
+            t.topic,
+            t.published
+        );
         let last = self.is_last(t);
         if last && t.meta.order == 5 && chain > t.published {
             chain = self.raise_session_hwms(t, chain);
@@ -735,8 +768,17 @@ impl Worker {
                     self.replica
                 )
             });
-            line.durable_position
-                .advance(e.total_order + e.num_msg as u64, Ordering::Release);
+            let position = e.total_order + e.num_msg as u64;
+            // The GOI and the log on disk agree on where the durable records end.
+            assert!(
+                chain != t.store.next_seq() || position == t.store.next_position(),
+                "replica {} of topic {}: GOI entry {} ends at position {position}, the log at {}",
+                self.replica,
+                t.topic,
+                chain - 1,
+                t.store.next_position()
+            );
+            line.durable_position.advance(position, Ordering::Release);
             line.durable_seq.advance(chain, Ordering::Release);
             t.published = chain;
             region.replication_bell().ring();

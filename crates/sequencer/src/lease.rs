@@ -68,6 +68,12 @@ impl Lease {
     /// every third of `duration`.
     pub fn acquire(region: Arc<Region>, id: u64, duration: Duration) -> Result<Self, LeaseError> {
         assert!(id != 0, "sequencer id 0 means no holder");
+        // A lease of no length is expired when taken: a second sequencer could take it
+        // at once, and the renewer would spin.
+        assert!(
+            duration.as_millis() > 0,
+            "a sequencer lease of {duration:?}"
+        );
         let deadline_word = region.lease_words().deadline_ns;
         let ttl = duration.as_nanos() as u64;
         let mut seen = deadline_word.load(Ordering::Acquire);

@@ -288,7 +288,11 @@ impl GoiTail {
         region.goi_write(topic, self.committed, &entry);
         region.pbr_set_total_order(topic, broker, pbr_index, entry.total_order);
         self.committed += 1;
-        self.next_position += entry.num_msg as u64;
+        // `below_ceiling` let the batch in only if its positions fit below the ceiling.
+        self.next_position = self
+            .next_position
+            .checked_add(entry.num_msg as u64)
+            .expect("global positions never wrap");
     }
 }
 
@@ -335,6 +339,18 @@ impl TopicState {
             .collect();
         if meta.order == 2 {
             catch_up_with_published_order(region, topic, &mut cursors);
+        }
+        for (broker, cursor) in (0..brokers).zip(&cursors) {
+            // Brokers reclaim only below `ordered_pbr` (orders 2 and 5): a scan that
+            // started below their reclaimed frontier would wait for slots that are gone.
+            let reclaimed = region
+                .log(topic, broker)
+                .reclaimed_pbr
+                .load(Ordering::Acquire);
+            assert!(
+                *cursor >= reclaimed,
+                "topic {topic}, broker {broker}: ordered up to {cursor}, reclaimed up to {reclaimed}"
+            );
         }
         let scanners = (0..brokers)
             .zip(cursors)
@@ -451,9 +467,24 @@ impl ScanPass<'_> {
         let mut taken = 0;
         while taken < MAX_SCAN_PER_PASS && s.cursor < limit {
             let Some(h) = region.pbr_read(topic, s.broker, s.cursor) else {
+                self.assert_not_reclaimed(topic, s);
                 break;
             };
+            // The pair of `pbr_commit`'s check: the slot at the cursor holds its index.
+            assert_eq!(
+                h.pbr_index, s.cursor,
+                "topic {topic}, broker {}: PBR slot {} names index {}",
+                s.broker, s.cursor, h.pbr_index
+            );
             let valid = h.flags & BatchFlags::VALID != 0;
+            // A batch fits one segment, and its size the GOI entry's 32 bits.
+            assert!(
+                !valid || h.total_size <= u32::MAX as u64,
+                "topic {topic}, broker {}: batch {} of {} bytes",
+                s.broker,
+                s.cursor,
+                h.total_size
+            );
             if valid {
                 self.note_found(h.committed_ns);
             }
@@ -477,6 +508,24 @@ impl ScanPass<'_> {
         }
     }
 
+    /// At a slot it cannot read yet: the slot is not committed yet, or its topic was
+    /// deleted (whose logs brokers let go of at once). Brokers reclaim an ordered topic's
+    /// log only below `ordered_pbr`, which never passes this cursor: a slot reclaimed
+    /// before it was ordered would stop this scanner for good, without a word.
+    fn assert_not_reclaimed(&self, topic: u32, s: &Scanner) {
+        let reclaimed = self
+            .region
+            .log(topic, s.broker)
+            .reclaimed_pbr
+            .load(Ordering::Acquire);
+        assert!(
+            reclaimed <= s.cursor || self.region.topic_deleted(topic),
+            "topic {topic}, broker {}: PBR slot {} was reclaimed (up to {reclaimed}) before it was ordered",
+            s.broker,
+            s.cursor
+        );
+    }
+
     /// The PBR index `s` may scan below. A fenced broker's slots at or above the fence
     /// are never ordered; a restarted broker lifts the fence from its own first slot
     /// on, and the slots in between count as void (taken here).
@@ -486,6 +535,13 @@ impl ScanPass<'_> {
         let limit = fence.checked_sub(1).unwrap_or(u64::MAX);
         if fence != 0 && log.resumed_fence.load(Ordering::Acquire) == fence && s.cursor >= limit {
             let resume = log.resume_pbr.load(Ordering::Acquire);
+            // The restarted broker's own slots start at or after the last one its
+            // predecessor had before the fence (`resume_log` asserts it where it writes).
+            assert!(
+                resume >= limit,
+                "topic {topic}, broker {}: resumes at {resume}, below its fence {fence}",
+                s.broker
+            );
             while s.cursor < resume {
                 s.take(self.region, orderer, None);
             }
@@ -624,6 +680,13 @@ impl Core {
             let state = TopicState::resume(&self.region, topic, &meta, &self.config);
             self.topics.push(state);
         }
+        // Two orderers of one topic would both write its GOI and sequence line.
+        debug_assert!(
+            self.topics.iter().enumerate().all(|(i, t)| self.topics[..i]
+                .iter()
+                .all(|u| u.line.topic != t.line.topic)),
+            "the sequencer orders each topic once"
+        );
     }
 
     /// Collects newly committed PBR slots; returns how many are waiting in buffers.
@@ -798,6 +861,18 @@ impl Core {
                 used += 1;
             }
             buffer.drain(..used);
+            // What stays buffered continues right after what was ordered: the merge
+            // takes each broker's slots as one prefix, none skipped.
+            assert!(
+                buffer
+                    .first()
+                    .zip(ordered_upto[broker])
+                    .is_none_or(|(next, upto)| next.pbr_index == upto),
+                "topic {}, broker {broker}: ordered up to {:?} but {:?} is next",
+                t.topic,
+                ordered_upto[broker],
+                buffer.first().map(|p| p.pbr_index)
+            );
             if stalled || at_ceiling {
                 break;
             }
@@ -815,6 +890,13 @@ impl Core {
         self.announce(t.topic, t.replicated, start, t.tail);
         for (broker, upto) in ordered_upto.iter().enumerate() {
             if let Some(upto) = upto {
+                // Only scanned slots are ordered: brokers reclaim below this.
+                assert!(
+                    *upto <= t.scanners[broker].cursor,
+                    "topic {}, broker {broker}: ordered up to {upto}, scanned only to {}",
+                    t.topic,
+                    t.scanners[broker].cursor
+                );
                 // Brokers reclaim below it: `advance` asserts it only grows.
                 region
                     .sequencer_line(t.topic, broker as u32)
@@ -853,7 +935,19 @@ impl Core {
         if end == start {
             return;
         }
+        // A tail that moved appended entries; positions may stay (batches of no messages).
+        assert!(
+            end.committed > start.committed && end.next_position >= start.next_position,
+            "topic {topic}: the GOI tail went from {start:?} to {end:?}"
+        );
         let seq = self.region.sequencer_topic(topic);
+        // The pair of the `next_position` check below: the region holds what this
+        // sequencer last published, so nobody else wrote the line meanwhile.
+        assert_eq!(
+            seq.committed_seq.load(Ordering::Acquire),
+            start.committed,
+            "the sequencer is the only writer of committed_seq"
+        );
         let previous = seq
             .next_position
             .add(end.next_position - start.next_position, Ordering::AcqRel);

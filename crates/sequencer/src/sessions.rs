@@ -209,7 +209,69 @@ impl Sessions {
         let folded = s.fold_goi_tail(region);
         s.reconcile(folded);
         s.dirty = s.by_client.values().any(|x| x.dirty);
+        s.debug_check();
         s
+    }
+
+    /// The invariants the sessions keep between a scan and a seal, checked in debug
+    /// builds where a recovery or an epoch's changes are complete (it walks every session
+    /// and the admitted batches): each session in its own table slot, marked used; the
+    /// committed mark never past the head; a head gap timed exactly while batches are
+    /// held, and none held by a fenced session; each session's uncommitted count is its
+    /// batches waiting in `ready`, each of them still outstanding; nothing outstanding
+    /// below the ordered frontier last stored (brokers reclaim below it).
+    fn debug_check(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let mut holder: Vec<Option<u64>> = vec![None; SESSION_SLOTS as usize];
+        let mut waiting: HashMap<u64, u64> = HashMap::new();
+        for b in &self.ready {
+            *waiting.entry(b.entry.client_id).or_default() += 1;
+            debug_assert!(
+                self.outstanding[b.broker as usize].contains(&b.pbr_index),
+                "admitted batch at PBR {} of broker {} is not outstanding",
+                b.pbr_index,
+                b.broker
+            );
+        }
+        for (&client, s) in &self.by_client {
+            let previous = holder[s.slot as usize].replace(client);
+            debug_assert!(
+                self.used_slots[s.slot as usize] && previous.is_none(),
+                "session slot {} holds clients {previous:?} and {client}, or is not marked used",
+                s.slot
+            );
+            debug_assert!(s.committed_hwm <= s.next_expected, "client {client}: {s:?}");
+            debug_assert_eq!(
+                s.held.is_empty(),
+                s.gap_since.is_none(),
+                "client {client}: a head gap is timed while batches are held"
+            );
+            debug_assert!(
+                !s.fenced || s.held.is_empty(),
+                "client {client}: fenced but holding"
+            );
+            debug_assert_eq!(
+                waiting.remove(&client).unwrap_or(0),
+                s.uncommitted,
+                "client {client}: uncommitted batches are those in `ready`"
+            );
+        }
+        debug_assert!(
+            waiting.is_empty(),
+            "admitted batches of sessions that ended: {waiting:?}"
+        );
+        for (broker, outstanding) in self.outstanding.iter().enumerate() {
+            debug_assert!(
+                outstanding
+                    .first()
+                    .is_none_or(|&i| i >= self.last_ordered[broker]),
+                "broker {broker}: PBR slot {:?} outstanding below the ordered frontier {}",
+                outstanding.first(),
+                self.last_ordered[broker]
+            );
+        }
     }
 
     /// No session yet; the brokers' ordered frontiers as the region holds them.
@@ -333,6 +395,15 @@ impl Sessions {
                 }
             }
             let session = self.by_client.get_mut(&client).expect("opened above");
+            // The table is written after `committed_seq`: it may lag the GOI, never lead
+            // it. Without a session start in the ring, the GOI still holds the session's
+            // latest batch (the ring keeps the newest entries), so its mark is the higher.
+            assert!(
+                f.from_start || f.hwm >= session.committed_hwm,
+                "client {client}: the session table's mark {} leads the committed GOI's {}",
+                session.committed_hwm,
+                f.hwm
+            );
             session.last_goi = Some(f.last_goi);
             let hwm = if f.from_start {
                 f.hwm
@@ -364,6 +435,10 @@ impl Sessions {
     /// commit: a successor sequencer, the replicas' worker and the brokers find it
     /// there, never the session that held the slot before.
     fn open(&mut self, region: &Region, client_id: u64, epoch: u64) -> Option<&mut Session> {
+        assert!(
+            !self.by_client.contains_key(&client_id),
+            "client {client_id} already has a session"
+        );
         let slot = match self.free_slot() {
             Some(slot) => Some(slot),
             None => self.end_idlest(region),
@@ -388,8 +463,15 @@ impl Sessions {
     }
 
     fn open_in(&mut self, client_id: u64, epoch: u64, slot: Option<u32>) -> Option<&mut Session> {
+        let slot = slot?;
+        // `or_insert` would hand back an existing session as if it were new; the slot
+        // must be one taken for it (`free_slot`, or an ended session's).
+        assert!(
+            !self.by_client.contains_key(&client_id) && self.used_slots[slot as usize],
+            "client {client_id} opened in slot {slot}: it has a session, or the slot is not taken"
+        );
         Some(self.by_client.entry(client_id).or_insert(Session {
-            slot: slot?,
+            slot,
             epoch,
             next_expected: 0,
             committed_hwm: 0,
@@ -461,7 +543,13 @@ impl Sessions {
     }
 
     fn drop_batch(&mut self, b: &Admitted) {
-        self.outstanding[b.broker as usize].remove(&b.pbr_index);
+        let was_outstanding = self.outstanding[b.broker as usize].remove(&b.pbr_index);
+        // The pair of `committed`'s check: each scanned batch leaves once, either way.
+        assert!(
+            was_outstanding,
+            "a dropped batch (PBR {} of broker {}) was scanned and neither committed nor dropped",
+            b.pbr_index, b.broker
+        );
         self.dirty = true;
     }
 
@@ -534,6 +622,13 @@ impl Sessions {
             s.last_goi.is_none_or(|g| g < goi),
             "a session's batches are committed in GOI order"
         );
+        // Admitted one after another from the committed mark, and committed in admission
+        // order: the durable table's mark moves by exactly one batch.
+        assert_eq!(
+            b.entry.client_seq, s.committed_hwm,
+            "client {}: batch committed out of its session's order",
+            b.entry.client_id
+        );
         s.committed_hwm = s.committed_hwm.max(b.entry.client_seq + 1);
         s.last_goi = Some(goi);
         s.uncommitted -= 1;
@@ -547,6 +642,7 @@ impl Sessions {
             s.dirty = false;
         }
         self.dirty = false;
+        self.debug_check();
     }
 
     /// The ordered frontier of `broker`: everything scanned below `cursor` is committed
@@ -562,6 +658,14 @@ impl Sessions {
     /// was last stored; the caller stores it.
     pub fn frontier_moved(&mut self, broker: u32, cursor: u64) -> Option<u64> {
         let frontier = self.ordered_frontier(broker, cursor);
+        // Only scanned slots are outstanding: the frontier never passes the scan.
+        assert!(
+            self.outstanding[broker as usize]
+                .last()
+                .is_none_or(|&i| i < cursor),
+            "broker {broker}: PBR slot {:?} outstanding at or past the scan cursor {cursor}",
+            self.outstanding[broker as usize].last()
+        );
         let last = &mut self.last_ordered[broker as usize];
         assert!(
             frontier >= *last,
@@ -587,6 +691,13 @@ impl crate::Admit for Sessions {
             self.dirty = true;
             return;
         };
+        // Below the frontier last stored the slot is ordered already (brokers may have
+        // reclaimed it): a scan there would order it a second time.
+        assert!(
+            pbr_index >= self.last_ordered[broker as usize],
+            "PBR slot {pbr_index} of broker {broker} scanned below its ordered frontier {}",
+            self.last_ordered[broker as usize]
+        );
         let fresh = self.outstanding[broker as usize].insert(pbr_index);
         assert!(
             fresh,
