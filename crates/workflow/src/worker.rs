@@ -11,11 +11,12 @@ use crate::log::{ensure_topic, Folded, Folder, LogConfig, Shared, Writer};
 use crate::machine::StepState;
 use crate::state::State;
 use embarcadero_client::Error;
+use parking_lot::{Condvar, Mutex};
 use serde_json::{Map, Value};
 use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -38,6 +39,41 @@ pub struct Worker {
     pub id: String,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<(), Error>>>,
+    running: Arc<Running>,
+    writer: Arc<Writer>,
+}
+
+/// The attempts running on step threads, with a condition variable signalled as each
+/// ends (after its result is published), for [`Worker::stop_and_drain`].
+#[derive(Default)]
+struct Running {
+    count: Mutex<usize>,
+    ended: Condvar,
+}
+
+impl Running {
+    fn count(&self) -> usize {
+        *self.count.lock()
+    }
+
+    fn start(&self) {
+        *self.count.lock() += 1;
+    }
+
+    fn end(&self) {
+        let mut count = self.count.lock();
+        assert!(*count > 0, "an attempt ended that was never started");
+        *count -= 1;
+        drop(count);
+        self.ended.notify_all();
+    }
+
+    fn wait_idle(&self) {
+        let mut count = self.count.lock();
+        while *count > 0 {
+            self.ended.wait(&mut count);
+        }
+    }
 }
 
 impl Worker {
@@ -45,13 +81,15 @@ impl Worker {
         let replay_end = ensure_topic(&cfg.log)?;
         let id = format!("worker-{}", &new_uuid()[..8]);
         let stop = Arc::new(AtomicBool::new(false));
+        let writer = Arc::new(Writer::open(&cfg.log)?);
+        let running = Arc::new(Running::default());
         let mut runtime = Runtime {
             id: id.clone(),
             folder: Folder::open(&cfg.log)?,
             shared: Arc::new(Shared::default()),
-            writer: Arc::new(Writer::open(&cfg.log)?),
+            writer: writer.clone(),
             registry,
-            running: Arc::new(AtomicUsize::new(0)),
+            running: running.clone(),
             claims: HashSet::new(),
             last_heartbeat: 0,
             replay_end,
@@ -66,6 +104,8 @@ impl Worker {
             id,
             stop,
             thread: Some(thread),
+            running,
+            writer,
         })
     }
 
@@ -78,6 +118,18 @@ impl Worker {
             Some(Err(_)) => Err(Error::Config("the worker thread panicked".into())),
             None => Ok(()),
         }
+    }
+
+    /// [`stop`](Self::stop), then waits until every attempt this worker started has
+    /// published its result (each waits at most its step's `timeout_seconds` for its
+    /// handler) and the log has acknowledged every event the worker published: once it
+    /// returns, the process may exit without losing a result to a lease expiry. Returns
+    /// the error that ended the loop if one did, else a failed flush's.
+    pub fn stop_and_drain(&mut self) -> Result<(), Error> {
+        let stopped = self.stop();
+        self.running.wait_idle();
+        let flushed = self.writer.flush();
+        stopped.and(flushed)
     }
 
     /// Whether the loop has ended (it fails when the log does).
@@ -93,7 +145,7 @@ struct Runtime {
     shared: Arc<Shared>,
     writer: Arc<Writer>,
     registry: Registry,
-    running: Arc<AtomicUsize>,
+    running: Arc<Running>,
     /// Claims published and not yet decided by the log.
     claims: HashSet<StepRef>,
     last_heartbeat: u64,
@@ -139,7 +191,7 @@ impl Runtime {
         let free = self
             .cfg
             .concurrency
-            .saturating_sub(self.running.load(Ordering::SeqCst) + self.claims.len());
+            .saturating_sub(self.running.count() + self.claims.len());
         if free == 0 {
             return Ok(());
         }
@@ -158,7 +210,7 @@ impl Runtime {
 
     fn heartbeat(&mut self) -> Result<(), Error> {
         let now = now_ms();
-        let busy = self.running.load(Ordering::SeqCst) > 0 || !self.claims.is_empty();
+        let busy = self.running.count() > 0 || !self.claims.is_empty();
         if busy && now.saturating_sub(self.last_heartbeat) >= self.cfg.lease_ms / 3 {
             self.last_heartbeat = now;
             self.writer.publish(Event::Heartbeat {
@@ -236,7 +288,7 @@ impl Runtime {
         let (writer, running, worker) =
             (self.writer.clone(), self.running.clone(), self.id.clone());
         let run_log = self.cfg.run_log.clone();
-        running.fetch_add(1, Ordering::SeqCst);
+        running.start();
         let started = std::thread::Builder::new()
             .name("step".into())
             .spawn(move || {
@@ -252,11 +304,11 @@ impl Runtime {
                 if let Err(e) = writer.publish(event) {
                     tracing::error!("cannot publish a step result: {e}");
                 }
-                running.fetch_sub(1, Ordering::SeqCst);
+                running.end();
             });
         if let Err(e) = started {
             tracing::error!("cannot start a step thread: {e}");
-            self.running.fetch_sub(1, Ordering::SeqCst);
+            self.running.end();
         }
     }
 }
