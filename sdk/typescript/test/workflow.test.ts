@@ -330,7 +330,9 @@ test("a decision creates the branch it names and the convergence waits for it", 
 
 test("batch workers run one per cursor, and an attempt resumes from the checkpoint of the one before", { timeout: 90_000 }, async () => {
   // Three ranges of ten items; each instance checkpoints after five items, and the first
-  // attempt of instance 2 then fails: its second attempt starts from the checkpoint.
+  // attempts of instances 2 and 3 then fail: their second attempts start from the
+  // checkpoint. Instance 3 does not await its checkpoint, which still reaches the log
+  // before its failure.
   const resumed: Record<string, Json> = {};
   const handlers: Record<string, StepHandler> = {
     "ts.split": () => ({ cursors: [0, 10, 20].map((start) => ({ start, end: start + 10 })) }),
@@ -344,8 +346,9 @@ test("batch workers run one per cursor, and an attempt resumes from the checkpoi
       for (; at < range.end; at++) {
         sum += at;
         if (at - range.start === 4 && b.resume === null) {
-          await b.checkpoint(at + 1, at + 1 - range.start, sum);
-          if (b.index === 2) throw new Error("lost after the checkpoint");
+          const saved = b.checkpoint(at + 1, at + 1 - range.start, sum);
+          if (b.index !== 3) await saved;
+          if (b.index > 1) throw new Error("lost after the checkpoint");
         }
       }
       return { index: b.index, of: b.count, sum };
@@ -361,12 +364,13 @@ test("batch workers run one per cursor, and an attempt resumes from the checkpoi
   assert.equal(task.status, "complete", JSON.stringify(task));
   assert.equal(step(task, "total").result, (29 * 30) / 2, "every item counted once");
   assert.deepEqual(step(task, "count_002").result, { index: 2, of: 3, sum: 145 });
-  assert.equal(step(task, "count_002").attempts, 2);
+  assert.deepEqual([1, 2, 3].map((i) => step(task, `count_00${i}`).attempts), [1, 2, 2]);
   assert.deepEqual(resumed, {
     "count_001#1": null,
     "count_002#1": null,
     "count_002#2": { cursor: 15, itemsDone: 5, partial: 10 + 11 + 12 + 13 + 14 },
     "count_003#1": null,
+    "count_003#2": { cursor: 25, itemsDone: 5, partial: 20 + 21 + 22 + 23 + 24 },
   });
 });
 
@@ -406,7 +410,7 @@ test("close() waits for a running handler, whose result is published; the event 
   assert.deepEqual([step(task, "only").result, step(task, "only").attempts], ["let through", 1]);
 });
 
-test("stepHandler registers for workers without handlers of their own", async () => {
+test("stepHandler registers for workers without handlers of their own; bad options are refused", async () => {
   const registered = stepHandler("ts.test.registered", () => 1);
   assert.equal(registeredHandlers().get("ts.test.registered"), registered);
   assert.equal(registered(), 1, "returned unchanged");
@@ -415,4 +419,8 @@ test("stepHandler registers for workers without handlers of their own", async ()
     Worker.start({ control: engine.server.control, handlers: {} }),
     (e: unknown) => e instanceof ConfigError && /no handlers/.test(e.message),
   );
+  const handlers = { "ts.test.registered": registered };
+  for (const bad of [{ concurrency: 0 }, { concurrency: 1.5 }, { leaseMs: 0 }, { leaseMs: NaN }]) {
+    await assert.rejects(Worker.start({ control: engine.server.control, handlers, ...bad }), ConfigError);
+  }
 });

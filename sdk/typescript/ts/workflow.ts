@@ -200,7 +200,17 @@ function failureOf(e: unknown): Native.NativeStepError {
   return { message, retryable: true };
 }
 
-function contextOf(raw: RawContext, id: number, started: Promise<Native.NativeWorker>): StepContext {
+/**
+ * The handler's context for call `id`. Checkpoints it starts are added to `checkpoints`,
+ * which the call awaits before reporting its outcome: a checkpoint the handler did not
+ * await still reaches the log before the result, while the attempt holds the step.
+ */
+function contextOf(
+  raw: RawContext,
+  id: number,
+  started: Promise<Native.NativeWorker>,
+  checkpoints: Promise<void>[],
+): StepContext {
   const dependencyResults: Record<string, Json> = {};
   for (const name of raw.dependencies) dependencyResults[name] = raw.ancestors[name] ?? null;
   const b = raw.batch;
@@ -212,10 +222,17 @@ function contextOf(raw: RawContext, id: number, started: Promise<Native.NativeWo
           index: b.index,
           count: b.count,
           resume: b.resume,
-          async checkpoint(cursor: Json, itemsDone: number, partial?: Json): Promise<void> {
-            const partialText = partial === undefined ? undefined : argJson("partial result", partial);
-            const worker = await started;
-            await settle(worker.checkpoint(id, argJson("cursor", cursor), itemsDone, partialText));
+          checkpoint(cursor: Json, itemsDone: number, partial?: Json): Promise<void> {
+            const saved = (async () => {
+              const partialText = partial === undefined ? undefined : argJson("partial result", partial);
+              const worker = await started;
+              await settle(worker.checkpoint(id, argJson("cursor", cursor), itemsDone, partialText));
+            })();
+            checkpoints.push(saved);
+            // Marked handled, so that a handler that does not await it cannot crash Node with
+            // an unhandled rejection; one that awaits it still sees the rejection.
+            saved.catch(() => {});
+            return saved;
           },
         };
   return {
@@ -240,14 +257,18 @@ async function runCall(
 ): Promise<void> {
   let result: string | undefined;
   let failure: Native.NativeStepError | undefined;
+  const checkpoints: Promise<void>[] = [];
   try {
     const raw = JSON.parse(text) as RawContext;
     const handler = handlers.get(raw.callable);
     if (handler === undefined) throw new StepError(`no handler for ${raw.callable}`, { retryable: false });
-    result = resultJson(await handler(contextOf(raw, id, started)));
+    result = resultJson(await handler(contextOf(raw, id, started, checkpoints)));
   } catch (e) {
     failure = failureOf(e);
   }
+  // A checkpoint's own failure is the handler's to see (its Promise rejects); here it only
+  // has to be out of the way before the result.
+  await Promise.allSettled(checkpoints);
   try {
     const worker = await started;
     try {
@@ -303,11 +324,18 @@ export class Worker {
     for (const [name, h] of handlers) {
       if (typeof h !== "function") throw new TypeError(`the handler of ${name} is not a function`);
     }
+    const { concurrency = 8, leaseMs = 3000 } = options;
+    if (!(Number.isSafeInteger(concurrency) && concurrency >= 1 && concurrency < 2 ** 32)) {
+      throw new ConfigError(`concurrency must be a positive integer, not ${concurrency}`);
+    }
+    if (!(Number.isFinite(leaseMs) && leaseMs >= 1)) {
+      throw new ConfigError(`leaseMs must be at least 1, not ${leaseMs}`);
+    }
     const ns = options.namespace;
     const config: Native.NativeWorkerConfig = {
       namespaces: ns === undefined ? [] : typeof ns === "string" ? [ns] : [...ns],
-      concurrency: options.concurrency ?? 8,
-      leaseMs: options.leaseMs ?? 3000,
+      concurrency,
+      leaseMs,
       topic: options.topic ?? "workflow.events",
     };
     // Calls can only come once `startWorker` has resolved (the loop claims after its
