@@ -211,8 +211,10 @@ pub struct NativeWorker {
 /// Starts a worker loop for `callables` (the handlers' names), whose calls go to
 /// `dispatch`; resolves once it has connected to the log.
 #[napi]
+// The threadsafe function's type is spelled out: napi's type generator does not follow
+// aliases, and `Dispatch` would reach native.d.ts as an unknown name.
+#[allow(clippy::type_complexity)]
 pub async fn start_worker(
-    // Spelled out, not `Dispatch`: napi's type generator does not follow aliases.
     dispatch: ThreadsafeFunction<FnArgs<(u32, String)>, (), FnArgs<(u32, String)>, Status, false>,
     callables: Vec<String>,
     control: String,
