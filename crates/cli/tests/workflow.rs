@@ -359,8 +359,10 @@ fn next_event_with_id(reader: &mut BufReader<TcpStream>) -> Option<(Value, Optio
             data = Some(serde_json::from_str(d).unwrap());
         } else if let Some(i) = line.strip_prefix("id: ") {
             id = Some(i.parse().unwrap());
-        } else if line.is_empty() && data.is_some() {
-            return Some((data.unwrap(), id));
+        } else if line.is_empty() {
+            if let Some(event) = data.take() {
+                return Some((event, id));
+            }
         }
     }
 }
