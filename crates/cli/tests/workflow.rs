@@ -287,6 +287,17 @@ fn send(
     path: &str,
     body: Option<&Value>,
 ) -> (u16, Vec<(String, String)>, BufReader<TcpStream>) {
+    send_with(addr, method, path, body, "")
+}
+
+/// [`send`] with `extra` (whole header lines, each ending in CRLF) in the head.
+fn send_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    extra: &str,
+) -> (u16, Vec<(String, String)>, BufReader<TcpStream>) {
     use std::io::{BufRead, Write};
     let mut socket = TcpStream::connect(addr).unwrap();
     socket
@@ -295,7 +306,7 @@ fn send(
     let body = body.map(Value::to_string).unwrap_or_default();
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n",
+         {extra}Content-Length: {}\r\n\r\n",
         body.len()
     );
     socket.write_all((head + &body).as_bytes()).unwrap();
@@ -328,6 +339,30 @@ fn next_event(reader: &mut BufReader<TcpStream>) -> Option<Value> {
         }
         if let Some(data) = line.strip_prefix("data: ") {
             return Some(serde_json::from_str(data).unwrap());
+        }
+    }
+}
+
+/// The next server-sent event (comments skipped): its `data:` and its `id:`, if it has
+/// one; `None` at the stream's end.
+fn next_event_with_id(reader: &mut BufReader<TcpStream>) -> Option<(Value, Option<u64>)> {
+    use std::io::BufRead;
+    let (mut data, mut id) = (None, None);
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 {
+            assert!(data.is_none(), "the stream ended inside an event");
+            return None;
+        }
+        let line = line.trim_end_matches('\n');
+        if let Some(d) = line.strip_prefix("data: ") {
+            data = Some(serde_json::from_str(d).unwrap());
+        } else if let Some(i) = line.strip_prefix("id: ") {
+            id = Some(i.parse().unwrap());
+        } else if line.is_empty() {
+            if let Some(event) = data.take() {
+                return Some((event, id));
+            }
         }
     }
 }
@@ -1114,6 +1149,109 @@ fn task_events_stream_every_transition_in_log_order_and_end_when_the_task_is_fin
         (missing.status, &missing.json()["error"]["code"]),
         (404, &json!("not_found"))
     );
+}
+
+/// Every transition of a task and its steps from its audit trail, in log order (within a
+/// position, steps before the task, as the stream sends them), as `(position, step, to)`.
+fn audit_transitions(task: &Value) -> Vec<(u64, Value, Value)> {
+    let mut all = Vec::new();
+    for s in task["steps"].as_array().unwrap() {
+        for m in s["transitions"].as_array().unwrap() {
+            all.push((
+                m["position"].as_u64().unwrap(),
+                s["name"].clone(),
+                m["to"].clone(),
+            ));
+        }
+    }
+    for m in task["transitions"].as_array().unwrap() {
+        all.push((
+            m["position"].as_u64().unwrap(),
+            Value::Null,
+            m["to"].clone(),
+        ));
+    }
+    all.sort_by_key(|t| t.0);
+    all
+}
+
+#[test]
+fn a_task_event_stream_resumes_after_its_last_event_id_without_a_repeat_or_a_gap() {
+    let stack = Stack::start("3000", 0, &[LINEAR]);
+    let (api, addr, engine) = (&stack.api, stack.addr.as_str(), &stack.engine);
+    let uuid = create(api, "linear", json!({"even_number": 2}));
+    let path = format!("/v1/tasks/{uuid}/events");
+    let (status, _, mut stream) = send(addr, "GET", &path, None);
+    assert_eq!(status, 200);
+    // No worker: the task stops at its first step's enqueue. Read up to it and on to the
+    // end of its position (its `id:`), then leave, as a client whose connection broke.
+    let mut first: Vec<(Value, Option<u64>)> = Vec::new();
+    let mut enqueued = false;
+    while !(enqueued && first.last().is_some_and(|(_, id)| id.is_some())) {
+        let event = next_event_with_id(&mut stream).expect("the task is still open");
+        enqueued |= event.0["to"] == "enqueued";
+        first.push(event);
+    }
+    drop(stream);
+    let last_id = first.last().unwrap().1.unwrap();
+    for (event, id) in &first {
+        if let Some(id) = id {
+            assert_eq!(
+                event["position"],
+                json!(id),
+                "an event's id is its position"
+            );
+        }
+    }
+
+    let _worker = engine.worker("3000");
+    let t = api.get_task(&uuid, 60).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    let resume = format!("Last-Event-ID: {last_id}\r\n");
+    let (status, _, mut stream) = send_with(addr, "GET", &path, None, &resume);
+    assert_eq!(status, 200);
+    let mut rest = Vec::new();
+    while let Some(event) = next_event_with_id(&mut stream) {
+        rest.push(event);
+    }
+    assert!(
+        rest.iter()
+            .all(|(e, _)| e["position"].as_u64().unwrap() > last_id),
+        "only what came after position {last_id}: {rest:?}"
+    );
+    let got: Vec<(u64, Value, Value)> = first
+        .iter()
+        .chain(&rest)
+        .map(|(e, _)| {
+            (
+                e["position"].as_u64().unwrap(),
+                e["step"].clone(),
+                e["to"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        audit_transitions(&t),
+        "both connections together: every transition once"
+    );
+    assert_eq!(
+        rest.last().unwrap().1,
+        Some(rest.last().unwrap().0["position"].as_u64().unwrap())
+    );
+
+    // The stream's last id: nothing more, and the stream ends (the task is finished).
+    let end = rest.last().unwrap().1.unwrap();
+    let (_, _, mut stream) = send_with(
+        addr,
+        "GET",
+        &path,
+        None,
+        &format!("Last-Event-ID: {end}\r\n"),
+    );
+    assert!(next_event_with_id(&mut stream).is_none());
+    let (status, _, _) = send_with(addr, "GET", &path, None, "Last-Event-ID: yesterday\r\n");
+    assert_eq!(status, 400);
 }
 
 #[test]

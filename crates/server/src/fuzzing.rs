@@ -53,6 +53,7 @@ pub fn admin_body(endpoint: usize, body: &[u8], disk_replicas: u8) -> Result<boo
         method: "POST".into(),
         url: url.into(),
         body: body.to_vec(),
+        last_event_id: None,
     };
     let refused = |(status, _, body): (u16, &'static str, String)| {
         Response::new(status, "application/json", body)

@@ -28,6 +28,8 @@ pub struct Request {
     /// The request target as sent (path and query).
     pub url: String,
     pub body: Vec<u8>,
+    /// The `Last-Event-ID` header (an event stream's client resuming), trimmed.
+    pub last_event_id: Option<String>,
 }
 
 impl Request {
@@ -330,6 +332,7 @@ fn read_request(stream: &mut TcpStream, due: Instant) -> Result<Request, Request
         method: head.method,
         url: head.url,
         body,
+        last_event_id: head.last_event_id,
     })
 }
 
@@ -360,6 +363,8 @@ pub struct RequestHead {
     pub content_length: usize,
     /// `Expect: 100-continue`.
     pub expect_continue: bool,
+    /// `Last-Event-ID`, trimmed.
+    pub last_event_id: Option<String>,
 }
 
 /// Most headers a request may carry.
@@ -396,6 +401,7 @@ pub fn parse_head(head: &[u8]) -> Result<RequestHead, Response> {
     }
     let mut content_length = None;
     let mut expect_continue = false;
+    let mut last_event_id = None;
     for header in request.headers.iter() {
         let value = std::str::from_utf8(header.value)
             .map_err(|_| Response::error(400, format!("header {} is not UTF-8 text", header.name)))?
@@ -412,6 +418,8 @@ pub fn parse_head(head: &[u8]) -> Result<RequestHead, Response> {
             ));
         } else if header.name.eq_ignore_ascii_case("expect") {
             expect_continue = value.eq_ignore_ascii_case("100-continue");
+        } else if header.name.eq_ignore_ascii_case("last-event-id") {
+            last_event_id = Some(value.to_string());
         }
     }
     Ok(RequestHead {
@@ -420,6 +428,7 @@ pub fn parse_head(head: &[u8]) -> Result<RequestHead, Response> {
         http11: version == 1,
         content_length: content_length.unwrap_or(0),
         expect_continue,
+        last_event_id,
     })
 }
 
@@ -532,6 +541,14 @@ mod tests {
             ],
         );
         assert!(post.ends_with("POST /v1/topics {\"name\":\"t\"}"), "{post}");
+    }
+
+    #[test]
+    fn last_event_id_is_read_from_the_head_trimmed() {
+        let head = parse_head(b"GET /e HTTP/1.1\r\nlast-event-id:  17 \r\n\r\n").unwrap();
+        assert_eq!(head.last_event_id.as_deref(), Some("17"));
+        let none = parse_head(b"GET /e HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        assert_eq!(none.last_event_id, None);
     }
 
     #[test]

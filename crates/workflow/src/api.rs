@@ -52,6 +52,29 @@ impl Reply {
             json!({"error": {"code": code, "message": message.into()}}),
         )
     }
+
+    /// This reply for a request that carried `last_event_id` (the `Last-Event-ID`
+    /// header): an event stream then resumes after the position it names (the `id:` the
+    /// stream gave); 400 if it names none. Other replies are unchanged.
+    pub fn resuming(mut self, last_event_id: Option<&str>) -> Self {
+        let Some(id) = last_event_id else {
+            return self;
+        };
+        let Some(events) = self.events.take() else {
+            return self;
+        };
+        match id.parse::<u64>() {
+            Ok(position) => {
+                self.events = Some(events.after(position));
+                self
+            }
+            Err(_) => Reply::error(
+                400,
+                "bad_request",
+                format!("Last-Event-ID {id:?} is not a log position (the stream's ids are)"),
+            ),
+        }
+    }
 }
 
 /// How long a command waits for the fold to apply it.

@@ -1,8 +1,10 @@
 //! Server-sent events of one task (`GET /v1/tasks/{uuid}/events`): every transition
 //! of the task and of its steps, in log order, each as one `data:` line of JSON, from
-//! the task's creation until it is finished; then the stream ends. Owns the order of
-//! transitions within one log position and the stream's framing; the HTTP server
-//! writes the bytes.
+//! the task's creation (or, for a client resuming with `Last-Event-ID`, from after the
+//! position it names) until it is finished; then the stream ends. The last event of
+//! each log position carries `id: POSITION`, so a client that reconnects resumes after
+//! the last position it received whole. Owns the order of transitions within one log
+//! position and the stream's framing; the HTTP server writes the bytes.
 
 use crate::log::Shared;
 use crate::state::Task;
@@ -20,6 +22,8 @@ const KEEPALIVE: Duration = Duration::from_secs(15);
 pub struct TaskEvents {
     shared: Arc<Shared>,
     uuid: String,
+    /// The first log position whose transitions are sent.
+    from: u64,
 }
 
 impl std::fmt::Debug for TaskEvents {
@@ -30,7 +34,9 @@ impl std::fmt::Debug for TaskEvents {
 
 impl PartialEq for TaskEvents {
     fn eq(&self, other: &Self) -> bool {
-        self.uuid == other.uuid && Arc::ptr_eq(&self.shared, &other.shared)
+        self.uuid == other.uuid
+            && self.from == other.from
+            && Arc::ptr_eq(&self.shared, &other.shared)
     }
 }
 
@@ -47,22 +53,28 @@ impl TaskEvents {
         Self {
             shared,
             uuid: uuid.to_string(),
+            from: 0,
         }
+    }
+
+    /// The stream for a client that received every transition up to `position` (its
+    /// `Last-Event-ID`): it starts at the next position.
+    pub fn after(mut self, position: u64) -> Self {
+        self.from = position.saturating_add(1);
+        self
     }
 
     /// Writes the task's transitions as they are applied, and returns once it is
     /// finished (or the task is gone, or a write fails: the client left).
     pub fn write_to(&self, out: &mut dyn Write) -> io::Result<()> {
-        let mut from = 0;
+        let mut from = self.from;
         loop {
             let Some(batch) = self.next_batch(from) else {
                 out.write_all(b": keepalive\n\n")?;
                 out.flush()?;
                 continue;
             };
-            for t in &batch.transitions {
-                write!(out, "data: {t}\n\n")?;
-            }
+            write_batch(out, &batch.transitions)?;
             out.flush()?;
             if batch.finished {
                 return Ok(());
@@ -93,6 +105,25 @@ impl TaskEvents {
     }
 }
 
+/// Writes `transitions` (whole positions, in log order) as events, the last of each
+/// position with `id: POSITION`: a client whose connection breaks inside a position
+/// resumes from the last position it has whole, and gets the broken one again entire.
+fn write_batch(out: &mut dyn Write, transitions: &[Value]) -> io::Result<()> {
+    for (i, t) in transitions.iter().enumerate() {
+        let position = &t["position"];
+        assert!(position.is_u64(), "a transition without its position: {t}");
+        writeln!(out, "data: {t}")?;
+        if transitions
+            .get(i + 1)
+            .is_none_or(|next| next["position"] != *position)
+        {
+            writeln!(out, "id: {position}")?;
+        }
+        out.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
 /// The task's and its steps' transitions at positions `from` and later, in log order;
 /// within one position, by convention, the steps' moves (in step order) before the
 /// task's (the fold derives a task's state after its steps moved).
@@ -112,4 +143,22 @@ pub fn transitions_since(task: &Task, from: u64) -> Vec<Value> {
     }
     out.sort_by_key(|(position, _)| *position);
     out.into_iter().map(|(_, v)| v).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_event_of_each_position_carries_the_position_as_its_id() {
+        let t = |position: u64, to: &str| json!({"position": position, "to": to});
+        let mut out = Vec::new();
+        write_batch(&mut out, &[t(3, "a"), t(3, "b"), t(5, "c")]).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "data: {\"position\":3,\"to\":\"a\"}\n\n\
+             data: {\"position\":3,\"to\":\"b\"}\nid: 3\n\n\
+             data: {\"position\":5,\"to\":\"c\"}\nid: 5\n\n"
+        );
+    }
 }

@@ -21,7 +21,7 @@ use crate::log::{ensure_topic, Folded, Folder, LogConfig, Shared, Writer};
 use crate::machine::StepState;
 use crate::state::State;
 use embarcadero_client::Error;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use serde_json::{Map, Value};
 use std::collections::HashSet;
 use std::io::Write;
@@ -49,6 +49,8 @@ pub struct Worker {
     pub id: String,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<(), Error>>>,
+    /// Shared with the loop and the attempts' threads, for [`Worker::stop_and_drain`].
+    steps: Arc<Steps>,
 }
 
 impl Worker {
@@ -64,13 +66,15 @@ impl Worker {
             namespaces: cfg.namespaces.clone(),
             concurrency: cfg.concurrency,
             running: AtomicUsize::new(0),
+            ended_lock: Mutex::new(()),
+            ended: Condvar::new(),
             claims: Mutex::new(HashSet::new()),
             attempts: Mutex::new(Vec::new()),
             run_log: cfg.run_log.clone(),
         });
         let mut runtime = Runtime {
             folder: Folder::open(&cfg.log, &id)?,
-            steps,
+            steps: steps.clone(),
             last_heartbeat: 0,
             replay_end,
             cfg,
@@ -84,6 +88,7 @@ impl Worker {
             id,
             stop,
             thread: Some(thread),
+            steps,
         })
     }
 
@@ -96,6 +101,28 @@ impl Worker {
             Some(Err(_)) => Err(Error::Config("the worker thread panicked".into())),
             None => Ok(()),
         }
+    }
+
+    /// [`stop`](Self::stop), then waits until every attempt this worker started has
+    /// published its result (an attempt past its step's timeout is reported as timed
+    /// out, as the loop would) and the log has acknowledged every event the worker
+    /// published: once it returns, the process may exit without leaving a result to a
+    /// lease expiry. Returns the error that ended the loop if one did, else a failed
+    /// flush's.
+    pub fn stop_and_drain(&mut self) -> Result<(), Error> {
+        let stopped = self.stop();
+        let steps = &self.steps;
+        loop {
+            // The loop has stopped: time out overdue attempts here instead.
+            steps.time_out_overdue();
+            let mut ended = steps.ended_lock.lock();
+            if steps.running.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            steps.ended.wait_for(&mut ended, POLL);
+        }
+        let flushed = steps.writer.flush();
+        stopped.and(flushed)
     }
 
     /// Whether the loop has ended (it fails when the log does).
@@ -122,6 +149,10 @@ struct Steps {
     concurrency: usize,
     /// Attempts whose handler is running (or whose result is being published).
     running: AtomicUsize,
+    /// Notified (under `ended_lock`) each time an attempt's result is out and `running`
+    /// went down, for [`Worker::stop_and_drain`].
+    ended_lock: Mutex<()>,
+    ended: Condvar,
     /// Claims published (or about to be) and not yet decided by the log.
     claims: Mutex<HashSet<StepRef>>,
     /// The attempts whose handler runs, for the loop to time out.
@@ -320,7 +351,10 @@ impl Steps {
         }
         self.finish(attempt.at.clone(), outcome);
         self.attempts.lock().retain(|a| !Arc::ptr_eq(a, attempt));
-        self.running.fetch_sub(1, Ordering::SeqCst);
+        let before = self.running.fetch_sub(1, Ordering::SeqCst);
+        assert!(before > 0, "an attempt ended that was never started");
+        let _ended = self.ended_lock.lock();
+        self.ended.notify_all();
     }
 
     /// Reports every attempt past its deadline as a retryable failure. Called by the

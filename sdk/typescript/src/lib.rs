@@ -5,7 +5,8 @@
 //! messages so `publish` never waits on the event loop, packing delivered messages
 //! into a few typed arrays, and turning client errors into JavaScript errors the
 //! TypeScript layer (`ts/`) rebuilds as typed classes. The protocol, batching, acks,
-//! sessions and failover are the Rust client's, unchanged.
+//! sessions and failover are the Rust client's, unchanged. The workflow `Worker` runs
+//! TypeScript step handlers under the engine's own Rust worker loop (`workflow`).
 
 // napi-derive registers the exported functions only outside `cfg(test)`, so a test build
 // (clippy --all-targets) would see them as unused.
@@ -15,6 +16,7 @@ mod admin;
 mod error;
 mod publisher;
 mod subscriber;
+mod workflow;
 
 use embarcadero_client::Error;
 

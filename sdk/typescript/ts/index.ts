@@ -31,3 +31,15 @@ export {
   TimeoutError,
 } from "./errors";
 export type { ErrorKind } from "./errors";
+export { StepError, Worker, registeredHandlers, stepHandler } from "./workflow";
+export type {
+  BatchInput,
+  Checkpoint,
+  Json,
+  JsonObject,
+  RunOptions,
+  StepContext,
+  StepErrorOptions,
+  StepHandler,
+  WorkerOptions,
+} from "./workflow";

@@ -75,7 +75,9 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
         if (r.method.as_str(), r.path()) == ("GET", "/metrics") {
             return Response::new(200, "text/plain; version=0.0.4", engine.metrics());
         }
-        let reply = api.handle(&r.method, &r.url, &r.body);
+        let reply = api
+            .handle(&r.method, &r.url, &r.body)
+            .resuming(r.last_event_id.as_deref());
         let mut response = match reply.events {
             None => Response::new(reply.status, "application/json", reply.body.to_string()),
             Some(events) => {

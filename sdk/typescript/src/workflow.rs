@@ -1,0 +1,361 @@
+//! The native half of the workflow `Worker` (ts/workflow.ts): TypeScript step handlers run
+//! by the engine's own worker loop (`embarcadero_workflow::Worker`: claims, heartbeats,
+//! leases, timeouts, results), so there is one implementation of the worker protocol.
+//!
+//! Owns the crossing. Each handler name becomes a [`JsHandler`] in the loop's
+//! `Registry`; the loop calls it on an attempt thread of its own, which hands the step's
+//! context (as JSON) to JavaScript through one `ThreadsafeFunction` (queued on the event
+//! loop, never waited for there) and then blocks, off the JavaScript thread, until the
+//! TypeScript layer calls [`NativeWorker::complete`] with the handler's settled value.
+//! Pending calls live in [`Calls`], by a call id, with their checkpoint sink. Everything
+//! that may wait on the network (start, checkpoints, stop) runs on the blocking pool and
+//! answers a Promise.
+
+use crate::error::config;
+use crate::{blocking, millis};
+use embarcadero_workflow::event::Checkpoint;
+use embarcadero_workflow::handler::{self, CheckpointSink, Registry, StepError, StepHandler};
+use embarcadero_workflow::log::LogConfig;
+use embarcadero_workflow::{Worker as RustWorker, WorkerConfig};
+use napi::bindgen_prelude::FnArgs;
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use napi::Status;
+use napi_derive::napi;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// `(callId, contextJson) => void`, called on the JavaScript thread; it must not throw
+/// (a throw from a threadsafe call is fatal to the process), which ts/workflow.ts ensures.
+type Dispatch = ThreadsafeFunction<FnArgs<(u32, String)>, (), FnArgs<(u32, String)>, Status, false>;
+
+/// The worker's options, as JavaScript passes them.
+#[napi(object)]
+pub struct NativeWorkerConfig {
+    /// Namespaces served; empty: all.
+    pub namespaces: Vec<String>,
+    pub concurrency: u32,
+    pub lease_ms: f64,
+    pub topic: String,
+}
+
+/// A handler's failure, as the TypeScript layer reports it.
+#[napi(object)]
+pub struct NativeStepError {
+    pub message: String,
+    pub retryable: bool,
+    pub retry_after_ms: Option<f64>,
+}
+
+/// A call handed to JavaScript and not yet completed.
+struct Pending {
+    reply: mpsc::SyncSender<Result<Value, StepError>>,
+    /// The attempt's checkpoint sink (batch worker instances only).
+    checkpoints: Option<CheckpointSink>,
+}
+
+/// The calls in flight and the way to JavaScript. `dispatch` is `None` once the worker is
+/// closed: dropping it releases the threadsafe function, so Node may exit.
+struct Calls {
+    state: Mutex<CallsState>,
+}
+
+struct CallsState {
+    dispatch: Option<Dispatch>,
+    pending: HashMap<u32, Pending>,
+    next_id: u32,
+}
+
+impl Calls {
+    /// Registers a call and queues it on the event loop; the receiver gets its outcome,
+    /// or disconnects if the worker closes first.
+    fn start(
+        &self,
+        ctx_json: String,
+        checkpoints: Option<CheckpointSink>,
+    ) -> Result<mpsc::Receiver<Result<Value, StepError>>, StepError> {
+        let mut st = self.state.lock();
+        let CallsState {
+            dispatch,
+            pending,
+            next_id,
+        } = &mut *st;
+        let Some(dispatch) = dispatch.as_ref() else {
+            return Err(StepError::retryable("the worker is closed"));
+        };
+        // Ids wrap after 2^32 calls; one still pending then (a handler that never
+        // settled) keeps its id, and the next free one is taken.
+        while pending.contains_key(next_id) {
+            *next_id = next_id.wrapping_add(1);
+        }
+        let id = *next_id;
+        *next_id = next_id.wrapping_add(1);
+        let (reply, outcome) = mpsc::sync_channel(1);
+        let status = dispatch.call(
+            FnArgs::from((id, ctx_json)),
+            ThreadsafeFunctionCallMode::NonBlocking,
+        );
+        if status != Status::Ok {
+            return Err(StepError::retryable(format!(
+                "cannot call into JavaScript ({status})"
+            )));
+        }
+        pending.insert(id, Pending { reply, checkpoints });
+        Ok(outcome)
+    }
+
+    /// Ends the call `id` with `outcome`; false if it is not pending (already completed,
+    /// or the worker closed).
+    fn finish(&self, id: u32, outcome: Result<Value, StepError>) -> bool {
+        let Some(p) = self.state.lock().pending.remove(&id) else {
+            return false;
+        };
+        // The attempt thread may have stopped waiting (the step's timeout): the outcome
+        // is then dropped, as the Rust worker drops a late result.
+        let _ = p.reply.send(outcome);
+        true
+    }
+
+    fn sink(&self, id: u32) -> Option<CheckpointSink> {
+        self.state
+            .lock()
+            .pending
+            .get(&id)
+            .and_then(|p| p.checkpoints.clone())
+    }
+
+    /// Releases the threadsafe function and wakes every attempt thread still waiting (a
+    /// handler that never settled), which then reports a retryable failure nobody
+    /// publishes (the loop is over).
+    fn close(&self) {
+        let mut st = self.state.lock();
+        st.dispatch = None;
+        st.pending.clear();
+    }
+}
+
+/// A JavaScript handler as a step handler of the Rust worker loop.
+struct JsHandler {
+    callable: String,
+    calls: Arc<Calls>,
+}
+
+impl StepHandler for JsHandler {
+    fn call(&self, ctx: &handler::StepContext) -> Result<Value, StepError> {
+        // This is the attempt's own thread: blocking here holds neither the loop that
+        // claims and heartbeats nor the JavaScript thread.
+        let text = context_json(&self.callable, ctx).to_string();
+        let sink = ctx.batch.as_ref().map(|b| b.checkpoints.clone());
+        let outcome = self.calls.start(text, sink)?;
+        outcome
+            .recv()
+            .unwrap_or_else(|_| Err(StepError::retryable("the worker closed during the step")))
+    }
+}
+
+/// What a handler is given, as ts/workflow.ts reads it.
+fn context_json(callable: &str, ctx: &handler::StepContext) -> Value {
+    let batch = ctx.batch.as_ref().map(|b| {
+        json!({
+            "cursor": b.cursor,
+            "index": b.index,
+            "count": b.count,
+            "resume": b.resume.as_ref().map(|c| json!({
+                "cursor": c.cursor,
+                "itemsDone": c.items_done,
+                "partial": c.partial,
+            })),
+        })
+    });
+    json!({
+        "callable": callable,
+        "taskUuid": ctx.task_uuid,
+        "stepName": ctx.step_name,
+        "attempt": ctx.attempt,
+        "context": ctx.context,
+        "initialization": ctx.initialization,
+        "ancestors": ctx.ancestors,
+        "dependencies": ctx.dependencies,
+        "batch": batch,
+    })
+}
+
+/// JSON text from JavaScript (`JSON.stringify`'s output, so it parses unless a caller
+/// bypassed the TypeScript layer).
+fn parse(what: &str, text: &str) -> napi::Result<Value> {
+    serde_json::from_str(text).map_err(|e| config(format!("{what} is not JSON: {e}")))
+}
+
+/// A non-negative whole number of JavaScript as a u64.
+fn whole(what: &str, v: f64) -> napi::Result<u64> {
+    if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= 2f64.powi(53) {
+        Ok(v as u64)
+    } else {
+        Err(config(format!(
+            "{what} must be a non-negative integer, not {v}"
+        )))
+    }
+}
+
+/// The engine's worker loop running JavaScript handlers.
+#[napi]
+pub struct NativeWorker {
+    id: String,
+    /// `None` once stopped.
+    inner: Arc<Mutex<Option<RustWorker>>>,
+    calls: Arc<Calls>,
+}
+
+/// Starts a worker loop for `callables` (the handlers' names), whose calls go to
+/// `dispatch`; resolves once it has connected to the log.
+#[napi]
+// The threadsafe function's type is spelled out: napi's type generator does not follow
+// aliases, and `Dispatch` would reach native.d.ts as an unknown name.
+#[allow(clippy::type_complexity)]
+pub async fn start_worker(
+    dispatch: ThreadsafeFunction<FnArgs<(u32, String)>, (), FnArgs<(u32, String)>, Status, false>,
+    callables: Vec<String>,
+    control: String,
+    options: NativeWorkerConfig,
+) -> napi::Result<NativeWorker> {
+    if options.concurrency == 0 || options.lease_ms.is_nan() || options.lease_ms < 1.0 {
+        return Err(config("concurrency and leaseMs must be at least 1"));
+    }
+    let calls = Arc::new(Calls {
+        state: Mutex::new(CallsState {
+            dispatch: Some(dispatch),
+            pending: HashMap::new(),
+            next_id: 0,
+        }),
+    });
+    let mut registry = Registry::new();
+    for callable in callables {
+        let calls = calls.clone();
+        registry.register(callable.clone(), JsHandler { callable, calls });
+    }
+    let cfg = WorkerConfig {
+        log: LogConfig::new(&control, &options.topic),
+        namespaces: options.namespaces,
+        concurrency: options.concurrency as usize,
+        lease_ms: millis(options.lease_ms).as_millis() as u64,
+        run_log: None,
+    };
+    let started = blocking(move || RustWorker::start(cfg, registry)).await;
+    let worker = match started {
+        Ok(w) => w,
+        Err(e) => {
+            calls.close();
+            return Err(e);
+        }
+    };
+    Ok(NativeWorker {
+        id: worker.id.clone(),
+        inner: Arc::new(Mutex::new(Some(worker))),
+        calls,
+    })
+}
+
+#[napi]
+impl NativeWorker {
+    /// The worker's id, as its claims and results name it in the log.
+    #[napi(getter)]
+    pub fn id(&self) -> String {
+        self.id.clone()
+    }
+
+    /// Ends call `id` with the handler's result (JSON text) or its failure; false if the
+    /// call is no longer pending.
+    #[napi]
+    pub fn complete(
+        &self,
+        id: u32,
+        result: Option<String>,
+        error: Option<NativeStepError>,
+    ) -> napi::Result<bool> {
+        let outcome = match (result, error) {
+            (Some(text), None) => Ok(parse("the result", &text)?),
+            (None, Some(e)) => Err(StepError {
+                message: e.message,
+                retryable: e.retryable,
+                retry_after_ms: e
+                    .retry_after_ms
+                    .map(|ms| whole("retryAfterMs", ms))
+                    .transpose()?,
+            }),
+            _ => return Err(config("complete takes a result or an error, not both")),
+        };
+        Ok(self.calls.finish(id, outcome))
+    }
+
+    /// Saves a checkpoint of the batch worker attempt of call `id` (an event in the log);
+    /// resolves once it is published.
+    #[napi]
+    pub async fn checkpoint(
+        &self,
+        id: u32,
+        cursor: String,
+        items_done: f64,
+        partial: Option<String>,
+    ) -> napi::Result<()> {
+        let checkpoint = Checkpoint {
+            cursor: parse("the cursor", &cursor)?,
+            items_done: whole("itemsDone", items_done)?,
+            partial: partial
+                .map(|p| parse("the partial result", &p))
+                .transpose()?
+                .unwrap_or(Value::Null),
+        };
+        let Some(sink) = self.calls.sink(id) else {
+            return Err(config(
+                "checkpoint after the attempt ended (its handler settled, or the worker closed), \
+                 or outside a batch worker step",
+            ));
+        };
+        blocking(move || {
+            sink.save(checkpoint);
+            Ok(())
+        })
+        .await
+    }
+
+    /// Waits at most `timeout_ms` for the loop to end (stopped, or failed); resolves
+    /// whether it has.
+    #[napi]
+    pub async fn wait(&self, timeout_ms: f64) -> napi::Result<bool> {
+        let (inner, deadline) = (self.inner.clone(), Instant::now() + millis(timeout_ms));
+        // The Rust worker has no timed join: waiting in short slices on the blocking pool
+        // (as the Python binding does) keeps the event loop free.
+        const SLICE: Duration = Duration::from_millis(50);
+        blocking(move || loop {
+            if inner.lock().as_ref().is_none_or(|w| w.is_finished()) {
+                return Ok(true);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            std::thread::sleep(left.min(SLICE));
+        })
+        .await
+    }
+
+    /// Stops claiming, waits until every attempt started has published its result and the
+    /// log acknowledged it, then releases the JavaScript handlers; rejects with the error
+    /// that ended the loop, if one did. Idempotent.
+    #[napi]
+    pub async fn stop(&self) -> napi::Result<()> {
+        let (inner, calls) = (self.inner.clone(), self.calls.clone());
+        blocking(move || {
+            let taken = inner.lock().take();
+            let stopped = match taken {
+                Some(mut worker) => worker.stop_and_drain(),
+                None => Ok(()),
+            };
+            calls.close();
+            stopped
+        })
+        .await
+    }
+}

@@ -1,0 +1,393 @@
+// Step handlers of the workflow engine written in TypeScript (docs/WORKFLOW.md): what a
+// handler is given (`StepContext`) and may throw (`StepError`), the registry of
+// `stepHandler`, and the `Worker` that runs handlers. The worker is the engine's own Rust
+// loop (src/workflow.rs): claims, heartbeats, leases, timeouts, retries and checkpoints are
+// the code `embarcadero worker` runs. This module only turns a call from that loop (a step's
+// context as JSON, queued on the event loop) into a handler call, and the handler's settled
+// value or thrown error back into the outcome the loop publishes.
+import { defaultControl } from "./admin";
+import { ConfigError, settle } from "./errors";
+import { native, Native } from "./native";
+
+/** A JSON value: what task inputs, initializations, results and cursors are. */
+export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+
+/** A JSON object (a task's input is one). */
+export type JsonObject = { [key: string]: Json };
+
+/** A batch worker instance's last saved progress. */
+export interface Checkpoint {
+  /** Where to go on from. */
+  readonly cursor: Json;
+  /** Items done up to `cursor`. */
+  readonly itemsDone: number;
+  /** What the instance had gathered so far (`null` when none was saved). */
+  readonly partial: Json;
+}
+
+/** What an instance of a `batch_worker` step is given besides its context. */
+export interface BatchInput {
+  /** The cursor the batchable step gave this instance. */
+  readonly cursor: Json;
+  /** This instance's number, 1-based, of {@link BatchInput.count}. */
+  readonly index: number;
+  /** How many instances the batchable step created. */
+  readonly count: number;
+  /** The last checkpoint an earlier attempt of this instance saved, or `null`. */
+  readonly resume: Checkpoint | null;
+  /**
+   * Saves a checkpoint for the next attempt of this instance to resume from, should this
+   * one fail or its worker die. It is an event in the log, applied only while this attempt
+   * still holds the step. Resolves once handed to the log; rejects after the handler has
+   * settled (the attempt is over).
+   */
+  checkpoint(cursor: Json, itemsDone: number, partial?: Json): Promise<void>;
+}
+
+/**
+ * What a handler is given: the same as a Rust handler's `StepContext`.
+ * @typeParam Input - the type of the task's input (`context`), as the template's
+ *   `input_schema` guarantees it; a JSON object unless said.
+ */
+export interface StepContext<Input = JsonObject> {
+  /** The task's id. */
+  readonly taskUuid: string;
+  /** This step's name (a batch worker instance's: `process_001`, ...). */
+  readonly stepName: string;
+  /** 1 for the first attempt. */
+  readonly attempt: number;
+  /** The task's input. */
+  readonly context: Input;
+  /** The step's `handler.initialization` from the template (`null` when absent). */
+  readonly initialization: Json;
+  /** The results of every ancestor step, direct and indirect, by step name. */
+  readonly ancestors: Readonly<Record<string, Json>>;
+  /** The step's direct dependencies that exist, in the template's order. */
+  readonly dependencies: readonly string[];
+  /** The results of the direct dependencies, by step name, in that order. */
+  readonly dependencyResults: Readonly<Record<string, Json>>;
+  /** For an instance of a batch worker step, its cursor and checkpoints; else `null`. */
+  readonly batch: BatchInput | null;
+}
+
+/**
+ * A step handler: a function of the context returning (or resolving to) the step's result,
+ * a JSON-able value (`undefined` is `null`). Throwing fails the attempt (see {@link StepError}).
+ * A decision step returns `{ step_names: [...] }`, a batchable step `{ cursors: [...] }`.
+ */
+// `any` for the input: a handler declares the input type it expects, and a registry holds
+// handlers of different inputs.
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type StepHandler<Input = any> = (ctx: StepContext<Input>) => unknown;
+
+/** Options of {@link StepError}. */
+export interface StepErrorOptions {
+  /** `false` fails the step for good, whatever the template's `retry` policy (default `true`). */
+  retryable?: boolean;
+  /** Milliseconds before the next attempt, instead of the policy's backoff. */
+  retryAfterMs?: number;
+  /** The error that caused this one. */
+  cause?: unknown;
+}
+
+/**
+ * Thrown by a handler to fail its attempt on its own terms: whether to retry, and after how
+ * long. Any other thrown value is a retryable failure with the message `Name: message`
+ * (`TypeError: ...`); whether and when a retryable failure is retried is the template's
+ * `retry` policy (`max_attempts`, backoff).
+ */
+export class StepError extends Error {
+  /** Whether the step may be retried (still subject to `max_attempts`). */
+  readonly retryable: boolean;
+  /** The delay before the next attempt, replacing the policy's backoff; `undefined`: the policy's. */
+  readonly retryAfterMs: number | undefined;
+
+  constructor(message: string, options: StepErrorOptions = {}) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    const { retryable = true, retryAfterMs } = options;
+    if (retryAfterMs !== undefined && !(Number.isSafeInteger(retryAfterMs) && retryAfterMs >= 0)) {
+      throw new RangeError(`retryAfterMs must be a non-negative integer, not ${retryAfterMs}`);
+    }
+    this.name = "StepError";
+    this.retryable = retryable;
+    this.retryAfterMs = retryAfterMs;
+  }
+}
+
+// Handlers registered by `stepHandler`, by callable name: what a Worker runs when it is
+// not given handlers of its own.
+const registered = new Map<string, StepHandler>();
+
+/**
+ * Registers `handler` under `callable` (a template step's `handler.callable`) for every
+ * {@link Worker} started without handlers of its own, and returns it unchanged (so it can
+ * still be called directly, in tests). Registering another function under a taken name
+ * throws.
+ */
+export function stepHandler<H extends StepHandler>(callable: string, handler: H): H {
+  if (typeof handler !== "function") throw new TypeError(`the handler of ${callable} is not a function`);
+  const existing = registered.get(callable);
+  if (existing !== undefined && existing !== handler) {
+    throw new ConfigError(`a handler is already registered for ${callable}`);
+  }
+  registered.set(callable, handler);
+  return handler;
+}
+
+/** The handlers registered with {@link stepHandler}, by callable name (a copy). */
+export function registeredHandlers(): Map<string, StepHandler> {
+  return new Map(registered);
+}
+
+/** Options of {@link Worker.start}. */
+export interface WorkerOptions {
+  /** The control plane's address (default {@link defaultControl}). */
+  control?: string;
+  /** The namespace or namespaces served (default: every namespace). */
+  namespace?: string | readonly string[];
+  /** Handlers by callable name (default: those registered with {@link stepHandler}). */
+  handlers?: Readonly<Record<string, StepHandler>> | ReadonlyMap<string, StepHandler>;
+  /** Attempts run at once (default 8). */
+  concurrency?: number;
+  /** The orchestrator's `--lease-ms` (default 3000); heartbeats go out three times per lease. */
+  leaseMs?: number;
+  /** The orchestrator's `--topic` (default `workflow.events`). */
+  topic?: string;
+}
+
+/** The context as src/workflow.rs sends it. */
+interface RawContext {
+  callable: string;
+  taskUuid: string;
+  stepName: string;
+  attempt: number;
+  context: JsonObject;
+  initialization: Json;
+  ancestors: Record<string, Json>;
+  dependencies: string[];
+  batch: { cursor: Json; index: number; count: number; resume: Checkpoint | null } | null;
+}
+
+/** `value` as JSON text, or a non-retryable StepError: retrying cannot fix a bug in the handler. */
+function resultJson(value: unknown): string {
+  let text: string | undefined;
+  try {
+    text = JSON.stringify(value === undefined ? null : value);
+  } catch (e) {
+    throw new StepError(`the handler's result is not JSON: ${e instanceof Error ? e.message : String(e)}`, {
+      retryable: false,
+    });
+  }
+  if (text === undefined) {
+    throw new StepError(`the handler's result is not JSON: a ${typeof value}`, { retryable: false });
+  }
+  return text;
+}
+
+/** An argument of `checkpoint` as JSON text. */
+function argJson(what: string, value: Json): string {
+  const text = JSON.stringify(value);
+  if (text === undefined) throw new TypeError(`the checkpoint's ${what} is not JSON`);
+  return text;
+}
+
+/** A thrown value as the failure the worker loop publishes. */
+function failureOf(e: unknown): Native.NativeStepError {
+  if (e instanceof StepError) {
+    return { message: e.message, retryable: e.retryable, retryAfterMs: e.retryAfterMs };
+  }
+  const message = e instanceof Error ? `${e.name}: ${e.message}` : String(e);
+  return { message, retryable: true };
+}
+
+/**
+ * The handler's context for call `id`. Checkpoints it starts are added to `checkpoints`,
+ * which the call awaits before reporting its outcome: a checkpoint the handler did not
+ * await still reaches the log before the result, while the attempt holds the step.
+ */
+function contextOf(
+  raw: RawContext,
+  id: number,
+  started: Promise<Native.NativeWorker>,
+  checkpoints: Promise<void>[],
+): StepContext {
+  const dependencyResults: Record<string, Json> = {};
+  for (const name of raw.dependencies) dependencyResults[name] = raw.ancestors[name] ?? null;
+  const b = raw.batch;
+  const batch: BatchInput | null =
+    b === null
+      ? null
+      : {
+          cursor: b.cursor,
+          index: b.index,
+          count: b.count,
+          resume: b.resume,
+          checkpoint(cursor: Json, itemsDone: number, partial?: Json): Promise<void> {
+            const saved = (async () => {
+              const partialText = partial === undefined ? undefined : argJson("partial result", partial);
+              const worker = await started;
+              await settle(worker.checkpoint(id, argJson("cursor", cursor), itemsDone, partialText));
+            })();
+            checkpoints.push(saved);
+            // Marked handled, so that a handler that does not await it cannot crash Node with
+            // an unhandled rejection; one that awaits it still sees the rejection.
+            saved.catch(() => {});
+            return saved;
+          },
+        };
+  return {
+    taskUuid: raw.taskUuid,
+    stepName: raw.stepName,
+    attempt: raw.attempt,
+    context: raw.context,
+    initialization: raw.initialization,
+    ancestors: raw.ancestors,
+    dependencies: raw.dependencies,
+    dependencyResults,
+    batch,
+  };
+}
+
+/** Runs the handler of one call from the loop and reports its outcome. Never rejects. */
+async function runCall(
+  handlers: ReadonlyMap<string, StepHandler>,
+  id: number,
+  text: string,
+  started: Promise<Native.NativeWorker>,
+): Promise<void> {
+  let result: string | undefined;
+  let failure: Native.NativeStepError | undefined;
+  const checkpoints: Promise<void>[] = [];
+  try {
+    const raw = JSON.parse(text) as RawContext;
+    const handler = handlers.get(raw.callable);
+    if (handler === undefined) throw new StepError(`no handler for ${raw.callable}`, { retryable: false });
+    result = resultJson(await handler(contextOf(raw, id, started, checkpoints)));
+  } catch (e) {
+    failure = failureOf(e);
+  }
+  // A checkpoint's own failure is the handler's to see (its Promise rejects); here it only
+  // has to be out of the way before the result.
+  await Promise.allSettled(checkpoints);
+  try {
+    const worker = await started;
+    try {
+      worker.complete(id, result, failure);
+    } catch (e) {
+      // Only a bug of this module gets here; the attempt must still end, or it would hold
+      // its attempt thread until the step's timeout.
+      worker.complete(id, undefined, { message: `cannot report the outcome: ${String(e)}`, retryable: true });
+    }
+  } catch {
+    // The worker never started (no call can come then) or is closed: nothing to report to.
+  }
+}
+
+/** Options of {@link Worker.run}. */
+export interface RunOptions {
+  /** Aborting it closes the worker, and `run` resolves once closed. */
+  signal?: AbortSignal;
+}
+
+/**
+ * Runs step handlers for the engine: claims enqueued attempts of its namespaces whose
+ * handler it has, runs them (at most `concurrency` at once) and publishes their results.
+ * The loop runs on threads of its own; a handler is called on the event loop, and an async
+ * handler is awaited there, so handlers may await anything. Nothing blocks the event loop.
+ *
+ * It works from `start` until {@link Worker.close} (or the end of an `await using` scope).
+ * An open worker keeps Node running, as a server does.
+ *
+ * ```ts
+ * await using worker = await Worker.start({ namespace: "demo" });
+ * await worker.run({ signal }); // until `signal` aborts
+ * ```
+ */
+export class Worker {
+  readonly #native: Native.NativeWorker;
+  #closing: Promise<void> | undefined;
+
+  private constructor(nativeWorker: Native.NativeWorker) {
+    this.#native = nativeWorker;
+  }
+
+  /** Connects to the log and starts working; resolves once connected. */
+  static async start(options: WorkerOptions = {}): Promise<Worker> {
+    const given = options.handlers;
+    const handlers: Map<string, StepHandler> =
+      given === undefined
+        ? registeredHandlers()
+        : new Map(given instanceof Map ? given : Object.entries(given as Record<string, StepHandler>));
+    if (handlers.size === 0) {
+      throw new ConfigError("no handlers: register some with stepHandler or pass handlers");
+    }
+    for (const [name, h] of handlers) {
+      if (typeof h !== "function") throw new TypeError(`the handler of ${name} is not a function`);
+    }
+    const { concurrency = 8, leaseMs = 3000 } = options;
+    if (!(Number.isSafeInteger(concurrency) && concurrency >= 1 && concurrency < 2 ** 32)) {
+      throw new ConfigError(`concurrency must be a positive integer, not ${concurrency}`);
+    }
+    if (!(Number.isFinite(leaseMs) && leaseMs >= 1)) {
+      throw new ConfigError(`leaseMs must be at least 1, not ${leaseMs}`);
+    }
+    const ns = options.namespace;
+    const config: Native.NativeWorkerConfig = {
+      namespaces: ns === undefined ? [] : typeof ns === "string" ? [ns] : [...ns],
+      concurrency,
+      leaseMs,
+      topic: options.topic ?? "workflow.events",
+    };
+    // Calls can only come once `startWorker` has resolved (the loop claims after its
+    // replay), so `started` is assigned by the time `dispatch` runs; it awaits it anyway.
+    // `dispatch` must not throw: a throw from a threadsafe call ends the process.
+    const dispatch = (id: number, text: string): void => {
+      void runCall(handlers, id, text, started);
+    };
+    const control = options.control ?? defaultControl();
+    const started = settle(native.startWorker(dispatch, [...handlers.keys()], control, config));
+    return new Worker(await started);
+  }
+
+  /** The worker's id, as its claims and results name it in the log. */
+  get id(): string {
+    return this.#native.id;
+  }
+
+  /**
+   * Waits while the worker works: resolves once it is closed (by {@link Worker.close} or
+   * `signal`), rejects with the error that ended the loop if the log failed.
+   */
+  async run(options: RunOptions = {}): Promise<void> {
+    const { signal } = options;
+    const abort = (): void => {
+      this.close().catch(() => {}); // `run` reports the error below
+    };
+    signal?.addEventListener("abort", abort, { once: true });
+    try {
+      if (signal?.aborted) abort();
+      while (!(await settle(this.#native.wait(250)))) {
+        // The loop runs on its own thread; this only waits for its end, in slices.
+      }
+    } finally {
+      signal?.removeEventListener("abort", abort);
+    }
+    await this.close();
+  }
+
+  /**
+   * Stops claiming, waits until every attempt already running has finished and its result
+   * is acknowledged by the log (a handler that does not settle is given up at its step's
+   * `timeout_seconds`), then releases the handlers, so Node may exit. Rejects with the error
+   * that ended the loop, if one did. Idempotent: later calls return the same Promise.
+   */
+  close(): Promise<void> {
+    this.#closing ??= settle(this.#native.stop());
+    return this.#closing;
+  }
+
+  /** `await using worker = await Worker.start(...)` closes it at the end of the scope. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+}
