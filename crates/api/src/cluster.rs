@@ -70,7 +70,9 @@ pub struct SequencerLease {
     pub lease_remaining_ms: u64,
 }
 
-/// `GET /v1/cluster`.
+/// `GET /v1/cluster`. A client needs only `brokers` and the two size limits; the rest
+/// is optional when read, so a client reads any head that gives those (a head always
+/// sends every field).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ClusterInfo<Config = serde_json::Value, Caps = serde_json::Value> {
     /// The brokers that serve now: what publishers and subscribers connect to.
@@ -78,13 +80,24 @@ pub struct ClusterInfo<Config = serde_json::Value, Caps = serde_json::Value> {
     /// Every broker id, serving or not.
     #[serde(default)]
     pub members: Vec<MemberView>,
+    /// The sequencer's epoch (0: not reported).
+    #[serde(default)]
     pub epoch_us: u64,
     pub max_message_bytes: u64,
     pub max_batch_bytes: u64,
-    pub region: RegionInfo<Caps>,
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    pub region: Option<RegionInfo<Caps>>,
     /// What followers and an external sequencer need to run like the head's own.
-    pub config: Config,
-    pub sequencer: SequencerLease,
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    pub config: Option<Config>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequencer: Option<SequencerLease>,
+}
+
+/// `#[serde(default)]` for an `Option` of a type parameter, without asking the
+/// parameter for `Default`.
+fn none<T>() -> Option<T> {
+    None
 }
 
 #[cfg(test)]
@@ -110,23 +123,32 @@ mod tests {
             epoch_us: 500,
             max_message_bytes: 1 << 20,
             max_batch_bytes: 8 << 20,
-            region: RegionInfo {
+            region: Some(RegionInfo {
                 path: "/dev/shm/r".into(),
                 bytes: 1 << 30,
                 layout_version: 7,
                 capacities: serde_json::json!({"brokers": 4}),
-            },
-            config: serde_json::json!({"broker": {}}),
-            sequencer: SequencerLease {
+            }),
+            config: Some(serde_json::json!({"broker": {}})),
+            sequencer: Some(SequencerLease {
                 mode: "embedded".into(),
                 holder: format!("{:016x}", 42),
                 fencing_epoch: 3,
                 lease_remaining_ms: 0,
-            },
+            }),
         };
         let text = serde_json::to_string(&info).unwrap();
         assert!(text.contains(r#""state":"absent""#), "{text}");
         let back: ClusterInfo = serde_json::from_str(&text).unwrap();
         assert_eq!(back, info);
+    }
+
+    #[test]
+    fn a_client_reads_a_head_that_gives_only_what_clients_need() {
+        let minimal = r#"{"brokers": [{"id": 0, "addr": "127.0.0.1:1"}],
+                          "max_message_bytes": 1024, "max_batch_bytes": 4096}"#;
+        let info: ClusterInfo = serde_json::from_str(minimal).unwrap();
+        assert_eq!(info.brokers.len(), 1);
+        assert!(info.region.is_none() && info.config.is_none() && info.sequencer.is_none());
     }
 }

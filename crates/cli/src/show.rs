@@ -3,8 +3,8 @@
 //! the layouts are unit-tested; `--json` output bypasses this module entirely.
 
 use embarcadero_client::{
-    BrokerLogInfo, BrokerRates, LocalBrokerStats, SequencerStats, StatusReport, TopicHealth,
-    TopicInfo,
+    BrokerLogInfo, BrokerRates, LocalBrokerStats, SequencerLease, SequencerStats, StatusReport,
+    TopicHealth, TopicInfo,
 };
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -35,7 +35,13 @@ pub fn status_text(s: &StatusReport, control: &str) -> String {
 }
 
 fn sequencer_line(s: &StatusReport) -> String {
-    let lease = &s.cluster.sequencer;
+    let unknown = SequencerLease {
+        mode: "?".into(),
+        holder: "?".into(),
+        fencing_epoch: 0,
+        lease_remaining_ms: 0,
+    };
+    let lease = s.cluster.sequencer.as_ref().unwrap_or(&unknown);
     match &s.sequencer {
         SequencerStats::Embedded { epochs, batches_ordered, .. } => format!(
             "embedded, active   epochs {epochs}   batches ordered {batches_ordered}   fencing epoch {}",

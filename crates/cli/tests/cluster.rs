@@ -385,6 +385,7 @@ fn a_standby_sequencer_takes_over_when_the_active_one_dies() {
             .unwrap()
             .cluster
             .sequencer
+            .expect("a head reports its sequencer's lease")
             .fencing_epoch
     };
     assert_eq!(epoch(&control), 1);

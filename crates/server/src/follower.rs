@@ -36,9 +36,14 @@ pub struct FollowerConfig {
     pub metrics_listen: SocketAddr,
 }
 
-/// The head's `/v1/cluster` document, with its configuration and the region's
-/// capacities typed (what a follower and an external sequencer run with).
-pub type ClusterDoc = embarcadero_api::ClusterInfo<SharedConfig, Capacities>;
+/// The parts of the head's `/v1/cluster` document (`embarcadero_api::ClusterInfo`, with
+/// its configuration and the region's capacities typed) that a follower and an external
+/// sequencer run with.
+#[derive(Debug)]
+pub struct ClusterDoc {
+    pub region: embarcadero_api::RegionInfo<Capacities>,
+    pub config: SharedConfig,
+}
 
 /// The settings every process of the cluster must share with the head.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -60,11 +65,18 @@ pub fn fetch_cluster(head: &str) -> Result<ClusterDoc, ServerError> {
                 "cannot reach the head's control API at {head}: {e}; start `embarcadero broker --head` first or fix --head-addr"
             ))
         })?;
-    response.into_json().map_err(|e| {
-        ServerError::Start(format!(
-            "the server at {head} did not answer with a cluster document ({e}); is --head-addr the head's control port?"
-        ))
-    })
+    let doc: embarcadero_api::ClusterInfo<SharedConfig, Capacities> =
+        response.into_json().map_err(|e| {
+            ServerError::Start(format!(
+                "the server at {head} did not answer with a cluster document ({e}); is --head-addr the head's control port?"
+            ))
+        })?;
+    match (doc.region, doc.config) {
+        (Some(region), Some(config)) => Ok(ClusterDoc { region, config }),
+        _ => Err(ServerError::Start(format!(
+            "the cluster document of {head} has no region or configuration; run the same embarcadero version on every host"
+        ))),
+    }
 }
 
 /// Attaches the region the head describes, refusing a file that is not that region.

@@ -19,7 +19,7 @@
 
 use crate::cluster::{FenceRefusal, JoinError, MemberState};
 use crate::control::{TopicError, TopicSpec};
-use crate::follower::{ClusterDoc, SharedConfig};
+use crate::follower::SharedConfig;
 use crate::http_server::{Request, Response};
 use crate::Inner;
 use embarcadero_api::{
@@ -137,7 +137,7 @@ fn topic_error(e: TopicError) -> (u16, &'static str, String) {
     error(status, e.to_string())
 }
 
-fn cluster(inner: &Inner) -> ClusterDoc {
+fn cluster(inner: &Inner) -> ClusterInfo<SharedConfig, Capacities> {
     let members = inner.membership.view();
     let lease = embarcadero_sequencer::LeaseState::read(&inner.region);
     let config = &inner.config;
@@ -159,25 +159,25 @@ fn cluster(inner: &Inner) -> ClusterDoc {
         epoch_us: config.sequencer.epoch_us,
         max_message_bytes: config.broker.max_message_bytes,
         max_batch_bytes: config.broker.max_batch_bytes,
-        region: RegionInfo {
+        region: Some(RegionInfo {
             path: inner.region.path().display().to_string(),
             bytes: inner.region.len(),
             layout_version: embarcadero_region::layout::LAYOUT_VERSION,
             capacities: inner.region.capacities(),
-        },
+        }),
         // What followers and an external sequencer need to run like the head's own.
-        config: SharedConfig {
+        config: Some(SharedConfig {
             broker: config.broker.clone(),
             sequencer: config.sequencer.clone(),
             cluster: config.cluster.clone(),
             replica_dirs: config.replica_dirs(),
-        },
-        sequencer: SequencerLease {
+        }),
+        sequencer: Some(SequencerLease {
             mode: config.cluster.sequencer.clone(),
             holder: format!("{:016x}", lease.holder),
             fencing_epoch: lease.fencing_epoch,
             lease_remaining_ms: lease.remaining_ms,
-        },
+        }),
     }
 }
 
