@@ -24,16 +24,40 @@ pub fn is_server_thread(name: &str) -> bool {
     SERVER_THREAD_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
-/// User + system CPU seconds of this process, exited threads included.
+/// User + system CPU seconds of this process, exited threads included, to the
+/// nanosecond where the kernel's CPU clocks answer (else in clock ticks).
 pub fn process_cpu_seconds() -> f64 {
-    std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|stat| parse_stat(&stat))
-        .map_or(0.0, |(_, seconds)| seconds)
+    cpu_clock_seconds(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/self/stat")
+            .ok()
+            .and_then(|stat| parse_stat(&stat))
+            .map_or(0.0, |(_, seconds)| seconds)
+    })
+}
+
+/// The Linux CPU clock of one thread of this process: what `pthread_getcpuclockid`
+/// returns, built from a thread id read in `/proc` (CPUCLOCK_SCHED | PERTHREAD).
+fn thread_cpu_clock(tid: u64) -> Option<libc::clockid_t> {
+    let tid = libc::clockid_t::try_from(tid).ok()?;
+    Some((!tid << 3) | 6)
+}
+
+/// A CPU clock's reading in seconds; none if the kernel refuses it (the thread exited,
+/// or the clock is unsupported).
+fn cpu_clock_seconds(clock: libc::clockid_t) -> Option<f64> {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid, writable timespec; an unknown clock is an error return.
+    let rc = unsafe { libc::clock_gettime(clock, &mut now) };
+    (rc == 0).then_some(now.tv_sec as f64 + now.tv_nsec as f64 * 1e-9)
 }
 
 /// User + system CPU seconds of each live thread of this process, by thread id, with
-/// its name. A thread that has exited is no longer listed.
+/// its name. A thread that has exited is no longer listed. Read from the thread's CPU
+/// clock where it answers: `/proc`'s clock ticks (10 ms) would show zero for a thread
+/// that ran a few milliseconds, such as a broker's receive thread over shared memory.
 pub fn thread_cpu_seconds() -> HashMap<u64, (String, f64)> {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return HashMap::new();
@@ -43,7 +67,9 @@ pub fn thread_cpu_seconds() -> HashMap<u64, (String, f64)> {
             let task = task.ok()?;
             let tid = task.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
-            Some((tid, parse_stat(&stat)?))
+            let (name, ticked) = parse_stat(&stat)?;
+            let precise = thread_cpu_clock(tid).and_then(cpu_clock_seconds);
+            Some((tid, (name, precise.unwrap_or(ticked))))
         })
         .collect()
 }
@@ -97,5 +123,21 @@ mod tests {
         assert_eq!(listed.as_deref(), Some("broker9-probe"));
         assert!(is_server_thread("broker9-probe"));
         assert!(!is_server_thread("pub-send-0"));
+    }
+
+    #[test]
+    fn a_thread_that_ran_a_millisecond_shows_it() {
+        let burned = std::thread::spawn(|| {
+            let me = unsafe { libc::gettid() } as u64;
+            let before = thread_cpu_seconds()[&me].1;
+            let start = std::time::Instant::now();
+            while start.elapsed() < std::time::Duration::from_millis(2) {
+                std::hint::black_box(0u64);
+            }
+            thread_cpu_seconds()[&me].1 - before
+        })
+        .join()
+        .unwrap();
+        assert!(burned > 0.0, "a 2 ms busy loop read as {burned} s");
     }
 }
