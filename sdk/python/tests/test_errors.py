@@ -134,6 +134,9 @@ def test_ctrl_c_interrupts_a_blocking_iteration(server, topic_name):
     child = subprocess.Popen(
         [sys.executable, "-c", SIGINT_SCRIPT, server.control, topic_name],
         stdout=subprocess.PIPE,
+        # As from a terminal: a shell's background job (nohup, `&`) ignores SIGINT, and a
+        # Python started with SIGINT ignored keeps ignoring it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         text=True,
     )
     try:
