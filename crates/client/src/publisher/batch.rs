@@ -42,6 +42,12 @@ pub(super) struct Builder {
     /// light, so the next batch's sender is woken to time its linger.
     pub(super) lingered_last: bool,
     pub(super) round_robin: usize,
+    /// Messages appended so far: the next message's `counter`, and the publisher's
+    /// `messages` statistic (one count for both). Plain fields under the builder's lock,
+    /// which every append holds anyway, rather than three atomic adds per message.
+    pub(super) messages: u64,
+    /// Payload bytes appended so far (the `bytes` statistic).
+    pub(super) bytes: u64,
 }
 
 impl Builder {
@@ -56,6 +62,8 @@ impl Builder {
             dues: Vec::new(),
             lingered_last: true,
             round_robin: 0,
+            messages: 0,
+            bytes: 0,
         }
     }
 }
@@ -101,7 +109,7 @@ impl Publisher {
         let header = BlogMessageHeader {
             size: payload.len() as u32,
             publish_ts_ns,
-            counter: inner.counter.fetch_add(1, Ordering::Relaxed),
+            counter: b.messages,
             client_id: inner.client_id,
             ..Default::default()
         };
@@ -147,10 +155,8 @@ impl Publisher {
             // A message without a due time: the batch falls back to its first message's.
             _ => b.dues.clear(),
         }
-        inner.messages.fetch_add(1, Ordering::Relaxed);
-        inner
-            .bytes
-            .fetch_add(payload.len() as u64, Ordering::Relaxed);
+        b.messages += 1;
+        b.bytes += payload.len() as u64;
         if b.buf.len() >= inner.config.batch_bytes {
             inner.seal(&mut b)?;
         }

@@ -74,14 +74,11 @@ struct Inner {
     closed: AtomicBool,
     /// Set once any connection failed, so `publish` checks one flag, not every connection.
     any_failed: AtomicBool,
-    messages: AtomicU64,
-    bytes: AtomicU64,
     batches: AtomicU64,
     /// Seal indices of the batches not acknowledged yet (for ack 0: not written yet):
     /// its smallest entry is the acknowledged prefix. Numbered under this lock, so a
     /// sealed batch is never missing from it.
     outstanding: Mutex<BTreeSet<u64>>,
-    counter: AtomicU64,
     next_batch_id: AtomicU64,
     topic: String,
     session: Option<Session>,
@@ -501,11 +498,8 @@ impl Inner {
             progress: (Mutex::new(()), Condvar::new()),
             closed: AtomicBool::new(false),
             any_failed: AtomicBool::new(false),
-            messages: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             outstanding: Mutex::new(BTreeSet::new()),
-            counter: AtomicU64::new(0),
             // Unique across publisher instances too (a restarted publisher may reuse its
             // client id): failover asks the head about batches by id.
             next_batch_id: AtomicU64::new(crate::random_client_id() << 32),

@@ -67,10 +67,14 @@ impl Publisher {
     pub fn stats(&self) -> PublisherStats {
         let inner = &self.inner;
         let (all, appended) = self.latency_histograms();
+        let (messages, bytes) = {
+            let b = inner.builder.lock();
+            (b.messages, b.bytes)
+        };
         PublisherStats {
             client_id: inner.client_id,
-            messages: inner.messages.load(Ordering::Relaxed),
-            bytes: inner.bytes.load(Ordering::Relaxed),
+            messages,
+            bytes,
             batches: inner.batches.load(Ordering::Relaxed),
             acked_batches: inner
                 .queues
