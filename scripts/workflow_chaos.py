@@ -24,6 +24,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -426,7 +427,8 @@ def parse_args():
     a.add_argument("--gap", type=float, nargs=2, default=[1.0, 3.0], help="seconds between kills")
     a.add_argument("--finish-secs", type=float, default=180.0, help="deadline to complete after it")
     a.add_argument("--seed", type=int, default=None)
-    a.add_argument("--keep", action="store_true", help="keep the working directory")
+    a.add_argument("--keep", action="store_true",
+                   help="keep the working directory after a pass (a failed run's is always kept)")
     return a.parse_args()
 
 
@@ -472,6 +474,9 @@ def main():
         ok = report(args, counts, done, anomalies, bad, stats, workdir)
     finally:
         cluster.stop()
+    if ok and not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+        log(f"removed {workdir} (--keep keeps it)")
     sys.exit(0 if ok else 1)
 
 
