@@ -10,6 +10,9 @@ gives their medians. Issue 24, docs/PERFORMANCE.md.
     scripts/sdk-bench.py --bin target/release/embarcadero --python VENV/bin/python \\
         --rounds 5 --pub-mb 1024 --sub-mb 1024 --out /tmp/sdk-bench.jsonl
 
+--no-typescript leaves TypeScript out; --python-base OTHER_VENV/bin/python adds the Python
+subscriber of another build of the binding to each round (an A/B in the same rounds).
+
 Needs the release addon and TypeScript built (`npm run build:native:release && npm run
 build:ts` in sdk/typescript) and the release binding installed in --python's environment
 (`maturin develop --release -m sdk/python/Cargo.toml`).
@@ -83,12 +86,12 @@ def typescript(control: str, only: str, pub_mib: int, sub_mib: int) -> Dict[str,
     return {f"ts {k}": v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 
-def python(py: str, control: str, only: str, mib: int) -> Dict[str, float]:
+def python(py: str, control: str, only: str, mib: int, label: str = "py") -> Dict[str, float]:
     cmd = [py, os.path.join(ROOT, "sdk", "python", "bench.py"), "--control", control]
     cmd += ["--only", only, "--total-bytes", str(mib * MIB)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     row = json.loads(out.strip().splitlines()[-1])
-    return {f"py {k}": v for k, v in row.items()}
+    return {f"{label} {k}": v for k, v in row.items()}
 
 
 RATIOS = [
@@ -98,27 +101,34 @@ RATIOS = [
     ("ts pollMany", "rust subscribe"),
     ("py subscribe (for m in sub)", "rust subscribe"),
     ("py subscribe (poll_many)", "rust subscribe"),
+    ("base py subscribe (for m in sub)", "rust subscribe"),
+    ("base py subscribe (poll_many)", "rust subscribe"),
 ]
 
 
 def one_round(args: argparse.Namespace, index: int) -> Dict[str, float]:
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
-    # A topic spreads over the 4 brokers; a round writes six (two per client), and every
-    # one must fit: a memory-only topic's oldest batches are reclaimed once the region
-    # fills, even after a first reader passed them, and a second reader from the start
-    # then waits for messages that are gone (it happened with room for two).
-    broker_mib = 6 * max(args.pub_mb, args.sub_mb) // 4 + 64
-    proc, control, data = serve(args.bin, broker_mib)
+    control = ""  # the steps run once the server below is up
     steps: List[Callable[[], Dict[str, float]]] = [
         lambda: rust(args.bin, control, "publish", args.pub_mb),
         lambda: rust(args.bin, control, "subscribe", args.sub_mb),
-        lambda: typescript(control, "publishMany", args.pub_mb, args.sub_mb),
-        lambda: typescript(control, "subscribe", args.pub_mb, args.sub_mb),
     ]
+    if not args.no_typescript:
+        steps.append(lambda: typescript(control, "publishMany", args.pub_mb, args.sub_mb))
+        steps.append(lambda: typescript(control, "subscribe", args.pub_mb, args.sub_mb))
     if not args.no_python:
         steps.append(lambda: python(args.python, control, "publish_many", args.pub_mb))
         steps.append(lambda: python(args.python, control, "subscribe", args.sub_mb))
+    if args.python_base:
+        base = args.python_base
+        steps.append(lambda: python(base, control, "subscribe", args.sub_mb, "base py"))
+    # A topic spreads over the 4 brokers; a round writes one per step, and every one must
+    # fit: a memory-only topic's oldest batches are reclaimed once the region fills, even
+    # after a first reader passed them, and a second reader from the start then waits for
+    # messages that are gone (it happened with room for two).
+    broker_mib = len(steps) * max(args.pub_mb, args.sub_mb) // 4 + 64
+    proc, control, data = serve(args.bin, broker_mib)
     if index % 2 == 1:
         # Every other round the other way round, so that a drift of the machine's load
         # during a round favours neither side.
@@ -151,6 +161,12 @@ def main() -> None:
     parser.add_argument("--sub-mb", type=int, default=1024, help="MiB per subscribe measurement")
     parser.add_argument("--out", help="append each round as a JSON line here")
     parser.add_argument("--no-python", action="store_true", help="Rust and TypeScript only")
+    parser.add_argument("--no-typescript", action="store_true", help="Rust and Python only")
+    parser.add_argument(
+        "--python-base",
+        metavar="PYTHON",
+        help="also the Python subscriber of another build (an A/B): its figures are 'base py'",
+    )
     args = parser.parse_args()
     rows = []
     for i in range(args.rounds):

@@ -4,6 +4,9 @@ an ordered subscriber, 1 KiB messages, order 2, ack 1, against a running server;
 
     python bench.py --control 127.0.0.1:12140 --rust-bench target/release/embarcadero
 
+With --perf FILE, `perf record -a -g` runs while the `for m in sub` reader reads (the whole
+machine: `perf report -i FILE --pid PID` for this process, whose id the run prints).
+
 Each run publishes --total-bytes to a memory-only topic of its own (as `embarcadero bench`
 does by default, rf 1), so keep it well below the region's log memory (4 brokers x 24 x 8
 MiB by default): old topics are reclaimed as new data needs the room.
@@ -15,10 +18,12 @@ import argparse
 import json
 import os
 import resource
+import signal
 import subprocess
+import sys
 import time
 import uuid
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from embarcadero import Admin, Publisher, Subscriber
 
@@ -26,16 +31,41 @@ MB = 1e6
 
 
 class Timed:
-    """Wall seconds and this process's CPU seconds (every thread: the client's sender and
-    reader threads too) of a `with` block."""
+    """Wall seconds, this process's CPU seconds (every thread: the client's sender and
+    reader threads too) and its page faults (fresh memory touched) of a `with` block."""
 
     def __enter__(self) -> Timed:
+        self.faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self.wall, self.cpu = time.perf_counter(), time.process_time()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.wall = time.perf_counter() - self.wall
         self.cpu = time.process_time() - self.cpu
+        self.faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.faults
+
+
+class Perf:
+    """`perf record -a -g` into `out` while a `with` block runs (nothing if `out` is None)."""
+
+    def __init__(self, out: Optional[str]) -> None:
+        self.out = out
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+
+    def __enter__(self) -> Perf:
+        if self.out:
+            cmd = ["perf", "record", "-a", "-g", "-F", "999", "-o", self.out]
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            print(f"perf record -> {self.out}; this process is {os.getpid()}", file=sys.stderr)
+            # Not a synchronisation: a head start for perf to open its events, so that the
+            # profile covers the read from its first message.
+            time.sleep(1)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc:
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait()
 
 
 def new_topic(control: str, kind: str) -> str:
@@ -65,10 +95,12 @@ def publish_each(control: str, topic: str, count: int, size: int) -> Timed:
     return timed
 
 
-def subscribe(control: str, topic: str, count: int, many: bool) -> Timed:
+def subscribe(
+    control: str, topic: str, count: int, many: bool, perf: Optional[str] = None
+) -> Timed:
     """One subscriber reading `count` messages from position 0 (`for m in sub`, or
-    `poll_many` with `many`), touching each payload's length."""
-    with Subscriber(control, topic) as sub, Timed() as timed:
+    `poll_many` with `many`), touching each payload's length; profiled into `perf`."""
+    with Subscriber(control, topic) as sub, Perf(perf), Timed() as timed:
         received = 0
         if many:
             while received < count:
@@ -109,7 +141,7 @@ def measure(args: argparse.Namespace, count: int) -> List[Tuple[str, Timed]]:
         if args.only != "subscribe":
             measured.append(("publish_many", many))
         if args.only != "publish_many":
-            each = subscribe(args.control, topic, count, False)
+            each = subscribe(args.control, topic, count, False, args.perf)
             measured.append(("subscribe (for m in sub)", each))
             measured.append(("subscribe (poll_many)", subscribe(args.control, topic, count, True)))
     if args.only in (None, "publish"):
@@ -135,6 +167,9 @@ def main() -> None:
         metavar="EMBARCADERO_BIN",
         help="also run `embarcadero bench` against the same server",
     )
+    parser.add_argument(
+        "--perf", metavar="FILE", help="perf record -a -g while `for m in sub` reads"
+    )
     args = parser.parse_args()
     count = args.total_bytes // args.size
     payload_mb = count * args.size / MB
@@ -156,6 +191,7 @@ def main() -> None:
         for name, timed in measured:
             row[name] = payload_mb / timed.wall
             row[f"{name} cpu s/GB"] = timed.cpu / gb
+            row[f"{name} faults/MB"] = timed.faults / payload_mb
         rows.append(row)
         print(json.dumps({k: round(v, 2) for k, v in row.items()}), flush=True)
     if args.rust_bench:

@@ -16,7 +16,30 @@ use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::PyDict;
 use serde_json::Value;
+use std::cell::Cell;
 use std::time::{Duration, Instant};
+
+thread_local! {
+    /// Set on a thread while it runs a Python handler: `stop` there must not wait for the
+    /// attempts to end, one of which is the caller's own.
+    static IN_HANDLER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the current thread as running a handler until dropped.
+struct InHandler;
+
+impl InHandler {
+    fn enter() -> Self {
+        IN_HANDLER.with(|h| h.set(true));
+        InHandler
+    }
+}
+
+impl Drop for InHandler {
+    fn drop(&mut self) {
+        IN_HANDLER.with(|h| h.set(false));
+    }
+}
 
 /// What a Python handler is given: the same as a Rust handler's `StepContext`.
 #[pyclass(module = "embarcadero._native", frozen, get_all)]
@@ -136,6 +159,7 @@ impl StepHandler for PyHandler {
     fn call(&self, ctx: &handler::StepContext) -> Result<Value, StepError> {
         // The worker calls this on a thread of its own: the GIL is taken here, for the
         // call only, and the worker's loop (claims, heartbeats) never waits for it.
+        let _in_handler = InHandler::enter();
         Python::with_gil(|py| {
             let ctx = StepContext::build(py, ctx)
                 .map_err(|e| StepError::retryable(format!("cannot pass the context: {e}")))?;
@@ -268,12 +292,25 @@ impl NativeWorker {
         py.allow_threads(|| self.inner.lock().as_ref().is_none_or(|w| w.is_finished()))
     }
 
-    /// Stops claiming and returns once the loop has ended; raises the error that ended it,
-    /// if one did. Attempts running finish on their own threads. Idempotent.
+    /// Stops claiming, then waits until every attempt this worker started has published
+    /// its result and the log has acknowledged every event the worker published
+    /// (`Worker::stop_and_drain`): once it returns, the process may exit without losing a
+    /// finished result. Raises the error that ended the loop if one did, else a failed
+    /// flush's. Idempotent; a second call waits for the first. Called from inside a
+    /// handler, it only stops the loop (waiting would mean waiting for itself).
     fn stop(&self, py: Python<'_>) -> PyResult<()> {
-        py.allow_threads(|| match self.inner.lock().take() {
-            Some(mut worker) => worker.stop(),
-            None => Ok(()),
+        let from_handler = IN_HANDLER.with(Cell::get);
+        py.allow_threads(|| {
+            // Held while draining, so that a second `stop` (and `is_finished`, which
+            // `wait` asks) returns only once the first has drained.
+            let mut inner = self.inner.lock();
+            let stopped = match inner.as_mut() {
+                None => Ok(()),
+                Some(worker) if from_handler => worker.stop(),
+                Some(worker) => worker.stop_and_drain(),
+            };
+            *inner = None;
+            stopped
         })
         .map_err(to_py)
     }

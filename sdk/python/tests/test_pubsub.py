@@ -259,3 +259,23 @@ def test_position_is_the_next_message_wherever_it_lies_in_a_poll(server, topic_n
     assert sub.poll(timeout=0.1) is None and sub.position == count
     # The total order interleaves the publisher's batches to different brokers: each once.
     assert sorted(seen) == [(0, i) for i in range(count)]
+
+
+def test_a_break_or_a_seek_inside_a_poll_neither_skips_nor_repeats_a_message(server, topic_name):
+    # One poll brings many messages; those polled and not taken when a `break` out of `for`
+    # comes are the next ones, and a `seek` drops them: none is skipped or repeated.
+    Admin(server.control).create_topic(topic_name, order=2)
+    with Publisher(server.control, topic_name) as p:
+        p.publish_many([payload(0, i) for i in range(500)])
+    sub = Subscriber(server.control, topic_name)
+    for m in sub:
+        if m.global_seq == 9:
+            break
+    assert sub.position == 10
+    assert next(sub).global_seq == 10, "a break keeps the messages polled after it"
+    sub.seek(3)
+    assert sub.position == 3
+    assert [m.global_seq for m in read(sub, 5)] == [3, 4, 5, 6, 7]
+    sub.seek(400)
+    assert [m.global_seq for m in read(sub, 100)] == list(range(400, 500))
+    assert sub.poll(timeout=0.1) is None and sub.position == 500

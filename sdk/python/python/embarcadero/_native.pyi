@@ -364,4 +364,7 @@ class NativeWorker:
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Whether the loop has ended, waiting at most ``timeout`` seconds."""
     def is_finished(self) -> bool: ...
-    def stop(self) -> None: ...
+    def stop(self) -> None:
+        """Stops claiming, waits until every attempt started has published its result and
+        the log acknowledged it (not from inside a handler: there it only stops claiming);
+        raises the error that ended the loop, if one did. Idempotent."""

@@ -104,7 +104,8 @@ class Worker:
     with the step's ``timeout_seconds``) and publishes their results.
 
     It starts at once; :meth:`run` or :meth:`run_for` wait while it works, :meth:`stop`
-    (from any thread) or leaving the ``with`` block ends it. ``handlers`` defaults to those
+    (from any thread) or leaving the ``with`` block ends it, once the attempts it started
+    have published their results. ``handlers`` defaults to those
     registered with :func:`step_handler`; ``namespace`` (one or several) to every
     namespace. ``lease_ms`` must be the orchestrator's ``--lease-ms`` (heartbeats go out
     three times per lease); ``topic`` its ``--topic``.
@@ -157,8 +158,13 @@ class Worker:
             self._native.stop()
 
     def stop(self) -> None:
-        """Stops claiming; returns once the worker's loop has ended (attempts already
-        running finish on their own threads and publish their results). Idempotent."""
+        """Stops claiming, then waits until every attempt already running has finished
+        and published its result and the log has acknowledged everything this worker
+        published: once it returns, the process may exit without losing a finished result
+        (a handler still running when the process exits would leave its step to a lease
+        expiry and a retry elsewhere). Raises the error that ended the loop, if one did.
+        Idempotent; from another thread, a second call waits for the first. Called from
+        inside a handler it only stops claiming (it would otherwise wait for itself)."""
         self._native.stop()
 
     def __enter__(self) -> Worker:
