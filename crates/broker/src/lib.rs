@@ -278,6 +278,12 @@ impl<'a> TopicConn<'a> {
 impl Drop for TopicConn<'_> {
     fn drop(&mut self) {
         let left = self.shared.topic_conns[self.topic as usize].fetch_sub(1, Ordering::SeqCst);
+        // Wrapped, the count would keep a deleted topic's log from being released.
+        assert!(
+            left >= 1,
+            "topic {}: more holds dropped than taken",
+            self.topic
+        );
         if left == 1 && self.shared.region.topic_deleted(self.topic) {
             // The last one: the service thread can release the log now.
             self.shared
@@ -542,7 +548,9 @@ pub(crate) struct Registered<'a> {
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
-        self.open.fetch_sub(1, Ordering::Relaxed);
+        let open = self.open.fetch_sub(1, Ordering::Relaxed);
+        // Wrapped, the count would refuse every later connection as over the limit.
+        debug_assert!(open >= 1, "more connections closed than opened");
         self.registry.remove(self.id);
     }
 }

@@ -296,6 +296,15 @@ impl<'a, I: Inbound> Receiver<'a, I> {
             self.stream.drain(header.total_size)?;
             return Ok(Admitted::Done);
         }
+        // Go-back-N: the batch resent after BACKPRESSURE is the refused one, which was
+        // never committed, so orders 0-2 still expect it (a window that moved on would
+        // take the resend for out of sequence, or accept a gap).
+        assert!(
+            self.conn.order == 5 || self.discard_until.is_none_or(|k| k == self.expected_seq),
+            "the refused batch {:?} is the one expected next, {}",
+            self.discard_until,
+            self.expected_seq
+        );
         self.discard_until = None;
         if self.conn.order == 5 {
             if admit_session_batch(self.shared, &mut self.session, self.hello, header)? {
@@ -426,6 +435,14 @@ impl<'a, I: Inbound> Receiver<'a, I> {
         let (shared, topic, conn) = (self.shared, self.topic, self.conn);
         let region = &shared.region;
         let broker = shared.config.broker_id;
+        // Orders 0-2 acknowledge by count: a batch committed out of its connection's
+        // sequence would be acknowledged as another one.
+        assert!(
+            conn.order == 5 || header.batch_seq == self.expected_seq,
+            "batch {} committed where {} is expected",
+            header.batch_seq,
+            self.expected_seq
+        );
         let committed = BatchHeader {
             broker_id: broker as u16,
             flags: BatchFlags::VALID,
@@ -462,11 +479,11 @@ impl<'a, I: Inbound> Receiver<'a, I> {
             // and ring the bell as soon as it is committed, and an entry queued after
             // that ring would wait for the next epoch's (or the sleep's timeout).
             push_pending(conn, header.batch_seq, reservation.pbr_index, validated);
-            region.pbr_commit(topic, broker, reservation.pbr_index, &committed);
+            commit_reserved(shared, topic, reservation, &committed);
             region.sequencer_bell().ring();
         } else {
             // Order 0 acknowledges whatever is queued: only after the commit.
-            region.pbr_commit(topic, broker, reservation.pbr_index, &committed);
+            commit_reserved(shared, topic, reservation, &committed);
             push_pending(conn, header.batch_seq, reservation.pbr_index, validated);
             region.broker_bell(broker).ring();
         }
@@ -697,6 +714,11 @@ fn reserve_with_backpressure(
 
 /// Commits a reserved slot as void: its space is skipped by every reader.
 fn commit_void(shared: &Shared, topic: u32, r: &Reservation) {
+    // As in `Receiver::commit`: a process declared dead and replaced leaves the slot to
+    // its successor, which voided it already (`resume`) and may have reused it.
+    if !shared.owns_logs() {
+        return;
+    }
     let broker = shared.config.broker_id;
     let void = BatchHeader {
         broker_id: broker as u16,
@@ -707,7 +729,35 @@ fn commit_void(shared: &Shared, topic: u32, r: &Reservation) {
         topic_id: topic,
         ..Default::default()
     };
-    shared.region.pbr_commit(topic, broker, r.pbr_index, &void);
+    commit_reserved(shared, topic, r, &void);
     shared.region.sequencer_bell().ring();
     shared.region.broker_bell(broker).ring();
+}
+
+/// Commits a reservation's PBR slot: the pair of `LogWriter::reserve`. Each reservation
+/// is committed exactly once (valid, or void on any failure), and while it is open
+/// nothing may reclaim its slot: reclamation stops at the written frontier, which
+/// cannot pass an uncommitted slot. One load of the broker's own line and one of the
+/// slot's token, which the commit writes next.
+fn commit_reserved(shared: &Shared, topic: u32, r: &Reservation, h: &BatchHeader) {
+    let (region, broker) = (&shared.region, shared.config.broker_id);
+    let reclaimed = region
+        .log(topic, broker)
+        .reclaimed_pbr
+        .load(Ordering::Acquire);
+    assert!(
+        r.pbr_index >= reclaimed,
+        "log ({topic}, {broker}): reserved slot {} reclaimed (up to {reclaimed}) before its commit",
+        r.pbr_index
+    );
+    assert!(
+        !region.pbr_holds(topic, broker, r.pbr_index),
+        "log ({topic}, {broker}): reserved slot {} committed twice",
+        r.pbr_index
+    );
+    assert!(
+        h.pbr_index == r.pbr_index && h.log_offset == r.log_offset && h.total_size == r.len,
+        "the slot's header describes its reservation {r:?}"
+    );
+    region.pbr_commit(topic, broker, r.pbr_index, h);
 }

@@ -83,7 +83,17 @@ pub fn resume_log(region: &Region, topic: u32, broker: u32) -> LogResume {
     let mut voided = 0;
     for index in frontier..next_pbr {
         match region.pbr_read(topic, broker, index) {
-            Some(h) => end = h.log_offset + h.total_size,
+            Some(h) => {
+                // Slots take their bytes in index order (one compare-and-swap reserves
+                // both), so the tail this log continues at is the last slot's end. A
+                // deleted topic's log, released whole, is reclaimed past its frontier.
+                assert!(
+                    h.log_offset >= end || reclaimed_pbr > frontier,
+                    "log ({topic}, {broker}): slot {index} at byte {}, before the end {end} of the slots below it",
+                    h.log_offset
+                );
+                end = h.log_offset + h.total_size;
+            }
             None => {
                 let void = BatchHeader {
                     broker_id: broker as u16,

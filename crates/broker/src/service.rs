@@ -38,6 +38,9 @@ struct AckState {
     head: Option<PendingAck>,
     /// Order 5: the connection's session, whose high-water mark drives its acks.
     session: Option<SessionView>,
+    /// Orders 0-2: the count last acknowledged. Acks are cumulative: one that went back
+    /// would tell the client batches it was told are safe are not.
+    acked: u64,
 }
 
 pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<PublishConn>>) {
@@ -79,6 +82,7 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
                 conn,
                 head: None,
                 session,
+                acked: 0,
             });
         }
         for (topic, slot) in logs.iter_mut().enumerate() {
@@ -171,6 +175,7 @@ fn log_state(shared: &Shared, topic: u32) -> Option<LogState> {
 fn advance_frontier(shared: &Shared, topic: u32, st: &mut LogState) -> bool {
     let region = &shared.region;
     let broker = shared.config.broker_id;
+    let seg = region.capacities().segment_bytes;
     let start = st.frontier;
     let ceiling = if st.order <= 1 {
         region.position_ceiling(topic).load(Ordering::Acquire)
@@ -191,6 +196,15 @@ fn advance_frontier(shared: &Shared, topic: u32, st: &mut LogState) -> bool {
             h.log_offset,
             st.written_end
         );
+        // Reservations never straddle a segment; a slot that says otherwise would send
+        // readers, retention and the segment pool past the end of its memory.
+        assert!(
+            h.log_offset % seg + h.total_size <= seg,
+            "log ({topic}, {broker}): slot {} spans segments ({} bytes at {})",
+            st.frontier,
+            h.total_size,
+            h.log_offset
+        );
         let valid = h.flags & BatchFlags::VALID != 0;
         if valid && st.msgs.saturating_add(h.num_msg as u64) > ceiling {
             shared
@@ -208,6 +222,16 @@ fn advance_frontier(shared: &Shared, topic: u32, st: &mut LogState) -> bool {
     }
     if st.frontier == start {
         return false;
+    }
+    // Only reserved slots are committed: a frontier past the reservations would let
+    // reclamation free slots and bytes a connection is still writing.
+    if let Some(w) = shared.writers[topic as usize].get() {
+        assert!(
+            st.frontier <= w.reserved_pbr() && st.written_end <= w.reserved_tail(),
+            "log ({topic}, {broker}): written up to slot {} (byte {}) past the reservations",
+            st.frontier,
+            st.written_end
+        );
     }
     let line = region.broker_line(topic, broker);
     line.frontier_msgs.store(st.msgs, Ordering::Release);
@@ -273,6 +297,13 @@ fn wanted_below(
     let reserved = shared.writers[topic as usize]
         .get()
         .map_or(0, |w| w.reserved_pbr());
+    // Unsigned below: a reclaimed frontier past the reservations would wrap the ring's
+    // use into "pressed" and ask to reclaim everything.
+    assert!(
+        reserved >= st.reclaimed_pbr,
+        "log ({topic}, {broker}): reclaimed up to {}, reserved up to {reserved}",
+        st.reclaimed_pbr
+    );
     let ring_high = (caps.pbr_slots as f64 * shared.config.high_watermark) as u64;
     let ring_low = (caps.pbr_slots as f64 * shared.config.low_watermark) as u64;
     let ring_pressed = reserved - st.reclaimed_pbr > ring_high;
@@ -324,7 +355,9 @@ impl<'a> PinnedPass<'a> {
 impl Drop for PinnedPass<'_> {
     fn drop(&mut self) {
         // Release: the frontiers the pass moved are visible to whoever sees it end.
-        self.word.add(1, Ordering::Release);
+        let before = self.word.add(1, Ordering::Release);
+        // The pair of `begin`: only the pass that made the word odd makes it even.
+        assert!(!before.is_multiple_of(2), "a reclamation pass ended twice");
     }
 }
 
@@ -385,6 +418,13 @@ fn release_below(shared: &Shared, topic: u32, st: &mut LogState, target: u64) {
     } else {
         st.written_end
     };
+    // The bytes let go of are written ones: below `written_end` every byte belongs to a
+    // committed slot no consumer needs any more.
+    assert!(
+        new_blog <= st.written_end,
+        "log ({topic}, {broker}): reclaiming bytes up to {new_blog}, written up to {}",
+        st.written_end
+    );
     // Readers re-check these after copying, so they must move before the memory is
     // handed out again. Both only grow (`advance` asserts it).
     let line = region.broker_line(topic, broker);
@@ -457,6 +497,12 @@ fn release_deleted(shared: &Shared, topic: u32, st: Option<LogState>) {
         |st| st.freed_segments_below,
     );
     let tail = writer.reserved_tail();
+    // Segments are freed only below the reclaimed bytes, which never pass the tail:
+    // otherwise the loop below would keep segments the log still maps.
+    assert!(
+        freed_below <= tail.div_ceil(seg),
+        "log ({topic}, {broker}): segments freed below {freed_below}, reserved bytes end at {tail}"
+    );
     let line = region.broker_line(topic, broker);
     line.reclaimed_blog.advance(tail, Ordering::Release);
     line.reclaimed_pbr
@@ -740,6 +786,13 @@ fn send_acks(
         }
         let result = match count {
             Some(count) => {
+                assert!(
+                    count >= a.acked,
+                    "topic {}: the acknowledged count would go back from {} to {count}",
+                    conn.topic,
+                    a.acked
+                );
+                a.acked = count;
                 progress = true;
                 shared.metrics.acks_sent.fetch_add(1, Ordering::Relaxed);
                 out.send_nonblocking(

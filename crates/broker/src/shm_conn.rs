@@ -76,6 +76,12 @@ impl ShmInbound<'_> {
                 return Ok(false);
             }
             let n = self.data.available()?.min(dest.len() - filled);
+            // The wait returned for at least a byte: a ring that then shows none would
+            // spin here without ever sleeping again.
+            assert!(
+                n > 0,
+                "the data ring woke its consumer with nothing available"
+            );
             self.data.copy_out(&mut dest[filled..filled + n]);
             self.data.consume(n);
             filled += n;
@@ -94,7 +100,12 @@ impl Inbound for ShmInbound<'_> {
             return Ok(Arrival::TooLargeForSocket);
         }
         Ok(match self.wait(len, Some(Instant::now() + limit))? {
-            true => Arrival::InSocket,
+            true => {
+                // `InSocket` promises the receive cannot wait on the client while it
+                // holds a reservation (one more check of the producer's line: debug).
+                debug_assert!(self.data.available().is_ok_and(|n| n >= len));
+                Arrival::InSocket
+            }
             false => Arrival::TimedOut,
         })
     }
@@ -121,6 +132,10 @@ impl Inbound for ShmInbound<'_> {
         while len > 0 {
             self.wait(1, None)?;
             let n = (self.data.available()? as u64).min(len);
+            assert!(
+                n > 0,
+                "the data ring woke its consumer with nothing available"
+            );
             self.data.consume(n as usize);
             len -= n;
         }
@@ -324,6 +339,12 @@ fn open<'s>(
     }
     let (map, data_capacity) = socket::map_client_channel(&fd, shared.config.shm_max_ring_bytes)
         .map_err(|e| Refusal::new(ErrorCode::ShmRefused, e))?;
+    // Validated by the mapping: the rings' positions are masked with the capacity, and
+    // the broker maps no more than it allows a client.
+    assert!(
+        data_capacity.is_power_of_two() && data_capacity <= shared.config.shm_max_ring_bytes,
+        "a data ring of {data_capacity} bytes passed the channel check"
+    );
     drop(fd);
     let map = Arc::new(map);
     let acks = Arc::new(Mutex::new(Producer::new(

@@ -245,14 +245,17 @@ impl<'a> Pin<'a> {
         Ok(true)
     }
 
-    fn set(&self, index: u32, position: u64) {
-        self.positions.borrow_mut()[index as usize] = position;
+    /// Pins `position` at `index`; returns what was pinned there before.
+    fn set(&self, index: u32, position: u64) -> u64 {
+        let previous =
+            std::mem::replace(&mut self.positions.borrow_mut()[index as usize], position);
         if let Some(slot) = self.slot.get() {
             self.region
                 .reader_slot(self.topic, slot)
                 .position(index)
                 .store(position, Ordering::Release);
         }
+        previous
     }
 
     /// Proves the reader is alive; call at least once per round, while idle, and as a
@@ -324,6 +327,8 @@ fn send_round(
     resend_reclaimed: bool,
     pin: &Pin<'_>,
 ) -> Result<usize, End> {
+    // An empty round would confirm nothing with a BatchOk the client takes for one.
+    assert!(!plan.is_empty(), "a round sends at least one batch");
     let mut headers = vec![0u8; plan.len() * FRAME_AND_DELIVERY];
     let mut iov: Vec<libc::iovec> = Vec::with_capacity(plan.len() * 2);
     for (i, p) in plan.iter().enumerate() {
@@ -451,6 +456,9 @@ fn writev_all(
             return Err(e.into());
         }
         let mut n = n as usize;
+        // The kernel writes at most what this call was given (the first iovec possibly
+        // cut short): more would move the cursor past bytes never sent.
+        assert!(n <= bytes, "writev wrote {n} of {bytes} bytes");
         while first < iov.len() && n >= iov[first].iov_len {
             n -= iov[first].iov_len;
             first += 1;
@@ -695,13 +703,38 @@ fn serve_global(
         let confirmed = send_round(shared, stream, topic, true, &plan, disk.is_some(), &pin)?;
         if confirmed > 0 {
             let last = &plan[confirmed - 1].header;
-            pin.set(0, last.first_position + last.num_msg as u64);
+            let pinned = last.first_position + last.num_msg as u64;
+            // The pin never passes what was sent: the first batch not confirmed (sent
+            // again) starts where the confirmed ones end.
+            assert!(
+                plan.get(confirmed)
+                    .is_none_or(|p| p.header.first_position >= pinned),
+                "topic {topic}: pin {pinned} passes the unconfirmed batch at GOI {}",
+                plan[confirmed].header.batch_position
+            );
+            let previous = pin.set(0, pinned);
+            // A pin moves only past what was sent and confirmed: the round started at or
+            // after it (in the batch holding the start position, on the first round).
+            // Back, it would let a reclamation pass that read the higher pin free what
+            // it now names.
+            assert!(
+                pinned >= previous,
+                "topic {topic}: the pin would go back from {previous} to {pinned}"
+            );
         }
-        cursor = Some(match plan.get(confirmed) {
+        let next = match plan.get(confirmed) {
             // Reclaimed while being sent: send it again, from disk.
             Some(p) => (p.header.batch_position, p.header.skip),
             None => (g, 0),
-        });
+        };
+        // The cursor moves on by what was confirmed, and back to nothing already sent.
+        assert!(
+            next.0 == from.0 + confirmed as u64,
+            "topic {topic}: the cursor would go from GOI {} to {} after {confirmed} batches",
+            from.0,
+            next.0
+        );
+        cursor = Some(next);
         if let Some(d) = disk.as_mut() {
             d.recycle(plan);
         }
@@ -999,6 +1032,13 @@ impl DiskLog {
             .into());
         }
         self.next_seq = Some(seq + 1);
+        // `send_round` hands the kernel `payload_len` bytes from `ptr`: the buffer must
+        // hold them all (the reader sized it from the record it checked).
+        assert_eq!(
+            buf.len(),
+            h.payload_len as usize,
+            "record {seq} read into a buffer of another length"
+        );
         Ok(Some(Planned {
             header: DeliveryHeader {
                 batch_position: h.seq,
@@ -1124,6 +1164,73 @@ fn locate_broker_start(
     }
 }
 
+/// Plans up to `limit` valid batches of `broker`'s log from `(i, skip)` into `plan`,
+/// below its written frontier; returns where the next round continues. `position`
+/// names the subscriber's place in that log for a refusal.
+fn plan_broker_round(
+    region: &Region,
+    topic: u32,
+    meta: &TopicMeta,
+    (broker, (mut i, mut skip)): (u32, (u64, u32)),
+    limit: usize,
+    position: u64,
+    plan: &mut Vec<Planned>,
+) -> Result<(u64, u32), End> {
+    let frontier = region
+        .log(topic, broker)
+        .written_frontier
+        .load(Ordering::Acquire);
+    let mut taken = 0;
+    let mut next_position: Option<u64> = None;
+    while i < frontier && taken < limit {
+        let Some(h) = region.pbr_read(topic, broker, i) else {
+            return Err(not_retained(position, None));
+        };
+        if h.flags & BatchFlags::VALID == 0 {
+            i += 1;
+            continue;
+        }
+        // The service thread numbers a log's valid batches one after another
+        // (`advance_frontier`): a gap or an overlap here would skip or repeat messages
+        // the subscriber's per-broker position counts.
+        assert!(
+            next_position.is_none_or(|p| p == h.start_logical_offset),
+            "log ({topic}, {broker}): slot {i} starts at position {} where {next_position:?} follows",
+            h.start_logical_offset
+        );
+        next_position = Some(h.start_logical_offset + h.num_msg as u64);
+        if !retained(region, topic, broker, h.log_offset) {
+            return Err(not_retained(h.start_logical_offset, None));
+        }
+        let Some(ptr) = region.blog_ptr(topic, broker, h.log_offset, h.total_size) else {
+            return Err(not_retained(h.start_logical_offset, None));
+        };
+        plan.push(Planned {
+            header: DeliveryHeader {
+                batch_position: i,
+                first_position: h.start_logical_offset,
+                client_id: h.client_id,
+                batch_seq: h.batch_seq,
+                num_msg: h.num_msg,
+                skip: skip.min(h.num_msg),
+                broker_id: broker as u16,
+                order: meta.order,
+                payload_len: h.total_size as u32,
+                session_epoch: h.session_epoch,
+            },
+            ptr,
+            broker,
+            log_offset: h.log_offset,
+            token_index: i,
+            owned: None,
+        });
+        skip = 0;
+        taken += 1;
+        i += 1;
+    }
+    Ok((i, skip))
+}
+
 fn serve_per_broker(
     shared: &Shared,
     stream: &mut TcpStream,
@@ -1136,6 +1243,13 @@ fn serve_per_broker(
     let bell = region.topic_bell(topic);
     let mut idle = IdleWait::new(shared);
     let brokers = positions.len() as u32;
+    // The hello's cursors were checked against the region's brokers (`read_cursors`):
+    // a pin and a cursor per log, indexed by broker id below.
+    assert_eq!(
+        brokers,
+        region.capacities().brokers,
+        "one cursor per broker of the region"
+    );
     let mut cursors: Vec<Option<(u64, u32)>> = vec![None; brokers as usize];
     let per_broker_limit = (MAX_BATCHES_PER_ROUND / brokers as usize).max(1);
     let pin = Pin::claim(region, topic, Claimant::of(shared, stream), &positions)?;
@@ -1153,57 +1267,37 @@ fn serve_per_broker(
                     None => continue,
                 }
             }
-            let (mut i, mut skip) = c.expect("located");
-            let log = region.log(topic, broker);
-            let frontier = log.written_frontier.load(Ordering::Acquire);
-            let mut taken = 0;
-            while i < frontier && taken < per_broker_limit {
-                let Some(h) = region.pbr_read(topic, broker, i) else {
-                    return Err(not_retained(positions[broker as usize], None));
-                };
-                if h.flags & BatchFlags::VALID == 0 {
-                    i += 1;
-                    continue;
-                }
-                if !retained(region, topic, broker, h.log_offset) {
-                    return Err(not_retained(h.start_logical_offset, None));
-                }
-                let Some(ptr) = region.blog_ptr(topic, broker, h.log_offset, h.total_size) else {
-                    return Err(not_retained(h.start_logical_offset, None));
-                };
-                plan.push(Planned {
-                    header: DeliveryHeader {
-                        batch_position: i,
-                        first_position: h.start_logical_offset,
-                        client_id: h.client_id,
-                        batch_seq: h.batch_seq,
-                        num_msg: h.num_msg,
-                        skip: skip.min(h.num_msg),
-                        broker_id: broker as u16,
-                        order: meta.order,
-                        payload_len: h.total_size as u32,
-                        session_epoch: h.session_epoch,
-                    },
-                    ptr,
-                    broker,
-                    log_offset: h.log_offset,
-                    token_index: i,
-                    owned: None,
-                });
-                skip = 0;
-                taken += 1;
-                i += 1;
-            }
-            *c = Some((i, skip));
+            let from = c.expect("located");
+            let position = positions[broker as usize];
+            let at = (broker, from);
+            *c = Some(plan_broker_round(
+                region,
+                topic,
+                meta,
+                at,
+                per_broker_limit,
+                position,
+                &mut plan,
+            )?);
         }
         if plan.is_empty() {
             idle.wait(&bell, seen, stream)?;
             continue;
         }
         idle.reset();
-        send_round(shared, stream, topic, false, &plan, false, &pin)?;
+        let confirmed = send_round(shared, stream, topic, false, &plan, false, &pin)?;
+        // Without `resend_reclaimed` a round is confirmed whole or refused: the pins
+        // below move past every batch of the plan, which must all have been sent.
+        assert_eq!(
+            confirmed,
+            plan.len(),
+            "a per-broker round is confirmed whole"
+        );
         for p in &plan {
             let h = &p.header;
+            // Not asserted to grow, unlike the global pin: a start at the very end of a
+            // log (`locate_in_broker`) may pair the frontier with a message count of
+            // the service thread's next round, and begin in a batch before the start.
             pin.set(h.broker_id as u32, h.first_position + h.num_msg as u64);
         }
     }

@@ -217,6 +217,44 @@ impl Region {
         }
     }
 
+    /// Where a topic's published order ends: `committed_seq`, and the position that
+    /// follows the last committed GOI entry. The sequencer publishes an epoch's
+    /// `committed_seq` before its `next_position`, so the stored `next_position` may lag
+    /// the committed prefix by one epoch (a sequencer stopped between the two stores),
+    /// never lead it; whoever continues the order (a successor, a restart of a
+    /// memory-only topic) resumes from here, not from the stored word alone. When the
+    /// last entry is not in the ring (none in this region yet, or its slot reused by a
+    /// write that was never published) the two stores were not split, and the stored
+    /// word is the end.
+    pub fn sequence_end(&self, topic: u32) -> (u64, u64) {
+        let seq = self.topic_seq(topic);
+        // `next_position` first: whatever epoch it is from, its `committed_seq` was
+        // stored before it, so the load that follows sees that epoch or a later one.
+        let stored = seq.next_position.load(Ordering::Acquire);
+        let committed = seq.committed_seq.load(Ordering::Acquire);
+        let Some(last) = committed
+            .checked_sub(1)
+            .and_then(|g| self.goi_read(topic, g))
+        else {
+            return (committed, stored);
+        };
+        // Every entry of this region is at or above where its positions start (the
+        // seed); one below would be a line continued from the wrong place.
+        assert!(
+            last.total_order >= seq.start_position.load(Ordering::Acquire),
+            "topic {topic}: GOI entry {} at position {} below the region's first",
+            committed - 1,
+            last.total_order
+        );
+        let end = last
+            .total_order
+            .checked_add(last.num_msg as u64)
+            .expect("global positions never wrap");
+        // With the stores in that order the word never leads the prefix; a region a
+        // sequencer from before the fix left in the window is the caller's to report.
+        (committed, end.max(stored))
+    }
+
     /// Rung when a topic's readable frontier moves; subscribers sleep on it.
     pub fn topic_bell(&self, topic: u32) -> Doorbell<'_> {
         self.bell_at(self.layout.topic_off(topic) + self.layout.topic_bell_rel)

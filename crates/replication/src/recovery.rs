@@ -255,8 +255,9 @@ fn drain(
 
 /// A memory-only topic: where it stood in the previous region (its data is gone).
 pub fn resume_memory_only((region, slot): OldTopic<'_>) -> Resume {
-    let seq = region.topic_seq(slot);
-    let committed = seq.committed_seq.load(Ordering::Acquire);
+    // Not the stored `next_position` alone: a sequencer killed between publishing an
+    // epoch and its positions left it behind the last committed entry.
+    let (committed, next_position) = region.sequence_end(slot);
     let mut sessions = BTreeMap::new();
     // The table holds each client id's latest session; GOI entries of the id from before
     // that session was opened belong to an earlier one, which ended.
@@ -302,7 +303,7 @@ pub fn resume_memory_only((region, slot): OldTopic<'_>) -> Resume {
     }
     Resume {
         next_seq: committed,
-        next_position: seq.next_position.load(Ordering::Acquire),
+        next_position,
         sessions,
         broker_positions: Vec::new(),
     }
@@ -398,6 +399,44 @@ mod tests {
     use crate::store::{list_segments, SET_ASIDE_DIR};
     use std::fs::OpenOptions;
     use std::os::unix::fs::{FileExt, MetadataExt};
+
+    /// A memory-only topic restarted with its previous region continues its positions
+    /// after the last committed GOI entry, also when that region's sequencer was killed
+    /// between publishing `committed_seq` and adding the epoch's positions: continuing
+    /// from the stored word would hand out positions the entry already had.
+    #[test]
+    fn a_memory_only_topic_continues_after_the_last_committed_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let caps = embarcadero_region::Capacities {
+            max_topics: 1,
+            brokers: 1,
+            goi_slots: 64,
+            pbr_slots: 64,
+            segment_bytes: 4096,
+            segments_per_broker: 2,
+            seg_map_slots: 8,
+        };
+        let region = Region::create(&dir.path().join("region"), caps).unwrap();
+        region.write_topic_meta(0, &embarcadero_region::TopicMeta::new("t", 2));
+        for (g, (first, n)) in [(0u64, 3u32), (3, 2)].into_iter().enumerate() {
+            let e = embarcadero_region::GoiEntry {
+                total_order: first,
+                num_msg: n,
+                pbr_index: g as u64,
+                ..Default::default()
+            };
+            region.goi_write(0, g as u64, &e);
+        }
+        let seq = region.sequencer_topic(0);
+        seq.committed_seq.advance(2, Ordering::Release);
+        // The kill: the first epoch's positions are stored, the second's are not.
+        seq.next_position.advance(3, Ordering::Release);
+        let resume = resume_memory_only((&region, 0));
+        assert_eq!((resume.next_seq, resume.next_position), (2, 5));
+        // A whole publication: the two agree.
+        seq.next_position.advance(5, Ordering::Release);
+        assert_eq!(resume_memory_only((&region, 0)).next_position, 5);
+    }
 
     #[test]
     fn a_replica_with_a_damaged_segment_is_refilled_from_another_and_keeps_its_files_aside() {

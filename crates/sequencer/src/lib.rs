@@ -14,10 +14,10 @@
 //! Order 2 ([`EpochMerge`]): a buffer per broker; once per epoch the buffers are merged
 //! in broker order. Order 5 ([`sessions::Sessions`]): each batch takes its turn in its
 //! session, and admitted batches are ordered in admission order. Either way, positions
-//! are assigned with one atomic add per topic, GOI entries are written with their token
-//! last, and then `committed_seq` and each broker's `ordered_pbr` advance. A broker
-//! with nothing committed adds nothing to an epoch, so a slow or idle broker never
-//! stalls the others. The scan loop is generic over the orderer ([`Admit`]), so the
+//! are assigned in the GOI entries, written with their token last, and then
+//! `committed_seq`, the topic's `next_position` (one atomic add) and each broker's
+//! `ordered_pbr` advance. A broker with nothing committed adds nothing to an epoch, so
+//! a slow or idle broker never stalls the others. The scan loop is generic over the orderer ([`Admit`]), so the
 //! mode is chosen once per topic per scan and per seal, never per slot.
 //!
 //! Only the holder of the region's sequencer lease ([`lease`]) may run a sequencer on
@@ -267,6 +267,43 @@ struct GoiTail {
 }
 
 impl GoiTail {
+    /// Where a predecessor's published order ends ([`Region::sequence_end`]), with the
+    /// region's `next_position` brought up to it. `publish` stores `committed_seq` before
+    /// `next_position`: a predecessor killed between the two leaves the word behind its
+    /// last committed entry, and resuming from the word would give the next batch
+    /// positions that entry already has (resuming from it with the stores the other way
+    /// round skipped positions instead: a gap readers waited on).
+    ///
+    /// A sequencer whose lease has passed to another (`config.fencing_epoch`) writes
+    /// nothing: the owner may be between its two stores, and completing them for it
+    /// would move the word under its `add`. Such a sequencer stops at its next seal.
+    fn resume(region: &Region, topic: u32, config: &SequencerConfig) -> Self {
+        let (committed, next_position) = region.sequence_end(topic);
+        let seq = region.sequencer_topic(topic);
+        let stored = seq.next_position.load(Ordering::Acquire);
+        let fenced_out = config
+            .fencing_epoch
+            .is_some_and(|mine| region.fencing_epoch().load(Ordering::Acquire) != mine);
+        if next_position > stored && !fenced_out {
+            tracing::warn!(
+                topic,
+                next_position = stored,
+                published_up_to = next_position,
+                "a predecessor stopped between publishing an epoch and its positions; completing it"
+            );
+            // The epoch's entries are published already: this completes its second store.
+            seq.next_position.advance(next_position, Ordering::Release);
+        }
+        assert!(
+            next_position >= seq.start_position.load(Ordering::Acquire),
+            "topic {topic}'s positions continue at or above where this region starts"
+        );
+        Self {
+            committed,
+            next_position,
+        }
+    }
+
     /// Writes `entry` as the next GOI entry (token last) and gives its batch, in its PBR
     /// slot too, the next global position.
     fn append(
@@ -356,15 +393,7 @@ impl TopicState {
             .zip(cursors)
             .map(|(broker, cursor)| Scanner { broker, cursor })
             .collect();
-        let seq = region.topic_seq(topic);
-        let tail = GoiTail {
-            committed: seq.committed_seq.load(Ordering::Acquire),
-            next_position: seq.next_position.load(Ordering::Acquire),
-        };
-        assert!(
-            tail.next_position >= seq.start_position.load(Ordering::Acquire),
-            "topic {topic}'s positions continue at or above where this region starts"
-        );
+        let tail = GoiTail::resume(region, topic, config);
         Self {
             orderer,
             line: TopicLine {
@@ -929,8 +958,8 @@ impl Core {
         }
     }
 
-    /// Publishes the GOI entries appended since `start`: one atomic add per topic per
-    /// epoch for their positions, then `committed_seq` (the readiness of the prefix).
+    /// Publishes the GOI entries appended since `start`: `committed_seq` (the readiness
+    /// of the prefix), then one atomic add per topic per epoch for their positions.
     fn publish(&self, topic: u32, start: GoiTail, end: GoiTail) {
         if end == start {
             return;
@@ -948,6 +977,11 @@ impl Core {
             start.committed,
             "the sequencer is the only writer of committed_seq"
         );
+        // `committed_seq` first: the entries carry their positions, so a successor of a
+        // sequencer killed between the two stores finds where the positions end in the
+        // last entry (`GoiTail::resume`). The other way round, the word led the published
+        // entries and a successor continued from it, past positions no entry took.
+        seq.committed_seq.advance(end.committed, Ordering::Release);
         let previous = seq
             .next_position
             .add(end.next_position - start.next_position, Ordering::AcqRel);
@@ -955,7 +989,6 @@ impl Core {
             previous, start.next_position,
             "the sequencer is the only writer of next_position"
         );
-        seq.committed_seq.advance(end.committed, Ordering::Release);
     }
 
     /// Wakes the topic's subscribers (and replicas) and counts the epoch's work.
@@ -1395,6 +1428,78 @@ mod tests {
             (3, 9),
             "a batch committed after the takeover continues the order"
         );
+    }
+
+    /// A sequencer killed between the two stores that publish an epoch (`committed_seq`,
+    /// then its positions in `next_position`), before `ordered_pbr` moved: the successor
+    /// continues the positions where the last committed entry ends, so none is given
+    /// twice (resuming from the word) or skipped (the stores the other way round, as
+    /// before: a gap readers waited on).
+    #[test]
+    fn a_successor_continues_positions_after_a_kill_between_committed_seq_and_next_position() {
+        let (_d, r) = region(64);
+        commit(&r, 0, 0, 2, true);
+        let mut c = core(&r);
+        c.scan();
+        c.seal_all();
+        // The epoch the predecessor is killed in: positions 2..5 and 5..9.
+        commit(&r, 0, 1, 3, true);
+        commit(&r, 1, 0, 4, true);
+        c.scan();
+        c.seal_all();
+        drop(c);
+        let seq = r.topic_seq(1);
+        assert_eq!(seq.committed_seq.load(Ordering::Acquire), 3);
+        // What the kill leaves: `committed_seq` stored, `next_position` and the brokers'
+        // ordered frontiers still at the epoch before.
+        r.sequencer_topic(1).next_position.set_for_test(2);
+        r.sequencer_line(1, 0).ordered_pbr.set_for_test(1);
+        r.sequencer_line(1, 1).ordered_pbr.set_for_test(0);
+        assert_eq!(
+            r.sequence_end(1),
+            (3, 9),
+            "the last entry says where positions end"
+        );
+        commit(&r, 2, 0, 1, true);
+        let mut c = core(&r);
+        assert_eq!(
+            seq.next_position.load(Ordering::Acquire),
+            9,
+            "the successor completes the interrupted epoch before it orders anything"
+        );
+        c.scan();
+        c.seal_all();
+        let order: Vec<(u16, u64, u64)> = (0..seq.committed_seq.load(Ordering::Acquire))
+            .map(|g| {
+                let e = r.goi_read(1, g).unwrap();
+                (e.broker_id, e.pbr_index, e.total_order)
+            })
+            .collect();
+        assert_eq!(
+            order,
+            vec![(0, 0, 0), (0, 1, 2), (1, 0, 5), (2, 0, 9)],
+            "each batch once, positions contiguous"
+        );
+        assert_eq!(seq.next_position.load(Ordering::Acquire), 10);
+    }
+
+    /// A line seeded to continue a topic in a new region has no entry of its own to end
+    /// at: its stored word is the end, and the first batch ordered continues from it.
+    #[test]
+    fn a_seeded_line_without_entries_ends_at_its_stored_position() {
+        let (_d, r) = region(64);
+        let seq = r.sequencer_topic(1);
+        seq.start_position.store(100, Ordering::Release);
+        seq.next_position.advance(100, Ordering::Release);
+        seq.committed_seq.advance(7, Ordering::Release);
+        assert_eq!(r.sequence_end(1), (7, 100));
+        commit(&r, 0, 0, 2, true);
+        let mut c = core(&r);
+        c.scan();
+        c.seal_all();
+        assert_eq!(r.goi_read(1, 7).unwrap().total_order, 100);
+        assert_eq!(r.sequence_end(1), (8, 102));
+        assert_eq!(r.topic_seq(1).next_position.load(Ordering::Acquire), 102);
     }
 
     // ------------------------------------------------------------------ order 5

@@ -15,7 +15,8 @@
 //! (GOI token, `committed_seq`, `ordered_pbr`, session table). A crash in the middle of a
 //! seal is modelled at one point, the widest: after `committed_seq` is published and
 //! before any `ordered_pbr` moved (`Step::CrashAfterPublish`, found by the fault
-//! campaign); the unit test `a_restarted_sequencer_recovers_sessions_from_table_and_goi`
+//! campaign), for order 2 also before `next_position` took the epoch's positions (the
+//! store right after `committed_seq`; order 5 writes its table in between); the unit test `a_restarted_sequencer_recovers_sessions_from_table_and_goi`
 //! simulates order 5's other torn cases by hand.
 
 use crate::tests::{
@@ -72,8 +73,14 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 /// Puts every `ordered_pbr` of `topic` back where `before` saw it, as a sequencer
-/// killed between publishing an epoch and advancing them leaves the region.
-fn crash_before_ordered_pbr_moved(r: &Region, topic: u32, before: &Lines) {
+/// killed between publishing an epoch and advancing them leaves the region; with
+/// `positions`, `next_position` too (killed right after `committed_seq`).
+fn crash_before_ordered_pbr_moved(r: &Region, topic: u32, before: &Lines, positions: bool) {
+    if positions {
+        r.sequencer_topic(topic)
+            .next_position
+            .set_for_test(before.next_position);
+    }
     for (b, ordered) in before.ordered_pbr.iter().enumerate() {
         r.sequencer_line(topic, b as u32)
             .ordered_pbr
@@ -283,7 +290,7 @@ impl Order2Model {
             Step::CrashAfterPublish => {
                 self.c.seal_all();
                 self.after_seal()?;
-                crash_before_ordered_pbr_moved(&self.r, ORDER2_TOPIC, &self.lines);
+                crash_before_ordered_pbr_moved(&self.r, ORDER2_TOPIC, &self.lines, true);
                 self.c = core(&self.r);
                 // It resumes past what the GOI holds: the lines now say where.
                 self.scanned = Lines::read(&self.r, ORDER2_TOPIC).ordered_pbr;
@@ -609,7 +616,7 @@ impl Order5Model {
             Step::CrashAfterPublish => {
                 self.c.seal_all();
                 self.after_seal()?;
-                crash_before_ordered_pbr_moved(&self.r, ORDER5_TOPIC, &self.lines);
+                crash_before_ordered_pbr_moved(&self.r, ORDER5_TOPIC, &self.lines, false);
                 self.c = session_core(&self.r, LONG_LEASE);
                 self.scanned = self.lines.ordered_pbr.clone();
             }
