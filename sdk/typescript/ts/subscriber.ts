@@ -31,16 +31,34 @@ export interface SubscriberOptions {
 const NUMS = 8; // per message: position, batch seq, broker id, index, offset, length, counter, delivery
 const BIGS = 2; // per message: client id, publish time
 
+/**
+ * Each delivery's `ArrayBuffer` and offset in it, read once per poll: `Buffer.buffer` and
+ * `byteOffset` are calls into C++ that cost more than the payload view made from them.
+ */
+interface Backing {
+  readonly buffers: ArrayBuffer[];
+  readonly offsets: number[];
+}
+
+function backingOf(batch: Native.NativeBatch): Backing {
+  return {
+    buffers: batch.data.map((d) => d.buffer as ArrayBuffer),
+    offsets: batch.data.map((d) => d.byteOffset),
+  };
+}
+
 /** One delivered message. Its `payload` is a view into the buffer of the batch it came in. */
 export class Message {
   readonly #batch: Native.NativeBatch;
+  readonly #backing: Backing;
   readonly #i: number;
   readonly #order: Order;
   #payload: Buffer | undefined;
 
   /** @internal */
-  constructor(batch: Native.NativeBatch, index: number, order: Order) {
+  constructor(batch: Native.NativeBatch, backing: Backing, index: number, order: Order) {
     this.#batch = batch;
+    this.#backing = backing;
     this.#i = index;
     this.#order = order;
   }
@@ -103,10 +121,11 @@ export class Message {
    */
   get payload(): Buffer {
     if (this.#payload === undefined) {
-      const d = this.#delivery();
+      const d = this.#num(7);
       // `Buffer.from(arrayBuffer, ...)` makes the view directly; `subarray` would first look
       // up the species constructor, which costs more than the view itself.
-      this.#payload = Buffer.from(d.buffer, d.byteOffset + this.#num(4), this.#num(5));
+      const { buffers, offsets } = this.#backing;
+      this.#payload = Buffer.from(buffers[d]!, offsets[d]! + this.#num(4), this.#num(5));
     }
     return this.#payload;
   }
@@ -154,6 +173,8 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   readonly #order: Order;
   /** Messages delivered by native code and not yet handed out. */
   #batch: Native.NativeBatch | undefined;
+  /** `#batch`'s deliveries' backing memory (see {@link Backing}). */
+  #backing: Backing = { buffers: [], offsets: [] };
   #index = 0;
   /** The position after `#batch` (or the subscriber's position when there is none). */
   #next: Position;
@@ -229,6 +250,7 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
       const batch = this.#ahead !== undefined ? await this.#takeAhead(wait) : await this.#pollNative(wait);
       if (batch) {
         this.#batch = batch;
+        this.#backing = backingOf(batch);
         this.#index = 0;
         this.#next = positionOf(batch.next);
         this.#readAhead();
@@ -284,7 +306,7 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   #take(): Message | null {
     const b = this.#batch;
     if (b === undefined || this.#index >= b.count) return null;
-    return new Message(b, this.#index++, this.#order);
+    return new Message(b, this.#backing, this.#index++, this.#order);
   }
 
   /** The next message, waiting at most `timeoutMs` (default 1000); `null` if none came. */
