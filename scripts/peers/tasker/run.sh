@@ -4,7 +4,8 @@
 # Embarcadero: serve + orchestrator + worker, events durable with RF 2 and ack 2.
 # Each engine runs alone (the other's processes stopped); bench.py drives both over HTTP.
 # Needs install.sh first. Usage: [EMBARCADERO=path] [ENGINES="tasker embarcadero"] [SUSTAINED_S=20]
-#   [RAW_SAMPLES=200] [POLL_SAMPLES=50] [SHAPES=linear,batch,...] scripts/peers/tasker/run.sh [OUT_DIR]
+#   [RAW_SAMPLES=200] [POLL_SAMPLES=50] [SHAPES=linear,batch,...] [CLIENTS=8 (the sustained run's)]
+#   scripts/peers/tasker/run.sh [OUT_DIR]
 # Writes OUT_DIR/table.txt and OUT_DIR/plot.svg, and each half's /proc/loadavg at its start and end
 # into OUT_DIR/load.txt (the machine is shared: the load goes with the figures).
 set -euo pipefail
@@ -17,7 +18,7 @@ RUN=$OUT/logs
 SUSTAINED_S=${SUSTAINED_S:-20}
 BENCH=(python3 "$PEER_DIR/bench.py" measure --sustained-seconds "$SUSTAINED_S"
   ${RAW_SAMPLES:+--raw-samples "$RAW_SAMPLES"} ${POLL_SAMPLES:+--poll-samples "$POLL_SAMPLES"}
-  ${SHAPES:+--shapes "$SHAPES"})
+  ${SHAPES:+--shapes "$SHAPES"} ${CLIENTS:+--clients "$CLIENTS"})
 mkdir -p "$RUN"
 
 # Waits (up to 120 s) for a process's readiness line in its log; fails with the log's tail.
