@@ -99,7 +99,7 @@ impl TaskEvents {
             let finished = task.state.is_terminal();
             // Other tasks' events move `next_position` too: wait for this task's.
             let transitions = transitions_since(task, from);
-            (finished || !transitions.is_empty()).then(|| Batch {
+            (finished || !transitions.is_empty()).then_some(Batch {
                 transitions,
                 next_position: state.next_position,
                 finished,
