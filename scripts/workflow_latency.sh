@@ -7,7 +7,15 @@
 # TASK_PROTOCOL=1: tasks of protocol 1 (the orchestrator enqueues and completes steps by
 # events; docs/WORKFLOW.md), for comparison; default: the orchestrator's (2).
 # EPOCH_US=N: the sequencer's epoch (default: the server's, 500 us).
-# Usage: [ACK=1] [TRACE=FILE] [TASK_PROTOCOL=1] [EPOCH_US=N] scripts/workflow_latency.sh [BIN] [COUNT]
+# CLIENTS=N: N closed-loop clients run the COUNT tasks between them (throughput; prints
+# tasks/s too); default 1, one task at a time.
+# LINGER_US=N: the orchestrator's and the worker's publisher linger (default 0).
+# CLIENT_BIN=PATH: the binary whose `task bench` drives the tasks (default BIN), so that an
+# older engine can be measured by the same client.
+# PERF=DIR: record `perf record -g` of the orchestrator and the worker while the tasks run,
+# into DIR/orch.data, DIR/worker.data and DIR/serve.data.
+# Usage: [ACK=1] [TRACE=FILE] [TASK_PROTOCOL=1] [EPOCH_US=N] [CLIENTS=N] [PERF=DIR]
+#   scripts/workflow_latency.sh [BIN] [COUNT]
 set -euo pipefail
 BIN=${1:-target/release/embarcadero}
 COUNT=${2:-200}
@@ -19,15 +27,19 @@ trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$DIR"' EXIT
 
 "$BIN" serve --data-dir "$DIR/data" --base-port 0 --control-port 0 \
   ${EPOCH_US:+--epoch-us "$EPOCH_US"} 2>"$DIR/serve.log" &
+SERVE_PID=$!
 until grep -q 'embarcadero is serving' "$DIR/serve.log"; do sleep 0.1; done
 CONTROL=$(grep -o 'http://[0-9.:]*' "$DIR/serve.log" | head -1 | sed 's|http://||')
 
-"$BIN" orchestrator --control "$CONTROL" --listen 127.0.0.1:0 --rf "$RF" --ack "$ACK" \
+"$BIN" orchestrator --control "$CONTROL" --listen 127.0.0.1:0 --rf "$RF" --ack "$ACK" ${LINGER_US:+--linger-us "$LINGER_US"} \
   ${TASK_PROTOCOL:+--task-protocol "$TASK_PROTOCOL"} 2>"$DIR/orch.log" &
+ORCH_PID=$!
 until grep -q 'orchestrator is serving' "$DIR/orch.log"; do sleep 0.1; done
 API=$(grep -o 'http://[0-9.:]*' "$DIR/orch.log" | tail -1 | sed 's|http://||')
 
-"$BIN" worker --control "$CONTROL" --rf "$RF" --ack "$ACK" 2>"$DIR/worker.log" &
+"$BIN" worker --control "$CONTROL" --rf "$RF" --ack "$ACK" ${LINGER_US:+--linger-us "$LINGER_US"} \
+  2>"$DIR/worker.log" &
+WORKER_PID=$!
 until grep -q 'is running' "$DIR/worker.log"; do sleep 0.1; done
 
 cat >"$DIR/linear.yaml" <<'YAML'
@@ -41,4 +53,16 @@ steps:
   - {name: four, dependencies: [three], handler: {callable: math.square}}
 YAML
 "$BIN" template register "$DIR/linear.yaml" --api "$API"
-"$BIN" task bench --namespace bench --name linear --context '{"even_number":2}' --count "$COUNT" --api "$API"
+if [ -n "${PERF:-}" ]; then
+  mkdir -p "$PERF"
+  perf record -g -F 999 -p "$ORCH_PID" -o "$PERF/orch.data" 2>"$PERF/orch.perf.log" &
+  perf record -g -F 999 -p "$WORKER_PID" -o "$PERF/worker.data" 2>"$PERF/worker.perf.log" &
+  perf record -g -F 999 -p "$SERVE_PID" -o "$PERF/serve.data" 2>"$PERF/serve.perf.log" &
+fi
+# CPU seconds (user + system) a process has used so far.
+cpu_s() { awk '{printf "%.2f", ($14 + $15) / 100}' "/proc/$1/stat"; }
+echo "load before: $(cat /proc/loadavg)"
+CPU_BEFORE="$(cpu_s $SERVE_PID) $(cpu_s $ORCH_PID) $(cpu_s $WORKER_PID)"
+"${CLIENT_BIN:-$BIN}" task bench --namespace bench --name linear --context '{"even_number":2}' --count "$COUNT" \
+  --clients "${CLIENTS:-1}" --api "$API"
+echo "CPU s during the tasks (serve orchestrator worker): before $CPU_BEFORE, after $(cpu_s $SERVE_PID) $(cpu_s $ORCH_PID) $(cpu_s $WORKER_PID); load $(cat /proc/loadavg)" >&2

@@ -14,13 +14,13 @@ COUNT=${3:-200}
 TRACE_DIR=${TRACE_DIR:-$(mktemp -d)}
 for round in $(seq 1 "${ROUNDS:-2}"); do
   echo "round $round, load $(cat /proc/loadavg)"
-  echo -n "  before:     "; scripts/workflow_latency.sh "$BEFORE" "$COUNT" 2>&1 | tail -1
+  echo -n "  before:     "; scripts/workflow_latency.sh "$BEFORE" "$COUNT" 2>&1 | grep " tasks of "
   echo "    load $(cat /proc/loadavg)"
   echo -n "  protocol 1: "
-  TASK_PROTOCOL=1 TRACE="$TRACE_DIR/p1-$round.trace" scripts/workflow_latency.sh "$NEW" "$COUNT" 2>&1 | tail -1
+  TASK_PROTOCOL=1 TRACE="$TRACE_DIR/p1-$round.trace" scripts/workflow_latency.sh "$NEW" "$COUNT" 2>&1 | grep " tasks of "
   echo "    load $(cat /proc/loadavg)"
   echo -n "  protocol 2: "
-  TRACE="$TRACE_DIR/p2-$round.trace" scripts/workflow_latency.sh "$NEW" "$COUNT" 2>&1 | tail -1
+  TRACE="$TRACE_DIR/p2-$round.trace" scripts/workflow_latency.sh "$NEW" "$COUNT" 2>&1 | grep " tasks of "
   echo "    load $(cat /proc/loadavg)"
 done
 echo "traces in $TRACE_DIR"

@@ -6,8 +6,13 @@
 //! whatever other clients do. With a fixed pool of workers (tiny_http, used before), a
 //! client that announces a body and never sends it holds a worker, and enough of them
 //! queue everyone else; here such a client holds only its own thread, until its deadline.
-//! The requests are small JSON documents and scrapes, so no keep-alive, no chunked
-//! bodies (411: send a Content-Length), and bodies of at most `MAX_BODY`.
+//! The requests are small JSON documents and scrapes, so no chunked bodies (411: send a
+//! Content-Length), and bodies of at most `MAX_BODY`. One request per connection, unless
+//! the server is started with [`Limits::keep_alive`] (the workflow API, whose clients
+//! send thousands of requests a second: a connection and a thread for each cost more
+//! than answering it); then an HTTP/1.1 connection serves request after request on its
+//! thread until the client closes it, asks to (`Connection: close`), or is silent for
+//! that long.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -97,6 +102,10 @@ pub struct Limits {
     pub request_deadline: Duration,
     /// Connections served at once; one more is answered 503 at once and closed.
     pub max_connections: usize,
+    /// `Some(idle)`: keep an HTTP/1.1 connection open after an answer (not after an
+    /// event stream), for a next request that must arrive whole within `idle`. `None`:
+    /// one request per connection.
+    pub keep_alive: Option<Duration>,
 }
 
 impl Default for Limits {
@@ -104,6 +113,7 @@ impl Default for Limits {
         Self {
             request_deadline: Duration::from_secs(10),
             max_connections: 1024,
+            keep_alive: None,
         }
     }
 }
@@ -178,7 +188,7 @@ fn accept_loop(
     name: &str,
     limits: Limits,
     handler: &Arc<Handler>,
-    stopping: &AtomicBool,
+    stopping: &Arc<AtomicBool>,
     open: &Arc<AtomicUsize>,
 ) {
     for stream in listener.incoming() {
@@ -196,11 +206,12 @@ fn accept_loop(
             continue;
         }
         let (handler, open_in_thread) = (handler.clone(), open.clone());
+        let stopping_in_thread = stopping.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("{name}-conn"))
             .spawn(move || {
                 let _place = Place(&open_in_thread);
-                serve_connection(stream, limits.request_deadline, &*handler);
+                serve_connection(stream, limits, &*handler, &stopping_in_thread);
             });
         if let Err(e) = spawned {
             open.fetch_sub(1, Ordering::AcqRel);
@@ -232,23 +243,42 @@ fn refuse_busy(mut stream: TcpStream, limit: usize) {
         // before the client reads the answer.
         let mut scratch = [0u8; 4096];
         let _ = stream.read(&mut scratch);
-        let _ = stream.write_all(&encode(&response));
+        let _ = stream.write_all(&encode(&response, false));
     }
     let _ = stream.shutdown(Shutdown::Both);
 }
 
-fn serve_connection(mut stream: TcpStream, deadline: Duration, handler: &Handler) {
-    let due = Instant::now() + deadline;
-    let response = match read_request(&mut stream, due) {
-        Ok(request) => handler(&request),
-        Err(RequestError::Gone) => return,
-        Err(RequestError::Refused(response)) => response,
-    };
-    // Each write of the response must make progress within the deadline.
+/// Serves one request, or with [`Limits::keep_alive`] requests until the connection
+/// ends (see the module's doc); closes the connection.
+fn serve_connection(
+    mut stream: TcpStream,
+    limits: Limits,
+    handler: &Handler,
+    stopping: &AtomicBool,
+) {
+    let deadline = limits.request_deadline;
+    // Each write of a response must make progress within the deadline.
     let _ = stream.set_write_timeout(Some(deadline));
-    let written = stream.write_all(&encode(&response));
-    if let (Ok(()), Some(body)) = (written, &response.stream) {
-        let _ = (body.0)(&mut stream);
+    // Bytes of the next request that came with the one before (a pipelining client).
+    let mut carry = Vec::new();
+    let mut due = Instant::now() + deadline;
+    let mut idle = false;
+    loop {
+        let read = read_request(&mut stream, &mut carry, due, limits.keep_alive, idle);
+        let (response, keep) = match read {
+            Ok((request, keep)) => (handler(&request), keep),
+            Err(RequestError::Gone) => break,
+            Err(RequestError::Refused(response)) => (response, false),
+        };
+        let keep = keep && response.stream.is_none() && !stopping.load(Ordering::SeqCst);
+        let written = stream.write_all(&encode(&response, keep));
+        if let (Ok(()), Some(body)) = (&written, &response.stream) {
+            let _ = (body.0)(&mut stream);
+        }
+        match (written, limits.keep_alive) {
+            (Ok(()), Some(wait)) if keep => (due, idle) = (Instant::now() + wait, true),
+            _ => break,
+        }
     }
     let _ = stream.shutdown(Shutdown::Both);
 }
@@ -297,43 +327,61 @@ fn read_some(stream: &mut TcpStream, buf: &mut Vec<u8>, due: Instant) -> Result<
     }
 }
 
-fn read_request(stream: &mut TcpStream, due: Instant) -> Result<Request, RequestError> {
-    let mut buf = Vec::new();
+/// Reads one request (starting with the bytes in `carry`) by `due`, and whether the
+/// connection may serve another after it (`keep_alive` on, HTTP/1.1, no
+/// `Connection: close`); then `carry` holds whatever came after this request. `idle`:
+/// a kept connection waiting for its next request, closed without an answer if none
+/// begins by `due`.
+fn read_request(
+    stream: &mut TcpStream,
+    carry: &mut Vec<u8>,
+    due: Instant,
+    keep_alive: Option<Duration>,
+    idle: bool,
+) -> Result<(Request, bool), RequestError> {
+    let mut buf = std::mem::take(carry);
     let head_len = loop {
         if let Some(end) = head_end(&buf).map_err(RequestError::Refused)? {
             break end;
         }
-        read_some(stream, &mut buf, due)?;
+        match read_some(stream, &mut buf, due) {
+            Err(RequestError::Refused(_)) if idle && buf.is_empty() => {
+                return Err(RequestError::Gone)
+            }
+            read => read?,
+        }
     };
     let mut body = buf.split_off(head_len);
     let head = parse_head(&buf).map_err(RequestError::Refused)?;
+    let keep = keep_alive.is_some() && head.http11 && !head.close;
     let content_length = head.content_length;
-    if body.len() > content_length {
-        return Err(refused(
-            400,
-            "more bytes than the Content-Length; one request per connection",
-        ));
-    }
     if head.expect_continue && head.http11 && body.len() < content_length {
         stream
             .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
             .map_err(|_| RequestError::Gone)?;
     }
-    while body.len() < content_length {
-        read_some(stream, &mut body, due)?;
+    loop {
         if body.len() > content_length {
-            return Err(refused(
-                400,
-                "more bytes than the Content-Length; one request per connection",
-            ));
+            if !keep {
+                return Err(refused(
+                    400,
+                    "more bytes than the Content-Length; one request per connection",
+                ));
+            }
+            *carry = body.split_off(content_length);
         }
+        if body.len() == content_length {
+            break;
+        }
+        read_some(stream, &mut body, due)?;
     }
-    Ok(Request {
+    let request = Request {
         method: head.method,
         url: head.url,
         body,
         last_event_id: head.last_event_id,
-    })
+    };
+    Ok((request, keep))
 }
 
 /// Where the head (request line and headers, up to and including the blank line) of the
@@ -365,6 +413,8 @@ pub struct RequestHead {
     pub expect_continue: bool,
     /// `Last-Event-ID`, trimmed.
     pub last_event_id: Option<String>,
+    /// `Connection: close`: the client wants no other request on this connection.
+    pub close: bool,
 }
 
 /// Most headers a request may carry.
@@ -402,6 +452,7 @@ pub fn parse_head(head: &[u8]) -> Result<RequestHead, Response> {
     let mut content_length = None;
     let mut expect_continue = false;
     let mut last_event_id = None;
+    let mut close = false;
     for header in request.headers.iter() {
         let value = std::str::from_utf8(header.value)
             .map_err(|_| Response::error(400, format!("header {} is not UTF-8 text", header.name)))?
@@ -420,6 +471,10 @@ pub fn parse_head(head: &[u8]) -> Result<RequestHead, Response> {
             expect_continue = value.eq_ignore_ascii_case("100-continue");
         } else if header.name.eq_ignore_ascii_case("last-event-id") {
             last_event_id = Some(value.to_string());
+        } else if header.name.eq_ignore_ascii_case("connection") {
+            close |= value
+                .split(',')
+                .any(|token| token.trim().eq_ignore_ascii_case("close"));
         }
     }
     Ok(RequestHead {
@@ -429,6 +484,7 @@ pub fn parse_head(head: &[u8]) -> Result<RequestHead, Response> {
         content_length: content_length.unwrap_or(0),
         expect_continue,
         last_event_id,
+        close,
     })
 }
 
@@ -448,7 +504,8 @@ fn body_length(value: &str) -> Result<usize, Response> {
     Ok(length)
 }
 
-fn encode(response: &Response) -> Vec<u8> {
+/// The response's bytes; `keep`: the connection stays open for another request.
+fn encode(response: &Response, keep: bool) -> Vec<u8> {
     let reason = match response.status {
         200 => "OK",
         201 => "Created",
@@ -464,8 +521,9 @@ fn encode(response: &Response) -> Vec<u8> {
         507 => "Insufficient Storage",
         _ => "",
     };
+    let connection = if keep { "keep-alive" } else { "close" };
     let mut out = format!(
-        "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nConnection: close\r\n",
+        "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nConnection: {connection}\r\n",
         response.status, response.content_type,
     );
     if response.stream.is_none() {
@@ -541,6 +599,75 @@ mod tests {
             ],
         );
         assert!(post.ends_with("POST /v1/topics {\"name\":\"t\"}"), "{post}");
+    }
+
+    /// Reads one response (head and Content-Length body) from a kept connection.
+    fn read_response(s: &mut TcpStream) -> String {
+        let mut out = Vec::new();
+        let mut byte = [0u8; 1];
+        while !out.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut byte).unwrap();
+            out.push(byte[0]);
+        }
+        let head = String::from_utf8(out).unwrap();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("Content-Length: "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        let mut body = vec![0u8; length];
+        s.read_exact(&mut body).unwrap();
+        head + &String::from_utf8(body).unwrap()
+    }
+
+    #[test]
+    fn a_kept_connection_serves_request_after_request_until_the_client_says_close() {
+        let limits = Limits {
+            keep_alive: Some(Duration::from_secs(30)),
+            ..Limits::default()
+        };
+        let server = echo(limits);
+        let mut s = TcpStream::connect(server.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(b"POST /a HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+            .unwrap();
+        let first = read_response(&mut s);
+        assert!(
+            first.contains("Connection: keep-alive") && first.ends_with("POST /a {}"),
+            "{first}"
+        );
+        // Two requests in one write (pipelined): answered in turn.
+        s.write_all(b"GET /b HTTP/1.1\r\n\r\nPOST /c HTTP/1.1\r\nContent-Length: 1\r\n\r\nx")
+            .unwrap();
+        assert!(read_response(&mut s).ends_with("GET /b "));
+        assert!(read_response(&mut s).ends_with("POST /c x"));
+        s.write_all(b"GET /d HTTP/1.1\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut last = String::new();
+        s.read_to_string(&mut last).unwrap();
+        assert!(
+            last.contains("Connection: close") && last.ends_with("GET /d "),
+            "{last}"
+        );
+        // HTTP/1.0, or a server without keep-alive: one request per connection.
+        let old = exchange(&server, &[b"GET /e HTTP/1.0\r\n\r\n"]);
+        assert!(old.contains("Connection: close"), "{old}");
+    }
+
+    #[test]
+    fn a_kept_connection_silent_past_its_idle_time_is_closed_without_an_answer() {
+        let server = echo(Limits {
+            keep_alive: Some(Duration::from_millis(200)),
+            ..Limits::default()
+        });
+        let mut s = TcpStream::connect(server.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(b"GET /a HTTP/1.1\r\n\r\n").unwrap();
+        assert!(read_response(&mut s).ends_with("GET /a "));
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
     }
 
     #[test]
@@ -623,6 +750,7 @@ mod tests {
         let limits = Limits {
             request_deadline: Duration::from_secs(120),
             max_connections: 64,
+            keep_alive: None,
         };
         let server = echo_counted(limits, open.clone());
         let _stalled: Vec<TcpStream> = (0..16)
@@ -643,6 +771,7 @@ mod tests {
         let server = echo(Limits {
             request_deadline: Duration::from_millis(300),
             max_connections: 64,
+            keep_alive: None,
         });
         let out = exchange(
             &server,
@@ -658,6 +787,7 @@ mod tests {
         let limits = Limits {
             request_deadline: Duration::from_secs(30),
             max_connections: 1,
+            keep_alive: None,
         };
         let server = HttpServer::start(
             listener,
@@ -689,6 +819,7 @@ mod tests {
         let limits = Limits {
             request_deadline: Duration::from_secs(30),
             max_connections: 2,
+            keep_alive: None,
         };
         let server = echo_counted(limits, open.clone());
         let held: Vec<TcpStream> = (0..2)

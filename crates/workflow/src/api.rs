@@ -215,7 +215,7 @@ impl Api {
         let found = self
             .engine
             .shared
-            .wait_for(Instant::now() + APPLY_TIMEOUT, |s| {
+            .wait_for_task(&uuid, Instant::now() + APPLY_TIMEOUT, |s| {
                 if let Some(t) = s.tasks.get(&uuid) {
                     return Some((201, task_view(t)));
                 }
@@ -313,7 +313,7 @@ impl Api {
             Some(Err(_)) => return Reply::error(400, "bad_request", "wait must be whole seconds"),
         };
         let deadline = Instant::now() + Duration::from_secs(wait_s);
-        let found = self.engine.shared.wait_for(deadline, |s| {
+        let found = self.engine.shared.wait_for_task(uuid, deadline, |s| {
             let t = s.tasks.get(uuid)?;
             (wait_s == 0 || t.state.is_terminal()).then(|| task_view(t))
         });
@@ -392,10 +392,12 @@ impl Api {
 
     /// Publishes `event` and answers once `done` says the fold has applied it.
     fn publish_then(&self, event: Event, done: impl FnMut(&State) -> Option<Reply>) -> Reply {
+        let task = event.task().map(str::to_string);
         if let Err(e) = self.engine.writer.publish(event) {
             return Reply::error(503, "log_unavailable", format!("cannot publish: {e}"));
         }
-        task_routes::await_fold(&self.engine.shared, APPLY_TIMEOUT, done)
+        let shared = &self.engine.shared;
+        task_routes::await_fold(shared, task.as_deref(), APPLY_TIMEOUT, done)
     }
 
     /// `PATCH /v1/tasks/{uuid}/workflow_steps/{step}`: reset, resolve or complete a

@@ -28,7 +28,7 @@ pub struct Clock<'a> {
 pub fn decide(state: &State, clock: &Clock) -> (Vec<Event>, Option<u64>) {
     let mut out = Vec::new();
     let mut wake: Option<u64> = None;
-    for task in state.tasks.values().filter(|t| !t.state.is_terminal()) {
+    for task in state.open_task_iter() {
         let stale = crate::staleness::stale_steps(task, clock.now_ms);
         if !stale.is_empty() {
             // Failing them comes first; what else to do follows from the failures.

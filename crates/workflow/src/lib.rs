@@ -25,6 +25,7 @@ mod step_events;
 pub mod task_events;
 mod task_routes;
 pub mod template;
+mod threads;
 pub mod trace;
 pub mod validate;
 mod view;

@@ -10,6 +10,8 @@ use embarcadero_client::{
     Admin, Error, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
 };
 use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Where the event log is and how it is written.
@@ -22,6 +24,9 @@ pub struct LogConfig {
     pub ack: u8,
     /// Used when the topic is created here.
     pub replication_factor: u8,
+    /// How long an event may wait for others to join its batch (the publisher's
+    /// linger); zero: sent as soon as a sender is free.
+    pub linger: Duration,
 }
 
 impl LogConfig {
@@ -31,6 +36,7 @@ impl LogConfig {
             topic: topic.to_string(),
             ack: 1,
             replication_factor: 1,
+            linger: Duration::ZERO,
         }
     }
 }
@@ -69,8 +75,9 @@ impl Writer {
     pub fn open(cfg: &LogConfig) -> Result<Self, Error> {
         let config = PublisherConfig {
             ack_level: cfg.ack,
-            // Events are small and latency matters: send each as soon as a sender is free.
-            linger: Duration::ZERO,
+            // Events are small and latency matters: by default each is sent as soon as a
+            // sender is free.
+            linger: cfg.linger,
             ..PublisherConfig::default()
         };
         Ok(Self {
@@ -92,11 +99,17 @@ impl Writer {
     }
 }
 
-/// The folded state and a condition variable signalled after every batch of events.
+/// The folded state, a condition variable signalled after every batch of events, and
+/// the waits on one task each, woken only by a batch with an event about their task
+/// (so that a long poll costs nothing while other tasks' events are folded).
 #[derive(Default)]
 pub struct Shared {
     state: Mutex<State>,
     changed: Condvar,
+    /// Task uuid to the condition variables of the waits on it. Registered and removed
+    /// under the state's lock (taken before this one, never after), so a batch folded
+    /// after a wait checked the state finds the wait here.
+    watchers: Mutex<HashMap<String, Vec<Arc<Condvar>>>>,
 }
 
 impl Shared {
@@ -104,7 +117,8 @@ impl Shared {
         self.state.lock()
     }
 
-    /// Waits (until `deadline`) for `found` to return something.
+    /// Waits (until `deadline`) for `found` to return something; re-checks after every
+    /// batch of events.
     pub fn wait_for<T>(
         &self,
         deadline: Instant,
@@ -117,6 +131,57 @@ impl Shared {
             }
             if self.changed.wait_until(&mut state, deadline).timed_out() {
                 return found(&state);
+            }
+        }
+    }
+
+    /// [`Shared::wait_for`] for a `found` that only an event about task `uuid` can
+    /// change: re-checks only after a batch holding one.
+    pub fn wait_for_task<T>(
+        &self,
+        uuid: &str,
+        deadline: Instant,
+        mut found: impl FnMut(&State) -> Option<T>,
+    ) -> Option<T> {
+        let mut state = self.state.lock();
+        if let Some(t) = found(&state) {
+            return Some(t);
+        }
+        let mine = Arc::new(Condvar::new());
+        let mut watchers = self.watchers.lock();
+        watchers
+            .entry(uuid.to_string())
+            .or_default()
+            .push(mine.clone());
+        drop(watchers);
+        let got = loop {
+            if mine.wait_until(&mut state, deadline).timed_out() {
+                break found(&state);
+            }
+            if let Some(t) = found(&state) {
+                break Some(t);
+            }
+        };
+        let mut watchers = self.watchers.lock();
+        if let Some(list) = watchers.get_mut(uuid) {
+            list.retain(|c| !Arc::ptr_eq(c, &mine));
+            if list.is_empty() {
+                watchers.remove(uuid);
+            }
+        }
+        got
+    }
+
+    /// Wakes the waits on anything, and those on the tasks `touched` names.
+    fn notify(&self, touched: &[&str]) {
+        self.changed.notify_all();
+        let watchers = self.watchers.lock();
+        if watchers.is_empty() {
+            return;
+        }
+        for uuid in touched {
+            for c in watchers.get(*uuid).into_iter().flatten() {
+                c.notify_one();
             }
         }
     }
@@ -164,7 +229,11 @@ impl Folder {
             .map(|(position, _, payload)| fold_one(&mut state, *position, payload))
             .collect();
         drop(state);
-        shared.changed.notify_all();
+        let touched: Vec<&str> = out
+            .iter()
+            .filter_map(|f| f.envelope.as_ref()?.event.task())
+            .collect();
+        shared.notify(&touched);
         if let Some(read_ns) = read_ns {
             let reads: Vec<_> = read
                 .iter()

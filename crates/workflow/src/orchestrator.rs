@@ -157,7 +157,7 @@ impl Runtime {
     /// if alive, heartbeats; if not, the attempt is taken back a lease later).
     fn start_leases(&mut self, now: u64) {
         let state = self.engine.shared.lock();
-        for task in state.tasks.values().filter(|t| !t.state.is_terminal()) {
+        for task in state.open_task_iter() {
             for s in task
                 .steps
                 .iter()
@@ -176,7 +176,11 @@ impl Runtime {
     /// Notes what the lease checks need and which of its own decisions came back.
     fn observe(&mut self, f: &Folded, now: u64) {
         let Some(env) = &f.envelope else { return };
-        self.inflight.remove(&key(&env.event));
+        // Most events are not its own (none are, for a running task of protocol 2):
+        // no key to build then.
+        if !self.inflight.is_empty() {
+            self.inflight.remove(&key(&env.event));
+        }
         match &env.event {
             Event::StepClaimed { at, worker } => {
                 if f.outcome.is_ok() {

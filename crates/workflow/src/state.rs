@@ -11,7 +11,7 @@ use crate::machine::{legal_step, StepState, TaskState};
 use crate::template::{IdentityStrategy, StepTemplate, StepType, Template, TemplateKey};
 use serde::Serialize;
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// One move of a state machine, with the event that caused it.
@@ -144,6 +144,12 @@ pub struct State {
     /// The position after the last event applied or rejected.
     pub next_position: u64,
     pub rejected: u64,
+    /// The uuids of the tasks not finished: derived from `tasks`, kept by [`State::apply`]
+    /// for the task each event names, so that the engine's loops and the backlog check
+    /// visit the open tasks only, not every task the log ever held (a scan of all of
+    /// them per batch of events made the engine slower the longer it ran). Whoever
+    /// fills `tasks` by other means calls [`State::reindex`].
+    pub open: BTreeSet<String>,
 }
 
 /// The identity of a task created by an event that records none (written before
@@ -157,16 +163,46 @@ impl State {
     pub fn apply(&mut self, position: u64, env: &Envelope) -> Result<(), Rejected> {
         self.next_position = position + 1;
         let result = self.dispatch(position, env);
-        if result.is_err() {
-            self.rejected += 1;
+        match (&result, env.event.task()) {
+            (Err(_), _) => self.rejected += 1,
+            // An event changes only the task it names (a refused one changes nothing).
+            (Ok(()), Some(uuid)) => self.reindex_task(uuid),
+            (Ok(()), None) => {}
         }
         result
     }
 
     /// Tasks not finished (complete, error, cancelled or resolved): the engine's backlog.
     pub fn open_tasks(&self) -> usize {
+        self.open.len()
+    }
+
+    /// The tasks not finished, in uuid order (as `tasks`).
+    pub fn open_task_iter(&self) -> impl Iterator<Item = &Task> + '_ {
+        self.open.iter().map(|uuid| match self.tasks.get(uuid) {
+            Some(task) => task,
+            None => unreachable!("open task {uuid} is not among the tasks"),
+        })
+    }
+
+    /// Rebuilds [`State::open`] from `tasks` (after filling `tasks` without `apply`).
+    pub fn reindex(&mut self) {
         let open = self.tasks.values().filter(|t| !t.state.is_terminal());
-        open.count()
+        self.open = open.map(|t| t.uuid.clone()).collect();
+    }
+
+    /// Puts one task in or out of [`State::open`] by its state now.
+    fn reindex_task(&mut self, uuid: &str) {
+        match self.tasks.get(uuid) {
+            Some(t) if !t.state.is_terminal() => {
+                if !self.open.contains(uuid) {
+                    self.open.insert(uuid.to_string());
+                }
+            }
+            _ => {
+                self.open.remove(uuid);
+            }
+        }
     }
 
     /// The same for a message that did not decode: counted, refused.

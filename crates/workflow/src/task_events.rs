@@ -83,11 +83,12 @@ impl TaskEvents {
         }
     }
 
-    /// Waits (up to the keepalive) for events after `from`; the task's transitions at
-    /// positions from `from` on. A position's events are applied under one lock, so
+    /// Waits (up to the keepalive) for the task's transitions at positions from `from`
+    /// on (or its end). A position's events are applied under one lock, so
     /// every transition before `next_position` is there when it is read.
     fn next_batch(&self, from: u64) -> Option<Batch> {
-        self.shared.wait_for(Instant::now() + KEEPALIVE, |state| {
+        let deadline = Instant::now() + KEEPALIVE;
+        self.shared.wait_for_task(&self.uuid, deadline, |state| {
             let Some(task) = state.tasks.get(&self.uuid) else {
                 return Some(Batch {
                     transitions: Vec::new(),
@@ -96,8 +97,10 @@ impl TaskEvents {
                 });
             };
             let finished = task.state.is_terminal();
-            (finished || state.next_position > from).then(|| Batch {
-                transitions: transitions_since(task, from),
+            // Other tasks' events move `next_position` too: wait for this task's.
+            let transitions = transitions_since(task, from);
+            (finished || !transitions.is_empty()).then_some(Batch {
+                transitions,
                 next_position: state.next_position,
                 finished,
             })

@@ -223,19 +223,24 @@ pub(crate) fn step_action(
     }
 }
 
-/// Waits until `done` says the fold has applied what was published.
+/// Waits until `done` says the fold has applied what was published (an event about
+/// `task`, if it names one: then only such events wake the wait).
 pub(crate) fn await_fold(
     shared: &Shared,
+    task: Option<&str>,
     timeout: Duration,
     done: impl FnMut(&State) -> Option<Reply>,
 ) -> Reply {
-    shared
-        .wait_for(Instant::now() + timeout, done)
-        .unwrap_or_else(|| {
-            Reply::error(
-                504,
-                "not_applied",
-                "the command was published but not applied in time",
-            )
-        })
+    let deadline = Instant::now() + timeout;
+    let found = match task {
+        Some(uuid) => shared.wait_for_task(uuid, deadline, done),
+        None => shared.wait_for(deadline, done),
+    };
+    found.unwrap_or_else(|| {
+        Reply::error(
+            504,
+            "not_applied",
+            "the command was published but not applied in time",
+        )
+    })
 }

@@ -1,7 +1,7 @@
 //! A worker: folds the event log like the orchestrator does, claims enqueued attempts
 //! of its namespaces whose handler it has (a claim is an event; the first claim of an
 //! attempt in log order wins, and every reader agrees which), runs the attempts it won
-//! on threads of their own with the step's timeout, publishes their results, and
+//! each on a thread of its own ([`crate::threads`]) with the step's timeout, publishes their results, and
 //! heartbeats while it holds any.
 //!
 //! Claiming ahead (tasks of protocol 2): when a handler succeeds, the worker works out
@@ -20,6 +20,7 @@ use crate::ids::{new_uuid, now_ms};
 use crate::log::{ensure_topic, Folded, Folder, LogConfig, Shared, Writer};
 use crate::machine::StepState;
 use crate::state::State;
+use crate::threads::Threads;
 use embarcadero_client::Error;
 use parking_lot::{Condvar, Mutex};
 use serde_json::{Map, Value};
@@ -71,6 +72,7 @@ impl Worker {
             claims: Mutex::new(HashSet::new()),
             attempts: Mutex::new(Vec::new()),
             run_log: cfg.run_log.clone(),
+            threads: Threads::new("step", THREAD_LINGER),
         });
         let mut runtime = Runtime {
             folder: Folder::open(&cfg.log, &id)?,
@@ -158,6 +160,8 @@ struct Steps {
     /// The attempts whose handler runs, for the loop to time out.
     attempts: Mutex<Vec<Arc<Running>>>,
     run_log: Option<PathBuf>,
+    /// The threads attempts run on.
+    threads: Threads,
 }
 
 /// An attempt whose handler runs on a thread of its own. Whoever reports it first
@@ -172,6 +176,8 @@ struct Running {
 }
 
 const POLL: Duration = Duration::from_millis(20);
+/// How long a thread that ran an attempt waits for another before it ends.
+const THREAD_LINGER: Duration = Duration::from_secs(10);
 
 impl Runtime {
     fn run(&mut self, stop: &AtomicBool) -> Result<(), Error> {
@@ -322,22 +328,19 @@ impl Steps {
         this.running.fetch_add(1, Ordering::SeqCst);
         this.attempts.lock().push(attempt.clone());
         let (steps, mine) = (this.clone(), attempt.clone());
-        let started = std::thread::Builder::new()
-            .name("step".into())
-            .spawn(move || {
-                if let Some(path) = &steps.run_log {
-                    record_run(path, &job.at, &steps.worker);
-                }
-                let ctx = job.ctx;
-                let r =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.call(&ctx)));
-                let outcome = match r {
-                    Ok(Ok(result)) => Outcome::Success { result },
-                    Ok(Err(e)) => failure(e),
-                    Err(_) => failure(StepError::retryable("the handler panicked")),
-                };
-                steps.report(&mine, outcome);
-            });
+        let started = this.threads.run(move || {
+            if let Some(path) = &steps.run_log {
+                record_run(path, &job.at, &steps.worker);
+            }
+            let ctx = job.ctx;
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.call(&ctx)));
+            let outcome = match r {
+                Ok(Ok(result)) => Outcome::Success { result },
+                Ok(Err(e)) => failure(e),
+                Err(_) => failure(StepError::retryable("the handler panicked")),
+            };
+            steps.report(&mine, outcome);
+        });
         if let Err(e) = started {
             let why = format!("cannot start the handler: {e}");
             this.report(&attempt, failure(StepError::retryable(why)));
@@ -453,6 +456,7 @@ fn enqueued_by(
     let template = before.template.clone();
     scratch.templates.insert(template.key(), template);
     scratch.tasks.insert(before.uuid.clone(), before.clone());
+    scratch.reindex();
     let env = Envelope {
         ts_ms: now_ms(),
         event: result.clone(),
@@ -484,9 +488,7 @@ fn claimable<'a>(
     registry: &'a Registry,
 ) -> impl Iterator<Item = StepRef> + 'a {
     state
-        .tasks
-        .values()
-        .filter(|t| !t.state.is_terminal())
+        .open_task_iter()
         .filter(move |t| namespaces.is_empty() || namespaces.contains(&t.template.namespace))
         .flat_map(move |t| {
             t.steps.iter().enumerate().filter_map(move |(i, s)| {

@@ -347,6 +347,22 @@ proptest! {
     }
 
     #[test]
+    fn the_open_tasks_index_is_the_tasks_not_finished_after_every_event(ops in prop::collection::vec(op(), 0..60)) {
+        let envs = events(&ops);
+        let mut s = State::default();
+        for (i, e) in envs.iter().enumerate() {
+            let _ = s.apply(i as u64, e);
+            let open: Vec<&str> = s.tasks.values().filter(|t| !t.state.is_terminal()).map(|t| t.uuid.as_str()).collect();
+            let indexed: Vec<&str> = s.open_task_iter().map(|t| t.uuid.as_str()).collect();
+            prop_assert_eq!(&indexed, &open);
+            prop_assert_eq!(s.open_tasks(), open.len());
+            let mut rebuilt = s.clone();
+            rebuilt.reindex();
+            prop_assert_eq!(&rebuilt, &s);
+        }
+    }
+
+    #[test]
     fn a_finished_task_never_changes_again_but_for_its_refusals(ops in prop::collection::vec(op(), 0..60)) {
         let envs = events(&ops);
         let mut s = State::default();

@@ -4,7 +4,8 @@
 # Embarcadero: serve + orchestrator + worker, events durable with RF 2 and ack 2.
 # Each engine runs alone (the other's processes stopped); bench.py drives both over HTTP.
 # Needs install.sh first. Usage: [EMBARCADERO=path] [ENGINES="tasker embarcadero"] [SUSTAINED_S=20]
-#   [RAW_SAMPLES=200] [POLL_SAMPLES=50] [SHAPES=linear,batch,...] [CLIENTS=8 (sustained)] scripts/peers/tasker/run.sh [OUT_DIR]
+#   [RAW_SAMPLES=200] [POLL_SAMPLES=50] [SHAPES=linear,batch,...] [CLIENTS=8 (the sustained run's)]
+#   scripts/peers/tasker/run.sh [OUT_DIR]
 # Writes OUT_DIR/table.txt and OUT_DIR/plot.svg, and each half's /proc/loadavg at its start and end
 # into OUT_DIR/load.txt (the machine is shared: the load goes with the figures).
 set -euo pipefail

@@ -65,6 +65,11 @@ pub enum TaskCommand {
         /// How many tasks to run, one after another.
         #[arg(long, default_value_t = 200, value_parser = crate::at_least_one)]
         count: usize,
+        /// Closed-loop clients, each with its own connection, running COUNT tasks
+        /// between them (each its next task once its last one completed); more than one
+        /// also prints the tasks completed per second.
+        #[arg(long, default_value_t = 1, value_parser = crate::at_least_one)]
+        clients: usize,
         #[command(flatten)]
         api: ApiArg,
         /// Print the result as JSON, for scripts.
@@ -277,13 +282,14 @@ pub fn task(cmd: TaskCommand) -> CliResult {
             version,
             context,
             count,
+            clients,
             api,
             json,
         } => {
             let context: Value = serde_json::from_str(&context)
                 .map_err(|e| format!("--context is not JSON: {e}"))?;
             let template = [namespace.as_str(), &name, &version];
-            bench(&ApiClient::new(&api.api), template, &context, count, json)
+            bench(&api.api, template, &context, [count, clients], json)
         }
         TaskCommand::Wait {
             uuid,
@@ -348,14 +354,64 @@ pub fn template(cmd: TemplateCommand) -> CliResult {
     }
 }
 
-/// Sequential tasks, each from `POST` to the long poll's answer that it completed.
+/// Tasks from `POST` to the long poll's answer that they completed: `clients` closed
+/// loops running `count` tasks between them, each one after another.
 fn bench(
+    api: &str,
+    template: [&str; 3],
+    context: &Value,
+    [count, clients]: [usize; 2],
+    json: bool,
+) -> CliResult {
+    let start = std::time::Instant::now();
+    let runs: Vec<Result<Vec<(u64, u64)>, String>> = std::thread::scope(|scope| {
+        let loops: Vec<_> = (0..clients)
+            .map(|i| {
+                // The first `count % clients` loops run one task more.
+                let share = count / clients + usize::from(i < count % clients);
+                scope.spawn(move || bench_loop(&ApiClient::new(api), template, context, share))
+            })
+            .collect();
+        let joined = loops.into_iter().map(|l| l.join());
+        joined
+            .map(|r| r.unwrap_or_else(|_| Err("a bench client panicked".into())))
+            .collect()
+    });
+    let per_s = count as f64 / start.elapsed().as_secs_f64();
+    let (mut micros, mut creates) = (Vec::with_capacity(count), Vec::with_capacity(count));
+    for run in runs {
+        let run = run?;
+        micros.extend(run.iter().map(|(total, _)| *total));
+        creates.extend(run.iter().map(|(_, create)| *create));
+    }
+    let [p50, p95, p99] = percentiles(&mut micros);
+    let [create_p50, _, create_p99] = percentiles(&mut creates);
+    let [ns, name, version] = template;
+    let of = format!("{count} tasks of {ns}/{name}@{version}");
+    let create = format!("(POST alone p50 {create_p50:.2} ms  p99 {create_p99:.2} ms)");
+    match json {
+        true => say!("{}", serde_json::json!({"tasks": count, "clients": clients, "tasks_per_s": per_s, "p50_ms": p50, "p95_ms": p95, "p99_ms": p99, "create_p50_ms": create_p50, "create_p99_ms": create_p99})),
+        false if clients == 1 => say!("{of}: POST to complete p50 {p50:.2} ms  p95 {p95:.2} ms  p99 {p99:.2} ms {create}"),
+        false => say!("{of} by {clients} clients: {per_s:.1} tasks/s, POST to complete p50 {p50:.2} ms  p95 {p95:.2} ms  p99 {p99:.2} ms {create}"),
+    }
+    Ok(())
+}
+
+/// p50, p95 and p99 of `micros`, in milliseconds.
+fn percentiles(micros: &mut [u64]) -> [f64; 3] {
+    micros.sort_unstable();
+    let pct = |p: f64| micros[((micros.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0;
+    [pct(0.50), pct(0.95), pct(0.99)]
+}
+
+/// One client's `count` tasks, one after another: each one's microseconds, from the
+/// `POST` to complete and to the `POST`'s answer.
+fn bench_loop(
     client: &ApiClient,
     [ns, name, version]: [&str; 3],
     context: &Value,
     count: usize,
-    json: bool,
-) -> CliResult {
+) -> Result<Vec<(u64, u64)>, String> {
     let mut micros = Vec::with_capacity(count);
     for _ in 0..count {
         // A fresh key per task: under the `strict` identity strategy the same context
@@ -365,6 +421,7 @@ fn bench(
         let t = client
             .create_task(ns, name, version, context.clone(), Some(&key))
             .map_err(api_error)?;
+        let created = start.elapsed().as_micros() as u64;
         let uuid = text(&t["task_uuid"]);
         let t = if t["status"] == "complete" {
             t
@@ -372,16 +429,9 @@ fn bench(
             client.get_task(&uuid, 60).map_err(api_error)?
         };
         finished_ok(&t, true)?;
-        micros.push(start.elapsed().as_micros() as u64);
+        micros.push((start.elapsed().as_micros() as u64, created));
     }
-    micros.sort_unstable();
-    let pct = |p: f64| micros[((micros.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0;
-    let (p50, p95, p99) = (pct(0.50), pct(0.95), pct(0.99));
-    match json {
-        true => say!("{}", serde_json::json!({"tasks": count, "p50_ms": p50, "p95_ms": p95, "p99_ms": p99})),
-        false => say!("{count} tasks of {ns}/{name}@{version}: POST to complete p50 {p50:.2} ms  p95 {p95:.2} ms  p99 {p99:.2} ms"),
-    }
-    Ok(())
+    Ok(micros)
 }
 
 fn read(file: &PathBuf) -> Result<String, String> {

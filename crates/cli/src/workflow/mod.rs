@@ -57,6 +57,10 @@ pub struct LogArgs {
     /// A worker not heard from for this many milliseconds loses its claims.
     #[arg(long, default_value_t = 3000)]
     pub lease_ms: u64,
+    /// How long (microseconds) an event the process publishes may wait for others to
+    /// join its batch; 0: sent as soon as a sender is free.
+    #[arg(long, default_value_t = 0)]
+    pub linger_us: u64,
 }
 
 impl LogArgs {
@@ -64,6 +68,7 @@ impl LogArgs {
         let mut c = embarcadero_workflow::log::LogConfig::new(&self.control.control, &self.topic);
         c.ack = self.ack;
         c.replication_factor = self.rf;
+        c.linger = std::time::Duration::from_micros(self.linger_us);
         c
     }
 }

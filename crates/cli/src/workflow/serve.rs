@@ -50,6 +50,9 @@ pub struct WorkerArgs {
     run_log: Option<std::path::PathBuf>,
 }
 
+/// How long a kept-alive API connection waits for its next request.
+const KEEP_ALIVE: Duration = Duration::from_secs(30);
+
 pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
     crate::init_logging();
     let stop = crate::stop_signal()?;
@@ -69,6 +72,9 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
         // Long polls hold their connection up to the longest wait.
         request_deadline: Duration::from_secs(10),
         max_connections: 1024,
+        // A client creating and awaiting tasks in a loop keeps one connection (and the
+        // thread serving it) instead of opening two per task.
+        keep_alive: Some(KEEP_ALIVE),
     };
     let engine = orchestrator.engine.clone();
     let handler = move |r: &Request| {
