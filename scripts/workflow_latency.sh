@@ -7,7 +7,9 @@
 # TASK_PROTOCOL=1: tasks of protocol 1 (the orchestrator enqueues and completes steps by
 # events; docs/WORKFLOW.md), for comparison; default: the orchestrator's (2).
 # EPOCH_US=N: the sequencer's epoch (default: the server's, 500 us).
-# Usage: [ACK=1] [TRACE=FILE] [TASK_PROTOCOL=1] [EPOCH_US=N] scripts/workflow_latency.sh [BIN] [COUNT]
+# SNAPSHOT_EVERY=N: the orchestrator snapshots its state every N events (into the run's
+# temporary directory), to see that snapshots stay off the tasks' path.
+# Usage: [ACK=1] [TRACE=FILE] [TASK_PROTOCOL=1] [EPOCH_US=N] [SNAPSHOT_EVERY=N] scripts/workflow_latency.sh [BIN] [COUNT]
 set -euo pipefail
 BIN=${1:-target/release/embarcadero}
 COUNT=${2:-200}
@@ -23,7 +25,8 @@ until grep -q 'embarcadero is serving' "$DIR/serve.log"; do sleep 0.1; done
 CONTROL=$(grep -o 'http://[0-9.:]*' "$DIR/serve.log" | head -1 | sed 's|http://||')
 
 "$BIN" orchestrator --control "$CONTROL" --listen 127.0.0.1:0 --rf "$RF" --ack "$ACK" \
-  ${TASK_PROTOCOL:+--task-protocol "$TASK_PROTOCOL"} 2>"$DIR/orch.log" &
+  ${TASK_PROTOCOL:+--task-protocol "$TASK_PROTOCOL"} \
+  ${SNAPSHOT_EVERY:+--data-dir "$DIR/orch" --snapshot-every "$SNAPSHOT_EVERY"} 2>"$DIR/orch.log" &
 until grep -q 'orchestrator is serving' "$DIR/orch.log"; do sleep 0.1; done
 API=$(grep -o 'http://[0-9.:]*' "$DIR/orch.log" | tail -1 | sed 's|http://||')
 
@@ -42,3 +45,7 @@ steps:
 YAML
 "$BIN" template register "$DIR/linear.yaml" --api "$API"
 "$BIN" task bench --namespace bench --name linear --context '{"even_number":2}' --count "$COUNT" --api "$API"
+if [ -n "${SNAPSHOT_EVERY:-}" ]; then
+  # How many snapshots were written and how long the last one held the state's lock.
+  curl -s "http://$API/metrics" | grep -E '^embarcadero_workflow_snapshot' || true
+fi

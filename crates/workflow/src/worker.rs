@@ -455,6 +455,7 @@ fn enqueued_by(
     scratch.tasks.insert(before.uuid.clone(), before.clone());
     let env = Envelope {
         ts_ms: now_ms(),
+        term: None,
         event: result.clone(),
     };
     if scratch.apply(scratch.next_position, &env).is_err() {
@@ -544,7 +545,14 @@ mod tests {
 
     fn apply(state: &mut State, event: Event) {
         let position = state.next_position;
-        let applied = state.apply(position, &Envelope { ts_ms: 0, event });
+        let applied = state.apply(
+            position,
+            &Envelope {
+                ts_ms: 0,
+                term: None,
+                event,
+            },
+        );
         assert_eq!(applied, Ok(()));
     }
 
