@@ -1653,7 +1653,7 @@ fn a_restart_loads_the_newest_snapshot_and_replays_only_the_log_after_it() {
         );
     }
     // And the engine goes on: a new task completes once this one holds the lease.
-    let uuid = create(&api, "linear", json!({"even_number": 20}));
+    let uuid = create(&api, "linear", json!({"even_number": 2, "again": true}));
     let t = api.get_task(&uuid, 30).unwrap();
     assert_eq!(t["status"], "complete", "{t:#}");
 }

@@ -132,8 +132,13 @@ pub enum Event {
         result: Option<Value>,
     },
     /// An orchestrator bids for term `term` (the one after the current: the first bid
-    /// in log order wins) or, holding it, renews it ([`crate::leadership`]).
-    OrchestratorLease { term: u64, holder: String },
+    /// in log order wins) or, holding it, renews it ([`crate::leadership`]). Encoded as
+    /// `lease_term`: `term` is the envelope's (a decision's term), flattened beside it.
+    OrchestratorLease {
+        #[serde(rename = "lease_term")]
+        term: u64,
+        holder: String,
+    },
 }
 
 /// How far a batch worker got: the cursor to resume at, the items done so far and
@@ -278,5 +283,29 @@ mod tests {
         v2[0] = 2;
         assert_eq!(decode(&v2), Err(DecodeError::UnknownVersion(2)));
         assert!(matches!(decode(b"\x01{}"), Err(DecodeError::Malformed(_))));
+    }
+
+    #[test]
+    fn a_lease_event_and_a_decision_with_its_term_round_trip() {
+        let lease = Envelope {
+            ts_ms: 7,
+            term: None,
+            event: Event::OrchestratorLease {
+                term: 3,
+                holder: "o".into(),
+            },
+        };
+        let decision = Envelope {
+            ts_ms: 8,
+            term: Some(3),
+            event: Event::StepCompleted(StepRef {
+                task: "t".into(),
+                step: "s".into(),
+                attempt: 1,
+            }),
+        };
+        for e in [lease, decision] {
+            assert_eq!(decode(&encode(&e)).unwrap(), e);
+        }
     }
 }
