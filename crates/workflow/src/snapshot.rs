@@ -255,7 +255,7 @@ fn snapshots(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
             found.push((p, entry.path()));
         }
     }
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|f| std::cmp::Reverse(f.0));
     Ok(found)
 }
 
