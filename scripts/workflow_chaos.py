@@ -197,7 +197,10 @@ class Cluster:
         return p
 
     def start_orchestrator(self):
-        p = self.spawn("orchestrator", {}, ["orchestrator", "--listen", self.api] + self.log_args())
+        # A restarted orchestrator waits out its killed predecessor's lease before it
+        # decides: keep that as short as the workers' lease.
+        args = ["orchestrator", "--listen", self.api, "--failover-ms", "1000"]
+        p = self.spawn("orchestrator", {}, args + self.log_args())
         p.wait_line("workflow orchestrator is serving")
         return p
 

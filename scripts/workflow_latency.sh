@@ -14,7 +14,9 @@
 # older engine can be measured by the same client.
 # PERF=DIR: record `perf record -g` of the orchestrator and the worker while the tasks run,
 # into DIR/orch.data, DIR/worker.data and DIR/serve.data.
-# Usage: [ACK=1] [TRACE=FILE] [TASK_PROTOCOL=1] [EPOCH_US=N] [CLIENTS=N] [PERF=DIR]
+# SNAPSHOT_EVERY=N: the orchestrator snapshots its state every N events (into the run's
+# temporary directory), to see that snapshots stay off the tasks' path.
+# Usage: [ACK=1] [TRACE=FILE] [TASK_PROTOCOL=1] [EPOCH_US=N] [CLIENTS=N] [PERF=DIR] [SNAPSHOT_EVERY=N]
 #   scripts/workflow_latency.sh [BIN] [COUNT]
 set -euo pipefail
 BIN=${1:-target/release/embarcadero}
@@ -32,7 +34,8 @@ until grep -q 'embarcadero is serving' "$DIR/serve.log"; do sleep 0.1; done
 CONTROL=$(grep -o 'http://[0-9.:]*' "$DIR/serve.log" | head -1 | sed 's|http://||')
 
 "$BIN" orchestrator --control "$CONTROL" --listen 127.0.0.1:0 --rf "$RF" --ack "$ACK" ${LINGER_US:+--linger-us "$LINGER_US"} \
-  ${TASK_PROTOCOL:+--task-protocol "$TASK_PROTOCOL"} 2>"$DIR/orch.log" &
+  ${TASK_PROTOCOL:+--task-protocol "$TASK_PROTOCOL"} \
+  ${SNAPSHOT_EVERY:+--data-dir "$DIR/orch" --snapshot-every "$SNAPSHOT_EVERY"} 2>"$DIR/orch.log" &
 ORCH_PID=$!
 until grep -q 'orchestrator is serving' "$DIR/orch.log"; do sleep 0.1; done
 API=$(grep -o 'http://[0-9.:]*' "$DIR/orch.log" | tail -1 | sed 's|http://||')
@@ -66,3 +69,7 @@ CPU_BEFORE="$(cpu_s $SERVE_PID) $(cpu_s $ORCH_PID) $(cpu_s $WORKER_PID)"
 "${CLIENT_BIN:-$BIN}" task bench --namespace bench --name linear --context '{"even_number":2}' --count "$COUNT" \
   --clients "${CLIENTS:-1}" --api "$API"
 echo "CPU s during the tasks (serve orchestrator worker): before $CPU_BEFORE, after $(cpu_s $SERVE_PID) $(cpu_s $ORCH_PID) $(cpu_s $WORKER_PID); load $(cat /proc/loadavg)" >&2
+if [ -n "${SNAPSHOT_EVERY:-}" ]; then
+  # How many snapshots were written and how long the last one held the state's lock.
+  curl -s "http://$API/metrics" | grep -E '^embarcadero_workflow_snapshot' || true
+fi

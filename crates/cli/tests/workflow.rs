@@ -1463,3 +1463,223 @@ fn a_short_chaos_run_completes_every_task_and_accepts_each_result_once() {
         "{log}"
     );
 }
+
+/// Three steps of 150 ms each, so that tasks are mid-way when an orchestrator dies.
+const CHAIN: &str = "name: chain
+namespace: demo
+version: 1.0.0
+steps:
+  - {name: a, handler: {callable: test.sleep, initialization: {ms: 150}}}
+  - {name: b, dependencies: [a], handler: {callable: test.sleep, initialization: {ms: 150}}}
+  - {name: c, dependencies: [b], handler: {callable: test.sleep, initialization: {ms: 150}}}
+";
+
+/// An orchestrator's gauge `embarcadero_workflow_{name}`.
+fn gauge(api: &ApiClient, name: &str) -> f64 {
+    let text = api.metrics().unwrap();
+    let series = format!("embarcadero_workflow_{name}");
+    sample(&text, &series).unwrap_or_else(|| panic!("no {series} in {text}"))
+}
+
+/// Polls the gauge until `want` holds (at most 30 s); returns its value.
+fn gauge_until(api: &ApiClient, name: &str, want: impl Fn(f64) -> bool) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = gauge(api, name);
+        if want(v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited 30 s for {name}, still {v}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every step of every task completed, each by exactly one accepted result (the
+/// audit trail enters `complete` once, from the attempt whose result it holds), and
+/// each attempt's handler ran at most once by the workers' run log.
+fn each_step_accepted_once(api: &ApiClient, tasks: &[String], run_log: &std::path::Path) {
+    let runs = std::fs::read_to_string(run_log).unwrap();
+    let mut ran: std::collections::HashMap<(String, String, u64), usize> = Default::default();
+    for line in runs.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        *ran.entry((f[0].into(), f[1].into(), f[2].parse().unwrap()))
+            .or_default() += 1;
+    }
+    for uuid in tasks {
+        let t = api.get_task(uuid, 30).unwrap();
+        assert_eq!(t["status"], "complete", "{t:#}");
+        for s in t["steps"].as_array().unwrap() {
+            assert_eq!(entered(s, "complete"), 1, "accepted once: {s:#}");
+            let attempt = s["attempts"].as_u64().unwrap();
+            assert_eq!(s["result"]["attempt"], json!(attempt), "{s:#}");
+            let name = s["name"].as_str().unwrap().to_string();
+            let key = (uuid.clone(), name, attempt);
+            assert_eq!(
+                ran.get(&key),
+                Some(&1),
+                "the accepted attempt ran once: {s:#}"
+            );
+        }
+    }
+    assert!(
+        ran.values().all(|&n| n == 1),
+        "an attempt ran twice: {ran:?}"
+    );
+}
+
+/// Which of the orchestrators holds the lease (polled until exactly one says so).
+fn the_active(apis: &[&ApiClient]) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let active: Vec<usize> = (0..apis.len())
+            .filter(|&i| gauge(apis[i], "orchestrator_active") == 1.0)
+            .collect();
+        if let [one] = active[..] {
+            return one;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited 30 s for one active orchestrator: {active:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Two orchestrators on one log, each with its API client, the active one first.
+fn two_orchestrators(engine: &Engine) -> [(Proc, ApiClient); 2] {
+    let lease = ["--failover-ms", "1500"];
+    let (a, a_addr) = engine.orchestrator_with("3000", &lease);
+    let (b, b_addr) = engine.orchestrator_with("3000", &lease);
+    let (a_api, b_api) = (ApiClient::new(&a_addr), ApiClient::new(&b_addr));
+    match the_active(&[&a_api, &b_api]) {
+        0 => [(a, a_api), (b, b_api)],
+        _ => [(b, b_api), (a, a_api)],
+    }
+}
+
+#[test]
+fn a_standby_orchestrator_takes_over_from_a_killed_one_and_every_step_is_accepted_once() {
+    let engine = Engine::start();
+    let [(active, active_api), (_standby, standby_api)] = two_orchestrators(&engine);
+    let term = gauge(&active_api, "orchestrator_term");
+    let runs = engine._dir.path().join("runs.log");
+    let env = [("EMBARCADERO_WORKFLOW_RUN_LOG", runs.to_str().unwrap())];
+    let worker_args = [
+        "worker",
+        "--control",
+        &engine.serve.control,
+        "--lease-ms",
+        "3000",
+    ];
+    let _workers: Vec<_> = (0..2)
+        .map(|_| Proc::ready(&worker_args, &env, "is running"))
+        .collect();
+    register(&active_api, CHAIN);
+    // Half through the standby's API: it answers too (it folds the same log).
+    let tasks: Vec<String> = (0..16)
+        .map(|i| {
+            let api = if i % 2 == 0 {
+                &active_api
+            } else {
+                &standby_api
+            };
+            create(api, "chain", json!({ "i": i }))
+        })
+        .collect();
+    until(&standby_api, &tasks[15], "the last task to start", |t| {
+        step(t, "a")["current_state"] != "pending"
+    });
+    active.kill();
+    gauge_until(&standby_api, "orchestrator_active", |v| v == 1.0);
+    assert!(
+        gauge(&standby_api, "orchestrator_term") > term,
+        "a newer term"
+    );
+    each_step_accepted_once(&standby_api, &tasks, &runs);
+}
+
+#[test]
+fn a_paused_orchestrator_is_deposed_and_follows_once_it_resumes() {
+    let engine = Engine::start();
+    let [(active, active_api), (_standby, standby_api)] = two_orchestrators(&engine);
+    let (_worker, _) = engine.worker("3000");
+    register(&standby_api, CHAIN);
+    active.signal("STOP");
+    gauge_until(&standby_api, "orchestrator_active", |v| v == 1.0);
+    let term = gauge(&standby_api, "orchestrator_term");
+    active.signal("CONT");
+    // It reads the newer term and stops deciding; whatever it decided before reading
+    // it was written under its old term and refused by every reader.
+    gauge_until(&active_api, "orchestrator_active", |v| v == 0.0);
+    assert!(gauge(&active_api, "orchestrator_term") >= term);
+    let uuid = create(&active_api, "chain", json!({}));
+    let t = standby_api.get_task(&uuid, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    active.kill();
+}
+
+#[test]
+fn a_restart_loads_the_newest_snapshot_and_replays_only_the_log_after_it() {
+    let engine = Engine::start();
+    let data = engine._dir.path().join("orchestrator");
+    let args = [
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--snapshot-every",
+        "20",
+        "--failover-ms",
+        "1000",
+    ];
+    let (first, addr) = engine.orchestrator_with("3000", &args);
+    let api = ApiClient::new(&addr);
+    let (_worker, _) = engine.worker("3000");
+    register(&api, LINEAR);
+    let tasks: Vec<String> = (0..6)
+        .map(|i| create(&api, "linear", json!({"even_number": 2 * i})))
+        .collect();
+    for uuid in &tasks {
+        let t = api.get_task(uuid, 30).unwrap();
+        assert_eq!(t["status"], "complete", "{t:#}");
+    }
+    let written = gauge_until(&api, "snapshot_position", |v| v >= 60.0) as u64;
+    let before: Vec<Value> = tasks.iter().map(|u| api.get_task(u, 0).unwrap()).collect();
+    first.kill();
+    // The newest file is the one the restart must start from.
+    let newest = std::fs::read_dir(&data)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_prefix("snapshot-")?
+                .strip_suffix(".snap")?
+                .parse::<u64>()
+                .ok()
+        })
+        .max()
+        .unwrap();
+    assert!(newest >= written, "{newest} < {written}");
+    let (_again, addr) = engine.orchestrator_with("3000", &args);
+    let api = ApiClient::new(&addr);
+    let from = gauge(&api, "replay_from_position") as u64;
+    let to = gauge(&api, "replay_to_position") as u64;
+    assert_eq!(from, newest, "the replay starts at the newest snapshot");
+    assert_eq!(
+        gauge(&api, "replayed_events") as u64,
+        to - from,
+        "only the tail"
+    );
+    assert!(from > 0, "fewer events than the whole log");
+    for (uuid, was) in tasks.iter().zip(&before) {
+        assert_eq!(
+            &api.get_task(uuid, 0).unwrap(),
+            was,
+            "the same task after the restart"
+        );
+    }
+    // And the engine goes on: a new task completes once this one holds the lease.
+    let uuid = create(&api, "linear", json!({"even_number": 2, "again": true}));
+    let t = api.get_task(&uuid, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+}

@@ -14,7 +14,8 @@ use serde_json::Value;
 pub const MAX_BATCH_WORKERS: usize = 1000;
 
 /// What one batch worker instance is given: its cursor and place among its siblings.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// (`parent`, skipped when serialized, is restored by [`crate::snapshot`].)
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BatchSlot {
     /// The batchable step that created it.
     #[serde(skip)]

@@ -15,6 +15,11 @@ pub const ENCODING_VERSION: u8 = 1;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
     pub ts_ms: u64,
+    /// The orchestrator's term (see [`crate::leadership`]) on its decisions; a decision
+    /// whose term is not the current one in log order is refused. Absent on every other
+    /// event, and on decisions written before terms existed (term 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term: Option<u64>,
     #[serde(flatten)]
     pub event: Event,
 }
@@ -126,6 +131,14 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         result: Option<Value>,
     },
+    /// An orchestrator bids for term `term` (the one after the current: the first bid
+    /// in log order wins) or, holding it, renews it ([`crate::leadership`]). Encoded as
+    /// `lease_term`: `term` is the envelope's (a decision's term), flattened beside it.
+    OrchestratorLease {
+        #[serde(rename = "lease_term")]
+        term: u64,
+        holder: String,
+    },
 }
 
 /// How far a batch worker got: the cursor to resume at, the items done so far and
@@ -210,6 +223,7 @@ impl Event {
             Event::TaskCancelled { .. } => "task_cancelled",
             Event::StepReset { .. } => "step_reset",
             Event::StepResolved { .. } => "step_resolved",
+            Event::OrchestratorLease { .. } => "orchestrator_lease",
         }
     }
 }
@@ -249,6 +263,7 @@ mod tests {
     fn events_round_trip_and_unknown_versions_are_refused() {
         let e = Envelope {
             ts_ms: 7,
+            term: None,
             event: Event::StepClaimed {
                 at: StepRef {
                     task: "t".into(),
@@ -268,5 +283,29 @@ mod tests {
         v2[0] = 2;
         assert_eq!(decode(&v2), Err(DecodeError::UnknownVersion(2)));
         assert!(matches!(decode(b"\x01{}"), Err(DecodeError::Malformed(_))));
+    }
+
+    #[test]
+    fn a_lease_event_and_a_decision_with_its_term_round_trip() {
+        let lease = Envelope {
+            ts_ms: 7,
+            term: None,
+            event: Event::OrchestratorLease {
+                term: 3,
+                holder: "o".into(),
+            },
+        };
+        let decision = Envelope {
+            ts_ms: 8,
+            term: Some(3),
+            event: Event::StepCompleted(StepRef {
+                task: "t".into(),
+                step: "s".into(),
+                attempt: 1,
+            }),
+        };
+        for e in [lease, decision] {
+            assert_eq!(decode(&encode(&e)).unwrap(), e);
+        }
     }
 }

@@ -7,7 +7,7 @@ use crate::event::{decode, encode, Envelope, Event};
 use crate::ids::now_ms;
 use crate::state::{Rejected, State};
 use embarcadero_client::{
-    Admin, Error, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
+    Admin, Cursor, Error, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
 };
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::HashMap;
@@ -86,8 +86,14 @@ impl Writer {
     }
 
     pub fn publish(&self, event: Event) -> Result<(), Error> {
+        self.publish_in_term(event, None)
+    }
+
+    /// Publishes a decision stamped with the orchestrator's term ([`crate::leadership`]).
+    pub fn publish_in_term(&self, event: Event, term: Option<u64>) -> Result<(), Error> {
         let env = Envelope {
             ts_ms: now_ms(),
+            term,
             event,
         };
         self.publisher.publish(&encode(&env))
@@ -113,6 +119,14 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Starts from a state folded earlier (a snapshot's).
+    pub fn with_state(state: State) -> Self {
+        Self {
+            state: Mutex::new(state),
+            ..Self::default()
+        }
+    }
+
     pub fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock()
     }
@@ -204,8 +218,16 @@ pub struct Folder {
 
 impl Folder {
     pub fn open(cfg: &LogConfig, role: &str) -> Result<Self, Error> {
-        let subscriber =
-            Subscriber::connect(&cfg.control, &cfg.topic, SubscriberConfig::default())?;
+        Self::open_at(cfg, role, 0)
+    }
+
+    /// Reads from position `start` on (0: from the first message retained).
+    pub fn open_at(cfg: &LogConfig, role: &str, start: u64) -> Result<Self, Error> {
+        let config = SubscriberConfig {
+            start: (start > 0).then_some(Cursor::Global(start)),
+            ..SubscriberConfig::default()
+        };
+        let subscriber = Subscriber::connect(&cfg.control, &cfg.topic, config)?;
         Ok(Self {
             subscriber,
             role: role.to_string(),

@@ -4,16 +4,25 @@
 //! lease comes due. It also remembers, outside the log, when it saw each claim and each
 //! worker (for leases) and which of its own decisions are still on their way through
 //! the log (so it does not publish them twice).
+//!
+//! Every orchestrator is a candidate for the lease of [`crate::leadership`]: it folds
+//! the log warm all the time, and decides only while it holds the current term (its
+//! decisions carry the term; the fold refuses them once another holds a newer one). It
+//! starts from the newest snapshot in its data directory, if any ([`crate::snapshot`]),
+//! and replays only the log after it.
 
 use crate::decide::{decide, Clock};
 use crate::event::{Event, StepRef};
 use crate::ids::now_ms;
+use crate::leadership::Candidate;
 use crate::log::{ensure_topic, Folded, Folder, LogConfig, Shared, Writer};
 use crate::machine::StepState;
+use crate::snapshot::{SnapshotConfig, SnapshotStats, Snapshotter};
+use crate::state::State;
 use embarcadero_client::Error;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -27,6 +36,31 @@ pub struct OrchestratorConfig {
     pub max_open_tasks: usize,
     /// The protocol new tasks are created with ([`crate::state::Task::protocol`]).
     pub task_protocol: u8,
+    /// Where and how often to snapshot the fold; `None`: never (every start replays the
+    /// whole log).
+    pub snapshots: Option<SnapshotConfig>,
+    /// The orchestrator lease ([`crate::leadership`]): a standby takes over this long
+    /// after the active orchestrator's last renewal.
+    pub failover_ms: u64,
+}
+
+/// Where the last start's replay began and ended (for `/metrics` and the tests).
+#[derive(Debug, Default)]
+pub struct Recovery {
+    /// The snapshot's position (0: no snapshot, the whole log was replayed).
+    pub from: u64,
+    /// The log's end when the orchestrator started.
+    pub to: u64,
+    /// Events folded before the replay reached `to`.
+    pub replayed: AtomicU64,
+}
+
+/// This orchestrator's standing in the lease, as last seen by its engine thread.
+#[derive(Debug, Default)]
+pub struct Role {
+    pub active: AtomicBool,
+    /// The current term, whoever holds it.
+    pub term: AtomicU64,
 }
 
 /// What the API and the CLI see of a running orchestrator.
@@ -43,12 +77,19 @@ pub struct Engine {
     pub task_protocol: u8,
     /// Where the event log is (the metrics ask for its end).
     pub log: LogConfig,
+    pub recovery: Recovery,
+    pub role: Role,
+    /// This orchestrator's name in the lease.
+    pub id: String,
+    snapshots: Option<Arc<SnapshotStats>>,
     stop: AtomicBool,
 }
 
 pub struct Orchestrator {
     pub engine: Arc<Engine>,
     thread: Option<JoinHandle<()>>,
+    // Stopped after the engine thread (field order is drop order; `stop` joins first).
+    _snapshotter: Option<Snapshotter>,
 }
 
 /// Longest the engine waits for events before looking at the clock again.
@@ -59,15 +100,43 @@ const INFLIGHT_MS: u64 = 5_000;
 impl Orchestrator {
     pub fn start(cfg: OrchestratorConfig) -> Result<Self, Error> {
         let replay_end = ensure_topic(&cfg.log)?;
-        let folder = Folder::open(&cfg.log, "orchestrator")?;
+        let log_id = log_identity(&cfg.log)?;
+        let state = restore(&cfg, &log_id, replay_end);
+        let from = state.next_position;
+        assert!(
+            from <= replay_end,
+            "a snapshot past the log's end was loaded"
+        );
+        let folder = Folder::open_at(&cfg.log, "orchestrator", from)?;
+        let shared = Arc::new(Shared::with_state(state));
+        let snapshotter = match &cfg.snapshots {
+            Some(s) => Some(
+                Snapshotter::start(s.clone(), log_id, shared.clone(), from).map_err(|e| {
+                    Error::Config(format!(
+                        "cannot start snapshots in {}: {e}",
+                        s.dir.display()
+                    ))
+                })?,
+            ),
+            None => None,
+        };
+        let id = format!("orchestrator-{}", &crate::ids::new_uuid()[..8]);
         let engine = Arc::new(Engine {
-            shared: Arc::new(Shared::default()),
+            shared,
             writer: Arc::new(Writer::open(&cfg.log)?),
-            caught_up: AtomicBool::new(replay_end == 0),
+            caught_up: AtomicBool::new(replay_end <= from),
             failure: Mutex::new(None),
             max_open_tasks: cfg.max_open_tasks,
             task_protocol: cfg.task_protocol,
             log: cfg.log.clone(),
+            recovery: Recovery {
+                from,
+                to: replay_end,
+                replayed: AtomicU64::new(0),
+            },
+            role: Role::default(),
+            id: id.clone(),
+            snapshots: snapshotter.as_ref().map(|s| s.stats.clone()),
             stop: AtomicBool::new(false),
         });
         let runtime = Runtime {
@@ -78,6 +147,8 @@ impl Orchestrator {
             inflight: HashMap::new(),
             claimed_at: HashMap::new(),
             seen: HashMap::new(),
+            candidate: Candidate::new(id, cfg.failover_ms),
+            active: false,
         };
         let thread = std::thread::Builder::new()
             .name("orchestrator".into())
@@ -86,6 +157,7 @@ impl Orchestrator {
         Ok(Self {
             engine,
             thread: Some(thread),
+            _snapshotter: snapshotter,
         })
     }
 
@@ -97,13 +169,98 @@ impl Orchestrator {
     }
 }
 
+/// What names this log in snapshots: the topic and its creation time (a topic deleted and
+/// created again under the same name is another log, whose positions mean other events).
+fn log_identity(cfg: &LogConfig) -> Result<String, Error> {
+    let info = embarcadero_client::Admin::new(&cfg.control).describe_topic(&cfg.topic)?;
+    Ok(format!("{}@{}", info.name, info.created_unix_ms))
+}
+
+/// The newest valid snapshot's state, or an empty one (the whole log is replayed).
+fn restore(cfg: &OrchestratorConfig, log_id: &str, log_end: u64) -> State {
+    let Some(s) = &cfg.snapshots else {
+        return State::default();
+    };
+    match crate::snapshot::load_newest(&s.dir, log_id, log_end) {
+        Some((state, path)) => {
+            tracing::info!(
+                "loaded snapshot {} (log up to position {}); replaying the {} events after it",
+                path.display(),
+                state.next_position,
+                log_end - state.next_position
+            );
+            state
+        }
+        None => State::default(),
+    }
+}
+
 impl Engine {
     /// The Prometheus metrics text, with the queue lag when the log's end can be read.
     pub fn metrics(&self) -> String {
         let admin = embarcadero_client::Admin::new(&self.log.control);
         let log_end = admin.describe_topic(&self.log.topic).ok();
         let state = self.shared.lock();
-        crate::metrics::render(&state, log_end.map(|info| info.next_position))
+        let mut text = crate::metrics::render(&state, log_end.map(|info| info.next_position));
+        drop(state);
+        text.push_str(&self.durability_metrics());
+        text
+    }
+
+    /// Replay, snapshot and lease figures.
+    fn durability_metrics(&self) -> String {
+        let r = &self.recovery;
+        let mut gauges = vec![
+            (
+                "replay_from_position",
+                "where the last start's replay began (a snapshot's position, or 0)",
+                r.from,
+            ),
+            (
+                "replay_to_position",
+                "the log's end when this orchestrator started",
+                r.to,
+            ),
+            (
+                "replayed_events",
+                "events folded by the replay on start",
+                r.replayed.load(Ordering::Acquire),
+            ),
+            (
+                "orchestrator_active",
+                "1 while this orchestrator holds the lease and decides",
+                self.role.active.load(Ordering::Acquire) as u64,
+            ),
+            (
+                "orchestrator_term",
+                "the current orchestrator term in the log",
+                self.role.term.load(Ordering::Acquire),
+            ),
+        ];
+        if let Some(s) = &self.snapshots {
+            gauges.push((
+                "snapshot_position",
+                "position of the last snapshot this process wrote (0: none)",
+                s.position.load(Ordering::Acquire),
+            ));
+            gauges.push((
+                "snapshots_written",
+                "snapshots written by this process",
+                s.written.load(Ordering::Acquire),
+            ));
+            gauges.push((
+                "snapshot_lock_microseconds",
+                "how long the last snapshot held the state's lock to clone it",
+                s.lock_us.load(Ordering::Acquire),
+            ));
+        }
+        let mut out = String::new();
+        for (name, help, value) in gauges {
+            out.push_str(&format!(
+                "# HELP embarcadero_workflow_{name} {help}\n# TYPE embarcadero_workflow_{name} gauge\nembarcadero_workflow_{name} {value}\n"
+            ));
+        }
+        out
     }
 }
 
@@ -122,6 +279,9 @@ struct Runtime {
     inflight: HashMap<String, u64>,
     claimed_at: HashMap<StepRef, u64>,
     seen: HashMap<String, u64>,
+    candidate: Candidate,
+    /// Whether this one held the current term when it last decided.
+    active: bool,
 }
 
 impl Runtime {
@@ -134,6 +294,10 @@ impl Runtime {
 
     fn run_loop(&mut self) -> Result<(), Error> {
         let mut wait = IDLE_POLL;
+        if self.engine.caught_up.load(Ordering::SeqCst) {
+            // Nothing to replay (an empty log, or a snapshot at its end).
+            self.replayed(now_ms());
+        }
         while !self.engine.stop.load(Ordering::SeqCst) {
             let folded = self.folder.pump(&self.engine.shared, wait)?;
             let now = now_ms();
@@ -141,16 +305,59 @@ impl Runtime {
                 self.observe(f, now);
             }
             if !self.engine.caught_up.load(Ordering::SeqCst) {
+                let replayed = &self.engine.recovery.replayed;
+                let before_end = folded.iter().filter(|f| f.position < self.replay_end);
+                replayed.fetch_add(before_end.count() as u64, Ordering::AcqRel);
                 if self.engine.shared.lock().next_position < self.replay_end {
                     continue;
                 }
-                tracing::info!("replayed {} events of the log", self.replay_end);
-                self.start_leases(now);
-                self.engine.caught_up.store(true, Ordering::SeqCst);
+                self.replayed(now);
             }
-            wait = self.decide_and_publish(now)?;
+            wait = match self.lead(now)? {
+                true => self.decide_and_publish(now)?,
+                false => IDLE_POLL,
+            };
         }
         Ok(())
+    }
+
+    /// The replay reached the log's end as it was on start: serve, and date the lease.
+    fn replayed(&mut self, now: u64) {
+        let r = &self.engine.recovery;
+        tracing::info!(
+            "replayed {} events of the log, positions {} to {}",
+            r.replayed.load(Ordering::Acquire),
+            r.from,
+            r.to
+        );
+        self.candidate
+            .replayed(&self.engine.shared.lock().leader, now);
+        self.engine.caught_up.store(true, Ordering::SeqCst);
+    }
+
+    /// Renews or bids for the lease as due; returns whether this one decides now. On
+    /// becoming active it gives every attempt in progress a fresh lease (as after a
+    /// replay) and forgets decisions in flight (the predecessor's are not its own).
+    fn lead(&mut self, now: u64) -> Result<bool, Error> {
+        let leader = self.engine.shared.lock().leader.clone();
+        let active = self.candidate.is_active(&leader);
+        if active != self.active {
+            if active {
+                tracing::info!(term = leader.term, id = %self.candidate.id, "orchestrator active: deciding");
+                self.inflight.clear();
+                self.start_leases(now);
+            } else {
+                tracing::warn!(term = leader.term, holder = %leader.holder, "orchestrator standby: another holds the lease");
+            }
+            self.active = active;
+        }
+        let role = &self.engine.role;
+        role.active.store(active, Ordering::Release);
+        role.term.store(leader.term, Ordering::Release);
+        if let Some(e) = self.candidate.due(&leader, now) {
+            self.engine.writer.publish(e)?;
+        }
+        Ok(active)
     }
 
     /// After the replay: every attempt in progress gets a lease from now (its worker,
@@ -182,6 +389,10 @@ impl Runtime {
             self.inflight.remove(&key(&env.event));
         }
         match &env.event {
+            Event::OrchestratorLease { .. } if f.outcome.is_ok() => {
+                self.candidate
+                    .renewed(&self.engine.shared.lock().leader, now);
+            }
             Event::StepClaimed { at, worker } => {
                 if f.outcome.is_ok() {
                     self.claimed_at.insert(at.clone(), now);
@@ -212,11 +423,12 @@ impl Runtime {
             worker_seen: &|w| seen.get(w).copied(),
         };
         let (events, wake) = decide(&self.engine.shared.lock(), &clock);
+        let term = Some(self.engine.role.term.load(Ordering::Acquire));
         self.inflight
             .retain(|_, at| now.saturating_sub(*at) < INFLIGHT_MS);
         for e in events {
             if self.inflight.insert(key(&e), now).is_none() {
-                self.engine.writer.publish(e)?;
+                self.engine.writer.publish_in_term(e, term)?;
             }
         }
         let until_wake = wake.map_or(IDLE_POLL, |w| Duration::from_millis(w.saturating_sub(now)));

@@ -9,13 +9,13 @@ use crate::batch::BatchSlot;
 use crate::event::{Checkpoint, Envelope, Event, Expiry, Outcome, StepRef};
 use crate::machine::{legal_step, StepState, TaskState};
 use crate::template::{IdentityStrategy, StepTemplate, StepType, Template, TemplateKey};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// One move of a state machine, with the event that caused it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Transition<S> {
     pub from: S,
     pub to: S,
@@ -24,7 +24,7 @@ pub struct Transition<S> {
 }
 
 /// An attempt's result waiting for the orchestrator's decision.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Returned {
     Success(Value),
@@ -36,7 +36,9 @@ pub enum Returned {
     LeaseLost,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// (Deserialize is for [`crate::snapshot`], which restores the fields the serialized
+/// form skips.)
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Step {
     pub name: String,
     /// The index of the template step this step is an instance of.
@@ -67,10 +69,10 @@ pub struct Step {
     pub refused: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Task {
     pub uuid: String,
-    #[serde(skip)]
+    #[serde(skip, default = "crate::snapshot::unset_template")]
     pub template: Arc<Template>,
     pub context: Value,
     pub state: TaskState,
@@ -127,6 +129,19 @@ pub enum Rejected {
     NotReady { at: StepRef },
     #[error("task protocol {0} is not one this reader knows (1 to {max})", max = LATEST_PROTOCOL)]
     UnknownProtocol(u8),
+    #[error("{event} written in orchestrator term {term}, but term {current} is current: its writer was deposed")]
+    Fenced {
+        event: &'static str,
+        term: u64,
+        current: u64,
+    },
+    #[error("lease bid or renewal of term {term} by {holder} refused: term {current} is held by {current_holder}")]
+    LeaseRefused {
+        term: u64,
+        holder: String,
+        current: u64,
+        current_holder: String,
+    },
 }
 
 /// The newest task protocol ([`Task::protocol`]) this fold knows.
@@ -150,6 +165,8 @@ pub struct State {
     /// them per batch of events made the engine slower the longer it ran). Whoever
     /// fills `tasks` by other means calls [`State::reindex`].
     pub open: BTreeSet<String>,
+    /// Which orchestrator's decisions are accepted ([`crate::leadership`]).
+    pub leader: crate::leadership::Leader,
 }
 
 /// The identity of a task created by an event that records none (written before
@@ -214,6 +231,8 @@ impl State {
 
     fn dispatch(&mut self, position: u64, env: &Envelope) -> Result<(), Rejected> {
         let ts = env.ts_ms;
+        // A deposed orchestrator's decisions are refused before they touch anything.
+        self.leader.admits(env)?;
         match &env.event {
             Event::TemplateRegistered { template } => self.register(template),
             Event::TaskCreated {
@@ -242,6 +261,7 @@ impl State {
                 self.create(new, position, ts)
             }
             Event::Heartbeat { .. } => Ok(()),
+            Event::OrchestratorLease { term, holder } => self.leader.bid(*term, holder, ts),
             Event::TaskCancelled { task, .. } => self.cancel(task, position, ts),
             Event::TaskRerun { task, .. } => crate::manual::rerun(self, task, position, ts),
             Event::StepReset { .. } | Event::StepResolved { .. } => {

@@ -459,6 +459,7 @@ fn enqueued_by(
     scratch.reindex();
     let env = Envelope {
         ts_ms: now_ms(),
+        term: None,
         event: result.clone(),
     };
     if scratch.apply(scratch.next_position, &env).is_err() {
@@ -546,7 +547,14 @@ mod tests {
 
     fn apply(state: &mut State, event: Event) {
         let position = state.next_position;
-        let applied = state.apply(position, &Envelope { ts_ms: 0, event });
+        let applied = state.apply(
+            position,
+            &Envelope {
+                ts_ms: 0,
+                term: None,
+                event,
+            },
+        );
         assert_eq!(applied, Ok(()));
     }
 

@@ -32,6 +32,18 @@ pub struct OrchestratorArgs {
     /// events (as before protocol 2; kept for comparison and for old readers).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
     task_protocol: u8,
+    /// Directory for snapshots of the engine's state: a start loads the newest valid one
+    /// and replays only the log after it. Without it, every start replays the whole log.
+    #[arg(long)]
+    data_dir: Option<std::path::PathBuf>,
+    /// With --data-dir: snapshot once this many events were folded since the last one.
+    #[arg(long, default_value_t = 100_000, value_parser = crate::at_least_one)]
+    snapshot_every: usize,
+    /// The orchestrator lease: several orchestrators may run on one log; the one holding
+    /// the lease decides, the others follow the log and serve the API, and one of them
+    /// takes over this long after the active one's last renewal (renewed every third).
+    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(30..))]
+    failover_ms: u64,
 }
 
 #[derive(clap::Args)]
@@ -63,6 +75,13 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
         lease_ms: args.log.lease_ms,
         max_open_tasks: args.max_open_tasks,
         task_protocol: args.task_protocol,
+        snapshots: args
+            .data_dir
+            .map(|dir| embarcadero_workflow::snapshot::SnapshotConfig {
+                dir,
+                every_events: args.snapshot_every as u64,
+            }),
+        failover_ms: args.failover_ms,
     };
     let mut orchestrator =
         Orchestrator::start(config).map_err(|e| format!("cannot start the orchestrator: {e}"))?;

@@ -1,0 +1,320 @@
+//! Which orchestrator decides: a lease kept in the event log itself and fenced in log
+//! order. Owns the fold's [`Leader`] (the current term and its holder), the rule that
+//! refuses a decision written under any other term ([`Leader::admits`]), and the
+//! [`Candidate`] every orchestrator runs outside the fold (when to renew its lease,
+//! when to bid for a lapsed one). Touches nothing but its arguments: the orchestrator
+//! publishes what [`Candidate::due`] returns.
+//!
+//! The idea is the sequencer's region lease (`crates/sequencer/src/lease.rs`): one
+//! point of arbitration at which two contenders for the same lapsed lease cannot both
+//! win, and a fencing number (there the fencing epoch, here the term) that rises by one
+//! with every acquisition, so a later holder always has the higher one. There the
+//! arbitration point is a compare-and-swap on a word of the shared region; here it is
+//! the log's order: a bid for term N+1 is accepted only while N is current, so the
+//! first bid in log order wins and every reader refuses the others alike. The region
+//! word cannot serve: an orchestrator is a client of the cluster, possibly on another
+//! host, and never maps the region (nor does it need etcd, which the sequencer's
+//! cross-host election uses). The code is therefore not shared, only the design; see
+//! docs/WORKFLOW.md "Snapshots, standby and fencing".
+//!
+//! Safety does not depend on clocks: at every position of the log exactly one term is
+//! current, and only decisions stamped with it apply, so a paused or partitioned
+//! orchestrator that wakes up after a takeover has every decision refused. Clocks only
+//! decide liveness: when a standby considers the lease lapsed and bids.
+
+use crate::event::{Envelope, Event};
+use crate::state::Rejected;
+use serde::{Deserialize, Serialize};
+
+/// The lease as the fold sees it. Term 0 (no holder) until the first bid; a log written
+/// before leadership existed stays at term 0, and its decisions (which carry no term)
+/// still apply.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leader {
+    pub term: u64,
+    pub holder: String,
+    /// The holder's wall clock at its last accepted bid or renewal, as stamped in the
+    /// event (so every reader has the same value); dates the lease after a replay.
+    pub renewed_ts_ms: u64,
+}
+
+impl Leader {
+    /// A bid (term one above the current, from anyone: the first in log order wins) or
+    /// a renewal (the current term, from its holder). Anything else is refused.
+    pub(crate) fn bid(&mut self, term: u64, holder: &str, ts_ms: u64) -> Result<(), Rejected> {
+        let renewal = term > 0 && term == self.term && holder == self.holder;
+        let takeover = Some(term) == self.term.checked_add(1);
+        if !(renewal || takeover) || holder.is_empty() {
+            return Err(Rejected::LeaseRefused {
+                term,
+                holder: holder.to_string(),
+                current: self.term,
+                current_holder: self.holder.clone(),
+            });
+        }
+        if takeover {
+            self.holder = holder.to_string();
+        }
+        self.term = term;
+        self.renewed_ts_ms = ts_ms;
+        debug_assert!(self.term > 0 && !self.holder.is_empty());
+        Ok(())
+    }
+
+    /// Refuses a decision not written under the current term.
+    pub(crate) fn admits(&self, env: &Envelope) -> Result<(), Rejected> {
+        let term = env.term.unwrap_or(0);
+        if is_decision(&env.event) && term != self.term {
+            return Err(Rejected::Fenced {
+                event: env.event.kind(),
+                term,
+                current: self.term,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The events only the active orchestrator writes (what [`crate::decide`] returns).
+/// Commands (the API's) and workers' events are not fenced: they do not depend on who
+/// decides, and any orchestrator's API may relay them.
+pub fn is_decision(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::StepEnqueued(_)
+            | Event::StepExpired { .. }
+            | Event::StepCompleted(_)
+            | Event::RetryScheduled { .. }
+            | Event::StepErrored { .. }
+            | Event::StepStale { .. }
+    )
+}
+
+/// Renewals per lease (as the sequencer's renewer: every third of the lease).
+const RENEWALS_PER_LEASE: u64 = 3;
+
+/// One orchestrator's side of the lease, by its own clock (milliseconds).
+#[derive(Debug)]
+pub struct Candidate {
+    /// This orchestrator's name in the lease (unique per process start).
+    pub id: String,
+    lease_ms: u64,
+    /// When the current term was last bid for or renewed, as far as this one read.
+    renewed_at: u64,
+    /// When this one last published a renewal or a bid.
+    sent_at: u64,
+    /// The term this one bid for and has not yet seen decided.
+    bid: Option<u64>,
+}
+
+impl Candidate {
+    pub fn new(id: String, lease_ms: u64) -> Self {
+        assert!(
+            lease_ms >= RENEWALS_PER_LEASE,
+            "an orchestrator lease of {lease_ms} ms"
+        );
+        Self {
+            id,
+            lease_ms,
+            renewed_at: 0,
+            sent_at: 0,
+            bid: None,
+        }
+    }
+
+    /// After the replay: the lease is dated by its holder's last stamp (never later than
+    /// now), so a restart after the holder died waits only what is left of its lease.
+    pub fn replayed(&mut self, leader: &Leader, now_ms: u64) {
+        self.renewed_at = leader.renewed_ts_ms.min(now_ms);
+    }
+
+    /// A lease event was read and accepted (by anyone): the lease runs from now.
+    pub fn renewed(&mut self, leader: &Leader, now_ms: u64) {
+        self.renewed_at = now_ms;
+        if self.bid.is_some_and(|t| t <= leader.term) {
+            self.bid = None;
+        }
+    }
+
+    pub fn is_active(&self, leader: &Leader) -> bool {
+        leader.term > 0 && leader.holder == self.id
+    }
+
+    /// What to publish now: the holder's renewal every third of a lease; a bid for the
+    /// next term once the current one lapsed (or none was ever taken), unless a bid of
+    /// this one is still on its way through the log (for up to a lease).
+    pub fn due(&mut self, leader: &Leader, now_ms: u64) -> Option<Event> {
+        let since_sent = now_ms.saturating_sub(self.sent_at);
+        if self.is_active(leader) {
+            if since_sent < self.lease_ms / RENEWALS_PER_LEASE {
+                return None;
+            }
+            self.sent_at = now_ms;
+            return Some(self.lease_event(leader.term));
+        }
+        let lapsed = leader.term == 0 || now_ms.saturating_sub(self.renewed_at) >= self.lease_ms;
+        let pending = self.bid == Some(leader.term + 1) && since_sent < self.lease_ms;
+        if !lapsed || pending {
+            return None;
+        }
+        self.bid = Some(leader.term + 1);
+        self.sent_at = now_ms;
+        Some(self.lease_event(leader.term + 1))
+    }
+
+    fn lease_event(&self, term: u64) -> Event {
+        Event::OrchestratorLease {
+            term,
+            holder: self.id.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::StepRef;
+    use crate::state::State;
+
+    fn env(term: Option<u64>, event: Event) -> Envelope {
+        Envelope {
+            ts_ms: 1,
+            term,
+            event,
+        }
+    }
+
+    fn lease(term: u64, holder: &str) -> Envelope {
+        env(
+            None,
+            Event::OrchestratorLease {
+                term,
+                holder: holder.into(),
+            },
+        )
+    }
+
+    fn decision() -> Event {
+        Event::StepCompleted(StepRef {
+            task: "t".into(),
+            step: "s".into(),
+            attempt: 1,
+        })
+    }
+
+    #[test]
+    fn the_first_bid_for_the_next_term_wins_and_only_its_holder_renews() {
+        let mut s = State::default();
+        assert_eq!(s.apply(0, &lease(1, "a")), Ok(()));
+        let second = s.apply(1, &lease(1, "b"));
+        assert!(
+            matches!(second, Err(Rejected::LeaseRefused { .. })),
+            "{second:?}"
+        );
+        assert_eq!(s.apply(2, &lease(1, "a")), Ok(()), "the holder renews");
+        assert!(s.apply(3, &lease(3, "b")).is_err(), "no skipping a term");
+        assert_eq!(s.apply(4, &lease(2, "b")), Ok(()), "a takeover");
+        assert!(
+            s.apply(5, &lease(1, "a")).is_err(),
+            "the deposed cannot renew"
+        );
+        assert!(
+            s.apply(6, &lease(2, "")).is_err(),
+            "no holder without a name"
+        );
+        assert_eq!((s.leader.term, s.leader.holder.as_str()), (2, "b"));
+    }
+
+    #[test]
+    fn a_deposed_orchestrators_decisions_are_refused_in_log_order() {
+        let mut s = State::default();
+        // Before any term (old logs): decisions without a term are decisions of term 0.
+        let old = s.apply(0, &env(None, decision()));
+        assert!(matches!(old, Err(Rejected::UnknownTask(_))), "{old:?}");
+        s.apply(1, &lease(1, "a")).unwrap();
+        let untermed = s.apply(2, &env(None, decision()));
+        assert!(matches!(
+            untermed,
+            Err(Rejected::Fenced {
+                term: 0,
+                current: 1,
+                ..
+            })
+        ));
+        // Term 1's decision passes the fence (and then fails on the unknown task).
+        let current = s.apply(3, &env(Some(1), decision()));
+        assert!(
+            matches!(current, Err(Rejected::UnknownTask(_))),
+            "{current:?}"
+        );
+        s.apply(4, &lease(2, "b")).unwrap();
+        let deposed = s.apply(5, &env(Some(1), decision()));
+        assert_eq!(
+            deposed,
+            Err(Rejected::Fenced {
+                event: "step_completed",
+                term: 1,
+                current: 2
+            })
+        );
+        let future = s.apply(6, &env(Some(3), decision()));
+        assert!(matches!(future, Err(Rejected::Fenced { term: 3, .. })));
+        // Workers' events and commands are not fenced.
+        let claim = Event::StepClaimed {
+            at: StepRef {
+                task: "t".into(),
+                step: "s".into(),
+                attempt: 1,
+            },
+            worker: "w".into(),
+        };
+        assert!(matches!(
+            s.apply(7, &env(None, claim)),
+            Err(Rejected::UnknownTask(_))
+        ));
+    }
+
+    #[test]
+    fn a_candidate_bids_once_the_lease_lapses_and_the_holder_renews_every_third() {
+        let mut leader = Leader::default();
+        let mut a = Candidate::new("a".into(), 300);
+        let mut b = Candidate::new("b".into(), 300);
+        // Nobody ever held it: both bid at once; the log picks one.
+        assert!(matches!(
+            a.due(&leader, 1000),
+            Some(Event::OrchestratorLease { term: 1, .. })
+        ));
+        assert!(b.due(&leader, 1000).is_some());
+        assert!(
+            a.due(&leader, 1001).is_none(),
+            "a bid on its way is not repeated"
+        );
+        leader.bid(1, "a", 1000).unwrap();
+        a.renewed(&leader, 1002);
+        b.renewed(&leader, 1002);
+        assert!(a.is_active(&leader) && !b.is_active(&leader));
+        assert!(
+            a.due(&leader, 1050).is_none(),
+            "renewed less than a third ago"
+        );
+        assert!(matches!(
+            a.due(&leader, 1100),
+            Some(Event::OrchestratorLease { term: 1, .. })
+        ));
+        assert!(b.due(&leader, 1301).is_none(), "a lease not yet lapsed");
+        assert!(matches!(
+            b.due(&leader, 1302),
+            Some(Event::OrchestratorLease { term: 2, .. })
+        ));
+        // A restart dates the lease by the holder's stamp (1000 here)...
+        let mut c = Candidate::new("c".into(), 300);
+        c.replayed(&leader, 1100);
+        assert!(c.due(&leader, 1299).is_none());
+        assert!(c.due(&leader, 1300).is_some());
+        // ... never later than its own now (a clock behind the holder's).
+        let mut d = Candidate::new("d".into(), 300);
+        d.replayed(&leader, 900);
+        assert!(d.due(&leader, 1199).is_none());
+        assert!(d.due(&leader, 1200).is_some());
+    }
+}
