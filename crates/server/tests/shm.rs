@@ -903,7 +903,8 @@ fn a_feed_is_read_only_to_its_subscriber_and_holds_only_its_topic() {
     feed.page
         .u64_at(layout::CURSOR_LINE + layout::C_HEAD)
         .store(1 << 40, Ordering::Release);
-    let p = Publisher::connect_brokers(&[broker.clone()], "mine", shm_config(1)).unwrap();
+    let p =
+        Publisher::connect_brokers(std::slice::from_ref(&broker), "mine", shm_config(1)).unwrap();
     p.publish(b"one more").unwrap();
     p.close().unwrap();
     let sock = feed.sock.try_clone().unwrap();
