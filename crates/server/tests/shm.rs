@@ -458,6 +458,19 @@ fn auto_falls_back_to_tcp_when_the_broker_serves_no_channels() {
         .err()
         .unwrap();
     assert!(matches!(e, Error::Connect { .. }), "{e}");
+    // A subscriber too: auto reads over TCP, shm is refused.
+    let mut s =
+        Subscriber::connect_brokers(&t.brokers(), "t", sub_config(Transport::Auto)).unwrap();
+    assert_eq!(s.transport(), "tcp");
+    let m = s
+        .poll(Duration::from_secs(10))
+        .unwrap()
+        .expect("the message");
+    assert_eq!(m.payload, b"over tcp");
+    let e = Subscriber::connect_brokers(&t.brokers(), "t", sub_config(Transport::Shm))
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::Connect { .. }), "{e}");
     // With channels on, auto takes them.
     let t = common::start();
     t.create_topic("t", 2);
@@ -468,6 +481,8 @@ fn auto_falls_back_to_tcp_when_the_broker_serves_no_channels() {
     let p = Publisher::connect_brokers(&t.brokers(), "t", auto).unwrap();
     assert!(p.stats().queues.iter().all(|q| q.transport == "shm"));
     p.close().unwrap();
+    let s = Subscriber::connect_brokers(&t.brokers(), "t", sub_config(Transport::Auto)).unwrap();
+    assert_eq!(s.transport(), "shm");
 }
 
 /// The client half of `another_uid_is_refused_unless_allowed`, run as uid 65534 in a
@@ -501,11 +516,29 @@ fn uid_child() {
         transport: Transport::Auto,
         ..shm_config(1)
     };
-    let p = Publisher::connect_brokers(&[broker], "u", auto).unwrap();
+    let p = Publisher::connect_brokers(std::slice::from_ref(&broker), "u", auto).unwrap();
     let transport = p.stats().queues[0].transport;
     p.publish(b"from 65534 over auto").unwrap();
     p.close().unwrap();
     println!("CHILD auto used {transport}");
+    let feed = Subscriber::connect_brokers(
+        std::slice::from_ref(&broker),
+        "u",
+        sub_config(Transport::Shm),
+    );
+    match (&feed, expect_allowed) {
+        (Ok(_), true) => println!("CHILD feed accepted"),
+        (
+            Err(Error::Broker {
+                code: ErrorCode::ShmRefused,
+                ..
+            }),
+            false,
+        ) => println!("CHILD feed refused"),
+        (other, _) => panic!("unexpected feed: {:?}", other.as_ref().map(|_| ())),
+    }
+    let s = Subscriber::connect_brokers(&[broker], "u", sub_config(Transport::Auto)).unwrap();
+    println!("CHILD auto subscriber used {}", s.transport());
 }
 
 #[test]
@@ -528,12 +561,16 @@ fn another_uid_is_refused_unless_allowed() {
         if allowed {
             assert!(out.contains("CHILD shm accepted"), "{out}");
             assert!(out.contains("CHILD auto used shm"), "{out}");
+            assert!(out.contains("CHILD feed accepted"), "{out}");
+            assert!(out.contains("CHILD auto subscriber used shm"), "{out}");
         } else {
             assert!(
                 out.contains("CHILD shm refused") && out.contains("shm_allowed_uids"),
                 "{out}"
             );
             assert!(out.contains("CHILD auto used tcp"), "{out}");
+            assert!(out.contains("CHILD feed refused"), "{out}");
+            assert!(out.contains("CHILD auto subscriber used tcp"), "{out}");
         }
         let got = read_all(&t.brokers(), "u", if allowed { 2 } else { 1 });
         assert!(got.iter().all(|m| m.payload.starts_with(b"from 65534")));
