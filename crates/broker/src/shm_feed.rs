@@ -77,6 +77,7 @@ impl ShmOutlet<'_> {
             let chunk = (len - done).min(MAX_BYTES_PER_WRITE);
             // SAFETY: `src + done .. + chunk` lies inside what the caller vouched for.
             let n = unsafe { self.ring.write_ptr(src.add(done), chunk)? };
+            assert!(n <= chunk, "the ring took {n} of {chunk} bytes");
             done += n;
             *unbeaten += n;
             if n == 0 {
@@ -96,6 +97,10 @@ impl ShmOutlet<'_> {
     /// Writes the connection's last frame into the ring, waiting a couple of seconds at
     /// most for the subscriber to make room.
     fn write_final(&mut self, bytes: &[u8]) -> Result<(), End> {
+        assert!(
+            self.feed.is_none(),
+            "frames go into a feed once it is handed over"
+        );
         let mut done = 0;
         while done < bytes.len() {
             done += self.ring.write(&bytes[done..])?;
@@ -134,6 +139,10 @@ impl Outlet for ShmOutlet<'_> {
         iov: &mut [libc::iovec],
         progress: &mut dyn FnMut() -> Result<(), End>,
     ) -> Result<(), End> {
+        assert!(
+            self.feed.is_none(),
+            "frames go into a feed once it is handed over"
+        );
         let mut unbeaten = 0;
         for v in iov.iter() {
             // SAFETY: every iovec points into live memory: the caller's header buffers,
@@ -146,6 +155,10 @@ impl Outlet for ShmOutlet<'_> {
     }
 
     fn send_frame(&mut self, bytes: &[u8]) -> io::Result<()> {
+        assert!(
+            self.feed.is_none(),
+            "frames go into a feed once it is handed over"
+        );
         let mut done = 0;
         while done < bytes.len() {
             done += self.ring.write(&bytes[done..])?;
