@@ -5,7 +5,7 @@
 //! logs (reservation, PBR commits, segment pool, reclamation); its line of each log's
 //! control block (`written_frontier`, `reclaimed_*`); acknowledgements to its
 //! publishers; serving subscribers (any broker can serve any topic: the data is all in
-//! the region). It reads, but never writes, sequencer-owned fields (`ordered_pbr`,
+//! the region), over TCP or, for a local one, a shared-memory feed (`shm_feed`). It reads, but never writes, sequencer-owned fields (`ordered_pbr`,
 //! GOI, `committed_seq`), replica-owned fields (`durable_pbr`, replica progress) and
 //! topic metadata (control plane); it reads replicas' segment files to serve
 //! subscribers positions that have left memory. Its one write to a sequencer-owned
@@ -25,6 +25,7 @@ mod resume;
 mod service;
 mod session;
 mod shm_conn;
+mod shm_feed;
 mod subscribe;
 mod transport;
 

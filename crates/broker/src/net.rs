@@ -303,9 +303,9 @@ fn check_publish_hello(
 }
 
 /// Reads a subscriber's per-broker cursors (orders 0 and 1: one per broker, or none).
-fn read_cursors(
+pub(crate) fn read_cursors(
     shared: &Shared,
-    stream: &mut TcpStream,
+    stream: &mut impl Read,
     hello: &Hello,
     meta: &TopicMeta,
 ) -> Result<Vec<u64>, End> {
@@ -429,7 +429,7 @@ pub enum Peer {
 /// Looks at a subscriber's socket without blocking and without consuming anything.
 /// The broker only writes to subscriptions: while it has nothing to send, it would
 /// otherwise not learn that the subscriber left until the next write.
-pub fn probe_subscriber(stream: &TcpStream) -> Peer {
+pub fn probe_subscriber(stream: &impl std::os::fd::AsFd) -> Peer {
     let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
     let sock = socket2::SockRef::from(stream);
     match sock.recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT) {

@@ -1,4 +1,5 @@
-//! Publishing connections over a local shared-memory channel (issue 26).
+//! Publishing connections over a local shared-memory channel (issue 26), and the
+//! listener and handshake subscribers' feeds share with them (`shm_feed`).
 //!
 //! Beside its TCP port a broker listens on an abstract Unix socket
 //! (`embarcadero_shm::socket::broker_name`). A client on this host connects, the broker
@@ -22,19 +23,20 @@ use embarcadero_shm::layout::{ack_ring, data_ring, P_DATA_BELL};
 use embarcadero_shm::{socket, Consumer, Mapping, Producer, Waited};
 use embarcadero_wire::{ErrorCode, FrameHeader, FrameKind, HelloOk, Role, HELLO_LEN, HELLO_OK_LEN};
 use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long a new channel has to send its hello and memfd.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the last frames of a connection may wait for room in the ack ring.
-const FINAL_WRITE: Duration = Duration::from_secs(2);
+pub(crate) const FINAL_WRITE: Duration = Duration::from_secs(2);
 
 /// Whether the client at the other end of `sock` is still there. The client sends
 /// nothing on the socket after its hello, so bytes there are as bad as a close.
-fn peer_alive(sock: &UnixStream) -> bool {
+pub(crate) fn peer_alive(sock: &UnixStream) -> bool {
     let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
     let s = socket2::SockRef::from(sock);
     match s.recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
@@ -262,42 +264,33 @@ pub(crate) fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
     }
 }
 
-/// Serves one channel: the handshake, then the publish path; tells the client why it
-/// ends when it is refused.
+/// Serves one channel: the handshake, then the publish path, or a subscription over a
+/// feed (`shm_feed`); tells the client why it ends when it is refused.
 fn handle(shared: &Shared, sock: UnixStream) {
-    let (end, inbound) = match open(shared, &sock) {
-        Err(end) => (end, None),
-        Ok((mut inbound, sink, raw)) => {
-            let end = match crate::net::accept_hello(shared, &raw) {
+    let mut inbound = None;
+    let end = match receive(shared, &sock) {
+        Err(end) => end,
+        Ok((raw, fd)) => match crate::net::accept_hello(shared, &raw) {
+            Err(end) => end,
+            Ok((hello, topic, meta)) if hello.role == Role::Subscribe => {
+                crate::shm_feed::serve(shared, &sock, &fd, hello, topic, meta)
+            }
+            Ok((hello, topic, meta)) => match open(shared, &sock, &fd) {
                 Err(end) => end,
-                Ok((hello, _, _)) if hello.role != Role::Publish => Refusal::new(
-                    ErrorCode::InvalidRole,
-                    "subscribing over shared memory is not supported yet; subscribe over TCP",
-                )
-                .into(),
-                Ok((hello, topic, meta)) => match crate::TopicConn::hold(shared, topic) {
-                    None => crate::net::unknown_topic(&hello.topic).into(),
-                    Some(_held) => publish::run(
-                        shared,
-                        Ok(Sink::Shm(sink)),
-                        &mut inbound,
-                        hello,
-                        topic,
-                        meta,
-                    ),
-                },
-            };
-            (end, Some(inbound))
-        }
+                Ok((opened, sink)) => {
+                    let opened = inbound.insert(opened);
+                    match crate::TopicConn::hold(shared, topic) {
+                        None => crate::net::unknown_topic(&hello.topic).into(),
+                        Some(_held) => {
+                            publish::run(shared, Ok(Sink::Shm(sink)), opened, hello, topic, meta)
+                        }
+                    }
+                }
+            },
+        },
     };
     if let End::Refused(refusal) = end {
-        shared.metrics.errors_sent.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(
-            broker = shared.config.broker_id,
-            code = ?refusal.code,
-            "closing shared-memory connection: {}",
-            refusal.message
-        );
+        log_refusal(shared, &refusal);
         let _ = match inbound {
             Some(mut inbound) => inbound.write_final(&refusal.frame()),
             None => {
@@ -309,11 +302,19 @@ fn handle(shared: &Shared, sock: UnixStream) {
     let _ = sock.shutdown(std::net::Shutdown::Both);
 }
 
-/// Receives the hello and the memfd, checks the peer's uid, checks and maps the memfd.
-fn open<'s>(
-    shared: &'s Shared,
-    sock: &UnixStream,
-) -> Result<(ShmInbound<'s>, AckSink, [u8; HELLO_LEN]), End> {
+/// Counts and logs a refusal about to be sent on a channel or feed.
+pub(crate) fn log_refusal(shared: &Shared, refusal: &Refusal) {
+    shared.metrics.errors_sent.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(
+        broker = shared.config.broker_id,
+        code = ?refusal.code,
+        "closing shared-memory connection: {}",
+        refusal.message
+    );
+}
+
+/// Receives the hello and its memfd, and checks the peer's uid.
+fn receive(shared: &Shared, sock: &UnixStream) -> Result<([u8; HELLO_LEN], OwnedFd), End> {
     // The hello first, whoever sent it: a refusal written while the client is still
     // sending would meet a closed socket there instead of being read. The fd of a
     // refused client is closed unmapped.
@@ -331,13 +332,22 @@ fn open<'s>(
             ErrorCode::ShmRefused,
             format!(
                 "uid {uid} may not open a shared-memory channel to broker {} (run as uid {own}, \
-                 or the operator adds {uid} to broker.shm_allowed_uids); publish over TCP instead",
+                 or the operator adds {uid} to broker.shm_allowed_uids); use TCP instead",
                 shared.config.broker_id
             ),
         )
         .into());
     }
-    let (map, data_capacity) = socket::map_client_channel(&fd, shared.config.shm_max_ring_bytes)
+    Ok((raw, fd))
+}
+
+/// Checks and maps a publisher's memfd.
+fn open<'s>(
+    shared: &'s Shared,
+    sock: &UnixStream,
+    fd: &OwnedFd,
+) -> Result<(ShmInbound<'s>, AckSink), End> {
+    let (map, data_capacity) = socket::map_client_channel(fd, shared.config.shm_max_ring_bytes)
         .map_err(|e| Refusal::new(ErrorCode::ShmRefused, e))?;
     // Validated by the mapping: the rings' positions are masked with the capacity, and
     // the broker maps no more than it allows a client.
@@ -345,7 +355,6 @@ fn open<'s>(
         data_capacity.is_power_of_two() && data_capacity <= shared.config.shm_max_ring_bytes,
         "a data ring of {data_capacity} bytes passed the channel check"
     );
-    drop(fd);
     let map = Arc::new(map);
     let acks = Arc::new(Mutex::new(Producer::new(
         map.clone(),
@@ -364,5 +373,5 @@ fn open<'s>(
         map,
         data_capacity,
     };
-    Ok((inbound, sink, raw))
+    Ok((inbound, sink))
 }

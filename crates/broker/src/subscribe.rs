@@ -1,7 +1,12 @@
 //! Serving a subscriber: batches go from the region to the socket with `writev`, no
-//! copy in user space. Memory may be reclaimed while a batch is in flight (retention),
-//! so after each write the server re-checks the tokens and reclaimed frontiers it
-//! relied on, and only then confirms the deliveries with a BatchOk frame.
+//! copy in user space, or, for a local subscriber, copied once into its shared-memory
+//! feed (`shm_feed`); both behind [`Outlet`]. Memory may be reclaimed while a batch is
+//! in flight (retention), so after each write the server re-checks the tokens and
+//! reclaimed frontiers it relied on, and only then confirms the deliveries with a
+//! BatchOk frame.
+//!
+//! Owns: the subscription loop, the subscriber's reader pin, and the TCP outlet.
+//! Touches: the region (read-only, apart from the pin's reader slot) and the outlet.
 
 use crate::net::{self, End, Peer, Refusal};
 use crate::Shared;
@@ -11,8 +16,8 @@ use embarcadero_region::{
 };
 use embarcadero_replication::{DiskReader, DiskSeek};
 use embarcadero_wire::{
-    BatchFlags, BatchOk, DeliveryHeader, ErrorCode, Hello, DELIVERY_HEADER_LEN, FRAME_HEADER_LEN,
-    SUBSCRIBE_FROM_FIRST_RETAINED,
+    BatchFlags, BatchOk, DeliveryHeader, ErrorCode, Hello, HelloOk, DELIVERY_HEADER_LEN,
+    FRAME_HEADER_LEN, SUBSCRIBE_FROM_FIRST_RETAINED,
 };
 use std::cell::Cell;
 use std::io::{self, Write};
@@ -31,16 +36,68 @@ const REPLICA_RETRY_AFTER: Duration = Duration::from_secs(10);
 /// How often an idle subscription checks that its subscriber is still connected.
 const PEER_PROBE_EVERY: Duration = Duration::from_millis(50);
 
-pub fn run(
+/// Where a subscription's frames go: a TCP socket or a local shared-memory feed. The
+/// bytes are the same either way (Delivery frames, BatchOk, Error; PROTOCOL.md).
+pub(crate) trait Outlet {
+    fn send_hello_ok(&mut self, ok: &HelloOk) -> io::Result<()>;
+    /// A subscriber that takes nothing for this long is disconnected.
+    fn set_stall(&mut self, stall: Duration) -> io::Result<()>;
+    /// Sends every byte the iovecs describe (header buffers of the caller, or payload
+    /// ranges of the region), in order; `progress` runs after each part sent (at most
+    /// [`MAX_BYTES_PER_WRITE`] apart).
+    fn send_all(
+        &mut self,
+        iov: &mut [libc::iovec],
+        progress: &mut dyn FnMut() -> Result<(), End>,
+    ) -> Result<(), End>;
+    /// Sends a small frame (BatchOk) in full.
+    fn send_frame(&mut self, bytes: &[u8]) -> io::Result<()>;
+    /// Looks, without blocking, whether the subscriber is still there.
+    fn probe(&self) -> Peer;
+    /// [`address_hash`] of the subscriber's address, 0 when unknown.
+    fn address(&self) -> u64;
+}
+
+impl Outlet for TcpStream {
+    fn send_hello_ok(&mut self, ok: &HelloOk) -> io::Result<()> {
+        net::send_hello_ok(self, ok)
+    }
+
+    fn set_stall(&mut self, stall: Duration) -> io::Result<()> {
+        self.set_write_timeout(Some(stall))
+    }
+
+    fn send_all(
+        &mut self,
+        iov: &mut [libc::iovec],
+        progress: &mut dyn FnMut() -> Result<(), End>,
+    ) -> Result<(), End> {
+        writev_all(self, iov, progress)
+    }
+
+    fn send_frame(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.write_all(bytes)
+    }
+
+    fn probe(&self) -> Peer {
+        net::probe_subscriber(self)
+    }
+
+    fn address(&self) -> u64 {
+        self.peer_addr().map_or(0, |a| address_hash(a.ip()))
+    }
+}
+
+pub(crate) fn run(
     shared: &Shared,
-    stream: &mut TcpStream,
+    stream: &mut impl Outlet,
     hello: Hello,
     topic: u32,
     meta: TopicMeta,
     cursors: Vec<u64>,
 ) -> End {
     let ok = net::hello_ok(shared, &hello, topic, &meta);
-    if let Err(e) = net::send_hello_ok(stream, &ok) {
+    if let Err(e) = stream.send_hello_ok(&ok) {
         return e.into();
     }
     // A subscriber that stops reading its socket for this long is disconnected, which
@@ -50,7 +107,7 @@ pub fn run(
         .reader_stall_timeout
         .max(Duration::from_secs(1))
         * 2;
-    if let Err(e) = stream.set_write_timeout(Some(stall)) {
+    if let Err(e) = stream.set_stall(stall) {
         return e.into();
     }
     let from_first = hello.subscribe_flags & SUBSCRIBE_FROM_FIRST_RETAINED != 0;
@@ -121,10 +178,10 @@ struct Claimant {
 }
 
 impl Claimant {
-    fn of(shared: &Shared, stream: &TcpStream) -> Self {
+    fn of(shared: &Shared, stream: &impl Outlet) -> Self {
         Self {
             broker: shared.config.broker_id,
-            address: stream.peer_addr().map_or(0, |a| address_hash(a.ip())),
+            address: stream.address(),
             limit: shared.config.max_subscribers_per_address,
             stall: shared.config.reader_stall_timeout,
         }
@@ -133,7 +190,7 @@ impl Claimant {
 
 /// A stable, non-zero hash of a client address (FNV-1a over its bytes): the same in
 /// every broker process, so one address's pins can be counted region-wide.
-fn address_hash(ip: std::net::IpAddr) -> u64 {
+pub(crate) fn address_hash(ip: std::net::IpAddr) -> u64 {
     let bytes = match ip.to_canonical() {
         std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
         std::net::IpAddr::V6(v6) => v6.octets().to_vec(),
@@ -320,7 +377,7 @@ struct Planned {
 /// reclaimed while being sent, the rest being voided for the client to drop.
 fn send_round(
     shared: &Shared,
-    stream: &mut TcpStream,
+    stream: &mut impl Outlet,
     topic: u32,
     global: bool,
     plan: &[Planned],
@@ -347,7 +404,7 @@ fn send_round(
         });
     }
     // The subscriber is taking bytes: that is progress, which keeps its pin fresh.
-    writev_all(stream, &mut iov, || pin.beat())?;
+    stream.send_all(&mut iov, &mut || pin.beat())?;
     let region = &shared.region;
     let mut confirmed = plan.len();
     for (i, p) in plan.iter().enumerate() {
@@ -377,7 +434,7 @@ fn send_round(
     if region.is_retired() {
         return Err(End::Gone);
     }
-    stream.write_all(
+    stream.send_frame(
         &BatchOk {
             count: confirmed as u64,
             discard_rest: confirmed < plan.len(),
@@ -414,14 +471,14 @@ fn not_retained(position: u64, first: Option<u64>) -> End {
 /// Most bytes handed to one `writev`: between two, the reader's pin is beaten, so a
 /// subscriber that reads slowly but steadily keeps its pin fresh through a long round
 /// (a round is up to [`MAX_BYTES_PER_ROUND`]). One more system call per MiB.
-const MAX_BYTES_PER_WRITE: usize = 1 << 20;
+pub(crate) const MAX_BYTES_PER_WRITE: usize = 1 << 20;
 
 /// Writes every byte the iovecs describe, resuming after partial writes, at most
 /// [`MAX_BYTES_PER_WRITE`] per call; `progress` runs after each call that wrote.
 fn writev_all(
     stream: &TcpStream,
     iov: &mut [libc::iovec],
-    mut progress: impl FnMut() -> Result<(), End>,
+    progress: &mut dyn FnMut() -> Result<(), End>,
 ) -> Result<(), End> {
     let fd = stream.as_raw_fd();
     let mut first = 0;
@@ -600,11 +657,11 @@ impl IdleWait {
 
     /// Waits for the bell (or a back-off step); `Err(End::Gone)` once the subscriber
     /// has closed its connection.
-    fn wait(&mut self, bell: &Doorbell<'_>, seen: u32, stream: &TcpStream) -> Result<(), End> {
+    fn wait(&mut self, bell: &Doorbell<'_>, seen: u32, stream: &impl Outlet) -> Result<(), End> {
         let now = Instant::now();
         if now >= self.next_probe {
             self.next_probe = now + PEER_PROBE_EVERY;
-            match net::probe_subscriber(stream) {
+            match stream.probe() {
                 Peer::There => {}
                 Peer::Gone => {
                     self.dropped
@@ -655,7 +712,7 @@ impl Start {
 
 fn serve_global(
     shared: &Shared,
-    stream: &mut TcpStream,
+    stream: &mut impl Outlet,
     topic: u32,
     meta: &TopicMeta,
     mut start: Start,
@@ -1233,7 +1290,7 @@ fn plan_broker_round(
 
 fn serve_per_broker(
     shared: &Shared,
-    stream: &mut TcpStream,
+    stream: &mut impl Outlet,
     topic: u32,
     meta: &TopicMeta,
     mut positions: Vec<u64>,

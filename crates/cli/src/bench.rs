@@ -61,9 +61,9 @@ pub struct BenchArgs {
     /// Message payload size in bytes.
     #[arg(long, default_value_t = 1024)]
     pub size: usize,
-    /// How the publishers reach the brokers: `auto` (shared memory to a broker on this
-    /// host, else TCP), `tcp` or `shm`. A comma-separated list runs each in turn:
-    /// `--transport tcp,shm`.
+    /// How the publishers and subscribers reach the brokers: `auto` (shared memory to a
+    /// broker on this host, else TCP), `tcp` or `shm`. A comma-separated list runs each
+    /// in turn: `--transport tcp,shm`.
     #[arg(
         long,
         value_delimiter = ',',
@@ -411,7 +411,7 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     // The warm-up's messages are in the topic too, ahead of the measured ones.
     let warmed_up = config.rate.map_or(0, |_| args.warmup_messages);
     published.store(outcome.stats.messages + warmed_up, Ordering::Release);
-    let reads = read_back(args, &control, &topic, subscriber, &outcome)?;
+    let reads = read_back(args, (&control, config), &topic, subscriber, &outcome)?;
     bar.finish_and_clear();
     let cpu = CpuFigures::of(cpu, server_cpu_before, &control);
     let elapsed = reads.elapsed().unwrap_or(outcome.elapsed);
@@ -579,6 +579,14 @@ fn start_server(
     Ok((Some(server), Some(region_file), control))
 }
 
+/// A run's subscribers read over the run's transport, as its publishers write.
+fn subscriber_config(transport: Transport) -> SubscriberConfig {
+    SubscriberConfig {
+        transport,
+        ..SubscriberConfig::default()
+    }
+}
+
 /// The e2e subscriber: reads until it has as many messages as `published` says (u64::MAX
 /// until publishing ends), timing every 64th message measured (published after
 /// `measured_from_ns`), and feeding the exactly-once verifier with --verify.
@@ -589,7 +597,7 @@ fn spawn_e2e_subscriber(
     config: RunConfig,
     (published, measured_from_ns): (Arc<AtomicU64>, Arc<AtomicU64>),
 ) -> Result<std::thread::JoinHandle<E2eResult>, String> {
-    let mut sub = Subscriber::connect(control, topic, SubscriberConfig::default())
+    let mut sub = Subscriber::connect(control, topic, subscriber_config(config.transport))
         .map_err(|e| e.to_string())?;
     let warming_up = args.warmup_messages > 0;
     let mut verifier = args
@@ -633,13 +641,19 @@ fn spawn_e2e_subscriber(
 /// from the start now; e2e, the subscriber that read along is waited for.
 fn read_back(
     args: &BenchArgs,
-    control: &str,
+    (control, config): (&str, RunConfig),
     topic: &str,
     subscriber: Option<std::thread::JoinHandle<E2eResult>>,
     outcome: &PublishOutcome,
 ) -> Result<Reads, String> {
     let subscribe_only = if args.mode == "subscribe" {
-        Some(read_all_from_start(control, topic, outcome.stats.messages)?)
+        let count = outcome.stats.messages;
+        Some(read_all_from_start(
+            control,
+            topic,
+            count,
+            config.transport,
+        )?)
     } else {
         None
     };
@@ -653,8 +667,13 @@ fn read_back(
 
 /// Subscribe-only: one subscriber reads the `count` messages of the full topic from the
 /// start; returns how many it read and how long that took.
-fn read_all_from_start(control: &str, topic: &str, count: u64) -> Result<(u64, Duration), String> {
-    let mut sub = Subscriber::connect(control, topic, SubscriberConfig::default())
+fn read_all_from_start(
+    control: &str,
+    topic: &str,
+    count: u64,
+    transport: Transport,
+) -> Result<(u64, Duration), String> {
+    let mut sub = Subscriber::connect(control, topic, subscriber_config(transport))
         .map_err(|e| e.to_string())?;
     let sub_start = Instant::now();
     let mut received = 0u64;

@@ -3,7 +3,7 @@
 use crate::{CliResult, ControlArg};
 use base64::Engine;
 use embarcadero_client::{
-    check_topic_name, Admin, Cursor, MessageRef, Subscriber, SubscriberConfig,
+    check_topic_name, Admin, Cursor, MessageRef, Subscriber, SubscriberConfig, Transport,
 };
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -32,6 +32,16 @@ pub struct SubArgs {
     /// seconds, then continue from the next message not yet printed; 0: fail at once.
     #[arg(long, default_value_t = 60)]
     pub retry_for: u64,
+    /// How to reach the brokers: `auto` reads a shared-memory feed from a broker on this
+    /// host (when the broker allows this user), TCP otherwise; `tcp`; `shm` (an error
+    /// where shared memory cannot be used).
+    #[arg(
+        long,
+        default_value = "auto",
+        env = "EMBARCADERO_TRANSPORT",
+        value_name = "auto|tcp|shm"
+    )]
+    pub transport: Transport,
 }
 
 /// Where `--from` starts.
@@ -80,6 +90,7 @@ pub fn run(args: SubArgs) -> CliResult {
         &args.topic,
         SubscriberConfig {
             start: None,
+            transport: args.transport,
             ..SubscriberConfig::default()
         },
     )
@@ -234,6 +245,7 @@ fn reconnect(
     loop {
         let config = SubscriberConfig {
             start: Some(from.clone()),
+            transport: args.transport,
             ..SubscriberConfig::default()
         };
         match Subscriber::connect(&args.control.control, &args.topic, config) {

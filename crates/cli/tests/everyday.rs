@@ -754,15 +754,25 @@ fn topic_delete_frees_memory_and_disk_tells_clients_and_frees_the_name() {
 /// `--transport tcp` both deliver, in order; a transport that does not exist is refused
 /// with the choices.
 #[test]
-fn pub_publishes_over_either_transport() {
+fn pub_publishes_and_sub_reads_over_either_transport() {
     let dir = tempfile::tempdir().unwrap();
     let serve = Serve::start(&dir.path().join("d"));
     ok(&serve.run(&["topic", "create", "both", "--order", "2"], None));
     ok(&serve.run(&["pub", "both", "--transport", "shm"], Some("a\nb\n")));
     ok(&serve.run(&["pub", "both", "--transport", "tcp"], Some("c\n")));
-    let read = ok(&serve.run(&["sub", "both", "--count", "3"], None));
-    assert_eq!(read, "a\nb\nc\n");
-    let err = failed(&serve.run(&["pub", "both", "--transport", "udp"], Some("d\n")));
+    for transport in ["shm", "tcp", "auto"] {
+        let args = ["sub", "both", "--count", "3", "--transport", transport];
+        assert_eq!(
+            ok(&serve.run(&args, None)),
+            "a\nb\nc\n",
+            "sub over {transport}"
+        );
+    }
+    // No stdin: the argument error ends the process before it would read any, and a
+    // write into its closed pipe would fail the test instead.
+    let err = failed(&serve.run(&["pub", "both", "--transport", "udp"], None));
+    assert!(err.contains("auto, tcp or shm"), "{err}");
+    let err = failed(&serve.run(&["sub", "both", "--transport", "udp"], None));
     assert!(err.contains("auto, tcp or shm"), "{err}");
     serve.stop();
 }

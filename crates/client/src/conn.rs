@@ -1,8 +1,8 @@
 //! Connection set-up and frame reading shared by publishers and subscribers; a
-//! publisher's connection is a [`Link`]: a TCP socket or a local shared-memory channel
-//! (`crate::shm`), chosen by its [`Transport`].
+//! publisher's connection is a [`Link`], a subscriber's a [`SubStream`]: a TCP socket or
+//! a local shared-memory channel (`crate::shm`), chosen by its [`Transport`].
 
-use crate::shm::{ShmLink, Transport, Unavailable};
+use crate::shm::{FeedAnswer, ShmFeed, ShmLink, Transport, Unavailable};
 use crate::{Error, Result};
 use embarcadero_wire::{
     BatchOk, ErrorCode, ErrorFrame, FrameHeader, FrameKind, Hello, HelloOk, FRAME_HEADER_LEN,
@@ -130,6 +130,127 @@ pub fn handshake_link(
         Handshake::Accepted(stream, ok) => Handshake::Accepted(Link::Tcp(stream), ok),
         Handshake::Refused(e) => Handshake::Refused(e),
     })
+}
+
+/// A subscriber's connection: a TCP socket, or a shared-memory feed that carries the
+/// same frames.
+pub enum SubStream {
+    Tcp(TcpStream),
+    Shm(ShmFeed),
+}
+
+/// How a feed's violations (positions out of range, `InvalidData`) begin, so that they
+/// read as the broken protocol they are, not as a lost connection to reconnect.
+pub const RING_VIOLATION: &str = "shared-memory feed: ";
+
+fn tagged(e: std::io::Error) -> std::io::Error {
+    if e.kind() != std::io::ErrorKind::InvalidData {
+        return e;
+    }
+    std::io::Error::new(e.kind(), format!("{RING_VIOLATION}{e}"))
+}
+
+impl SubStream {
+    pub fn transport(&self) -> &'static str {
+        match self {
+            SubStream::Tcp(_) => "tcp",
+            SubStream::Shm(_) => "shm",
+        }
+    }
+
+    /// Waits up to `wait` for the first byte of a frame: `Ok(false)` when none came, an
+    /// error once the broker has closed the connection.
+    pub fn wait_readable(&mut self, wait: Duration) -> std::io::Result<bool> {
+        match self {
+            SubStream::Shm(feed) => feed.wait_readable(wait).map_err(tagged),
+            SubStream::Tcp(stream) => {
+                stream.set_read_timeout(Some(wait.max(Duration::from_millis(1))))?;
+                let mut probe = [0u8; 1];
+                match stream.peek(&mut probe) {
+                    Ok(0) => Err(std::io::ErrorKind::UnexpectedEof.into()),
+                    Ok(_) => {
+                        // The frame is then read whole, blocking.
+                        stream.set_read_timeout(None)?;
+                        Ok(true)
+                    }
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        Ok(false)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+}
+
+impl Read for SubStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            SubStream::Tcp(s) => s.read(buf),
+            SubStream::Shm(f) => f.read(buf).map_err(tagged),
+        }
+    }
+}
+
+/// Opens a subscriber connection over `transport`, sending `extra` (per-broker cursors)
+/// after the hello; a refusal is an error. `Auto` takes a shared-memory feed when the
+/// broker is on this host and gives this process one, else TCP, and logs which.
+pub fn open_sub(
+    addr: &str,
+    hello: &Hello,
+    extra: &[u8],
+    transport: Transport,
+) -> Result<(SubStream, HelloOk)> {
+    embarcadero_wire::validate_topic_name(&hello.topic)
+        .map_err(|e| Error::Config(e.to_string()))?;
+    if transport != Transport::Tcp {
+        let target = resolve(addr)?;
+        let protocol = |message: String| Error::Protocol {
+            peer: addr.to_string(),
+            message,
+        };
+        match ShmFeed::open(target, &hello.encode(), extra) {
+            Ok(Err(message)) => return Err(protocol(message)),
+            Ok(Ok(FeedAnswer::Accepted(feed, ok))) => {
+                if transport == Transport::Auto {
+                    tracing::info!(broker = addr, "subscribing over shared memory");
+                }
+                return Ok((SubStream::Shm(feed), ok));
+            }
+            // InvalidRole: a broker from before subscriptions over shared memory.
+            Ok(Ok(FeedAnswer::Refused(e)))
+                if transport == Transport::Auto
+                    && matches!(e.code, ErrorCode::ShmRefused | ErrorCode::InvalidRole) =>
+            {
+                tracing::info!(
+                    broker = addr,
+                    "subscribing over TCP: the broker refused a shared-memory feed: {}",
+                    e.message
+                );
+            }
+            Ok(Ok(FeedAnswer::Refused(e))) => return Err(broker_error(addr, e)),
+            Err(Unavailable(why)) if transport == Transport::Auto => {
+                tracing::info!(
+                    broker = addr,
+                    "subscribing over TCP: no shared-memory feed ({why})"
+                );
+            }
+            Err(Unavailable(why)) => {
+                return Err(Error::Connect {
+                    what: "broker (shared memory)",
+                    addr: addr.to_string(),
+                    message: why,
+                })
+            }
+        }
+    }
+    let (stream, ok) = open(addr, hello, extra)?;
+    Ok((SubStream::Tcp(stream), ok))
 }
 
 /// The channel's handshake: the broker's answer comes on the Unix socket.

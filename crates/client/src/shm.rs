@@ -1,20 +1,24 @@
 //! The client's end of a local shared-memory channel (issue 26; the layout and the
-//! handshake are `embarcadero_shm`'s): used by a publisher connection instead of a TCP
-//! socket when the broker is on this host.
+//! handshake are `embarcadero_shm`'s): used by a publisher connection, or a subscriber
+//! ([`ShmFeed`]), instead of a TCP socket when the broker is on this host.
 //!
 //! Owns: the channel's memfd mapping on the client side, its data ring's producer (the
 //! connection's sender thread) and its ack ring's consumer (the connection's ack reader
-//! thread), and the Unix socket that carries the handshake and tells either side that
-//! the other has gone. Touches: nothing else; never the region.
+//! thread); for a subscriber its cursor page (writable) and its read-only view of the
+//! broker's feed; and the Unix socket that carries the handshake and tells either side
+//! that the other has gone. Touches: nothing else; never the region.
 
-use embarcadero_shm::layout::{ack_ring, data_ring, C_SPACE_BELL, P_DATA_BELL};
+use embarcadero_shm::layout::{ack_ring, data_ring, feed_ring, C_SPACE_BELL, P_DATA_BELL};
+use embarcadero_shm::ring::RingMaps;
 use embarcadero_shm::{bell, socket, Consumer, Mapping, Producer, Waited};
+use embarcadero_wire::{FrameHeader, FrameKind, FRAME_HEADER_LEN, MAX_ERROR_TEXT_LEN};
 use std::io::{self, Read};
 use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long a broker has to answer a channel's hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -66,6 +70,43 @@ pub struct ShmLink {
 /// Why no channel was opened, when the broker did not refuse one.
 pub struct Unavailable(pub String);
 
+/// Connects to the channel socket of the broker at `target`, if it is on this host and
+/// run by this process's uid or root (the only brokers trusted with our data).
+fn connect_broker(target: SocketAddr) -> std::result::Result<UnixStream, Unavailable> {
+    let names = socket::names_for(target);
+    if names.is_empty() {
+        return Err(Unavailable(format!(
+            "{target} is not an address of this host"
+        )));
+    }
+    let sock = names
+        .iter()
+        .find_map(|n| socket::connect(n).ok())
+        .ok_or_else(|| Unavailable(format!("no broker listens on {names:?}")))?;
+    let peer = socket::peer_uid(&sock).map_err(|e| Unavailable(e.to_string()))?;
+    let own = socket::own_uid();
+    if peer != own && peer != 0 {
+        return Err(Unavailable(format!(
+            "the socket {names:?} belongs to uid {peer}, neither this process's {own} nor root"
+        )));
+    }
+    Ok(sock)
+}
+
+/// Whether the broker at the other end of `sock` is still there: it sends nothing on
+/// the socket after its first answer, so bytes there are as bad as a close.
+fn peer_alive(sock: &UnixStream) -> bool {
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
+    let s = socket2::SockRef::from(sock);
+    match s.recv_with_flags(&mut byte, libc_flags()) {
+        Ok(_) => false,
+        Err(e) => matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        ),
+    }
+}
+
 impl ShmLink {
     /// Opens a channel to the broker at `target` with a data ring of `ring_bytes`: sends
     /// `hello` with the channel's memfd and returns the socket, positioned at the
@@ -75,25 +116,8 @@ impl ShmLink {
         hello: &[u8],
         ring_bytes: usize,
     ) -> std::result::Result<(Arc<ShmLink>, UnixStream), Unavailable> {
-        let names = socket::names_for(target);
-        if names.is_empty() {
-            return Err(Unavailable(format!(
-                "{target} is not an address of this host"
-            )));
-        }
-        let sock = names
-            .iter()
-            .find_map(|n| socket::connect(n).ok())
-            .ok_or_else(|| Unavailable(format!("no broker listens on {names:?}")))?;
+        let sock = connect_broker(target)?;
         let why = |e: io::Error| Unavailable(e.to_string());
-        // The other end must be a broker we trust with our batches: ourselves or root.
-        let peer = socket::peer_uid(&sock).map_err(why)?;
-        let own = socket::own_uid();
-        if peer != own && peer != 0 {
-            return Err(Unavailable(format!(
-                "the socket {names:?} belongs to uid {peer}, neither this process's {own} nor root"
-            )));
-        }
         let (fd, map) = socket::create_channel(ring_bytes).map_err(why)?;
         socket::send_hello(&sock, hello, &fd).map_err(why)?;
         drop(fd);
@@ -112,18 +136,7 @@ impl ShmLink {
 
     /// Whether the broker is still there and this end is not shut down.
     fn alive(&self) -> bool {
-        if self.closed.load(Ordering::Acquire) {
-            return false;
-        }
-        let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
-        let s = socket2::SockRef::from(&self.sock);
-        match s.recv_with_flags(&mut byte, libc_flags()) {
-            Ok(_) => false,
-            Err(e) => matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-            ),
-        }
+        !self.closed.load(Ordering::Acquire) && peer_alive(&self.sock)
     }
 
     /// Writes one batch, header then messages, into the data ring (waiting for room).
@@ -173,5 +186,159 @@ fn libc_flags() -> libc::c_int {
 impl Read for &ShmLink {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         ShmLink::read(self, buf)
+    }
+}
+
+/// A subscriber's end of a feed: its cursor page (the ring's consumer line, the only
+/// shared memory it writes) and its read-only view of the broker's ring, which holds
+/// the subscription's frames exactly as a TCP socket would carry them. Bytes are copied
+/// out into the subscriber's own buffers before anything in them is looked at, and
+/// every position the broker publishes is checked by the ring: a broker that writes
+/// garbage gives an error (`InvalidData`), never a read outside the mapping.
+pub struct ShmFeed {
+    sock: UnixStream,
+    ring: Consumer,
+}
+
+/// How a feed's handshake ended.
+pub enum FeedAnswer {
+    Accepted(ShmFeed, embarcadero_wire::HelloOk),
+    Refused(embarcadero_wire::ErrorFrame),
+}
+
+impl ShmFeed {
+    /// Opens a feed from the broker at `target`: sends `hello` with a fresh cursor page,
+    /// then `extra` (per-broker cursors) on the socket, and reads the broker's answer:
+    /// HelloOk with the feed's memfd, or an error frame. `Err(Unavailable)` when no
+    /// feed could be set up (the caller may use TCP); `Ok(Err(_))` when the broker's
+    /// answer broke the protocol.
+    pub fn open(
+        target: SocketAddr,
+        hello: &[u8],
+        extra: &[u8],
+    ) -> std::result::Result<std::result::Result<FeedAnswer, String>, Unavailable> {
+        let sock = connect_broker(target)?;
+        let why = |e: io::Error| Unavailable(e.to_string());
+        let (page_fd, page) = socket::create_cursor_page().map_err(why)?;
+        socket::send_hello(&sock, hello, &page_fd).map_err(why)?;
+        drop(page_fd);
+        io::Write::write_all(&mut &sock, extra).map_err(why)?;
+        let mut raw = [0u8; FRAME_HEADER_LEN];
+        let fd = socket::recv_with_fd(&sock, &mut raw, HELLO_TIMEOUT).map_err(why)?;
+        let header = match FrameHeader::decode(&raw, 8 + MAX_ERROR_TEXT_LEN as u32) {
+            Ok(h) => h,
+            Err(e) => return Ok(Err(format!("the broker's answer: {e}"))),
+        };
+        let mut body = vec![0u8; header.body_len as usize];
+        sock.set_read_timeout(Some(HELLO_TIMEOUT)).map_err(why)?;
+        (&sock).read_exact(&mut body).map_err(why)?;
+        sock.set_read_timeout(None).map_err(why)?;
+        Ok(Self::answer(sock, page, fd, &header, &body))
+    }
+
+    /// The feed from the broker's answer frame (`header`, `body`) and the memfd that
+    /// came with it.
+    fn answer(
+        sock: UnixStream,
+        page: Mapping,
+        fd: Option<OwnedFd>,
+        header: &FrameHeader,
+        body: &[u8],
+    ) -> std::result::Result<FeedAnswer, String> {
+        use embarcadero_wire::{ErrorFrame, HelloOk};
+        match (header.kind, fd) {
+            (FrameKind::Error, _) => ErrorFrame::decode(header, body)
+                .map(FeedAnswer::Refused)
+                .map_err(|e| e.to_string()),
+            (FrameKind::HelloOk, Some(fd)) => {
+                let ok = HelloOk::decode(body).map_err(|e| e.to_string())?;
+                let (feed, capacity) = socket::map_feed(&fd)?;
+                let maps = RingMaps {
+                    producer: Arc::new(feed),
+                    consumer: Arc::new(page),
+                };
+                let ring = Consumer::split(maps, feed_ring(capacity));
+                Ok(FeedAnswer::Accepted(ShmFeed { sock, ring }, ok))
+            }
+            (FrameKind::HelloOk, None) => Err("HelloOk came without the feed's memfd".into()),
+            (kind, _) => Err(format!("expected HelloOk, got a {kind:?} frame")),
+        }
+    }
+
+    /// Waits up to `wait` for the next byte: `Ok(false)` when none came, an error
+    /// (`UnexpectedEof`) once the broker has gone and the ring is empty.
+    pub fn wait_readable(&mut self, wait: Duration) -> io::Result<bool> {
+        let deadline = Some(Instant::now() + wait);
+        let sock = &self.sock;
+        match self.ring.wait_available(1, deadline, || peer_alive(sock))? {
+            Waited::Ready => Ok(true),
+            Waited::TimedOut => Ok(false),
+            Waited::Gone => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the broker closed the shared-memory feed",
+            )),
+        }
+    }
+}
+
+impl Read for ShmFeed {
+    /// Copies out what the broker has published, up to `buf.len()`, waiting for at
+    /// least a byte; 0 once the broker has gone and the ring is empty.
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let sock = &self.sock;
+        if self.ring.wait_available(1, None, || peer_alive(sock))? != Waited::Ready {
+            return Ok(0);
+        }
+        let n = self.ring.available()?.min(buf.len());
+        self.ring.copy_out(&mut buf[..n]);
+        self.ring.consume(n);
+        Ok(n)
+    }
+}
+
+impl Drop for ShmFeed {
+    fn drop(&mut self) {
+        // The broker's thread learns at once that the subscription is over.
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_feed {
+    use super::*;
+
+    /// A feed made and handed over as a broker does, in one process: the client's
+    /// [`ShmFeed`], the broker's producer, the broker's writable mapping of the feed
+    /// (for writing garbage where only a broker could) and the broker's socket end.
+    pub(crate) fn pair(capacity: usize) -> (ShmFeed, Producer, Arc<Mapping>, UnixStream) {
+        let (client_sock, broker_sock) = UnixStream::pair().unwrap();
+        let (page_fd, page) = socket::create_cursor_page().unwrap();
+        let (feed_fd, feed) = socket::create_feed(capacity).unwrap();
+        let feed = Arc::new(feed);
+        let broker = Producer::split(
+            RingMaps {
+                producer: feed.clone(),
+                consumer: Arc::new(socket::map_cursor_page(&page_fd).unwrap()),
+            },
+            feed_ring(capacity),
+        );
+        let (view, cap) = socket::map_feed(&feed_fd).unwrap();
+        assert_eq!(cap, capacity);
+        assert!(!view.is_writable());
+        let ring = Consumer::split(
+            RingMaps {
+                producer: Arc::new(view),
+                consumer: Arc::new(page),
+            },
+            feed_ring(capacity),
+        );
+        let feed_end = ShmFeed {
+            sock: client_sock,
+            ring,
+        };
+        (feed_end, broker, feed, broker_sock)
     }
 }

@@ -8,16 +8,16 @@
 //! the caller has dropped every clone of it.
 
 use crate::admin::Admin;
-use crate::conn::{self, Frame};
+use crate::conn::{self, Frame, SubStream};
 use crate::delivery::{DeliveryBuf, SharedBatch};
+use crate::shm::Transport;
 use crate::{Error, Result};
 use embarcadero_wire::{
-    message_stride, DeliveryHeader, Hello, MessageIter, Role, DELIVERY_HEADER_LEN,
+    message_stride, DeliveryHeader, FrameHeader, Hello, MessageIter, Role, DELIVERY_HEADER_LEN,
     SUBSCRIBE_FROM_FIRST_RETAINED,
 };
 use std::collections::VecDeque;
 use std::io::Read;
-use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,10 @@ pub struct SubscriberConfig {
     /// How many times in a row to reconnect after a lost connection (or a broker that
     /// does not answer), pausing 10-100 ms in between, before reporting the error.
     pub max_reconnects: u32,
+    /// How to reach the brokers: `Auto` reads a shared-memory feed from a broker on
+    /// this host that gives one, else TCP (and logs which); `Tcp`; `Shm` (an error
+    /// where no feed can be had).
+    pub transport: Transport,
 }
 
 impl Default for SubscriberConfig {
@@ -52,6 +56,7 @@ impl Default for SubscriberConfig {
             start: None,
             client_id: None,
             max_reconnects: 10,
+            transport: Transport::Auto,
         }
     }
 }
@@ -166,7 +171,7 @@ pub struct Subscriber {
     client_id: u64,
     config: SubscriberConfig,
     next_broker: usize,
-    stream: Option<(TcpStream, String)>,
+    stream: Option<(SubStream, String)>,
     order: Option<u8>,
     num_brokers: usize,
     cursor: Option<Cursor>,
@@ -227,6 +232,12 @@ impl Subscriber {
         };
         s.reconnect()?;
         Ok(s)
+    }
+
+    /// How the current connection reaches its broker: "tcp", "shm", or "none" between
+    /// connections.
+    pub fn transport(&self) -> &'static str {
+        self.stream.as_ref().map_or("none", |(s, _)| s.transport())
     }
 
     /// The topic's order level, as the broker reported it.
@@ -309,7 +320,7 @@ impl Subscriber {
                     0
                 },
             };
-            match conn::open(&addr, &hello, &extra) {
+            match conn::open_sub(&addr, &hello, &extra, self.config.transport) {
                 Ok((stream, ok)) => {
                     self.order = Some(ok.order);
                     self.num_brokers = ok.num_brokers as usize;
@@ -465,60 +476,26 @@ impl Subscriber {
             self.reconnect()?;
         }
         let (stream, addr) = self.stream.as_mut().expect("connected");
-        let lost = |e: std::io::Error| Error::ConnectionLost {
-            broker: addr.clone(),
-            message: e.to_string(),
-        };
+        let lost = |e: std::io::Error| lost_or_broken(addr, e);
         // Wait for the start of a frame with a timeout, then read it whole, blocking.
-        stream
-            .set_read_timeout(Some(wait.max(Duration::from_millis(1))))
-            .map_err(lost)?;
-        let mut probe = [0u8; 1];
-        match stream.peek(&mut probe) {
-            Ok(0) => return Err(lost(std::io::ErrorKind::UnexpectedEof.into())),
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Ok(())
-            }
-            Err(e) => return Err(lost(e)),
+        if !stream.wait_readable(wait).map_err(lost)? {
+            return Ok(());
         }
-        stream.set_read_timeout(None).map_err(lost)?;
-        match conn::read_frame(stream, addr, 64)? {
-            Frame::Delivery(fh) => {
-                if fh.body_len < DELIVERY_HEADER_LEN as u32 || fh.body_len > MAX_DELIVERY_BYTES {
-                    return Err(Error::Protocol {
-                        peer: addr.clone(),
-                        message: format!("delivery of {} bytes", fh.body_len),
-                    });
-                }
-                let mut raw = [0u8; DELIVERY_HEADER_LEN];
-                stream.read_exact(&mut raw).map_err(lost)?;
-                let header = DeliveryHeader::decode(&raw).map_err(|e| Error::Protocol {
+        let frame = conn::read_frame(stream, addr, 64).map_err(|e| match e {
+            // A feed's ring positions out of range: the broker broke the protocol.
+            Error::ConnectionLost { message, .. } if message.starts_with(conn::RING_VIOLATION) => {
+                Error::Protocol {
                     peer: addr.clone(),
-                    message: e.to_string(),
-                })?;
-                if header.payload_len != fh.body_len - DELIVERY_HEADER_LEN as u32 {
-                    return Err(Error::Protocol {
-                        peer: addr.clone(),
-                        message: "delivery header and frame disagree on the payload length".into(),
-                    });
+                    message,
                 }
-                let mut payload = free_buffer(&mut self.spare, &mut self.lent);
-                // Only the subscriber holds it: a spare one, or lent and since dropped.
-                let bytes = Arc::get_mut(&mut payload).expect("a free buffer is not shared");
-                let bytes = bytes.fill(header.payload_len as usize);
-                stream.read_exact(bytes).map_err(lost)?;
-                self.unconfirmed.push_back(Batch {
-                    header,
-                    payload,
-                    next_index: 0,
-                    next_offset: 0,
-                });
+            }
+            e => e,
+        })?;
+        match frame {
+            Frame::Delivery(fh) => {
+                let buffer = free_buffer(&mut self.spare, &mut self.lent);
+                let batch = read_delivery(stream, addr, fh, buffer)?;
+                self.unconfirmed.push_back(batch);
                 Ok(())
             }
             Frame::BatchOk {
@@ -552,6 +529,59 @@ impl Subscriber {
                 message: format!("unexpected frame on a subscription: {other:?}"),
             }),
         }
+    }
+}
+
+/// Reads the body of a delivery whose frame header is `fh` into `payload` (a free
+/// buffer), checking its lengths against each other and the limit.
+fn read_delivery(
+    stream: &mut SubStream,
+    addr: &str,
+    fh: FrameHeader,
+    mut payload: Arc<DeliveryBuf>,
+) -> Result<Batch> {
+    let protocol = |message: String| Error::Protocol {
+        peer: addr.to_string(),
+        message,
+    };
+    let lost = |e: std::io::Error| lost_or_broken(addr, e);
+    if fh.body_len < DELIVERY_HEADER_LEN as u32 || fh.body_len > MAX_DELIVERY_BYTES {
+        return Err(protocol(format!("delivery of {} bytes", fh.body_len)));
+    }
+    let mut raw = [0u8; DELIVERY_HEADER_LEN];
+    stream.read_exact(&mut raw).map_err(lost)?;
+    let header = DeliveryHeader::decode(&raw).map_err(|e| protocol(e.to_string()))?;
+    if header.payload_len != fh.body_len - DELIVERY_HEADER_LEN as u32 {
+        return Err(protocol(
+            "delivery header and frame disagree on the payload length".into(),
+        ));
+    }
+    // Only the subscriber holds it: a spare one, or lent and since dropped.
+    let bytes = Arc::get_mut(&mut payload).expect("a free buffer is not shared");
+    stream
+        .read_exact(bytes.fill(header.payload_len as usize))
+        .map_err(lost)?;
+    Ok(Batch {
+        header,
+        payload,
+        next_index: 0,
+        next_offset: 0,
+    })
+}
+
+/// A read that failed: the connection was lost (the subscriber reconnects), or, for a
+/// shared-memory feed whose broker published positions out of range (`InvalidData`),
+/// the protocol was broken, which reconnecting would not mend.
+fn lost_or_broken(addr: &str, e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::InvalidData {
+        return Error::Protocol {
+            peer: addr.to_string(),
+            message: e.to_string(),
+        };
+    }
+    Error::ConnectionLost {
+        broker: addr.to_string(),
+        message: e.to_string(),
     }
 }
 
@@ -617,6 +647,199 @@ impl Iterator for Subscriber {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use embarcadero_shm::layout::{self, MIN_DATA_CAPACITY};
+    use embarcadero_shm::Producer;
+    use embarcadero_wire::{BatchOk, BlogMessageHeader, FrameHeader, FrameKind};
+    use std::sync::atomic::Ordering;
+
+    /// A subscriber reading the client end of a feed a test plays the broker of.
+    fn over_feed() -> (
+        Subscriber,
+        Producer,
+        Arc<embarcadero_shm::Mapping>,
+        std::os::unix::net::UnixStream,
+    ) {
+        let (feed, broker, map, sock) = crate::shm::test_feed::pair(MIN_DATA_CAPACITY);
+        let s = Subscriber {
+            brokers: vec!["127.0.0.1:1".into()],
+            control: None,
+            failed_reconnects: 0,
+            topic: "t".into(),
+            client_id: 1,
+            config: SubscriberConfig {
+                max_reconnects: 0,
+                ..SubscriberConfig::default()
+            },
+            next_broker: 0,
+            stream: Some((SubStream::Shm(feed), "127.0.0.1:1".into())),
+            order: Some(2),
+            num_brokers: 1,
+            cursor: Some(Cursor::Global(0)),
+            from_first_retained: false,
+            unconfirmed: VecDeque::new(),
+            ready: VecDeque::new(),
+            spare: Vec::new(),
+            lent: VecDeque::new(),
+        };
+        (s, broker, map, sock)
+    }
+
+    /// One delivery of `count` messages of 3 bytes at position 0, as a broker sends it.
+    fn delivery(count: u32) -> (DeliveryHeader, Vec<u8>) {
+        let stride = message_stride(3) as usize;
+        let mut payload = vec![0u8; stride * count as usize];
+        for m in 0..count as usize {
+            BlogMessageHeader {
+                size: 3,
+                client_id: 7,
+                ..Default::default()
+            }
+            .encode_into(&mut payload[m * stride..]);
+        }
+        let h = DeliveryHeader {
+            num_msg: count,
+            client_id: 7,
+            order: 2,
+            payload_len: payload.len() as u32,
+            ..Default::default()
+        };
+        (h, payload)
+    }
+
+    fn send(broker: &mut Producer, parts: &[&[u8]]) {
+        broker.write_all(parts, || true).unwrap();
+    }
+
+    /// What a poll of the subscriber gives after the broker wrote `garbage`: it must be
+    /// a protocol error (never a panic, never a read out of bounds).
+    fn refused_after(garbage: impl FnOnce(&mut Producer, &embarcadero_shm::Mapping)) -> String {
+        let (mut s, mut broker, map, _sock) = over_feed();
+        garbage(&mut broker, map.as_ref());
+        match s.poll(Duration::from_secs(5)) {
+            Err(Error::Protocol { message, .. }) => message,
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_well_formed_feed_delivers_its_messages() {
+        let (mut s, mut broker, _map, _sock) = over_feed();
+        let (h, payload) = delivery(3);
+        let ok = BatchOk {
+            count: 1,
+            discard_rest: false,
+        };
+        send(
+            &mut broker,
+            &[
+                &h.frame_header().encode()[..],
+                &h.encode()[..],
+                &payload[..],
+                &ok.encode()[..],
+            ],
+        );
+        for i in 0..3 {
+            let m = s.poll(Duration::from_secs(5)).unwrap().expect("a message");
+            assert_eq!((m.position, m.client_id, m.payload.len()), (i, 7, 3));
+        }
+        assert_eq!(s.transport(), "shm");
+    }
+
+    /// Garbage a broker (a bug, or a hostile process of the broker's uid) can put into
+    /// a subscriber's feed: ring positions that go back or run ahead of the ring, frame
+    /// headers, delivery headers and messages that do not add up, confirmations of
+    /// deliveries never sent. Each is an error the caller sees.
+    #[test]
+    fn garbage_in_the_feed_is_a_protocol_error_not_a_crash() {
+        fn tail(map: &embarcadero_shm::Mapping) -> &std::sync::atomic::AtomicU64 {
+            map.u64_at(layout::FEED_PRODUCER + layout::P_TAIL)
+        }
+        let m = refused_after(|_, map| {
+            tail(map).store(3 * MIN_DATA_CAPACITY as u64, Ordering::Release);
+        });
+        assert!(m.contains("past the consumer"), "{m}");
+        // A position that goes back below one the subscriber has seen.
+        let (mut s, mut broker, map, _sock) = over_feed();
+        let (h, payload) = delivery(1);
+        send(
+            &mut broker,
+            &[
+                &h.frame_header().encode()[..],
+                &h.encode()[..],
+                &payload[..],
+            ],
+        );
+        assert_eq!(
+            s.poll(Duration::from_millis(50)).unwrap(),
+            None,
+            "unconfirmed"
+        );
+        tail(&map).store(8, Ordering::Release);
+        match s.poll(Duration::from_secs(5)) {
+            Err(Error::Protocol { message, .. }) => {
+                assert!(message.contains("went back"), "{message}")
+            }
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+        let m = refused_after(|broker, _| send(broker, &[&[0xee; 16][..]]));
+        assert!(!m.is_empty());
+        let m = refused_after(|broker, _| {
+            let short = FrameHeader {
+                kind: FrameKind::Delivery,
+                flags: 0,
+                body_len: 8,
+                arg: 0,
+            };
+            send(broker, &[&short.encode()[..], &[0; 8][..]]);
+        });
+        assert!(m.contains("delivery of 8 bytes"), "{m}");
+        let m = refused_after(|broker, _| {
+            let (h, payload) = delivery(2);
+            let mut frame = h.frame_header();
+            frame.body_len += 64;
+            send(
+                broker,
+                &[
+                    &frame.encode()[..],
+                    &h.encode()[..],
+                    &payload[..],
+                    &[0; 64][..],
+                ],
+            );
+        });
+        assert!(m.contains("disagree"), "{m}");
+        let m = refused_after(|broker, _| {
+            let (h, mut payload) = delivery(2);
+            BlogMessageHeader {
+                size: 1 << 20,
+                client_id: 7,
+                ..Default::default()
+            }
+            .encode_into(&mut payload);
+            let ok = BatchOk {
+                count: 1,
+                discard_rest: false,
+            };
+            send(
+                broker,
+                &[
+                    &h.frame_header().encode()[..],
+                    &h.encode()[..],
+                    &payload[..],
+                    &ok.encode()[..],
+                ],
+            );
+        });
+        assert!(!m.is_empty());
+        let m = refused_after(|broker, _| {
+            let ok = BatchOk {
+                count: 5,
+                discard_rest: false,
+            };
+            send(broker, &[&ok.encode()[..]]);
+        });
+        assert!(m.contains("confirms 5"), "{m}");
+    }
 
     #[test]
     fn a_lent_buffer_is_reused_only_once_every_clone_is_dropped() {

@@ -1,15 +1,21 @@
-//! Publishing over local shared-memory channels (issue 26) against a real server: every
-//! order and ack level delivers exactly once in order; order-5 sessions are fenced and
-//! reopen over them; a client that writes garbage into its live channel is refused with
-//! an error while another publisher of the same broker carries on; another uid is
-//! refused unless the operator allows it; `auto` falls back to TCP.
+//! Publishing and subscribing over local shared memory (issue 26) against a real
+//! server: every order and ack level delivers exactly once in order; order-5 sessions
+//! are fenced and reopen over them; a client that writes garbage into its live channel
+//! is refused with an error while another publisher of the same broker carries on;
+//! another uid is refused unless the operator allows it; `auto` falls back to TCP.
+//! Subscribers read feeds: exactly once in one order, the same order as a TCP
+//! subscriber, from a position and with PositionNotRetained as over TCP; a SIGKILLed
+//! one releases its reader pin within the stall timeout; a feed is read-only to its
+//! subscriber and holds only its topic's bytes.
 
 mod common;
 
 use embarcadero_client::{
-    Error, Message, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec, Transport,
+    Cursor, Error, Message, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
+    Transport,
 };
-use embarcadero_shm::layout::{self, ack_ring, data_ring};
+use embarcadero_shm::layout::{self, ack_ring, data_ring, feed_ring};
+use embarcadero_shm::ring::RingMaps;
 use embarcadero_shm::{socket, Consumer, Mapping, Producer, Waited};
 use embarcadero_wire::{
     message_stride, BatchHeader, BlogMessageHeader, ErrorCode, ErrorFrame, FrameHeader, FrameKind,
@@ -34,8 +40,25 @@ fn shm_config(ack: u8) -> PublisherConfig {
     }
 }
 
+fn sub_config(transport: Transport) -> SubscriberConfig {
+    SubscriberConfig {
+        transport,
+        ..SubscriberConfig::default()
+    }
+}
+
+/// Reads `n` messages of `topic` over a shared-memory feed.
 fn read_all(brokers: &[String], topic: &str, n: usize) -> Vec<Message> {
-    let mut s = Subscriber::connect_brokers(brokers, topic, SubscriberConfig::default()).unwrap();
+    read_over(brokers, topic, n, Transport::Shm)
+}
+
+fn read_over(brokers: &[String], topic: &str, n: usize, transport: Transport) -> Vec<Message> {
+    let mut s = Subscriber::connect_brokers(brokers, topic, sub_config(transport)).unwrap();
+    assert_eq!(
+        s.transport(),
+        transport.to_string(),
+        "{topic}: read over {transport}"
+    );
     (0..n)
         .map(|i| {
             s.poll(Duration::from_secs(30))
@@ -45,9 +68,9 @@ fn read_all(brokers: &[String], topic: &str, n: usize) -> Vec<Message> {
         .collect()
 }
 
-/// Publishes `N` numbered messages from each of two publishers over shared memory and
-/// checks the subscriber got each exactly once; orders 2 and 5 at consecutive positions
-/// from 0, order 5 each publisher's in publish order (orders 0-2 keep only each
+/// Publishes `N` numbered messages from each of two publishers over `config.transport`
+/// and checks the subscriber (over a shared-memory feed) got each exactly once; orders 2
+/// and 5 at consecutive positions from 0, order 5 each publisher's in publish order (orders 0-2 keep only each
 /// connection's order, and a publisher has eight connections here).
 fn exactly_once_in_order(t: &common::TestServer, topic: &str, config: PublisherConfig) {
     const N: u64 = 2000;
@@ -55,10 +78,11 @@ fn exactly_once_in_order(t: &common::TestServer, topic: &str, config: PublisherC
         .map(|_| {
             let (brokers, topic, config) = (t.brokers(), topic.to_string(), config.clone());
             std::thread::spawn(move || {
+                let transport = config.transport.to_string();
                 let p = Publisher::connect_brokers(&brokers, &topic, config).unwrap();
                 assert!(
-                    p.stats().queues.iter().all(|q| q.transport == "shm"),
-                    "every connection is a shared-memory channel"
+                    p.stats().queues.iter().all(|q| q.transport == transport),
+                    "every connection is over {transport}"
                 );
                 for i in 0..N {
                     p.publish(format!("{i}:{}", "x".repeat((i % 200) as usize)).as_bytes())
@@ -434,6 +458,19 @@ fn auto_falls_back_to_tcp_when_the_broker_serves_no_channels() {
         .err()
         .unwrap();
     assert!(matches!(e, Error::Connect { .. }), "{e}");
+    // A subscriber too: auto reads over TCP, shm is refused.
+    let mut s =
+        Subscriber::connect_brokers(&t.brokers(), "t", sub_config(Transport::Auto)).unwrap();
+    assert_eq!(s.transport(), "tcp");
+    let m = s
+        .poll(Duration::from_secs(10))
+        .unwrap()
+        .expect("the message");
+    assert_eq!(m.payload, b"over tcp");
+    let e = Subscriber::connect_brokers(&t.brokers(), "t", sub_config(Transport::Shm))
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::Connect { .. }), "{e}");
     // With channels on, auto takes them.
     let t = common::start();
     t.create_topic("t", 2);
@@ -444,6 +481,8 @@ fn auto_falls_back_to_tcp_when_the_broker_serves_no_channels() {
     let p = Publisher::connect_brokers(&t.brokers(), "t", auto).unwrap();
     assert!(p.stats().queues.iter().all(|q| q.transport == "shm"));
     p.close().unwrap();
+    let s = Subscriber::connect_brokers(&t.brokers(), "t", sub_config(Transport::Auto)).unwrap();
+    assert_eq!(s.transport(), "shm");
 }
 
 /// The client half of `another_uid_is_refused_unless_allowed`, run as uid 65534 in a
@@ -477,11 +516,29 @@ fn uid_child() {
         transport: Transport::Auto,
         ..shm_config(1)
     };
-    let p = Publisher::connect_brokers(&[broker], "u", auto).unwrap();
+    let p = Publisher::connect_brokers(std::slice::from_ref(&broker), "u", auto).unwrap();
     let transport = p.stats().queues[0].transport;
     p.publish(b"from 65534 over auto").unwrap();
     p.close().unwrap();
     println!("CHILD auto used {transport}");
+    let feed = Subscriber::connect_brokers(
+        std::slice::from_ref(&broker),
+        "u",
+        sub_config(Transport::Shm),
+    );
+    match (&feed, expect_allowed) {
+        (Ok(_), true) => println!("CHILD feed accepted"),
+        (
+            Err(Error::Broker {
+                code: ErrorCode::ShmRefused,
+                ..
+            }),
+            false,
+        ) => println!("CHILD feed refused"),
+        (other, _) => panic!("unexpected feed: {:?}", other.as_ref().map(|_| ())),
+    }
+    let s = Subscriber::connect_brokers(&[broker], "u", sub_config(Transport::Auto)).unwrap();
+    println!("CHILD auto subscriber used {}", s.transport());
 }
 
 #[test]
@@ -504,12 +561,16 @@ fn another_uid_is_refused_unless_allowed() {
         if allowed {
             assert!(out.contains("CHILD shm accepted"), "{out}");
             assert!(out.contains("CHILD auto used shm"), "{out}");
+            assert!(out.contains("CHILD feed accepted"), "{out}");
+            assert!(out.contains("CHILD auto subscriber used shm"), "{out}");
         } else {
             assert!(
                 out.contains("CHILD shm refused") && out.contains("shm_allowed_uids"),
                 "{out}"
             );
             assert!(out.contains("CHILD auto used tcp"), "{out}");
+            assert!(out.contains("CHILD feed refused"), "{out}");
+            assert!(out.contains("CHILD auto subscriber used tcp"), "{out}");
         }
         let got = read_all(&t.brokers(), "u", if allowed { 2 } else { 1 });
         assert!(got.iter().all(|m| m.payload.starts_with(b"from 65534")));
@@ -539,4 +600,404 @@ fn child_as_nobody(broker: &str, allowed: bool) -> String {
     );
     assert!(out.status.success(), "child failed: {text}");
     text
+}
+
+// ------------------------------------------------------------ subscribing over feeds
+
+/// Every order, published over TCP so that only the subscription runs over shared
+/// memory: the feed's subscriber gets every message exactly once, orders 2 and 5 at
+/// consecutive positions from 0, order 5 in each publisher's order.
+#[test]
+fn every_order_is_read_exactly_once_in_one_order_over_a_shm_feed() {
+    let t = common::start_with(|c| {
+        c.region.max_topics = 8;
+        c.region.segments_per_broker = 16;
+    });
+    for order in [0u8, 1, 2, 5] {
+        let topic = format!("o{order}feed");
+        t.create_topic(&topic, order);
+        let config = PublisherConfig {
+            transport: Transport::Tcp,
+            session_epoch: if order == 5 { 1 } else { 0 },
+            ..shm_config(1)
+        };
+        exactly_once_in_order(&t, &topic, config);
+    }
+}
+
+/// Two subscribers reading along while two publishers write, one over a feed and one
+/// over TCP, see the same messages at the same positions, each exactly once.
+#[test]
+fn a_shm_and_a_tcp_subscriber_see_the_same_order() {
+    let t = common::start();
+    for (topic, order) in [("same2", 2u8), ("same5", 5)] {
+        t.create_topic(topic, order);
+        const N: u64 = 3000;
+        let readers: Vec<_> = [Transport::Shm, Transport::Tcp]
+            .into_iter()
+            .map(|transport| {
+                let (brokers, topic) = (t.brokers(), topic.to_string());
+                let mut s =
+                    Subscriber::connect_brokers(&brokers, &topic, sub_config(transport)).unwrap();
+                assert_eq!(s.transport(), transport.to_string());
+                std::thread::spawn(move || {
+                    (0..2 * N)
+                        .map(|i| {
+                            let m = s
+                                .poll(Duration::from_secs(30))
+                                .unwrap()
+                                .unwrap_or_else(|| panic!("{transport}: stuck after {i}"));
+                            (m.position, m.client_id, m.counter)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let writers: Vec<_> = (0..2)
+            .map(|_| {
+                let (brokers, topic) = (t.brokers(), topic.to_string());
+                std::thread::spawn(move || {
+                    let config = PublisherConfig {
+                        session_epoch: if order == 5 { 1 } else { 0 },
+                        ..shm_config(1)
+                    };
+                    let p = Publisher::connect_brokers(&brokers, &topic, config).unwrap();
+                    for i in 0..N {
+                        p.publish(format!("{i}").as_bytes()).unwrap();
+                    }
+                    p.close().unwrap();
+                })
+            })
+            .collect();
+        writers.into_iter().for_each(|w| w.join().unwrap());
+        let mut got: Vec<_> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+        let (tcp, shm) = (got.pop().unwrap(), got.pop().unwrap());
+        assert!(
+            shm == tcp,
+            "{topic}: the feed and the socket disagree on the order"
+        );
+        let positions: Vec<u64> = shm.iter().map(|m| m.0).collect();
+        assert_eq!(positions, (0..2 * N).collect::<Vec<_>>(), "{topic}");
+        let mut each: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for (_, client, counter) in shm {
+            each.entry(client).or_default().push(counter);
+        }
+        assert_eq!(each.len(), 2);
+        for (_, mut counters) in each {
+            if order == 2 {
+                counters.sort_unstable();
+            }
+            assert_eq!(
+                counters,
+                (0..N).collect::<Vec<_>>(),
+                "{topic}: exactly once"
+            );
+        }
+    }
+}
+
+/// Over a feed as over TCP: a subscription starts at a given position, `seek` moves
+/// it, and a position memory no longer holds is refused with PositionNotRetained,
+/// naming the first available one, from which the rest is read.
+#[test]
+fn a_feed_starts_at_a_position_seeks_and_refuses_what_is_not_retained() {
+    let t = common::start_with(|c| {
+        c.region.segment_bytes = 256 * 1024;
+        c.region.segments_per_broker = 4;
+        c.broker.max_batch_bytes = 128 * 1024;
+        c.broker.max_message_bytes = 16 * 1024;
+    });
+    t.create_topic("r", 2);
+    let p = Publisher::connect_brokers(&t.brokers(), "r", shm_config(1)).unwrap();
+    const N: u64 = 20_000;
+    let payload = vec![5u8; 1000];
+    for _ in 0..N {
+        p.publish(&payload).unwrap();
+    }
+    p.close().unwrap();
+    let from = |position: u64| SubscriberConfig {
+        start: Some(Cursor::Global(position)),
+        ..sub_config(Transport::Shm)
+    };
+    let err = Subscriber::connect_brokers(&t.brokers(), "r", from(0))
+        .and_then(|mut s| s.poll(Duration::from_secs(10)))
+        .expect_err("20 MB through 4 MiB of memory: position 0 was reclaimed");
+    let first = common::first_available(&err);
+    assert!(first > 0 && first < N, "{err}");
+    let mut s = Subscriber::connect_brokers(&t.brokers(), "r", from(first)).unwrap();
+    assert_eq!(s.transport(), "shm");
+    let m = s.poll(Duration::from_secs(10)).unwrap().unwrap();
+    assert_eq!(m.position, first);
+    s.seek(Cursor::Global(N - 10)).unwrap();
+    assert_eq!(s.transport(), "shm");
+    for i in N - 10..N {
+        assert_eq!(
+            s.poll(Duration::from_secs(10)).unwrap().unwrap().position,
+            i
+        );
+    }
+}
+
+/// The child half of `a_sigkilled_shm_subscriber_releases_its_pin_within_the_stall_timeout`
+/// (a no-op when run by itself): subscribes over a feed, reads 10 messages, checks that
+/// nothing of the region is mapped in this process, says so, and waits to be killed.
+#[test]
+fn feed_child() {
+    let Ok(broker) = std::env::var("EMBARCADERO_FEED_CHILD_BROKER") else {
+        return;
+    };
+    let region = std::env::var("EMBARCADERO_FEED_CHILD_REGION").unwrap();
+    let mut s = Subscriber::connect_brokers(&[broker], "k", sub_config(Transport::Shm)).unwrap();
+    for i in 0..10 {
+        let m = s.poll(Duration::from_secs(30)).unwrap().expect("a message");
+        assert_eq!(m.position, i);
+    }
+    assert_eq!(s.transport(), "shm");
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    assert!(
+        !maps.contains(&region),
+        "a subscriber maps nothing of the region:\n{maps}"
+    );
+    assert!(
+        maps.contains("embarcadero-feed"),
+        "the feed is mapped:\n{maps}"
+    );
+    println!("CHILD subscribed over shm");
+    use std::io::Write;
+    std::io::stdout().flush().unwrap();
+    loop {
+        std::thread::park();
+    }
+}
+
+#[test]
+fn a_sigkilled_shm_subscriber_releases_its_pin_within_the_stall_timeout() {
+    const STALL: Duration = Duration::from_secs(10);
+    let t = common::start_with(|c| c.broker.reader_stall_timeout_ms = STALL.as_millis() as u64);
+    t.create_topic("k", 2);
+    let p = Publisher::connect_brokers(&t.brokers(), "k", shm_config(1)).unwrap();
+    for i in 0..100 {
+        p.publish(format!("{i}").as_bytes()).unwrap();
+    }
+    p.close().unwrap();
+    let topic = t.server.topic("k").unwrap().id;
+    let region = t.server.region().clone();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "feed_child", "--nocapture", "--test-threads=1"])
+        .env("EMBARCADERO_FEED_CHILD_BROKER", &t.brokers()[0])
+        .env("EMBARCADERO_FEED_CHILD_REGION", region.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut seen = Vec::new();
+    for line in std::io::BufRead::lines(out) {
+        let line = line.unwrap();
+        let done = line.contains("CHILD subscribed over shm");
+        seen.push(line);
+        if done {
+            break;
+        }
+    }
+    assert!(
+        seen.last().is_some_and(|l| l.contains("CHILD subscribed")),
+        "the child failed: {seen:?}"
+    );
+    // Stale pins count too: only a freed slot reads as no reader.
+    let forever = Duration::from_secs(3600);
+    assert_ne!(
+        region.reader_floor(topic, 0, forever),
+        u64::MAX,
+        "the child holds a pin"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    while region.reader_floor(topic, 0, forever) != u64::MAX {
+        assert!(
+            killed.elapsed() < STALL,
+            "a SIGKILLed subscriber's pin outlived the stall timeout"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A hand-driven subscription over a feed: the test plays the subscriber.
+struct RawFeed {
+    sock: UnixStream,
+    fd: std::os::fd::OwnedFd,
+    view: Arc<Mapping>,
+    page: Arc<Mapping>,
+    ring: Consumer,
+}
+
+impl RawFeed {
+    fn open(broker: &str, topic: &str) -> RawFeed {
+        let name = &socket::names_for(broker.parse().unwrap())[0];
+        let sock = socket::connect(name).unwrap();
+        let (page_fd, page) = socket::create_cursor_page().unwrap();
+        let hello = Hello {
+            role: Role::Subscribe,
+            ack_level: 0,
+            client_id: RAW_CLIENT,
+            session_epoch: 0,
+            start_position: 0,
+            connection_index: 0,
+            cursor_count: 0,
+            topic: topic.into(),
+            session_key: [0; 16],
+            subscribe_flags: 0,
+        };
+        socket::send_hello(&sock, &hello.encode(), &page_fd).unwrap();
+        let mut raw = [0u8; 16];
+        let fd = socket::recv_with_fd(&sock, &mut raw, Duration::from_secs(10))
+            .unwrap()
+            .expect("HelloOk carries the feed");
+        let h = FrameHeader::decode(&raw, 1 << 10).unwrap();
+        assert_eq!(h.kind, FrameKind::HelloOk);
+        let mut body = vec![0u8; h.body_len as usize];
+        (&sock).read_exact(&mut body).unwrap();
+        let (view, cap) = socket::map_feed(&fd).unwrap();
+        let (view, page) = (Arc::new(view), Arc::new(page));
+        let maps = RingMaps {
+            producer: view.clone(),
+            consumer: page.clone(),
+        };
+        RawFeed {
+            ring: Consumer::split(maps, feed_ring(cap)),
+            sock,
+            fd,
+            view,
+            page,
+        }
+    }
+
+    /// Reads frames until `n` messages were delivered and confirmed.
+    fn read_messages(&mut self, n: u64) {
+        let (mut pending, mut confirmed) = (Vec::new(), 0u64);
+        while confirmed < n {
+            let (h, body) = frame_from(&mut AckReader(&mut self.ring, &self.sock));
+            match h.kind {
+                FrameKind::Delivery => {
+                    let d = embarcadero_wire::DeliveryHeader::decode(&body).unwrap();
+                    pending.push((d.num_msg - d.skip) as u64);
+                }
+                FrameKind::BatchOk => {
+                    confirmed += pending.drain(..h.arg as usize).sum::<u64>();
+                }
+                other => panic!("unexpected {other:?} frame"),
+            }
+        }
+    }
+
+    /// Every byte of the feed, as the subscriber can see them.
+    fn all_bytes(&self) -> Vec<u8> {
+        let mut all = vec![0u8; self.view.len()];
+        // SAFETY: the whole mapping is readable; the broker writes only the ring's
+        // unread part, and bytes torn by such a write are only searched, never trusted.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.view.base(), all.as_mut_ptr(), all.len());
+        }
+        all
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// A subscriber's feed is read-only to it and holds only its topic's bytes: another
+/// topic's messages, in the same brokers' memory, never appear in it; writing it
+/// (`write(2)`, a writable shared mapping, `mprotect` of its mapping, `ftruncate`) is
+/// refused by the kernel; and the one page it may write, its ring position, is checked:
+/// garbage there gets it disconnected.
+#[test]
+fn a_feed_is_read_only_to_its_subscriber_and_holds_only_its_topic() {
+    let t = common::start();
+    t.create_topic("theirs", 2);
+    t.create_topic("mine", 2);
+    for (topic, text) in [("theirs", "THEIRS-SECRET"), ("mine", "MINE-PUBLIC")] {
+        let p = Publisher::connect_brokers(&t.brokers(), topic, shm_config(1)).unwrap();
+        for i in 0..500 {
+            p.publish(format!("{text}-{i}").as_bytes()).unwrap();
+        }
+        p.close().unwrap();
+    }
+    let broker = t.brokers()[0].clone();
+    let mut feed = RawFeed::open(&broker, "mine");
+    feed.read_messages(500);
+    let seen = feed.all_bytes();
+    assert!(
+        contains(&seen, b"MINE-PUBLIC-499"),
+        "its own topic is there"
+    );
+    assert!(
+        !contains(&seen, b"THEIRS-SECRET"),
+        "no byte of another topic"
+    );
+    refused_writes(&feed);
+    // Its ring position is the one word it writes; out of range, it is cut off.
+    feed.page
+        .u64_at(layout::CURSOR_LINE + layout::C_HEAD)
+        .store(1 << 40, Ordering::Release);
+    let p =
+        Publisher::connect_brokers(std::slice::from_ref(&broker), "mine", shm_config(1)).unwrap();
+    p.publish(b"one more").unwrap();
+    p.close().unwrap();
+    let sock = feed.sock.try_clone().unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut b = [0u8; 1];
+    assert!(
+        matches!((&sock).read(&mut b), Ok(0) | Err(_)),
+        "a garbage ring position closes the feed"
+    );
+    // And the broker serves others.
+    assert_eq!(read_all(&[broker], "mine", 501).len(), 501);
+}
+
+/// The kernel refuses every way of writing a feed its subscriber has.
+fn refused_writes(feed: &RawFeed) {
+    use std::os::fd::AsRawFd;
+    let fd = feed.fd.as_raw_fd();
+    let len = feed.view.len();
+    let errno = || std::io::Error::last_os_error().raw_os_error();
+    // SAFETY: a one-byte write from a local buffer; the kernel refuses it or writes it.
+    let wrote = unsafe { libc::write(fd, b"x".as_ptr() as *const libc::c_void, 1) };
+    assert_eq!((wrote, errno()), (-1, Some(libc::EPERM)), "write(2)");
+    // SAFETY: asks for a fresh mapping; refused, or unmapped below at once.
+    let mapped = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    let refused = mapped == libc::MAP_FAILED;
+    let e = errno();
+    if !refused {
+        // SAFETY: the mapping just made, of `len` bytes.
+        unsafe { libc::munmap(mapped, len) };
+    }
+    assert!(
+        refused && e == Some(libc::EPERM),
+        "a writable shared mapping: {e:?}"
+    );
+    // SAFETY: asks to make our read-only mapping writable; the kernel refuses, so
+    // nothing changes (were it allowed, nothing would write through it here).
+    let protected = unsafe {
+        libc::mprotect(
+            feed.view.base() as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    assert_eq!(protected, -1, "mprotect to writable");
+    assert_eq!(errno(), Some(libc::EACCES));
+    // SAFETY: a plain system call on our fd.
+    let truncated = unsafe { libc::ftruncate(fd, 0) };
+    assert_eq!((truncated, errno()), (-1, Some(libc::EPERM)), "ftruncate");
 }

@@ -30,6 +30,25 @@
 //!
 //! Nothing here is trusted by the other side: the broker keeps its own `head` and the
 //! last `tail` it saw, and checks every `tail` it loads (`ring::Consumer::available`).
+//!
+//! A subscriber's channel (a *feed*) is two memfds, so that each side can write only
+//! its own words. The broker creates the feed, maps it writable, then seals it against
+//! any further writable mapping (`F_SEAL_FUTURE_WRITE`) before handing it over: the
+//! subscriber can only map it read-only, and the kernel refuses `mprotect` to writable
+//! and `write(2)`. The subscriber creates its cursor page and the broker maps that
+//! read-only. Both are sealed against shrinking and growing (a mapped page past the end
+//! of the file would raise SIGBUS in the mapper).
+//!
+//! ```text
+//! feed (broker's memfd; read-only to the subscriber)
+//! 0     descriptor line   FEED_MAGIC, VERSION, feed capacity (u64 at D_DATA_CAPACITY)   [broker, before the handover]
+//! 128   producer line     tail u64, data_bell u32, space_waiters u32                     [broker]
+//! 4096  ring bytes        capacity (power of two): the subscription's frames as over TCP:
+//!                         Delivery (FrameHeader, DeliveryHeader, payload), BatchOk, Error [broker]
+//! cursor page (subscriber's memfd, CURSOR_PAGE_BYTES; read-only to the broker)
+//! 0     CURSOR_MAGIC                                                                       [subscriber]
+//! 128   consumer line     head u64, space_bell u32, data_waiters u32                      [subscriber]
+//! ```
 
 /// `b"EMBSHM01"` as a little-endian word: the descriptor's first word.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"EMBSHM01");
@@ -87,6 +106,42 @@ const _: () = assert!(P_DATA_BELL.is_multiple_of(4) && C_SPACE_BELL.is_multiple_
 const _: () = assert!(ACK_CAPACITY.is_power_of_two() && MIN_DATA_CAPACITY.is_power_of_two());
 const _: () = assert!(MAX_DATA_CAPACITY.is_power_of_two());
 const _: () = assert!(HEADER_BYTES.is_multiple_of(4096));
+
+/// `b"EMBFEED1"`: the first word of a subscriber's feed.
+pub const FEED_MAGIC: u64 = u64::from_le_bytes(*b"EMBFEED1");
+/// `b"EMBCURS1"`: the first word of a subscriber's cursor page.
+pub const CURSOR_MAGIC: u64 = u64::from_le_bytes(*b"EMBCURS1");
+/// Bytes of a subscriber's cursor page.
+pub const CURSOR_PAGE_BYTES: usize = 4096;
+/// The consumer line in the cursor page.
+pub const CURSOR_LINE: usize = LINE;
+/// The producer line in the feed.
+pub const FEED_PRODUCER: usize = LINE;
+/// Bytes of the ring a broker gives a subscriber: a round of deliveries is at most
+/// 16 MiB, and the subscriber copies frames out as they come, so half a round in the
+/// ring keeps both sides busy.
+pub const FEED_CAPACITY: usize = 8 << 20;
+
+const _: () = assert!(CURSOR_LINE + LINE <= CURSOR_PAGE_BYTES);
+const _: () = assert!(FEED_PRODUCER + LINE <= HEADER_BYTES);
+const _: () = assert!(FEED_CAPACITY.is_power_of_two());
+const _: () = assert!(FEED_CAPACITY >= MIN_DATA_CAPACITY && FEED_CAPACITY <= MAX_DATA_CAPACITY);
+
+/// A feed's length for a ring of `capacity` bytes.
+pub fn feed_len(capacity: usize) -> usize {
+    HEADER_BYTES + capacity
+}
+
+/// The ring of a feed: producer line and bytes in the feed, consumer line in the
+/// cursor page.
+pub fn feed_ring(capacity: usize) -> RingPlace {
+    RingPlace {
+        producer_line: FEED_PRODUCER,
+        consumer_line: CURSOR_LINE,
+        bytes: HEADER_BYTES,
+        capacity,
+    }
+}
 
 /// One ring's place in the channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,7 @@
-//! A channel's memory: one `MAP_SHARED` mapping of its memfd, shared by the client and
-//! its broker, and the words in it.
+//! A channel's memory: one `MAP_SHARED` mapping of a memfd, shared by the client and
+//! its broker, and the words in it. A mapping is writable, or read-only (a subscriber's
+//! view of its feed, a broker's of the subscriber's cursor page): the kernel faults any
+//! store into a read-only one, so code that would store there asserts first.
 //!
 //! Owns: the mapping (unmapped on drop). Touches: nothing outside it.
 
@@ -10,10 +12,11 @@ use std::os::fd::AsFd;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-/// A shared, writable mapping of a whole memfd.
+/// A shared mapping of a whole memfd, writable or read-only.
 pub struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
+    writable: bool,
 }
 
 // SAFETY: the mapping is plain memory shared by design; every access goes through
@@ -27,23 +30,34 @@ impl Mapping {
     /// the client, made sure) that the file is at least `len` bytes and cannot shrink:
     /// a page past the end of the file would raise SIGBUS on access.
     pub fn map(fd: impl AsFd, len: usize) -> io::Result<Self> {
+        Self::map_with(fd, len, true)
+    }
+
+    /// Maps `len` bytes of `fd` shared and read-only (the same conditions as [`Self::map`]).
+    pub fn map_read_only(fd: impl AsFd, len: usize) -> io::Result<Self> {
+        Self::map_with(fd, len, false)
+    }
+
+    fn map_with(fd: impl AsFd, len: usize, writable: bool) -> io::Result<Self> {
         let size = NonZeroUsize::new(len).ok_or(io::ErrorKind::InvalidInput)?;
+        let prot = if writable {
+            ProtFlags::PROT_READ | ProtFlags::PROT_WRITE
+        } else {
+            ProtFlags::PROT_READ
+        };
         // SAFETY: a fresh mapping chosen by the kernel overlaps nothing of ours.
-        let ptr = unsafe {
-            mmap(
-                None,
-                size,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_SHARED,
-                fd,
-                0,
-            )
-        }
-        .map_err(io::Error::from)?;
+        let ptr = unsafe { mmap(None, size, prot, MapFlags::MAP_SHARED, fd, 0) }
+            .map_err(io::Error::from)?;
         Ok(Self {
             ptr: ptr.cast(),
             len,
+            writable,
         })
+    }
+
+    /// Whether this process may store into the mapping.
+    pub fn is_writable(&self) -> bool {
+        self.writable
     }
 
     pub fn len(&self) -> usize {

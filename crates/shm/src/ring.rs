@@ -2,12 +2,15 @@
 //! (`layout` says where its words are and who writes them).
 //!
 //! Owns: each side's own position (the authoritative copy is local: the word in shared
-//! memory is only published, never read back) and the checks of the other side's.
-//! Touches: its ring's bytes and the words of its own line; loads the other line.
+//! memory is only published, never read back), the checks of the other side's, and the
+//! one wait both sides use ([`wait_for`]). Touches: its ring's bytes and the words of
+//! its own line; loads the other line. The producer's line and the bytes may live in
+//! another mapping than the consumer's line ([`RingMaps`]): a subscriber's feed is
+//! read-only to it, and only its cursor page is its own.
 
 use crate::bell;
 use crate::layout::{
-    RingPlace, C_DATA_WAITERS, C_HEAD, C_SPACE_BELL, P_DATA_BELL, P_SPACE_WAITERS, P_TAIL,
+    RingPlace, C_DATA_WAITERS, C_HEAD, C_SPACE_BELL, LINE, P_DATA_BELL, P_SPACE_WAITERS, P_TAIL,
 };
 use crate::mapping::Mapping;
 use std::io;
@@ -33,9 +36,100 @@ fn violation(message: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, message)
 }
 
+/// Where a ring lives: the producer's line and the ring's bytes in `producer`, the
+/// consumer's line in `consumer`. A publishing channel has both in one mapping; a
+/// subscriber's feed splits them so that each side can write only its own.
+#[derive(Clone)]
+pub struct RingMaps {
+    pub producer: Arc<Mapping>,
+    pub consumer: Arc<Mapping>,
+}
+
+impl RingMaps {
+    /// Both halves in one mapping.
+    pub fn one(map: Arc<Mapping>) -> Self {
+        Self {
+            producer: map.clone(),
+            consumer: map,
+        }
+    }
+
+    fn check(&self, place: &RingPlace) {
+        assert!(place.capacity.is_power_of_two());
+        assert!(
+            place.bytes + place.capacity <= self.producer.len()
+                && place.producer_line + LINE <= self.producer.len(),
+            "ring and producer line inside the producer's mapping"
+        );
+        assert!(
+            place.consumer_line + LINE <= self.consumer.len(),
+            "consumer line inside the consumer's mapping"
+        );
+    }
+
+    fn producer_u64(&self, place: &RingPlace, word: usize) -> &AtomicU64 {
+        self.producer.u64_at(place.producer_line + word)
+    }
+
+    fn producer_u32(&self, place: &RingPlace, word: usize) -> &AtomicU32 {
+        self.producer.u32_at(place.producer_line + word)
+    }
+
+    fn consumer_u64(&self, place: &RingPlace, word: usize) -> &AtomicU64 {
+        self.consumer.u64_at(place.consumer_line + word)
+    }
+
+    fn consumer_u32(&self, place: &RingPlace, word: usize) -> &AtomicU32 {
+        self.consumer.u32_at(place.consumer_line + word)
+    }
+}
+
+/// Waits until `ready` says so, `deadline` passes or `alive` says the peer is gone: the
+/// one wait of both halves (a producer waiting for room rings on the consumer's
+/// `space_bell` and flags `space_waiters`; a consumer waiting for data the reverse).
+/// Spins [`SPINS`] looks first, then sleeps on `bell` at most [`POLL`] at a time,
+/// announcing itself in `waiters` (SeqCst with the other side's ring and load, so a
+/// wake-up is never lost). A peer that left may have made `ready` true before going:
+/// that still counts.
+fn wait_for(
+    bell: &AtomicU32,
+    waiters: &AtomicU32,
+    deadline: Option<Instant>,
+    mut alive: impl FnMut() -> bool,
+    mut ready: impl FnMut() -> io::Result<bool>,
+) -> io::Result<Waited> {
+    let mut spins = 0;
+    loop {
+        let seen = bell.load(Ordering::SeqCst);
+        if ready()? {
+            return Ok(Waited::Ready);
+        }
+        if spins < SPINS {
+            spins += 1;
+            std::hint::spin_loop();
+            continue;
+        }
+        if !alive() {
+            return Ok(if ready()? {
+                Waited::Ready
+            } else {
+                Waited::Gone
+            });
+        }
+        let Some(timeout) = sleep_for(deadline) else {
+            return Ok(Waited::TimedOut);
+        };
+        waiters.store(1, Ordering::SeqCst);
+        if bell.load(Ordering::SeqCst) == seen {
+            bell::wait(bell, seen, timeout);
+        }
+        waiters.store(0, Ordering::SeqCst);
+    }
+}
+
 /// The producer half: copies bytes in, publishes `tail`, rings `data_bell`.
 pub struct Producer {
-    map: Arc<Mapping>,
+    maps: RingMaps,
     place: RingPlace,
     /// Bytes written, published or not (authoritative).
     tail: u64,
@@ -47,13 +141,19 @@ pub struct Producer {
 
 impl Producer {
     pub fn new(map: Arc<Mapping>, place: RingPlace) -> Self {
-        assert!(place.capacity.is_power_of_two());
+        Self::split(RingMaps::one(map), place)
+    }
+
+    /// A producer whose consumer's line lives in another mapping (read-only is enough:
+    /// a producer only loads it).
+    pub fn split(maps: RingMaps, place: RingPlace) -> Self {
+        maps.check(&place);
         assert!(
-            place.bytes + place.capacity <= map.len(),
-            "ring inside the mapping"
+            maps.producer.is_writable(),
+            "a producer writes its line and bytes"
         );
         Self {
-            map,
+            maps,
             place,
             tail: 0,
             published: 0,
@@ -61,19 +161,16 @@ impl Producer {
         }
     }
 
-    fn line_u64(&self, line: usize, word: usize) -> &AtomicU64 {
-        self.map.u64_at(line + word)
-    }
-
-    fn space_bell(&self) -> &AtomicU32 {
-        self.map.u32_at(self.place.consumer_line + C_SPACE_BELL)
+    pub fn capacity(&self) -> usize {
+        self.place.capacity
     }
 
     /// Room left, from the consumer's `head`, which is checked: it may not go back nor
     /// pass what was published.
     pub fn room(&mut self) -> io::Result<usize> {
         let head = self
-            .line_u64(self.place.consumer_line, C_HEAD)
+            .maps
+            .consumer_u64(&self.place, C_HEAD)
             .load(Ordering::Acquire);
         if head < self.head_seen || head > self.published {
             return Err(violation(format!(
@@ -89,20 +186,32 @@ impl Producer {
 
     /// Copies as much of `bytes` as fits (unpublished until [`Self::publish`]).
     pub fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        let n = bytes.len().min(self.room()?);
+        // SAFETY: a slice is valid for reads of its length.
+        unsafe { self.write_ptr(bytes.as_ptr(), bytes.len()) }
+    }
+
+    /// As [`Self::write`], from memory that is not a Rust slice because another
+    /// process may change it meanwhile (a broker copying from its region); whatever is
+    /// copied is the caller's to re-check.
+    ///
+    /// # Safety
+    /// `src` is valid for reads of `len` bytes, and is not inside this ring.
+    pub unsafe fn write_ptr(&mut self, src: *const u8, len: usize) -> io::Result<usize> {
+        let n = len.min(self.room()?);
         if n == 0 {
             return Ok(0);
         }
         let cap = self.place.capacity;
         let start = (self.tail as usize) & (cap - 1);
         let first = n.min(cap - start);
-        // SAFETY: both ranges are inside this ring's bytes (start < cap, first <=
-        // cap - start, n - first <= start), which only this producer writes until it
-        // publishes them; `bytes` is local memory, so they do not overlap.
+        // SAFETY: both destination ranges are inside this ring's bytes (start < cap,
+        // first <= cap - start, n - first <= start), which only this producer writes
+        // until it publishes them; `src` is readable for `n <= len` bytes (the caller's
+        // promise) and lies outside the ring, so they do not overlap.
         unsafe {
-            let ring = self.map.base().add(self.place.bytes);
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), ring.add(start), first);
-            std::ptr::copy_nonoverlapping(bytes.as_ptr().add(first), ring, n - first);
+            let ring = self.maps.producer.base().add(self.place.bytes);
+            std::ptr::copy_nonoverlapping(src, ring.add(start), first);
+            std::ptr::copy_nonoverlapping(src.add(first), ring, n - first);
         }
         self.tail += n as u64;
         Ok(n)
@@ -115,12 +224,16 @@ impl Producer {
         }
         assert!(self.tail > self.published, "positions only grow");
         self.published = self.tail;
-        self.line_u64(self.place.producer_line, P_TAIL)
+        let (maps, place) = (&self.maps, &self.place);
+        maps.producer_u64(place, P_TAIL)
             .store(self.tail, Ordering::Release);
-        let bell = self.map.u32_at(self.place.producer_line + P_DATA_BELL);
+        let bell = maps.producer_u32(place, P_DATA_BELL);
         bell.fetch_add(1, Ordering::SeqCst);
-        let waiters = self.map.u32_at(self.place.consumer_line + C_DATA_WAITERS);
-        if waiters.load(Ordering::SeqCst) != 0 {
+        if maps
+            .consumer_u32(place, C_DATA_WAITERS)
+            .load(Ordering::SeqCst)
+            != 0
+        {
             bell::wake(bell);
         }
     }
@@ -131,33 +244,13 @@ impl Producer {
         &mut self,
         want: usize,
         deadline: Option<Instant>,
-        mut alive: impl FnMut() -> bool,
+        alive: impl FnMut() -> bool,
     ) -> io::Result<Waited> {
         let want = want.min(self.place.capacity);
-        let mut spins = 0;
-        loop {
-            let seen = self.space_bell().load(Ordering::SeqCst);
-            if self.room()? >= want {
-                return Ok(Waited::Ready);
-            }
-            if spins < SPINS {
-                spins += 1;
-                std::hint::spin_loop();
-                continue;
-            }
-            if !alive() {
-                return Ok(Waited::Gone);
-            }
-            let Some(timeout) = sleep_for(deadline) else {
-                return Ok(Waited::TimedOut);
-            };
-            let waiters = self.map.u32_at(self.place.producer_line + P_SPACE_WAITERS);
-            waiters.store(1, Ordering::SeqCst);
-            if self.space_bell().load(Ordering::SeqCst) == seen {
-                bell::wait(self.space_bell(), seen, timeout);
-            }
-            waiters.store(0, Ordering::SeqCst);
-        }
+        let (maps, place) = (self.maps.clone(), self.place);
+        let bell = maps.consumer_u32(&place, C_SPACE_BELL);
+        let waiters = maps.producer_u32(&place, P_SPACE_WAITERS);
+        wait_for(bell, waiters, deadline, alive, || Ok(self.room()? >= want))
     }
 
     /// Writes all of `parts` in order, publishing as room runs out and at the end.
@@ -188,13 +281,13 @@ impl Producer {
 
     /// Wakes a thread of this process sleeping for room (after a local shutdown).
     pub fn wake_local(&self) {
-        bell::wake(self.space_bell());
+        bell::wake(self.maps.consumer_u32(&self.place, C_SPACE_BELL));
     }
 }
 
 /// The consumer half: loads and checks `tail`, copies bytes out, publishes `head`.
 pub struct Consumer {
-    map: Arc<Mapping>,
+    maps: RingMaps,
     place: RingPlace,
     /// Bytes consumed (authoritative).
     head: u64,
@@ -204,21 +297,20 @@ pub struct Consumer {
 
 impl Consumer {
     pub fn new(map: Arc<Mapping>, place: RingPlace) -> Self {
-        assert!(place.capacity.is_power_of_two());
-        assert!(
-            place.bytes + place.capacity <= map.len(),
-            "ring inside the mapping"
-        );
+        Self::split(RingMaps::one(map), place)
+    }
+
+    /// A consumer whose producer's line and bytes live in another mapping (read-only is
+    /// enough: a consumer only loads them).
+    pub fn split(maps: RingMaps, place: RingPlace) -> Self {
+        maps.check(&place);
+        assert!(maps.consumer.is_writable(), "a consumer writes its line");
         Self {
-            map,
+            maps,
             place,
             head: 0,
             tail_seen: 0,
         }
-    }
-
-    fn data_bell(&self) -> &AtomicU32 {
-        self.map.u32_at(self.place.producer_line + P_DATA_BELL)
     }
 
     pub fn capacity(&self) -> usize {
@@ -229,8 +321,8 @@ impl Consumer {
     /// which is checked: it may not go back nor run more than a capacity ahead.
     pub fn available(&mut self) -> io::Result<usize> {
         let tail = self
-            .map
-            .u64_at(self.place.producer_line + P_TAIL)
+            .maps
+            .producer_u64(&self.place, P_TAIL)
             .load(Ordering::Acquire);
         if tail < self.tail_seen {
             return Err(violation(format!(
@@ -263,7 +355,7 @@ impl Consumer {
         // SAFETY: both source ranges are inside this ring's bytes (as in
         // `Producer::write`); `dest` is this process's own memory, not the mapping.
         unsafe {
-            let ring = self.map.base().add(self.place.bytes);
+            let ring = self.maps.producer.base().add(self.place.bytes);
             std::ptr::copy_nonoverlapping(ring.add(start), dest.as_mut_ptr(), first);
             std::ptr::copy_nonoverlapping(ring, dest.as_mut_ptr().add(first), n - first);
         }
@@ -279,13 +371,16 @@ impl Consumer {
             return;
         }
         self.head += n as u64;
-        self.map
-            .u64_at(self.place.consumer_line + C_HEAD)
+        let (maps, place) = (&self.maps, &self.place);
+        maps.consumer_u64(place, C_HEAD)
             .store(self.head, Ordering::Release);
-        let bell = self.map.u32_at(self.place.consumer_line + C_SPACE_BELL);
+        let bell = maps.consumer_u32(place, C_SPACE_BELL);
         bell.fetch_add(1, Ordering::SeqCst);
-        let waiters = self.map.u32_at(self.place.producer_line + P_SPACE_WAITERS);
-        if waiters.load(Ordering::SeqCst) != 0 {
+        if maps
+            .producer_u32(place, P_SPACE_WAITERS)
+            .load(Ordering::SeqCst)
+            != 0
+        {
             bell::wake(bell);
         }
     }
@@ -296,39 +391,20 @@ impl Consumer {
         &mut self,
         want: usize,
         deadline: Option<Instant>,
-        mut alive: impl FnMut() -> bool,
+        alive: impl FnMut() -> bool,
     ) -> io::Result<Waited> {
         let want = want.min(self.place.capacity);
-        let mut spins = 0;
-        loop {
-            let seen = self.data_bell().load(Ordering::SeqCst);
-            if self.available()? >= want {
-                return Ok(Waited::Ready);
-            }
-            if spins < SPINS {
-                spins += 1;
-                std::hint::spin_loop();
-                continue;
-            }
-            if !alive() {
-                let ready = self.available()? >= want;
-                return Ok(if ready { Waited::Ready } else { Waited::Gone });
-            }
-            let Some(timeout) = sleep_for(deadline) else {
-                return Ok(Waited::TimedOut);
-            };
-            let waiters = self.map.u32_at(self.place.consumer_line + C_DATA_WAITERS);
-            waiters.store(1, Ordering::SeqCst);
-            if self.data_bell().load(Ordering::SeqCst) == seen {
-                bell::wait(self.data_bell(), seen, timeout);
-            }
-            waiters.store(0, Ordering::SeqCst);
-        }
+        let (maps, place) = (self.maps.clone(), self.place);
+        let bell = maps.producer_u32(&place, P_DATA_BELL);
+        let waiters = maps.consumer_u32(&place, C_DATA_WAITERS);
+        wait_for(bell, waiters, deadline, alive, || {
+            Ok(self.available()? >= want)
+        })
     }
 
     /// Wakes a thread of this process sleeping for data (after a local shutdown).
     pub fn wake_local(&self) {
-        bell::wake(self.data_bell());
+        bell::wake(self.maps.producer_u32(&self.place, P_DATA_BELL));
     }
 }
 

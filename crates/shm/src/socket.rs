@@ -1,6 +1,9 @@
 //! The handshake of a channel over a Unix-domain socket: where a broker listens, the
 //! client's sealed memfd and its hello sent together (SCM_RIGHTS), the peer's uid
-//! (SO_PEERCRED), and the broker's checks of the memfd before it maps it.
+//! (SO_PEERCRED), and the broker's checks of the memfd before it maps it. For a
+//! subscriber's feed also the broker's memfd sent back with HelloOk, and the
+//! subscriber's checks of it (`create_feed`, `map_feed`, `create_cursor_page`,
+//! `map_cursor_page`).
 //!
 //! Owns: the socket names and these system calls. Touches: the sockets and fds given.
 
@@ -93,6 +96,12 @@ pub fn create_channel(data_capacity: usize) -> io::Result<(OwnedFd, Mapping)> {
 
 /// Sends the hello and the channel's fd in one message.
 pub fn send_hello(sock: &UnixStream, hello: &[u8], fd: &OwnedFd) -> io::Result<()> {
+    send_with_fd(sock, hello, fd)
+}
+
+/// Sends `bytes` with `fd` attached to their first byte.
+pub fn send_with_fd(sock: &UnixStream, bytes: &[u8], fd: &OwnedFd) -> io::Result<()> {
+    let hello = bytes;
     let fds = [fd.as_raw_fd()];
     let cmsg = [ControlMessage::ScmRights(&fds)];
     let sent = sendmsg::<()>(
@@ -113,6 +122,21 @@ pub fn send_hello(sock: &UnixStream, hello: &[u8], fd: &OwnedFd) -> io::Result<(
 /// Receives a hello of `hello.len()` bytes and the one fd sent with it, within
 /// `timeout`. More fds than one, or none, is an error (extra ones are closed).
 pub fn recv_hello(sock: &UnixStream, hello: &mut [u8], timeout: Duration) -> io::Result<OwnedFd> {
+    recv_with_fd(sock, hello, timeout)?.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the hello must carry exactly one memfd, it carried 0",
+        )
+    })
+}
+
+/// Receives exactly `buf.len()` bytes within `timeout`, and the fd sent with their
+/// first byte if any; more than one fd is an error (all are closed).
+pub fn recv_with_fd(
+    sock: &UnixStream,
+    hello: &mut [u8],
+    timeout: Duration,
+) -> io::Result<Option<OwnedFd>> {
     sock.set_read_timeout(Some(timeout))?;
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; 2]);
     let mut iov = [IoSliceMut::new(hello)];
@@ -137,7 +161,7 @@ pub fn recv_hello(sock: &UnixStream, hello: &mut [u8], timeout: Duration) -> io:
     let mut rest = sock;
     rest.read_exact(&mut hello[got..])?;
     sock.set_read_timeout(None)?;
-    if fds.len() != 1 {
+    if fds.len() > 1 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
@@ -146,7 +170,7 @@ pub fn recv_hello(sock: &UnixStream, hello: &mut [u8], timeout: Duration) -> io:
             ),
         ));
     }
-    Ok(fds.pop().expect("one"))
+    Ok(fds.pop())
 }
 
 /// Checks a client's channel fd and maps it: a memfd sealed against shrinking and
@@ -203,4 +227,113 @@ pub fn map_client_channel(
     }
     let map = Mapping::map(fd, channel_len(data)).map_err(|e| e.to_string())?;
     Ok((map, data))
+}
+
+/// A memfd of `len` bytes, sealed against shrinking and growing, mapped writable.
+fn sealed_memfd(name: &str, len: usize) -> io::Result<(OwnedFd, Mapping)> {
+    let fd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)?;
+    nix::unistd::ftruncate(&fd, len as i64)?;
+    fcntl(
+        &fd,
+        FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW),
+    )?;
+    let map = Mapping::map(&fd, len)?;
+    Ok((fd, map))
+}
+
+/// Checks that `fd` is a memfd carrying at least `required` seals and exactly `len`
+/// bytes long (`what` names it in the error).
+fn check_sealed(fd: &OwnedFd, required: SealFlag, len: usize, what: &str) -> Result<(), String> {
+    let seals = fcntl(fd, FcntlArg::F_GET_SEALS)
+        .map_err(|e| format!("the {what} fd is not a sealable memfd ({e})"))?;
+    let seals = SealFlag::from_bits_truncate(seals);
+    if !seals.contains(required) {
+        return Err(format!(
+            "the {what} memfd carries seals {seals:?}; it must carry {required:?}"
+        ));
+    }
+    let size = nix::sys::stat::fstat(fd.as_fd())
+        .map_err(|e| format!("fstat of the {what} memfd: {e}"))?
+        .st_size as u64;
+    if size != len as u64 {
+        return Err(format!(
+            "the {what} memfd is {size} bytes; it must be {len}"
+        ));
+    }
+    Ok(())
+}
+
+/// The subscriber's cursor page: its ring consumer line, which the broker maps
+/// read-only ([`map_cursor_page`]).
+pub fn create_cursor_page() -> io::Result<(OwnedFd, Mapping)> {
+    let (fd, map) = sealed_memfd("embarcadero-cursor", layout::CURSOR_PAGE_BYTES)?;
+    fcntl(&fd, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SEAL))?;
+    map.u64_at(0).store(layout::CURSOR_MAGIC, Ordering::Release);
+    Ok((fd, map))
+}
+
+/// The broker's checks of a subscriber's cursor page, and its read-only mapping.
+pub fn map_cursor_page(fd: &OwnedFd) -> Result<Mapping, String> {
+    let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW;
+    check_sealed(fd, seals, layout::CURSOR_PAGE_BYTES, "cursor page")?;
+    let map = Mapping::map_read_only(fd, layout::CURSOR_PAGE_BYTES).map_err(|e| e.to_string())?;
+    let magic = map.u64_at(0).load(Ordering::Acquire);
+    if magic != layout::CURSOR_MAGIC {
+        return Err(format!("the cursor page has magic {magic:#x}"));
+    }
+    Ok(map)
+}
+
+/// The broker's feed for one subscriber, a ring of `capacity` bytes: mapped writable
+/// here, then sealed so that no one can map it writable again (`F_SEAL_FUTURE_WRITE`:
+/// the subscriber it is handed to can only read it).
+pub fn create_feed(capacity: usize) -> io::Result<(OwnedFd, Mapping)> {
+    check_data_capacity(capacity as u64)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let (fd, map) = sealed_memfd("embarcadero-feed", layout::feed_len(capacity))?;
+    map.u64_at(layout::D_DATA_CAPACITY)
+        .store(capacity as u64, Ordering::Relaxed);
+    map.u32_at(layout::D_VERSION)
+        .store(layout::VERSION, Ordering::Relaxed);
+    map.u64_at(layout::D_MAGIC)
+        .store(layout::FEED_MAGIC, Ordering::Release);
+    let seals = SealFlag::F_SEAL_FUTURE_WRITE | SealFlag::F_SEAL_SEAL;
+    fcntl(&fd, FcntlArg::F_ADD_SEALS(seals))?;
+    Ok((fd, map))
+}
+
+/// The subscriber's checks of a feed and its read-only mapping, with the ring's
+/// capacity: a memfd sealed against shrinking, growing and writable mappings, of the
+/// length its descriptor implies, the descriptor copied out once.
+pub fn map_feed(fd: &OwnedFd) -> Result<(Mapping, usize), String> {
+    let size = nix::sys::stat::fstat(fd.as_fd())
+        .map_err(|e| format!("fstat of the feed memfd: {e}"))?
+        .st_size as u64;
+    if size < layout::HEADER_BYTES as u64 {
+        return Err(format!(
+            "the feed memfd is {size} bytes, less than its header"
+        ));
+    }
+    let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_FUTURE_WRITE;
+    check_sealed(fd, seals, size as usize, "feed")?;
+    let head = Mapping::map_read_only(fd, layout::HEADER_BYTES).map_err(|e| e.to_string())?;
+    let magic = head.u64_at(layout::D_MAGIC).load(Ordering::Acquire);
+    let version = head.u32_at(layout::D_VERSION).load(Ordering::Relaxed);
+    let capacity = head.u64_at(layout::D_DATA_CAPACITY).load(Ordering::Relaxed);
+    drop(head);
+    if magic != layout::FEED_MAGIC || version != layout::VERSION {
+        return Err(format!(
+            "the feed has magic {magic:#x} version {version}; this client reads version {}",
+            layout::VERSION
+        ));
+    }
+    let capacity = check_data_capacity(capacity)?;
+    if size != layout::feed_len(capacity) as u64 {
+        return Err(format!(
+            "the feed memfd is {size} bytes; its ring needs {}",
+            layout::feed_len(capacity)
+        ));
+    }
+    let map = Mapping::map_read_only(fd, size as usize).map_err(|e| e.to_string())?;
+    Ok((map, capacity))
 }

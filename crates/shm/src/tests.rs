@@ -1,9 +1,12 @@
 //! The rings and the handshake checks, in one process (the broker's side gets the same
 //! `Mapping` a second process would).
 
-use crate::layout::{self, ack_ring, data_ring, MIN_DATA_CAPACITY};
-use crate::ring::{Consumer, Producer, Waited};
-use crate::socket::{create_channel, map_client_channel, recv_hello, send_hello};
+use crate::layout::{self, ack_ring, data_ring, feed_ring, MIN_DATA_CAPACITY};
+use crate::ring::{Consumer, Producer, RingMaps, Waited};
+use crate::socket::{
+    create_channel, create_cursor_page, create_feed, map_client_channel, map_cursor_page, map_feed,
+    recv_hello, send_hello,
+};
 use crate::Mapping;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
@@ -180,4 +183,68 @@ fn tempfile_fd() -> std::os::fd::OwnedFd {
     f.set_len(1 << 20).unwrap();
     let _ = std::fs::remove_file(&path);
     f.into()
+}
+
+/// A feed as a broker makes it and a subscriber maps it: the subscriber's view of the
+/// ring is read-only and the broker's of the cursor page too, and bytes still cross the
+/// ring in order across wraps, with each side writing only its own mapping.
+#[test]
+fn a_feed_crosses_between_two_mappings_each_written_by_one_side_only() {
+    let cap = MIN_DATA_CAPACITY;
+    let (feed_fd, feed) = create_feed(cap).unwrap();
+    let (page_fd, page) = create_cursor_page().unwrap();
+    let (view, got) = map_feed(&feed_fd).unwrap();
+    assert_eq!(got, cap);
+    let broker_page = map_cursor_page(&page_fd).unwrap();
+    assert!(!view.is_writable() && !broker_page.is_writable());
+    let mut p = Producer::split(
+        RingMaps {
+            producer: Arc::new(feed),
+            consumer: Arc::new(broker_page),
+        },
+        feed_ring(cap),
+    );
+    let mut c = Consumer::split(
+        RingMaps {
+            producer: Arc::new(view),
+            consumer: Arc::new(page),
+        },
+        feed_ring(cap),
+    );
+    let mut sent = 0u64;
+    let mut got = 0u64;
+    for round in 0..100u64 {
+        let chunk: Vec<u8> = (0..5000 + round * 13).map(|i| (sent + i) as u8).collect();
+        p.write_all(&[&chunk], || true).unwrap();
+        sent += chunk.len() as u64;
+        let n = c.available().unwrap();
+        let mut out = vec![0; n];
+        c.copy_out(&mut out);
+        c.consume(n);
+        for b in out {
+            assert_eq!(b, got as u8);
+            got += 1;
+        }
+    }
+    assert_eq!((sent, got), (sent, sent));
+    assert_eq!(
+        p.room().unwrap(),
+        cap,
+        "the producer sees every byte consumed"
+    );
+}
+
+/// What a subscriber (or a broker) is handed must carry the seals that protect it: a
+/// feed without `F_SEAL_FUTURE_WRITE` (the broker could be handing out a writable view
+/// of something else), or a cursor page of the wrong size, is refused.
+#[test]
+fn an_unsealed_feed_or_a_wrong_cursor_page_is_refused() {
+    let (fd, _map) = create_channel(MIN_DATA_CAPACITY).unwrap();
+    let e = map_feed(&fd).err().unwrap();
+    assert!(e.contains("must carry"), "{e}");
+    let e = map_cursor_page(&fd).err().unwrap();
+    assert!(e.contains("must be 4096"), "{e}");
+    let (feed_fd, _feed) = create_feed(MIN_DATA_CAPACITY).unwrap();
+    let e = map_cursor_page(&feed_fd).err().unwrap();
+    assert!(e.contains("must be 4096"), "{e}");
 }

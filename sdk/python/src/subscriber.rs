@@ -348,6 +348,7 @@ impl Subscriber {
             start: None,
             client_id,
             max_reconnects,
+            ..SubscriberConfig::default()
         };
         let sub = py
             .allow_threads(|| match &brokers {

@@ -169,6 +169,7 @@ pub async fn connect_subscriber(
         max_reconnects: config
             .max_reconnects
             .unwrap_or(SubscriberConfig::default().max_reconnects),
+        ..SubscriberConfig::default()
     };
     let brokers = config.brokers;
     let sub = blocking(move || {
