@@ -1463,3 +1463,41 @@ fn a_short_chaos_run_completes_every_task_and_accepts_each_result_once() {
         "{log}"
     );
 }
+
+/// A worker process outlives its server: when the server is SIGKILLed under it, its loop
+/// fails and it says so; once the server is back on its ports, a new worker (a new
+/// session) starts in the same process, and the next task runs on it.
+#[test]
+fn a_worker_process_carries_on_after_its_server_is_killed_and_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let (base, control) = (common::free_port(), common::free_port());
+    let one_broker = ["--brokers", "1"];
+    let serve = Serve::start_on(&data, base, control, &one_broker);
+    let engine = Engine { serve, _dir: dir };
+    let (mut worker, first_id) = engine.worker("1000");
+    let (orchestrator, addr) = engine.orchestrator("1000");
+    register(&ApiClient::new(&addr), LINEAR);
+    let run = |addr: &str| {
+        let api = ApiClient::new(addr);
+        let uuid = create(&api, "linear", json!({"even_number": 2}));
+        api.get_task(&uuid, 30).unwrap()
+    };
+    assert_eq!(run(&addr)["status"], "complete");
+
+    let Engine { serve, _dir } = engine;
+    orchestrator.kill();
+    serve.kill();
+    let failed = worker.wait_line("a new worker starts in");
+    assert!(failed.contains(&first_id), "{failed}");
+    let serve = Serve::start_on(&data, base, control, &one_broker);
+    let engine = Engine { serve, _dir };
+    let started = worker.wait_line("is running");
+    let second_id = started.split("workflow worker ").nth(1).unwrap();
+    let second_id = second_id.split(' ').next().unwrap();
+    assert_ne!(second_id, first_id);
+    let (_orchestrator, addr) = engine.orchestrator("1000");
+    let t = run(&addr);
+    assert_eq!(t["status"], "complete", "{t:#}");
+    assert_eq!(step(&t, "four")["worker"], json!(second_id), "{t:#}");
+}
