@@ -60,6 +60,7 @@ impl Orchestrator {
     pub fn start(cfg: OrchestratorConfig) -> Result<Self, Error> {
         let replay_end = ensure_topic(&cfg.log)?;
         let folder = Folder::open(&cfg.log, "orchestrator")?;
+        warn_if_events_lost(&folder, &cfg.log);
         let engine = Arc::new(Engine {
             shared: Arc::new(Shared::default()),
             writer: Arc::new(Writer::open(&cfg.log)?),
@@ -141,7 +142,7 @@ impl Runtime {
                 self.observe(f, now);
             }
             if !self.engine.caught_up.load(Ordering::SeqCst) {
-                if self.engine.shared.lock().next_position < self.replay_end {
+                if !self.folder.replayed(&self.engine.shared, self.replay_end) {
                     continue;
                 }
                 tracing::info!("replayed {} events of the log", self.replay_end);
@@ -217,6 +218,19 @@ impl Runtime {
         }
         let until_wake = wake.map_or(IDLE_POLL, |w| Duration::from_millis(w.saturating_sub(now)));
         Ok(until_wake.min(IDLE_POLL))
+    }
+}
+
+/// A log that starts past 0 lost its first events (a memory-only topic, `--rf 1`, whose
+/// server restarted): the templates and tasks in them are gone, which the operator must
+/// hear, not find out from 404s.
+fn warn_if_events_lost(folder: &Folder, log: &LogConfig) {
+    let first = folder.position();
+    if first > 0 {
+        tracing::warn!(
+            "the event log {} starts at position {first}: the events before it are gone (a memory-only topic lost them to a server restart; use --rf 2 --ack 2 to keep them); the engine starts without them",
+            log.topic
+        );
     }
 }
 

@@ -90,7 +90,10 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
         response.headers.extend(reply.headers);
         response
     };
-    wait_for_replay(&orchestrator)?;
+    if !wait_for_replay(&orchestrator, &stop)? {
+        orchestrator.stop();
+        return Ok(());
+    }
     let mut http = HttpServer::start(
         listener,
         "workflow-api",
@@ -189,15 +192,18 @@ fn stopped_within(stop: &std::sync::mpsc::Receiver<()>, wait: Duration) -> bool 
 }
 
 /// Waits until the engine has replayed the log, so that the API answers from the
-/// whole state once the "serving" line is out.
-fn wait_for_replay(o: &Orchestrator) -> CliResult {
+/// whole state once the "serving" line is out: true then, false if a stop signal came
+/// first (a replay can be long, and SIGTERM must end it).
+fn wait_for_replay(o: &Orchestrator, stop: &std::sync::mpsc::Receiver<()>) -> Result<bool, String> {
     while !o.engine.caught_up.load(std::sync::atomic::Ordering::SeqCst) {
         if let Some(why) = o.engine.failure.lock().clone() {
             return Err(format!("the orchestrator stopped while replaying: {why}"));
         }
-        std::thread::sleep(Duration::from_millis(10));
+        if stopped_within(stop, Duration::from_millis(10)) {
+            return Ok(false);
+        }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Waits for a signal (Ok) or for `failed` to say why the process must end (Err).
