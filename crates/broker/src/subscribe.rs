@@ -96,7 +96,8 @@ pub(crate) fn run(
     meta: TopicMeta,
     cursors: Vec<u64>,
 ) -> End {
-    let ok = net::hello_ok(shared, &hello, topic, &meta);
+    let mut ok = net::hello_ok(shared, &hello, topic, &meta);
+    ok.first_retained = first_retained_floor(&shared.region, topic, &meta);
     if let Err(e) = stream.send_hello_ok(&ok) {
         return e.into();
     }
@@ -133,6 +134,23 @@ pub(crate) fn run(
         Err(End::Refused(_)) if shared.region.topic_deleted(topic) => deleted(&meta),
         Err(end) => end,
     }
+}
+
+/// What the hello's `first_retained` says: for a memory-only topic of order 2 or 5, the
+/// first position of this region (those before it went with the previous region, and
+/// never come back), so that a subscriber from "the beginning" knows at once where that
+/// is, even while the topic stays empty; a reader that waits for the positions it saw in
+/// `next_position` (the workflow engine's replay) would otherwise wait for ever. A floor,
+/// not the exact first: reclamation may have taken more since. 0 for replicated topics
+/// (their older positions are on disk) and for orders 0 and 1 (no global position).
+fn first_retained_floor(region: &Region, topic: u32, meta: &TopicMeta) -> u64 {
+    if meta.order < 2 || meta.replication_factor >= 2 {
+        return 0;
+    }
+    region
+        .topic_seq(topic)
+        .start_position
+        .load(Ordering::Acquire)
 }
 
 /// Ends a subscription whose topic is deleted; checked once per round (one load).

@@ -1683,3 +1683,79 @@ fn a_restart_loads_the_newest_snapshot_and_replays_only_the_log_after_it() {
     let t = api.get_task(&uuid, 30).unwrap();
     assert_eq!(t["status"], "complete", "{t:#}");
 }
+
+/// A worker process outlives its server: when the server is SIGKILLed under it, its loop
+/// fails and it says so; once the server is back on its ports, a new worker (a new
+/// session) starts in the same process, and the next task runs on it.
+#[test]
+fn a_worker_process_carries_on_after_its_server_is_killed_and_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let (base, control) = (common::free_port(), common::free_port());
+    let one_broker = ["--brokers", "1"];
+    let serve = Serve::start_on(&data, base, control, &one_broker);
+    let engine = Engine { serve, _dir: dir };
+    let (mut worker, first_id) = engine.worker("1000");
+    let (orchestrator, addr) = engine.orchestrator("1000");
+    register(&ApiClient::new(&addr), LINEAR);
+    let run = |addr: &str| {
+        let api = ApiClient::new(addr);
+        let uuid = create(&api, "linear", json!({"even_number": 2}));
+        api.get_task(&uuid, 30).unwrap()
+    };
+    assert_eq!(run(&addr)["status"], "complete");
+
+    let Engine { serve, _dir } = engine;
+    orchestrator.kill();
+    serve.kill();
+    let failed = worker.wait_line("a new worker starts in");
+    assert!(failed.contains(&first_id), "{failed}");
+    let serve = Serve::start_on(&data, base, control, &one_broker);
+    let engine = Engine { serve, _dir };
+    let started = worker.wait_line("is running");
+    let second_id = started.split("workflow worker ").nth(1).unwrap();
+    let second_id = second_id.split(' ').next().unwrap();
+    assert_ne!(second_id, first_id);
+    // The log is memory only (the default --rf 1): its events, the template among them,
+    // went with the server, and the new orchestrator must replay up to where the
+    // restarted topic starts rather than wait for them (issue 27).
+    let (_orchestrator, addr) = engine.orchestrator("1000");
+    register(&ApiClient::new(&addr), LINEAR);
+    let t = run(&addr);
+    assert_eq!(t["status"], "complete", "{t:#}");
+    assert_eq!(step(&t, "four")["worker"], json!(second_id), "{t:#}");
+}
+
+/// An orchestrator and a worker both started fresh after the server restarted under a
+/// memory-only log that had events: each replays what is left (nothing) and serves,
+/// instead of waiting for the lost positions (issue 27).
+#[test]
+fn a_fresh_orchestrator_and_worker_serve_after_a_memory_only_log_lost_its_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let (base, control) = (common::free_port(), common::free_port());
+    let one_broker = ["--brokers", "1"];
+    let serve = Serve::start_on(&data, base, control, &one_broker);
+    let engine = Engine { serve, _dir: dir };
+    let (worker, _) = engine.worker("1000");
+    let (orchestrator, addr) = engine.orchestrator("1000");
+    let api = ApiClient::new(&addr);
+    register(&api, LINEAR);
+    let uuid = create(&api, "linear", json!({"even_number": 2}));
+    assert_eq!(api.get_task(&uuid, 30).unwrap()["status"], "complete");
+    let Engine { serve, _dir } = engine;
+    worker.kill();
+    orchestrator.kill();
+    serve.kill();
+
+    let serve = Serve::start_on(&data, base, control, &one_broker);
+    let engine = Engine { serve, _dir };
+    let (_orchestrator, addr) = engine.orchestrator("1000");
+    let (_worker, id) = engine.worker("1000");
+    let api = ApiClient::new(&addr);
+    register(&api, LINEAR);
+    let uuid = create(&api, "linear", json!({"even_number": 2}));
+    let t = api.get_task(&uuid, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    assert_eq!(step(&t, "four")["worker"], json!(id), "{t:#}");
+}

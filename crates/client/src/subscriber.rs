@@ -327,6 +327,7 @@ impl Subscriber {
                     if self.cursor.is_none() {
                         self.cursor = Some(self.default_cursor());
                     }
+                    self.skip_to_first_retained(ok.first_retained);
                     self.stream = Some((stream, addr));
                     return Ok(());
                 }
@@ -335,6 +336,19 @@ impl Subscriber {
             }
         }
         Err(last_err.unwrap_or(Error::Closed))
+    }
+
+    /// Asked for "the beginning" and nothing delivered yet: moves the cursor up to the
+    /// first position the broker still has (it starts there anyway), so that
+    /// [`Self::position`] says where the topic's readable part starts before anything
+    /// arrives. Only forward: a broker that does not know (0) changes nothing.
+    fn skip_to_first_retained(&mut self, first_retained: u64) {
+        if !self.from_first_retained {
+            return;
+        }
+        if let Some(Cursor::Global(p)) = &mut self.cursor {
+            *p = (*p).max(first_retained);
+        }
     }
 
     /// Waits up to `timeout` for confirmed batches, then hands each of their messages

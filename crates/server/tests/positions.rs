@@ -210,3 +210,61 @@ fn every_lost_region_moves_positions_forward_and_a_kept_one_continues_them() {
         );
     }
 }
+
+/// A subscriber from "the beginning" of a memory-only topic whose server restarted
+/// knows at connect, before anything arrives, that the readable log starts where the
+/// restart left it: the positions before went with the previous region. A reader that
+/// waits to reach the `next_position` it was told (the workflow engine's replay) would
+/// otherwise wait for ever on an empty topic (issue 27). With the region kept (a killed
+/// server) and with it lost (a reboot); a replicated topic still starts at 0.
+#[test]
+fn a_subscriber_from_the_beginning_knows_where_a_restarted_memory_only_topic_starts() {
+    for lose_region in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = start_in(dir.path());
+        let admin = Admin::new(&server.control_addr().to_string());
+        admin
+            .create_topic(&TopicSpec::new("mem5", 5).replicated(1))
+            .unwrap();
+        admin
+            .create_topic(&TopicSpec::new("disk5", 5).replicated(2))
+            .unwrap();
+        publish(&server, "mem5", COUNT);
+        // Durable (ack 2) before the stop, so that the restarted server has it on disk.
+        let durable = PublisherConfig {
+            ack_level: 2,
+            ..PublisherConfig::default()
+        };
+        let p = Publisher::connect(&server.control_addr().to_string(), "disk5", durable).unwrap();
+        p.publish(b"kept").unwrap();
+        p.close().unwrap();
+        drop(server);
+        if lose_region {
+            std::fs::remove_file(dir.path().join("region")).unwrap();
+        }
+
+        let server = start_in(dir.path());
+        let from_start = |topic| {
+            let control = server.control_addr().to_string();
+            Subscriber::connect(&control, topic, SubscriberConfig::default()).unwrap()
+        };
+        let next = described(&server, "mem5")[0];
+        assert!(next >= COUNT, "lose_region {lose_region}: next {next}");
+        assert_eq!(
+            from_start("mem5").position(),
+            Cursor::Global(next),
+            "lose_region {lose_region}"
+        );
+        let mut disk = from_start("disk5");
+        assert_eq!(
+            disk.position(),
+            Cursor::Global(0),
+            "lose_region {lose_region}"
+        );
+        let first = disk
+            .poll(Duration::from_secs(30))
+            .unwrap()
+            .expect("a message");
+        assert_eq!(first.position, 0, "lose_region {lose_region}");
+    }
+}

@@ -236,7 +236,8 @@ pub struct HelloOk {
     pub max_batch_bytes: u32,
     /// Publish: the batch sequence number the broker expects next on this connection.
     pub next_batch_seq: u64,
-    /// Subscribe: the first position still retained.
+    /// Subscribe: a floor of the first position still retained; 0 when unknown
+    /// (docs/PROTOCOL.md).
     pub first_retained: u64,
 }
 

@@ -234,6 +234,22 @@ impl Folder {
         })
     }
 
+    /// The position after the last event read; before any, where the topic's readable
+    /// part starts (past 0 when a memory-only topic lost its events to a server restart:
+    /// those positions never come back, and the replay must not wait for them).
+    pub fn position(&self) -> u64 {
+        match self.subscriber.position() {
+            embarcadero_client::Cursor::Global(p) => p,
+            // An order-5 topic has global positions only (checked by `ensure_topic`).
+            embarcadero_client::Cursor::PerBroker(_) => 0,
+        }
+    }
+
+    /// Whether everything below `end` that the log still has is folded.
+    pub fn replayed(&self, shared: &Shared, end: u64) -> bool {
+        shared.lock().next_position.max(self.position()) >= end
+    }
+
     /// Waits at most `timeout` for events and folds all that have arrived.
     pub fn pump(&mut self, shared: &Shared, timeout: Duration) -> Result<Vec<Folded>, Error> {
         let mut read = Vec::new();

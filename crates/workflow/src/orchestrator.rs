@@ -108,6 +108,7 @@ impl Orchestrator {
             "a snapshot past the log's end was loaded"
         );
         let folder = Folder::open_at(&cfg.log, "orchestrator", from)?;
+        warn_if_events_lost(&folder, &cfg.log);
         let shared = Arc::new(Shared::with_state(state));
         let snapshotter = match &cfg.snapshots {
             Some(s) => Some(
@@ -308,7 +309,7 @@ impl Runtime {
                 let replayed = &self.engine.recovery.replayed;
                 let before_end = folded.iter().filter(|f| f.position < self.replay_end);
                 replayed.fetch_add(before_end.count() as u64, Ordering::AcqRel);
-                if self.engine.shared.lock().next_position < self.replay_end {
+                if !self.folder.replayed(&self.engine.shared, self.replay_end) {
                     continue;
                 }
                 self.replayed(now);
@@ -433,6 +434,19 @@ impl Runtime {
         }
         let until_wake = wake.map_or(IDLE_POLL, |w| Duration::from_millis(w.saturating_sub(now)));
         Ok(until_wake.min(IDLE_POLL))
+    }
+}
+
+/// A log that starts past 0 lost its first events (a memory-only topic, `--rf 1`, whose
+/// server restarted): the templates and tasks in them are gone, which the operator must
+/// hear, not find out from 404s.
+fn warn_if_events_lost(folder: &Folder, log: &LogConfig) {
+    let first = folder.position();
+    if first > 0 {
+        tracing::warn!(
+            "the event log {} starts at position {first}: the events before it are gone (a memory-only topic lost them to a server restart; use --rf 2 --ack 2 to keep them); the engine starts without them",
+            log.topic
+        );
     }
 }
 

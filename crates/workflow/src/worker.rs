@@ -187,7 +187,7 @@ impl Runtime {
                 self.settle_claim(f);
             }
             self.steps.time_out_overdue();
-            if self.steps.shared.lock().next_position < self.replay_end {
+            if !self.folder.replayed(&self.steps.shared, self.replay_end) {
                 continue;
             }
             self.claim_more()?;

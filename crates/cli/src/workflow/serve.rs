@@ -10,7 +10,7 @@ use std::net::TcpListener;
 use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct OrchestratorArgs {
@@ -115,7 +115,10 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
         response.headers.extend(reply.headers);
         response
     };
-    wait_for_replay(&orchestrator)?;
+    if !wait_for_replay(&orchestrator, &stop)? {
+        orchestrator.stop();
+        return Ok(());
+    }
     let mut http = HttpServer::start(
         listener,
         "workflow-api",
@@ -148,38 +151,84 @@ pub fn worker(args: WorkerArgs) -> CliResult {
         lease_ms: args.log.lease_ms,
         run_log: args.run_log,
     };
+    let mut backoff = RESTART_FIRST;
+    let mut worker = start_worker(&config).map_err(|e| format!("cannot start the worker: {e}"))?;
+    loop {
+        let started = Instant::now();
+        let ended = wait_for_stop(&stop, || {
+            worker
+                .is_finished()
+                .then(|| "the worker loop ended".to_string())
+        });
+        let stopped = worker.stop();
+        let why = match (ended, stopped) {
+            (Ok(()), stopped) => return stopped.map_err(|e| format!("the worker failed: {e}")),
+            (Err(ended), Err(why)) => format!("{ended}: {why}"),
+            (Err(ended), Ok(())) => ended,
+        };
+        if started.elapsed() > RESTART_CAP * 2 {
+            backoff = RESTART_FIRST;
+        }
+        // A log that refused or lost the worker (a fenced session, a server restart):
+        // the attempts it held go back after their lease, and a new worker, with a new
+        // session, carries on once the log answers again.
+        eprintln!(
+            "workflow worker {} failed ({why}); its attempts go back after their lease; a new worker starts in {} ms",
+            worker.id,
+            backoff.as_millis()
+        );
+        worker = loop {
+            if stopped_within(&stop, backoff) {
+                return Ok(());
+            }
+            backoff = (backoff * 2).min(RESTART_CAP);
+            match start_worker(&config) {
+                Ok(w) => break w,
+                Err(e) => eprintln!(
+                    "cannot start a new worker yet ({e}); trying again in {} ms",
+                    backoff.as_millis()
+                ),
+            }
+        };
+    }
+}
+
+/// The first wait before a failed worker is replaced, doubled after each failure up to
+/// `RESTART_CAP`, and back to the first once a worker ran for twice the cap.
+const RESTART_FIRST: Duration = Duration::from_millis(250);
+const RESTART_CAP: Duration = Duration::from_secs(10);
+
+/// Starts a worker with the built-in handlers and says so.
+fn start_worker(config: &WorkerConfig) -> Result<Worker, embarcadero_client::Error> {
     let registry = Registry::builtin();
     let handlers: Vec<String> = registry.names().into_iter().collect();
-    let mut worker =
-        Worker::start(config, registry).map_err(|e| format!("cannot start the worker: {e}"))?;
+    let worker = Worker::start(config.clone(), registry)?;
     eprintln!(
         "workflow worker {} is running: handlers {}",
         worker.id,
         handlers.join(" ")
     );
-    let ended = wait_for_stop(&stop, || {
-        worker
-            .is_finished()
-            .then(|| "the worker loop ended".to_string())
-    });
-    let stopped = worker.stop().map_err(|e| format!("the worker failed: {e}"));
-    match (ended, stopped) {
-        // The loop ended by itself: its error says why.
-        (Err(ended), Err(why)) => Err(format!("{ended}: {why}")),
-        (ended, stopped) => ended.and(stopped),
-    }
+    Ok(worker)
+}
+
+/// Waits `wait`; whether a stop signal came meanwhile.
+fn stopped_within(stop: &std::sync::mpsc::Receiver<()>, wait: Duration) -> bool {
+    !matches!(stop.recv_timeout(wait), Err(RecvTimeoutError::Timeout))
 }
 
 /// Waits until the engine has replayed the log, so that the API answers from the
-/// whole state once the "serving" line is out.
-fn wait_for_replay(o: &Orchestrator) -> CliResult {
+/// whole state once the "serving" line is out: true then, false if a stop signal came
+/// first (a replay can be long, and SIGTERM must end it).
+fn wait_for_replay(o: &Orchestrator, stop: &std::sync::mpsc::Receiver<()>) -> Result<bool, String> {
     while !o.engine.caught_up.load(std::sync::atomic::Ordering::SeqCst) {
         if let Some(why) = o.engine.failure.lock().clone() {
             return Err(format!("the orchestrator stopped while replaying: {why}"));
         }
-        std::thread::sleep(Duration::from_millis(10));
+        if stopped_within(stop, Duration::from_millis(10)) {
+            return Ok(false);
+        }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Waits for a signal (Ok) or for `failed` to say why the process must end (Err).
