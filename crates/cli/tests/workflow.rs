@@ -166,13 +166,19 @@ impl Engine {
 
     /// Starts a worker; returns it and its id.
     fn worker(&self, lease_ms: &str) -> (Proc, String) {
-        let args = [
+        self.worker_with(lease_ms, &[])
+    }
+
+    /// The same with more arguments.
+    fn worker_with(&self, lease_ms: &str, more: &[&str]) -> (Proc, String) {
+        let mut args = vec![
             "worker",
             "--control",
             &self.serve.control,
             "--lease-ms",
             lease_ms,
         ];
+        args.extend_from_slice(more);
         let (p, line) = Proc::ready(&args, &[], "is running");
         let id = line
             .split("workflow worker ")
@@ -1716,11 +1722,9 @@ fn a_worker_process_carries_on_after_its_server_is_killed_and_restarted() {
     let second_id = started.split("workflow worker ").nth(1).unwrap();
     let second_id = second_id.split(' ').next().unwrap();
     assert_ne!(second_id, first_id);
-    // The log is memory only (the default --rf 1): its events, the template among them,
-    // went with the server, and the new orchestrator must replay up to where the
-    // restarted topic starts rather than wait for them (issue 27).
+    // The log is durable (the default --rf 2 --ack 2): the new orchestrator replays the
+    // template and the first task from disk.
     let (_orchestrator, addr) = engine.orchestrator("1000");
-    register(&ApiClient::new(&addr), LINEAR);
     let t = run(&addr);
     assert_eq!(t["status"], "complete", "{t:#}");
     assert_eq!(step(&t, "four")["worker"], json!(second_id), "{t:#}");
@@ -1737,8 +1741,9 @@ fn a_fresh_orchestrator_and_worker_serve_after_a_memory_only_log_lost_its_events
     let one_broker = ["--brokers", "1"];
     let serve = Serve::start_on(&data, base, control, &one_broker);
     let engine = Engine { serve, _dir: dir };
-    let (worker, _) = engine.worker("1000");
-    let (orchestrator, addr) = engine.orchestrator("1000");
+    let memory_only = ["--rf", "1", "--ack", "1"];
+    let (worker, _) = engine.worker_with("1000", &memory_only);
+    let (orchestrator, addr) = engine.orchestrator_with("1000", &memory_only);
     let api = ApiClient::new(&addr);
     register(&api, LINEAR);
     let uuid = create(&api, "linear", json!({"even_number": 2}));
@@ -1750,8 +1755,8 @@ fn a_fresh_orchestrator_and_worker_serve_after_a_memory_only_log_lost_its_events
 
     let serve = Serve::start_on(&data, base, control, &one_broker);
     let engine = Engine { serve, _dir };
-    let (_orchestrator, addr) = engine.orchestrator("1000");
-    let (_worker, id) = engine.worker("1000");
+    let (_orchestrator, addr) = engine.orchestrator_with("1000", &memory_only);
+    let (_worker, id) = engine.worker_with("1000", &memory_only);
     let api = ApiClient::new(&addr);
     register(&api, LINEAR);
     let uuid = create(&api, "linear", json!({"even_number": 2}));

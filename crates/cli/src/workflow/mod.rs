@@ -49,10 +49,13 @@ pub struct LogArgs {
     #[arg(long, default_value = "workflow.events")]
     pub topic: String,
     /// Acknowledgement level of the engine's events: 1 ordered, 2 durable (needs --rf 2).
-    #[arg(long, default_value_t = 1)]
+    /// Durable by default: the log is the engine's only state.
+    #[arg(long, default_value_t = 2)]
     pub ack: u8,
-    /// Replication factor of the topic when it is created here.
-    #[arg(long, default_value_t = 1)]
+    /// Replication factor of the topic when it is created here: 2 keeps the events on
+    /// disk across a server restart; 1 keeps them in memory only (a restart loses every
+    /// template and task).
+    #[arg(long, default_value_t = 2)]
     pub rf: u8,
     /// A worker not heard from for this many milliseconds loses its claims.
     #[arg(long, default_value_t = 3000)]
