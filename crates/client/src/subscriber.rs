@@ -371,6 +371,7 @@ impl Subscriber {
             }
             self.spare.push(batch.payload);
         }
+        self.delivered_some(delivered);
         Ok(delivered)
     }
 
@@ -398,7 +399,18 @@ impl Subscriber {
             drop(batch);
             self.lend(shared.0);
         }
+        self.delivered_some(delivered);
         Ok(delivered)
+    }
+
+    /// Once anything is delivered the subscriber reads from its own position: a
+    /// reconnect must no longer ask to start wherever the topic's retained part starts,
+    /// which would skip silently past a position the broker no longer has instead of
+    /// refusing it. (`advance` does the same for one message at a time.)
+    fn delivered_some(&mut self, delivered: usize) {
+        if delivered > 0 {
+            self.from_first_retained = false;
+        }
     }
 
     fn lend(&mut self, buffer: Arc<DeliveryBuf>) {
