@@ -1704,12 +1704,13 @@ fn a_worker_process_carries_on_after_its_server_is_killed_and_restarted() {
     let (mut worker, first_id) = engine.worker("1000");
     let (orchestrator, addr) = engine.orchestrator("1000");
     register(&ApiClient::new(&addr), LINEAR);
-    let run = |addr: &str| {
+    // A different context each time: the same one would name the same task (identity).
+    let run = |addr: &str, even_number: u64| {
         let api = ApiClient::new(addr);
-        let uuid = create(&api, "linear", json!({"even_number": 2}));
+        let uuid = create(&api, "linear", json!({ "even_number": even_number }));
         api.get_task(&uuid, 30).unwrap()
     };
-    assert_eq!(run(&addr)["status"], "complete");
+    assert_eq!(run(&addr, 2)["status"], "complete");
 
     let Engine { serve, _dir } = engine;
     orchestrator.kill();
@@ -1725,7 +1726,7 @@ fn a_worker_process_carries_on_after_its_server_is_killed_and_restarted() {
     // The log is durable (the default --rf 2 --ack 2): the new orchestrator replays the
     // template and the first task from disk.
     let (_orchestrator, addr) = engine.orchestrator("1000");
-    let t = run(&addr);
+    let t = run(&addr, 4);
     assert_eq!(t["status"], "complete", "{t:#}");
     assert_eq!(step(&t, "four")["worker"], json!(second_id), "{t:#}");
 }
