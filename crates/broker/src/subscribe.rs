@@ -39,7 +39,8 @@ pub fn run(
     meta: TopicMeta,
     cursors: Vec<u64>,
 ) -> End {
-    let ok = net::hello_ok(shared, &hello, topic, &meta);
+    let mut ok = net::hello_ok(shared, &hello, topic, &meta);
+    ok.first_retained = first_retained(&shared.region, topic, &meta);
     if let Err(e) = net::send_hello_ok(stream, &ok) {
         return e.into();
     }
@@ -467,6 +468,21 @@ fn writev_all(
         progress()?;
     }
     Ok(())
+}
+
+/// For the HelloOk: the first global position a memory-only order 2 or 5 topic still
+/// holds (what a subscription from the beginning starts at), so that a subscriber whose
+/// start was reclaimed learns it at once, even if nothing retained is left to deliver.
+/// 0 where it is not told: orders 0 and 1 (positions per broker), and replicated
+/// topics, whose older positions are read from disk.
+fn first_retained(region: &Region, topic: u32, meta: &TopicMeta) -> u64 {
+    if meta.order < 2 || meta.replication_factor >= 2 {
+        return 0;
+    }
+    match locate_global(region, topic, 0) {
+        Locate::Gone { first } => first,
+        Locate::At { .. } | Locate::NotYet | Locate::Ahead => 0,
+    }
 }
 
 fn retained(region: &Region, topic: u32, broker: u32, log_offset: u64) -> bool {
