@@ -4,9 +4,10 @@
 # brokers, an active and a standby sequencer), publishes with two publishers and reads
 # with two readers while one fault strikes and heals (SIGKILL/SIGSTOP of a follower, of
 # the active sequencer, SIGSTOP of the head, SIGKILL of the head and its restart, deletion
-# of the region file, a full replica disk, a slow replica disk, a follower cut off in a
-# network namespace: that one needs root and is left out, saying why, where namespaces
-# cannot be made), writes every send, acknowledgement and delivery to a
+# of the region file, a full replica disk, a slow replica disk, a follower cut off from
+# everyone, and a pair of sides (head, a follower, the clients) cut off from each other
+# only: the brokers then run in network namespaces, which need root; the partitions are
+# left out, saying why, where those cannot be made), writes every send, acknowledgement and delivery to a
 # history file and checks it: lost acknowledged messages, duplicates, real-time
 # reordering, readers that disagree, order-5 session FIFO breaks, positions that go
 # back, repeat or skip. Stops at

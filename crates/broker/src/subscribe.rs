@@ -97,7 +97,7 @@ pub(crate) fn run(
     cursors: Vec<u64>,
 ) -> End {
     let mut ok = net::hello_ok(shared, &hello, topic, &meta);
-    ok.first_retained = first_retained_floor(&shared.region, topic, &meta);
+    ok.first_retained = first_retained(&shared.region, topic, &meta);
     if let Err(e) = stream.send_hello_ok(&ok) {
         return e.into();
     }
@@ -134,23 +134,6 @@ pub(crate) fn run(
         Err(End::Refused(_)) if shared.region.topic_deleted(topic) => deleted(&meta),
         Err(end) => end,
     }
-}
-
-/// What the hello's `first_retained` says: for a memory-only topic of order 2 or 5, the
-/// first position of this region (those before it went with the previous region, and
-/// never come back), so that a subscriber from "the beginning" knows at once where that
-/// is, even while the topic stays empty; a reader that waits for the positions it saw in
-/// `next_position` (the workflow engine's replay) would otherwise wait for ever. A floor,
-/// not the exact first: reclamation may have taken more since. 0 for replicated topics
-/// (their older positions are on disk) and for orders 0 and 1 (no global position).
-fn first_retained_floor(region: &Region, topic: u32, meta: &TopicMeta) -> u64 {
-    if meta.order < 2 || meta.replication_factor >= 2 {
-        return 0;
-    }
-    region
-        .topic_seq(topic)
-        .start_position
-        .load(Ordering::Acquire)
 }
 
 /// Ends a subscription whose topic is deleted; checked once per round (one load).
@@ -550,6 +533,29 @@ fn writev_all(
         progress()?;
     }
     Ok(())
+}
+
+/// For the HelloOk: the first global position a memory-only order 2 or 5 topic still
+/// holds (what a subscription from the beginning starts at), so that a subscriber whose
+/// start is gone learns it at once, even if nothing retained is left to deliver. Gone
+/// are the positions before this region's start (they went with the previous region, as
+/// after a restart, and never come back: a reader waiting for them, such as the
+/// workflow engine's replay, would wait for ever) and those reclaimed since. 0 where it
+/// is not told: orders 0 and 1 (positions per broker), and replicated topics, whose
+/// older positions are read from disk.
+fn first_retained(region: &Region, topic: u32, meta: &TopicMeta) -> u64 {
+    if meta.order < 2 || meta.replication_factor >= 2 {
+        return 0;
+    }
+    let region_start = region
+        .topic_seq(topic)
+        .start_position
+        .load(Ordering::Acquire);
+    let reclaimed = match locate_global(region, topic, 0) {
+        Locate::Gone { first } => first,
+        Locate::At { .. } | Locate::NotYet | Locate::Ahead => 0,
+    };
+    region_start.max(reclaimed)
 }
 
 fn retained(region: &Region, topic: u32, broker: u32, log_offset: u64) -> bool {

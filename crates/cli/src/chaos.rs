@@ -19,7 +19,7 @@ use embarcadero_client::{
     Admin, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
 };
 use history::{Event, Recorder};
-use nemesis::{Lab, Nemesis};
+use nemesis::{Lab, Nemesis, Pair};
 use netns::Netns;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -100,18 +100,18 @@ pub fn run(args: ChaosArgs) -> CliResult {
     campaign(&args, &nemeses, netns.as_ref())
 }
 
-/// The network namespace the partition runs follower 2 in, if the partition is among
-/// `nemeses`; where none can be made (not root, no `ip`) the partition is left out of
-/// the campaign, saying why.
+/// The network namespaces the partitions run the brokers in, if a partition is among
+/// `nemeses`; where none can be made (not root, no `ip`) the partitions are left out
+/// of the campaign, saying why.
 fn partition_namespace(nemeses: &mut Vec<Nemesis>) -> Result<Option<Netns>, String> {
-    if !nemeses.contains(&Nemesis::PartitionFollower) {
+    if !nemeses.iter().any(|n| n.partitions()) {
         return Ok(None);
     }
-    match Netns::create() {
+    match Netns::create(nemesis::PARTITION_SPACES) {
         Ok(ns) => Ok(Some(ns)),
         Err(why) => {
-            say!("chaos: partition-follower is left out: {why}");
-            nemeses.retain(|n| *n != Nemesis::PartitionFollower);
+            say!("chaos: the partitions are left out: {why}");
+            nemeses.retain(|n| !n.partitions());
             if nemeses.is_empty() {
                 return Err("no nemesis left to run".into());
             }
@@ -139,19 +139,21 @@ fn campaign(args: &ChaosArgs, nemeses: &[Nemesis], netns: Option<&Netns>) -> Cli
             .is_none_or(|s| started.elapsed() < Duration::from_secs(s))
     {
         let nemesis = nemeses[cycle as usize % nemeses.len()];
-        // Each pass over the faults uses the next topic kind, so every fault meets each.
-        let kind = (cycle as usize / nemeses.len()) % 4;
-        let mut plan = Plan::draw(cycle, kind, nemesis, args.cycle_secs, &mut rng);
+        // Each pass over the faults uses the next topic kind, so every fault meets each;
+        // and the next pair to part (5 pairs, 4 kinds: 20 passes meet every pairing).
+        let pass = cycle as usize / nemeses.len();
+        let mut plan = Plan::draw(cycle, pass % 4, nemesis, args.cycle_secs, &mut rng);
+        plan.pair = nemesis::PAIRS[pass % nemesis::PAIRS.len()];
         if args.echo_processes {
             plan.echo = Echo::ToStderr;
-            eprintln!("== cycle {cycle} ({})", nemesis.name());
+            eprintln!("== cycle {cycle} ({})", plan.fault());
         }
         let history = args.out.join(format!("cycle-{cycle}.jsonl"));
-        // Only a partition cycle puts follower 2 in the namespace.
-        let netns = netns.filter(|_| nemesis == Nemesis::PartitionFollower);
+        // Only a partition cycle puts the brokers in the namespaces.
+        let netns = netns.filter(|_| nemesis.partitions());
         let stage = set_stage_retrying(&plan, netns, &mut setup_failures)?;
         let report = run_cycle(&plan, stage, netns, &history)
-            .map_err(|e| format!("cycle {cycle} ({}) failed: {e}", nemesis.name()))?;
+            .map_err(|e| format!("cycle {cycle} ({}) failed: {e}", plan.fault()))?;
         say!("{}", plan.summary(&report));
         if report.anomalies() > 0 {
             for (kind, example) in &report.examples {
@@ -235,6 +237,8 @@ struct Plan {
     publish_for: Duration,
     /// Whether the cluster's processes echo their stderr.
     echo: Echo,
+    /// The sides a `partition-pair` parts.
+    pair: Pair,
 }
 
 impl Plan {
@@ -264,6 +268,19 @@ impl Plan {
             heal_after: Duration::from_secs_f64(strike + hold),
             publish_for: Duration::from_secs_f64(cycle_secs),
             echo: Echo::Quiet,
+            pair: nemesis::PAIRS[0],
+        }
+    }
+
+    /// The fault's name, with the pair a `partition-pair` parts (`partition-pair
+    /// head|follower-1`).
+    fn fault(&self) -> String {
+        match self.nemesis {
+            Nemesis::PartitionPair => {
+                let (a, b) = self.pair;
+                format!("{} {}|{}", self.nemesis.name(), a.name(), b.name())
+            }
+            n => n.name().to_string(),
         }
     }
 
@@ -271,7 +288,7 @@ impl Plan {
         format!(
             "cycle {} {} (order {} ack {}, strike {:.2} s heal {:.2} s): sent {} acked {} ({} while struck) failed {} delivered {:?}, {} anomalies",
             self.cycle,
-            self.nemesis.name(),
+            self.fault(),
             self.order,
             self.ack,
             self.strike_after.as_secs_f64(),
@@ -381,6 +398,7 @@ fn run_cycle(
         let lab = Lab {
             flags: flags.path(),
             netns,
+            pair: plan.pair,
         };
         let fault = strike_and_heal(plan, &mut cluster, &lab, &recorder);
         stop.store(true, Ordering::Release);
@@ -404,8 +422,9 @@ fn run_cycle(
     Ok(checker::check(&history::read(history_path)?))
 }
 
-/// Starts a cycle's cluster; with `netns`, follower 2 runs in that namespace and the
-/// head binds the namespace link's host address, which the follower reaches it at.
+/// Starts a cycle's cluster; with `netns`, the head and each follower run in a space
+/// of their own (broker b in space b), each binding its space's address, and the
+/// sequencers stay with the clients in this namespace.
 fn start_cluster(flags: &Path, echo: Echo, netns: Option<&Netns>) -> Result<LocalCluster, String> {
     let program = std::env::current_exe()
         .map_err(|e| format!("cannot find this executable to start the cluster: {e}"))?;
@@ -425,13 +444,14 @@ fn start_cluster(flags: &Path, echo: Echo, netns: Option<&Netns>) -> Result<Loca
     ];
     spec.env.extend(nemesis::flag_settings(flags));
     if let Some(ns) = netns {
-        let bind = |ip: &str| vec!["--bind".to_string(), ip.to_string()];
-        spec.head_args = bind(&ns.host_ip);
-        let launch = Launch {
-            prefix: ns.launch_prefix(),
-            args: bind(&ns.inner_ip),
+        let launch = |b: usize| Launch {
+            prefix: ns.launch_prefix(b),
+            args: vec!["--bind".to_string(), ns.space(b).ip.clone()],
         };
-        spec.follower_launch = vec![(nemesis::VICTIM_BROKER, launch)];
+        spec.head_launch = launch(0);
+        spec.follower_launch = (1..nemesis::PARTITION_SPACES as u32)
+            .map(|b| (b, launch(b as usize)))
+            .collect();
     }
     let mut cluster = LocalCluster::start(&spec)?;
     cluster.start_sequencer(false)?;
@@ -449,7 +469,7 @@ fn strike_and_heal(
 ) -> Result<(), String> {
     let start = Instant::now();
     let phase = |phase: &str| Event::Nemesis {
-        what: plan.nemesis.name().into(),
+        what: plan.fault(),
         phase: phase.into(),
     };
     std::thread::sleep(plan.strike_after);

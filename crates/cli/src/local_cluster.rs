@@ -319,13 +319,14 @@ pub struct ClusterSpec {
     pub env: Vec<(String, String)>,
     /// Whether the processes' stderr lines are echoed to this process's stderr.
     pub echo: Echo,
-    /// Extra arguments for the head only (e.g. `--bind ADDR`).
-    pub head_args: Vec<String>,
+    /// How the head is started differently (e.g. in a network namespace, with
+    /// `--bind ADDR`); a restarted head is started the same way.
+    pub head_launch: Launch,
     /// Followers started differently (e.g. in a network namespace), by broker id.
     pub follower_launch: Vec<(u32, Launch)>,
 }
 
-/// How one follower is started differently: through a command (such as
+/// How the head or a follower is started differently: through a command (such as
 /// `ip netns exec NAME`, which puts it in a network namespace) and with extra
 /// arguments (such as `--bind ADDR`).
 #[derive(Debug, Clone, Default)]
@@ -346,7 +347,7 @@ impl ClusterSpec {
             replica_dirs: Vec::new(),
             env: Vec::new(),
             echo: Echo::Quiet,
-            head_args: Vec::new(),
+            head_launch: Launch::default(),
             follower_launch: Vec::new(),
         }
     }
@@ -405,15 +406,19 @@ fn start_head(
     if spec.external_sequencer {
         args.push("--external-sequencer");
     }
-    args.extend(spec.head_args.iter().map(String::as_str));
+    args.extend(spec.head_launch.args.iter().map(String::as_str));
     if let Some(epoch) = &epoch {
         args.extend(["--epoch-us", epoch]);
     }
+    let program = spec.program.display().to_string();
+    let mut command: Vec<&str> = spec.head_launch.prefix.iter().map(String::as_str).collect();
+    command.push(&program);
+    command.extend(args);
     // The head picks its control port (0: no race for a free port); its ready line
     // names it: "embarcadero is serving: control API http://ADDR  brokers ...".
     ChildProcess::ready(
-        &spec.program,
-        &args,
+        Path::new(command[0]),
+        &command[1..],
         &env,
         "the head",
         "embarcadero is serving",

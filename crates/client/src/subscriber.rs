@@ -179,6 +179,9 @@ pub struct Subscriber {
     /// first retained position ([`SUBSCRIBE_FROM_FIRST_RETAINED`]). Cleared by the first
     /// delivery, after which a position that is gone is an error the user must see.
     from_first_retained: bool,
+    /// Positions `[from, to)` that a subscription from the beginning found reclaimed
+    /// and started after (see [`Subscriber::skipped`]).
+    skipped: Option<(u64, u64)>,
     unconfirmed: VecDeque<Batch>,
     ready: VecDeque<Batch>,
     /// Buffers free for the next delivery.
@@ -224,6 +227,7 @@ impl Subscriber {
             num_brokers: brokers.len(),
             cursor: config.start.clone(),
             from_first_retained: config.start.is_none(),
+            skipped: None,
             config,
             unconfirmed: VecDeque::new(),
             ready: VecDeque::new(),
@@ -238,6 +242,36 @@ impl Subscriber {
     /// connections.
     pub fn transport(&self) -> &'static str {
         self.stream.as_ref().map_or("none", |(s, _)| s.transport())
+    }
+
+    /// Orders 2 and 5: the positions `[from, to)` this subscription, asked to start at
+    /// the beginning, found no longer retained (a memory-only topic reclaims what every
+    /// reader had passed) and so started after. Known from the broker's HelloOk
+    /// (`first_retained`) before anything is delivered, and from the first delivery;
+    /// `None` when nothing was skipped. A subscription from an explicit position never
+    /// skips: it gets `PositionNotRetained` instead.
+    pub fn skipped(&self) -> Option<(u64, u64)> {
+        self.skipped
+    }
+
+    /// While the subscription asked for the beginning and has delivered nothing: the
+    /// next thing it gets starts at global position `first`, so what lies below it, from
+    /// the cursor up, was skipped. Said once in the log and kept for [`Self::skipped`].
+    fn note_start(&mut self, first: u64) {
+        let Some(Cursor::Global(from)) = self.cursor else {
+            return;
+        };
+        if !self.from_first_retained || first <= from {
+            return;
+        }
+        tracing::warn!(
+            topic = %self.topic,
+            from,
+            to = first,
+            "positions below the first retained one were reclaimed before this \
+             subscription from the beginning; it starts at the first retained position"
+        );
+        self.skipped = Some((self.skipped.map_or(from, |(a, _)| a), first));
     }
 
     /// The topic's order level, as the broker reported it.
@@ -327,6 +361,10 @@ impl Subscriber {
                     if self.cursor.is_none() {
                         self.cursor = Some(self.default_cursor());
                     }
+                    if ok.order >= 2 {
+                        // Said before the cursor moves: what lies below is skipped.
+                        self.note_start(ok.first_retained);
+                    }
                     self.skip_to_first_retained(ok.first_retained);
                     self.stream = Some((stream, addr));
                     return Ok(());
@@ -366,12 +404,11 @@ impl Subscriber {
             while let Some(m) = batch.next_wanted(&self.cursor)? {
                 let (broker, position) = (m.broker_id, m.position);
                 f(m);
-                advance(&mut self.cursor, broker, position);
+                self.advance(broker, position);
                 delivered += 1;
             }
             self.spare.push(batch.payload);
         }
-        self.delivered_some(delivered);
         Ok(delivered)
     }
 
@@ -393,24 +430,13 @@ impl Subscriber {
             while let Some(m) = batch.next_wanted(&self.cursor)? {
                 let (broker, position) = (m.broker_id, m.position);
                 f(&shared, m);
-                advance(&mut self.cursor, broker, position);
+                self.advance(broker, position);
                 delivered += 1;
             }
             drop(batch);
             self.lend(shared.0);
         }
-        self.delivered_some(delivered);
         Ok(delivered)
-    }
-
-    /// Once anything is delivered the subscriber reads from its own position: a
-    /// reconnect must no longer ask to start wherever the topic's retained part starts,
-    /// which would skip silently past a position the broker no longer has instead of
-    /// refusing it. (`advance` does the same for one message at a time.)
-    fn delivered_some(&mut self, delivered: usize) {
-        if delivered > 0 {
-            self.from_first_retained = false;
-        }
     }
 
     fn lend(&mut self, buffer: Arc<DeliveryBuf>) {
@@ -455,8 +481,15 @@ impl Subscriber {
         Ok(None)
     }
 
+    /// Past a delivered message. Every way of delivering comes here: once anything is
+    /// delivered, a position that is gone must be refused, not skipped (a reconnection
+    /// after `poll_with` used to ask for the first retained position still, and could
+    /// skip a reclaimed range in silence).
     fn advance(&mut self, broker: u16, position: u64) {
-        self.from_first_retained = false;
+        if self.from_first_retained {
+            self.note_start(position);
+            self.from_first_retained = false;
+        }
         advance(&mut self.cursor, broker, position);
     }
 

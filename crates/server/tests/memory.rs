@@ -250,3 +250,49 @@ fn a_subscriber_whose_slot_is_released_while_it_is_served_pins_again_and_loses_n
     counters.sort_unstable();
     assert_eq!(counters, (0..N).collect::<Vec<_>>(), "exactly once");
 }
+
+/// A memory-only topic whose first batches were reclaimed (no reader held them) and
+/// which nobody publishes to any more: a reader that asks for position 0 is refused
+/// with PositionNotRetained naming the first retained position, and a reader that asks
+/// for the beginning starts there, is told what it skipped at once (before anything is
+/// delivered), and gets every retained message up to the topic's end. Neither is left
+/// waiting in silence for positions that are gone (found while measuring the SDKs: a
+/// second reader of such a topic waited for ever at the topic's end, told nothing).
+#[test]
+fn a_reader_whose_start_was_reclaimed_is_told_not_left_waiting_in_silence() {
+    let t = common::start_with(tiny);
+    t.create_topic("gone", 2);
+    const N: u64 = 12_000; // ~12 MB through 4 MiB of log memory
+    let p = publisher(&t, "gone");
+    let payload = vec![4u8; 1000];
+    for _ in 0..N {
+        p.publish(&payload).unwrap();
+    }
+    p.close().unwrap();
+    let end = t.admin().describe_topic("gone").unwrap().next_position;
+    assert_eq!(end, N);
+    let from_zero = SubscriberConfig {
+        start: Some(Cursor::Global(0)),
+        ..SubscriberConfig::default()
+    };
+    let err = Subscriber::connect_brokers(&t.brokers(), "gone", from_zero)
+        .and_then(|mut s| s.poll(Duration::from_secs(10)))
+        .expect_err("position 0 was reclaimed: refused, not waited for");
+    let first = common::first_available(&err);
+    assert!(0 < first && first <= N, "first retained {first} of {N}");
+    let mut s =
+        Subscriber::connect_brokers(&t.brokers(), "gone", SubscriberConfig::default()).unwrap();
+    // Told on connecting, before anything is delivered. (Reclamation could only have
+    // moved on since the refusal, never back.)
+    let (from, to) = s.skipped().expect("the skipped range is told");
+    assert!(
+        from == 0 && to >= first,
+        "skipped {from}..{to}, first retained {first}"
+    );
+    for i in to..N {
+        let m = s.poll(Duration::from_secs(10)).unwrap();
+        assert_eq!(m.map(|m| m.position), Some(i), "every retained message");
+    }
+    assert!(s.poll(Duration::from_millis(200)).unwrap().is_none());
+    assert_eq!(s.skipped(), Some((from, to)));
+}

@@ -481,10 +481,22 @@ impl ErrorFrame {
                 value: len as u64,
             });
         }
+        // Bytes that are not UTF-8 become U+FFFD, three bytes each: text of up to
+        // MAX_ERROR_TEXT_LEN raw bytes could grow past what `encode` writes (found by the
+        // wire_frames fuzz target). Cut it there, on a character boundary, so that what a
+        // peer decodes is what it would send on.
+        let mut message = String::from_utf8_lossy(&body[8..8 + len]).into_owned();
+        if message.len() > MAX_ERROR_TEXT_LEN {
+            let mut cut = MAX_ERROR_TEXT_LEN;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
         Ok(Self {
             code,
             batch_seq: header.arg,
-            message: String::from_utf8_lossy(&body[8..8 + len]).into_owned(),
+            message,
         })
     }
 }
@@ -724,6 +736,30 @@ mod tests {
         let bytes = long.encode();
         let h = FrameHeader::decode(&bytes, 1 << 16).unwrap();
         assert!(ErrorFrame::decode(&h, &bytes[16..]).unwrap().message.len() <= 4096);
+    }
+
+    /// Fuzz find (wire_frames): 4096 bytes of text that are not UTF-8 decoded to three
+    /// times as many (U+FFFD each), which `encode` then cut short, so decode -> encode ->
+    /// decode was not equal. The decoded text is held to what a frame can carry.
+    #[test]
+    fn error_text_that_is_not_utf8_decodes_to_what_encodes_back_equal() {
+        let mut frame = ErrorFrame {
+            code: ErrorCode::BadMagic,
+            batch_seq: 7,
+            message: "x".repeat(MAX_ERROR_TEXT_LEN),
+        }
+        .encode();
+        frame[FRAME_HEADER_LEN + 8..].fill(0xff);
+        let h = FrameHeader::decode(&frame, u32::MAX).unwrap();
+        let e = ErrorFrame::decode(&h, &frame[FRAME_HEADER_LEN..]).unwrap();
+        assert!(e.message.len() <= MAX_ERROR_TEXT_LEN, "{}", e.message.len());
+        assert!(e.message.chars().all(|c| c == char::REPLACEMENT_CHARACTER));
+        let again = e.encode();
+        let h2 = FrameHeader::decode(&again, u32::MAX).unwrap();
+        assert_eq!(
+            ErrorFrame::decode(&h2, &again[FRAME_HEADER_LEN..]).unwrap(),
+            e
+        );
     }
 
     #[test]

@@ -1,21 +1,72 @@
 //! The faults a chaos cycle injects into a [`LocalCluster`] of real processes: how each
 //! strikes and how it is healed. Broker 2 (a follower), sequencer 0 (the active one; a
-//! standby waits) and the head are the targets; the readers use brokers 0 and 1 (through
-//! the head, to find the restarted brokers, when the head is killed).
+//! standby waits) and the head are the targets, and for `partition-pair` a pair of
+//! parties among the head, the followers and the clients; the readers use brokers 0 and
+//! 1 (through the head, to find the restarted brokers, when the head is killed).
 
-use super::netns::Netns;
+use super::netns::{Netns, Party};
 use embarcadero_cli::local_cluster::{LocalCluster, Member};
 use std::path::{Path, PathBuf};
 
 /// What the faults act through besides the cluster: the fault flag files' directory,
-/// and the network namespace follower 2 runs in for a partition.
+/// the network namespaces the brokers run in for a partition, and the pair a
+/// `partition-pair` cycle parts.
 pub struct Lab<'a> {
     pub flags: &'a Path,
     pub netns: Option<&'a Netns>,
+    pub pair: Pair,
 }
 
 /// The follower broker the faults aim at.
 pub const VICTIM_BROKER: u32 = 2;
+
+/// Who a partition can part. In a partition cycle broker `b` runs in the lab's space
+/// `b` (the head serves broker 0); the clients (publishers, readers) are in the host's
+/// namespace with the sequencers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Head,
+    Follower(u32),
+    Clients,
+}
+
+impl Side {
+    pub fn party(self) -> Party {
+        match self {
+            Side::Head => Party::Space(0),
+            Side::Follower(b) => Party::Space(b as usize),
+            Side::Clients => Party::Host,
+        }
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            Side::Head => "head".into(),
+            Side::Follower(b) => format!("follower-{b}"),
+            Side::Clients => "clients".into(),
+        }
+    }
+}
+
+/// Two sides a `partition-pair` cycle parts while each still reaches every other.
+pub type Pair = (Side, Side);
+
+/// The pairs `partition-pair` parts, one per pass over the faults in turn. Every pair
+/// of processes that talk over the network: a follower and the head (joins and
+/// heartbeats: the head may declare a follower dead that clients still reach), the
+/// clients and a broker (connections stall while the head still sees it). Followers
+/// never talk to each other, and sequencers talk to brokers only through the region's
+/// memory, so cutting those pairs would change nothing.
+pub const PAIRS: [Pair; 5] = [
+    (Side::Head, Side::Follower(1)),
+    (Side::Head, Side::Follower(VICTIM_BROKER)),
+    (Side::Clients, Side::Follower(1)),
+    (Side::Clients, Side::Head),
+    (Side::Clients, Side::Follower(VICTIM_BROKER)),
+];
+
+/// Broker processes in a partition cycle's lab: the head and followers 1 and 2.
+pub const PARTITION_SPACES: usize = 3;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Nemesis {
@@ -44,9 +95,12 @@ pub enum Nemesis {
     /// Follower broker 2, in a network namespace of its own, is cut off from the head
     /// and every client (the veth link goes down) until the heal brings the link up.
     PartitionFollower,
+    /// Two sides (the cycle's [`Pair`]) cannot reach each other, while both still reach
+    /// everyone else, until the heal.
+    PartitionPair,
 }
 
-pub const ALL: [Nemesis; 10] = [
+pub const ALL: [Nemesis; 11] = [
     Nemesis::KillFollower,
     Nemesis::PauseFollower,
     Nemesis::KillSequencer,
@@ -57,6 +111,7 @@ pub const ALL: [Nemesis; 10] = [
     Nemesis::SlowDisk,
     Nemesis::KillHead,
     Nemesis::PartitionFollower,
+    Nemesis::PartitionPair,
 ];
 
 impl Nemesis {
@@ -72,6 +127,7 @@ impl Nemesis {
             Nemesis::SlowDisk => "slow-disk",
             Nemesis::KillHead => "kill-head",
             Nemesis::PartitionFollower => "partition-follower",
+            Nemesis::PartitionPair => "partition-pair",
         }
     }
 
@@ -87,7 +143,11 @@ impl Nemesis {
         let flags = lab.flags;
         match self {
             Nemesis::KillHead => cluster.kill_head().map(drop),
-            Nemesis::PartitionFollower => Self::netns(lab)?.cut(),
+            Nemesis::PartitionFollower => Self::netns(lab)?.cut(VICTIM_BROKER as usize),
+            Nemesis::PartitionPair => {
+                let (a, b) = lab.pair;
+                Self::netns(lab)?.cut_pair(a.party(), b.party())
+            }
             Nemesis::KillFollower => cluster.kill_follower(VICTIM_BROKER).map(drop),
             Nemesis::KillSequencer => cluster.kill_sequencer(0).map(drop),
             Nemesis::PauseFollower | Nemesis::PauseSequencer | Nemesis::PauseHead => {
@@ -107,7 +167,11 @@ impl Nemesis {
         let flags = lab.flags;
         match self {
             Nemesis::KillHead => cluster.restart_head(),
-            Nemesis::PartitionFollower => Self::netns(lab)?.mend(),
+            Nemesis::PartitionFollower => Self::netns(lab)?.mend(VICTIM_BROKER as usize),
+            Nemesis::PartitionPair => {
+                let (a, b) = lab.pair;
+                Self::netns(lab)?.mend_pair(a.party(), b.party())
+            }
             Nemesis::PauseFollower | Nemesis::PauseSequencer | Nemesis::PauseHead => {
                 self.signal(cluster, "CONT")
             }
@@ -115,6 +179,11 @@ impl Nemesis {
                 .map_err(|e| format!("cannot remove the {} flag: {e}", self.name())),
             Nemesis::KillFollower | Nemesis::KillSequencer | Nemesis::DeleteRegion => Ok(()),
         }
+    }
+
+    /// Whether the cycle runs the brokers in the lab's network namespaces.
+    pub fn partitions(self) -> bool {
+        matches!(self, Nemesis::PartitionFollower | Nemesis::PartitionPair)
     }
 
     fn netns<'a>(lab: &Lab<'a>) -> Result<&'a Netns, String> {
