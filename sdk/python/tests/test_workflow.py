@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
+import embarcadero
 from embarcadero.workflow import StepContext, StepError, Worker, registered_handlers, step_handler
 
 from conftest import Process, Server
@@ -222,3 +223,19 @@ def test_step_handler_registers_for_workers_without_handlers_of_their_own():
     assert registered_handlers()["py.test.registered"] is registered
     with pytest.raises(ValueError, match="already registered"):
         step_handler("py.test.registered")(square)
+
+
+def test_the_workers_ack_level_and_rf_reach_the_log(engine):
+    """`ack`/`rf` are `embarcadero worker --ack/--rf`: the broker refuses ack 2 on the module's
+    topic (rf 1) when the worker connects, and accepts it on a topic the worker creates
+    with rf 2."""
+    handlers = {"py.square": square, "py.ancestry": ancestry}
+    with pytest.raises(embarcadero.BrokerError) as refused:
+        Worker(engine.server.control, handlers=handlers, ack=2)
+    assert refused.value.code == "AckNotAllowed", refused.value
+    with pytest.raises(embarcadero.ConfigError, match="ack must be 1 or 2"):
+        Worker(engine.server.control, handlers=handlers, ack=3)
+    topic = "workflow.durable"
+    with Worker(engine.server.control, handlers=handlers, topic=topic, ack=2, rf=2):
+        described = embarcadero.Admin(engine.server.control).describe_topic(topic)
+    assert (described["order"], described["replication_factor"]) == (5, 2), described
