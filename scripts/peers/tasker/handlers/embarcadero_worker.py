@@ -12,7 +12,6 @@ import sys
 import threading
 
 from embarcadero.workflow import StepError, Worker, step_handler
-
 from shapes import csv_aggregate, csv_analyze, csv_value, square
 
 
@@ -23,7 +22,7 @@ def math_square(ctx):
                if not (isinstance(r, dict) and "step_names" in r)]
     try:
         return square(results, ctx.context.get("even_number"))
-    except ValueError as e:
+    except (TypeError, ValueError) as e:
         raise StepError(str(e), retryable=False) from None
 
 

@@ -13,13 +13,13 @@ def square(dependency_results, even_number):
     product = None
     for r in dependency_results:
         if not isinstance(r, int) or isinstance(r, bool):
-            raise ValueError(f"a dependency's result is {r!r}, not an integer")
+            raise TypeError(f"a dependency's result is {r!r}, not an integer")
         product = (1 if product is None else product) * r
         if not I64[0] <= product <= I64[1]:
             raise ValueError("the product overflows 64 bits")
     n = even_number if product is None else product
     if not isinstance(n, int) or isinstance(n, bool):
-        raise ValueError(f"context field `even_number` is {n!r}, not an integer")
+        raise TypeError(f"context field `even_number` is {n!r}, not an integer")
     if not I64[0] <= n * n <= I64[1]:
         raise ValueError(f"{n} squared overflows 64 bits")
     return n * n

@@ -15,10 +15,9 @@ import signal
 import sys
 import threading
 
+from shapes import csv_aggregate, csv_analyze, csv_value, square
 from tasker_core import HandlerRegistry, StepHandler, StepHandlerResult, Worker
 from tasker_core.types import ErrorType, RustCursorConfig, create_batches
-
-from shapes import csv_aggregate, csv_analyze, csv_value, square
 
 
 def failed(message):
@@ -49,7 +48,7 @@ class Square(StepHandler):
         try:
             return StepHandlerResult.success(
                 {"result": square(results, context.get_input("even_number"))})
-        except ValueError as e:
+        except (TypeError, ValueError) as e:
             return failed(str(e))
 
 
