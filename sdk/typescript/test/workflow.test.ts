@@ -9,6 +9,8 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import {
+  Admin,
+  BrokerError,
   ConfigError,
   Json,
   StepContext,
@@ -422,5 +424,27 @@ test("stepHandler registers for workers without handlers of their own; bad optio
   const handlers = { "ts.test.registered": registered };
   for (const bad of [{ concurrency: 0 }, { concurrency: 1.5 }, { leaseMs: 0 }, { leaseMs: NaN }]) {
     await assert.rejects(Worker.start({ control: engine.server.control, handlers, ...bad }), ConfigError);
+  }
+});
+
+test("the worker's ack level and rf reach the log", { timeout: 90_000 }, async () => {
+  // `embarcadero worker --ack/--rf`: the broker refuses ack 2 on the engine's topic (rf 1)
+  // when the worker connects, and accepts it on a topic the worker creates with rf 2.
+  const control = engine.server.control;
+  const handlers = { "ts.square": square };
+  await assert.rejects(
+    Worker.start({ control, handlers, ack: 2 }),
+    (e: unknown) => e instanceof BrokerError && e.codeName === "AckNotAllowed",
+  );
+  for (const bad of [{ ack: 0 }, { ack: 3 }, { rf: 0 }, { rf: 1.5 }]) {
+    await assert.rejects(Worker.start({ control, handlers, ...bad }), ConfigError);
+  }
+  const topic = "workflow.durable";
+  const worker = await Worker.start({ control, handlers, topic, ack: 2, rf: 2 });
+  try {
+    const info = await new Admin(control).describeTopic(topic);
+    assert.deepEqual([info.order, info.replicationFactor], [5, 2]);
+  } finally {
+    await worker.close();
   }
 });
