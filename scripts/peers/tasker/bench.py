@@ -11,7 +11,9 @@ Per shape, two methods:
 Before measuring, `measure` runs one task of each shape with a known answer and checks its
 final step's result in the engine (a wrong answer stops the run).
 Results go to a JSON file; `table` prints two such files side by side and `plot` draws them
-as an SVG (p50/p95/p99 per shape, log scale; throughput against p99). Standard library only.
+as an SVG (p50/p95/p99 per shape, log scale; throughput against p99); `overhead` compares the
+linear shape's p50 with Python or TypeScript handlers (`measure --handlers`) against the same
+engine's Rust handlers, per step. Standard library only.
 """
 
 import argparse
@@ -173,8 +175,10 @@ def run_one(api, template, number, engine, interval, extra=None):
     return wait_complete(api, task, engine, interval, template in DYNAMIC)
 
 
-def step_results(api, engine, task):
-    """{step name: result} of a finished task, as each engine reports it."""
+def step_results(api, engine, task, handlers="rust"):
+    """{step name: result} of a finished task, as each engine reports it. Tasker's Python
+    handlers must return a dict: they return a number n as {"result": n} (Tasker's own
+    convention, handlers/tasker_worker.py), unwrapped here."""
     if engine == "embarcadero":
         return {s["name"]: s.get("result") for s in api.call("GET", f"/v1/tasks/{task}")["steps"]}
     steps = api.call("GET", f"/v1/tasks/{task}/workflow_steps")
@@ -186,18 +190,20 @@ def step_results(api, engine, task):
         # Tasker stores the whole StepExecutionResult; the handler's value is its `result`.
         if isinstance(r, dict) and "result" in r and ("success" in r or "step_uuid" in r):
             r = r["result"]
+        if handlers == "python" and isinstance(r, dict) and list(r) == ["result"]:
+            r = r["result"]
         out[s["name"]] = r
     return out
 
 
-def check(api, engine, shape):
+def check(api, engine, shape, handlers="rust"):
     """Runs one task of `shape` and fails unless its steps and last result are as expected."""
     template, number, extra = SHAPES[shape]
     names, last, want = EXPECTED[shape]
     task = api.create(template, number, extra)
     if not wait_complete(api, task, engine, 0.01, template in DYNAMIC):
         raise RuntimeError(f"{engine} {shape}: check task {task} did not complete")
-    got = step_results(api, engine, task)
+    got = step_results(api, engine, task, handlers)
     if sorted(got) != sorted(names) or got[last] != want:
         raise RuntimeError(f"{engine} {shape}: steps {got}, want {names} and {last} = {want}")
     print(f"{engine} {shape}: checked, {last} = {json.dumps(got[last])}", file=sys.stderr)
@@ -239,10 +245,10 @@ def sustained(address, engine, clients, seconds, interval):
 def measure(args):
     raw_interval = None if args.engine == "embarcadero" else 0.001
     apis = [Api(args.api), Api(args.api)]
-    out = {"engine": args.engine, "shapes": {}, "checked": []}
+    out = {"engine": args.engine, "handlers": args.handlers, "shapes": {}, "checked": []}
     for shape in args.shapes.split(","):
         if shape in EXPECTED:
-            check(apis[0], args.engine, shape)
+            check(apis[0], args.engine, shape, args.handlers)
             out["checked"].append(shape)
         one_sample(apis, shape, args.engine, raw_interval)  # warm-up, not counted
         poll = [one_sample(apis, shape, args.engine, 0.05) for _ in range(args.poll_samples)]
@@ -269,6 +275,36 @@ def measure(args):
         json.dump(out, f, indent=1)
 
 
+def label(run):
+    """An engine's name, with its handlers' language unless they are Rust."""
+    handlers = run.get("handlers", "rust")
+    return run["engine"] if handlers == "rust" else f"{run['engine']}-{handlers}"
+
+
+def overhead(args):
+    """Per engine, the linear shape's p50 with each language's handlers against the same
+    engine's Rust handlers: the difference over the 4 steps, per step, and in percent."""
+    runs = []
+    for path in args.files:
+        with open(path) as f:
+            runs.append(json.load(f))
+    print(f"{'engine':12} {'handlers':11} {'method':7} {'n':>4} {'p50 ms':>9} "
+          f"{'+ms/step':>9} {'vs rust':>8}")
+    for engine in dict.fromkeys(r["engine"] for r in runs):
+        mine = [r for r in runs if r["engine"] == engine and "linear" in r["shapes"]]
+        base = next((r for r in mine if r.get("handlers", "rust") == "rust"), None)
+        for method in ("poll50", "raw"):
+            for r in mine:
+                s = r["shapes"]["linear"][method]
+                if base is None:
+                    extra = "        -        -"
+                else:
+                    b = base["shapes"]["linear"][method]["p50"]
+                    extra = f"{(s['p50'] - b) / 4:9.2f} {(s['p50'] / b - 1) * 100:7.0f}%"
+                print(f"{engine:12} {r.get('handlers', 'rust'):11} {method:7} {s['n']:4} "
+                      f"{s['p50']:9.1f} {extra}")
+
+
 def fmt(r, key):
     return f"{r[key]:8.1f}" if r else "       -"
 
@@ -278,7 +314,7 @@ def table(args):
     for path in args.files:
         with open(path) as f:
             runs.append(json.load(f))
-    names = [r["engine"] for r in runs]
+    names = [label(r) for r in runs]
     print(
         f"{'shape':15} {'method':7} "
         + " ".join(f"{n + ' ' + k:>18}" for n in names for k in ("p50", "p95", "p99"))
@@ -293,14 +329,14 @@ def table(args):
             print(f"{shape:15} {method:7} {cells}   {ratio}")
     for r in runs:
         if r.get("create_errors"):
-            print(f"{r['engine']}: {r['create_errors']} task creations refused (500) and retried")
+            print(f"{label(r)}: {r['create_errors']} task creations refused (500) and retried")
         if r.get("stuck_tasks"):
-            print(f"{r['engine']}: {r['stuck_tasks']} tasks not complete after {STUCK_S} s, "
+            print(f"{label(r)}: {r['stuck_tasks']} tasks not complete after {STUCK_S} s, "
                   "left out of the samples (n counts the samples kept)")
         if "sustained" in r:
             s = r["sustained"]
             print(
-                f"sustained {r['engine']}: {s['tasks_per_s']:.1f} tasks/s with {s['clients']} "
+                f"sustained {label(r)}: {s['tasks_per_s']:.1f} tasks/s with {s['clients']} "
                 f"clients, p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms"
             )
 
@@ -359,7 +395,7 @@ def latency_panel(runs, method, x0, y0, w, h):
                 bx, top = gx + (j * 3 + k) * bar, y(res[p])
                 fill = COLOURS.get(r["engine"], ("#ccc",) * 3)[k]
                 out.append(f'<rect x="{bx:.1f}" y="{top:.1f}" width="{bar - 1:.1f}" '
-                           f'height="{y0 + h - top:.1f}" fill="{fill}"><title>{r["engine"]} '
+                           f'height="{y0 + h - top:.1f}" fill="{fill}"><title>{label(r)} '
                            f'{shape} {p} {res[p]:.1f} ms</title></rect>')
         out.append(svg_text(x0 + i * group + group / 2, y0 + h + 14, shape))
     return out
@@ -402,7 +438,7 @@ def legend(runs, x0, y0):
             fill = COLOURS.get(r["engine"], ("#ccc",) * 3)[k]
             x = x0 + (j * 3 + k) * 130
             out.append(f'<rect x="{x}" y="{y0}" width="12" height="12" fill="{fill}"/>')
-            out.append(svg_text(x + 16, y0 + 10, f"{r['engine']} {p}", anchor="start"))
+            out.append(svg_text(x + 16, y0 + 10, f"{label(r)} {p}", anchor="start"))
     return out
 
 
@@ -436,14 +472,19 @@ def main():
     m.add_argument("--sustained-seconds", type=float, default=0)
     m.add_argument("--clients", type=int, default=8)
     m.add_argument("--sustained-poll-ms", type=float, default=5, help="Tasker's poll interval")
+    m.add_argument("--handlers", default="rust", choices=["rust", "python", "typescript"],
+                   help="the language of the worker's handlers (recorded in the result file)")
     m.add_argument("--out", required=True)
+    o = sub.add_parser("overhead", help="per-step handler overhead of each language against "
+                       "the same engine's Rust handlers (linear shape, p50)")
+    o.add_argument("files", nargs="+")
     t = sub.add_parser("table", help="print result files side by side (first / second = ratio)")
     t.add_argument("files", nargs="+")
     g = sub.add_parser("plot", help="draw result files as an SVG")
     g.add_argument("files", nargs="+")
     g.add_argument("--out", required=True, help="the SVG file to write")
     args = p.parse_args()
-    {"measure": measure, "table": table, "plot": plot}[args.cmd](args)
+    {"measure": measure, "table": table, "plot": plot, "overhead": overhead}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ TASKER_CACHE=${TASKER_CACHE:-/work/cache/tasker}
 TASKER_PGPORT=${TASKER_PGPORT:-55432}
 PGDATA_DIR=$TASKER_CACHE/pg
 PGSOCK_DIR=$TASKER_CACHE/pgsock
-export CARGO_TARGET_DIR=${TASKER_TARGET_DIR:-$TASKER_CACHE/target}
+# The build of worker/ (plain release profile). TASKER_TARGET_DIR picks another one, e.g. the
+# earlier build with libraries at opt-level 1 in $TASKER_CACHE/target (docs/BENCHMARKS.md).
+export CARGO_TARGET_DIR=${TASKER_TARGET_DIR:-$TASKER_CACHE/target-release}
 TASKER_BIN=$CARGO_TARGET_DIR/release
 export DATABASE_URL="postgresql://postgres:trust@127.0.0.1:$TASKER_PGPORT/tasker"
 PEER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

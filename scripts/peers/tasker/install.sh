@@ -3,7 +3,9 @@
 # package registries: a private PostgreSQL 15 cluster (fsync and synchronous_commit on), the pgmq
 # extension from the pgmq crate's own install SQL, a PL/pgSQL uuidv7(), tasker-shared's migrations,
 # and a release build of tasker-server plus our Rust worker (worker/) into TASKER_CACHE.
-# Usage: scripts/peers/tasker/install.sh [--no-build]
+# Usage: [TASKER_TARGET_DIR=DIR] [TASKER_NICE=19] scripts/peers/tasker/install.sh [--no-build]
+#   TASKER_TARGET_DIR: cargo's target directory (default $TASKER_CACHE/target-release, env.sh);
+#   TASKER_NICE: the build's niceness (default 19: the machine is shared).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=env.sh
 source "$(dirname "$0")/env.sh"
@@ -112,13 +114,15 @@ PY
 }
 
 build() {
+  local log=$CARGO_TARGET_DIR/build.log
   swagger_ui_zip
-  echo "building tasker-server and tasker-bench-worker into $CARGO_TARGET_DIR (log: $TASKER_CACHE/build.log)"
+  mkdir -p "$CARGO_TARGET_DIR"
+  echo "building tasker-server and tasker-bench-worker into $CARGO_TARGET_DIR (log: $log)"
   # SQLX_OFFLINE: sqlx's query macros check against the query data the crates ship (.sqlx/)
   # instead of a live database, as published sqlx crates are meant to be built.
-  SQLX_OFFLINE=true nice -n 15 cargo build --release --manifest-path "$MANIFEST" \
-    >"$TASKER_CACHE/build.log" 2>&1 ||
-    { tail -30 "$TASKER_CACHE/build.log"; exit 1; }
+  SQLX_OFFLINE=true nice -n "${TASKER_NICE:-19}" cargo build --release --manifest-path "$MANIFEST" \
+    >"$log" 2>&1 ||
+    { tail -30 "$log"; exit 1; }
 }
 
 ensure_protoc

@@ -217,8 +217,9 @@ impl NativeWorker {
     #[new]
     #[pyo3(signature = (
         handlers, control = DEFAULT_CONTROL, *, namespaces = Vec::new(), concurrency = 8,
-        lease_ms = 3000, topic = "workflow.events",
+        lease_ms = 3000, topic = "workflow.events", ack = 2, rf = 2,
     ))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one per option
     fn new(
         py: Python<'_>,
         handlers: &Bound<'_, PyDict>,
@@ -227,16 +228,26 @@ impl NativeWorker {
         concurrency: usize,
         lease_ms: u64,
         topic: &str,
+        ack: u8,
+        rf: u8,
     ) -> PyResult<Self> {
         if concurrency == 0 || lease_ms == 0 {
             return Err(config("concurrency and lease_ms must be at least 1"));
+        }
+        // `embarcadero worker --ack/--rf`: 1 ordered, 2 durable (which needs rf 2).
+        if !(1..=2).contains(&ack) || rf == 0 {
+            return Err(config(format!(
+                "ack must be 1 or 2 and rf at least 1, not ack {ack}, rf {rf}"
+            )));
         }
         let mut registry = Registry::new();
         for (name, function) in handlers.iter() {
             registry.register(name.extract::<String>()?, PyHandler(function.unbind()));
         }
+        let mut log = LogConfig::new(control, topic);
+        (log.ack, log.replication_factor) = (ack, rf);
         let cfg = WorkerConfig {
-            log: LogConfig::new(control, topic),
+            log,
             namespaces,
             concurrency,
             lease_ms,

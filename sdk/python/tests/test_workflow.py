@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
+import embarcadero
 from embarcadero.workflow import StepContext, StepError, Worker, registered_handlers, step_handler
 
 from conftest import Process, Server
@@ -318,3 +319,23 @@ def test_a_process_that_exits_right_after_stop_loses_no_finished_result(engine):
     assert task["status"] == "complete", task
     only = step(task, "only")
     assert (only["result"], only["attempts"]) == ("let through", 1), only
+
+def test_the_workers_ack_level_and_rf_reach_the_log(engine):
+    """`ack`/`rf` are `embarcadero worker --ack/--rf`, durable (2 and 2) by default: a worker
+    that creates its topic makes it with its rf, and the broker refuses ack 2 on a
+    memory-only (rf 1) topic when the worker connects."""
+    handlers = {"py.square": square, "py.ancestry": ancestry}
+    admin = embarcadero.Admin(engine.server.control)
+    with pytest.raises(embarcadero.ConfigError, match="ack must be 1 or 2"):
+        Worker(engine.server.control, handlers=handlers, ack=3)
+    durable = "workflow.durable"
+    with Worker(engine.server.control, handlers=handlers, topic=durable):
+        described = admin.describe_topic(durable)
+    assert (described["order"], described["replication_factor"]) == (5, 2), described
+    memory = "workflow.memory"
+    with Worker(engine.server.control, handlers=handlers, topic=memory, ack=1, rf=1):
+        described = admin.describe_topic(memory)
+    assert (described["order"], described["replication_factor"]) == (5, 1), described
+    with pytest.raises(embarcadero.BrokerError) as refused:
+        Worker(engine.server.control, handlers=handlers, topic=memory)
+    assert refused.value.code == "AckNotAllowed", refused.value

@@ -39,6 +39,10 @@ pub struct NativeWorkerConfig {
     pub concurrency: u32,
     pub lease_ms: f64,
     pub topic: String,
+    /// Acknowledgement level of the worker's events (`embarcadero worker --ack`): 1 or 2.
+    pub ack: u32,
+    /// Replication factor of the topic if the worker creates it (`--rf`).
+    pub rf: u32,
 }
 
 /// A handler's failure, as the TypeScript layer reports it.
@@ -223,6 +227,16 @@ pub async fn start_worker(
     if options.concurrency == 0 || options.lease_ms.is_nan() || options.lease_ms < 1.0 {
         return Err(config("concurrency and leaseMs must be at least 1"));
     }
+    // 1 ordered, 2 durable (which needs rf 2), as `embarcadero worker`.
+    let (ack, rf) = match (u8::try_from(options.ack), u8::try_from(options.rf)) {
+        (Ok(ack @ 1..=2), Ok(rf @ 1..)) => (ack, rf),
+        _ => {
+            return Err(config(format!(
+                "ack must be 1 or 2 and rf at least 1, not ack {}, rf {}",
+                options.ack, options.rf
+            )))
+        }
+    };
     let calls = Arc::new(Calls {
         state: Mutex::new(CallsState {
             dispatch: Some(dispatch),
@@ -235,8 +249,10 @@ pub async fn start_worker(
         let calls = calls.clone();
         registry.register(callable.clone(), JsHandler { callable, calls });
     }
+    let mut log = LogConfig::new(&control, &options.topic);
+    (log.ack, log.replication_factor) = (ack, rf);
     let cfg = WorkerConfig {
-        log: LogConfig::new(&control, &options.topic),
+        log,
         namespaces: options.namespaces,
         concurrency: options.concurrency as usize,
         lease_ms: millis(options.lease_ms).as_millis() as u64,

@@ -9,6 +9,8 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import {
+  Admin,
+  BrokerError,
   ConfigError,
   Json,
   StepContext,
@@ -423,4 +425,31 @@ test("stepHandler registers for workers without handlers of their own; bad optio
   for (const bad of [{ concurrency: 0 }, { concurrency: 1.5 }, { leaseMs: 0 }, { leaseMs: NaN }]) {
     await assert.rejects(Worker.start({ control: engine.server.control, handlers, ...bad }), ConfigError);
   }
+});
+
+test("the worker's ack level and rf reach the log", { timeout: 90_000 }, async () => {
+  // `embarcadero worker --ack/--rf`, durable (2 and 2) by default: a worker that creates
+  // its topic makes it with its rf, and the broker refuses ack 2 on a memory-only (rf 1)
+  // topic when the worker connects.
+  const control = engine.server.control;
+  const handlers = { "ts.square": square };
+  const admin = new Admin(control);
+  for (const bad of [{ ack: 0 }, { ack: 3 }, { rf: 0 }, { rf: 1.5 }]) {
+    await assert.rejects(Worker.start({ control, handlers, ...bad }), ConfigError);
+  }
+  const created = async (topic: string, options: { ack?: number; rf?: number }): Promise<number[]> => {
+    const worker = await Worker.start({ control, handlers, topic, ...options });
+    try {
+      const info = await admin.describeTopic(topic);
+      return [info.order, info.replicationFactor];
+    } finally {
+      await worker.close();
+    }
+  };
+  assert.deepEqual(await created("workflow.durable", {}), [5, 2]);
+  assert.deepEqual(await created("workflow.memory", { ack: 1, rf: 1 }), [5, 1]);
+  await assert.rejects(
+    Worker.start({ control, handlers, topic: "workflow.memory" }),
+    (e: unknown) => e instanceof BrokerError && e.codeName === "AckNotAllowed",
+  );
 });

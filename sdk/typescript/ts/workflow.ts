@@ -153,6 +153,13 @@ export interface WorkerOptions {
   leaseMs?: number;
   /** The orchestrator's `--topic` (default `workflow.events`). */
   topic?: string;
+  /**
+   * Acknowledgement level of the worker's events (claims, heartbeats, results), as
+   * `embarcadero worker --ack`: 1 ordered, 2 durable (the default; needs a topic of rf 2).
+   */
+  ack?: number;
+  /** Replication factor of the topic if the worker creates it (default 2, on disk), `--rf`. */
+  rf?: number;
 }
 
 /** The context as src/workflow.rs sends it. */
@@ -331,12 +338,18 @@ export class Worker {
     if (!(Number.isFinite(leaseMs) && leaseMs >= 1)) {
       throw new ConfigError(`leaseMs must be at least 1, not ${leaseMs}`);
     }
+    const { ack = 2, rf = 2 } = options;
+    if (!((ack === 1 || ack === 2) && Number.isSafeInteger(rf) && rf >= 1 && rf < 256)) {
+      throw new ConfigError(`ack must be 1 or 2 and rf at least 1, not ack ${ack}, rf ${rf}`);
+    }
     const ns = options.namespace;
     const config: Native.NativeWorkerConfig = {
       namespaces: ns === undefined ? [] : typeof ns === "string" ? [ns] : [...ns],
       concurrency,
       leaseMs,
       topic: options.topic ?? "workflow.events",
+      ack,
+      rf,
     };
     // Calls can only come once `startWorker` has resolved (the loop claims after its
     // replay), so `started` is assigned by the time `dispatch` runs; it awaits it anyway.

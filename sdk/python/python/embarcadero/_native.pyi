@@ -358,6 +358,8 @@ class NativeWorker:
         concurrency: int = 8,
         lease_ms: int = 3000,
         topic: str = "workflow.events",
+        ack: int = 2,
+        rf: int = 2,
     ) -> None: ...
     @property
     def id(self) -> str: ...

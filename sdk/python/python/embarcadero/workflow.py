@@ -108,7 +108,10 @@ class Worker:
     have published their results. ``handlers`` defaults to those
     registered with :func:`step_handler`; ``namespace`` (one or several) to every
     namespace. ``lease_ms`` must be the orchestrator's ``--lease-ms`` (heartbeats go out
-    three times per lease); ``topic`` its ``--topic``.
+    three times per lease); ``topic`` its ``--topic``. ``ack`` is the acknowledgement level
+    of the worker's events (claims, heartbeats, results), as ``embarcadero worker --ack``:
+    1 ordered, 2 durable (the default; needs a topic of rf 2); ``rf`` the topic's
+    replication factor if the worker creates it (default 2: on disk).
     """
 
     def __init__(
@@ -120,6 +123,8 @@ class Worker:
         concurrency: int = 8,
         lease_ms: int = 3000,
         topic: str = "workflow.events",
+        ack: int = 2,
+        rf: int = 2,
     ) -> None:
         chosen = registered_handlers() if handlers is None else dict(handlers)
         if not chosen:
@@ -137,6 +142,8 @@ class Worker:
             concurrency=concurrency,
             lease_ms=lease_ms,
             topic=topic,
+            ack=ack,
+            rf=rf,
         )
 
     @property
