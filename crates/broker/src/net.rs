@@ -5,8 +5,7 @@ use crate::session::{self, SessionView};
 use crate::{publish, subscribe, Shared};
 use embarcadero_region::TopicMeta;
 use embarcadero_wire::{
-    ErrorCode, ErrorFrame, FrameHeader, FrameKind, Hello, HelloOk, Role, WireError, HELLO_LEN,
-    HELLO_OK_LEN, SESSION_KEY_LEN,
+    ErrorCode, ErrorFrame, Hello, HelloOk, Role, WireError, HELLO_LEN, SESSION_KEY_LEN,
 };
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -340,18 +339,7 @@ pub(crate) fn read_cursors(
 
 /// Sends the HelloOk frame.
 pub fn send_hello_ok(stream: &mut TcpStream, ok: &HelloOk) -> io::Result<()> {
-    let mut frame = Vec::with_capacity(16 + HELLO_OK_LEN);
-    frame.extend_from_slice(
-        &FrameHeader {
-            kind: FrameKind::HelloOk,
-            flags: 0,
-            body_len: HELLO_OK_LEN as u32,
-            arg: 0,
-        }
-        .encode(),
-    );
-    frame.extend_from_slice(&ok.encode());
-    stream.write_all(&frame)
+    stream.write_all(&ok.encode_frame())
 }
 
 pub fn hello_ok(shared: &Shared, hello: &Hello, topic: u32, meta: &TopicMeta) -> HelloOk {

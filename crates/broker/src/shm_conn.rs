@@ -21,7 +21,7 @@ use crate::transport::{Inbound, Sink};
 use crate::{publish, Shared};
 use embarcadero_shm::layout::{ack_ring, data_ring, P_DATA_BELL};
 use embarcadero_shm::{socket, Consumer, Mapping, Producer, Waited};
-use embarcadero_wire::{ErrorCode, FrameHeader, FrameKind, HelloOk, Role, HELLO_LEN, HELLO_OK_LEN};
+use embarcadero_wire::{ErrorCode, HelloOk, Role, HELLO_LEN};
 use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -145,16 +145,7 @@ impl Inbound for ShmInbound<'_> {
     }
 
     fn send_hello_ok(&mut self, ok: &HelloOk) -> io::Result<()> {
-        let mut frame = FrameHeader {
-            kind: FrameKind::HelloOk,
-            flags: 0,
-            body_len: HELLO_OK_LEN as u32,
-            arg: 0,
-        }
-        .encode()
-        .to_vec();
-        frame.extend_from_slice(&ok.encode());
-        (&self.sock).write_all(&frame)?;
+        (&self.sock).write_all(&ok.encode_frame())?;
         self.hello_sent = true;
         Ok(())
     }

@@ -24,7 +24,7 @@ use embarcadero_region::TopicMeta;
 use embarcadero_shm::layout::{feed_ring, FEED_CAPACITY};
 use embarcadero_shm::ring::RingMaps;
 use embarcadero_shm::{socket, Producer, Waited};
-use embarcadero_wire::{ErrorCode, FrameHeader, FrameKind, Hello, HelloOk, HELLO_OK_LEN};
+use embarcadero_wire::{ErrorCode, Hello, HelloOk};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -116,17 +116,8 @@ impl ShmOutlet<'_> {
 impl Outlet for ShmOutlet<'_> {
     /// HelloOk goes on the socket, with the feed's memfd attached to its first byte.
     fn send_hello_ok(&mut self, ok: &HelloOk) -> io::Result<()> {
-        let mut frame = FrameHeader {
-            kind: FrameKind::HelloOk,
-            flags: 0,
-            body_len: HELLO_OK_LEN as u32,
-            arg: 0,
-        }
-        .encode()
-        .to_vec();
-        frame.extend_from_slice(&ok.encode());
         let feed = self.feed.take().expect("HelloOk is sent once");
-        socket::send_with_fd(&self.sock, &frame, &feed)
+        socket::send_with_fd(&self.sock, &ok.encode_frame(), &feed)
     }
 
     fn set_stall(&mut self, stall: Duration) -> io::Result<()> {

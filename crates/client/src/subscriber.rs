@@ -735,6 +735,7 @@ mod tests {
             num_brokers: 1,
             cursor: Some(Cursor::Global(0)),
             from_first_retained: false,
+            skipped: None,
             unconfirmed: VecDeque::new(),
             ready: VecDeque::new(),
             spare: Vec::new(),

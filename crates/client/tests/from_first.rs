@@ -7,9 +7,8 @@
 
 use embarcadero_client::{Subscriber, SubscriberConfig};
 use embarcadero_wire::{
-    BatchOk, BlogMessageHeader, DeliveryHeader, FrameHeader, FrameKind, Hello, HelloOk,
-    DELIVERY_HEADER_LEN, HELLO_LEN, HELLO_OK_LEN, MESSAGE_HEADER_LEN,
-    SUBSCRIBE_FROM_FIRST_RETAINED,
+    BatchOk, BlogMessageHeader, DeliveryHeader, Hello, HelloOk, DELIVERY_HEADER_LEN, HELLO_LEN,
+    MESSAGE_HEADER_LEN, SUBSCRIBE_FROM_FIRST_RETAINED,
 };
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -21,14 +20,6 @@ fn answer(s: &mut TcpStream, first_retained: u64) -> Hello {
     let mut raw = [0u8; HELLO_LEN];
     s.read_exact(&mut raw).unwrap();
     let hello = Hello::decode(&raw).unwrap();
-    let mut frame = FrameHeader {
-        kind: FrameKind::HelloOk,
-        flags: 0,
-        body_len: HELLO_OK_LEN as u32,
-        arg: 0,
-    }
-    .encode()
-    .to_vec();
     let ok = HelloOk {
         order: 2,
         num_brokers: 1,
@@ -37,8 +28,7 @@ fn answer(s: &mut TcpStream, first_retained: u64) -> Hello {
         first_retained,
         ..Default::default()
     };
-    frame.extend_from_slice(&ok.encode());
-    s.write_all(&frame).unwrap();
+    s.write_all(&ok.encode_frame()).unwrap();
     hello
 }
 

@@ -242,6 +242,20 @@ pub struct HelloOk {
 }
 
 impl HelloOk {
+    /// The whole frame, header and body, as a broker sends it (the one place it is built).
+    pub fn encode_frame(&self) -> Vec<u8> {
+        let header = FrameHeader {
+            kind: FrameKind::HelloOk,
+            flags: 0,
+            body_len: HELLO_OK_LEN as u32,
+            arg: 0,
+        };
+        let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + HELLO_OK_LEN);
+        frame.extend_from_slice(&header.encode());
+        frame.extend_from_slice(&self.encode());
+        frame
+    }
+
     pub fn encode(&self) -> [u8; HELLO_OK_LEN] {
         let mut b = [0u8; HELLO_OK_LEN];
         put_u16(&mut b, 0, PROTOCOL_VERSION);

@@ -3,10 +3,7 @@
 
 #![allow(dead_code)]
 
-use embarcadero_wire::{
-    Ack, BatchHeader, FrameHeader, FrameKind, Hello, HelloOk, BATCH_HEADER_LEN, HELLO_LEN,
-    HELLO_OK_LEN,
-};
+use embarcadero_wire::{Ack, BatchHeader, Hello, HelloOk, BATCH_HEADER_LEN, HELLO_LEN};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc;
@@ -76,25 +73,15 @@ pub fn answer_hello(s: &mut TcpStream, max_batch_bytes: u32) -> std::io::Result<
     let mut raw = [0u8; HELLO_LEN];
     s.read_exact(&mut raw)?;
     let hello = Hello::decode(&raw).expect("a valid hello");
-    let mut frame = FrameHeader {
-        kind: FrameKind::HelloOk,
-        flags: 0,
-        body_len: HELLO_OK_LEN as u32,
-        arg: 0,
+    let frame = HelloOk {
+        order: 2,
+        ack_level: hello.ack_level,
+        num_brokers: 1,
+        max_message_bytes: 1 << 20,
+        max_batch_bytes,
+        ..Default::default()
     }
-    .encode()
-    .to_vec();
-    frame.extend_from_slice(
-        &HelloOk {
-            order: 2,
-            ack_level: hello.ack_level,
-            num_brokers: 1,
-            max_message_bytes: 1 << 20,
-            max_batch_bytes,
-            ..Default::default()
-        }
-        .encode(),
-    );
+    .encode_frame();
     s.write_all(&frame)?;
     Ok(hello)
 }
