@@ -286,7 +286,9 @@ fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> RawAnswer
     }
 }
 
-/// Sends a request and reads the answer's head; the reader is at the body.
+/// Sends a request and reads the answer's head; the reader is at the body. Each request
+/// says `Connection: close`, so that reading the body to its end does not wait out the
+/// workflow API's keep-alive (30 s idle).
 fn send(
     addr: &str,
     method: &str,
@@ -312,7 +314,7 @@ fn send_with(
     let body = body.map(Value::to_string).unwrap_or_default();
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         {extra}Content-Length: {}\r\n\r\n",
+         Connection: close\r\n{extra}Content-Length: {}\r\n\r\n",
         body.len()
     );
     socket.write_all((head + &body).as_bytes()).unwrap();
