@@ -84,6 +84,18 @@ impl RingMaps {
     }
 }
 
+/// One side's move, told to the other: stores its new `position` (Release: the bytes
+/// before it are visible first), rings `bell`, and wakes the peer only if it announced
+/// itself in `waiters` (SeqCst, the pair of [`wait_for`]'s, so a wake-up is never lost).
+/// The producer's tail and the consumer's head are told the same way.
+fn announce(position: &AtomicU64, value: u64, bell: &AtomicU32, waiters: &AtomicU32) {
+    position.store(value, Ordering::Release);
+    bell.fetch_add(1, Ordering::SeqCst);
+    if waiters.load(Ordering::SeqCst) != 0 {
+        bell::wake(bell);
+    }
+}
+
 /// Waits until `ready` says so, `deadline` passes or `alive` says the peer is gone: the
 /// one wait of both halves (a producer waiting for room rings on the consumer's
 /// `space_bell` and flags `space_waiters`; a consumer waiting for data the reverse).
@@ -225,17 +237,12 @@ impl Producer {
         assert!(self.tail > self.published, "positions only grow");
         self.published = self.tail;
         let (maps, place) = (&self.maps, &self.place);
-        maps.producer_u64(place, P_TAIL)
-            .store(self.tail, Ordering::Release);
-        let bell = maps.producer_u32(place, P_DATA_BELL);
-        bell.fetch_add(1, Ordering::SeqCst);
-        if maps
-            .consumer_u32(place, C_DATA_WAITERS)
-            .load(Ordering::SeqCst)
-            != 0
-        {
-            bell::wake(bell);
-        }
+        announce(
+            maps.producer_u64(place, P_TAIL),
+            self.tail,
+            maps.producer_u32(place, P_DATA_BELL),
+            maps.consumer_u32(place, C_DATA_WAITERS),
+        );
     }
 
     /// Waits until `want` bytes (at most the capacity) are free, `deadline` passes or
@@ -372,17 +379,12 @@ impl Consumer {
         }
         self.head += n as u64;
         let (maps, place) = (&self.maps, &self.place);
-        maps.consumer_u64(place, C_HEAD)
-            .store(self.head, Ordering::Release);
-        let bell = maps.consumer_u32(place, C_SPACE_BELL);
-        bell.fetch_add(1, Ordering::SeqCst);
-        if maps
-            .producer_u32(place, P_SPACE_WAITERS)
-            .load(Ordering::SeqCst)
-            != 0
-        {
-            bell::wake(bell);
-        }
+        announce(
+            maps.consumer_u64(place, C_HEAD),
+            self.head,
+            maps.consumer_u32(place, C_SPACE_BELL),
+            maps.producer_u32(place, P_SPACE_WAITERS),
+        );
     }
 
     /// Waits until `want` bytes (at most the capacity) are published, `deadline` passes
