@@ -71,6 +71,17 @@ impl Default for SequencerConfig {
     }
 }
 
+impl SequencerConfig {
+    /// Whether this sequencer may still write the region: its lease is the current one
+    /// (or unchecked). Every write outside a seal, such as a resume's completion of a
+    /// predecessor's stores or a fence acknowledgement while idle, asks this first,
+    /// as the seal does: a deposed sequencer is no writer of any sequencer line.
+    fn may_write(&self, region: &Region) -> bool {
+        self.fencing_epoch
+            .is_none_or(|mine| region.fencing_epoch().load(Ordering::Acquire) == mine)
+    }
+}
+
 /// Smallest epoch accepted.
 pub const MIN_EPOCH: Duration = Duration::from_micros(50);
 
@@ -281,10 +292,7 @@ impl GoiTail {
         let (committed, next_position) = region.sequence_end(topic);
         let seq = region.sequencer_topic(topic);
         let stored = seq.next_position.load(Ordering::Acquire);
-        let fenced_out = config
-            .fencing_epoch
-            .is_some_and(|mine| region.fencing_epoch().load(Ordering::Acquire) != mine);
-        if next_position > stored && !fenced_out {
+        if next_position > stored && config.may_write(region) {
             tracing::warn!(
                 topic,
                 next_position = stored,
@@ -374,7 +382,7 @@ impl TopicState {
                     .load(Ordering::Acquire)
             })
             .collect();
-        if meta.order == 2 {
+        if meta.order == 2 && config.may_write(region) {
             catch_up_with_published_order(region, topic, &mut cursors);
         }
         for (broker, cursor) in (0..brokers).zip(&cursors) {
@@ -647,24 +655,23 @@ impl Core {
             self.account_epoch_wait(now, embarcadero_region::monotonic_ns());
             if pending == 0 {
                 // Fences are set on idle topics too (a dead broker stops traffic).
-                for t in &self.topics {
-                    self.acknowledge_fences(t);
+                if self.config.may_write(&region) {
+                    for t in &self.topics {
+                        self.acknowledge_fences(t);
+                    }
                 }
                 backoff.idle(Some((&bell, seen)));
                 continue;
             }
             backoff.reset();
             if now >= next_seal {
-                if let Some(mine) = self.config.fencing_epoch {
-                    let current = region.fencing_epoch().load(Ordering::Acquire);
-                    if current != mine {
-                        tracing::error!(
-                            mine,
-                            current,
-                            "another sequencer took over the region (fencing epoch moved on); this one stops without writing"
-                        );
-                        return;
-                    }
+                if !self.config.may_write(&region) {
+                    tracing::error!(
+                        mine = self.config.fencing_epoch,
+                        current = region.fencing_epoch().load(Ordering::Acquire),
+                        "another sequencer took over the region (fencing epoch moved on); this one stops without writing"
+                    );
+                    return;
                 }
                 self.seal_epoch();
                 // Epochs tick at a fixed period while there is traffic; after an idle
@@ -1428,6 +1435,50 @@ mod tests {
             (3, 9),
             "a batch committed after the takeover continues the order"
         );
+    }
+
+    /// A sequencer whose lease passed to another while it was paused writes no
+    /// sequencer line when it next looks at its topics: completing a predecessor's
+    /// stores (`next_position`, `ordered_pbr`) is the lease holder's job, and the holder
+    /// may be between those very stores. Only the current holder completes them.
+    #[test]
+    fn a_deposed_sequencer_completes_no_predecessor_stores_on_resume() {
+        let (_d, r) = region(64);
+        commit(&r, 0, 0, 2, true);
+        commit(&r, 1, 0, 3, true);
+        let mut c = core(&r);
+        c.scan();
+        c.seal_all();
+        drop(c);
+        // The window a kill leaves: the epoch is published, its positions and the
+        // brokers' ordered frontiers are not.
+        r.sequencer_topic(1).next_position.set_for_test(0);
+        for b in 0..2 {
+            r.sequencer_line(1, b).ordered_pbr.set_for_test(0);
+        }
+        let lease = r.lease_words();
+        let deposed = lease.fencing_epoch.add(1, Ordering::AcqRel) + 1;
+        lease.fencing_epoch.add(1, Ordering::AcqRel);
+        let config = |epoch| SequencerConfig {
+            fencing_epoch: Some(epoch),
+            ..SequencerConfig::default()
+        };
+        let mut stale = Core::new(r.clone(), config(deposed), Default::default());
+        stale.refresh_topics();
+        assert_eq!(r.topic_seq(1).next_position.load(Ordering::Acquire), 0);
+        for b in 0..2 {
+            assert_eq!(r.log(1, b).ordered_pbr.load(Ordering::Acquire), 0);
+        }
+        let mut holder = Core::new(r.clone(), config(deposed + 1), Default::default());
+        holder.refresh_topics();
+        assert_eq!(
+            r.topic_seq(1).next_position.load(Ordering::Acquire),
+            5,
+            "the lease holder completes the interrupted epoch"
+        );
+        for b in 0..2 {
+            assert_eq!(r.log(1, b).ordered_pbr.load(Ordering::Acquire), 1);
+        }
     }
 
     /// A sequencer killed between the two stores that publish an epoch (`committed_seq`,
