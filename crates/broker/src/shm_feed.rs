@@ -44,17 +44,27 @@ pub(crate) struct ShmOutlet<'s> {
 }
 
 impl ShmOutlet<'_> {
-    /// Waits for room for `want` bytes (after publishing what is written), at most the
-    /// stall timeout: a subscriber that takes nothing for that long has stalled.
+    /// Waits for room for `want` bytes (after publishing what is written). Returns early,
+    /// with less room, once the subscriber has taken anything and a quarter of the
+    /// stall timeout has passed, so the caller beats the reader pin and writes what
+    /// fits: a subscriber is stalled only if it takes nothing for the whole timeout (as
+    /// over TCP, where any progress restarts it), not if it frees less than `want`.
     fn wait_room(&mut self, want: usize, stall: Duration) -> Result<(), End> {
         self.ring.publish();
-        let deadline = Some(Instant::now() + stall);
+        let room_before = self.ring.room()?;
+        let deadline = Instant::now() + stall;
         let sock = &self.sock;
         let shutdown = &self.shared.shutdown;
-        let alive = || !shutdown.load(Ordering::Relaxed) && peer_alive(sock);
-        match self.ring.wait_room(want, deadline, alive)? {
-            Waited::Ready => Ok(()),
-            Waited::TimedOut | Waited::Gone => Err(End::Gone),
+        let mut alive = || !shutdown.load(Ordering::Relaxed) && peer_alive(sock);
+        loop {
+            let slice = (Instant::now() + stall / 4).min(deadline);
+            match self.ring.wait_room(want, Some(slice), &mut alive)? {
+                Waited::Ready => return Ok(()),
+                Waited::Gone => return Err(End::Gone),
+                Waited::TimedOut if self.ring.room()? > room_before => return Ok(()),
+                Waited::TimedOut if Instant::now() >= deadline => return Err(End::Gone),
+                Waited::TimedOut => {}
+            }
         }
     }
 

@@ -874,20 +874,7 @@ impl RawFeed {
 
     /// Reads frames until `n` messages were delivered and confirmed.
     fn read_messages(&mut self, n: u64) {
-        let (mut pending, mut confirmed) = (Vec::new(), 0u64);
-        while confirmed < n {
-            let (h, body) = frame_from(&mut AckReader(&mut self.ring, &self.sock));
-            match h.kind {
-                FrameKind::Delivery => {
-                    let d = embarcadero_wire::DeliveryHeader::decode(&body).unwrap();
-                    pending.push((d.num_msg - d.skip) as u64);
-                }
-                FrameKind::BatchOk => {
-                    confirmed += pending.drain(..h.arg as usize).sum::<u64>();
-                }
-                other => panic!("unexpected {other:?} frame"),
-            }
-        }
+        read_messages_from(&mut AckReader(&mut self.ring, &self.sock), n);
     }
 
     /// Every byte of the feed, as the subscriber can see them.
@@ -902,8 +889,96 @@ impl RawFeed {
     }
 }
 
+/// Reads a feed's frames from `r` until `n` messages were delivered and confirmed.
+fn read_messages_from(r: &mut impl Read, n: u64) {
+    let (mut pending, mut confirmed) = (Vec::new(), 0u64);
+    while confirmed < n {
+        let (h, body) = frame_from(r);
+        match h.kind {
+            FrameKind::Delivery => {
+                let d = embarcadero_wire::DeliveryHeader::decode(&body).unwrap();
+                pending.push((d.num_msg - d.skip) as u64);
+            }
+            FrameKind::BatchOk => {
+                confirmed += pending.drain(..h.arg as usize).sum::<u64>();
+            }
+            other => panic!("unexpected {other:?} frame"),
+        }
+    }
+}
+
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Reads slowly over part of a stream: after `fast` bytes, 4 KiB per 40 ms until `slow`
+/// more bytes are read, then fast again.
+struct Paced<R> {
+    inner: R,
+    read: usize,
+    fast: usize,
+    slow: usize,
+}
+
+impl<R: Read> Read for Paced<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        const CHUNK: usize = 4 << 10;
+        let slow = (self.fast..self.fast + self.slow).contains(&self.read);
+        let len = if slow {
+            buf.len().min(CHUNK)
+        } else {
+            buf.len()
+        };
+        let n = self.inner.read(&mut buf[..len])?;
+        self.read += n;
+        if slow {
+            // The scenario itself: a subscriber that keeps reading, at about 100 KB/s.
+            std::thread::sleep(Duration::from_millis(40));
+        }
+        Ok(n)
+    }
+}
+
+/// A shm subscriber that reads slowly but steadily is served to the end. The broker
+/// waits for a quarter of the feed (2 MiB) to be free when the feed is full; a
+/// subscriber that frees less than that, or than the batch it waits to write (here
+/// up to 512 KiB), within the stall timeout (here 2 s: the setting's floor of 1 s,
+/// doubled for a connection; about 200 KB at its pace) but frees something is slow,
+/// not stalled, as over TCP, where any progress restarts the timeout. It was
+/// disconnected before.
+#[test]
+fn a_slow_shm_subscriber_that_keeps_reading_is_not_disconnected() {
+    const STALL: Duration = Duration::from_secs(1);
+    let t = common::start_with(|c| c.broker.reader_stall_timeout_ms = STALL.as_millis() as u64);
+    t.create_topic("slow", 2);
+    const MESSAGES: u64 = 10 << 10;
+    let config = PublisherConfig {
+        ack_level: 1,
+        transport: Transport::Shm,
+        ..PublisherConfig::default()
+    };
+    let p = Publisher::connect_brokers(&t.brokers(), "slow", config).unwrap();
+    for i in 0..MESSAGES {
+        let mut m = vec![b'x'; 1000];
+        m[..8].copy_from_slice(&i.to_le_bytes());
+        p.publish(&m).unwrap();
+    }
+    p.close().unwrap();
+    let mut feed = RawFeed::open(&t.brokers()[0], "slow");
+    let mut paced = Paced {
+        inner: AckReader(&mut feed.ring, &feed.sock),
+        read: 0,
+        // The first 512 KiB slowly (5 s), while the broker waits with 2 MiB more than
+        // the feed holds.
+        fast: 0,
+        slow: 512 << 10,
+    };
+    read_messages_from(&mut paced, MESSAGES);
+    assert!(
+        paced.read >= paced.fast + paced.slow,
+        "the slow stretch was read through the feed ({} bytes)",
+        paced.read
+    );
 }
 
 /// A subscriber's feed is read-only to it and holds only its topic's bytes: another
