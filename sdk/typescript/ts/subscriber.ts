@@ -78,6 +78,8 @@ class PayloadBuffer extends Uint8Array {
   }
 }
 Object.setPrototypeOf(PayloadBuffer.prototype, Buffer.prototype);
+// Printed as a Buffer too (`util.inspect` names the constructor).
+Object.defineProperty(PayloadBuffer, "name", { value: "Buffer" });
 
 /** One delivered message. Its `payload` is a view into the buffer of the batch it came in. */
 export class Message {
