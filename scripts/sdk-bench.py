@@ -11,7 +11,10 @@ gives their medians. Issue 24, docs/PERFORMANCE.md.
         --rounds 5 --pub-mb 1024 --sub-mb 1024 --out /tmp/sdk-bench.jsonl
 
 --no-typescript leaves TypeScript out; --python-base OTHER_VENV/bin/python adds the Python
-subscriber of another build of the binding to each round (an A/B in the same rounds).
+subscriber of another build of the binding to each round (an A/B in the same rounds);
+--ts-base DIR does the same for TypeScript: DIR is another copy of sdk/typescript with its
+release addon and TypeScript built, whose publishMany and subscribers run in each round too
+(labelled "base ts").
 
 Needs the release addon and TypeScript built (`npm run build:native:release && npm run
 build:ts` in sdk/typescript) and the release binding installed in --python's environment
@@ -78,12 +81,15 @@ def rust(binary: str, control: str, mode: str, mib: int) -> Dict[str, float]:
     return {"rust subscribe": mbs, "rust publish+subscribe cpu s/GB": per_gb}
 
 
-def typescript(control: str, only: str, pub_mib: int, sub_mib: int) -> Dict[str, float]:
+def typescript(
+    control: str, only: str, pub_mib: int, sub_mib: int, cwd: str = "", label: str = "ts"
+) -> Dict[str, float]:
+    """`bench.mjs` of the package in `cwd` (default: this repository's sdk/typescript)."""
     cmd = ["node", "bench.mjs", "--control", control, "--only", only, "--json"]
     cmd += ["--mb", str(pub_mib), "--sub-mb", str(sub_mib)]
-    cwd = os.path.join(ROOT, "sdk", "typescript")
+    cwd = cwd or os.path.join(ROOT, "sdk", "typescript")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=cwd).stdout
-    return {f"ts {k}": v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
+    return {f"{label} {k}": v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 
 def python(py: str, control: str, only: str, mib: int, label: str = "py") -> Dict[str, float]:
@@ -99,6 +105,9 @@ RATIOS = [
     ("py publish_many", "rust publish"),
     ("ts subscribe", "rust subscribe"),
     ("ts pollMany", "rust subscribe"),
+    ("base ts publishMany", "rust publish"),
+    ("base ts subscribe", "rust subscribe"),
+    ("base ts pollMany", "rust subscribe"),
     ("py subscribe (for m in sub)", "rust subscribe"),
     ("py subscribe (poll_many)", "rust subscribe"),
     ("base py subscribe (for m in sub)", "rust subscribe"),
@@ -123,6 +132,10 @@ def one_round(args: argparse.Namespace, index: int) -> Dict[str, float]:
     if args.python_base:
         base = args.python_base
         steps.append(lambda: python(base, control, "subscribe", args.sub_mb, "base py"))
+    if args.ts_base:
+        ts_base, mb = args.ts_base, (args.pub_mb, args.sub_mb)
+        steps.append(lambda: typescript(control, "publishMany", *mb, ts_base, "base ts"))
+        steps.append(lambda: typescript(control, "subscribe", *mb, ts_base, "base ts"))
     # A topic spreads over the 4 brokers; a round writes one per step, and every one must
     # fit: a memory-only topic's oldest batches are reclaimed once the region fills, even
     # after a first reader passed them, and a second reader from the start then waits for
@@ -166,6 +179,11 @@ def main() -> None:
         "--python-base",
         metavar="PYTHON",
         help="also the Python subscriber of another build (an A/B): its figures are 'base py'",
+    )
+    parser.add_argument(
+        "--ts-base",
+        metavar="DIR",
+        help="also the TypeScript client of another copy of sdk/typescript (built): 'base ts'",
     )
     args = parser.parse_args()
     rows = []

@@ -17,6 +17,12 @@ use pyo3::prelude::*;
 /// The control plane address `embarcadero serve` listens on by default.
 pub(crate) const DEFAULT_CONTROL: &str = "127.0.0.1:12140";
 
+/// A transport as Python names it: ``"auto"``, ``"tcp"`` or ``"shm"`` (the CLI's
+/// ``--transport``); anything else is a ``ConfigError`` naming the choices.
+pub(crate) fn transport(name: &str) -> PyResult<embarcadero_client::Transport> {
+    name.parse().map_err(errors::config)
+}
+
 /// `value` as a Python object, through its JSON form (the admin API's documents and the
 /// publisher's statistics are JSON-shaped: dicts, lists, numbers, strings).
 pub(crate) fn to_python<T: serde::Serialize>(py: Python<'_>, value: &T) -> PyResult<PyObject> {

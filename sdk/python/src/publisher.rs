@@ -56,7 +56,9 @@ impl Payload {
 /// pass the same client id and key to resume a session), ``flush_timeout_ms``,
 /// ``failover`` (move a dead broker's unacknowledged batches to the live ones, resending
 /// exactly those not in the order), ``membership_refresh_ms``, ``max_joined_brokers``,
-/// ``slow_queue`` (fault injection: ``(queue, ms)``).
+/// ``slow_queue`` (fault injection: ``(queue, ms)``), ``transport`` (``"auto"``: shared
+/// memory to brokers on this host when a channel opens, else TCP; ``"tcp"``; ``"shm"``:
+/// shared memory or an error; each queue's ``transport`` in :meth:`stats` says which).
 ///
 /// Use it as a context manager, ``with Publisher(...) as p:``, to flush and close it at
 /// the end.
@@ -94,6 +96,7 @@ fn publisher_config(
     membership_refresh_ms: f64,
     max_joined_brokers: usize,
     slow_queue: Option<(usize, f64)>,
+    transport: &str,
 ) -> PyResult<PublisherConfig> {
     let session_key = match session_key {
         None => None,
@@ -125,8 +128,8 @@ fn publisher_config(
         failover,
         membership_refresh: millis("membership_refresh_ms", membership_refresh_ms)?,
         max_joined_brokers,
-        // The transport (auto: shared memory to brokers on this host) and its ring size
-        // keep the Rust client's defaults.
+        transport: crate::transport(transport)?,
+        // The shared-memory ring's size keeps the Rust client's default.
         ..PublisherConfig::default()
     })
 }
@@ -154,7 +157,7 @@ impl Publisher {
         max_inflight_batches = 16, client_id = None, session_key = None, session_epoch = 0,
         flush_timeout_ms = 60_000.0, deflect = true, failover = true,
         membership_refresh_ms = 1000.0, max_joined_brokers = 64, slow_queue = None,
-        brokers = None))]
+        brokers = None, transport = "auto"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -177,6 +180,7 @@ impl Publisher {
         max_joined_brokers: usize,
         slow_queue: Option<(usize, f64)>,
         brokers: Option<Vec<String>>,
+        transport: &str,
     ) -> PyResult<Self> {
         let config = publisher_config(
             ack_level,
@@ -195,6 +199,7 @@ impl Publisher {
             membership_refresh_ms,
             max_joined_brokers,
             slow_queue,
+            transport,
         )?;
         embarcadero_client::check_topic_name(topic).map_err(to_py)?;
         let publisher = py

@@ -134,7 +134,9 @@ impl Fields {
 /// (orders 0 and 1) or ``"end"`` (only what is published from now on). A lost connection
 /// is retried ``max_reconnects`` times in a row before the error is raised. ``for m in
 /// sub`` blocks for each message (Ctrl-C interrupts it); ``async for m in sub`` waits
-/// without blocking the event loop.
+/// without blocking the event loop. ``transport``: ``"auto"`` (a shared-memory feed from a
+/// broker on this host that gives one, else TCP), ``"tcp"`` or ``"shm"`` (an error where no
+/// feed can be had).
 #[pyclass(module = "embarcadero._native", frozen, subclass)]
 pub struct Subscriber {
     /// Used only with the GIL released (its calls wait for the reading thread).
@@ -145,6 +147,10 @@ pub struct Subscriber {
     control: Option<String>,
     topic: String,
     order: u8,
+    /// Made with ``start=None``. (It connects from the beginning either way and then
+    /// seeks to a given start, so only this says whether what it skipped on connecting
+    /// was asked for.)
+    from_beginning: bool,
 }
 
 /// A start position from Python: an int (a global position, or 0 for every broker), a
@@ -329,7 +335,8 @@ impl Subscriber {
 impl Subscriber {
     #[new]
     #[pyo3(signature = (control, topic, *, start = None, client_id = None, max_reconnects = 10,
-                        brokers = None))]
+                        brokers = None, transport = "auto"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         control: &str,
@@ -338,6 +345,7 @@ impl Subscriber {
         client_id: Option<u64>,
         max_reconnects: u32,
         brokers: Option<Vec<String>>,
+        transport: &str,
     ) -> PyResult<Self> {
         embarcadero_client::check_topic_name(topic).map_err(to_py)?;
         let start = start
@@ -348,7 +356,7 @@ impl Subscriber {
             start: None,
             client_id,
             max_reconnects,
-            ..SubscriberConfig::default()
+            transport: crate::transport(transport)?,
         };
         let sub = py
             .allow_threads(|| match &brokers {
@@ -365,6 +373,7 @@ impl Subscriber {
             closed: AtomicBool::new(false),
             control: brokers.is_none().then(|| control.to_string()),
             topic: topic.to_string(),
+            from_beginning: start.is_none(),
         };
         if let Some(start) = start {
             this.seek_to(py, start)?;
@@ -442,6 +451,27 @@ impl Subscriber {
                 Ok(v.into_pyobject(py)?.into_any().unbind())
             }
         }
+    }
+
+    /// Orders 2 and 5, a subscriber from the beginning (``start=None``): the positions
+    /// ``(from, to)`` (``to`` excluded) that were reclaimed before it started (a
+    /// memory-only topic drops what every reader has passed once its memory fills), so
+    /// that its first message is at ``to``; ``None`` when nothing was skipped. Known on
+    /// connecting, before any message. A subscriber given a position never skips: a
+    /// position no longer retained raises ``BrokerError`` (``PositionNotRetained``).
+    #[getter]
+    fn skipped(&self, py: Python<'_>) -> PyResult<Option<(u64, u64)>> {
+        if !self.from_beginning {
+            return Ok(None);
+        }
+        self.with_sub(py, |s| Ok(s.skipped()))
+    }
+
+    /// How the current connection reaches its broker: ``"tcp"``, ``"shm"``, or
+    /// ``"none"`` between connections.
+    #[getter]
+    fn transport(&self, py: Python<'_>) -> PyResult<&'static str> {
+        self.with_sub(py, |s| Ok(s.transport()))
     }
 
     /// The topic's order level (0, 1, 2 or 5), as the broker reported it.

@@ -107,22 +107,22 @@ def control_address(line: str) -> str:
 class Server:
     """`embarcadero serve` (control plane, brokers and sequencer in one process)."""
 
-    def __init__(self, brokers: int = 4, env: Optional[Dict[str, str]] = None) -> None:
+    def __init__(
+        self,
+        brokers: int = 4,
+        env: Optional[Dict[str, str]] = None,
+        config: Optional[str] = None,
+    ) -> None:
+        """``config``: the text of a configuration file for ``serve --config`` (TOML)."""
         self.dir = tempfile.mkdtemp(prefix="embarcadero-py-")
-        self.process = Process(
-            [
-                "serve",
-                "--base-port",
-                "0",
-                "--control-port",
-                "0",
-                "--data-dir",
-                self.dir,
-                "--brokers",
-                str(brokers),
-            ],
-            env,
-        )
+        args = ["serve", "--base-port", "0", "--control-port", "0", "--data-dir", self.dir]
+        args += ["--brokers", str(brokers)]
+        if config is not None:
+            path = os.path.join(self.dir, "serve.toml")
+            with open(path, "w") as f:
+                f.write(config)
+            args += ["--config", path]
+        self.process = Process(args, env)
         self.control = control_address(self.process.wait_line("embarcadero is serving"))
 
     def kill(self) -> None:

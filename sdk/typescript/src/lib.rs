@@ -33,6 +33,14 @@ where
         .map_err(error::to_js)
 }
 
+/// A transport as JavaScript names it (`"auto"`, `"tcp"` or `"shm"`; none: auto, the Rust
+/// client's default).
+pub(crate) fn transport(name: Option<String>) -> napi::Result<embarcadero_client::Transport> {
+    name.map_or(Ok(embarcadero_client::Transport::Auto), |t| {
+        t.parse().map_err(error::config)
+    })
+}
+
 /// Milliseconds from JavaScript (a number) as a duration; negative or NaN is zero.
 pub(crate) fn millis(ms: f64) -> std::time::Duration {
     std::time::Duration::from_secs_f64(if ms.is_finite() && ms > 0.0 {

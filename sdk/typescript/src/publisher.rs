@@ -44,6 +44,8 @@ pub struct NativePublisherConfig {
     /// Publish to these broker addresses directly instead of asking the control plane
     /// (`Publisher::connect_brokers`: no failover, which needs the control plane).
     pub brokers: Option<Vec<String>>,
+    /// `"auto"` (the default), `"tcp"` or `"shm"`: `PublisherConfig::transport`.
+    pub transport: Option<String>,
 }
 
 fn u64_of(name: &str, v: BigInt) -> napi::Result<u64> {
@@ -98,8 +100,7 @@ impl NativePublisherConfig {
             max_joined_brokers: self
                 .max_joined_brokers
                 .map_or(d.max_joined_brokers, |m| m as usize),
-            // Auto: shared memory to brokers on this host (the Rust client's default).
-            transport: d.transport,
+            transport: crate::transport(self.transport)?,
             shm_ring_bytes: d.shm_ring_bytes,
         };
         Ok((cfg, self.brokers))

@@ -50,6 +50,8 @@ pub struct NativeSubscriberConfig {
     pub max_reconnects: Option<u32>,
     /// Read from these broker addresses directly instead of asking the control plane.
     pub brokers: Option<Vec<String>>,
+    /// `"auto"` (the default), `"tcp"` or `"shm"`: `SubscriberConfig::transport`.
+    pub transport: Option<String>,
 }
 
 /// Messages delivered by one poll.
@@ -136,8 +138,34 @@ fn end_of_topic(control: &str, topic: &str, sub: &Subscriber) -> Result<Cursor, 
 pub struct NativeSubscriber {
     /// `None` once closed. Polls hold the lock while they wait, off the JS thread.
     inner: Arc<Mutex<Option<Subscriber>>>,
+    /// What the subscriber last said of itself, read by the getters without waiting
+    /// for a poll under way to let go of `inner`.
+    status: Arc<Mutex<Status>>,
     order: u8,
     start: Cursor,
+}
+
+/// `Subscriber::skipped` and `Subscriber::transport`, as of the last call that held it.
+#[derive(Clone, Copy)]
+struct Status {
+    skipped: Option<(u64, u64)>,
+    transport: &'static str,
+}
+
+impl Status {
+    fn of(sub: &Subscriber) -> Self {
+        Self {
+            skipped: sub.skipped(),
+            transport: sub.transport(),
+        }
+    }
+}
+
+/// The skipped range `[from, to)` as JavaScript gets it.
+#[napi(object)]
+pub struct NativeSkipped {
+    pub from: f64,
+    pub to: f64,
 }
 
 /// Connects a subscriber and places it at its start.
@@ -169,7 +197,7 @@ pub async fn connect_subscriber(
         max_reconnects: config
             .max_reconnects
             .unwrap_or(SubscriberConfig::default().max_reconnects),
-        ..SubscriberConfig::default()
+        transport: crate::transport(config.transport)?,
     };
     let brokers = config.brokers;
     let sub = blocking(move || {
@@ -185,6 +213,7 @@ pub async fn connect_subscriber(
     })
     .await?;
     Ok(NativeSubscriber {
+        status: Arc::new(Mutex::new(Status::of(&sub))),
         order: sub.order(),
         start: Subscriber::position(&sub),
         inner: Arc::new(Mutex::new(Some(sub))),
@@ -205,10 +234,27 @@ impl NativeSubscriber {
         js_cursor(&self.start)
     }
 
+    /// Orders 2 and 5, a subscriber from the beginning: the positions `[from, to)` that
+    /// were reclaimed before its start (`Subscriber::skipped`); `None` if nothing was.
+    #[napi]
+    pub fn skipped(&self) -> Option<NativeSkipped> {
+        self.status.lock().skipped.map(|(from, to)| NativeSkipped {
+            from: from as f64,
+            to: to as f64,
+        })
+    }
+
+    /// How the current connection reaches its broker: "tcp", "shm", or "none" between
+    /// connections (`Subscriber::transport`).
+    #[napi(getter)]
+    pub fn transport(&self) -> &'static str {
+        self.status.lock().transport
+    }
+
     /// Waits up to `timeout_ms` for messages; `None` when none came.
     #[napi]
     pub async fn poll_batch(&self, timeout_ms: f64) -> napi::Result<Option<NativeBatch>> {
-        let inner = self.inner.clone();
+        let (inner, status) = (self.inner.clone(), self.status.clone());
         let timeout = crate::millis(timeout_ms);
         blocking(move || {
             let mut guard = inner.lock();
@@ -217,10 +263,9 @@ impl NativeSubscriber {
             // Whatever else has already arrived comes along (up to GATHER_BYTES): a
             // crossing back to JavaScript costs two thread hand-offs, which on a busy
             // machine cost far more than the messages of one batch.
-            let mut more = sub.poll_shared(timeout, |b, m| packed.push(b, &m))?;
-            while more > 0 && packed.bytes < GATHER_BYTES {
-                more = sub.poll_shared(GATHER_WAIT, |b, m| packed.push(b, &m))?;
-            }
+            let polled = poll_gathering(sub, timeout, &mut packed);
+            *status.lock() = Status::of(sub);
+            polled?;
             Ok(packed.finish(&Subscriber::position(sub)))
         })
         .await
@@ -234,7 +279,7 @@ impl NativeSubscriber {
         topic: String,
         cursor: NativeCursor,
     ) -> napi::Result<NativeCursor> {
-        let inner = self.inner.clone();
+        let (inner, status) = (self.inner.clone(), self.status.clone());
         let start = start_of(Some(cursor))?;
         blocking(move || {
             let mut guard = inner.lock();
@@ -244,7 +289,9 @@ impl NativeSubscriber {
                 Start::From(None) => return Ok(js_cursor(&Subscriber::position(sub))),
                 Start::End => end_of_topic(&control, &topic, sub)?,
             };
-            sub.seek(cursor)?;
+            let sought = sub.seek(cursor);
+            *status.lock() = Status::of(sub);
+            sought?;
             Ok(js_cursor(&Subscriber::position(sub)))
         })
         .await
@@ -260,6 +307,20 @@ impl NativeSubscriber {
         })
         .await
     }
+}
+
+/// Polls once for up to `timeout`, then takes whatever else has already arrived, up to
+/// `GATHER_BYTES` of deliveries.
+fn poll_gathering(
+    sub: &mut Subscriber,
+    timeout: std::time::Duration,
+    packed: &mut Packed,
+) -> Result<(), Error> {
+    let mut more = sub.poll_shared(timeout, |b, m| packed.push(b, &m))?;
+    while more > 0 && packed.bytes < GATHER_BYTES {
+        more = sub.poll_shared(GATHER_WAIT, |b, m| packed.push(b, &m))?;
+    }
+    Ok(())
 }
 
 /// Messages of one poll, packed for JavaScript.
@@ -355,19 +416,16 @@ fn external_buffer(env: &Env, batch: SharedBatch) -> napi::Result<sys::napi_valu
     // conditions: the `poll_shared` that lent the batch has returned (this runs after
     // the poll, on the JavaScript thread); no Rust code reads these bytes while the
     // `Buffer` lives (this binding keeps no other clone, and the subscriber keeps one only
-    // to see when it is dropped, reading nothing; the finalizer reads only the length);
+    // to see when it is dropped, reading nothing; the finalizer only drops it);
     // and only the JavaScript thread touches them, so nothing races. The subscriber
     // reuses the buffer only once the finalizer has dropped the last clone. Where external
     // buffers are not allowed napi-rs copies instead and drops `batch` at once.
-    let buffer = unsafe {
-        BufferSlice::from_external(env, data, len, batch, |env, batch: SharedBatch| {
-            let _ = env.adjust_external_memory(-(batch.len() as i64));
-            drop(batch)
-        })
-    }?;
-    // V8 does not see external memory by itself: told, it collects (and so hands the
-    // buffers back to the subscriber for reuse) as deliveries pile up, rather than only
-    // when its own heap fills, which let a fast reader allocate a new buffer per delivery.
-    env.adjust_external_memory(len as i64)?;
+    let buffer =
+        unsafe { BufferSlice::from_external(env, data, len, batch, |_, batch| drop(batch)) }?;
+    // No `napi_adjust_external_memory`: V8 counts an external `ArrayBuffer`'s bytes as
+    // external memory by itself (`process.memoryUsage().external` shows them without it),
+    // so telling it again counted every delivery twice, and its full collections, which
+    // external memory paces, came twice as often: a quarter of a profile's samples were
+    // marking and sweeping, and CPU per GB fell by a third without it (docs/PERFORMANCE.md).
     Ok(buffer.raw())
 }

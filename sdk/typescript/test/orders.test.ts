@@ -4,6 +4,7 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { setFlagsFromString } from "node:v8";
+import { inspect } from "node:util";
 import { runInNewContext } from "node:vm";
 import { Admin, Message, Order, Publisher, Subscriber } from "../ts/index";
 import { Server, topicName } from "./servers";
@@ -172,6 +173,28 @@ test("per-broker positions for orders 0 and 1", { timeout: 60_000 }, async () =>
   assert.deepEqual(sub.position(), end.map(() => 0));
   assert.equal((await read(sub, 400)).length, 400, "from the start again");
   await Promise.all([sub.close(), tail.close()]);
+});
+
+test("a payload is a Buffer: instanceof, Buffer.isBuffer, its methods, subarray, printing", { timeout: 60_000 }, async () => {
+  const topic = topicName("buf");
+  await admin.createTopic(topic, { order: 2, memoryOnly: true });
+  const p = await Publisher.connect(topic, { control: server.control });
+  await p.publish("hello, world");
+  await p.close();
+  const sub = await Subscriber.connect(topic, { control: server.control });
+  const [m] = await read(sub, 1);
+  await sub.close();
+  const b = m!.payload;
+  assert.ok(Buffer.isBuffer(b) && b instanceof Buffer && b instanceof Uint8Array);
+  assert.equal(b.toString("utf8"), "hello, world");
+  assert.ok(b.equals(Buffer.from("hello, world")));
+  assert.equal(b.readUInt8(0), 104);
+  assert.equal(b.indexOf("world"), 7);
+  const tail = b.subarray(7);
+  assert.ok(Buffer.isBuffer(tail) && tail.toString() === "world");
+  assert.equal(Buffer.concat([b.subarray(0, 5), Buffer.from("!")]).toString(), "hello!");
+  assert.deepEqual(JSON.parse(JSON.stringify(b)), JSON.parse(JSON.stringify(Buffer.from("hello, world"))));
+  assert.equal(inspect(b), inspect(Buffer.from("hello, world")));
 });
 
 test("payloads kept from early polls survive later polls and collections", { timeout: 60_000 }, async () => {

@@ -2,7 +2,7 @@
 // cargo-built one; test.sh sets it), on ephemeral ports, with a temporary data directory.
 // Every wait is for a line the process prints or a condition, with a deadline.
 import { ChildProcess, spawn } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
@@ -91,6 +91,21 @@ export class Server {
   /** Starts `embarcadero serve` on ephemeral ports and waits until it serves. */
   static async serve(extra: string[] = []): Promise<Server> {
     return Server.#start(["serve"], extra, {});
+  }
+
+  /**
+   * Starts `embarcadero serve` with `toml` as its configuration file (e.g. `[broker]\nshm = false`),
+   * written into the server's data directory.
+   */
+  static async serveConfig(toml: string, extra: string[] = []): Promise<Server> {
+    const dir = mkdtempSync(join(tmpdir(), "embarcadero-ts-config-"));
+    const file = join(dir, "serve.toml");
+    writeFileSync(file, toml);
+    try {
+      return await Server.serve(["--config", file, ...extra]);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   }
 
   /** Starts a cluster head (`broker --head`) with `brokers` broker ids, fast failure detection. */

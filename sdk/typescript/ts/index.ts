@@ -13,9 +13,9 @@ export type {
   TopicInfo,
 } from "./admin";
 export { Publisher } from "./publisher";
-export type { LatencySummary, Payload, PublisherOptions, PublisherStats, QueueStats } from "./publisher";
+export type { LatencySummary, Payload, PublisherOptions, PublisherStats, QueueStats, Transport } from "./publisher";
 export { Message, Subscriber } from "./subscriber";
-export type { From, Position, SubscriberOptions } from "./subscriber";
+export type { From, Position, Skipped, SubscriberOptions } from "./subscriber";
 export {
   AdminError,
   BrokerError,

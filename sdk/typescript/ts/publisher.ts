@@ -7,6 +7,14 @@ import { native, Native } from "./native";
 import { ClosedError, settle, sync, translate } from "./errors";
 import { defaultControl } from "./admin";
 
+/**
+ * How a client reaches its brokers: `"auto"` (the default) uses a local shared-memory channel
+ * to a broker on this host when one opens, else TCP; `"tcp"` always TCP; `"shm"` shared memory
+ * or a {@link ConnectError} (or a {@link BrokerError} `ShmRefused`) where none can be had. The Rust
+ * client's `Transport`, the CLI's `--transport`.
+ */
+export type Transport = "auto" | "tcp" | "shm";
+
 /** Every option of the Rust client's `PublisherConfig`, in milliseconds where it is a duration. */
 export interface PublisherOptions {
   /** The control plane's address (default: `EMBARCADERO_CONTROL`, else `127.0.0.1:12140`). */
@@ -48,6 +56,8 @@ export interface PublisherOptions {
   membershipRefreshMs?: number;
   /** At most this many brokers are added after connecting (default 64). */
   maxJoinedBrokers?: number;
+  /** How the connections reach their brokers (default `"auto"`); each queue's `transport` in {@link Publisher.stats} says what it got. */
+  transport?: Transport;
 }
 
 /** Summary of a latency histogram, in microseconds. */
@@ -72,6 +82,8 @@ export interface QueueStats {
   broker: string;
   /** Which of the broker's connections (0 to threadsPerBroker - 1). */
   connection: number;
+  /** How this connection reaches its broker now: `"shm"` or `"tcp"`. */
+  transport: "tcp" | "shm";
   /** Batches sent on it. */
   batches: number;
   /** Batches acknowledged on it. */
@@ -131,6 +143,7 @@ function stats(v: Json): PublisherStats {
     queues: (v.queues as Json[]).map((q) => ({
       broker: q.broker as string,
       connection: Number(q.connection),
+      transport: q.transport as "tcp" | "shm",
       batches: Number(q.batches),
       ackedBatches: Number(q.acked_batches),
       deflected: Number(q.deflected),
@@ -193,6 +206,7 @@ export class Publisher implements AsyncDisposable {
       membershipRefreshMs: options.membershipRefreshMs,
       maxJoinedBrokers: options.maxJoinedBrokers,
       brokers: options.brokers,
+      transport: options.transport,
     };
     const control = options.control ?? defaultControl();
     return new Publisher(await settle(() => native.connectPublisher(control, topic, config)));

@@ -7,6 +7,7 @@
 import { native, Native } from "./native";
 import { ClosedError, ConfigError, settle } from "./errors";
 import { defaultControl, Order } from "./admin";
+import type { Transport } from "./publisher";
 
 /** A position: one global position (orders 2 and 5), or one per broker (orders 0 and 1). */
 export type Position = number | readonly number[];
@@ -26,6 +27,23 @@ export interface SubscriberOptions {
   clientId?: bigint;
   /** Reconnections in a row after a lost connection before a poll fails (default 10). */
   maxReconnects?: number;
+  /**
+   * How to reach the brokers (default `"auto"`: a shared-memory feed from a broker on this
+   * host that gives one, else TCP; `"shm"` fails to connect where no feed can be had).
+   * {@link Subscriber.transport} says what the connection got.
+   */
+  transport?: Transport;
+}
+
+/**
+ * Positions `[from, to)` of an ordered topic (orders 2 and 5) that a subscriber asked to start
+ * at the beginning found already reclaimed, and so started after (see {@link Subscriber.skipped}).
+ */
+export interface Skipped {
+  /** The first position skipped: where the subscriber was asked to start. */
+  readonly from: number;
+  /** The first position delivered: the first one the topic still retained. */
+  readonly to: number;
 }
 
 const NUMS = 8; // per message: position, batch seq, broker id, index, offset, length, counter, delivery
@@ -46,6 +64,22 @@ function backingOf(batch: Native.NativeBatch): Backing {
     offsets: batch.data.map((d) => d.byteOffset),
   };
 }
+
+/**
+ * The class of payload views: a `Uint8Array` subclass whose prototype chain runs through
+ * `Buffer.prototype`, so that each view is a `Buffer` (`instanceof Buffer`, `Buffer.isBuffer`,
+ * every `Buffer` method; `subarray` makes another) made by one typed-array construction, as
+ * Node makes its own (its internal `FastBuffer`), without `Buffer.from`'s checks of its
+ * argument, one of which calls into C++ (scripts/probes/payload-view.mjs).
+ */
+class PayloadBuffer extends Uint8Array {
+  constructor(buffer: ArrayBuffer, offset: number, length: number) {
+    super(buffer, offset, length);
+  }
+}
+Object.setPrototypeOf(PayloadBuffer.prototype, Buffer.prototype);
+// Printed as a Buffer too (`util.inspect` names the constructor).
+Object.defineProperty(PayloadBuffer, "name", { value: "Buffer" });
 
 /** One delivered message. Its `payload` is a view into the buffer of the batch it came in. */
 export class Message {
@@ -122,10 +156,10 @@ export class Message {
   get payload(): Buffer {
     if (this.#payload === undefined) {
       const d = this.#num(7);
-      // `Buffer.from(arrayBuffer, ...)` makes the view directly; `subarray` would first look
-      // up the species constructor, which costs more than the view itself.
+      // One typed-array construction (see PayloadBuffer); `subarray` would first look up
+      // the species constructor, and `Buffer.from` check its argument in C++.
       const { buffers, offsets } = this.#backing;
-      this.#payload = Buffer.from(buffers[d]!, offsets[d]! + this.#num(4), this.#num(5));
+      this.#payload = new PayloadBuffer(buffers[d]!, offsets[d]! + this.#num(4), this.#num(5)) as unknown as Buffer;
     }
     return this.#payload;
   }
@@ -207,6 +241,7 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
       clientId: options.clientId,
       maxReconnects: options.maxReconnects,
       brokers: options.brokers,
+      transport: options.transport,
     };
     const n = await settle(() => native.connectSubscriber(control, topic, config));
     return new Subscriber(n, control, topic);
@@ -215,6 +250,24 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   /** The topic's order level. */
   get order(): Order {
     return this.#order;
+  }
+
+  /**
+   * Orders 2 and 5, a subscriber from the beginning (`from: "start"`, the default): the
+   * positions that were reclaimed before it started (a memory-only topic drops what every
+   * reader has passed once its memory fills) and that it therefore skipped; `undefined` when
+   * nothing was. Known on connecting, before any message; also logged once by the Rust
+   * client. A subscriber given an explicit position never skips: its first poll rejects with
+   * a {@link BrokerError} (`PositionNotRetained`) instead. The Rust `Subscriber::skipped`.
+   */
+  skipped(): Skipped | undefined {
+    const s = this.#native.skipped();
+    return s === null || s === undefined ? undefined : { from: s.from, to: s.to };
+  }
+
+  /** How the current connection reaches its broker: `"tcp"`, `"shm"`, or `"none"` between connections. */
+  get transport(): "tcp" | "shm" | "none" {
+    return this.#native.transport as "tcp" | "shm" | "none";
   }
 
   /** The position of the next message this subscriber will deliver. */
@@ -279,6 +332,12 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
    */
   async #takeAhead(waitMs: number): Promise<Native.NativeBatch | null> {
     const ahead = this.#ahead!;
+    if (waitMs >= SLICE_MS) {
+      // The poll ahead answers within its own slice, so it can simply be awaited: no timer
+      // and no race per poll (a stream's polls all come this way).
+      this.#ahead = undefined;
+      return ahead;
+    }
     let timer: NodeJS.Timeout | undefined;
     const late = new Promise<"late">((resolve) => {
       timer = setTimeout(resolve, waitMs, "late");

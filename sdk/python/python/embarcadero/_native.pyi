@@ -29,6 +29,10 @@ Payload: TypeAlias = Union[bytes, bytearray, str]
 Position: TypeAlias = Union[int, List[int]]
 """A global position (orders 2 and 5) or one position per broker (orders 0 and 1)."""
 
+Transport: TypeAlias = Literal["auto", "tcp", "shm"]
+"""How a client reaches its brokers (the Rust client's ``Transport``, the CLI's
+``--transport``)."""
+
 class BrokerLog(TypedDict):
     broker: int
     written_batches: int
@@ -95,6 +99,8 @@ class LatencySummary(TypedDict):
 class QueueStats(TypedDict):
     broker: str
     connection: int
+    transport: Literal["tcp", "shm"]
+    """How this connection reaches its broker now."""
     batches: int
     acked_batches: int
     deflected: int
@@ -173,6 +179,9 @@ class Publisher:
     - ``membership_refresh_ms`` / ``max_joined_brokers``: how often to look for brokers
       that joined, and how many may be added.
     - ``slow_queue``: fault injection for experiments, ``(queue, ms)``.
+    - ``transport``: ``"auto"`` (shared memory to a broker on this host when a channel
+      opens, else TCP), ``"tcp"``, or ``"shm"`` (shared memory or ``ConnectError``); each
+      queue's ``transport`` in :meth:`stats` says which it got.
     """
 
     def __init__(
@@ -197,6 +206,7 @@ class Publisher:
         max_joined_brokers: int = 64,
         slow_queue: Optional[Tuple[int, float]] = None,
         brokers: Optional[Sequence[str]] = None,
+        transport: Transport = "auto",
     ) -> None: ...
     def publish(self, message: Payload) -> None:
         """Appends one message to the open batch (not yet acknowledged: see :meth:`flush`).
@@ -253,7 +263,9 @@ class Subscriber:
     from the given ``brokers``). ``start``: ``None`` (the beginning: the first message
     still retained), a position, a list of positions (one per broker, orders 0 and 1) or
     ``"end"``. A lost connection is retried ``max_reconnects`` times in a row before the
-    error is raised."""
+    error is raised. ``transport``: ``"auto"`` (a shared-memory feed from a broker on this
+    host that gives one, else TCP), ``"tcp"``, or ``"shm"`` (``ConnectError`` where no feed
+    can be had)."""
 
     def __init__(
         self,
@@ -264,6 +276,7 @@ class Subscriber:
         client_id: Optional[int] = None,
         max_reconnects: int = 10,
         brokers: Optional[Sequence[str]] = None,
+        transport: Transport = "auto",
     ) -> None: ...
     def poll(self, timeout: Optional[float] = None) -> Optional[Message]:
         """The next message within ``timeout`` seconds (``None``: wait for one)."""
@@ -275,6 +288,16 @@ class Subscriber:
     @property
     def position(self) -> Position:
         """Where the next message :meth:`poll` returns is."""
+    @property
+    def skipped(self) -> Optional[Tuple[int, int]]:
+        """Orders 2 and 5, a subscriber from the beginning (``start=None``): the positions
+        ``(from, to)``, ``to`` excluded, reclaimed before it started and so skipped (its
+        first message is at ``to``); ``None`` when nothing was. A subscriber given a
+        position never skips: one no longer retained raises ``BrokerError``
+        (``PositionNotRetained``)."""
+    @property
+    def transport(self) -> Literal["tcp", "shm", "none"]:
+        """How the current connection reaches its broker (``"none"`` between connections)."""
     @property
     def order(self) -> int: ...
     @property
