@@ -69,6 +69,13 @@ CPU_BEFORE="$(cpu_s $SERVE_PID) $(cpu_s $ORCH_PID) $(cpu_s $WORKER_PID)"
 "${CLIENT_BIN:-$BIN}" task bench --namespace bench --name linear --context '{"even_number":2}' --count "$COUNT" \
   --clients "${CLIENTS:-1}" --api "$API"
 echo "CPU s during the tasks (serve orchestrator worker): before $CPU_BEFORE, after $(cpu_s $SERVE_PID) $(cpu_s $ORCH_PID) $(cpu_s $WORKER_PID); load $(cat /proc/loadavg)" >&2
+# Events and batches in the log (registration and warm-up included): events per batch is
+# what the server's per-batch costs are divided by.
+curl -s "http://$CONTROL/v1/topics/workflow.events" | python3 -c '
+import json, sys
+t = json.load(sys.stdin)
+events, batches = t["next_position"], t["committed_batches"]
+print(f"log: {events} events in {batches} batches ({events / max(batches, 1):.2f} events per batch)")' >&2 || true
 if [ -n "${SNAPSHOT_EVERY:-}" ]; then
   # How many snapshots were written and how long the last one held the state's lock.
   curl -s "http://$API/metrics" | grep -E '^embarcadero_workflow_snapshot' || true
