@@ -14,6 +14,7 @@
 # older engine can be measured by the same client.
 # PERF=DIR: record `perf record -g` of the orchestrator and the worker while the tasks run,
 # into DIR/orch.data, DIR/worker.data and DIR/serve.data.
+# WORKER_ARGS="...": more arguments for the worker (e.g. "--concurrency 32").
 # SNAPSHOT_EVERY=N: the orchestrator snapshots its state every N events (into the run's
 # temporary directory), to see that snapshots stay off the tasks' path.
 # Usage: [ACK=1] [TRACE=FILE] [TASK_PROTOCOL=1] [EPOCH_US=N] [CLIENTS=N] [PERF=DIR] [SNAPSHOT_EVERY=N]
@@ -40,8 +41,9 @@ ORCH_PID=$!
 until grep -q 'orchestrator is serving' "$DIR/orch.log"; do sleep 0.1; done
 API=$(grep -o 'http://[0-9.:]*' "$DIR/orch.log" | tail -1 | sed 's|http://||')
 
+# shellcheck disable=SC2086 # WORKER_ARGS is a list of words
 "$BIN" worker --control "$CONTROL" --rf "$RF" --ack "$ACK" ${LINGER_US:+--linger-us "$LINGER_US"} \
-  2>"$DIR/worker.log" &
+  ${WORKER_ARGS:-} 2>"$DIR/worker.log" &
 WORKER_PID=$!
 until grep -q 'is running' "$DIR/worker.log"; do sleep 0.1; done
 

@@ -314,7 +314,9 @@ mod tests {
         );
         // Nothing else moved: the step is still pending at attempt 0.
         let mut unchanged = s.clone();
-        crate::state::State::task_mut(&mut unchanged, "t").unwrap().steps[0]
+        crate::state::State::task_mut(&mut unchanged, "t")
+            .unwrap()
+            .steps[0]
             .refused
             .clear();
         assert_eq!(unchanged.tasks, before.tasks);

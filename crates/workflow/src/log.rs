@@ -407,7 +407,9 @@ mod tests {
             term: None,
             event,
         };
-        (first..).zip(events.into_iter().map(|e| Ok(envelope(e)))).collect()
+        (first..)
+            .zip(events.into_iter().map(|e| Ok(envelope(e))))
+            .collect()
     }
 
     #[test]
@@ -424,7 +426,10 @@ mod tests {
             identity: None,
             protocol: Some(2),
         };
-        shared.fold_batch(batch(0, vec![Event::TemplateRegistered { template }, created]));
+        shared.fold_batch(batch(
+            0,
+            vec![Event::TemplateRegistered { template }, created],
+        ));
         let waiter = {
             let shared = shared.clone();
             std::thread::spawn(move || {
@@ -452,7 +457,10 @@ mod tests {
         };
         let (folded, woken) = shared.fold_batch(batch(2, vec![claim]));
         assert_eq!(folded[0].outcome, Ok(()));
-        assert_eq!(woken, 0, "a step of the task does not wake a wait for its end");
+        assert_eq!(
+            woken, 0,
+            "a step of the task does not wake a wait for its end"
+        );
         let outcome = Outcome::Success {
             result: serde_json::json!(4),
         };

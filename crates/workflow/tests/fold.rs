@@ -1003,7 +1003,10 @@ fn a_rerun_restores_the_batch_instances_fail_fast_cancelled_and_the_task_complet
         ok("w_002", 1, json!(2)),
     ];
     let applied = apply_at(&mut state, 0, setup);
-    assert_eq!(applied, [true, true, true, true, true, true, true, true, false]);
+    assert_eq!(
+        applied,
+        [true, true, true, true, true, true, true, true, false]
+    );
     let task = &state.tasks["t"];
     assert_eq!(task.state, TaskState::Error);
     let states = |s: &State| -> Vec<StepState> {
@@ -1044,7 +1047,7 @@ fn a_rerun_restores_the_batch_instances_fail_fast_cancelled_and_the_task_complet
     rest.push(claim("agg", 1));
     rest.push(ok("agg", 1, json!(3)));
     let applied = apply_at(&mut state, 2, rest);
-    assert_eq!(applied[0], false, "a superseded attempt's result");
+    assert!(!applied[0], "a superseded attempt's result");
     assert!(applied[1..].iter().all(|&a| a), "{applied:?}");
     assert_eq!(states(&state), [Complete, Complete, Complete]);
     assert_eq!(state.tasks["t"].state, TaskState::Complete);

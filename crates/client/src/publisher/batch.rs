@@ -165,8 +165,7 @@ impl Inner {
                     owner,
                     deadline: now + self.config.linger,
                 };
-                self
-                    .open_batch
+                self.open_batch
                     .store(open.encode(self.created), Ordering::Release);
                 // Under load batches fill before their linger runs out and the wake-up
                 // would be wasted: each idle sender looks at the open batch anyway
