@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The workflow engine's chaos test (issue 27): a head and a follower broker, the
-workflow topic at rf 2 / ack 2, one orchestrator and several workers, a few hundred
+workflow topic at rf 2 / ack 2, one orchestrator (with --standby two: the active one
+and a standby that takes over when it dies) and several workers, a few hundred
 tasks of every shape, while a nemesis SIGKILLs a worker, the orchestrator or the
 follower at random moments and restarts it. Then checks, task by task, against the
 API's audit trail and the workers' run log (`worker --run-log`: one line `task step
@@ -163,12 +164,16 @@ def retrying(what, fn, timeout=90.0):
 class Cluster:
     """The processes under test, each restartable after a SIGKILL: the head (never
     killed: it holds the disk replicas and the sequencer), follower broker 1, the
-    orchestrator (on a fixed API port, so clients find it again) and the workers."""
+    orchestrator (on a fixed API port, so clients find it again), with `standby` a
+    second one on its own port (one holds the lease and decides, the other folds the
+    log and takes over when the first dies), and the workers."""
 
-    def __init__(self, binary, workdir, lease_ms, workers):
+    def __init__(self, binary, workdir, lease_ms, workers, standby=False):
         self.binary, self.dir, self.lease_ms = binary, workdir, str(lease_ms)
         self.run_log = os.path.join(workdir, "runs.log")
-        self.api = f"127.0.0.1:{free_port()}"
+        # Every orchestrator's API answers every route (a standby's too).
+        self.apis = [f"127.0.0.1:{free_port()}" for _ in range(2 if standby else 1)]
+        self.api = self.apis[0]
         self.starts = defaultdict(int)
         self.head = self.spawn("head", FAST_CLUSTER, [
             "broker", "--head", "--brokers", "2", "--base-port", "0", "--control-port", "0",
@@ -176,7 +181,8 @@ class Cluster:
         line = self.head.wait_line("embarcadero is serving")
         self.control = re.search(r"control API http://(\S+)", line).group(1)
         self.follower = self.start_follower()
-        self.orchestrator = self.start_orchestrator()
+        self.orchestrators = [self.start_orchestrator(api) for api in self.apis]
+        self.takeovers = 0
         self.workers = {}
         self.killed_workers = set()
         for _ in range(workers):
@@ -196,13 +202,26 @@ class Cluster:
         p.wait_line("is serving at")
         return p
 
-    def start_orchestrator(self):
-        # A restarted orchestrator waits out its killed predecessor's lease before it
-        # decides: keep that as short as the workers' lease.
-        args = ["orchestrator", "--listen", self.api, "--failover-ms", "1000"]
+    def start_orchestrator(self, api):
+        # A restarted orchestrator (or the standby) waits out its killed predecessor's
+        # lease before it decides: keep that as short as the workers' lease.
+        args = ["orchestrator", "--listen", api, "--failover-ms", "1000"]
         p = self.spawn("orchestrator", {}, args + self.log_args())
         p.wait_line("workflow orchestrator is serving")
         return p
+
+    def active_orchestrator(self):
+        """The index of the orchestrator that says it holds the lease (0 if none says
+        so, or there is one only)."""
+        for i, api in enumerate(self.apis if len(self.apis) > 1 else []):
+            try:
+                with urllib.request.urlopen(f"http://{api}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+            except (OSError, urllib.error.URLError):
+                continue
+            if "embarcadero_workflow_orchestrator_active 1" in text:
+                return i
+        return 0
 
     def start_worker(self):
         p = self.spawn("worker", {}, ["worker", "--run-log", self.run_log, "--concurrency", "4"]
@@ -219,9 +238,18 @@ class Cluster:
             self.killed_workers.add(wid)
             return f"worker {wid} -> {self.start_worker()}"
         if victim == "orchestrator":
-            self.orchestrator.sigkill()
-            self.orchestrator = self.start_orchestrator()
-            return "orchestrator"
+            # With a standby, the active one first and mostly: its death is the
+            # takeover; the standby a quarter of the time after that.
+            i = self.active_orchestrator()
+            if len(self.apis) > 1 and self.takeovers > 0 and random.random() < 0.25:
+                i = 1 - i
+            active = len(self.apis) > 1 and i == self.active_orchestrator()
+            self.orchestrators[i].sigkill()
+            self.orchestrators[i] = self.start_orchestrator(self.apis[i])
+            if len(self.apis) == 1:
+                return "orchestrator"
+            self.takeovers += int(active)
+            return f"orchestrator {i} ({'active' if active else 'standby'})"
         self.follower.sigkill()
         self.follower = self.start_follower()
         return "follower broker 1"
@@ -234,9 +262,10 @@ class Cluster:
         if self.follower.exited():
             found.append(self.follower.out_path)
             self.follower = self.start_follower()
-        if self.orchestrator.exited():
-            found.append(self.orchestrator.out_path)
-            self.orchestrator = self.start_orchestrator()
+        for i, p in enumerate(self.orchestrators):
+            if p.exited():
+                found.append(p.out_path)
+                self.orchestrators[i] = self.start_orchestrator(self.apis[i])
         for wid, p in list(self.workers.items()):
             if p.exited():
                 found.append(p.out_path)
@@ -245,7 +274,7 @@ class Cluster:
         return found
 
     def stop(self):
-        procs = [self.orchestrator, self.follower, self.head] + list(self.workers.values())
+        procs = self.orchestrators + [self.follower, self.head] + list(self.workers.values())
         for p in procs:
             if not p.exited():
                 p.p.send_signal(signal.SIGTERM)
@@ -267,14 +296,18 @@ def register_templates(api):
             raise RuntimeError(f"template refused: {status} {body}")
 
 
-def submit(api, i):
+def submit(apis, i):
     """Task `i` (shapes in turn), with an idempotency key, so that a retry after an
-    answer lost to an orchestrator kill finds the task instead of making a second one."""
+    answer lost to an orchestrator kill finds the task instead of making a second one.
+    With several orchestrators, tasks go to each in turn, and a retry to the next."""
     namespace, name, context = SHAPES[i % len(SHAPES)]
     body = {"namespace": namespace, "name": name, "version": "1.0.0", "context": context,
             "idempotency_key": f"chaos-{i}"}
+    tries = [i]
 
     def attempt():
+        api = apis[tries[0] % len(apis)]
+        tries[0] += 1
         status, answer = http(api, "POST", "/v1/tasks", body)
         if status in (200, 201):
             return answer["task_uuid"]
@@ -287,15 +320,15 @@ def submit(api, i):
 class Submitter(threading.Thread):
     """Submits `count` tasks at `rate` a second, through the nemesis' kills."""
 
-    def __init__(self, api, count, rate):
+    def __init__(self, apis, count, rate):
         super().__init__(daemon=True)
-        self.api, self.count, self.rate = api, count, rate
+        self.apis, self.count, self.rate = apis, count, rate
         self.uuids, self.error = {}, None
 
     def run(self):
         try:
             for i in range(self.count):
-                self.uuids[i] = submit(self.api, i)
+                self.uuids[i] = submit(self.apis, i)
                 time.sleep(1.0 / self.rate)  # pacing the load, not synchronisation
         except Exception as e:  # reported by the main thread
             self.error = e
@@ -430,13 +463,18 @@ def parse_args():
     a.add_argument("--gap", type=float, nargs=2, default=[1.0, 3.0], help="seconds between kills")
     a.add_argument("--finish-secs", type=float, default=180.0, help="deadline to complete after it")
     a.add_argument("--seed", type=int, default=None)
+    a.add_argument("--standby", action="store_true",
+                   help="a second orchestrator beside the first: a standby that takes over "
+                        "when the active one is killed (killed itself a quarter of the time)")
     a.add_argument("--keep", action="store_true",
                    help="keep the working directory after a pass (a failed run's is always kept)")
     return a.parse_args()
 
 
-def report(args, counts, done, anomalies, bad, stats, workdir):
+def report(args, counts, done, anomalies, bad, stats, workdir, takeovers=0):
     log(f"kills: {dict(counts)}; tasks complete {done}/{args.tasks}")
+    if args.standby:
+        log(f"standby: {takeovers} kills of the active orchestrator (takeovers by the standby)")
     log(f"checked {stats['tasks']} tasks, {stats['steps']} steps, {stats['runs']} handler runs; "
         f"{stats['failures']} failures, {stats['lease_losses']} lease losses; "
         f"{stats['reruns']} runs of earlier attempts (failed or lost): "
@@ -458,12 +496,12 @@ def main():
     random.seed(seed)
     workdir = tempfile.mkdtemp(prefix="workflow-chaos-")
     log(f"seed {seed}; working directory {workdir}")
-    cluster = Cluster(args.bin, workdir, args.lease_ms, args.workers)
+    cluster = Cluster(args.bin, workdir, args.lease_ms, args.workers, args.standby)
     counts, anomalies = defaultdict(int), []
     ok = False
     try:
         register_templates(cluster.api)
-        submitter = Submitter(cluster.api, args.tasks, args.rate)
+        submitter = Submitter(cluster.apis, args.tasks, args.rate)
         submitter.start()
         nemesis(cluster, submitter, args.min_secs, args.gap, counts, anomalies)
         submitter.join(timeout=120)
@@ -474,7 +512,7 @@ def main():
         with open(os.path.join(workdir, "tasks.jsonl"), "w") as audit:
             bad, stats = check(cluster.api, submitter.uuids, cluster.run_log,
                                cluster.killed_workers, audit)
-        ok = report(args, counts, done, anomalies, bad, stats, workdir)
+        ok = report(args, counts, done, anomalies, bad, stats, workdir, cluster.takeovers)
     finally:
         cluster.stop()
     if ok and not args.keep:

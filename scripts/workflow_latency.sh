@@ -14,6 +14,7 @@
 # older engine can be measured by the same client.
 # PERF=DIR: record `perf record -g` of the orchestrator and the worker while the tasks run,
 # into DIR/orch.data, DIR/worker.data and DIR/serve.data.
+# WORKER_ARGS="...": more arguments for the worker (e.g. "--concurrency 32").
 # SNAPSHOT_EVERY=N: the orchestrator snapshots its state every N events (into the run's
 # temporary directory), to see that snapshots stay off the tasks' path.
 # Usage: [ACK=1] [TRACE=FILE] [TASK_PROTOCOL=1] [EPOCH_US=N] [CLIENTS=N] [PERF=DIR] [SNAPSHOT_EVERY=N]
@@ -40,8 +41,9 @@ ORCH_PID=$!
 until grep -q 'orchestrator is serving' "$DIR/orch.log"; do sleep 0.1; done
 API=$(grep -o 'http://[0-9.:]*' "$DIR/orch.log" | tail -1 | sed 's|http://||')
 
+# shellcheck disable=SC2086 # WORKER_ARGS is a list of words
 "$BIN" worker --control "$CONTROL" --rf "$RF" --ack "$ACK" ${LINGER_US:+--linger-us "$LINGER_US"} \
-  2>"$DIR/worker.log" &
+  ${WORKER_ARGS:-} 2>"$DIR/worker.log" &
 WORKER_PID=$!
 until grep -q 'is running' "$DIR/worker.log"; do sleep 0.1; done
 
@@ -69,6 +71,13 @@ CPU_BEFORE="$(cpu_s $SERVE_PID) $(cpu_s $ORCH_PID) $(cpu_s $WORKER_PID)"
 "${CLIENT_BIN:-$BIN}" task bench --namespace bench --name linear --context '{"even_number":2}' --count "$COUNT" \
   --clients "${CLIENTS:-1}" --api "$API"
 echo "CPU s during the tasks (serve orchestrator worker): before $CPU_BEFORE, after $(cpu_s $SERVE_PID) $(cpu_s $ORCH_PID) $(cpu_s $WORKER_PID); load $(cat /proc/loadavg)" >&2
+# Events and batches in the log (registration and warm-up included): events per batch is
+# what the server's per-batch costs are divided by.
+curl -s "http://$CONTROL/v1/topics/workflow.events" | python3 -c '
+import json, sys
+t = json.load(sys.stdin)
+events, batches = t["next_position"], t["committed_batches"]
+print(f"log: {events} events in {batches} batches ({events / max(batches, 1):.2f} events per batch)")' >&2 || true
 if [ -n "${SNAPSHOT_EVERY:-}" ]; then
   # How many snapshots were written and how long the last one held the state's lock.
   curl -s "http://$API/metrics" | grep -E '^embarcadero_workflow_snapshot' || true

@@ -1447,8 +1447,9 @@ fn status_shows_the_engine_that_announced_itself_and_forgets_it_once_silent() {
 }
 
 /// The chaos test of `scripts/workflow-chaos.sh`, short: 48 tasks of every shape while
-/// workers, the orchestrator and the follower broker are SIGKILLed and restarted for six
-/// seconds. Its checker (`scripts/workflow_chaos.py`) compares every task with its audit
+/// workers, the orchestrators (an active one and a standby, `--standby`) and the
+/// follower broker are SIGKILLed and restarted for six seconds; the active
+/// orchestrator is killed at least once, so the standby takes over mid-run. Its checker (`scripts/workflow_chaos.py`) compares every task with its audit
 /// trail and the workers' run log: every task complete, every step completed once with
 /// one accepted result per returned attempt, and no handler run unaccounted for. The
 /// long campaigns (hundreds of tasks) stay in the script.
@@ -1461,6 +1462,9 @@ fn a_short_chaos_run_completes_every_task_and_accepts_each_result_once() {
     let out = std::process::Command::new("python3")
         .args([script, "--bin", env!("CARGO_BIN_EXE_embarcadero")])
         .args(["--tasks", "48", "--min-secs", "6", "--gap", "0.5", "1.5"])
+        // Two orchestrators: the nemesis kills the active one (the standby takes over,
+        // the killed one restarts and replays as a standby), and now and then the standby.
+        .arg("--standby")
         .output()
         .expect("python3 runs the chaos checker (it needs only the standard library)");
     let log =
@@ -1469,6 +1473,15 @@ fn a_short_chaos_run_completes_every_task_and_accepts_each_result_once() {
     assert!(
         log.contains("PASSED (0 violations, 0 unplanned exits)"),
         "{log}"
+    );
+    let takeovers = log
+        .split("standby: ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse::<u32>().ok());
+    assert!(
+        takeovers.is_some_and(|n| n >= 1),
+        "the active orchestrator was killed at least once: {log}"
     );
 }
 

@@ -123,3 +123,36 @@ fn a_connection_receives_its_batches_in_the_order_they_were_sealed() {
         "batch ids arrive in the order they were sealed"
     );
 }
+
+#[test]
+fn publish_all_puts_messages_that_belong_together_in_one_batch() {
+    let (arrivals, arrived) = mpsc::channel();
+    let brokers = [fake_broker(AckWhen::Recorded(arrivals))];
+    let p = Publisher::connect_brokers(
+        &brokers,
+        "t",
+        PublisherConfig {
+            // No linger: an idle sender seals a batch as soon as it can take the builder,
+            // so single appends in a row may each get a batch of their own.
+            linger: Duration::ZERO,
+            ..PublisherConfig::default()
+        },
+    )
+    .unwrap();
+    for round in 1..=50u64 {
+        p.publish_all(&[b"result", b"claim one", b"claim two"])
+            .unwrap();
+        wait_for("the batch acknowledged", || {
+            p.stats().acked_batches == round
+        });
+        assert_eq!(p.batches_sealed(), round, "three messages, one batch");
+    }
+    // A payload too large appends none of the others.
+    let huge = vec![0u8; p.max_message_bytes() + 1];
+    assert!(p.publish_all(&[b"fits", &huge]).is_err());
+    p.flush().unwrap();
+    let stats = p.close().unwrap();
+    assert_eq!(stats.messages, 150);
+    assert_eq!(stats.batches, 50);
+    assert_eq!(arrived.try_iter().count(), 50, "the broker got 50 batches");
+}

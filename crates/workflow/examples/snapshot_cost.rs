@@ -1,7 +1,8 @@
 //! What a snapshot costs as the state grows (a benchmark, not a test): folds N finished
 //! linear 4-step tasks (protocol 2: created, then a claim and a result per step, as
 //! the engine writes them), then times the clone under the lock (the only part the fold
-//! waits for), encoding, the durable write, and loading it back.
+//! waits for), what folding 1,000 more tasks costs with and without a clone sharing
+//! the state (copy on write), encoding, the durable write, and loading it back.
 //!
 //! `cargo run --release -p embarcadero-workflow --example snapshot_cost -- 1000 10000`
 
@@ -32,10 +33,16 @@ fn state_of(n: usize) -> State {
     let mut state = State::default();
     let template = embarcadero_workflow::validate::load(LINEAR, None).unwrap();
     apply(&mut state, Event::TemplateRegistered { template });
-    for i in 0..n {
+    add_tasks(&mut state, 0..n);
+    state
+}
+
+/// Folds the linear tasks numbered `range` to their end.
+fn add_tasks(state: &mut State, range: std::ops::Range<usize>) {
+    for i in range {
         let task = format!("task-{i:08}");
         apply(
-            &mut state,
+            state,
             Event::TaskCreated {
                 task: task.clone(),
                 namespace: "bench".into(),
@@ -55,7 +62,7 @@ fn state_of(n: usize) -> State {
             };
             let worker = "worker-1".to_string();
             apply(
-                &mut state,
+                state,
                 Event::StepClaimed {
                     at: at.clone(),
                     worker: worker.clone(),
@@ -65,7 +72,7 @@ fn state_of(n: usize) -> State {
                 result: json!({"value": 65536, "attempt": 1}),
             };
             apply(
-                &mut state,
+                state,
                 Event::StepResult {
                     at,
                     worker,
@@ -74,7 +81,6 @@ fn state_of(n: usize) -> State {
             );
         }
     }
-    state
 }
 
 fn main() {
@@ -83,7 +89,7 @@ fn main() {
         .map(|a| a.parse().expect("task counts"))
         .collect();
     let dir = tempfile::tempdir().unwrap();
-    println!("tasks  events  clone_ms  encode_ms  bytes  write_ms  load_ms");
+    println!("tasks  events  clone_ms  encode_ms  bytes  write_ms  load_ms  fold_1000_shared_ms  fold_1000_ms");
     for n in sizes {
         let state = state_of(n);
         let t = Instant::now();
@@ -100,8 +106,21 @@ fn main() {
         let load_ms = t.elapsed().as_secs_f64() * 1e3;
         assert_eq!(back, state, "the snapshot reads back as the state");
         std::fs::remove_file(path).unwrap();
+        drop(back);
+        // What the fold pays while a snapshot's clone shares the state (copy on write):
+        // 1,000 more tasks folded into the shared state, then into one of its own (built
+        // afresh; last, so that no timing includes the allocator's clean-up of it).
+        let fold_ms = |mut s: State| {
+            let t = Instant::now();
+            add_tasks(&mut s, n..n + 1000);
+            t.elapsed().as_secs_f64() * 1e3
+        };
+        let shared = state.clone();
+        let fold_1000_shared_ms = fold_ms(shared);
+        let fresh = state_of(n);
+        let fold_1000_ms = fold_ms(fresh);
         println!(
-            "{n}  {}  {clone_ms:.2}  {encode_ms:.2}  {bytes}  {write_ms:.2}  {load_ms:.2}",
+            "{n}  {}  {clone_ms:.3}  {encode_ms:.2}  {bytes}  {write_ms:.2}  {load_ms:.2}  {fold_1000_shared_ms:.2}  {fold_1000_ms:.2}",
             state.next_position
         );
     }

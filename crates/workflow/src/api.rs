@@ -313,10 +313,14 @@ impl Api {
             Some(Err(_)) => return Reply::error(400, "bad_request", "wait must be whole seconds"),
         };
         let deadline = Instant::now() + Duration::from_secs(wait_s);
-        let found = self.engine.shared.wait_for_task(uuid, deadline, |s| {
-            let t = s.tasks.get(uuid)?;
-            (wait_s == 0 || t.state.is_terminal()).then(|| task_view(t))
-        });
+        // Only the task's end answers a long poll: woken by nothing before it.
+        let found = self
+            .engine
+            .shared
+            .wait_for_task_finished(uuid, deadline, |s| {
+                let t = s.tasks.get(uuid)?;
+                (wait_s == 0 || t.state.is_terminal()).then(|| task_view(t))
+            });
         match found {
             Some(view) => Reply::ok(200, view),
             None => match self.engine.shared.lock().tasks.get(uuid) {

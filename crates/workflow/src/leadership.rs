@@ -275,6 +275,63 @@ mod tests {
     }
 
     #[test]
+    fn a_fenced_decision_is_recorded_in_its_steps_audit_trail_and_changes_nothing_else() {
+        let yaml = "name: one\nnamespace: n\nversion: '1'\nsteps:\n  - {name: s, handler: {callable: x}}\n";
+        let template = crate::validate::load(yaml, None).unwrap();
+        let mut s = State::default();
+        s.apply(0, &env(None, Event::TemplateRegistered { template }))
+            .unwrap();
+        let created = Event::TaskCreated {
+            task: "t".into(),
+            namespace: "n".into(),
+            name: "one".into(),
+            version: "1".into(),
+            context: serde_json::json!({}),
+            idempotency_key: None,
+            identity: None,
+            protocol: None,
+        };
+        s.apply(1, &env(None, created)).unwrap();
+        s.apply(2, &lease(1, "a")).unwrap();
+        s.apply(3, &lease(2, "b")).unwrap();
+        let before = s.clone();
+        // Term 1's enqueue, written after term 2 began: refused, and the step says so.
+        let enqueue = Event::StepEnqueued(StepRef {
+            task: "t".into(),
+            step: "s".into(),
+            attempt: 1,
+        });
+        let fenced = s.apply(4, &env(Some(1), enqueue));
+        assert!(matches!(fenced, Err(Rejected::Fenced { .. })), "{fenced:?}");
+        let step = &s.tasks["t"].steps[0];
+        assert_eq!(step.refused.len(), 1, "{:?}", step.refused);
+        let note = &step.refused[0];
+        assert!(
+            note.starts_with("position 4: step_enqueued of attempt 1:")
+                && note.contains("term 1")
+                && note.contains("term 2 is current"),
+            "{note}"
+        );
+        // Nothing else moved: the step is still pending at attempt 0.
+        let mut unchanged = s.clone();
+        crate::state::State::task_mut(&mut unchanged, "t")
+            .unwrap()
+            .steps[0]
+            .refused
+            .clear();
+        assert_eq!(unchanged.tasks, before.tasks);
+        assert_eq!(s.rejected, before.rejected + 1);
+        // A fenced decision about a task or step that does not exist notes nothing.
+        let ghost = Event::StepEnqueued(StepRef {
+            task: "t".into(),
+            step: "nope".into(),
+            attempt: 1,
+        });
+        assert!(s.apply(5, &env(Some(1), ghost)).is_err());
+        assert_eq!(s.tasks["t"].steps[0].refused.len(), 1);
+    }
+
+    #[test]
     fn a_candidate_bids_once_the_lease_lapses_and_the_holder_renews_every_third() {
         let mut leader = Leader::default();
         let mut a = Candidate::new("a".into(), 300);

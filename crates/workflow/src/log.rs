@@ -3,7 +3,7 @@
 //! their order), and a [`Folder`] that reads the topic from the start and folds every
 //! event into a shared [`State`], waking whoever waits on it.
 
-use crate::event::{decode, encode, Envelope, Event};
+use crate::event::{decode, encode, DecodeError, Envelope, Event};
 use crate::ids::now_ms;
 use crate::state::{Rejected, State};
 use embarcadero_client::{
@@ -99,6 +99,23 @@ impl Writer {
         self.publisher.publish(&encode(&env))
     }
 
+    /// Publishes `events` together, in order, each stamped with `term` (`None` for
+    /// events that are not decisions): one append, so one batch through the log (one
+    /// sequencing, one replication, one delivery to each reader) instead of up to one
+    /// per event ([`Publisher::publish_all`]). Nothing is published for no events.
+    pub fn publish_all(&self, events: Vec<Event>, term: Option<u64>) -> Result<(), Error> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let ts_ms = now_ms();
+        let encoded: Vec<Vec<u8>> = events
+            .into_iter()
+            .map(|event| encode(&Envelope { ts_ms, term, event }))
+            .collect();
+        let payloads: Vec<&[u8]> = encoded.iter().map(Vec::as_slice).collect();
+        self.publisher.publish_all(&payloads)
+    }
+
     /// Waits until every event published so far is acknowledged.
     pub fn flush(&self) -> Result<(), Error> {
         self.publisher.flush()
@@ -112,10 +129,24 @@ impl Writer {
 pub struct Shared {
     state: Mutex<State>,
     changed: Condvar,
-    /// Task uuid to the condition variables of the waits on it. Registered and removed
-    /// under the state's lock (taken before this one, never after), so a batch folded
-    /// after a wait checked the state finds the wait here.
-    watchers: Mutex<HashMap<String, Vec<Arc<Condvar>>>>,
+    /// Task uuid to the waits on it. Registered and removed under the state's lock
+    /// (taken before this one, never after), so a batch folded after a wait checked the
+    /// state finds the wait here.
+    watchers: Mutex<HashMap<String, Vec<Watcher>>>,
+}
+
+/// One wait on one task.
+struct Watcher {
+    wake: Arc<Condvar>,
+    /// Woken only by a batch after which the task is finished (a long poll for the
+    /// end), not by every batch about it.
+    finished_only: bool,
+}
+
+/// A task a batch of events touched, and whether it was finished after the batch.
+struct Touched<'a> {
+    uuid: &'a str,
+    finished: bool,
 }
 
 impl Shared {
@@ -155,6 +186,28 @@ impl Shared {
         &self,
         uuid: &str,
         deadline: Instant,
+        found: impl FnMut(&State) -> Option<T>,
+    ) -> Option<T> {
+        self.wait_on_task(uuid, false, deadline, found)
+    }
+
+    /// [`Shared::wait_for_task`] for a `found` that only the task's finishing can
+    /// satisfy (a long poll for its end): re-checks only after a batch that left the
+    /// task finished, so a wait costs no wake-up per step of its task.
+    pub fn wait_for_task_finished<T>(
+        &self,
+        uuid: &str,
+        deadline: Instant,
+        found: impl FnMut(&State) -> Option<T>,
+    ) -> Option<T> {
+        self.wait_on_task(uuid, true, deadline, found)
+    }
+
+    fn wait_on_task<T>(
+        &self,
+        uuid: &str,
+        finished_only: bool,
+        deadline: Instant,
         mut found: impl FnMut(&State) -> Option<T>,
     ) -> Option<T> {
         let mut state = self.state.lock();
@@ -162,12 +215,15 @@ impl Shared {
             return Some(t);
         }
         let mine = Arc::new(Condvar::new());
-        let mut watchers = self.watchers.lock();
-        watchers
+        let watcher = Watcher {
+            wake: mine.clone(),
+            finished_only,
+        };
+        self.watchers
+            .lock()
             .entry(uuid.to_string())
             .or_default()
-            .push(mine.clone());
-        drop(watchers);
+            .push(watcher);
         let got = loop {
             if mine.wait_until(&mut state, deadline).timed_out() {
                 break found(&state);
@@ -178,7 +234,7 @@ impl Shared {
         };
         let mut watchers = self.watchers.lock();
         if let Some(list) = watchers.get_mut(uuid) {
-            list.retain(|c| !Arc::ptr_eq(c, &mine));
+            list.retain(|w| !Arc::ptr_eq(&w.wake, &mine));
             if list.is_empty() {
                 watchers.remove(uuid);
             }
@@ -186,18 +242,20 @@ impl Shared {
         got
     }
 
-    /// Wakes the waits on anything, and those on the tasks `touched` names.
-    fn notify(&self, touched: &[&str]) {
+    /// Wakes the waits on anything, and those on the tasks `touched` names (a wait for
+    /// a task's end only if the task is finished).
+    /// Returns how many waits on one task it woke.
+    fn notify(&self, touched: &[Touched]) -> usize {
         self.changed.notify_all();
         let watchers = self.watchers.lock();
-        if watchers.is_empty() {
-            return;
-        }
-        for uuid in touched {
-            for c in watchers.get(*uuid).into_iter().flatten() {
-                c.notify_one();
+        let mut woken = 0;
+        for t in touched {
+            let waiting = watchers.get(t.uuid).into_iter().flatten();
+            for w in waiting.filter(|w| t.finished || !w.finished_only) {
+                woken += usize::from(w.wake.notify_one());
             }
         }
+        woken
     }
 }
 
@@ -252,32 +310,25 @@ impl Folder {
 
     /// Waits at most `timeout` for events and folds all that have arrived.
     pub fn pump(&mut self, shared: &Shared, timeout: Duration) -> Result<Vec<Folded>, Error> {
+        // Decoded as they are read, outside the state's lock and without a copy.
         let mut read = Vec::new();
+        let mut stamps = Vec::new();
         self.subscriber.poll_with(timeout, |m| {
-            read.push((m.position, m.publish_ts_ns, m.payload.to_vec()))
+            read.push((m.position, decode(m.payload)));
+            stamps.push(m.publish_ts_ns);
         })?;
         if read.is_empty() {
             return Ok(Vec::new());
         }
         // Read before the fold, so that a trip in the trace does not include it.
         let read_ns = crate::trace::enabled().then(embarcadero_client::now_ns);
-        let mut state = shared.state.lock();
-        let out: Vec<Folded> = read
-            .iter()
-            .map(|(position, _, payload)| fold_one(&mut state, *position, payload))
-            .collect();
-        drop(state);
-        let touched: Vec<&str> = out
-            .iter()
-            .filter_map(|f| f.envelope.as_ref()?.event.task())
-            .collect();
-        shared.notify(&touched);
+        let (out, _) = shared.fold_batch(read);
         if let Some(read_ns) = read_ns {
-            let reads: Vec<_> = read
+            let reads: Vec<_> = stamps
                 .iter()
                 .zip(&out)
-                .map(|((position, publish_ns, _), f)| crate::trace::Read {
-                    position: *position,
+                .map(|(publish_ns, f)| crate::trace::Read {
+                    position: f.position,
                     publish_ns: *publish_ns,
                     read_ns,
                     envelope: f.envelope.as_ref(),
@@ -289,8 +340,35 @@ impl Folder {
     }
 }
 
-fn fold_one(state: &mut State, position: u64, payload: &[u8]) -> Folded {
-    match decode(payload) {
+impl Shared {
+    /// Folds one batch of decoded events (in log order) under one hold of the state's
+    /// lock, then wakes the waits it concerns. Returns what the fold made of each event,
+    /// and how many waits on one task were woken.
+    pub fn fold_batch(
+        &self,
+        read: Vec<(u64, Result<Envelope, DecodeError>)>,
+    ) -> (Vec<Folded>, usize) {
+        let mut state = self.state.lock();
+        let out: Vec<Folded> = read
+            .into_iter()
+            .map(|(position, decoded)| fold_one(&mut state, position, decoded))
+            .collect();
+        let touched: Vec<Touched> = out
+            .iter()
+            .filter_map(|f| f.envelope.as_ref()?.event.task())
+            .map(|uuid| Touched {
+                uuid,
+                finished: state.tasks.get(uuid).is_some_and(|t| t.state.is_terminal()),
+            })
+            .collect();
+        drop(state);
+        let woken = self.notify(&touched);
+        (out, woken)
+    }
+}
+
+fn fold_one(state: &mut State, position: u64, decoded: Result<Envelope, DecodeError>) -> Folded {
+    match decoded {
         Ok(env) => {
             let outcome = state.apply(position, &env);
             if let Err(e) = &outcome {
@@ -310,5 +388,90 @@ fn fold_one(state: &mut State, position: u64, payload: &[u8]) -> Folded {
                 outcome: Err(state.refuse(position, e.to_string())),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Outcome, StepRef};
+    use crate::machine::TaskState;
+
+    const ONE_STEP: &str = "name: one\nnamespace: n\nversion: '1'\nsteps:
+  - {name: a, handler: {callable: math.square}}
+";
+
+    fn batch(first: u64, events: Vec<Event>) -> Vec<(u64, Result<Envelope, DecodeError>)> {
+        let envelope = |event| Envelope {
+            ts_ms: 0,
+            term: None,
+            event,
+        };
+        (first..)
+            .zip(events.into_iter().map(|e| Ok(envelope(e))))
+            .collect()
+    }
+
+    #[test]
+    fn a_wait_for_a_tasks_end_is_woken_by_its_end_and_by_no_step_before_it() {
+        let shared = Arc::new(Shared::default());
+        let template = crate::validate::load(ONE_STEP, None).unwrap();
+        let created = Event::TaskCreated {
+            task: "t".into(),
+            namespace: "n".into(),
+            name: "one".into(),
+            version: "1".into(),
+            context: serde_json::json!({}),
+            idempotency_key: None,
+            identity: None,
+            protocol: Some(2),
+        };
+        shared.fold_batch(batch(
+            0,
+            vec![Event::TemplateRegistered { template }, created],
+        ));
+        let waiter = {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(600);
+                shared.wait_for_task_finished("t", deadline, |s| {
+                    let t = s.tasks.get("t")?;
+                    t.state.is_terminal().then_some(t.state)
+                })
+            })
+        };
+        // Registered under the state's lock, which the wait holds until it sleeps: once
+        // the watcher is there, a fold (which takes that lock) finds the wait asleep.
+        while !shared.watchers.lock().contains_key("t") {
+            std::thread::yield_now();
+        }
+        let at = StepRef {
+            task: "t".into(),
+            step: "a".into(),
+            attempt: 1,
+        };
+        let worker = "w".to_string();
+        let claim = Event::StepClaimed {
+            at: at.clone(),
+            worker: worker.clone(),
+        };
+        let (folded, woken) = shared.fold_batch(batch(2, vec![claim]));
+        assert_eq!(folded[0].outcome, Ok(()));
+        assert_eq!(
+            woken, 0,
+            "a step of the task does not wake a wait for its end"
+        );
+        let outcome = Outcome::Success {
+            result: serde_json::json!(4),
+        };
+        let result = Event::StepResult {
+            at,
+            worker,
+            outcome,
+        };
+        let (_, woken) = shared.fold_batch(batch(3, vec![result]));
+        assert_eq!(woken, 1, "the task's end does");
+        assert_eq!(waiter.join().unwrap(), Some(TaskState::Complete));
+        assert!(shared.watchers.lock().is_empty(), "the wait removed itself");
     }
 }

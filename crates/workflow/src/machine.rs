@@ -118,11 +118,16 @@ pub fn legal_task(from: TaskState, to: TaskState) -> bool {
 }
 
 /// The step edges. A failed step has the operator's ways out: reset (to `pending`),
-/// resolved or completed manually.
+/// resolved or completed manually; a cancelled one only the rerun of its task (a batch
+/// instance cancelled by a sibling's failure under `fail_fast`).
 pub fn legal_step(from: StepState, to: StepState) -> bool {
     use StepState::*;
     if from == Error {
         return matches!(to, Pending | ResolvedManually | Complete);
+    }
+    // A batch instance `fail_fast` cancelled comes back with its task's rerun.
+    if from == Cancelled {
+        return to == Pending;
     }
     if from.is_terminal() {
         return false;

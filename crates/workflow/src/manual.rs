@@ -1,10 +1,13 @@
 //! An operator's changes to a failed step: reset it for retry, resolve it manually
 //! (its dependents run without a result from it) or complete it manually (with a
-//! result); and the rerun of a failed task (every failed step reset at once). Each is an event checked like the engine's own step events (the step must
+//! result); and the rerun of a failed task (every failed step reset at once, with the
+//! batch instances `fail_fast` cancelled). Each is an event checked like the engine's
+//! own step events (the step must
 //! be in `error`, at the attempt the event names, so a repeated command is refused),
 //! allowed on a task that is blocked or failed (which it reopens), never on one that
 //! completed or was cancelled.
 
+use crate::batch::FailureStrategy;
 use crate::event::{Event, StepRef};
 use crate::machine::{StepState, TaskState};
 use crate::state::{Rejected, State};
@@ -20,8 +23,7 @@ pub(crate) fn apply(
         unreachable!("not a step event: {event:?}")
     };
     let task = state
-        .tasks
-        .get_mut(&at.task)
+        .task_mut(&at.task)
         .ok_or_else(|| Rejected::UnknownTask(at.task.clone()))?;
     let index = task
         .index_of(&at.step)
@@ -59,11 +61,11 @@ pub(crate) fn apply(
 }
 
 /// `task_rerun`: every failed step of a failed task goes back to `pending` (as a
-/// reset), and the task is reopened; refused for a task that is not in `error`.
+/// reset), with the batch instances a `fail_fast` failure cancelled, and the task is
+/// reopened; refused for a task that is not in `error`.
 pub(crate) fn rerun(state: &mut State, uuid: &str, position: u64, ts: u64) -> Result<(), Rejected> {
     let task = state
-        .tasks
-        .get_mut(uuid)
+        .task_mut(uuid)
         .ok_or_else(|| Rejected::UnknownTask(uuid.to_string()))?;
     if task.state != TaskState::Error {
         return Err(Rejected::NotFailed {
@@ -71,9 +73,18 @@ pub(crate) fn rerun(state: &mut State, uuid: &str, position: u64, ts: u64) -> Re
             state: task.state,
         });
     }
-    for step in task.steps.iter_mut() {
-        if step.created && step.state == StepState::Error {
-            reset(step, position, ts);
+    assert!(!task.cancelled, "a cancelled task is not in error");
+    for i in 0..task.steps.len() {
+        let step = &task.steps[i];
+        let failed = step.created && step.state == StepState::Error;
+        // A batch instance cancelled because a sibling failed under `fail_fast` (the
+        // only way a step of a task that was not cancelled is): it runs again as well,
+        // or the batch's convergence could never run.
+        let cut_short = step.created
+            && step.state == StepState::Cancelled
+            && crate::batch::strategy(task, i) == Some(FailureStrategy::FailFast);
+        if failed || cut_short {
+            reset(&mut task.steps[i], position, ts);
         }
     }
     task.completed_ms = None;

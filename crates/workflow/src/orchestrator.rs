@@ -427,11 +427,12 @@ impl Runtime {
         let term = Some(self.engine.role.term.load(Ordering::Acquire));
         self.inflight
             .retain(|_, at| now.saturating_sub(*at) < INFLIGHT_MS);
-        for e in events {
-            if self.inflight.insert(key(&e), now).is_none() {
-                self.engine.writer.publish_in_term(e, term)?;
-            }
-        }
+        // Every new decision of this round in one append: one batch through the log.
+        let fresh: Vec<Event> = events
+            .into_iter()
+            .filter(|e| self.inflight.insert(key(e), now).is_none())
+            .collect();
+        self.engine.writer.publish_all(fresh, term)?;
         let until_wake = wake.map_or(IDLE_POLL, |w| Duration::from_millis(w.saturating_sub(now)));
         Ok(until_wake.min(IDLE_POLL))
     }

@@ -40,22 +40,23 @@ const HEADER: usize = 64;
 /// Snapshots kept: the newest and one before it, in case the newest is damaged.
 const KEEP: usize = 2;
 
-/// The state as written: the fields the API's serialized form of a task leaves out
-/// (template, spec indices, dependencies, batch parents) are carried beside it.
-#[derive(Serialize, Deserialize)]
+/// The state as read back: the fields the API's serialized form of a task leaves out
+/// (template, spec indices, dependencies, batch parents) are carried beside it. Written
+/// as an [`ImageOut`], the same fields borrowed from the state.
+#[derive(Deserialize)]
 struct Image {
     /// Which log this is a snapshot of (the orchestrator's: the topic's name and its
     /// creation time, which a recreated topic does not share).
     log: String,
     templates: Vec<Template>,
     tasks: Vec<TaskImage>,
-    idempotency: BTreeMap<String, String>,
+    idempotency: imbl::OrdMap<String, String>,
     next_position: u64,
     rejected: u64,
     leader: crate::leadership::Leader,
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 struct TaskImage {
     template: TemplateKey,
     specs: Vec<usize>,
@@ -65,6 +66,57 @@ struct TaskImage {
     /// reads back as no result, and a dependency's null result is still a result.
     null_results: Vec<usize>,
     task: Task,
+}
+
+/// [`Image`] as written: borrowed from the state (which a snapshot shares with the
+/// fold, [`crate::state::TaskMap`]), so encoding copies no task.
+#[derive(Serialize)]
+struct ImageOut<'a> {
+    log: &'a str,
+    templates: Vec<&'a Template>,
+    tasks: Vec<TaskImageOut<'a>>,
+    idempotency: &'a imbl::OrdMap<String, String>,
+    next_position: u64,
+    rejected: u64,
+    leader: &'a crate::leadership::Leader,
+}
+
+#[derive(Serialize)]
+struct TaskImageOut<'a> {
+    template: TemplateKey,
+    specs: Vec<usize>,
+    parents: Vec<Option<usize>>,
+    deps: &'a [Vec<usize>],
+    null_results: Vec<usize>,
+    task: &'a Task,
+}
+
+impl<'a> ImageOut<'a> {
+    fn of(log: &'a str, state: &'a State) -> Self {
+        let tasks = state.tasks.values().map(|task| TaskImageOut {
+            template: task.template.key(),
+            specs: task.steps.iter().map(|s| s.spec).collect(),
+            parents: task
+                .steps
+                .iter()
+                .map(|s| s.batch.as_ref().map(|b| b.parent))
+                .collect(),
+            deps: &task.deps,
+            null_results: (0..task.steps.len())
+                .filter(|&i| task.steps[i].result == Some(serde_json::Value::Null))
+                .collect(),
+            task,
+        });
+        Self {
+            log,
+            templates: state.templates.values().map(|t| &**t).collect(),
+            tasks: tasks.collect(),
+            idempotency: &state.idempotency,
+            next_position: state.next_position,
+            rejected: state.rejected,
+            leader: &state.leader,
+        }
+    }
 }
 
 /// What a task deserializes with before [`Image::into_state`] puts its template back.
@@ -88,32 +140,6 @@ pub(crate) fn unset_template() -> Arc<Template> {
 }
 
 impl Image {
-    fn of(log: &str, state: State) -> Self {
-        let tasks = state.tasks.into_values().map(|mut task| TaskImage {
-            template: task.template.key(),
-            specs: task.steps.iter().map(|s| s.spec).collect(),
-            parents: task
-                .steps
-                .iter()
-                .map(|s| s.batch.as_ref().map(|b| b.parent))
-                .collect(),
-            deps: std::mem::take(&mut task.deps),
-            null_results: (0..task.steps.len())
-                .filter(|&i| task.steps[i].result == Some(serde_json::Value::Null))
-                .collect(),
-            task,
-        });
-        Self {
-            log: log.to_string(),
-            templates: state.templates.values().map(|t| (**t).clone()).collect(),
-            tasks: tasks.collect(),
-            idempotency: state.idempotency,
-            next_position: state.next_position,
-            rejected: state.rejected,
-            leader: state.leader,
-        }
-    }
-
     /// The state back, every index checked against its template and task (a snapshot
     /// that passed its checksum may still come from a buggy writer).
     fn into_state(self) -> Result<State, String> {
@@ -122,10 +148,10 @@ impl Image {
             .into_iter()
             .map(|t| (t.key(), Arc::new(t)))
             .collect();
-        let mut tasks = BTreeMap::new();
+        let mut tasks = crate::state::TaskMap::new();
         for image in self.tasks {
             let task = restore_task(image, &templates)?;
-            tasks.insert(task.uuid.clone(), task);
+            tasks.insert(task.uuid.clone(), Arc::new(task));
         }
         let mut state = State {
             templates,
@@ -190,7 +216,7 @@ fn restore_task(
 pub fn encode(log: &str, state: State) -> Vec<u8> {
     let position = state.next_position;
     // Serializing these types cannot fail: every map key is a string.
-    let body = serde_json::to_vec(&Image::of(log, state)).expect("the state serializes");
+    let body = serde_json::to_vec(&ImageOut::of(log, &state)).expect("the state serializes");
     let mut out = Vec::with_capacity(HEADER + body.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());

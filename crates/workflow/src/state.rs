@@ -11,7 +11,7 @@ use crate::machine::{legal_step, StepState, TaskState};
 use crate::template::{IdentityStrategy, StepTemplate, StepType, Template, TemplateKey};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// One move of a state machine, with the event that caused it.
@@ -147,15 +147,24 @@ pub enum Rejected {
 /// The newest task protocol ([`Task::protocol`]) this fold knows.
 pub const LATEST_PROTOCOL: u8 = 2;
 
-/// The engine's state. Iteration orders are those of `BTreeMap`s, so that everything
-/// derived from a state (decisions included) is the same on every reader.
+/// The tasks by uuid: a persistent (copy-on-write) ordered map of shared tasks, so that
+/// a clone of the state (a snapshot's) costs a few pointer copies however many tasks
+/// there are, and the fold afterwards copies only the tree nodes and the tasks it
+/// changes while the clone still holds them ([`State::task_mut`]). Ordered by uuid, as
+/// a `BTreeMap`.
+pub type TaskMap = imbl::OrdMap<String, Arc<Task>>;
+
+/// The engine's state. Iteration orders are those of ordered maps, so that everything
+/// derived from a state (decisions included) is the same on every reader. Every
+/// collection that grows with the tasks is persistent ([`TaskMap`]): cloning a state is
+/// O(1) in the tasks, which is what lets a snapshot be taken without stalling the fold.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct State {
     pub templates: BTreeMap<TemplateKey, Arc<Template>>,
-    pub tasks: BTreeMap<String, Task>,
+    pub tasks: TaskMap,
     /// A task's identity (see [`crate::identity`]; in older events
     /// `namespace/name@version/key`) to the task that has it.
-    pub idempotency: BTreeMap<String, String>,
+    pub idempotency: imbl::OrdMap<String, String>,
     /// The position after the last event applied or rejected.
     pub next_position: u64,
     pub rejected: u64,
@@ -164,7 +173,7 @@ pub struct State {
     /// visit the open tasks only, not every task the log ever held (a scan of all of
     /// them per batch of events made the engine slower the longer it ran). Whoever
     /// fills `tasks` by other means calls [`State::reindex`].
-    pub open: BTreeSet<String>,
+    pub open: imbl::OrdSet<String>,
     /// Which orchestrator's decisions are accepted ([`crate::leadership`]).
     pub leader: crate::leadership::Leader,
 }
@@ -197,9 +206,15 @@ impl State {
     /// The tasks not finished, in uuid order (as `tasks`).
     pub fn open_task_iter(&self) -> impl Iterator<Item = &Task> + '_ {
         self.open.iter().map(|uuid| match self.tasks.get(uuid) {
-            Some(task) => task,
+            Some(task) => task.as_ref(),
             None => unreachable!("open task {uuid} is not among the tasks"),
         })
+    }
+
+    /// The task `uuid` to change: copied first if a clone of the state (a snapshot
+    /// being written) still shares it, so the clone never sees the change.
+    pub fn task_mut(&mut self, uuid: &str) -> Option<&mut Task> {
+        self.tasks.get_mut(uuid).map(Arc::make_mut)
     }
 
     /// Rebuilds [`State::open`] from `tasks` (after filling `tasks` without `apply`).
@@ -231,8 +246,12 @@ impl State {
 
     fn dispatch(&mut self, position: u64, env: &Envelope) -> Result<(), Rejected> {
         let ts = env.ts_ms;
-        // A deposed orchestrator's decisions are refused before they touch anything.
-        self.leader.admits(env)?;
+        // A deposed orchestrator's decisions are refused before they touch anything but
+        // the audit trail of the step they name.
+        if let Err(fenced) = self.leader.admits(env) {
+            self.note_refused(&env.event, position, &fenced);
+            return Err(fenced);
+        }
         match &env.event {
             Event::TemplateRegistered { template } => self.register(template),
             Event::TaskCreated {
@@ -268,6 +287,19 @@ impl State {
                 crate::manual::apply(self, &env.event, position, ts)
             }
             step_event => self.step_event(step_event, position, ts),
+        }
+    }
+
+    /// Records a refused step event in its step's audit trail (`refused`), if the task
+    /// has that step and it was created (for other events, and unknown steps, nothing).
+    fn note_refused(&mut self, event: &Event, position: u64, why: &Rejected) {
+        let Some(at) = event.step_ref() else { return };
+        let Some(task) = self.task_mut(&at.task) else {
+            return;
+        };
+        if let Some(i) = task.index_of(&at.step).filter(|&i| task.steps[i].created) {
+            let note = refusal_note(event, at, position, why);
+            task.steps[i].refused.push(note);
         }
     }
 
@@ -313,12 +345,12 @@ impl State {
         if let Some(scope) = scope {
             self.idempotency.insert(scope, new.uuid.to_string());
         }
-        self.tasks.insert(new.uuid.to_string(), task);
+        self.tasks.insert(new.uuid.to_string(), Arc::new(task));
         Ok(())
     }
 
     fn cancel(&mut self, uuid: &str, position: u64, ts: u64) -> Result<(), Rejected> {
-        let task = open_task(&mut self.tasks, uuid)?;
+        let task = open_task(self, uuid)?;
         for step in &mut task.steps {
             if step.created && !step.state.is_terminal() {
                 step.enter(StepState::Cancelled, position, ts);
@@ -332,8 +364,7 @@ impl State {
     fn step_event(&mut self, event: &Event, position: u64, ts: u64) -> Result<(), Rejected> {
         let at = step_ref(event);
         let task = self
-            .tasks
-            .get_mut(&at.task)
+            .task_mut(&at.task)
             .ok_or_else(|| Rejected::UnknownTask(at.task.clone()))?;
         // A step not created (yet, or ever) does not exist for events: nothing moves it
         // (a `step_stale` seeing it `pending` at attempt 0 would otherwise match).
@@ -353,11 +384,7 @@ impl State {
             apply_to_step(task, index, event, position, ts)
         };
         if let Err(e) = &outcome {
-            let note = format!(
-                "position {position}: {} of attempt {}: {e}",
-                event.kind(),
-                at.attempt
-            );
+            let note = refusal_note(event, at, position, e);
             task.steps[index].refused.push(note);
         }
         outcome
@@ -411,12 +438,9 @@ struct NewTask<'a> {
     protocol: u8,
 }
 
-fn open_task<'a>(
-    tasks: &'a mut BTreeMap<String, Task>,
-    uuid: &str,
-) -> Result<&'a mut Task, Rejected> {
-    let task = tasks
-        .get_mut(uuid)
+fn open_task<'a>(state: &'a mut State, uuid: &str) -> Result<&'a mut Task, Rejected> {
+    let task = state
+        .task_mut(uuid)
         .ok_or_else(|| Rejected::UnknownTask(uuid.to_string()))?;
     if task.state.is_terminal() {
         return Err(Rejected::TaskClosed {
@@ -425,6 +449,15 @@ fn open_task<'a>(
         });
     }
     Ok(task)
+}
+
+/// How a refused step event reads in its step's audit trail.
+fn refusal_note(event: &Event, at: &StepRef, position: u64, why: &Rejected) -> String {
+    format!(
+        "position {position}: {} of attempt {}: {why}",
+        event.kind(),
+        at.attempt
+    )
 }
 
 /// The attempt a step event is about (every event `step_event` gets has one).

@@ -78,7 +78,8 @@ pub(crate) fn list_tasks(state: &State, query: &[(String, String)]) -> Reply {
             && find(query, "name").is_none_or(|n| t.template.name == n)
             && status.is_none_or(|s| t.state.name() == s)
     };
-    let mut tasks: Vec<&Task> = state.tasks.values().filter(wanted).collect();
+    let all = state.tasks.values().map(|t| &**t);
+    let mut tasks: Vec<&Task> = all.filter(wanted).collect();
     tasks.sort_by(|a, b| (a.created_ms, &a.uuid).cmp(&(b.created_ms, &b.uuid)));
     paginate("tasks", tasks.into_iter().map(task_summary).collect(), page)
 }
@@ -92,7 +93,7 @@ pub(crate) fn dlq(state: &State, query: &[(String, String)]) -> Reply {
     };
     let mut entries = Vec::new();
     let stuck = |t: &&Task| matches!(t.state, TaskState::Error | TaskState::BlockedByFailures);
-    for task in state.tasks.values().filter(stuck) {
+    for task in state.tasks.values().map(|t| &**t).filter(stuck) {
         for s in task.created_steps().filter(|s| s.state == StepState::Error) {
             let error = s.last_error.clone().unwrap_or_default();
             let at_ms = s.history.last().map(|h| h.ts_ms);

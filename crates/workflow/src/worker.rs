@@ -229,12 +229,14 @@ impl Runtime {
                 .filter(|at| !claims.contains(at))
                 .take(free)
                 .collect();
-        for at in wanted {
-            claims.insert(at.clone());
-            let worker = steps.worker.clone();
-            steps.writer.publish(Event::StepClaimed { at, worker })?;
-        }
-        Ok(())
+        // One append for all of them: one batch through the log, not one per claim.
+        claims.extend(wanted.iter().cloned());
+        let worker = &steps.worker;
+        let events = wanted.into_iter().map(|at| Event::StepClaimed {
+            at,
+            worker: worker.clone(),
+        });
+        steps.writer.publish_all(events.collect(), None)
     }
 
     fn heartbeat(&mut self) -> Result<(), Error> {
@@ -378,11 +380,11 @@ impl Steps {
         }
     }
 
-    /// Publishes an attempt's result and, right behind it, the claims ahead it allows
-    /// (noted among the claims before the result goes out, so the loop, which may see
-    /// those steps enqueued as soon as the result is in the log, does not claim them
-    /// too). Runs while the attempt still counts as running, so its slot is one of the
-    /// free ones.
+    /// Publishes an attempt's result and, right behind it in the same append (so in the
+    /// same batch through the log), the claims ahead it allows (noted among the claims
+    /// before the result goes out, so the loop, which may see those steps enqueued as
+    /// soon as the result is in the log, does not claim them too). Runs while the
+    /// attempt still counts as running, so its slot is one of the free ones.
     fn finish(&self, at: StepRef, outcome: Outcome) {
         let success = matches!(outcome, Outcome::Success { .. });
         let event = Event::StepResult {
@@ -394,20 +396,19 @@ impl Steps {
             true => self.reserve_ahead(&event),
             false => Vec::new(),
         };
-        if let Err(e) = self.writer.publish(event) {
+        let mut events = Vec::with_capacity(1 + ahead.len());
+        events.push(event);
+        events.extend(ahead.iter().map(|at| Event::StepClaimed {
+            at: at.clone(),
+            worker: self.worker.clone(),
+        }));
+        if let Err(e) = self.writer.publish_all(events, None) {
+            // The loop's next publish reports the log's failure.
             tracing::error!("cannot publish a step result: {e}");
             let mut claims = self.claims.lock();
             ahead.iter().for_each(|at| {
                 claims.remove(at);
             });
-            return;
-        }
-        for at in ahead {
-            let worker = self.worker.clone();
-            if let Err(e) = self.writer.publish(Event::StepClaimed { at, worker }) {
-                // The loop's next publish reports the log's failure.
-                tracing::error!("cannot publish a claim: {e}");
-            }
         }
     }
 

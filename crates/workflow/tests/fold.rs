@@ -945,3 +945,110 @@ proptest! {
         prop_assert_eq!(restored, full);
     }
 }
+
+#[test]
+fn a_rerun_restores_the_batch_instances_fail_fast_cancelled_and_the_task_completes() {
+    use embarcadero_workflow::{StepState, TaskState};
+    let template = BATCH
+        .replace("NAME", "batch_fail_fast")
+        .replace("STRATEGY", "fail_fast");
+    let at = |step: &str, attempt| StepRef {
+        task: "t".into(),
+        step: step.into(),
+        attempt,
+    };
+    let claim = |step: &str, attempt| Event::StepClaimed {
+        at: at(step, attempt),
+        worker: "w1".into(),
+    };
+    let ok = |step: &str, attempt, result| Event::StepResult {
+        at: at(step, attempt),
+        worker: "w1".into(),
+        outcome: Outcome::Success { result },
+    };
+    let mut state = State::default();
+    let setup = vec![
+        Event::TemplateRegistered {
+            template: load(&template, None).unwrap(),
+        },
+        Event::TaskCreated {
+            task: "t".into(),
+            namespace: "p".into(),
+            name: "batch_fail_fast".into(),
+            version: "1".into(),
+            context: json!({}),
+            idempotency_key: None,
+            identity: None,
+            protocol: Some(2),
+        },
+        claim("an", 1),
+        ok("an", 1, json!({"cursors": [1, 2, 3], "worker_count": 3})),
+        // w_001 fails for good while w_002 runs and w_003 waits: fail_fast cancels both.
+        claim("w_001", 1),
+        claim("w_002", 1),
+        Event::StepResult {
+            at: at("w_001", 1),
+            worker: "w1".into(),
+            outcome: Outcome::Failure {
+                message: "bad row".into(),
+                retryable: false,
+                retry_after_ms: None,
+            },
+        },
+        Event::StepErrored {
+            at: at("w_001", 1),
+            reason: "failed, not retryable: bad row".into(),
+        },
+        // w_002's late result: refused, it was cancelled.
+        ok("w_002", 1, json!(2)),
+    ];
+    let applied = apply_at(&mut state, 0, setup);
+    assert_eq!(
+        applied,
+        [true, true, true, true, true, true, true, true, false]
+    );
+    let task = &state.tasks["t"];
+    assert_eq!(task.state, TaskState::Error);
+    let states = |s: &State| -> Vec<StepState> {
+        ["w_001", "w_002", "w_003"]
+            .iter()
+            .map(|n| s.tasks["t"].step(n).unwrap().state)
+            .collect()
+    };
+    use StepState::{Cancelled, Complete, Enqueued, Error};
+    assert_eq!(states(&state), [Error, Cancelled, Cancelled]);
+
+    let rerun = Event::TaskRerun {
+        task: "t".into(),
+        reason: "fixed the row".into(),
+    };
+    assert_eq!(apply_at(&mut state, 1, vec![rerun]), [true]);
+    // Every instance is enqueued again (protocol 2: by the fold) at its next attempt.
+    assert_eq!(states(&state), [Enqueued, Enqueued, Enqueued]);
+    let attempts: Vec<u32> = ["w_001", "w_002", "w_003"]
+        .iter()
+        .map(|n| state.tasks["t"].step(n).unwrap().attempt)
+        .collect();
+    assert_eq!(attempts, [2, 2, 2]);
+    let w2 = state.tasks["t"].step("w_002").unwrap();
+    assert!(
+        w2.history
+            .iter()
+            .any(|h| (h.from, h.to) == (Cancelled, StepState::Pending)),
+        "{:?}",
+        w2.history
+    );
+    // The cancelled attempt's late result is still refused; the new attempts run.
+    let mut rest = vec![ok("w_002", 1, json!(2))];
+    for n in ["w_001", "w_002", "w_003"] {
+        rest.push(claim(n, 2));
+        rest.push(ok(n, 2, json!(1)));
+    }
+    rest.push(claim("agg", 1));
+    rest.push(ok("agg", 1, json!(3)));
+    let applied = apply_at(&mut state, 2, rest);
+    assert!(!applied[0], "a superseded attempt's result");
+    assert!(applied[1..].iter().all(|&a| a), "{applied:?}");
+    assert_eq!(states(&state), [Complete, Complete, Complete]);
+    assert_eq!(state.tasks["t"].state, TaskState::Complete);
+}

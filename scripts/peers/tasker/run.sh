@@ -5,7 +5,7 @@
 # Each engine runs alone (the other's processes stopped); bench.py drives both over HTTP.
 # Needs install.sh first. Usage: [EMBARCADERO=path] [ENGINES="tasker embarcadero"] [SUSTAINED_S=20]
 #   [RAW_SAMPLES=200] [POLL_SAMPLES=50] [SHAPES=linear,batch,...] [HANDLERS="rust python typescript"]
-#   [CLIENTS=8 (the sustained run's)]
+#   [CLIENTS=8 (the sustained run's)] [WORKER_ARGS="--concurrency 32" (more arguments for our Rust worker)]
 #   scripts/peers/tasker/run.sh [OUT_DIR]
 # HANDLERS: the languages of the workers' handlers, each run in turn in each engine (default rust;
 # python and typescript need install-handlers.sh, run only SHAPES, default linear, and no
@@ -97,7 +97,8 @@ run_embarcadero() {
   api=$(grep -o 'http://[0-9.:]*' "$RUN/orch.log" | tail -1 | sed 's|http://||')
   # Every worker publishes its events as the orchestrator does: RF 2, ack 2.
   case $lang in
-    rust) "$EMB" worker --control "$control" --rf 2 --ack 2 2>"$log" & ;;
+    # shellcheck disable=SC2086 # WORKER_ARGS is a list of words
+    rust) "$EMB" worker --control "$control" --rf 2 --ack 2 ${WORKER_ARGS:-} 2>"$log" & ;;
     python) "$HANDLERS_VENV/bin/python" "$PEER_DIR/handlers/embarcadero_worker.py" \
       --control "$control" --rf 2 --ack 2 2>"$log" & ;;
     typescript) node "$PEER_DIR/handlers/embarcadero-worker.mjs" --control "$control" --rf 2 \

@@ -71,22 +71,51 @@ impl Builder {
 impl Publisher {
     pub(super) fn append(&self, payload: &[u8], due: Option<Instant>) -> Result<()> {
         let inner = &self.inner;
-        if inner.closed.load(Ordering::Relaxed) {
+        inner.check_append(payload)?;
+        let mut b = inner.builder.lock();
+        inner.append_locked(&mut b, payload, due)
+    }
+
+    /// Appends `payloads` in order under one hold of the builder's lock: no sender can
+    /// seal the open batch between two of them, so they travel in one batch (and one
+    /// append at the broker) unless they do not fit in one. Each is checked before any
+    /// is appended, so a payload that is too large appends none.
+    pub(super) fn append_all(&self, payloads: &[&[u8]]) -> Result<()> {
+        let inner = &self.inner;
+        for payload in payloads {
+            inner.check_append(payload)?;
+        }
+        let mut b = inner.builder.lock();
+        for payload in payloads {
+            inner.append_locked(&mut b, payload, None)?;
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// Whether a message may be appended now: open, no connection failed, not too large.
+    fn check_append(&self, payload: &[u8]) -> Result<()> {
+        if self.closed.load(Ordering::Relaxed) {
             return Err(Error::Closed);
         }
-        if inner.any_failed.load(Ordering::Relaxed) {
-            inner.first_error()?;
+        if self.any_failed.load(Ordering::Relaxed) {
+            self.first_error()?;
         }
-        if payload.len() > inner.max_message {
+        if payload.len() > self.max_message {
             return Err(Error::MessageTooLarge {
                 size: payload.len(),
-                max: inner.max_message,
+                max: self.max_message,
             });
         }
+        Ok(())
+    }
+
+    /// Appends one checked message to the open batch (see [`Inner::check_append`]).
+    fn append_locked(&self, b: &mut Builder, payload: &[u8], due: Option<Instant>) -> Result<()> {
         let stride = message_stride(payload.len() as u64) as usize;
-        let mut b = inner.builder.lock();
-        if b.num_msg > 0 && b.buf.len() + stride > inner.max_batch {
-            inner.seal(&mut b)?;
+        if b.num_msg > 0 && b.buf.len() + stride > self.max_batch {
+            self.seal(b)?;
         }
         if b.num_msg == 0 {
             // One clock read per batch, not per message: a read costs 100+ ns where the
@@ -110,7 +139,7 @@ impl Publisher {
             size: payload.len() as u32,
             publish_ts_ns,
             counter: b.messages,
-            client_id: inner.client_id,
+            client_id: self.client_id,
             ..Default::default()
         };
         let mut encoded = [0u8; MESSAGE_HEADER_LEN];
@@ -128,22 +157,21 @@ impl Publisher {
             b.dues.clear();
             // The sender of the queue this batch is due on times its linger.
             // (Past `OpenBatch`'s 16 bits of queue index, only the backstop seals.)
-            if let Some(owner) = inner
+            if let Some(owner) = self
                 .live_queue_from(b.round_robin)
                 .filter(|&o| o < OpenBatch::MAX_OWNER)
             {
                 let open = OpenBatch {
                     owner,
-                    deadline: now + inner.config.linger,
+                    deadline: now + self.config.linger,
                 };
-                inner
-                    .open_batch
-                    .store(open.encode(inner.created), Ordering::Release);
+                self.open_batch
+                    .store(open.encode(self.created), Ordering::Release);
                 // Under load batches fill before their linger runs out and the wake-up
                 // would be wasted: each idle sender looks at the open batch anyway
                 // before it waits, and at least every `SENDER_IDLE_WAIT`.
                 if b.lingered_last {
-                    let _ = inner.queues[owner].batch_opened.0.try_send(());
+                    let _ = self.queues[owner].batch_opened.0.try_send(());
                 }
             }
         }
@@ -157,8 +185,8 @@ impl Publisher {
         }
         b.messages += 1;
         b.bytes += payload.len() as u64;
-        if b.buf.len() >= inner.config.batch_bytes {
-            inner.seal(&mut b)?;
+        if b.buf.len() >= self.config.batch_bytes {
+            self.seal(b)?;
         }
         Ok(())
     }

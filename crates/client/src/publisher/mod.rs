@@ -211,6 +211,17 @@ impl Publisher {
         self.append(payload, None)
     }
 
+    /// Appends `payloads` in order, together: one batch holds them all (and the broker
+    /// appends them at once) unless they do not fit in one, where the batch is sealed
+    /// between two of them as for single appends. For messages that belong together,
+    /// such as a result and the claims it allows: one batch costs the brokers one append
+    /// and each subscriber one delivery, where separate appends may take one each.
+    /// Nothing is appended if any payload is too large (or the publisher is closed or
+    /// failed).
+    pub fn publish_all(&self, payloads: &[&[u8]]) -> Result<()> {
+        self.append_all(payloads)
+    }
+
     /// Like [`Publisher::publish`], for a message that was due at `due` (a load generator
     /// on a fixed schedule): its append-to-ack and end-to-end latencies are counted from
     /// `due` instead of from now, so time the caller spent behind its schedule (or
