@@ -32,6 +32,14 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// Step attempts a worker runs at once unless told otherwise (`--concurrency`, and the
+/// SDK workers' `concurrency`, which repeat the number). A slot is held from the claim
+/// until the result is in the log, and a task's next step is claimed while its last
+/// result goes out, so a worker holds about this many tasks in flight: at 8, one worker
+/// topped out near 800 linear tasks/s with its handlers idle (docs/PERFORMANCE.md,
+/// session 21); 32 idle threads cost little, and handlers that wait on I/O want them.
+pub const DEFAULT_CONCURRENCY: usize = 32;
+
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     pub log: LogConfig,

@@ -216,7 +216,7 @@ pub struct NativeWorker {
 impl NativeWorker {
     #[new]
     #[pyo3(signature = (
-        handlers, control = DEFAULT_CONTROL, *, namespaces = Vec::new(), concurrency = 8,
+        handlers, control = DEFAULT_CONTROL, *, namespaces = Vec::new(), concurrency = 32,
         lease_ms = 3000, topic = "workflow.events", ack = 2, rf = 2,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one per option

@@ -147,7 +147,7 @@ export interface WorkerOptions {
   namespace?: string | readonly string[];
   /** Handlers by callable name (default: those registered with {@link stepHandler}). */
   handlers?: Readonly<Record<string, StepHandler>> | ReadonlyMap<string, StepHandler>;
-  /** Attempts run at once (default 8). */
+  /** Attempts run at once (default 32, as `embarcadero worker --concurrency`). */
   concurrency?: number;
   /** The orchestrator's `--lease-ms` (default 3000); heartbeats go out three times per lease. */
   leaseMs?: number;
@@ -331,7 +331,7 @@ export class Worker {
     for (const [name, h] of handlers) {
       if (typeof h !== "function") throw new TypeError(`the handler of ${name} is not a function`);
     }
-    const { concurrency = 8, leaseMs = 3000 } = options;
+    const { concurrency = 32, leaseMs = 3000 } = options;
     if (!(Number.isSafeInteger(concurrency) && concurrency >= 1 && concurrency < 2 ** 32)) {
       throw new ConfigError(`concurrency must be a positive integer, not ${concurrency}`);
     }

@@ -54,7 +54,7 @@ pub struct WorkerArgs {
     #[arg(long = "namespace")]
     namespaces: Vec<String>,
     /// Step attempts run at once.
-    #[arg(long, default_value_t = 8, value_parser = crate::at_least_one)]
+    #[arg(long, default_value_t = embarcadero_workflow::worker::DEFAULT_CONCURRENCY, value_parser = crate::at_least_one)]
     concurrency: usize,
     /// Append a line `task step attempt worker` to this file before each handler run
     /// (for the chaos test, which compares the runs with the audit trail).

@@ -378,7 +378,7 @@ class NativeWorker:
         control: str = ...,
         *,
         namespaces: List[str] = ...,
-        concurrency: int = 8,
+        concurrency: int = 32,
         lease_ms: int = 3000,
         topic: str = "workflow.events",
         ack: int = 2,

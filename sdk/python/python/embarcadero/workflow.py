@@ -120,7 +120,7 @@ class Worker:
         *,
         namespace: Union[str, Iterable[str], None] = None,
         handlers: Optional[Mapping[str, Handler]] = None,
-        concurrency: int = 8,
+        concurrency: int = 32,
         lease_ms: int = 3000,
         topic: str = "workflow.events",
         ack: int = 2,
