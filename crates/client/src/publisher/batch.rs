@@ -1,13 +1,99 @@
 //! Batch building: messages appended in their final wire form into the open batch,
 //! sealed by size, by their queue's sender when the linger runs out, or by the backstop.
+//! Over a shared-memory channel the open batch is built in place, in a span of the
+//! channel's ring ([`RingBatch`]), so its bytes are written once; elsewhere in a pooled
+//! buffer that the sender copies into a socket or ring.
 
 use super::*;
+use crate::shm::{LentSpan, ShmLink};
+
+/// Room past `batch_bytes` in a lent span: a batch seals once it reaches `batch_bytes`,
+/// so its last message may run past by up to its own size; a message that does not fit
+/// seals the batch early (and one larger than this never opens a span).
+const LEND_SLACK: usize = 64 * 1024;
+
+/// Where a batch's bytes (its messages; the batch header is written when it is sent)
+/// are.
+pub(super) enum Bytes {
+    Heap(Vec<u8>),
+    Ring(RingBatch),
+}
+
+impl Bytes {
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Bytes::Heap(v) => v.len(),
+            Bytes::Ring(r) => r.len,
+        }
+    }
+
+    /// Copies a ring batch out into a buffer of its own, giving its span back: for a
+    /// batch that goes out through another connection, or again (a resend).
+    pub(super) fn detach(&mut self) {
+        if let Bytes::Ring(r) = self {
+            *self = Bytes::Heap(r.read_out());
+        }
+    }
+}
+
+/// A batch built in place in a span of a channel's data ring: `BATCH_HEADER_LEN` bytes
+/// left for its header, then `len` bytes of messages. Committed by its connection's
+/// sender (the header written, the ring's tail moved past it); kept unoverwritten until
+/// dropped (acknowledged), so a resend can copy it; dropped uncommitted, cancelled.
+pub(super) struct RingBatch {
+    pub(super) link: Arc<ShmLink>,
+    /// `None` only while being dropped.
+    lent: Option<LentSpan>,
+    pub(super) len: usize,
+}
+
+impl RingBatch {
+    /// Appends one message: its encoded header, its payload, zeros up to `stride`.
+    fn push(&mut self, header: &[u8; MESSAGE_HEADER_LEN], payload: &[u8], stride: usize) {
+        const ZEROS: [u8; 64] = [0; 64];
+        let span = &mut self.lent.as_mut().expect("a live ring batch").span;
+        let at = BATCH_HEADER_LEN + self.len;
+        span.write_at(at, header);
+        span.write_at(at + MESSAGE_HEADER_LEN, payload);
+        let pad = stride - MESSAGE_HEADER_LEN - payload.len();
+        span.write_at(at + MESSAGE_HEADER_LEN + payload.len(), &ZEROS[..pad]);
+        self.len += stride;
+    }
+
+    /// Room for messages in the span.
+    fn capacity(&self) -> usize {
+        self.lent.as_ref().expect("a live ring batch").span.limit() - BATCH_HEADER_LEN
+    }
+
+    /// Publishes the batch through `link` with `header` if it is the link's span lent
+    /// out now; `false` otherwise (the caller copies it).
+    pub(super) fn commit(&mut self, link: &Arc<ShmLink>, header: &[u8]) -> bool {
+        let lent = self.lent.as_mut().expect("a live ring batch");
+        Arc::ptr_eq(link, &self.link) && link.commit(lent, BATCH_HEADER_LEN + self.len, header)
+    }
+
+    fn read_out(&self) -> Vec<u8> {
+        let lent = self.lent.as_ref().expect("a live ring batch");
+        lent.span.read_out(BATCH_HEADER_LEN, self.len)
+    }
+}
+
+impl Drop for RingBatch {
+    fn drop(&mut self) {
+        if let Some(lent) = self.lent.take() {
+            let id = lent.id;
+            // Given back first, so a sender that sees the hint cleared finds it so.
+            drop(lent);
+            self.link.clear_lent(id);
+        }
+    }
+}
 
 pub(super) struct Sealed {
     /// Order 5: the session sequence, assigned at seal; otherwise the sender numbers
     /// batches per connection.
     pub(super) seq: Option<u64>,
-    pub(super) buf: Vec<u8>,
+    pub(super) buf: Bytes,
     pub(super) num_msg: u32,
     pub(super) sealed_at: Instant,
     /// When the batch's first message was published (its due time, if it was published
@@ -28,7 +114,10 @@ pub(super) struct InFlight {
 }
 
 pub(super) struct Builder {
+    /// The open batch's messages, unless it is built in a ring (`ring`).
     pub(super) buf: Vec<u8>,
+    /// The open batch, when it is built in place in a channel's ring.
+    pub(super) ring: Option<RingBatch>,
     pub(super) num_msg: u32,
     /// When the open batch's first message was appended (the linger runs from here).
     pub(super) first_at: Option<Instant>,
@@ -51,10 +140,21 @@ pub(super) struct Builder {
 }
 
 impl Builder {
+    /// Bytes of messages in the open batch.
+    pub(super) fn len(&self) -> usize {
+        self.ring.as_ref().map_or(self.buf.len(), |r| r.len)
+    }
+
+    /// Most bytes of messages the open batch can hold.
+    fn capacity(&self, max_batch: usize) -> usize {
+        self.ring.as_ref().map_or(max_batch, |r| r.capacity())
+    }
+
     /// An empty builder whose buffer holds a batch of `batch_bytes` without growing.
     pub(super) fn new(batch_bytes: usize) -> Self {
         Self {
             buf: Vec::with_capacity(batch_bytes + MESSAGE_HEADER_LEN * 2),
+            ring: None,
             num_msg: 0,
             first_at: None,
             opened_ns: 0,
@@ -85,10 +185,12 @@ impl Publisher {
         }
         let stride = message_stride(payload.len() as u64) as usize;
         let mut b = inner.builder.lock();
-        if b.num_msg > 0 && b.buf.len() + stride > inner.max_batch {
+        if b.num_msg > 0 && b.len() + stride > b.capacity(inner.max_batch) {
             inner.seal(&mut b)?;
         }
         if b.num_msg == 0 {
+            debug_assert!(b.ring.is_none() && b.buf.is_empty());
+            b.ring = inner.lend_for(b.round_robin, stride);
             // One clock read per batch, not per message: a read costs 100+ ns where the
             // kernel cannot serve it from the vDSO (this project's VMs), which was 9% of
             // a publish-only run. Every message carries its batch's opening time, which
@@ -116,10 +218,14 @@ impl Publisher {
         let mut encoded = [0u8; MESSAGE_HEADER_LEN];
         header.encode_into(&mut encoded);
         // Written once in its final form: no zero-fill first.
-        let end = b.buf.len() + stride;
-        b.buf.extend_from_slice(&encoded);
-        b.buf.extend_from_slice(payload);
-        b.buf.resize(end, 0);
+        if let Some(ring) = &mut b.ring {
+            ring.push(&encoded, payload, stride);
+        } else {
+            let end = b.buf.len() + stride;
+            b.buf.extend_from_slice(&encoded);
+            b.buf.extend_from_slice(payload);
+            b.buf.resize(end, 0);
+        }
         b.num_msg += 1;
         if b.num_msg == 1 {
             let now = Instant::now();
@@ -157,10 +263,45 @@ impl Publisher {
         }
         b.messages += 1;
         b.bytes += payload.len() as u64;
-        if b.buf.len() >= inner.config.batch_bytes {
+        if b.len() >= inner.config.batch_bytes {
             inner.seal(&mut b)?;
         }
         Ok(())
+    }
+}
+
+impl Inner {
+    /// A span of the ring of the queue a batch due on queue `due` goes to, for the
+    /// batch to be built in place, when that queue's connection is a channel whose
+    /// sender has nothing else to write first (its channel, its moved batches, a
+    /// resend) and may take one more batch in flight; else `None`, and the batch is
+    /// built in a buffer. `stride`: its first message's.
+    pub(super) fn lend_for(&self, due: usize, stride: usize) -> Option<RingBatch> {
+        if self.config.transport == Transport::Tcp {
+            return None;
+        }
+        let q = &self.queues[self.live_queue_from(due)?];
+        let link = match &*q.stream.lock() {
+            Link::Shm(link) => link.clone(),
+            Link::Tcp(_) => return None,
+        };
+        let payload = self.max_batch.min(self.config.batch_bytes + LEND_SLACK);
+        if stride > payload
+            || !q.rx.is_empty()
+            || q.conn.resend_from.load(Ordering::Acquire) != u64::MAX
+            || !q.moved.lock().is_empty()
+            || (self.config.ack_level > 0
+                && q.conn.unacked.lock().len() >= self.config.max_inflight_batches)
+        {
+            return None;
+        }
+        let lent = link.lend(BATCH_HEADER_LEN + payload)?;
+        q.in_place.fetch_add(1, Ordering::Relaxed);
+        Some(RingBatch {
+            link,
+            lent: Some(lent),
+            len: 0,
+        })
     }
 }
 
@@ -177,10 +318,15 @@ impl Inner {
     pub(super) fn take_sealed(&self, b: &mut Builder) -> (Sealed, usize) {
         let now = Instant::now();
         b.lingered_last = b.first_at.is_some_and(|f| now >= f + self.config.linger);
-        let fresh = self.pool.1.try_recv().unwrap_or_else(|_| {
-            Vec::with_capacity(self.config.batch_bytes + MESSAGE_HEADER_LEN * 2)
-        });
-        let buf = std::mem::replace(&mut b.buf, fresh);
+        let buf = match b.ring.take() {
+            Some(ring) => Bytes::Ring(ring),
+            None => {
+                let fresh = self.pool.1.try_recv().unwrap_or_else(|_| {
+                    Vec::with_capacity(self.config.batch_bytes + MESSAGE_HEADER_LEN * 2)
+                });
+                Bytes::Heap(std::mem::replace(&mut b.buf, fresh))
+            }
+        };
         let seq = self
             .session
             .as_ref()
