@@ -177,8 +177,8 @@ fn batches_built_in_the_ring_and_refused_for_backpressure_are_resent_exactly_onc
     let (tx, rx) = std::sync::mpsc::channel();
     let brokers = t.brokers();
     let reader = std::thread::spawn(move || {
-        let mut s = Subscriber::connect_brokers(&brokers, "bp", sub_config(Transport::Tcp))
-            .unwrap();
+        let mut s =
+            Subscriber::connect_brokers(&brokers, "bp", sub_config(Transport::Tcp)).unwrap();
         tx.send(()).unwrap();
         std::thread::sleep(Duration::from_secs(1));
         (0..N)

@@ -128,7 +128,9 @@ impl Span {
     /// at most two pieces (the second when it wraps).
     fn pieces(&self, offset: usize, len: usize) -> [(usize, usize); 2] {
         assert!(
-            offset.checked_add(len).is_some_and(|end| end <= self.lent.limit),
+            offset
+                .checked_add(len)
+                .is_some_and(|end| end <= self.lent.limit),
             "bytes {offset}+{len} inside a span of {}",
             self.lent.limit
         );

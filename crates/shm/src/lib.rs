@@ -17,8 +17,8 @@ pub mod mapping;
 pub mod ring;
 pub mod socket;
 
-pub use mapping::Mapping;
 pub use lend::Span;
+pub use mapping::Mapping;
 pub use ring::{Consumer, Producer, Waited};
 
 #[cfg(test)]

@@ -9,10 +9,10 @@
 //! read-only to it, and only its cursor page is its own.
 
 use crate::bell;
-use crate::lend::{Lent, Returns, Span};
 use crate::layout::{
     RingPlace, C_DATA_WAITERS, C_HEAD, C_SPACE_BELL, LINE, P_DATA_BELL, P_SPACE_WAITERS, P_TAIL,
 };
+use crate::lend::{Lent, Returns, Span};
 use crate::mapping::Mapping;
 use std::collections::VecDeque;
 use std::io;
@@ -230,7 +230,10 @@ impl Producer {
     /// `src` is valid for reads of `len` bytes, and is not inside this ring.
     pub unsafe fn write_ptr(&mut self, src: *const u8, len: usize) -> io::Result<usize> {
         let n = len.min(self.room()?);
-        assert!(self.lent.is_none(), "nothing is written while a span is lent");
+        assert!(
+            self.lent.is_none(),
+            "nothing is written while a span is lent"
+        );
         if n == 0 {
             return Ok(0);
         }
@@ -292,7 +295,11 @@ impl Producer {
             header.len(),
             span.limit()
         );
-        assert_eq!(span.lent().start, self.tail, "a lent span starts at the tail");
+        assert_eq!(
+            span.lent().start,
+            self.tail,
+            "a lent span starts at the tail"
+        );
         span.write_at(0, header);
         span.mark_committed();
         self.lent = None;
@@ -314,7 +321,10 @@ impl Producer {
     /// one may be overwritten once every older kept span is given back too.
     fn forget(&mut self, start: u64) {
         if self.lent.is_some_and(|l| l.start == start) {
-            assert_eq!(self.tail, start, "nothing was written while the span was out");
+            assert_eq!(
+                self.tail, start,
+                "nothing was written while the span was out"
+            );
             self.lent = None;
             return;
         }

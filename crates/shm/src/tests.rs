@@ -265,14 +265,22 @@ fn a_lent_span_is_published_only_when_committed_and_kept_until_dropped() {
     let mut span = p.lend(1000).unwrap().expect("an empty ring lends");
     assert!(p.lend(10).unwrap().is_none(), "one span at a time");
     span.write_at(8, &[7u8; 100]);
-    assert_eq!(c.available().unwrap(), 0, "nothing of a lent span is published");
+    assert_eq!(
+        c.available().unwrap(),
+        0,
+        "nothing of a lent span is published"
+    );
     assert!(p.commit(&mut span, 108, &[1u8; 8]));
     let got = drain(&mut c);
     assert_eq!(&got[..8], &[1u8; 8]);
     assert_eq!(&got[8..], &[7u8; 100][..]);
     // Consumed, but kept: the producer's room does not count it free.
     assert_eq!(p.room().unwrap(), cap - 108);
-    assert_eq!(span.read_out(8, 100), vec![7u8; 100], "kept bytes stay as written");
+    assert_eq!(
+        span.read_out(8, 100),
+        vec![7u8; 100],
+        "kept bytes stay as written"
+    );
     drop(span);
     assert_eq!(p.room().unwrap(), cap, "a dropped span frees its bytes");
 }
@@ -286,7 +294,11 @@ fn a_dropped_uncommitted_span_is_cancelled_and_the_ring_moves_on() {
     assert!(!p.is_lent());
     assert_eq!(p.write(b"after").unwrap(), 5);
     p.publish();
-    assert_eq!(drain(&mut c), b"after", "the cancelled span left no byte behind");
+    assert_eq!(
+        drain(&mut c),
+        b"after",
+        "the cancelled span left no byte behind"
+    );
 }
 
 #[test]
@@ -317,7 +329,11 @@ mod lend_model {
     #[derive(Debug, Clone)]
     enum Op {
         /// Lend `limit` bytes, write `fill` of them, then commit (`true`) or drop.
-        Build { limit: usize, fill: usize, commit: bool },
+        Build {
+            limit: usize,
+            fill: usize,
+            commit: bool,
+        },
         Write(usize),
         Consume(usize),
         /// Drop the kept span at this index (modulo how many there are).

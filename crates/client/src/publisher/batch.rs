@@ -16,7 +16,8 @@ const LEND_SLACK: usize = 64 * 1024;
 /// are.
 pub(super) enum Bytes {
     Heap(Vec<u8>),
-    Ring(RingBatch),
+    /// Boxed: a span's bookkeeping would make every `Sealed` three times larger.
+    Ring(Box<RingBatch>),
 }
 
 impl Bytes {
@@ -117,7 +118,7 @@ pub(super) struct Builder {
     /// The open batch's messages, unless it is built in a ring (`ring`).
     pub(super) buf: Vec<u8>,
     /// The open batch, when it is built in place in a channel's ring.
-    pub(super) ring: Option<RingBatch>,
+    pub(super) ring: Option<Box<RingBatch>>,
     pub(super) num_msg: u32,
     /// When the open batch's first message was appended (the linger runs from here).
     pub(super) first_at: Option<Instant>,
@@ -143,6 +144,19 @@ impl Builder {
     /// Bytes of messages in the open batch.
     pub(super) fn len(&self) -> usize {
         self.ring.as_ref().map_or(self.buf.len(), |r| r.len)
+    }
+
+    /// Appends one message to the open batch, written once in its final form (no
+    /// zero-fill first): in its ring span, or its buffer.
+    fn push(&mut self, header: &[u8; MESSAGE_HEADER_LEN], payload: &[u8], stride: usize) {
+        if let Some(ring) = &mut self.ring {
+            ring.push(header, payload, stride);
+        } else {
+            let end = self.buf.len() + stride;
+            self.buf.extend_from_slice(header);
+            self.buf.extend_from_slice(payload);
+            self.buf.resize(end, 0);
+        }
     }
 
     /// Most bytes of messages the open batch can hold.
@@ -190,7 +204,9 @@ impl Publisher {
         }
         if b.num_msg == 0 {
             debug_assert!(b.ring.is_none() && b.buf.is_empty());
-            b.ring = inner.lend_for(b.round_robin, stride);
+            let mut queue = b.round_robin;
+            b.ring = inner.lend_for(&mut queue, stride);
+            b.round_robin = queue;
             // One clock read per batch, not per message: a read costs 100+ ns where the
             // kernel cannot serve it from the vDSO (this project's VMs), which was 9% of
             // a publish-only run. Every message carries its batch's opening time, which
@@ -217,15 +233,7 @@ impl Publisher {
         };
         let mut encoded = [0u8; MESSAGE_HEADER_LEN];
         header.encode_into(&mut encoded);
-        // Written once in its final form: no zero-fill first.
-        if let Some(ring) = &mut b.ring {
-            ring.push(&encoded, payload, stride);
-        } else {
-            let end = b.buf.len() + stride;
-            b.buf.extend_from_slice(&encoded);
-            b.buf.extend_from_slice(payload);
-            b.buf.resize(end, 0);
-        }
+        b.push(&encoded, payload, stride);
         b.num_msg += 1;
         if b.num_msg == 1 {
             let now = Instant::now();
@@ -271,23 +279,43 @@ impl Publisher {
 }
 
 impl Inner {
-    /// A span of the ring of the queue a batch due on queue `due` goes to, for the
-    /// batch to be built in place, when that queue's connection is a channel whose
-    /// sender has nothing else to write first (its channel, its moved batches, a
-    /// resend) and may take one more batch in flight; else `None`, and the batch is
-    /// built in a buffer. `stride`: its first message's.
-    pub(super) fn lend_for(&self, due: usize, stride: usize) -> Option<RingBatch> {
+    /// A span of a channel's ring for the batch opening now to be built in place: of
+    /// the queue round-robin names (`due`), or, with deflection, of the next live one
+    /// that can lend, which the batch is then due on (`due` is moved there, and the
+    /// named queue counts it deflected). `None` when none can: the batch is built in a
+    /// buffer. `stride`: its first message's.
+    pub(super) fn lend_for(&self, due: &mut usize, stride: usize) -> Option<Box<RingBatch>> {
         if self.config.transport == Transport::Tcp {
             return None;
         }
-        let q = &self.queues[self.live_queue_from(due)?];
-        let link = match &*q.stream.lock() {
-            Link::Shm(link) => link.clone(),
-            Link::Tcp(_) => return None,
-        };
         let payload = self.max_batch.min(self.config.batch_bytes + LEND_SLACK);
-        if stride > payload
-            || !q.rx.is_empty()
+        if stride > payload {
+            return None;
+        }
+        let n = self.queues.len();
+        let tries = if self.config.deflect { n } else { 1 };
+        for i in 0..tries {
+            let index = (*due + i) % n;
+            if !self.queues[index].is_live() {
+                continue;
+            }
+            if let Some(ring) = self.lend_from(index, payload) {
+                if index != *due && self.queues[*due].is_live() {
+                    self.queues[*due].deflected.fetch_add(1, Ordering::Relaxed);
+                }
+                *due = index;
+                return Some(ring);
+            }
+        }
+        None
+    }
+
+    /// A span of `BATCH_HEADER_LEN + payload` bytes of queue `index`'s ring, when its
+    /// connection is a channel whose sender has nothing else to write first (its
+    /// channel, its moved batches, a resend) and may take one more batch in flight.
+    fn lend_from(&self, index: usize, payload: usize) -> Option<Box<RingBatch>> {
+        let q = &self.queues[index];
+        if !q.rx.is_empty()
             || q.conn.resend_from.load(Ordering::Acquire) != u64::MAX
             || !q.moved.lock().is_empty()
             || (self.config.ack_level > 0
@@ -295,13 +323,17 @@ impl Inner {
         {
             return None;
         }
+        let link = match &*q.stream.lock() {
+            Link::Shm(link) => link.clone(),
+            Link::Tcp(_) => return None,
+        };
         let lent = link.lend(BATCH_HEADER_LEN + payload)?;
         q.in_place.fetch_add(1, Ordering::Relaxed);
-        Some(RingBatch {
+        Some(Box::new(RingBatch {
             link,
             lent: Some(lent),
             len: 0,
-        })
+        }))
     }
 }
 

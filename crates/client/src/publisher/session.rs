@@ -79,7 +79,11 @@ pub(super) fn reopen(inner: &Inner, index: usize) -> Result<Link, Error> {
             // batches are copied in unhindered.
             let header = batch_header(inner, f.seq, &f.batch, epoch);
             let written = write_sealed(&mut stream, &header, &mut f.batch).map_err(lost)?;
-            assert_eq!(written, Written::Done, "a reopened channel lends nothing yet");
+            assert_eq!(
+                written,
+                Written::Done,
+                "a reopened channel lends nothing yet"
+            );
             resent.push(f);
         }
     }
