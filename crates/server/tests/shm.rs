@@ -797,6 +797,49 @@ fn a_feed_starts_at_a_position_seeks_and_refuses_what_is_not_retained() {
 /// The child half of `a_sigkilled_shm_subscriber_releases_its_pin_within_the_stall_timeout`
 /// (a no-op when run by itself): subscribes over a feed, reads 10 messages, checks that
 /// nothing of the region is mapped in this process, says so, and waits to be killed.
+/// `broker.shm_feed_bytes` sets each feed's ring: a subscriber over a 64 KiB feed maps
+/// exactly that much, and reads a stream about fifty times its size exactly once, in
+/// one order.
+#[test]
+fn a_feed_of_the_configured_size_carries_a_stream_many_times_its_size() {
+    const FEED: usize = 64 * 1024;
+    let t = common::start_with(|c| c.broker.shm_feed_bytes = FEED as u64);
+    t.create_topic("feed64k", 2);
+    const N: u64 = 3000;
+    let p = Publisher::connect_brokers(&t.brokers(), "feed64k", shm_config(1)).unwrap();
+    let payload = vec![5u8; 1024];
+    for _ in 0..N {
+        p.publish(&payload).unwrap();
+    }
+    let id = p.client_id();
+    p.close().unwrap();
+    let mut s =
+        Subscriber::connect_brokers(&t.brokers(), "feed64k", sub_config(Transport::Shm)).unwrap();
+    let mut counters = Vec::new();
+    for i in 0..N {
+        let m = s.poll(Duration::from_secs(30)).unwrap().expect("a message");
+        assert_eq!((m.position, m.client_id), (i, id), "one order from 0");
+        counters.push(m.counter);
+    }
+    counters.sort_unstable();
+    assert_eq!(counters, (0..N).collect::<Vec<_>>(), "exactly once");
+    // Other tests of this process map feeds of the default size; this one's is 64 KiB.
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let feed_sizes: Vec<usize> = maps
+        .lines()
+        .filter(|l| l.contains("embarcadero-feed"))
+        .map(|l| {
+            let (from, to) = l.split(' ').next().unwrap().split_once('-').unwrap();
+            usize::from_str_radix(to, 16).unwrap() - usize::from_str_radix(from, 16).unwrap()
+        })
+        .collect();
+    assert!(
+        feed_sizes.contains(&layout::feed_len(FEED)),
+        "a feed of {FEED} bytes is mapped: {feed_sizes:?}"
+    );
+    drop(s);
+}
+
 #[test]
 fn feed_child() {
     let Ok(broker) = std::env::var("EMBARCADERO_FEED_CHILD_BROKER") else {

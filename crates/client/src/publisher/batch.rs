@@ -315,6 +315,10 @@ impl Inner {
     /// channel, its moved batches, a resend) and may take one more batch in flight.
     fn lend_from(&self, index: usize, payload: usize) -> Option<Box<RingBatch>> {
         let q = &self.queues[index];
+        let link = match &*q.stream.lock() {
+            Link::Shm(link) => link.clone(),
+            Link::Tcp(_) => return None,
+        };
         if !q.rx.is_empty()
             || q.conn.resend_from.load(Ordering::Acquire) != u64::MAX
             || !q.moved.lock().is_empty()
@@ -323,10 +327,6 @@ impl Inner {
         {
             return None;
         }
-        let link = match &*q.stream.lock() {
-            Link::Shm(link) => link.clone(),
-            Link::Tcp(_) => return None,
-        };
         let lent = link.lend(BATCH_HEADER_LEN + payload)?;
         q.in_place.fetch_add(1, Ordering::Relaxed);
         Some(Box::new(RingBatch {
