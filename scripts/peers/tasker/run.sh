@@ -6,7 +6,7 @@
 # Needs install.sh first. Usage: [EMBARCADERO=path] [ENGINES="tasker embarcadero"] [SUSTAINED_S=20]
 #   [RAW_SAMPLES=200] [POLL_SAMPLES=50] [SHAPES=linear,batch,...] [HANDLERS="rust python typescript"]
 #   [CLIENTS=8 (our sustained run's)] [TASKER_CLIENTS=4] [TASKER_SUSTAINED_POLL_MS=50]
-#   [TASKER_ORCHESTRATORS=2] [TASKER_WORKERS=2] [TASKER_FRESH_DB=1] [TASKER_DEPLOYMENT_MODE=Hybrid] [SWEEP=1,2,4,8 [SWEEP_POLL_MS=50]]
+#   [TASKER_ORCHESTRATORS=2] [TASKER_WORKERS=2] [TASKER_FRESH_DB=1] [TASKER_DEPLOYMENT_MODE=EventDrivenOnly] [SWEEP=1,2,4,8 [SWEEP_POLL_MS=50]]
 #   scripts/peers/tasker/run.sh [OUT_DIR]
 # TASKER_ORCHESTRATORS / TASKER_WORKERS: how many tasker-server and worker processes (Tasker
 # scales out by processes, each running one sequential command loop; 2 and 2 is its own
@@ -106,10 +106,11 @@ run_tasker() {
   if [ "${TASKER_FRESH_DB:-1}" = 1 ]; then "$PEER_DIR/install.sh" --no-build --fresh-db >/dev/null; fi
   for ((i = 1; i <= ${TASKER_ORCHESTRATORS:-2}; i++)); do
     port=$((18179 + i))
-    # TASKER_DEPLOYMENT_MODE: Hybrid (the crates' default and Tasker's recommendation),
-    # EventDrivenOnly or PollingOnly (docs/architecture/deployment-patterns.md in tasker-core).
+    # TASKER_DEPLOYMENT_MODE: EventDrivenOnly (default here: LISTEN/NOTIFY only, documented by
+    # Tasker as its lowest-latency mode for stable networks; it gave Tasker ~40% more
+    # throughput here), Hybrid (the crates' default) or PollingOnly (docs/BENCHMARKS.md).
     "$TASKER_BIN/tasker-config" "127.0.0.1:$port" |
-      sed "s/^deployment_mode = \"Hybrid\"/deployment_mode = \"${TASKER_DEPLOYMENT_MODE:-Hybrid}\"/" \
+      sed "s/^deployment_mode = \"Hybrid\"/deployment_mode = \"${TASKER_DEPLOYMENT_MODE:-EventDrivenOnly}\"/" \
         >"$RUN/tasker-$i.toml"
     # RUST_LOG=info as in the seed's run; set for Tasker's processes only.
     env=(env TASKER_CONFIG_PATH="$RUN/tasker-$i.toml" TASKER_TEMPLATE_PATH="$PEER_DIR/templates"
