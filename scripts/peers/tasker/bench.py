@@ -7,13 +7,17 @@ Per shape, two methods:
           steps are created at run time (DYNAMIC) also status == complete, see wait_complete;
   raw:    POST until the engine first reports the task complete: Embarcadero's long poll
           (GET ?wait=), Tasker polled every 1 ms (it has no long poll); 200 samples by default.
-`sustained` runs closed-loop clients creating linear tasks and reports throughput and p99.
+`sustained` runs closed-loop clients creating linear tasks and reports throughput and p99
+(Tasker polled every 50 ms by default: it has no long poll, and each poll costs it); `sweep`
+runs it at several client counts and poll intervals. Several Tasker orchestration processes
+(`--api A,B`) are used round-robin.
 Before measuring, `measure` runs one task of each shape with a known answer and checks its
 final step's result in the engine (a wrong answer stops the run).
 Results go to a JSON file; `table` prints two such files side by side and `plot` draws them
 as an SVG (p50/p95/p99 per shape, log scale; throughput against p99); `overhead` compares the
 linear shape's p50 with Python or TypeScript handlers (`measure --handlers`) against the same
-engine's Rust handlers, per step. Standard library only.
+engine's Rust handlers, per step. `table` also judges issue 25's bar when given Tasker's and
+our file (in that order). Standard library only.
 """
 
 import argparse
@@ -214,15 +218,21 @@ def pct(sorted_ms, p):
 
 
 def summary(samples):
+    """n and p50/p95/p99 in ms; the percentiles are None when no sample was kept (every task
+    of the method got stuck), which `table` prints as "-" and `plot` leaves out."""
     s = sorted(samples)
+    if not s:
+        return {"n": 0, "p50": None, "p95": None, "p99": None}
     return {"n": len(s), "p50": pct(s, 0.5), "p95": pct(s, 0.95), "p99": pct(s, 0.99)}
 
 
-def sustained(address, engine, clients, seconds, interval):
-    """Closed loop: each client creates a linear task and waits for it, until time is up."""
+def sustained(addresses, engine, clients, seconds, interval):
+    """Closed loop: each client creates a linear task and waits for it, until time is up.
+    Client i talks to addresses[i % len(addresses)] (several Tasker orchestration processes
+    share the load round-robin, as in the seed's cluster run)."""
     latencies, lock, stop = [], threading.Lock(), time.perf_counter() + seconds
 
-    def client():
+    def client(address):
         api = Api(address)
         while time.perf_counter() < stop:
             start = time.perf_counter()
@@ -230,23 +240,38 @@ def sustained(address, engine, clients, seconds, interval):
                 with lock:
                     latencies.append((time.perf_counter() - start) * 1000)
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    threads = [
+        threading.Thread(target=client, args=(addresses[i % len(addresses)],))
+        for i in range(clients)
+    ]
     begun = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    result = summary(latencies) if latencies else {"n": 0, "p50": 0, "p95": 0, "p99": 0}
+    result = summary(latencies)
     result["tasks_per_s"] = len(latencies) / (time.perf_counter() - begun)
     result["clients"] = clients
     return result
 
 
+def save(out, path):
+    """Writes the result file; measure calls it after every shape, so a run that fails later
+    (or is stopped) keeps what it measured."""
+    out["create_errors"] = len(CREATE_ERRORS)
+    out["stuck_tasks"] = len(STUCK)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
 def measure(args):
     raw_interval = None if args.engine == "embarcadero" else 0.001
-    apis = [Api(args.api), Api(args.api)]
-    out = {"engine": args.engine, "handlers": args.handlers, "shapes": {}, "checked": []}
-    for shape in args.shapes.split(","):
+    addresses = args.api.split(",")
+    # concurrent_2x's two tasks go to two orchestration processes when there are two.
+    apis = [Api(addresses[0]), Api(addresses[1 % len(addresses)])]
+    out = {"engine": args.engine, "handlers": args.handlers, "shapes": {}, "checked": [],
+           "api_processes": len(addresses)}
+    for shape in filter(None, args.shapes.split(",")):
         if shape in EXPECTED:
             check(apis[0], args.engine, shape, args.handlers)
             out["checked"].append(shape)
@@ -260,19 +285,41 @@ def measure(args):
             f"raw {out['shapes'][shape]['raw']}",
             file=sys.stderr,
         )
+        save(out, args.out)
     if args.sustained_seconds > 0:
+        # Tasker has no long poll: its clients poll every sustained_poll_ms (see --help).
         interval = None if args.engine == "embarcadero" else args.sustained_poll_ms / 1000
         out["sustained_poll_ms"] = None if args.engine == "embarcadero" else args.sustained_poll_ms
         out["sustained"] = sustained(
-            args.api, args.engine, args.clients, args.sustained_seconds, interval
+            addresses, args.engine, args.clients, args.sustained_seconds, interval
         )
         print(f"{args.engine} sustained: {out['sustained']}", file=sys.stderr)
-    out["create_errors"] = len(CREATE_ERRORS)
-    out["stuck_tasks"] = len(STUCK)
+    save(out, args.out)
     print(f"{args.engine}: {len(STUCK)} tasks stuck (left out)", file=sys.stderr)
     print(f"{args.engine}: {len(CREATE_ERRORS)} creations refused and retried", file=sys.stderr)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
+
+
+def sweep(args):
+    """Sustained runs at each client count and poll interval, one line each: where an
+    engine's throughput peaks, and what polling does to it (Tasker has no long poll)."""
+    addresses = args.api.split(",")
+    rows = []
+    print(f"{'clients':>7} {'poll ms':>7} {'tasks/s':>8} {'n':>6} {'p50 ms':>8} {'p99 ms':>8}")
+    for clients in (int(c) for c in args.clients.split(",")):
+        for poll in args.poll_ms.split(","):
+            interval = None if poll == "long" else float(poll) / 1000
+            r = sustained(addresses, args.engine, clients, args.seconds, interval)
+            r["poll_ms"] = poll
+            rows.append(r)
+            p50 = f"{r['p50']:8.1f}" if r["n"] else "       -"
+            p99 = f"{r['p99']:8.1f}" if r["n"] else "       -"
+            print(f"{clients:7} {poll:>7} {r['tasks_per_s']:8.2f} {r['n']:6} {p50} {p99}",
+                  flush=True)
+    out = {"engine": args.engine, "api_processes": len(addresses), "seconds": args.seconds,
+           "runs": rows, "create_errors": len(CREATE_ERRORS), "stuck_tasks": len(STUCK)}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 def label(run):
@@ -296,17 +343,43 @@ def overhead(args):
         for method in ("poll50", "raw"):
             for r in mine:
                 s = r["shapes"]["linear"][method]
-                if base is None:
+                b = base["shapes"]["linear"][method]["p50"] if base else None
+                if b is None or s["p50"] is None:
                     extra = "        -        -"
                 else:
-                    b = base["shapes"]["linear"][method]["p50"]
                     extra = f"{(s['p50'] - b) / 4:9.2f} {(s['p50'] / b - 1) * 100:7.0f}%"
                 print(f"{engine:12} {r.get('handlers', 'rust'):11} {method:7} {s['n']:4} "
-                      f"{s['p50']:9.1f} {extra}")
+                      f"{fmt(s, 'p50'):>9} {extra}")
 
 
 def fmt(r, key):
-    return f"{r[key]:8.1f}" if r else "       -"
+    return f"{r[key]:8.1f}" if r and r.get(key) is not None else "       -"
+
+
+# The issue's bar, for a table of Tasker (first) against ours (second): our p50 at least this
+# many times lower per method, and sustained throughput at least 20x Tasker's with our p99
+# under 100 ms.
+BAR = {"raw": 20, "poll50": 4}
+BAR_SUSTAINED, BAR_P99_MS = 20, 100
+
+
+def verdict(ratio, need):
+    return f"{'met' if ratio >= need else 'NOT met'} (>= {need}x)"
+
+
+def is_bar_pair(runs):
+    return len(runs) == 2 and [label(r) for r in runs] == ["tasker", "embarcadero"]
+
+
+def sustained_verdict(runs):
+    """The sustained bar's line, or None when the pair or a sustained run is missing."""
+    if not is_bar_pair(runs) or not all(r.get("sustained", {}).get("n") for r in runs):
+        return None
+    theirs, ours = runs[0]["sustained"], runs[1]["sustained"]
+    ratio = ours["tasks_per_s"] / theirs["tasks_per_s"]
+    met = ratio >= BAR_SUSTAINED and ours["p99"] < BAR_P99_MS
+    return (f"sustained bar: ours {ratio:.1f}x Tasker's throughput at our p99 {ours['p99']:.1f} ms: "
+            f"{'met' if met else 'NOT met'} (>= {BAR_SUSTAINED}x at p99 < {BAR_P99_MS} ms)")
 
 
 def table(args):
@@ -315,17 +388,21 @@ def table(args):
         with open(path) as f:
             runs.append(json.load(f))
     names = [label(r) for r in runs]
+    bar = is_bar_pair(runs)
     print(
         f"{'shape':15} {'method':7} "
         + " ".join(f"{n + ' ' + k:>18}" for n in names for k in ("p50", "p95", "p99"))
-        + "   p50 first/second"
+        + "   p50 first/second" + ("   bar" if bar else "")
     )
     shapes = list(dict.fromkeys(s for r in runs for s in r["shapes"]))
     for shape in shapes:
         for method in ("poll50", "raw"):
             rs = [r["shapes"].get(shape, {}).get(method) for r in runs]
             cells = " ".join(f"{fmt(r, k):>18}" for r in rs for k in ("p50", "p95", "p99"))
-            ratio = f"{rs[0]['p50'] / rs[1]['p50']:8.1f}x" if all(rs) and len(rs) == 2 else ""
+            ratio = ""
+            if len(rs) == 2 and all(r and r.get("p50") for r in rs):
+                x = rs[0]["p50"] / rs[1]["p50"]
+                ratio = f"{x:8.1f}x" + (f"   {verdict(x, BAR[method])}" if bar else "")
             print(f"{shape:15} {method:7} {cells}   {ratio}")
     for r in runs:
         if r.get("create_errors"):
@@ -333,12 +410,19 @@ def table(args):
         if r.get("stuck_tasks"):
             print(f"{label(r)}: {r['stuck_tasks']} tasks not complete after {STUCK_S} s, "
                   "left out of the samples (n counts the samples kept)")
-        if "sustained" in r:
+        if r.get("sustained", {}).get("n"):
             s = r["sustained"]
+            poll = r.get("sustained_poll_ms")
+            how = f", polled every {poll:g} ms" if poll else ""
+            procs = r.get("api_processes", 1)
+            how += f", {procs} orchestration processes" if procs > 1 else ""
             print(
                 f"sustained {label(r)}: {s['tasks_per_s']:.1f} tasks/s with {s['clients']} "
-                f"clients, p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms"
+                f"clients{how}, p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms"
             )
+    line = sustained_verdict(runs)
+    if line:
+        print(line)
 
 
 # The plot: hand-written SVG (standard library only). Colours per engine, shades per percentile.
@@ -380,6 +464,7 @@ def latency_panel(runs, method, x0, y0, w, h):
     """Bars of p50/p95/p99 per shape and engine for one method, log-scale milliseconds."""
     shapes = list(dict.fromkeys(s for r in runs for s in r["shapes"]))
     values = [r["shapes"][s][method][p] for r in runs for s in r["shapes"] for p in PCTS]
+    values = [v for v in values if v is not None] or [1.0]  # None: no sample kept
     lo, hi = log_axis(min(values), max(values))
     out, y = log_y_grid(x0, y0, w, h, lo, hi, "ms (log)")
     out.append(svg_text(x0 + w / 2, y0 - 10, f"latency per shape, method {method}", 13))
@@ -390,7 +475,7 @@ def latency_panel(runs, method, x0, y0, w, h):
         for j, r in enumerate(runs):
             res = r["shapes"].get(shape, {}).get(method)
             for k, p in enumerate(PCTS):
-                if not res:
+                if not res or res.get(p) is None:
                     continue
                 bx, top = gx + (j * 3 + k) * bar, y(res[p])
                 fill = COLOURS.get(r["engine"], ("#ccc",) * 3)[k]
@@ -403,7 +488,9 @@ def latency_panel(runs, method, x0, y0, w, h):
 
 def sustained_panel(runs, x0, y0, w, h):
     """One point per engine: sustained throughput (x, log) against its p99 (y, log)."""
-    pts = [(r["engine"], r["sustained"]) for r in runs if r.get("sustained", {}).get("n")]
+    pts = [(r["engine"], dict(r["sustained"], poll=r.get("sustained_poll_ms"),
+                              procs=r.get("api_processes", 1)))
+           for r in runs if r.get("sustained", {}).get("n")]
     if not pts:
         return [svg_text(x0 + w / 2, y0 + h / 2, "no sustained run")]
     rates, p99s = [s["tasks_per_s"] for _, s in pts], [s["p99"] for _, s in pts]
@@ -424,7 +511,10 @@ def sustained_panel(runs, x0, y0, w, h):
         px, py = x(s["tasks_per_s"]), y(s["p99"])
         fill = COLOURS.get(engine, ("#888",) * 3)[2]
         out.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="5" fill="{fill}"/>')
-        text = f"{engine}: {s['tasks_per_s']:.1f}/s, p99 {s['p99']:.0f} ms ({s['clients']} clients)"
+        how = f", polled every {s['poll']:g} ms" if s["poll"] else ""
+        how += f", {s['procs']} orchestrators" if s["procs"] > 1 else ""
+        text = (f"{engine}: {s['tasks_per_s']:.1f}/s, p99 {s['p99']:.0f} ms "
+                f"({s['clients']} clients{how})")
         right = px > x0 + w / 2  # a label right of a point in the right half would be cut off
         tx, anchor = (px - 8, "end") if right else (px + 8, "start")
         out.append(svg_text(tx, py - 6, text, anchor=anchor))
@@ -465,16 +555,28 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("measure", help="measure one engine")
     m.add_argument("--engine", choices=["tasker", "embarcadero"], required=True)
-    m.add_argument("--api", required=True, help="HOST:PORT of the engine's REST API")
+    m.add_argument("--api", required=True, help="HOST:PORT of the engine's REST API; several, "
+                   "comma-separated, for several Tasker orchestration processes (round-robin)")
     m.add_argument("--shapes", default=",".join(SHAPES))
     m.add_argument("--poll-samples", type=int, default=50)
     m.add_argument("--raw-samples", type=int, default=200)
     m.add_argument("--sustained-seconds", type=float, default=0)
     m.add_argument("--clients", type=int, default=8)
-    m.add_argument("--sustained-poll-ms", type=float, default=5, help="Tasker's poll interval")
+    m.add_argument("--sustained-poll-ms", type=float, default=50,
+                   help="Tasker's poll interval in the sustained run (it has no long poll); "
+                   "50 ms as in its own method: faster polling costs it throughput (`sweep`)")
     m.add_argument("--handlers", default="rust", choices=["rust", "python", "typescript"],
                    help="the language of the worker's handlers (recorded in the result file)")
     m.add_argument("--out", required=True)
+    w = sub.add_parser("sweep", help="sustained runs at several client counts and poll "
+                       "intervals (linear tasks, closed loop)")
+    w.add_argument("--engine", choices=["tasker", "embarcadero"], required=True)
+    w.add_argument("--api", required=True, help="as for measure")
+    w.add_argument("--clients", default="1,2,4,8", help="comma-separated client counts")
+    w.add_argument("--poll-ms", default="50", help="comma-separated poll intervals in ms, "
+                   "or `long` (Embarcadero's long poll)")
+    w.add_argument("--seconds", type=float, default=15, help="per client count and interval")
+    w.add_argument("--out", help="a JSON file for the rows")
     o = sub.add_parser("overhead", help="per-step handler overhead of each language against "
                        "the same engine's Rust handlers (linear shape, p50)")
     o.add_argument("files", nargs="+")
@@ -484,7 +586,8 @@ def main():
     g.add_argument("files", nargs="+")
     g.add_argument("--out", required=True, help="the SVG file to write")
     args = p.parse_args()
-    {"measure": measure, "table": table, "plot": plot, "overhead": overhead}[args.cmd](args)
+    {"measure": measure, "sweep": sweep, "table": table, "plot": plot,
+     "overhead": overhead}[args.cmd](args)
 
 
 if __name__ == "__main__":

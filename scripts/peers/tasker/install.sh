@@ -4,6 +4,9 @@
 # extension from the pgmq crate's own install SQL, a PL/pgSQL uuidv7(), tasker-shared's migrations,
 # and a release build of tasker-server plus our Rust worker (worker/) into TASKER_CACHE.
 # Usage: [TASKER_TARGET_DIR=DIR] [TASKER_NICE=19] scripts/peers/tasker/install.sh [--no-build]
+#   [--fresh-db]
+#   --fresh-db: drop Tasker's database first, so the schema starts empty (run.sh does this
+#   before each Tasker run, as our engine starts from an empty data directory);
 #   TASKER_TARGET_DIR: cargo's target directory (default $TASKER_CACHE/target-release, env.sh);
 #   TASKER_NICE: the build's niceness (default 19: the machine is shared).
 set -euo pipefail
@@ -125,10 +128,19 @@ build() {
     { tail -30 "$log"; exit 1; }
 }
 
+BUILD=1 FRESH=0
+for arg in "$@"; do
+  case $arg in
+    --no-build) BUILD=0 ;;
+    --fresh-db) FRESH=1 ;;
+    *) echo "unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
 ensure_protoc
 install_pgmq_extension
 init_cluster
 start_pg
+[ $FRESH = 0 ] || psql_db -d postgres -c 'DROP DATABASE IF EXISTS tasker WITH (FORCE)'
 apply_migrations
-[ "${1:-}" = --no-build ] || build
+[ $BUILD = 0 ] || build
 echo "tasker installed: PostgreSQL on 127.0.0.1:$TASKER_PGPORT, binaries in $TASKER_BIN"
