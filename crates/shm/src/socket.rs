@@ -104,19 +104,27 @@ pub fn send_with_fd(sock: &UnixStream, bytes: &[u8], fd: &OwnedFd) -> io::Result
     let hello = bytes;
     let fds = [fd.as_raw_fd()];
     let cmsg = [ControlMessage::ScmRights(&fds)];
-    let sent = sendmsg::<()>(
-        sock.as_raw_fd(),
-        &[IoSlice::new(hello)],
-        &cmsg,
-        MsgFlags::MSG_NOSIGNAL,
-        None,
-    )?;
+    let iov = [IoSlice::new(hello)];
+    let sent = retry_interrupted(|| {
+        sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_NOSIGNAL, None)
+    })?;
     if sent < hello.len() {
         // The fd went with the first bytes; the rest follows as plain data.
         let mut rest = sock;
         io::Write::write_all(&mut rest, &hello[sent..])?;
     }
     Ok(())
+}
+
+/// Runs `call` again for as long as a signal handler interrupts it (EINTR), as std's
+/// own socket calls do.
+fn retry_interrupted<T>(mut call: impl FnMut() -> nix::Result<T>) -> nix::Result<T> {
+    loop {
+        match call() {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => return other,
+        }
+    }
 }
 
 /// Receives a hello of `hello.len()` bytes and the one fd sent with it, within
@@ -140,12 +148,19 @@ pub fn recv_with_fd(
     sock.set_read_timeout(Some(timeout))?;
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; 2]);
     let mut iov = [IoSliceMut::new(hello)];
-    let msg = recvmsg::<()>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )?;
+    // A socket with a receive timeout is never restarted after a signal handler ran
+    // (signal(7)), SA_RESTART or not: an interrupted wait is waited again.
+    let msg = loop {
+        match recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break other?,
+        }
+    };
     let got = msg.bytes;
     let mut fds: Vec<OwnedFd> = Vec::new();
     for c in msg.cmsgs()? {

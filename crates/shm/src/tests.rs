@@ -428,3 +428,68 @@ mod lend_model {
         }
     }
 }
+
+/// Signals handled by [`a_signal_while_a_hello_is_awaited_does_not_fail_the_handshake`].
+static SIGNALS_HANDLED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+extern "C" fn count_signal(_: libc::c_int) {
+    SIGNALS_HANDLED.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Whether thread `tid` of this process is blocked in `recvmsg` (`/proc`'s syscall file
+/// names the call a sleeping thread is in).
+fn blocked_in_recvmsg(tid: libc::pid_t) -> bool {
+    let path = format!("/proc/self/task/{tid}/syscall");
+    std::fs::read_to_string(path)
+        .is_ok_and(|s| s.split_whitespace().next() == Some(libc::SYS_recvmsg.to_string().as_str()))
+}
+
+/// A signal handled while a hello is awaited does not end the wait. A socket with a
+/// receive timeout is never restarted after a handler runs (signal(7)), so `recvmsg`
+/// fails with EINTR, which was taken for a failed handshake: an orchestrator that got a
+/// signal while opening its channel lost its broker (seen in the Tasker peer runs).
+#[test]
+fn a_signal_while_a_hello_is_awaited_does_not_fail_the_handshake() {
+    // SAFETY: installs a handler that only adds to an atomic (async-signal-safe) for
+    // SIGUSR1, which nothing else in this test binary uses; the struct is fully set
+    // (zeroed, then the handler, no flags: no SA_RESTART, and an empty mask).
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = count_signal as *const () as usize;
+        libc::sigemptyset(&mut action.sa_mask);
+        assert_eq!(
+            libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()),
+            0
+        );
+    }
+    let (client, broker) = UnixStream::pair().unwrap();
+    let (ids_tx, ids_rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        // SAFETY: both only return the calling thread's ids.
+        ids_tx
+            .send(unsafe { (libc::pthread_self(), libc::gettid()) })
+            .unwrap();
+        let mut hello = [0u8; 128];
+        recv_hello(&broker, &mut hello, Duration::from_secs(60)).map(|_| hello)
+    });
+    let (thread, tid) = ids_rx.recv().unwrap();
+    while !blocked_in_recvmsg(tid) {
+        std::thread::yield_now();
+    }
+    // SAFETY: `thread` is alive: it is blocked in recvmsg until the hello is sent.
+    assert_eq!(unsafe { libc::pthread_kill(thread, libc::SIGUSR1) }, 0);
+    while SIGNALS_HANDLED.load(Ordering::SeqCst) == 0 {
+        std::thread::yield_now();
+    }
+    // Handled: the waiter is either back in recvmsg (waiting on) or has returned.
+    while !waiter.is_finished() && !blocked_in_recvmsg(tid) {
+        std::thread::yield_now();
+    }
+    let (fd, _map) = create_channel(MIN_DATA_CAPACITY).unwrap();
+    send_hello(&client, &[7u8; 128], &fd).unwrap();
+    let hello = waiter
+        .join()
+        .unwrap()
+        .expect("the handshake survives the signal");
+    assert_eq!(hello, [7u8; 128]);
+}
