@@ -82,8 +82,13 @@ for t in "${RUN[@]}"; do
     dir=$OUT/$t
     [ "${FUZZ_FRESH:-0}" = 1 ] && rm -rf "$dir"
     mkdir -p "$dir"
-    echo "== $t: ${SECS}s ($(date -u +%FT%TZ))"
-    nice -n "$NICE" cargo afl fuzz -i "$SEEDS/$t" -o "$dir" -V "$SECS" \
+    # afl does not keep which queue entries had their (costly) cmplog stage: a resumed run
+    # would redo it on the whole queue, every time. On a resume, only new finds get it.
+    # (afl takes the variable as set whatever its value.)
+    resume=()
+    [ -d "$dir/default/queue" ] && resume=(env AFL_CMPLOG_ONLY_NEW=1)
+    echo "== $t: ${SECS}s ($(date -u +%FT%TZ))${resume:+, resumed}"
+    "${resume[@]}" nice -n "$NICE" cargo afl fuzz -i "$SEEDS/$t" -o "$dir" -V "$SECS" \
         -t "${FUZZ_TIMEOUT_MS:-1000}" -m "${FUZZ_MEM_MB:-2048}" -- "$BIN/$t" \
         >"$dir/afl.log" 2>&1 || {
         echo "afl-fuzz failed for $t; the end of $dir/afl.log:" >&2
