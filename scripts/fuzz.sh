@@ -19,7 +19,8 @@
 # fuzz/out/TARGET/fixed/. The crashes and hangs printed are the files still in
 # default/crashes and default/hangs; "ever" is afl's count, fixed ones included. FUZZ_FRESH=1 starts
 # every target from its seeds. Other knobs: FUZZ_NICE (15), FUZZ_TIMEOUT_MS (1000, a run
-# longer than this is a hang), FUZZ_MEM_MB (2048, more is an out-of-memory crash),
+# longer than this is a hang if it also takes longer than FUZZ_HANG_MS, 5000, when run
+# again), FUZZ_MEM_MB (2048, more is an out-of-memory crash),
 # CARGO_TARGET_DIR (default fuzz/target). Not part of `cargo test` or CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +67,10 @@ rm -rf "$SEEDS"
 
 export AFL_NO_UI=1 AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1
 export AFL_AUTORESUME=1 AFL_NO_AFFINITY=1
+# afl's timeout is wall-clock: at nice 19 on a busy machine an input of 1 ms of CPU has
+# waited over a second for it. afl runs a timed-out input once more with this longer
+# limit and saves it as a hang only if that times out too.
+export AFL_HANG_TMOUT=${FUZZ_HANG_MS:-5000}
 export EMBD_FUZZ_TMP=${EMBD_FUZZ_TMP:-$( [ -d /dev/shm ] && echo /dev/shm || echo "${TMPDIR:-/tmp}")}
 
 afl_stat() { # afl_stat FILE KEY
