@@ -13,11 +13,14 @@
 # Output goes to $FUZZ_OUT (default fuzz/out/<target>). A second run of a target resumes
 # its queue and its counts (AFL_AUTORESUME), so runs add up towards the 10 million
 # executions per target of docs/RELIABILITY.md; crash and hang files stay there (and keep
-# failing the script) until the output directory is removed: reproduce one with
+# failing the script) until they are moved out: reproduce one with
 #   fuzz/target/release/TARGET < fuzz/out/TARGET/default/crashes/id:...
-# then turn it into a unit test in the crate that owns the decoder. FUZZ_FRESH=1 starts
+# then turn it into a unit test in the crate that owns the decoder, and move the file to
+# fuzz/out/TARGET/fixed/. The crashes and hangs printed are the files still in
+# default/crashes and default/hangs; "ever" is afl's count, fixed ones included. FUZZ_FRESH=1 starts
 # every target from its seeds. Other knobs: FUZZ_NICE (15), FUZZ_TIMEOUT_MS (1000, a run
-# longer than this is a hang), FUZZ_MEM_MB (2048, more is an out-of-memory crash),
+# longer than this is a hang if it also takes longer than FUZZ_HANG_MS, 5000, when run
+# again), FUZZ_MEM_MB (2048, more is an out-of-memory crash),
 # CARGO_TARGET_DIR (default fuzz/target). Not part of `cargo test` or CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,10 +67,18 @@ rm -rf "$SEEDS"
 
 export AFL_NO_UI=1 AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1
 export AFL_AUTORESUME=1 AFL_NO_AFFINITY=1
+# afl's timeout is wall-clock: at nice 19 on a busy machine an input of 1 ms of CPU has
+# waited over a second for it. afl runs a timed-out input once more with this longer
+# limit and saves it as a hang only if that times out too.
+export AFL_HANG_TMOUT=${FUZZ_HANG_MS:-5000}
 export EMBD_FUZZ_TMP=${EMBD_FUZZ_TMP:-$( [ -d /dev/shm ] && echo /dev/shm || echo "${TMPDIR:-/tmp}")}
 
 afl_stat() { # afl_stat FILE KEY
     sed -n "s/^$2 *: *//p" "$1" | head -1
+}
+
+count_files() { # count_files DIR: afl's crash or hang files in DIR (not its README.txt)
+    find "$1" -maxdepth 1 -type f -name 'id:*' 2>/dev/null | wc -l
 }
 
 failed=0
@@ -76,8 +87,13 @@ for t in "${RUN[@]}"; do
     dir=$OUT/$t
     [ "${FUZZ_FRESH:-0}" = 1 ] && rm -rf "$dir"
     mkdir -p "$dir"
-    echo "== $t: ${SECS}s ($(date -u +%FT%TZ))"
-    nice -n "$NICE" cargo afl fuzz -i "$SEEDS/$t" -o "$dir" -V "$SECS" \
+    # afl does not keep which queue entries had their (costly) cmplog stage: a resumed run
+    # would redo it on the whole queue, every time. On a resume, only new finds get it.
+    # (afl takes the variable as set whatever its value.)
+    resume=()
+    [ -d "$dir/default/queue" ] && resume=(env AFL_CMPLOG_ONLY_NEW=1)
+    echo "== $t: ${SECS}s ($(date -u +%FT%TZ))${resume:+, resumed}"
+    "${resume[@]}" nice -n "$NICE" cargo afl fuzz -i "$SEEDS/$t" -o "$dir" -V "$SECS" \
         -t "${FUZZ_TIMEOUT_MS:-1000}" -m "${FUZZ_MEM_MB:-2048}" -- "$BIN/$t" \
         >"$dir/afl.log" 2>&1 || {
         echo "afl-fuzz failed for $t; the end of $dir/afl.log:" >&2
@@ -88,16 +104,19 @@ for t in "${RUN[@]}"; do
     s=$dir/default/fuzzer_stats
     execs=$(afl_stat "$s" execs_done)
     rate=$(afl_stat "$s" execs_per_sec)
-    crashes=$(afl_stat "$s" saved_crashes)
-    hangs=$(afl_stat "$s" saved_hangs)
     runtime=$(afl_stat "$s" run_time)
     edges=$(afl_stat "$s" edges_found)
     corpus=$(afl_stat "$s" corpus_count)
-    line=$(printf '%-20s execs %12s  exec/s %8s  crashes %3s  hangs %3s  run_time %6ss  edges %5s  corpus %5s' \
-        "$t" "$execs" "$rate" "$crashes" "$hangs" "$runtime" "$edges" "$corpus")
+    # afl's saved_crashes/saved_hangs survive a resume, so they still count crash files
+    # already fixed and moved to $dir/fixed; what is open is what is still in the folders.
+    crashes=$(count_files "$dir/default/crashes")
+    hangs=$(count_files "$dir/default/hangs")
+    ever="$(afl_stat "$s" saved_crashes)/$(afl_stat "$s" saved_hangs)"
+    line=$(printf '%-20s execs %12s  exec/s %8s  crashes %3s  hangs %3s  (ever %s)  run_time %6ss  edges %5s  corpus %5s' \
+        "$t" "$execs" "$rate" "$crashes" "$hangs" "$ever" "$runtime" "$edges" "$corpus")
     echo "$line"
     summary+=("$line")
-    if [ "${crashes:-0}" != 0 ] || [ "${hangs:-0}" != 0 ]; then
+    if [ "$crashes" != 0 ] || [ "$hangs" != 0 ]; then
         echo "   !! $t: see $dir/default/crashes and $dir/default/hangs" >&2
         failed=1
     fi

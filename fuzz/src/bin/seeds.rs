@@ -7,6 +7,7 @@ use embarcadero_region::{Capacities, Region, GOI_SESSION_START};
 use embarcadero_replication::record::RecordHeader;
 use embarcadero_replication::store::list_segments;
 use embarcadero_replication::TopicStore;
+use embarcadero_server::fuzzing::BODY_ENDPOINTS;
 use embarcadero_server::ServerConfig;
 use std::path::{Path, PathBuf};
 
@@ -124,18 +125,33 @@ fn replication(out: &Out) {
 
 fn admin(out: &Out) {
     let topic = br#"{"name": "orders", "order": 2, "replication_factor": 2, "default_ack": 2, "retention_bytes": 1000000, "retention_ms": 60000}"#;
-    let bodies: [(&str, u8, &[u8]); 5] = [
-        ("topics", 0, topic),
-        ("claim", 1, br#"{"id": 1, "incarnation": 7}"#),
-        ("join", 2, br#"{"id": 1, "addr": "10.0.0.2:1215", "incarnation": 7}"#),
-        ("heartbeat", 3, br#"{"id": 1, "incarnation": 7}"#),
+    // The first byte is the index into BODY_ENDPOINTS, looked up by path so the seeds
+    // follow the list when it changes (it grew from five to six with `/v1/services`).
+    let bodies: [(&str, &str, &[u8]); 6] = [
+        ("topics", "/v1/topics", topic),
+        (
+            "services",
+            "/v1/services",
+            br#"{"kind": "workflow", "addr": "10.0.0.2:1216", "ttl_ms": 3000}"#,
+        ),
+        ("claim", "/v1/cluster/claim", br#"{"id": 1, "incarnation": 7}"#),
+        (
+            "join",
+            "/v1/cluster/join",
+            br#"{"id": 1, "addr": "10.0.0.2:1215", "incarnation": 7}"#,
+        ),
+        ("heartbeat", "/v1/cluster/heartbeat", br#"{"id": 1, "incarnation": 7}"#),
         (
             "failover",
-            4,
+            "/v1/failover",
             br#"{"topic": "t", "broker": 2, "incarnation": 3, "client_id": 7, "batch_ids": [40, 41], "ack_level": 1}"#,
         ),
     ];
-    for (name, endpoint, body) in bodies {
+    for (name, path, body) in bodies {
+        let endpoint = BODY_ENDPOINTS
+            .iter()
+            .position(|e| *e == path)
+            .expect("an admin endpoint with a JSON body") as u8;
         let mut seed = vec![endpoint, 2];
         seed.extend_from_slice(body);
         out.put("admin_json", name, &seed);
