@@ -8,6 +8,7 @@ mod canvas;
 pub(crate) mod failure;
 mod font;
 mod plot;
+mod workflow;
 
 use crate::publish::report;
 use crate::CliResult;
@@ -35,8 +36,13 @@ pub struct BenchArgs {
     /// follower brokers run from this executable), SIGKILL one follower partway
     /// (--kill-after-secs), report throughput before and after, how long
     /// acknowledgements stalled, and check with a subscriber that every acknowledged
-    /// message is delivered exactly once in one order (exit status 1 if not).
-    #[arg(long, default_value = "publish", value_parser = ["publish", "e2e", "subscribe", "failure"])]
+    /// message is delivered exactly once in one order (exit status 1 if not);
+    /// `workflow`: start a server, an orchestrator and a worker (processes of this
+    /// executable, events durable: RF 2, ack 2), time --workflow-tasks tasks of each of
+    /// Tasker's shapes one at a time (POST to complete, long poll), then --clients
+    /// closed-loop clients of linear tasks for --duration seconds (default 10) or
+    /// --workflow-sustained-tasks tasks; one table (or --json), every process stopped.
+    #[arg(long, default_value = "publish", value_parser = ["publish", "e2e", "subscribe", "failure", "workflow"])]
     pub mode: String,
     /// Publishers running in parallel (each its own client, connections and
     /// batches); the total and the rate are split between them.
@@ -135,6 +141,16 @@ pub struct BenchArgs {
     /// [default: a third of --duration, or once a third of --total-bytes is published].
     #[arg(long, value_name = "SECS")]
     pub kill_after_secs: Option<f64>,
+    /// `workflow` mode: tasks of each shape, run one at a time.
+    #[arg(long, default_value_t = 200, value_parser = crate::at_least_one)]
+    pub workflow_tasks: usize,
+    /// `workflow` mode: closed-loop clients of the sustained run.
+    #[arg(long, default_value_t = 16, value_parser = crate::at_least_one)]
+    pub clients: usize,
+    /// `workflow` mode: end the sustained run after this many tasks instead of after
+    /// --duration seconds.
+    #[arg(long, conflicts_with = "duration", value_parser = crate::at_least_one)]
+    pub workflow_sustained_tasks: Option<usize>,
     /// Use a running server instead of starting an embedded one.
     #[arg(long)]
     pub control: Option<String>,
@@ -219,6 +235,9 @@ fn check_args(args: &BenchArgs) -> CliResult {
     if args.mode == "failure" {
         failure::check_args(args)?;
     }
+    if args.mode == "workflow" {
+        workflow::check_args(args)?;
+    }
     if args.verify {
         if args.mode != "e2e" {
             return Err("--verify is for --mode e2e (--mode failure always checks)".into());
@@ -245,6 +264,9 @@ pub fn run(args: BenchArgs) -> CliResult {
         return Ok(());
     }
     check_args(&args)?;
+    if args.mode == "workflow" {
+        return workflow::run(&args);
+    }
     let configs = configurations(&args);
     let mut results = Vec::with_capacity(configs.len());
     let mut failed_checks = Vec::new();

@@ -1,6 +1,7 @@
 //! `embarcadero task ...` and `embarcadero template ...`: clients of the workflow API
 //! (`template validate` works offline), human output or `--json`.
 
+use super::measure::{measure, Until};
 use super::ApiArg;
 use crate::CliResult;
 use clap::Subcommand;
@@ -354,8 +355,7 @@ pub fn template(cmd: TemplateCommand) -> CliResult {
     }
 }
 
-/// Tasks from `POST` to the long poll's answer that they completed: `clients` closed
-/// loops running `count` tasks between them, each one after another.
+/// `task bench`: the measurement, printed for a person or as JSON.
 fn bench(
     api: &str,
     template: [&str; 3],
@@ -363,75 +363,18 @@ fn bench(
     [count, clients]: [usize; 2],
     json: bool,
 ) -> CliResult {
-    let start = std::time::Instant::now();
-    let runs: Vec<Result<Vec<(u64, u64)>, String>> = std::thread::scope(|scope| {
-        let loops: Vec<_> = (0..clients)
-            .map(|i| {
-                // The first `count % clients` loops run one task more.
-                let share = count / clients + usize::from(i < count % clients);
-                scope.spawn(move || bench_loop(&ApiClient::new(api), template, context, share))
-            })
-            .collect();
-        let joined = loops.into_iter().map(|l| l.join());
-        joined
-            .map(|r| r.unwrap_or_else(|_| Err("a bench client panicked".into())))
-            .collect()
-    });
-    let per_s = count as f64 / start.elapsed().as_secs_f64();
-    let (mut micros, mut creates) = (Vec::with_capacity(count), Vec::with_capacity(count));
-    for run in runs {
-        let run = run?;
-        micros.extend(run.iter().map(|(total, _)| *total));
-        creates.extend(run.iter().map(|(_, create)| *create));
-    }
-    let [p50, p95, p99] = percentiles(&mut micros);
-    let [create_p50, _, create_p99] = percentiles(&mut creates);
+    let m = measure(api, template, context, Until::Tasks(count), clients)?;
+    let ([p50, p95, p99], [create_p50, _, create_p99]) = (m.total, m.create);
+    let per_s = m.tasks_per_s;
     let [ns, name, version] = template;
     let of = format!("{count} tasks of {ns}/{name}@{version}");
     let create = format!("(POST alone p50 {create_p50:.2} ms  p99 {create_p99:.2} ms)");
     match json {
-        true => say!("{}", serde_json::json!({"tasks": count, "clients": clients, "tasks_per_s": per_s, "p50_ms": p50, "p95_ms": p95, "p99_ms": p99, "create_p50_ms": create_p50, "create_p99_ms": create_p99})),
+        true => say!("{}", m.to_json()),
         false if clients == 1 => say!("{of}: POST to complete p50 {p50:.2} ms  p95 {p95:.2} ms  p99 {p99:.2} ms {create}"),
         false => say!("{of} by {clients} clients: {per_s:.1} tasks/s, POST to complete p50 {p50:.2} ms  p95 {p95:.2} ms  p99 {p99:.2} ms {create}"),
     }
     Ok(())
-}
-
-/// p50, p95 and p99 of `micros`, in milliseconds.
-fn percentiles(micros: &mut [u64]) -> [f64; 3] {
-    micros.sort_unstable();
-    let pct = |p: f64| micros[((micros.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0;
-    [pct(0.50), pct(0.95), pct(0.99)]
-}
-
-/// One client's `count` tasks, one after another: each one's microseconds, from the
-/// `POST` to complete and to the `POST`'s answer.
-fn bench_loop(
-    client: &ApiClient,
-    [ns, name, version]: [&str; 3],
-    context: &Value,
-    count: usize,
-) -> Result<Vec<(u64, u64)>, String> {
-    let mut micros = Vec::with_capacity(count);
-    for _ in 0..count {
-        // A fresh key per task: under the `strict` identity strategy the same context
-        // would otherwise name the first task again.
-        let key = format!("bench-{}", embarcadero_workflow::ids::new_uuid());
-        let start = std::time::Instant::now();
-        let t = client
-            .create_task(ns, name, version, context.clone(), Some(&key))
-            .map_err(api_error)?;
-        let created = start.elapsed().as_micros() as u64;
-        let uuid = text(&t["task_uuid"]);
-        let t = if t["status"] == "complete" {
-            t
-        } else {
-            client.get_task(&uuid, 60).map_err(api_error)?
-        };
-        finished_ok(&t, true)?;
-        micros.push((start.elapsed().as_micros() as u64, created));
-    }
-    Ok(micros)
 }
 
 fn read(file: &PathBuf) -> Result<String, String> {
@@ -473,7 +416,7 @@ pub(super) fn show_task(t: &Value, json: bool) {
 }
 
 /// With `must_finish`, a task that did not complete is a failure of the command.
-fn finished_ok(t: &Value, must_finish: bool) -> CliResult {
+pub(super) fn finished_ok(t: &Value, must_finish: bool) -> CliResult {
     match (must_finish, t["status"].as_str()) {
         (false, _) | (true, Some("complete")) => Ok(()),
         (true, status) => Err(format!(

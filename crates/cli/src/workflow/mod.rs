@@ -5,6 +5,7 @@
 mod announce;
 mod commands;
 mod manage;
+pub mod measure;
 mod serve;
 
 pub use commands::{task, template, TaskCommand, TemplateCommand};
