@@ -24,6 +24,9 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=env.sh
 source "$(dirname "$0")/env.sh"
 REPO=$(cd "$PEER_DIR/../../.." && pwd)
+# The shapes, one YAML per shape read by both engines: the ones built into `embarcadero bench
+# --mode workflow`.
+TEMPLATES="$REPO/crates/cli/src/bench/workflow"
 EMB=${EMBARCADERO:-$REPO/target/release/embarcadero}
 OUT=${1:-$(mktemp -d)}
 RUN=$OUT/logs
@@ -114,13 +117,13 @@ run_tasker() {
       sed "s/^deployment_mode = \"Hybrid\"/deployment_mode = \"${TASKER_DEPLOYMENT_MODE:-EventDrivenOnly}\"/" \
         >"$RUN/tasker-$i.toml"
     # RUST_LOG=info as in the seed's run; set for Tasker's processes only.
-    env=(env TASKER_CONFIG_PATH="$RUN/tasker-$i.toml" TASKER_TEMPLATE_PATH="$PEER_DIR/templates"
+    env=(env TASKER_CONFIG_PATH="$RUN/tasker-$i.toml" TASKER_TEMPLATE_PATH="$TEMPLATES"
       RUST_LOG="${RUST_LOG:-info}")
     "${env[@]}" "$TASKER_BIN/tasker-server" >"$RUN/tasker-server-$i.log" 2>&1 &
     wait_for "$RUN/tasker-server-$i.log" 'tasker-server is running'
     apis+=("127.0.0.1:$port")
   done
-  env=(env TASKER_CONFIG_PATH="$RUN/tasker-1.toml" TASKER_TEMPLATE_PATH="$PEER_DIR/templates"
+  env=(env TASKER_CONFIG_PATH="$RUN/tasker-1.toml" TASKER_TEMPLATE_PATH="$TEMPLATES"
     RUST_LOG="${RUST_LOG:-info}")
   for ((i = 1; i <= ${TASKER_WORKERS:-2}; i++)); do
     start_tasker_worker "$lang" "$RUN/tasker-worker-$lang-$i.log" "$i"
@@ -148,7 +151,7 @@ run_embarcadero() {
     *) echo "unknown HANDLERS language $lang" >&2; exit 2 ;;
   esac
   wait_for "$log" 'is running'
-  for t in "$PEER_DIR"/templates/*.yaml; do "$EMB" template register "$t" --api "$api" >/dev/null; done
+  for t in "$TEMPLATES"/*.yaml; do "$EMB" template register "$t" --api "$api" >/dev/null; done
   bench embarcadero "$lang" "$api"
   stop_jobs
   rm -rf "$RUN/data"

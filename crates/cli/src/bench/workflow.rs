@@ -12,7 +12,8 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Duration;
 
-/// Tasker's shapes (scripts/peers/tasker/templates), built in so the binary needs no files.
+/// Tasker's shapes, built in so the binary needs no files (the Tasker peer scripts read
+/// the same files, `scripts/peers/tasker/run.sh`).
 const TEMPLATES: [&str; 6] = [
     include_str!("workflow/linear.yaml"),
     include_str!("workflow/diamond.yaml"),
