@@ -44,7 +44,7 @@ FAST_CLUSTER = {
     "EMBARCADERO_CLUSTER_SEQUENCER_LEASE_MS": "400",
 }
 
-# Shapes beyond Tasker's four benchmark templates (read from scripts/peers/tasker) and
+# Shapes beyond Tasker's four benchmark templates (read from crates/cli/src/bench/workflow) and
 # the conditional one (testdata/workflow, shared with crates/cli/tests/workflow.rs):
 # the CSV batch with checkpoints, retries, and a chain of sleeps (steps long enough to
 # be killed in).
@@ -286,7 +286,7 @@ class Cluster:
 
 
 def register_templates(api):
-    folder = os.path.join(ROOT, "scripts", "peers", "tasker", "templates")
+    folder = os.path.join(ROOT, "crates", "cli", "src", "bench", "workflow")
     texts = [open(os.path.join(folder, f)).read() for f in sorted(os.listdir(folder))]
     texts.append(open(os.path.join(ROOT, "testdata", "workflow", "conditional.yaml")).read())
     for yaml in texts + EXTRA_TEMPLATES:
