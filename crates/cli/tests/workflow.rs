@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{ok, run_bin, Proc, Serve};
+use common::{failed, ok, run_bin, Proc, Serve};
 use embarcadero_workflow::client::ApiClient;
 use serde_json::{json, Value};
 use std::io::BufReader;
@@ -522,6 +522,101 @@ fn template_errors_name_the_template_step_and_field() {
     assert_eq!((e.status, e.code.as_str()), (409, "template_conflict"));
     let list = api.list_templates().unwrap();
     assert_eq!(list["templates"].as_array().unwrap().len(), 1);
+}
+
+/// `template show`'s text lines as (stage, step, type, what it waits for).
+fn shown_steps(text: &str) -> Vec<(String, String, String, String)> {
+    text.lines()
+        .skip(1)
+        .map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let after = line.split(" after ").nth(1).unwrap_or_default();
+            (
+                words[0].into(),
+                words[1].into(),
+                words[2].into(),
+                after.trim().into(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn template_show_prints_a_dag_by_stage_as_dot_or_as_json_from_the_api_or_a_file() {
+    let engine = Engine::start();
+    let (_orchestrator, addr) = engine.orchestrator("3000");
+    let api = ApiClient::new(&addr);
+    register(&api, DIAMOND);
+    // 1.10.0 is newer than 1.9.0 though it sorts first as text.
+    let end_after_left = DIAMOND.replace("dependencies: [left, right]", "dependencies: [left]");
+    register(&api, &end_after_left.replace("1.0.0", "1.10.0"));
+    register(&api, &DIAMOND.replace("1.0.0", "1.9.0"));
+    let show = |args: &[&str]| run_bin(&[&["template", "show"], args, &["--api", &addr]].concat());
+
+    let newest = ok(&show(&["demo/diamond"]));
+    assert!(
+        newest.starts_with("demo/diamond@1.10.0: 4 steps in 3 stages\n"),
+        "{newest}"
+    );
+    let steps = shown_steps(&newest);
+    let row = |stage: &str, name: &str, after: &str| {
+        (stage.into(), name.into(), "standard".into(), after.into())
+    };
+    assert_eq!(
+        steps,
+        vec![
+            row("1", "start", "(start)"),
+            row("2", "left", "start"),
+            row("2", "right", "start"),
+            row("3", "end", "left"),
+        ],
+        "{newest}"
+    );
+    let first = ok(&show(&["demo/diamond@1.0.0"]));
+    assert_eq!(shown_steps(&first)[3].3, "left, right", "{first}");
+
+    let dot = ok(&show(&["demo/diamond@1.0.0", "--dot"]));
+    assert!(dot.starts_with("digraph \"demo/diamond@1.0.0\" {"), "{dot}");
+    for edge in [
+        "start\" -> \"left",
+        "start\" -> \"right",
+        "left\" -> \"end",
+        "right\" -> \"end",
+    ] {
+        assert!(dot.contains(edge), "{edge} in {dot}");
+    }
+    assert_eq!(dot.matches("->").count(), 4, "{dot}");
+
+    let json: Value = serde_json::from_str(&ok(&show(&["demo/diamond@1.9.0", "--json"]))).unwrap();
+    assert_eq!(json["version"], "1.9.0");
+    assert_eq!(json["steps"][3]["dependencies"], json!(["left", "right"]));
+    assert_eq!(json["steps"][0]["handler"]["callable"], "math.square");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("linear.yaml");
+    std::fs::write(&file, LINEAR).unwrap();
+    let from_file = ok(&run_bin(&[
+        "template",
+        "show",
+        "--file",
+        file.to_str().unwrap(),
+    ]));
+    assert!(
+        from_file.starts_with("demo/linear@1.0.0: 4 steps in 4 stages\n"),
+        "{from_file}"
+    );
+    assert_eq!(shown_steps(&from_file)[3].0, "4", "{from_file}");
+
+    let missing = failed(&show(&["demo/nope"]));
+    assert!(
+        missing.contains("no template demo/nope is registered")
+            && missing.contains("template list"),
+        "{missing}"
+    );
+    let missing = failed(&show(&["demo/diamond@3.0.0"]));
+    assert!(missing.contains("demo/diamond@3.0.0"), "{missing}");
+    let malformed = failed(&show(&["diamond"]));
+    assert!(malformed.contains("NAMESPACE/NAME"), "{malformed}");
 }
 
 #[test]

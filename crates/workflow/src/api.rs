@@ -13,7 +13,7 @@ use crate::schema::InputSchema;
 use crate::state::State;
 use crate::task_events::TaskEvents;
 use crate::task_routes;
-use crate::template::TemplateKey;
+use crate::template::{version_order, TemplateKey};
 use crate::validate;
 use crate::view::{step_view, task_view, template_view};
 use parking_lot::Mutex;
@@ -160,13 +160,19 @@ impl Api {
             ("GET", ["v1", "dlq"]) => task_routes::dlq(&state(), &pairs),
             ("POST", ["v1", "templates"]) => self.register_template(body),
             ("GET", ["v1", "templates"]) => self.list_templates(),
+            ("GET", ["v1", "templates", namespace, name]) => {
+                self.get_template(namespace, name, None)
+            }
+            ("GET", ["v1", "templates", namespace, name, version]) => {
+                self.get_template(namespace, name, Some(version))
+            }
             (
                 _,
                 ["v1", "tasks"]
                 | ["v1", "tasks", _]
                 | ["v1", "tasks", _, "events" | "rerun"]
                 | ["v1", "tasks", _, "workflow_steps", ..]
-                | ["v1", "templates"]
+                | ["v1", "templates", ..]
                 | ["v1", "dlq"],
             ) => Reply::error(
                 405,
@@ -457,6 +463,26 @@ impl Api {
                 "not_applied",
                 "the template was published but not applied in time",
             ),
+        }
+    }
+
+    /// The whole template (as registered, every field) at `version`, or its newest
+    /// version ([`version_order`]) when none is named.
+    fn get_template(&self, namespace: &str, name: &str, version: Option<&str>) -> Reply {
+        let state = self.engine.shared.lock();
+        let found = state
+            .templates
+            .values()
+            .filter(|t| t.namespace == namespace && t.name == name)
+            .filter(|t| version.is_none_or(|v| t.version == v))
+            .max_by(|a, b| version_order(&a.version, &b.version));
+        match found {
+            Some(t) => Reply::ok(200, serde_json::to_value(&**t).expect("a template is JSON")),
+            None => {
+                let at = version.map(|v| format!("@{v}")).unwrap_or_default();
+                let m = format!("no template {namespace}/{name}{at} is registered");
+                Reply::error(404, "template_not_found", m)
+            }
         }
     }
 

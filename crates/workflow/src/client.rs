@@ -47,6 +47,21 @@ impl ApiClient {
         )
     }
 
+    /// The whole registered template `namespace/name` at `version`, or its newest
+    /// version.
+    pub fn get_template(
+        &self,
+        namespace: &str,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        let mut url = format!("{}/v1/templates/{namespace}/{name}", self.base);
+        if let Some(v) = version {
+            url = format!("{url}/{v}");
+        }
+        answer(self.agent.get(&url).call())
+    }
+
     /// `POST /v1/tasks` with Tasker's body.
     pub fn create_task(
         &self,

@@ -18,6 +18,7 @@ pub mod machine;
 mod manual;
 pub mod metrics;
 pub mod orchestrator;
+pub mod render;
 pub mod schema;
 pub mod settle;
 pub mod snapshot;

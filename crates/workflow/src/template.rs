@@ -63,6 +63,39 @@ impl fmt::Display for TemplateKey {
     }
 }
 
+/// Orders two template versions as a user reads them: dot-separated parts compared
+/// numerically where both are numbers (`1.10.0` after `1.9.0`), as text otherwise; a
+/// version with a pre-release suffix (`1.0.0-rc1`) before the same version without one,
+/// as in SemVer. Used to find a template's newest version.
+pub fn version_order(a: &str, b: &str) -> std::cmp::Ordering {
+    fn parts(v: &str) -> (Vec<&str>, Option<&str>) {
+        let (core, pre) = match v.split_once('-') {
+            Some((core, pre)) => (core, Some(pre)),
+            None => (v, None),
+        };
+        (core.split('.').collect(), pre)
+    }
+    fn part(a: &str, b: &str) -> std::cmp::Ordering {
+        match (a.parse::<u64>(), b.parse::<u64>()) {
+            (Ok(x), Ok(y)) => x.cmp(&y),
+            _ => a.cmp(b),
+        }
+    }
+    let ((a_core, a_pre), (b_core, b_pre)) = (parts(a), parts(b));
+    let by_core = a_core
+        .iter()
+        .zip(&b_core)
+        .map(|(x, y)| part(x, y))
+        .find(|o| o.is_ne())
+        .unwrap_or_else(|| a_core.len().cmp(&b_core.len()));
+    by_core.then_with(|| match (a_pre, b_pre) {
+        (None, None) => std::cmp::Ordering::Equal,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (Some(x), Some(y)) => x.cmp(y),
+    })
+}
+
 impl Template {
     pub fn key(&self) -> TemplateKey {
         TemplateKey {
@@ -211,6 +244,24 @@ impl Lifecycle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn versions_order_by_numeric_parts_with_a_pre_release_first() {
+        use std::cmp::Ordering::*;
+        let cases = [
+            ("1.10.0", "1.9.0", Greater),
+            ("2", "1.9.9", Greater),
+            ("1.0", "1.0.0", Less),
+            ("1.0.0-rc1", "1.0.0", Less),
+            ("1.0.0-rc2", "1.0.0-rc1", Greater),
+            ("1.0.0", "1.0.0", Equal),
+            ("1.a", "1.b", Less),
+        ];
+        for (a, b, want) in cases {
+            assert_eq!(version_order(a, b), want, "{a} against {b}");
+            assert_eq!(version_order(b, a), want.reverse(), "{b} against {a}");
+        }
+    }
 
     #[test]
     fn backoff_grows_as_the_policy_says_and_stops_at_the_cap() {

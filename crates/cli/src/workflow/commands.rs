@@ -6,7 +6,7 @@ use super::ApiArg;
 use crate::CliResult;
 use clap::Subcommand;
 use embarcadero_workflow::client::{ApiClient, ApiError};
-use embarcadero_workflow::{validate, Registry};
+use embarcadero_workflow::{validate, Registry, Template};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -227,6 +227,24 @@ pub enum TemplateCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Show a template's DAG: its steps by stage, or Graphviz DOT with --dot.
+    Show {
+        /// A registered template, `NAMESPACE/NAME` (the last version listed) or
+        /// `NAMESPACE/NAME@VERSION`; or a YAML file with --file.
+        template: Option<String>,
+        /// Show this YAML file instead of a registered template (checked as by
+        /// `template validate --any-handler`).
+        #[arg(long, conflicts_with = "template")]
+        file: Option<PathBuf>,
+        /// Print the DAG as Graphviz DOT (`| dot -Tsvg > dag.svg`).
+        #[arg(long, conflicts_with = "json")]
+        dot: bool,
+        /// Print the whole template as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArg,
+    },
     /// Check a YAML template without registering it (handlers: the built-in ones).
     Validate {
         /// The template's YAML file.
@@ -345,6 +363,30 @@ pub fn template(cmd: TemplateCommand) -> CliResult {
             }
             Ok(())
         }
+        TemplateCommand::Show {
+            template,
+            file,
+            dot,
+            json,
+            api,
+        } => {
+            let t = match (template, file) {
+                (_, Some(file)) => {
+                    validate::load(&read(&file)?, None).map_err(|e| e.to_string())?
+                }
+                (Some(key), None) => registered_template(&api.api, &key)?,
+                (None, None) => {
+                    return Err("name a template (NAMESPACE/NAME[@VERSION]) or give --file".into())
+                }
+            };
+            let shown = match (dot, json) {
+                (true, _) => embarcadero_workflow::render::dot(&t),
+                (_, true) => serde_json::to_string_pretty(&t).expect("a template is JSON"),
+                _ => embarcadero_workflow::render::text(&t),
+            };
+            say!("{}", shown.trim_end());
+            Ok(())
+        }
         TemplateCommand::Validate { file, any_handler } => {
             let known = Registry::builtin().names();
             let t = validate::load(&read(&file)?, (!any_handler).then_some(&known))
@@ -375,6 +417,25 @@ fn bench(
         false => say!("{of} by {clients} clients: {per_s:.1} tasks/s, POST to complete p50 {p50:.2} ms  p95 {p95:.2} ms  p99 {p99:.2} ms {create}"),
     }
     Ok(())
+}
+
+/// The registered template `key` names (`NAMESPACE/NAME[@VERSION]`; without a version,
+/// its newest).
+fn registered_template(api: &str, key: &str) -> Result<Template, String> {
+    let (path, version) = match key.split_once('@') {
+        Some((p, v)) => (p, Some(v)),
+        None => (key, None),
+    };
+    let Some((namespace, name)) = path.split_once('/') else {
+        return Err(format!("{key:?} is not NAMESPACE/NAME[@VERSION]"));
+    };
+    let found = ApiClient::new(api)
+        .get_template(namespace, name, version)
+        .map_err(|e| match e.status {
+            404 => format!("{}; see `embarcadero template list`", e.message),
+            _ => api_error(e),
+        })?;
+    serde_json::from_value(found).map_err(|e| format!("template {key}: {e}"))
 }
 
 fn read(file: &PathBuf) -> Result<String, String> {
