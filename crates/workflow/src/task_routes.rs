@@ -245,3 +245,87 @@ pub(crate) fn await_fold(
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::{decide, Clock, MAX_LEASE_LOSSES};
+    use crate::event::Envelope;
+
+    /// One step that may fail only once: lease losses must not count against that.
+    const ONE_STEP: &str = "name: gone\nnamespace: p\nversion: '1'\nsteps:
+  - {name: a, retry: {max_attempts: 1}, handler: {callable: h}}";
+
+    fn apply(state: &mut State, ts_ms: u64, event: Event) {
+        let position = state.next_position;
+        let env = Envelope {
+            ts_ms,
+            term: None,
+            event,
+        };
+        let applied = state.apply(position, &env);
+        assert!(applied.is_ok(), "{:?}: {applied:?}", env.event);
+    }
+
+    #[test]
+    fn a_step_whose_workers_keep_vanishing_is_dead_lettered_as_worker_unavailable() {
+        let mut state = State::default();
+        let template = crate::validate::load(ONE_STEP, None).unwrap();
+        apply(&mut state, 0, Event::TemplateRegistered { template });
+        let created = Event::TaskCreated {
+            task: "t".into(),
+            namespace: "p".into(),
+            name: "gone".into(),
+            version: "1".into(),
+            context: json!({}),
+            idempotency_key: None,
+            identity: None,
+            protocol: None,
+        };
+        apply(&mut state, 0, created);
+        // Each round a second later: the orchestrator decides, and a worker claims
+        // what is enqueued and is never heard from again, so its lease (100 ms) has
+        // run out by the next round.
+        for round in 1..=40 {
+            let now_ms = round * 1_000;
+            let clock = Clock {
+                now_ms,
+                lease_ms: 100,
+                claimed_at: &|_| Some(now_ms - 1_000),
+                worker_seen: &|_| None,
+            };
+            for event in decide(&state, &clock).0 {
+                apply(&mut state, now_ms, event);
+            }
+            let step = &state.tasks["t"].steps[0];
+            if step.state == StepState::Enqueued {
+                let at = StepRef {
+                    task: "t".into(),
+                    step: "a".into(),
+                    attempt: step.attempt,
+                };
+                let worker = format!("w{round}");
+                apply(&mut state, now_ms, Event::StepClaimed { at, worker });
+            }
+        }
+        let task = &state.tasks["t"];
+        let step = &task.steps[0];
+        assert_eq!(
+            (task.state, step.state, step.failures),
+            (TaskState::Error, StepState::Error, 0),
+            "{step:?}"
+        );
+        assert_eq!(
+            (step.lease_losses, step.attempt),
+            (MAX_LEASE_LOSSES, MAX_LEASE_LOSSES)
+        );
+        let dlq = dlq(&state, &[]).body;
+        let entries = dlq["entries"].as_array().unwrap();
+        assert_eq!(entries.len(), 1, "{dlq:#}");
+        assert_eq!(
+            (&entries[0]["step"], &entries[0]["reason"]),
+            (&json!("a"), &json!("worker_unavailable")),
+            "{dlq:#}"
+        );
+    }
+}

@@ -896,6 +896,111 @@ fn a_stale_attempt_errors_only_if_still_where_it_was_seen_and_a_rerun_starts_it_
     );
 }
 
+/// Two steps under a one-minute threshold for waiting for a retry and a five-minute one
+/// for the whole task.
+const LIFECYCLE_RETRY_AND_DURATION: &str = "name: life2\nnamespace: p\nversion: '1'
+lifecycle: {max_waiting_for_retry_minutes: 1, max_duration_minutes: 5}
+steps:
+  - {name: a, handler: {callable: h}}
+  - {name: b, dependencies: [a], handler: {callable: h}}";
+
+/// The step and reason of each `step_stale` event.
+fn stale_reasons(events: &[Event]) -> Vec<(String, String)> {
+    let reason = |e: &Event| match e {
+        Event::StepStale { at, reason, .. } => (at.step.clone(), reason.clone()),
+        other => panic!("not a step_stale: {other:?}"),
+    };
+    events.iter().map(reason).collect()
+}
+
+#[test]
+fn a_step_waiting_too_long_for_a_retry_or_a_task_past_its_duration_is_stale_and_fails_the_task() {
+    use embarcadero_workflow::staleness::stale_steps;
+    use embarcadero_workflow::{StepState, TaskState};
+    let mut state = State::default();
+    let template = Event::TemplateRegistered {
+        template: load(LIFECYCLE_RETRY_AND_DURATION, None).unwrap(),
+    };
+    let created = Event::TaskCreated {
+        task: "t".into(),
+        namespace: "p".into(),
+        name: "life2".into(),
+        version: "1".into(),
+        context: json!({}),
+        idempotency_key: None,
+        identity: None,
+        protocol: None,
+    };
+    let a = StepRef {
+        task: "t".into(),
+        step: "a".into(),
+        attempt: 1,
+    };
+    let failed = Outcome::Failure {
+        message: "busy".into(),
+        retryable: true,
+        retry_after_ms: None,
+    };
+    let setup = vec![
+        template,
+        created,
+        Event::StepEnqueued(a.clone()),
+        Event::StepClaimed {
+            at: a.clone(),
+            worker: "w".into(),
+        },
+        Event::StepResult {
+            at: a.clone(),
+            worker: "w".into(),
+            outcome: failed,
+        },
+        // Due long after every threshold, so that only the thresholds act.
+        Event::RetryScheduled {
+            at: a.clone(),
+            due_ms: 3_600_000,
+        },
+    ];
+    assert_eq!(apply_at(&mut state, 1_000, setup), [true; 6]);
+    let task = &state.tasks["t"];
+    assert_eq!(task.step("a").unwrap().state, StepState::WaitingForRetry);
+
+    // `a` began to wait at 1 s: stale only once a whole minute has passed since; `b`,
+    // pending, is not covered by a threshold of waiting for a retry.
+    assert!(stale_steps(task, 61_000).is_empty(), "not yet");
+    let retry = stale_reasons(&stale_steps(task, 61_001));
+    assert_eq!(retry.len(), 1, "{retry:?}");
+    assert_eq!(retry[0].0, "a");
+    assert!(
+        retry[0].1.contains("max_waiting_for_retry_minutes"),
+        "{retry:?}"
+    );
+
+    // Five minutes after the task's creation every unfinished step is stale, the
+    // pending one too, for the task's duration.
+    assert_eq!(stale_reasons(&stale_steps(task, 301_000)), retry[..]);
+    let stale = stale_steps(task, 301_001);
+    let named: Vec<(String, bool)> = stale_reasons(&stale)
+        .into_iter()
+        .map(|(step, reason)| (step, reason.contains("max_duration_minutes")))
+        .collect();
+    assert_eq!(named, [("a".into(), true), ("b".into(), true)]);
+    // The first fails its step and, nothing else running, the task; the pending step's
+    // then finds the task closed and is refused (noted in its audit trail).
+    assert_eq!(apply_at(&mut state, 301_001, stale), [true, false]);
+    let task = &state.tasks["t"];
+    let (a, b) = (task.step("a").unwrap(), task.step("b").unwrap());
+    assert_eq!(
+        (task.state, a.state, b.state),
+        (TaskState::Error, StepState::Error, StepState::Pending)
+    );
+    let error = a.last_error.as_deref().unwrap();
+    assert!(
+        error.starts_with("stale: the task ran past lifecycle.max_duration_minutes"),
+        "{error}"
+    );
+    assert!(b.refused[0].contains("step_stale"), "{:?}", b.refused);
+}
+
 /// `envs` with orchestrator lease events put in at the given indices (bids for the
 /// next term or one beyond, renewals, by two holders), so that snapshots also carry
 /// a leader and decisions are fenced part of the way.
