@@ -446,6 +446,17 @@ fn linear_and_diamond_tasks_complete_with_the_right_results() {
         (&step(&d, "left")["result"], &step(&d, "end")["result"]),
         (&json!(16), &json!(65536))
     );
+    // Parallel branches go out together: both enqueued at the position where `start`
+    // completed, and each held by a worker before the other one returned.
+    let (left, right) = (step(&d, "left"), step(&d, "right"));
+    assert_eq!(entered_at(left, "enqueued"), entered_at(right, "enqueued"));
+    let [left_ran, right_ran] = [left, right].map(|s| entered_at(s, "in_progress").unwrap());
+    let [left_back, right_back] =
+        [left, right].map(|s| entered_at(s, "enqueued_for_orchestration").unwrap());
+    assert!(
+        left_ran < right_back && right_ran < left_back,
+        "both in progress at once: {left:#} {right:#}"
+    );
 
     let e = api
         .create_task("demo", "linear", "1.0.0", json!({"even_number": 3}), None)
@@ -815,6 +826,13 @@ fn a_decision_creates_the_branches_it_names_and_the_convergence_waits_for_them()
         t["not_created_steps"],
         json!(["small", "medium", "large", "huge", "converge"])
     );
+    let dlq = api.request("GET", "/v1/dlq", None).unwrap();
+    let entries = dlq["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{dlq:#}");
+    assert_eq!(
+        (&entries[0]["step"], &entries[0]["reason"]),
+        (&json!("route"), &json!("invalid_result"))
+    );
 }
 
 #[test]
@@ -900,6 +918,16 @@ fn batch_failure_strategies_continue_fail_fast_or_isolate() {
     assert_eq!(
         step(&t, "aggregate")["result"],
         json!({"rows": 800, "value": expected, "batches": 4})
+    );
+    // The five instances go out together, at the position where `analyze` completed.
+    let instances = ["process_003"].iter().chain(&siblings);
+    let enqueued: std::collections::BTreeSet<Option<u64>> = instances
+        .map(|name| entered_at(step(&t, name), "enqueued"))
+        .collect();
+    assert_eq!(enqueued.len(), 1, "{enqueued:?}");
+    assert_eq!(
+        enqueued.first(),
+        Some(&entered_at(step(&t, "analyze"), "complete"))
     );
 
     let t = run("fail_fast");
@@ -1422,6 +1450,183 @@ fn a_rerun_starts_every_failed_step_of_a_failed_task_again() {
         .request("POST", &format!("/v1/tasks/{uuid}/rerun"), Some(json!({})))
         .unwrap_err();
     assert_eq!((again.status, again.code.as_str()), (409, "invalid_state"));
+}
+
+/// A step failing for good at its first attempt (its policy says not retryable) beside
+/// a short nap, which has a dependent, and a long one; a join waits for all three.
+const BLOCKED: &str = "name: blocked
+namespace: demo
+version: 1.0.0
+steps:
+  - name: bad
+    retry: {retryable: false, max_attempts: 3}
+    handler: {callable: test.fail_times, initialization: {failures: 100}}
+  - {name: nap, handler: {callable: test.sleep, initialization: {ms: 500}}}
+  - {name: after_nap, dependencies: [nap], handler: {callable: test.sleep}}
+  - {name: long, handler: {callable: test.sleep, initialization: {ms: 2500}}}
+  - {name: join, dependencies: [bad, after_nap, long], handler: {callable: test.sleep}}
+";
+
+/// `embarcadero ARGS --json --api ADDR`, which must succeed, as JSON.
+fn cli_json(args: &[&str], addr: &str) -> Value {
+    let out = ok(&run_bin(&[args, &["--json", "--api", addr]].concat()));
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// Tasker's counts of a task: total, pending, in progress, completed, failed, ready.
+fn counts(t: &Value) -> [u64; 6] {
+    [
+        "total_steps",
+        "pending_steps",
+        "in_progress_steps",
+        "completed_steps",
+        "failed_steps",
+        "ready_steps",
+    ]
+    .map(|k| t[k].as_u64().unwrap_or_else(|| panic!("no {k}: {t:#}")))
+}
+
+#[test]
+fn a_failed_step_blocks_its_task_and_a_manual_resolution_lets_its_dependents_run() {
+    let stack = Stack::start("3000", 1, &[BLOCKED]);
+    let (api, addr) = (&stack.api, stack.addr.as_str());
+    let uuid = create(api, "blocked", json!({}));
+    // `bad` fails while the naps still run: the task is blocked, not yet failed.
+    until(api, &uuid, "the task to be blocked", |t| {
+        t["status"] == "blocked_by_failures"
+    });
+    // `after_nap` was ready from the short nap's completion on, while `long` kept the
+    // task blocked, and was never enqueued: a task blocked by failures starts no new
+    // step. Once `long` is done the task fails.
+    let t = until(api, &uuid, "the task to fail", |t| t["status"] == "error");
+    let bad = step(&t, "bad");
+    assert_eq!(bad["attempts"], 1, "not retried: {bad:#}");
+    let error = bad["last_error"].as_str().unwrap();
+    assert!(error.starts_with("failed, not retryable"), "{error}");
+    let [failed_at, nap_done, long_done] =
+        [("bad", "error"), ("nap", "complete"), ("long", "complete")]
+            .map(|(name, state)| entered_at(step(&t, name), state).unwrap());
+    assert!(failed_at < nap_done && nap_done < long_done, "{t:#}");
+    assert_eq!(entered(step(&t, "after_nap"), "enqueued"), 0, "{t:#}");
+    let moves: Vec<&str> = t["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["to"].as_str().unwrap())
+        .collect();
+    assert!(
+        moves.ends_with(&["blocked_by_failures", "error"]),
+        "{moves:?}"
+    );
+    assert_eq!(counts(&t), [5, 2, 0, 2, 1, 1], "{t:#}");
+    let words = ["execution_status", "recommended_action", "health_status"].map(|k| &t[k]);
+    assert_eq!(
+        words,
+        [
+            &json!("blocked_by_failures"),
+            &json!("handle_failures"),
+            &json!("blocked")
+        ]
+    );
+    assert_eq!(t["completion_percentage"], json!(40.0));
+
+    let dlq = cli_json(&["task", "dlq"], addr);
+    let entries = dlq["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{dlq:#}");
+    assert_eq!(
+        (&entries[0]["step"], &entries[0]["reason"]),
+        (&json!("bad"), &json!("permanent_failure"))
+    );
+    let waited = failed(&run_bin(&["task", "wait", &uuid, "--api", addr]));
+    assert!(
+        waited.contains(&format!("task {uuid} is error")),
+        "{waited}"
+    );
+
+    // Resolved by hand (no result): its dependents run, and the task completes.
+    let args = [
+        "task",
+        "resolve-step",
+        &uuid,
+        "bad",
+        "--reason",
+        "not needed",
+    ];
+    let resolved = cli_json(&args, addr);
+    assert_eq!(
+        (&resolved["current_state"], &resolved["result"]),
+        (&json!("resolved_manually"), &Value::Null)
+    );
+    let t = cli_json(&["task", "wait", &uuid, "--timeout", "30"], addr);
+    assert_eq!(t["status"], "complete", "{t:#}");
+    assert_eq!(counts(&t), [5, 0, 0, 5, 0, 0], "{t:#}");
+    for name in ["after_nap", "join"] {
+        let s = step(&t, name);
+        assert_eq!(
+            (&s["current_state"], &s["attempts"]),
+            (&json!("complete"), &json!(1))
+        );
+    }
+    reads_back_through_the_cli(addr, &uuid, &t);
+}
+
+/// The resolved task of the test above through `task steps --audit|get|list|dlq` and
+/// `template list`.
+fn reads_back_through_the_cli(addr: &str, uuid: &str, t: &Value) {
+    let audit = cli_json(&["task", "steps", uuid, "bad", "--audit"], addr);
+    let moves: Vec<&str> = audit["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["to"].as_str().unwrap())
+        .collect();
+    assert!(
+        moves.ends_with(&["error", "resolved_manually"]),
+        "{moves:?}"
+    );
+    let created_ms = t["created_at_ms"].as_u64().unwrap();
+    for m in audit["transitions"].as_array().unwrap() {
+        assert!(m["ts_ms"].as_u64() >= Some(created_ms), "timestamped: {m}");
+    }
+    assert_eq!(&cli_json(&["task", "get", uuid], addr), t);
+    let listed = cli_json(&["task", "list", "--status", "complete"], addr);
+    assert_eq!(listed["tasks"][0]["task_uuid"], json!(uuid), "{listed:#}");
+    assert_eq!(listed["pagination"]["total_count"], 1, "{listed:#}");
+    let templates = ok(&run_bin(&["template", "list", "--api", addr]));
+    assert_eq!(templates.trim(), "demo/blocked@1.0.0  5 steps");
+    assert_eq!(cli_json(&["task", "dlq"], addr)["entries"], json!([]));
+}
+
+/// One step in another namespace.
+const ELSEWHERE: &str = "name: elsewhere
+namespace: other
+version: 1.0.0
+steps:
+  - {name: one, handler: {callable: test.sleep}}
+";
+
+#[test]
+fn a_worker_claims_only_the_steps_of_the_namespaces_it_serves() {
+    let stack = Stack::start("3000", 0, &[LINEAR, ELSEWHERE]);
+    let (api, engine) = (&stack.api, &stack.engine);
+    let (_other, other_id) = engine.worker_with("3000", &["--namespace", "other"]);
+    let demo = create(api, "linear", json!({"even_number": 2}));
+    let created = api.create_task("other", "elsewhere", "1.0.0", json!({}), None);
+    let elsewhere = created.unwrap()["task_uuid"].as_str().unwrap().to_string();
+    let t = api.get_task(&elsewhere, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    assert_eq!(step(&t, "one")["worker"], json!(other_id));
+    // That worker read the demo task's first step enqueued before its own task's (the
+    // log is read in order), and left it: still enqueued once its own task is done.
+    let t = api.get_task(&demo, 0).unwrap();
+    assert_eq!(step(&t, "one")["current_state"], "enqueued", "{t:#}");
+
+    let (_demo, demo_id) = engine.worker_with("3000", &["--namespace", "demo"]);
+    let t = api.get_task(&demo, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    for s in t["steps"].as_array().unwrap() {
+        assert_eq!(s["worker"], json!(demo_id), "{s:#}");
+    }
 }
 
 /// The value of the sample `series` (name and labels, as written) in a metrics text.

@@ -229,8 +229,9 @@ pub enum TemplateCommand {
     },
     /// Show a template's DAG: its steps by stage, or Graphviz DOT with --dot.
     Show {
-        /// A registered template, `NAMESPACE/NAME` (the last version listed) or
-        /// `NAMESPACE/NAME@VERSION`; or a YAML file with --file.
+        /// A registered template, `NAMESPACE/NAME` (its newest version, by numeric
+        /// version parts: 1.10.0 after 1.9.0) or `NAMESPACE/NAME@VERSION`; or a YAML
+        /// file with --file.
         template: Option<String>,
         /// Show this YAML file instead of a registered template (checked as by
         /// `template validate --any-handler`).
