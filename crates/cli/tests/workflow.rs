@@ -387,11 +387,9 @@ fn submit(addr: &str, name: &str, context: Value, key: Option<&str>) -> RawAnswe
 
 /// How many times a step entered `state` in its audit trail.
 fn entered(step: &Value, state: &str) -> usize {
-    step["transitions"]
-        .as_array()
-        .unwrap()
+    transitions_to(step)
         .iter()
-        .filter(|t| t["to"] == state)
+        .filter(|&&to| to == state)
         .count()
 }
 
@@ -535,6 +533,16 @@ fn template_errors_name_the_template_step_and_field() {
     assert_eq!(list["templates"].as_array().unwrap().len(), 1);
 }
 
+/// The states an object's audit trail (`transitions`) moved it to, in order.
+fn transitions_to(v: &Value) -> Vec<&str> {
+    v["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["to"].as_str().unwrap())
+        .collect()
+}
+
 /// `template show`'s text lines as (stage, step, type, what it waits for).
 fn shown_steps(text: &str) -> Vec<(String, String, String, String)> {
     text.lines()
@@ -658,12 +666,7 @@ fn failing_steps_are_retried_by_their_policy_and_then_fail_the_task() {
             .contains("max attempts (2)"),
         "{always:#}"
     );
-    let task_states: Vec<&str> = t["transitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x["to"].as_str().unwrap())
-        .collect();
+    let task_states = transitions_to(&t);
     assert!(
         task_states.contains(&"waiting_for_retry") && task_states.ends_with(&["error"]),
         "{task_states:?}"
@@ -1025,12 +1028,7 @@ fn failed_steps_are_dead_lettered_reset_and_resolved(api: &ApiClient, addr: &str
             None,
         )
         .unwrap();
-    let moves: Vec<&str> = audit["transitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["to"].as_str().unwrap())
-        .collect();
+    let moves = transitions_to(&audit);
     assert!(moves.ends_with(&["error", "complete"]), "{moves:?}");
     let e = api
         .request(
@@ -1508,12 +1506,7 @@ fn a_failed_step_blocks_its_task_and_a_manual_resolution_lets_its_dependents_run
             .map(|(name, state)| entered_at(step(&t, name), state).unwrap());
     assert!(failed_at < nap_done && nap_done < long_done, "{t:#}");
     assert_eq!(entered(step(&t, "after_nap"), "enqueued"), 0, "{t:#}");
-    let moves: Vec<&str> = t["transitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["to"].as_str().unwrap())
-        .collect();
+    let moves = transitions_to(&t);
     assert!(
         moves.ends_with(&["blocked_by_failures", "error"]),
         "{moves:?}"
@@ -1574,12 +1567,7 @@ fn a_failed_step_blocks_its_task_and_a_manual_resolution_lets_its_dependents_run
 /// `template list`.
 fn reads_back_through_the_cli(addr: &str, uuid: &str, t: &Value) {
     let audit = cli_json(&["task", "steps", uuid, "bad", "--audit"], addr);
-    let moves: Vec<&str> = audit["transitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["to"].as_str().unwrap())
-        .collect();
+    let moves = transitions_to(&audit);
     assert!(
         moves.ends_with(&["error", "resolved_manually"]),
         "{moves:?}"
