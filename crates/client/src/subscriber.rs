@@ -419,13 +419,33 @@ impl Subscriber {
     pub fn poll_shared(
         &mut self,
         timeout: Duration,
+        f: impl FnMut(&SharedBatch, MessageRef<'_>),
+    ) -> Result<usize> {
+        self.poll_shared_upto(timeout, usize::MAX, f)
+    }
+
+    /// As [`Self::poll_shared`], but lends batches only until they hold `max_bytes` or
+    /// more (whole batches, at least one when any is ready); the others stay ready for the
+    /// next call, which takes them without waiting. For a garbage-collected caller: a
+    /// batch handed over with a few others is dropped soon after its messages are read,
+    /// and its buffer comes back for reuse, where one handed over with many stays alive
+    /// (and away from the subscriber) until the last of them is read (docs/PERFORMANCE.md,
+    /// "Session 22").
+    pub fn poll_shared_upto(
+        &mut self,
+        timeout: Duration,
+        max_bytes: usize,
         mut f: impl FnMut(&SharedBatch, MessageRef<'_>),
     ) -> Result<usize> {
         if self.ready.is_empty() {
             self.fill(timeout)?;
         }
-        let mut delivered = 0;
-        while let Some(mut batch) = self.ready.pop_front() {
+        let (mut delivered, mut lent_bytes) = (0, 0usize);
+        while lent_bytes < max_bytes {
+            let Some(mut batch) = self.ready.pop_front() else {
+                break;
+            };
+            lent_bytes = lent_bytes.saturating_add(batch.payload.len());
             let shared = SharedBatch(batch.payload.clone());
             while let Some(m) = batch.next_wanted(&self.cursor)? {
                 let (broker, position) = (m.broker_id, m.position);

@@ -495,3 +495,46 @@ fn shared_batches_outlive_later_polls() {
         );
     }
 }
+
+/// `poll_shared_upto` with a bound smaller than any batch lends one batch per call (the
+/// rest wait, ready, for the next call) and, call after call, every message once, in order.
+#[test]
+fn poll_shared_upto_lends_one_batch_past_its_bound_and_every_message_once() {
+    let t = common::start();
+    t.create_topic("upto", 2);
+    publish(&t, "upto", 0, 20_000, 16 * 1024);
+    let mut sub =
+        Subscriber::connect_brokers(&t.brokers(), "upto", SubscriberConfig::default()).unwrap();
+    let (mut next, mut calls) = (0u64, 0u32);
+    while next < 20_000 {
+        let mut batches: Vec<embarcadero_client::SharedBatch> = Vec::new();
+        let n = sub
+            .poll_shared_upto(Duration::from_secs(10), 1, |batch, m| {
+                assert_eq!(m.position, next, "in order, none skipped or repeated");
+                next += 1;
+                if !batches.iter().any(|b| b.as_mut_ptr() == batch.as_mut_ptr()) {
+                    batches.push(batch.clone());
+                }
+            })
+            .unwrap();
+        assert!(
+            batches.len() <= 1,
+            "one batch per call, not {}",
+            batches.len()
+        );
+        assert_eq!(n > 0, batches.len() == 1);
+        calls += 1;
+    }
+    assert_eq!(next, 20_000);
+    // 20,000 messages of a few bytes in 16 KiB batches: hundreds of batches, so the bound
+    // split what had arrived rather than each call waiting for one batch.
+    assert!(calls > 100, "{calls} calls");
+    assert!(
+        sub.poll_shared_upto(Duration::from_millis(200), 1, |_, m| panic!(
+            "extra {}",
+            m.position
+        ))
+        .unwrap()
+            == 0
+    );
+}

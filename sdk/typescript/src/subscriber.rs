@@ -2,33 +2,53 @@
 //! messages per crossing. No payload is copied: each delivery buffer the Rust subscriber
 //! lends (`Subscriber::poll_shared`) becomes a Node `Buffer` that views it and keeps it
 //! alive (its finalizer drops the Rust owner, after which the subscriber reuses the
-//! buffer). The per-message fields are packed into two typed arrays (numbers, and the
-//! u64s JavaScript needs as bigints); the TypeScript layer builds `Message` objects over
-//! them lazily, each payload a view of its delivery's `Buffer`.
+//! buffer). What JavaScript needs to find each message is packed compactly: per message
+//! only where its payload lies (two u32s); per run of messages from one delivery, the
+//! fields they share (broker, batch, client, first position and index); the counter and
+//! publish time stay in the message headers inside the delivery, where the TypeScript
+//! layer reads them when asked. It builds `Message` objects over these lazily.
 
 use crate::blocking;
 use crate::error::config;
 use embarcadero_client::{
     Admin, Cursor, Error, MessageRef, SharedBatch, Subscriber, SubscriberConfig,
 };
+use embarcadero_wire::MESSAGE_HEADER_LEN;
 use napi::bindgen_prelude::{
-    BigInt, BigUint64Array, BufferSlice, Float64Array, JsValue, ToNapiValue, TypeName,
+    BigInt, BigUint64Array, BufferSlice, Float64Array, JsValue, ToNapiValue, TypeName, Uint32Array,
 };
 use napi::{sys, Env, ValueType};
 use napi_derive::napi;
 use parking_lot::Mutex;
 use std::sync::Arc;
 
-/// Numbers per message in `NativeBatch::nums`: position, batch seq, broker id, index in
-/// batch, payload offset, payload length, counter, and which of `NativeBatch::data` the
-/// payload is in.
-pub const NUMS_PER_MESSAGE: usize = 8;
-/// Bigints per message in `NativeBatch::bigs`: client id, publish time (ns).
-pub const BIGS_PER_MESSAGE: usize = 2;
+/// Numbers per message in `NativeBatch::spans`: payload offset and payload length, in
+/// bytes within its delivery.
+pub const SPAN_FIELDS: usize = 2;
+/// Numbers per run in `NativeBatch::runs`: which of `NativeBatch::data` the run's messages
+/// are in, its first message (an index into the poll's messages), first position, broker
+/// id, batch seq, and index in batch of its first message. A run is a stretch of messages
+/// of one delivery with consecutive positions and indexes in batch: a delivery is one
+/// batch, so a run is usually a whole delivery.
+pub const RUN_FIELDS: usize = 6;
+/// Where the publisher's counter and publish time lie in a message header
+/// (`BlogMessageHeader`, crates/wire/src/message.rs), relative to the start of the
+/// payload that follows it: the TypeScript layer reads them from the delivery.
+#[napi]
+pub const COUNTER_FROM_PAYLOAD: i32 = 16 - MESSAGE_HEADER_LEN as i32;
+#[napi]
+pub const PUBLISH_TS_FROM_PAYLOAD: i32 = 8 - MESSAGE_HEADER_LEN as i32;
 
-/// A poll hands JavaScript up to this many payload bytes at once (more when one
-/// delivery is larger).
-const GATHER_BYTES: usize = 4 << 20;
+/// A poll hands JavaScript deliveries until they hold this many bytes (whole deliveries,
+/// at least one; the usual delivery is a 512 KiB batch). Small on purpose: JavaScript
+/// keeps every delivery of a poll until it has read the poll's last message, and
+/// V8 frees a delivery's `Buffer` at a young-generation collection only if it died
+/// before surviving two of them; deliveries of a poll of many MiB lived through several,
+/// were promoted, and came back to the subscriber only at a full collection, so it read
+/// into 64-128 MiB of fresh pages first (page faults; a cold cache). One delivery per
+/// poll cut faults per MB from 76-78 to 17-18 and CPU per GB by about a fifth
+/// (docs/PERFORMANCE.md, "Session 22"); the crossing it adds per 512 KiB costs less.
+const GATHER_BYTES: usize = 512 << 10;
 /// How long a poll that has messages waits for the next delivery to gather it too:
 /// long enough to take what is already in the socket, short enough not to hold up
 /// a reader at the tail of the topic.
@@ -61,8 +81,12 @@ pub struct NativeBatch {
     /// The deliveries the messages are in, each viewed without a copy.
     #[napi(ts_type = "Buffer[]")]
     pub data: LentBuffers,
-    pub nums: Float64Array,
-    pub bigs: BigUint64Array,
+    /// `SPAN_FIELDS` per message.
+    pub spans: Uint32Array,
+    /// `RUN_FIELDS` per run of messages, in order.
+    pub runs: Float64Array,
+    /// The client id of each run.
+    pub clients: BigUint64Array,
     /// The subscriber's position after the last of these messages.
     pub next: NativeCursor,
 }
@@ -260,9 +284,9 @@ impl NativeSubscriber {
             let mut guard = inner.lock();
             let sub = guard.as_mut().ok_or(Error::Closed)?;
             let mut packed = Packed::default();
-            // Whatever else has already arrived comes along (up to GATHER_BYTES): a
-            // crossing back to JavaScript costs two thread hand-offs, which on a busy
-            // machine cost far more than the messages of one batch.
+            // Whatever else has already arrived comes along, up to GATHER_BYTES: a
+            // crossing back to JavaScript costs two thread hand-offs, so a poll takes more
+            // than one small delivery, but not many large ones (see GATHER_BYTES).
             let polled = poll_gathering(sub, timeout, &mut packed);
             *status.lock() = Status::of(sub);
             polled?;
@@ -309,16 +333,17 @@ impl NativeSubscriber {
     }
 }
 
-/// Polls once for up to `timeout`, then takes whatever else has already arrived, up to
-/// `GATHER_BYTES` of deliveries.
+/// Polls once for up to `timeout`, then takes whatever else has already arrived, until the
+/// deliveries taken hold `GATHER_BYTES`.
 fn poll_gathering(
     sub: &mut Subscriber,
     timeout: std::time::Duration,
     packed: &mut Packed,
 ) -> Result<(), Error> {
-    let mut more = sub.poll_shared(timeout, |b, m| packed.push(b, &m))?;
+    let mut more = sub.poll_shared_upto(timeout, GATHER_BYTES, |b, m| packed.push(b, &m))?;
     while more > 0 && packed.bytes < GATHER_BYTES {
-        more = sub.poll_shared(GATHER_WAIT, |b, m| packed.push(b, &m))?;
+        let room = GATHER_BYTES - packed.bytes;
+        more = sub.poll_shared_upto(GATHER_WAIT, room, |b, m| packed.push(b, &m))?;
     }
     Ok(())
 }
@@ -329,8 +354,13 @@ struct Packed {
     /// The deliveries the messages are in, in order; each once.
     batches: Vec<SharedBatch>,
     bytes: usize,
-    nums: Vec<f64>,
-    bigs: Vec<u64>,
+    count: usize,
+    spans: Vec<u32>,
+    runs: Vec<f64>,
+    clients: Vec<u64>,
+    /// What the next message must have to continue the last run: delivery, broker, batch
+    /// seq, client, position, index in batch.
+    follows: Option<(usize, u16, u64, u64, u64, u32)>,
 }
 
 impl Packed {
@@ -340,31 +370,52 @@ impl Packed {
             self.bytes += batch.len();
             self.batches.push(batch.clone());
         }
+        let delivery = self.batches.len() - 1;
+        let key = (delivery, m.broker_id, m.batch_seq, m.client_id);
+        let expected = (key.0, key.1, key.2, key.3, m.position, m.index_in_batch);
+        if self.follows != Some(expected) {
+            self.runs.extend_from_slice(&[
+                delivery as f64,
+                self.count as f64,
+                m.position as f64,
+                m.broker_id as f64,
+                m.batch_seq as f64,
+                m.index_in_batch as f64,
+            ]);
+            self.clients.push(m.client_id);
+        }
+        self.follows = Some((
+            key.0,
+            key.1,
+            key.2,
+            key.3,
+            m.position + 1,
+            m.index_in_batch + 1,
+        ));
         let range = batch.range_of(m.payload);
-        self.nums.extend_from_slice(&[
-            m.position as f64,
-            m.batch_seq as f64,
-            m.broker_id as f64,
-            m.index_in_batch as f64,
-            range.start as f64,
-            range.len() as f64,
-            m.counter as f64,
-            (self.batches.len() - 1) as f64,
-        ]);
-        self.bigs.extend_from_slice(&[m.client_id, m.publish_ts_ns]);
+        // A delivery is at most MAX_DELIVERY_BYTES (256 MiB), checked when it was read, and
+        // every payload lies after its header within it (`range_of` asserts the latter).
+        let start = u32::try_from(range.start).expect("a delivery is under 4 GiB");
+        assert!(
+            start as usize >= MESSAGE_HEADER_LEN,
+            "a payload follows its header"
+        );
+        self.spans.extend_from_slice(&[start, range.len() as u32]);
+        self.count += 1;
     }
 
     fn finish(self, next: &Cursor) -> Option<NativeBatch> {
-        let count = self.nums.len() / NUMS_PER_MESSAGE;
-        if count == 0 {
+        if self.count == 0 {
             return None;
         }
-        assert_eq!(self.bigs.len(), count * BIGS_PER_MESSAGE);
+        assert_eq!(self.spans.len(), self.count * SPAN_FIELDS);
+        assert_eq!(self.runs.len(), self.clients.len() * RUN_FIELDS);
         Some(NativeBatch {
-            count: count as u32,
+            count: self.count as u32,
             data: LentBuffers(self.batches),
-            nums: self.nums.into(),
-            bigs: self.bigs.into(),
+            spans: self.spans.into(),
+            runs: self.runs.into(),
+            clients: self.clients.into(),
             next: js_cursor(next),
         })
     }

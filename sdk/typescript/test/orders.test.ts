@@ -42,6 +42,33 @@ async function publishIds(p: Publisher, from: number, count: number): Promise<vo
 
 const COUNT = 2000;
 
+test("every field of a message reads as published: counter, publish time, batch, index and size", { timeout: 60_000 }, async () => {
+  const topic = topicName("fields");
+  await admin.createTopic(topic, { order: 2 });
+  const before = BigInt(Date.now() - 1000) * 1_000_000n;
+  const p = await Publisher.connect(topic, { control: server.control, ackLevel: 1, batchBytes: 4096 });
+  // Payloads of growing sizes, so that a message read at the wrong offset shows.
+  await p.publishMany(Array.from({ length: COUNT }, (_, i) => Buffer.from(`m${i}:${"x".repeat(i % 97)}`)));
+  await p.close();
+  const after = BigInt(Date.now() + 1000) * 1_000_000n;
+  const sub = await Subscriber.connect(topic, { control: server.control });
+  const got = await read(sub, COUNT);
+  await sub.close();
+  const firstOfBatch = new Map<string, number>();
+  for (const m of got) {
+    const id = Number(m.text().split(":")[0]!.slice(1));
+    assert.equal(m.counter, id, "the publisher's counter counts its messages from 0");
+    assert.ok(m.publishTsNs >= before && m.publishTsNs <= after, `publish time ${m.publishTsNs}`);
+    assert.equal(m.size, m.payload.length);
+    assert.equal(m.size, `m${id}:`.length + (id % 97));
+    // A batch holds consecutive messages of its publisher, numbered from 0 in it.
+    const batch = `${m.brokerId}/${m.batchSeq}`;
+    if (!firstOfBatch.has(batch)) firstOfBatch.set(batch, id - m.indexInBatch);
+    assert.equal(id - m.indexInBatch, firstOfBatch.get(batch), `message ${id} in batch ${batch}`);
+  }
+  assert.ok(firstOfBatch.size > 10, `${firstOfBatch.size} batches: several runs of several deliveries`);
+});
+
 for (const [order, acks] of [
   [0, [0, 1]],
   [1, [0, 1]],

@@ -2,8 +2,10 @@
 // per crossing into native code, with the next poll already under way while JavaScript
 // handles the batch before it (read-ahead). Each delivery arrives as a Buffer over the
 // Rust subscriber's own buffer (no copy at all) and each `Message`'s payload is a view of
-// it, made on first use; its fields are read lazily from two typed arrays (see
-// src/subscriber.rs for the layout).
+// it, made on first use; its fields are read lazily: where its payload lies from one
+// typed array (two numbers per message), what a run of messages of one delivery shares
+// from another, and the counter and publish time from the message's header in the
+// delivery (see src/subscriber.rs for the layout).
 import { native, Native } from "./native";
 import { ClosedError, ConfigError, settle } from "./errors";
 import { defaultControl, Order } from "./admin";
@@ -46,23 +48,45 @@ export interface Skipped {
   readonly to: number;
 }
 
-const NUMS = 8; // per message: position, batch seq, broker id, index, offset, length, counter, delivery
-const BIGS = 2; // per message: client id, publish time
+const SPAN = 2; // per message: payload offset, payload length (bytes, in its delivery)
+const RUN = 6; // per run: delivery, first message, first position, broker id, batch seq, first index in batch
+/** Where the counter and publish time lie in a message header, from its payload's start. */
+const COUNTER_AT = native.COUNTER_FROM_PAYLOAD;
+const PUBLISH_TS_AT = native.PUBLISH_TS_FROM_PAYLOAD;
 
 /**
- * Each delivery's `ArrayBuffer` and offset in it, read once per poll: `Buffer.buffer` and
- * `byteOffset` are calls into C++ that cost more than the payload view made from them.
+ * One poll's messages as native code packed them, with each delivery's `ArrayBuffer` and
+ * offset in it read once per poll: `Buffer.buffer` and `byteOffset` are calls into C++
+ * that cost more than the payload view made from them.
  */
-interface Backing {
+interface Polled {
+  readonly count: number;
+  readonly data: Buffer[];
   readonly buffers: ArrayBuffer[];
   readonly offsets: number[];
+  readonly spans: Uint32Array;
+  readonly runs: Float64Array;
+  readonly clients: BigUint64Array;
+  readonly order: Order;
 }
 
-function backingOf(batch: Native.NativeBatch): Backing {
+function polledOf(batch: Native.NativeBatch, order: Order): Polled {
   return {
+    count: batch.count,
+    data: batch.data,
     buffers: batch.data.map((d) => d.buffer as ArrayBuffer),
     offsets: batch.data.map((d) => d.byteOffset),
+    spans: batch.spans,
+    runs: batch.runs,
+    clients: batch.clients,
+    order,
   };
+}
+
+/** The first message of the run after `run` (the poll's count after the last run). */
+function runEnd(p: Polled, run: number): number {
+  const next = (run + 1) * RUN;
+  return next < p.runs.length ? p.runs[next + 1]! : p.count;
 }
 
 /**
@@ -81,69 +105,75 @@ Object.setPrototypeOf(PayloadBuffer.prototype, Buffer.prototype);
 // Printed as a Buffer too (`util.inspect` names the constructor).
 Object.defineProperty(PayloadBuffer, "name", { value: "Buffer" });
 
-/** One delivered message. Its `payload` is a view into the buffer of the batch it came in. */
+/** One delivered message. Its `payload` is a view into the buffer of the delivery it came in. */
 export class Message {
-  readonly #batch: Native.NativeBatch;
-  readonly #backing: Backing;
+  readonly #p: Polled;
+  readonly #run: number;
   readonly #i: number;
-  readonly #order: Order;
   #payload: Buffer | undefined;
 
   /** @internal */
-  constructor(batch: Native.NativeBatch, backing: Backing, index: number, order: Order) {
-    this.#batch = batch;
-    this.#backing = backing;
+  constructor(polled: Polled, run: number, index: number) {
+    this.#p = polled;
+    this.#run = run;
     this.#i = index;
-    this.#order = order;
   }
 
-  #num(k: number): number {
-    return this.#batch.nums[this.#i * NUMS + k]!;
+  /** Field `k` of this message's run. */
+  #runField(k: number): number {
+    return this.#p.runs[this.#run * RUN + k]!;
+  }
+
+  /** How far this message is into its run. */
+  #step(): number {
+    return this.#i - this.#runField(1);
   }
 
   /** Global position (orders 2 and 5) or position in its broker's log (orders 0 and 1). */
   get position(): number {
-    return this.#num(0);
+    return this.#runField(2) + this.#step();
   }
 
   /** Orders 2 and 5: the global position (the message's sequence number in the total order). */
   get globalSeq(): number | undefined {
-    return this.#order >= 2 ? this.#num(0) : undefined;
+    return this.#p.order >= 2 ? this.position : undefined;
   }
 
   /** Orders 0 and 1: the position within its broker's log. */
   get brokerSeq(): number | undefined {
-    return this.#order < 2 ? this.#num(0) : undefined;
+    return this.#p.order < 2 ? this.position : undefined;
   }
 
   /** The broker whose log the message was written to. */
   get brokerId(): number {
-    return this.#num(2);
+    return this.#runField(3);
   }
 
   /** The publisher's client id (order 5: its session). */
   get clientId(): bigint {
-    return this.#batch.bigs[this.#i * BIGS]!;
+    return this.#p.clients[this.#run]!;
   }
 
   /** The sequence number of its batch among the publisher's batches to that broker. */
   get batchSeq(): number {
-    return this.#num(1);
+    return this.#runField(4);
   }
 
   /** Its index within its batch. */
   get indexInBatch(): number {
-    return this.#num(3);
+    return this.#runField(5) + this.#step();
   }
 
   /** The publisher's per-client message counter. */
   get counter(): number {
-    return this.#num(6);
+    const at = this.#offset() + COUNTER_AT;
+    const d = this.#delivery();
+    return d.readUInt32LE(at) + d.readUInt32LE(at + 4) * 2 ** 32;
   }
 
   /** When its batch was opened by the publisher, in nanoseconds since the Unix epoch. */
   get publishTsNs(): bigint {
-    return this.#batch.bigs[this.#i * BIGS + 1]!;
+    return this.#delivery().readBigUInt64LE(this.#offset() + PUBLISH_TS_AT);
   }
 
   /**
@@ -155,23 +185,34 @@ export class Message {
    */
   get payload(): Buffer {
     if (this.#payload === undefined) {
-      const d = this.#num(7);
+      const p = this.#p;
+      const d = this.#runField(0);
       // One typed-array construction (see PayloadBuffer); `subarray` would first look up
       // the species constructor, and `Buffer.from` check its argument in C++.
-      const { buffers, offsets } = this.#backing;
-      this.#payload = new PayloadBuffer(buffers[d]!, offsets[d]! + this.#num(4), this.#num(5)) as unknown as Buffer;
+      const at = p.offsets[d]! + p.spans[this.#i * SPAN]!;
+      this.#payload = new PayloadBuffer(p.buffers[d]!, at, p.spans[this.#i * SPAN + 1]!) as unknown as Buffer;
     }
     return this.#payload;
   }
 
+  /** The payload's length in bytes (without making the payload's view). */
+  get size(): number {
+    return this.#p.spans[this.#i * SPAN + 1]!;
+  }
+
   /** The payload decoded as UTF-8. */
   text(): string {
-    const offset = this.#num(4);
-    return this.#delivery().toString("utf8", offset, offset + this.#num(5));
+    const offset = this.#offset();
+    return this.#delivery().toString("utf8", offset, offset + this.size);
+  }
+
+  /** Where the payload starts in its delivery. */
+  #offset(): number {
+    return this.#p.spans[this.#i * SPAN]!;
   }
 
   #delivery(): Buffer {
-    return this.#batch.data[this.#num(7)]!;
+    return this.#p.data[this.#runField(0)]!;
   }
 }
 
@@ -205,11 +246,12 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   readonly #control: string;
   readonly #topic: string;
   readonly #order: Order;
-  /** Messages delivered by native code and not yet handed out. */
-  #batch: Native.NativeBatch | undefined;
-  /** `#batch`'s deliveries' backing memory (see {@link Backing}). */
-  #backing: Backing = { buffers: [], offsets: [] };
+  /** Messages delivered by native code, from `#index` on not yet handed out. */
+  #batch: Polled | undefined;
   #index = 0;
+  /** The run of `#batch` that message `#index` is in, and the first message after that run. */
+  #run = 0;
+  #runEnd = 0;
   /** The position after `#batch` (or the subscriber's position when there is none). */
   #next: Position;
   /** Calls run one at a time, in the order they were made. */
@@ -274,18 +316,26 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   position(): Position {
     const b = this.#batch;
     if (b === undefined || this.#index >= b.count) return this.#next;
-    if (typeof this.#next === "number") return b.nums[this.#index * NUMS]!;
+    this.#seekRun(b);
+    const runs = b.runs;
+    const here = runs[this.#run * RUN + 2]! + (this.#index - runs[this.#run * RUN + 1]!);
+    if (typeof this.#next === "number") return here;
     // Per broker: the first message still held of each broker, else the position after the batch.
     const at = [...this.#next];
     const seen = new Set<number>();
-    for (let i = this.#index; i < b.count; i++) {
-      const broker = b.nums[i * NUMS + 2]!;
+    for (let r = this.#run; r * RUN < runs.length; r++) {
+      const broker = runs[r * RUN + 3]!;
       if (!seen.has(broker)) {
         seen.add(broker);
-        at[broker] = b.nums[i * NUMS]!;
+        at[broker] = r === this.#run ? here : runs[r * RUN + 2]!;
       }
     }
     return at;
+  }
+
+  /** Moves `#run` on to the run that holds message `#index`. */
+  #seekRun(b: Polled): void {
+    while (this.#index >= this.#runEnd) this.#runEnd = runEnd(b, ++this.#run);
   }
 
   #serial<T>(f: () => Promise<T>): Promise<T> {
@@ -302,9 +352,11 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
       const wait = Math.max(0, Math.min(SLICE_MS, deadline - Date.now()));
       const batch = this.#ahead !== undefined ? await this.#takeAhead(wait) : await this.#pollNative(wait);
       if (batch) {
-        this.#batch = batch;
-        this.#backing = backingOf(batch);
+        const b = polledOf(batch, this.#order);
+        this.#batch = b;
         this.#index = 0;
+        this.#run = 0;
+        this.#runEnd = runEnd(b, 0);
         this.#next = positionOf(batch.next);
         this.#readAhead();
         return true;
@@ -365,7 +417,8 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   #take(): Message | null {
     const b = this.#batch;
     if (b === undefined || this.#index >= b.count) return null;
-    return new Message(b, this.#backing, this.#index++, this.#order);
+    if (this.#index >= this.#runEnd) this.#seekRun(b);
+    return new Message(b, this.#run, this.#index++);
   }
 
   /** The next message, waiting at most `timeoutMs` (default 1000); `null` if none came. */
