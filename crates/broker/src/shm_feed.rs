@@ -21,7 +21,7 @@ use crate::shm_conn::{log_refusal, peer_alive, FINAL_WRITE, HELLO_TIMEOUT};
 use crate::subscribe::{self, address_hash, Outlet, MAX_BYTES_PER_WRITE};
 use crate::Shared;
 use embarcadero_region::TopicMeta;
-use embarcadero_shm::layout::{feed_ring, FEED_CAPACITY};
+use embarcadero_shm::layout::feed_ring;
 use embarcadero_shm::ring::RingMaps;
 use embarcadero_shm::{socket, Producer, Waited};
 use embarcadero_wire::{ErrorCode, Hello, HelloOk};
@@ -229,7 +229,13 @@ fn open<'s>(
     sock.set_read_timeout(None)?;
     let refused = |e: String| Refusal::new(ErrorCode::ShmRefused, e);
     let page = socket::map_cursor_page(page).map_err(refused)?;
-    let (feed, map) = socket::create_feed(FEED_CAPACITY)
+    let capacity = shared.config.shm_feed_bytes;
+    // Checked with the configuration; the ring masks positions with it.
+    assert!(
+        embarcadero_shm::layout::check_data_capacity(capacity as u64) == Ok(capacity),
+        "a feed of {capacity} bytes passed the configuration check"
+    );
+    let (feed, map) = socket::create_feed(capacity)
         .map_err(|e| refused(format!("cannot make a shared-memory feed: {e}")))?;
     let maps = RingMaps {
         producer: Arc::new(map),
@@ -238,7 +244,7 @@ fn open<'s>(
     let out = ShmOutlet {
         shared,
         sock: sock.try_clone()?,
-        ring: Producer::split(maps, feed_ring(FEED_CAPACITY)),
+        ring: Producer::split(maps, feed_ring(capacity)),
         feed: Some(feed),
         stall: shared.config.reader_stall_timeout,
     };

@@ -431,6 +431,14 @@ pub fn report(stats: &PublisherStats, elapsed: Duration, json: bool, ack: u8) {
         crate::count_of(waits, "time", "times"),
         crate::count_of(deflected, "batch", "batches")
     );
+    let in_place: u64 = stats.queues.iter().map(|q| q.in_place).sum();
+    if in_place > 0 {
+        say!(
+            "{} of {} built in place in shared-memory rings",
+            in_place,
+            crate::count_of(stats.batches, "batch", "batches")
+        );
+    }
     for q in &stats.queues {
         if q.producer_waits > 0 || q.deflected > 0 || q.backpressure_retries > 0 {
             say!(

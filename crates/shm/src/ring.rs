@@ -12,7 +12,9 @@ use crate::bell;
 use crate::layout::{
     RingPlace, C_DATA_WAITERS, C_HEAD, C_SPACE_BELL, LINE, P_DATA_BELL, P_SPACE_WAITERS, P_TAIL,
 };
+use crate::lend::{Lent, Returns, Span};
 use crate::mapping::Mapping;
+use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -132,7 +134,9 @@ fn wait_for(
             return Ok(Waited::TimedOut);
         };
         waiters.store(1, Ordering::SeqCst);
-        if bell.load(Ordering::SeqCst) == seen {
+        // Looked at again once announced: a producer's room also grows when a lent span
+        // is given back, which rings no bell (`lend::Returns` wakes a waiter it sees).
+        if bell.load(Ordering::SeqCst) == seen && !ready()? {
             bell::wait(bell, seen, timeout);
         }
         waiters.store(0, Ordering::SeqCst);
@@ -149,6 +153,14 @@ pub struct Producer {
     published: u64,
     /// The largest `head` seen: the consumer's must never go below it.
     head_seen: u64,
+    /// The span lent out to be built in place ([`Self::lend`]), if any: it starts at
+    /// `tail`, and nothing else is written while it is out.
+    lent: Option<Lent>,
+    /// Committed spans kept for resending, in ring order: (start, end, given back).
+    /// Their bytes are never overwritten until given back, even once consumed.
+    kept: VecDeque<(u64, u64, bool)>,
+    /// Where spans come back from other threads.
+    returns: Returns,
 }
 
 impl Producer {
@@ -165,11 +177,14 @@ impl Producer {
             "a producer writes its line and bytes"
         );
         Self {
+            returns: Returns::new(maps.clone(), place),
             maps,
             place,
             tail: 0,
             published: 0,
             head_seen: 0,
+            lent: None,
+            kept: VecDeque::new(),
         }
     }
 
@@ -178,8 +193,9 @@ impl Producer {
     }
 
     /// Room left, from the consumer's `head`, which is checked: it may not go back nor
-    /// pass what was published.
+    /// pass what was published; and from the oldest kept span.
     pub fn room(&mut self) -> io::Result<usize> {
+        self.take_returns();
         let head = self
             .maps
             .consumer_u64(&self.place, C_HEAD)
@@ -191,8 +207,12 @@ impl Producer {
             )));
         }
         self.head_seen = head;
-        let used = self.tail - head;
-        debug_assert!(used <= self.place.capacity as u64);
+        let floor = self.kept.front().map_or(head, |k| k.0.min(head));
+        let used = self.tail - floor;
+        assert!(
+            used <= self.place.capacity as u64,
+            "the producer wrote over bytes not consumed or kept"
+        );
         Ok(self.place.capacity - used as usize)
     }
 
@@ -210,6 +230,10 @@ impl Producer {
     /// `src` is valid for reads of `len` bytes, and is not inside this ring.
     pub unsafe fn write_ptr(&mut self, src: *const u8, len: usize) -> io::Result<usize> {
         let n = len.min(self.room()?);
+        assert!(
+            self.lent.is_none(),
+            "nothing is written while a span is lent"
+        );
         if n == 0 {
             return Ok(0);
         }
@@ -229,12 +253,101 @@ impl Producer {
         Ok(n)
     }
 
+    /// Lends the next `limit` bytes of the ring to be built in place, if nothing is
+    /// lent already, everything written is published, and that much room is free; else
+    /// `None` (the caller builds elsewhere and copies). See `crate::lend`.
+    pub fn lend(&mut self, limit: usize) -> io::Result<Option<Span>> {
+        if limit == 0 || limit > self.place.capacity {
+            return Ok(None);
+        }
+        let room = self.room()?;
+        if self.lent.is_some() || self.published != self.tail || room < limit {
+            return Ok(None);
+        }
+        let lent = Lent {
+            start: self.tail,
+            limit,
+        };
+        self.lent = Some(lent);
+        let map = self.maps.producer.clone();
+        Ok(Some(Span::new(map, self.place, lent, self.returns.clone())))
+    }
+
+    /// Whether a span is lent out (and not given back).
+    pub fn is_lent(&mut self) -> bool {
+        self.take_returns();
+        self.lent.is_some()
+    }
+
+    /// Publishes `span`'s first `len` bytes, after writing `header` at its start, and
+    /// keeps them unoverwritten until the span is dropped. `false` (nothing done) when
+    /// the span is not the one this producer has lent out (another channel's, or one
+    /// whose channel was replaced): the caller copies its bytes instead.
+    pub fn commit(&mut self, span: &mut Span, len: usize, header: &[u8]) -> bool {
+        self.take_returns();
+        if !span.returns().same(&self.returns) || self.lent != Some(span.lent()) {
+            return false;
+        }
+        assert!(!span.is_committed(), "a span is committed once");
+        assert!(
+            header.len() <= len && len <= span.limit(),
+            "a batch of {len} bytes with a {}-byte header in a span of {}",
+            header.len(),
+            span.limit()
+        );
+        assert_eq!(
+            span.lent().start,
+            self.tail,
+            "a lent span starts at the tail"
+        );
+        span.write_at(0, header);
+        span.mark_committed();
+        self.lent = None;
+        let start = self.tail;
+        self.tail = start + len as u64;
+        self.kept.push_back((start, self.tail, false));
+        self.publish();
+        true
+    }
+
+    /// Takes in the spans given back since last time.
+    fn take_returns(&mut self) {
+        for start in self.returns.take() {
+            self.forget(start);
+        }
+    }
+
+    /// A span given back: a lent one is cancelled (nothing of it was published), a kept
+    /// one may be overwritten once every older kept span is given back too.
+    fn forget(&mut self, start: u64) {
+        if self.lent.is_some_and(|l| l.start == start) {
+            assert_eq!(
+                self.tail, start,
+                "nothing was written while the span was out"
+            );
+            self.lent = None;
+            return;
+        }
+        let Ok(i) = self.kept.binary_search_by_key(&start, |k| k.0) else {
+            panic!("span at {start} given back but neither lent nor kept");
+        };
+        assert!(!self.kept[i].2, "span at {start} given back twice");
+        self.kept[i].2 = true;
+        while self.kept.front().is_some_and(|k| k.2) {
+            self.kept.pop_front();
+        }
+    }
+
     /// Publishes what was written and rings the consumer's doorbell.
     pub fn publish(&mut self) {
         if self.published == self.tail {
             return;
         }
         assert!(self.tail > self.published, "positions only grow");
+        assert!(
+            self.kept.back().is_none_or(|k| k.1 <= self.tail),
+            "kept spans lie before the tail"
+        );
         self.published = self.tail;
         let (maps, place) = (&self.maps, &self.place);
         announce(

@@ -249,6 +249,186 @@ fn an_unsealed_feed_or_a_wrong_cursor_page_is_refused() {
     assert!(e.contains("must be 4096"), "{e}");
 }
 
+/// Reads everything the consumer has been published.
+fn drain(c: &mut Consumer) -> Vec<u8> {
+    let n = c.available().unwrap();
+    let mut out = vec![0u8; n];
+    c.copy_out(&mut out);
+    c.consume(n);
+    out
+}
+
+#[test]
+fn a_lent_span_is_published_only_when_committed_and_kept_until_dropped() {
+    let cap = MIN_DATA_CAPACITY;
+    let (mut p, mut c, _map) = pair(cap);
+    let mut span = p.lend(1000).unwrap().expect("an empty ring lends");
+    assert!(p.lend(10).unwrap().is_none(), "one span at a time");
+    span.write_at(8, &[7u8; 100]);
+    assert_eq!(
+        c.available().unwrap(),
+        0,
+        "nothing of a lent span is published"
+    );
+    assert!(p.commit(&mut span, 108, &[1u8; 8]));
+    let got = drain(&mut c);
+    assert_eq!(&got[..8], &[1u8; 8]);
+    assert_eq!(&got[8..], &[7u8; 100][..]);
+    // Consumed, but kept: the producer's room does not count it free.
+    assert_eq!(p.room().unwrap(), cap - 108);
+    assert_eq!(
+        span.read_out(8, 100),
+        vec![7u8; 100],
+        "kept bytes stay as written"
+    );
+    drop(span);
+    assert_eq!(p.room().unwrap(), cap, "a dropped span frees its bytes");
+}
+
+#[test]
+fn a_dropped_uncommitted_span_is_cancelled_and_the_ring_moves_on() {
+    let (mut p, mut c, _map) = pair(MIN_DATA_CAPACITY);
+    let mut span = p.lend(500).unwrap().unwrap();
+    span.write_at(0, &[9u8; 500]);
+    drop(span);
+    assert!(!p.is_lent());
+    assert_eq!(p.write(b"after").unwrap(), 5);
+    p.publish();
+    assert_eq!(
+        drain(&mut c),
+        b"after",
+        "the cancelled span left no byte behind"
+    );
+}
+
+#[test]
+fn a_span_is_committed_only_by_its_own_ring() {
+    let (mut p1, _c1, _m1) = pair(MIN_DATA_CAPACITY);
+    let (mut p2, mut c2, _m2) = pair(MIN_DATA_CAPACITY);
+    let mut span = p1.lend(100).unwrap().unwrap();
+    assert!(!p2.commit(&mut span, 100, &[0u8; 8]), "another ring's span");
+    assert_eq!(c2.available().unwrap(), 0);
+    assert!(p1.commit(&mut span, 100, &[0u8; 8]));
+}
+
+#[test]
+#[should_panic(expected = "nothing is written while a span is lent")]
+fn writing_while_a_span_is_lent_is_a_bug() {
+    let (mut p, _c, _map) = pair(MIN_DATA_CAPACITY);
+    let _span = p.lend(100).unwrap().unwrap();
+    let _ = p.write(b"x");
+}
+
+mod lend_model {
+    //! The claim/commit protocol against a model: random lends, commits, cancels,
+    //! plain writes, consumption and out-of-order returns (the acknowledgements).
+    use super::*;
+    use crate::Span;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Lend `limit` bytes, write `fill` of them, then commit (`true`) or drop.
+        Build {
+            limit: usize,
+            fill: usize,
+            commit: bool,
+        },
+        Write(usize),
+        Consume(usize),
+        /// Drop the kept span at this index (modulo how many there are).
+        Return(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (1usize..20_000, 0usize..20_000, any::<bool>()).prop_map(|(limit, fill, commit)| {
+                Op::Build {
+                    limit,
+                    fill: fill.min(limit),
+                    commit,
+                }
+            }),
+            (1usize..20_000).prop_map(Op::Write),
+            (1usize..40_000).prop_map(Op::Consume),
+            any::<usize>().prop_map(Op::Return),
+        ]
+    }
+
+    /// Distinct bytes for every write, so a misplaced byte shows.
+    fn pattern(seed: &mut u32, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                *seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (*seed >> 24) as u8
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn the_consumer_reads_exactly_what_was_committed_or_written_and_kept_bytes_never_change(
+            ops in proptest::collection::vec(op(), 1..120)
+        ) {
+            let cap = MIN_DATA_CAPACITY;
+            let (mut p, mut c, _map) = pair(cap);
+            let mut expected: Vec<u8> = Vec::new();
+            let mut read = 0usize;
+            let mut kept: Vec<(Span, Vec<u8>)> = Vec::new();
+            let mut seed = 1u32;
+            for op in ops {
+                match op {
+                    Op::Build { limit, fill, commit } => {
+                        let Some(mut span) = p.lend(limit).unwrap() else {
+                            // Refused only for want of room.
+                            prop_assert!(p.room().unwrap() < limit);
+                            continue;
+                        };
+                        let len = fill.max(8);
+                        let len = len.min(limit);
+                        let body = pattern(&mut seed, len);
+                        span.write_at(0, &body);
+                        if commit && len >= 8 {
+                            let header = pattern(&mut seed, 8);
+                            prop_assert!(p.commit(&mut span, len, &header));
+                            let mut bytes = body.clone();
+                            bytes[..8].copy_from_slice(&header);
+                            expected.extend_from_slice(&bytes);
+                            kept.push((span, bytes));
+                        }
+                    }
+                    Op::Write(n) => {
+                        let bytes = pattern(&mut seed, n);
+                        let done = p.write(&bytes).unwrap();
+                        prop_assert!(done == n || p.room().unwrap() == 0);
+                        p.publish();
+                        expected.extend_from_slice(&bytes[..done]);
+                    }
+                    Op::Consume(n) => {
+                        let n = n.min(c.available().unwrap());
+                        let mut out = vec![0u8; n];
+                        c.copy_out(&mut out);
+                        c.consume(n);
+                        prop_assert_eq!(&out[..], &expected[read..read + n]);
+                        read += n;
+                    }
+                    Op::Return(i) if !kept.is_empty() => {
+                        let (span, bytes) = kept.remove(i % kept.len());
+                        prop_assert_eq!(span.read_out(0, bytes.len()), bytes);
+                    }
+                    Op::Return(_) => {}
+                }
+                for (span, bytes) in &kept {
+                    prop_assert_eq!(&span.read_out(0, bytes.len()), bytes);
+                }
+            }
+            let rest = drain(&mut c);
+            prop_assert_eq!(&rest[..], &expected[read..]);
+        }
+    }
+}
+
 /// Signals handled by [`a_signal_while_a_hello_is_awaited_does_not_fail_the_handshake`].
 static SIGNALS_HANDLED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
