@@ -433,10 +433,12 @@ pub fn report(stats: &PublisherStats, elapsed: Duration, json: bool, ack: u8) {
     );
     let in_place: u64 = stats.queues.iter().map(|q| q.in_place).sum();
     if in_place > 0 {
+        let copied_out: u64 = stats.queues.iter().map(|q| q.copied_out).sum();
         say!(
-            "{} of {} built in place in shared-memory rings",
+            "{} of {} built in place in shared-memory rings ({} copied out for room before their ack)",
             in_place,
-            crate::count_of(stats.batches, "batch", "batches")
+            crate::count_of(stats.batches, "batch", "batches"),
+            copied_out
         );
     }
     for q in &stats.queues {

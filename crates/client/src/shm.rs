@@ -69,6 +69,9 @@ pub struct ShmLink {
     /// hint the connection's sender reads without the ring's lock. Set when a span is
     /// lent, cleared (if still that id) when it is committed or dropped uncommitted.
     lent_id: AtomicU64,
+    /// Batches built in place that a write copied out of the data ring for their room
+    /// (`Producer::copied_out`), as of the last write.
+    copied_out: AtomicU64,
 }
 
 /// The data ring's producer, and whether spans may be lent out of it.
@@ -164,6 +167,7 @@ impl ShmLink {
             map,
             closed: AtomicBool::new(false),
             lent_id: AtomicU64::new(0),
+            copied_out: AtomicU64::new(0),
         });
         Ok((link, sock))
     }
@@ -183,8 +187,10 @@ impl ShmLink {
         if data.ring.is_lent() {
             return Ok(Written::SpanOut);
         }
-        data.ring.write_all(&[header, payload], || self.alive())?;
-        Ok(Written::Done)
+        let written = data.ring.write_all(&[header, payload], || self.alive());
+        let copied_out = data.ring.copied_out();
+        self.copied_out.store(copied_out, Ordering::Relaxed);
+        written.map(|()| Written::Done)
     }
 
     /// Lends `limit` bytes of the data ring to a batch built in place, unless lending
@@ -219,6 +225,12 @@ impl ShmLink {
         let _ = self
             .lent_id
             .compare_exchange(id, 0, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Batches built in place that a write copied out of the data ring because their
+    /// room was needed before they were acknowledged.
+    pub fn copied_out(&self) -> u64 {
+        self.copied_out.load(Ordering::Relaxed)
     }
 
     /// Whether a span is lent out (a hint: without the ring's lock).

@@ -3,17 +3,28 @@
 //! batch buffer that is then copied into the ring).
 //!
 //! Owns: [`Span`], the bytes lent out by [`crate::Producer::lend`] (written by their
-//! one holder only, until the producer commits them), and [`Returns`], through which a
-//! span is given back from any thread without the producer's lock. Touches: the lent
-//! bytes of its ring, and the producer's `space_waiters` word (loaded) and the
+//! one holder only, until the producer commits them); [`Kept`], where a committed
+//! span's bytes are while its holder may still read them; and [`Returns`], through
+//! which a span is given back from any thread without the producer's lock. Touches:
+//! the lent bytes of its ring, and the producer's `space_waiters` word (loaded) and the
 //! consumer's `space_bell` (woken, never written).
 //!
 //! The protocol, whose rules the producer asserts: at most one span is out at a time;
 //! it starts at the producer's tail with nothing unpublished before it; the producer
 //! writes nothing while it is out; committing it (header written last, then the tail
-//! published) keeps its bytes unoverwritten until the span is dropped, so a batch the
-//! broker consumed but refused can still be resent from it; dropping a span that was
-//! never committed cancels it (the broker never saw a byte of it).
+//! published) keeps its bytes readable through the span until the span is dropped, so a
+//! batch the broker consumed but refused, or whose broker died, can still be resent from
+//! it; dropping a span that was never committed cancels it (the broker never saw a byte
+//! of it).
+//!
+//! A committed span's bytes stay in the ring only while the producer does not need
+//! their room: a producer that must write and finds its room held by kept spans the
+//! consumer has read past copies them out of the ring ([`KeptState::Copied`]) rather
+//! than wait for their holders to drop them. Its room thus depends on its consumer
+//! alone, never on a span's holder: a publisher drops a span when its batch is
+//! acknowledged, and at order 5 that acknowledgement may wait for a batch that this very
+//! producer has still to write (a failover moves a dead broker's batches, with the
+//! session's lowest sequences, into the live channels' rings; issue 26's revert).
 
 use crate::bell;
 use crate::layout::{RingPlace, C_SPACE_BELL, P_SPACE_WAITERS};
@@ -78,6 +89,35 @@ impl Returns {
     }
 }
 
+/// Where a committed span's bytes are, shared by the span and its producer; changed
+/// only under its lock, which [`Span::read_out`] holds while it copies from the ring.
+pub(crate) struct Kept {
+    state: Mutex<KeptState>,
+}
+
+pub(crate) enum KeptState {
+    /// In the ring, which the producer does not overwrite in this state.
+    InRing,
+    /// Copied out of the ring by the producer, which needed their room: the producer
+    /// has forgotten the span, whose drop gives nothing back.
+    Copied(Box<[u8]>),
+    /// Given back by the span's drop (pushed to the producer's [`Returns`] under the
+    /// lock, so a producer that sees this state finds the span in its returns).
+    GivenBack,
+}
+
+impl Kept {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(KeptState::InRing),
+        })
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, KeptState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// Bytes of a ring lent to one writer. Written only through `&mut self`, so by one
 /// thread at a time; given back to its producer when dropped.
 pub struct Span {
@@ -85,8 +125,9 @@ pub struct Span {
     place: RingPlace,
     lent: Lent,
     returns: Returns,
-    /// Set by the producer's commit: the bytes are published and only read from now on.
-    committed: bool,
+    /// Set by the producer's commit: the bytes are published and only read from now on,
+    /// from the ring or from where the producer copied them.
+    kept: Option<Arc<Kept>>,
 }
 
 impl Span {
@@ -100,7 +141,7 @@ impl Span {
             place,
             lent,
             returns,
-            committed: false,
+            kept: None,
         }
     }
 
@@ -113,11 +154,12 @@ impl Span {
     }
 
     pub fn is_committed(&self) -> bool {
-        self.committed
+        self.kept.is_some()
     }
 
-    pub(crate) fn mark_committed(&mut self) {
-        self.committed = true;
+    pub(crate) fn mark_committed(&mut self, kept: Arc<Kept>) {
+        assert!(self.kept.is_none(), "a span is committed once");
+        self.kept = Some(kept);
     }
 
     pub(crate) fn returns(&self) -> &Returns {
@@ -143,7 +185,7 @@ impl Span {
     /// Copies `src` into the span at `offset`. Only before the span is committed: after,
     /// its bytes are the broker's to read.
     pub fn write_at(&mut self, offset: usize, src: &[u8]) {
-        assert!(!self.committed, "a committed span is read-only");
+        assert!(self.kept.is_none(), "a committed span is read-only");
         let ring = self.ring_base();
         let mut from = 0;
         for (at, n) in self.pieces(offset, src.len()) {
@@ -158,16 +200,39 @@ impl Span {
         }
     }
 
-    /// Copies `len` bytes of the span from `offset` out (to resend them elsewhere).
-    /// What another process may have written there is copied as it is: the receiver
-    /// validates it, as it validates everything from a ring.
+    /// Copies `len` bytes of the span from `offset` out (to resend them elsewhere):
+    /// from the ring, or from where the producer copied a committed span when it
+    /// needed the room. What another process may have written there is copied as it
+    /// is: the receiver validates it, as it validates everything from a ring.
     pub fn read_out(&self, offset: usize, len: usize) -> Vec<u8> {
+        let Some(kept) = &self.kept else {
+            // Lent and uncommitted: the producer writes nothing while a span is out.
+            return self.read_ring(offset, len);
+        };
+        // Held while copying from the ring: the producer copies a span out (and may
+        // then overwrite its bytes) only under this lock.
+        let state = kept.lock();
+        match &*state {
+            KeptState::InRing => self.read_ring(offset, len),
+            KeptState::Copied(bytes) => {
+                let end = offset.checked_add(len).filter(|&end| end <= bytes.len());
+                let end = end.unwrap_or_else(|| {
+                    panic!("bytes {offset}+{len} of a span of {} committed", bytes.len())
+                });
+                bytes[offset..end].to_vec()
+            }
+            KeptState::GivenBack => unreachable!("a span is given back only by its drop"),
+        }
+    }
+
+    fn read_ring(&self, offset: usize, len: usize) -> Vec<u8> {
         let mut out = vec![0u8; len];
         let ring = self.ring_base();
         let mut to = 0;
         for (at, n) in self.pieces(offset, len) {
-            // SAFETY: as in `write_at`, the source lies inside the ring; the span is kept
-            // (not overwritten) while it exists; `out` holds `len` bytes of our own.
+            // SAFETY: as in `write_at`, the source lies inside the ring; the span's bytes
+            // are not overwritten while it is lent, nor while it is kept in the ring
+            // (the caller holds the `Kept` lock); `out` holds `len` bytes of our own.
             unsafe { std::ptr::copy_nonoverlapping(ring.add(at), out.as_mut_ptr().add(to), n) };
             to += n;
         }
@@ -182,6 +247,16 @@ impl Span {
 
 impl Drop for Span {
     fn drop(&mut self) {
-        self.returns.give_back(self.lent.start);
+        let Some(kept) = &self.kept else {
+            self.returns.give_back(self.lent.start);
+            return;
+        };
+        let mut state = kept.lock();
+        if matches!(*state, KeptState::InRing) {
+            *state = KeptState::GivenBack;
+            // Under the lock: see `KeptState::GivenBack`.
+            self.returns.give_back(self.lent.start);
+        }
+        // Copied out: the producer let go of it then.
     }
 }

@@ -12,7 +12,7 @@ use crate::bell;
 use crate::layout::{
     RingPlace, C_DATA_WAITERS, C_HEAD, C_SPACE_BELL, LINE, P_DATA_BELL, P_SPACE_WAITERS, P_TAIL,
 };
-use crate::lend::{Lent, Returns, Span};
+use crate::lend::{Kept, KeptState, Lent, Returns, Span};
 use crate::mapping::Mapping;
 use std::collections::VecDeque;
 use std::io;
@@ -156,11 +156,22 @@ pub struct Producer {
     /// The span lent out to be built in place ([`Self::lend`]), if any: it starts at
     /// `tail`, and nothing else is written while it is out.
     lent: Option<Lent>,
-    /// Committed spans kept for resending, in ring order: (start, end, given back).
-    /// Their bytes are never overwritten until given back, even once consumed.
-    kept: VecDeque<(u64, u64, bool)>,
+    /// Committed spans kept for resending, in ring order. Their bytes are not
+    /// overwritten until given back or copied out ([`Self::reclaim`]).
+    kept: VecDeque<KeptSpan>,
     /// Where spans come back from other threads.
     returns: Returns,
+    /// Kept spans copied out of the ring because a write needed their room.
+    copied_out: u64,
+}
+
+/// A committed span the producer keeps in its ring for its holder.
+struct KeptSpan {
+    start: u64,
+    end: u64,
+    given_back: bool,
+    /// Shared with the span: where its bytes are.
+    where_: Arc<Kept>,
 }
 
 impl Producer {
@@ -185,6 +196,7 @@ impl Producer {
             head_seen: 0,
             lent: None,
             kept: VecDeque::new(),
+            copied_out: 0,
         }
     }
 
@@ -196,6 +208,20 @@ impl Producer {
     /// pass what was published; and from the oldest kept span.
     pub fn room(&mut self) -> io::Result<usize> {
         self.take_returns();
+        let head = self.head()?;
+        Ok(self.room_from(head))
+    }
+
+    /// Room for a write of `want` bytes: as [`Self::room`], after copying out kept
+    /// spans that the consumer has read past and that hold that room ([`Self::reclaim`]).
+    fn room_to_write(&mut self, want: usize) -> io::Result<usize> {
+        self.take_returns();
+        let head = self.head()?;
+        Ok(self.reclaim(want, head))
+    }
+
+    /// The consumer's `head`, checked.
+    fn head(&mut self) -> io::Result<u64> {
         let head = self
             .maps
             .consumer_u64(&self.place, C_HEAD)
@@ -207,13 +233,75 @@ impl Producer {
             )));
         }
         self.head_seen = head;
-        let floor = self.kept.front().map_or(head, |k| k.0.min(head));
+        Ok(head)
+    }
+
+    fn room_from(&self, head: u64) -> usize {
+        let floor = self.kept.front().map_or(head, |k| k.start.min(head));
         let used = self.tail - floor;
         assert!(
             used <= self.place.capacity as u64,
             "the producer wrote over bytes not consumed or kept"
         );
-        Ok(self.place.capacity - used as usize)
+        self.place.capacity - used as usize
+    }
+
+    /// Copies kept spans out of the ring, oldest first, while fewer than `want` bytes
+    /// are free and the oldest kept span is one the consumer has read into (so that its
+    /// bytes, not the consumer, hold the room); returns the room. This is what makes a
+    /// producer's room depend on its consumer only (see `crate::lend`): a kept span is
+    /// given back when its batch is acknowledged, which may wait for the very bytes this
+    /// producer is about to write.
+    fn reclaim(&mut self, want: usize, head: u64) -> usize {
+        loop {
+            let room = self.room_from(head);
+            let Some(front) = self.kept.front() else {
+                return room;
+            };
+            if room >= want || front.start >= head {
+                return room;
+            }
+            let (start, end, where_) = (front.start, front.end, front.where_.clone());
+            let mut state = where_.lock();
+            match &*state {
+                KeptState::InRing => {
+                    *state = KeptState::Copied(self.read_ring(start, end).into_boxed_slice());
+                    drop(state);
+                    self.kept.pop_front();
+                    self.copied_out += 1;
+                    self.pop_given_back();
+                }
+                // Its drop put it in the returns, under the lock just taken.
+                KeptState::GivenBack => {
+                    drop(state);
+                    self.take_returns();
+                }
+                KeptState::Copied(_) => unreachable!("a span copied out is forgotten"),
+            }
+        }
+    }
+
+    /// The ring's bytes from position `start` to `end` (at most a capacity).
+    fn read_ring(&self, start: u64, end: u64) -> Vec<u8> {
+        let cap = self.place.capacity;
+        let n = usize::try_from(end - start).expect("a span fits the address space");
+        assert!(n <= cap, "a kept span lies inside its ring");
+        let at = (start as usize) & (cap - 1);
+        let first = n.min(cap - at);
+        let mut out = vec![0u8; n];
+        // SAFETY: both source ranges are inside this ring's bytes (at < cap, first <=
+        // cap - at, n - first <= at); `out` holds `n` bytes of this process's own.
+        unsafe {
+            let ring = self.maps.producer.base().add(self.place.bytes);
+            std::ptr::copy_nonoverlapping(ring.add(at), out.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(ring, out.as_mut_ptr().add(first), n - first);
+        }
+        out
+    }
+
+    /// Kept spans copied out of the ring so far because a write needed their room.
+    pub fn copied_out(&self) -> u64 {
+        self.copied_out
     }
 
     /// Copies as much of `bytes` as fits (unpublished until [`Self::publish`]).
@@ -229,7 +317,7 @@ impl Producer {
     /// # Safety
     /// `src` is valid for reads of `len` bytes, and is not inside this ring.
     pub unsafe fn write_ptr(&mut self, src: *const u8, len: usize) -> io::Result<usize> {
-        let n = len.min(self.room()?);
+        let n = len.min(self.room_to_write(len)?);
         assert!(
             self.lent.is_none(),
             "nothing is written while a span is lent"
@@ -301,11 +389,17 @@ impl Producer {
             "a lent span starts at the tail"
         );
         span.write_at(0, header);
-        span.mark_committed();
+        let where_ = Kept::new();
+        span.mark_committed(where_.clone());
         self.lent = None;
         let start = self.tail;
         self.tail = start + len as u64;
-        self.kept.push_back((start, self.tail, false));
+        self.kept.push_back(KeptSpan {
+            start,
+            end: self.tail,
+            given_back: false,
+            where_,
+        });
         self.publish();
         true
     }
@@ -328,12 +422,20 @@ impl Producer {
             self.lent = None;
             return;
         }
-        let Ok(i) = self.kept.binary_search_by_key(&start, |k| k.0) else {
+        let Ok(i) = self.kept.binary_search_by_key(&start, |k| k.start) else {
             panic!("span at {start} given back but neither lent nor kept");
         };
-        assert!(!self.kept[i].2, "span at {start} given back twice");
-        self.kept[i].2 = true;
-        while self.kept.front().is_some_and(|k| k.2) {
+        assert!(
+            !self.kept[i].given_back,
+            "span at {start} given back twice"
+        );
+        self.kept[i].given_back = true;
+        self.pop_given_back();
+    }
+
+    /// Forgets the oldest kept spans while they are given back.
+    fn pop_given_back(&mut self) {
+        while self.kept.front().is_some_and(|k| k.given_back) {
             self.kept.pop_front();
         }
     }
@@ -345,7 +447,7 @@ impl Producer {
         }
         assert!(self.tail > self.published, "positions only grow");
         assert!(
-            self.kept.back().is_none_or(|k| k.1 <= self.tail),
+            self.kept.back().is_none_or(|k| k.end <= self.tail),
             "kept spans lie before the tail"
         );
         self.published = self.tail;
@@ -370,7 +472,10 @@ impl Producer {
         let (maps, place) = (self.maps.clone(), self.place);
         let bell = maps.consumer_u32(&place, C_SPACE_BELL);
         let waiters = maps.producer_u32(&place, P_SPACE_WAITERS);
-        wait_for(bell, waiters, deadline, alive, || Ok(self.room()? >= want))
+        // For a write: kept spans give way (`reclaim`), so only the consumer is waited for.
+        wait_for(bell, waiters, deadline, alive, || {
+            Ok(self.room_to_write(want)? >= want)
+        })
     }
 
     /// Writes all of `parts` in order, publishing as room runs out and at the end.

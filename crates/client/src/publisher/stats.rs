@@ -23,6 +23,10 @@ pub struct QueueStats {
     /// Batches built in place in this connection's shared-memory ring (the others were
     /// built in a buffer and copied into the socket or ring).
     pub in_place: u64,
+    /// Of those, batches copied out of the ring of the connection's current channel
+    /// before their acknowledgement, because a write needed their room (a channel's room
+    /// never waits for acknowledgements; see `embarcadero_shm::lend`).
+    pub copied_out: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -104,6 +108,10 @@ impl Publisher {
                     backpressure_retries: q.conn.backpressure_retries.load(Ordering::Relaxed),
                     lingered: q.lingered.load(Ordering::Relaxed),
                     in_place: q.in_place.load(Ordering::Relaxed),
+                    copied_out: match &*q.stream.lock() {
+                        Link::Shm(link) => link.copied_out(),
+                        Link::Tcp(_) => 0,
+                    },
                 })
                 .collect(),
         }
