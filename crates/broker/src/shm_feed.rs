@@ -104,9 +104,11 @@ impl ShmOutlet<'_> {
         Ok(())
     }
 
-    /// Writes the connection's last frame into the ring, waiting a couple of seconds at
-    /// most for the subscriber to make room.
-    fn write_final(&mut self, bytes: &[u8]) -> Result<(), End> {
+    /// Writes one whole frame into the ring, waiting for the subscriber to make room as
+    /// [`Self::wait_room`] does for `stall` (a frame of the subscription: the stall
+    /// timeout; the connection's last, a refusal: a couple of seconds). A subscriber that
+    /// makes no room in time is `TimedOut`.
+    fn write_frame(&mut self, bytes: &[u8], stall: Duration) -> io::Result<()> {
         assert!(
             self.feed.is_none(),
             "frames go into a feed once it is handed over"
@@ -115,7 +117,8 @@ impl ShmOutlet<'_> {
         while done < bytes.len() {
             done += self.ring.write(&bytes[done..])?;
             if done < bytes.len() {
-                self.wait_room(bytes.len() - done, FINAL_WRITE)?;
+                self.wait_room(bytes.len() - done, stall)
+                    .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?;
             }
         }
         self.ring.publish();
@@ -156,21 +159,8 @@ impl Outlet for ShmOutlet<'_> {
     }
 
     fn send_frame(&mut self, bytes: &[u8]) -> io::Result<()> {
-        assert!(
-            self.feed.is_none(),
-            "frames go into a feed once it is handed over"
-        );
-        let mut done = 0;
-        while done < bytes.len() {
-            done += self.ring.write(&bytes[done..])?;
-            if done < bytes.len() {
-                let stall = self.stall;
-                self.wait_room(bytes.len() - done, stall)
-                    .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?;
-            }
-        }
-        self.ring.publish();
-        Ok(())
+        let stall = self.stall;
+        self.write_frame(bytes, stall)
     }
 
     fn probe(&self) -> Peer {
@@ -208,7 +198,7 @@ pub(crate) fn serve(
         // Handed over: the subscriber reads the refusal from the feed.
         End::Refused(refusal) if out.feed.is_none() => {
             log_refusal(shared, &refusal);
-            let _ = out.write_final(&refusal.frame());
+            let _ = out.write_frame(&refusal.frame(), FINAL_WRITE);
             End::Gone
         }
         end => end,
