@@ -736,10 +736,16 @@ fn an_order5_session_over_shm_fails_over_while_its_rings_hold_batches_built_in_p
     let stats = publisher.join().unwrap();
     assert_eq!(stats.messages, COUNT);
     assert!(
-        stats.queues.iter().any(|q| q.broker == victim && q.batches > 0),
+        stats
+            .queues
+            .iter()
+            .any(|q| q.broker == victim && q.batches > 0),
         "the killed broker had batches"
     );
-    assert_eq!(stats.acked_batches, stats.batches, "every batch acknowledged");
+    assert_eq!(
+        stats.acked_batches, stats.batches,
+        "every batch acknowledged"
+    );
     let in_place: u64 = stats.queues.iter().map(|q| q.in_place).sum();
     let copied_out: u64 = stats.queues.iter().map(|q| q.copied_out).sum();
     assert!(in_place > 0, "batches were built in the rings");

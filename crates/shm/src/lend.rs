@@ -217,7 +217,10 @@ impl Span {
             KeptState::Copied(bytes) => {
                 let end = offset.checked_add(len).filter(|&end| end <= bytes.len());
                 let end = end.unwrap_or_else(|| {
-                    panic!("bytes {offset}+{len} of a span of {} committed", bytes.len())
+                    panic!(
+                        "bytes {offset}+{len} of a span of {} committed",
+                        bytes.len()
+                    )
                 });
                 bytes[offset..end].to_vec()
             }

@@ -425,10 +425,7 @@ impl Producer {
         let Ok(i) = self.kept.binary_search_by_key(&start, |k| k.start) else {
             panic!("span at {start} given back but neither lent nor kept");
         };
-        assert!(
-            !self.kept[i].given_back,
-            "span at {start} given back twice"
-        );
+        assert!(!self.kept[i].given_back, "span at {start} given back twice");
         self.kept[i].given_back = true;
         self.pop_given_back();
     }

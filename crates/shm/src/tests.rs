@@ -338,7 +338,11 @@ fn a_write_copies_out_kept_spans_the_consumer_has_read_instead_of_waiting_for_th
     for (i, span) in spans.iter().enumerate() {
         let i = i as u8;
         assert_eq!(span.read_out(0, 8), vec![0xA0 + i; 8], "span {i}'s header");
-        assert_eq!(span.read_out(8, cap / 4 - 8), vec![i; cap / 4 - 8], "span {i}");
+        assert_eq!(
+            span.read_out(8, cap / 4 - 8),
+            vec![i; cap / 4 - 8],
+            "span {i}"
+        );
     }
     // Dropping them, copied out or not, frees the rest (the consumer read it all).
     drop(spans);
@@ -355,7 +359,11 @@ fn kept_spans_the_consumer_has_not_read_stay_in_the_ring() {
     let (mut p, mut c, _map) = pair(cap);
     let mut span = p.lend(cap / 2).unwrap().unwrap();
     assert!(p.commit(&mut span, cap / 2, &[1; 8]));
-    assert_eq!(p.write(&vec![2; cap]).unwrap(), cap / 2, "only the free half");
+    assert_eq!(
+        p.write(&vec![2; cap]).unwrap(),
+        cap / 2,
+        "only the free half"
+    );
     p.publish();
     assert_eq!(p.write(&[3]).unwrap(), 0, "the consumer has read nothing");
     assert_eq!(p.copied_out(), 0);
@@ -363,7 +371,11 @@ fn kept_spans_the_consumer_has_not_read_stay_in_the_ring() {
     assert_eq!(c.available().unwrap(), cap);
     c.copy_out(&mut some);
     c.consume(100);
-    assert_eq!(p.write(&[3; 200]).unwrap(), 100, "what the consumer read, no more");
+    assert_eq!(
+        p.write(&[3; 200]).unwrap(),
+        100,
+        "what the consumer read, no more"
+    );
     assert_eq!(p.copied_out(), 1);
     assert_eq!(span.read_out(0, 8), vec![1; 8]);
 }
