@@ -2068,3 +2068,117 @@ fn a_fresh_orchestrator_and_worker_serve_after_a_memory_only_log_lost_its_events
     assert_eq!(t["status"], "complete", "{t:#}");
     assert_eq!(step(&t, "four")["worker"], json!(id), "{t:#}");
 }
+
+/// Polls `GET path` on the control port until it is no longer 503 `no_workflow_engine`
+/// (an orchestrator announces itself within a second of serving; at most 30 s).
+fn until_forwarded(control: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let a = http(control, "GET", "/v1/templates", None);
+        if a.status != 503 {
+            assert_eq!(a.status, 200, "{}", a.body);
+            return;
+        }
+        assert!(Instant::now() < deadline, "never forwarded: {}", a.body);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The workflow API through the head's control port (`workflow_proxy`): 503
+/// `no_workflow_engine` before any orchestrator runs; then templates, tasks, the
+/// engine's own 503 with its Retry-After, a long poll, an event stream that flows event
+/// by event and ends with the task, and the CLI with no `--api` (the control address is
+/// the default); the head counts what it forwarded.
+#[test]
+fn the_control_port_forwards_the_workflow_api_to_the_orchestrator_that_announced_itself() {
+    let engine = Engine::start();
+    let control = engine.serve.control.clone();
+    let none = http(&control, "GET", "/v1/tasks", None);
+    assert_eq!(
+        (none.status, none.header("retry-after")),
+        (503, Some("1")),
+        "{}",
+        none.body
+    );
+    assert_eq!(none.json()["error"]["code"], "no_workflow_engine");
+    assert_eq!(http(&control, "GET", "/v1/topics", None).status, 200);
+
+    let (_orchestrator, _) = engine.orchestrator_with("3000", &["--max-open-tasks", "1"]);
+    until_forwarded(&control);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("linear.yaml");
+    std::fs::write(&file, LINEAR).unwrap();
+    ok(&engine
+        .serve
+        .run(&["template", "register", file.to_str().unwrap()], None));
+
+    let api = ApiClient::new(&control);
+    let uuid = create(&api, "linear", json!({"even_number": 2}));
+    let refused = submit(&control, "linear", json!({"even_number": 4}), None);
+    assert_eq!(
+        (refused.status, refused.header("retry-after")),
+        (503, Some("1")),
+        "the engine's backpressure, passed through: {}",
+        refused.body
+    );
+    assert_eq!(refused.json()["error"]["code"], "backpressure");
+
+    let (status, headers, mut stream) =
+        send(&control, "GET", &format!("/v1/tasks/{uuid}/events"), None);
+    assert_eq!(status, 200);
+    assert!(
+        headers.contains(&("content-type".into(), "text/event-stream".into())),
+        "{headers:?}"
+    );
+    // No worker yet: these events arrive while the task is open, so the head passes
+    // them on as they come, not once the upstream stream ended.
+    let mut events = Vec::new();
+    while events.last().is_none_or(|e: &Value| e["to"] != "enqueued") {
+        events.push(next_event(&mut stream).expect("the stream stays open while the task runs"));
+    }
+    let (_worker, _) = engine.worker("3000");
+    let t = api.get_task(&uuid, 30).unwrap();
+    assert_eq!(t["status"], "complete", "the long poll: {t:#}");
+    while let Some(e) = next_event(&mut stream) {
+        events.push(e);
+    }
+    assert_eq!(events.last().unwrap()["to"], "complete", "{events:?}");
+
+    let got = json_of(&engine.serve.run(&["task", "get", &uuid, "--json"], None));
+    assert_eq!(got["status"], "complete", "{got:#}");
+    let stats = ok(&engine.serve.run(&["task", "stats"], None));
+    assert!(stats.contains("tasks: complete 1"), "{stats}");
+
+    let metrics = http(&control, "GET", "/metrics", None).body;
+    let forwarded = sample(&metrics, "embarcadero_workflow_proxy_requests_total").unwrap();
+    assert!(forwarded >= 6.0, "{metrics}");
+    let series = "embarcadero_workflow_proxy_failures_total{reason=\"no_engine\"}";
+    assert!(sample(&metrics, series).unwrap() >= 1.0, "{metrics}");
+}
+
+fn json_of(out: &std::process::Output) -> Value {
+    serde_json::from_str(&ok(out)).unwrap()
+}
+
+/// After the active orchestrator is SIGKILLed, the control port reaches the standby
+/// that took over: a task created and awaited through it completes.
+#[test]
+fn the_control_port_reaches_the_standby_once_the_active_orchestrator_is_killed() {
+    let engine = Engine::start();
+    let [(active, active_api), (_standby, standby_api)] = two_orchestrators(&engine);
+    let (_worker, _) = engine.worker("3000");
+    let control = ApiClient::new(&engine.serve.control);
+    until_forwarded(&engine.serve.control);
+    register(&control, CHAIN);
+    let first = create(&control, "chain", json!({"i": 0}));
+    assert_eq!(control.get_task(&first, 30).unwrap()["status"], "complete");
+    active.kill();
+    let second = create(&control, "chain", json!({"i": 1}));
+    let t = control.get_task(&second, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    gauge_until(&standby_api, "orchestrator_active", |v| v == 1.0);
+    assert!(
+        active_api.get_task(&second, 0).is_err(),
+        "the killed one is gone"
+    );
+}

@@ -54,6 +54,7 @@ pub fn admin_body(endpoint: usize, body: &[u8], disk_replicas: u8) -> Result<boo
         url: url.into(),
         body: body.to_vec(),
         last_event_id: None,
+        content_type: None,
     };
     let refused = |(status, _, body): (u16, &'static str, String)| {
         Response::new(status, "application/json", body)

@@ -14,6 +14,7 @@
 //! | POST | `/v1/topics` | create: `{"name","order","replication_factor","default_ack","retention_bytes","retention_ms"}`; any other field is a 400 that names it |
 //! | GET | `/v1/topics/{name}` | one topic |
 //! | DELETE | `/v1/topics/{name}` | delete a topic: its connections get TopicDeleted, its memory and disk logs are freed |
+//! | any | `/v1/tasks*`, `/v1/templates*`, `/v1/dlq*`, `/v1/workflow/metrics` | the workflow API, forwarded to the orchestrator that announced itself (the newest; `workflow_proxy`); 503 `no_workflow_engine` while none did, 502 when none answers |
 //! | GET | `/metrics` | Prometheus text format |
 //! | GET | `/healthz` | `ok` |
 
@@ -32,6 +33,9 @@ use std::sync::atomic::Ordering;
 
 /// Answers one admin request (`HttpServer` has read it in full).
 pub fn respond(inner: &Inner, request: &Request) -> Response {
+    if crate::workflow_proxy::is_workflow_route(request.path()) {
+        return crate::workflow_proxy::forward(&inner.services, &inner.workflow_proxy, request);
+    }
     let (status, content_type, body) = route(inner, request);
     Response::new(status, content_type, body)
 }

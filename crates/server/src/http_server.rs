@@ -14,6 +14,7 @@
 //! thread until the client closes it, asks to (`Connection: close`), or is silent for
 //! that long.
 
+use std::borrow::Cow;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -35,6 +36,9 @@ pub struct Request {
     pub body: Vec<u8>,
     /// The `Last-Event-ID` header (an event stream's client resuming), trimmed.
     pub last_event_id: Option<String>,
+    /// The `Content-Type` header, trimmed (what the control port forwards to the
+    /// workflow engine with the body).
+    pub content_type: Option<String>,
 }
 
 impl Request {
@@ -47,10 +51,12 @@ impl Request {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Response {
     pub status: u16,
-    pub content_type: &'static str,
+    /// Mostly a constant; a forwarded answer's own (`workflow_proxy`).
+    pub content_type: Cow<'static, str>,
     pub body: String,
     /// Headers beyond Content-Type, Content-Length and Connection (e.g. Retry-After).
-    pub headers: Vec<(&'static str, String)>,
+    /// With `stream`, a Content-Length here frames the streamed body (a forwarded answer).
+    pub headers: Vec<(Cow<'static, str>, String)>,
     /// A body written as it is produced (server-sent events), instead of `body`: the
     /// response has no Content-Length and ends when the connection closes.
     pub stream: Option<StreamBody>,
@@ -80,7 +86,7 @@ impl Response {
     pub fn new(status: u16, content_type: &'static str, body: String) -> Self {
         Self {
             status,
-            content_type,
+            content_type: Cow::Borrowed(content_type),
             body,
             headers: Vec::new(),
             stream: None,
@@ -380,6 +386,7 @@ fn read_request(
         url: head.url,
         body,
         last_event_id: head.last_event_id,
+        content_type: head.content_type,
     };
     Ok((request, keep))
 }
@@ -413,6 +420,8 @@ pub struct RequestHead {
     pub expect_continue: bool,
     /// `Last-Event-ID`, trimmed.
     pub last_event_id: Option<String>,
+    /// `Content-Type`, trimmed.
+    pub content_type: Option<String>,
     /// `Connection: close`: the client wants no other request on this connection.
     pub close: bool,
 }
@@ -452,6 +461,7 @@ pub fn parse_head(head: &[u8]) -> Result<RequestHead, Response> {
     let mut content_length = None;
     let mut expect_continue = false;
     let mut last_event_id = None;
+    let mut content_type = None;
     let mut close = false;
     for header in request.headers.iter() {
         let value = std::str::from_utf8(header.value)
@@ -471,6 +481,8 @@ pub fn parse_head(head: &[u8]) -> Result<RequestHead, Response> {
             expect_continue = value.eq_ignore_ascii_case("100-continue");
         } else if header.name.eq_ignore_ascii_case("last-event-id") {
             last_event_id = Some(value.to_string());
+        } else if header.name.eq_ignore_ascii_case("content-type") {
+            content_type = Some(value.to_string());
         } else if header.name.eq_ignore_ascii_case("connection") {
             close |= value
                 .split(',')
@@ -484,6 +496,7 @@ pub fn parse_head(head: &[u8]) -> Result<RequestHead, Response> {
         content_length: content_length.unwrap_or(0),
         expect_continue,
         last_event_id,
+        content_type,
         close,
     })
 }
@@ -509,14 +522,18 @@ fn encode(response: &Response, keep: bool) -> Vec<u8> {
     let reason = match response.status {
         200 => "OK",
         201 => "Created",
+        202 => "Accepted",
+        204 => "No Content",
         400 => "Bad Request",
         404 => "Not Found",
         408 => "Request Timeout",
         409 => "Conflict",
+        410 => "Gone",
         411 => "Length Required",
         413 => "Content Too Large",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
+        502 => "Bad Gateway",
         503 => "Service Unavailable",
         507 => "Insufficient Storage",
         _ => "",

@@ -29,6 +29,7 @@ mod room;
 pub mod sequencer_process;
 mod services;
 mod sigbus;
+pub mod workflow_proxy;
 
 pub use config::ServerConfig;
 pub use control::{BrokerLogInfo, TopicDefaults, TopicInfo, TopicSpec};
@@ -96,6 +97,8 @@ pub(crate) struct Inner {
     pub rates: rates::Rates,
     /// Services beside the log that announced themselves (`/v1/services`).
     pub services: services::Services,
+    /// Counters of the workflow API forwarded to the orchestrator (`workflow_proxy`).
+    pub workflow_proxy: workflow_proxy::ProxyMetrics,
 }
 
 /// A running embedded server. Dropping it stops it.
@@ -168,6 +171,7 @@ impl Server {
             control_connections: Default::default(),
             rates: Default::default(),
             services: Default::default(),
+            workflow_proxy: Default::default(),
         });
         let http = start_admin_api(listener, &inner)?;
         let (monitors, monitor_stop) = start_monitors(&inner)?;

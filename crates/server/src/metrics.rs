@@ -406,6 +406,26 @@ pub(crate) fn of_head(inner: &Inner) -> String {
             inner.control_connections.load(Ordering::Relaxed) as u64,
         )],
     );
+    let proxy = &inner.workflow_proxy;
+    family(
+        "workflow_proxy_requests_total",
+        "counter",
+        "Workflow API requests the control port forwarded and an orchestrator answered.",
+        vec![(String::new(), proxy.forwarded.load(Ordering::Relaxed))],
+    );
+    family(
+        "workflow_proxy_failures_total",
+        "counter",
+        "Workflow API requests the control port could not forward: no orchestrator announced (503), none reachable or its answer unusable (502).",
+        [
+            ("no_engine", &proxy.no_engine),
+            ("unreachable", &proxy.unreachable),
+            ("bad_answer", &proxy.bad_answer),
+        ]
+        .iter()
+        .map(|(reason, n)| (format!("{{reason=\"{reason}\"}}"), n.load(Ordering::Relaxed)))
+        .collect(),
+    );
     replication_metrics(inner, &topics, &mut family);
     let mut out = families.text();
     write_fsync_histogram(&mut out, &inner.replication_metrics);

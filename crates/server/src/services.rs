@@ -18,6 +18,9 @@ const TTL_MS: std::ops::RangeInclusive<u64> = 100..=60_000;
 struct Entry {
     announce: ServiceAnnounce,
     last_seen: Instant,
+    /// When this kind and address began announcing (kept across refreshes, reset once
+    /// it expired): the newest is where the control port forwards the workflow API.
+    first_seen: Instant,
 }
 
 impl Entry {
@@ -50,16 +53,15 @@ impl Services {
         let same =
             |e: &&mut Entry| e.announce.kind == announce.kind && e.announce.addr == announce.addr;
         if let Some(entry) = entries.iter_mut().find(same) {
-            *entry = Entry {
-                announce,
-                last_seen: now,
-            };
+            entry.announce = announce;
+            entry.last_seen = now;
         } else if entries.len() >= MAX_SERVICES {
             return Err(ServiceError::Full);
         } else {
             entries.push(Entry {
                 announce,
                 last_seen: now,
+                first_seen: now,
             });
         }
         assert!(entries.len() <= MAX_SERVICES, "the registry stays bounded");
@@ -80,6 +82,21 @@ impl Services {
                 ttl_ms: e.announce.ttl_ms,
             })
             .collect()
+    }
+}
+
+impl Services {
+    /// The addresses of the live services of `kind`, the one that began announcing most
+    /// recently first (a standby orchestrator that took over after the active one died
+    /// began after it; a dead one is forgotten after its ttl, and skipped by the caller
+    /// when its address refuses connections meanwhile).
+    pub fn newest_first(&self, kind: &str) -> Vec<String> {
+        let now = Instant::now();
+        let mut entries = self.entries.lock();
+        entries.retain(|e| !e.expired(now));
+        let mut found: Vec<&Entry> = entries.iter().filter(|e| e.announce.kind == kind).collect();
+        found.sort_by_key(|e| std::cmp::Reverse(e.first_seen));
+        found.iter().map(|e| e.announce.addr.clone()).collect()
     }
 }
 
@@ -132,6 +149,26 @@ mod tests {
         let live = s.live();
         assert_eq!(live.len(), 2, "{live:?}");
         assert_eq!(live[0].addr, "127.0.0.1:7411");
+    }
+
+    #[test]
+    fn newest_first_lists_one_kind_by_when_each_began_announcing() {
+        let s = Services::default();
+        s.announce(workflow("127.0.0.1:1", 60_000)).unwrap();
+        s.announce(workflow("127.0.0.1:2", 60_000)).unwrap();
+        let other = ServiceAnnounce {
+            kind: "other".into(),
+            ..workflow("127.0.0.1:3", 60_000)
+        };
+        s.announce(other).unwrap();
+        // Backdate instead of sleeping: the order is a function of the recorded instants.
+        s.entries.lock()[1].first_seen -= Duration::from_secs(5);
+        s.entries.lock()[0].first_seen -= Duration::from_secs(1);
+        // A refresh keeps the entry's first announcement.
+        s.announce(workflow("127.0.0.1:2", 60_000)).unwrap();
+        assert_eq!(s.newest_first("workflow"), ["127.0.0.1:1", "127.0.0.1:2"]);
+        assert_eq!(s.newest_first("other"), ["127.0.0.1:3"]);
+        assert!(s.newest_first("none").is_empty());
     }
 
     #[test]

@@ -18,7 +18,8 @@ pub struct ApiClient {
 }
 
 impl ApiClient {
-    /// `addr`: host:port of the orchestrator's API (or a full http:// URL).
+    /// `addr`: host:port of the workflow API (or a full http:// URL): the control port,
+    /// which forwards it, or the orchestrator's own.
     pub fn new(addr: &str) -> Self {
         let base = if addr.starts_with("http://") {
             addr.trim_end_matches('/').to_string()
@@ -110,9 +111,11 @@ impl ApiClient {
         })
     }
 
-    /// `GET /metrics`: the engine's Prometheus text.
+    /// `GET /v1/workflow/metrics`: the engine's Prometheus text (its `/metrics`, under a
+    /// path the control port forwards to the engine).
     pub fn metrics(&self) -> Result<String, ApiError> {
-        match self.agent.get(&format!("{}/metrics", self.base)).call() {
+        let url = format!("{}/v1/workflow/metrics", self.base);
+        match self.agent.get(&url).call() {
             Ok(resp) => resp
                 .into_string()
                 .map_err(|e| transport(format!("unreadable answer: {e}"))),

@@ -270,7 +270,7 @@ pub fn task(cmd: TaskCommand) -> CliResult {
         } => {
             let context: Value = serde_json::from_str(&context)
                 .map_err(|e| format!("--context is not JSON: {e}"))?;
-            let client = ApiClient::new(&api.api);
+            let client = ApiClient::new(api.addr());
             let created = client
                 .create_task(
                     &namespace,
@@ -289,7 +289,7 @@ pub fn task(cmd: TaskCommand) -> CliResult {
         }
         TaskCommand::Get { uuid, api, json } => {
             show_task(
-                &ApiClient::new(&api.api)
+                &ApiClient::new(api.addr())
                     .get_task(&uuid, 0)
                     .map_err(api_error)?,
                 json,
@@ -309,7 +309,7 @@ pub fn task(cmd: TaskCommand) -> CliResult {
             let context: Value = serde_json::from_str(&context)
                 .map_err(|e| format!("--context is not JSON: {e}"))?;
             let template = [namespace.as_str(), &name, &version];
-            bench(&api.api, template, &context, [count, clients], json)
+            bench(api.addr(), template, &context, [count, clients], json)
         }
         TaskCommand::Wait {
             uuid,
@@ -317,7 +317,7 @@ pub fn task(cmd: TaskCommand) -> CliResult {
             api,
             json,
         } => {
-            let task = ApiClient::new(&api.api)
+            let task = ApiClient::new(api.addr())
                 .get_task(&uuid, timeout)
                 .map_err(api_error)?;
             show_task(&task, json);
@@ -330,7 +330,7 @@ pub fn task(cmd: TaskCommand) -> CliResult {
 pub fn template(cmd: TemplateCommand) -> CliResult {
     match cmd {
         TemplateCommand::Register { file, api, json } => {
-            let t = ApiClient::new(&api.api)
+            let t = ApiClient::new(api.addr())
                 .register_template(&read(&file)?)
                 .map_err(api_error)?;
             match json {
@@ -345,7 +345,7 @@ pub fn template(cmd: TemplateCommand) -> CliResult {
             Ok(())
         }
         TemplateCommand::List { api, json } => {
-            let list = ApiClient::new(&api.api)
+            let list = ApiClient::new(api.addr())
                 .list_templates()
                 .map_err(api_error)?;
             if json {
@@ -375,7 +375,7 @@ pub fn template(cmd: TemplateCommand) -> CliResult {
                 (_, Some(file)) => {
                     validate::load(&read(&file)?, None).map_err(|e| e.to_string())?
                 }
-                (Some(key), None) => registered_template(&api.api, &key)?,
+                (Some(key), None) => registered_template(api.addr(), &key)?,
                 (None, None) => {
                     return Err("name a template (NAMESPACE/NAME[@VERSION]) or give --file".into())
                 }

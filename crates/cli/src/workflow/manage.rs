@@ -15,9 +15,9 @@ pub fn run(cmd: TaskCommand) -> CliResult {
             per_page,
             api,
             json,
-        } => list(&api.api, [namespace, status], [page, per_page], json),
+        } => list(api.addr(), [namespace, status], [page, per_page], json),
         TaskCommand::Cancel { uuid, api, json } => {
-            let t = ApiClient::new(&api.api)
+            let t = ApiClient::new(api.addr())
                 .cancel_task(&uuid)
                 .map_err(api_error)?;
             show_task(&t, json);
@@ -29,15 +29,15 @@ pub fn run(cmd: TaskCommand) -> CliResult {
             audit,
             api,
             json,
-        } => steps(&api.api, &uuid, step.as_deref(), audit, json),
+        } => steps(api.addr(), &uuid, step.as_deref(), audit, json),
         TaskCommand::Rerun {
             uuid,
             reason,
             api,
             json,
-        } => rerun(&api.api, &uuid, &reason, json),
+        } => rerun(api.addr(), &uuid, &reason, json),
         TaskCommand::Stats { api } => {
-            let metrics = ApiClient::new(&api.api).metrics().map_err(api_error)?;
+            let metrics = ApiClient::new(api.addr()).metrics().map_err(api_error)?;
             say!("{}", stats(&metrics));
             Ok(())
         }
@@ -49,7 +49,7 @@ pub fn run(cmd: TaskCommand) -> CliResult {
             json,
         } => {
             let action = json!({"action_type": "reset_for_retry", "reason": reason});
-            act(&api.api, &uuid, &step, action, json)
+            act(api.addr(), &uuid, &step, action, json)
         }
         TaskCommand::ResolveStep {
             uuid,
@@ -61,7 +61,7 @@ pub fn run(cmd: TaskCommand) -> CliResult {
             json,
         } => {
             let action = resolve_action(complete, result, reason)?;
-            act(&api.api, &uuid, &step, action, json)
+            act(api.addr(), &uuid, &step, action, json)
         }
         TaskCommand::Dlq {
             page,
@@ -70,7 +70,7 @@ pub fn run(cmd: TaskCommand) -> CliResult {
             json,
         } => {
             let list = get(
-                &api.api,
+                api.addr(),
                 &format!("/v1/dlq?page={page}&per_page={per_page}"),
             )?;
             show_list(&list, "entries", json, |e| {

@@ -32,13 +32,20 @@ pub fn engines_text(services: &[embarcadero_client::ServiceInfo]) -> String {
 /// Where the workflow API is; shared by `task` and `template`.
 #[derive(clap::Args, Clone)]
 pub struct ApiArg {
-    /// Address of the orchestrator's API (host:port), as its "serving" line says.
-    #[arg(
-        long,
-        env = "EMBARCADERO_WORKFLOW_API",
-        default_value = "127.0.0.1:12150"
-    )]
-    pub api: String,
+    /// Address of the workflow API (host:port) [default: the control address, whose
+    /// port forwards the API to the orchestrator]; or the orchestrator's own address, as
+    /// its "serving" line says (one hop fewer, and kept-alive connections).
+    #[arg(long, env = "EMBARCADERO_WORKFLOW_API")]
+    pub api: Option<String>,
+    #[command(flatten)]
+    pub control: crate::ControlArg,
+}
+
+impl ApiArg {
+    /// `--api` if given, else the control address.
+    pub fn addr(&self) -> &str {
+        self.api.as_deref().unwrap_or(&self.control.control)
+    }
 }
 
 /// Where the event log is; shared by `orchestrator` and `worker`.

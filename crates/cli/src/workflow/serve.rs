@@ -62,6 +62,11 @@ pub struct WorkerArgs {
     run_log: Option<std::path::PathBuf>,
 }
 
+// The control port caps the long polls it forwards at the API's own limit.
+const _: () = assert!(
+    embarcadero_server::workflow_proxy::MAX_WAIT_S == embarcadero_workflow::api::MAX_WAIT_S
+);
+
 /// How long a kept-alive API connection waits for its next request.
 const KEEP_ALIVE: Duration = Duration::from_secs(30);
 
@@ -97,7 +102,9 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
     };
     let engine = orchestrator.engine.clone();
     let handler = move |r: &Request| {
-        if (r.method.as_str(), r.path()) == ("GET", "/metrics") {
+        // `/v1/workflow/metrics` too: the control port forwards that path (its own
+        // `/metrics` is the head's), so `task stats` works with either address.
+        if r.method == "GET" && matches!(r.path(), "/metrics" | "/v1/workflow/metrics") {
             return Response::new(200, "text/plain; version=0.0.4", engine.metrics());
         }
         let reply = api
@@ -108,11 +115,13 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
             Some(events) => {
                 let mut r = Response::new(reply.status, "text/event-stream", String::new());
                 r.stream = Some(StreamBody(Arc::new(move |out| events.write_to(out))));
-                r.headers.push(("Cache-Control", "no-cache".to_string()));
+                r.headers
+                    .push(("Cache-Control".into(), "no-cache".to_string()));
                 r
             }
         };
-        response.headers.extend(reply.headers);
+        let headers = reply.headers.into_iter().map(|(n, v)| (n.into(), v));
+        response.headers.extend(headers);
         response
     };
     if !wait_for_replay(&orchestrator, &stop)? {
