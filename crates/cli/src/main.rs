@@ -87,7 +87,7 @@ enum Command {
     Orchestrator(workflow::OrchestratorArgs),
     /// Workflow engine: run a worker with the built-in Rust step handlers.
     Worker(workflow::WorkerArgs),
-    /// Workflow tasks: create, get, wait, list, cancel, steps, reset-step, resolve-step, dlq.
+    /// Workflow tasks: create, get, wait, list, cancel, rerun, resolve, steps, reset-step, resolve-step, dlq.
     #[command(subcommand)]
     Task(workflow::TaskCommand),
     /// Workflow templates: register, list, validate.

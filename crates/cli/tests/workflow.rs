@@ -2182,3 +2182,118 @@ fn the_control_port_reaches_the_standby_once_the_active_orchestrator_is_killed()
         "the killed one is gone"
     );
 }
+
+/// One step in a namespace that no worker of the test serves: it stays enqueued.
+const HELD: &str = "name: held
+namespace: held
+version: 1.0.0
+steps:
+  - {name: one, handler: {callable: math.square}}
+  - {name: two, dependencies: [one], handler: {callable: math.square}}
+";
+
+#[test]
+fn a_task_resolved_by_hand_ends_resolved_manually_only_if_unfinished_or_failed_and_replay_agrees() {
+    let stack = Stack::start("3000", 0, &[LINEAR, FLAKY, HELD]);
+    let _worker = stack.engine.worker_with("3000", &["--namespace", "demo"]);
+    let (api, addr) = (&stack.api, stack.addr.as_str());
+
+    // An unfinished task: its first step enqueued (no worker serves `held`), the second
+    // pending behind it.
+    let created = api
+        .create_task("held", "held", "1.0.0", json!({}), None)
+        .unwrap();
+    let held = created["task_uuid"].as_str().unwrap().to_string();
+    until(api, &held, "the first step to be enqueued", |t| {
+        step(t, "one")["current_state"] == "enqueued"
+    });
+    let args = [
+        "task",
+        "resolve",
+        &held,
+        "--reason",
+        "done by hand",
+        "--by",
+        "ops",
+    ];
+    let t = cli_json(&args, addr);
+    assert_eq!(t["status"], "resolved_manually", "{t:#}");
+    assert_eq!(t["resolution"], "done by hand (by ops)");
+    assert_eq!(t["execution_status"], "resolved_manually");
+    let moves = t["transitions"].as_array().unwrap();
+    let last = moves.last().unwrap();
+    assert_eq!(
+        (&last["from"], &last["to"]),
+        (&json!("steps_in_process"), &json!("resolved_manually"))
+    );
+    for name in ["one", "two"] {
+        assert_eq!(step(&t, name)["current_state"], "cancelled", "{t:#}");
+    }
+    // Once resolved, a task cannot be resolved again (nor cancelled): 409 `task_closed`,
+    // and the CLI exits non-zero saying so.
+    let again = failed(&run_bin(&[&args[..], &["--api", addr]].concat()));
+    assert!(
+        again.contains("task_closed") && again.contains("resolved_manually"),
+        "{again}"
+    );
+    let cancel = api.cancel_task(&held).unwrap_err();
+    assert_eq!((cancel.status, cancel.code.as_str()), (409, "task_closed"));
+
+    // A failed task may be resolved: it leaves the dead-letter list, its failed step
+    // keeps its error.
+    let flaky = create(api, "flaky", json!({}));
+    let t = api.get_task(&flaky, 30).unwrap();
+    assert_eq!(t["status"], "error", "{t:#}");
+    let dlq = api.request("GET", "/v1/dlq", None).unwrap();
+    assert_eq!(dlq["entries"].as_array().unwrap().len(), 1, "{dlq:#}");
+    let path = format!("/v1/tasks/{flaky}/resolve");
+    let t = api
+        .request("POST", &path, Some(json!({"reason": "accepted as is"})))
+        .unwrap();
+    assert_eq!(
+        (&t["status"], &t["resolution"]),
+        (&json!("resolved_manually"), &json!("accepted as is"))
+    );
+    assert_eq!(step(&t, "always")["current_state"], "error");
+    let dlq = api.request("GET", "/v1/dlq", None).unwrap();
+    assert_eq!(dlq["entries"].as_array().unwrap().len(), 0, "{dlq:#}");
+
+    // A complete task cannot be: 409, and it stays complete; an unknown one is 404.
+    let linear = create(api, "linear", json!({"even_number": 2}));
+    assert_eq!(api.get_task(&linear, 30).unwrap()["status"], "complete");
+    let refused = api
+        .request("POST", &format!("/v1/tasks/{linear}/resolve"), None)
+        .unwrap_err();
+    assert_eq!(
+        (refused.status, refused.code.as_str()),
+        (409, "task_closed")
+    );
+    assert_eq!(api.get_task(&linear, 0).unwrap()["status"], "complete");
+    let unknown = api
+        .request("POST", "/v1/tasks/nope/resolve", Some(json!({})))
+        .unwrap_err();
+    assert_eq!((unknown.status, unknown.code.as_str()), (404, "not_found"));
+    let bad = api
+        .request("POST", &path, Some(json!({"why": "x"})))
+        .unwrap_err();
+    assert_eq!(bad.status, 400);
+    let listed = api
+        .request("GET", "/v1/tasks?status=resolved_manually", None)
+        .unwrap();
+    assert_eq!(listed["pagination"]["total_count"], 2, "{listed:#}");
+
+    // A restarted orchestrator replays the `task_resolved` events to the same tasks.
+    let before: Vec<Value> = [&held, &flaky]
+        .iter()
+        .map(|u| api.get_task(u, 0).unwrap())
+        .collect();
+    stack.orchestrator.kill();
+    let (_again, addr) = stack.engine.orchestrator("3000");
+    let replayed = ApiClient::new(&addr);
+    for (uuid, t) in [&held, &flaky].iter().zip(&before) {
+        let r = replayed.get_task(uuid, 0).unwrap();
+        for field in ["status", "resolution", "transitions", "steps"] {
+            assert_eq!(r[field], t[field], "replay agrees on {field} of {uuid}");
+        }
+    }
+}

@@ -145,6 +145,7 @@ impl Api {
             ("DELETE", ["v1", "tasks", uuid]) => self.cancel_task(uuid),
             ("GET", ["v1", "tasks", uuid, "events"]) => self.task_events(uuid),
             ("POST", ["v1", "tasks", uuid, "rerun"]) => self.rerun_task(uuid, body),
+            ("POST", ["v1", "tasks", uuid, "resolve"]) => self.resolve_task(uuid, body),
             ("GET", ["v1", "tasks", uuid, "workflow_steps"]) => {
                 task_routes::get_steps(&state(), uuid, None, false)
             }
@@ -170,7 +171,7 @@ impl Api {
                 _,
                 ["v1", "tasks"]
                 | ["v1", "tasks", _]
-                | ["v1", "tasks", _, "events" | "rerun"]
+                | ["v1", "tasks", _, "events" | "rerun" | "resolve"]
                 | ["v1", "tasks", _, "workflow_steps", ..]
                 | ["v1", "templates", ..]
                 | ["v1", "dlq"],
@@ -400,6 +401,35 @@ impl Api {
         })
     }
 
+    /// `POST /v1/tasks/{uuid}/resolve` (`{"reason", "resolved_by"}`, both optional):
+    /// the operator settles the task by hand (Tasker's `resolve_manually` of a task);
+    /// 200 with the task `resolved_manually`, 409 `task_closed` if it completed, was
+    /// cancelled or was resolved already.
+    fn resolve_task(&self, uuid: &str, body: &[u8]) -> Reply {
+        let reason = match resolution(body) {
+            Ok(r) => r,
+            Err(reply) => return reply,
+        };
+        match self.engine.shared.lock().tasks.get(uuid) {
+            None => return Reply::error(404, "not_found", format!("no task {uuid}")),
+            Some(t) if t.state.is_terminal() && t.state != TaskState::Error => return closed(t),
+            Some(_) => {}
+        }
+        let event = Event::TaskResolved {
+            task: uuid.to_string(),
+            reason,
+        };
+        self.publish_then(event, |s| {
+            let t = s.tasks.get(uuid)?;
+            match t.state {
+                TaskState::ResolvedManually => Some(Reply::ok(200, task_view(t))),
+                // Finished otherwise before the event came: the fold refused it.
+                TaskState::Complete | TaskState::Cancelled => Some(closed(t)),
+                _ => None,
+            }
+        })
+    }
+
     /// Publishes `event` and answers once `done` says the fold has applied it.
     fn publish_then(&self, event: Event, done: impl FnMut(&State) -> Option<Reply>) -> Reply {
         let task = event.task().map(str::to_string);
@@ -512,6 +542,28 @@ fn conflict(key: &TemplateKey) -> Reply {
 fn closed(t: &crate::state::Task) -> Reply {
     let m = format!("task {} is {} already", t.uuid, t.state.name());
     Reply::error(409, "task_closed", m)
+}
+
+/// The reason a task resolution records: `reason`, and `(by NAME)` for `resolved_by`.
+fn resolution(body: &[u8]) -> Result<String, Reply> {
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct Resolve {
+        #[serde(default)]
+        reason: Option<String>,
+        #[serde(default)]
+        resolved_by: Option<String>,
+    }
+    let r: Resolve = match body.is_empty() {
+        true => Resolve::default(),
+        false => serde_json::from_slice(body)
+            .map_err(|e| Reply::error(400, "bad_request", format!("not a resolution: {e}")))?,
+    };
+    let reason = r.reason.unwrap_or_default();
+    Ok(match r.resolved_by {
+        Some(by) => format!("{reason} (by {by})"),
+        None => reason,
+    })
 }
 
 /// A query string's pairs (no percent-decoding: the values are names and numbers).

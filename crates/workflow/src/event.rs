@@ -115,6 +115,9 @@ pub enum Event {
     TaskRerun { task: String, reason: String },
     /// Someone cancelled the task.
     TaskCancelled { task: String, reason: String },
+    /// An operator resolved the whole task by hand (Tasker's `resolve_manually` of a
+    /// task): it ends `resolved_manually`, its unfinished steps are cancelled.
+    TaskResolved { task: String, reason: String },
     /// An operator reset a failed step for retry (attempt: the failed one).
     StepReset {
         #[serde(flatten)]
@@ -199,7 +202,8 @@ impl Event {
         match self {
             Event::TaskCreated { task, .. }
             | Event::TaskRerun { task, .. }
-            | Event::TaskCancelled { task, .. } => Some(task),
+            | Event::TaskCancelled { task, .. }
+            | Event::TaskResolved { task, .. } => Some(task),
             other => other.step_ref().map(|at| at.task.as_str()),
         }
     }
@@ -221,6 +225,7 @@ impl Event {
             Event::StepStale { .. } => "step_stale",
             Event::TaskRerun { .. } => "task_rerun",
             Event::TaskCancelled { .. } => "task_cancelled",
+            Event::TaskResolved { .. } => "task_resolved",
             Event::StepReset { .. } => "step_reset",
             Event::StepResolved { .. } => "step_resolved",
             Event::OrchestratorLease { .. } => "orchestrator_lease",

@@ -82,17 +82,20 @@ impl StepState {
     }
 }
 
-/// The task edges. Of the terminal states only `error` has a way out: an operator's
-/// reset or resolution of its failed step re-evaluates it.
+/// The task edges. Of the terminal states only `error` has ways out: an operator's
+/// reset or resolution of its failed step re-evaluates it, and an operator may resolve
+/// the whole task by hand. Any unfinished task may be cancelled or resolved manually
+/// (Tasker's `ResolveManually` from any non-terminal state, which includes its
+/// `ManualResolution` of a task `blocked_by_failures`).
 pub fn legal_task(from: TaskState, to: TaskState) -> bool {
     use TaskState::*;
     if from == Error {
-        return to == EvaluatingResults;
+        return matches!(to, EvaluatingResults | ResolvedManually);
     }
     if from.is_terminal() {
         return false;
     }
-    if to == Cancelled {
+    if matches!(to, Cancelled | ResolvedManually) {
         return true;
     }
     match from {
@@ -112,7 +115,7 @@ pub fn legal_task(from: TaskState, to: TaskState) -> bool {
         ),
         WaitingForDependencies => matches!(to, EvaluatingResults),
         WaitingForRetry => matches!(to, EnqueuingSteps | EvaluatingResults),
-        BlockedByFailures => matches!(to, EvaluatingResults | Error | ResolvedManually),
+        BlockedByFailures => matches!(to, EvaluatingResults | Error),
         Complete | Error | Cancelled | ResolvedManually => false,
     }
 }
@@ -165,5 +168,21 @@ mod tests {
         assert!(!legal_step(StepState::Error, StepState::Enqueued));
         assert!(legal_step(StepState::InProgress, StepState::Cancelled));
         assert_eq!(TaskState::StepsInProcess.name(), "steps_in_process");
+    }
+
+    #[test]
+    fn every_unfinished_or_failed_task_and_no_other_may_be_resolved_manually() {
+        for &s in TaskState::ALL {
+            let expected = !s.is_terminal() || s == TaskState::Error;
+            assert_eq!(
+                legal_task(s, TaskState::ResolvedManually),
+                expected,
+                "{s:?}"
+            );
+        }
+        assert!(!legal_task(
+            TaskState::ResolvedManually,
+            TaskState::EvaluatingResults
+        ));
     }
 }

@@ -17,9 +17,22 @@ use crate::machine::{legal_task, StepState, TaskState};
 use crate::state::{Returned, Task, Transition};
 
 /// The state the task's steps put it in.
+///
+/// When nothing of the task is ready, at a worker or returned, and nothing failed, it
+/// waits: `waiting_for_dependencies` while some of its steps are pending behind
+/// dependencies that are not finished (behind a step waiting out its retry's backoff,
+/// or behind steps that can no longer finish by themselves, such as batch instances
+/// `fail_fast` cancelled before an operator reset their failed sibling), else
+/// `waiting_for_retry` (its only unfinished steps wait for their retry). Tasker's
+/// `execution_status` falls to `waiting_for_dependencies` in the same idle cases
+/// (nothing ready, nothing in process, no permanent failure); we keep
+/// `waiting_for_retry` for a task whose remaining work is only retries.
 pub fn derive(task: &Task) -> TaskState {
     use StepState as S;
     let any = |f: &dyn Fn(StepState) -> bool| task.created_steps().any(|s| f(s.state));
+    if task.resolution.is_some() {
+        return TaskState::ResolvedManually;
+    }
     if task.cancelled {
         return TaskState::Cancelled;
     }
@@ -48,10 +61,12 @@ pub fn derive(task: &Task) -> TaskState {
     if any(&|s| matches!(s, S::Enqueued | S::InProgress)) {
         return TaskState::StepsInProcess;
     }
-    if any(&|s| s == S::WaitingForRetry) {
-        return TaskState::WaitingForRetry;
+    // What is left waits: for a retry only, or (pending steps, or live steps that
+    // were cancelled when a sibling failed and were not brought back) for dependencies.
+    match any(&|s| s == S::WaitingForRetry) && !any(&|s| s == S::Pending) {
+        true => TaskState::WaitingForRetry,
+        false => TaskState::WaitingForDependencies,
     }
-    TaskState::WaitingForDependencies
 }
 
 /// Moves the task to its derived state (under protocol 2, with the fold's own moves).

@@ -85,6 +85,10 @@ pub struct Task {
     /// the fold does both itself (see [`crate::settle`]).
     pub protocol: u8,
     pub cancelled: bool,
+    /// Why an operator resolved the task by hand (`task_resolved`): set, the task is
+    /// `resolved_manually` for good. (Default: snapshots from before it have none.)
+    #[serde(default)]
+    pub resolution: Option<String>,
     pub created_ms: u64,
     pub updated_ms: u64,
     pub completed_ms: Option<u64>,
@@ -282,6 +286,7 @@ impl State {
             Event::Heartbeat { .. } => Ok(()),
             Event::OrchestratorLease { term, holder } => self.leader.bid(*term, holder, ts),
             Event::TaskCancelled { task, .. } => self.cancel(task, position, ts),
+            Event::TaskResolved { task, reason } => self.resolve(task, reason, position, ts),
             Event::TaskRerun { task, .. } => crate::manual::rerun(self, task, position, ts),
             Event::StepReset { .. } | Event::StepResolved { .. } => {
                 crate::manual::apply(self, &env.event, position, ts)
@@ -358,6 +363,39 @@ impl State {
         }
         task.cancelled = true;
         crate::settle::settle(task, position, ts);
+        Ok(())
+    }
+
+    /// `task_resolved`: an operator settled the task by hand. Allowed while it is
+    /// unfinished or failed (a failed task is the one an operator most often settles;
+    /// see `machine::legal_task`); refused once it completed, was cancelled or was
+    /// resolved. Its unfinished steps are cancelled (nothing more of it runs, and late
+    /// results are refused); failed and completed steps keep their state and results.
+    fn resolve(
+        &mut self,
+        uuid: &str,
+        reason: &str,
+        position: u64,
+        ts: u64,
+    ) -> Result<(), Rejected> {
+        let task = self
+            .task_mut(uuid)
+            .ok_or_else(|| Rejected::UnknownTask(uuid.to_string()))?;
+        if task.state.is_terminal() && task.state != TaskState::Error {
+            return Err(Rejected::TaskClosed {
+                task: uuid.to_string(),
+                state: task.state,
+            });
+        }
+        for step in &mut task.steps {
+            if step.created && !step.state.is_terminal() {
+                step.enter(StepState::Cancelled, position, ts);
+            }
+        }
+        task.resolution = Some(reason.to_string());
+        task.completed_ms = None;
+        crate::settle::settle(task, position, ts);
+        assert_eq!(task.state, TaskState::ResolvedManually, "a resolved task");
         Ok(())
     }
 
@@ -494,6 +532,7 @@ impl Task {
             idempotency_key: None,
             protocol: 1,
             cancelled: false,
+            resolution: None,
             created_ms: ts,
             updated_ms: ts,
             completed_ms: None,

@@ -34,6 +34,9 @@ fn status_words(task: &Task, c: &Counts) -> (&'static str, &'static str, &'stati
     if task.state == TaskState::Cancelled {
         return ("cancelled", "none", "unknown");
     }
+    if task.state == TaskState::ResolvedManually {
+        return ("resolved_manually", "none", "unknown");
+    }
     if c.completed == c.total || task.state == TaskState::Complete {
         return ("all_complete", "finalize_task", "healthy");
     }
@@ -48,7 +51,10 @@ fn status_words(task: &Task, c: &Counts) -> (&'static str, &'static str, &'stati
         .iter()
         .any(|s| s.state == StepState::WaitingForRetry);
     let health = if retrying { "recovering" } else { "healthy" };
-    if c.in_progress > 0 || retrying {
+    // A task whose only unfinished steps wait for their retry is still processing;
+    // one with steps waiting behind them waits for dependencies (as its state says).
+    let waiting = task.state == TaskState::WaitingForDependencies;
+    if c.in_progress > 0 || (retrying && !waiting) {
         return ("processing", "wait_for_completion", health);
     }
     ("waiting_for_dependencies", "wait_for_dependencies", health)
@@ -77,6 +83,7 @@ pub fn task_view(task: &Task) -> Value {
         "created_at_ms": task.created_ms,
         "updated_at_ms": task.updated_ms,
         "completed_at_ms": task.completed_ms,
+        "resolution": task.resolution,
         "total_steps": c.total,
         "pending_steps": c.pending,
         "in_progress_steps": c.in_progress,

@@ -127,7 +127,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (t.clone(), s.clone(), a.clone(), any::<bool>()).prop_map(|(task, step, attempt, complete)| Op::Raw(Box::new(Event::StepResolved { at: at(task, step, attempt), reason: "test".into(), complete, result: Some(json!(0)) }))),
         1 => t.clone().prop_map(|task| Op::Raw(Box::new(Event::TaskCancelled { task: TASKS[task].0.into(), reason: "test".into() }))),
         1 => (t.clone(), s.clone(), 0u32..4, 0..STALE_STATES.len()).prop_map(|(task, step, attempt, seen)| Op::Raw(Box::new(Event::StepStale { at: at(task, step, attempt), state: STALE_STATES[seen], reason: "stale: test".into() }))),
-        1 => t.prop_map(|task| Op::Raw(Box::new(Event::TaskRerun { task: TASKS[task].0.into(), reason: "test".into() }))),
+        1 => t.clone().prop_map(|task| Op::Raw(Box::new(Event::TaskRerun { task: TASKS[task].0.into(), reason: "test".into() }))),
+        1 => t.prop_map(|task| Op::Raw(Box::new(Event::TaskResolved { task: TASKS[task].0.into(), reason: "test".into() }))),
     ]
 }
 
@@ -364,17 +365,74 @@ proptest! {
     }
 
     #[test]
+    fn a_manual_resolution_ends_any_unfinished_or_failed_task_for_good_and_is_refused_for_others(ops in prop::collection::vec(op(), 0..60)) {
+        use embarcadero_workflow::TaskState::{Cancelled, Complete, ResolvedManually};
+        let envs = events(&ops);
+        let mut s = State::default();
+        for (i, e) in envs.iter().enumerate() {
+            let Event::TaskResolved { task: uuid, .. } = &e.event else {
+                let _ = s.apply(i as u64, e);
+                continue;
+            };
+            let before = s.tasks[uuid].state;
+            let applied = s.apply(i as u64, e).is_ok();
+            let t = &s.tasks[uuid];
+            let closed = matches!(before, Complete | Cancelled | ResolvedManually);
+            prop_assert_eq!(applied, !closed, "resolving a task that was {:?}", before);
+            if applied {
+                prop_assert_eq!(t.state, ResolvedManually);
+                prop_assert_eq!(t.history.last().map(|h| (h.from, h.position)), Some((before, i as u64)));
+                prop_assert!(t.created_steps().all(|st| st.state.is_terminal()), "{:?}", t.steps);
+                prop_assert!(!s.open_task_iter().any(|o| &o.uuid == uuid));
+            } else {
+                prop_assert_eq!(t.state, before);
+            }
+        }
+    }
+
+    #[test]
+    fn a_task_is_in_the_state_its_steps_derive_and_waits_for_dependencies_only_with_nothing_to_run(ops in prop::collection::vec(op(), 0..60)) {
+        use embarcadero_workflow::{StepState as S, TaskState as T};
+        let envs = events(&ops);
+        let mut s = State::default();
+        for (i, e) in envs.iter().enumerate() {
+            let _ = s.apply(i as u64, e);
+            for t in s.tasks.values() {
+                prop_assert_eq!(t.state, embarcadero_workflow::settle::derive(t), "{}", t.uuid);
+                let any = |f: &dyn Fn(S) -> bool| t.created_steps().any(|st| f(st.state));
+                match t.state {
+                    T::WaitingForDependencies => {
+                        prop_assert!(t.ready_steps().next().is_none());
+                        prop_assert!(!any(&|st| st.is_active() || st == S::Error));
+                        // Something waits that cannot run now: a pending step behind an
+                        // unfinished dependency, or a live step cut short.
+                        prop_assert!(any(&|st| matches!(st, S::Pending | S::Cancelled)), "{:?}", t.steps);
+                    }
+                    T::WaitingForRetry => {
+                        let unfinished: Vec<_> = t.created_steps().filter(|st| !st.state.is_terminal()).collect();
+                        prop_assert!(!unfinished.is_empty());
+                        for st in unfinished {
+                            prop_assert_eq!(st.state, S::WaitingForRetry, "{}", st.name);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    #[test]
     fn a_finished_task_never_changes_again_but_for_its_refusals(ops in prop::collection::vec(op(), 0..60)) {
         let envs = events(&ops);
         let mut s = State::default();
         let mut finished: BTreeMap<String, embarcadero_workflow::Task> = BTreeMap::new();
         for (i, e) in envs.iter().enumerate() {
             let applied = s.apply(i as u64, e).is_ok();
-            // Only an operator's reset or resolution of a failed step, or a rerun of a
-            // failed task, reopens a failed task.
+            // Only an operator's reset or resolution of a failed step, or a rerun or a
+            // manual resolution of a failed task, changes a failed task.
             let reopening = match &e.event {
                 Event::StepReset { at, .. } | Event::StepResolved { at, .. } => Some(&at.task),
-                Event::TaskRerun { task, .. } => Some(task),
+                Event::TaskRerun { task, .. } | Event::TaskResolved { task, .. } => Some(task),
                 _ => None,
             };
             if let (true, Some(uuid)) = (applied, reopening) {
@@ -1156,4 +1214,323 @@ fn a_rerun_restores_the_batch_instances_fail_fast_cancelled_and_the_task_complet
     assert!(applied[1..].iter().all(|&a| a), "{applied:?}");
     assert_eq!(states(&state), [Complete, Complete, Complete]);
     assert_eq!(state.tasks["t"].state, TaskState::Complete);
+}
+
+/// Two steps, the second after the first, under a one-minute threshold for the task
+/// waiting for dependencies.
+const LIFECYCLE_DEPENDENCIES: &str = "name: life3\nnamespace: p\nversion: '1'
+lifecycle: {max_waiting_for_dependencies_minutes: 1}
+steps:
+  - {name: a, handler: {callable: h}}
+  - {name: b, dependencies: [a], handler: {callable: h}}";
+
+/// `template_text` registered and task `t` of it created (protocol 1), at `ts_ms`.
+fn one_task(template_text: &str, name: &str, ts_ms: u64) -> State {
+    let mut state = State::default();
+    let template = Event::TemplateRegistered {
+        template: load(template_text, None).unwrap(),
+    };
+    let created = Event::TaskCreated {
+        task: "t".into(),
+        namespace: "p".into(),
+        name: name.into(),
+        version: "1".into(),
+        context: json!({}),
+        idempotency_key: None,
+        identity: None,
+        protocol: None,
+    };
+    assert_eq!(
+        apply_at(&mut state, ts_ms, vec![template, created]),
+        [true; 2]
+    );
+    state
+}
+
+/// Attempt `attempt` of step `step` of task `t`.
+fn of_t(step: &str, attempt: u32) -> StepRef {
+    StepRef {
+        task: "t".into(),
+        step: step.into(),
+        attempt,
+    }
+}
+
+/// Attempt `attempt` of `step` enqueued, claimed by `w` and returned with `outcome`.
+fn run_attempt(step: &str, attempt: u32, outcome: Outcome) -> Vec<Event> {
+    let at = of_t(step, attempt);
+    vec![
+        Event::StepEnqueued(at.clone()),
+        Event::StepClaimed {
+            at: at.clone(),
+            worker: "w".into(),
+        },
+        Event::StepResult {
+            at,
+            worker: "w".into(),
+            outcome,
+        },
+    ]
+}
+
+fn busy() -> Outcome {
+    Outcome::Failure {
+        message: "busy".into(),
+        retryable: true,
+        retry_after_ms: None,
+    }
+}
+
+#[test]
+fn a_task_waiting_for_dependencies_past_its_threshold_is_stale_but_not_one_whose_steps_run() {
+    use embarcadero_workflow::staleness::stale_steps;
+    use embarcadero_workflow::{StepState, TaskState};
+    let mut state = one_task(LIFECYCLE_DEPENDENCIES, "life3", 0);
+    // `a` runs for ten minutes (no threshold on running steps here) while `b` waits
+    // behind it: the task is in process, not waiting, and nothing is stale.
+    let claimed = run_attempt("a", 1, busy());
+    assert_eq!(apply_at(&mut state, 0, claimed[..2].to_vec()), [true; 2]);
+    assert_eq!(state.tasks["t"].state, TaskState::StepsInProcess);
+    assert!(stale_steps(&state.tasks["t"], 600_000).is_empty());
+
+    // At 10 min `a` fails and waits for a retry due in an hour; `b` waits behind it,
+    // so the task waits for dependencies from then on.
+    let failed = vec![
+        claimed[2].clone(),
+        Event::RetryScheduled {
+            at: of_t("a", 1),
+            due_ms: 4_200_000,
+        },
+    ];
+    assert_eq!(apply_at(&mut state, 600_000, failed), [true; 2]);
+    let task = &state.tasks["t"];
+    assert_eq!(task.state, TaskState::WaitingForDependencies);
+    let entered = task.history.last().unwrap();
+    assert_eq!(
+        (entered.to, entered.ts_ms),
+        (TaskState::WaitingForDependencies, 600_000)
+    );
+    assert!(stale_steps(task, 660_000).is_empty(), "a minute, not more");
+    let stale = stale_steps(task, 660_001);
+    let reasons = stale_reasons(&stale);
+    let steps: Vec<&str> = reasons.iter().map(|(s, _)| s.as_str()).collect();
+    assert_eq!(steps, ["a", "b"], "every unfinished step");
+    assert!(
+        reasons
+            .iter()
+            .all(|(_, r)| r.contains("lifecycle.max_waiting_for_dependencies_minutes (1)")),
+        "{reasons:?}"
+    );
+
+    // The first fails `a` and the task (nothing else runs); `b`'s is then refused.
+    assert_eq!(apply_at(&mut state, 660_001, stale), [true, false]);
+    let task = &state.tasks["t"];
+    let (a, b) = (task.step("a").unwrap(), task.step("b").unwrap());
+    assert_eq!(
+        (task.state, a.state, b.state),
+        (TaskState::Error, StepState::Error, StepState::Pending)
+    );
+    assert!(a
+        .last_error
+        .as_deref()
+        .unwrap()
+        .starts_with("stale: the task waited for dependencies"));
+}
+
+#[test]
+fn a_task_whose_only_unfinished_step_waits_for_a_retry_waits_for_the_retry_not_for_dependencies() {
+    use embarcadero_workflow::staleness::stale_steps;
+    use embarcadero_workflow::TaskState;
+    let mut state = one_task(LIFECYCLE_DEPENDENCIES, "life3", 0);
+    let ok = Outcome::Success { result: json!(1) };
+    let mut events = run_attempt("a", 1, ok);
+    events.push(Event::StepCompleted(of_t("a", 1)));
+    events.extend(run_attempt("b", 1, busy()));
+    events.push(Event::RetryScheduled {
+        at: of_t("b", 1),
+        due_ms: 4_200_000,
+    });
+    assert!(apply_at(&mut state, 0, events).iter().all(|&ok| ok));
+    let task = &state.tasks["t"];
+    assert_eq!(task.state, TaskState::WaitingForRetry);
+    // Only `max_waiting_for_retry_minutes` (not set here) covers it.
+    assert!(stale_steps(task, 3_600_000).is_empty());
+}
+
+#[test]
+fn a_task_resolved_by_hand_ends_resolved_manually_with_its_unfinished_steps_cancelled() {
+    use embarcadero_workflow::{Rejected, StepState, TaskState};
+    let resolve = || Event::TaskResolved {
+        task: "t".into(),
+        reason: "settled by hand".into(),
+    };
+    // A task with `a` in progress and `b` pending.
+    let mut state = one_task(DIAMOND, "diamond", 0);
+    let running = run_attempt("a", 1, Outcome::Success { result: json!(1) });
+    assert_eq!(apply_at(&mut state, 1, running[..2].to_vec()), [true; 2]);
+    assert_eq!(apply_at(&mut state, 2, vec![resolve()]), [true]);
+    let task = &state.tasks["t"];
+    assert_eq!(task.state, TaskState::ResolvedManually);
+    assert_eq!(task.resolution.as_deref(), Some("settled by hand"));
+    assert_eq!(task.completed_ms, Some(2));
+    let last = task.history.last().unwrap();
+    assert_eq!(
+        (last.from, last.to),
+        (TaskState::StepsInProcess, TaskState::ResolvedManually)
+    );
+    assert!(
+        task.steps.iter().all(|s| s.state == StepState::Cancelled),
+        "{:?}",
+        task.steps
+    );
+    assert_eq!(state.open_tasks(), 0);
+    // Nothing moves it again: the late result, a second resolution, a cancel, a rerun.
+    let later = vec![
+        running[2].clone(),
+        resolve(),
+        Event::TaskCancelled {
+            task: "t".into(),
+            reason: "x".into(),
+        },
+        Event::TaskRerun {
+            task: "t".into(),
+            reason: "x".into(),
+        },
+    ];
+    let before = state.tasks["t"].clone();
+    assert_eq!(apply_at(&mut state, 3, later), [false; 4]);
+    assert_eq!(state.tasks["t"].history, before.history);
+    let refused = Event::TaskResolved {
+        task: "t".into(),
+        reason: String::new(),
+    };
+    let env = Envelope {
+        ts_ms: 4,
+        term: None,
+        event: refused,
+    };
+    let why = state.apply(state.next_position, &env);
+    assert!(
+        matches!(
+            &why,
+            Err(Rejected::TaskClosed {
+                state: TaskState::ResolvedManually,
+                ..
+            })
+        ),
+        "{why:?}"
+    );
+
+    // A failed task may be resolved (its failed step keeps its error); a complete one not.
+    let mut failed = one_task(PERMANENT_ONE, "once", 0);
+    let fails = Outcome::Failure {
+        message: "no".into(),
+        retryable: false,
+        retry_after_ms: None,
+    };
+    let mut events = run_attempt("a", 1, fails);
+    events.push(Event::StepErrored {
+        at: of_t("a", 1),
+        reason: "failed, not retryable".into(),
+    });
+    assert!(apply_at(&mut failed, 0, events).iter().all(|&ok| ok));
+    assert_eq!(failed.tasks["t"].state, TaskState::Error);
+    assert_eq!(apply_at(&mut failed, 1, vec![resolve()]), [true]);
+    let task = &failed.tasks["t"];
+    assert_eq!(
+        (task.state, task.steps[0].state),
+        (TaskState::ResolvedManually, StepState::Error)
+    );
+
+    let mut complete = one_task(PERMANENT_ONE, "once", 0);
+    let mut events = run_attempt("a", 1, Outcome::Success { result: json!(1) });
+    events.push(Event::StepCompleted(of_t("a", 1)));
+    assert!(apply_at(&mut complete, 0, events).iter().all(|&ok| ok));
+    assert_eq!(complete.tasks["t"].state, TaskState::Complete);
+    assert_eq!(apply_at(&mut complete, 1, vec![resolve()]), [false]);
+    assert_eq!(complete.tasks["t"].state, TaskState::Complete);
+}
+
+/// One step, never retried.
+const PERMANENT_ONE: &str = "name: once\nnamespace: p\nversion: '1'
+steps:
+  - {name: a, handler: {callable: h}, retry: {retryable: false}}";
+
+/// A `fail_fast` batch of two instances and their convergence, under a one-minute
+/// threshold for waiting for dependencies.
+const LIFECYCLE_BATCH: &str = "name: life4\nnamespace: p\nversion: '1'
+lifecycle: {max_waiting_for_dependencies_minutes: 1}
+steps:
+  - {name: an, type: batchable, handler: {callable: x}, batch_config: {failure_strategy: fail_fast}}
+  - {name: w, type: batch_worker, dependencies: [an], handler: {callable: x}, retry: {max_attempts: 1}}
+  - {name: agg, type: deferred_convergence, dependencies: [w], handler: {callable: x}}";
+
+#[test]
+fn a_task_stuck_behind_batch_instances_cut_short_waits_for_dependencies_until_stale() {
+    use embarcadero_workflow::staleness::stale_steps;
+    use embarcadero_workflow::{StepState, TaskState};
+    let mut state = one_task(LIFECYCLE_BATCH, "life4", 0);
+    let cursors = json!({"cursors": [0, 1], "worker_count": 2});
+    let mut events = run_attempt("an", 1, Outcome::Success { result: cursors });
+    events.push(Event::StepCompleted(of_t("an", 1)));
+    // The first instance fails for good: `fail_fast` cancels the second, the task fails.
+    let no = Outcome::Failure {
+        message: "no".into(),
+        retryable: false,
+        retry_after_ms: None,
+    };
+    events.extend(run_attempt("w_001", 1, no));
+    events.push(Event::StepErrored {
+        at: of_t("w_001", 1),
+        reason: "failed, not retryable".into(),
+    });
+    assert!(apply_at(&mut state, 0, events).iter().all(|&ok| ok));
+    assert_eq!(state.tasks["t"].state, TaskState::Error);
+    assert_eq!(
+        state.tasks["t"].step("w_002").unwrap().state,
+        StepState::Cancelled
+    );
+
+    // An operator resets the failed instance (not a rerun of the task), which then
+    // succeeds: its cancelled sibling stays cancelled and the convergence waits for it.
+    let mut events = vec![Event::StepReset {
+        at: of_t("w_001", 1),
+        reason: "try again".into(),
+    }];
+    events.extend(run_attempt(
+        "w_001",
+        2,
+        Outcome::Success { result: json!(1) },
+    ));
+    events.push(Event::StepCompleted(of_t("w_001", 2)));
+    assert!(apply_at(&mut state, 10_000, events).iter().all(|&ok| ok));
+    let task = &state.tasks["t"];
+    let agg = task.step("agg").unwrap();
+    assert!(agg.created && agg.state == StepState::Pending, "{agg:?}");
+    assert_eq!(task.state, TaskState::WaitingForDependencies);
+
+    // A minute later its threshold fails the convergence, and with it the task; a rerun
+    // then brings the cut-short instance back.
+    assert!(stale_steps(task, 70_000).is_empty());
+    let stale = stale_steps(task, 70_001);
+    assert_eq!(
+        stale_reasons(&stale).len(),
+        1,
+        "only the convergence is unfinished"
+    );
+    assert_eq!(apply_at(&mut state, 70_001, stale), [true]);
+    assert_eq!(state.tasks["t"].state, TaskState::Error);
+    let rerun = Event::TaskRerun {
+        task: "t".into(),
+        reason: "all of it".into(),
+    };
+    assert_eq!(apply_at(&mut state, 80_000, vec![rerun]), [true]);
+    let task = &state.tasks["t"];
+    let mut pending: Vec<&str> = task
+        .created_steps()
+        .filter(|s| s.state == StepState::Pending)
+        .map(|s| s.name.as_str())
+        .collect();
+    pending.sort_unstable();
+    assert_eq!(pending, ["agg", "w_002"]);
 }

@@ -1,7 +1,9 @@
 """Python step handlers (embarcadero.workflow) run by a worker in this process, against a real
 `embarcadero serve` and a real `embarcadero orchestrator`, driven through the orchestrator's
-HTTP API: results flow from step to step, exceptions become failures retried per the
-template's policy, and StepError overrides the policy."""
+HTTP API (the counterpart of the TypeScript SDK's test/workflow.test.ts): results flow from
+step to step, exceptions become failures retried per the template's policy, StepError
+overrides the policy (not retryable, or its own retry delay), and decision and batch steps
+(with a checkpoint resumed by the next attempt) work."""
 
 from __future__ import annotations
 
@@ -54,6 +56,48 @@ steps:
     retry: {max_attempts: 5, backoff: none}
 """
 
+BACKOFF = """name: backoff
+namespace: py_failing
+version: 1.0.0
+steps:
+  - name: policy
+    handler: {callable: py.busy_once}
+    retry: {max_attempts: 2, backoff: linear, backoff_base_ms: 400}
+  - name: told
+    handler: {callable: py.busy_once_for_a_while}
+    retry: {max_attempts: 2, backoff: linear, backoff_base_ms: 10}
+"""
+
+CONDITIONAL = """name: conditional
+namespace: py_shapes
+version: 1.0.0
+steps:
+  - {name: route, type: decision, handler: {callable: py.choose}}
+  - {name: left, dependencies: [route], handler: {callable: py.side}}
+  - {name: right, dependencies: [route], handler: {callable: py.side}}
+  - name: join
+    type: deferred_convergence
+    dependencies: [left, right]
+    handler: {callable: py.join}
+"""
+
+BATCH = """name: batch
+namespace: py_shapes
+version: 1.0.0
+steps:
+  - name: split
+    type: batchable
+    handler: {callable: py.split}
+  - name: count
+    type: batch_worker
+    dependencies: [split]
+    handler: {callable: py.count}
+    retry: {max_attempts: 2, backoff: none}
+  - name: total
+    type: deferred_convergence
+    dependencies: [count]
+    handler: {callable: py.total}
+"""
 
 SLOW = """name: slow
 namespace: py_slow
@@ -240,6 +284,106 @@ def test_a_step_error_that_is_not_retryable_fails_the_step_at_once(engine):
     refused = step(task, "refuses")
     assert (refused["attempts"], refused["failures"]) == (1, 1)
     assert "the input is wrong" in refused["last_error"], refused
+
+
+def entered_at(s: Dict[str, Any], state: str, nth: int = 1) -> int:
+    """When (the log's time stamp, ms) step `s` entered `state` for the `nth` time."""
+    times = [t["ts_ms"] for t in s["transitions"] if t["to"] == state]
+    assert len(times) >= nth, s["transitions"]
+    return times[nth - 1]
+
+
+def test_a_retryable_step_error_is_retried_after_its_backoff_or_its_own_delay(engine):
+    def busy_once(retry_after_ms: Optional[int]):
+        def handler(ctx: StepContext) -> Dict[str, int]:
+            if ctx.attempt == 1:
+                raise StepError("busy, come back later", retry_after_ms=retry_after_ms)
+            return {"attempt": ctx.attempt}
+
+        return handler
+
+    engine.register(BACKOFF)
+    handlers = {"py.busy_once": busy_once(None), "py.busy_once_for_a_while": busy_once(700)}
+    with engine.worker(handlers, "py_failing"):
+        task = engine.run_task("py_failing", "backoff", {})
+    assert task["status"] == "complete", task
+    # `policy` waits the template's linear backoff (400 ms); `told` the handler's 700 ms,
+    # not its template's 10 ms. The orchestrator enqueues a retry only once it is due, and
+    # stamps both moves with its clock: the audit trail shows the wait.
+    for name, delay in [("policy", 400), ("told", 700)]:
+        s = step(task, name)
+        assert (s["attempts"], s["failures"], s["result"]) == (2, 1, {"attempt": 2}), s
+        states = [t["to"] for t in s["transitions"]]
+        at = states.index("waiting_for_retry")
+        assert states[at - 1 : at + 2] == [
+            "enqueued_for_orchestration",
+            "waiting_for_retry",
+            "enqueued",
+        ], states
+        waited = entered_at(s, "enqueued", 2) - entered_at(s, "waiting_for_retry")
+        assert waited >= delay, f"{name}: attempt 2 enqueued {waited} ms after the failure"
+
+
+def test_a_decision_creates_the_branch_it_names_and_the_convergence_waits_for_it(engine):
+    handlers = {
+        "py.choose": lambda ctx: {"step_names": [ctx.context["side"]]},
+        "py.side": lambda ctx: f"{ctx.step_name} taken",
+        "py.join": lambda ctx: {"seen": ctx.dependency_results, "deps": ctx.dependencies},
+    }
+    engine.register(CONDITIONAL)
+    with engine.worker(handlers, "py_shapes"):
+        task = engine.run_task("py_shapes", "conditional", {"side": "right"})
+    assert task["status"] == "complete", task
+    assert task["not_created_steps"] == ["left"]
+    assert step(task, "route")["result"] == {"step_names": ["right"]}
+    assert step(task, "join")["result"] == {"seen": {"right": "right taken"}, "deps": ["right"]}
+
+
+def test_batch_workers_run_one_per_cursor_and_an_attempt_resumes_from_the_last_checkpoint(engine):
+    # Three ranges of ten items; each instance checkpoints after five items, and the first
+    # attempts of instances 2 and 3 then fail: their second attempts start from the
+    # checkpoint (checkpoint() returns once the log has it).
+    resumed: Dict[str, Any] = {}
+
+    def split(ctx: StepContext) -> Dict[str, Any]:
+        return {"cursors": [{"start": start, "end": start + 10} for start in (0, 10, 20)]}
+
+    def count(ctx: StepContext) -> Dict[str, int]:
+        b = ctx.batch
+        assert b is not None, "a batch worker instance is given its batch"
+        span = b.cursor
+        resumed[f"{ctx.step_name}#{ctx.attempt}"] = b.resume
+        at = b.resume["cursor"] if b.resume else span["start"]
+        total = b.resume["partial"] if b.resume else 0
+        while at < span["end"]:
+            total += at
+            if at - span["start"] == 4 and b.resume is None:
+                b.checkpoint(at + 1, at + 1 - span["start"], total)
+                if b.index > 1:
+                    raise ConnectionError("lost after the checkpoint")
+            at += 1
+        return {"index": b.index, "of": b.count, "sum": total}
+
+    def total(ctx: StepContext) -> int:
+        return sum(r["sum"] for r in ctx.dependency_results.values())
+
+    engine.register(BATCH)
+    handlers = {"py.split": split, "py.count": count, "py.total": total}
+    with engine.worker(handlers, "py_shapes"):
+        task = engine.run_task("py_shapes", "batch", {})
+    assert task["status"] == "complete", task
+    assert step(task, "total")["result"] == 29 * 30 // 2, "every item counted once"
+    assert step(task, "count_002")["result"] == {"index": 2, "of": 3, "sum": 145}
+    assert [step(task, f"count_00{i}")["attempts"] for i in (1, 2, 3)] == [1, 2, 2]
+    assert resumed == {
+        "count_001#1": None,
+        "count_002#1": None,
+        "count_002#2": {"cursor": 15, "items_done": 5, "partial": 10 + 11 + 12 + 13 + 14},
+        "count_003#1": None,
+        "count_003#2": {"cursor": 25, "items_done": 5, "partial": 20 + 21 + 22 + 23 + 24},
+    }
+    # The step keeps the last checkpoint saved (the one attempt 2 resumed from).
+    assert step(task, "count_003")["checkpoint"]["items_done"] == 5
 
 
 def test_async_handlers_and_results_that_are_not_json(engine):

@@ -135,6 +135,24 @@ pub enum TaskCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Resolve a whole task by hand (Tasker's resolve_manually): it ends
+    /// resolved_manually and its unfinished steps are cancelled. For a task that has
+    /// not finished, or failed; refused for one that completed or was cancelled.
+    Resolve {
+        /// The task's id, as `task create` printed it.
+        uuid: String,
+        /// Why, for the audit trail.
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Who resolved it (Tasker's resolved_by), recorded with the reason.
+        #[arg(long)]
+        by: Option<String>,
+        #[command(flatten)]
+        api: ApiArg,
+        /// Print the result as JSON, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
     /// Reset a failed step for retry: it runs again with a fresh retry budget.
     ResetStep {
         /// The task's id, as `task create` printed it.

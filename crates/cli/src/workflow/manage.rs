@@ -1,4 +1,4 @@
-//! `embarcadero task list|cancel|rerun|steps|reset-step|resolve-step|stats|dlq`: the task
+//! `embarcadero task list|cancel|rerun|resolve|steps|reset-step|resolve-step|stats|dlq`: the task
 //! management commands, clients of the workflow API's routes over existing tasks.
 
 use super::commands::{api_error, show_task, text, TaskCommand};
@@ -36,6 +36,20 @@ pub fn run(cmd: TaskCommand) -> CliResult {
             api,
             json,
         } => rerun(api.addr(), &uuid, &reason, json),
+        TaskCommand::Resolve {
+            uuid,
+            reason,
+            by,
+            api,
+            json,
+        } => {
+            let body = json!({ "reason": reason, "resolved_by": by });
+            let t = ApiClient::new(api.addr())
+                .request("POST", &format!("/v1/tasks/{uuid}/resolve"), Some(body))
+                .map_err(api_error)?;
+            show_task(&t, json);
+            Ok(())
+        }
         TaskCommand::Stats { api } => {
             let metrics = ApiClient::new(api.addr()).metrics().map_err(api_error)?;
             say!("{}", stats(&metrics));
