@@ -416,6 +416,7 @@ impl Runtime {
 
     /// Publishes the decisions not already on their way; returns how long to wait.
     fn decide_and_publish(&mut self, now: u64) -> Result<Duration, Error> {
+        forget_settled_claims(&mut self.claimed_at, &self.engine.shared.lock());
         let (claimed_at, seen) = (&self.claimed_at, &self.seen);
         let clock = Clock {
             now_ms: now,
@@ -438,6 +439,19 @@ impl Runtime {
     }
 }
 
+/// Keeps the claim times of attempts still in progress only. An attempt leaves the table
+/// when its result, completion or expiry is folded (`observe`); one whose task ended
+/// under it (cancelled, resolved by hand, failed by another step or by staleness) has
+/// none of those, and without this its entry would stay for the process's life.
+fn forget_settled_claims(claimed_at: &mut HashMap<StepRef, u64>, state: &State) {
+    claimed_at.retain(|at, _| {
+        state.open.contains(&at.task)
+            && state.tasks[&at.task]
+                .step(&at.step)
+                .is_some_and(|s| s.state == StepState::InProgress && s.attempt == at.attempt)
+    });
+}
+
 /// A log that starts past 0 lost its first events (a memory-only topic, `--rf 1`, whose
 /// server restarted): the templates and tasks in them are gone, which the operator must
 /// hear, not find out from 404s.
@@ -457,5 +471,104 @@ fn key(e: &Event) -> String {
     match e.step_ref() {
         Some(at) => format!("{} {} {} {}", e.kind(), at.task, at.step, at.attempt),
         None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Envelope;
+    use serde_json::json;
+
+    const TWO_STEPS: &str = "name: two\nnamespace: p\nversion: '1'\nsteps:
+  - {name: a, handler: {callable: h}}
+  - {name: b, handler: {callable: h}}";
+
+    fn apply(state: &mut State, event: Event) {
+        let env = Envelope {
+            ts_ms: 1,
+            term: None,
+            event,
+        };
+        let applied = state.apply(state.next_position, &env);
+        assert!(applied.is_ok(), "{:?}: {applied:?}", env.event);
+    }
+
+    fn at(task: &str, step: &str) -> StepRef {
+        StepRef {
+            task: task.into(),
+            step: step.into(),
+            attempt: 1,
+        }
+    }
+
+    /// Two tasks whose two steps are both claimed (attempt 1).
+    fn two_tasks_in_progress() -> State {
+        let mut state = State::default();
+        let template = crate::validate::load(TWO_STEPS, None).unwrap();
+        apply(&mut state, Event::TemplateRegistered { template });
+        for task in ["t1", "t2"] {
+            apply(
+                &mut state,
+                Event::TaskCreated {
+                    task: task.into(),
+                    namespace: "p".into(),
+                    name: "two".into(),
+                    version: "1".into(),
+                    context: json!({}),
+                    idempotency_key: Some(task.into()),
+                    identity: None,
+                    // The fold enqueues both steps (no decision needed to claim them).
+                    protocol: Some(2),
+                },
+            );
+            for step in ["a", "b"] {
+                let worker = "w".to_string();
+                apply(
+                    &mut state,
+                    Event::StepClaimed {
+                        at: at(task, step),
+                        worker,
+                    },
+                );
+            }
+        }
+        state
+    }
+
+    #[test]
+    fn the_claims_of_a_task_that_ended_under_its_running_steps_are_forgotten() {
+        let mut state = two_tasks_in_progress();
+        let mut claimed: HashMap<StepRef, u64> = ["t1", "t2"]
+            .iter()
+            .flat_map(|t| [(at(t, "a"), 5), (at(t, "b"), 5)])
+            .collect();
+        // A claim of an attempt that is not the step's current one is stale too.
+        claimed.insert(
+            StepRef {
+                attempt: 7,
+                ..at("t2", "a")
+            },
+            5,
+        );
+        forget_settled_claims(&mut claimed, &state);
+        assert_eq!(
+            claimed.len(),
+            4,
+            "every running attempt keeps its claim: {claimed:?}"
+        );
+
+        let reason = "operator".to_string();
+        apply(
+            &mut state,
+            Event::TaskCancelled {
+                task: "t1".into(),
+                reason,
+            },
+        );
+        forget_settled_claims(&mut claimed, &state);
+        let mut left: Vec<&StepRef> = claimed.keys().collect();
+        left.sort_by_key(|r| (r.task.clone(), r.step.clone()));
+        assert_eq!(left, [&at("t2", "a"), &at("t2", "b")]);
     }
 }
