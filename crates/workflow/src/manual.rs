@@ -44,6 +44,7 @@ pub(crate) fn apply(
     };
     match &outcome {
         Ok(()) => {
+            restore_cut_short(task, index, position, ts);
             crate::state::consequences(task, index, position, ts);
             task.completed_ms = None;
             crate::settle::settle(task, position, ts);
@@ -94,6 +95,27 @@ pub(crate) fn rerun(state: &mut State, uuid: &str, position: u64, ts: u64) -> Re
         "a rerun task with its failed steps pending is open"
     );
     Ok(())
+}
+
+/// An operator settled the failed instance `i` of a `fail_fast` batch (reset, resolved
+/// or completed it): the siblings its failure cancelled go back to `pending`, as in a
+/// rerun, or the batch's convergence would wait for ever. Under `fail_fast` the first
+/// failure cancels every sibling not finished, so `i` was the batch's only failed one.
+fn restore_cut_short(task: &mut crate::state::Task, i: usize, position: u64, ts: u64) {
+    if crate::batch::strategy(task, i) != Some(FailureStrategy::FailFast) {
+        return;
+    }
+    let parent = task.steps[i].batch.as_ref().map(|b| b.parent);
+    for s in &mut task.steps {
+        let sibling = s.created && s.batch.as_ref().map(|b| b.parent) == parent;
+        assert!(
+            !(sibling && s.state == StepState::Error),
+            "fail_fast leaves one failed instance, the one settled"
+        );
+        if sibling && s.state == StepState::Cancelled {
+            reset(s, position, ts);
+        }
+    }
 }
 
 /// A failed step starts again: its failure counts too (the attempt number does not,
