@@ -11,7 +11,12 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// Polls waiting to be taken before the thread stops reading.
-const READ_AHEAD: usize = 4;
+const READ_AHEAD: usize = 8;
+/// Most bytes of batches one poll takes (whole batches; at least one): the batches of
+/// a poll are freed only when Python has taken its last message, so a poll of
+/// everything ready (up to the subscriber's whole read-ahead) kept tens of MiB away from
+/// the subscriber's buffer reuse, and the reader faulted in fresh memory instead.
+const POLL_BYTES: usize = 1 << 20;
 /// Longest poll: seek, position and close wait at most this long for the thread.
 const POLL: Duration = Duration::from_millis(100);
 
@@ -204,7 +209,7 @@ fn read(shared: &Shared) {
             return;
         };
         let mut polled = Polled::default();
-        let result = s.poll_shared(POLL, |batch, m| polled.collect(batch, m));
+        let result = s.poll_shared_upto(POLL, POLL_BYTES, |batch, m| polled.collect(batch, m));
         let mut queue = shared.queue.lock();
         match result {
             Ok(_) if polled.metas.is_empty() => {}
