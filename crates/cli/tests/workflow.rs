@@ -289,6 +289,24 @@ fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> RawAnswer
 /// Sends a request and reads the answer's head; the reader is at the body. Each request
 /// says `Connection: close`, so that reading the body to its end does not wait out the
 /// workflow API's keep-alive (30 s idle).
+/// Opens task `uuid`'s event stream at `addr` and reads it until the task's first step is
+/// enqueued (with no worker running, the task is still open then): those events, and the
+/// stream, still open.
+fn events_until_enqueued(addr: &str, uuid: &str) -> (Vec<Value>, BufReader<TcpStream>) {
+    let (status, headers, mut stream) =
+        send(addr, "GET", &format!("/v1/tasks/{uuid}/events"), None);
+    assert_eq!(status, 200);
+    assert!(
+        headers.contains(&("content-type".into(), "text/event-stream".into())),
+        "{headers:?}"
+    );
+    let mut events = Vec::new();
+    while events.last().is_none_or(|e: &Value| e["to"] != "enqueued") {
+        events.push(next_event(&mut stream).expect("the stream stays open while the task runs"));
+    }
+    (events, stream)
+}
+
 fn send(
     addr: &str,
     method: &str,
@@ -1208,19 +1226,9 @@ fn task_events_stream_every_transition_in_log_order_and_end_when_the_task_is_fin
     let stack = Stack::start("3000", 0, &[LINEAR]);
     let (api, addr, engine) = (&stack.api, stack.addr.as_str(), &stack.engine);
     let uuid = create(api, "linear", json!({"even_number": 2}));
-    let (status, headers, mut stream) =
-        send(addr, "GET", &format!("/v1/tasks/{uuid}/events"), None);
-    assert_eq!(status, 200);
-    assert!(
-        headers.contains(&("content-type".into(), "text/event-stream".into())),
-        "{headers:?}"
-    );
     // No worker yet, so the task cannot finish: what arrives before one starts came
     // while the task was open, and the stream is still open after it.
-    let mut events = Vec::new();
-    while events.last().is_none_or(|e: &Value| e["to"] != "enqueued") {
-        events.push(next_event(&mut stream).expect("the stream stays open while the task runs"));
-    }
+    let (mut events, mut stream) = events_until_enqueued(addr, &uuid);
     let _worker = engine.worker("3000");
     while let Some(e) = next_event(&mut stream) {
         events.push(e);
@@ -2123,19 +2131,9 @@ fn the_control_port_forwards_the_workflow_api_to_the_orchestrator_that_announced
     );
     assert_eq!(refused.json()["error"]["code"], "backpressure");
 
-    let (status, headers, mut stream) =
-        send(&control, "GET", &format!("/v1/tasks/{uuid}/events"), None);
-    assert_eq!(status, 200);
-    assert!(
-        headers.contains(&("content-type".into(), "text/event-stream".into())),
-        "{headers:?}"
-    );
     // No worker yet: these events arrive while the task is open, so the head passes
     // them on as they come, not once the upstream stream ended.
-    let mut events = Vec::new();
-    while events.last().is_none_or(|e: &Value| e["to"] != "enqueued") {
-        events.push(next_event(&mut stream).expect("the stream stays open while the task runs"));
-    }
+    let (mut events, mut stream) = events_until_enqueued(&control, &uuid);
     let (_worker, _) = engine.worker("3000");
     let t = api.get_task(&uuid, 30).unwrap();
     assert_eq!(t["status"], "complete", "the long poll: {t:#}");
