@@ -1,7 +1,7 @@
 //! The admin server's request parser (`http_server::head_end` and `parse_head`, as
 //! `read_request` uses them) on the bytes of one connection; a complete request's body
 //! then goes to the JSON parser of the endpoint it names. Round trip: a parsed head,
-//! written out again, parses to the same head.
+//! written out again with every field it holds, parses to the same head.
 use embarcadero_server::fuzzing::{admin_body, http_request, BODY_ENDPOINTS};
 
 fn main() {
@@ -17,6 +17,15 @@ fn main() {
         );
         if head.expect_continue {
             again.push_str("Expect: 100-continue\r\n");
+        }
+        if let Some(id) = &head.last_event_id {
+            again.push_str(&format!("Last-Event-ID: {id}\r\n"));
+        }
+        if let Some(kind) = &head.content_type {
+            again.push_str(&format!("Content-Type: {kind}\r\n"));
+        }
+        if head.close {
+            again.push_str("Connection: close\r\n");
         }
         again.push_str("\r\n");
         let mut again = again.into_bytes();
