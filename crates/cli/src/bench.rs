@@ -100,6 +100,11 @@ pub struct BenchArgs {
     /// Sequencer epoch of the embedded server, microseconds.
     #[arg(long, default_value_t = 500)]
     pub epoch_us: u64,
+    /// Bytes of each subscriber's shared-memory feed ring in the embedded server
+    /// (`broker.shm_feed_bytes` of `serve`; a power of two, 64 KiB to 1 GiB)
+    /// [default: 8 MiB].
+    #[arg(long)]
+    pub shm_feed_bytes: Option<u64>,
     /// Directory for the embedded server's region file; tmpfs keeps the kernel from
     /// writing the region back to disk. Default: /dev/shm when it exists.
     #[arg(long)]
@@ -587,6 +592,9 @@ fn start_server(
         ..ServerConfig::default()
     };
     server_config.sequencer.epoch_us = args.epoch_us;
+    if let Some(bytes) = args.shm_feed_bytes {
+        server_config.broker.shm_feed_bytes = bytes;
+    }
     server_config.replication.dirs = args.replica_dir.clone();
     let region_dir = args.region_dir.clone().unwrap_or_else(|| shm_or(scratch));
     server_config.region.path =
@@ -1039,6 +1047,7 @@ fn common_figures(
         "batch_bytes": args.batch_bytes,
         "linger_us": args.linger_us,
         "epoch_us": args.epoch_us,
+        "shm_feed_bytes": args.shm_feed_bytes,
         "deflect": !args.no_deflect,
         "prefault": !args.no_prefault,
         "slow_queue": std::env::var("EMBARCADERO_SLOW_CONSUMER_QUEUE").ok(),

@@ -33,6 +33,8 @@ pub(super) struct Queue {
     pub(super) producer_waits: AtomicU64,
     /// Batches the sender sealed itself (see [`PublisherConfig::linger`]).
     pub(super) lingered: AtomicU64,
+    /// Batches built in place in this connection's shared-memory ring.
+    pub(super) in_place: AtomicU64,
     /// A batch due on this queue opened: its sender times the linger.
     pub(super) batch_opened: (Sender<()>, Receiver<()>),
     /// The connection's current socket; replaced when an order-5 session reopens.
@@ -78,6 +80,7 @@ impl Queue {
             deflected: AtomicU64::new(0),
             producer_waits: AtomicU64::new(0),
             lingered: AtomicU64::new(0),
+            in_place: AtomicU64::new(0),
             batch_opened: crossbeam_channel::bounded(1),
             stream: Mutex::new(stream),
             stream_gen: AtomicU64::new(0),
