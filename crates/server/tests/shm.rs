@@ -158,6 +158,60 @@ fn every_order_and_ack_level_over_shm_delivers_exactly_once_in_order() {
     }
 }
 
+/// One connection (order 1, ack 0) whose sender pauses after taking each batch, before
+/// writing it. The publisher seals one batch at a time, and opens the next only once
+/// every earlier batch is written, so it opens in the pause, while the batch just sealed
+/// is in the sender's hands (neither in the channel nor written). A span lent then
+/// carried a later batch that went out first. Every message arrives in publish order
+/// (orders 0-2 keep each connection's order).
+#[test]
+fn a_batch_in_the_senders_hands_is_written_before_a_span_lent_after_it() {
+    let t = common::start();
+    t.create_topic("hand", 1);
+    const ROUNDS: u64 = 200;
+    const BATCH: usize = 4 * 1024;
+    let payload = |i: u64| format!("{i:06}:{}", "y".repeat(100));
+    // Messages per batch: a batch seals at its first message past BATCH bytes.
+    let per_batch = (BATCH as u64).div_ceil(message_stride(payload(0).len() as u64));
+    let config = PublisherConfig {
+        ack_level: 0,
+        batch_bytes: BATCH,
+        linger: Duration::from_secs(5),
+        threads_per_broker: 1,
+        transport: Transport::Shm,
+        slow_queue: Some((0, Duration::from_millis(2))),
+        ..PublisherConfig::default()
+    };
+    let brokers = &t.brokers()[..1];
+    let p = Publisher::connect_brokers(brokers, "hand", config).unwrap();
+    for round in 0..ROUNDS {
+        for i in round * per_batch..(round + 1) * per_batch {
+            p.publish(payload(i).as_bytes()).unwrap();
+        }
+        assert_eq!(p.batches_sealed(), round + 1, "one batch a round");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while p.acked_prefix() < round {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: batches not written"
+            );
+            std::thread::yield_now();
+        }
+    }
+    let stats = p.close().unwrap();
+    let in_place: u64 = stats.queues.iter().map(|q| q.in_place).sum();
+    assert!(in_place > 0, "batches were built in the ring");
+    let n = ROUNDS * per_batch;
+    let got = read_all(brokers, "hand", n as usize);
+    let misplaced = got.iter().zip(0..n).find(|(m, i)| m.counter != *i);
+    assert!(
+        misplaced.is_none(),
+        "message {:?} at the place of message {:?}: out of publish order",
+        misplaced.map(|(m, _)| m.counter),
+        misplaced.map(|(_, i)| i),
+    );
+}
+
 /// Batches built in place in a channel's ring, refused with BACKPRESSURE after the
 /// broker consumed them, are resent from the ring (go-back-N): every message arrives
 /// exactly once, in one order.

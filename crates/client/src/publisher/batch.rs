@@ -339,14 +339,17 @@ impl Inner {
     }
 
     /// A span of `BATCH_HEADER_LEN + payload` bytes of queue `index`'s ring, when its
-    /// connection is a channel whose sender has nothing else to write first (its
-    /// channel, its moved batches, a resend) and may take one more batch in flight.
+    /// connection is a channel whose sender has nothing else to write first (a batch in
+    /// its hands, its channel, its moved batches, a resend) and may take one more batch
+    /// in flight. The hand is held while the span is lent, so the sender takes nothing
+    /// between the look and the lending.
     fn lend_from(&self, index: usize, payload: usize) -> Option<Box<RingBatch>> {
         let q = &self.queues[index];
         let link = match &*q.stream.lock() {
             Link::Shm(link) => link.clone(),
             Link::Tcp(_) => return None,
         };
+        let _hand = q.hand.try_lock()?;
         if !q.rx.is_empty()
             || q.conn.resend_from.load(Ordering::Acquire) != u64::MAX
             || !q.moved.lock().is_empty()

@@ -21,7 +21,7 @@ use embarcadero_wire::{
     BATCH_HEADER_LEN, MESSAGE_HEADER_LEN, SESSION_KEY_LEN,
 };
 use hdrhistogram::Histogram;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
