@@ -96,6 +96,9 @@ pub struct BrokerConfig {
     pub shm_allowed_uids: Vec<u32>,
     /// Largest data ring a channel may bring (`broker.shm_max_ring_bytes`).
     pub shm_max_ring_bytes: usize,
+    /// Bytes of each subscriber feed's ring (`broker.shm_feed_bytes`; a power of two
+    /// the shm layout accepts, checked by the server's configuration).
+    pub shm_feed_bytes: usize,
 }
 
 /// Misbehaviour to inject into one broker, to provoke gaps and fences on demand.
@@ -134,6 +137,7 @@ impl BrokerConfig {
             shm: true,
             shm_allowed_uids: Vec::new(),
             shm_max_ring_bytes: 256 << 20,
+            shm_feed_bytes: embarcadero_shm::layout::FEED_CAPACITY,
         }
     }
 }

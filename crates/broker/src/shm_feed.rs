@@ -21,7 +21,7 @@ use crate::shm_conn::{log_refusal, peer_alive, FINAL_WRITE, HELLO_TIMEOUT};
 use crate::subscribe::{self, address_hash, Outlet, MAX_BYTES_PER_WRITE};
 use crate::Shared;
 use embarcadero_region::TopicMeta;
-use embarcadero_shm::layout::{feed_ring, FEED_CAPACITY};
+use embarcadero_shm::layout::feed_ring;
 use embarcadero_shm::ring::RingMaps;
 use embarcadero_shm::{socket, Producer, Waited};
 use embarcadero_wire::{ErrorCode, Hello, HelloOk};
@@ -104,9 +104,11 @@ impl ShmOutlet<'_> {
         Ok(())
     }
 
-    /// Writes the connection's last frame into the ring, waiting a couple of seconds at
-    /// most for the subscriber to make room.
-    fn write_final(&mut self, bytes: &[u8]) -> Result<(), End> {
+    /// Writes one whole frame into the ring, waiting for the subscriber to make room as
+    /// [`Self::wait_room`] does for `stall` (a frame of the subscription: the stall
+    /// timeout; the connection's last, a refusal: a couple of seconds). A subscriber that
+    /// makes no room in time is `TimedOut`.
+    fn write_frame(&mut self, bytes: &[u8], stall: Duration) -> io::Result<()> {
         assert!(
             self.feed.is_none(),
             "frames go into a feed once it is handed over"
@@ -115,7 +117,8 @@ impl ShmOutlet<'_> {
         while done < bytes.len() {
             done += self.ring.write(&bytes[done..])?;
             if done < bytes.len() {
-                self.wait_room(bytes.len() - done, FINAL_WRITE)?;
+                self.wait_room(bytes.len() - done, stall)
+                    .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?;
             }
         }
         self.ring.publish();
@@ -156,21 +159,8 @@ impl Outlet for ShmOutlet<'_> {
     }
 
     fn send_frame(&mut self, bytes: &[u8]) -> io::Result<()> {
-        assert!(
-            self.feed.is_none(),
-            "frames go into a feed once it is handed over"
-        );
-        let mut done = 0;
-        while done < bytes.len() {
-            done += self.ring.write(&bytes[done..])?;
-            if done < bytes.len() {
-                let stall = self.stall;
-                self.wait_room(bytes.len() - done, stall)
-                    .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?;
-            }
-        }
-        self.ring.publish();
-        Ok(())
+        let stall = self.stall;
+        self.write_frame(bytes, stall)
     }
 
     fn probe(&self) -> Peer {
@@ -208,7 +198,7 @@ pub(crate) fn serve(
         // Handed over: the subscriber reads the refusal from the feed.
         End::Refused(refusal) if out.feed.is_none() => {
             log_refusal(shared, &refusal);
-            let _ = out.write_final(&refusal.frame());
+            let _ = out.write_frame(&refusal.frame(), FINAL_WRITE);
             End::Gone
         }
         end => end,
@@ -229,7 +219,13 @@ fn open<'s>(
     sock.set_read_timeout(None)?;
     let refused = |e: String| Refusal::new(ErrorCode::ShmRefused, e);
     let page = socket::map_cursor_page(page).map_err(refused)?;
-    let (feed, map) = socket::create_feed(FEED_CAPACITY)
+    let capacity = shared.config.shm_feed_bytes;
+    // Checked with the configuration; the ring masks positions with it.
+    assert!(
+        embarcadero_shm::layout::check_data_capacity(capacity as u64) == Ok(capacity),
+        "a feed of {capacity} bytes passed the configuration check"
+    );
+    let (feed, map) = socket::create_feed(capacity)
         .map_err(|e| refused(format!("cannot make a shared-memory feed: {e}")))?;
     let maps = RingMaps {
         producer: Arc::new(map),
@@ -238,7 +234,7 @@ fn open<'s>(
     let out = ShmOutlet {
         shared,
         sock: sock.try_clone()?,
-        ring: Producer::split(maps, feed_ring(FEED_CAPACITY)),
+        ring: Producer::split(maps, feed_ring(capacity)),
         feed: Some(feed),
         stall: shared.config.reader_stall_timeout,
     };

@@ -431,6 +431,16 @@ pub fn report(stats: &PublisherStats, elapsed: Duration, json: bool, ack: u8) {
         crate::count_of(waits, "time", "times"),
         crate::count_of(deflected, "batch", "batches")
     );
+    let in_place: u64 = stats.queues.iter().map(|q| q.in_place).sum();
+    if in_place > 0 {
+        let copied_out: u64 = stats.queues.iter().map(|q| q.copied_out).sum();
+        say!(
+            "{} of {} built in place in shared-memory rings ({} copied out for room before their ack)",
+            in_place,
+            crate::count_of(stats.batches, "batch", "batches"),
+            copied_out
+        );
+    }
     for q in &stats.queues {
         if q.producer_waits > 0 || q.deflected > 0 || q.backpressure_retries > 0 {
             say!(

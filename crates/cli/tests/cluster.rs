@@ -6,7 +6,7 @@ mod common;
 
 use common::{control_address, free_port, run_bin, Proc};
 use embarcadero_client::{
-    Admin, Cursor, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
+    Admin, Cursor, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec, Transport,
 };
 use std::collections::HashSet;
 use std::process::Command;
@@ -685,6 +685,82 @@ fn order5_sessions_fail_over_from_a_killed_broker_in_session_order_and_use_it_ag
         ids[first..].windows(2).all(|w| w[0] < w[1]),
         "the second session too"
     );
+}
+
+/// Issue 26's revert, at its smallest: an order-5 session over shared memory whose
+/// channels' rings are full of batches built in place (each kept in its ring until
+/// acknowledged, to resend from) when a follower is SIGKILLed. The failover moves the
+/// dead broker's batches, which carry the session's lowest unordered sequences, into
+/// the live channels' rings; the batches kept there are acknowledged only once those are
+/// ordered. A channel whose room waited for acknowledgements deadlocked there (its
+/// broker refused SlowPayload 30 s later); its writes now copy kept batches out of the
+/// ring instead. Every message is delivered exactly once, in publish order.
+#[test]
+fn an_order5_session_over_shm_fails_over_while_its_rings_hold_batches_built_in_place() {
+    const COUNT: u64 = 40_000;
+    let head = start_head_with(3, &[]);
+    let control = head.control.clone();
+    let f1 = follower(&control, 1);
+    let f2 = follower(&control, 2);
+    Admin::new(&control)
+        .create_topic(&TopicSpec::new("t", 5))
+        .unwrap();
+    let published = Arc::new(AtomicU64::new(0));
+    let publisher = {
+        let (control, published) = (control.clone(), published.clone());
+        std::thread::spawn(move || {
+            // Sixteen batches of 64 KiB may be in flight per channel; its ring holds
+            // seven or eight of them.
+            let config = PublisherConfig {
+                batch_bytes: 64 * 1024,
+                shm_ring_bytes: 512 * 1024,
+                transport: Transport::Shm,
+                flush_timeout: Duration::from_secs(60),
+                ..PublisherConfig::default()
+            };
+            let p = Publisher::connect(&control, "t", config).unwrap();
+            let mut payload = [3u8; 1000];
+            for id in 0..COUNT {
+                payload[..8].copy_from_slice(&id.to_le_bytes());
+                p.publish(&payload).unwrap();
+                published.store(id + 1, Ordering::Release);
+            }
+            p.close().unwrap()
+        })
+    };
+    wait_for("a third of the messages published", || {
+        published.load(Ordering::Acquire) >= COUNT / 3
+    });
+    let victim = broker_addr(&control, 2);
+    f2.kill();
+    let stats = publisher.join().unwrap();
+    assert_eq!(stats.messages, COUNT);
+    assert!(
+        stats
+            .queues
+            .iter()
+            .any(|q| q.broker == victim && q.batches > 0),
+        "the killed broker had batches"
+    );
+    assert_eq!(
+        stats.acked_batches, stats.batches,
+        "every batch acknowledged"
+    );
+    let in_place: u64 = stats.queues.iter().map(|q| q.in_place).sum();
+    let copied_out: u64 = stats.queues.iter().map(|q| q.copied_out).sum();
+    assert!(in_place > 0, "batches were built in the rings");
+    assert!(
+        copied_out > 0,
+        "a live ring's room was needed while batches built in it awaited their acks"
+    );
+    let got = read(&control, "t", 0, COUNT);
+    assert_exactly_once(&got, 0, 0..COUNT);
+    assert!(
+        got.windows(2).all(|w| w[0].1 < w[1].1),
+        "one session: delivered in publish order"
+    );
+    f1.stop();
+    head.proc.stop();
 }
 
 /// A real etcd on loopback ports of its own, or `None` (with a notice) when the

@@ -2,7 +2,7 @@
 //! publisher's connection is a [`Link`], a subscriber's a [`SubStream`]: a TCP socket or
 //! a local shared-memory channel (`crate::shm`), chosen by its [`Transport`].
 
-use crate::shm::{FeedAnswer, ShmFeed, ShmLink, Transport, Unavailable};
+use crate::shm::{FeedAnswer, ShmFeed, ShmLink, Transport, Unavailable, Written};
 use crate::{Error, Result};
 use embarcadero_wire::{
     BatchOk, ErrorCode, ErrorFrame, FrameHeader, FrameKind, Hello, HelloOk, FRAME_HEADER_LEN,
@@ -53,8 +53,9 @@ impl Link {
         matches!(self, Link::Shm(_))
     }
 
-    /// Writes `[header][payload]` in full.
-    pub fn write_batch(&mut self, header: &[u8], payload: &[u8]) -> std::io::Result<()> {
+    /// Writes `[header][payload]` in full; over a channel, nothing while a span of its
+    /// ring is lent out ([`Written::SpanOut`]).
+    pub fn write_batch(&mut self, header: &[u8], payload: &[u8]) -> std::io::Result<Written> {
         match self {
             Link::Tcp(stream) => {
                 let mut slices = [IoSlice::new(header), IoSlice::new(payload)];
@@ -66,7 +67,7 @@ impl Link {
                     }
                     IoSlice::advance_slices(&mut bufs, n);
                 }
-                Ok(())
+                Ok(Written::Done)
             }
             Link::Shm(l) => l.write_batch(header, payload),
         }

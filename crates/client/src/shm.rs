@@ -10,13 +10,13 @@
 
 use embarcadero_shm::layout::{ack_ring, data_ring, feed_ring, C_SPACE_BELL, P_DATA_BELL};
 use embarcadero_shm::ring::RingMaps;
-use embarcadero_shm::{bell, socket, Consumer, Mapping, Producer, Waited};
+use embarcadero_shm::{bell, socket, Consumer, Mapping, Producer, Span, Waited};
 use embarcadero_wire::{FrameHeader, FrameKind, FRAME_HEADER_LEN, MAX_ERROR_TEXT_LEN};
 use std::io::{self, Read};
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -61,10 +61,42 @@ pub struct ShmLink {
     sock: UnixStream,
     map: Arc<Mapping>,
     data_capacity: usize,
-    data: Mutex<Producer>,
+    data: Mutex<DataRing>,
     acks: Mutex<Consumer>,
     /// Set by `shutdown`: the waits of this process end.
     closed: AtomicBool,
+    /// The id of the span lent out of the data ring ([`ShmLink::lend`]), 0 for none: a
+    /// hint the connection's sender reads without the ring's lock. Set when a span is
+    /// lent, cleared (if still that id) when it is committed or dropped uncommitted.
+    lent_id: AtomicU64,
+    /// Batches built in place that a write copied out of the data ring for their room
+    /// (`Producer::copied_out`), as of the last write.
+    copied_out: AtomicU64,
+}
+
+/// The data ring's producer, and whether spans may be lent out of it.
+struct DataRing {
+    ring: Producer,
+    /// Lending is off while the connection's sender writes several batches that nothing
+    /// may come between (a resend, or an order-5 reopen's resends).
+    held: bool,
+    /// The id the next lent span gets.
+    next_lend: u64,
+}
+
+/// Whether a batch went into the data ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    Done,
+    /// Nothing written: a span of the ring is lent out to a batch being built in place,
+    /// which must be committed (or dropped) first.
+    SpanOut,
+}
+
+/// A span of a channel's data ring lent to a batch built in place, with its id.
+pub struct LentSpan {
+    pub span: Span,
+    pub id: u64,
 }
 
 /// Why no channel was opened, when the broker did not refuse one.
@@ -125,11 +157,17 @@ impl ShmLink {
         let map = Arc::new(map);
         let link = Arc::new(ShmLink {
             sock: sock.try_clone().map_err(why)?,
-            data: Mutex::new(Producer::new(map.clone(), data_ring(ring_bytes))),
+            data: Mutex::new(DataRing {
+                ring: Producer::new(map.clone(), data_ring(ring_bytes)),
+                held: false,
+                next_lend: 1,
+            }),
             acks: Mutex::new(Consumer::new(map.clone(), ack_ring(ring_bytes))),
             data_capacity: ring_bytes,
             map,
             closed: AtomicBool::new(false),
+            lent_id: AtomicU64::new(0),
+            copied_out: AtomicU64::new(0),
         });
         Ok((link, sock))
     }
@@ -139,13 +177,81 @@ impl ShmLink {
         !self.closed.load(Ordering::Acquire) && peer_alive(&self.sock)
     }
 
-    /// Writes one batch, header then messages, into the data ring (waiting for room).
-    pub fn write_batch(&self, header: &[u8], payload: &[u8]) -> io::Result<()> {
+    /// Writes one batch, header then messages, into the data ring (waiting for room);
+    /// nothing while a span is lent out (it would come before these bytes).
+    pub fn write_batch(&self, header: &[u8], payload: &[u8]) -> io::Result<Written> {
         if self.closed.load(Ordering::Acquire) {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
         let mut data = self.data.lock().unwrap_or_else(|p| p.into_inner());
-        data.write_all(&[header, payload], || self.alive())
+        if data.ring.is_lent() {
+            return Ok(Written::SpanOut);
+        }
+        let written = data.ring.write_all(&[header, payload], || self.alive());
+        let copied_out = data.ring.copied_out();
+        self.copied_out.store(copied_out, Ordering::Relaxed);
+        written.map(|()| Written::Done)
+    }
+
+    /// Lends `limit` bytes of the data ring to a batch built in place, unless lending
+    /// is held, a span is out already, the ring lacks the room, or another thread holds
+    /// the ring right now (the builder must not wait for a sender that waits for room).
+    pub fn lend(&self, limit: usize) -> Option<LentSpan> {
+        let mut data = self.data.try_lock().ok()?;
+        if data.held || self.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        // An error here (a broker that broke the ring's rules) shows at the next write.
+        let span = data.ring.lend(limit).ok().flatten()?;
+        let id = data.next_lend;
+        data.next_lend += 1;
+        self.lent_id.store(id, Ordering::Release);
+        Some(LentSpan { span, id })
+    }
+
+    /// Publishes a span lent by this channel as a batch of `len` bytes (header
+    /// included); `false` when it is not this channel's span lent out now.
+    pub fn commit(&self, lent: &mut LentSpan, len: usize, header: &[u8]) -> bool {
+        let mut data = self.data.lock().unwrap_or_else(|p| p.into_inner());
+        let done = data.ring.commit(&mut lent.span, len, header);
+        if done {
+            self.clear_lent(lent.id);
+        }
+        done
+    }
+
+    /// The span with this id is no longer out (committed, or dropped uncommitted).
+    pub fn clear_lent(&self, id: u64) {
+        let _ = self
+            .lent_id
+            .compare_exchange(id, 0, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Batches built in place that a write copied out of the data ring because their
+    /// room was needed before they were acknowledged.
+    pub fn copied_out(&self) -> u64 {
+        self.copied_out.load(Ordering::Relaxed)
+    }
+
+    /// Whether a span is lent out (a hint: without the ring's lock).
+    pub fn span_out(&self) -> bool {
+        self.lent_id.load(Ordering::Acquire) != 0
+    }
+
+    /// Stops lending, unless a span is out (`false`): the caller then writes batches
+    /// that nothing may come between, and calls [`Self::allow_lending`] after.
+    pub fn hold_lending(&self) -> bool {
+        let mut data = self.data.lock().unwrap_or_else(|p| p.into_inner());
+        if data.ring.is_lent() {
+            return false;
+        }
+        data.held = true;
+        true
+    }
+
+    /// Lets spans be lent again.
+    pub fn allow_lending(&self) {
+        self.data.lock().unwrap_or_else(|p| p.into_inner()).held = false;
     }
 
     /// Reads broker frames from the ack ring; 0 once the broker has gone (or this end

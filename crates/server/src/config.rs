@@ -126,6 +126,10 @@ pub struct BrokerSettings {
     pub shm_allowed_uids: Vec<u32>,
     /// Largest data ring a client's channel may bring (a power of two, at most 1 GiB).
     pub shm_max_ring_bytes: u64,
+    /// Bytes of the ring of a subscriber's shared-memory feed (a power of two, 64 KiB
+    /// to 1 GiB). Larger: a subscriber that is slow for a moment holds the broker back
+    /// less; each feed's memory is this much.
+    pub shm_feed_bytes: u64,
     pub idle_sleep_max_us: u64,
     /// A subscriber that makes no progress for this long stops holding memory.
     pub reader_stall_timeout_ms: u64,
@@ -232,6 +236,7 @@ impl Default for BrokerSettings {
             shm: true,
             shm_allowed_uids: Vec::new(),
             shm_max_ring_bytes: 256 << 20,
+            shm_feed_bytes: embarcadero_shm::layout::FEED_CAPACITY as u64,
             idle_sleep_max_us: 20_000,
             reader_stall_timeout_ms: 30_000,
             fault_broker: -1,
@@ -381,6 +386,9 @@ impl ServerConfig {
         }
         if let Err(e) = embarcadero_shm::layout::check_data_capacity(b.shm_max_ring_bytes) {
             return bad(format!("broker.shm_max_ring_bytes: {e}"));
+        }
+        if let Err(e) = embarcadero_shm::layout::check_data_capacity(b.shm_feed_bytes) {
+            return bad(format!("broker.shm_feed_bytes: {e}"));
         }
         if b.max_connections == 0 || b.max_connections_per_address == 0 {
             return bad(
@@ -789,6 +797,21 @@ mod tests {
             ServerConfig::default().advertised_ip().unwrap(),
             "127.0.0.1".parse::<IpAddr>().unwrap()
         );
+    }
+
+    #[test]
+    fn the_feed_size_comes_from_the_environment_and_only_a_ring_size_is_taken() {
+        let name = "EMBARCADERO_BROKER_SHM_FEED_BYTES";
+        let c = ServerConfig::load_with_env(None, env(&[(name, "1048576")])).unwrap();
+        assert_eq!(c.broker.shm_feed_bytes, 1 << 20);
+        // Not a power of two, below 64 KiB, above 1 GiB.
+        for bad in ["1000000", "4096", "2147483648"] {
+            let e = ServerConfig::load_with_env(None, env(&[(name, bad)])).unwrap_err();
+            assert!(
+                e.to_string().contains("broker.shm_feed_bytes"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

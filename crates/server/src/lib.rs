@@ -375,6 +375,7 @@ pub(crate) fn broker_config(
         shm: b.shm,
         shm_allowed_uids: b.shm_allowed_uids.clone(),
         shm_max_ring_bytes: b.shm_max_ring_bytes as usize,
+        shm_feed_bytes: b.shm_feed_bytes as usize,
         idle_sleep_max: Duration::from_micros(b.idle_sleep_max_us),
         reader_stall_timeout: Duration::from_millis(b.reader_stall_timeout_ms),
         session_window: s.session_window,

@@ -93,6 +93,10 @@ fn exactly_once_in_order(t: &common::TestServer, topic: &str, config: PublisherC
                     .close()
                     .unwrap_or_else(|e| panic!("{topic}: not every message acknowledged: {e}"));
                 assert_eq!(stats.messages, N);
+                if transport == "shm" {
+                    let in_place: u64 = stats.queues.iter().map(|q| q.in_place).sum();
+                    assert!(in_place > 0, "{topic}: batches are built in the rings");
+                }
                 id
             })
         })
@@ -152,6 +156,112 @@ fn every_order_and_ack_level_over_shm_delivers_exactly_once_in_order() {
             exactly_once_in_order(&t, &topic, config);
         }
     }
+}
+
+/// One connection (order 1, ack 0) whose sender pauses after taking each batch, before
+/// writing it. The publisher seals one batch at a time, and opens the next only once
+/// every earlier batch is written, so it opens in the pause, while the batch just sealed
+/// is in the sender's hands (neither in the channel nor written). A span lent then
+/// carried a later batch that went out first. Every message arrives in publish order
+/// (orders 0-2 keep each connection's order).
+#[test]
+fn a_batch_in_the_senders_hands_is_written_before_a_span_lent_after_it() {
+    let t = common::start();
+    t.create_topic("hand", 1);
+    const ROUNDS: u64 = 200;
+    const BATCH: usize = 4 * 1024;
+    let payload = |i: u64| format!("{i:06}:{}", "y".repeat(100));
+    // Messages per batch: a batch seals at its first message past BATCH bytes.
+    let per_batch = (BATCH as u64).div_ceil(message_stride(payload(0).len() as u64));
+    let config = PublisherConfig {
+        ack_level: 0,
+        batch_bytes: BATCH,
+        linger: Duration::from_secs(5),
+        threads_per_broker: 1,
+        transport: Transport::Shm,
+        slow_queue: Some((0, Duration::from_millis(2))),
+        ..PublisherConfig::default()
+    };
+    let brokers = &t.brokers()[..1];
+    let p = Publisher::connect_brokers(brokers, "hand", config).unwrap();
+    for round in 0..ROUNDS {
+        for i in round * per_batch..(round + 1) * per_batch {
+            p.publish(payload(i).as_bytes()).unwrap();
+        }
+        assert_eq!(p.batches_sealed(), round + 1, "one batch a round");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while p.acked_prefix() < round {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: batches not written"
+            );
+            std::thread::yield_now();
+        }
+    }
+    let stats = p.close().unwrap();
+    let in_place: u64 = stats.queues.iter().map(|q| q.in_place).sum();
+    assert!(in_place > 0, "batches were built in the ring");
+    let n = ROUNDS * per_batch;
+    let got = read_all(brokers, "hand", n as usize);
+    let misplaced = got.iter().zip(0..n).find(|(m, i)| m.counter != *i);
+    assert!(
+        misplaced.is_none(),
+        "message {:?} at the place of message {:?}: out of publish order",
+        misplaced.map(|(m, _)| m.counter),
+        misplaced.map(|(_, i)| i),
+    );
+}
+
+/// Batches built in place in a channel's ring, refused with BACKPRESSURE after the
+/// broker consumed them, are resent from the ring (go-back-N): every message arrives
+/// exactly once, in one order.
+#[test]
+fn batches_built_in_the_ring_and_refused_for_backpressure_are_resent_exactly_once() {
+    let t = common::start_with(|c| {
+        c.region.segment_bytes = 256 * 1024;
+        c.region.segments_per_broker = 4;
+        c.broker.max_batch_bytes = 128 * 1024;
+        c.broker.max_message_bytes = 16 * 1024;
+        c.broker.backpressure_timeout_ms = 50;
+    });
+    t.create_topic("bp", 2);
+    // A subscriber that pauses for a second holds its pin, so memory fills up and the
+    // brokers answer BACKPRESSURE after 50 ms.
+    const N: u64 = 16_000;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let brokers = t.brokers();
+    let reader = std::thread::spawn(move || {
+        let mut s =
+            Subscriber::connect_brokers(&brokers, "bp", sub_config(Transport::Tcp)).unwrap();
+        tx.send(()).unwrap();
+        std::thread::sleep(Duration::from_secs(1));
+        (0..N)
+            .map(|i| {
+                let m = s.poll(Duration::from_secs(30)).unwrap().expect("message");
+                assert_eq!(m.position, i, "one order from 0");
+                m.counter
+            })
+            .collect::<Vec<u64>>()
+    });
+    rx.recv().unwrap();
+    let config = PublisherConfig {
+        batch_bytes: 32 * 1024,
+        transport: Transport::Shm,
+        ..PublisherConfig::default()
+    };
+    let p = Publisher::connect_brokers(&t.brokers(), "bp", config).unwrap();
+    let payload = vec![2u8; 1000];
+    for _ in 0..N {
+        p.publish(&payload).unwrap();
+    }
+    let stats = p.close().unwrap();
+    let retries: u64 = stats.queues.iter().map(|q| q.backpressure_retries).sum();
+    let in_place: u64 = stats.queues.iter().map(|q| q.in_place).sum();
+    assert!(retries > 0, "the BACKPRESSURE path was exercised");
+    assert!(in_place > 0, "batches were built in the rings");
+    let mut counters = reader.join().unwrap();
+    counters.sort_unstable();
+    assert_eq!(counters, (0..N).collect::<Vec<_>>(), "exactly once");
 }
 
 /// As `order5.rs`'s fence test, over shared memory: broker 1 drops the session's first
@@ -741,6 +851,49 @@ fn a_feed_starts_at_a_position_seeks_and_refuses_what_is_not_retained() {
 /// The child half of `a_sigkilled_shm_subscriber_releases_its_pin_within_the_stall_timeout`
 /// (a no-op when run by itself): subscribes over a feed, reads 10 messages, checks that
 /// nothing of the region is mapped in this process, says so, and waits to be killed.
+/// `broker.shm_feed_bytes` sets each feed's ring: a subscriber over a 64 KiB feed maps
+/// exactly that much, and reads a stream about fifty times its size exactly once, in
+/// one order.
+#[test]
+fn a_feed_of_the_configured_size_carries_a_stream_many_times_its_size() {
+    const FEED: usize = 64 * 1024;
+    let t = common::start_with(|c| c.broker.shm_feed_bytes = FEED as u64);
+    t.create_topic("feed64k", 2);
+    const N: u64 = 3000;
+    let p = Publisher::connect_brokers(&t.brokers(), "feed64k", shm_config(1)).unwrap();
+    let payload = vec![5u8; 1024];
+    for _ in 0..N {
+        p.publish(&payload).unwrap();
+    }
+    let id = p.client_id();
+    p.close().unwrap();
+    let mut s =
+        Subscriber::connect_brokers(&t.brokers(), "feed64k", sub_config(Transport::Shm)).unwrap();
+    let mut counters = Vec::new();
+    for i in 0..N {
+        let m = s.poll(Duration::from_secs(30)).unwrap().expect("a message");
+        assert_eq!((m.position, m.client_id), (i, id), "one order from 0");
+        counters.push(m.counter);
+    }
+    counters.sort_unstable();
+    assert_eq!(counters, (0..N).collect::<Vec<_>>(), "exactly once");
+    // Other tests of this process map feeds of the default size; this one's is 64 KiB.
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let feed_sizes: Vec<usize> = maps
+        .lines()
+        .filter(|l| l.contains("embarcadero-feed"))
+        .map(|l| {
+            let (from, to) = l.split(' ').next().unwrap().split_once('-').unwrap();
+            usize::from_str_radix(to, 16).unwrap() - usize::from_str_radix(from, 16).unwrap()
+        })
+        .collect();
+    assert!(
+        feed_sizes.contains(&layout::feed_len(FEED)),
+        "a feed of {FEED} bytes is mapped: {feed_sizes:?}"
+    );
+    drop(s);
+}
+
 #[test]
 fn feed_child() {
     let Ok(broker) = std::env::var("EMBARCADERO_FEED_CHILD_BROKER") else {

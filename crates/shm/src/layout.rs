@@ -117,9 +117,9 @@ pub const CURSOR_PAGE_BYTES: usize = 4096;
 pub const CURSOR_LINE: usize = LINE;
 /// The producer line in the feed.
 pub const FEED_PRODUCER: usize = LINE;
-/// Bytes of the ring a broker gives a subscriber: a round of deliveries is at most
-/// 16 MiB, and the subscriber copies frames out as they come, so half a round in the
-/// ring keeps both sides busy.
+/// Bytes of the ring a broker gives a subscriber by default (`broker.shm_feed_bytes`):
+/// a round of deliveries is at most 16 MiB, and the subscriber copies frames out as
+/// they come, so half a round in the ring keeps both sides busy.
 pub const FEED_CAPACITY: usize = 8 << 20;
 
 const _: () = assert!(CURSOR_LINE + LINE <= CURSOR_PAGE_BYTES);

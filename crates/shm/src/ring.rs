@@ -12,7 +12,9 @@ use crate::bell;
 use crate::layout::{
     RingPlace, C_DATA_WAITERS, C_HEAD, C_SPACE_BELL, LINE, P_DATA_BELL, P_SPACE_WAITERS, P_TAIL,
 };
+use crate::lend::{Kept, KeptState, Lent, Returns, Span};
 use crate::mapping::Mapping;
+use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -132,7 +134,9 @@ fn wait_for(
             return Ok(Waited::TimedOut);
         };
         waiters.store(1, Ordering::SeqCst);
-        if bell.load(Ordering::SeqCst) == seen {
+        // Looked at again once announced: a producer's room also grows when a lent span
+        // is given back, which rings no bell (`lend::Returns` wakes a waiter it sees).
+        if bell.load(Ordering::SeqCst) == seen && !ready()? {
             bell::wait(bell, seen, timeout);
         }
         waiters.store(0, Ordering::SeqCst);
@@ -149,6 +153,25 @@ pub struct Producer {
     published: u64,
     /// The largest `head` seen: the consumer's must never go below it.
     head_seen: u64,
+    /// The span lent out to be built in place ([`Self::lend`]), if any: it starts at
+    /// `tail`, and nothing else is written while it is out.
+    lent: Option<Lent>,
+    /// Committed spans kept for resending, in ring order. Their bytes are not
+    /// overwritten until given back or copied out ([`Self::reclaim`]).
+    kept: VecDeque<KeptSpan>,
+    /// Where spans come back from other threads.
+    returns: Returns,
+    /// Kept spans copied out of the ring because a write needed their room.
+    copied_out: u64,
+}
+
+/// A committed span the producer keeps in its ring for its holder.
+struct KeptSpan {
+    start: u64,
+    end: u64,
+    given_back: bool,
+    /// Shared with the span: where its bytes are.
+    where_: Arc<Kept>,
 }
 
 impl Producer {
@@ -165,11 +188,15 @@ impl Producer {
             "a producer writes its line and bytes"
         );
         Self {
+            returns: Returns::new(maps.clone(), place),
             maps,
             place,
             tail: 0,
             published: 0,
             head_seen: 0,
+            lent: None,
+            kept: VecDeque::new(),
+            copied_out: 0,
         }
     }
 
@@ -178,8 +205,23 @@ impl Producer {
     }
 
     /// Room left, from the consumer's `head`, which is checked: it may not go back nor
-    /// pass what was published.
+    /// pass what was published; and from the oldest kept span.
     pub fn room(&mut self) -> io::Result<usize> {
+        self.take_returns();
+        let head = self.head()?;
+        Ok(self.room_from(head))
+    }
+
+    /// Room for a write of `want` bytes: as [`Self::room`], after copying out kept
+    /// spans that the consumer has read past and that hold that room ([`Self::reclaim`]).
+    fn room_to_write(&mut self, want: usize) -> io::Result<usize> {
+        self.take_returns();
+        let head = self.head()?;
+        Ok(self.reclaim(want, head))
+    }
+
+    /// The consumer's `head`, checked.
+    fn head(&mut self) -> io::Result<u64> {
         let head = self
             .maps
             .consumer_u64(&self.place, C_HEAD)
@@ -191,9 +233,75 @@ impl Producer {
             )));
         }
         self.head_seen = head;
-        let used = self.tail - head;
-        debug_assert!(used <= self.place.capacity as u64);
-        Ok(self.place.capacity - used as usize)
+        Ok(head)
+    }
+
+    fn room_from(&self, head: u64) -> usize {
+        let floor = self.kept.front().map_or(head, |k| k.start.min(head));
+        let used = self.tail - floor;
+        assert!(
+            used <= self.place.capacity as u64,
+            "the producer wrote over bytes not consumed or kept"
+        );
+        self.place.capacity - used as usize
+    }
+
+    /// Copies kept spans out of the ring, oldest first, while fewer than `want` bytes
+    /// are free and the oldest kept span is one the consumer has read into (so that its
+    /// bytes, not the consumer, hold the room); returns the room. This is what makes a
+    /// producer's room depend on its consumer only (see `crate::lend`): a kept span is
+    /// given back when its batch is acknowledged, which may wait for the very bytes this
+    /// producer is about to write.
+    fn reclaim(&mut self, want: usize, head: u64) -> usize {
+        loop {
+            let room = self.room_from(head);
+            let Some(front) = self.kept.front() else {
+                return room;
+            };
+            if room >= want || front.start >= head {
+                return room;
+            }
+            let (start, end, where_) = (front.start, front.end, front.where_.clone());
+            let mut state = where_.lock();
+            match &*state {
+                KeptState::InRing => {
+                    *state = KeptState::Copied(self.read_ring(start, end).into_boxed_slice());
+                    drop(state);
+                    self.kept.pop_front();
+                    self.copied_out += 1;
+                    self.pop_given_back();
+                }
+                // Its drop put it in the returns, under the lock just taken.
+                KeptState::GivenBack => {
+                    drop(state);
+                    self.take_returns();
+                }
+                KeptState::Copied(_) => unreachable!("a span copied out is forgotten"),
+            }
+        }
+    }
+
+    /// The ring's bytes from position `start` to `end` (at most a capacity).
+    fn read_ring(&self, start: u64, end: u64) -> Vec<u8> {
+        let cap = self.place.capacity;
+        let n = usize::try_from(end - start).expect("a span fits the address space");
+        assert!(n <= cap, "a kept span lies inside its ring");
+        let at = (start as usize) & (cap - 1);
+        let first = n.min(cap - at);
+        let mut out = vec![0u8; n];
+        // SAFETY: both source ranges are inside this ring's bytes (at < cap, first <=
+        // cap - at, n - first <= at); `out` holds `n` bytes of this process's own.
+        unsafe {
+            let ring = self.maps.producer.base().add(self.place.bytes);
+            std::ptr::copy_nonoverlapping(ring.add(at), out.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(ring, out.as_mut_ptr().add(first), n - first);
+        }
+        out
+    }
+
+    /// Kept spans copied out of the ring so far because a write needed their room.
+    pub fn copied_out(&self) -> u64 {
+        self.copied_out
     }
 
     /// Copies as much of `bytes` as fits (unpublished until [`Self::publish`]).
@@ -209,7 +317,11 @@ impl Producer {
     /// # Safety
     /// `src` is valid for reads of `len` bytes, and is not inside this ring.
     pub unsafe fn write_ptr(&mut self, src: *const u8, len: usize) -> io::Result<usize> {
-        let n = len.min(self.room()?);
+        let n = len.min(self.room_to_write(len)?);
+        assert!(
+            self.lent.is_none(),
+            "nothing is written while a span is lent"
+        );
         if n == 0 {
             return Ok(0);
         }
@@ -229,12 +341,112 @@ impl Producer {
         Ok(n)
     }
 
+    /// Lends the next `limit` bytes of the ring to be built in place, if nothing is
+    /// lent already, everything written is published, and that much room is free; else
+    /// `None` (the caller builds elsewhere and copies). See `crate::lend`.
+    pub fn lend(&mut self, limit: usize) -> io::Result<Option<Span>> {
+        if limit == 0 || limit > self.place.capacity {
+            return Ok(None);
+        }
+        let room = self.room()?;
+        if self.lent.is_some() || self.published != self.tail || room < limit {
+            return Ok(None);
+        }
+        let lent = Lent {
+            start: self.tail,
+            limit,
+        };
+        self.lent = Some(lent);
+        let map = self.maps.producer.clone();
+        Ok(Some(Span::new(map, self.place, lent, self.returns.clone())))
+    }
+
+    /// Whether a span is lent out (and not given back).
+    pub fn is_lent(&mut self) -> bool {
+        self.take_returns();
+        self.lent.is_some()
+    }
+
+    /// Publishes `span`'s first `len` bytes, after writing `header` at its start, and
+    /// keeps them unoverwritten until the span is dropped. `false` (nothing done) when
+    /// the span is not the one this producer has lent out (another channel's, or one
+    /// whose channel was replaced): the caller copies its bytes instead.
+    pub fn commit(&mut self, span: &mut Span, len: usize, header: &[u8]) -> bool {
+        self.take_returns();
+        if !span.returns().same(&self.returns) || self.lent != Some(span.lent()) {
+            return false;
+        }
+        assert!(!span.is_committed(), "a span is committed once");
+        assert!(
+            header.len() <= len && len <= span.limit(),
+            "a batch of {len} bytes with a {}-byte header in a span of {}",
+            header.len(),
+            span.limit()
+        );
+        assert_eq!(
+            span.lent().start,
+            self.tail,
+            "a lent span starts at the tail"
+        );
+        span.write_at(0, header);
+        let where_ = Kept::new();
+        span.mark_committed(where_.clone());
+        self.lent = None;
+        let start = self.tail;
+        self.tail = start + len as u64;
+        self.kept.push_back(KeptSpan {
+            start,
+            end: self.tail,
+            given_back: false,
+            where_,
+        });
+        self.publish();
+        true
+    }
+
+    /// Takes in the spans given back since last time.
+    fn take_returns(&mut self) {
+        for start in self.returns.take() {
+            self.forget(start);
+        }
+    }
+
+    /// A span given back: a lent one is cancelled (nothing of it was published), a kept
+    /// one may be overwritten once every older kept span is given back too.
+    fn forget(&mut self, start: u64) {
+        if self.lent.is_some_and(|l| l.start == start) {
+            assert_eq!(
+                self.tail, start,
+                "nothing was written while the span was out"
+            );
+            self.lent = None;
+            return;
+        }
+        let Ok(i) = self.kept.binary_search_by_key(&start, |k| k.start) else {
+            panic!("span at {start} given back but neither lent nor kept");
+        };
+        assert!(!self.kept[i].given_back, "span at {start} given back twice");
+        self.kept[i].given_back = true;
+        self.pop_given_back();
+    }
+
+    /// Forgets the oldest kept spans while they are given back.
+    fn pop_given_back(&mut self) {
+        while self.kept.front().is_some_and(|k| k.given_back) {
+            self.kept.pop_front();
+        }
+    }
+
     /// Publishes what was written and rings the consumer's doorbell.
     pub fn publish(&mut self) {
         if self.published == self.tail {
             return;
         }
         assert!(self.tail > self.published, "positions only grow");
+        assert!(
+            self.kept.back().is_none_or(|k| k.end <= self.tail),
+            "kept spans lie before the tail"
+        );
         self.published = self.tail;
         let (maps, place) = (&self.maps, &self.place);
         announce(
@@ -257,7 +469,10 @@ impl Producer {
         let (maps, place) = (self.maps.clone(), self.place);
         let bell = maps.consumer_u32(&place, C_SPACE_BELL);
         let waiters = maps.producer_u32(&place, P_SPACE_WAITERS);
-        wait_for(bell, waiters, deadline, alive, || Ok(self.room()? >= want))
+        // For a write: kept spans give way (`reclaim`), so only the consumer is waited for.
+        wait_for(bell, waiters, deadline, alive, || {
+            Ok(self.room_to_write(want)? >= want)
+        })
     }
 
     /// Writes all of `parts` in order, publishing as room runs out and at the end.

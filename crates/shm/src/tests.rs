@@ -7,7 +7,7 @@ use crate::socket::{
     create_channel, create_cursor_page, create_feed, map_client_channel, map_cursor_page, map_feed,
     recv_hello, send_hello,
 };
-use crate::Mapping;
+use crate::{Mapping, Span};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -247,6 +247,303 @@ fn an_unsealed_feed_or_a_wrong_cursor_page_is_refused() {
     let (feed_fd, _feed) = create_feed(MIN_DATA_CAPACITY).unwrap();
     let e = map_cursor_page(&feed_fd).err().unwrap();
     assert!(e.contains("must be 4096"), "{e}");
+}
+
+/// Reads everything the consumer has been published.
+fn drain(c: &mut Consumer) -> Vec<u8> {
+    let n = c.available().unwrap();
+    let mut out = vec![0u8; n];
+    c.copy_out(&mut out);
+    c.consume(n);
+    out
+}
+
+#[test]
+fn a_lent_span_is_published_only_when_committed_and_kept_until_dropped() {
+    let cap = MIN_DATA_CAPACITY;
+    let (mut p, mut c, _map) = pair(cap);
+    let mut span = p.lend(1000).unwrap().expect("an empty ring lends");
+    assert!(p.lend(10).unwrap().is_none(), "one span at a time");
+    span.write_at(8, &[7u8; 100]);
+    assert_eq!(
+        c.available().unwrap(),
+        0,
+        "nothing of a lent span is published"
+    );
+    assert!(p.commit(&mut span, 108, &[1u8; 8]));
+    let got = drain(&mut c);
+    assert_eq!(&got[..8], &[1u8; 8]);
+    assert_eq!(&got[8..], &[7u8; 100][..]);
+    // Consumed, but kept: the producer's room does not count it free.
+    assert_eq!(p.room().unwrap(), cap - 108);
+    assert_eq!(
+        span.read_out(8, 100),
+        vec![7u8; 100],
+        "kept bytes stay as written"
+    );
+    drop(span);
+    assert_eq!(p.room().unwrap(), cap, "a dropped span frees its bytes");
+}
+
+#[test]
+fn a_dropped_uncommitted_span_is_cancelled_and_the_ring_moves_on() {
+    let (mut p, mut c, _map) = pair(MIN_DATA_CAPACITY);
+    let mut span = p.lend(500).unwrap().unwrap();
+    span.write_at(0, &[9u8; 500]);
+    drop(span);
+    assert!(!p.is_lent());
+    assert_eq!(p.write(b"after").unwrap(), 5);
+    p.publish();
+    assert_eq!(
+        drain(&mut c),
+        b"after",
+        "the cancelled span left no byte behind"
+    );
+}
+
+#[test]
+fn a_span_is_committed_only_by_its_own_ring() {
+    let (mut p1, _c1, _m1) = pair(MIN_DATA_CAPACITY);
+    let (mut p2, mut c2, _m2) = pair(MIN_DATA_CAPACITY);
+    let mut span = p1.lend(100).unwrap().unwrap();
+    assert!(!p2.commit(&mut span, 100, &[0u8; 8]), "another ring's span");
+    assert_eq!(c2.available().unwrap(), 0);
+    assert!(p1.commit(&mut span, 100, &[0u8; 8]));
+}
+
+/// Issue 26's revert: a publisher drops a kept span when its batch is acknowledged, and
+/// at order 5 that acknowledgement can wait for a batch this producer has still to
+/// write (a failover's moved batch). So a write never waits for kept spans the consumer
+/// has read: it copies them out of the ring, and the spans still read what was committed.
+#[test]
+fn a_write_copies_out_kept_spans_the_consumer_has_read_instead_of_waiting_for_them() {
+    let cap = MIN_DATA_CAPACITY;
+    let (mut p, mut c, _map) = pair(cap);
+    // Four kept spans fill the ring; the consumer reads them all; none is dropped.
+    let mut spans = Vec::new();
+    for i in 0..4u8 {
+        let mut span = p.lend(cap / 4).unwrap().expect("room for a quarter");
+        span.write_at(8, &vec![i; cap / 4 - 8]);
+        assert!(p.commit(&mut span, cap / 4, &[0xA0 + i; 8]));
+        spans.push(span);
+    }
+    assert_eq!(drain(&mut c).len(), cap);
+    assert_eq!(p.room().unwrap(), 0, "kept spans hold the ring");
+    // A write of half the ring goes in at once: the two oldest spans are copied out.
+    let fresh = vec![0xEE; cap / 2];
+    assert_eq!(p.write(&fresh).unwrap(), cap / 2, "the write did not wait");
+    assert_eq!(p.copied_out(), 2);
+    p.publish();
+    assert_eq!(drain(&mut c), fresh);
+    for (i, span) in spans.iter().enumerate() {
+        let i = i as u8;
+        assert_eq!(span.read_out(0, 8), vec![0xA0 + i; 8], "span {i}'s header");
+        assert_eq!(
+            span.read_out(8, cap / 4 - 8),
+            vec![i; cap / 4 - 8],
+            "span {i}"
+        );
+    }
+    // Dropping them, copied out or not, frees the rest (the consumer read it all).
+    drop(spans);
+    assert_eq!(p.room().unwrap(), cap);
+    assert_eq!(p.write(&vec![1; cap / 2]).unwrap(), cap / 2);
+    assert_eq!(p.copied_out(), 2, "nothing kept: nothing to copy out");
+}
+
+/// A kept span the consumer has not read yet is never copied out: the room it holds
+/// is the consumer's to give.
+#[test]
+fn kept_spans_the_consumer_has_not_read_stay_in_the_ring() {
+    let cap = MIN_DATA_CAPACITY;
+    let (mut p, mut c, _map) = pair(cap);
+    let mut span = p.lend(cap / 2).unwrap().unwrap();
+    assert!(p.commit(&mut span, cap / 2, &[1; 8]));
+    assert_eq!(
+        p.write(&vec![2; cap]).unwrap(),
+        cap / 2,
+        "only the free half"
+    );
+    p.publish();
+    assert_eq!(p.write(&[3]).unwrap(), 0, "the consumer has read nothing");
+    assert_eq!(p.copied_out(), 0);
+    let mut some = vec![0u8; 100];
+    assert_eq!(c.available().unwrap(), cap);
+    c.copy_out(&mut some);
+    c.consume(100);
+    assert_eq!(
+        p.write(&[3; 200]).unwrap(),
+        100,
+        "what the consumer read, no more"
+    );
+    assert_eq!(p.copied_out(), 1);
+    assert_eq!(span.read_out(0, 8), vec![1; 8]);
+}
+
+/// Spans read out (and dropped) by other threads while the producer copies kept spans
+/// out and overwrites their bytes: every read sees the committed bytes, and every span
+/// comes back exactly once (the producer's assertions check that).
+#[test]
+fn spans_read_and_dropped_by_other_threads_while_the_producer_reclaims_stay_intact() {
+    let cap = MIN_DATA_CAPACITY;
+    let (mut p, mut c, _map) = pair(cap);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(Span, u8)>(64);
+    let reader = std::thread::spawn(move || {
+        let mut reads = 0u64;
+        for (span, fill) in rx {
+            for _ in 0..3 {
+                assert_eq!(span.read_out(8, 4088), vec![fill; 4088]);
+                reads += 1;
+            }
+        }
+        reads
+    });
+    // Every 16th span is held here to the end, so the ring must be reclaimed past it.
+    let mut held = Vec::new();
+    for round in 0..2000u32 {
+        let fill = (round % 251) as u8;
+        if let Some(mut span) = p.lend(4096).unwrap() {
+            span.write_at(0, &[fill; 4096]);
+            assert!(p.commit(&mut span, 4096, &[fill; 8]));
+            if round % 16 == 0 {
+                held.push((span, fill));
+            } else {
+                tx.send((span, fill)).unwrap();
+            }
+        } else {
+            let n = p.write(&[fill ^ 0xFF; 4096]).unwrap();
+            assert!(n > 0 || c.available().unwrap() > 0, "room once consumed");
+            p.publish();
+        }
+        let n = c.available().unwrap();
+        c.consume(n);
+    }
+    drop(tx);
+    assert!(reader.join().unwrap() > 0);
+    assert!(p.copied_out() > 0, "the producer copied kept spans out");
+    for (span, fill) in &held {
+        assert_eq!(span.read_out(8, 4088), vec![*fill; 4088]);
+    }
+}
+
+#[test]
+#[should_panic(expected = "nothing is written while a span is lent")]
+fn writing_while_a_span_is_lent_is_a_bug() {
+    let (mut p, _c, _map) = pair(MIN_DATA_CAPACITY);
+    let _span = p.lend(100).unwrap().unwrap();
+    let _ = p.write(b"x");
+}
+
+mod lend_model {
+    //! The claim/commit protocol against a model: random lends, commits, cancels,
+    //! plain writes, consumption and out-of-order returns (the acknowledgements).
+    use super::*;
+    use crate::Span;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Lend `limit` bytes, write `fill` of them, then commit (`true`) or drop.
+        Build {
+            limit: usize,
+            fill: usize,
+            commit: bool,
+        },
+        Write(usize),
+        Consume(usize),
+        /// Drop the kept span at this index (modulo how many there are).
+        Return(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (1usize..20_000, 0usize..20_000, any::<bool>()).prop_map(|(limit, fill, commit)| {
+                Op::Build {
+                    limit,
+                    fill: fill.min(limit),
+                    commit,
+                }
+            }),
+            (1usize..20_000).prop_map(Op::Write),
+            (1usize..40_000).prop_map(Op::Consume),
+            any::<usize>().prop_map(Op::Return),
+        ]
+    }
+
+    /// Distinct bytes for every write, so a misplaced byte shows.
+    fn pattern(seed: &mut u32, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                *seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (*seed >> 24) as u8
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn the_consumer_reads_exactly_what_was_committed_or_written_and_kept_bytes_never_change(
+            ops in proptest::collection::vec(op(), 1..120)
+        ) {
+            let cap = MIN_DATA_CAPACITY;
+            let (mut p, mut c, _map) = pair(cap);
+            let mut expected: Vec<u8> = Vec::new();
+            let mut read = 0usize;
+            let mut kept: Vec<(Span, Vec<u8>)> = Vec::new();
+            let mut seed = 1u32;
+            for op in ops {
+                match op {
+                    Op::Build { limit, fill, commit } => {
+                        let Some(mut span) = p.lend(limit).unwrap() else {
+                            // Refused only for want of room.
+                            prop_assert!(p.room().unwrap() < limit);
+                            continue;
+                        };
+                        let len = fill.max(8);
+                        let len = len.min(limit);
+                        let body = pattern(&mut seed, len);
+                        span.write_at(0, &body);
+                        if commit && len >= 8 {
+                            let header = pattern(&mut seed, 8);
+                            prop_assert!(p.commit(&mut span, len, &header));
+                            let mut bytes = body.clone();
+                            bytes[..8].copy_from_slice(&header);
+                            expected.extend_from_slice(&bytes);
+                            kept.push((span, bytes));
+                        }
+                    }
+                    Op::Write(n) => {
+                        let bytes = pattern(&mut seed, n);
+                        let done = p.write(&bytes).unwrap();
+                        // Kept spans never hold a write back: only what the consumer
+                        // has not read does.
+                        prop_assert_eq!(done, n.min(cap - (expected.len() - read)));
+                        p.publish();
+                        expected.extend_from_slice(&bytes[..done]);
+                    }
+                    Op::Consume(n) => {
+                        let n = n.min(c.available().unwrap());
+                        let mut out = vec![0u8; n];
+                        c.copy_out(&mut out);
+                        c.consume(n);
+                        prop_assert_eq!(&out[..], &expected[read..read + n]);
+                        read += n;
+                    }
+                    Op::Return(i) if !kept.is_empty() => {
+                        let (span, bytes) = kept.remove(i % kept.len());
+                        prop_assert_eq!(span.read_out(0, bytes.len()), bytes);
+                    }
+                    Op::Return(_) => {}
+                }
+                for (span, bytes) in &kept {
+                    prop_assert_eq!(&span.read_out(0, bytes.len()), bytes);
+                }
+            }
+            let rest = drain(&mut c);
+            prop_assert_eq!(&rest[..], &expected[read..]);
+        }
+    }
 }
 
 /// Signals handled by [`a_signal_while_a_hello_is_awaited_does_not_fail_the_handshake`].

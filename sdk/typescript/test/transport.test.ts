@@ -39,6 +39,10 @@ async function publishOver(control: string, topic: string, transport: Transport,
   await p.publishMany(Array.from({ length: count }, (_, i) => `m${i}`));
   const stats = await p.close();
   assert.equal(stats.messages, count);
+  if (transport === "shm") {
+    const inPlace = stats.queues.reduce((n, q) => n + q.inPlace, 0);
+    assert.ok(inPlace > 0 && inPlace <= stats.batches, `${inPlace} of ${stats.batches} batches built in the rings`);
+  }
   return used;
 }
 

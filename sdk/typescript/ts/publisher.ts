@@ -96,6 +96,16 @@ export interface QueueStats {
   backpressureRetries: number;
   /** Batches this queue's sender sealed when their linger ran out. */
   lingered: number;
+  /**
+   * Batches built in place in this connection's shared-memory ring (the others were built
+   * in a buffer and copied into the socket or ring).
+   */
+  inPlace: number;
+  /**
+   * Of those, batches copied out of the ring before their acknowledgement because a write
+   * needed their room (a channel's room never waits for acknowledgements).
+   */
+  copiedOut: number;
 }
 
 /** A publisher's counters. */
@@ -150,6 +160,8 @@ function stats(v: Json): PublisherStats {
       producerWaits: Number(q.producer_waits),
       backpressureRetries: Number(q.backpressure_retries),
       lingered: Number(q.lingered),
+      inPlace: Number(q.in_place),
+      copiedOut: Number(q.copied_out),
     })),
   };
 }

@@ -1,13 +1,100 @@
 //! Batch building: messages appended in their final wire form into the open batch,
 //! sealed by size, by their queue's sender when the linger runs out, or by the backstop.
+//! Over a shared-memory channel the open batch is built in place, in a span of the
+//! channel's ring ([`RingBatch`]), so its bytes are written once; elsewhere in a pooled
+//! buffer that the sender copies into a socket or ring.
 
 use super::*;
+use crate::shm::{LentSpan, ShmLink};
+
+/// Room past `batch_bytes` in a lent span: a batch seals once it reaches `batch_bytes`,
+/// so its last message may run past by up to its own size; a message that does not fit
+/// seals the batch early (and one larger than this never opens a span).
+const LEND_SLACK: usize = 64 * 1024;
+
+/// Where a batch's bytes (its messages; the batch header is written when it is sent)
+/// are.
+pub(super) enum Bytes {
+    Heap(Vec<u8>),
+    /// Boxed: a span's bookkeeping would make every `Sealed` three times larger.
+    Ring(Box<RingBatch>),
+}
+
+impl Bytes {
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Bytes::Heap(v) => v.len(),
+            Bytes::Ring(r) => r.len,
+        }
+    }
+
+    /// Copies a ring batch out into a buffer of its own, giving its span back: for a
+    /// batch that goes out through another connection, or again (a resend).
+    pub(super) fn detach(&mut self) {
+        if let Bytes::Ring(r) = self {
+            *self = Bytes::Heap(r.read_out());
+        }
+    }
+}
+
+/// A batch built in place in a span of a channel's data ring: `BATCH_HEADER_LEN` bytes
+/// left for its header, then `len` bytes of messages. Committed by its connection's
+/// sender (the header written, the ring's tail moved past it); kept unoverwritten until
+/// dropped (acknowledged), so a resend can copy it; dropped uncommitted, cancelled.
+pub(super) struct RingBatch {
+    pub(super) link: Arc<ShmLink>,
+    /// `None` only while being dropped.
+    lent: Option<LentSpan>,
+    pub(super) len: usize,
+}
+
+impl RingBatch {
+    /// Appends one message: its encoded header, its payload, zeros up to `stride`.
+    fn push(&mut self, header: &[u8; MESSAGE_HEADER_LEN], payload: &[u8], stride: usize) {
+        const ZEROS: [u8; 64] = [0; 64];
+        let span = &mut self.lent.as_mut().expect("a live ring batch").span;
+        let at = BATCH_HEADER_LEN + self.len;
+        span.write_at(at, header);
+        span.write_at(at + MESSAGE_HEADER_LEN, payload);
+        let pad = stride - MESSAGE_HEADER_LEN - payload.len();
+        span.write_at(at + MESSAGE_HEADER_LEN + payload.len(), &ZEROS[..pad]);
+        self.len += stride;
+    }
+
+    /// Room for messages in the span.
+    fn capacity(&self) -> usize {
+        self.lent.as_ref().expect("a live ring batch").span.limit() - BATCH_HEADER_LEN
+    }
+
+    /// Publishes the batch through `link` with `header` if it is the link's span lent
+    /// out now; `false` otherwise (the caller copies it).
+    pub(super) fn commit(&mut self, link: &Arc<ShmLink>, header: &[u8]) -> bool {
+        let lent = self.lent.as_mut().expect("a live ring batch");
+        Arc::ptr_eq(link, &self.link) && link.commit(lent, BATCH_HEADER_LEN + self.len, header)
+    }
+
+    fn read_out(&self) -> Vec<u8> {
+        let lent = self.lent.as_ref().expect("a live ring batch");
+        lent.span.read_out(BATCH_HEADER_LEN, self.len)
+    }
+}
+
+impl Drop for RingBatch {
+    fn drop(&mut self) {
+        if let Some(lent) = self.lent.take() {
+            let id = lent.id;
+            // Given back first, so a sender that sees the hint cleared finds it so.
+            drop(lent);
+            self.link.clear_lent(id);
+        }
+    }
+}
 
 pub(super) struct Sealed {
     /// Order 5: the session sequence, assigned at seal; otherwise the sender numbers
     /// batches per connection.
     pub(super) seq: Option<u64>,
-    pub(super) buf: Vec<u8>,
+    pub(super) buf: Bytes,
     pub(super) num_msg: u32,
     pub(super) sealed_at: Instant,
     /// When the batch's first message was published (its due time, if it was published
@@ -28,7 +115,10 @@ pub(super) struct InFlight {
 }
 
 pub(super) struct Builder {
+    /// The open batch's messages, unless it is built in a ring (`ring`).
     pub(super) buf: Vec<u8>,
+    /// The open batch, when it is built in place in a channel's ring.
+    pub(super) ring: Option<Box<RingBatch>>,
     pub(super) num_msg: u32,
     /// When the open batch's first message was appended (the linger runs from here).
     pub(super) first_at: Option<Instant>,
@@ -51,10 +141,34 @@ pub(super) struct Builder {
 }
 
 impl Builder {
+    /// Bytes of messages in the open batch.
+    pub(super) fn len(&self) -> usize {
+        self.ring.as_ref().map_or(self.buf.len(), |r| r.len)
+    }
+
+    /// Appends one message to the open batch, written once in its final form (no
+    /// zero-fill first): in its ring span, or its buffer.
+    fn push(&mut self, header: &[u8; MESSAGE_HEADER_LEN], payload: &[u8], stride: usize) {
+        if let Some(ring) = &mut self.ring {
+            ring.push(header, payload, stride);
+        } else {
+            let end = self.buf.len() + stride;
+            self.buf.extend_from_slice(header);
+            self.buf.extend_from_slice(payload);
+            self.buf.resize(end, 0);
+        }
+    }
+
+    /// Most bytes of messages the open batch can hold.
+    fn capacity(&self, max_batch: usize) -> usize {
+        self.ring.as_ref().map_or(max_batch, |r| r.capacity())
+    }
+
     /// An empty builder whose buffer holds a batch of `batch_bytes` without growing.
     pub(super) fn new(batch_bytes: usize) -> Self {
         Self {
             buf: Vec::with_capacity(batch_bytes + MESSAGE_HEADER_LEN * 2),
+            ring: None,
             num_msg: 0,
             first_at: None,
             opened_ns: 0,
@@ -114,10 +228,14 @@ impl Inner {
     /// Appends one checked message to the open batch (see [`Inner::check_append`]).
     fn append_locked(&self, b: &mut Builder, payload: &[u8], due: Option<Instant>) -> Result<()> {
         let stride = message_stride(payload.len() as u64) as usize;
-        if b.num_msg > 0 && b.buf.len() + stride > self.max_batch {
+        if b.num_msg > 0 && b.len() + stride > b.capacity(self.max_batch) {
             self.seal(b)?;
         }
         if b.num_msg == 0 {
+            debug_assert!(b.ring.is_none() && b.buf.is_empty());
+            let mut queue = b.round_robin;
+            b.ring = self.lend_for(&mut queue, stride);
+            b.round_robin = queue;
             // One clock read per batch, not per message: a read costs 100+ ns where the
             // kernel cannot serve it from the vDSO (this project's VMs), which was 9% of
             // a publish-only run. Every message carries its batch's opening time, which
@@ -144,11 +262,7 @@ impl Inner {
         };
         let mut encoded = [0u8; MESSAGE_HEADER_LEN];
         header.encode_into(&mut encoded);
-        // Written once in its final form: no zero-fill first.
-        let end = b.buf.len() + stride;
-        b.buf.extend_from_slice(&encoded);
-        b.buf.extend_from_slice(payload);
-        b.buf.resize(end, 0);
+        b.push(&encoded, payload, stride);
         b.num_msg += 1;
         if b.num_msg == 1 {
             let now = Instant::now();
@@ -185,10 +299,72 @@ impl Inner {
         }
         b.messages += 1;
         b.bytes += payload.len() as u64;
-        if b.buf.len() >= self.config.batch_bytes {
+        if b.len() >= self.config.batch_bytes {
             self.seal(b)?;
         }
         Ok(())
+    }
+}
+
+impl Inner {
+    /// A span of a channel's ring for the batch opening now to be built in place: of
+    /// the queue round-robin names (`due`), or, with deflection, of the next live one
+    /// that can lend, which the batch is then due on (`due` is moved there, and the
+    /// named queue counts it deflected). `None` when none can: the batch is built in a
+    /// buffer. `stride`: its first message's.
+    pub(super) fn lend_for(&self, due: &mut usize, stride: usize) -> Option<Box<RingBatch>> {
+        if self.config.transport == Transport::Tcp {
+            return None;
+        }
+        let payload = self.max_batch.min(self.config.batch_bytes + LEND_SLACK);
+        if stride > payload {
+            return None;
+        }
+        let n = self.queues.len();
+        let tries = if self.config.deflect { n } else { 1 };
+        for i in 0..tries {
+            let index = (*due + i) % n;
+            if !self.queues[index].is_live() {
+                continue;
+            }
+            if let Some(ring) = self.lend_from(index, payload) {
+                if index != *due && self.queues[*due].is_live() {
+                    self.queues[*due].deflected.fetch_add(1, Ordering::Relaxed);
+                }
+                *due = index;
+                return Some(ring);
+            }
+        }
+        None
+    }
+
+    /// A span of `BATCH_HEADER_LEN + payload` bytes of queue `index`'s ring, when its
+    /// connection is a channel whose sender has nothing else to write first (a batch in
+    /// its hands, its channel, its moved batches, a resend) and may take one more batch
+    /// in flight. The hand is held while the span is lent, so the sender takes nothing
+    /// between the look and the lending.
+    fn lend_from(&self, index: usize, payload: usize) -> Option<Box<RingBatch>> {
+        let q = &self.queues[index];
+        let link = match &*q.stream.lock() {
+            Link::Shm(link) => link.clone(),
+            Link::Tcp(_) => return None,
+        };
+        let _hand = q.hand.try_lock()?;
+        if !q.rx.is_empty()
+            || q.conn.resend_from.load(Ordering::Acquire) != u64::MAX
+            || !q.moved.lock().is_empty()
+            || (self.config.ack_level > 0
+                && q.conn.unacked.lock().len() >= self.config.max_inflight_batches)
+        {
+            return None;
+        }
+        let lent = link.lend(BATCH_HEADER_LEN + payload)?;
+        q.in_place.fetch_add(1, Ordering::Relaxed);
+        Some(Box::new(RingBatch {
+            link,
+            lent: Some(lent),
+            len: 0,
+        }))
     }
 }
 
@@ -205,10 +381,15 @@ impl Inner {
     pub(super) fn take_sealed(&self, b: &mut Builder) -> (Sealed, usize) {
         let now = Instant::now();
         b.lingered_last = b.first_at.is_some_and(|f| now >= f + self.config.linger);
-        let fresh = self.pool.1.try_recv().unwrap_or_else(|_| {
-            Vec::with_capacity(self.config.batch_bytes + MESSAGE_HEADER_LEN * 2)
-        });
-        let buf = std::mem::replace(&mut b.buf, fresh);
+        let buf = match b.ring.take() {
+            Some(ring) => Bytes::Ring(ring),
+            None => {
+                let fresh = self.pool.1.try_recv().unwrap_or_else(|_| {
+                    Vec::with_capacity(self.config.batch_bytes + MESSAGE_HEADER_LEN * 2)
+                });
+                Bytes::Heap(std::mem::replace(&mut b.buf, fresh))
+            }
+        };
         let seq = self
             .session
             .as_ref()

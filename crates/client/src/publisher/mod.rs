@@ -13,15 +13,15 @@
 
 use crate::admin::Admin;
 use crate::conn::{self, Frame, Link};
-use crate::shm::Transport;
+use crate::shm::{Transport, Written};
 use crate::{now_ns, Error, Result};
 use crossbeam_channel::{Receiver, Select, Sender, TryRecvError, TrySendError};
 use embarcadero_wire::{
     message_stride, BatchHeader, BlogMessageHeader, ErrorCode, Hello, HelloOk, Role,
-    MESSAGE_HEADER_LEN, SESSION_KEY_LEN,
+    BATCH_HEADER_LEN, MESSAGE_HEADER_LEN, SESSION_KEY_LEN,
 };
 use hdrhistogram::Histogram;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -401,9 +401,13 @@ impl Inner {
         }
     }
 
-    fn recycle(&self, mut buf: Vec<u8>) {
-        buf.clear();
-        let _ = self.pool.0.send(buf);
+    /// A batch's bytes are no longer needed: a buffer goes back to the pool, a span
+    /// back to its ring.
+    fn recycle(&self, buf: Bytes) {
+        if let Bytes::Heap(mut buf) = buf {
+            buf.clear();
+            let _ = self.pool.0.send(buf);
+        }
     }
 }
 

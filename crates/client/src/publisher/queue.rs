@@ -22,6 +22,12 @@ pub(super) struct Queue {
     pub(super) life: Lifecycle,
     /// Batches a failover moved here from a dead broker's queue.
     pub(super) moved: Mutex<VecDeque<Sealed>>,
+    /// Held by the sender from taking a batch (out of `moved`, the channel, or the
+    /// lingering open batch) until it is written or set aside, and let go while it waits.
+    /// The builder lends a span of this connection's ring only when it gets the hand at
+    /// once: a batch in the sender's hands is in neither `moved` nor the channel, where
+    /// `lend_from` looks, and the span's batch would otherwise be written before it.
+    pub(super) hand: Mutex<()>,
     /// Held to check that the queue lives and hand a batch to `tx` as one step, and to
     /// mark it dead: once dead nothing more enters the channel, so a failover can empty it.
     pub(super) gate: Mutex<()>,
@@ -33,6 +39,8 @@ pub(super) struct Queue {
     pub(super) producer_waits: AtomicU64,
     /// Batches the sender sealed itself (see [`PublisherConfig::linger`]).
     pub(super) lingered: AtomicU64,
+    /// Batches built in place in this connection's shared-memory ring.
+    pub(super) in_place: AtomicU64,
     /// A batch due on this queue opened: its sender times the linger.
     pub(super) batch_opened: (Sender<()>, Receiver<()>),
     /// The connection's current socket; replaced when an order-5 session reopens.
@@ -60,6 +68,7 @@ impl Queue {
             process,
             life: Lifecycle::default(),
             moved: Mutex::new(VecDeque::new()),
+            hand: Mutex::new(()),
             gate: Mutex::new(()),
             conn: Arc::new(ConnShared {
                 unacked: Mutex::new(VecDeque::new()),
@@ -78,6 +87,7 @@ impl Queue {
             deflected: AtomicU64::new(0),
             producer_waits: AtomicU64::new(0),
             lingered: AtomicU64::new(0),
+            in_place: AtomicU64::new(0),
             batch_opened: crossbeam_channel::bounded(1),
             stream: Mutex::new(stream),
             stream_gen: AtomicU64::new(0),

@@ -14,9 +14,14 @@ pub(super) enum Next {
 /// Longest an idle sender waits before going round its loop again.
 pub(super) const SENDER_IDLE_WAIT: Duration = Duration::from_millis(5);
 
+/// The sender's hold on its queue's hand ([`Queue::hand`]): taken before it takes a
+/// batch, let go while it waits for one.
+pub(super) type Hand<'a> = MutexGuard<'a, ()>;
+
 /// A batch from queue `index`'s channel, or the open batch once its linger runs out if it
-/// is due on this queue; else waits for either (a batch opening wakes this sender).
-pub(super) fn next_batch(inner: &Inner, index: usize) -> Next {
+/// is due on this queue; else waits, with `hand` let go, for either (a batch opening wakes
+/// this sender) and returns [`Next::Again`]: a batch is only ever taken in hand.
+pub(super) fn next_batch(inner: &Inner, index: usize, hand: &mut Hand<'_>) -> Next {
     let q = &inner.queues[index];
     match q.rx.try_recv() {
         Ok(b) => return Next::Batch(b),
@@ -31,24 +36,54 @@ pub(super) fn next_batch(inner: &Inner, index: usize) -> Next {
         Linger::NotDue => SENDER_IDLE_WAIT,
         Linger::Busy => BUILDER_WAIT,
     };
-    crossbeam_channel::select! {
-        recv(q.rx) -> r => match r {
-            Ok(b) => Next::Batch(b),
-            Err(_) => Next::Stop,
-        },
-        recv(q.batch_opened.1) -> _ => Next::Again,
-        default(wait) => {
-            if inner.closed.load(Ordering::Relaxed) {
-                Next::Stop
-            } else {
-                Next::Again
-            }
+    let ready = MutexGuard::unlocked(hand, || {
+        let mut select = Select::new();
+        select.recv(&q.rx);
+        let opened = select.recv(&q.batch_opened.1);
+        let ready = select.ready_timeout(wait);
+        if ready == Ok(opened) {
+            let _ = q.batch_opened.1.try_recv();
         }
+        ready.is_ok()
+    });
+    if !ready && inner.closed.load(Ordering::Relaxed) {
+        Next::Stop
+    } else {
+        Next::Again
     }
 }
 
-pub(super) fn write_batch(stream: &mut Link, header: &[u8], payload: &[u8]) -> std::io::Result<()> {
-    stream.write_batch(header, payload)
+/// Writes `batch` with `header` through `stream`: a batch built in place in this
+/// channel's ring is committed there (its header written, the ring's tail moved past
+/// it); any other is copied (a ring batch of another connection, or one going out again,
+/// is detached into a buffer of its own first). [`Written::SpanOut`]: nothing written,
+/// because the batch would have to be copied into a ring whose span is lent out.
+pub(super) fn write_sealed(
+    stream: &mut Link,
+    header: &[u8],
+    batch: &mut Sealed,
+) -> std::io::Result<Written> {
+    if let (Link::Shm(link), Bytes::Ring(ring)) = (&*stream, &mut batch.buf) {
+        if ring.commit(link, header) {
+            return Ok(Written::Done);
+        }
+    }
+    if let (Link::Shm(link), Bytes::Ring(_)) = (&*stream, &batch.buf) {
+        if link.span_out() {
+            // Not copied yet: the lent span goes first, then this one as it is.
+            return Ok(Written::SpanOut);
+        }
+    }
+    batch.buf.detach();
+    let Bytes::Heap(bytes) = &batch.buf else {
+        unreachable!("detached above");
+    };
+    stream.write_batch(header, bytes)
+}
+
+/// The connection's channel has a span of its ring lent out to a batch being built.
+pub(super) fn span_out(stream: &Link) -> bool {
+    matches!(stream, Link::Shm(link) if link.span_out())
 }
 
 /// First pause before resending after BACKPRESSURE; it doubles up to [`MAX_BACKOFF`].
@@ -117,6 +152,9 @@ impl SenderLoop<'_> {
                 self.fences_handled = fences;
                 return match reopen(inner, self.index) {
                     Ok(new) => {
+                        if let Link::Shm(link) = &new {
+                            link.allow_lending();
+                        }
                         self.stream = new;
                         Step::Again
                     }
@@ -127,15 +165,44 @@ impl SenderLoop<'_> {
                 };
             }
         }
-        let resend_from = q.conn.resend_from.swap(u64::MAX, Ordering::AcqRel);
-        if resend_from != u64::MAX {
-            return self.resend(resend_from);
+        if q.conn.resend_from.load(Ordering::Acquire) != u64::MAX {
+            return self.resend_when_ready();
         }
-        match self.next() {
+        let mut hand = q.hand.lock();
+        match self.next(&mut hand) {
             Next::Batch(batch) => self.send(batch),
             Next::Again => Step::Again,
             Next::Stop => Step::Stop,
         }
+    }
+
+    /// After BACKPRESSURE: a span of this channel's ring lent out goes first (its batch
+    /// comes after every batch sent, so the broker drops it while it waits for the
+    /// refused one, and it is resent with the rest); then, with lending held so that
+    /// nothing comes between, the resend.
+    fn resend_when_ready(&mut self) -> Step {
+        let q = self.q;
+        if span_out(&self.stream) {
+            let mut hand = q.hand.lock();
+            return match next_batch(self.inner, self.index, &mut hand) {
+                Next::Batch(batch) => self.send(batch),
+                Next::Again => Step::Again,
+                Next::Stop => Step::Stop,
+            };
+        }
+        let link = match &self.stream {
+            Link::Shm(link) => Some(link.clone()),
+            Link::Tcp(_) => None,
+        };
+        if link.as_ref().is_some_and(|l| !l.hold_lending()) {
+            return Step::Again;
+        }
+        let from = q.conn.resend_from.swap(u64::MAX, Ordering::AcqRel);
+        let step = self.resend(from);
+        if let Some(link) = link {
+            link.allow_lending();
+        }
+        step
     }
 
     /// After BACKPRESSURE for batch `from`: pauses, then writes every unacknowledged
@@ -148,15 +215,25 @@ impl SenderLoop<'_> {
             return Step::Stop;
         }
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-        let tail: Vec<InFlight> = {
+        let mut tail: Vec<InFlight> = {
             let mut unacked = conn.unacked.lock();
             let keep = unacked.iter().take_while(|f| f.seq < from).count();
             unacked.drain(keep..).collect()
         };
+        // Every one copied out first: their spans given back, the ring has room for the
+        // copies even when these batches filled it (the older ones' acks free the rest).
+        for f in &mut tail {
+            f.batch.buf.detach();
+        }
         let epoch = self.q.epoch.load(Ordering::Acquire);
-        for f in &tail {
+        for f in &mut tail {
             let header = batch_header(inner, f.seq, &f.batch, epoch);
-            if let Err(e) = write_batch(&mut self.stream, &header, &f.batch.buf) {
+            let written = write_sealed(&mut self.stream, &header, &mut f.batch);
+            assert!(
+                !matches!(written, Ok(Written::SpanOut)),
+                "no span is lent while a resend holds lending"
+            );
+            if let Err(e) = written {
                 // Back with the unacknowledged ones: for the failover, or for the reopen
                 // to resend if the write failed because the session was fenced.
                 conn.unacked.lock().extend(tail);
@@ -174,8 +251,13 @@ impl SenderLoop<'_> {
     /// The next batch to write: one a failover moved here first (past the in-flight
     /// limit: for order 5 the acknowledgements of what is in flight may wait for it),
     /// else one from the queue once the in-flight limit allows.
-    fn next(&mut self) -> Next {
+    fn next(&mut self, hand: &mut Hand<'_>) -> Next {
         let (inner, q) = (self.inner, self.q);
+        // A span lent out of this ring holds every copy back: its batch goes first,
+        // past the in-flight limit (by that one batch: a span is lent only below it).
+        if span_out(&self.stream) {
+            return next_batch(inner, self.index, hand);
+        }
         if let Some(moved) = q.moved.lock().pop_front() {
             return Next::Batch(moved);
         }
@@ -186,27 +268,44 @@ impl SenderLoop<'_> {
                 return Next::Stop;
             }
             inner.arm_backstop_if_owner(self.index);
-            let mut g = inner.progress.0.lock();
-            inner.progress.1.wait_for(&mut g, Duration::from_millis(5));
+            MutexGuard::unlocked(hand, || {
+                let mut g = inner.progress.0.lock();
+                inner.progress.1.wait_for(&mut g, Duration::from_millis(5));
+            });
             return Next::Again;
         }
-        next_batch(inner, self.index)
+        next_batch(inner, self.index, hand)
     }
 
     /// Numbers `batch` (orders 0-2), writes it and queues it for its acknowledgement.
-    fn send(&mut self, batch: Sealed) -> Step {
+    /// Called with the queue's hand held (see [`Queue::hand`]), so no span of this ring
+    /// is lent between taking the batch and writing it.
+    fn send(&mut self, mut batch: Sealed) -> Step {
         let (inner, q, conn) = (self.inner, self.q, &self.q.conn);
         if let Some((slow, pause)) = inner.slow_queue {
             if slow == self.index {
                 std::thread::sleep(pause);
             }
         }
-        let seq = batch.seq.unwrap_or_else(|| {
-            self.next_seq += 1;
-            self.next_seq - 1
-        });
+        let seq = batch.seq.unwrap_or(self.next_seq);
         let header = batch_header(inner, seq, &batch, q.epoch.load(Ordering::Acquire));
-        if let Err(e) = write_batch(&mut self.stream, &header, &batch.buf) {
+        let written = write_sealed(&mut self.stream, &header, &mut batch);
+        if let Ok(Written::SpanOut) = written {
+            // Unreachable: no span is lent while the sender holds the hand, and a batch
+            // taken while one is out is that span's own (`next`). Were it reached, this
+            // batch would go out after the span's, a later one; tests stop there, a
+            // release build sets it aside and carries on rather than lose it.
+            debug_assert!(
+                false,
+                "a batch in the sender's hands met a span lent after it"
+            );
+            q.moved.lock().push_front(batch);
+            return Step::Again;
+        }
+        if batch.seq.is_none() {
+            self.next_seq += 1;
+        }
+        if let Err(e) = written {
             if !self.fenced_meanwhile() {
                 // Kept with the unacknowledged batches, for the failover.
                 conn.unacked.lock().push_back(InFlight { seq, batch });

@@ -51,6 +51,11 @@ pub(super) fn reopen(inner: &Inner, index: usize) -> Result<Link, Error> {
     let q = &inner.queues[index];
     let conn = &q.conn;
     let (mut stream, epoch, hwm) = open_next_epoch(inner, q)?;
+    // No batch is built in the new channel's ring before the resends below are written
+    // (the sender lets it lend once this returns).
+    if let Link::Shm(link) = &stream {
+        assert!(link.hold_lending(), "a new channel has nothing lent");
+    }
     let lost = |e: std::io::Error| Error::ConnectionLost {
         broker: q.broker.clone(),
         message: e.to_string(),
@@ -66,12 +71,19 @@ pub(super) fn reopen(inner: &Inner, index: usize) -> Result<Link, Error> {
     inner.notify_progress();
     let pending: Vec<InFlight> = conn.unacked.lock().drain(..).collect();
     let mut resent = Vec::new();
-    for f in pending {
+    for mut f in pending {
         if f.seq < hwm {
             inner.settle(conn, f);
         } else {
+            // The new channel lends nothing yet (held above), so the old channel's
+            // batches are copied in unhindered.
             let header = batch_header(inner, f.seq, &f.batch, epoch);
-            write_batch(&mut stream, &header, &f.batch.buf).map_err(lost)?;
+            let written = write_sealed(&mut stream, &header, &mut f.batch).map_err(lost)?;
+            assert_eq!(
+                written,
+                Written::Done,
+                "a reopened channel lends nothing yet"
+            );
             resent.push(f);
         }
     }

@@ -20,6 +20,13 @@ pub struct QueueStats {
     pub backpressure_retries: u64,
     /// Batches this queue's sender sealed itself when their linger ran out.
     pub lingered: u64,
+    /// Batches built in place in this connection's shared-memory ring (the others were
+    /// built in a buffer and copied into the socket or ring).
+    pub in_place: u64,
+    /// Of those, batches copied out of the ring of the connection's current channel
+    /// before their acknowledgement, because a write needed their room (a channel's room
+    /// never waits for acknowledgements; see `embarcadero_shm::lend`).
+    pub copied_out: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -100,6 +107,11 @@ impl Publisher {
                     producer_waits: q.producer_waits.load(Ordering::Relaxed),
                     backpressure_retries: q.conn.backpressure_retries.load(Ordering::Relaxed),
                     lingered: q.lingered.load(Ordering::Relaxed),
+                    in_place: q.in_place.load(Ordering::Relaxed),
+                    copied_out: match &*q.stream.lock() {
+                        Link::Shm(link) => link.copied_out(),
+                        Link::Tcp(_) => 0,
+                    },
                 })
                 .collect(),
         }

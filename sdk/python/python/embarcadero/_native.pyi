@@ -107,6 +107,10 @@ class QueueStats(TypedDict):
     producer_waits: int
     backpressure_retries: int
     lingered: int
+    in_place: int
+    """Batches built in place in this connection's shared-memory ring."""
+    copied_out: int
+    """Of those, batches copied out of the ring before their acknowledgement for room."""
 
 class PublisherStats(TypedDict):
     client_id: int
