@@ -133,6 +133,22 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// `task_created` of task `task` of template `p/name@1`, with an empty context and no
+/// key or identity; `protocol` absent means protocol 1, as in events written before
+/// protocols.
+fn task_created(task: &str, name: &str, protocol: Option<u8>) -> Event {
+    Event::TaskCreated {
+        task: task.into(),
+        namespace: "p".into(),
+        name: name.into(),
+        version: "1".into(),
+        context: json!({}),
+        idempotency_key: None,
+        identity: None,
+        protocol,
+    }
+}
+
 /// The events a history stands for, each computed against the state before it (so the
 /// orchestrator's decisions are those it would make at that point).
 fn events(ops: &[Op]) -> Vec<Envelope> {
@@ -148,17 +164,7 @@ fn events(ops: &[Op]) -> Vec<Envelope> {
         })
         .collect();
     for (t, name, protocol) in TASKS {
-        out.push(Event::TaskCreated {
-            task: t.into(),
-            namespace: "p".into(),
-            name: name.into(),
-            version: "1".into(),
-            context: json!({}),
-            idempotency_key: None,
-            identity: None,
-            // Absent means protocol 1, as in events written before protocols.
-            protocol: (protocol > 1).then_some(protocol),
-        });
+        out.push(task_created(t, name, (protocol > 1).then_some(protocol)));
     }
     let mut state = State::default();
     let mut envs: Vec<Envelope> = Vec::new();
@@ -1010,16 +1016,7 @@ fn protocol_2_makes_the_same_moves_as_protocol_1_with_two_events_fewer_per_step(
     let template = Event::TemplateRegistered {
         template: load(DIAMOND, None).unwrap(),
     };
-    let created = Event::TaskCreated {
-        task: "t".into(),
-        namespace: "p".into(),
-        name: "diamond".into(),
-        version: "1".into(),
-        context: json!({}),
-        idempotency_key: None,
-        identity: None,
-        protocol: Some(3),
-    };
+    let created = task_created("t", "diamond", Some(3));
     assert_eq!(apply_at(&mut s, 0, vec![template, created]), [true, false]);
     assert!(s.tasks.is_empty());
 }
@@ -1069,16 +1066,7 @@ fn a_stale_attempt_errors_only_if_still_where_it_was_seen_and_a_rerun_starts_it_
     use embarcadero_workflow::staleness::stale_steps;
     use embarcadero_workflow::{StepState, TaskState};
     let mut state = State::default();
-    let created = Event::TaskCreated {
-        task: "t".into(),
-        namespace: "p".into(),
-        name: "life".into(),
-        version: "1".into(),
-        context: json!({}),
-        idempotency_key: None,
-        identity: None,
-        protocol: None,
-    };
+    let created = task_created("t", "life", None);
     let template = Event::TemplateRegistered {
         template: load(LIFECYCLE, None).unwrap(),
     };
@@ -1175,16 +1163,7 @@ fn a_step_waiting_too_long_for_a_retry_or_a_task_past_its_duration_is_stale_and_
     let template = Event::TemplateRegistered {
         template: load(LIFECYCLE_RETRY_AND_DURATION, None).unwrap(),
     };
-    let created = Event::TaskCreated {
-        task: "t".into(),
-        namespace: "p".into(),
-        name: "life2".into(),
-        version: "1".into(),
-        context: json!({}),
-        idempotency_key: None,
-        identity: None,
-        protocol: None,
-    };
+    let created = task_created("t", "life2", None);
     let a = StepRef {
         task: "t".into(),
         step: "a".into(),
@@ -1319,16 +1298,7 @@ fn a_failed_fail_fast_batch() -> State {
         Event::TemplateRegistered {
             template: load(&template, None).unwrap(),
         },
-        Event::TaskCreated {
-            task: "t".into(),
-            namespace: "p".into(),
-            name: "batch_fail_fast".into(),
-            version: "1".into(),
-            context: json!({}),
-            idempotency_key: None,
-            identity: None,
-            protocol: Some(2),
-        },
+        task_created("t", "batch_fail_fast", Some(2)),
         claim("an", 1),
         ok("an", 1, json!({"cursors": [1, 2, 3], "worker_count": 3})),
         // w_001 fails for good while w_002 runs and w_003 waits: fail_fast cancels both.
@@ -1459,16 +1429,7 @@ fn one_task(template_text: &str, name: &str, ts_ms: u64) -> State {
     let template = Event::TemplateRegistered {
         template: load(template_text, None).unwrap(),
     };
-    let created = Event::TaskCreated {
-        task: "t".into(),
-        namespace: "p".into(),
-        name: name.into(),
-        version: "1".into(),
-        context: json!({}),
-        idempotency_key: None,
-        identity: None,
-        protocol: None,
-    };
+    let created = task_created("t", name, None);
     assert_eq!(
         apply_at(&mut state, ts_ms, vec![template, created]),
         [true; 2]
