@@ -456,8 +456,12 @@ proptest! {
     }
 
     #[test]
-    fn a_refused_event_changes_nothing_but_the_count_and_audit_of_refusals(ops in prop::collection::vec(op(), 0..60)) {
-        let envs = events(&ops);
+    fn a_refused_event_changes_nothing_but_the_count_and_audit_of_refusals(
+        ops in prop::collection::vec(op(), 0..60),
+        leases in prop::collection::vec((0usize..200, 1u64..3, 0usize..2), 0..4),
+    ) {
+        // With orchestrator lease bids put in, refused bids and fenced decisions too.
+        let envs = with_leases(events(&ops), &leases);
         let mut s = State::default();
         for (i, e) in envs.iter().enumerate() {
             let before = without_audit(&s);
