@@ -108,10 +108,15 @@ fn decide_returned(
             Err(why) => error(why),
         },
         Some(Returned::LeaseLost) if step.lease_losses < MAX_LEASE_LOSSES => retry(0),
-        Some(Returned::LeaseLost) | None => error(format!(
+        Some(Returned::LeaseLost) => error(format!(
             "worker unavailable: the lease of its worker ran out {} times",
             step.lease_losses
         )),
+        // The fold keeps a returned attempt until a decision takes it (a refused event
+        // leaves it), so only a snapshot written by a fold from before that was fixed
+        // can hold a step returned without one. Retrying could rerun a failure that was
+        // not retryable; the operator decides (a reset retries it).
+        None => error("the returned attempt's outcome was lost (an old snapshot)".into()),
         Some(Returned::Failure {
             message,
             retryable,

@@ -52,12 +52,18 @@ pub(crate) fn apply(step: &mut Step, event: &Event, at: At) -> Result<(), Reject
         }
         Event::StepCompleted(r) => {
             expect(step, r, "completion", EnqueuedForOrchestration)?;
-            let Some(Returned::Success(value)) = step.returned.take() else {
+            // Checked before the returned attempt is taken: a refused completion must
+            // leave it for the orchestrator (taking it first dropped a lost lease or a
+            // failure, and the step was dead-lettered instead of retried).
+            if !matches!(step.returned, Some(Returned::Success(_))) {
                 return Err(superseded(
                     step,
                     r,
                     "completion of an attempt that did not succeed",
                 ));
+            }
+            let Some(Returned::Success(value)) = step.returned.take() else {
+                unreachable!("checked above")
             };
             step.result = Some(value);
             step.enter(Complete, at.position, at.ts);

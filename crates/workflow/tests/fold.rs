@@ -3,6 +3,7 @@
 //! orchestrator's own decisions interleaved) against the invariants of the design.
 
 use embarcadero_workflow::decide::{decide, Clock};
+use embarcadero_workflow::event::Expiry;
 use embarcadero_workflow::machine::{legal_step, legal_task};
 use embarcadero_workflow::validate::load;
 use embarcadero_workflow::{Envelope, Event, Outcome, State, StepRef};
@@ -132,6 +133,22 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// `task_created` of task `task` of template `p/name@1`, with an empty context and no
+/// key or identity; `protocol` absent means protocol 1, as in events written before
+/// protocols.
+fn task_created(task: &str, name: &str, protocol: Option<u8>) -> Event {
+    Event::TaskCreated {
+        task: task.into(),
+        namespace: "p".into(),
+        name: name.into(),
+        version: "1".into(),
+        context: json!({}),
+        idempotency_key: None,
+        identity: None,
+        protocol,
+    }
+}
+
 /// The events a history stands for, each computed against the state before it (so the
 /// orchestrator's decisions are those it would make at that point).
 fn events(ops: &[Op]) -> Vec<Envelope> {
@@ -147,17 +164,7 @@ fn events(ops: &[Op]) -> Vec<Envelope> {
         })
         .collect();
     for (t, name, protocol) in TASKS {
-        out.push(Event::TaskCreated {
-            task: t.into(),
-            namespace: "p".into(),
-            name: name.into(),
-            version: "1".into(),
-            context: json!({}),
-            idempotency_key: None,
-            identity: None,
-            // Absent means protocol 1, as in events written before protocols.
-            protocol: (protocol > 1).then_some(protocol),
-        });
+        out.push(task_created(t, name, (protocol > 1).then_some(protocol)));
     }
     let mut state = State::default();
     let mut envs: Vec<Envelope> = Vec::new();
@@ -447,6 +454,36 @@ proptest! {
             }
         }
     }
+
+    #[test]
+    fn a_refused_event_changes_nothing_but_the_count_and_audit_of_refusals(
+        ops in prop::collection::vec(op(), 0..60),
+        leases in prop::collection::vec((0usize..200, 1u64..3, 0usize..2), 0..4),
+    ) {
+        // With orchestrator lease bids put in, refused bids and fenced decisions too.
+        let envs = with_leases(events(&ops), &leases);
+        let mut s = State::default();
+        for (i, e) in envs.iter().enumerate() {
+            let before = without_audit(&s);
+            if s.apply(i as u64, e).is_err() {
+                prop_assert_eq!(without_audit(&s), before, "refused, yet it changed the state: {:?}", e.event);
+            }
+        }
+    }
+}
+
+/// A state without what a refusal may change: the rejection count, the next position
+/// and the steps' audit of refused events.
+fn without_audit(s: &State) -> State {
+    let mut s = s.clone();
+    s.rejected = 0;
+    s.next_position = 0;
+    let tasks = s
+        .tasks
+        .iter()
+        .map(|(uuid, t)| (uuid.clone(), std::sync::Arc::new(without_refusals(t))));
+    s.tasks = tasks.collect();
+    s
 }
 
 /// The rules of decisions and deferred convergence, on one folded task: a step not
@@ -669,6 +706,170 @@ fn the_first_claim_wins_and_a_late_result_of_a_superseded_attempt_is_refused() {
     );
 }
 
+/// An event aimed at step `a` of a task while the orchestrator has yet to decide on
+/// its returned attempt: late, repeated or misdirected, for the attempt before, the
+/// current one or the next (`offset` 0, 1, 2). Every reader must refuse it.
+#[derive(Debug, Clone)]
+struct Stray {
+    kind: u8,
+    offset: u32,
+    worker: usize,
+    seen: usize,
+}
+
+fn stray() -> impl Strategy<Value = Stray> {
+    (0u8..9, 0u32..3, 0..WORKERS.len(), 0..STALE_STATES.len()).prop_map(
+        |(kind, offset, worker, seen)| Stray {
+            kind,
+            offset,
+            worker,
+            seen,
+        },
+    )
+}
+
+fn stray_event(stray: &Stray, task: usize, attempt: u32) -> Event {
+    let at = at(task, 0, (attempt + stray.offset).saturating_sub(1));
+    let worker = WORKERS[stray.worker].to_string();
+    let reason = "test".to_string();
+    match stray.kind {
+        0 => Event::StepCompleted(at),
+        1 => Event::StepEnqueued(at),
+        2 => Event::StepClaimed { at, worker },
+        3 => Event::StepResult {
+            at,
+            worker,
+            outcome: Outcome::Success { result: json!(0) },
+        },
+        4 => Event::StepCheckpoint {
+            at,
+            worker,
+            checkpoint: embarcadero_workflow::event::Checkpoint {
+                cursor: json!(1),
+                items_done: 1,
+                partial: json!({}),
+            },
+        },
+        5 => Event::StepExpired {
+            at,
+            reason: Expiry::LeaseLost,
+        },
+        6 => Event::StepReset { at, reason },
+        7 => Event::StepResolved {
+            at,
+            reason,
+            complete: true,
+            result: Some(json!(0)),
+        },
+        _ => Event::StepStale {
+            at,
+            state: STALE_STATES[stray.seen],
+            reason: "stale: test".into(),
+        },
+    }
+}
+
+/// What the orchestrator decides at `now_ms` (every worker just seen) about step `a`
+/// of task `task`.
+fn decided_for_a(state: &State, now_ms: u64, task: usize) -> Vec<Event> {
+    let clock = Clock {
+        now_ms,
+        lease_ms: 100,
+        claimed_at: &|_| Some(now_ms),
+        worker_seen: &|_| Some(now_ms),
+    };
+    let mine = |e: &Event| {
+        e.step_ref()
+            .is_some_and(|r| r.task == TASKS[task].0 && r.step == "a")
+    };
+    decide(state, &clock).0.into_iter().filter(mine).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Step `a` of a diamond task under protocol 1 (t1) or 2 (t6) is claimed and taken
+    /// back again and again (its worker's lease ran out, or it timed out), with refused
+    /// events in between: a lost lease is retried at once up to the
+    /// `MAX_LEASE_LOSSES`-th, a timeout by the retry policy up to `max_attempts`
+    /// failures, each counted only against its own limit; at its limit the step errors.
+    #[test]
+    fn a_step_taken_back_with_retries_left_is_retried_and_errors_only_at_its_limit(
+        task in prop::sample::select(vec![0usize, 5]),
+        reasons in prop::collection::vec(prop_oneof![Just(Expiry::LeaseLost), Just(Expiry::Timeout)], 1..8),
+        strays in prop::collection::vec(stray(), 0..6),
+    ) {
+        use embarcadero_workflow::decide::MAX_LEASE_LOSSES;
+        use embarcadero_workflow::StepState;
+        let (mut state, _) = fold(&events(&[]));
+        let max_attempts = state.tasks[TASKS[task].0].spec(0).retry.max_attempts;
+        let (mut lost, mut timed_out) = (0, 0);
+        let a = |state: &State| state.tasks[TASKS[task].0].steps[0].clone();
+        for (n, (reason, now)) in (1..).zip(reasons.into_iter().zip(0u64..)) {
+            // Attempt n is enqueued: by the orchestrator (protocol 1's first attempt,
+            // and every retry) or by the fold (protocol 2's first).
+            let enqueued = decided_for_a(&state, now, task);
+            prop_assert!(apply_at(&mut state, now, enqueued).iter().all(|&ok| ok));
+            prop_assert_eq!((a(&state).state, a(&state).attempt), (StepState::Enqueued, n));
+            let claim = Event::StepClaimed { at: at(task, 0, n), worker: WORKERS[0].into() };
+            let expired = Event::StepExpired { at: at(task, 0, n), reason };
+            prop_assert_eq!(apply_at(&mut state, now, vec![claim, expired]), [true, true]);
+            match reason {
+                Expiry::LeaseLost => lost += 1,
+                Expiry::Timeout => timed_out += 1,
+            }
+            let strays: Vec<Event> = strays.iter().map(|s| stray_event(s, task, n)).collect();
+            let refused = apply_at(&mut state, now, strays.clone());
+            prop_assert!(refused.iter().all(|&ok| !ok), "{:?} of {:?}", refused, strays);
+            prop_assert_eq!((a(&state).lease_losses, a(&state).failures), (lost, timed_out));
+
+            let decision = decided_for_a(&state, now, task);
+            let retry = Event::RetryScheduled { at: at(task, 0, n), due_ms: now };
+            let (retried, why) = match reason {
+                Expiry::LeaseLost => (lost < MAX_LEASE_LOSSES, format!("ran out {lost} times")),
+                Expiry::Timeout => (timed_out < max_attempts, format!("max attempts ({max_attempts}) reached")),
+            };
+            if retried {
+                prop_assert_eq!(&decision, &[retry], "{:?} {}", reason, why);
+            } else {
+                let errored = matches!(&decision[..], [Event::StepErrored { at, reason }]
+                    if at.attempt == n && reason.contains(&why));
+                prop_assert!(errored, "{:?} at its limit: {:?}", reason, decision);
+            }
+            prop_assert_eq!(apply_at(&mut state, now, decision), [true]);
+            if !retried {
+                prop_assert_eq!(a(&state).state, StepState::Error);
+                break;
+            }
+        }
+    }
+}
+
+/// A step returned without its outcome, as only a snapshot from a fold before refused
+/// completions kept it can hold: the orchestrator fails it (for an operator to reset)
+/// rather than guess whether it may run again, and does not call it a lost lease.
+#[test]
+fn a_step_returned_without_its_outcome_errors_and_is_not_taken_for_a_lost_lease() {
+    let (mut state, _) = fold(&events(&[]));
+    let a = at(5, 0, 1);
+    let claim = Event::StepClaimed {
+        at: a.clone(),
+        worker: WORKERS[0].into(),
+    };
+    let expired = Event::StepExpired {
+        at: a.clone(),
+        reason: Expiry::LeaseLost,
+    };
+    assert_eq!(apply_at(&mut state, 0, vec![claim, expired]), [true, true]);
+    state.task_mut("t6").unwrap().steps[0].returned = None;
+    let decided = decided_for_a(&state, 0, 5);
+    assert!(
+        matches!(&decided[..], [Event::StepErrored { at, reason }]
+            if *at == a && reason.contains("outcome was lost")),
+        "{decided:?}"
+    );
+}
+
 /// Runs a history in which the workers do everything asked of them at once: each
 /// enqueued attempt is claimed by w1 and succeeds with `result(step)`.
 fn run_to_the_end(result: impl Fn(&str) -> serde_json::Value) -> State {
@@ -819,16 +1020,7 @@ fn protocol_2_makes_the_same_moves_as_protocol_1_with_two_events_fewer_per_step(
     let template = Event::TemplateRegistered {
         template: load(DIAMOND, None).unwrap(),
     };
-    let created = Event::TaskCreated {
-        task: "t".into(),
-        namespace: "p".into(),
-        name: "diamond".into(),
-        version: "1".into(),
-        context: json!({}),
-        idempotency_key: None,
-        identity: None,
-        protocol: Some(3),
-    };
+    let created = task_created("t", "diamond", Some(3));
     assert_eq!(apply_at(&mut s, 0, vec![template, created]), [true, false]);
     assert!(s.tasks.is_empty());
 }
@@ -878,16 +1070,7 @@ fn a_stale_attempt_errors_only_if_still_where_it_was_seen_and_a_rerun_starts_it_
     use embarcadero_workflow::staleness::stale_steps;
     use embarcadero_workflow::{StepState, TaskState};
     let mut state = State::default();
-    let created = Event::TaskCreated {
-        task: "t".into(),
-        namespace: "p".into(),
-        name: "life".into(),
-        version: "1".into(),
-        context: json!({}),
-        idempotency_key: None,
-        identity: None,
-        protocol: None,
-    };
+    let created = task_created("t", "life", None);
     let template = Event::TemplateRegistered {
         template: load(LIFECYCLE, None).unwrap(),
     };
@@ -984,16 +1167,7 @@ fn a_step_waiting_too_long_for_a_retry_or_a_task_past_its_duration_is_stale_and_
     let template = Event::TemplateRegistered {
         template: load(LIFECYCLE_RETRY_AND_DURATION, None).unwrap(),
     };
-    let created = Event::TaskCreated {
-        task: "t".into(),
-        namespace: "p".into(),
-        name: "life2".into(),
-        version: "1".into(),
-        context: json!({}),
-        idempotency_key: None,
-        identity: None,
-        protocol: None,
-    };
+    let created = task_created("t", "life2", None);
     let a = StepRef {
         task: "t".into(),
         step: "a".into(),
@@ -1128,16 +1302,7 @@ fn a_failed_fail_fast_batch() -> State {
         Event::TemplateRegistered {
             template: load(&template, None).unwrap(),
         },
-        Event::TaskCreated {
-            task: "t".into(),
-            namespace: "p".into(),
-            name: "batch_fail_fast".into(),
-            version: "1".into(),
-            context: json!({}),
-            idempotency_key: None,
-            identity: None,
-            protocol: Some(2),
-        },
+        task_created("t", "batch_fail_fast", Some(2)),
         claim("an", 1),
         ok("an", 1, json!({"cursors": [1, 2, 3], "worker_count": 3})),
         // w_001 fails for good while w_002 runs and w_003 waits: fail_fast cancels both.
@@ -1268,16 +1433,7 @@ fn one_task(template_text: &str, name: &str, ts_ms: u64) -> State {
     let template = Event::TemplateRegistered {
         template: load(template_text, None).unwrap(),
     };
-    let created = Event::TaskCreated {
-        task: "t".into(),
-        namespace: "p".into(),
-        name: name.into(),
-        version: "1".into(),
-        context: json!({}),
-        idempotency_key: None,
-        identity: None,
-        protocol: None,
-    };
+    let created = task_created("t", name, None);
     assert_eq!(
         apply_at(&mut state, ts_ms, vec![template, created]),
         [true; 2]
