@@ -285,7 +285,7 @@ impl Inner {
                 // would be wasted: each idle sender looks at the open batch anyway
                 // before it waits, and at least every `SENDER_IDLE_WAIT`.
                 if b.lingered_last {
-                    let _ = self.queues[owner].batch_opened.0.try_send(());
+                    let _ = self.queues[owner].wake.0.try_send(());
                 }
             }
         }

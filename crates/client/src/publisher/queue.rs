@@ -41,8 +41,13 @@ pub(super) struct Queue {
     pub(super) lingered: AtomicU64,
     /// Batches built in place in this connection's shared-memory ring.
     pub(super) in_place: AtomicU64,
-    /// A batch due on this queue opened: its sender times the linger.
-    pub(super) batch_opened: (Sender<()>, Receiver<()>),
+    /// Wakes this queue's idle sender (a token; one pending is enough): a batch was
+    /// handed to its channel, or a batch due on it opened (the sender times the linger).
+    /// The sender waits on this alone (with `select!`, which blocks at once), not for the
+    /// channel to be ready: a batch is taken only in hand ([`Queue::hand`]), and
+    /// `Select::ready` spins and yields before it sleeps, some microseconds of CPU per
+    /// idle wait (measured: 1.5% of all samples at 330 MB/s).
+    pub(super) wake: (Sender<()>, Receiver<()>),
     /// The connection's current socket; replaced when an order-5 session reopens.
     pub(super) stream: Mutex<Link>,
     /// Bumped each time `stream` is replaced, so the reader follows.
@@ -88,7 +93,7 @@ impl Queue {
             producer_waits: AtomicU64::new(0),
             lingered: AtomicU64::new(0),
             in_place: AtomicU64::new(0),
-            batch_opened: crossbeam_channel::bounded(1),
+            wake: crossbeam_channel::bounded(1),
             stream: Mutex::new(stream),
             stream_gen: AtomicU64::new(0),
             epoch: AtomicU64::new(epoch),
@@ -125,6 +130,7 @@ impl Queue {
         match self.tx.try_send(sealed) {
             Ok(()) => {
                 self.dispatched.fetch_add(1, Ordering::Release);
+                let _ = self.wake.0.try_send(());
                 Ok(())
             }
             Err(TrySendError::Full(s)) | Err(TrySendError::Disconnected(s)) => Err(s),

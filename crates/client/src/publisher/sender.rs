@@ -19,8 +19,8 @@ pub(super) const SENDER_IDLE_WAIT: Duration = Duration::from_millis(5);
 pub(super) type Hand<'a> = MutexGuard<'a, ()>;
 
 /// A batch from queue `index`'s channel, or the open batch once its linger runs out if it
-/// is due on this queue; else waits, with `hand` let go, for either (a batch opening wakes
-/// this sender) and returns [`Next::Again`]: a batch is only ever taken in hand.
+/// is due on this queue; else waits, with `hand` let go, to be woken ([`Queue::wake`]: a
+/// batch handed or opened) and returns [`Next::Again`]: a batch is only ever taken in hand.
 pub(super) fn next_batch(inner: &Inner, index: usize, hand: &mut Hand<'_>) -> Next {
     let q = &inner.queues[index];
     match q.rx.try_recv() {
@@ -36,17 +36,14 @@ pub(super) fn next_batch(inner: &Inner, index: usize, hand: &mut Hand<'_>) -> Ne
         Linger::NotDue => SENDER_IDLE_WAIT,
         Linger::Busy => BUILDER_WAIT,
     };
-    let ready = MutexGuard::unlocked(hand, || {
-        let mut select = Select::new();
-        select.recv(&q.rx);
-        let opened = select.recv(&q.batch_opened.1);
-        let ready = select.ready_timeout(wait);
-        if ready == Ok(opened) {
-            let _ = q.batch_opened.1.try_recv();
+    // `select!` blocks at once; `recv_timeout` and `Select::ready` spin and yield first.
+    let woken = MutexGuard::unlocked(hand, || {
+        crossbeam_channel::select! {
+            recv(q.wake.1) -> _ => true,
+            default(wait) => false,
         }
-        ready.is_ok()
     });
-    if !ready && inner.closed.load(Ordering::Relaxed) {
+    if !woken && inner.closed.load(Ordering::Relaxed) {
         Next::Stop
     } else {
         Next::Again
