@@ -14,6 +14,7 @@ use embarcadero_client::{
     Cursor, Error, Message, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec,
     Transport,
 };
+use embarcadero_server::ServerConfig;
 use embarcadero_shm::layout::{self, ack_ring, data_ring, feed_ring};
 use embarcadero_shm::ring::RingMaps;
 use embarcadero_shm::{socket, Consumer, Mapping, Producer, Waited};
@@ -212,16 +213,22 @@ fn a_batch_in_the_senders_hands_is_written_before_a_span_lent_after_it() {
     );
 }
 
+/// A server with 1 MiB of log per broker (four 256 KiB segments) and batches of at most
+/// 128 KiB: memory fills after a few batches.
+fn small_memory(c: &mut ServerConfig) {
+    c.region.segment_bytes = 256 * 1024;
+    c.region.segments_per_broker = 4;
+    c.broker.max_batch_bytes = 128 * 1024;
+    c.broker.max_message_bytes = 16 * 1024;
+}
+
 /// Batches built in place in a channel's ring, refused with BACKPRESSURE after the
 /// broker consumed them, are resent from the ring (go-back-N): every message arrives
 /// exactly once, in one order.
 #[test]
 fn batches_built_in_the_ring_and_refused_for_backpressure_are_resent_exactly_once() {
     let t = common::start_with(|c| {
-        c.region.segment_bytes = 256 * 1024;
-        c.region.segments_per_broker = 4;
-        c.broker.max_batch_bytes = 128 * 1024;
-        c.broker.max_message_bytes = 16 * 1024;
+        small_memory(c);
         c.broker.backpressure_timeout_ms = 50;
     });
     t.create_topic("bp", 2);
@@ -811,12 +818,7 @@ fn a_shm_and_a_tcp_subscriber_see_the_same_order() {
 /// naming the first available one, from which the rest is read.
 #[test]
 fn a_feed_starts_at_a_position_seeks_and_refuses_what_is_not_retained() {
-    let t = common::start_with(|c| {
-        c.region.segment_bytes = 256 * 1024;
-        c.region.segments_per_broker = 4;
-        c.broker.max_batch_bytes = 128 * 1024;
-        c.broker.max_message_bytes = 16 * 1024;
-    });
+    let t = common::start_with(small_memory);
     t.create_topic("r", 2);
     let p = Publisher::connect_brokers(&t.brokers(), "r", shm_config(1)).unwrap();
     const N: u64 = 20_000;
