@@ -695,17 +695,23 @@ mod tests {
 
     /// Found by fuzzing (`fuzz/`, target `config_toml`): a data_dir with a carriage
     /// return or a line break went raw into the comments of `to_toml`, so the printed
-    /// configuration did not load (or, with a line break, held a line of its own).
+    /// configuration did not load (or, with a line break, held a line of its own). And
+    /// in session 23: 256 or more quotes in a row overflowed the `u8` run counter of
+    /// `toml_write` 0.1.2 (toml 0.8), a panic with overflow checks and a wrong choice of
+    /// string style without; toml 0.9's `toml_writer` saturates it.
     #[test]
     fn printed_configuration_loads_whatever_the_data_dir() {
         let dir = tempfile::tempdir().unwrap();
         for data_dir in [
-            "emb\rcadero-data",
-            "x\n[broker]\nmax_connections = 1",
-            "plain",
+            "emb\rcadero-data".to_string(),
+            "x\n[broker]\nmax_connections = 1".to_string(),
+            "plain".to_string(),
+            "'".repeat(300),
+            "\"".repeat(300),
+            format!("a{}b{}", "'".repeat(256), "\"".repeat(513)),
         ] {
             let config = ServerConfig {
-                data_dir: data_dir.into(),
+                data_dir: data_dir.as_str().into(),
                 ..Default::default()
             };
             let path = dir.path().join("printed.toml");
