@@ -166,7 +166,14 @@ impl SenderLoop<'_> {
             return self.resend_when_ready();
         }
         let mut hand = q.hand.lock();
-        match self.next(&mut hand) {
+        let next = self.next(&mut hand);
+        self.act(next)
+    }
+
+    /// Sends the batch taken (the hand still held by the caller), or goes round again,
+    /// or stops.
+    fn act(&mut self, next: Next) -> Step {
+        match next {
             Next::Batch(batch) => self.send(batch),
             Next::Again => Step::Again,
             Next::Stop => Step::Stop,
@@ -181,11 +188,8 @@ impl SenderLoop<'_> {
         let q = self.q;
         if span_out(&self.stream) {
             let mut hand = q.hand.lock();
-            return match next_batch(self.inner, self.index, &mut hand) {
-                Next::Batch(batch) => self.send(batch),
-                Next::Again => Step::Again,
-                Next::Stop => Step::Stop,
-            };
+            let next = next_batch(self.inner, self.index, &mut hand);
+            return self.act(next);
         }
         let link = match &self.stream {
             Link::Shm(link) => Some(link.clone()),
