@@ -10,6 +10,7 @@ mod admin;
 mod conn;
 mod delivery;
 mod publisher;
+mod read_ahead;
 mod shm;
 mod subscriber;
 
@@ -20,6 +21,7 @@ pub use admin::{
 };
 pub use delivery::SharedBatch;
 pub use publisher::{LatencySummary, Publisher, PublisherConfig, PublisherStats, QueueStats};
+pub use read_ahead::{Collect, Polled, ReadAhead};
 pub use shm::Transport;
 pub use subscriber::{Cursor, Message, MessageRef, Subscriber, SubscriberConfig};
 

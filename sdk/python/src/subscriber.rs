@@ -6,7 +6,7 @@
 //! straight from its delivery, when its message is taken.
 
 use crate::errors::{config, to_py};
-use crate::read_ahead::{Meta, Polled, ReadAhead};
+use crate::read_ahead::{Messages, Meta, ReadAhead, POLL_BYTES, READ_AHEAD};
 use embarcadero_client::{Admin, Cursor, Error, SubscriberConfig};
 use parking_lot::Mutex;
 use pyo3::exceptions::PyTypeError;
@@ -59,7 +59,7 @@ impl Message {
 #[derive(Default)]
 struct Ready {
     /// Oldest first; none is empty (a poll leaves once its last message is taken).
-    polls: VecDeque<Polled>,
+    polls: VecDeque<Messages>,
     /// Messages of the front poll already taken.
     taken: usize,
 }
@@ -69,7 +69,7 @@ impl Ready {
         self.polls.is_empty()
     }
 
-    fn push(&mut self, polled: Polled) {
+    fn push(&mut self, polled: Messages) {
         if !polled.metas.is_empty() {
             self.polls.push_back(polled);
         }
@@ -215,7 +215,7 @@ impl Subscriber {
             Some(polled) => polled.map_err(to_py)?,
         };
         // After any messages another thread's poll left that are not taken yet.
-        self.ready.lock().push(polled);
+        self.ready.lock().push(polled.messages);
         Ok(())
     }
 
@@ -327,7 +327,9 @@ impl Subscriber {
             Start::At(c) => self.fitted(py, c)?,
         };
         self.ready.lock().clear();
-        py.allow_threads(|| self.reader.seek(cursor)).map_err(to_py)
+        py.allow_threads(|| self.reader.seek(cursor))
+            .map(|_| ())
+            .map_err(to_py)
     }
 }
 
@@ -368,7 +370,7 @@ impl Subscriber {
             .map_err(to_py)?;
         let this = Self {
             order: sub.order(),
-            reader: ReadAhead::new(sub),
+            reader: ReadAhead::new(sub, READ_AHEAD, POLL_BYTES),
             ready: Mutex::default(),
             closed: AtomicBool::new(false),
             control: brokers.is_none().then(|| control.to_string()),

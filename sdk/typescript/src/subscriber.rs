@@ -1,5 +1,7 @@
-//! `NativeSubscriber`: a Rust `Subscriber` polled on the blocking pool, one batch of
-//! messages per crossing. No payload is copied: each delivery buffer the Rust subscriber
+//! `NativeSubscriber`: a Rust `Subscriber` that a thread of its own polls ahead
+//! (`embarcadero_client::ReadAhead`), one poll of messages per crossing: JavaScript takes a
+//! poll that is ready without leaving its thread (`takeBatch`), and waits on the blocking
+//! pool only when none is (`pollBatch`). No payload is copied: each delivery buffer the Rust subscriber
 //! lends (`Subscriber::poll_shared`) becomes a Node `Buffer` that views it and keeps it
 //! alive (its finalizer drops the Rust owner, after which the subscriber reuses the
 //! buffer). What JavaScript needs to find each message is packed compactly: per message
@@ -11,7 +13,8 @@
 use crate::blocking;
 use crate::error::config;
 use embarcadero_client::{
-    Admin, Cursor, Error, MessageRef, SharedBatch, Subscriber, SubscriberConfig,
+    Admin, Collect, Cursor, Error, MessageRef, Polled, ReadAhead, SharedBatch, Subscriber,
+    SubscriberConfig,
 };
 use embarcadero_wire::MESSAGE_HEADER_LEN;
 use napi::bindgen_prelude::{
@@ -49,10 +52,9 @@ pub const PUBLISH_TS_FROM_PAYLOAD: i32 = 8 - MESSAGE_HEADER_LEN as i32;
 /// poll cut faults per MB from 76-78 to 17-18 and CPU per GB by about a fifth
 /// (docs/PERFORMANCE.md, "Session 22"); the crossing it adds per 512 KiB costs less.
 const GATHER_BYTES: usize = 512 << 10;
-/// How long a poll that has messages waits for the next delivery to gather it too:
-/// long enough to take what is already in the socket, short enough not to hold up
-/// a reader at the tail of the topic.
-const GATHER_WAIT: std::time::Duration = std::time::Duration::from_micros(100);
+/// Polls the thread reads ahead before it waits for JavaScript to take one (4 MiB of the
+/// usual deliveries, held by the read-ahead, away from the subscriber's buffer reuse).
+const READ_AHEAD: usize = 8;
 
 /// A position in a topic as JavaScript passes it: one global position (orders 2, 5),
 /// one per broker (orders 0, 1), or the end of the topic when the call is made.
@@ -160,10 +162,10 @@ fn end_of_topic(control: &str, topic: &str, sub: &Subscriber) -> Result<Cursor, 
 
 #[napi]
 pub struct NativeSubscriber {
-    /// `None` once closed. Polls hold the lock while they wait, off the JS thread.
-    inner: Arc<Mutex<Option<Subscriber>>>,
-    /// What the subscriber last said of itself, read by the getters without waiting
-    /// for a poll under way to let go of `inner`.
+    /// The subscriber and its read-ahead thread.
+    reader: Arc<ReadAhead<Packed>>,
+    /// What the subscriber last said of itself (as of the last poll taken), read by the
+    /// getters without waiting for a poll under way.
     status: Arc<Mutex<Status>>,
     order: u8,
     start: Cursor,
@@ -240,7 +242,7 @@ pub async fn connect_subscriber(
         status: Arc::new(Mutex::new(Status::of(&sub))),
         order: sub.order(),
         start: Subscriber::position(&sub),
-        inner: Arc::new(Mutex::new(Some(sub))),
+        reader: Arc::new(ReadAhead::new(sub, READ_AHEAD, GATHER_BYTES)),
     })
 }
 
@@ -275,27 +277,30 @@ impl NativeSubscriber {
         self.status.lock().transport
     }
 
+    /// The next poll's messages if one has been read ahead, without waiting: `None` when
+    /// none is ready yet (then `poll_batch` waits for one off the JS thread).
+    #[napi]
+    pub fn take_batch(&self) -> napi::Result<Option<NativeBatch>> {
+        match self.reader.try_next() {
+            None => Ok(None),
+            Some(polled) => taken(polled, &self.status).map_err(crate::error::to_js),
+        }
+    }
+
     /// Waits up to `timeout_ms` for messages; `None` when none came.
     #[napi]
     pub async fn poll_batch(&self, timeout_ms: f64) -> napi::Result<Option<NativeBatch>> {
-        let (inner, status) = (self.inner.clone(), self.status.clone());
+        let (reader, status) = (self.reader.clone(), self.status.clone());
         let timeout = crate::millis(timeout_ms);
-        blocking(move || {
-            let mut guard = inner.lock();
-            let sub = guard.as_mut().ok_or(Error::Closed)?;
-            let mut packed = Packed::default();
-            // Whatever else has already arrived comes along, up to GATHER_BYTES: a
-            // crossing back to JavaScript costs two thread hand-offs, so a poll takes more
-            // than one small delivery, but not many large ones (see GATHER_BYTES).
-            let polled = poll_gathering(sub, timeout, &mut packed);
-            *status.lock() = Status::of(sub);
-            polled?;
-            Ok(packed.finish(&Subscriber::position(sub)))
+        blocking(move || match reader.next_poll(timeout) {
+            None => Ok(None),
+            Some(polled) => taken(polled, &status),
         })
         .await
     }
 
-    /// Continues from `cursor` (`end`: the end of the topic now).
+    /// Continues from `cursor` (`end`: the end of the topic now), dropping what was read
+    /// ahead; returns where the next message will come from.
     #[napi]
     pub async fn seek(
         &self,
@@ -303,20 +308,21 @@ impl NativeSubscriber {
         topic: String,
         cursor: NativeCursor,
     ) -> napi::Result<NativeCursor> {
-        let (inner, status) = (self.inner.clone(), self.status.clone());
+        let (reader, status) = (self.reader.clone(), self.status.clone());
         let start = start_of(Some(cursor))?;
         blocking(move || {
-            let mut guard = inner.lock();
-            let sub = guard.as_mut().ok_or(Error::Closed)?;
             let cursor = match start {
                 Start::From(Some(c)) => c,
-                Start::From(None) => return Ok(js_cursor(&Subscriber::position(sub))),
-                Start::End => end_of_topic(&control, &topic, sub)?,
+                Start::From(None) => {
+                    return Err(Error::Config(
+                        "seek to a position, one per broker, or the end".into(),
+                    ))
+                }
+                Start::End => reader.with_sub(|s| end_of_topic(&control, &topic, s))?,
             };
-            let sought = sub.seek(cursor);
-            *status.lock() = Status::of(sub);
-            sought?;
-            Ok(js_cursor(&Subscriber::position(sub)))
+            let sought = reader.seek(cursor);
+            *status.lock() = reader.with_sub(|s| Ok(Status::of(s)))?;
+            Ok(js_cursor(&sought?))
         })
         .await
     }
@@ -324,28 +330,26 @@ impl NativeSubscriber {
     /// Disconnects (once any poll under way has returned).
     #[napi]
     pub async fn close(&self) -> napi::Result<()> {
-        let inner = self.inner.clone();
+        let reader = self.reader.clone();
         blocking(move || {
-            inner.lock().take();
+            reader.close();
             Ok(())
         })
         .await
     }
 }
 
-/// Polls once for up to `timeout`, then takes whatever else has already arrived, until the
-/// deliveries taken hold `GATHER_BYTES`.
-fn poll_gathering(
-    sub: &mut Subscriber,
-    timeout: std::time::Duration,
-    packed: &mut Packed,
-) -> Result<(), Error> {
-    let mut more = sub.poll_shared_upto(timeout, GATHER_BYTES, |b, m| packed.push(b, &m))?;
-    while more > 0 && packed.bytes < GATHER_BYTES {
-        let room = GATHER_BYTES - packed.bytes;
-        more = sub.poll_shared_upto(GATHER_WAIT, room, |b, m| packed.push(b, &m))?;
+/// A poll taken from the read-ahead, for JavaScript: its status noted, its messages
+/// packed (`None` if it brought none).
+fn taken(
+    polled: Result<Polled<Packed>, Error>,
+    status: &Mutex<Status>,
+) -> Result<Option<NativeBatch>, Error> {
+    let Polled { messages, next } = polled?;
+    if let Some(s) = messages.status {
+        *status.lock() = s;
     }
-    Ok(())
+    Ok(messages.into_batch(&next))
 }
 
 /// Messages of one poll, packed for JavaScript.
@@ -361,6 +365,34 @@ struct Packed {
     /// What the next message must have to continue the last run: delivery, broker, batch
     /// seq, client, position, index in batch.
     follows: Option<(usize, u16, u64, u64, u64, u32)>,
+    /// What the subscriber said of itself after the poll.
+    status: Option<Status>,
+}
+
+impl Collect for Packed {
+    fn collect(&mut self, batch: &SharedBatch, m: MessageRef<'_>) {
+        self.push(batch, &m);
+    }
+
+    fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Each message's broker and position, from its run's first position and broker.
+    fn positions(&self) -> Vec<(u16, u64)> {
+        let runs: Vec<&[f64]> = self.runs.chunks(RUN_FIELDS).collect();
+        let mut out = Vec::with_capacity(self.count);
+        for (r, run) in runs.iter().enumerate() {
+            let end = runs.get(r + 1).map_or(self.count, |n| n[1] as usize);
+            let (first, position, broker) = (run[1] as usize, run[2] as u64, run[3] as u16);
+            out.extend((0..end - first).map(|k| (broker, position + k as u64)));
+        }
+        out
+    }
+
+    fn finish(&mut self, sub: &Subscriber) {
+        self.status = Some(Status::of(sub));
+    }
 }
 
 impl Packed {
@@ -404,7 +436,8 @@ impl Packed {
         self.count += 1;
     }
 
-    fn finish(self, next: &Cursor) -> Option<NativeBatch> {
+    /// The messages as JavaScript takes them; `None` if there are none.
+    fn into_batch(self, next: &Cursor) -> Option<NativeBatch> {
         if self.count == 0 {
             return None;
         }

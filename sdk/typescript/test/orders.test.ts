@@ -181,6 +181,35 @@ test("position, seek and starting from a position or the end", { timeout: 60_000
   await Promise.all([sub.close(), tail.close(), p.close()]);
 });
 
+test("a seek after the native reader filled its read-ahead goes on from the new position", { timeout: 60_000 }, async () => {
+  // Rounds flushed one at a time while the native thread reads: each lands in a poll of
+  // its own, so the thread fills its queue and waits for room; the seek empties the queue.
+  const topic = topicName("seekahead");
+  await admin.createTopic(topic, { order: 2, memoryOnly: true });
+  const p = await Publisher.connect(topic, { control: server.control });
+  const sub = await Subscriber.connect(topic, { control: server.control });
+  await p.publish("m0");
+  await p.flush();
+  assert.equal((await sub.poll(30_000))?.text(), "m0");
+  for (let i = 1; i < 200; i++) {
+    await p.publish(`m${i}`);
+    if (i % 10 === 0) await p.flush();
+  }
+  await p.flush();
+  await sub.seek(150);
+  const got: string[] = [];
+  while (got.length < 50) {
+    const m = await sub.poll(20_000);
+    assert.ok(m !== null, `message ${150 + got.length} came`);
+    got.push(m.text());
+  }
+  assert.deepEqual(got, Array.from({ length: 50 }, (_, i) => `m${150 + i}`));
+  await sub.seek("end");
+  assert.equal(sub.position(), 200);
+  assert.equal(await sub.poll(200), null);
+  await Promise.all([sub.close(), p.close()]);
+});
+
 test("per-broker positions for orders 0 and 1", { timeout: 60_000 }, async () => {
   const topic = topicName("perbroker");
   await admin.createTopic(topic, { order: 1 });

@@ -1,13 +1,13 @@
 // The subscriber: reads a topic in order (the Rust `Subscriber`), one batch of messages
-// per crossing into native code, with the next poll already under way while JavaScript
-// handles the batch before it (read-ahead). Each delivery arrives as a Buffer over the
+// per crossing into native code, while a native thread reads the next polls ahead
+// (read-ahead), so a ready batch is taken without leaving the event loop's thread. Each delivery arrives as a Buffer over the
 // Rust subscriber's own buffer (no copy at all) and each `Message`'s payload is a view of
 // it, made on first use; its fields are read lazily: where its payload lies from one
 // typed array (two numbers per message), what a run of messages of one delivery shares
 // from another, and the counter and publish time from the message's header in the
 // delivery (see src/subscriber.rs for the layout).
 import { native, Native } from "./native";
-import { ClosedError, ConfigError, settle } from "./errors";
+import { ClosedError, ConfigError, settle, sync } from "./errors";
 import { defaultControl, Order } from "./admin";
 import type { Transport } from "./publisher";
 
@@ -257,12 +257,6 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   /** Calls run one at a time, in the order they were made. */
   #tail: Promise<unknown> = Promise.resolve();
   #closed = false;
-  /**
-   * The poll started as soon as the previous one delivered, so that the Rust subscriber
-   * reads the socket while JavaScript handles the messages already here; taken by the
-   * next `#fill`, awaited and dropped by `seek`. Errors wait in it for that `#fill`.
-   */
-  #ahead: Promise<Native.NativeBatch | null> | undefined;
 
   private constructor(n: Native.NativeSubscriber, control: string, topic: string) {
     this.#native = n;
@@ -344,13 +338,22 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
     return run;
   }
 
-  /** Fetches the next batch from native code, waiting at most `timeoutMs`; false if none came. */
+  /**
+   * Fetches the next batch from native code, waiting at most `timeoutMs`; false if none came.
+   * A thread of the native subscriber reads ahead while JavaScript handles the messages
+   * already here, so a batch is usually ready: taken then without leaving this thread (no
+   * promise, no thread hand-off); only when none is does it wait on the blocking pool. All
+   * takes run one at a time (`#serial`), so batches are taken in the order they were read.
+   */
   async #fill(timeoutMs: number): Promise<boolean> {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
       if (this.#closed) throw new ClosedError("the subscriber is closed");
-      const wait = Math.max(0, Math.min(SLICE_MS, deadline - Date.now()));
-      const batch = this.#ahead !== undefined ? await this.#takeAhead(wait) : await this.#pollNative(wait);
+      let batch = sync(() => this.#native.takeBatch());
+      if (batch === null) {
+        const wait = Math.max(0, Math.min(SLICE_MS, deadline - Date.now()));
+        batch = await settle(() => this.#native.pollBatch(wait));
+      }
       if (batch) {
         const b = polledOf(batch, this.#order);
         this.#batch = b;
@@ -358,60 +361,10 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
         this.#run = 0;
         this.#runEnd = runEnd(b, 0);
         this.#next = positionOf(batch.next);
-        this.#readAhead();
         return true;
       }
       if (Date.now() >= deadline) return false;
     }
-  }
-
-  #pollNative(waitMs: number): Promise<Native.NativeBatch | null> {
-    return settle(() => this.#native.pollBatch(waitMs));
-  }
-
-  /** Starts the next poll now, in the background (at most one at a time). */
-  #readAhead(): void {
-    if (this.#closed || this.#ahead !== undefined) return;
-    const ahead = this.#pollNative(SLICE_MS);
-    // Rejections are seen by whoever takes it; none is left unhandled meanwhile.
-    ahead.catch(() => undefined);
-    this.#ahead = ahead;
-  }
-
-  /**
-   * The poll started ahead, if it answers within `waitMs`; else null, and it stays
-   * under way for the next call (so `poll(0)` does not wait out a whole slice).
-   */
-  async #takeAhead(waitMs: number): Promise<Native.NativeBatch | null> {
-    const ahead = this.#ahead!;
-    if (waitMs >= SLICE_MS) {
-      // The poll ahead answers within its own slice, so it can simply be awaited: no timer
-      // and no race per poll (a stream's polls all come this way).
-      this.#ahead = undefined;
-      return ahead;
-    }
-    let timer: NodeJS.Timeout | undefined;
-    const late = new Promise<"late">((resolve) => {
-      timer = setTimeout(resolve, waitMs, "late");
-    });
-    try {
-      const first = await Promise.race([ahead, late]);
-      if (first === "late") return null;
-      this.#ahead = undefined;
-      return first;
-    } catch (e) {
-      this.#ahead = undefined;
-      throw e;
-    } finally {
-      clearTimeout(timer);
-    }
-  }
-
-  /** Waits for the poll started ahead and drops what it read (before a seek moves the cursor). */
-  async #dropAhead(): Promise<void> {
-    const ahead = this.#ahead;
-    this.#ahead = undefined;
-    if (ahead !== undefined) await ahead.catch(() => undefined);
   }
 
   #take(): Message | null {
@@ -448,9 +401,7 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
     const cursor = cursorOf(from) ?? (typeof now === "number" ? { global: 0 } : { perBroker: now.map(() => 0) });
     return this.#serial(async () => {
       if (this.#closed) throw new ClosedError("the subscriber is closed");
-      // The native subscriber runs one call at a time but not necessarily in the order
-      // they were made: the seek must come after the poll under way, whose messages go.
-      await this.#dropAhead();
+      // After every take (`#serial`); the native seek drops what was read ahead.
       const at = await settle(() => this.#native.seek(this.#control, this.#topic, cursor));
       this.#batch = undefined;
       this.#index = 0;

@@ -1,0 +1,229 @@
+//! Reading ahead for the language bindings: a thread of its own polls a [`Subscriber`]
+//! while the caller (Python, JavaScript) handles the messages of an earlier poll, so the
+//! network read and the per-message work in the other language overlap instead of adding
+//! up, and a caller that finds a poll ready takes it without waiting for any thread.
+//!
+//! Owns the subscriber while it reads ahead, and the queue of what it read: at most
+//! `depth` polls wait; then the thread waits for the caller to take one. Each poll lends
+//! whole batches ([`Subscriber::poll_shared_upto`]) to a collector of the caller's kind
+//! ([`Collect`]), which keeps them alive for as long as it needs. Touches nothing else.
+
+use crate::{Cursor, Error, MessageRef, SharedBatch, Subscriber};
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Longest poll: seek, position and close wait at most this long for the thread.
+const POLL: Duration = Duration::from_millis(100);
+
+/// What a binding makes of one poll's messages, in order.
+pub trait Collect: Default + Send + 'static {
+    /// One message, in the batch it lies in (clone the batch to keep its bytes).
+    fn collect(&mut self, batch: &SharedBatch, m: MessageRef<'_>);
+    /// How many messages were collected.
+    fn count(&self) -> usize;
+    /// The broker and position of each message collected, in order (for
+    /// [`ReadAhead::position`]).
+    fn positions(&self) -> Vec<(u16, u64)>;
+    /// After the poll, with the subscriber at hand (to note what it says of itself).
+    fn finish(&mut self, _sub: &Subscriber) {}
+}
+
+/// One poll's messages and the subscriber's position after the last of them.
+pub struct Polled<C> {
+    pub messages: C,
+    pub next: Cursor,
+}
+
+struct Queue<C> {
+    polls: VecDeque<Result<Polled<C>, Error>>,
+    stop: bool,
+}
+
+impl<C> Default for Queue<C> {
+    fn default() -> Self {
+        Self {
+            polls: VecDeque::new(),
+            stop: false,
+        }
+    }
+}
+
+struct Shared<C> {
+    /// `None` once closed. The thread holds it for one poll at a time, and queues what it
+    /// read before letting go, so whoever holds it sees the cursor and the queue agree.
+    sub: Mutex<Option<Subscriber>>,
+    queue: Mutex<Queue<C>>,
+    /// Rung when a poll is queued or taken, and on stop.
+    changed: Condvar,
+    /// Most polls waiting to be taken.
+    depth: usize,
+    /// Most bytes of batches one poll lends (whole batches; at least one).
+    poll_bytes: usize,
+}
+
+/// A subscriber and the thread that reads ahead from it (started by the first
+/// [`ReadAhead::next_poll`] or [`ReadAhead::try_next`]). Every method but `try_next` may
+/// wait up to one poll: call them off an event loop, and without a language's lock.
+pub struct ReadAhead<C: Collect> {
+    shared: Arc<Shared<C>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl<C: Collect> ReadAhead<C> {
+    /// Reads ahead from `sub`, at most `depth` polls of at most `poll_bytes` each.
+    pub fn new(sub: Subscriber, depth: usize, poll_bytes: usize) -> Self {
+        assert!(depth > 0 && poll_bytes > 0, "room for at least one poll");
+        Self {
+            shared: Arc::new(Shared {
+                sub: Mutex::new(Some(sub)),
+                queue: Mutex::default(),
+                changed: Condvar::new(),
+                depth,
+                poll_bytes,
+            }),
+            thread: Mutex::new(None),
+        }
+    }
+
+    /// Runs `f` on the subscriber while the thread is not polling.
+    pub fn with_sub<R>(
+        &self,
+        f: impl FnOnce(&mut Subscriber) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        match &mut *self.shared.sub.lock() {
+            Some(s) => f(s),
+            None => Err(Error::Closed),
+        }
+    }
+
+    /// Continues from `cursor`, dropping what was read ahead. Returns where the next
+    /// message will come from (the cursor as the subscriber took it).
+    pub fn seek(&self, cursor: Cursor) -> Result<Cursor, Error> {
+        self.with_sub(|s| {
+            self.shared.queue.lock().polls.clear();
+            // The thread may be waiting for room, which there is now.
+            self.shared.changed.notify_all();
+            s.seek(cursor)?;
+            Ok(Subscriber::position(s))
+        })
+    }
+
+    /// The subscriber's cursor (after everything read ahead), and the broker and position
+    /// of each message read ahead and not taken yet, oldest first.
+    pub fn position(&self) -> Result<(Cursor, Vec<(u16, u64)>), Error> {
+        self.with_sub(|s| {
+            let queue = self.shared.queue.lock();
+            let pending = queue
+                .polls
+                .iter()
+                .flatten()
+                .flat_map(|p| p.messages.positions());
+            Ok((Subscriber::position(s), pending.collect()))
+        })
+    }
+
+    /// The next poll's messages (or its error), waiting at most `wait`; `None` if none
+    /// came in time.
+    pub fn next_poll(&self, wait: Duration) -> Option<Result<Polled<C>, Error>> {
+        self.start();
+        let mut queue = self.shared.queue.lock();
+        if queue.stop {
+            return Some(Err(Error::Closed));
+        }
+        if queue.polls.is_empty() {
+            self.shared.changed.wait_for(&mut queue, wait);
+        }
+        self.pop(&mut queue)
+    }
+
+    /// The next poll's messages (or its error) if one is ready now; never waits (but for
+    /// the queue's lock, which nobody holds across a poll).
+    pub fn try_next(&self) -> Option<Result<Polled<C>, Error>> {
+        self.start();
+        let mut queue = self.shared.queue.lock();
+        if queue.stop {
+            return Some(Err(Error::Closed));
+        }
+        self.pop(&mut queue)
+    }
+
+    fn pop(&self, queue: &mut Queue<C>) -> Option<Result<Polled<C>, Error>> {
+        let next = queue.polls.pop_front();
+        if next.is_some() {
+            // The thread may be waiting for room.
+            self.shared.changed.notify_all();
+        }
+        next
+    }
+
+    fn start(&self) {
+        let mut thread = self.thread.lock();
+        if thread.is_none() {
+            let shared = self.shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name("embarcadero-subscriber".into())
+                .spawn(move || read(&shared));
+            // Without a thread, `next_poll` times out and the caller's deadline applies.
+            *thread = spawned.ok();
+        }
+    }
+
+    /// Stops the thread and closes the connection.
+    pub fn close(&self) {
+        self.stop();
+        if let Some(thread) = self.thread.lock().take() {
+            let _ = thread.join();
+        }
+        drop(self.shared.sub.lock().take());
+    }
+
+    fn stop(&self) {
+        self.shared.queue.lock().stop = true;
+        self.shared.changed.notify_all();
+    }
+}
+
+impl<C: Collect> Drop for ReadAhead<C> {
+    /// The thread ends after its current poll; the connection closes with it.
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The thread: polls while there is room in the queue, until stopped or closed.
+fn read<C: Collect>(shared: &Shared<C>) {
+    loop {
+        {
+            let mut queue = shared.queue.lock();
+            while !queue.stop && queue.polls.len() >= shared.depth {
+                shared.changed.wait(&mut queue);
+            }
+            if queue.stop {
+                return;
+            }
+        }
+        let mut sub = shared.sub.lock();
+        let Some(s) = sub.as_mut() else {
+            return;
+        };
+        let mut messages = C::default();
+        let result = s.poll_shared_upto(POLL, shared.poll_bytes, |b, m| messages.collect(b, m));
+        let mut queue = shared.queue.lock();
+        match result {
+            Ok(_) if messages.count() == 0 => {}
+            Ok(_) => {
+                messages.finish(s);
+                let next = Subscriber::position(s);
+                queue.polls.push_back(Ok(Polled { messages, next }));
+            }
+            Err(e) => queue.polls.push_back(Err(e)),
+        }
+        debug_assert!(queue.polls.len() <= shared.depth, "the queue stays bounded");
+        drop(queue);
+        drop(sub);
+        shared.changed.notify_all();
+    }
+}
