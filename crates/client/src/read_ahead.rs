@@ -221,7 +221,7 @@ fn read<C: Collect>(shared: &Shared<C>) {
             }
             Err(e) => queue.polls.push_back(Err(e)),
         }
-        debug_assert!(queue.polls.len() <= shared.depth, "the queue stays bounded");
+        assert!(queue.polls.len() <= shared.depth, "the queue stays bounded");
         drop(queue);
         drop(sub);
         shared.changed.notify_all();

@@ -1,8 +1,8 @@
 //! `NativeSubscriber`: a Rust `Subscriber` that a thread of its own polls ahead
 //! (`embarcadero_client::ReadAhead`), one poll of messages per crossing: JavaScript takes a
 //! poll that is ready without leaving its thread (`takeBatch`), and waits on the blocking
-//! pool only when none is (`pollBatch`). No payload is copied: each delivery buffer the Rust subscriber
-//! lends (`Subscriber::poll_shared`) becomes a Node `Buffer` that views it and keeps it
+//! pool only when none is (`pollBatch`). No payload is copied: each delivery buffer the
+//! Rust subscriber lends (`Subscriber::poll_shared`) becomes a Node `Buffer` that views it and keeps it
 //! alive (its finalizer drops the Rust owner, after which the subscriber reuses the
 //! buffer). What JavaScript needs to find each message is packed compactly: per message
 //! only where its payload lies (two u32s); per run of messages from one delivery, the

@@ -310,7 +310,7 @@ impl Inner {
 /// place (never longer than the publisher's linger, so a linger of 0 never waits). A
 /// batch built in a buffer instead costs one more copy of every byte (the sender's),
 /// and under load it keeps that sender busy copying, so the next batches cannot be lent
-/// a span either (PERFORMANCE "Session 24": 29-46% of batches built in place at full
+/// a span either (PERFORMANCE "Session 24": 29-48% of batches built in place at full
 /// speed without waiting). A sender commits a batch in place in microseconds; a wait
 /// this long covers a buffer batch's copy or a sender's wake-up.
 pub(super) const LEND_PATIENCE: Duration = Duration::from_micros(200);
