@@ -1,7 +1,7 @@
 // The subscriber: reads a topic in order (the Rust `Subscriber`), one batch of messages
 // per crossing into native code, while a native thread reads the next polls ahead
-// (read-ahead), so a ready batch is taken without leaving the event loop's thread. Each delivery arrives as a Buffer over the
-// Rust subscriber's own buffer (no copy at all) and each `Message`'s payload is a view of
+// (read-ahead), so a ready batch is taken without leaving the event loop's thread. Each
+// delivery arrives as a Buffer over the Rust subscriber's own buffer (no copy at all) and each `Message`'s payload is a view of
 // it, made on first use; its fields are read lazily: where its payload lies from one
 // typed array (two numbers per message), what a run of messages of one delivery shares
 // from another, and the counter and publish time from the message's header in the
