@@ -91,7 +91,12 @@ impl ShmOutlet<'_> {
             done += n;
             *unbeaten += n;
             if n == 0 {
-                let want = (len - done).min(self.ring.capacity() / 4).max(1);
+                // A quarter of the ring, however little of this iovec is left: the ring
+                // is full, so the subscriber has all of it to read before it reaches what
+                // comes next, and waiting for more costs it nothing. Woken for each few
+                // KiB it took instead, this thread took the CPU from it for as many small
+                // copies (docs/PERFORMANCE.md, "Session 25").
+                let want = (self.ring.capacity() / 4).max(1);
                 self.wait_room(want, self.stall)?;
                 progress()?;
                 *unbeaten = 0;

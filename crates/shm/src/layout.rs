@@ -82,6 +82,12 @@ pub const P_TAIL: usize = 0;
 pub const P_DATA_BELL: usize = 8;
 /// Producer line: nonzero while the producer sleeps waiting for room (u32).
 pub const P_SPACE_WAITERS: usize = 12;
+/// Producer line: while `space_waiters` is set, the consumer `head` (its low 32 bits,
+/// compared with wrapping) below which the producer cannot have the room it waits for,
+/// so a consumer does not wake it before (u32; written before `space_waiters`; 0: wake at
+/// any move, as a producer that never writes it expects). A hint only: a wrong one costs
+/// a needless wake-up or a sleep until the producer's next look.
+pub const P_SPACE_WAKE_AT: usize = 16;
 /// Consumer line: bytes consumed so far (u64, only grows; Release after the copy out).
 pub const C_HEAD: usize = 0;
 /// Consumer line: the space doorbell's count (u32 futex word), rung after `head`.
@@ -101,6 +107,8 @@ pub const MAX_DATA_CAPACITY: usize = 1 << 30;
 const _: () = assert!(ACK_CONSUMER + LINE <= HEADER_BYTES);
 const _: () = assert!(D_ACK_CAPACITY + 8 <= DATA_PRODUCER);
 const _: () = assert!(C_DATA_WAITERS + 4 <= LINE && P_SPACE_WAITERS + 4 <= LINE);
+const _: () = assert!(P_SPACE_WAKE_AT >= P_SPACE_WAITERS + 4 && P_SPACE_WAKE_AT + 4 <= LINE);
+const _: () = assert!(P_SPACE_WAKE_AT.is_multiple_of(4));
 const _: () = assert!(P_TAIL.is_multiple_of(8) && C_HEAD.is_multiple_of(8));
 const _: () = assert!(P_DATA_BELL.is_multiple_of(4) && C_SPACE_BELL.is_multiple_of(4));
 const _: () = assert!(ACK_CAPACITY.is_power_of_two() && MIN_DATA_CAPACITY.is_power_of_two());
@@ -118,8 +126,9 @@ pub const CURSOR_LINE: usize = LINE;
 /// The producer line in the feed.
 pub const FEED_PRODUCER: usize = LINE;
 /// Bytes of the ring a broker gives a subscriber by default (`broker.shm_feed_bytes`):
-/// a round of deliveries is at most 16 MiB, and the subscriber copies frames out as
-/// they come, so half a round in the ring keeps both sides busy.
+/// a round of deliveries is at most 2 MiB (or one larger batch), and the subscriber
+/// copies frames out as they come, so the ring holds several rounds and neither side
+/// waits for the other while a reader keeps up.
 pub const FEED_CAPACITY: usize = 8 << 20;
 
 const _: () = assert!(CURSOR_LINE + LINE <= CURSOR_PAGE_BYTES);

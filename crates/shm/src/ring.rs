@@ -10,7 +10,8 @@
 
 use crate::bell;
 use crate::layout::{
-    RingPlace, C_DATA_WAITERS, C_HEAD, C_SPACE_BELL, LINE, P_DATA_BELL, P_SPACE_WAITERS, P_TAIL,
+    RingPlace, C_DATA_WAITERS, C_HEAD, C_SPACE_BELL, LINE, P_DATA_BELL, P_SPACE_WAITERS,
+    P_SPACE_WAKE_AT, P_TAIL,
 };
 use crate::lend::{Kept, KeptState, Lent, Returns, Span};
 use crate::mapping::Mapping;
@@ -89,13 +90,44 @@ impl RingMaps {
 /// One side's move, told to the other: stores its new `position` (Release: the bytes
 /// before it are visible first), rings `bell`, and wakes the peer only if it announced
 /// itself in `waiters` (SeqCst, the pair of [`wait_for`]'s, so a wake-up is never lost).
-/// The producer's tail and the consumer's head are told the same way.
+/// The producer's tail is told this way, the consumer's head by [`announce_room`].
 fn announce(position: &AtomicU64, value: u64, bell: &AtomicU32, waiters: &AtomicU32) {
     position.store(value, Ordering::Release);
     bell.fetch_add(1, Ordering::SeqCst);
     if waiters.load(Ordering::SeqCst) != 0 {
         bell::wake(bell);
     }
+}
+
+/// As [`announce`] for a consumer's `head`, but the producer is woken only once `head`
+/// has reached `wake_at`, the point below which it cannot have the room it waits for
+/// ([`P_SPACE_WAKE_AT`]). Woken at every small step instead, a producer waiting for a
+/// quarter of the ring looked, slept again and, on two cores, took the CPU from the very
+/// consumer it waited for (docs/PERFORMANCE.md, "Session 25"). Returns whether it woke.
+fn announce_room(
+    head_word: &AtomicU64,
+    head: u64,
+    bell: &AtomicU32,
+    waiters: &AtomicU32,
+    wake_at: &AtomicU32,
+) -> bool {
+    head_word.store(head, Ordering::Release);
+    bell.fetch_add(1, Ordering::SeqCst);
+    // `wake_at` was written before `waiters` was set, so once that is seen, so is it. A
+    // producer that never writes it (one built before it existed) leaves 0: any move.
+    let at = wake_at.load(Ordering::Relaxed);
+    let wake = waiters.load(Ordering::SeqCst) != 0 && (at == 0 || reached(head, at));
+    if wake {
+        bell::wake(bell);
+    }
+    wake
+}
+
+/// Whether `head` is at or past `wake_at`, a position's low 32 bits: the two are less
+/// than a ring's capacity (at most 1 GiB) apart, so the wrapping difference says which
+/// comes first.
+pub(crate) fn reached(head: u64, wake_at: u32) -> bool {
+    (head as u32).wrapping_sub(wake_at) as i32 >= 0
 }
 
 /// Waits until `ready` says so, `deadline` passes or `alive` says the peer is gone: the
@@ -469,6 +501,13 @@ impl Producer {
         let (maps, place) = (self.maps.clone(), self.place);
         let bell = maps.consumer_u32(&place, C_SPACE_BELL);
         let waiters = maps.producer_u32(&place, P_SPACE_WAITERS);
+        // Room is at most what the consumer's head leaves (kept spans only take more),
+        // so `want` needs head at `tail + want - capacity`; never asked past what is
+        // published, which the consumer can always reach.
+        let needed = (self.tail + want as u64).saturating_sub(self.place.capacity as u64);
+        let wake_at = needed.min(self.published) as u32;
+        maps.producer_u32(&place, P_SPACE_WAKE_AT)
+            .store(wake_at, Ordering::Relaxed);
         // For a write: kept spans give way (`reclaim`), so only the consumer is waited for.
         wait_for(bell, waiters, deadline, alive, || {
             Ok(self.room_to_write(want)? >= want)
@@ -515,6 +554,8 @@ pub struct Consumer {
     head: u64,
     /// The largest `tail` seen: the producer's must never go below it.
     tail_seen: u64,
+    /// How often this side woke a producer sleeping for room (only grows).
+    producer_wakes: u64,
 }
 
 impl Consumer {
@@ -532,6 +573,7 @@ impl Consumer {
             place,
             head: 0,
             tail_seen: 0,
+            producer_wakes: 0,
         }
     }
 
@@ -594,12 +636,19 @@ impl Consumer {
         }
         self.head += n as u64;
         let (maps, place) = (&self.maps, &self.place);
-        announce(
+        let woke = announce_room(
             maps.consumer_u64(place, C_HEAD),
             self.head,
             maps.consumer_u32(place, C_SPACE_BELL),
             maps.producer_u32(place, P_SPACE_WAITERS),
+            maps.producer_u32(place, P_SPACE_WAKE_AT),
         );
+        self.producer_wakes += u64::from(woke);
+    }
+
+    /// How often [`Self::consume`] woke a producer sleeping for room.
+    pub fn producer_wakes(&self) -> u64 {
+        self.producer_wakes
     }
 
     /// Waits until `want` bytes (at most the capacity) are published, `deadline` passes

@@ -74,6 +74,69 @@ fn a_full_ring_takes_no_more_and_write_all_waits_for_room() {
     assert_eq!(reader.join().unwrap(), 3 * cap);
 }
 
+/// A producer sleeping for room says where the consumer's head must reach before that
+/// room can exist, and the consumer wakes it only from there: freeing less, in many
+/// small steps, wakes it not once (each wake-up cost the consumer its CPU on two
+/// cores); freeing enough ends the wait.
+#[test]
+fn a_producer_waiting_for_room_is_woken_only_once_the_consumer_freed_it() {
+    let cap = MIN_DATA_CAPACITY;
+    let (mut p, mut c, map) = pair(cap);
+    assert_eq!(p.write(&vec![7; cap]).unwrap(), cap);
+    p.publish();
+    let waiter = std::thread::spawn(move || {
+        let far = Instant::now() + Duration::from_secs(600);
+        p.wait_room(cap / 2, Some(far), || true).unwrap()
+    });
+    let place = data_ring(cap);
+    let word = |at: usize| map.u32_at(place.producer_line + at);
+    // Synchronisation, not timing: the producer is asleep (or about to be) once it has
+    // set its waiters word, after its wake point.
+    while word(layout::P_SPACE_WAITERS).load(Ordering::SeqCst) == 0 {
+        assert!(
+            !waiter.is_finished(),
+            "the producer stopped waiting without room"
+        );
+        std::hint::spin_loop();
+    }
+    assert_eq!(
+        word(layout::P_SPACE_WAKE_AT).load(Ordering::SeqCst),
+        (cap / 2) as u32
+    );
+    c.available().unwrap();
+    let mut out = vec![0; 256];
+    for _ in 0..(cap / 2 / 256 - 1) {
+        c.copy_out(&mut out);
+        c.consume(out.len());
+    }
+    assert_eq!(
+        c.producer_wakes(),
+        0,
+        "woken before the room it waits for was free"
+    );
+    c.copy_out(&mut out);
+    c.consume(out.len());
+    assert_eq!(waiter.join().unwrap(), Waited::Ready);
+    assert!(c.producer_wakes() <= 1);
+}
+
+/// The wake point is a position's low 32 bits: reached is decided across the wrap.
+#[test]
+fn a_wake_point_is_reached_across_the_32_bit_wrap() {
+    use crate::ring::reached;
+    assert!(reached(10, 10) && reached(11, 10) && !reached(9, 10));
+    let before_wrap = (1u64 << 32) - 4;
+    assert!(
+        !reached(before_wrap, 2),
+        "2 lies after the wrap, ahead of the head"
+    );
+    assert!(reached((1u64 << 32) + 2, 2));
+    assert!(
+        reached((1u64 << 32) + 2, u32::MAX - 1),
+        "a point before the wrap is behind"
+    );
+}
+
 #[test]
 fn a_tail_that_goes_back_or_runs_too_far_ahead_is_a_violation() {
     let cap = MIN_DATA_CAPACITY;
