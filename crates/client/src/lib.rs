@@ -21,7 +21,7 @@ pub use admin::{
 };
 pub use delivery::SharedBatch;
 pub use publisher::{LatencySummary, Publisher, PublisherConfig, PublisherStats, QueueStats};
-pub use read_ahead::{Collect, Polled, ReadAhead};
+pub use read_ahead::{Collect, Polled, ReadAhead, SubscriberStatus};
 pub use shm::Transport;
 pub use subscriber::{Cursor, Message, MessageRef, Subscriber, SubscriberConfig};
 

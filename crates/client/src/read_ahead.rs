@@ -6,7 +6,9 @@
 //! Owns the subscriber while it reads ahead, and the queue of what it read: at most
 //! `depth` polls wait; then the thread waits for the caller to take one. Each poll lends
 //! whole batches ([`Subscriber::poll_shared_upto`]) to a collector of the caller's kind
-//! ([`Collect`]), which keeps them alive for as long as it needs. Touches nothing else.
+//! ([`Collect`]), which keeps them alive for as long as it needs; and what the
+//! subscriber last said of itself ([`SubscriberStatus`]), for callers that must not
+//! wait for a poll under way to ask. Touches nothing else.
 
 use crate::{Cursor, Error, MessageRef, SharedBatch, Subscriber};
 use parking_lot::{Condvar, Mutex};
@@ -27,8 +29,25 @@ pub trait Collect: Default + Send + 'static {
     /// The broker and position of each message collected, in order (for
     /// [`ReadAhead::position`]).
     fn positions(&self) -> Vec<(u16, u64)>;
-    /// After the poll, with the subscriber at hand (to note what it says of itself).
-    fn finish(&mut self, _sub: &Subscriber) {}
+}
+
+/// What the subscriber said of itself after its latest poll or seek: read without
+/// waiting for the subscriber, which the thread holds for up to a poll ([`POLL`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SubscriberStatus {
+    /// [`Subscriber::skipped`].
+    pub skipped: Option<(u64, u64)>,
+    /// [`Subscriber::transport`].
+    pub transport: &'static str,
+}
+
+impl SubscriberStatus {
+    fn of(sub: &Subscriber) -> Self {
+        Self {
+            skipped: sub.skipped(),
+            transport: sub.transport(),
+        }
+    }
 }
 
 /// One poll's messages and the subscriber's position after the last of them.
@@ -58,6 +77,8 @@ struct Shared<C> {
     queue: Mutex<Queue<C>>,
     /// Rung when a poll is queued or taken, and on stop.
     changed: Condvar,
+    /// Written with `sub` held, after each poll and seek; never held across either.
+    status: Mutex<SubscriberStatus>,
     /// Most polls waiting to be taken.
     depth: usize,
     /// Most bytes of batches one poll lends (whole batches; at least one).
@@ -78,6 +99,7 @@ impl<C: Collect> ReadAhead<C> {
         assert!(depth > 0 && poll_bytes > 0, "room for at least one poll");
         Self {
             shared: Arc::new(Shared {
+                status: Mutex::new(SubscriberStatus::of(&sub)),
                 sub: Mutex::new(Some(sub)),
                 queue: Mutex::default(),
                 changed: Condvar::new(),
@@ -106,9 +128,17 @@ impl<C: Collect> ReadAhead<C> {
             self.shared.queue.lock().polls.clear();
             // The thread may be waiting for room, which there is now.
             self.shared.changed.notify_all();
-            s.seek(cursor)?;
+            let sought = s.seek(cursor);
+            *self.shared.status.lock() = SubscriberStatus::of(s);
+            sought?;
             Ok(Subscriber::position(s))
         })
+    }
+
+    /// What the subscriber said of itself after its latest poll or seek (as of
+    /// connecting, before any); never waits for a poll under way.
+    pub fn status(&self) -> SubscriberStatus {
+        *self.shared.status.lock()
     }
 
     /// The subscriber's cursor (after everything read ahead), and the broker and position
@@ -211,11 +241,11 @@ fn read<C: Collect>(shared: &Shared<C>) {
         };
         let mut messages = C::default();
         let result = s.poll_shared_upto(POLL, shared.poll_bytes, |b, m| messages.collect(b, m));
+        *shared.status.lock() = SubscriberStatus::of(s);
         let mut queue = shared.queue.lock();
         match result {
             Ok(_) if messages.count() == 0 => {}
             Ok(_) => {
-                messages.finish(s);
                 let next = Subscriber::position(s);
                 queue.polls.push_back(Ok(Polled { messages, next }));
             }

@@ -538,3 +538,70 @@ fn poll_shared_upto_lends_one_batch_past_its_bound_and_every_message_once() {
             == 0
     );
 }
+
+/// Counts the messages of a read-ahead poll.
+#[derive(Default)]
+struct Count(usize);
+
+impl embarcadero_client::Collect for Count {
+    fn collect(
+        &mut self,
+        _: &embarcadero_client::SharedBatch,
+        _: embarcadero_client::MessageRef<'_>,
+    ) {
+        self.0 += 1;
+    }
+
+    fn count(&self) -> usize {
+        self.0
+    }
+
+    fn positions(&self) -> Vec<(u16, u64)> {
+        Vec::new()
+    }
+}
+
+/// What the bindings' getters (`transport`, `skipped`) read: the read-ahead's status is
+/// known from connecting on, and taking it never needs the subscriber, which the thread
+/// holds for up to a poll (100 ms) at a time. Shown by asking for it while holding the
+/// subscriber: if it needed the subscriber too, it would never answer.
+#[test]
+fn a_read_ahead_says_its_subscribers_status_without_waiting_for_a_poll() {
+    use embarcadero_client::ReadAhead;
+    use std::sync::Arc;
+    let t = common::start();
+    t.create_topic("status", 2);
+    let sub =
+        Subscriber::connect_brokers(&t.brokers(), "status", SubscriberConfig::default()).unwrap();
+    let connected = (sub.transport(), sub.skipped());
+    let reader = Arc::new(ReadAhead::<Count>::new(sub, 2, 1 << 20));
+    let status = reader.status();
+    assert_eq!((status.transport, status.skipped), connected);
+    assert_ne!(status.transport, "none", "connected");
+    // The thread starts and polls the empty topic, holding the subscriber most of the time.
+    assert!(reader.next_poll(Duration::from_millis(1)).is_none());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let asking = reader.clone();
+    std::thread::spawn(move || {
+        let status = asking.with_sub(|_| Ok(asking.status())).unwrap();
+        tx.send(status).unwrap();
+    });
+    // A hang guard far above any answer, not a timing: a status that needed the
+    // subscriber would never come.
+    let answered = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the status waited for the subscriber its caller held");
+    assert_eq!(answered, status);
+    // After messages are read ahead, it still says the same of this connection.
+    publish(&t, "status", 0, 10, 16 * 1024);
+    let mut read = 0;
+    while read < 10 {
+        let polled = reader
+            .next_poll(Duration::from_secs(10))
+            .expect("messages come");
+        read += polled.unwrap().messages.0;
+    }
+    assert_eq!(read, 10);
+    assert_eq!(reader.status(), status);
+    reader.close();
+}

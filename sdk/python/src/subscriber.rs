@@ -462,18 +462,16 @@ impl Subscriber {
     /// connecting, before any message. A subscriber given a position never skips: a
     /// position no longer retained raises ``BrokerError`` (``PositionNotRetained``).
     #[getter]
-    fn skipped(&self, py: Python<'_>) -> PyResult<Option<(u64, u64)>> {
-        if !self.from_beginning {
-            return Ok(None);
-        }
-        self.with_sub(py, |s| Ok(s.skipped()))
+    fn skipped(&self) -> Option<(u64, u64)> {
+        // As of the read-ahead's latest poll: never waits for one under way.
+        self.reader.status().skipped.filter(|_| self.from_beginning)
     }
 
     /// How the current connection reaches its broker: ``"tcp"``, ``"shm"``, or
-    /// ``"none"`` between connections.
+    /// ``"none"`` between connections (as of the latest poll read ahead).
     #[getter]
-    fn transport(&self, py: Python<'_>) -> PyResult<&'static str> {
-        self.with_sub(py, |s| Ok(s.transport()))
+    fn transport(&self) -> &'static str {
+        self.reader.status().transport
     }
 
     /// The topic's order level (0, 1, 2 or 5), as the broker reported it.

@@ -22,7 +22,6 @@ use napi::bindgen_prelude::{
 };
 use napi::{sys, Env, ValueType};
 use napi_derive::napi;
-use parking_lot::Mutex;
 use std::sync::Arc;
 
 /// Numbers per message in `NativeBatch::spans`: payload offset and payload length, in
@@ -162,29 +161,11 @@ fn end_of_topic(control: &str, topic: &str, sub: &Subscriber) -> Result<Cursor, 
 
 #[napi]
 pub struct NativeSubscriber {
-    /// The subscriber and its read-ahead thread.
+    /// The subscriber and its read-ahead thread (which also keeps what the subscriber
+    /// last said of itself, for the getters, without waiting for a poll under way).
     reader: Arc<ReadAhead<Packed>>,
-    /// What the subscriber last said of itself (as of the last poll taken), read by the
-    /// getters without waiting for a poll under way.
-    status: Arc<Mutex<Status>>,
     order: u8,
     start: Cursor,
-}
-
-/// `Subscriber::skipped` and `Subscriber::transport`, as of the last call that held it.
-#[derive(Clone, Copy)]
-struct Status {
-    skipped: Option<(u64, u64)>,
-    transport: &'static str,
-}
-
-impl Status {
-    fn of(sub: &Subscriber) -> Self {
-        Self {
-            skipped: sub.skipped(),
-            transport: sub.transport(),
-        }
-    }
 }
 
 /// The skipped range `[from, to)` as JavaScript gets it.
@@ -239,7 +220,6 @@ pub async fn connect_subscriber(
     })
     .await?;
     Ok(NativeSubscriber {
-        status: Arc::new(Mutex::new(Status::of(&sub))),
         order: sub.order(),
         start: Subscriber::position(&sub),
         reader: Arc::new(ReadAhead::new(sub, READ_AHEAD, GATHER_BYTES)),
@@ -264,17 +244,20 @@ impl NativeSubscriber {
     /// were reclaimed before its start (`Subscriber::skipped`); `None` if nothing was.
     #[napi]
     pub fn skipped(&self) -> Option<NativeSkipped> {
-        self.status.lock().skipped.map(|(from, to)| NativeSkipped {
-            from: from as f64,
-            to: to as f64,
-        })
+        self.reader
+            .status()
+            .skipped
+            .map(|(from, to)| NativeSkipped {
+                from: from as f64,
+                to: to as f64,
+            })
     }
 
     /// How the current connection reaches its broker: "tcp", "shm", or "none" between
     /// connections (`Subscriber::transport`).
     #[napi(getter)]
     pub fn transport(&self) -> &'static str {
-        self.status.lock().transport
+        self.reader.status().transport
     }
 
     /// The next poll's messages if one has been read ahead, without waiting: `None` when
@@ -283,18 +266,18 @@ impl NativeSubscriber {
     pub fn take_batch(&self) -> napi::Result<Option<NativeBatch>> {
         match self.reader.try_next() {
             None => Ok(None),
-            Some(polled) => taken(polled, &self.status).map_err(crate::error::to_js),
+            Some(polled) => taken(polled).map_err(crate::error::to_js),
         }
     }
 
     /// Waits up to `timeout_ms` for messages; `None` when none came.
     #[napi]
     pub async fn poll_batch(&self, timeout_ms: f64) -> napi::Result<Option<NativeBatch>> {
-        let (reader, status) = (self.reader.clone(), self.status.clone());
+        let reader = self.reader.clone();
         let timeout = crate::millis(timeout_ms);
         blocking(move || match reader.next_poll(timeout) {
             None => Ok(None),
-            Some(polled) => taken(polled, &status),
+            Some(polled) => taken(polled),
         })
         .await
     }
@@ -308,7 +291,7 @@ impl NativeSubscriber {
         topic: String,
         cursor: NativeCursor,
     ) -> napi::Result<NativeCursor> {
-        let (reader, status) = (self.reader.clone(), self.status.clone());
+        let reader = self.reader.clone();
         let start = start_of(Some(cursor))?;
         blocking(move || {
             let cursor = match start {
@@ -320,9 +303,7 @@ impl NativeSubscriber {
                 }
                 Start::End => reader.with_sub(|s| end_of_topic(&control, &topic, s))?,
             };
-            let sought = reader.seek(cursor);
-            *status.lock() = reader.with_sub(|s| Ok(Status::of(s)))?;
-            Ok(js_cursor(&sought?))
+            Ok(js_cursor(&reader.seek(cursor)?))
         })
         .await
     }
@@ -339,16 +320,10 @@ impl NativeSubscriber {
     }
 }
 
-/// A poll taken from the read-ahead, for JavaScript: its status noted, its messages
-/// packed (`None` if it brought none).
-fn taken(
-    polled: Result<Polled<Packed>, Error>,
-    status: &Mutex<Status>,
-) -> Result<Option<NativeBatch>, Error> {
+/// A poll taken from the read-ahead, for JavaScript: its messages packed (`None` if it
+/// brought none).
+fn taken(polled: Result<Polled<Packed>, Error>) -> Result<Option<NativeBatch>, Error> {
     let Polled { messages, next } = polled?;
-    if let Some(s) = messages.status {
-        *status.lock() = s;
-    }
     Ok(messages.into_batch(&next))
 }
 
@@ -365,8 +340,6 @@ struct Packed {
     /// What the next message must have to continue the last run: delivery, broker, batch
     /// seq, client, position, index in batch.
     follows: Option<(usize, u16, u64, u64, u64, u32)>,
-    /// What the subscriber said of itself after the poll.
-    status: Option<Status>,
 }
 
 impl Collect for Packed {
@@ -388,10 +361,6 @@ impl Collect for Packed {
             out.extend((0..end - first).map(|k| (broker, position + k as u64)));
         }
         out
-    }
-
-    fn finish(&mut self, sub: &Subscriber) {
-        self.status = Some(Status::of(sub));
     }
 }
 

@@ -301,7 +301,8 @@ class Subscriber:
         (``PositionNotRetained``)."""
     @property
     def transport(self) -> Literal["tcp", "shm", "none"]:
-        """How the current connection reaches its broker (``"none"`` between connections)."""
+        """How the current connection reaches its broker (``"none"`` between connections),
+        as of the latest poll read ahead: never waits for one under way."""
     @property
     def order(self) -> int: ...
     @property
