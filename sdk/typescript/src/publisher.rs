@@ -1,25 +1,33 @@
 //! `NativePublisher`: a Rust `Publisher` fed from a staging area so that `publish` never
-//! waits on the JavaScript thread. `stage` copies messages into one byte buffer (the
-//! only work done on the event loop) and starts a drain job on the blocking pool, which
-//! hands them, in order, to `Publisher::publish` (that is where batching, queueing,
-//! deflect-when-full and backpressure happen, and where it may block). `stage` tells
-//! the caller when the staging area is above its high-water mark, and the TypeScript
-//! layer then awaits `wait_room` instead of staging more: memory stays bounded and a
-//! fast producer is paced by the network, not by a blocked event loop.
+//! waits on the JavaScript thread. [`stage_one`] and [`stage_many`] copy messages into
+//! one byte buffer (the only work done on the event loop) and start a drain job on the
+//! blocking pool, which hands them, in order, to `Publisher::publish_all` (that is where
+//! batching, queueing, deflect-when-full and backpressure happen, and where it may
+//! block). Staging tells the caller when the staging area is above its high-water mark,
+//! and the TypeScript layer then awaits `wait_room` instead of staging more: memory
+//! stays bounded and a fast producer is paced by the network, not by a blocked event
+//! loop.
 
 use crate::error::{config, to_js};
 use crate::{blocking, millis};
 use embarcadero_client::{Error, Publisher, PublisherConfig, PublisherStats};
 use embarcadero_wire::SESSION_KEY_LEN;
-use napi::bindgen_prelude::{BigInt, Buffer, BufferSlice};
+use napi::bindgen_prelude::{BigInt, Buffer, BufferSlice, External};
 use napi_derive::napi;
 use parking_lot::{Condvar, Mutex};
 use serde_json::Value;
 use std::sync::Arc;
 
-/// Staged bytes above which `stage` asks the caller to wait: a few batches' worth, so
+/// Staged bytes above which staging asks the caller to wait: a few batches' worth, so
 /// the drain always has the next chunk ready while the JavaScript thread fills another.
 const HIGH_WATER: usize = 4 << 20;
+/// Messages the drain hands to the Rust publisher per call (`publish_all`: one lock of
+/// its batch builder for them all, where `publish` takes it per message). The linger
+/// timer needs the same lock: it waits for one group's copy, 64 KiB of 1 KiB messages
+/// (a few microseconds), more for larger messages.
+const GROUP: usize = 64;
+/// How long a drain that emptied the stage waits for more before it stops.
+const DRAIN_LINGER: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Every `PublisherConfig` option, as JavaScript passes them (camelCase, milliseconds).
 #[napi(object)]
@@ -117,6 +125,8 @@ struct Stage {
     draining: bool,
     /// `close` has begun: nothing more is staged.
     closed: bool,
+    /// Callers waiting for the drain to stop (`flush`, `close`): it does not linger then.
+    awaiting_drain: usize,
     /// The first error a drain met; every later call reports it, as the Rust
     /// publisher reports its first error.
     error: Option<Error>,
@@ -128,6 +138,9 @@ struct Shared {
     stage: Mutex<Stage>,
     /// Signalled whenever the drain takes a chunk or stops.
     progress: Condvar,
+    /// Signalled when messages are staged (or a caller waits for the drain), for a
+    /// drain lingering on an empty stage.
+    staged: Condvar,
     max_message: usize,
 }
 
@@ -160,47 +173,61 @@ pub async fn connect_publisher(
             publisher: Mutex::new(Some(Arc::new(publisher))),
             stage: Mutex::new(Stage::default()),
             progress: Condvar::new(),
+            staged: Condvar::new(),
         }),
         final_stats: Arc::default(),
     })
 }
 
+/// A publisher's staging area as JavaScript holds it (`NativePublisher.staging`), for
+/// [`stage_one`] and [`stage_many`]. They are plain functions, not methods, because
+/// napi-rs unwraps and registers a borrow of a method's `this` on every call: for one
+/// 1 KiB message that was three quarters of the call (docs/PERFORMANCE.md, session 26).
+pub struct Staging(Arc<Shared>);
+
+/// Stages one message; true when the caller should `waitRoom` before staging more.
+#[napi(ts_args_type = "staging: ExternalObject<'Staging'>, payload: Buffer")]
+pub fn stage_one(staging: &External<Staging>, payload: BufferSlice) -> napi::Result<bool> {
+    stage_all(&staging.0, std::iter::once(&payload[..]))
+}
+
+/// Stages many messages in one crossing, all or none.
+#[napi(ts_args_type = "staging: ExternalObject<'Staging'>, payloads: Array<Buffer>")]
+pub fn stage_many(staging: &External<Staging>, payloads: Vec<BufferSlice>) -> napi::Result<bool> {
+    stage_all(&staging.0, payloads.iter().map(|p| &p[..]))
+}
+
+fn stage_all<'a>(
+    shared: &Arc<Shared>,
+    payloads: impl Iterator<Item = &'a [u8]> + Clone,
+) -> napi::Result<bool> {
+    let mut st = shared.stage.lock();
+    check_open(&st).map_err(to_js)?;
+    let max = shared.max_message;
+    if let Some(p) = payloads.clone().find(|p| p.len() > max) {
+        return Err(to_js(Error::MessageTooLarge { size: p.len(), max }));
+    }
+    for p in payloads {
+        st.bytes.extend_from_slice(p);
+        let end = st.bytes.len();
+        st.ends.push(end);
+    }
+    if st.draining {
+        shared.staged.notify_one();
+    } else if !st.ends.is_empty() {
+        st.draining = true;
+        let shared = shared.clone();
+        napi::bindgen_prelude::spawn_blocking(move || drain(&shared));
+    }
+    Ok(st.bytes.len() >= HIGH_WATER)
+}
+
 #[napi]
 impl NativePublisher {
-    /// Stages one message; true when the caller should `wait_room` before staging more.
-    #[napi]
-    pub fn stage(&self, payload: BufferSlice) -> napi::Result<bool> {
-        self.stage_all(std::iter::once(&payload[..]))
-    }
-
-    /// Stages many messages in one crossing, all or none.
-    #[napi]
-    pub fn stage_many(&self, payloads: Vec<BufferSlice>) -> napi::Result<bool> {
-        self.stage_all(payloads.iter().map(|p| &p[..]))
-    }
-
-    fn stage_all<'a>(
-        &self,
-        payloads: impl Iterator<Item = &'a [u8]> + Clone,
-    ) -> napi::Result<bool> {
-        let shared = &self.shared;
-        let mut st = shared.stage.lock();
-        check_open(&st).map_err(to_js)?;
-        let max = shared.max_message;
-        if let Some(p) = payloads.clone().find(|p| p.len() > max) {
-            return Err(to_js(Error::MessageTooLarge { size: p.len(), max }));
-        }
-        for p in payloads {
-            st.bytes.extend_from_slice(p);
-            let end = st.bytes.len();
-            st.ends.push(end);
-        }
-        if !st.draining && !st.ends.is_empty() {
-            st.draining = true;
-            let shared = self.shared.clone();
-            napi::bindgen_prelude::spawn_blocking(move || drain(&shared));
-        }
-        Ok(st.bytes.len() >= HIGH_WATER)
+    /// The staging area, for `stageOne` and `stageMany` (read once per publisher).
+    #[napi(getter, ts_return_type = "ExternalObject<'Staging'>")]
+    pub fn staging(&self) -> External<Staging> {
+        External::new(Staging(self.shared.clone()))
     }
 
     /// Resolves once the staging area is below its high-water mark again.
@@ -295,6 +322,12 @@ fn drain(shared: &Shared) {
     loop {
         {
             let mut st = shared.stage.lock();
+            if st.ends.is_empty() && !st.closed && st.awaiting_drain == 0 {
+                // A drain that stops is started again by the next call, a hop through the
+                // blocking pool each time; a `publishMany` loop stages every few hundred
+                // microseconds, so a short wait keeps the drain running between calls.
+                shared.staged.wait_for(&mut st, DRAIN_LINGER);
+            }
             if st.ends.is_empty() {
                 st.draining = false;
                 shared.progress.notify_all();
@@ -322,9 +355,14 @@ fn drain(shared: &Shared) {
 fn publish_chunk(shared: &Shared, bytes: &[u8], ends: &[usize]) -> Result<(), Error> {
     let publisher = shared.publisher.lock().clone().ok_or(Error::Closed)?;
     let mut start = 0;
-    for &end in ends {
-        publisher.publish(&bytes[start..end])?;
-        start = end;
+    let mut group = Vec::with_capacity(GROUP.min(ends.len()));
+    for ends in ends.chunks(GROUP) {
+        group.clear();
+        for &end in ends {
+            group.push(&bytes[start..end]);
+            start = end;
+        }
+        publisher.publish_all(&group)?;
     }
     Ok(())
 }
@@ -332,9 +370,12 @@ fn publish_chunk(shared: &Shared, bytes: &[u8], ends: &[usize]) -> Result<(), Er
 /// Waits until the drain job has published everything staged (or failed).
 fn wait_drained(shared: &Shared) -> Result<(), Error> {
     let mut st = shared.stage.lock();
+    st.awaiting_drain += 1;
+    shared.staged.notify_all();
     while st.draining {
         shared.progress.wait(&mut st);
     }
+    st.awaiting_drain -= 1;
     st.error.clone().map_or(Ok(()), Err)
 }
 

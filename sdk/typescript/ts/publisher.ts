@@ -188,10 +188,13 @@ const DONE: Promise<void> = Promise.resolve();
  */
 export class Publisher implements AsyncDisposable {
   readonly #native: Native.NativePublisher;
+  /** The native staging area: `stageOne` and `stageMany` take it (see src/publisher.rs). */
+  readonly #staging: Native.ExternalObject<"Staging">;
   #closing: Promise<PublisherStats> | undefined;
 
   private constructor(n: Native.NativePublisher) {
     this.#native = n;
+    this.#staging = n.staging;
   }
 
   /**
@@ -241,7 +244,7 @@ export class Publisher implements AsyncDisposable {
    */
   publish(payload: Payload): Promise<void> {
     try {
-      return this.#native.stage(bytes(payload)) ? this.#waitRoom() : DONE;
+      return native.stageOne(this.#staging, bytes(payload)) ? this.#waitRoom() : DONE;
     } catch (e) {
       return Promise.reject(translate(e));
     }
@@ -254,7 +257,7 @@ export class Publisher implements AsyncDisposable {
   publishMany(payloads: readonly Payload[]): Promise<void> {
     try {
       const all = payloads.map(bytes);
-      return this.#native.stageMany(all) ? this.#waitRoom() : DONE;
+      return native.stageMany(this.#staging, all) ? this.#waitRoom() : DONE;
     } catch (e) {
       return Promise.reject(translate(e));
     }
