@@ -396,12 +396,15 @@ type E2eResult = Result<(u64, Instant, Histogram<u64>, Option<failure::Verifier>
 
 /// One run against an embedded server (or --control).
 fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
-    let scratch = tempdir()?;
-    let (server, region_file, control) = start_server(args, &scratch)?;
-    let topic = format!("bench-{}-{}", config.order, std::process::id());
-    Admin::new(&control)
-        .create_topic(&TopicSpec::new(&topic, config.order).replicated(args.rf))
-        .map_err(|e| e.to_string())?;
+    let mut scratch = Scratch {
+        dir: tempdir()?,
+        region_file: None,
+    };
+    // Declared after `scratch`, so dropped before it on every way out: the server lets
+    // go of its region before the file is removed.
+    let (server, region_file, control) = start_server(args, &scratch.dir)?;
+    scratch.region_file = region_file.clone();
+    let topic = create_topic(args, &control, config.order)?;
     // How many messages the subscriber waits for: known once publishing has ended.
     let published = Arc::new(AtomicU64::new(u64::MAX));
     // Wall-clock start of the measured schedule (0 until then): messages due before it
@@ -446,16 +449,12 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
     // The server is done and its counters read: the ceilings get the machine to
     // themselves, and nothing the server does meanwhile shows in the figures.
     drop(server);
-    let ceilings = measure_ceilings(args, &scratch)?;
+    let ceilings = measure_ceilings(args, &scratch.dir)?;
     let mut figures = common_figures(args, config, &outcome, elapsed);
     let bytes = outcome.stats.bytes as f64;
     let extra = extra_figures(region_file.as_ref(), &reads, &cpu, bytes, &stages, ceilings);
     merge(&mut figures, extra);
     add_ceiling_ratios(&mut figures);
-    let _ = std::fs::remove_dir_all(&scratch);
-    if let Some(f) = &region_file {
-        let _ = std::fs::remove_file(f);
-    }
     if !args.json {
         print_run_header(args, config, outcome.runs.len());
         report(&outcome.stats, outcome.elapsed, false, args.ack);
@@ -465,6 +464,33 @@ fn run_one(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         print_ceilings(&figures);
     }
     Ok(figures)
+}
+
+/// Creates the run's topic (of `order`, replicated as `--rf` says) and returns its name.
+fn create_topic(args: &BenchArgs, control: &str, order: u8) -> Result<String, String> {
+    let topic = format!("bench-{}-{}", order, std::process::id());
+    Admin::new(control)
+        .create_topic(&TopicSpec::new(&topic, order).replicated(args.rf))
+        .map_err(|e| e.to_string())?;
+    Ok(topic)
+}
+
+/// What a measured run leaves on disk, removed when the run ends, whether it succeeded
+/// or failed partway (a failed run's region can be gigabytes of /dev/shm): its scratch
+/// directory, and the embedded server's region file, which is outside it in
+/// --region-dir or /dev/shm (if any).
+struct Scratch {
+    dir: PathBuf,
+    region_file: Option<PathBuf>,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(f) = &self.region_file {
+            let _ = std::fs::remove_file(f);
+        }
+    }
 }
 
 /// Publishes the run, sampling CPU meanwhile; stores in `measured_from_ns` the
@@ -497,11 +523,20 @@ fn publish_measured(
 }
 
 /// What the subscribers of a run read: the e2e subscriber's count, time and latencies,
-/// its exactly-once verdict (--verify), and the subscribe-only count and time.
+/// its exactly-once verdict (--verify), and the subscribe-only reader's figures.
 struct Reads {
     e2e: Option<(u64, Duration, Histogram<u64>)>,
     check: Option<failure::Check>,
-    subscribe_only: Option<(u64, Duration)>,
+    subscribe_only: Option<SubscribeOnly>,
+}
+
+/// What the subscribe-only reader did.
+struct SubscribeOnly {
+    received: u64,
+    elapsed: Duration,
+    /// This process's CPU seconds while it read: the reader's alone with --control (the
+    /// publishers are done by then), the reader's and the embedded server's otherwise.
+    cpu_seconds: f64,
 }
 
 impl Reads {
@@ -509,7 +544,7 @@ impl Reads {
     fn elapsed(&self) -> Option<Duration> {
         match (&self.e2e, &self.subscribe_only) {
             (Some(e), _) => Some(e.1),
-            (_, Some((_, t))) => Some(*t),
+            (_, Some(s)) => Some(s.elapsed),
             _ => None,
         }
     }
@@ -556,7 +591,8 @@ fn extra_figures(
     let per_gb = |seconds: f64| seconds / (bytes / 1e9);
     serde_json::json!({
         "region_file": region_file.map(|p| p.display().to_string()),
-        "subscribe_only_seconds": reads.subscribe_only.as_ref().map(|(_, t)| t.as_secs_f64()),
+        "subscribe_only_seconds": reads.subscribe_only.as_ref().map(|s| s.elapsed.as_secs_f64()),
+        "subscribe_only_cpu_seconds": reads.subscribe_only.as_ref().map(|s| s.cpu_seconds),
         "e2e_latency_us": reads.e2e.as_ref().map(|(_, _, h)| serde_json::json!({
             "p50": h.value_at_quantile(0.5),
             "p99": h.value_at_quantile(0.99),
@@ -702,18 +738,40 @@ fn read_all_from_start(
     topic: &str,
     count: u64,
     transport: Transport,
-) -> Result<(u64, Duration), String> {
+) -> Result<SubscribeOnly, String> {
     let mut sub = Subscriber::connect(control, topic, subscriber_config(transport))
         .map_err(|e| e.to_string())?;
+    const KEEP: &str = "a memory-only topic keeps about three quarters of each broker's log \
+        memory: lower --total-bytes or --duration, or read from disk with --rf 2";
     let sub_start = Instant::now();
+    let cpu_start = cpu::process_cpu_seconds();
+    let mut last_progress = sub_start;
     let mut received = 0u64;
     while received < count {
-        sub.poll_with(Duration::from_secs(30), |_| received += 1)
-            .map_err(|e| {
-                format!("{e} (a memory-only topic keeps about the region's log memory: lower --total-bytes or --duration, or read from disk with --rf 2)")
-            })?;
+        let got = sub
+            .poll_with(Duration::from_secs(30), |_| received += 1)
+            .map_err(|e| format!("{e} ({KEEP})"))?;
+        // Reclaimed messages never come: waiting for them would hang the run.
+        if let Some((from, to)) = sub.skipped() {
+            return Err(format!(
+                "positions {from}..{to} were reclaimed before the subscriber started ({KEEP})"
+            ));
+        }
+        // A poll may end early with nothing to hand out (a reconnection, a batch already
+        // seen), so only time without a message ends the run.
+        if got > 0 {
+            last_progress = Instant::now();
+        } else if last_progress.elapsed() >= Duration::from_secs(30) {
+            return Err(format!(
+                "the subscriber received nothing for 30 s after {received} of {count} messages"
+            ));
+        }
     }
-    Ok((received, sub_start.elapsed()))
+    Ok(SubscribeOnly {
+        received,
+        elapsed: sub_start.elapsed(),
+        cpu_seconds: cpu::process_cpu_seconds() - cpu_start,
+    })
 }
 
 /// Waits for the e2e subscriber (if any): messages received, time from the start of
@@ -810,10 +868,11 @@ fn print_reads(reads: &Reads, mb_s: f64, order: u8) {
     if let Some(check) = &reads.check {
         failure::print_check(check, order);
     }
-    if let Some((received, t)) = reads.subscribe_only {
+    if let Some(s) = &reads.subscribe_only {
         say!(
-            "subscriber read {received} messages from position 0 in {:.3} s: {:.1} MB/s",
-            t.as_secs_f64(),
+            "subscriber read {} messages from position 0 in {:.3} s: {:.1} MB/s",
+            s.received,
+            s.elapsed.as_secs_f64(),
             mb_s
         );
     }
@@ -1192,23 +1251,34 @@ fn publish_all<T>(
     }
     let watched = watched?;
     let finished = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let outcome = publish_outcome(publishers, finished, warmed, start, stages_at_start)?;
+    Ok((outcome, watched))
+}
+
+/// The outcome of a run whose publishers all finished (`finished`: each one's worst
+/// lateness and when its last acknowledgement came): closes the publishers and merges
+/// their figures, timed from `start` to the last acknowledgement.
+fn publish_outcome(
+    publishers: Vec<Publisher>,
+    finished: Vec<(Duration, Instant)>,
+    warmed: Option<Vec<PublisherRun>>,
+    start: Instant,
+    stages_at_start: std::collections::BTreeMap<String, u64>,
+) -> Result<PublishOutcome, String> {
     // Up to the last acknowledgement, not to when the monitor (which polls every 100 ms)
     // saw the publishers finish.
     let (behind, flushed_at): (Vec<Duration>, Vec<Instant>) = finished.into_iter().unzip();
     let last_ack = flushed_at.into_iter().max().unwrap_or_else(Instant::now);
     let elapsed = last_ack.saturating_duration_since(start);
     let runs = close_publishers(publishers, &behind, warmed)?;
-    Ok((
-        PublishOutcome {
-            stats: merge_stats(&runs),
-            behind_max: runs.iter().map(|r| r.behind_max).max().unwrap_or_default(),
-            runs,
-            start,
-            elapsed,
-            stages_at_start,
-        },
-        watched,
-    ))
+    Ok(PublishOutcome {
+        stats: merge_stats(&runs),
+        behind_max: runs.iter().map(|r| r.behind_max).max().unwrap_or_default(),
+        runs,
+        start,
+        elapsed,
+        stages_at_start,
+    })
 }
 
 /// The run's `--publishers` publishers, connected.
@@ -1581,6 +1651,25 @@ fn tempdir() -> Result<std::path::PathBuf, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run's scratch goes with it however the run ends (`run_one` returns early on an
+    /// error with its `Scratch` in scope): the directory with what is in it, and the
+    /// region file outside it.
+    #[test]
+    fn a_runs_scratch_and_region_file_are_removed_when_it_ends() {
+        let base = std::env::temp_dir().join(format!("bench-scratch-test-{}", std::process::id()));
+        let dir = base.join("scratch");
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        std::fs::write(dir.join("data/segment"), b"x").unwrap();
+        let region = base.join("run.region");
+        std::fs::write(&region, b"region").unwrap();
+        drop(Scratch {
+            dir: dir.clone(),
+            region_file: Some(region.clone()),
+        });
+        assert!(!dir.exists() && !region.exists());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 
     /// `due_by` counts exactly the messages of a publisher due by a given time: the
     /// last one counted is due then or before, the next one after (unless capped).

@@ -404,3 +404,35 @@ fn a_failure_run_ended_by_sigterm_kills_its_cluster_and_removes_its_region() {
         .collect();
     assert!(regions.is_empty(), "left behind: {regions:?}");
 }
+
+/// `bench --mode subscribe` against a server whose memory-only topic cannot keep the
+/// whole run: the subscriber, which starts from the beginning once publishing ends, is
+/// told its start was reclaimed, and the run ends with an error naming the positions and
+/// what to change, instead of waiting for messages that can never come.
+#[test]
+fn subscribe_mode_reports_a_reclaimed_start_instead_of_waiting_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = common::Serve::start_small(dir.path());
+    // Twice the broker's whole log memory: the first messages are reclaimed for sure.
+    let out = run_bin(&[
+        "bench",
+        "--no-ceilings",
+        "--mode",
+        "subscribe",
+        "--control",
+        &serve.control,
+        "--total-bytes",
+        "33554432",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the run cannot read what was reclaimed"
+    );
+    assert!(
+        stderr.contains("were reclaimed before the subscriber started")
+            && stderr.contains("--total-bytes"),
+        "{stderr}"
+    );
+    serve.stop();
+}

@@ -387,6 +387,13 @@ fn bench_fills_a_topic_with_parallel_publishers_and_reads_it_back() {
     assert_eq!(figures["payload_bytes"], 4194304);
     assert_eq!(figures["queues"].as_array().unwrap().len(), 3 * 4);
     assert!(figures["subscribe_only_seconds"].as_f64().unwrap() > 0.0);
+    // The reading phase's CPU: part of the run's (which the process figure covers whole).
+    let reading_cpu = figures["subscribe_only_cpu_seconds"].as_f64().unwrap();
+    let run_cpu = figures["process_cpu_seconds_per_gb"].as_f64().unwrap() * 4194304.0 / 1e9;
+    assert!(
+        (0.0..=run_cpu + 1e-6).contains(&reading_cpu),
+        "reading {reading_cpu} s of a run of {run_cpu} s"
+    );
     assert_eq!(
         figures["append_to_ack_us"]["count"],
         figures["per_publisher_append_to_ack_us"]

@@ -464,6 +464,7 @@ pub fn run(args: &BenchArgs, config: RunConfig) -> Result<Value, String> {
         serde_json::json!({
             "region_file": region_file,
             "subscribe_only_seconds": null,
+            "subscribe_only_cpu_seconds": null,
             "e2e_latency_us": null,
             // The brokers run in other processes: this process's CPU is the client's.
             "process_cpu_seconds_per_gb": null,

@@ -161,6 +161,69 @@ fn y_title(canvas: &mut Canvas, x: i64, frame: &Frame, text: &str) {
     canvas.text_up(x, frame.top + (frame.height() + tw) / 2, text, BLACK, 2);
 }
 
+/// The side of the plotting area where an axis's values are written.
+#[derive(Clone, Copy)]
+enum Edge {
+    /// Values up the left side, at horizontal grid lines.
+    Left,
+    /// Values along the bottom, under vertical grid lines.
+    Bottom,
+}
+
+/// A grid line across the plotting area at `at` (pixels along the axis of `edge`), and
+/// its value `text` beside the axis.
+fn grid_line(canvas: &mut Canvas, frame: &Frame, edge: Edge, at: i64, text: &str) {
+    let tw = Canvas::text_width(text, 2);
+    match edge {
+        Edge::Left => {
+            canvas.line((frame.left, at), (frame.right, at), GRID, 1);
+            canvas.text(frame.left - 8 - tw, at - 7, text, BLACK, 2);
+        }
+        Edge::Bottom => {
+            canvas.line((at, frame.top), (at, frame.bottom), GRID, 1);
+            canvas.text(at - tw / 2, frame.bottom + 8, text, BLACK, 2);
+        }
+    }
+}
+
+/// The grid of a linear axis from 0 to `top`, a labelled line every `step` (from
+/// [`nice_axis`]), `to_pixel` placing a value: panel (a)'s MB/s and (b)'s offered load.
+fn linear_axis(
+    canvas: &mut Canvas,
+    frame: &Frame,
+    edge: Edge,
+    (step, top): (f64, f64),
+    to_pixel: impl Fn(f64) -> i64,
+) {
+    let mut tick = 0.0;
+    while tick <= top + step / 2.0 {
+        grid_line(
+            canvas,
+            frame,
+            edge,
+            to_pixel(tick),
+            &format_tick(tick, step),
+        );
+        tick += step;
+    }
+}
+
+/// The grid of panel (b)'s latency axis, from 10^`decades.0` to 10^`decades.1` us,
+/// `to_y` placing a latency.
+fn log_axis(canvas: &mut Canvas, frame: &Frame, decades: (i32, i32), to_y: impl Fn(f64) -> i64) {
+    // Minor grid at 2x and 5x each decade, major at the decades (labelled).
+    for decade in decades.0..=decades.1 {
+        let base = 10f64.powi(decade);
+        for minor in [2.0, 5.0] {
+            if decade < decades.1 {
+                let ty = to_y(base * minor);
+                canvas.line((frame.left, ty), (frame.right, ty), MINOR_GRID, 1);
+            }
+        }
+        grid_line(canvas, frame, Edge::Left, to_y(base), &format_us(base));
+    }
+}
+
 fn throughput_panel(canvas: &mut Canvas, panel: (i64, i64, i64, i64), runs: &[Value]) {
     let (x, y, w, h) = panel;
     title(canvas, panel, "(a) Throughput per run");
@@ -171,16 +234,7 @@ fn throughput_panel(canvas: &mut Canvas, panel: (i64, i64, i64, i64), runs: &[Va
         canvas.text(x + (w - tw) / 2, y + 38, &note, GREY, 2);
     }
     let lines = labels.iter().map(Vec::len).max().unwrap_or(1) as i64;
-    let slot_guess = (w - BARS_MARGIN as i64) / runs.len().max(1) as i64;
-    let widest = labels
-        .iter()
-        .flatten()
-        .map(|l| Canvas::text_width(l, 2))
-        .max()
-        .unwrap_or(0);
-    // Labels at the larger size when every line fits under its bar.
-    let label_scale = if widest + 8 <= slot_guess { 2 } else { 1 };
-    let line_height = Canvas::text_height(label_scale) + 2 * label_scale as i64 + 1;
+    let (label_scale, line_height) = bar_label_size(&labels, w);
     let frame = Frame {
         left: x + 90,
         top: y + 70,
@@ -193,15 +247,7 @@ fn throughput_panel(canvas: &mut Canvas, panel: (i64, i64, i64, i64), runs: &[Va
         .collect();
     let (step, top) = nice_axis(mb_s.iter().copied().fold(0.0, f64::max) * 1.1);
     let to_y = |v: f64| frame.bottom - (v / top * frame.height() as f64).round() as i64;
-    let mut tick = 0.0;
-    while tick <= top + step / 2.0 {
-        let ty = to_y(tick);
-        canvas.line((frame.left, ty), (frame.right, ty), GRID, 1);
-        let text = format_tick(tick, step);
-        let tw = Canvas::text_width(&text, 2);
-        canvas.text(frame.left - 8 - tw, ty - 7, &text, BLACK, 2);
-        tick += step;
-    }
+    linear_axis(canvas, &frame, Edge::Left, (step, top), to_y);
     y_title(canvas, x + 14, &frame, "MB/s of payload");
     if runs.is_empty() {
         centred_note(canvas, &frame, "no runs");
@@ -240,6 +286,22 @@ fn throughput_panel(canvas: &mut Canvas, panel: (i64, i64, i64, i64), runs: &[Va
         }
     }
     axes(canvas, &frame);
+}
+
+/// The scale and line height of panel (a)'s bar labels. The plotting area makes room
+/// for them, so the slot under each bar is guessed from the panel's width `w`.
+fn bar_label_size(labels: &[Vec<String>], w: i64) -> (usize, i64) {
+    let slot_guess = (w - BARS_MARGIN as i64) / labels.len().max(1) as i64;
+    let widest = labels
+        .iter()
+        .flatten()
+        .map(|l| Canvas::text_width(l, 2))
+        .max()
+        .unwrap_or(0);
+    // Labels at the larger size when every line fits under its bar.
+    let label_scale = if widest + 8 <= slot_guess { 2 } else { 1 };
+    let line_height = Canvas::text_height(label_scale) + 2 * label_scale as i64 + 1;
+    (label_scale, line_height)
 }
 
 /// p50 and p99 of append-to-ack at each offered load, per order.
@@ -294,30 +356,8 @@ fn latency_panel(canvas: &mut Canvas, panel: (i64, i64, i64, i64), runs: &[Value
         let at = (us.log10() - decades.0 as f64) / span;
         frame.bottom - (at * frame.height() as f64).round() as i64
     };
-    // Minor grid at 2x and 5x each decade, major at the decades (labelled).
-    for decade in decades.0..=decades.1 {
-        let base = 10f64.powi(decade);
-        for minor in [2.0, 5.0] {
-            if decade < decades.1 {
-                let ty = to_y(base * minor);
-                canvas.line((frame.left, ty), (frame.right, ty), MINOR_GRID, 1);
-            }
-        }
-        let ty = to_y(base);
-        canvas.line((frame.left, ty), (frame.right, ty), GRID, 1);
-        let text = format_us(base);
-        let tw = Canvas::text_width(&text, 2);
-        canvas.text(frame.left - 8 - tw, ty - 7, &text, BLACK, 2);
-    }
-    let mut tick = 0.0;
-    while tick <= x_top + x_step / 2.0 {
-        let tx = to_x(tick);
-        canvas.line((tx, frame.top), (tx, frame.bottom), GRID, 1);
-        let text = format_tick(tick, x_step);
-        let tw = Canvas::text_width(&text, 2);
-        canvas.text(tx - tw / 2, frame.bottom + 8, &text, BLACK, 2);
-        tick += x_step;
-    }
+    log_axis(canvas, &frame, decades, to_y);
+    linear_axis(canvas, &frame, Edge::Bottom, (x_step, x_top), to_x);
     let x_label = "offered load, MB/s (--rate)";
     let tw = Canvas::text_width(x_label, 2);
     canvas.text(
