@@ -90,16 +90,7 @@ fn status_and_topic_list_label_their_columns_and_show_order_1_positions() {
 #[test]
 fn a_subscriber_that_does_not_read_is_named_and_its_publisher_warns() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("small.toml");
-    std::fs::write(
-        &config,
-        "brokers = 1\n[region]\nsegment_bytes = 4194304\nsegments_per_broker = 4\n",
-    )
-    .unwrap();
-    let serve = Serve::start_with(
-        &dir.path().join("d"),
-        &["--config", config.to_str().unwrap()],
-    );
+    let serve = Serve::start_small(dir.path());
     ok(&serve.run(&["topic", "create", "held", "--memory-only"], None));
     // Its stdout is a pipe the test never reads: once the pipe is full it stops.
     let mut sub = Command::new(BIN)

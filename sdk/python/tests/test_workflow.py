@@ -464,6 +464,7 @@ def test_a_process_that_exits_right_after_stop_loses_no_finished_result(engine):
     only = step(task, "only")
     assert (only["result"], only["attempts"]) == ("let through", 1), only
 
+
 def test_the_workers_ack_level_and_rf_reach_the_log(engine):
     """`ack`/`rf` are `embarcadero worker --ack/--rf`, durable (2 and 2) by default: a worker
     that creates its topic makes it with its rf, and the broker refuses ack 2 on a
