@@ -32,7 +32,7 @@ mod transport;
 pub use log_writer::{LogWriter, Reservation, ReserveError, SegmentPool};
 pub use resume::LogResume;
 
-use embarcadero_region::Region;
+use embarcadero_region::{Capacities, Region};
 use registry::Registry;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -312,24 +312,7 @@ impl Broker {
     /// Binds the port and starts the broker's threads.
     pub fn start(config: BrokerConfig, region: Arc<Region>) -> std::io::Result<Self> {
         let caps = region.capacities();
-        if config.broker_id >= caps.brokers {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!(
-                    "broker id {} is outside the region's {} brokers",
-                    config.broker_id, caps.brokers
-                ),
-            ));
-        }
-        if config.max_batch_bytes > caps.segment_bytes {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!(
-                    "max_batch_bytes {} exceeds the region's segment size {}",
-                    config.max_batch_bytes, caps.segment_bytes
-                ),
-            ));
-        }
+        check_fits_region(&config, &caps)?;
         let listener = TcpListener::bind(config.listen).map_err(|e| {
             std::io::Error::new(
                 e.kind(),
@@ -370,19 +353,7 @@ impl Broker {
             config,
             region,
         });
-        let mut threads = Vec::new();
-        let s = shared.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("broker{}-service", s.config.broker_id))
-                .spawn(move || service::run(s, rx))?,
-        );
-        let s = shared.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("broker{}-accept", s.config.broker_id))
-                .spawn(move || accept_loop(s, listener))?,
-        );
+        let mut threads = spawn_threads(&shared, rx, listener)?;
         let shm_name = if shared.config.shm {
             start_shm(&shared, local_addr, &mut threads)
         } else {
@@ -451,6 +422,53 @@ impl Drop for Broker {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Refuses a configuration the region cannot serve: a broker id beyond the region's
+/// brokers, or a batch limit above its segment size (a batch is reserved inside one segment).
+fn check_fits_region(config: &BrokerConfig, caps: &Capacities) -> std::io::Result<()> {
+    if config.broker_id >= caps.brokers {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "broker id {} is outside the region's {} brokers",
+                config.broker_id, caps.brokers
+            ),
+        ));
+    }
+    if config.max_batch_bytes > caps.segment_bytes {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "max_batch_bytes {} exceeds the region's segment size {}",
+                config.max_batch_bytes, caps.segment_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Starts the broker's service thread (fed new publishers on `new_publishers`) and then
+/// its TCP acceptor on `listener`; returns their handles in that order.
+fn spawn_threads(
+    shared: &Arc<Shared>,
+    new_publishers: crossbeam_channel::Receiver<Arc<publish::PublishConn>>,
+    listener: TcpListener,
+) -> std::io::Result<Vec<JoinHandle<()>>> {
+    let mut threads = Vec::new();
+    let s = shared.clone();
+    threads.push(
+        std::thread::Builder::new()
+            .name(format!("broker{}-service", s.config.broker_id))
+            .spawn(move || service::run(s, new_publishers))?,
+    );
+    let s = shared.clone();
+    threads.push(
+        std::thread::Builder::new()
+            .name(format!("broker{}-accept", s.config.broker_id))
+            .spawn(move || accept_loop(s, listener))?,
+    );
+    Ok(threads)
 }
 
 /// Listens for shared-memory channels beside the TCP port; a broker that cannot (the

@@ -20,7 +20,7 @@
 //! start takes this path.
 
 use crate::log_writer::{LogWriter, SegmentPool};
-use embarcadero_region::{Fenced, ProcessIdentity, Region};
+use embarcadero_region::{Fenced, LogControl, ProcessIdentity, Region};
 use embarcadero_wire::{BatchFlags, BatchHeader};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -71,7 +71,7 @@ pub fn resume_log(region: &Region, topic: u32, broker: u32) -> LogResume {
     let log = region.log(topic, broker);
     let frontier = log.written_frontier.load(Ordering::Acquire);
     let reclaimed_pbr = log.reclaimed_pbr.load(Ordering::Acquire);
-    let mut end = written_prefix(region, topic, broker, frontier).0;
+    let end = written_prefix(region, topic, broker, frontier).0;
     // The last committed slot: committed slots lie within one ring's length of the
     // reclaimed frontier, and a slot's token names its absolute index, so a token left
     // from an earlier lap never matches.
@@ -80,6 +80,49 @@ pub fn resume_log(region: &Region, topic: u32, broker: u32) -> LogResume {
         .rev()
         .find(|&i| region.pbr_holds(topic, broker, i));
     let next_pbr = last.map_or(frontier, |l| l + 1);
+    let (end, voided) = void_holes(
+        region,
+        topic,
+        broker,
+        frontier,
+        next_pbr,
+        end,
+        reclaimed_pbr,
+    );
+    // A predecessor that died during a reclamation pass left it open: no pass of its
+    // runs any more, so readers need not wait for it.
+    let pass = region.broker_line(topic, broker).reclaim_pass;
+    if !pass.load(Ordering::Acquire).is_multiple_of(2) {
+        pass.add(1, Ordering::Release);
+    }
+    let skipped = lift_fence(region, &log, topic, broker, next_pbr);
+    if voided > 0 || skipped > 0 {
+        region.sequencer_bell().ring();
+    }
+    assert!(
+        next_pbr >= reclaimed_pbr && end >= log.reclaimed_blog.load(Ordering::Acquire),
+        "log ({topic}, {broker}) continues at or after what it reclaimed"
+    );
+    LogResume {
+        next_pbr,
+        tail: end,
+        voided,
+        skipped,
+    }
+}
+
+/// Step 2: commits every hole among the slots `frontier..next_pbr` as a void slot at
+/// the log's end so far (`end`: the end of the slots below `frontier`). Returns the end
+/// of the last slot and how many holes were voided.
+fn void_holes(
+    region: &Region,
+    topic: u32,
+    broker: u32,
+    frontier: u64,
+    next_pbr: u64,
+    mut end: u64,
+    reclaimed_pbr: u64,
+) -> (u64, u64) {
     let mut voided = 0;
     for index in frontier..next_pbr {
         match region.pbr_read(topic, broker, index) {
@@ -109,12 +152,18 @@ pub fn resume_log(region: &Region, topic: u32, broker: u32) -> LogResume {
             }
         }
     }
-    // A predecessor that died during a reclamation pass left it open: no pass of its
-    // runs any more, so readers need not wait for it.
-    let pass = region.broker_line(topic, broker).reclaim_pass;
-    if !pass.load(Ordering::Acquire).is_multiple_of(2) {
-        pass.add(1, Ordering::Release);
-    }
+    (end, voided)
+}
+
+/// Step 3: lifts a fence not lifted yet by naming where this process's slots start
+/// (`next_pbr`). Returns how many slots from the fence on will never be ordered.
+fn lift_fence(
+    region: &Region,
+    log: &LogControl<'_>,
+    topic: u32,
+    broker: u32,
+    next_pbr: u64,
+) -> u64 {
     let mut skipped = 0;
     let fence = log.fence_pbr.load(Ordering::Acquire);
     if fence != 0 && log.resumed_fence.load(Ordering::Acquire) != fence {
@@ -129,19 +178,7 @@ pub fn resume_log(region: &Region, topic: u32, broker: u32) -> LogResume {
         line.resume_pbr.store(next_pbr, Ordering::Release);
         line.resumed_fence.store(fence, Ordering::Release);
     }
-    if voided > 0 || skipped > 0 {
-        region.sequencer_bell().ring();
-    }
-    assert!(
-        next_pbr >= reclaimed_pbr && end >= log.reclaimed_blog.load(Ordering::Acquire),
-        "log ({topic}, {broker}) continues at or after what it reclaimed"
-    );
-    LogResume {
-        next_pbr,
-        tail: end,
-        voided,
-        skipped,
-    }
+    skipped
 }
 
 /// End of the log bytes of the slots below `frontier` (the committed prefix), and the

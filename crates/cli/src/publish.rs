@@ -424,6 +424,13 @@ pub fn report(stats: &PublisherStats, elapsed: Duration, json: bool, ack: u8) {
             stats.append_to_ack_us.p50, stats.append_to_ack_us.p99, stats.append_to_ack_us.p999
         );
     }
+    report_queues(stats);
+}
+
+/// How the publisher's queues fared: producer waits and deflections in all, batches
+/// built in place in shared memory, and each queue that waited, deflected or retried
+/// after backpressure.
+fn report_queues(stats: &PublisherStats) {
     let waits: u64 = stats.queues.iter().map(|q| q.producer_waits).sum();
     let deflected: u64 = stats.queues.iter().map(|q| q.deflected).sum();
     say!(

@@ -122,13 +122,30 @@ impl Region {
                 path: path.to_path_buf(),
             });
         }
-        let word = |off: usize| u64::from_le_bytes(head[off..off + 8].try_into().unwrap());
+        Self::check_identity(path, head)?;
+        let caps = Self::header_capacities(path, head, expected)?;
+        let layout = Layout::new(caps)?;
+        let declared = header_word(head, H_TOTAL_LEN as usize);
+        if declared != layout.total_len || file_len < layout.total_len {
+            return Err(RegionError::Truncated {
+                path: path.to_path_buf(),
+                found: file_len,
+                expected: layout.total_len,
+            });
+        }
+        Ok(layout)
+    }
+
+    /// The first part of [`Region::check_header`]: whether `head` (at least
+    /// `ATTACH_HEAD_LEN` bytes) is a region at all, of this layout version, and fully
+    /// initialised, so that its capacities are worth reading.
+    fn check_identity(path: &Path, head: &[u8]) -> Result<(), RegionError> {
         if head[0..8] != REGION_MAGIC {
             return Err(RegionError::BadMagic {
                 path: path.to_path_buf(),
             });
         }
-        let version = word(H_VERSION as usize) as u32;
+        let version = header_word(head, H_VERSION as usize) as u32;
         if version != LAYOUT_VERSION {
             return Err(RegionError::VersionMismatch {
                 path: path.to_path_buf(),
@@ -136,13 +153,23 @@ impl Region {
                 expected: LAYOUT_VERSION,
             });
         }
-        if word(H_INIT_DONE as usize) != INIT_DONE_TOKEN {
+        if header_word(head, H_INIT_DONE as usize) != INIT_DONE_TOKEN {
             return Err(RegionError::Uninitialised {
                 path: path.to_path_buf(),
             });
         }
+        Ok(())
+    }
+
+    /// The capacities stored in `head`, checked against `expected` when given (the
+    /// first field that differs is the error) and against their own fields' widths.
+    fn header_capacities(
+        path: &Path,
+        head: &[u8],
+        expected: Option<Capacities>,
+    ) -> Result<Capacities, RegionError> {
         let found: Vec<u64> = (0..H_CAPS_WORDS as usize)
-            .map(|i| word(H_CAPS as usize + 8 * i))
+            .map(|i| header_word(head, H_CAPS as usize + 8 * i))
             .collect();
         if let Some(exp) = expected {
             let names = [
@@ -181,16 +208,7 @@ impl Region {
                 path.display()
             )));
         }
-        let layout = Layout::new(caps)?;
-        let declared = word(H_TOTAL_LEN as usize);
-        if declared != layout.total_len || file_len < layout.total_len {
-            return Err(RegionError::Truncated {
-                path: path.to_path_buf(),
-                found: file_len,
-                expected: layout.total_len,
-            });
-        }
-        Ok(layout)
+        Ok(caps)
     }
 
     fn map(path: &Path, file: File, layout: Layout) -> Result<Self, RegionError> {
@@ -376,6 +394,12 @@ impl Drop for Region {
             std::io::Error::last_os_error()
         );
     }
+}
+
+/// The little-endian header word at byte `off` of `head`, which the caller has checked
+/// holds it (every offset read is below `ATTACH_HEAD_LEN`).
+fn header_word(head: &[u8], off: usize) -> u64 {
+    u64::from_le_bytes(head[off..off + 8].try_into().unwrap())
 }
 
 fn caps_words(c: &Capacities) -> [u64; 7] {

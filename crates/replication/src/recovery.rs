@@ -13,7 +13,7 @@
 use crate::reader::{DiskReader, DiskSeek};
 use crate::record::RecordHeader;
 use crate::store::{fold_session, SessionMark, TopicStore};
-use embarcadero_region::{Region, SessionRecord, SessionState, SESSION_SLOTS};
+use embarcadero_region::{GoiEntry, Region, SessionRecord, SessionState, SESSION_SLOTS};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
@@ -184,40 +184,7 @@ fn drain(
     );
     let mut g = start;
     while g < committed {
-        let Some(e) = region.goi_read(slot, g) else {
-            tracing::warn!(
-                slot,
-                g,
-                committed,
-                "the previous region no longer holds GOI entry {g}; recovery stops there"
-            );
-            break;
-        };
-        let log = region.log(slot, e.broker_id as u32);
-        if log.reclaimed_blog.load(Ordering::Acquire) > e.blog_offset {
-            tracing::warn!(
-                slot,
-                g,
-                "the previous region reclaimed batch {g}; recovery stops there"
-            );
-            break;
-        }
-        // SAFETY: the previous region has no other user (the server holds the data
-        // directory's lock, and its previous owner is gone), so nothing reclaims or
-        // rewrites this committed range while it is read.
-        let Some(payload) = (unsafe {
-            region.blog_bytes(
-                slot,
-                e.broker_id as u32,
-                e.blog_offset,
-                e.payload_size as u64,
-            )
-        }) else {
-            tracing::warn!(
-                slot,
-                g,
-                "GOI entry {g} of the previous region points outside its log; recovery stops there"
-            );
+        let Some((e, payload)) = old_batch(region, slot, g, committed) else {
             break;
         };
         if e.total_order != stores[0].next_position() {
@@ -251,6 +218,49 @@ fn drain(
         );
     }
     Ok(())
+}
+
+/// The previous region's committed batch `g` of topic `slot`: its GOI entry and its
+/// payload, for [`drain`]. `None` (with the reason logged) where recovery must stop: the
+/// entry is gone, its batch was reclaimed, or it points outside its log.
+fn old_batch(region: &Region, slot: u32, g: u64, committed: u64) -> Option<(GoiEntry, &[u8])> {
+    let Some(e) = region.goi_read(slot, g) else {
+        tracing::warn!(
+            slot,
+            g,
+            committed,
+            "the previous region no longer holds GOI entry {g}; recovery stops there"
+        );
+        return None;
+    };
+    let log = region.log(slot, e.broker_id as u32);
+    if log.reclaimed_blog.load(Ordering::Acquire) > e.blog_offset {
+        tracing::warn!(
+            slot,
+            g,
+            "the previous region reclaimed batch {g}; recovery stops there"
+        );
+        return None;
+    }
+    // SAFETY: the previous region has no other user (the server holds the data
+    // directory's lock, and its previous owner is gone), so nothing reclaims or
+    // rewrites this committed range while it is read.
+    let Some(payload) = (unsafe {
+        region.blog_bytes(
+            slot,
+            e.broker_id as u32,
+            e.blog_offset,
+            e.payload_size as u64,
+        )
+    }) else {
+        tracing::warn!(
+            slot,
+            g,
+            "GOI entry {g} of the previous region points outside its log; recovery stops there"
+        );
+        return None;
+    };
+    Some((e, payload))
 }
 
 /// A memory-only topic: where it stood in the previous region (its data is gone).

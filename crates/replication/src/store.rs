@@ -225,25 +225,7 @@ impl TopicStore {
         let dir_handle = Arc::new(File::open(dir)?);
         remove_leftover_deletions(dir)?;
         let files = list_segments(dir)?;
-        let mut store = Self {
-            dir: dir.to_path_buf(),
-            dir_handle,
-            segment_target: segment_target.max(RECORD_HEADER_LEN as u64),
-            closed: Vec::new(),
-            active: None,
-            dir_dirty: false,
-            sync_in_flight: false,
-            next_seq: 0,
-            next_position: 0,
-            synced: Mark {
-                seq: 0,
-                position: 0,
-                len: 0,
-            },
-            sessions: BTreeMap::new(),
-            fault_flag: None,
-            slow_disk_flag: None,
-        };
+        let mut store = Self::empty(dir, dir_handle, segment_target);
         let count = files.len();
         let mut payload = Vec::new();
         for (i, f) in files.iter().enumerate() {
@@ -252,30 +234,9 @@ impl TopicStore {
                 break;
             }
             let last = i + 1 == count;
-            let sessions_before = store.sessions.clone();
-            let (mut file, mut scan) = scan_segment(f, last, &mut payload, &mut store.sessions)?;
-            if scan.torn && !last {
-                // A damaged closed segment becomes the active one: its payloads were not
-                // checked (a closed segment was synced whole), but records will be
-                // appended after them, and the next start checks them as the last
-                // segment's; a bad one found then would cut the records appended since.
-                store.sessions = sessions_before;
-                (file, scan) = scan_segment(f, true, &mut payload, &mut store.sessions)?;
-            }
+            let (file, scan) = store.scan_at_open(f, last, &mut payload)?;
             if scan.torn {
-                tracing::warn!(
-                    path = %f.path.display(),
-                    valid_bytes = scan.valid_len,
-                    file_bytes = scan.file_len,
-                    "cutting a torn or corrupt tail off a replica segment"
-                );
-                // Only the last segment may hold unsynced records (a crash's torn tail);
-                // a closed one was synced whole, so what follows the damage is kept aside.
-                if !last {
-                    set_aside(dir, &files[i + 1..], Some(f), scan.end_seq)?;
-                }
-                file.set_len(scan.valid_len)?;
-                file.sync_all()?;
+                cut_torn_tail(dir, &files, i, &file, &scan, last)?;
             }
             let segment = Segment {
                 len: scan.valid_len,
@@ -303,6 +264,53 @@ impl TopicStore {
         };
         store.assert_contiguous();
         Ok(store)
+    }
+
+    /// A store of `dir` holding no segments yet, where [`TopicStore::open`] starts
+    /// before taking in the segment files it finds.
+    fn empty(dir: &Path, dir_handle: Arc<File>, segment_target: u64) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            dir_handle,
+            segment_target: segment_target.max(RECORD_HEADER_LEN as u64),
+            closed: Vec::new(),
+            active: None,
+            dir_dirty: false,
+            sync_in_flight: false,
+            next_seq: 0,
+            next_position: 0,
+            synced: Mark {
+                seq: 0,
+                position: 0,
+                len: 0,
+            },
+            sessions: BTreeMap::new(),
+            fault_flag: None,
+            slow_disk_flag: None,
+        }
+    }
+
+    /// Scans segment `f` at open, folding its sessions into the store's. A damaged
+    /// closed segment is scanned again as the `last` one (payloads checked), since it
+    /// is about to become the active segment; its sessions are folded once, from that
+    /// second scan.
+    fn scan_at_open(
+        &mut self,
+        f: &SegmentFile,
+        last: bool,
+        payload: &mut Vec<u8>,
+    ) -> io::Result<(File, SegmentScan)> {
+        let sessions_before = self.sessions.clone();
+        let (mut file, mut scan) = scan_segment(f, last, payload, &mut self.sessions)?;
+        if scan.torn && !last {
+            // A damaged closed segment becomes the active one: its payloads were not
+            // checked (a closed segment was synced whole), but records will be
+            // appended after them, and the next start checks them as the last
+            // segment's; a bad one found then would cut the records appended since.
+            self.sessions = sessions_before;
+            (file, scan) = scan_segment(f, true, payload, &mut self.sessions)?;
+        }
+        Ok((file, scan))
     }
 
     /// The log's segments as this store keeps them are one run of records: each
@@ -743,6 +751,34 @@ fn delete_in_steps(path: &Path, step: u64) -> io::Result<()> {
         std::thread::sleep(DELETE_STEP_PAUSE);
     }
     std::fs::remove_file(path)
+}
+
+/// Cuts the torn or damaged tail off `files[i]` (opened as `file`, scanned as `scan`)
+/// at open: durably, and after setting aside the segments that follow it when it is
+/// not the `last` one.
+fn cut_torn_tail(
+    dir: &Path,
+    files: &[SegmentFile],
+    i: usize,
+    file: &File,
+    scan: &SegmentScan,
+    last: bool,
+) -> io::Result<()> {
+    let f = &files[i];
+    tracing::warn!(
+        path = %f.path.display(),
+        valid_bytes = scan.valid_len,
+        file_bytes = scan.file_len,
+        "cutting a torn or corrupt tail off a replica segment"
+    );
+    // Only the last segment may hold unsynced records (a crash's torn tail);
+    // a closed one was synced whole, so what follows the damage is kept aside.
+    if !last {
+        set_aside(dir, &files[i + 1..], Some(f), scan.end_seq)?;
+    }
+    file.set_len(scan.valid_len)?;
+    file.sync_all()?;
+    Ok(())
 }
 
 /// What a start found in one segment file.

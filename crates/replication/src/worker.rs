@@ -756,60 +756,76 @@ impl Worker {
         }
         let mut moved = false;
         if chain > t.published {
-            let line = region.replica_line(t.topic, self.replica);
-            // Entries at or above the last replica's frontier cannot be reclaimed
-            // before it moves on, and it is at most this replica's published token, so
-            // the newest durable one is still in the GOI.
-            let e = region.goi_read(t.topic, chain - 1).unwrap_or_else(|| {
-                panic!(
-                    "GOI entry {} of topic {} left the ring before replica {} published it durable",
-                    chain - 1,
-                    t.topic,
-                    self.replica
-                )
-            });
-            let position = e.total_order + e.num_msg as u64;
-            // The GOI and the log on disk agree on where the durable records end.
-            assert!(
-                chain != t.store.next_seq() || position == t.store.next_position(),
-                "replica {} of topic {}: GOI entry {} ends at position {position}, the log at {}",
-                self.replica,
-                t.topic,
-                chain - 1,
-                t.store.next_position()
-            );
-            line.durable_position.advance(position, Ordering::Release);
-            line.durable_seq.advance(chain, Ordering::Release);
-            t.published = chain;
-            region.replication_bell().ring();
-            if last {
-                // Subscribers of a replicated topic wait for the durable frontier.
-                region.topic_bell(t.topic).ring();
-            }
+            self.publish_chain(t, chain, last);
             moved = true;
         }
-        if last {
-            // A snapshot may have been taken after the frontier already covered its
-            // committed_seq (ordered_pbr moves after committed_seq): apply those too.
-            let mut raised = false;
-            while let Some((c, ordered)) = t.snapshots.front() {
-                if *c > t.published {
-                    break;
-                }
-                let marks = region.chain_marks(t.topic);
-                for (b, o) in ordered.iter().enumerate() {
-                    raised |= marks.durable_pbr(b as u32).raise(*o, Ordering::AcqRel) < *o;
-                }
-                t.snapshots.pop_front();
-            }
-            if raised {
-                for b in 0..region.capacities().brokers {
-                    region.broker_bell(b).ring();
-                }
-                moved = true;
-            }
+        if last && self.apply_snapshots(t) {
+            moved = true;
         }
         moved
+    }
+
+    /// Publishes `chain` (above the published token) as this replica's durable token,
+    /// with the position its newest durable entry ends at, and wakes whoever waits for
+    /// it: the next replica and, on the `last` one, the topic's subscribers.
+    fn publish_chain(&self, t: &mut TopicCopy, chain: u64, last: bool) {
+        let region = &self.region;
+        let line = region.replica_line(t.topic, self.replica);
+        // Entries at or above the last replica's frontier cannot be reclaimed
+        // before it moves on, and it is at most this replica's published token, so
+        // the newest durable one is still in the GOI.
+        let e = region.goi_read(t.topic, chain - 1).unwrap_or_else(|| {
+            panic!(
+                "GOI entry {} of topic {} left the ring before replica {} published it durable",
+                chain - 1,
+                t.topic,
+                self.replica
+            )
+        });
+        let position = e.total_order + e.num_msg as u64;
+        // The GOI and the log on disk agree on where the durable records end.
+        assert!(
+            chain != t.store.next_seq() || position == t.store.next_position(),
+            "replica {} of topic {}: GOI entry {} ends at position {position}, the log at {}",
+            self.replica,
+            t.topic,
+            chain - 1,
+            t.store.next_position()
+        );
+        line.durable_position.advance(position, Ordering::Release);
+        line.durable_seq.advance(chain, Ordering::Release);
+        t.published = chain;
+        region.replication_bell().ring();
+        if last {
+            // Subscribers of a replicated topic wait for the durable frontier.
+            region.topic_bell(t.topic).ring();
+        }
+    }
+
+    /// On the last replica: applies the snapshots of per-broker ordered positions that
+    /// the published frontier now covers, waking the brokers if any durable position
+    /// rose. Returns whether one did.
+    fn apply_snapshots(&self, t: &mut TopicCopy) -> bool {
+        let region = &self.region;
+        // A snapshot may have been taken after the frontier already covered its
+        // committed_seq (ordered_pbr moves after committed_seq): apply those too.
+        let mut raised = false;
+        while let Some((c, ordered)) = t.snapshots.front() {
+            if *c > t.published {
+                break;
+            }
+            let marks = region.chain_marks(t.topic);
+            for (b, o) in ordered.iter().enumerate() {
+                raised |= marks.durable_pbr(b as u32).raise(*o, Ordering::AcqRel) < *o;
+            }
+            t.snapshots.pop_front();
+        }
+        if raised {
+            for b in 0..region.capacities().brokers {
+                region.broker_bell(b).ring();
+            }
+        }
+        raised
     }
 
     /// Order 5: raises `durable_hwm` of the sessions of GOI entries below `chain`;

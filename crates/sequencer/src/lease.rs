@@ -15,7 +15,7 @@
 //! - a holder never extends a lease it no longer holds (renewal is a CAS from its own
 //!   last deadline).
 
-use embarcadero_region::{monotonic_ns, Fenced, ProcessIdentity, Region};
+use embarcadero_region::{monotonic_ns, Fenced, OwnedWord, OwnerRecord, ProcessIdentity, Region};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -76,49 +76,12 @@ impl Lease {
         );
         let deadline_word = region.lease_words().deadline_ns;
         let ttl = duration.as_nanos() as u64;
-        let mut seen = deadline_word.load(Ordering::Acquire);
-        let deadline = loop {
-            let now = monotonic_ns();
-            if seen > now {
-                let state = LeaseState::read(&region);
-                return Err(LeaseError::Held {
-                    holder: state.holder,
-                    epoch: state.fencing_epoch,
-                    remaining_ms: state.remaining_ms.max(1),
-                });
-            }
-            match deadline_word.compare_exchange(
-                seen,
-                now + ttl,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break now + ttl,
-                Err(current) => seen = current,
-            }
-        };
+        let deadline = take_deadline(&region, &deadline_word, ttl)?;
         // A predecessor whose lease ran out may only be paused: on this host it is
         // killed before this holder writes anything (a paused process would resume in
         // the middle of an epoch's writes, after its last check of the epoch).
         let owner = region.sequencer_owner();
-        if let Some((old_id, who)) = owner.read() {
-            match who.fence_off(Duration::from_secs(10)) {
-                Ok(Fenced::Killed) => tracing::warn!(
-                    pid = who.pid,
-                    old_id = format!("{old_id:016x}"),
-                    "the previous sequencer was still running after its lease expired (paused?); killed it before taking over"
-                ),
-                Ok(_) => {}
-                Err(e) => {
-                    // Give the lease back at once; nothing was written.
-                    deadline_word.store(0, Ordering::Release);
-                    return Err(LeaseError::PredecessorAlive {
-                        pid: who.pid,
-                        error: e.to_string(),
-                    });
-                }
-            }
-        }
+        fence_off_predecessor(&owner, &deadline_word)?;
         owner.write(id, &ProcessIdentity::current());
         let words = region.lease_words();
         let epoch = words.fencing_epoch.add(1, Ordering::AcqRel) + 1;
@@ -175,6 +138,61 @@ impl Lease {
     pub fn is_lost(&self) -> bool {
         self.lost.load(Ordering::Acquire)
     }
+}
+
+/// The arbitration of [`Lease::acquire`]: one compare-and-swap of the deadline word
+/// (`deadline_word`) from an expired deadline to one `ttl` from now. Returns the new
+/// deadline, or who holds the lease when it has not expired.
+fn take_deadline(
+    region: &Region,
+    deadline_word: &OwnedWord<'_>,
+    ttl: u64,
+) -> Result<u64, LeaseError> {
+    let mut seen = deadline_word.load(Ordering::Acquire);
+    let deadline = loop {
+        let now = monotonic_ns();
+        if seen > now {
+            let state = LeaseState::read(region);
+            return Err(LeaseError::Held {
+                holder: state.holder,
+                epoch: state.fencing_epoch,
+                remaining_ms: state.remaining_ms.max(1),
+            });
+        }
+        match deadline_word.compare_exchange(seen, now + ttl, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => break now + ttl,
+            Err(current) => seen = current,
+        }
+    };
+    Ok(deadline)
+}
+
+/// Stops the sequencer recorded in `owner`, if it still runs after its lease expired.
+/// When it cannot be stopped, gives the lease just taken back (`deadline_word` to 0)
+/// and fails: nothing was written yet.
+fn fence_off_predecessor(
+    owner: &OwnerRecord<'_>,
+    deadline_word: &OwnedWord<'_>,
+) -> Result<(), LeaseError> {
+    if let Some((old_id, who)) = owner.read() {
+        match who.fence_off(Duration::from_secs(10)) {
+            Ok(Fenced::Killed) => tracing::warn!(
+                pid = who.pid,
+                old_id = format!("{old_id:016x}"),
+                "the previous sequencer was still running after its lease expired (paused?); killed it before taking over"
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                // Give the lease back at once; nothing was written.
+                deadline_word.store(0, Ordering::Release);
+                return Err(LeaseError::PredecessorAlive {
+                    pid: who.pid,
+                    error: e.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 fn renew(region: &Region, mut deadline: u64, ttl: u64, lost: &AtomicBool, stop: &AtomicBool) {

@@ -351,60 +351,77 @@ impl ServerConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |m: String| Err(ConfigError::Invalid(m));
         if self.brokers == 0 || self.brokers > embarcadero_region::MAX_BROKERS {
-            return bad(format!(
+            return Err(ConfigError::Invalid(format!(
                 "brokers must be between 1 and {}, got {}",
                 embarcadero_region::MAX_BROKERS,
                 self.brokers
-            ));
+            )));
         }
+        self.check_broker().map_err(ConfigError::Invalid)?;
+        self.check_sequencer().map_err(ConfigError::Invalid)?;
+        self.check_replication().map_err(ConfigError::Invalid)?;
+        self.check_cluster().map_err(ConfigError::Invalid)?;
+        self.local_broker_ids()?;
+        self.capacities()
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))
+    }
+
+    /// The `[broker]` settings, and that a batch fits in a region segment: what is
+    /// wrong with the first that is out of range.
+    fn check_broker(&self) -> Result<(), String> {
         let b = &self.broker;
         if !(0.0 < b.low_watermark && b.low_watermark < b.high_watermark && b.high_watermark <= 1.0)
         {
-            return bad(format!(
+            return Err(format!(
                 "watermarks must satisfy 0 < low ({}) < high ({}) <= 1",
                 b.low_watermark, b.high_watermark
             ));
         }
         if b.max_message_bytes == 0 || b.max_message_bytes + 128 > b.max_batch_bytes {
-            return bad(format!(
+            return Err(format!(
                 "broker.max_batch_bytes ({}) must hold one message of broker.max_message_bytes ({}) plus its header",
                 b.max_batch_bytes, b.max_message_bytes
             ));
         }
         if b.payload_timeout_ms == 0 {
-            return bad("broker.payload_timeout_ms must be above 0".into());
+            return Err("broker.payload_timeout_ms must be above 0".into());
         }
         let most_subscribers = embarcadero_region::READER_SLOTS / 8;
         if b.max_subscribers_per_address == 0 || b.max_subscribers_per_address > most_subscribers {
-            return bad(format!(
+            return Err(format!(
                 "broker.max_subscribers_per_address must be 1..={most_subscribers} (an eighth of the {} reader slots of a topic), got {}",
                 embarcadero_region::READER_SLOTS,
                 b.max_subscribers_per_address
             ));
         }
         if let Err(e) = embarcadero_shm::layout::check_data_capacity(b.shm_max_ring_bytes) {
-            return bad(format!("broker.shm_max_ring_bytes: {e}"));
+            return Err(format!("broker.shm_max_ring_bytes: {e}"));
         }
         if let Err(e) = embarcadero_shm::layout::check_data_capacity(b.shm_feed_bytes) {
-            return bad(format!("broker.shm_feed_bytes: {e}"));
+            return Err(format!("broker.shm_feed_bytes: {e}"));
         }
         if b.max_connections == 0 || b.max_connections_per_address == 0 {
-            return bad(
+            return Err(
                 "broker.max_connections and broker.max_connections_per_address must be above 0"
                     .into(),
             );
         }
         if b.max_batch_bytes > self.region.segment_bytes {
-            return bad(format!(
+            return Err(format!(
                 "broker.max_batch_bytes ({}) must not exceed region.segment_bytes ({})",
                 b.max_batch_bytes, self.region.segment_bytes
             ));
         }
+        Ok(())
+    }
+
+    /// The `[sequencer]` settings: what is wrong with the first that is out of range.
+    fn check_sequencer(&self) -> Result<(), String> {
         let epoch = std::time::Duration::from_micros(self.sequencer.epoch_us);
         if epoch < embarcadero_sequencer::MIN_EPOCH {
-            return bad(format!(
+            return Err(format!(
                 "sequencer.epoch_us must be at least {}, got {}",
                 embarcadero_sequencer::MIN_EPOCH.as_micros(),
                 self.sequencer.epoch_us
@@ -413,39 +430,46 @@ impl ServerConfig {
         // A broker raises a connected session's stamp once a second: a shorter threshold
         // would end sessions whose clients are connected.
         if self.sequencer.session_idle_evict_secs < 2 {
-            return bad(format!(
+            return Err(format!(
                 "sequencer.session_idle_evict_secs must be at least 2, got {}",
                 self.sequencer.session_idle_evict_secs
             ));
         }
+        Ok(())
+    }
+
+    /// The `[replication]` settings: what is wrong with the first that is out of range.
+    fn check_replication(&self) -> Result<(), String> {
         let r = &self.replication;
         if r.dirs.len() > embarcadero_region::MAX_REPLICAS as usize {
-            return bad(format!(
+            return Err(format!(
                 "replication.dirs lists {} directories; at most {} disk replicas are supported",
                 r.dirs.len(),
                 embarcadero_region::MAX_REPLICAS
             ));
         }
         if r.segment_bytes < 4096 || r.group_commit_bytes == 0 {
-            return bad(
+            return Err(
                 "replication.segment_bytes must be at least 4096 and group_commit_bytes above 0"
                     .into(),
             );
         }
+        Ok(())
+    }
+
+    /// The `[cluster]` settings: what is wrong with the first that is out of range.
+    fn check_cluster(&self) -> Result<(), String> {
         let c = &self.cluster;
         if c.sequencer != "embedded" && c.sequencer != "external" {
-            return bad(format!(
+            return Err(format!(
                 "cluster.sequencer must be \"embedded\" or \"external\", got {:?}",
                 c.sequencer
             ));
         }
         if c.heartbeat_interval_ms == 0 || c.heartbeat_misses == 0 || c.sequencer_lease_ms < 30 {
-            return bad("cluster.heartbeat_interval_ms and heartbeat_misses must be above 0 and sequencer_lease_ms at least 30".into());
+            return Err("cluster.heartbeat_interval_ms and heartbeat_misses must be above 0 and sequencer_lease_ms at least 30".into());
         }
-        self.local_broker_ids()?;
-        self.capacities()
-            .validate()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))
+        Ok(())
     }
 
     /// The IP address brokers are advertised at to clients (in `/v1/cluster` and

@@ -79,14 +79,7 @@ pub fn campaign(
     give_up: &AtomicBool,
 ) -> Result<Option<Leadership>, ElectionError> {
     let ttl_s = ttl.as_secs().max(2);
-    let grant = call(endpoint, "lease/grant", json!({ "TTL": ttl_s }))?;
-    let lease_id = grant["ID"]
-        .as_str()
-        .ok_or_else(|| ElectionError::Protocol {
-            endpoint: endpoint.to_string(),
-            message: format!("lease grant without an ID: {grant}"),
-        })?
-        .to_string();
+    let lease_id = grant_lease(endpoint, ttl_s)?;
     let keep = |endpoint: &str| -> Result<bool, ElectionError> {
         let v = call(endpoint, "lease/keepalive", json!({ "ID": lease_id }))?;
         Ok(v["result"]["TTL"].as_str().is_some_and(|t| t != "0"))
@@ -114,36 +107,7 @@ pub fn campaign(
     }
     let lost = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
-    let keepalive = {
-        let (endpoint, lease_id, lost, stop) = (
-            endpoint.to_string(),
-            lease_id.clone(),
-            lost.clone(),
-            stop.clone(),
-        );
-        let period = Duration::from_millis(ttl_s * 1000 / 3);
-        std::thread::Builder::new()
-            .name("etcd-keepalive".into())
-            .spawn(move || {
-                while !stop.load(Ordering::Acquire) {
-                    std::thread::sleep(period);
-                    let alive = call(&endpoint, "lease/keepalive", json!({ "ID": lease_id }))
-                        .map(|v| v["result"]["TTL"].as_str().is_some_and(|t| t != "0"));
-                    if alive.as_ref().map_or(true, |a| !a) && !stop.load(Ordering::Acquire) {
-                        tracing::error!(
-                            "lost the etcd leadership lease ({}); this sequencer must stop",
-                            match alive {
-                                Ok(_) => "expired".to_string(),
-                                Err(e) => e.to_string(),
-                            }
-                        );
-                        lost.store(true, Ordering::Release);
-                        return;
-                    }
-                }
-            })
-            .expect("spawn the etcd keepalive")
-    };
+    let keepalive = spawn_keepalive(endpoint, &lease_id, ttl_s, &lost, &stop);
     Ok(Some(Leadership {
         endpoint: endpoint.to_string(),
         lease_id,
@@ -151,6 +115,59 @@ pub fn campaign(
         stop,
         keepalive: Some(keepalive),
     }))
+}
+
+/// Grants the etcd lease (of `ttl_s` seconds) a candidate binds the key to; returns its
+/// ID.
+fn grant_lease(endpoint: &str, ttl_s: u64) -> Result<String, ElectionError> {
+    let grant = call(endpoint, "lease/grant", json!({ "TTL": ttl_s }))?;
+    let lease_id = grant["ID"]
+        .as_str()
+        .ok_or_else(|| ElectionError::Protocol {
+            endpoint: endpoint.to_string(),
+            message: format!("lease grant without an ID: {grant}"),
+        })?
+        .to_string();
+    Ok(lease_id)
+}
+
+/// Starts the elected leader's thread that keeps its etcd lease `lease_id` alive, a
+/// third of `ttl_s` apart, until `stop` is raised; raises `lost` if a renewal fails.
+fn spawn_keepalive(
+    endpoint: &str,
+    lease_id: &str,
+    ttl_s: u64,
+    lost: &Arc<AtomicBool>,
+    stop: &Arc<AtomicBool>,
+) -> JoinHandle<()> {
+    let (endpoint, lease_id, lost, stop) = (
+        endpoint.to_string(),
+        lease_id.to_string(),
+        lost.clone(),
+        stop.clone(),
+    );
+    let period = Duration::from_millis(ttl_s * 1000 / 3);
+    std::thread::Builder::new()
+        .name("etcd-keepalive".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                std::thread::sleep(period);
+                let alive = call(&endpoint, "lease/keepalive", json!({ "ID": lease_id }))
+                    .map(|v| v["result"]["TTL"].as_str().is_some_and(|t| t != "0"));
+                if alive.as_ref().map_or(true, |a| !a) && !stop.load(Ordering::Acquire) {
+                    tracing::error!(
+                        "lost the etcd leadership lease ({}); this sequencer must stop",
+                        match alive {
+                            Ok(_) => "expired".to_string(),
+                            Err(e) => e.to_string(),
+                        }
+                    );
+                    lost.store(true, Ordering::Release);
+                    return;
+                }
+            }
+        })
+        .expect("spawn the etcd keepalive")
 }
 
 impl Leadership {

@@ -148,28 +148,8 @@ impl Follower {
             doc.config.cluster.heartbeat_interval_ms * doc.config.cluster.heartbeat_misses as u64,
         );
         claim(&config.head, config.broker_id, incarnation, dead_after)?;
-        let broker_config = crate::broker_config(
-            config.broker_id,
-            incarnation,
-            config.listen,
-            &doc.config.broker,
-            &doc.config.sequencer,
-            &doc.config.replica_dirs,
-        );
-        let broker = Broker::start(broker_config, region.clone())
-            .map_err(|e| ServerError::Start(e.to_string()))?;
-        let info = crate::BrokerInfo {
-            id: broker.id(),
-            addr: broker.local_addr(),
-            metrics: broker.metrics(),
-            pool: broker.segment_pool(),
-        };
-        let metrics = crate::metrics::serve_metrics_only(
-            config.metrics_listen,
-            "a follower",
-            "follower-metrics",
-            move || crate::metrics::follower_metrics(&info),
-        )?;
+        let broker = start_broker(&config, &doc, &region, incarnation)?;
+        let metrics = serve_metrics(config.metrics_listen, &broker)?;
         let advertised = match config.advertise {
             Some(a) if a.port() == 0 => SocketAddr::new(a.ip(), broker.local_addr().port()),
             Some(a) => a,
@@ -185,14 +165,7 @@ impl Follower {
         let stop = Arc::new(AtomicBool::new(false));
         let evicted = Arc::new(AtomicBool::new(false));
         let interval = Duration::from_millis(doc.config.cluster.heartbeat_interval_ms);
-        let heartbeat = {
-            let (stop, evicted, head) = (stop.clone(), evicted.clone(), config.head.clone());
-            let region = region.clone();
-            std::thread::Builder::new()
-                .name("heartbeat".into())
-                .spawn(move || heartbeats(&head, &call, interval, &stop, &evicted, &region))
-                .map_err(|e| ServerError::Start(format!("cannot start heartbeats: {e}")))?
-        };
+        let heartbeat = spawn_heartbeats(&config.head, call, interval, &stop, &evicted, &region)?;
         tracing::info!(
             broker = config.broker_id,
             addr = %advertised,
@@ -249,6 +222,57 @@ impl Drop for Follower {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Starts the follower's broker on `region`, with the settings the head's cluster
+/// document `doc` gives every broker.
+fn start_broker(
+    config: &FollowerConfig,
+    doc: &ClusterDoc,
+    region: &Arc<Region>,
+    incarnation: u64,
+) -> Result<Broker, ServerError> {
+    let broker_config = crate::broker_config(
+        config.broker_id,
+        incarnation,
+        config.listen,
+        &doc.config.broker,
+        &doc.config.sequencer,
+        &doc.config.replica_dirs,
+    );
+    Broker::start(broker_config, region.clone()).map_err(|e| ServerError::Start(e.to_string()))
+}
+
+/// Serves the follower's `/metrics` and `/healthz` on `listen`: its broker's figures.
+fn serve_metrics(listen: SocketAddr, broker: &Broker) -> Result<HttpServer, ServerError> {
+    let info = crate::BrokerInfo {
+        id: broker.id(),
+        addr: broker.local_addr(),
+        metrics: broker.metrics(),
+        pool: broker.segment_pool(),
+    };
+    crate::metrics::serve_metrics_only(listen, "a follower", "follower-metrics", move || {
+        crate::metrics::follower_metrics(&info)
+    })
+}
+
+/// Starts the thread that sends the head `call` as a heartbeat every `interval`, and
+/// rejoins when declared dead, until `stop` is raised; it raises `evicted` when the
+/// head gave the id to another process.
+fn spawn_heartbeats(
+    head: &str,
+    call: MembershipCall,
+    interval: Duration,
+    stop: &Arc<AtomicBool>,
+    evicted: &Arc<AtomicBool>,
+    region: &Arc<Region>,
+) -> Result<JoinHandle<()>, ServerError> {
+    let (stop, evicted, head) = (stop.clone(), evicted.clone(), head.to_string());
+    let region = region.clone();
+    std::thread::Builder::new()
+        .name("heartbeat".into())
+        .spawn(move || heartbeats(&head, &call, interval, &stop, &evicted, &region))
+        .map_err(|e| ServerError::Start(format!("cannot start heartbeats: {e}")))
 }
 
 /// Claims `id` for `incarnation`. A restart can be quicker than the head's failure

@@ -185,9 +185,6 @@ fn cluster(inner: &Inner) -> ClusterInfo<SharedConfig, Capacities> {
     }
 }
 
-/// `POST /v1/failover`: fences the dead broker and answers which of the client's
-/// batches through it (by batch id) are in the global order (and durable, for ack
-/// level 2). 409 while the broker is not declared dead yet.
 /// The body of `POST /v1/failover`.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -208,6 +205,9 @@ fn one() -> u8 {
     1
 }
 
+/// `POST /v1/failover`: fences the dead broker and answers which of the client's
+/// batches through it (by batch id) are in the global order (and durable, for ack
+/// level 2). 409 while the broker is not declared dead yet.
 fn failover_call(inner: &Inner, request: &Request) -> (u16, &'static str, String) {
     let call: FailoverCall = match read_json(
         request,
@@ -229,40 +229,8 @@ fn failover_call(inner: &Inner, request: &Request) -> (u16, &'static str, String
             ),
         );
     }
-    let fenced =
-        inner
-            .membership
-            .fence_if_dead(call.broker, call.incarnation.filter(|&i| i != 0), || {
-                crate::failover::fence_broker(&inner.region, call.broker)
-            });
-    match fenced {
-        Ok(None | Some(0)) => {}
-        Ok(Some(logs)) => tracing::warn!(
-            broker = call.broker,
-            logs,
-            "dead broker fenced: its uncommitted slots will never be ordered"
-        ),
-        Err(FenceRefusal::NotDead(state)) => {
-            return error(
-                409,
-                format!(
-                    "broker {} is {state:?}, not dead; the head declares a broker dead {} ms after its last heartbeat",
-                    call.broker,
-                    inner.config.cluster.heartbeat_interval_ms
-                        * inner.config.cluster.heartbeat_misses as u64
-                ),
-            )
-        }
-        Err(FenceRefusal::UnknownIncarnation) => {
-            return error(
-                410,
-                format!(
-                    "broker {} incarnation {} served before this head restarted, in a region the head replaced; which of those batches were ordered cannot be told exactly, so they count as failed: publish them again if they must be delivered",
-                    call.broker,
-                    call.incarnation.unwrap_or_default()
-                ),
-            )
-        }
+    if let Err(refused) = fence_dead_broker(inner, &call) {
+        return refused;
     }
     let query = crate::failover::FailoverQuery {
         topic: topic.id,
@@ -286,7 +254,52 @@ fn failover_call(inner: &Inner, request: &Request) -> (u16, &'static str, String
     }
 }
 
-/// `POST /v1/cluster/claim`: `{"id","incarnation"}`; answers how many logs it fenced.
+/// Fences `call`'s broker if the head has declared that process dead (its
+/// uncommitted slots are then never ordered), so the GOI answers for its batches. The
+/// error is the answer to give instead: 409 while the broker is not declared dead, 410
+/// for a process of a region the head replaced.
+fn fence_dead_broker(
+    inner: &Inner,
+    call: &FailoverCall,
+) -> Result<(), (u16, &'static str, String)> {
+    let fenced =
+        inner
+            .membership
+            .fence_if_dead(call.broker, call.incarnation.filter(|&i| i != 0), || {
+                crate::failover::fence_broker(&inner.region, call.broker)
+            });
+    match fenced {
+        Ok(None | Some(0)) => {}
+        Ok(Some(logs)) => tracing::warn!(
+            broker = call.broker,
+            logs,
+            "dead broker fenced: its uncommitted slots will never be ordered"
+        ),
+        Err(FenceRefusal::NotDead(state)) => {
+            return Err(error(
+                409,
+                format!(
+                    "broker {} is {state:?}, not dead; the head declares a broker dead {} ms after its last heartbeat",
+                    call.broker,
+                    inner.config.cluster.heartbeat_interval_ms
+                        * inner.config.cluster.heartbeat_misses as u64
+                ),
+            ))
+        }
+        Err(FenceRefusal::UnknownIncarnation) => {
+            return Err(error(
+                410,
+                format!(
+                    "broker {} incarnation {} served before this head restarted, in a region the head replaced; which of those batches were ordered cannot be told exactly, so they count as failed: publish them again if they must be delivered",
+                    call.broker,
+                    call.incarnation.unwrap_or_default()
+                ),
+            ))
+        }
+    }
+    Ok(())
+}
+
 /// The body of `POST /v1/cluster/claim`.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -295,6 +308,7 @@ pub(crate) struct ClaimCall {
     incarnation: u64,
 }
 
+/// `POST /v1/cluster/claim`: `{"id","incarnation"}`; answers how many logs it fenced.
 fn claim_call(inner: &Inner, request: &Request) -> (u16, &'static str, String) {
     let call: ClaimCall = match read_json(request, r#"{"id": 1, "incarnation": 7}"#) {
         Ok(c) => c,
@@ -328,7 +342,6 @@ fn claim_call(inner: &Inner, request: &Request) -> (u16, &'static str, String) {
     }
 }
 
-/// `POST /v1/cluster/join` and `/v1/cluster/heartbeat`: `{"id","addr","incarnation"}`.
 /// The body of `POST /v1/cluster/join` and `/v1/cluster/heartbeat`.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -339,6 +352,7 @@ pub(crate) struct MembershipCall {
     incarnation: u64,
 }
 
+/// `POST /v1/cluster/join` and `/v1/cluster/heartbeat`: `{"id","addr","incarnation"}`.
 fn membership_call(inner: &Inner, request: &Request, join: bool) -> (u16, &'static str, String) {
     let call: MembershipCall = match read_json(
         request,

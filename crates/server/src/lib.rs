@@ -138,12 +138,7 @@ impl Server {
         let (region, control) = open_region(&config, &replica_dirs, &resumes)?;
         let replicas = Replicas::start(region.clone(), replication_config(&config), stores)
             .map_err(|e| ServerError::Start(format!("cannot start the replica workers: {e}")))?;
-        let ip: IpAddr = config.bind.parse().map_err(|e| {
-            ServerError::Start(format!(
-                "bind address {:?} is not an IP address: {e}",
-                config.bind
-            ))
-        })?;
+        let ip = bind_ip(&config)?;
         let sequencer = if config.cluster.sequencer == "embedded" {
             Some(start_sequencer(&config, &region)?)
         } else {
@@ -152,15 +147,7 @@ impl Server {
         let brokers = start_brokers(&config, &region, ip, &replica_dirs)?;
         let (listener, control_addr) = bind_control(ip, config.control_port)?;
         let inner = Arc::new(Inner {
-            brokers: brokers
-                .iter()
-                .map(|b| BrokerInfo {
-                    id: b.id(),
-                    addr: SocketAddr::new(advertised, b.local_addr().port()),
-                    metrics: b.metrics(),
-                    pool: b.segment_pool(),
-                })
-                .collect(),
+            brokers: broker_infos(&brokers, advertised),
             sequencer_metrics: sequencer.as_ref().map(|(s, _)| s.metrics()),
             replication_metrics: replicas.metrics(),
             membership: membership(&config, &brokers, advertised),
@@ -262,6 +249,31 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The IP address the brokers and the admin API bind to (`bind`), refused when it is
+/// not one.
+fn bind_ip(config: &ServerConfig) -> Result<IpAddr, ServerError> {
+    config.bind.parse().map_err(|e| {
+        ServerError::Start(format!(
+            "bind address {:?} is not an IP address: {e}",
+            config.bind
+        ))
+    })
+}
+
+/// What the admin API tells about each embedded broker: its address as clients reach
+/// it (the `advertised` IP, the bound port) and its figures.
+fn broker_infos(brokers: &[Broker], advertised: IpAddr) -> Vec<BrokerInfo> {
+    brokers
+        .iter()
+        .map(|b| BrokerInfo {
+            id: b.id(),
+            addr: SocketAddr::new(advertised, b.local_addr().port()),
+            metrics: b.metrics(),
+            pool: b.segment_pool(),
+        })
+        .collect()
 }
 
 /// Once per heartbeat interval: a follower that has been declared dead no longer serves
@@ -609,11 +621,50 @@ type Recovered = (Vec<(u32, u8, Resume)>, HashMap<(u32, u32), TopicStore>);
 fn recover(config: &ServerConfig, replica_dirs: &[PathBuf]) -> Result<Recovered, ServerError> {
     let topics = control::load_topics(&config.data_dir)?;
     let path = config.region_path();
-    let old = match Region::attach(&path, None) {
+    let old = previous_region(&path);
+    let mut resumes = Vec::new();
+    let mut stores = HashMap::new();
+    for t in &topics {
+        let (name, rf) = (&t.spec.name, t.spec.replication_factor);
+        let old_topic = old.as_ref().and_then(|r| {
+            // `topics.json` and the previous region were read from disk: the slot must
+            // be one of that region's before it addresses anything in it.
+            (t.slot < r.capacities().max_topics).then_some(())?;
+            r.topic_meta(t.slot)
+                .filter(|m| &m.name == name && m.created_unix_ms == t.created_unix_ms)
+                .map(|_| (r, t.slot))
+        });
+        let resume = if rf >= 2 {
+            let (opened, resume) = recover_replicated_topic(config, replica_dirs, t, old_topic)?;
+            for (i, store) in opened.into_iter().enumerate() {
+                stores.insert((t.slot, i as u32 + 1), store);
+            }
+            resume
+        } else {
+            positions::memory_only_resume(t, old_topic, config.capacities().brokers)
+        };
+        tracing::info!(
+            topic = %name,
+            batches = resume.next_seq,
+            next_position = resume.next_position,
+            broker_positions = ?resume.broker_positions,
+            sessions = resume.sessions.len(),
+            "topic recovered"
+        );
+        resumes.push((t.slot, rf, resume));
+    }
+    Ok((resumes, stores))
+}
+
+/// The region the previous server left at `path`, retired, if it can be trusted
+/// (created since the last boot); `None` when there is none or it cannot be used, which
+/// leaves the disk replicas alone to recover from.
+fn previous_region(path: &Path) -> Option<Region> {
+    match Region::attach(path, None) {
         Ok(r) if r.created_this_boot() => {
             // Followers and sequencers of the previous head may still be attached and
             // writing: from here on they acknowledge nothing more, so nothing they
-            // acknowledge can be missing from what is read below.
+            // acknowledge can be missing from what the recovery then reads from it.
             r.retire();
             tracing::info!(region = %path.display(), "retired the previous region: processes still attached to it stop; recovering from it");
             Some(r)
@@ -633,55 +684,35 @@ fn recover(config: &ServerConfig, replica_dirs: &[PathBuf]) -> Result<Recovered,
             );
             None
         }
-    };
-    let mut resumes = Vec::new();
-    let mut stores = HashMap::new();
-    for t in &topics {
-        let (name, rf) = (&t.spec.name, t.spec.replication_factor);
-        let old_topic = old.as_ref().and_then(|r| {
-            // `topics.json` and the previous region were read from disk: the slot must
-            // be one of that region's before it addresses anything in it.
-            (t.slot < r.capacities().max_topics).then_some(())?;
-            r.topic_meta(t.slot)
-                .filter(|m| &m.name == name && m.created_unix_ms == t.created_unix_ms)
-                .map(|_| (r, t.slot))
-        });
-        let resume = if rf >= 2 {
-            let dirs: Vec<PathBuf> = replica_dirs
-                .iter()
-                .take(rf as usize - 1)
-                .map(|d| embarcadero_replication::topic_dir(d, name, t.created_unix_ms))
-                .collect();
-            if dirs.len() + 1 < rf as usize {
-                return Err(ServerError::Start(format!(
-                    "topic {name:?} has replication factor {rf} but only {} replica directories are configured; restore replication.dirs",
-                    replica_dirs.len()
-                )));
-            }
-            let (opened, resume) =
-                recovery::recover_replicated(&dirs, config.replication.segment_bytes, old_topic)
-                    .map_err(|source| ServerError::Recovery {
-                        topic: name.clone(),
-                        source,
-                    })?;
-            for (i, store) in opened.into_iter().enumerate() {
-                stores.insert((t.slot, i as u32 + 1), store);
-            }
-            resume
-        } else {
-            positions::memory_only_resume(t, old_topic, config.capacities().brokers)
-        };
-        tracing::info!(
-            topic = %name,
-            batches = resume.next_seq,
-            next_position = resume.next_position,
-            broker_positions = ?resume.broker_positions,
-            sessions = resume.sessions.len(),
-            "topic recovered"
-        );
-        resumes.push((t.slot, rf, resume));
     }
-    Ok((resumes, stores))
+}
+
+/// Opens replicated topic `t`'s replica logs (one directory per replica beyond the
+/// first) and recovers them, with `old_topic` from the previous region if any.
+fn recover_replicated_topic(
+    config: &ServerConfig,
+    replica_dirs: &[PathBuf],
+    t: &control::PersistedTopic,
+    old_topic: Option<recovery::OldTopic<'_>>,
+) -> Result<(Vec<TopicStore>, Resume), ServerError> {
+    let (name, rf) = (&t.spec.name, t.spec.replication_factor);
+    let dirs: Vec<PathBuf> = replica_dirs
+        .iter()
+        .take(rf as usize - 1)
+        .map(|d| embarcadero_replication::topic_dir(d, name, t.created_unix_ms))
+        .collect();
+    if dirs.len() + 1 < rf as usize {
+        return Err(ServerError::Start(format!(
+            "topic {name:?} has replication factor {rf} but only {} replica directories are configured; restore replication.dirs",
+            replica_dirs.len()
+        )));
+    }
+    recovery::recover_replicated(&dirs, config.replication.segment_bytes, old_topic).map_err(
+        |source| ServerError::Recovery {
+            topic: name.clone(),
+            source,
+        },
+    )
 }
 
 fn lock_data_dir(dir: &Path) -> Result<File, ServerError> {

@@ -363,6 +363,19 @@ pub(crate) fn of_head(inner: &Inner) -> String {
         families.family(name, kind, help, samples)
     };
     let topics = inner.control.list();
+    topic_families(&topics, &mut family);
+    control_families(inner, &mut family);
+    replication_metrics(inner, &topics, &mut family);
+    let mut out = families.text();
+    write_fsync_histogram(&mut out, &inner.replication_metrics);
+    out
+}
+
+/// Per topic: its committed order, next position and messages per broker.
+fn topic_families(
+    topics: &[crate::TopicInfo],
+    family: &mut impl FnMut(&str, &str, &str, Vec<(String, u64)>),
+) {
     family(
         "topic_committed_batches",
         "gauge",
@@ -397,6 +410,10 @@ pub(crate) fn of_head(inner: &Inner) -> String {
             })
             .collect(),
     );
+}
+
+/// The admin API's open connections and the workflow requests it forwarded or could not.
+fn control_families(inner: &Inner, family: &mut impl FnMut(&str, &str, &str, Vec<(String, u64)>)) {
     family(
         "control_connections",
         "gauge",
@@ -426,10 +443,6 @@ pub(crate) fn of_head(inner: &Inner) -> String {
         .map(|(reason, n)| (format!("{{reason=\"{reason}\"}}"), n.load(Ordering::Relaxed)))
         .collect(),
     );
-    replication_metrics(inner, &topics, &mut family);
-    let mut out = families.text();
-    write_fsync_histogram(&mut out, &inner.replication_metrics);
-    out
 }
 
 /// The replicas' fdatasync latency, as a Prometheus histogram.

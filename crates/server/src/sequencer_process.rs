@@ -59,46 +59,15 @@ impl SequencerProcess {
         // With etcd: lead there first (standbys wait in the campaign), then take the
         // region's lease, waiting for a dead predecessor's to run out.
         let leadership = match &config.etcd {
-            Some(endpoint) => {
-                let key = election::election_key(&config.cluster_name);
-                if !config.standby {
-                    if let Some(holder) = election::current_leader(endpoint, &key)
-                        .map_err(|e| ServerError::Start(e.to_string()))?
-                    {
-                        return Err(ServerError::Start(format!(
-                            "sequencer {holder} leads this cluster in etcd ({endpoint}, key {key}); start this one with --standby to take over when it stops"
-                        )));
-                    }
-                }
-                if config.standby {
-                    tracing::info!(endpoint, key, "standby: waiting to be elected in etcd");
-                }
-                match election::campaign(endpoint, &key, &format!("{id:016x}"), duration, give_up)
-                    .map_err(|e| ServerError::Start(e.to_string()))?
-                {
-                    Some(l) => Some(l),
-                    None => return Ok(None),
-                }
-            }
+            Some(endpoint) => match lead_in_etcd(config, endpoint, id, duration, give_up)? {
+                Some(l) => Some(l),
+                None => return Ok(None),
+            },
             None => None,
         };
-        let lease = if config.standby || leadership.is_some() {
-            tracing::info!(
-                "standby: waiting for the region's sequencer lease ({} ms)",
-                duration.as_millis()
-            );
-            match Lease::acquire_when_free(region.clone(), id, duration, duration / 10, give_up) {
-                Some(lease) => lease,
-                None if region.is_retired() => {
-                    return Err(ServerError::Start(
-                        "the head restarted and replaced the region this standby waited on; start it again to attach to the new region".into(),
-                    ))
-                }
-                None => return Ok(None),
-            }
-        } else {
-            Lease::acquire(region.clone(), id, duration)
-                .map_err(|e| ServerError::Start(e.to_string()))?
+        let wait = config.standby || leadership.is_some();
+        let Some(lease) = take_lease(&region, id, duration, wait, give_up)? else {
+            return Ok(None);
         };
         let sequencer = Sequencer::start(
             region.clone(),
@@ -156,4 +125,62 @@ impl SequencerProcess {
     pub fn stop(&mut self) {
         self.sequencer.stop();
     }
+}
+
+/// Campaigns for the leadership in etcd at `endpoint` (a standby waits there; an
+/// active start fails at once if another sequencer leads). `Ok(None)` when `give_up`
+/// was raised while waiting.
+fn lead_in_etcd(
+    config: &SequencerProcessConfig,
+    endpoint: &str,
+    id: u64,
+    duration: Duration,
+    give_up: &AtomicBool,
+) -> Result<Option<Leadership>, ServerError> {
+    let key = election::election_key(&config.cluster_name);
+    if !config.standby {
+        if let Some(holder) = election::current_leader(endpoint, &key)
+            .map_err(|e| ServerError::Start(e.to_string()))?
+        {
+            return Err(ServerError::Start(format!(
+                "sequencer {holder} leads this cluster in etcd ({endpoint}, key {key}); start this one with --standby to take over when it stops"
+            )));
+        }
+    }
+    if config.standby {
+        tracing::info!(endpoint, key, "standby: waiting to be elected in etcd");
+    }
+    election::campaign(endpoint, &key, &format!("{id:016x}"), duration, give_up)
+        .map_err(|e| ServerError::Start(e.to_string()))
+}
+
+/// Takes the region's sequencer lease: at once, or, to `wait` (a standby, or a leader
+/// in etcd whose dead predecessor's lease must run out), once it is free. `Ok(None)`
+/// when `give_up` was raised while waiting.
+fn take_lease(
+    region: &Arc<Region>,
+    id: u64,
+    duration: Duration,
+    wait: bool,
+    give_up: &AtomicBool,
+) -> Result<Option<Lease>, ServerError> {
+    let lease = if wait {
+        tracing::info!(
+            "standby: waiting for the region's sequencer lease ({} ms)",
+            duration.as_millis()
+        );
+        match Lease::acquire_when_free(region.clone(), id, duration, duration / 10, give_up) {
+            Some(lease) => lease,
+            None if region.is_retired() => {
+                return Err(ServerError::Start(
+                    "the head restarted and replaced the region this standby waited on; start it again to attach to the new region".into(),
+                ))
+            }
+            None => return Ok(None),
+        }
+    } else {
+        Lease::acquire(region.clone(), id, duration)
+            .map_err(|e| ServerError::Start(e.to_string()))?
+    };
+    Ok(Some(lease))
 }

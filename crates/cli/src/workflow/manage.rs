@@ -16,13 +16,7 @@ pub fn run(cmd: TaskCommand) -> CliResult {
             api,
             json,
         } => list(api.addr(), [namespace, status], [page, per_page], json),
-        TaskCommand::Cancel { uuid, api, json } => {
-            let t = ApiClient::new(api.addr())
-                .cancel_task(&uuid)
-                .map_err(api_error)?;
-            show_task(&t, json);
-            Ok(())
-        }
+        TaskCommand::Cancel { uuid, api, json } => cancel(api.addr(), &uuid, json),
         TaskCommand::Steps {
             uuid,
             step,
@@ -42,19 +36,8 @@ pub fn run(cmd: TaskCommand) -> CliResult {
             by,
             api,
             json,
-        } => {
-            let body = json!({ "reason": reason, "resolved_by": by });
-            let t = ApiClient::new(api.addr())
-                .request("POST", &format!("/v1/tasks/{uuid}/resolve"), Some(body))
-                .map_err(api_error)?;
-            show_task(&t, json);
-            Ok(())
-        }
-        TaskCommand::Stats { api } => {
-            let metrics = ApiClient::new(api.addr()).metrics().map_err(api_error)?;
-            say!("{}", stats(&metrics));
-            Ok(())
-        }
+        } => resolve(api.addr(), &uuid, &reason, by.as_deref(), json),
+        TaskCommand::Stats { api } => print_stats(api.addr()),
         TaskCommand::ResetStep {
             uuid,
             step,
@@ -82,22 +65,7 @@ pub fn run(cmd: TaskCommand) -> CliResult {
             per_page,
             api,
             json,
-        } => {
-            let list = get(
-                api.addr(),
-                &format!("/v1/dlq?page={page}&per_page={per_page}"),
-            )?;
-            show_list(&list, "entries", json, |e| {
-                format!(
-                    "{}  step {}  {}: {}",
-                    text(&e["task_uuid"]),
-                    text(&e["step"]),
-                    text(&e["reason"]),
-                    text(&e["error"])
-                )
-            });
-            Ok(())
-        }
+        } => dlq(api.addr(), [page, per_page], json),
         _ => unreachable!("not a task management command"),
     }
 }
@@ -120,6 +88,45 @@ pub fn stats(metrics: &str) -> String {
         .find_map(|l| l.strip_prefix("embarcadero_workflow_queue_lag_events "));
     lines.push(format!("queue lag: {} events", lag.unwrap_or("unknown")));
     lines.join("\n")
+}
+
+/// `DELETE /v1/tasks/{uuid}`: the cancelled task.
+fn cancel(api: &str, uuid: &str, json: bool) -> CliResult {
+    let t = ApiClient::new(api).cancel_task(uuid).map_err(api_error)?;
+    show_task(&t, json);
+    Ok(())
+}
+
+/// `POST /v1/tasks/{uuid}/resolve`: the task, resolved by hand.
+fn resolve(api: &str, uuid: &str, reason: &str, by: Option<&str>, json: bool) -> CliResult {
+    let body = json!({ "reason": reason, "resolved_by": by });
+    let t = ApiClient::new(api)
+        .request("POST", &format!("/v1/tasks/{uuid}/resolve"), Some(body))
+        .map_err(api_error)?;
+    show_task(&t, json);
+    Ok(())
+}
+
+/// `GET /v1/workflow/metrics`, summed up by [`stats`].
+fn print_stats(api: &str) -> CliResult {
+    let metrics = ApiClient::new(api).metrics().map_err(api_error)?;
+    say!("{}", stats(&metrics));
+    Ok(())
+}
+
+/// `GET /v1/dlq`: one page of the dead-letter list.
+fn dlq(api: &str, [page, per_page]: [usize; 2], json: bool) -> CliResult {
+    let list = get(api, &format!("/v1/dlq?page={page}&per_page={per_page}"))?;
+    show_list(&list, "entries", json, |e| {
+        format!(
+            "{}  step {}  {}: {}",
+            text(&e["task_uuid"]),
+            text(&e["step"]),
+            text(&e["reason"]),
+            text(&e["error"])
+        )
+    });
+    Ok(())
 }
 
 /// `POST /v1/tasks/{uuid}/rerun`: the reopened task.

@@ -5,6 +5,7 @@
 use super::LogArgs;
 use crate::CliResult;
 use embarcadero_server::http_server::{HttpServer, Limits, Request, Response, StreamBody};
+use embarcadero_workflow::orchestrator::Engine;
 use embarcadero_workflow::{Api, Orchestrator, OrchestratorConfig, Registry, Worker, WorkerConfig};
 use std::net::TcpListener;
 use std::sync::atomic::AtomicUsize;
@@ -100,30 +101,7 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
         // thread serving it) instead of opening two per task.
         keep_alive: Some(KEEP_ALIVE),
     };
-    let engine = orchestrator.engine.clone();
-    let handler = move |r: &Request| {
-        // `/v1/workflow/metrics` too: the control port forwards that path (its own
-        // `/metrics` is the head's), so `task stats` works with either address.
-        if r.method == "GET" && matches!(r.path(), "/metrics" | "/v1/workflow/metrics") {
-            return Response::new(200, "text/plain; version=0.0.4", engine.metrics());
-        }
-        let reply = api
-            .handle(&r.method, &r.url, &r.body)
-            .resuming(r.last_event_id.as_deref());
-        let mut response = match reply.events {
-            None => Response::new(reply.status, "application/json", reply.body.to_string()),
-            Some(events) => {
-                let mut r = Response::new(reply.status, "text/event-stream", String::new());
-                r.stream = Some(StreamBody(Arc::new(move |out| events.write_to(out))));
-                r.headers
-                    .push(("Cache-Control".into(), "no-cache".to_string()));
-                r
-            }
-        };
-        let headers = reply.headers.into_iter().map(|(n, v)| (n.into(), v));
-        response.headers.extend(headers);
-        response
-    };
+    let handler = api_handler(api, orchestrator.engine.clone());
     if !wait_for_replay(&orchestrator, &stop)? {
         orchestrator.stop();
         return Ok(());
@@ -148,6 +126,37 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
     http.stop();
     orchestrator.stop();
     ended
+}
+
+/// The API's request handler: the engine's metrics, or the API's answer (JSON, or a
+/// stream of server-sent events).
+fn api_handler(
+    api: Arc<Api>,
+    engine: Arc<Engine>,
+) -> impl Fn(&Request) -> Response + Send + Sync + 'static {
+    move |r: &Request| {
+        // `/v1/workflow/metrics` too: the control port forwards that path (its own
+        // `/metrics` is the head's), so `task stats` works with either address.
+        if r.method == "GET" && matches!(r.path(), "/metrics" | "/v1/workflow/metrics") {
+            return Response::new(200, "text/plain; version=0.0.4", engine.metrics());
+        }
+        let reply = api
+            .handle(&r.method, &r.url, &r.body)
+            .resuming(r.last_event_id.as_deref());
+        let mut response = match reply.events {
+            None => Response::new(reply.status, "application/json", reply.body.to_string()),
+            Some(events) => {
+                let mut r = Response::new(reply.status, "text/event-stream", String::new());
+                r.stream = Some(StreamBody(Arc::new(move |out| events.write_to(out))));
+                r.headers
+                    .push(("Cache-Control".into(), "no-cache".to_string()));
+                r
+            }
+        };
+        let headers = reply.headers.into_iter().map(|(n, v)| (n.into(), v));
+        response.headers.extend(headers);
+        response
+    }
 }
 
 pub fn worker(args: WorkerArgs) -> CliResult {

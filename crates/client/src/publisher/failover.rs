@@ -27,6 +27,24 @@ pub(super) fn fail_over(inner: &Inner, index: usize, cause: Error) {
     let q = &inner.queues[index];
     let conn = &q.conn;
     inner.failovers.fetch_add(1, Ordering::AcqRel);
+    cut_off_process(inner, q);
+    tracing::warn!(broker = %q.broker, "lost the broker ({cause}); moving its batches to the live brokers");
+    let result = move_batches(inner, index);
+    match result {
+        Ok(count) => tracing::info!(broker = %q.broker, batches = count, "failover done"),
+        Err(e) => inner.fail(conn, e),
+    }
+    q.life.mark_moved_out();
+    inner.failovers.fetch_sub(1, Ordering::AcqRel);
+    inner.notify_progress();
+    // The broker may come back (restarted) or others may have joined: look now rather
+    // than at the next refresh.
+    let _ = inner.membership_wake.try_send(());
+}
+
+/// Marks `q` dead and shuts its stream down, and so every live connection to the same
+/// broker process, ahead of the head fencing that process.
+fn cut_off_process(inner: &Inner, q: &Queue) {
     q.mark_dead();
     let _ = q.stream.lock().shutdown(std::net::Shutdown::Both);
     // The head is about to fence the broker: its other connections will get no more
@@ -38,68 +56,71 @@ pub(super) fn fail_over(inner: &Inner, index: usize, cause: Error) {
             let _ = other.stream.lock().shutdown(std::net::Shutdown::Both);
         }
     }
-    tracing::warn!(broker = %q.broker, "lost the broker ({cause}); moving its batches to the live brokers");
-    let result = (|| -> Result<usize> {
-        if !inner.wait_until(Duration::from_secs(30), || q.life.sender_stopped()) {
-            return Err(Error::Timeout(Duration::from_secs(30)));
-        }
-        // Marked dead: nothing enters the channel any more, so this empties it for good.
-        let mut moved: Vec<Sealed> = q.moved.lock().drain(..).collect();
-        moved.extend(q.rx.try_iter());
-        let unacked: Vec<InFlight> = conn.unacked.lock().drain(..).collect();
-        let acked = conn.acked.load(Ordering::Acquire);
-        let unknown: Vec<u64> = unacked
-            .iter()
-            .filter(|f| f.seq >= acked)
-            .map(|f| f.batch.batch_id)
-            .collect();
-        let ordered = if inner.order == 2 && !unknown.is_empty() {
-            ordered_on_dead_broker(inner, q, &unknown)?
-        } else {
-            Vec::new()
-        };
-        for f in unacked {
-            if f.seq < acked || ordered.contains(&f.batch.batch_id) {
-                inner.settle(conn, f);
-            } else {
-                moved.push(f.batch);
-            }
-        }
-        let count = moved.len();
-        // Spread over the live queues, in order (order 5 resends by session sequence).
-        let n = inner.queues.len();
-        let mut next = index + 1;
-        for mut batch in moved {
-            if inner.order != 5 {
-                // Order 2: the new connection numbers it.
-                batch.seq = None;
-            }
-            let mut tried = 0;
-            loop {
-                if tried == n {
-                    return Err(Error::NoLiveBroker);
-                }
-                let target = &inner.queues[next % n];
-                next += 1;
-                tried += 1;
-                match target.try_take_moved(batch) {
-                    Ok(()) => break,
-                    Err(b) => batch = b,
-                }
-            }
-        }
-        Ok(count)
-    })();
-    match result {
-        Ok(count) => tracing::info!(broker = %q.broker, batches = count, "failover done"),
-        Err(e) => inner.fail(conn, e),
+}
+
+/// The work of [`fail_over`] once queue `index` is cut off: waits for its sender to
+/// stop, settles the batches the head says were ordered, and moves the others to the
+/// live queues. Returns how many batches it moved.
+fn move_batches(inner: &Inner, index: usize) -> Result<usize> {
+    let q = &inner.queues[index];
+    let conn = &q.conn;
+    if !inner.wait_until(Duration::from_secs(30), || q.life.sender_stopped()) {
+        return Err(Error::Timeout(Duration::from_secs(30)));
     }
-    q.life.mark_moved_out();
-    inner.failovers.fetch_sub(1, Ordering::AcqRel);
-    inner.notify_progress();
-    // The broker may come back (restarted) or others may have joined: look now rather
-    // than at the next refresh.
-    let _ = inner.membership_wake.try_send(());
+    // Marked dead: nothing enters the channel any more, so this empties it for good.
+    let mut moved: Vec<Sealed> = q.moved.lock().drain(..).collect();
+    moved.extend(q.rx.try_iter());
+    let unacked: Vec<InFlight> = conn.unacked.lock().drain(..).collect();
+    let acked = conn.acked.load(Ordering::Acquire);
+    let unknown: Vec<u64> = unacked
+        .iter()
+        .filter(|f| f.seq >= acked)
+        .map(|f| f.batch.batch_id)
+        .collect();
+    let ordered = if inner.order == 2 && !unknown.is_empty() {
+        ordered_on_dead_broker(inner, q, &unknown)?
+    } else {
+        Vec::new()
+    };
+    for f in unacked {
+        if f.seq < acked || ordered.contains(&f.batch.batch_id) {
+            inner.settle(conn, f);
+        } else {
+            moved.push(f.batch);
+        }
+    }
+    let count = moved.len();
+    spread_over_queues(inner, index, moved)?;
+    Ok(count)
+}
+
+/// Hands the `moved` batches of queue `index` out round robin, from the queue after it
+/// on: each to the first queue that takes it (a dead one does not). Fails when none
+/// does.
+fn spread_over_queues(inner: &Inner, index: usize, moved: Vec<Sealed>) -> Result<()> {
+    // Spread over the live queues, in order (order 5 resends by session sequence).
+    let n = inner.queues.len();
+    let mut next = index + 1;
+    for mut batch in moved {
+        if inner.order != 5 {
+            // Order 2: the new connection numbers it.
+            batch.seq = None;
+        }
+        let mut tried = 0;
+        loop {
+            if tried == n {
+                return Err(Error::NoLiveBroker);
+            }
+            let target = &inner.queues[next % n];
+            next += 1;
+            tried += 1;
+            match target.try_take_moved(batch) {
+                Ok(()) => break,
+                Err(b) => batch = b,
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Asks the head which of `batch_ids` (this connection's unacknowledged batches) made
