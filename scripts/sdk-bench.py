@@ -3,9 +3,10 @@
 a fresh `embarcadero serve` (region in /dev/shm, large enough to keep a whole --sub-mb topic
 of 1 KiB messages, order 2, memory-only) and runs, against it, the Rust client
 (`embarcadero bench`), the TypeScript client (sdk/typescript/bench.mjs) and the Python client
-(sdk/python/bench.py), in an order that alternates from round to round, and records
-`/proc/loadavg` before each. The ratios that count are those of the same round; the summary
-gives their medians. Issue 24, docs/PERFORMANCE.md.
+(sdk/python/bench.py), each publishing many at a time, one by one and reading, in an order
+that alternates from round to round, and records `/proc/loadavg` before each. The ratios
+that count are those of the same round; the summary gives their medians. Issue 24,
+docs/PERFORMANCE.md.
 
     scripts/sdk-bench.py --bin target/release/embarcadero --python VENV/bin/python \\
         --rounds 5 --pub-mb 1024 --sub-mb 1024 --out /tmp/sdk-bench.jsonl
@@ -13,7 +14,7 @@ gives their medians. Issue 24, docs/PERFORMANCE.md.
 --no-typescript leaves TypeScript out; --python-base OTHER_VENV/bin/python adds the Python
 subscriber of another build of the binding to each round (an A/B in the same rounds);
 --ts-base DIR does the same for TypeScript: DIR is another copy of sdk/typescript with its
-release addon and TypeScript built, whose publishMany and subscribers run in each round too
+release addon and TypeScript built, whose publishers and subscribers run in each round too
 (labelled "base ts").
 
 Needs the release addon and TypeScript built (`npm run build:native:release && npm run
@@ -35,6 +36,8 @@ import tempfile
 import time
 from typing import Callable, Dict, List
 
+from bench_rounds import run_rounds
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
 
@@ -45,7 +48,10 @@ def serve(binary: str, broker_mib: int) -> tuple[subprocess.Popen[bytes], str, s
     segments = max(24, broker_mib // 8)
     config = os.path.join(data, "serve.toml")
     with open(config, "w") as f:
-        f.write(f"[region]\nsegments_per_broker = {segments}\n")
+        # Prefaulted: unprefaulted, every client publishing into fresh region memory paid
+        # the server's first-touch page faults, which halved the Rust publisher's figure
+        # (docs/PERFORMANCE.md, "Session 25") and flattered the SDKs' share of it.
+        f.write(f"[region]\nsegments_per_broker = {segments}\nprefault = true\n")
     cmd = [binary, "serve", "--config", config, "--data-dir", data]
     cmd += ["--base-port", "0", "--control-port", "0"]
     # It names its control address on stderr, then logs there: into a file, so that a
@@ -66,8 +72,8 @@ def serve(binary: str, broker_mib: int) -> tuple[subprocess.Popen[bytes], str, s
 
 def rust(binary: str, control: str, mode: str, mib: int) -> Dict[str, float]:
     """`embarcadero bench` (mode subscribe publishes, then times one subscriber reading it
-    all), and the CPU its process used per GB of payload: for mode subscribe, of both
-    halves (`one_round` subtracts the publishing half)."""
+    all), and the CPU its process used per GB of payload: for mode subscribe, the
+    reader's alone (`subscribe_only_cpu_seconds`)."""
     cmd = [binary, "bench", "--control", control, "--mode", mode, "--order", "2", "--ack", "1"]
     cmd += ["--total-bytes", str(mib * MIB), "--no-ceilings", "--json"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -78,7 +84,8 @@ def rust(binary: str, control: str, mode: str, mib: int) -> Dict[str, float]:
     if mode == "publish":
         return {"rust publish": out["publish_mb_per_s"], "rust publish cpu s/GB": per_gb}
     mbs = out["payload_bytes"] / out["subscribe_only_seconds"] / 1e6
-    return {"rust subscribe": mbs, "rust publish+subscribe cpu s/GB": per_gb}
+    reader_per_gb = out["subscribe_only_cpu_seconds"] / (out["payload_bytes"] / 1e9)
+    return {"rust subscribe": mbs, "rust subscribe cpu s/GB": reader_per_gb}
 
 
 def typescript(
@@ -103,9 +110,12 @@ def python(py: str, control: str, only: str, mib: int, label: str = "py") -> Dic
 RATIOS = [
     ("ts publishMany", "rust publish"),
     ("py publish_many", "rust publish"),
+    ("ts publish", "rust publish"),
+    ("py publish", "rust publish"),
     ("ts subscribe", "rust subscribe"),
     ("ts pollMany", "rust subscribe"),
     ("base ts publishMany", "rust publish"),
+    ("base ts publish", "rust publish"),
     ("base ts subscribe", "rust subscribe"),
     ("base ts pollMany", "rust subscribe"),
     ("py subscribe (for m in sub)", "rust subscribe"),
@@ -125,9 +135,11 @@ def one_round(args: argparse.Namespace, index: int) -> Dict[str, float]:
     ]
     if not args.no_typescript:
         steps.append(lambda: typescript(control, "publishMany", args.pub_mb, args.sub_mb))
+        steps.append(lambda: typescript(control, "publish", args.pub_mb, args.sub_mb))
         steps.append(lambda: typescript(control, "subscribe", args.pub_mb, args.sub_mb))
     if not args.no_python:
         steps.append(lambda: python(args.python, control, "publish_many", args.pub_mb))
+        steps.append(lambda: python(args.python, control, "publish", args.pub_mb))
         steps.append(lambda: python(args.python, control, "subscribe", args.sub_mb))
     if args.python_base:
         base = args.python_base
@@ -135,6 +147,7 @@ def one_round(args: argparse.Namespace, index: int) -> Dict[str, float]:
     if args.ts_base:
         ts_base, mb = args.ts_base, (args.pub_mb, args.sub_mb)
         steps.append(lambda: typescript(control, "publishMany", *mb, ts_base, "base ts"))
+        steps.append(lambda: typescript(control, "publish", *mb, ts_base, "base ts"))
         steps.append(lambda: typescript(control, "subscribe", *mb, ts_base, "base ts"))
     # A topic spreads over the 4 brokers; a round writes one per step, and every one must
     # fit: a memory-only topic's oldest batches are reclaimed once the region fills, even
@@ -154,9 +167,6 @@ def one_round(args: argparse.Namespace, index: int) -> Dict[str, float]:
         proc.terminate()
         proc.wait()
         shutil.rmtree(data, ignore_errors=True)
-    if "rust publish+subscribe cpu s/GB" in row and "rust publish cpu s/GB" in row:
-        both = row.pop("rust publish+subscribe cpu s/GB")
-        row["rust subscribe cpu s/GB"] = both - row["rust publish cpu s/GB"]
     row["loadavg"] = float(load[0])
     row["loadavg_text"] = " ".join(load)  # type: ignore[assignment]
     for name, base in RATIOS:
@@ -186,15 +196,7 @@ def main() -> None:
         help="also the TypeScript client of another copy of sdk/typescript (built): 'base ts'",
     )
     args = parser.parse_args()
-    rows = []
-    for i in range(args.rounds):
-        row = one_round(args, i)
-        rows.append(row)
-        line = json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
-        print(line, flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(line + "\n")
+    rows = run_rounds(args.rounds, lambda i: one_round(args, i), args.out)
     for name, base in RATIOS:
         ratios = [r[f"{name} / {base}"] for r in rows if f"{name} / {base}" in r]
         if ratios:

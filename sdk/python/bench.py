@@ -95,6 +95,18 @@ def publish_each(control: str, topic: str, count: int, size: int) -> Timed:
     return timed
 
 
+def refuse_skipped(sub: Subscriber) -> None:
+    """Fails the run when the topic's start was reclaimed before the reader came: the
+    messages it waits for would never come. Known once the first delivery has arrived."""
+    skipped = sub.skipped
+    if skipped:
+        raise SystemExit(
+            f"positions {skipped[0]}..{skipped[1]} were reclaimed before the subscriber "
+            "started: a memory-only topic keeps about three quarters of each broker's log "
+            "memory; lower --total-bytes"
+        )
+
+
 def subscribe(
     control: str, topic: str, count: int, many: bool, perf: Optional[str] = None
 ) -> Timed:
@@ -102,15 +114,24 @@ def subscribe(
     `poll_many` with `many`), touching each payload's length; profiled into `perf`."""
     with Subscriber(control, topic) as sub, Perf(perf), Timed() as timed:
         received = 0
+        checked = False
         if many:
             while received < count:
                 for m in sub.poll_many(timeout=30):
                     received += len(m.payload) > 0
+                if received and not checked:
+                    # Once: `skipped` waits for the read-ahead thread's poll.
+                    refuse_skipped(sub)
+                    checked = True
         else:
-            for m in sub:
-                received += len(m.payload) > 0
-                if received == count:
-                    break
+            it = iter(sub)
+            received += len(next(it).payload) > 0
+            refuse_skipped(sub)
+            if received < count:  # the first message may have been all of them
+                for m in it:
+                    received += len(m.payload) > 0
+                    if received == count:
+                        break
     return timed
 
 
