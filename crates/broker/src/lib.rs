@@ -164,6 +164,8 @@ pub struct BrokerMetrics {
     /// (a subscriber sends nothing) or left while it had nothing to receive.
     pub subscribers_dropped: AtomicU64,
     pub reclaimed_batches: AtomicU64,
+    /// Partly filled last segments that idle logs gave back to a pool running short.
+    pub retired_tails: AtomicU64,
     /// Order 5: batches held back because they were beyond their session's window.
     pub session_window_waits: AtomicU64,
     /// Order 5: hellos and connections refused because their session is bound to

@@ -115,6 +115,12 @@ impl LogWriter {
         }
     }
 
+    /// `(reserved_pbr, reserved_tail)` from one load: a consistent pair.
+    pub fn reserved(&self) -> (u64, u64) {
+        let state = self.state.load(Ordering::Acquire);
+        ((state >> 64) as u64, state as u64)
+    }
+
     /// Next PBR index to be reserved; everything below it is reserved.
     pub fn reserved_pbr(&self) -> u64 {
         (self.state.load(Ordering::Acquire) >> 64) as u64
@@ -124,6 +130,29 @@ impl LogWriter {
     /// has been taken from the pool (and not yet returned, unless reclaimed).
     pub fn reserved_tail(&self) -> u64 {
         self.state.load(Ordering::Acquire) as u64
+    }
+
+    /// Ends the log's partly filled last segment, if the log is still at `next` slots
+    /// and `tail` bytes: the tail moves to the segment's end, so the next reservation
+    /// opens a fresh segment, and the caller may give this one back to the pool. The
+    /// caller has reclaimed every slot below `next` (nothing in the segment is live);
+    /// a reservation made meanwhile wins, and the tail stays. Returns the new tail.
+    ///
+    /// Without this, each log holds its last segment for as long as it exists, and a
+    /// broker with more idle topics than segments refuses every new one's batches.
+    pub fn retire_tail(&self, next: u64, tail: u64) -> Option<u64> {
+        let seg = self.region.capacities().segment_bytes;
+        assert!(
+            !tail.is_multiple_of(seg),
+            "only a partly filled segment is retired (tail {tail})"
+        );
+        let end = tail.next_multiple_of(seg);
+        let current = ((next as u128) << 64) | tail as u128;
+        let retired = ((next as u128) << 64) | end as u128;
+        self.state
+            .compare_exchange(current, retired, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| end)
     }
 
     /// Reserves a slot and `len` bytes (`0 < len <= segment_bytes`).
@@ -306,20 +335,24 @@ mod tests {
         Reserve(u64),
         /// Reclaim this many of the oldest live batches (as the service thread would).
         Reclaim(usize),
+        /// Retire the partly filled last segment, once nothing in the log is live (as
+        /// the service thread does for an idle log when the pool runs short).
+        RetireTail,
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             3 => (1u64..=64).prop_map(|lines| Op::Reserve(lines * 64)),
             1 => (1usize..6).prop_map(Op::Reclaim),
+            1 => Just(Op::RetireTail),
         ]
     }
 
     proptest! {
         /// Against a model of the log: reservations get consecutive PBR indices, never
         /// exceed the ring or the pool, never straddle a segment, and no live range ever
-        /// shares memory with another live range, however reservations and
-        /// reclamations interleave.
+        /// shares memory with another live range, however reservations, reclamations
+        /// and retirements of an emptied log's last segment interleave.
         #[test]
         fn reservation_and_reclamation_keep_live_ranges_disjoint(ops in proptest::collection::vec(op(), 1..300)) {
             let dir = tempfile::tempdir().unwrap();
@@ -357,6 +390,25 @@ mod tests {
                         Err(ReserveError::RingFull) => prop_assert_eq!(live.len(), 16),
                         Err(ReserveError::NoSegment) => prop_assert_eq!(pool.free_count(), 0),
                     },
+                    Op::RetireTail => {
+                        let tail = w.reserved_tail();
+                        if !live.is_empty() || tail.is_multiple_of(4096) {
+                            continue;
+                        }
+                        // A stale view of the log never retires it.
+                        prop_assert_eq!(w.retire_tail(next_index + 1, tail), None);
+                        let end = w.retire_tail(next_index, tail);
+                        prop_assert_eq!(end, Some(tail.next_multiple_of(4096)));
+                        prop_assert_eq!(w.reserved_tail(), end.unwrap());
+                        line.reclaimed_blog.advance(end.unwrap(), Ordering::Release);
+                        while freed_below < end.unwrap() / 4096 {
+                            if let Some(s) = region.seg_map_lookup(0, 0, freed_below) {
+                                pool.push(s);
+                            }
+                            freed_below += 1;
+                        }
+                        prop_assert_eq!(pool.free_count(), 4, "an empty log holds no segment");
+                    }
                     Op::Reclaim(n) => {
                         for _ in 0..n.min(live.len()) {
                             live.pop_front();

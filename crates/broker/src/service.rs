@@ -10,10 +10,29 @@ use embarcadero_region::unix_ms;
 use embarcadero_wire::{Ack, BatchFlags, ErrorCode, ErrorFrame};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Most PBR slots one log advances per round, so one busy log cannot starve acks.
 const MAX_SLOTS_PER_ROUND: u64 = 4096;
+
+/// How long a log must have taken no reservation before its last, partly filled segment
+/// may go back to a pool running short: a topic still being written keeps its segment
+/// (and its subscribers read it from memory), and a new topic's first batch waits well
+/// under `backpressure_timeout` for the segment it needs (docs/DESIGN.md, "Idle topics").
+const TAIL_IDLE: Duration = Duration::from_millis(500);
+
+/// How short the broker's segment pool is, which decides whose memory goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum PoolPressure {
+    /// At least the low watermark's share of segments free: nothing goes for the pool.
+    Calm,
+    /// Fewer: logs give back their oldest segment unless it is their last, and idle
+    /// replicated logs their last one too (their data is on disk).
+    Short,
+    /// Fewer than the high watermark leaves (publishers are paused): idle memory-only
+    /// logs give back their last segment as well, once their subscribers have read it.
+    Exhausted,
+}
 
 /// What the service thread remembers about one of its logs.
 struct LogState {
@@ -30,6 +49,10 @@ struct LogState {
     /// A subscriber is holding back memory its publishers need, and it has been logged
     /// (once per episode: set when logged, cleared when reclamation passes it again).
     held_by_reader: bool,
+    /// The writer's reserved PBR index when last looked at under pool pressure, and
+    /// since when it has stayed there: how long the log has taken no batch.
+    quiet_at: u64,
+    quiet_since: Instant,
 }
 
 struct AckState {
@@ -111,8 +134,18 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
             let started = std::time::Instant::now();
             progress |= advance_frontier(&shared, topic, st);
             let advanced = StageTimes::lap(&stages.frontier, started);
-            let segment_pressure = shared.pool.free_count() < reclaim_below_free;
-            progress |= reclaim(&shared, topic, st, segment_pressure);
+            let free = shared.pool.free_count();
+            // Paused publishers resume only at the low watermark: until then the pool
+            // stays exhausted for this purpose, or a pool between the two marks with
+            // only idle memory-only logs would keep them paused for ever.
+            let pressure = if free < pause_below_free || shared.paused.load(Ordering::Relaxed) {
+                PoolPressure::Exhausted
+            } else if free < reclaim_below_free {
+                PoolPressure::Short
+            } else {
+                PoolPressure::Calm
+            };
+            progress |= reclaim(&shared, topic, st, pressure);
             StageTimes::lap(&stages.reclaim, advanced);
         }
         let free = shared.pool.free_count();
@@ -163,6 +196,8 @@ fn log_state(shared: &Shared, topic: u32) -> Option<LogState> {
         freed_segments_below: log.reclaimed_blog.load(Ordering::Acquire)
             / region.capacities().segment_bytes,
         held_by_reader: false,
+        quiet_at: u64::MAX,
+        quiet_since: Instant::now(),
     })
 }
 
@@ -247,14 +282,36 @@ fn advance_frontier(shared: &Shared, topic: u32, st: &mut LogState) -> bool {
 /// sequencer request (it must reuse GOI slots), or the broker's segment pool running
 /// low. Only batches every consumer is done with are eligible: written, ordered
 /// (orders 2 and 5), durable (replicated topics), and read by every pinned subscriber.
-fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, segment_pressure: bool) -> bool {
+/// An idle log whose last segment may go (`tail_may_retire`) lets go of all of that and
+/// then of the segment itself.
+fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, pressure: PoolPressure) -> bool {
     let log = shared.region.log(topic, shared.config.broker_id);
     let eligible = eligible_below(st, &log);
+    let retire = tail_may_retire(shared, topic, st, pressure);
+    let segment_pressure = pressure > PoolPressure::Calm;
     let (wanted, pressed) = wanted_below(shared, topic, st, eligible, segment_pressure);
-    let wanted = wanted.min(eligible);
-    if wanted <= st.reclaimed_pbr {
-        return false;
+    let wanted = if retire {
+        eligible
+    } else {
+        wanted.min(eligible)
+    };
+    let mut progress =
+        wanted > st.reclaimed_pbr && release_unpinned(shared, topic, st, wanted, pressed);
+    if retire {
+        progress |= retire_tail(shared, topic, st);
     }
+    progress
+}
+
+/// Releases the batches below `wanted` that no connected subscriber still needs;
+/// returns whether any went.
+fn release_unpinned(
+    shared: &Shared,
+    topic: u32,
+    st: &mut LogState,
+    wanted: u64,
+    pressed: bool,
+) -> bool {
     // Memory-only topics: from before the pins are read until the frontiers moved.
     let _pass = (st.replication_factor < 2)
         .then(|| PinnedPass::begin(shared.region.broker_line(topic, shared.config.broker_id)));
@@ -264,6 +321,68 @@ fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, segment_pressure: boo
         return false;
     }
     release_below(shared, topic, st, target);
+    true
+}
+
+/// Whether this log's last segment may go back to the pool: the pool is short enough
+/// for the log's kind (replicated: `Short`; memory-only, whose unread data would be
+/// lost: `Exhausted`), and the log has taken no reservation for `TAIL_IDLE`. Idleness is
+/// timed only under pressure, so the clock is read only then.
+fn tail_may_retire(shared: &Shared, topic: u32, st: &mut LogState, pressure: PoolPressure) -> bool {
+    let needed = if st.replication_factor >= 2 {
+        PoolPressure::Short
+    } else {
+        PoolPressure::Exhausted
+    };
+    let Some(writer) = shared.writers[topic as usize].get() else {
+        return false;
+    };
+    if pressure < needed {
+        return false;
+    }
+    let reserved = writer.reserved_pbr();
+    let now = Instant::now();
+    if reserved != st.quiet_at {
+        st.quiet_at = reserved;
+        st.quiet_since = now;
+        return false;
+    }
+    now.duration_since(st.quiet_since) >= TAIL_IDLE
+}
+
+/// Gives a log's last, partly filled segment back to the pool once everything in the
+/// log is reclaimed: the writer's tail moves to the segment's end unless a reservation
+/// came in meanwhile (`LogWriter::retire_tail`), so its next batch opens a fresh
+/// segment. Without this each log keeps its last segment as long as it exists, and a
+/// broker with more idle topics than segments holds every new topic's batches back.
+fn retire_tail(shared: &Shared, topic: u32, st: &mut LogState) -> bool {
+    let Some(writer) = shared.writers[topic as usize].get() else {
+        return false;
+    };
+    let region = &shared.region;
+    let broker = shared.config.broker_id;
+    let seg = region.capacities().segment_bytes;
+    let (next, tail) = writer.reserved();
+    // Every reserved slot committed and reclaimed: nothing in the segment is live.
+    if st.frontier != next || st.reclaimed_pbr != next || tail.is_multiple_of(seg) {
+        return false;
+    }
+    let line = region.broker_line(topic, broker);
+    assert!(
+        st.written_end == tail && line.reclaimed_blog.load(Ordering::Acquire) == tail,
+        "log ({topic}, {broker}): all {next} slots reclaimed, yet bytes written to {} and reclaimed to {} against a tail at {tail}",
+        st.written_end,
+        line.reclaimed_blog.load(Ordering::Acquire)
+    );
+    let Some(end) = writer.retire_tail(next, tail) else {
+        return false;
+    };
+    // As after a restart (`resume::written_prefix`): a log reclaimed whole ends where its
+    // reclaimed bytes do.
+    line.reclaimed_blog.advance(end, Ordering::Release);
+    st.written_end = end;
+    give_back_segments_below(shared, topic, st, end);
+    shared.metrics.retired_tails.fetch_add(1, Ordering::Relaxed);
     true
 }
 
@@ -430,19 +549,31 @@ fn release_below(shared: &Shared, topic: u32, st: &mut LogState, target: u64) {
     let line = region.broker_line(topic, broker);
     line.reclaimed_blog.advance(new_blog, Ordering::Release);
     line.reclaimed_pbr.advance(target, Ordering::Release);
+    give_back_segments_below(shared, topic, st, new_blog);
+    shared
+        .metrics
+        .reclaimed_batches
+        .fetch_add(target - st.reclaimed_pbr, Ordering::Relaxed);
+    st.reclaimed_pbr = target;
+}
+
+/// Returns to the pool the log's segments wholly below byte `reclaimed`, the reclaimed
+/// frontier just moved there (readers re-check it after copying, so it moves first).
+fn give_back_segments_below(shared: &Shared, topic: u32, st: &mut LogState, reclaimed: u64) {
+    let region = &shared.region;
+    let broker = shared.config.broker_id;
     let seg = region.capacities().segment_bytes;
-    while st.freed_segments_below < new_blog / seg {
+    assert!(
+        region.broker_line(topic, broker).reclaimed_blog.load(Ordering::Acquire) >= reclaimed,
+        "log ({topic}, {broker}): segments given back below byte {reclaimed} before the reclaimed frontier passed it"
+    );
+    while st.freed_segments_below < reclaimed / seg {
         let logical = st.freed_segments_below;
         if let Some(physical) = region.seg_map_lookup(topic, broker, logical) {
             shared.pool.push(physical);
         }
         st.freed_segments_below += 1;
     }
-    shared
-        .metrics
-        .reclaimed_batches
-        .fetch_add(target - st.reclaimed_pbr, Ordering::Relaxed);
-    st.reclaimed_pbr = target;
 }
 
 /// Logs, once per episode, that a subscriber keeps memory its publishers are waiting

@@ -50,7 +50,7 @@ impl Families {
 type BrokerCounter = fn(&embarcadero_broker::BrokerMetrics) -> &AtomicU64;
 
 /// Per-broker families: name, type, help, counter.
-const BROKER_COUNTERS: [(&str, &str, &str, BrokerCounter); 17] = [
+const BROKER_COUNTERS: [(&str, &str, &str, BrokerCounter); 18] = [
     (
         "publish_bytes_total",
         "counter",
@@ -110,6 +110,12 @@ const BROKER_COUNTERS: [(&str, &str, &str, BrokerCounter); 17] = [
         "counter",
         "Batches whose memory was reclaimed.",
         |m| &m.reclaimed_batches,
+    ),
+    (
+        "retired_tail_segments_total",
+        "counter",
+        "Partly filled last segments that idle topics gave back to a broker's pool running short.",
+        |m| &m.retired_tails,
     ),
     (
         "connections_open",

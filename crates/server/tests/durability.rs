@@ -614,3 +614,45 @@ fn the_topic_limit_names_its_setting_and_raising_it_keeps_topics_and_data() {
     publish(&control, "t2", 2, 0, 100, 100);
     assert_exactly_once(&read(&control, "t2", 0, 100), 0, 0..100);
 }
+
+/// Logs that gave their last segment back to the pool (more idle topics than segments)
+/// continue after a restart on the same region where they ended: each topic's new
+/// batches open a fresh segment, no segment is handed to two logs (`rebuild_pool`
+/// asserts it), and old and new data read as one log, exactly once.
+#[test]
+fn logs_that_gave_back_their_last_segment_continue_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let tweak = |c: &mut ServerConfig| {
+        small_log_memory(c);
+        c.brokers = 1;
+        c.region.max_topics = 16;
+    };
+    let topics: Vec<String> = (0..8).map(|i| format!("t{i}")).collect();
+    let mut server = start_in(dir.path(), tweak);
+    let control = server.control_addr().to_string();
+    for name in &topics {
+        server
+            .create_topic(embarcadero_server::TopicSpec {
+                replication_factor: 2,
+                ..embarcadero_server::TopicSpec::new(name.as_str(), 2)
+            })
+            .unwrap();
+        publish(&control, name, 1, 0, 100, 1000);
+    }
+    let retired = TestServer::sum_in(
+        &TestServer::metric_text(&control),
+        "embarcadero_retired_tail_segments_total",
+    );
+    assert!(retired >= 4, "8 topics on 4 segments: {retired} given back");
+    server.stop();
+    drop(server);
+
+    let server = start_in(dir.path(), tweak);
+    let control = server.control_addr().to_string();
+    for name in &topics {
+        publish(&control, name, 1, 100, 100, 1000);
+    }
+    for name in &topics {
+        assert_exactly_once(&read(&control, name, 0, 200), 0, 0..200);
+    }
+}
