@@ -29,8 +29,9 @@ enum PoolPressure {
     /// Fewer: logs give back their oldest segment unless it is their last, and idle
     /// replicated logs their last one too (their data is on disk).
     Short,
-    /// Fewer than the high watermark leaves (publishers are paused): idle memory-only
-    /// logs give back their last segment as well, once their subscribers have read it.
+    /// Publishers are paused (from the high watermark until the low one is reached
+    /// again), or no segment is free: idle memory-only logs give back their last segment
+    /// as well, less what their subscribers have not read.
     Exhausted,
 }
 
@@ -79,19 +80,9 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
     let mut acks: Vec<AckState> = Vec::new();
     let mut backoff = Backoff::new(shared.config.idle_sleep_max);
     let bell = region.broker_bell(broker);
-    let total_segments = shared.pool.total() as f64;
-    // Reclaim to keep usage at or below the low watermark; pause above the high one.
-    let reclaim_below_free = (total_segments * (1.0 - shared.config.low_watermark)).ceil() as u32;
-    let pause_below_free = (total_segments * (1.0 - shared.config.high_watermark)).ceil() as u32;
+    let marks = Watermarks::of(&shared);
     while !shared.shutdown.load(Ordering::Relaxed) {
-        let must_stop = if !shared.owns_logs() {
-            Some("another process has taken over this broker's logs (this one was declared dead); it stops")
-        } else if region.is_retired() {
-            Some("a restarted head replaced the region this broker is attached to; it stops, and acknowledges nothing more (start it again to attach to the new region)")
-        } else {
-            None
-        };
-        if let Some(reason) = must_stop {
+        if let Some(reason) = must_stop(&shared) {
             tracing::error!(broker, "{reason}");
             shared.shutdown.store(true, Ordering::SeqCst);
             shared.connections.shutdown_all();
@@ -134,37 +125,10 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
             let started = std::time::Instant::now();
             progress |= advance_frontier(&shared, topic, st);
             let advanced = StageTimes::lap(&stages.frontier, started);
-            let free = shared.pool.free_count();
-            // Paused publishers resume only at the low watermark: until then the pool
-            // stays exhausted for this purpose, or a pool between the two marks with
-            // only idle memory-only logs would keep them paused for ever.
-            let pressure = if free < pause_below_free || shared.paused.load(Ordering::Relaxed) {
-                PoolPressure::Exhausted
-            } else if free < reclaim_below_free {
-                PoolPressure::Short
-            } else {
-                PoolPressure::Calm
-            };
-            progress |= reclaim(&shared, topic, st, pressure);
+            progress |= reclaim(&shared, topic, st, marks.pressure(&shared));
             StageTimes::lap(&stages.reclaim, advanced);
         }
-        let free = shared.pool.free_count();
-        let paused = shared.paused.load(Ordering::Relaxed);
-        if !paused && free < pause_below_free {
-            shared.paused.store(true, Ordering::Release);
-            tracing::debug!(
-                broker,
-                free,
-                "log memory above high watermark: pausing publishers"
-            );
-        } else if paused && free >= reclaim_below_free {
-            shared.paused.store(false, Ordering::Release);
-            tracing::debug!(
-                broker,
-                free,
-                "log memory below low watermark: resuming publishers"
-            );
-        }
+        marks.pause_or_resume(&shared);
         let started = std::time::Instant::now();
         progress |= send_acks(&shared, &logs, &mut acks, started);
         StageTimes::lap(&shared.metrics.stages.ack_send, started);
@@ -172,6 +136,76 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
             backoff.reset();
         } else {
             backoff.idle(Some((&bell, seen)));
+        }
+    }
+}
+
+/// Why the service thread must stop at once, if it must: its logs or its region belong
+/// to another process now.
+fn must_stop(shared: &Shared) -> Option<&'static str> {
+    if !shared.owns_logs() {
+        Some("another process has taken over this broker's logs (this one was declared dead); it stops")
+    } else if shared.region.is_retired() {
+        Some("a restarted head replaced the region this broker is attached to; it stops, and acknowledges nothing more (start it again to attach to the new region)")
+    } else {
+        None
+    }
+}
+
+/// The broker's watermarks as counts of free segments: reclaim to keep usage at or
+/// below the low watermark; pause publishers above the high one.
+struct Watermarks {
+    /// Fewer free segments than this: usage is above the low watermark.
+    reclaim_below_free: u32,
+    /// Fewer free segments than this: usage is above the high watermark.
+    pause_below_free: u32,
+}
+
+impl Watermarks {
+    fn of(shared: &Shared) -> Self {
+        let total = shared.pool.total() as f64;
+        let at = |mark: f64| (total * (1.0 - mark)).ceil() as u32;
+        Self {
+            reclaim_below_free: at(shared.config.low_watermark),
+            pause_below_free: at(shared.config.high_watermark),
+        }
+    }
+
+    /// How short the pool is now. Paused publishers resume only at the low watermark,
+    /// so until the pool is back there it stays exhausted (else a pool between the two
+    /// marks with only idle memory-only logs would keep them paused for ever); and an
+    /// empty pool is exhausted whatever the high watermark (at 1.0 nothing pauses).
+    fn pressure(&self, shared: &Shared) -> PoolPressure {
+        let free = shared.pool.free_count();
+        let paused = shared.paused.load(Ordering::Relaxed);
+        if free >= self.reclaim_below_free {
+            PoolPressure::Calm
+        } else if paused || free < self.pause_below_free.max(1) {
+            PoolPressure::Exhausted
+        } else {
+            PoolPressure::Short
+        }
+    }
+
+    /// Pauses publishers above the high watermark and resumes them below the low one.
+    fn pause_or_resume(&self, shared: &Shared) {
+        let broker = shared.config.broker_id;
+        let free = shared.pool.free_count();
+        let paused = shared.paused.load(Ordering::Relaxed);
+        if !paused && free < self.pause_below_free {
+            shared.paused.store(true, Ordering::Release);
+            tracing::debug!(
+                broker,
+                free,
+                "log memory above high watermark: pausing publishers"
+            );
+        } else if paused && free >= self.reclaim_below_free {
+            shared.paused.store(false, Ordering::Release);
+            tracing::debug!(
+                broker,
+                free,
+                "log memory below low watermark: resuming publishers"
+            );
         }
     }
 }
@@ -326,8 +360,11 @@ fn release_unpinned(
 
 /// Whether this log's last segment may go back to the pool: the pool is short enough
 /// for the log's kind (replicated: `Short`; memory-only, whose unread data would be
-/// lost: `Exhausted`), and the log has taken no reservation for `TAIL_IDLE`. Idleness is
-/// timed only under pressure, so the clock is read only then.
+/// lost: `Exhausted`), the segment is partly filled, and the log has taken no
+/// reservation for `TAIL_IDLE`. Idleness is timed only under pressure, so the clock is
+/// read only then. Paused publishers reserve nothing, so after `TAIL_IDLE` of a pause
+/// every log counts as idle: a pause that long means reclaiming older segments did not
+/// free enough, and the last ones (less what subscribers still pin) are all that is left.
 fn tail_may_retire(shared: &Shared, topic: u32, st: &mut LogState, pressure: PoolPressure) -> bool {
     let needed = if st.replication_factor >= 2 {
         PoolPressure::Short
@@ -340,14 +377,16 @@ fn tail_may_retire(shared: &Shared, topic: u32, st: &mut LogState, pressure: Poo
     if pressure < needed {
         return false;
     }
-    let reserved = writer.reserved_pbr();
+    let (reserved, tail) = writer.reserved();
     let now = Instant::now();
     if reserved != st.quiet_at {
         st.quiet_at = reserved;
         st.quiet_since = now;
         return false;
     }
-    now.duration_since(st.quiet_since) >= TAIL_IDLE
+    // A last segment filled to its end is behind the tail, and goes the usual way.
+    let partly_filled = !tail.is_multiple_of(shared.region.capacities().segment_bytes);
+    partly_filled && now.duration_since(st.quiet_since) >= TAIL_IDLE
 }
 
 /// Gives a log's last, partly filled segment back to the pool once everything in the
@@ -374,6 +413,12 @@ fn retire_tail(shared: &Shared, topic: u32, st: &mut LogState) -> bool {
         st.written_end,
         line.reclaimed_blog.load(Ordering::Acquire)
     );
+    // Checked at each round's start too; again here, just before the one step that
+    // moves a frontier past bytes a successor (the process that took these logs over)
+    // might be writing.
+    if !shared.owns_logs() {
+        return false;
+    }
     let Some(end) = writer.retire_tail(next, tail) else {
         return false;
     };

@@ -306,10 +306,22 @@ fn a_reader_whose_start_was_reclaimed_is_told_not_left_waiting_in_silence() {
 /// lost nothing to it.
 #[test]
 fn more_topics_than_log_segments_all_publish_and_lose_nothing_read_or_replicated() {
+    more_topics_than_segments(|_| {});
+}
+
+/// The same with `high_watermark = 1.0`, where the broker never pauses its publishers:
+/// an empty pool alone must let memory-only logs give their last segment back.
+#[test]
+fn more_topics_than_log_segments_all_publish_when_the_broker_never_pauses() {
+    more_topics_than_segments(|c| c.broker.high_watermark = 1.0);
+}
+
+fn more_topics_than_segments(tweak: impl FnOnce(&mut embarcadero_server::ServerConfig)) {
     let t = common::start_with(|c| {
         tiny(c);
         c.brokers = 1;
         c.region.max_topics = 16;
+        tweak(c);
     });
     let segments = 4;
     let payload = vec![5u8; 1000];
