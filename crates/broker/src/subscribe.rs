@@ -1242,23 +1242,57 @@ fn locate_broker_start(
     region: &Region,
     topic: u32,
     broker: u32,
-    position: &mut u64,
+    positions: &mut [u64],
     from_first: bool,
 ) -> Result<Option<(u64, u32)>, End> {
+    let b = broker as usize;
     loop {
-        match locate_in_broker(region, topic, broker, *position) {
+        match locate_in_broker(region, topic, broker, positions[b]) {
             Locate::At { index, skip } => return Ok(Some((index, skip))),
             Locate::NotYet | Locate::Ahead => return Ok(None),
             Locate::Gone { first } => {
                 let mut start = Start {
-                    position: *position,
+                    position: positions[b],
                     from_first,
                 };
-                start.gone(first)?;
-                *position = start.position;
+                if start.gone(first).is_err() {
+                    return Err(not_retained_in_broker(
+                        region, topic, broker, positions, first,
+                    ));
+                }
+                positions[b] = start.position;
             }
         }
     }
+}
+
+/// The refusal of a per-broker start (orders 0 and 1) whose position in `broker`'s log
+/// is gone: it names that log (the broker serving the subscription may be another) and
+/// the `--from` to use, one position per broker, each log's gone one replaced by its
+/// first retained one.
+fn not_retained_in_broker(
+    region: &Region,
+    topic: u32,
+    broker: u32,
+    positions: &[u64],
+    first: u64,
+) -> End {
+    let position = positions[broker as usize];
+    let from: Vec<String> = (0..positions.len() as u32)
+        .map(
+            |b| match locate_in_broker(region, topic, b, positions[b as usize]) {
+                _ if b == broker => first,
+                Locate::Gone { first } => first,
+                _ => positions[b as usize],
+            },
+        )
+        .map(|p| p.to_string())
+        .collect();
+    let message = format!(
+        "position {position} of broker {broker}'s log is no longer retained; that log's first available position is {first}; subscribe again with --from {} (one position per broker)",
+        from.join(",")
+    );
+    Refusal::new(ErrorCode::PositionNotRetained, message).into()
 }
 
 /// Plans up to `limit` valid batches of `broker`'s log from `(i, skip)` into `plan`,
@@ -1358,8 +1392,7 @@ fn serve_per_broker(
         for broker in 0..brokers {
             let c = &mut cursors[broker as usize];
             if c.is_none() {
-                let position = &mut positions[broker as usize];
-                match locate_broker_start(region, topic, broker, position, from_first)? {
+                match locate_broker_start(region, topic, broker, &mut positions, from_first)? {
                     Some(at) => *c = Some(at),
                     None => continue,
                 }

@@ -637,9 +637,19 @@ fn memory_only_positions_move_forward_after_sigkill_and_a_lost_region() {
         err.contains(&format!("first available position is {}", per_broker[0])),
         "{err}"
     );
+    // The hint is one position per broker, each gone one replaced by its log's first
+    // retained one (here all of them): following it works at once.
+    let hint: Vec<String> = per_broker.iter().map(u64::to_string).collect();
+    let hint = hint.join(",");
+    assert!(
+        err.contains(&format!("subscribe again with --from {hint} ")),
+        "{err}"
+    );
     ok(&serve.run(&["pub", "total"], Some("d\n")));
     ok(&serve.run(&["pub", "fifo"], Some("e\n")));
     // No --from: the beginning, which is now the first retained message.
+    let out = ok(&serve.run(&["sub", "fifo", "--from", &hint, "--count", "1"], None));
+    assert_eq!(out, "e\n", "the hint's --from");
     for (topic, first) in [("total", "d\n"), ("fifo", "e\n")] {
         let out = ok(&serve.run(&["sub", topic, "--count", "1"], None));
         assert_eq!(out, first, "{topic}");
