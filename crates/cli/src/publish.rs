@@ -117,10 +117,20 @@ pub fn run(args: PubArgs) -> CliResult {
     let stats = publisher.close().map_err(|e| {
         format!("{e}; not every message was acknowledged, so the publish did not complete")
     })?;
-    report(&stats, start.elapsed(), args.json, ack);
-    if reconnects > 0 && !args.json {
+    // Every message read is acknowledged now; the stats are the last connection's only.
+    let acked = source.position();
+    if args.json {
+        let mut v = summary_json(&stats, start.elapsed(), ack);
+        v["acked_messages"] = acked.into();
+        v["reconnects"] = reconnects.into();
+        say!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        return Ok(());
+    }
+    report(&stats, start.elapsed(), false, ack);
+    if reconnects > 0 {
         say!(
-            "reconnected {} after losing the server; the figures above are since the last",
+            "{} acknowledged in all; reconnected {} after losing the server, and the figures above count from the last reconnection",
+            crate::count_of(acked, "message", "messages"),
             crate::count_of(reconnects, "time", "times")
         );
     }
@@ -382,24 +392,31 @@ fn progress(total: Option<u64>) -> ProgressBar {
     }
 }
 
+/// A publisher's figures as the JSON `pub --json` prints (one connection's: `messages`
+/// and the rates count from its start).
+fn summary_json(stats: &PublisherStats, elapsed: Duration, ack: u8) -> serde_json::Value {
+    let secs = elapsed.as_secs_f64();
+    serde_json::json!({
+        "messages": stats.messages,
+        "bytes": stats.bytes,
+        "batches": stats.batches,
+        "acked_batches": stats.acked_batches,
+        "seconds": secs,
+        "mb_per_s": stats.bytes as f64 / secs / 1e6,
+        "messages_per_s": stats.messages as f64 / secs,
+        "ack_level": ack,
+        "ack_latency_us": stats.ack_latency_us,
+        "append_to_ack_us": stats.append_to_ack_us,
+        "queues": stats.queues,
+        "client_id": stats.client_id,
+    })
+}
+
 pub fn report(stats: &PublisherStats, elapsed: Duration, json: bool, ack: u8) {
     let secs = elapsed.as_secs_f64();
     let mb_s = stats.bytes as f64 / secs / 1e6;
     if json {
-        let v = serde_json::json!({
-            "messages": stats.messages,
-            "bytes": stats.bytes,
-            "batches": stats.batches,
-            "acked_batches": stats.acked_batches,
-            "seconds": secs,
-            "mb_per_s": mb_s,
-            "messages_per_s": stats.messages as f64 / secs,
-            "ack_level": ack,
-            "ack_latency_us": stats.ack_latency_us,
-            "append_to_ack_us": stats.append_to_ack_us,
-            "queues": stats.queues,
-            "client_id": stats.client_id,
-        });
+        let v = summary_json(stats, elapsed, ack);
         say!("{}", serde_json::to_string_pretty(&v).expect("json"));
         return;
     }
