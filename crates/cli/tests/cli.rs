@@ -21,7 +21,10 @@ fn quickstart_then_restart_keeps_topics() {
     ));
     let summary: serde_json::Value = serde_json::from_str(&published).unwrap();
     assert_eq!(summary["messages"], 3);
-    assert_eq!(summary["acked_messages"], 3, "the whole input, acknowledged");
+    assert_eq!(
+        summary["acked_messages"], 3,
+        "the whole input, acknowledged"
+    );
     assert_eq!(summary["reconnects"], 0);
     assert_eq!(summary["acked_batches"], summary["batches"]);
     let lines = ok(&serve.run(

@@ -130,6 +130,11 @@ impl Server {
             source,
         })?;
         let lock = lock_data_dir(dir)?;
+        // Ports before the region: a port in use is refused before a region file of a
+        // gigabyte or more is made for nothing (and left behind).
+        let ip = bind_ip(&config)?;
+        let (listener, control_addr) = bind_control(ip, config.control_port)?;
+        check_broker_ports(&config, ip)?;
         // Before anything else touches the region: the previous one is retired below.
         room::check_region_room(&config)?;
         sigbus::explain_on_sigbus(&config.region_path());
@@ -138,14 +143,12 @@ impl Server {
         let (region, control) = open_region(&config, &replica_dirs, &resumes)?;
         let replicas = Replicas::start(region.clone(), replication_config(&config), stores)
             .map_err(|e| ServerError::Start(format!("cannot start the replica workers: {e}")))?;
-        let ip = bind_ip(&config)?;
         let sequencer = if config.cluster.sequencer == "embedded" {
             Some(start_sequencer(&config, &region)?)
         } else {
             None
         };
         let brokers = start_brokers(&config, &region, ip, &replica_dirs)?;
-        let (listener, control_addr) = bind_control(ip, config.control_port)?;
         let inner = Arc::new(Inner {
             brokers: broker_infos(&brokers, advertised),
             sequencer_metrics: sequencer.as_ref().map(|(s, _)| s.metrics()),
@@ -474,16 +477,7 @@ fn start_brokers(
 ) -> Result<Vec<Broker>, ServerError> {
     let mut brokers = Vec::new();
     for id in config.local_broker_ids()? {
-        let port = if config.base_port == 0 {
-            0
-        } else {
-            config.base_port.checked_add(id as u16).ok_or_else(|| {
-                ServerError::Start(format!(
-                    "base port {} + broker {id} exceeds 65535",
-                    config.base_port
-                ))
-            })?
-        };
+        let port = broker_port(config, id)?;
         let broker_config = broker_config(
             id,
             embarcadero_region::owner::new_incarnation(),
@@ -498,6 +492,40 @@ fn start_brokers(
         );
     }
     Ok(brokers)
+}
+
+/// The port broker `id` listens on: `base_port + id`, or 0 (ephemeral) with a base of 0.
+fn broker_port(config: &ServerConfig, id: u32) -> Result<u16, ServerError> {
+    if config.base_port == 0 {
+        return Ok(0);
+    }
+    u16::try_from(id)
+        .ok()
+        .and_then(|id| config.base_port.checked_add(id))
+        .ok_or_else(|| {
+            ServerError::Start(format!(
+                "base port {} + broker {id} exceeds 65535",
+                config.base_port
+            ))
+        })
+}
+
+/// Refuses a start whose broker ports are taken, before the region is made: each is
+/// bound and let go again (the brokers bind them for good once the region is up; a
+/// port taken in between is still refused then, only later).
+fn check_broker_ports(config: &ServerConfig, ip: IpAddr) -> Result<(), ServerError> {
+    for id in config.local_broker_ids()? {
+        let port = broker_port(config, id)?;
+        if port == 0 {
+            continue;
+        }
+        std::net::TcpListener::bind(SocketAddr::new(ip, port)).map_err(|e| {
+            ServerError::Start(format!(
+                "cannot listen on broker {id}'s port {ip}:{port}: {e} (is another server running? choose other ports with --base-port)"
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 /// Binds the admin API's port.
