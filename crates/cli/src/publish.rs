@@ -7,9 +7,11 @@ use embarcadero_client::{Admin, Publisher, PublisherConfig, PublisherStats, Topi
 use indicatif::{ProgressBar, ProgressState, ProgressStyle};
 use source::Source;
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct PubArgs {
     /// Topic to publish to.
     pub topic: String,
@@ -84,11 +86,13 @@ pub fn run(args: PubArgs) -> CliResult {
     };
     let start = Instant::now();
     let bar = progress(args.count);
+    let tally = Arc::new(Tally::default());
+    report_when_interrupted(&args, tally.clone())?;
     let mut reconnects = 0u64;
     loop {
         let base = source.position();
         let mut ledger = AckLedger::default();
-        let outcome = publish_all(&publisher, &mut source, &bar, &mut ledger, ack);
+        let outcome = publish_all(&publisher, &mut source, &bar, &mut ledger, &tally, ack);
         let acked = base + ledger.acked_messages(publisher.acked_prefix());
         match outcome {
             Ok(()) => break,
@@ -156,11 +160,34 @@ impl std::fmt::Display for Failure {
 /// Publishes every message `source` still has, then waits for their acknowledgements.
 /// Everything published before a failure is still waited for (a bad line fails only
 /// itself), so that the count of acknowledged messages is as high as it truly is.
+/// What `pub` has acknowledged and appended so far, kept for the report a SIGINT or
+/// SIGTERM prints (the acknowledged count may be up to a batch low, as a failure's is).
+#[derive(Default)]
+struct Tally {
+    acked: AtomicU64,
+    published: AtomicU64,
+}
+
+/// On SIGINT or SIGTERM, `pub` says what a failure says (how many messages are
+/// acknowledged, the line to resume from) and exits 130, rather than vanishing.
+fn report_when_interrupted(args: &PubArgs, tally: Arc<Tally>) -> CliResult {
+    let args = args.clone();
+    ctrlc::set_handler(move || {
+        let acked = tally.acked.load(Ordering::Acquire);
+        let published = tally.published.load(Ordering::Acquire).max(acked);
+        let text = failure_report(&args, "interrupted", acked, published);
+        eprintln!("error: {text}");
+        std::process::exit(130);
+    })
+    .map_err(|e| format!("cannot install the signal handler: {e}"))
+}
+
 fn publish_all(
     publisher: &Publisher,
     source: &mut Source,
     bar: &ProgressBar,
     ledger: &mut AckLedger,
+    tally: &Tally,
     ack: u8,
 ) -> Result<(), Failure> {
     let base = source.position();
@@ -168,7 +195,7 @@ fn publish_all(
     std::thread::scope(|scope| {
         let watcher =
             (ack > 0).then(|| scope.spawn(|| warn_while_unacknowledged(publisher, bar, &done)));
-        let sent = publish_from(publisher, source, bar, ledger, base);
+        let sent = publish_from(publisher, source, bar, ledger, tally, base);
         let flushed = publisher.flush().map_err(Failure::Server);
         done.store(true, std::sync::atomic::Ordering::Release);
         if let Some(w) = watcher {
@@ -183,6 +210,7 @@ fn publish_from(
     source: &mut Source,
     bar: &ProgressBar,
     ledger: &mut AckLedger,
+    tally: &Tally,
     base: u64,
 ) -> Result<(), Failure> {
     let lines = source.is_lines();
@@ -200,7 +228,12 @@ fn publish_from(
         if lines || number.is_multiple_of(4096) {
             bar.set_position(number);
             // Copies of acknowledged lines are no longer needed for a resend.
-            source.acknowledged(base + ledger.acked_messages(publisher.acked_prefix()));
+            let acked = base + ledger.acked_messages(publisher.acked_prefix());
+            source.acknowledged(acked);
+            tally.acked.store(acked, Ordering::Release);
+            tally
+                .published
+                .store(base + ledger.published, Ordering::Release);
         }
     }
 }

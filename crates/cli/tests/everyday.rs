@@ -792,3 +792,44 @@ fn pub_publishes_and_sub_reads_over_either_transport() {
     assert!(err.contains("auto, tcp or shm"), "{err}");
     serve.stop();
 }
+
+/// SIGINT (Ctrl-C) while `pub` reads stdin: it says, as a failure does, how many
+/// messages are acknowledged and the line to resume from, and exits 130, rather than
+/// vanishing without a word. The resume line skips nothing: it is at most one past the
+/// lines delivered.
+#[test]
+fn an_interrupted_pub_says_where_to_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(&dir.path().join("d"));
+    ok(&serve.run(&["topic", "create", "int", "--order", "2"], None));
+    let mut sub = spawn(&serve, &["sub", "int"]);
+    let printed = lines_of(sub.stdout.take().unwrap());
+    let mut publisher = spawn(&serve, &["pub", "int", "--linger-us", "0"]);
+    let stdin = Mutex::new(publisher.stdin.take().unwrap());
+    for i in 1..=3 {
+        write_line(&stdin, &format!("line-{i}"));
+        wait_for(&printed, &format!("line-{i}"));
+    }
+    let kill = Command::new("kill")
+        .args(["-INT", &publisher.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let out = publisher.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    let resume: u64 = err
+        .split("resume from line ")
+        .nth(1)
+        .and_then(|r| r.split(':').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a resume line: {err}"));
+    assert!(
+        (1..=4).contains(&resume),
+        "3 lines delivered, resume at {resume}"
+    );
+    sub.kill().unwrap();
+    sub.wait().unwrap();
+    serve.stop();
+}

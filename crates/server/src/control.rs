@@ -322,7 +322,7 @@ pub fn validate_spec(spec: &TopicSpec, disk_replicas: u8) -> Result<(), TopicErr
     }
     if spec.replication_factor > 1 && spec.order < 2 {
         return Err(TopicError::Invalid(format!(
-            "replication factor {} needs order 2 or 5: disk replicas copy the global order, which orders {} does not have; use --order 2, or --rf 1",
+            "replication factor {} needs order 2 or 5: disk replicas copy the global order, which order {} does not have; use --order 2, or --rf 1",
             spec.replication_factor, spec.order
         )));
     }
