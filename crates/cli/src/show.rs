@@ -215,8 +215,9 @@ fn readers_line(health: &TopicHealth) -> String {
     let readers = health.readers;
     match &health.slowest_reader {
         Some(r) if readers > 0 => format!(
-            "{readers} connected; slowest is {} messages behind (at position {})",
+            "{readers} connected; slowest is {} {} behind (at position {})",
             count(r.behind),
+            if r.behind == 1 { "message" } else { "messages" },
             count(r.position)
         ),
         _ => format!("{readers} connected"),
