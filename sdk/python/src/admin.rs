@@ -78,39 +78,33 @@ impl Admin {
             retention_bytes,
             retention_ms,
         };
-        let info = py
-            .allow_threads(|| self.inner.create_topic(&spec))
-            .map_err(to_py)?;
+        let info = crate::gil::released(py, || self.inner.create_topic(&spec)).map_err(to_py)?;
         to_python(py, &info)
     }
 
     /// Every topic, each described as by :meth:`describe_topic`.
     fn list_topics(&self, py: Python<'_>) -> PyResult<PyObject> {
-        let topics = py
-            .allow_threads(|| self.inner.list_topics())
-            .map_err(to_py)?;
+        let topics = crate::gil::released(py, || self.inner.list_topics()).map_err(to_py)?;
         to_python(py, &topics)
     }
 
     /// Topic ``name`` with its counters (``next_position``, ``committed_batches``, one
     /// entry per broker under ``brokers``...).
     fn describe_topic(&self, py: Python<'_>, name: &str) -> PyResult<PyObject> {
-        let info = py
-            .allow_threads(|| self.inner.describe_topic(name))
-            .map_err(to_py)?;
+        let info = crate::gil::released(py, || self.inner.describe_topic(name)).map_err(to_py)?;
         to_python(py, &info)
     }
 
     /// The live brokers (``id``, ``addr``, ``incarnation``) and the message and batch
     /// size limits.
     fn cluster(&self, py: Python<'_>) -> PyResult<PyObject> {
-        let cluster = py.allow_threads(|| self.inner.cluster()).map_err(to_py)?;
+        let cluster = crate::gil::released(py, || self.inner.cluster()).map_err(to_py)?;
         to_python(py, &cluster)
     }
 
     /// The ``/v1/status`` document (what ``embarcadero status`` prints).
     fn status(&self, py: Python<'_>) -> PyResult<PyObject> {
-        let status = py.allow_threads(|| self.inner.status()).map_err(to_py)?;
+        let status = crate::gil::released(py, || self.inner.status()).map_err(to_py)?;
         to_python(py, &status)
     }
 
@@ -118,9 +112,7 @@ impl Admin {
     /// Connected publishers and subscribers get ``BrokerError`` with code
     /// ``TopicDeleted``; the name can be created again as a new topic at once.
     fn delete_topic(&self, py: Python<'_>, name: &str) -> PyResult<PyObject> {
-        let info = py
-            .allow_threads(|| self.inner.delete_topic(name))
-            .map_err(to_py)?;
+        let info = crate::gil::released(py, || self.inner.delete_topic(name)).map_err(to_py)?;
         to_python(py, &info)
     }
 

@@ -7,6 +7,7 @@
 
 mod admin;
 mod errors;
+mod gil;
 mod publisher;
 mod read_ahead;
 mod subscriber;
@@ -42,6 +43,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<workflow::StepContext>()?;
     m.add_class::<workflow::BatchInput>()?;
     m.add_function(wrap_pyfunction!(random_session_key, m)?)?;
+    gil::register_exit_hook(m)?;
     Ok(())
 }
 

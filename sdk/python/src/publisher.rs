@@ -141,7 +141,7 @@ impl Publisher {
         py: Python<'_>,
         f: impl FnOnce(&embarcadero_client::Publisher) -> Result<R, Error> + Send,
     ) -> PyResult<R> {
-        py.allow_threads(|| match &*self.inner.read() {
+        crate::gil::released(py, || match &*self.inner.read() {
             Some(p) => f(p),
             None => Err(Error::Closed),
         })
@@ -202,12 +202,11 @@ impl Publisher {
             transport,
         )?;
         embarcadero_client::check_topic_name(topic).map_err(to_py)?;
-        let publisher = py
-            .allow_threads(|| match &brokers {
-                Some(addrs) => embarcadero_client::Publisher::connect_brokers(addrs, topic, config),
-                None => embarcadero_client::Publisher::connect(control, topic, config),
-            })
-            .map_err(to_py)?;
+        let publisher = crate::gil::released(py, || match &brokers {
+            Some(addrs) => embarcadero_client::Publisher::connect_brokers(addrs, topic, config),
+            None => embarcadero_client::Publisher::connect(control, topic, config),
+        })
+        .map_err(to_py)?;
         Ok(Self {
             client_id: publisher.client_id(),
             max_message_bytes: publisher.max_message_bytes(),
@@ -260,12 +259,11 @@ impl Publisher {
     /// Flushes, closes every connection and returns the final :meth:`stats`. Further
     /// calls (but :meth:`stats`) raise ``ClosedError``.
     fn close(&self, py: Python<'_>) -> PyResult<PyObject> {
-        let stats = py
-            .allow_threads(|| {
-                let publisher = self.inner.write().take().ok_or(Error::Closed)?;
-                publisher.close()
-            })
-            .map_err(to_py)?;
+        let stats = crate::gil::released(py, || {
+            let publisher = self.inner.write().take().ok_or(Error::Closed)?;
+            publisher.close()
+        })
+        .map_err(to_py)?;
         let dict = to_python(py, &stats)?;
         *self.last_stats.lock() = Some(stats);
         Ok(dict)
@@ -274,7 +272,7 @@ impl Publisher {
     /// Counters so far: ``messages``, ``bytes``, ``batches``, ``acked_batches``, latency
     /// summaries (µs) and one entry per connection under ``queues``.
     fn stats(&self, py: Python<'_>) -> PyResult<PyObject> {
-        let live = py.allow_threads(|| self.inner.read().as_ref().map(|p| p.stats()));
+        let live = crate::gil::released(py, || self.inner.read().as_ref().map(|p| p.stats()));
         match live.or_else(|| self.last_stats.lock().clone()) {
             Some(stats) => to_python(py, &stats),
             None => Err(to_py(Error::Closed)),
@@ -301,7 +299,7 @@ impl Publisher {
     /// Whether :meth:`close` was called.
     #[getter]
     fn closed(&self, py: Python<'_>) -> bool {
-        py.allow_threads(|| self.inner.read().is_none())
+        crate::gil::released(py, || self.inner.read().is_none())
     }
 
     /// How many batches every one of which is acknowledged, counting in the order they

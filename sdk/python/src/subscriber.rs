@@ -204,13 +204,13 @@ impl Subscriber {
         py: Python<'_>,
         f: impl FnOnce(&mut embarcadero_client::Subscriber) -> Result<R, Error> + Send,
     ) -> PyResult<R> {
-        py.allow_threads(|| self.reader.with_sub(f)).map_err(to_py)
+        crate::gil::released(py, || self.reader.with_sub(f)).map_err(to_py)
     }
 
     /// Waits up to `wait` (GIL released) for the next poll and appends its messages to
     /// `ready`.
     fn fill(&self, py: Python<'_>, wait: Duration) -> PyResult<()> {
-        let polled = match py.allow_threads(|| self.reader.next_poll(wait)) {
+        let polled = match crate::gil::released(py, || self.reader.next_poll(wait)) {
             None => return Ok(()),
             Some(polled) => polled.map_err(to_py)?,
         };
@@ -280,8 +280,7 @@ impl Subscriber {
         let control = self.control.as_deref().ok_or_else(|| {
             config("start=\"end\" asks the control plane where the end is, and a subscriber made with brokers= has none; give a position")
         })?;
-        let topic = py
-            .allow_threads(|| Admin::new(control).describe_topic(&self.topic))
+        let topic = crate::gil::released(py, || Admin::new(control).describe_topic(&self.topic))
             .map_err(to_py)?;
         if self.order >= 2 {
             return Ok(Cursor::Global(topic.next_position));
@@ -327,7 +326,7 @@ impl Subscriber {
             Start::At(c) => self.fitted(py, c)?,
         };
         self.ready.lock().clear();
-        py.allow_threads(|| self.reader.seek(cursor))
+        crate::gil::released(py, || self.reader.seek(cursor))
             .map(|_| ())
             .map_err(to_py)
     }
@@ -360,14 +359,11 @@ impl Subscriber {
             max_reconnects,
             transport: crate::transport(transport)?,
         };
-        let sub = py
-            .allow_threads(|| match &brokers {
-                Some(addrs) => {
-                    embarcadero_client::Subscriber::connect_brokers(addrs, topic, config)
-                }
-                None => embarcadero_client::Subscriber::connect(control, topic, config),
-            })
-            .map_err(to_py)?;
+        let sub = crate::gil::released(py, || match &brokers {
+            Some(addrs) => embarcadero_client::Subscriber::connect_brokers(addrs, topic, config),
+            None => embarcadero_client::Subscriber::connect(control, topic, config),
+        })
+        .map_err(to_py)?;
         let this = Self {
             order: sub.order(),
             reader: ReadAhead::new(sub, READ_AHEAD, POLL_BYTES),
@@ -437,7 +433,7 @@ impl Subscriber {
             let taken = ready.pending();
             taken.map(|m| (m.broker_id, m.position)).collect()
         };
-        let (cursor, ahead) = py.allow_threads(|| self.reader.position()).map_err(to_py)?;
+        let (cursor, ahead) = crate::gil::released(py, || self.reader.position()).map_err(to_py)?;
         pending.extend(ahead);
         match cursor {
             Cursor::Global(p) => {
@@ -494,7 +490,7 @@ impl Subscriber {
     /// Closes the connection. Iteration then stops; other calls raise ``ClosedError``.
     fn close(&self, py: Python<'_>) {
         self.closed.store(true, Ordering::Release);
-        py.allow_threads(|| self.reader.close());
+        crate::gil::released(py, || self.reader.close());
         self.ready.lock().clear();
     }
 

@@ -103,7 +103,7 @@ impl BatchInput {
                 .unwrap_or(Value::Null),
         };
         let sink = self.sink.clone();
-        py.allow_threads(|| sink.save(checkpoint));
+        crate::gil::released(py, || sink.save(checkpoint));
         Ok(())
     }
 }
@@ -160,7 +160,7 @@ impl StepHandler for PyHandler {
         // The worker calls this on a thread of its own: the GIL is taken here, for the
         // call only, and the worker's loop (claims, heartbeats) never waits for it.
         let _in_handler = InHandler::enter();
-        Python::with_gil(|py| {
+        crate::gil::attached(|py| {
             let ctx = StepContext::build(py, ctx)
                 .map_err(|e| StepError::retryable(format!("cannot pass the context: {e}")))?;
             let value = self.0.call1(py, (ctx,)).map_err(|e| step_error(py, e))?;
@@ -254,9 +254,8 @@ impl NativeWorker {
             // The chaos test's record of handler runs; `embarcadero worker --run-log` has it.
             run_log: None,
         };
-        let worker = py
-            .allow_threads(|| RustWorker::start(cfg, registry))
-            .map_err(to_py)?;
+        let worker =
+            crate::gil::released(py, || RustWorker::start(cfg, registry)).map_err(to_py)?;
         Ok(Self {
             id: worker.id.clone(),
             inner: Mutex::new(Some(worker)),
@@ -293,14 +292,16 @@ impl NativeWorker {
                 return Ok(false);
             }
             let nap = left.map_or(SLICE, |l| l.min(SLICE));
-            py.allow_threads(|| std::thread::sleep(nap));
+            crate::gil::released(py, || std::thread::sleep(nap));
             py.check_signals()?;
         }
     }
 
     /// Whether the loop has ended.
     fn is_finished(&self, py: Python<'_>) -> bool {
-        py.allow_threads(|| self.inner.lock().as_ref().is_none_or(|w| w.is_finished()))
+        crate::gil::released(py, || {
+            self.inner.lock().as_ref().is_none_or(|w| w.is_finished())
+        })
     }
 
     /// Stops claiming, then waits until every attempt this worker started has published
@@ -311,7 +312,7 @@ impl NativeWorker {
     /// handler, it only stops the loop (waiting would mean waiting for itself).
     fn stop(&self, py: Python<'_>) -> PyResult<()> {
         let from_handler = IN_HANDLER.with(Cell::get);
-        py.allow_threads(|| {
+        crate::gil::released(py, || {
             // Held while draining, so that a second `stop` (and `is_finished`, which
             // `wait` asks) returns only once the first has drained.
             let mut inner = self.inner.lock();

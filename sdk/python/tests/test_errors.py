@@ -147,3 +147,43 @@ def test_ctrl_c_interrupts_a_blocking_iteration(server, topic_name):
     finally:
         if child.poll() is None:
             child.kill()
+
+
+EXIT_WITH_DAEMON_SCRIPT = textwrap.dedent(
+    """
+    import sys, threading, embarcadero
+    control, topic, what = sys.argv[1:]
+    sub = embarcadero.Subscriber(control, topic, start="end")
+    pub = embarcadero.Publisher(control, topic)
+    started = threading.Event()
+
+    def reading():
+        started.set()
+        sub.poll()  # nothing comes: it is still waiting when the program ends
+
+    def publishing():
+        started.set()
+        while True:
+            pub.publish(b"x" * 1024)
+
+    threading.Thread(target=reading if what == "poll" else publishing, daemon=True).start()
+    started.wait()
+    print("exiting", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("what", ["poll", "publish"])
+def test_a_program_exits_cleanly_while_a_daemon_thread_is_inside_a_call(server, topic_name, what):
+    """A daemon thread blocked in ``poll()`` or publishing when the program ends used to
+    abort the interpreter at exit (SIGABRT, "FATAL: exception not rethrown"): CPython
+    ended the thread with ``pthread_exit`` as it came back for the GIL. It exits 0."""
+    Admin(server.control).create_topic(topic_name, memory_only=True)
+    child = subprocess.run(
+        [sys.executable, "-c", EXIT_WITH_DAEMON_SCRIPT, server.control, topic_name, what],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.stdout.strip() == "exiting", child.stderr
+    assert child.returncode == 0, f"exit status {child.returncode}: {child.stderr}"
