@@ -368,6 +368,8 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   }
 
   #take(): Message | null {
+    // Nothing more once closed, not even what was already received (`close` says so).
+    if (this.#closed) return null;
     const b = this.#batch;
     if (b === undefined || this.#index >= b.count) return null;
     if (this.#index >= this.#runEnd) this.#seekRun(b);
@@ -412,6 +414,7 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   /** Disconnects. Iterations end; later calls reject with {@link ClosedError}. */
   async close(): Promise<void> {
     this.#closed = true;
+    this.#batch = undefined;
     await settle(() => this.#native.close());
   }
 
