@@ -193,6 +193,8 @@ pub struct Subscriber {
 
 impl Subscriber {
     pub fn connect(control: &str, topic: &str, config: SubscriberConfig) -> Result<Self> {
+        // Before any request, and the same error however the subscriber is made.
+        crate::check_topic_name(topic)?;
         let addrs = live_brokers(&Admin::new(control))?;
         Self::start(&addrs, Some(control), topic, config)
     }
@@ -211,6 +213,7 @@ impl Subscriber {
         topic: &str,
         config: SubscriberConfig,
     ) -> Result<Self> {
+        crate::check_topic_name(topic)?;
         if brokers.is_empty() {
             return Err(Error::Config("no brokers to subscribe from".into()));
         }

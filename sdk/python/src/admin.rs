@@ -2,7 +2,7 @@
 //! with the CLI's defaults (`embarcadero topic create`).
 
 use crate::errors::{config, to_py};
-use crate::{to_python, DEFAULT_CONTROL};
+use crate::to_python;
 use embarcadero_client::TopicSpec;
 use pyo3::prelude::*;
 use std::time::Duration;
@@ -33,12 +33,13 @@ fn replication_factor(order: u8, rf: Option<u8>, memory_only: bool) -> PyResult<
 #[pymethods]
 impl Admin {
     #[new]
-    #[pyo3(signature = (control = DEFAULT_CONTROL, *, timeout = 20.0))]
-    fn new(control: &str, timeout: f64) -> PyResult<Self> {
+    #[pyo3(signature = (control = None, *, timeout = 20.0))]
+    fn new(control: Option<&str>, timeout: f64) -> PyResult<Self> {
         let timeout = Duration::try_from_secs_f64(timeout)
             .map_err(|e| config(format!("timeout {timeout}: {e}")))?;
+        let control = crate::control_or_default(control);
         Ok(Self {
-            inner: embarcadero_client::Admin::with_timeout(control, timeout),
+            inner: embarcadero_client::Admin::with_timeout(&control, timeout),
         })
     }
 

@@ -21,6 +21,20 @@ pub fn to_py(e: Error) -> PyErr {
     Python::with_gil(|py| build(py, &e).unwrap_or_else(|failed| failed))
 }
 
+/// A subscriber's error: the client's `Closed` says "the publisher is closed", which
+/// is its publisher's wording; a closed subscriber says so of itself.
+pub fn sub_to_py(e: Error) -> PyErr {
+    match e {
+        Error::Closed => Python::with_gil(|py| {
+            class(py, "ClosedError")
+                .and_then(|c| c.call1(("the subscriber is closed",)))
+                .map(PyErr::from_value)
+                .unwrap_or_else(|failed| failed)
+        }),
+        e => to_py(e),
+    }
+}
+
 /// A `ConfigError` (an argument the binding itself refuses) with `message`.
 pub fn config(message: impl Into<String>) -> PyErr {
     to_py(Error::Config(message.into()))

@@ -18,6 +18,15 @@ use pyo3::prelude::*;
 /// The control plane address `embarcadero serve` listens on by default.
 pub(crate) const DEFAULT_CONTROL: &str = "127.0.0.1:12140";
 
+/// The control plane address a call names, else `EMBARCADERO_CONTROL`, else the server's
+/// default: as the CLI and the TypeScript package take it.
+pub(crate) fn control_or_default(control: Option<&str>) -> String {
+    control
+        .map(str::to_owned)
+        .or_else(|| std::env::var("EMBARCADERO_CONTROL").ok())
+        .unwrap_or_else(|| DEFAULT_CONTROL.to_owned())
+}
+
 /// A transport as Python names it: ``"auto"``, ``"tcp"`` or ``"shm"`` (the CLI's
 /// ``--transport``); anything else is a ``ConfigError`` naming the choices.
 pub(crate) fn transport(name: &str) -> PyResult<embarcadero_client::Transport> {

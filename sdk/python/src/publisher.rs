@@ -135,6 +135,12 @@ fn publisher_config(
 }
 
 impl Publisher {
+    /// The final statistics once closed; `None` while open (or when the close failed).
+    fn closed_stats(&self, py: Python<'_>) -> Option<embarcadero_client::PublisherStats> {
+        let closed = crate::gil::released(py, || self.inner.read().is_none());
+        closed.then(|| self.last_stats.lock().clone()).flatten()
+    }
+
     /// Runs `f` on the open publisher with the GIL released.
     fn with_open<R: Send>(
         &self,
@@ -201,7 +207,6 @@ impl Publisher {
             slow_queue,
             transport,
         )?;
-        embarcadero_client::check_topic_name(topic).map_err(to_py)?;
         let publisher = crate::gil::released(py, || match &brokers {
             Some(addrs) => embarcadero_client::Publisher::connect_brokers(addrs, topic, config),
             None => embarcadero_client::Publisher::connect(control, topic, config),
@@ -256,9 +261,12 @@ impl Publisher {
         self.with_open(py, |p| p.flush())
     }
 
-    /// Flushes, closes every connection and returns the final :meth:`stats`. Further
-    /// calls (but :meth:`stats`) raise ``ClosedError``.
+    /// Flushes, closes every connection and returns the final :meth:`stats`. Closing
+    /// again returns them again; other calls (but :meth:`stats`) raise ``ClosedError``.
     fn close(&self, py: Python<'_>) -> PyResult<PyObject> {
+        if let Some(stats) = self.closed_stats(py) {
+            return to_python(py, &stats);
+        }
         let stats = crate::gil::released(py, || {
             let publisher = self.inner.write().take().ok_or(Error::Closed)?;
             publisher.close()

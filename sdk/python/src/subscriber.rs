@@ -5,7 +5,7 @@
 //! (one reference per delivery, none per message); each payload becomes a `bytes`, copied
 //! straight from its delivery, when its message is taken.
 
-use crate::errors::{config, to_py};
+use crate::errors::{config, sub_to_py};
 use crate::read_ahead::{Messages, Meta, ReadAhead, POLL_BYTES, READ_AHEAD};
 use embarcadero_client::{Admin, Cursor, Error, SubscriberConfig};
 use parking_lot::Mutex;
@@ -204,7 +204,7 @@ impl Subscriber {
         py: Python<'_>,
         f: impl FnOnce(&mut embarcadero_client::Subscriber) -> Result<R, Error> + Send,
     ) -> PyResult<R> {
-        crate::gil::released(py, || self.reader.with_sub(f)).map_err(to_py)
+        crate::gil::released(py, || self.reader.with_sub(f)).map_err(sub_to_py)
     }
 
     /// Waits up to `wait` (GIL released) for the next poll and appends its messages to
@@ -212,7 +212,7 @@ impl Subscriber {
     fn fill(&self, py: Python<'_>, wait: Duration) -> PyResult<()> {
         let polled = match crate::gil::released(py, || self.reader.next_poll(wait)) {
             None => return Ok(()),
-            Some(polled) => polled.map_err(to_py)?,
+            Some(polled) => polled.map_err(sub_to_py)?,
         };
         // After any messages another thread's poll left that are not taken yet.
         self.ready.lock().push(polled.messages);
@@ -281,7 +281,7 @@ impl Subscriber {
             config("start=\"end\" asks the control plane where the end is, and a subscriber made with brokers= has none; give a position")
         })?;
         let topic = crate::gil::released(py, || Admin::new(control).describe_topic(&self.topic))
-            .map_err(to_py)?;
+            .map_err(sub_to_py)?;
         if self.order >= 2 {
             return Ok(Cursor::Global(topic.next_position));
         }
@@ -328,7 +328,7 @@ impl Subscriber {
         self.ready.lock().clear();
         crate::gil::released(py, || self.reader.seek(cursor))
             .map(|_| ())
-            .map_err(to_py)
+            .map_err(sub_to_py)
     }
 }
 
@@ -348,7 +348,6 @@ impl Subscriber {
         brokers: Option<Vec<String>>,
         transport: &str,
     ) -> PyResult<Self> {
-        embarcadero_client::check_topic_name(topic).map_err(to_py)?;
         let start = start
             .filter(|s| !s.is_none())
             .map(parse_start)
@@ -363,7 +362,7 @@ impl Subscriber {
             Some(addrs) => embarcadero_client::Subscriber::connect_brokers(addrs, topic, config),
             None => embarcadero_client::Subscriber::connect(control, topic, config),
         })
-        .map_err(to_py)?;
+        .map_err(sub_to_py)?;
         let this = Self {
             order: sub.order(),
             reader: ReadAhead::new(sub, READ_AHEAD, POLL_BYTES),
@@ -433,7 +432,8 @@ impl Subscriber {
             let taken = ready.pending();
             taken.map(|m| (m.broker_id, m.position)).collect()
         };
-        let (cursor, ahead) = crate::gil::released(py, || self.reader.position()).map_err(to_py)?;
+        let (cursor, ahead) =
+            crate::gil::released(py, || self.reader.position()).map_err(sub_to_py)?;
         pending.extend(ahead);
         match cursor {
             Cursor::Global(p) => {

@@ -79,3 +79,10 @@ def test_an_unreachable_control_plane_raises_connect_error():
         Admin("127.0.0.1:1", timeout=5).list_topics()
     assert isinstance(e.value, ConnectionError)
     assert "127.0.0.1:1" in e.value.addr
+
+
+def test_admin_takes_the_control_address_from_the_environment(server, topic_name, monkeypatch):
+    """As the CLI and the TypeScript package do: ``EMBARCADERO_CONTROL`` when none is given."""
+    monkeypatch.setenv("EMBARCADERO_CONTROL", server.control)
+    Admin().create_topic(topic_name)
+    assert topic_name in [t["name"] for t in Admin().list_topics()]

@@ -57,15 +57,24 @@ def test_a_closed_publisher_refuses_everything_but_stats(server, topic_name):
     p = Publisher(server.control, topic_name)
     p.publish(b"one")
     assert p.close()["messages"] == 1
-    for call in (lambda: p.publish(b"x"), lambda: p.publish_many([b"x"]), p.flush, p.close):
+    for call in (lambda: p.publish(b"x"), lambda: p.publish_many([b"x"]), p.flush):
         with pytest.raises(embarcadero.ClosedError, match="the publisher is closed"):
             call()
     assert p.stats()["messages"] == 1
+    assert p.close()["messages"] == 1, "closing again returns the final statistics again"
     sub = Subscriber(server.control, topic_name)
     sub.close()
     assert list(sub) == []
-    with pytest.raises(embarcadero.ClosedError):
-        sub.poll(0)
+    for call in (lambda: sub.poll(0), lambda: sub.poll_many(0), lambda: sub.seek(0)):
+        with pytest.raises(embarcadero.ClosedError, match="the subscriber is closed"):
+            call()
+
+
+def test_a_bad_topic_name_is_an_invalid_name_error_before_any_request(topic_name):
+    # No server at all: the name is refused before the client asks anything.
+    for make in (Publisher, Subscriber):
+        with pytest.raises(embarcadero.InvalidNameError):
+            make("127.0.0.1:1", "bad name")
 
 
 def test_bad_options_raise_config_errors(server, topic_name):
@@ -76,6 +85,9 @@ def test_bad_options_raise_config_errors(server, topic_name):
         Publisher(server.control, topic_name, linger_ms=-1)
     with pytest.raises(embarcadero.ConfigError, match='"end"'):
         Subscriber(server.control, topic_name, start="middle")
+    # None in flight would never send a batch: flush() waited its whole timeout.
+    with pytest.raises(embarcadero.ConfigError, match="max_inflight_batches must be at least 1"):
+        Publisher(server.control, topic_name, max_inflight_batches=0)
 
 
 def test_a_killed_server_makes_the_next_calls_raise_within_a_bounded_time(fresh_server, topic_name):

@@ -148,6 +148,14 @@ test("bad options are refused with a ConfigError", { timeout: 30_000 }, async ()
     (e: unknown) => e instanceof ConfigError && /16 bytes/.test(e.message),
   );
   await assert.rejects(Subscriber.connect(topic, { control: server.control, from: -1 }), ConfigError);
+  // A bad topic name is the same error as from Admin, before any request.
+  await assert.rejects(Publisher.connect("bad name", { control: server.control }), InvalidNameError);
+  await assert.rejects(Subscriber.connect("", { control: server.control }), InvalidNameError);
+  // None in flight would never send a batch: flush() waited its whole timeout.
+  await assert.rejects(
+    Publisher.connect(topic, { control: server.control, maxInflightBatches: 0 }),
+    (e: unknown) => e instanceof ConfigError && /maxInflightBatches|max_inflight_batches/.test(e.message),
+  );
 });
 
 test("waiting on the network leaves the event loop free", { timeout: 30_000 }, async () => {
@@ -207,4 +215,30 @@ test("await using closes the publisher and the subscriber at the end of the scop
   assert.equal(kept.stats().messages, 1, "closed: the final statistics");
   await assert.rejects(kept.publish("late"), ClosedError);
   await assert.rejects(sub.poll(10), ClosedError);
+});
+
+test("close ends an iteration at once and later polls reject, however much was received", { timeout: 30_000 }, async () => {
+  // The subscriber holds whole deliveries; close said "iterations end", yet they went on
+  // handing out the thousands of messages already received (found by an exploratory run).
+  const topic = topicName("closeiter");
+  await admin.createTopic(topic, { memoryOnly: true });
+  const p = await Publisher.connect(topic, { control: server.control });
+  await p.publishMany(Array.from({ length: 5_000 }, (_, i) => `m${i}`));
+  await p.close();
+  const sub = await Subscriber.connect(topic, { control: server.control });
+  let seen = 0;
+  let afterClose = 0;
+  let closed = false;
+  for await (const m of sub) {
+    assert.ok(m.payload.length > 0);
+    seen += 1;
+    if (closed) afterClose += 1;
+    if (seen === 10) {
+      await sub.close();
+      closed = true;
+    }
+  }
+  assert.equal(afterClose, 0, "no message after close");
+  await assert.rejects(sub.poll(10), ClosedError);
+  await assert.rejects(sub.pollMany(10), ClosedError);
 });

@@ -104,6 +104,8 @@ pub struct Publisher {
 impl Publisher {
     /// Discovers the brokers from the control plane at `control` and connects.
     pub fn connect(control: &str, topic: &str, config: PublisherConfig) -> Result<Self> {
+        // Before any request, and the same error however the publisher is made.
+        crate::check_topic_name(topic)?;
         let admin = Admin::new(control);
         let cluster = admin.cluster()?;
         let mut config = config;
@@ -141,6 +143,7 @@ impl Publisher {
         topic: &str,
         config: PublisherConfig,
     ) -> Result<Self> {
+        crate::check_topic_name(topic)?;
         let room_for_joins = check_config(&config, brokers.len(), control.is_some())?;
         let watch_membership = control.is_some() && !config.membership_refresh.is_zero();
         let client_id = config.client_id.unwrap_or_else(crate::random_client_id);
@@ -420,10 +423,15 @@ fn check_config(config: &PublisherConfig, brokers: usize, through_head: bool) ->
             config.ack_level
         )));
     }
-    if brokers == 0 || config.threads_per_broker == 0 || config.queue_depth == 0 {
-        return Err(Error::Config(
-            "need at least one broker, one connection per broker and a queue depth of 1".into(),
-        ));
+    let at_least_one = [
+        (brokers, "brokers (the topic's server has none?)"),
+        (config.threads_per_broker, "threads_per_broker"),
+        (config.queue_depth, "queue_depth"),
+        // None in flight would never send a batch: every flush would wait its timeout.
+        (config.max_inflight_batches, "max_inflight_batches"),
+    ];
+    if let Some((_, what)) = at_least_one.iter().find(|(n, _)| *n == 0) {
+        return Err(Error::Config(format!("{what} must be at least 1")));
     }
     if config.transport != Transport::Tcp {
         embarcadero_shm::layout::check_data_capacity(config.shm_ring_bytes as u64)

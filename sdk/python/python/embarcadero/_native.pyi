@@ -125,8 +125,9 @@ class PublisherStats(TypedDict):
 class Admin:
     """Client of the control plane's admin API at ``control`` (``host:port``)."""
 
-    def __init__(self, control: str = ..., *, timeout: float = 20.0) -> None:
-        """``timeout``: seconds each request may take (above the head's longest wait)."""
+    def __init__(self, control: Optional[str] = None, *, timeout: float = 20.0) -> None:
+        """``control``: default ``EMBARCADERO_CONTROL``, else ``127.0.0.1:12140``.
+        ``timeout``: seconds each request may take (above the head's longest wait)."""
     @property
     def control_url(self) -> str: ...
     def create_topic(
