@@ -124,11 +124,24 @@ impl<C: Collect> ReadAhead<C> {
     /// Continues from `cursor`, dropping what was read ahead. Returns where the next
     /// message will come from (the cursor as the subscriber took it).
     pub fn seek(&self, cursor: Cursor) -> Result<Cursor, Error> {
+        self.seek_with(|s| s.seek(cursor))
+    }
+
+    /// Continues from the first message still retained (`Subscriber::seek_start`),
+    /// dropping what was read ahead. Returns where the next message will come from.
+    pub fn seek_start(&self) -> Result<Cursor, Error> {
+        self.seek_with(Subscriber::seek_start)
+    }
+
+    fn seek_with(
+        &self,
+        seek: impl FnOnce(&mut Subscriber) -> Result<(), Error>,
+    ) -> Result<Cursor, Error> {
         self.with_sub(|s| {
             self.shared.queue.lock().polls.clear();
             // The thread may be waiting for room, which there is now.
             self.shared.changed.notify_all();
-            let sought = s.seek(cursor);
+            let sought = seek(s);
             *self.shared.status.lock() = SubscriberStatus::of(s);
             sought?;
             Ok(Subscriber::position(s))

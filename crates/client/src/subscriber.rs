@@ -299,6 +299,19 @@ impl Subscriber {
     pub fn seek(&mut self, cursor: Cursor) -> Result<()> {
         // An explicit position: if it is gone, the caller must hear so.
         self.from_first_retained = false;
+        self.restart_at(cursor)
+    }
+
+    /// Continues from the beginning, as a subscriber made without a start position: the
+    /// first message still retained (what was reclaimed is reported by [`Self::skipped`]).
+    pub fn seek_start(&mut self) -> Result<()> {
+        self.from_first_retained = true;
+        let start = self.default_cursor();
+        self.restart_at(start)
+    }
+
+    /// Drops everything buffered and connects again, to deliver from `cursor`.
+    fn restart_at(&mut self, cursor: Cursor) -> Result<()> {
         self.cursor = Some(cursor);
         self.ready.clear();
         self.unconfirmed.clear();

@@ -147,32 +147,43 @@ pub struct Subscriber {
     control: Option<String>,
     topic: String,
     order: u8,
-    /// Made with ``start=None``. (It connects from the beginning either way and then
-    /// seeks to a given start, so only this says whether what it skipped on connecting
-    /// was asked for.)
-    from_beginning: bool,
+    /// Made with ``start=None``, or last sought to the start. (It connects from the
+    /// beginning either way and then seeks to a given start, so only this says whether
+    /// what it skipped on connecting was asked for.)
+    from_beginning: AtomicBool,
 }
 
 /// A start position from Python: an int (a global position, or 0 for every broker), a
 /// list of ints (one per broker, orders 0 and 1), or "end".
 enum Start {
+    /// The first message still retained (`None` or `"start"`).
+    First,
     End,
     At(Cursor),
 }
 
 fn parse_start(start: &Bound<'_, PyAny>) -> PyResult<Start> {
+    if start.is_none() {
+        return Ok(Start::First);
+    }
     if let Ok(s) = start.downcast::<PyString>() {
         let text = s.to_cow()?;
         if text.eq_ignore_ascii_case("end") {
             return Ok(Start::End);
         }
+        if text.eq_ignore_ascii_case("start") {
+            return Ok(Start::First);
+        }
         return Err(config(format!(
-            "start={text:?}: give a position like 42, one per broker like [0, 0, 10, 3], or \"end\""
+            "start={text:?}: give a position like 42, one per broker like [0, 0, 10, 3], \"start\" or \"end\""
         )));
     }
     if let Ok(p) = start.extract::<i128>() {
         return match u64::try_from(p) {
             Ok(p) => Ok(Start::At(Cursor::Global(p))),
+            Err(_) if p > 0 => Err(config(format!(
+                "start={p}: beyond any topic's end (positions are below 2**64)"
+            ))),
             Err(_) => Err(config(format!(
                 "start={p}: positions count from 0 at the start of the topic and cannot be negative; to read only messages published from now on, use start=\"end\""
             ))),
@@ -182,7 +193,7 @@ fn parse_start(start: &Bound<'_, PyAny>) -> PyResult<Start> {
         return Ok(Start::At(Cursor::PerBroker(start.extract()?)));
     }
     Err(PyTypeError::new_err(
-        "start is None, a position (int >= 0), a list of positions (one per broker) or \"end\"",
+        "start is None or \"start\", a position (int >= 0), a list of positions (one per broker) or \"end\"",
     ))
 }
 
@@ -322,13 +333,19 @@ impl Subscriber {
 
     fn seek_to(&self, py: Python<'_>, start: Start) -> PyResult<()> {
         let cursor = match start {
-            Start::End => self.end_of_topic(py)?,
-            Start::At(c) => self.fitted(py, c)?,
+            Start::First => None,
+            Start::End => Some(self.end_of_topic(py)?),
+            Start::At(c) => Some(self.fitted(py, c)?),
         };
         self.ready.lock().clear();
-        crate::gil::released(py, || self.reader.seek(cursor))
-            .map(|_| ())
-            .map_err(sub_to_py)
+        self.from_beginning
+            .store(cursor.is_none(), Ordering::Release);
+        crate::gil::released(py, || match cursor {
+            Some(cursor) => self.reader.seek(cursor),
+            None => self.reader.seek_start(),
+        })
+        .map(|_| ())
+        .map_err(sub_to_py)
     }
 }
 
@@ -348,10 +365,11 @@ impl Subscriber {
         brokers: Option<Vec<String>>,
         transport: &str,
     ) -> PyResult<Self> {
+        // The beginning (None or "start") is where a new subscriber starts anyway.
         let start = start
-            .filter(|s| !s.is_none())
             .map(parse_start)
-            .transpose()?;
+            .transpose()?
+            .filter(|s| !matches!(s, Start::First));
         let config = SubscriberConfig {
             start: None,
             client_id,
@@ -370,7 +388,7 @@ impl Subscriber {
             closed: AtomicBool::new(false),
             control: brokers.is_none().then(|| control.to_string()),
             topic: topic.to_string(),
-            from_beginning: start.is_none(),
+            from_beginning: AtomicBool::new(start.is_none()),
         };
         if let Some(start) = start {
             this.seek_to(py, start)?;
@@ -413,8 +431,9 @@ impl Subscriber {
     }
 
     /// Continues from ``position``: an int (orders 2 and 5; 0 also for 0 and 1), a list
-    /// with one position per broker (orders 0 and 1), or ``"end"`` (only messages
-    /// published from now on). Messages already polled but not taken are dropped.
+    /// with one position per broker (orders 0 and 1), ``None`` or ``"start"`` (the first
+    /// message still retained), or ``"end"`` (only messages published from now on).
+    /// Messages already polled but not taken are dropped.
     fn seek(&self, py: Python<'_>, position: &Bound<'_, PyAny>) -> PyResult<()> {
         let start = parse_start(position)?;
         self.seek_to(py, start)
@@ -460,7 +479,8 @@ impl Subscriber {
     #[getter]
     fn skipped(&self) -> Option<(u64, u64)> {
         // As of the read-ahead's latest poll: never waits for one under way.
-        self.reader.status().skipped.filter(|_| self.from_beginning)
+        let from_beginning = self.from_beginning.load(Ordering::Acquire);
+        self.reader.status().skipped.filter(|_| from_beginning)
     }
 
     /// How the current connection reaches its broker: ``"tcp"``, ``"shm"``, or

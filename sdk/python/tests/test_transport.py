@@ -133,6 +133,11 @@ def test_a_subscriber_from_the_beginning_is_told_what_was_reclaimed(tiny_server,
         assert [m.global_seq for m in rest] == list(range(to, n)), "every retained message"
         assert sub.poll(timeout=0.2) is None
         assert sub.skipped == skipped
+        # Back to the start: the first message still retained, not the gone position 0.
+        for start in ("start", None):
+            sub.seek(start)
+            again = read(sub, n - to)
+            assert [m.global_seq for m in again] == list(range(to, n)), start
     # Nothing reclaimed: nothing skipped.
     admin.create_topic(f"{topic_name}-whole", memory_only=True)
     with Publisher(control, f"{topic_name}-whole") as p:

@@ -296,11 +296,8 @@ impl NativeSubscriber {
         blocking(move || {
             let cursor = match start {
                 Start::From(Some(c)) => c,
-                Start::From(None) => {
-                    return Err(Error::Config(
-                        "seek to a position, one per broker, or the end".into(),
-                    ))
-                }
+                // No position: the start, the first message still retained.
+                Start::From(None) => return Ok(js_cursor(&reader.seek_start()?)),
                 Start::End => reader.with_sub(|s| end_of_topic(&control, &topic, s))?,
             };
             Ok(js_cursor(&reader.seek(cursor)?))

@@ -150,6 +150,10 @@ test("a subscriber from the beginning is told the reclaimed positions it skipped
     assert.deepEqual(rest.map((m) => m.globalSeq), Array.from({ length: N - skipped.to }, (_, i) => skipped.to + i), "every retained message");
     assert.equal(await sub.poll(200), null);
     assert.deepEqual(sub.skipped(), skipped);
+    // Back to the start: the first message still retained, not the gone position 0.
+    await sub.seek("start");
+    const again = await read(sub, N - skipped.to);
+    assert.deepEqual(again.map((m) => m.globalSeq), Array.from({ length: N - skipped.to }, (_, i) => skipped.to + i), "from the start again");
     await sub.close();
 
     // Nothing reclaimed: nothing skipped.

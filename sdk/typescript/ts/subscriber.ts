@@ -397,10 +397,10 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
     });
   }
 
-  /** Continues from `from` (a position, `"start"` or `"end"`), discarding anything received and not yet handed out. */
+  /** Continues from `from` (a position; `"start"`, the first message still retained; or `"end"`), discarding anything received and not yet handed out. */
   seek(from: From): Promise<void> {
-    const now = this.#next;
-    const cursor = cursorOf(from) ?? (typeof now === "number" ? { global: 0 } : { perBroker: now.map(() => 0) });
+    // No position ("start"): the native side goes to the first message still retained.
+    const cursor = cursorOf(from) ?? {};
     return this.#serial(async () => {
       if (this.#closed) throw new ClosedError("the subscriber is closed");
       // After every take (`#serial`); the native seek drops what was read ahead.

@@ -277,7 +277,7 @@ class Subscriber:
         control: str,
         topic: str,
         *,
-        start: Union[None, int, Sequence[int], Literal["end"]] = None,
+        start: Union[None, int, Sequence[int], Literal["start", "end"]] = None,
         client_id: Optional[int] = None,
         max_reconnects: int = 10,
         brokers: Optional[Sequence[str]] = None,
@@ -289,7 +289,7 @@ class Subscriber:
         self, timeout: Optional[float] = None, max_messages: Optional[int] = None
     ) -> List[Message]:
         """Every ready message (at least one unless ``timeout`` runs out)."""
-    def seek(self, position: Union[int, Sequence[int], Literal["end"]]) -> None: ...
+    def seek(self, position: Union[None, int, Sequence[int], Literal["start", "end"]]) -> None: ...
     @property
     def position(self) -> Position:
         """Where the next message :meth:`poll` returns is."""
