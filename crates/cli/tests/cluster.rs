@@ -950,8 +950,12 @@ fn restart_the_head_under_a_publisher(through_head: bool, kill_after_acked: usiz
     wait_for("acknowledgements before the head dies", || {
         acked.lock().unwrap().len() >= kill_after_acked
     });
-    // A subscriber of the follower reads through the restart, until it is cut off.
+    // A subscriber of the follower reads through the restart, until it is cut off. The
+    // head dies only once it has read something: otherwise a head that restarts within
+    // ~100 ms (a quick machine) cut it off before its first round (CI, session 28).
+    let old_reader_read = Arc::new(AtomicU64::new(0));
     let old_reader = {
+        let read_count = old_reader_read.clone();
         let mut sub = Subscriber::connect_brokers(
             &[broker_addr(&control, 1)],
             "z",
@@ -969,6 +973,7 @@ fn restart_the_head_under_a_publisher(through_head: bool, kill_after_acked: usiz
                     let id = u64::from_le_bytes(m.payload[..8].try_into().unwrap());
                     got.push((m.position, id));
                 });
+                read_count.store(got.len() as u64, Ordering::Release);
                 if polled.is_err() {
                     break;
                 }
@@ -1009,6 +1014,9 @@ fn restart_the_head_under_a_publisher(through_head: bool, kill_after_acked: usiz
             got
         })
     };
+    wait_for("the old region's subscriber to read", || {
+        old_reader_read.load(Ordering::Acquire) > 0
+    });
     head.kill();
     let (head, _) = head_process(dir.path(), port, 2, &["--external-sequencer"]);
     head_restarted.store(true, Ordering::Release);
