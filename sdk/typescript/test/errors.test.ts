@@ -151,6 +151,15 @@ test("bad options are refused with a ConfigError", { timeout: 30_000 }, async ()
   // A bad topic name is the same error as from Admin, before any request.
   await assert.rejects(Publisher.connect("bad name", { control: server.control }), InvalidNameError);
   await assert.rejects(Subscriber.connect("", { control: server.control }), InvalidNameError);
+  // Numbers native code would wrap or truncate are refused by name.
+  for (const bad of [{ lingerMs: -5 }, { batchBytes: -1 }, { threadsPerBroker: 1.5 }, { queueDepth: 2 ** 40 }]) {
+    const name = Object.keys(bad)[0]!;
+    await assert.rejects(
+      Publisher.connect(topic, { control: server.control, ...bad }),
+      (e: unknown) => e instanceof ConfigError && e.message.startsWith(`${name} `),
+      name,
+    );
+  }
   // None in flight would never send a batch: flush() waited its whole timeout.
   await assert.rejects(
     Publisher.connect(topic, { control: server.control, maxInflightBatches: 0 }),

@@ -4,7 +4,7 @@
 // high-water mark they resolve once it has drained below it, so `await publish(...)` in
 // a loop is paced by the network without ever blocking the event loop.
 import { native, Native } from "./native";
-import { ClosedError, settle, sync, translate } from "./errors";
+import { ClosedError, ConfigError, settle, sync, translate } from "./errors";
 import { defaultControl } from "./admin";
 
 /**
@@ -175,6 +175,23 @@ function bytes(p: Payload): Buffer {
   return Buffer.isBuffer(p) ? p : Buffer.from(p.buffer, p.byteOffset, p.byteLength);
 }
 
+/**
+ * `options[name]` checked before it reaches native code, which would wrap a negative or
+ * oversized number into a different one without a word: counts are whole numbers from
+ * `min` to 2^32 - 1, durations (`ms`) finite and not negative.
+ */
+function checkedOption(options: PublisherOptions, name: keyof PublisherOptions, kind: "count" | "ms", min = 0): void {
+  const v = options[name];
+  if (v === undefined) return;
+  const ok =
+    typeof v === "number" &&
+    (kind === "ms" ? Number.isFinite(v) && v >= 0 : Number.isInteger(v) && v >= min && v <= 0xffff_ffff);
+  if (!ok) {
+    const want = kind === "ms" ? "a number of milliseconds, 0 or more" : `a whole number from ${min} to 4294967295`;
+    throw new ConfigError(`${name} ${String(v)}: want ${want}`);
+  }
+}
+
 const DONE: Promise<void> = Promise.resolve();
 
 /**
@@ -202,6 +219,12 @@ export class Publisher implements AsyncDisposable {
    * @throws {@link BrokerError} (`UnknownTopic`) for a topic that does not exist; {@link ConnectError} when nothing answers.
    */
   static async connect(topic: string, options: PublisherOptions = {}): Promise<Publisher> {
+    for (const name of ["batchBytes", "threadsPerBroker", "queueDepth", "maxInflightBatches", "maxJoinedBrokers"] as const) {
+      checkedOption(options, name, "count");
+    }
+    for (const name of ["lingerMs", "lingerBackstopMs", "flushTimeoutMs", "membershipRefreshMs"] as const) {
+      checkedOption(options, name, "ms");
+    }
     const config: Native.NativePublisherConfig = {
       ackLevel: options.ackLevel,
       batchBytes: options.batchBytes,
