@@ -8,7 +8,7 @@ use crate::fault::FaultDice;
 use crate::log_writer::{LogWriter, Reservation, ReserveError};
 use crate::net::{self, End, Refusal};
 use crate::payload_wait::{Arrival, Staged};
-use crate::session::{self, SessionView};
+use crate::session::{self, SessionStatus, SessionView};
 use crate::transport::{Inbound, Sink};
 use crate::{Shared, StageTimes};
 use crossbeam_queue::ArrayQueue;
@@ -591,30 +591,7 @@ fn admit_session_batch(
         });
     }
     let window = shared.config.session_window;
-    // A batch beyond the window waits (the connection stops reading: backpressure) for
-    // the session's head to move, and is refused only after the backpressure timeout.
-    let deadline = Instant::now() + shared.config.backpressure_timeout;
-    let mut backoff = Backoff::new(Duration::from_millis(1));
-    let mut waited = false;
-    let status = loop {
-        let status = session.status(&shared.region);
-        if status.fenced
-            || status.expired
-            || header.batch_seq < status.committed_hwm + window
-            || Instant::now() >= deadline
-            || shared.shutdown.load(Ordering::Relaxed)
-        {
-            break status;
-        }
-        if !waited {
-            waited = true;
-            shared
-                .metrics
-                .session_window_waits
-                .fetch_add(1, Ordering::Relaxed);
-        }
-        backoff.idle(None);
-    };
+    let status = wait_for_session_window(shared, session, header, window);
     if status.foreign_key {
         return Err(refuse_foreign_key(shared, hello.client_id));
     }
@@ -636,18 +613,64 @@ fn admit_session_batch(
     }
     session.touch(&shared.region, unix_ms());
     if header.batch_seq >= status.committed_hwm + window {
-        return Err(Refusal {
-            code: ErrorCode::OutOfSequence,
-            batch_seq: header.batch_seq,
-            message: format!(
-                "batch sequence {} is beyond the session window: the session has committed up to {} and accepts at most {window} batches above that; waited {} ms for it to move",
-                header.batch_seq,
-                status.committed_hwm,
-                shared.config.backpressure_timeout.as_millis()
-            ),
-        });
+        return Err(beyond_window(shared, header, status.committed_hwm, window));
     }
     Ok(true)
+}
+
+/// The session's status once the batch is within `window` batches of its committed
+/// high-water mark, or once it is fenced or expired, the broker stops, or the
+/// backpressure timeout passes. A batch beyond the window waits (the connection stops
+/// reading: backpressure) for the session's head to move, and is refused only after
+/// the backpressure timeout.
+fn wait_for_session_window(
+    shared: &Shared,
+    session: &mut SessionView,
+    header: &BatchHeader,
+    window: u64,
+) -> SessionStatus {
+    let deadline = Instant::now() + shared.config.backpressure_timeout;
+    let mut backoff = Backoff::new(Duration::from_millis(1));
+    let mut waited = false;
+    loop {
+        let status = session.status(&shared.region);
+        if status.fenced
+            || status.expired
+            || header.batch_seq < status.committed_hwm + window
+            || Instant::now() >= deadline
+            || shared.shutdown.load(Ordering::Relaxed)
+        {
+            break status;
+        }
+        if !waited {
+            waited = true;
+            shared
+                .metrics
+                .session_window_waits
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        backoff.idle(None);
+    }
+}
+
+/// The refusal of a batch still beyond the session window after the backpressure
+/// timeout (`committed_hwm`: where the session has committed up to).
+fn beyond_window(
+    shared: &Shared,
+    header: &BatchHeader,
+    committed_hwm: u64,
+    window: u64,
+) -> Refusal {
+    Refusal {
+        code: ErrorCode::OutOfSequence,
+        batch_seq: header.batch_seq,
+        message: format!(
+            "batch sequence {} is beyond the session window: the session has committed up to {} and accepts at most {window} batches above that; waited {} ms for it to move",
+            header.batch_seq,
+            committed_hwm,
+            shared.config.backpressure_timeout.as_millis()
+        ),
+    }
 }
 
 /// Refuses a connection whose session is bound to another key, and counts it.

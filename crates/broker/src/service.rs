@@ -909,88 +909,117 @@ fn send_acks(
     acks: &mut Vec<AckState>,
     now: Instant,
 ) -> bool {
-    let region = &shared.region;
-    let broker = shared.config.broker_id;
     let mut progress = false;
-    acks.retain_mut(|a| {
-        let conn = &a.conn;
-        if conn.closed.load(Ordering::Acquire) {
-            return false;
-        }
-        if region.topic_deleted(conn.topic) {
-            return !tell_deleted(shared, conn, &mut progress);
-        }
-        let log = region.log(conn.topic, broker);
-        if let Some(session) = &mut a.session {
-            return ack_session(
-                shared,
-                a.conn.as_ref(),
-                &mut a.head,
-                session,
-                &mut progress,
-                now,
-            );
-        }
-        let written = logs[conn.topic as usize].as_ref().map_or(0, |s| s.frontier);
-        // PBR indices below `limit` have reached the connection's ack level.
-        let limit = match (conn.ack_level, conn.order) {
-            (2, _) => log.durable_pbr.load(Ordering::Acquire),
-            (_, 0) => u64::MAX,
-            (_, 1) => written,
-            _ => log.ordered_pbr.load(Ordering::Acquire),
-        };
-        let count = take_acked_below(shared, conn, &mut a.head, limit, now);
-        // Never wait on a connection thread that is writing to its own client.
-        let Ok(mut out) = conn.out.try_lock() else {
-            if let Some(count) = count {
-                // Acknowledged at the next round; the wait until then counts again.
-                a.head = Some(PendingAck {
-                    batch_seq: count - 1,
-                    pbr_index: 0,
-                    queued_at: now,
-                });
-            }
-            return true;
-        };
-        if conn.closed.load(Ordering::Acquire) {
-            return false;
-        }
-        // After reading what the ack reports and before sending it; the service loop
-        // stops the broker at its next round.
-        if count.is_some() && region.is_retired() {
-            return false;
-        }
-        let result = match count {
-            Some(count) => {
-                assert!(
-                    count >= a.acked,
-                    "topic {}: the acknowledged count would go back from {} to {count}",
-                    conn.topic,
-                    a.acked
-                );
-                a.acked = count;
-                progress = true;
-                shared.metrics.acks_sent.fetch_add(1, Ordering::Relaxed);
-                out.send_nonblocking(
-                    &Ack {
-                        level: conn.ack_level,
-                        count,
-                    }
-                    .encode(),
-                )
-            }
-            None if !out.unsent.is_empty() => out.send_nonblocking(&[]),
-            None => Ok(()),
-        };
-        if result.is_err() {
-            // The client stopped reading its acks: close it rather than leave it waiting.
-            out.shutdown();
-            conn.closed.store(true, Ordering::Release);
-            return false;
-        }
-        true
-    });
+    acks.retain_mut(|a| ack_connection(shared, logs, a, &mut progress, now));
     progress
+}
+
+/// One connection's part of [`send_acks`]: acknowledges what reached its ack level.
+/// Returns whether to keep the connection.
+#[inline]
+fn ack_connection(
+    shared: &Shared,
+    logs: &[Option<LogState>],
+    a: &mut AckState,
+    progress: &mut bool,
+    now: Instant,
+) -> bool {
+    let region = &shared.region;
+    let conn = &a.conn;
+    if conn.closed.load(Ordering::Acquire) {
+        return false;
+    }
+    if region.topic_deleted(conn.topic) {
+        return !tell_deleted(shared, conn, progress);
+    }
+    let log = region.log(conn.topic, shared.config.broker_id);
+    if let Some(session) = &mut a.session {
+        return ack_session(shared, a.conn.as_ref(), &mut a.head, session, progress, now);
+    }
+    let limit = ack_limit(conn, &log, logs);
+    let count = take_acked_below(shared, conn, &mut a.head, limit, now);
+    // Never wait on a connection thread that is writing to its own client.
+    let Ok(mut out) = conn.out.try_lock() else {
+        if let Some(count) = count {
+            // Acknowledged at the next round; the wait until then counts again.
+            a.head = Some(PendingAck {
+                batch_seq: count - 1,
+                pbr_index: 0,
+                queued_at: now,
+            });
+        }
+        return true;
+    };
+    if conn.closed.load(Ordering::Acquire) {
+        return false;
+    }
+    // After reading what the ack reports and before sending it; the service loop
+    // stops the broker at its next round.
+    if count.is_some() && region.is_retired() {
+        return false;
+    }
+    send_ack(shared, conn, &mut out, &mut a.acked, count, progress)
+}
+
+/// Orders 0-2: the PBR index below which a connection's batches have reached its ack
+/// level (`log`: its topic's log on this broker).
+#[inline]
+fn ack_limit(
+    conn: &PublishConn,
+    log: &embarcadero_region::LogControl<'_>,
+    logs: &[Option<LogState>],
+) -> u64 {
+    let written = logs[conn.topic as usize].as_ref().map_or(0, |s| s.frontier);
+    // PBR indices below `limit` have reached the connection's ack level.
+    match (conn.ack_level, conn.order) {
+        (2, _) => log.durable_pbr.load(Ordering::Acquire),
+        (_, 0) => u64::MAX,
+        (_, 1) => written,
+        _ => log.ordered_pbr.load(Ordering::Acquire),
+    }
+}
+
+/// Sends the ack of `count` batches, if any, through `out` (else what a previous send
+/// left unsent); `acked`: the count last acknowledged on the connection. Returns
+/// whether to keep the connection: one whose client stopped reading its acks is closed.
+#[inline]
+fn send_ack(
+    shared: &Shared,
+    conn: &PublishConn,
+    out: &mut Outbox,
+    acked: &mut u64,
+    count: Option<u64>,
+    progress: &mut bool,
+) -> bool {
+    let result = match count {
+        Some(count) => {
+            assert!(
+                count >= *acked,
+                "topic {}: the acknowledged count would go back from {} to {count}",
+                conn.topic,
+                *acked
+            );
+            *acked = count;
+            *progress = true;
+            shared.metrics.acks_sent.fetch_add(1, Ordering::Relaxed);
+            out.send_nonblocking(
+                &Ack {
+                    level: conn.ack_level,
+                    count,
+                }
+                .encode(),
+            )
+        }
+        None if !out.unsent.is_empty() => out.send_nonblocking(&[]),
+        None => Ok(()),
+    };
+    if result.is_err() {
+        // The client stopped reading its acks: close it rather than leave it waiting.
+        out.shutdown();
+        conn.closed.store(true, Ordering::Release);
+        return false;
+    }
+    true
 }
 
 /// Sums, over the batches one round acknowledges, the time from queueing to being

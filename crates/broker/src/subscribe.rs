@@ -12,9 +12,9 @@ use crate::net::{self, End, Peer, Refusal};
 use crate::Shared;
 use embarcadero_region::backoff::Backoff;
 use embarcadero_region::{
-    monotonic_ns, Doorbell, GoiEntry, Region, TopicMeta, READER_CLAIMING, READER_SLOTS,
+    monotonic_ns, Doorbell, GoiEntry, Region, TopicMeta, TopicSeq, READER_CLAIMING, READER_SLOTS,
 };
-use embarcadero_replication::{DiskReader, DiskSeek};
+use embarcadero_replication::{DiskReader, DiskSeek, RecordHeader};
 use embarcadero_wire::{
     BatchFlags, BatchOk, DeliveryHeader, ErrorCode, Hello, HelloOk, DELIVERY_HEADER_LEN,
     FRAME_HEADER_LEN, SUBSCRIBE_FROM_FIRST_RETAINED,
@@ -395,11 +395,37 @@ fn send_round(
     assert!(!plan.is_empty(), "a round sends at least one batch");
     let mut headers = vec![0u8; plan.len() * FRAME_AND_DELIVERY];
     let mut iov: Vec<libc::iovec> = Vec::with_capacity(plan.len() * 2);
+    encode_headers(plan, &mut headers);
+    push_iovecs(plan, &headers, &mut iov);
+    // The subscriber is taking bytes: that is progress, which keeps its pin fresh.
+    stream.send_all(&mut iov, &mut || pin.beat())?;
+    let region = &shared.region;
+    let confirmed = still_held(region, topic, global, plan, resend_reclaimed)?;
+    // A restarted head replaced this region: what was just read from it may be missing
+    // from the new one (or hold other batches at these positions), so it is not
+    // confirmed. The subscriber reconnects to a broker of the new region.
+    if region.is_retired() {
+        return Err(End::Gone);
+    }
+    confirm_round(shared, stream, plan, confirmed)?;
+    Ok(confirmed)
+}
+
+/// Writes each planned batch's frame and delivery headers into its slot of `headers`
+/// (`FRAME_AND_DELIVERY` bytes per batch).
+#[inline]
+fn encode_headers(plan: &[Planned], headers: &mut [u8]) {
     for (i, p) in plan.iter().enumerate() {
         let h = &mut headers[i * FRAME_AND_DELIVERY..(i + 1) * FRAME_AND_DELIVERY];
         h[..FRAME_HEADER_LEN].copy_from_slice(&p.header.frame_header().encode());
         h[FRAME_HEADER_LEN..].copy_from_slice(&p.header.encode());
     }
+}
+
+/// Describes the round for `writev`: each batch's headers (in `headers`, see
+/// [`encode_headers`]), then its payload.
+#[inline]
+fn push_iovecs(plan: &[Planned], headers: &[u8], iov: &mut Vec<libc::iovec>) {
     for (i, p) in plan.iter().enumerate() {
         iov.push(libc::iovec {
             iov_base: headers[i * FRAME_AND_DELIVERY..].as_ptr() as *mut libc::c_void,
@@ -410,9 +436,20 @@ fn send_round(
             iov_len: p.header.payload_len as usize,
         });
     }
-    // The subscriber is taking bytes: that is progress, which keeps its pin fresh.
-    stream.send_all(&mut iov, &mut || pin.beat())?;
-    let region = &shared.region;
+}
+
+/// Re-checks, after sending, that the sent batches were not reclaimed meanwhile (their
+/// tokens still hold, their log offsets are still retained). Returns how many batches
+/// before the first reclaimed one there are (all if none was); with `resend_reclaimed`
+/// false, a reclaimed batch ends the subscription instead.
+#[inline]
+fn still_held(
+    region: &Region,
+    topic: u32,
+    global: bool,
+    plan: &[Planned],
+    resend_reclaimed: bool,
+) -> Result<usize, End> {
     let mut confirmed = plan.len();
     for (i, p) in plan.iter().enumerate() {
         if p.owned.is_some() {
@@ -435,12 +472,18 @@ fn send_round(
             break;
         }
     }
-    // A restarted head replaced this region: what was just read from it may be missing
-    // from the new one (or hold other batches at these positions), so it is not
-    // confirmed. The subscriber reconnects to a broker of the new region.
-    if region.is_retired() {
-        return Err(End::Gone);
-    }
+    Ok(confirmed)
+}
+
+/// Confirms the first `confirmed` batches of the round with a BatchOk (voiding the rest)
+/// and counts them.
+#[inline]
+fn confirm_round(
+    shared: &Shared,
+    stream: &mut impl Outlet,
+    plan: &[Planned],
+    confirmed: usize,
+) -> Result<(), End> {
     stream.send_frame(
         &BatchOk {
             count: confirmed as u64,
@@ -460,7 +503,7 @@ fn send_round(
         .metrics
         .subscribe_bytes
         .fetch_add(bytes, Ordering::Relaxed);
-    Ok(confirmed)
+    Ok(())
 }
 
 fn not_retained(position: u64, first: Option<u64>) -> End {
@@ -592,42 +635,17 @@ enum Locate {
 fn locate_global(region: &Region, topic: u32, pos: u64) -> Locate {
     let seq = region.topic_seq(topic);
     let committed = seq.committed_seq.load(Ordering::Acquire);
-    // Nothing readable in the GOI (none committed in this region yet, or a race with a
-    // wrap): a position below the region's first one is not coming back (memory-only
-    // topics; a replicated topic's is looked for on disk), so the subscriber need not
-    // wait for new data to learn it. Every entry is at or above that first position,
-    // so naming it never skips a message.
-    let empty = || {
-        let start = seq.start_position.load(Ordering::Acquire);
-        if pos < start {
-            Locate::Gone { first: start }
-        } else {
-            Locate::NotYet
-        }
-    };
     if committed == 0 {
-        return empty();
+        return nothing_readable(&seq, pos);
     }
     let Some(last) = region.goi_read(topic, committed - 1) else {
-        return empty();
+        return nothing_readable(&seq, pos);
     };
     if pos >= last.total_order + last.num_msg as u64 {
         return Locate::Ahead;
     }
-    // Brokers reclaim independently, so the readable suffix of the GOI starts above
-    // the newest entry that is no longer usable, not at the oldest usable one.
-    let goi_slots = region.capacities().goi_slots;
-    let usable = |g: u64| {
-        region
-            .goi_read(topic, g)
-            .filter(|e| retained(region, topic, e.broker_id as u32, e.blog_offset))
-    };
-    let floor = committed.saturating_sub(goi_slots);
-    let mut lo = committed;
-    while lo > floor && usable(lo - 1).is_some() {
-        lo -= 1;
-    }
-    let Some(first) = usable(lo) else {
+    let lo = first_usable(region, topic, committed);
+    let Some(first) = usable_entry(region, topic, lo) else {
         return Locate::Gone {
             first: last.total_order + last.num_msg as u64,
         };
@@ -637,6 +655,46 @@ fn locate_global(region: &Region, topic: u32, pos: u64) -> Locate {
             first: first.total_order,
         };
     }
+    search_goi(region, topic, pos, lo, committed)
+}
+
+/// Nothing readable in the GOI (none committed in this region yet, or a race with a
+/// wrap): a position below the region's first one is not coming back (memory-only
+/// topics; a replicated topic's is looked for on disk), so the subscriber need not
+/// wait for new data to learn it. Every entry is at or above that first position,
+/// so naming it never skips a message.
+fn nothing_readable(seq: &TopicSeq<'_>, pos: u64) -> Locate {
+    let start = seq.start_position.load(Ordering::Acquire);
+    if pos < start {
+        Locate::Gone { first: start }
+    } else {
+        Locate::NotYet
+    }
+}
+
+/// GOI entry `g`, if it is still there and its batch is still retained by its broker.
+fn usable_entry(region: &Region, topic: u32, g: u64) -> Option<GoiEntry> {
+    region
+        .goi_read(topic, g)
+        .filter(|e| retained(region, topic, e.broker_id as u32, e.blog_offset))
+}
+
+/// The start of the GOI's readable suffix below `committed`. Brokers reclaim
+/// independently, so the readable suffix of the GOI starts above the newest entry that
+/// is no longer usable, not at the oldest usable one.
+fn first_usable(region: &Region, topic: u32, committed: u64) -> u64 {
+    let goi_slots = region.capacities().goi_slots;
+    let floor = committed.saturating_sub(goi_slots);
+    let mut lo = committed;
+    while lo > floor && usable_entry(region, topic, lo - 1).is_some() {
+        lo -= 1;
+    }
+    lo
+}
+
+/// Binary-searches GOI entries `[lo, committed)` for the one holding `pos` (which is
+/// at or past entry `lo`'s first position and below the last entry's end).
+fn search_goi(region: &Region, topic: u32, pos: u64, lo: u64, committed: u64) -> Locate {
     // Largest g in [lo, committed) whose first position is <= pos.
     let (mut a, mut b) = (lo, committed - 1);
     while a < b {
@@ -769,15 +827,7 @@ fn serve_global(
                 StartAt::Moved => continue,
             }
         }
-        // A replicated topic is read up to its durable frontier only: what a
-        // subscriber has seen survives the loss of the region.
-        let readable = match meta.replication_factor {
-            0 | 1 => region
-                .topic_seq(topic)
-                .committed_seq
-                .load(Ordering::Acquire),
-            rf => region.durable_seq(topic, rf),
-        };
+        let readable = readable_seq(region, topic, meta);
         let Some(from) = cursor.filter(|(g, _)| *g < readable) else {
             idle.wait(&bell, seen, stream)?;
             continue;
@@ -790,44 +840,78 @@ fn serve_global(
         }
         let confirmed = send_round(shared, stream, topic, true, &plan, disk.is_some(), &pin)?;
         if confirmed > 0 {
-            let last = &plan[confirmed - 1].header;
-            let pinned = last.first_position + last.num_msg as u64;
-            // The pin never passes what was sent: the first batch not confirmed (sent
-            // again) starts where the confirmed ones end.
-            assert!(
-                plan.get(confirmed)
-                    .is_none_or(|p| p.header.first_position >= pinned),
-                "topic {topic}: pin {pinned} passes the unconfirmed batch at GOI {}",
-                plan[confirmed].header.batch_position
-            );
-            let previous = pin.set(0, pinned);
-            // A pin moves only past what was sent and confirmed: the round started at or
-            // after it (in the batch holding the start position, on the first round).
-            // Back, it would let a reclamation pass that read the higher pin free what
-            // it now names.
-            assert!(
-                pinned >= previous,
-                "topic {topic}: the pin would go back from {previous} to {pinned}"
-            );
+            advance_pin(&pin, topic, &plan, confirmed);
         }
-        let next = match plan.get(confirmed) {
-            // Reclaimed while being sent: send it again, from disk.
-            Some(p) => (p.header.batch_position, p.header.skip),
-            None => (g, 0),
-        };
-        // The cursor moves on by what was confirmed, and back to nothing already sent.
-        assert!(
-            next.0 == from.0 + confirmed as u64,
-            "topic {topic}: the cursor would go from GOI {} to {} after {confirmed} batches",
-            from.0,
-            next.0
-        );
-        cursor = Some(next);
+        cursor = Some(next_cursor(topic, &plan, confirmed, from, g));
         if let Some(d) = disk.as_mut() {
             d.recycle(plan);
         }
     }
     Ok(())
+}
+
+/// The GOI index below which a subscriber of an order 2 or 5 topic may read: a
+/// replicated topic is read up to its durable frontier only, so that what a subscriber
+/// has seen survives the loss of the region.
+#[inline]
+fn readable_seq(region: &Region, topic: u32, meta: &TopicMeta) -> u64 {
+    match meta.replication_factor {
+        0 | 1 => region
+            .topic_seq(topic)
+            .committed_seq
+            .load(Ordering::Acquire),
+        rf => region.durable_seq(topic, rf),
+    }
+}
+
+/// Moves the pin past the first `confirmed` (at least one) batches of a global round.
+#[inline]
+fn advance_pin(pin: &Pin<'_>, topic: u32, plan: &[Planned], confirmed: usize) {
+    let last = &plan[confirmed - 1].header;
+    let pinned = last.first_position + last.num_msg as u64;
+    // The pin never passes what was sent: the first batch not confirmed (sent
+    // again) starts where the confirmed ones end.
+    assert!(
+        plan.get(confirmed)
+            .is_none_or(|p| p.header.first_position >= pinned),
+        "topic {topic}: pin {pinned} passes the unconfirmed batch at GOI {}",
+        plan[confirmed].header.batch_position
+    );
+    let previous = pin.set(0, pinned);
+    // A pin moves only past what was sent and confirmed: the round started at or
+    // after it (in the batch holding the start position, on the first round).
+    // Back, it would let a reclamation pass that read the higher pin free what
+    // it now names.
+    assert!(
+        pinned >= previous,
+        "topic {topic}: the pin would go back from {previous} to {pinned}"
+    );
+}
+
+/// Where a global subscription reads next after a round from `from` that planned up to
+/// GOI index `g` and had `confirmed` batches confirmed: the GOI index and the messages
+/// to skip in its batch.
+#[inline]
+fn next_cursor(
+    topic: u32,
+    plan: &[Planned],
+    confirmed: usize,
+    from: (u64, u32),
+    g: u64,
+) -> (u64, u32) {
+    let next = match plan.get(confirmed) {
+        // Reclaimed while being sent: send it again, from disk.
+        Some(p) => (p.header.batch_position, p.header.skip),
+        None => (g, 0),
+    };
+    // The cursor moves on by what was confirmed, and back to nothing already sent.
+    assert!(
+        next.0 == from.0 + confirmed as u64,
+        "topic {topic}: the cursor would go from GOI {} to {} after {confirmed} batches",
+        from.0,
+        next.0
+    );
+    next
 }
 
 /// What looking for a global subscription's start found.
@@ -961,6 +1045,30 @@ fn plan_in_memory(
     })
 }
 
+/// The delivery of disk record `h`, whose payload was read into `buf` (kept with it, so
+/// `ptr` stays valid): nothing to re-check after sending it.
+fn disk_planned(h: &RecordHeader, buf: Vec<u8>, order: u8) -> Planned {
+    Planned {
+        header: DeliveryHeader {
+            batch_position: h.seq,
+            first_position: h.total_order,
+            client_id: h.client_id,
+            batch_seq: h.client_seq,
+            num_msg: h.num_msg,
+            skip: 0,
+            broker_id: h.broker_id,
+            order,
+            payload_len: h.payload_len,
+            session_epoch: h.session_epoch,
+        },
+        ptr: buf.as_ptr(),
+        broker: h.broker_id as u32,
+        log_offset: 0,
+        token_index: h.seq,
+        owned: Some(buf),
+    }
+}
+
 /// A replicated topic's log on disk, for positions that have left memory. Reads one
 /// replica at a time, and looks at the others whenever the one it reads no longer holds
 /// a position: retention runs on each replica on its own schedule, so a position one of
@@ -1077,18 +1185,8 @@ impl DiskLog {
         if seq >= durable {
             return Ok(None);
         }
-        if self.next_seq != Some(seq) {
-            match self.seek(|r| r.seek_seq(seq, durable))? {
-                DiskSeek::At { .. } => {}
-                DiskSeek::Gone { first_position } => {
-                    return Err(Refusal::new(
-                        ErrorCode::PositionNotRetained,
-                        format!("the subscriber fell behind: batch {seq} of the log is no longer retained; the first available position is {first_position}; subscribe again with --from {first_position}"),
-                    )
-                    .into())
-                }
-                DiskSeek::Beyond => return Ok(None),
-            }
+        if self.next_seq != Some(seq) && !self.seek_record(seq, durable)? {
+            return Ok(None);
         }
         let mut buf = self.spare.pop().unwrap_or_default();
         let h = match self.readers[self.current].next(durable, &mut buf) {
@@ -1127,25 +1225,23 @@ impl DiskLog {
             h.payload_len as usize,
             "record {seq} read into a buffer of another length"
         );
-        Ok(Some(Planned {
-            header: DeliveryHeader {
-                batch_position: h.seq,
-                first_position: h.total_order,
-                client_id: h.client_id,
-                batch_seq: h.client_seq,
-                num_msg: h.num_msg,
-                skip: 0,
-                broker_id: h.broker_id,
-                order,
-                payload_len: h.payload_len,
-                session_epoch: h.session_epoch,
-            },
-            ptr: buf.as_ptr(),
-            broker: h.broker_id as u32,
-            log_offset: 0,
-            token_index: h.seq,
-            owned: Some(buf),
-        }))
+        Ok(Some(disk_planned(&h, buf, order)))
+    }
+
+    /// Puts a replica's cursor on record `seq`; false when no replica has it yet (wait).
+    /// A record no replica retains any more ends the subscription.
+    fn seek_record(&mut self, seq: u64, durable: u64) -> Result<bool, End> {
+        match self.seek(|r| r.seek_seq(seq, durable))? {
+            DiskSeek::At { .. } => Ok(true),
+            DiskSeek::Gone { first_position } => {
+                Err(Refusal::new(
+                    ErrorCode::PositionNotRetained,
+                    format!("the subscriber fell behind: batch {seq} of the log is no longer retained; the first available position is {first_position}; subscribe again with --from {first_position}"),
+                )
+                .into())
+            }
+            DiskSeek::Beyond => Ok(false),
+        }
     }
 
     /// Keeps the buffers of a sent round for the next disk reads.

@@ -182,6 +182,17 @@ struct Pending {
     entry: Option<GoiEntry>,
 }
 
+/// Where ordering one broker's buffered slots in an epoch merge stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MergeStop {
+    /// Every buffered slot was ordered: the merge goes on with the next broker.
+    Drained,
+    /// The next batch would pass the topic's position ceiling.
+    Ceiling,
+    /// The GOI has no free slot for the next batch (a stall).
+    GoiFull,
+}
+
 /// Takes a topic's scanned slots until an epoch orders them. One implementation per
 /// ordering mode; the scan loop is generic over it, so it is compiled once per mode and
 /// the mode is chosen once per topic per scan, never per slot.
@@ -876,45 +887,17 @@ impl Core {
         let start = t.tail;
         let ceiling = region.position_ceiling(t.topic).load(Ordering::Acquire);
         let mut ordered_upto: Vec<Option<u64>> = vec![None; m.buffers.len()];
-        let (mut stalled, mut at_ceiling) = (false, false);
+        let mut stop = MergeStop::Drained;
         let writing = Instant::now();
         for (broker, buffer) in m.buffers.iter_mut().enumerate() {
-            let mut used = 0;
-            for p in buffer.iter() {
-                if let Some(e) = p.entry {
-                    if !self.below_ceiling(t.tail, &e, ceiling) {
-                        at_ceiling = true;
-                        break;
-                    }
-                    if !self.goi_slot_free(t.topic, t.tail.committed, goi_slots) {
-                        stalled = true;
-                        break;
-                    }
-                    t.tail
-                        .append(region, t.topic, broker as u32, p.pbr_index, e);
-                }
-                ordered_upto[broker] = Some(p.pbr_index + 1);
-                used += 1;
-            }
-            buffer.drain(..used);
-            // What stays buffered continues right after what was ordered: the merge
-            // takes each broker's slots as one prefix, none skipped.
-            assert!(
-                buffer
-                    .first()
-                    .zip(ordered_upto[broker])
-                    .is_none_or(|(next, upto)| next.pbr_index == upto),
-                "topic {}, broker {broker}: ordered up to {:?} but {:?} is next",
-                t.topic,
-                ordered_upto[broker],
-                buffer.first().map(|p| p.pbr_index)
-            );
-            if stalled || at_ceiling {
+            let upto = &mut ordered_upto[broker];
+            stop = self.merge_buffer(t, broker, buffer, upto, ceiling, goi_slots);
+            if stop != MergeStop::Drained {
                 break;
             }
         }
         let goi_write = writing.elapsed();
-        if stalled {
+        if stop == MergeStop::GoiFull {
             self.metrics.goi_full_stalls.fetch_add(1, Ordering::Relaxed);
         }
         if t.tail == start && ordered_upto.iter().all(Option::is_none) {
@@ -924,6 +907,62 @@ impl Core {
         self.publish(t.topic, start, t.tail);
         // Counted and announced before any acknowledgement can go out.
         self.announce(t.topic, t.replicated, start, t.tail);
+        self.advance_ordered_pbr(t, &ordered_upto);
+        goi_write
+    }
+
+    /// Orders the prefix of `broker`'s buffered slots that fits: up to the topic's
+    /// position `ceiling` and while the GOI (of `goi_slots` entries) has room. Takes the
+    /// ordered slots out of `buffer`; `upto` becomes the PBR index past the last one.
+    #[inline]
+    fn merge_buffer(
+        &self,
+        t: &mut TopicLine,
+        broker: usize,
+        buffer: &mut Vec<Pending>,
+        upto: &mut Option<u64>,
+        ceiling: u64,
+        goi_slots: u64,
+    ) -> MergeStop {
+        let region = &self.region;
+        let mut stop = MergeStop::Drained;
+        let mut used = 0;
+        for p in buffer.iter() {
+            if let Some(e) = p.entry {
+                if !self.below_ceiling(t.tail, &e, ceiling) {
+                    stop = MergeStop::Ceiling;
+                    break;
+                }
+                if !self.goi_slot_free(t.topic, t.tail.committed, goi_slots) {
+                    stop = MergeStop::GoiFull;
+                    break;
+                }
+                t.tail
+                    .append(region, t.topic, broker as u32, p.pbr_index, e);
+            }
+            *upto = Some(p.pbr_index + 1);
+            used += 1;
+        }
+        buffer.drain(..used);
+        // What stays buffered continues right after what was ordered: the merge
+        // takes each broker's slots as one prefix, none skipped.
+        assert!(
+            buffer
+                .first()
+                .zip(*upto)
+                .is_none_or(|(next, upto)| next.pbr_index == upto),
+            "topic {}, broker {broker}: ordered up to {:?} but {:?} is next",
+            t.topic,
+            *upto,
+            buffer.first().map(|p| p.pbr_index)
+        );
+        stop
+    }
+
+    /// Tells each broker how far the epoch ordered its log (`ordered_upto`, by broker:
+    /// the PBR index past the last slot ordered, `None` if none was), and wakes it.
+    fn advance_ordered_pbr(&self, t: &TopicLine, ordered_upto: &[Option<u64>]) {
+        let region = &self.region;
         for (broker, upto) in ordered_upto.iter().enumerate() {
             if let Some(upto) = upto {
                 // Only scanned slots are ordered: brokers reclaim below this.
@@ -941,7 +980,6 @@ impl Core {
                 region.broker_bell(broker as u32).ring();
             }
         }
-        goi_write
     }
 
     /// Confirms each fence once this topic's GOI holds every slot of the fenced log

@@ -3,7 +3,7 @@
 //! fencing rules live here: the first claim of an attempt wins, and a result, expiry or
 //! decision about any attempt but the current one in the state it expects is refused.
 
-use crate::event::{Event, StepRef};
+use crate::event::{Checkpoint, Event, Outcome, StepRef};
 use crate::machine::StepState;
 use crate::state::{expired, Rejected, Returned, Step};
 
@@ -17,7 +17,6 @@ pub(crate) struct At {
 }
 
 pub(crate) fn apply(step: &mut Step, event: &Event, at: At) -> Result<(), Rejected> {
-    use StepState::*;
     match event {
         Event::StepEnqueued(r) => enqueue(step, r, &at),
         Event::StepClaimed { at: r, worker } => claim(step, r, worker, &at),
@@ -25,65 +24,24 @@ pub(crate) fn apply(step: &mut Step, event: &Event, at: At) -> Result<(), Reject
             at: r,
             worker,
             outcome,
-        } => {
-            expect(step, r, "result", InProgress)?;
-            if step.worker.as_deref() != Some(worker) {
-                return Err(lost(step, r, worker));
-            }
-            returned(step, outcome.into(), &at);
-            Ok(())
-        }
+        } => record_result(step, r, worker, outcome, &at),
         Event::StepCheckpoint {
             at: r,
             worker,
             checkpoint,
-        } => {
-            expect(step, r, "checkpoint", InProgress)?;
-            if step.worker.as_deref() != Some(worker) {
-                return Err(lost(step, r, worker));
-            }
-            step.checkpoint = Some(checkpoint.clone());
-            Ok(())
-        }
+        } => save_checkpoint(step, r, worker, checkpoint),
         Event::StepExpired { at: r, reason } => {
-            expect(step, r, "expiry", InProgress)?;
+            expect(step, r, "expiry", StepState::InProgress)?;
             returned(step, expired(*reason, at.timeout_s), &at);
             Ok(())
         }
-        Event::StepCompleted(r) => {
-            expect(step, r, "completion", EnqueuedForOrchestration)?;
-            // Checked before the returned attempt is taken: a refused completion must
-            // leave it for the orchestrator (taking it first dropped a lost lease or a
-            // failure, and the step was dead-lettered instead of retried).
-            if !matches!(step.returned, Some(Returned::Success(_))) {
-                return Err(superseded(
-                    step,
-                    r,
-                    "completion of an attempt that did not succeed",
-                ));
-            }
-            let Some(Returned::Success(value)) = step.returned.take() else {
-                unreachable!("checked above")
-            };
-            step.result = Some(value);
-            step.enter(Complete, at.position, at.ts);
-            Ok(())
-        }
-        Event::RetryScheduled { at: r, due_ms } => {
-            expect(step, r, "retry", EnqueuedForOrchestration)?;
-            if matches!(step.returned, Some(Returned::Success(_))) {
-                return Err(superseded(step, r, "retry of an attempt that succeeded"));
-            }
-            step.returned = None;
-            step.retry_due_ms = Some(*due_ms);
-            step.enter(WaitingForRetry, at.position, at.ts);
-            Ok(())
-        }
+        Event::StepCompleted(r) => complete(step, r, &at),
+        Event::RetryScheduled { at: r, due_ms } => schedule_retry(step, r, *due_ms, &at),
         Event::StepErrored { at: r, reason } => {
-            expect(step, r, "error", EnqueuedForOrchestration)?;
+            expect(step, r, "error", StepState::EnqueuedForOrchestration)?;
             step.returned = None;
             step.last_error = Some(reason.clone());
-            step.enter(Error, at.position, at.ts);
+            step.enter(StepState::Error, at.position, at.ts);
             Ok(())
         }
         Event::StepStale {
@@ -93,6 +51,75 @@ pub(crate) fn apply(step: &mut Step, event: &Event, at: At) -> Result<(), Reject
         } => stale(step, r, *state, reason, &at),
         other => unreachable!("not a step event: {other:?}"),
     }
+}
+
+/// A worker's handler finished the attempt it holds the claim of.
+fn record_result(
+    step: &mut Step,
+    r: &StepRef,
+    worker: &str,
+    outcome: &Outcome,
+    at: &At,
+) -> Result<(), Rejected> {
+    expect(step, r, "result", StepState::InProgress)?;
+    claim_held(step, r, worker)?;
+    returned(step, outcome.into(), at);
+    Ok(())
+}
+
+/// A worker's handler saved how far it got in the attempt it holds the claim of.
+fn save_checkpoint(
+    step: &mut Step,
+    r: &StepRef,
+    worker: &str,
+    checkpoint: &Checkpoint,
+) -> Result<(), Rejected> {
+    expect(step, r, "checkpoint", StepState::InProgress)?;
+    claim_held(step, r, worker)?;
+    step.checkpoint = Some(checkpoint.clone());
+    Ok(())
+}
+
+/// The orchestrator accepted the attempt's success: the step is complete with its value.
+fn complete(step: &mut Step, r: &StepRef, at: &At) -> Result<(), Rejected> {
+    expect(step, r, "completion", StepState::EnqueuedForOrchestration)?;
+    // Checked before the returned attempt is taken: a refused completion must
+    // leave it for the orchestrator (taking it first dropped a lost lease or a
+    // failure, and the step was dead-lettered instead of retried).
+    if !matches!(step.returned, Some(Returned::Success(_))) {
+        return Err(superseded(
+            step,
+            r,
+            "completion of an attempt that did not succeed",
+        ));
+    }
+    let Some(Returned::Success(value)) = step.returned.take() else {
+        unreachable!("checked above")
+    };
+    step.result = Some(value);
+    step.enter(StepState::Complete, at.position, at.ts);
+    Ok(())
+}
+
+/// The orchestrator will enqueue the next attempt at `due_ms`; an attempt that
+/// succeeded is not retried.
+fn schedule_retry(step: &mut Step, r: &StepRef, due_ms: u64, at: &At) -> Result<(), Rejected> {
+    expect(step, r, "retry", StepState::EnqueuedForOrchestration)?;
+    if matches!(step.returned, Some(Returned::Success(_))) {
+        return Err(superseded(step, r, "retry of an attempt that succeeded"));
+    }
+    step.returned = None;
+    step.retry_due_ms = Some(due_ms);
+    step.enter(StepState::WaitingForRetry, at.position, at.ts);
+    Ok(())
+}
+
+/// Only the worker whose claim won may report on the attempt.
+fn claim_held(step: &Step, r: &StepRef, worker: &str) -> Result<(), Rejected> {
+    if step.worker.as_deref() != Some(worker) {
+        return Err(lost(step, r, worker));
+    }
+    Ok(())
 }
 
 /// A `lifecycle` threshold passed: the attempt fails for good, if it is still where

@@ -232,30 +232,11 @@ impl Inner {
             self.seal(b)?;
         }
         if b.num_msg == 0 {
-            debug_assert!(b.ring.is_none() && b.buf.is_empty());
-            let mut queue = b.round_robin;
-            b.ring = self.lend_for(&mut queue, stride);
-            b.round_robin = queue;
-            // One clock read per batch, not per message: a read costs 100+ ns where the
-            // kernel cannot serve it from the vDSO (this project's VMs), which was 9% of
-            // a publish-only run. Every message carries its batch's opening time, which
-            // overstates its end-to-end latency by at most the batch's linger; on a fixed
-            // schedule, the first message's due time, so end-to-end latency does not
-            // excuse a late publish either.
-            let late = due.map_or(0, |d| d.elapsed().as_nanos() as u64);
-            b.opened_ns = now_ns().saturating_sub(late);
+            self.open_new_batch(b, stride, due);
         }
-        // On a schedule, each message carries its own due time (the batch's opening
-        // time plus its offset in the schedule, so still no clock read).
-        let publish_ts_ns = match (due, b.first_due) {
-            (Some(due), Some(first)) if b.num_msg > 0 => {
-                b.opened_ns + due.saturating_duration_since(first).as_nanos() as u64
-            }
-            _ => b.opened_ns,
-        };
         let header = BlogMessageHeader {
             size: payload.len() as u32,
-            publish_ts_ns,
+            publish_ts_ns: publish_ts_ns(b, due),
             counter: b.messages,
             client_id: self.client_id,
             ..Default::default()
@@ -265,44 +246,89 @@ impl Inner {
         b.push(&encoded, payload, stride);
         b.num_msg += 1;
         if b.num_msg == 1 {
-            let now = Instant::now();
-            b.first_at = Some(now);
-            b.first_due = due.map(|d| d.min(now));
-            b.dues.clear();
-            // The sender of the queue this batch is due on times its linger.
-            // (Past `OpenBatch`'s 16 bits of queue index, only the backstop seals.)
-            if let Some(owner) = self
-                .live_queue_from(b.round_robin)
-                .filter(|&o| o < OpenBatch::MAX_OWNER)
-            {
-                let open = OpenBatch {
-                    owner,
-                    deadline: now + self.config.linger,
-                };
-                self.open_batch
-                    .store(open.encode(self.created), Ordering::Release);
-                // Under load batches fill before their linger runs out and the wake-up
-                // would be wasted: each idle sender looks at the open batch anyway
-                // before it waits, and at least every `SENDER_IDLE_WAIT`.
-                if b.lingered_last {
-                    let _ = self.queues[owner].wake.0.try_send(());
-                }
-            }
+            self.start_linger(b, due);
         }
-        match due {
-            Some(due) if b.dues.len() + 1 == b.num_msg as usize => {
-                let due = due.max(b.first_due.expect("set by the batch's first message"));
-                b.dues.push(due);
-            }
-            // A message without a due time: the batch falls back to its first message's.
-            _ => b.dues.clear(),
-        }
+        track_due(b, due);
         b.messages += 1;
         b.bytes += payload.len() as u64;
         if b.len() >= self.config.batch_bytes {
             self.seal(b)?;
         }
         Ok(())
+    }
+
+    /// Opens a batch for a first message of `stride` bytes: in a span of a channel's
+    /// ring if one is lent, and with the opening time every message of it carries.
+    #[inline]
+    fn open_new_batch(&self, b: &mut Builder, stride: usize, due: Option<Instant>) {
+        debug_assert!(b.ring.is_none() && b.buf.is_empty());
+        let mut queue = b.round_robin;
+        b.ring = self.lend_for(&mut queue, stride);
+        b.round_robin = queue;
+        // One clock read per batch, not per message: a read costs 100+ ns where the
+        // kernel cannot serve it from the vDSO (this project's VMs), which was 9% of
+        // a publish-only run. Every message carries its batch's opening time, which
+        // overstates its end-to-end latency by at most the batch's linger; on a fixed
+        // schedule, the first message's due time, so end-to-end latency does not
+        // excuse a late publish either.
+        let late = due.map_or(0, |d| d.elapsed().as_nanos() as u64);
+        b.opened_ns = now_ns().saturating_sub(late);
+    }
+
+    /// The batch's first message was appended: its linger starts now, and the sender of
+    /// the queue it is due on learns its deadline.
+    #[inline]
+    fn start_linger(&self, b: &mut Builder, due: Option<Instant>) {
+        let now = Instant::now();
+        b.first_at = Some(now);
+        b.first_due = due.map(|d| d.min(now));
+        b.dues.clear();
+        // The sender of the queue this batch is due on times its linger.
+        // (Past `OpenBatch`'s 16 bits of queue index, only the backstop seals.)
+        if let Some(owner) = self
+            .live_queue_from(b.round_robin)
+            .filter(|&o| o < OpenBatch::MAX_OWNER)
+        {
+            let open = OpenBatch {
+                owner,
+                deadline: now + self.config.linger,
+            };
+            self.open_batch
+                .store(open.encode(self.created), Ordering::Release);
+            // Under load batches fill before their linger runs out and the wake-up
+            // would be wasted: each idle sender looks at the open batch anyway
+            // before it waits, and at least every `SENDER_IDLE_WAIT`.
+            if b.lingered_last {
+                let _ = self.queues[owner].wake.0.try_send(());
+            }
+        }
+    }
+}
+
+/// The publish timestamp of the message being appended to the open batch: the batch's
+/// opening time. On a schedule, each message carries its own due time (the batch's
+/// opening time plus its offset in the schedule, so still no clock read).
+#[inline]
+fn publish_ts_ns(b: &Builder, due: Option<Instant>) -> u64 {
+    match (due, b.first_due) {
+        (Some(due), Some(first)) if b.num_msg > 0 => {
+            b.opened_ns + due.saturating_duration_since(first).as_nanos() as u64
+        }
+        _ => b.opened_ns,
+    }
+}
+
+/// Keeps [`Builder::dues`] for the message just appended (`b.num_msg` counts it): its
+/// due time while every message of the batch has one.
+#[inline]
+fn track_due(b: &mut Builder, due: Option<Instant>) {
+    match due {
+        Some(due) if b.dues.len() + 1 == b.num_msg as usize => {
+            let due = due.max(b.first_due.expect("set by the batch's first message"));
+            b.dues.push(due);
+        }
+        // A message without a due time: the batch falls back to its first message's.
+        _ => b.dues.clear(),
     }
 }
 
