@@ -105,6 +105,10 @@ pub struct BenchArgs {
     /// [default: 8 MiB].
     #[arg(long)]
     pub shm_feed_bytes: Option<u64>,
+    /// Bytes of each publishing connection's shared-memory data ring (the publisher's
+    /// `shm_ring_bytes`; a power of two, 64 KiB to 1 GiB) [default: 8 MiB].
+    #[arg(long)]
+    pub shm_ring_bytes: Option<usize>,
     /// Directory for the embedded server's region file; tmpfs keeps the kernel from
     /// writing the region back to disk. Default: /dev/shm when it exists.
     #[arg(long)]
@@ -1107,6 +1111,7 @@ fn common_figures(
         "linger_us": args.linger_us,
         "epoch_us": args.epoch_us,
         "shm_feed_bytes": args.shm_feed_bytes,
+        "shm_ring_bytes": args.shm_ring_bytes,
         "deflect": !args.no_deflect,
         "prefault": !args.no_prefault,
         "slow_queue": std::env::var("EMBARCADERO_SLOW_CONSUMER_QUEUE").ok(),
@@ -1295,6 +1300,9 @@ fn connect_publishers(
         linger: Duration::from_micros(args.linger_us),
         threads_per_broker: args.threads_per_broker,
         deflect: !args.no_deflect,
+        shm_ring_bytes: args
+            .shm_ring_bytes
+            .unwrap_or(PublisherConfig::default().shm_ring_bytes),
         ..PublisherConfig::default()
     };
     (0..args.publishers.max(1))
