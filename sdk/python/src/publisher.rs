@@ -45,6 +45,22 @@ impl Payload {
     }
 }
 
+/// A ``str``, ``bytes`` or ``bytearray`` given to ``publish_many`` is one message, not
+/// many: iterated, it would publish each character or byte as a message of its own.
+fn refuse_one_message(messages: &Bound<'_, PyAny>) -> PyResult<()> {
+    let one = messages.is_instance_of::<PyString>()
+        || messages.is_instance_of::<PyBytes>()
+        || messages.is_instance_of::<PyByteArray>();
+    if !one {
+        return Ok(());
+    }
+    Err(PyTypeError::new_err(format!(
+        "publish_many takes an iterable of messages, not one {}: use publish(message), \
+         or publish_many([message])",
+        messages.get_type().name()?
+    )))
+}
+
 /// Publishes to topic ``topic`` through every broker of the cluster whose control plane is
 /// at ``control`` (or, with ``brokers``, straight to those broker addresses, no failover).
 ///
@@ -233,8 +249,10 @@ impl Publisher {
     /// Publishes every message of ``messages`` (an iterable of ``bytes``, ``bytearray``
     /// or ``str``) in order, crossing into the client once for all of them. Returns how
     /// many were published. On an error, the messages before the failing one were
-    /// published.
+    /// published. A single ``str``, ``bytes`` or ``bytearray`` raises ``TypeError``: it
+    /// is one message (see :meth:`publish`), not an iterable of them.
     fn publish_many(&self, py: Python<'_>, messages: &Bound<'_, PyAny>) -> PyResult<usize> {
+        refuse_one_message(messages)?;
         let payloads: Vec<Payload> = match messages.downcast::<PyList>() {
             Ok(list) => list
                 .iter()

@@ -52,6 +52,16 @@ def test_a_message_over_the_maximum_is_refused(server, topic_name):
         p.publish(b"x" * p.max_message_bytes)
 
 
+def test_publish_many_refuses_a_single_message_instead_of_splitting_it(server, topic_name):
+    Admin(server.control).create_topic(topic_name)
+    with Publisher(server.control, topic_name) as p:
+        for one in ("abc", b"abc", bytearray(b"abc")):
+            with pytest.raises(TypeError, match="publish_many takes an iterable of messages"):
+                p.publish_many(one)
+        assert p.stats()["messages"] == 0, "nothing of a refused call is published"
+        assert p.publish_many(["abc"]) == 1
+
+
 def test_a_closed_publisher_refuses_everything_but_stats(server, topic_name):
     Admin(server.control).create_topic(topic_name)
     p = Publisher(server.control, topic_name)

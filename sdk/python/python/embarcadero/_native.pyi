@@ -219,7 +219,9 @@ class Publisher:
         once closed."""
     def publish_many(self, messages: Iterable[Payload]) -> int:
         """Publishes every message in order, crossing into the client once; returns how
-        many. On an error, those before the failing one were published."""
+        many. On an error, those before the failing one were published. A single
+        ``str``, ``bytes`` or ``bytearray`` is refused with ``TypeError`` (it would be split
+        into one message per character or byte): use :meth:`publish` for one message."""
     def flush(self) -> None:
         """Waits until everything published so far is acknowledged at ``ack_level``."""
     def close(self) -> PublisherStats:
