@@ -311,21 +311,20 @@ pub(crate) fn read_cursors(
     let mut cursors = Vec::new();
     if hello.cursor_count != 0 {
         if meta.order >= 2 || hello.cursor_count != shared.region.capacities().brokers {
-            return Err(Refusal::new(
-                ErrorCode::BadCursor,
+            let brokers = shared.region.capacities().brokers;
+            let (sent, name, order) = (hello.cursor_count, &meta.name, meta.order);
+            let message = if order >= 2 {
                 format!(
-                    "{} per-broker cursors sent; topic {:?} (order {}) takes {}",
-                    hello.cursor_count,
-                    meta.name,
-                    meta.order,
-                    if meta.order >= 2 {
-                        0
-                    } else {
-                        shared.region.capacities().brokers
-                    }
-                ),
-            )
-            .into());
+                    "{sent} per-broker positions sent, but topic {name:?} (order {order}) is \
+                     read from one global position: start from a single number"
+                )
+            } else {
+                format!(
+                    "{sent} per-broker positions sent; topic {name:?} (order {order}) takes \
+                     one per broker, {brokers}"
+                )
+            };
+            return Err(Refusal::new(ErrorCode::BadCursor, message).into());
         }
         let mut raw = vec![0u8; 8 * hello.cursor_count as usize];
         stream.read_exact(&mut raw)?;

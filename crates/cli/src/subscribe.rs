@@ -140,33 +140,20 @@ fn end_of_topic(args: &SubArgs, sub: &Subscriber) -> Result<Cursor, String> {
     }
 }
 
-/// `cursor` in the form the topic's order needs (a single 0, or a single position on a
-/// one-broker server, works for per-broker positions too), or an error that says which.
+/// `cursor` in the form the topic's order needs, or an error that says which.
 fn fitted_cursor(args: &SubArgs, sub: &Subscriber, cursor: Cursor) -> Result<Cursor, String> {
-    let ordered = sub.order() >= 2;
-    let brokers = broker_count(sub);
-    match (cursor, ordered) {
-        (Cursor::Global(0), false) => Ok(Cursor::PerBroker(vec![0; brokers])),
-        (Cursor::Global(p), false) if brokers == 1 => Ok(Cursor::PerBroker(vec![p])),
-        (Cursor::Global(p), false) => Err(format!(
-            "topic {} has order {}: positions are per broker; use --from with one position per broker, e.g. --from {}",
-            args.topic,
-            sub.order(),
-            vec![p.to_string(); brokers].join(",")
-        )),
-        (Cursor::PerBroker(v), true) => Err(format!(
-            "topic {} has order {}: positions are global; use --from with one position, e.g. --from {}",
-            args.topic,
-            sub.order(),
-            v.first().copied().unwrap_or(0)
-        )),
-        (Cursor::PerBroker(v), false) if v.len() != brokers => Err(format!(
-            "--from gives {} positions; topic {} has {brokers} brokers: give one position per broker, e.g. --from {}",
-            v.len(),
-            args.topic,
-            vec!["0"; brokers].join(",")
-        )),
-        (c, _) => Ok(c),
+    sub.fit(cursor)
+        .map_err(|m| m.explain(&args.topic, "--from", from_flag))
+}
+
+/// `cursor` as `--from` takes it.
+fn from_flag(cursor: &Cursor) -> String {
+    match cursor {
+        Cursor::Global(p) => format!("--from {p}"),
+        Cursor::PerBroker(v) => {
+            let v: Vec<String> = v.iter().map(u64::to_string).collect();
+            format!("--from {}", v.join(","))
+        }
     }
 }
 

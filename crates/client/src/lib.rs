@@ -8,6 +8,7 @@
 
 mod admin;
 mod conn;
+mod cursor_fit;
 mod delivery;
 mod publisher;
 mod read_ahead;
@@ -19,6 +20,7 @@ pub use admin::{
     MemberState, MemberView, RatesReport, ReaderLag, ReplicaError, SequencerLease, SequencerStats,
     ServiceInfo, StatusReport, TopicHealth, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
 };
+pub use cursor_fit::CursorMismatch;
 pub use delivery::SharedBatch;
 pub use publisher::{LatencySummary, Publisher, PublisherConfig, PublisherStats, QueueStats};
 pub use read_ahead::{Collect, Polled, ReadAhead, SubscriberStatus};

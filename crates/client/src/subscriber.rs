@@ -251,8 +251,9 @@ impl Subscriber {
     /// the beginning, found no longer retained (a memory-only topic reclaims what every
     /// reader had passed) and so started after. Known from the broker's HelloOk
     /// (`first_retained`) before anything is delivered, and from the first delivery;
-    /// `None` when nothing was skipped. A subscription from an explicit position never
-    /// skips: it gets `PositionNotRetained` instead.
+    /// `None` when nothing was skipped. A subscription from an explicit position (given
+    /// at the start or by [`Self::seek`]) never skips: it gets `PositionNotRetained`
+    /// instead.
     pub fn skipped(&self) -> Option<(u64, u64)> {
         self.skipped
     }
@@ -297,8 +298,11 @@ impl Subscriber {
 
     /// Continues from `cursor`, discarding anything buffered.
     pub fn seek(&mut self, cursor: Cursor) -> Result<()> {
-        // An explicit position: if it is gone, the caller must hear so.
+        // An explicit position: if it is gone, the caller must hear so, and nothing is
+        // skipped from it (what an earlier start from the beginning skipped no longer
+        // describes this subscription).
         self.from_first_retained = false;
+        self.skipped = None;
         self.restart_at(cursor)
     }
 

@@ -306,29 +306,11 @@ impl Subscriber {
         }
     }
 
-    /// `cursor` in the form the topic's order needs (0, or any position on a one-broker
-    /// server, also works per broker), or a `ConfigError` that says which form.
+    /// `cursor` in the form the topic's order needs, or a `ConfigError` that says which
+    /// (the same rules and words as the CLI's `--from`, in Python's syntax).
     fn fitted(&self, py: Python<'_>, cursor: Cursor) -> PyResult<Cursor> {
-        let (ordered, brokers) = (self.order >= 2, self.broker_count(py)?);
-        let (topic, order) = (&self.topic, self.order);
-        match (cursor, ordered) {
-            (Cursor::Global(0), false) => Ok(Cursor::PerBroker(vec![0; brokers])),
-            (Cursor::Global(p), false) if brokers == 1 => Ok(Cursor::PerBroker(vec![p])),
-            (Cursor::Global(p), false) => Err(config(format!(
-                "topic {topic} has order {order}: positions are per broker; give one position per broker, e.g. start={:?}",
-                vec![p; brokers]
-            ))),
-            (Cursor::PerBroker(v), true) => Err(config(format!(
-                "topic {topic} has order {order}: positions are global; give one position, e.g. start={}",
-                v.first().copied().unwrap_or(0)
-            ))),
-            (Cursor::PerBroker(v), false) if v.len() != brokers => Err(config(format!(
-                "start gives {} positions; topic {topic} has {brokers} brokers: give one position per broker, e.g. start={:?}",
-                v.len(),
-                vec![0; brokers]
-            ))),
-            (c, _) => Ok(c),
-        }
+        self.with_sub(py, |s| Ok(s.fit(cursor)))?
+            .map_err(|m| config(m.explain(&self.topic, "start", start_kwarg)))
     }
 
     fn seek_to(&self, py: Python<'_>, start: Start) -> PyResult<()> {
@@ -554,5 +536,13 @@ impl Subscriber {
 
     fn __repr__(&self) -> String {
         format!("Subscriber(topic={:?}, order={})", self.topic, self.order)
+    }
+}
+
+/// `cursor` as the ``start`` keyword takes it.
+fn start_kwarg(cursor: &Cursor) -> String {
+    match cursor {
+        Cursor::Global(p) => format!("start={p}"),
+        Cursor::PerBroker(v) => format!("start={v:?}"),
     }
 }

@@ -116,6 +116,21 @@ fn start_of(c: Option<NativeCursor>) -> napi::Result<Start> {
     }
 }
 
+/// `cursor` in the form the topic's order needs, or a `ConfigError` that says which (the
+/// CLI's words for `--from`, in this package's syntax).
+fn fitted(sub: &Subscriber, topic: &str, cursor: Cursor) -> Result<Cursor, Error> {
+    sub.fit(cursor)
+        .map_err(|m| Error::Config(m.explain(topic, "from", from_option)))
+}
+
+/// `cursor` as the `from` option takes it.
+fn from_option(cursor: &Cursor) -> String {
+    match cursor {
+        Cursor::Global(p) => format!("from: {p}"),
+        Cursor::PerBroker(v) => format!("from: {v:?}"),
+    }
+}
+
 fn position(p: f64) -> napi::Result<u64> {
     if p.is_finite() && p >= 0.0 && p.fract() == 0.0 && p <= 9_007_199_254_740_991.0 {
         Ok(p as u64)
@@ -196,10 +211,8 @@ pub async fn connect_subscriber(
         None => None,
     };
     let cfg = SubscriberConfig {
-        start: match &start {
-            Start::From(c) => c.clone(),
-            Start::End => None,
-        },
+        // A position is fitted to the topic's order once the broker has said which.
+        start: None,
         client_id,
         max_reconnects: config
             .max_reconnects
@@ -212,9 +225,16 @@ pub async fn connect_subscriber(
             Some(b) => Subscriber::connect_brokers(&b, &topic, cfg)?,
             None => Subscriber::connect(&control, &topic, cfg)?,
         };
-        if let Start::End = start {
-            let end = end_of_topic(&control, &topic, &sub)?;
-            sub.seek(end)?;
+        match start {
+            Start::From(None) => {}
+            Start::From(Some(c)) => {
+                let c = fitted(&sub, &topic, c)?;
+                sub.seek(c)?;
+            }
+            Start::End => {
+                let end = end_of_topic(&control, &topic, &sub)?;
+                sub.seek(end)?;
+            }
         }
         Ok(sub)
     })
@@ -295,7 +315,7 @@ impl NativeSubscriber {
         let start = start_of(Some(cursor))?;
         blocking(move || {
             let cursor = match start {
-                Start::From(Some(c)) => c,
+                Start::From(Some(c)) => reader.with_sub(|s| fitted(s, &topic, c))?,
                 // No position: the start, the first message still retained.
                 Start::From(None) => return Ok(js_cursor(&reader.seek_start()?)),
                 Start::End => reader.with_sub(|s| end_of_topic(&control, &topic, s))?,

@@ -97,6 +97,26 @@ test("an existing topic, an unknown topic and a bad name", { timeout: 30_000 }, 
       return true;
     });
   }
+  // A position of the wrong form for the topic's order: a ConfigError that says what to
+  // give instead (the CLI's words), from connect and from seek alike.
+  const perBroker = topicName("o1");
+  await admin.createTopic(perBroker, { order: 1 });
+  const wrongForm: Array<[string, () => Promise<unknown>, RegExp]> = [
+    [topic, () => Subscriber.connect(topic, { control: server.control, from: [3, 0, 0, 0] }), /positions are global; give one position, e\.g\. from: 3$/],
+    [perBroker, () => Subscriber.connect(perBroker, { control: server.control, from: 5 }), /positions are per broker; give one position per broker, e\.g\. from: \[5, 5, 5, 5\]$/],
+    [perBroker, () => Subscriber.connect(perBroker, { control: server.control, from: [1, 2] }), /from gives 2 positions; topic .* has 4 brokers/],
+  ];
+  for (const [name, connect, message] of wrongForm) {
+    await assert.rejects(connect(), (e: unknown) => {
+      assert.ok(e instanceof ConfigError, String(e));
+      assert.match(e.message, new RegExp(`topic ${name}|from gives`));
+      assert.match(e.message, message);
+      return true;
+    });
+  }
+  const ordered = await Subscriber.connect(topic, { control: server.control });
+  await assert.rejects(ordered.seek([0, 0, 0, 0]), ConfigError);
+  await ordered.close();
   await assert.rejects(admin.createTopic("../status"), (e: unknown) => {
     assert.ok(e instanceof InvalidNameError && e instanceof EmbarcaderoError);
     assert.match(e.message, /1 to 63 letters/);

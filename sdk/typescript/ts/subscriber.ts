@@ -23,7 +23,11 @@ export interface SubscriberOptions {
   control?: string;
   /** Read from these broker data addresses directly, without the control plane. */
   brokers?: string[];
-  /** Where to start (default `"start"`). */
+  /**
+   * Where to start (default `"start"`): a global position (orders 2, 5), one position per
+   * broker (orders 0, 1; `0` alone also means the start of every broker's log), `"start"`
+   * or `"end"`. A position of the wrong form for the topic's order is a `ConfigError`.
+   */
   from?: From;
   /** The subscriber's client id (default: a random one). */
   clientId?: bigint;
