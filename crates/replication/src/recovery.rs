@@ -363,6 +363,11 @@ pub fn seed(region: &Region, topic: u32, replication_factor: u8, resume: &Resume
         p.durable_position
             .advance(resume.next_position, Ordering::Release);
     }
+    seed_sessions(region, topic, replication_factor, resume);
+}
+
+/// Writes the recovered sessions into the fresh region's session table (see [`seed`]).
+fn seed_sessions(region: &Region, topic: u32, replication_factor: u8, resume: &Resume) {
     // The table keeps the most recently active sessions; the others ended (a client id
     // that comes back starts a new session, and one that reconnects is told).
     let mut recent: Vec<(&u64, &SessionMark)> = resume.sessions.iter().collect();
@@ -376,6 +381,14 @@ pub fn seed(region: &Region, topic: u32, replication_factor: u8, resume: &Resume
     }
     let now_ms = embarcadero_region::unix_ms();
     for (slot, (client_id, m)) in recent.into_iter().take(SESSION_SLOTS as usize).enumerate() {
+        tracing::debug!(
+            topic,
+            client = client_id,
+            epoch = m.epoch,
+            hwm = m.hwm,
+            last_seq = m.last_seq,
+            "order-5 session recovered"
+        );
         region.session_write(
             topic,
             slot as u32,

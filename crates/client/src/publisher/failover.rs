@@ -265,6 +265,16 @@ pub(super) fn add_broker(
             inner.max_batch
         )));
     }
+    if let Some((_, ok)) = connected
+        .iter()
+        .find(|(_, ok)| inner.order == 5 && ok.next_batch_seq < session_acked(inner))
+    {
+        let error = lost_acknowledged(inner, addr, ok.next_batch_seq);
+        // Its next batches could never be ordered: the session would wait for ever on
+        // the ones the broker lost.
+        inner.fail(&inner.queues[0].conn, error.clone());
+        return Err(error);
+    }
     let first_seqs: Vec<u64> = connected.iter().map(|(_, ok)| ok.next_batch_seq).collect();
     let queues = connected.into_iter().map(|(queue, _)| queue).collect();
     let Ok(first) = inner.queues.append(queues) else {
@@ -280,4 +290,28 @@ pub(super) fn add_broker(
         }
     }
     Ok(())
+}
+
+/// Order 5: the session's batches below this were acknowledged (each connection's ack
+/// carries the session's committed high-water mark).
+fn session_acked(inner: &Inner) -> u64 {
+    inner
+        .queues
+        .iter()
+        .map(|q| q.conn.acked.load(Ordering::Acquire))
+        .max()
+        .unwrap_or(0)
+}
+
+/// The error of a session whose joined broker `addr` knows it only up to batch
+/// `known`, below what was acknowledged: acknowledged batches were lost.
+fn lost_acknowledged(inner: &Inner, addr: &str, known: u64) -> Error {
+    Error::Broker {
+        broker: addr.to_string(),
+        code: ErrorCode::SessionExpired,
+        message: format!(
+            "the server knows this order-5 session only up to batch {known}, below the {} it acknowledged: the session ended while idle (its slot went to another session), or acknowledged batches were lost (at ack 1, a server that lost its region file loses what had not reached the disk replicas); start a new publisher (publish at ack 2 to keep acknowledged batches through such a loss)",
+            session_acked(inner)
+        ),
+    }
 }

@@ -214,14 +214,28 @@ impl Inner {
             .find(|&i| self.queues[i].is_live())
     }
 
+    /// A live queue from `due` on, or, when there is none (every broker was lost), the
+    /// publisher fails: every later call and `flush` say so. The sealed batch in hand
+    /// cannot be sent, and it is not dropped quietly: its messages were accepted (and
+    /// may have been flushed for), and at order 5 its session sequence is taken, so a
+    /// publisher that went on after dropping it would leave a gap that stalls its
+    /// session for good (session 29). Brokers that come back join a publisher that
+    /// sealed nothing meanwhile; one that did is replaced (`pub --retry-for` does).
+    fn live_queue_or_fail(&self, due: usize) -> Result<usize> {
+        if let Some(live) = self.live_queue_from(due) {
+            return Ok(live);
+        }
+        self.first_error()?;
+        self.fail(&self.queues[due].conn, Error::NoLiveBroker);
+        Err(Error::NoLiveBroker)
+    }
+
     /// Hands a sealed batch to queue `due` or, deflecting, the next live one with room;
-    /// blocks only when every live queue is full.
+    /// blocks only when every live queue is full (see [`Self::live_queue_or_fail`] for
+    /// none live).
     pub(super) fn dispatch(&self, mut sealed: Sealed, due: usize) -> Result<()> {
+        let due = self.live_queue_or_fail(due)?;
         let n = self.queues.len();
-        let Some(due) = self.live_queue_from(due) else {
-            self.first_error()?;
-            return Err(Error::NoLiveBroker);
-        };
         let tries = if self.config.deflect { n } else { 1 };
         for i in 0..tries {
             match self.queues[(due + i) % n].try_hand(sealed) {
@@ -244,12 +258,14 @@ impl Inner {
             }
             // Only the round-robin queue will do without deflection, while it lives.
             let targets: Vec<usize> = if self.config.deflect || !self.queues[due].is_live() {
+                let n = self.queues.len();
                 (0..n).filter(|&i| self.queues[i].is_live()).collect()
             } else {
                 vec![due]
             };
             if targets.is_empty() {
-                return Err(Error::NoLiveBroker);
+                self.live_queue_or_fail(due)?;
+                continue;
             }
             let mut select = Select::new();
             for &i in &targets {
