@@ -850,6 +850,99 @@ fn sequencers_elected_in_etcd_take_over_and_refuse_a_second_leader() {
     etcd.kill();
 }
 
+/// One call to etcd's JSON gateway at `url`.
+fn etcd_call(url: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
+    ureq::post(&format!("{url}/v3/{path}"))
+        .send_json(body)
+        .unwrap()
+        .into_json()
+        .unwrap()
+}
+
+/// The IDs of every lease etcd holds now.
+fn etcd_leases(url: &str) -> Vec<String> {
+    let v = etcd_call(url, "lease/leases", serde_json::json!({}));
+    v["leases"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|l| l["ID"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Polls `what` until it holds, for at most 30 s.
+fn eventually(what: &str, mut holds: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !holds() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_candidate_whose_lease_expired_while_waiting_still_wins_when_the_leader_goes() {
+    use embarcadero_server::election::{campaign, current_leader, election_key};
+    let Some((etcd, url, _etcd_dir)) = etcd() else {
+        return;
+    };
+    let key = election_key("lease-expiry");
+    let ttl = Duration::from_secs(2);
+    let leader = campaign(&url, &key, "a", ttl, &AtomicBool::new(false))
+        .unwrap()
+        .expect("the first candidate wins");
+    let kv = etcd_call(
+        &url,
+        "kv/range",
+        serde_json::json!({ "key": base64_of(&key) }),
+    );
+    let leader_lease = kv["kvs"][0]["lease"].as_str().unwrap().to_string();
+    let give_up = Arc::new(AtomicBool::new(false));
+    let candidate = {
+        let (url, key, give_up) = (url.clone(), key.clone(), give_up.clone());
+        std::thread::spawn(move || campaign(&url, &key, "b", ttl, &give_up))
+    };
+    eventually("the second candidate holds a lease", || {
+        etcd_leases(&url).len() == 2
+    });
+    // What etcd does when a lease expires: the waiting candidate's lease is gone.
+    let first = etcd_leases(&url);
+    let waiting = first.iter().find(|l| **l != leader_lease).unwrap().clone();
+    etcd_call(&url, "lease/revoke", serde_json::json!({ "ID": waiting }));
+    eventually("the candidate granted itself another lease", || {
+        let now = etcd_leases(&url);
+        now.len() == 2 && !now.contains(&waiting)
+    });
+    drop(leader); // resigns: revokes its lease, so the key goes
+    let won = candidate.join().unwrap().unwrap();
+    assert!(won.is_some(), "the candidate won once the leader went");
+    assert_eq!(current_leader(&url, &key).unwrap().as_deref(), Some("b"));
+    // A candidate that gives up takes its lease with it, at once.
+    let quitter = {
+        let (url, key, give_up) = (url.clone(), key.clone(), give_up.clone());
+        std::thread::spawn(move || campaign(&url, &key, "c", ttl, &give_up))
+    };
+    eventually("the third candidate holds a lease", || {
+        etcd_leases(&url).len() == 2
+    });
+    give_up.store(true, Ordering::Release);
+    assert!(quitter.join().unwrap().unwrap().is_none());
+    assert_eq!(
+        etcd_leases(&url).len(),
+        1,
+        "only the leader's lease is left"
+    );
+    drop(won);
+    etcd.kill();
+}
+
+/// `s` as etcd's JSON gateway takes keys (base64).
+fn base64_of(s: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
 #[test]
 fn a_paused_sequencer_is_killed_by_its_successor_before_it_writes() {
     let head = start_head(2);

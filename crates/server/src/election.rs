@@ -71,6 +71,8 @@ pub fn current_leader(endpoint: &str, key: &str) -> Result<Option<String>, Elect
 
 /// Campaigns for `key` with a lease of `ttl` until elected (returns the leadership),
 /// or until `give_up` is raised (returns `None`). `me` is written as the key's value.
+/// A candidate that gives up or fails revokes its lease at once, rather than leaving it
+/// to expire.
 pub fn campaign(
     endpoint: &str,
     key: &str,
@@ -79,42 +81,66 @@ pub fn campaign(
     give_up: &AtomicBool,
 ) -> Result<Option<Leadership>, ElectionError> {
     let ttl_s = ttl.as_secs().max(2);
-    let lease_id = grant_lease(endpoint, ttl_s)?;
-    let keep = |endpoint: &str| -> Result<bool, ElectionError> {
-        let v = call(endpoint, "lease/keepalive", json!({ "ID": lease_id }))?;
-        Ok(v["result"]["TTL"].as_str().is_some_and(|t| t != "0"))
-    };
+    let mut lease_id = grant_lease(endpoint, ttl_s)?;
+    match race(endpoint, key, me, ttl_s, &mut lease_id, give_up) {
+        Ok(true) => Ok(Some(lead(endpoint, lease_id, ttl_s))),
+        lost_or_failed => {
+            let _ = call(endpoint, "lease/revoke", json!({ "ID": lease_id }));
+            lost_or_failed.map(|_| None)
+        }
+    }
+}
+
+/// Tries to create `key` bound to the candidate's lease until it succeeds (`true`) or
+/// `give_up` is raised (`false`), keeping the lease alive meanwhile. A lease that
+/// expired while waiting (etcd was away longer than its TTL) is replaced in
+/// `lease_id`: a key cannot be bound to a lease etcd no longer has.
+fn race(
+    endpoint: &str,
+    key: &str,
+    me: &str,
+    ttl_s: u64,
+    lease_id: &mut String,
+    give_up: &AtomicBool,
+) -> Result<bool, ElectionError> {
     let poll = Duration::from_millis((ttl_s * 1000 / 10).max(50));
     loop {
         if give_up.load(Ordering::Acquire) {
-            let _ = call(endpoint, "lease/revoke", json!({ "ID": lease_id }));
-            return Ok(None);
+            return Ok(false);
         }
         let txn = call(
             endpoint,
             "kv/txn",
             json!({
                 "compare": [{"key": b64(key), "target": "CREATE", "create_revision": "0"}],
-                "success": [{"requestPut": {"key": b64(key), "value": b64(me), "lease": lease_id}}],
+                "success": [{"requestPut": {"key": b64(key), "value": b64(me), "lease": *lease_id}}],
             }),
         )?;
         if txn["succeeded"].as_bool() == Some(true) {
-            break;
+            return Ok(true);
         }
         // Someone else leads; keep our own lease alive while we wait.
-        keep(endpoint)?;
+        let kept = call(endpoint, "lease/keepalive", json!({ "ID": *lease_id }))?;
+        if kept["result"]["TTL"].as_str().is_none_or(|t| t == "0") {
+            tracing::warn!(lease = %lease_id, "the candidate's etcd lease expired; granting another");
+            *lease_id = grant_lease(endpoint, ttl_s)?;
+        }
         std::thread::sleep(poll);
     }
+}
+
+/// The leadership won with `lease_id`, its keep-alive thread started.
+fn lead(endpoint: &str, lease_id: String, ttl_s: u64) -> Leadership {
     let lost = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let keepalive = spawn_keepalive(endpoint, &lease_id, ttl_s, &lost, &stop);
-    Ok(Some(Leadership {
+    Leadership {
         endpoint: endpoint.to_string(),
         lease_id,
         lost,
         stop,
         keepalive: Some(keepalive),
-    }))
+    }
 }
 
 /// Grants the etcd lease (of `ttl_s` seconds) a candidate binds the key to; returns its
