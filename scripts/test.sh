@@ -5,8 +5,9 @@
 # package registries only) and where.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Issue 23's rule as a check: no product function over 100 lines (prints the longest).
-python3 scripts/fn-length.py 100
+# The style rule as a check: no product function over 70 lines (issue 23 set 100; every
+# function has been under 70 since session 29). Prints the longest.
+python3 scripts/fn-length.py 70
 cargo test --workspace
 # The CLI's integration tests made cargo build the `embarcadero` binary (test profile):
 # the client libraries' suites run that one, rather than a second build of every

@@ -99,35 +99,7 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
                 acked: 0,
             });
         }
-        for (topic, slot) in logs.iter_mut().enumerate() {
-            let topic = topic as u32;
-            // A log this broker never wrote holds nothing to release (and its
-            // subscribers end themselves): slots without a writer cost one load.
-            if released[topic as usize] || shared.writers[topic as usize].get().is_none() {
-                continue;
-            }
-            if region.topic_deleted(topic) {
-                // Its publishers are told in `send_acks`, its subscribers by their threads.
-                if shared.topic_conns[topic as usize].load(Ordering::SeqCst) == 0 {
-                    release_deleted(&shared, topic, slot.take());
-                    released[topic as usize] = true;
-                    progress = true;
-                }
-                continue;
-            }
-            if slot.is_none() {
-                *slot = log_state(&shared, topic);
-            }
-            let Some(st) = slot.as_mut() else {
-                continue;
-            };
-            let stages = &shared.metrics.stages;
-            let started = std::time::Instant::now();
-            progress |= advance_frontier(&shared, topic, st);
-            let advanced = StageTimes::lap(&stages.frontier, started);
-            progress |= reclaim(&shared, topic, st, marks.pressure(&shared));
-            StageTimes::lap(&stages.reclaim, advanced);
-        }
+        progress |= tend_logs(&shared, &mut logs, &mut released, &marks);
         marks.pause_or_resume(&shared);
         let started = std::time::Instant::now();
         progress |= send_acks(&shared, &logs, &mut acks, started);
@@ -138,6 +110,48 @@ pub fn run(shared: Arc<Shared>, new_conns: crossbeam_channel::Receiver<Arc<Publi
             backoff.idle(Some((&bell, seen)));
         }
     }
+}
+
+/// One pass over the logs this broker wrote: advances each one's written frontier and
+/// reclaims under pressure; releases a deleted topic's log once it has no connection
+/// left (`released` marks it, so it is not looked at again). Whether anything moved.
+fn tend_logs(
+    shared: &Shared,
+    logs: &mut [Option<LogState>],
+    released: &mut [bool],
+    marks: &Watermarks,
+) -> bool {
+    let mut progress = false;
+    for (topic, slot) in logs.iter_mut().enumerate() {
+        let topic = topic as u32;
+        // A log this broker never wrote holds nothing to release (and its
+        // subscribers end themselves): slots without a writer cost one load.
+        if released[topic as usize] || shared.writers[topic as usize].get().is_none() {
+            continue;
+        }
+        if shared.region.topic_deleted(topic) {
+            // Its publishers are told in `send_acks`, its subscribers by their threads.
+            if shared.topic_conns[topic as usize].load(Ordering::SeqCst) == 0 {
+                release_deleted(shared, topic, slot.take());
+                released[topic as usize] = true;
+                progress = true;
+            }
+            continue;
+        }
+        if slot.is_none() {
+            *slot = log_state(shared, topic);
+        }
+        let Some(st) = slot.as_mut() else {
+            continue;
+        };
+        let stages = &shared.metrics.stages;
+        let started = std::time::Instant::now();
+        progress |= advance_frontier(shared, topic, st);
+        let advanced = StageTimes::lap(&stages.frontier, started);
+        progress |= reclaim(shared, topic, st, marks.pressure(shared));
+        StageTimes::lap(&stages.reclaim, advanced);
+    }
+    progress
 }
 
 /// Why the service thread must stop at once, if it must: its logs or its region belong

@@ -1262,35 +1262,14 @@ fn locate_in_broker(region: &Region, topic: u32, broker: u32, pos: u64) -> Locat
     let log = region.log(topic, broker);
     let frontier = log.written_frontier.load(Ordering::Acquire);
     let lo = log.reclaimed_pbr.load(Ordering::Acquire);
+    if lo >= frontier {
+        return locate_in_reclaimed_log(region, topic, broker, frontier, pos);
+    }
     let start_of = |i: u64| {
         region
             .pbr_read(topic, broker, i)
             .map(|h| h.start_logical_offset)
     };
-    if lo >= frontier {
-        let msgs = log.frontier_msgs.load(Ordering::Acquire);
-        // The service thread stores `frontier_msgs` before `written_frontier`, after the
-        // slots it counts are committed. A committed slot at the frontier means `msgs`
-        // may already count it: neither "gone below msgs" nor "starts at the frontier"
-        // would hold then. The frontier moves over it shortly; look again then.
-        if region.pbr_holds(topic, broker, frontier)
-            || log.written_frontier.load(Ordering::Acquire) != frontier
-        {
-            return Locate::NotYet;
-        }
-        return if pos >= msgs {
-            if pos == msgs {
-                Locate::At {
-                    index: frontier,
-                    skip: 0,
-                }
-            } else {
-                Locate::NotYet
-            }
-        } else {
-            Locate::Gone { first: msgs }
-        };
-    }
     let Some(first) = start_of(lo) else {
         return Locate::NotYet;
     };
@@ -1327,6 +1306,36 @@ fn locate_in_broker(region: &Region, topic: u32, broker: u32, pos: u64) -> Locat
         }
     } else {
         Locate::NotYet
+    }
+}
+
+/// [`locate_in_broker`] for a log whose every written slot is reclaimed (`frontier`
+/// is its written frontier): `pos` is gone, at the frontier, or not written yet.
+fn locate_in_reclaimed_log(
+    region: &Region,
+    topic: u32,
+    broker: u32,
+    frontier: u64,
+    pos: u64,
+) -> Locate {
+    let log = region.log(topic, broker);
+    let msgs = log.frontier_msgs.load(Ordering::Acquire);
+    // The service thread stores `frontier_msgs` before `written_frontier`, after the
+    // slots it counts are committed. A committed slot at the frontier means `msgs`
+    // may already count it: neither "gone below msgs" nor "starts at the frontier"
+    // would hold then. The frontier moves over it shortly; look again then.
+    if region.pbr_holds(topic, broker, frontier)
+        || log.written_frontier.load(Ordering::Acquire) != frontier
+    {
+        return Locate::NotYet;
+    }
+    match pos.cmp(&msgs) {
+        std::cmp::Ordering::Less => Locate::Gone { first: msgs },
+        std::cmp::Ordering::Equal => Locate::At {
+            index: frontier,
+            skip: 0,
+        },
+        std::cmp::Ordering::Greater => Locate::NotYet,
     }
 }
 
@@ -1458,6 +1467,45 @@ fn plan_broker_round(
     Ok((i, skip))
 }
 
+/// The logs an order 0 or 1 subscription reads, one per broker.
+struct PerBrokerLogs<'a> {
+    region: &'a Region,
+    topic: u32,
+    meta: &'a TopicMeta,
+    /// The subscriber asked for the beginning: a gone start moves up to the first
+    /// retained position instead of being refused.
+    from_first: bool,
+}
+
+impl PerBrokerLogs<'_> {
+    /// The next round: up to `limit` batches of each broker's log from its cursor
+    /// (`cursors`, located first from `positions` where not yet), cursors moved past them.
+    fn plan_round(
+        &self,
+        cursors: &mut [Option<(u64, u32)>],
+        positions: &mut [u64],
+        limit: usize,
+    ) -> Result<Vec<Planned>, End> {
+        let (region, topic) = (self.region, self.topic);
+        let mut plan = Vec::new();
+        for broker in 0..cursors.len() as u32 {
+            let c = &mut cursors[broker as usize];
+            if c.is_none() {
+                match locate_broker_start(region, topic, broker, positions, self.from_first)? {
+                    Some(at) => *c = Some(at),
+                    None => continue,
+                }
+            }
+            let at = (broker, c.expect("located"));
+            let position = positions[broker as usize];
+            *c = Some(plan_broker_round(
+                region, topic, self.meta, at, limit, position, &mut plan,
+            )?);
+        }
+        Ok(plan)
+    }
+}
+
 fn serve_per_broker(
     shared: &Shared,
     stream: &mut impl Outlet,
@@ -1484,28 +1532,13 @@ fn serve_per_broker(
         let seen = bell.seen();
         still_there(region, topic, meta)?;
         pin.beat()?;
-        let mut plan = Vec::new();
-        for broker in 0..brokers {
-            let c = &mut cursors[broker as usize];
-            if c.is_none() {
-                match locate_broker_start(region, topic, broker, &mut positions, from_first)? {
-                    Some(at) => *c = Some(at),
-                    None => continue,
-                }
-            }
-            let from = c.expect("located");
-            let position = positions[broker as usize];
-            let at = (broker, from);
-            *c = Some(plan_broker_round(
-                region,
-                topic,
-                meta,
-                at,
-                per_broker_limit,
-                position,
-                &mut plan,
-            )?);
-        }
+        let logs = PerBrokerLogs {
+            region,
+            topic,
+            meta,
+            from_first,
+        };
+        let plan = logs.plan_round(&mut cursors, &mut positions, per_broker_limit)?;
         if plan.is_empty() {
             idle.wait(&bell, seen, stream)?;
             continue;

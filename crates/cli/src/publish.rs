@@ -122,15 +122,35 @@ pub fn run(args: PubArgs) -> CliResult {
         format!("{e}; not every message was acknowledged, so the publish did not complete")
     })?;
     // Every message read is acknowledged now; the stats are the last connection's only.
-    let acked = source.position();
+    summarise(
+        &args,
+        &stats,
+        start.elapsed(),
+        ack,
+        source.position(),
+        reconnects,
+    );
+    Ok(())
+}
+
+/// Prints the summary of a publish that ended well: `stats` of the last connection,
+/// `acked` messages of the whole input, after `reconnects` reconnections.
+fn summarise(
+    args: &PubArgs,
+    stats: &PublisherStats,
+    elapsed: Duration,
+    ack: u8,
+    acked: u64,
+    reconnects: u64,
+) {
     if args.json {
-        let mut v = summary_json(&stats, start.elapsed(), ack);
+        let mut v = summary_json(stats, elapsed, ack);
         v["acked_messages"] = acked.into();
         v["reconnects"] = reconnects.into();
         say!("{}", serde_json::to_string_pretty(&v).expect("json"));
-        return Ok(());
+        return;
     }
-    report(&stats, start.elapsed(), false, ack);
+    report(stats, elapsed, false, ack);
     if reconnects > 0 {
         say!(
             "{} acknowledged in all; reconnected {} after losing the server, and the figures above count from the last reconnection",
@@ -138,7 +158,6 @@ pub fn run(args: PubArgs) -> CliResult {
             crate::count_of(reconnects, "time", "times")
         );
     }
-    Ok(())
 }
 
 /// Why publishing stopped: the publisher's error (which may mean the server is gone),
