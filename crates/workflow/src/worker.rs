@@ -12,6 +12,12 @@
 //! attempt is enqueued when it arrives (else refuses it, and the worker claims as usual
 //! once it sees the step), and the worker runs an attempt only after reading its own
 //! winning claim. What it saves is the trip of the enqueue to the worker.
+//!
+//! Draining ([`Worker::stop_and_drain`], [`DrainSwitch`]): the worker claims nothing more
+//! (neither in the loop nor ahead), but its loop runs on, reading the log and
+//! heartbeating, until every attempt it holds has published its result; then the loop
+//! ends by itself. Heartbeats must go on: the orchestrator takes back an attempt whose
+//! worker is silent for a lease, and refuses the result that comes after.
 
 use crate::event::Envelope;
 use crate::event::{Event, Outcome, StepRef};
@@ -62,6 +68,19 @@ pub struct Worker {
     steps: Arc<Steps>,
 }
 
+/// Begins a worker's drain without waiting for it and without holding the [`Worker`]
+/// (a handler may begin it: waiting there would mean waiting for itself). The worker
+/// claims nothing more; its loop heartbeats until every attempt it holds has published
+/// its result, then ends ([`Worker::is_finished`]).
+#[derive(Clone)]
+pub struct DrainSwitch(Arc<AtomicBool>);
+
+impl DrainSwitch {
+    pub fn begin(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 impl Worker {
     pub fn start(cfg: WorkerConfig, registry: Registry) -> Result<Self, Error> {
         let replay_end = ensure_topic(&cfg.log)?;
@@ -74,6 +93,7 @@ impl Worker {
             registry,
             namespaces: cfg.namespaces.clone(),
             concurrency: cfg.concurrency,
+            draining: Arc::new(AtomicBool::new(false)),
             running: AtomicUsize::new(0),
             ended_lock: Mutex::new(()),
             ended: Condvar::new(),
@@ -102,10 +122,16 @@ impl Worker {
         })
     }
 
-    /// Stops claiming and returns once the loop has ended (attempts running finish on
-    /// their own threads).
+    /// Stops claiming and heartbeating and returns once the loop has ended (attempts
+    /// running finish on their own threads and publish their results, but nothing keeps
+    /// their lease: one that outlives it is taken back). For a graceful stop, see
+    /// [`Worker::stop_and_drain`].
     pub fn stop(&mut self) -> Result<(), Error> {
         self.stop.store(true, Ordering::SeqCst);
+        self.join()
+    }
+
+    fn join(&mut self) -> Result<(), Error> {
         match self.thread.take().map(|t| t.join()) {
             Some(Ok(r)) => r,
             Some(Err(_)) => Err(Error::Config("the worker thread panicked".into())),
@@ -113,17 +139,31 @@ impl Worker {
         }
     }
 
-    /// [`stop`](Self::stop), then waits until every attempt this worker started has
-    /// published its result (an attempt past its step's timeout is reported as timed
-    /// out, as the loop would) and the log has acknowledged every event the worker
-    /// published: once it returns, the process may exit without leaving a result to a
-    /// lease expiry. Returns the error that ended the loop if one did, else a failed
-    /// flush's.
+    /// What begins this worker's drain from anywhere; see [`DrainSwitch`].
+    pub fn drain_switch(&self) -> DrainSwitch {
+        DrainSwitch(self.steps.draining.clone())
+    }
+
+    /// Attempts whose handler runs now (or whose result is being published).
+    pub fn running(&self) -> usize {
+        self.steps.running.load(Ordering::SeqCst)
+    }
+
+    /// Drains the worker ([`DrainSwitch`]: no new claim, heartbeats until every attempt
+    /// it holds has published its result; an attempt past its step's timeout is reported
+    /// as timed out), waits for the loop to end, then until the log has acknowledged
+    /// every event the worker published: once it returns, the process may exit without
+    /// leaving a result to a lease expiry. A claim published before the drain began that
+    /// wins is run like the others (there is no event to give an attempt back, and
+    /// leaving it would cost a lease expiry). Returns the error that ended the loop if
+    /// one did, else a failed flush's.
     pub fn stop_and_drain(&mut self) -> Result<(), Error> {
-        let stopped = self.stop();
+        self.drain_switch().begin();
+        let ended = self.join();
         let steps = &self.steps;
         loop {
-            // The loop has stopped: time out overdue attempts here instead.
+            // Nothing runs once the loop ended by draining; if it failed instead (the log
+            // did), it neither heartbeats nor times attempts out: the latter is done here.
             steps.time_out_overdue();
             let mut ended = steps.ended_lock.lock();
             if steps.running.load(Ordering::SeqCst) == 0 {
@@ -132,7 +172,7 @@ impl Worker {
             steps.ended.wait_for(&mut ended, POLL);
         }
         let flushed = steps.writer.flush();
-        stopped.and(flushed)
+        ended.and(flushed)
     }
 
     /// Whether the loop has ended (it fails when the log does).
@@ -157,6 +197,8 @@ struct Steps {
     registry: Registry,
     namespaces: Vec<String>,
     concurrency: usize,
+    /// Set once a drain began ([`DrainSwitch`]): nothing more is claimed.
+    draining: Arc<AtomicBool>,
     /// Attempts whose handler is running (or whose result is being published).
     running: AtomicUsize,
     /// Notified (under `ended_lock`) each time an attempt's result is out and `running`
@@ -189,19 +231,46 @@ const THREAD_LINGER: Duration = Duration::from_secs(10);
 
 impl Runtime {
     fn run(&mut self, stop: &AtomicBool) -> Result<(), Error> {
+        let mut drain_began = None;
         while !stop.load(Ordering::SeqCst) {
             let folded = self.folder.pump(&self.steps.shared, POLL)?;
+            // While draining too: a claim published before the drain may still win, and
+            // is then run (see `Worker::stop_and_drain`).
             for f in &folded {
                 self.settle_claim(f);
             }
             self.steps.time_out_overdue();
+            let draining = self.steps.draining.load(Ordering::SeqCst);
+            if draining && self.drained(*drain_began.get_or_insert_with(Instant::now)) {
+                return Ok(());
+            }
             if !self.folder.replayed(&self.steps.shared, self.replay_end) {
                 continue;
             }
-            self.claim_more()?;
+            if !draining {
+                self.claim_more()?;
+            }
             self.heartbeat()?;
         }
         Ok(())
+    }
+
+    /// Whether a drain that began at `began` is over: no attempt runs and no claim of
+    /// this worker awaits its verdict from the log. A claim not read back a lease after
+    /// the drain began is given up, so that a claim the log lost cannot hold the drain
+    /// for ever (claims come back within milliseconds; should one that late still win,
+    /// its attempt goes back after a lease, as any attempt of a vanished worker).
+    fn drained(&self, began: Instant) -> bool {
+        if self.steps.running.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
+        let undecided = self.steps.claims.lock().len();
+        let lease = Duration::from_millis(self.cfg.lease_ms);
+        if undecided > 0 && began.elapsed() >= lease {
+            tracing::warn!("drained with {undecided} claim(s) never read back from the log");
+            return true;
+        }
+        undecided == 0
     }
 
     /// A claim of ours came back through the log: run it if it won.
@@ -392,17 +461,27 @@ impl Steps {
     /// same batch through the log), the claims ahead it allows (noted among the claims
     /// before the result goes out, so the loop, which may see those steps enqueued as
     /// soon as the result is in the log, does not claim them too). Runs while the
-    /// attempt still counts as running, so its slot is one of the free ones.
+    /// attempt still counts as running, so its slot is one of the free ones. A result
+    /// too large for the log is replaced by a failure ([`Steps::publish_oversized`]).
     fn finish(&self, at: StepRef, outcome: Outcome) {
-        let success = matches!(outcome, Outcome::Success { .. });
+        // Kept in case the result is too large: the append consumes the event.
+        let attempt = at.clone();
+        let failure = match &outcome {
+            Outcome::Success { .. } => None,
+            Outcome::Failure {
+                retryable,
+                retry_after_ms,
+                ..
+            } => Some((*retryable, *retry_after_ms)),
+        };
         let event = Event::StepResult {
             at,
             worker: self.worker.clone(),
             outcome,
         };
-        let ahead = match success {
-            true => self.reserve_ahead(&event),
-            false => Vec::new(),
+        let ahead = match failure {
+            None => self.reserve_ahead(&event),
+            Some(_) => Vec::new(),
         };
         let mut events = Vec::with_capacity(1 + ahead.len());
         events.push(event);
@@ -410,20 +489,72 @@ impl Steps {
             at: at.clone(),
             worker: self.worker.clone(),
         }));
-        if let Err(e) = self.writer.publish_all(events, None) {
+        let Err(e) = self.writer.publish_all(events, None) else {
+            return;
+        };
+        // Nothing of the append went out (every payload is checked first): the claims
+        // ahead are not pending, and their slots are free again.
+        let mut claims = self.claims.lock();
+        ahead.iter().for_each(|at| {
+            claims.remove(at);
+        });
+        drop(claims);
+        match e {
+            Error::MessageTooLarge { size, max } => {
+                self.publish_oversized(attempt, failure, size, max)
+            }
             // The loop's next publish reports the log's failure.
+            e => tracing::error!("cannot publish a step result: {e}"),
+        }
+    }
+
+    /// Fails attempt `at`, whose result event (`size` bytes) is over the log's largest
+    /// message (`max`), with a failure that says so (else the attempt would sit in
+    /// progress until its lease ran out, and be retried as if its worker had vanished).
+    /// A success fails for good: the same input would give the same result again. A
+    /// handler's failure too large (its message) keeps its retry semantics (`failure`:
+    /// whether it was retryable, and after how long), its message replaced.
+    fn publish_oversized(
+        &self,
+        at: StepRef,
+        failure: Option<(bool, Option<u64>)>,
+        size: usize,
+        max: usize,
+    ) {
+        let what = match failure {
+            None => "result",
+            Some(_) => "failure (its message)",
+        };
+        let message = format!(
+            "the handler's {what} is too large for the log: its step_result event is {size} \
+             bytes, over the maximum message size of {max} bytes (broker.max_message_bytes)"
+        );
+        tracing::warn!("{at:?}: {message}");
+        let (retryable, retry_after_ms) = failure.unwrap_or((false, None));
+        let event = Event::StepResult {
+            at,
+            worker: self.worker.clone(),
+            outcome: Outcome::Failure {
+                message,
+                retryable,
+                retry_after_ms,
+            },
+        };
+        if let Err(e) = self.writer.publish(event) {
             tracing::error!("cannot publish a step result: {e}");
-            let mut claims = self.claims.lock();
-            ahead.iter().for_each(|at| {
-                claims.remove(at);
-            });
         }
     }
 
     /// The attempts the fold will enqueue at `result` that this worker can run, as many
-    /// as its free slots (counting the one `result` frees), noted among the claims.
+    /// as its free slots (counting the one `result` frees), noted among the claims. None
+    /// once a drain began: a draining worker claims nothing new, so another worker takes
+    /// the next steps as soon as they are enqueued (a claim ahead here would win and
+    /// either hold the drain or, unrun, sit until its lease ran out).
     fn reserve_ahead(&self, result: &Event) -> Vec<StepRef> {
         let mut claims = self.claims.lock();
+        if self.draining.load(Ordering::SeqCst) {
+            return Vec::new();
+        }
         let running = self.running.load(Ordering::SeqCst);
         let free = (self.concurrency + 1).saturating_sub(running + claims.len());
         let wanted: Vec<StepRef> = self

@@ -10,6 +10,7 @@ use crate::{to_python, DEFAULT_CONTROL};
 use embarcadero_workflow::event::Checkpoint;
 use embarcadero_workflow::handler::{self, CheckpointSink, Registry, StepError, StepHandler};
 use embarcadero_workflow::log::LogConfig;
+use embarcadero_workflow::worker::DrainSwitch;
 use embarcadero_workflow::{Worker as RustWorker, WorkerConfig};
 use parking_lot::Mutex;
 use pyo3::prelude::*;
@@ -210,6 +211,9 @@ pub struct NativeWorker {
     id: String,
     /// `None` once stopped. Taken only inside `allow_threads`.
     inner: Mutex<Option<RustWorker>>,
+    /// Begins the drain without `inner`'s lock, which a `stop` from another thread holds
+    /// while it waits for the handlers: a handler calling `stop` must not wait for it.
+    drain: DrainSwitch,
 }
 
 #[pymethods]
@@ -258,6 +262,7 @@ impl NativeWorker {
             crate::gil::released(py, || RustWorker::start(cfg, registry)).map_err(to_py)?;
         Ok(Self {
             id: worker.id.clone(),
+            drain: worker.drain_switch(),
             inner: Mutex::new(Some(worker)),
         })
     }
@@ -306,21 +311,22 @@ impl NativeWorker {
 
     /// Stops claiming, then waits until every attempt this worker started has published
     /// its result and the log has acknowledged every event the worker published
-    /// (`Worker::stop_and_drain`): once it returns, the process may exit without losing a
-    /// finished result. Raises the error that ended the loop if one did, else a failed
-    /// flush's. Idempotent; a second call waits for the first. Called from inside a
-    /// handler, it only stops the loop (waiting would mean waiting for itself).
+    /// (`Worker::stop_and_drain`, heartbeating meanwhile so that no attempt loses its
+    /// lease): once it returns, the process may exit without losing a finished result.
+    /// Raises the error that ended the loop if one did, else a failed flush's.
+    /// Idempotent; a second call waits for the first. Called from inside a handler, it
+    /// begins the drain and returns at once (waiting would mean waiting for itself): the
+    /// loop ends once every attempt, the caller's among them, has published its result.
     fn stop(&self, py: Python<'_>) -> PyResult<()> {
-        let from_handler = IN_HANDLER.with(Cell::get);
+        if IN_HANDLER.with(Cell::get) {
+            self.drain.begin();
+            return Ok(());
+        }
         crate::gil::released(py, || {
             // Held while draining, so that a second `stop` (and `is_finished`, which
             // `wait` asks) returns only once the first has drained.
             let mut inner = self.inner.lock();
-            let stopped = match inner.as_mut() {
-                None => Ok(()),
-                Some(worker) if from_handler => worker.stop(),
-                Some(worker) => worker.stop_and_drain(),
-            };
+            let stopped = inner.as_mut().map_or(Ok(()), RustWorker::stop_and_drain);
             *inner = None;
             stopped
         })

@@ -12,6 +12,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -20,7 +21,7 @@ import pytest
 import embarcadero
 from embarcadero.workflow import StepContext, StepError, Worker, registered_handlers, step_handler
 
-from conftest import Process, Server
+from conftest import Process, Server, wait_for
 
 LEASE_MS = "3000"
 
@@ -106,6 +107,14 @@ steps:
   - {name: only, handler: {callable: py.gated}}
 """
 
+DRAIN = """name: drain
+namespace: py_drain
+version: 1.0.0
+steps:
+  - {name: held, handler: {callable: py.held}}
+  - {name: next, dependencies: [held], handler: {callable: py.next}}
+"""
+
 # A worker in a process of its own (argv: control address, lease). Its handler says it has
 # started and waits for a line on stdin; the main thread calls stop() as soon as the handler
 # has started, says when stop() returned, and exits at once with os._exit: no clean-up,
@@ -135,10 +144,18 @@ os._exit(0)
 
 class Engine:
     """A server and an orchestrator on it (accepting any handler name: the Python ones
-    are not built in), with a client of its API."""
+    are not built in), with a client of its API. Given a server, only the orchestrator is
+    its own (with its own lease, on a topic of its own)."""
 
-    def __init__(self) -> None:
-        self.server = Server()
+    def __init__(
+        self,
+        server: Optional[Server] = None,
+        lease_ms: str = LEASE_MS,
+        topic: str = "workflow.events",
+    ) -> None:
+        self.owns_server = server is None
+        self.server = server or Server()
+        self.lease_ms, self.topic = lease_ms, topic
         self.orchestrator = Process(
             [
                 "orchestrator",
@@ -147,7 +164,9 @@ class Engine:
                 "--listen",
                 "127.0.0.1:0",
                 "--lease-ms",
-                LEASE_MS,
+                lease_ms,
+                "--topic",
+                topic,
                 "--any-handler",
             ]
         )
@@ -183,12 +202,14 @@ class Engine:
             self.server.control,
             namespace=namespace,
             handlers=handlers,
-            lease_ms=int(LEASE_MS),
+            lease_ms=int(self.lease_ms),
+            topic=self.topic,
         )
 
     def stop(self) -> None:
         self.orchestrator.stop()
-        self.server.stop()
+        if self.owns_server:
+            self.server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -484,3 +505,58 @@ def test_the_workers_ack_level_and_rf_reach_the_log(engine):
     with pytest.raises(embarcadero.BrokerError) as refused:
         Worker(engine.server.control, handlers=handlers, topic=memory)
     assert refused.value.code == "AckNotAllowed", refused.value
+
+
+def test_stop_keeps_the_lease_of_a_handler_running_past_two_leases_and_claims_nothing_more(engine):
+    """stop() drains: the worker heartbeats while its handler runs on for 2.5 leases after
+    stop() was called, so the result is accepted at attempt 1, and it claims nothing more
+    (though it has the next step's handler and a free slot), so another worker runs the next
+    step at attempt 1 with no lease lost."""
+    short = Engine(engine.server, lease_ms="2000", topic="workflow.py_drain")
+    try:
+        short.register(DRAIN)
+        lease_s = int(short.lease_ms) / 1000
+        entered = threading.Event()
+        release_at: List[float] = []
+        first_runs: List[int] = []
+
+        def held(ctx: StepContext) -> Dict[str, Any]:
+            entered.set()
+            # The handler's own running time, up to the moment the test sets.
+            while not release_at or time.monotonic() < release_at[0]:
+                time.sleep(0.005)
+            return {"attempt": ctx.attempt}
+
+        def first_next(ctx: StepContext) -> str:
+            first_runs.append(ctx.attempt)
+            return "first"
+
+        worker = short.worker({"py.held": held, "py.next": first_next}, "py_drain")
+        uuid = short.create("py_drain", "drain", {})
+        assert entered.wait(60)
+        stopping = threading.Thread(target=worker.stop)
+        stopping.start()
+        release_at.append(time.monotonic() + 2.5 * lease_s)
+        stopping.join(60)
+        assert not stopping.is_alive()
+
+        def held_step() -> Dict[str, Any]:
+            return step(short.request("GET", f"/v1/tasks/{uuid}"), "held")
+
+        wait_for("the held step to complete", lambda: held_step()["current_state"] == "complete")
+        task = short.request("GET", f"/v1/tasks/{uuid}")
+        done = step(task, "held")
+        assert (done["attempts"], done["lease_losses"], done["result"]) == (1, 0, {"attempt": 1})
+        assert done["refused_events"] == [], done
+        waiting = step(task, "next")
+        assert (waiting["current_state"], waiting["worker"]) == ("enqueued", None), waiting
+
+        with short.worker({"py.next": lambda ctx: "second"}, "py_drain") as second:
+            task = short.finished(uuid)
+        assert task["status"] == "complete", task
+        after = step(task, "next")
+        assert (after["attempts"], after["lease_losses"], after["result"]) == (1, 0, "second")
+        assert after["worker"] == second.id
+        assert first_runs == []
+    finally:
+        short.stop()

@@ -358,8 +358,9 @@ impl NativeWorker {
     }
 
     /// Stops claiming, waits until every attempt started has published its result and the
-    /// log acknowledged it, then releases the JavaScript handlers; rejects with the error
-    /// that ended the loop, if one did. Idempotent.
+    /// log acknowledged it (heartbeating meanwhile: `Worker::stop_and_drain`), then
+    /// releases the JavaScript handlers; rejects with the error that ended the loop, if
+    /// one did. Idempotent.
     #[napi]
     pub async fn stop(&self) -> napi::Result<()> {
         let (inner, calls) = (self.inner.clone(), self.calls.clone());

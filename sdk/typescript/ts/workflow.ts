@@ -391,8 +391,10 @@ export class Worker {
   /**
    * Stops claiming, waits until every attempt already running has finished and its result
    * is acknowledged by the log (a handler that does not settle is given up at its step's
-   * `timeout_seconds`), then releases the handlers, so Node may exit. Rejects with the error
-   * that ended the loop, if one did. Idempotent: later calls return the same Promise.
+   * `timeout_seconds`), heartbeating meanwhile so that no running attempt loses its lease,
+   * then releases the handlers, so Node may exit. Rejects with the error that ended the
+   * loop, if one did. Idempotent: later calls return the same Promise. Not from inside a
+   * handler that awaits it: the close waits for that handler.
    */
   close(): Promise<void> {
     this.#closing ??= settle(this.#native.stop());

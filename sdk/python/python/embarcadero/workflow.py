@@ -167,11 +167,14 @@ class Worker:
     def stop(self) -> None:
         """Stops claiming, then waits until every attempt already running has finished
         and published its result and the log has acknowledged everything this worker
-        published: once it returns, the process may exit without losing a finished result
-        (a handler still running when the process exits would leave its step to a lease
-        expiry and a retry elsewhere). Raises the error that ended the loop, if one did.
-        Idempotent; from another thread, a second call waits for the first. Called from
-        inside a handler it only stops claiming (it would otherwise wait for itself)."""
+        published, heartbeating meanwhile so that no running attempt loses its lease
+        however long its handler takes (up to its step's ``timeout_seconds``): once it
+        returns, the process may exit without losing a finished result (a handler still
+        running when the process exits would leave its step to a lease expiry and a retry
+        elsewhere). Raises the error that ended the loop, if one did. Idempotent; from
+        another thread, a second call waits for the first. Called from inside a handler
+        it begins the same drain and returns at once (it would otherwise wait for
+        itself): :meth:`run` returns once every attempt has published its result."""
         self._native.stop()
 
     def __enter__(self) -> Worker:
