@@ -15,3 +15,9 @@ pub use cluster::{BrokerAddr, ClusterInfo, MemberState, MemberView, RegionInfo, 
 pub use services::{ServiceAnnounce, ServiceInfo};
 pub use status::{BrokerRates, LocalBrokerStats, RatesReport, SequencerStats, StatusReport};
 pub use topics::{BrokerLogInfo, ReaderLag, ReplicaError, TopicHealth, TopicInfo, TopicSpec};
+
+/// Largest request body the server's HTTP APIs accept (the admin API, and the workflow
+/// API through the control port or the orchestrator's own): a larger one is answered
+/// 413. Clients check it before sending, since a server that refuses a body it has not
+/// read closes the connection under a client still writing it.
+pub const MAX_REQUEST_BODY: usize = 64 * 1024;

@@ -22,6 +22,7 @@ pub use admin::{
 };
 pub use cursor_fit::CursorMismatch;
 pub use delivery::SharedBatch;
+pub use embarcadero_api::MAX_REQUEST_BODY;
 pub use publisher::{LatencySummary, Publisher, PublisherConfig, PublisherStats, QueueStats};
 pub use read_ahead::{Collect, Polled, ReadAhead, SubscriberStatus};
 pub use shm::Transport;

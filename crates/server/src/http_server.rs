@@ -23,7 +23,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Largest request body accepted (413 above).
-pub const MAX_BODY: usize = 64 * 1024;
+pub const MAX_BODY: usize = embarcadero_api::MAX_REQUEST_BODY;
 /// Largest request line plus headers accepted (431 above).
 const MAX_HEAD: usize = 16 * 1024;
 

@@ -1,6 +1,7 @@
 //! A client of the workflow API (what the CLI and the tests use): each call returns
 //! the JSON document, or the API's `{"error":{"code","message"}}` as [`ApiError`].
 
+use embarcadero_client::MAX_REQUEST_BODY;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -33,6 +34,7 @@ impl ApiClient {
     }
 
     pub fn register_template(&self, yaml: &str) -> Result<Value, ApiError> {
+        check_body(yaml.len(), "template")?;
         let req = self.agent.post(&format!("{}/v1/templates", self.base));
         answer(
             req.set("Content-Type", "application/yaml")
@@ -77,6 +79,7 @@ impl ApiClient {
         if let Some(k) = idempotency_key {
             body["idempotency_key"] = json!(k);
         }
+        check_body(body.to_string().len(), "task, with its context,")?;
         answer(
             self.agent
                 .post(&format!("{}/v1/tasks", self.base))
@@ -104,6 +107,9 @@ impl ApiClient {
         path: &str,
         body: Option<Value>,
     ) -> Result<Value, ApiError> {
+        if let Some(b) = &body {
+            check_body(b.to_string().len(), "request")?;
+        }
         let req = self.agent.request(method, &format!("{}{path}", self.base));
         answer(match body {
             Some(b) => req.send_json(b),
@@ -145,15 +151,46 @@ fn answer(r: Result<ureq::Response, ureq::Error>) -> Result<Value, ApiError> {
             .map_err(|e| transport(format!("unreadable answer: {e}"))),
         Err(ureq::Error::Status(status, resp)) => {
             let body: Value = resp.into_json().unwrap_or(Value::Null);
-            let field = |k: &str| body["error"][k].as_str().unwrap_or("").to_string();
-            Err(ApiError {
-                status,
-                code: field("code"),
-                message: field("message"),
-            })
+            Err(api_error(status, &body))
         }
         Err(e) => Err(transport(e.to_string())),
     }
+}
+
+/// The error of an answer with `status` and `body`: the workflow API's
+/// `{"error":{"code","message"}}`, or the `{"error": message}` the HTTP layer itself
+/// answers with (a body over its limit, a malformed request) before the API sees it.
+fn api_error(status: u16, body: &Value) -> ApiError {
+    let error = &body["error"];
+    if let Some(message) = error.as_str() {
+        return ApiError {
+            status,
+            code: format!("http_{status}"),
+            message: message.to_string(),
+        };
+    }
+    let field = |k: &str| error[k].as_str().unwrap_or("").to_string();
+    ApiError {
+        status,
+        code: field("code"),
+        message: field("message"),
+    }
+}
+
+/// A body over the API's limit, refused before sending: the server would answer 413
+/// without reading it, and a client still writing it would only see the connection
+/// close (a broken pipe).
+fn check_body(len: usize, what: &str) -> Result<(), ApiError> {
+    if len <= MAX_REQUEST_BODY {
+        return Ok(());
+    }
+    Err(ApiError {
+        status: 413,
+        code: "too_large".into(),
+        message: format!(
+            "the {what} is {len} bytes; the workflow API accepts request bodies of at most {MAX_REQUEST_BODY} bytes: keep large data elsewhere and pass a reference to it"
+        ),
+    })
 }
 
 fn transport(message: String) -> ApiError {
@@ -161,5 +198,39 @@ fn transport(message: String) -> ApiError {
         status: 0,
         code: "unreachable".into(),
         message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_shapes_of_error_body_keep_their_message() {
+        let api = json!({"error": {"code": "not_found", "message": "no task x"}});
+        let e = api_error(404, &api);
+        assert_eq!(
+            (e.code.as_str(), e.message.as_str()),
+            ("not_found", "no task x")
+        );
+        let http = json!({"error": "request body of 70000 bytes; at most 65536 are accepted"});
+        let e = api_error(413, &http);
+        assert_eq!(e.code, "http_413");
+        assert!(e.message.contains("at most 65536"), "{e}");
+    }
+
+    #[test]
+    fn a_body_over_the_limit_is_refused_before_sending_naming_the_limit() {
+        assert!(check_body(MAX_REQUEST_BODY, "template").is_ok());
+        let e = check_body(MAX_REQUEST_BODY + 1, "template").unwrap_err();
+        assert_eq!((e.status, e.code.as_str()), (413, "too_large"));
+        assert!(e.message.contains(&MAX_REQUEST_BODY.to_string()), "{e}");
+        // Checked before any connection: an address nobody listens on is never tried.
+        let client = ApiClient::new("127.0.0.1:1");
+        let big = "x".repeat(MAX_REQUEST_BODY + 1);
+        assert_eq!(
+            client.register_template(&big).unwrap_err().code,
+            "too_large"
+        );
     }
 }

@@ -20,9 +20,10 @@ pub enum TaskCommand {
         /// The template's name.
         #[arg(long)]
         name: String,
-        /// The template's version.
-        #[arg(long, default_value = "1.0.0")]
-        version: String,
+        /// The template's version (default: its newest registered version, as
+        /// `template show NAMESPACE/NAME` shows it).
+        #[arg(long)]
+        version: Option<String>,
         /// The task's input, a JSON object.
         #[arg(long, default_value = "{}")]
         context: String,
@@ -57,9 +58,10 @@ pub enum TaskCommand {
         /// The template's name.
         #[arg(long)]
         name: String,
-        /// The template's version.
-        #[arg(long, default_value = "1.0.0")]
-        version: String,
+        /// The template's version (default: its newest registered version, as
+        /// `template show NAMESPACE/NAME` shows it).
+        #[arg(long)]
+        version: Option<String>,
         /// Each task's input, a JSON object.
         #[arg(long, default_value = "{}")]
         context: String,
@@ -274,6 +276,40 @@ pub enum TemplateCommand {
     },
 }
 
+/// `--context`: a JSON object, as a task's input is.
+fn context_object(text: &str) -> Result<Value, String> {
+    let context: Value =
+        serde_json::from_str(text).map_err(|e| format!("--context is not JSON: {e}"))?;
+    if !context.is_object() {
+        return Err(format!(
+            "--context is a JSON object (the task's input, e.g. '{{\"n\": 2}}'), not {text}"
+        ));
+    }
+    Ok(context)
+}
+
+/// `version`, or the newest registered version of `namespace/name` (the API takes a
+/// version with every task; a user means the template as it stands).
+fn version_or_newest(
+    client: &ApiClient,
+    namespace: &str,
+    name: &str,
+    version: Option<String>,
+) -> Result<String, String> {
+    if let Some(v) = version {
+        return Ok(v);
+    }
+    let template = client
+        .get_template(namespace, name, None)
+        .map_err(api_error)?;
+    match template["version"].as_str() {
+        Some(v) => Ok(v.to_string()),
+        None => Err(format!(
+            "the API described template {namespace}/{name} without a version; give --version"
+        )),
+    }
+}
+
 pub fn task(cmd: TaskCommand) -> CliResult {
     match cmd {
         TaskCommand::Create {
@@ -286,9 +322,9 @@ pub fn task(cmd: TaskCommand) -> CliResult {
             api,
             json,
         } => {
-            let context: Value = serde_json::from_str(&context)
-                .map_err(|e| format!("--context is not JSON: {e}"))?;
+            let context = context_object(&context)?;
             let client = ApiClient::new(api.addr());
+            let version = version_or_newest(&client, &namespace, &name, version)?;
             let created = client
                 .create_task(
                     &namespace,
@@ -324,8 +360,9 @@ pub fn task(cmd: TaskCommand) -> CliResult {
             api,
             json,
         } => {
-            let context: Value = serde_json::from_str(&context)
-                .map_err(|e| format!("--context is not JSON: {e}"))?;
+            let context = context_object(&context)?;
+            let version =
+                version_or_newest(&ApiClient::new(api.addr()), &namespace, &name, version)?;
             let template = [namespace.as_str(), &name, &version];
             bench(api.addr(), template, &context, [count, clients], json)
         }
