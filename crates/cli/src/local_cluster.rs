@@ -230,6 +230,12 @@ impl ChildProcess {
         self.child.id()
     }
 
+    /// Whether any line it printed so far (of the last `KEPT_LINES`) contains `marker`:
+    /// for a test that a line did not come, once a later line shows it would have.
+    pub fn printed(&self, marker: &str) -> bool {
+        self.stderr.lock().lines.iter().any(|l| l.contains(marker))
+    }
+
     /// Whether the process has exited (reaped here if so).
     pub fn exited(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(Some(_)))

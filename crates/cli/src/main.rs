@@ -85,7 +85,9 @@ enum Command {
     Sequencer(cluster::SequencerArgs),
     /// Workflow engine: run the orchestrator and its API (docs/WORKFLOW.md).
     Orchestrator(workflow::OrchestratorArgs),
-    /// Workflow engine: run a worker with the built-in Rust step handlers.
+    /// Workflow engine: run a worker with the built-in Rust step handlers (SIGINT or
+    /// SIGTERM drains it: no new claim, running attempts publish their results; a second
+    /// signal exits at once).
     Worker(workflow::WorkerArgs),
     /// Workflow tasks: create, get, wait, list, cancel, rerun, resolve, steps, reset-step, resolve-step, dlq.
     #[command(subcommand)]

@@ -654,6 +654,19 @@ fn template_show_prints_a_dag_by_stage_as_dot_or_as_json_from_the_api_or_a_file(
     assert!(missing.contains("demo/diamond@3.0.0"), "{missing}");
     let malformed = failed(&show(&["diamond"]));
     assert!(malformed.contains("NAMESPACE/NAME"), "{malformed}");
+
+    // `task create` without --version starts the newest version, as `template show`.
+    let create = |args: &[&str]| {
+        let base = ["task", "create", "--namespace", "demo", "--name", "diamond"];
+        run_bin(&[&base[..], args, &["--api", &addr, "--json"]].concat())
+    };
+    let created: Value = serde_json::from_str(&ok(&create(&[]))).unwrap();
+    assert_eq!(created["version"], "1.10.0", "{created}");
+    let not_an_object = failed(&create(&["--context", "[1, 2]"]));
+    assert!(
+        not_an_object.contains("--context is a JSON object"),
+        "{not_an_object}"
+    );
 }
 
 #[test]
@@ -1867,7 +1880,12 @@ fn the_active(apis: &[&ApiClient]) -> usize {
 
 /// Two orchestrators on one log, each with its API client, the active one first.
 fn two_orchestrators(engine: &Engine) -> [(Proc, ApiClient); 2] {
-    let lease = ["--failover-ms", "1500"];
+    two_orchestrators_with(engine, "1500")
+}
+
+/// The same with the given `--failover-ms`.
+fn two_orchestrators_with(engine: &Engine, failover_ms: &str) -> [(Proc, ApiClient); 2] {
+    let lease = ["--failover-ms", failover_ms];
     let (a, a_addr) = engine.orchestrator_with("3000", &lease);
     let (b, b_addr) = engine.orchestrator_with("3000", &lease);
     let (a_api, b_api) = (ApiClient::new(&a_addr), ApiClient::new(&b_addr));
@@ -1938,6 +1956,28 @@ fn a_paused_orchestrator_is_deposed_and_follows_once_it_resumes() {
     active.kill();
 }
 
+/// SIGTERM makes the active orchestrator release its lease in the log and say so, and
+/// the standby takes over at once: with a failover of ten minutes, a lapse of the lease
+/// cannot be what made it active. A task then completes under the new holder.
+#[test]
+fn a_stopped_orchestrator_releases_its_lease_and_the_standby_takes_over() {
+    let engine = Engine::start();
+    let [(mut active, active_api), (mut standby, standby_api)] =
+        two_orchestrators_with(&engine, "600000");
+    let term = gauge(&active_api, "orchestrator_term");
+    let (_worker, _) = engine.worker("3000");
+    register(&standby_api, CHAIN);
+    active.signal("TERM");
+    active.wait_line("released its lease");
+    assert!(active.wait().success(), "a graceful stop exits 0");
+    standby.wait_line("orchestrator active: deciding");
+    gauge_until(&standby_api, "orchestrator_active", |v| v == 1.0);
+    assert_eq!(gauge(&standby_api, "orchestrator_term"), term + 1.0);
+    let uuid = create(&standby_api, "chain", json!({}));
+    let t = standby_api.get_task(&uuid, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+}
+
 #[test]
 fn a_restart_loads_the_newest_snapshot_and_replays_only_the_log_after_it() {
     let engine = Engine::start();
@@ -1977,7 +2017,11 @@ fn a_restart_loads_the_newest_snapshot_and_replays_only_the_log_after_it() {
         .max()
         .unwrap();
     assert!(newest >= written, "{newest} < {written}");
-    let (_again, addr) = engine.orchestrator_with("3000", &args);
+    let (again, addr) = engine.orchestrator_with("3000", &args);
+    // Its replay needs the log from the snapshot on, which is all there: no alarm about
+    // lost events (the events before the snapshot are not needed).
+    assert!(again.printed("loaded snapshot"));
+    assert!(!again.printed("are gone"), "a false alarm on a healthy log");
     let api = ApiClient::new(&addr);
     let from = gauge(&api, "replay_from_position") as u64;
     let to = gauge(&api, "replay_to_position") as u64;
@@ -2042,6 +2086,85 @@ fn a_worker_process_carries_on_after_its_server_is_killed_and_restarted() {
     assert_eq!(step(&t, "four")["worker"], json!(second_id), "{t:#}");
 }
 
+/// An orchestrator and a worker ride out a SIGKILL of their server and its restart on
+/// the same data directory more than a second later (longer than the client library's
+/// own reconnects last, which used to end the orchestrator): neither process exits, the
+/// orchestrator says it lost the server and when it is back, its API answers 503
+/// `log_unavailable` meanwhile, and a task the kill caught mid-step and one created
+/// after the restart both complete, as one that completed before stays complete.
+#[test]
+fn an_orchestrator_and_a_worker_ride_out_their_server_killed_and_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let (base, control) = (common::free_port(), common::free_port());
+    let one_broker = ["--brokers", "1"];
+    let serve = Serve::start_on(&data, base, control, &one_broker);
+    let engine = Engine { serve, _dir: dir };
+    let (mut worker, _) = engine.worker("1000");
+    let (mut orchestrator, addr) = engine.orchestrator("1000");
+    let api = ApiClient::new(&addr);
+    register(&api, LINEAR);
+    register(&api, SLOW);
+    let before = create(&api, "linear", json!({"even_number": 2}));
+    assert_eq!(api.get_task(&before, 30).unwrap()["status"], "complete");
+    let caught = create(&api, "slow", json!({}));
+    until(&api, &caught, "the slow step to start", |t| {
+        step(t, "nap")["current_state"] == "in_progress"
+    });
+
+    let Engine { serve, _dir } = engine;
+    serve.kill();
+    orchestrator.wait_line("lost the server at");
+    let during = http(&addr, "GET", "/v1/templates", None);
+    assert_eq!(
+        (during.status, during.header("retry-after")),
+        (503, Some("1")),
+        "{}",
+        during.body
+    );
+    assert_eq!(during.json()["error"]["code"], "log_unavailable");
+    worker.wait_line("a new worker starts in");
+    // The outage's length (the fault injected), not a wait for anything to happen.
+    std::thread::sleep(Duration::from_millis(1500));
+    let serve = Serve::start_on(&data, base, control, &one_broker);
+    let _engine = Engine { serve, _dir };
+    orchestrator.wait_line("is back after");
+    orchestrator.wait_line("serving again");
+    worker.wait_line("is running");
+    let t = api.get_task(&caught, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    let after = create(&api, "linear", json!({"even_number": 4}));
+    let t = api.get_task(&after, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    assert_eq!(api.get_task(&before, 0).unwrap()["status"], "complete");
+    assert!(!orchestrator.exited(), "the orchestrator process went on");
+    assert!(!worker.exited(), "the worker process went on");
+}
+
+/// A worker and an orchestrator started before their server wait for it and say so,
+/// instead of exiting, and serve once it is up.
+#[test]
+fn a_worker_and_an_orchestrator_started_before_their_server_wait_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, control) = (common::free_port(), common::free_port());
+    let control_addr = format!("127.0.0.1:{control}");
+    let log = ["--control", control_addr.as_str(), "--lease-ms", "1000"];
+    let mut worker = Proc::spawn(&[&["worker"][..], &log].concat(), &[]);
+    let listen = ["orchestrator", "--listen", "127.0.0.1:0"];
+    let mut orchestrator = Proc::spawn(&[&listen[..], &log].concat(), &[]);
+    let waiting = format!("waiting for the server at {control_addr}");
+    worker.wait_line(&waiting);
+    orchestrator.wait_line(&waiting);
+    let _serve = Serve::start_on(&dir.path().join("d"), base, control, &["--brokers", "1"]);
+    worker.wait_line("is running");
+    let line = orchestrator.wait_line("workflow orchestrator is serving");
+    let api = ApiClient::new(line.rsplit("http://").next().unwrap().trim());
+    register(&api, LINEAR);
+    let uuid = create(&api, "linear", json!({"even_number": 2}));
+    let t = api.get_task(&uuid, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+}
+
 /// An orchestrator and a worker both started fresh after the server restarted under a
 /// memory-only log that had events: each replays what is left (nothing) and serves,
 /// instead of waiting for the lost positions (issue 27).
@@ -2054,12 +2177,20 @@ fn a_fresh_orchestrator_and_worker_serve_after_a_memory_only_log_lost_its_events
     let serve = Serve::start_on(&data, base, control, &one_broker);
     let engine = Engine { serve, _dir: dir };
     let memory_only = ["--rf", "1", "--ack", "1"];
+    let snapshots = engine._dir.path().join("orchestrator");
+    let snapshots = snapshots.to_str().unwrap();
+    let with_snapshots = [
+        &memory_only[..],
+        &["--data-dir", snapshots, "--snapshot-every", "5"],
+    ]
+    .concat();
     let (worker, _) = engine.worker_with("1000", &memory_only);
-    let (orchestrator, addr) = engine.orchestrator_with("1000", &memory_only);
+    let (orchestrator, addr) = engine.orchestrator_with("1000", &with_snapshots);
     let api = ApiClient::new(&addr);
     register(&api, LINEAR);
     let uuid = create(&api, "linear", json!({"even_number": 2}));
     assert_eq!(api.get_task(&uuid, 30).unwrap()["status"], "complete");
+    gauge_until(&api, "snapshot_position", |v| v > 0.0);
     let Engine { serve, _dir } = engine;
     worker.kill();
     orchestrator.kill();
@@ -2067,7 +2198,10 @@ fn a_fresh_orchestrator_and_worker_serve_after_a_memory_only_log_lost_its_events
 
     let serve = Serve::start_on(&data, base, control, &one_broker);
     let engine = Engine { serve, _dir };
-    let (_orchestrator, addr) = engine.orchestrator_with("1000", &memory_only);
+    let (orchestrator, addr) = engine.orchestrator_with("1000", &with_snapshots);
+    // The snapshot's tail and everything before it are gone: it says both.
+    assert!(orchestrator.printed("starting without the snapshot"));
+    assert!(orchestrator.printed("the events before it are gone"));
     let (_worker, id) = engine.worker_with("1000", &memory_only);
     let api = ApiClient::new(&addr);
     register(&api, LINEAR);

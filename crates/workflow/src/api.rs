@@ -119,21 +119,39 @@ impl Api {
         }
     }
 
-    pub fn handle(&self, method: &str, target: &str, body: &[u8]) -> Reply {
-        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    /// 503 while the engine cannot answer from the whole log: it stopped, it lost its
+    /// log (it reconnects by itself), or it is still reading the log to its end.
+    fn unavailable(&self) -> Option<Reply> {
         if let Some(why) = self.engine.failure.lock().clone() {
-            return Reply::error(
+            return Some(Reply::error(
                 503,
                 "engine_stopped",
                 format!("the orchestrator stopped: {why}"),
-            );
+            ));
         }
-        if !self.engine.caught_up.load(Ordering::SeqCst) {
-            return Reply::error(
+        if let Some(why) = self.engine.outage.lock().clone() {
+            let mut reply = Reply::error(
+                503,
+                "log_unavailable",
+                format!("the orchestrator {why}; it reconnects by itself; retry shortly"),
+            );
+            reply.headers.push(("Retry-After", "1".to_string()));
+            return Some(reply);
+        }
+        let replaying = !self.engine.caught_up.load(Ordering::SeqCst);
+        replaying.then(|| {
+            Reply::error(
                 503,
                 "replaying",
                 "the orchestrator is replaying the log; retry shortly",
-            );
+            )
+        })
+    }
+
+    pub fn handle(&self, method: &str, target: &str, body: &[u8]) -> Reply {
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        if let Some(reply) = self.unavailable() {
+            return reply;
         }
         let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
         let pairs = query_pairs(query);
@@ -210,7 +228,7 @@ impl Api {
             identity: identity.clone(),
             protocol: Some(self.engine.task_protocol),
         };
-        if let Err(e) = self.engine.writer.publish(event) {
+        if let Err(e) = self.engine.writer().publish(event) {
             return Reply::error(
                 503,
                 "log_unavailable",
@@ -433,7 +451,7 @@ impl Api {
     /// Publishes `event` and answers once `done` says the fold has applied it.
     fn publish_then(&self, event: Event, done: impl FnMut(&State) -> Option<Reply>) -> Reply {
         let task = event.task().map(str::to_string);
-        if let Err(e) = self.engine.writer.publish(event) {
+        if let Err(e) = self.engine.writer().publish(event) {
             return Reply::error(503, "log_unavailable", format!("cannot publish: {e}"));
         }
         let shared = &self.engine.shared;
@@ -470,7 +488,7 @@ impl Api {
         let expected = template.clone();
         if let Err(e) = self
             .engine
-            .writer
+            .writer()
             .publish(Event::TemplateRegistered { template })
         {
             return Reply::error(

@@ -142,6 +142,14 @@ pub enum Event {
         term: u64,
         holder: String,
     },
+    /// The holder of term `term` gives its lease up (it is stopping): the term stays
+    /// current with no holder, and any candidate may bid for the next one at once
+    /// instead of waiting for the lease to lapse ([`crate::leadership`]).
+    OrchestratorRelease {
+        #[serde(rename = "lease_term")]
+        term: u64,
+        holder: String,
+    },
 }
 
 /// How far a batch worker got: the cursor to resume at, the items done so far and
@@ -229,6 +237,7 @@ impl Event {
             Event::StepReset { .. } => "step_reset",
             Event::StepResolved { .. } => "step_resolved",
             Event::OrchestratorLease { .. } => "orchestrator_lease",
+            Event::OrchestratorRelease { .. } => "orchestrator_release",
         }
     }
 }
@@ -309,7 +318,20 @@ mod tests {
                 attempt: 1,
             }),
         };
-        for e in [lease, decision] {
+        let release = Envelope {
+            ts_ms: 9,
+            term: None,
+            event: Event::OrchestratorRelease {
+                term: 3,
+                holder: "o".into(),
+            },
+        };
+        let text = String::from_utf8(encode(&release)[1..].to_vec()).unwrap();
+        assert!(
+            text.contains(r#""kind":"orchestrator_release""#) && text.contains(r#""lease_term":3"#),
+            "{text}"
+        );
+        for e in [lease, decision, release] {
             assert_eq!(decode(&encode(&e)).unwrap(), e);
         }
     }

@@ -61,6 +61,24 @@ impl Leader {
         Ok(())
     }
 
+    /// The holder gives its term up (it is stopping): the term stays current with no
+    /// holder, so a bid for the next one is the only lease event accepted after it (by
+    /// anyone, at once). The holder's decisions were all published before this, its
+    /// last event, in its session's order; none of the released term follows it.
+    pub(crate) fn release(&mut self, term: u64, holder: &str, ts_ms: u64) -> Result<(), Rejected> {
+        if term == 0 || term != self.term || holder.is_empty() || holder != self.holder {
+            return Err(Rejected::LeaseRefused {
+                term,
+                holder: holder.to_string(),
+                current: self.term,
+                current_holder: self.holder.clone(),
+            });
+        }
+        self.holder.clear();
+        self.renewed_ts_ms = ts_ms;
+        Ok(())
+    }
+
     /// Refuses a decision not written under the current term.
     pub(crate) fn admits(&self, env: &Envelope) -> Result<(), Rejected> {
         let term = env.term.unwrap_or(0);
@@ -152,7 +170,10 @@ impl Candidate {
             self.sent_at = now_ms;
             return Some(self.lease_event(leader.term));
         }
-        let lapsed = leader.term == 0 || now_ms.saturating_sub(self.renewed_at) >= self.lease_ms;
+        // A released term (no holder) is lapsed at once: its holder stopped.
+        let lapsed = leader.term == 0
+            || leader.holder.is_empty()
+            || now_ms.saturating_sub(self.renewed_at) >= self.lease_ms;
         let pending = self.bid == Some(leader.term + 1) && since_sent < self.lease_ms;
         if !lapsed || pending {
             return None;
@@ -160,6 +181,22 @@ impl Candidate {
         self.bid = Some(leader.term + 1);
         self.sent_at = now_ms;
         Some(self.lease_event(leader.term + 1))
+    }
+
+    /// What the holder publishes when it stops ([`Leader::release`]); `None` when this
+    /// one does not hold the lease.
+    pub fn release(&self, leader: &Leader) -> Option<Event> {
+        self.is_active(leader).then(|| Event::OrchestratorRelease {
+            term: leader.term,
+            holder: self.id.clone(),
+        })
+    }
+
+    /// After the log was out of reach (a server restart): nobody could renew meanwhile,
+    /// so the lease runs from now, and a holder that comes back with the log keeps it
+    /// instead of being deposed by a standby that came back a moment earlier.
+    pub fn resumed(&mut self, now_ms: u64) {
+        self.renewed_at = now_ms;
     }
 
     fn lease_event(&self, term: u64) -> Event {
@@ -329,6 +366,67 @@ mod tests {
         });
         assert!(s.apply(5, &env(Some(1), ghost)).is_err());
         assert_eq!(s.tasks["t"].steps[0].refused.len(), 1);
+    }
+
+    fn release(term: u64, holder: &str) -> Envelope {
+        env(
+            None,
+            Event::OrchestratorRelease {
+                term,
+                holder: holder.into(),
+            },
+        )
+    }
+
+    #[test]
+    fn only_the_holder_releases_its_term_and_anyone_may_bid_for_the_next_at_once() {
+        let mut s = State::default();
+        assert!(s.apply(0, &release(0, "a")).is_err(), "nothing to release");
+        s.apply(1, &lease(1, "a")).unwrap();
+        assert!(s.apply(2, &release(1, "b")).is_err(), "not the holder");
+        assert!(
+            s.apply(3, &release(2, "a")).is_err(),
+            "not the current term"
+        );
+        assert_eq!(s.apply(4, &release(1, "a")), Ok(()));
+        assert_eq!((s.leader.term, s.leader.holder.as_str()), (1, ""));
+        assert!(
+            s.apply(5, &lease(1, "a")).is_err(),
+            "a released term is over"
+        );
+        assert!(s.apply(6, &release(1, "a")).is_err(), "released once");
+        assert_eq!(s.apply(7, &lease(2, "b")), Ok(()), "the next term, at once");
+        assert_eq!((s.leader.term, s.leader.holder.as_str()), (2, "b"));
+    }
+
+    #[test]
+    fn a_standby_bids_as_soon_as_it_reads_a_release_and_a_resumed_one_waits_a_lease() {
+        let mut leader = Leader::default();
+        let (mut a, mut b) = (
+            Candidate::new("a".into(), 300),
+            Candidate::new("b".into(), 300),
+        );
+        leader.bid(1, "a", 1000).unwrap();
+        a.renewed(&leader, 1000);
+        b.renewed(&leader, 1000);
+        assert!(b.due(&leader, 1010).is_none(), "the lease runs");
+        assert!(b.release(&leader).is_none(), "only the holder releases");
+        let Some(Event::OrchestratorRelease { term: 1, holder }) = a.release(&leader) else {
+            panic!("the holder releases its term");
+        };
+        leader.release(1, &holder, 1011).unwrap();
+        assert!(!a.is_active(&leader));
+        assert!(matches!(
+            b.due(&leader, 1012),
+            Some(Event::OrchestratorLease { term: 2, .. })
+        ));
+        // Back from an outage: the lease runs from the log's return, not from the last
+        // renewal read before it.
+        leader.bid(2, "b", 1013).unwrap();
+        a.renewed(&leader, 1013);
+        a.resumed(5000);
+        assert!(a.due(&leader, 5299).is_none());
+        assert!(a.due(&leader, 5300).is_some());
     }
 
     #[test]

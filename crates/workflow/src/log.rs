@@ -162,6 +162,16 @@ impl Shared {
         self.state.lock()
     }
 
+    /// Replaces the state with `state` (an engine starting over from what its log still
+    /// holds) and wakes the waits, which find their tasks as the new state has them.
+    pub fn reset(&self, state: State) {
+        *self.state.lock() = state;
+        self.changed.notify_all();
+        for w in self.watchers.lock().values().flatten() {
+            w.wake.notify_one();
+        }
+    }
+
     /// Waits (until `deadline`) for `found` to return something; re-checks after every
     /// batch of events.
     pub fn wait_for<T>(
@@ -313,12 +323,18 @@ impl Folder {
         // Decoded as they are read, outside the state's lock and without a copy.
         let mut read = Vec::new();
         let mut stamps = Vec::new();
-        self.subscriber.poll_with(timeout, |m| {
+        let polled = self.subscriber.poll_with(timeout, |m| {
             read.push((m.position, decode(m.payload)));
             stamps.push(m.publish_ts_ns);
-        })?;
+        });
         if read.is_empty() {
-            return Ok(Vec::new());
+            return polled.map(|_| Vec::new());
+        }
+        if let Err(e) = polled {
+            // Delivered before the read failed, so past the subscriber's position: fold
+            // them, or a reader that resumes from its position would never see them.
+            shared.fold_batch(read);
+            return Err(e);
         }
         // Read before the fold, so that a trip in the trace does not include it.
         let read_ns = crate::trace::enabled().then(embarcadero_client::now_ns);

@@ -9,7 +9,10 @@
 //! the log warm all the time, and decides only while it holds the current term (its
 //! decisions carry the term; the fold refuses them once another holds a newer one). It
 //! starts from the newest snapshot in its data directory, if any ([`crate::snapshot`]),
-//! and replays only the log after it.
+//! and replays only the log after it. It rides out the log's outages (a server restart)
+//! and hands its lease over when stopped ([`continuity`]).
+
+mod continuity;
 
 use crate::decide::{decide, Clock};
 use crate::event::{Event, StepRef};
@@ -42,6 +45,9 @@ pub struct OrchestratorConfig {
     /// The orchestrator lease ([`crate::leadership`]): a standby takes over this long
     /// after the active orchestrator's last renewal.
     pub failover_ms: u64,
+    /// How long the engine keeps trying to reach its log again after losing it before
+    /// it stops with an error; `None`: for as long as the process lives.
+    pub retry_for: Option<Duration>,
 }
 
 /// Where the last start's replay began and ended (for `/metrics` and the tests).
@@ -66,11 +72,16 @@ pub struct Role {
 /// What the API and the CLI see of a running orchestrator.
 pub struct Engine {
     pub shared: Arc<Shared>,
-    pub writer: Arc<Writer>,
-    /// Set once the fold has reached the end of the log as it was on start.
+    /// Replaced by a new session when the engine comes back from an outage.
+    writer: Mutex<Arc<Writer>>,
+    /// Set once the fold has reached the end of the log as it was on start (and again
+    /// as it was when the log came back after an outage).
     pub caught_up: AtomicBool,
     /// Why the engine thread stopped, if it failed.
     pub failure: Mutex<Option<String>>,
+    /// Why the log is out of reach while it is (the engine retries meanwhile and
+    /// neither decides nor serves).
+    pub outage: Mutex<Option<String>>,
     /// See [`OrchestratorConfig::max_open_tasks`].
     pub max_open_tasks: usize,
     /// See [`OrchestratorConfig::task_protocol`].
@@ -101,32 +112,24 @@ impl Orchestrator {
     pub fn start(cfg: OrchestratorConfig) -> Result<Self, Error> {
         let replay_end = ensure_topic(&cfg.log)?;
         let log_id = log_identity(&cfg.log)?;
-        let state = restore(&cfg, &log_id, replay_end);
+        let (state, folder) = open_fold(&cfg, &log_id, replay_end)?;
         let from = state.next_position;
         assert!(
             from <= replay_end,
             "a snapshot past the log's end was loaded"
         );
-        let folder = Folder::open_at(&cfg.log, "orchestrator", from)?;
-        warn_if_events_lost(&folder, &cfg.log);
+        // Where the state's events begin: the snapshot's position, or the first event
+        // the log still holds.
+        let origin = from.max(folder.position());
         let shared = Arc::new(Shared::with_state(state));
-        let snapshotter = match &cfg.snapshots {
-            Some(s) => Some(
-                Snapshotter::start(s.clone(), log_id, shared.clone(), from).map_err(|e| {
-                    Error::Config(format!(
-                        "cannot start snapshots in {}: {e}",
-                        s.dir.display()
-                    ))
-                })?,
-            ),
-            None => None,
-        };
+        let snapshotter = start_snapshots(&cfg, &log_id, &shared, from)?;
         let id = format!("orchestrator-{}", &crate::ids::new_uuid()[..8]);
         let engine = Arc::new(Engine {
             shared,
-            writer: Arc::new(Writer::open(&cfg.log)?),
+            writer: Mutex::new(Arc::new(Writer::open(&cfg.log)?)),
             caught_up: AtomicBool::new(replay_end <= from),
             failure: Mutex::new(None),
+            outage: Mutex::new(None),
             max_open_tasks: cfg.max_open_tasks,
             task_protocol: cfg.task_protocol,
             log: cfg.log.clone(),
@@ -150,6 +153,11 @@ impl Orchestrator {
             seen: HashMap::new(),
             candidate: Candidate::new(id, cfg.failover_ms),
             active: false,
+            origin,
+            log_id,
+            resumed: false,
+            retry_for: cfg.retry_for,
+            failover_ms: cfg.failover_ms,
         };
         let thread = std::thread::Builder::new()
             .name("orchestrator".into())
@@ -162,19 +170,79 @@ impl Orchestrator {
         })
     }
 
+    /// Stops the engine thread; the holder of the lease releases it first, so that a
+    /// standby takes over at once.
     pub fn stop(&mut self) {
         self.engine.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
+            // It may be waiting out a pause between attempts to reach its log.
+            t.thread().unpark();
             let _ = t.join();
         }
     }
+}
+
+/// The snapshot thread, if `cfg` asks for snapshots; `from`: the state's position.
+fn start_snapshots(
+    cfg: &OrchestratorConfig,
+    log_id: &str,
+    shared: &Arc<Shared>,
+    from: u64,
+) -> Result<Option<Snapshotter>, Error> {
+    let Some(s) = &cfg.snapshots else {
+        return Ok(None);
+    };
+    let started = Snapshotter::start(s.clone(), log_id.to_string(), shared.clone(), from);
+    let snapshotter = started.map_err(|e| {
+        Error::Config(format!(
+            "cannot start snapshots in {}: {e}",
+            s.dir.display()
+        ))
+    })?;
+    Ok(Some(snapshotter))
 }
 
 /// What names this log in snapshots: the topic and its creation time (a topic deleted and
 /// created again under the same name is another log, whose positions mean other events).
 fn log_identity(cfg: &LogConfig) -> Result<String, Error> {
     let info = embarcadero_client::Admin::new(&cfg.control).describe_topic(&cfg.topic)?;
-    Ok(format!("{}@{}", info.name, info.created_unix_ms))
+    Ok(identity_of(&info))
+}
+
+fn identity_of(info: &embarcadero_client::TopicInfo) -> String {
+    format!("{}@{}", info.name, info.created_unix_ms)
+}
+
+/// The state to start from and the subscription that continues it: the newest snapshot
+/// and the log after it, or an empty state and the log from the first event it holds.
+/// Warns only when events the fold needs are gone: those before the snapshot are not
+/// needed, whatever the log still holds of them.
+fn open_fold(
+    cfg: &OrchestratorConfig,
+    log_id: &str,
+    log_end: u64,
+) -> Result<(State, Folder), Error> {
+    // Before anything is delivered, its position is where the log's readable part
+    // starts (past 0 when a memory-only topic lost its first events).
+    let from_first = Folder::open(&cfg.log, "orchestrator")?;
+    let first = from_first.position();
+    let state = restore(cfg, log_id, log_end);
+    let from = state.next_position;
+    // A log that holds nothing before the snapshot's position lost what the snapshot
+    // was folded from (a memory-only topic whose server restarted; a durable log starts
+    // at 0): no other reader has that state, and workers would refuse what it allows.
+    if from > first {
+        drop(from_first);
+        return Ok((state, Folder::open_at(&cfg.log, "orchestrator", from)?));
+    }
+    if from > 0 {
+        tracing::warn!(
+            "the snapshot covers the event log {} up to position {from}, but the log now starts at position {first}: the events it was folded from are gone, so no other reader has its state; starting without the snapshot",
+            cfg.log.topic
+        );
+    }
+    warn_if_events_lost(first, &cfg.log);
+    Ok((State::default(), from_first))
 }
 
 /// The newest valid snapshot's state, or an empty one (the whole log is replayed).
@@ -197,6 +265,11 @@ fn restore(cfg: &OrchestratorConfig, log_id: &str, log_end: u64) -> State {
 }
 
 impl Engine {
+    /// The session the API's commands and the engine's decisions are published in.
+    pub fn writer(&self) -> Arc<Writer> {
+        self.writer.lock().clone()
+    }
+
     /// The Prometheus metrics text, with the queue lag when the log's end can be read.
     pub fn metrics(&self) -> String {
         let admin = embarcadero_client::Admin::new(&self.log.control);
@@ -283,36 +356,42 @@ struct Runtime {
     candidate: Candidate,
     /// Whether this one held the current term when it last decided.
     active: bool,
+    /// Where the state's events begin in the log: if the log no longer holds them, a
+    /// reader starting now could not have them ([`continuity`]).
+    origin: u64,
+    /// The log's identity on start ([`log_identity`]).
+    log_id: String,
+    /// Catching up with the log's end after an outage, not replaying on start.
+    resumed: bool,
+    retry_for: Option<Duration>,
+    failover_ms: u64,
 }
 
 impl Runtime {
     fn run(mut self) {
-        if let Err(e) = self.run_loop() {
-            tracing::error!("the orchestrator stopped: {e}");
-            *self.engine.failure.lock() = Some(e.to_string());
+        if self.engine.caught_up.load(Ordering::SeqCst) {
+            // Nothing to replay (an empty log, or a snapshot at its end).
+            self.replayed(now_ms());
+        }
+        match self.follow() {
+            Ok(()) => self.release_lease(),
+            Err(e) => {
+                tracing::error!("the orchestrator stopped: {e}");
+                *self.engine.failure.lock() = Some(e);
+            }
         }
     }
 
     fn run_loop(&mut self) -> Result<(), Error> {
         let mut wait = IDLE_POLL;
-        if self.engine.caught_up.load(Ordering::SeqCst) {
-            // Nothing to replay (an empty log, or a snapshot at its end).
-            self.replayed(now_ms());
-        }
         while !self.engine.stop.load(Ordering::SeqCst) {
             let folded = self.folder.pump(&self.engine.shared, wait)?;
             let now = now_ms();
             for f in &folded {
                 self.observe(f, now);
             }
-            if !self.engine.caught_up.load(Ordering::SeqCst) {
-                let replayed = &self.engine.recovery.replayed;
-                let before_end = folded.iter().filter(|f| f.position < self.replay_end);
-                replayed.fetch_add(before_end.count() as u64, Ordering::AcqRel);
-                if !self.folder.replayed(&self.engine.shared, self.replay_end) {
-                    continue;
-                }
-                self.replayed(now);
+            if !self.caught_up(&folded, now) {
+                continue;
             }
             wait = match self.lead(now)? {
                 true => self.decide_and_publish(now)?,
@@ -320,6 +399,27 @@ impl Runtime {
             };
         }
         Ok(())
+    }
+
+    /// Whether the fold has reached the end the engine waits for before it decides (the
+    /// log's end on start, or when the log came back after an outage); says so once.
+    fn caught_up(&mut self, folded: &[Folded], now: u64) -> bool {
+        if self.engine.caught_up.load(Ordering::SeqCst) {
+            return true;
+        }
+        if !self.resumed {
+            let replayed = &self.engine.recovery.replayed;
+            let before_end = folded.iter().filter(|f| f.position < self.replay_end);
+            replayed.fetch_add(before_end.count() as u64, Ordering::AcqRel);
+        }
+        if !self.folder.replayed(&self.engine.shared, self.replay_end) {
+            return false;
+        }
+        match self.resumed {
+            true => self.back(now),
+            false => self.replayed(now),
+        }
+        true
     }
 
     /// The replay reached the log's end as it was on start: serve, and date the lease.
@@ -356,7 +456,7 @@ impl Runtime {
         role.active.store(active, Ordering::Release);
         role.term.store(leader.term, Ordering::Release);
         if let Some(e) = self.candidate.due(&leader, now) {
-            self.engine.writer.publish(e)?;
+            self.engine.writer().publish(e)?;
         }
         Ok(active)
     }
@@ -433,7 +533,7 @@ impl Runtime {
             .into_iter()
             .filter(|e| self.inflight.insert(key(e), now).is_none())
             .collect();
-        self.engine.writer.publish_all(fresh, term)?;
+        self.engine.writer().publish_all(fresh, term)?;
         let until_wake = wake.map_or(IDLE_POLL, |w| Duration::from_millis(w.saturating_sub(now)));
         Ok(until_wake.min(IDLE_POLL))
     }
@@ -452,11 +552,10 @@ fn forget_settled_claims(claimed_at: &mut HashMap<StepRef, u64>, state: &State) 
     });
 }
 
-/// A log that starts past 0 lost its first events (a memory-only topic, `--rf 1`, whose
-/// server restarted): the templates and tasks in them are gone, which the operator must
-/// hear, not find out from 404s.
-fn warn_if_events_lost(folder: &Folder, log: &LogConfig) {
-    let first = folder.position();
+/// A log that starts past 0 (`first`, for a fold that needs it from 0) lost its first
+/// events (a memory-only topic, `--rf 1`, whose server restarted): the templates and
+/// tasks in them are gone, which the operator must hear, not find out from 404s.
+fn warn_if_events_lost(first: u64, log: &LogConfig) {
     if first > 0 {
         tracing::warn!(
             "the event log {} starts at position {first}: the events before it are gone (a memory-only topic lost them to a server restart; use --rf 2 --ack 2 to keep them); the engine starts without them",

@@ -139,7 +139,7 @@ pub enum Rejected {
         term: u64,
         current: u64,
     },
-    #[error("lease bid or renewal of term {term} by {holder} refused: term {current} is held by {current_holder}")]
+    #[error("lease bid, renewal or release of term {term} by {holder} refused: term {current} is held by {current_holder:?}")]
     LeaseRefused {
         term: u64,
         holder: String,
@@ -285,6 +285,7 @@ impl State {
             }
             Event::Heartbeat { .. } => Ok(()),
             Event::OrchestratorLease { term, holder } => self.leader.bid(*term, holder, ts),
+            Event::OrchestratorRelease { term, holder } => self.leader.release(*term, holder, ts),
             Event::TaskCancelled { task, .. } => self.cancel(task, position, ts),
             Event::TaskResolved { task, reason } => self.resolve(task, reason, position, ts),
             Event::TaskRerun { task, .. } => crate::manual::rerun(self, task, position, ts),

@@ -458,7 +458,7 @@ proptest! {
     #[test]
     fn a_refused_event_changes_nothing_but_the_count_and_audit_of_refusals(
         ops in prop::collection::vec(op(), 0..60),
-        leases in prop::collection::vec((0usize..200, 1u64..3, 0usize..2), 0..4),
+        leases in prop::collection::vec((0usize..200, 1u64..3, 0usize..4), 0..4),
     ) {
         // With orchestrator lease bids put in, refused bids and fenced decisions too.
         let envs = with_leases(events(&ops), &leases);
@@ -1239,13 +1239,15 @@ fn a_step_waiting_too_long_for_a_retry_or_a_task_past_its_duration_is_stale_and_
 }
 
 /// `envs` with orchestrator lease events put in at the given indices (bids for the
-/// next term or one beyond, renewals, by two holders), so that snapshots also carry
-/// a leader and decisions are fenced part of the way.
+/// next term or one beyond, renewals, by two holders; `holder` 2 and 3: releases by
+/// them), so that snapshots also carry a leader, released or not, and decisions are
+/// fenced part of the way.
 fn with_leases(mut envs: Vec<Envelope>, leases: &[(usize, u64, usize)]) -> Vec<Envelope> {
     for &(at, term, holder) in leases {
-        let event = Event::OrchestratorLease {
-            term,
-            holder: ["o1", "o2"][holder].into(),
+        let name = ["o1", "o2"][holder % 2].to_string();
+        let event = match holder {
+            0 | 1 => Event::OrchestratorLease { term, holder: name },
+            _ => Event::OrchestratorRelease { term, holder: name },
         };
         let at = at.min(envs.len());
         envs.insert(
@@ -1266,7 +1268,7 @@ proptest! {
     #[test]
     fn a_snapshot_and_the_tail_after_it_fold_to_the_state_of_a_full_replay(
         ops in prop::collection::vec(op(), 0..60),
-        leases in prop::collection::vec((0usize..200, 1u64..3, 0usize..2), 0..4),
+        leases in prop::collection::vec((0usize..200, 1u64..3, 0usize..4), 0..4),
         cut in 0usize..200,
     ) {
         use embarcadero_workflow::snapshot;

@@ -72,9 +72,19 @@ pub struct LogArgs {
     /// join its batch; 0: sent as soon as a sender is free.
     #[arg(long, default_value_t = 0)]
     pub linger_us: u64,
+    /// When the server is not there (not started yet, restarting, gone), keep trying to
+    /// reach it for this many seconds, then exit with an error; 0: exit at once.
+    /// Default: keep trying for as long as the process lives.
+    #[arg(long, value_name = "SECS")]
+    pub retry_for: Option<u64>,
 }
 
 impl LogArgs {
+    /// `--retry-for` as a duration; `None`: for ever.
+    fn retry_for(&self) -> Option<std::time::Duration> {
+        self.retry_for.map(std::time::Duration::from_secs)
+    }
+
     fn log_config(&self) -> embarcadero_workflow::log::LogConfig {
         let mut c = embarcadero_workflow::log::LogConfig::new(&self.control.control, &self.topic);
         c.ack = self.ack;

@@ -1,6 +1,7 @@
 //! `embarcadero orchestrator` (the engine, its API and its `/metrics` on a port of its
 //! own, phase 1) and `embarcadero worker` (the built-in Rust handlers), both until
-//! SIGINT/SIGTERM.
+//! SIGINT/SIGTERM. Both wait for a server that is not there when they start, as they
+//! ride out one that goes away while they run (`--retry-for` bounds both).
 
 use super::LogArgs;
 use crate::CliResult;
@@ -88,9 +89,14 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
                 every_events: args.snapshot_every as u64,
             }),
         failover_ms: args.failover_ms,
+        retry_for: args.log.retry_for(),
     };
-    let mut orchestrator =
-        Orchestrator::start(config).map_err(|e| format!("cannot start the orchestrator: {e}"))?;
+    let started = start_when_served("orchestrator", &args.log, &stop, || {
+        Orchestrator::start(config.clone())
+    })?;
+    let Some(mut orchestrator) = started else {
+        return Ok(());
+    };
     let known = (!args.any_handler).then(|| Registry::builtin().names());
     let api = Arc::new(Api::new(orchestrator.engine.clone(), known));
     let limits = Limits {
@@ -122,9 +128,14 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
         http.local_addr()
     );
     let ended = wait_for_stop(&stop, || orchestrator.engine.failure.lock().clone());
-    drop(announcer);
+    if ended.is_ok() {
+        eprintln!("workflow orchestrator: stop signal received; stopping");
+    }
+    // No new requests; then the engine, which hands its lease over (the announcer's
+    // last call could hold that up by a second).
     http.stop();
     orchestrator.stop();
+    drop(announcer);
     ended
 }
 
@@ -170,7 +181,10 @@ pub fn worker(args: WorkerArgs) -> CliResult {
         run_log: args.run_log,
     };
     let mut backoff = RESTART_FIRST;
-    let mut worker = start_worker(&config).map_err(|e| format!("cannot start the worker: {e}"))?;
+    let started = start_when_served("worker", &args.log, &stop, || start_worker(&config))?;
+    let Some(mut worker) = started else {
+        return Ok(());
+    };
     loop {
         let started = Instant::now();
         let ended = wait_for_stop(&stop, || {
@@ -178,11 +192,12 @@ pub fn worker(args: WorkerArgs) -> CliResult {
                 .is_finished()
                 .then(|| "the worker loop ended".to_string())
         });
-        let stopped = worker.stop();
-        let why = match (ended, stopped) {
-            (Ok(()), stopped) => return stopped.map_err(|e| format!("the worker failed: {e}")),
-            (Err(ended), Err(why)) => format!("{ended}: {why}"),
-            (Err(ended), Ok(())) => ended,
+        let why = match ended {
+            Ok(()) => return drain(worker, &stop),
+            Err(ended) => match worker.stop() {
+                Err(why) => format!("{ended}: {why}"),
+                Ok(()) => ended,
+            },
         };
         if started.elapsed() > RESTART_CAP * 2 {
             backoff = RESTART_FIRST;
@@ -195,6 +210,7 @@ pub fn worker(args: WorkerArgs) -> CliResult {
             worker.id,
             backoff.as_millis()
         );
+        let lost = Instant::now();
         worker = loop {
             if stopped_within(&stop, backoff) {
                 return Ok(());
@@ -202,12 +218,105 @@ pub fn worker(args: WorkerArgs) -> CliResult {
             backoff = (backoff * 2).min(RESTART_CAP);
             match start_worker(&config) {
                 Ok(w) => break w,
+                Err(e) if args.log.retry_for().is_some_and(|l| lost.elapsed() >= l) => {
+                    return Err(format!("no new worker within --retry-for: {e}"))
+                }
                 Err(e) => eprintln!(
                     "cannot start a new worker yet ({e}); trying again in {} ms",
                     backoff.as_millis()
                 ),
             }
         };
+    }
+}
+
+/// Runs `start` until it succeeds while its error says the server is not there (yet): a
+/// process started before its server, or while it restarts, waits for it as a running
+/// one does when it loses it. `None` if a stop signal came first; an error if `start`
+/// failed otherwise, or the server stayed away past `--retry-for`.
+fn start_when_served<T>(
+    what: &str,
+    log: &LogArgs,
+    stop: &std::sync::mpsc::Receiver<()>,
+    mut start: impl FnMut() -> Result<T, embarcadero_client::Error>,
+) -> Result<Option<T>, String> {
+    let since = Instant::now();
+    let mut pause = RESTART_FIRST;
+    loop {
+        let e = match start() {
+            Ok(started) => return Ok(Some(started)),
+            Err(e) if server_not_there(&e) => e,
+            Err(e) => return Err(format!("cannot start the {what}: {e}")),
+        };
+        if log
+            .retry_for()
+            .is_some_and(|limit| since.elapsed() >= limit)
+        {
+            return Err(format!(
+                "cannot start the {what} (no server within --retry-for): {e}"
+            ));
+        }
+        eprintln!(
+            "waiting for the server at {} ({e}); the {what} starts once it answers; next try in {} ms",
+            log.control.control,
+            pause.as_millis()
+        );
+        if stopped_within(stop, pause) {
+            return Ok(None);
+        }
+        pause = (pause * 2).min(RESTART_CAP);
+    }
+}
+
+/// Errors that mean the server is not there, or not ready yet (its control port up
+/// before its brokers): worth waiting for, unlike a refusal such as a topic of the
+/// wrong order.
+fn server_not_there(e: &embarcadero_client::Error) -> bool {
+    crate::server_gone(e)
+        || matches!(
+            e,
+            embarcadero_client::Error::Admin {
+                status: 502..=504,
+                ..
+            }
+        )
+}
+
+/// Stops `worker` on a signal as the SDK workers stop: it claims nothing more and
+/// heartbeats until every attempt it holds has published its result
+/// (`Worker::stop_and_drain`), so that no finished result is lost to a lease expiry. A
+/// second signal exits at once (the attempts still running then go back after their
+/// lease): a handler may run for as long as its step's timeout.
+fn drain(mut worker: Worker, stop: &std::sync::mpsc::Receiver<()>) -> CliResult {
+    let id = worker.id.clone();
+    eprintln!(
+        "workflow worker {id} is draining: it claims nothing more and waits for its {} running \
+         attempt(s) to publish their results (a second signal exits at once)",
+        worker.running()
+    );
+    let (tx, drained) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("drain".into())
+        .spawn(move || {
+            let _ = tx.send(worker.stop_and_drain());
+        })
+        .map_err(|e| format!("cannot start draining: {e}"))?;
+    loop {
+        match drained.recv_timeout(Duration::from_millis(100)) {
+            Ok(Ok(())) => {
+                eprintln!("workflow worker {id} drained: every result is in the log");
+                return Ok(());
+            }
+            Ok(Err(e)) => return Err(format!("the worker failed while draining: {e}")),
+            Err(RecvTimeoutError::Disconnected) => return Err("the drain panicked".into()),
+            Err(RecvTimeoutError::Timeout) if stop.try_recv().is_ok() => {
+                return Err(format!(
+                    "workflow worker {id} stopped by a second signal while draining; the \
+                     attempts still running go back after their lease"
+                ))
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+        }
     }
 }
 

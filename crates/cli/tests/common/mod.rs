@@ -64,6 +64,17 @@ impl Proc {
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Whether a stderr line printed so far contains `marker` (see
+    /// [`ChildProcess::printed`]).
+    pub fn printed(&self, marker: &str) -> bool {
+        self.process.printed(marker)
+    }
+
+    /// Whether the process has exited.
+    pub fn exited(&mut self) -> bool {
+        self.process.exited()
+    }
+
     /// SIGKILL, as a crash would: no chance to flush or clean up.
     pub fn kill(mut self) {
         self.process.kill().unwrap_or_else(|e| panic!("{e}"));
