@@ -512,10 +512,10 @@ pub(super) fn show_task(t: &Value, json: bool) {
         return;
     }
     say!(
-        "task {}  {}  {}% complete",
+        "task {}  {}  {} complete",
         text(&t["task_uuid"]),
         text(&t["status"]),
-        t["completion_percentage"]
+        percent(&t["completion_percentage"])
     );
     for s in t["steps"].as_array().into_iter().flatten() {
         let detail = match (&s["result"], &s["last_error"]) {
@@ -532,14 +532,66 @@ pub(super) fn show_task(t: &Value, json: bool) {
     }
 }
 
+/// A completion percentage as a person reads it: `33.3%`, `100%` (the API's number
+/// is a float: `33.333333333333336`).
+pub(super) fn percent(v: &Value) -> String {
+    match v.as_f64() {
+        Some(p) if p.fract() == 0.0 => format!("{p:.0}%"),
+        Some(p) => format!("{p:.1}%"),
+        None => format!("{v}%"),
+    }
+}
+
 /// With `must_finish`, a task that did not complete is a failure of the command.
 pub(super) fn finished_ok(t: &Value, must_finish: bool) -> CliResult {
     match (must_finish, t["status"].as_str()) {
         (false, _) | (true, Some("complete")) => Ok(()),
+        // Not finished: the wait ran out (a step may have no worker with its handler).
+        (true, Some(status))
+            if !matches!(
+                status,
+                "error" | "cancelled" | "resolved_manually" | "blocked_by_failures"
+            ) =>
+        {
+            Err(format!(
+                "task {} is {status}: the wait ran out before it finished (`task wait {}` waits \
+                 more; `task steps {}` shows which step it waits for)",
+                text(&t["task_uuid"]),
+                text(&t["task_uuid"]),
+                text(&t["task_uuid"])
+            ))
+        }
         (true, status) => Err(format!(
             "task {} is {}",
             text(&t["task_uuid"]),
             status.unwrap_or("?")
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn percentages_read_as_a_person_writes_them() {
+        assert_eq!(percent(&json!(33.333333333333336)), "33.3%");
+        assert_eq!(percent(&json!(100.0)), "100%");
+        assert_eq!(percent(&json!(0)), "0%");
+    }
+
+    #[test]
+    fn a_wait_that_ran_out_says_so_and_what_to_run_next() {
+        let open = json!({"task_uuid": "t1", "status": "steps_in_process"});
+        let e = finished_ok(&open, true).unwrap_err();
+        assert!(
+            e.contains("the wait ran out") && e.contains("task wait t1"),
+            "{e}"
+        );
+        let failed = json!({"task_uuid": "t1", "status": "error"});
+        assert_eq!(finished_ok(&failed, true).unwrap_err(), "task t1 is error");
+        let done = json!({"task_uuid": "t1", "status": "complete"});
+        assert!(finished_ok(&done, true).is_ok() && finished_ok(&open, false).is_ok());
     }
 }

@@ -1,7 +1,7 @@
 //! `embarcadero task list|cancel|rerun|resolve|steps|reset-step|resolve-step|stats|dlq`: the task
 //! management commands, clients of the workflow API's routes over existing tasks.
 
-use super::commands::{api_error, show_task, text, TaskCommand};
+use super::commands::{api_error, percent, show_task, text, TaskCommand};
 use crate::CliResult;
 use embarcadero_workflow::client::ApiClient;
 use serde_json::{json, Value};
@@ -158,13 +158,13 @@ fn list(
     let list = get(api, &format!("/v1/tasks{query}"))?;
     show_list(&list, "tasks", json, |t| {
         format!(
-            "{}  {}/{}@{}  {}  {}%",
+            "{}  {}/{}@{}  {}  {}",
             text(&t["task_uuid"]),
             text(&t["namespace"]),
             text(&t["name"]),
             text(&t["version"]),
             text(&t["status"]),
-            t["completion_percentage"]
+            percent(&t["completion_percentage"])
         )
     });
     Ok(())
