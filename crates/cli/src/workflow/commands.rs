@@ -310,37 +310,45 @@ fn version_or_newest(
     }
 }
 
+/// `task create`: starts a task of the template's given (or newest) version, waiting for
+/// it with `--wait`.
+fn create(cmd: TaskCommand) -> CliResult {
+    let TaskCommand::Create {
+        namespace,
+        name,
+        version,
+        context,
+        idempotency_key,
+        wait,
+        api,
+        json,
+    } = cmd
+    else {
+        unreachable!("called with a create command")
+    };
+    let context = context_object(&context)?;
+    let client = ApiClient::new(api.addr());
+    let version = version_or_newest(&client, &namespace, &name, version)?;
+    let created = client
+        .create_task(
+            &namespace,
+            &name,
+            &version,
+            context,
+            idempotency_key.as_deref(),
+        )
+        .map_err(api_error)?;
+    let task = match (wait, created["task_uuid"].as_str()) {
+        (0, _) | (_, None) => created,
+        (s, Some(uuid)) => client.get_task(uuid, s).map_err(api_error)?,
+    };
+    show_task(&task, json);
+    finished_ok(&task, wait > 0)
+}
+
 pub fn task(cmd: TaskCommand) -> CliResult {
     match cmd {
-        TaskCommand::Create {
-            namespace,
-            name,
-            version,
-            context,
-            idempotency_key,
-            wait,
-            api,
-            json,
-        } => {
-            let context = context_object(&context)?;
-            let client = ApiClient::new(api.addr());
-            let version = version_or_newest(&client, &namespace, &name, version)?;
-            let created = client
-                .create_task(
-                    &namespace,
-                    &name,
-                    &version,
-                    context,
-                    idempotency_key.as_deref(),
-                )
-                .map_err(api_error)?;
-            let task = match (wait, created["task_uuid"].as_str()) {
-                (0, _) | (_, None) => created,
-                (s, Some(uuid)) => client.get_task(uuid, s).map_err(api_error)?,
-            };
-            show_task(&task, json);
-            finished_ok(&task, wait > 0)
-        }
+        cmd @ TaskCommand::Create { .. } => create(cmd),
         TaskCommand::Get { uuid, api, json } => {
             show_task(
                 &ApiClient::new(api.addr())
