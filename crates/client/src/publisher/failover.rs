@@ -265,15 +265,18 @@ pub(super) fn add_broker(
             inner.max_batch
         )));
     }
-    if let Some((_, ok)) = connected
-        .iter()
-        .find(|(_, ok)| inner.order == 5 && ok.next_batch_seq < session_acked(inner))
-    {
-        let error = lost_acknowledged(inner, addr, ok.next_batch_seq);
-        // Its next batches could never be ordered: the session would wait for ever on
-        // the ones the broker lost.
-        inner.fail(&inner.queues[0].conn, error.clone());
-        return Err(error);
+    if inner.order == 5 {
+        let acked = session_acked(inner);
+        if let Some(Err(error)) = connected
+            .iter()
+            .map(|(_, ok)| super::session::check_session_marks(inner, addr, acked, ok))
+            .find(Result::is_err)
+        {
+            // Its next batches could never be ordered: the session would wait for ever on
+            // the ones the broker lost.
+            inner.fail(&inner.queues[0].conn, error.clone());
+            return Err(error);
+        }
     }
     let first_seqs: Vec<u64> = connected.iter().map(|(_, ok)| ok.next_batch_seq).collect();
     let queues = connected.into_iter().map(|(queue, _)| queue).collect();
@@ -301,17 +304,4 @@ fn session_acked(inner: &Inner) -> u64 {
         .map(|q| q.conn.acked.load(Ordering::Acquire))
         .max()
         .unwrap_or(0)
-}
-
-/// The error of a session whose joined broker `addr` knows it only up to batch
-/// `known`, below what was acknowledged: acknowledged batches were lost.
-fn lost_acknowledged(inner: &Inner, addr: &str, known: u64) -> Error {
-    Error::Broker {
-        broker: addr.to_string(),
-        code: ErrorCode::SessionExpired,
-        message: format!(
-            "the server knows this order-5 session only up to batch {known}, below the {} it acknowledged: the session ended while idle (its slot went to another session), or acknowledged batches were lost (at ack 1, a server that lost its region file loses what had not reached the disk replicas); start a new publisher (publish at ack 2 to keep acknowledged batches through such a loss)",
-            session_acked(inner)
-        ),
-    }
 }

@@ -118,7 +118,7 @@ fn open_next_epoch(inner: &Inner, q: &Queue) -> Result<(Link, u64, u64), Error> 
         let (transport, ring) = (inner.config.transport, inner.config.shm_ring_bytes);
         match conn::handshake_link(&q.broker, &hello, transport, ring)? {
             conn::Handshake::Accepted(stream, ok) => {
-                check_session_marks(inner, q, &ok)?;
+                check_session_marks(inner, &q.broker, q.conn.acked.load(Ordering::Acquire), &ok)?;
                 let hwm = ok
                     .next_batch_seq
                     .max(session.fenced_hwm.load(Ordering::Acquire));
@@ -144,21 +144,28 @@ fn open_next_epoch(inner: &Inner, q: &Queue) -> Result<(Link, u64, u64), Error> 
 /// Reopens that meet a newer fence each time before giving up.
 const MAX_REFENCES: usize = 5;
 
-/// The broker knows less of the session than this connection was told, or more than
-/// it ever sent: the session ended (idle, its slot given away) and the marks are gone
-/// or another session's.
-fn check_session_marks(inner: &Inner, q: &Queue, ok: &HelloOk) -> Result<(), Error> {
+/// Order 5: whether broker `broker`'s record of the session (`ok`) can be this
+/// publisher's: it must not expect a batch below `acked` (what this connection, or for
+/// a broker that joins, the session, was told is acknowledged) nor beyond what was
+/// sent. Otherwise the session ended while idle (its slot given away), or acknowledged
+/// batches were lost with the server's region (ack 1): its next batches could never be
+/// ordered.
+pub(super) fn check_session_marks(
+    inner: &Inner,
+    broker: &str,
+    acked: u64,
+    ok: &HelloOk,
+) -> Result<(), Error> {
     let session = inner.session.as_ref().expect("order-5 publisher");
-    let acked = q.conn.acked.load(Ordering::Acquire);
     let sent = session.next_seq.load(Ordering::Acquire);
     if ok.next_batch_seq >= acked && ok.next_batch_seq <= sent {
         return Ok(());
     }
     Err(Error::Broker {
-        broker: q.broker.clone(),
+        broker: broker.to_string(),
         code: ErrorCode::SessionExpired,
         message: format!(
-            "the broker's record of this order-5 session is not this publisher's (it acknowledged up to batch {acked} and sent up to {sent}; the broker now expects batch {}): the session ended while idle and its slot went to another session; batches not yet acknowledged may or may not be in the log: start a new publisher and resend them",
+            "the broker's record of this order-5 session is not this publisher's (it acknowledged up to batch {acked} and sent up to {sent}; the broker now expects batch {}): the session ended while idle and its slot went to another session, or acknowledged batches were lost (at ack 1, a server that lost its region file loses what had not reached the disk replicas); batches not yet acknowledged may or may not be in the log: start a new publisher and resend them (publish at ack 2 to keep acknowledged batches through such a loss)",
             ok.next_batch_seq
         ),
     })
