@@ -146,15 +146,15 @@ fn fitted_cursor(args: &SubArgs, sub: &Subscriber, cursor: Cursor) -> Result<Cur
         .map_err(|m| m.explain(&args.topic, "--from", from_flag))
 }
 
-/// `cursor` as `--from` takes it.
+/// Per-broker positions as `--from` takes them and the CLI prints them: `3,0,7`.
+fn comma_list(positions: &[u64]) -> String {
+    let v: Vec<String> = positions.iter().map(u64::to_string).collect();
+    v.join(",")
+}
+
+/// `cursor` as the `--from` flag, written out: `--from 3,0,7`.
 fn from_flag(cursor: &Cursor) -> String {
-    match cursor {
-        Cursor::Global(p) => format!("--from {p}"),
-        Cursor::PerBroker(v) => {
-            let v: Vec<String> = v.iter().map(u64::to_string).collect();
-            format!("--from {}", v.join(","))
-        }
-    }
+    format!("--from {}", cursor_arg(cursor))
 }
 
 /// Prints messages until `--count` or the idle timeout. Output is buffered, and flushed
@@ -260,7 +260,7 @@ fn reconnect(
 fn cursor_arg(cursor: &Cursor) -> String {
     match cursor {
         Cursor::Global(p) => p.to_string(),
-        Cursor::PerBroker(v) => v.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
+        Cursor::PerBroker(v) => comma_list(v),
     }
 }
 
@@ -289,10 +289,7 @@ fn warn_if_beyond_the_end(args: &SubArgs, from: u64) {
 fn describe(cursor: &Cursor) -> String {
     match cursor {
         Cursor::Global(p) => format!("position {p}"),
-        Cursor::PerBroker(v) => {
-            let v: Vec<String> = v.iter().map(u64::to_string).collect();
-            format!("per-broker positions {}", v.join(","))
-        }
+        Cursor::PerBroker(v) => format!("per-broker positions {}", comma_list(v)),
     }
 }
 
