@@ -521,6 +521,29 @@ fn template_errors_name_the_template_step_and_field() {
             && err.contains("twoo"),
         "{err}"
     );
+    let out = run_bin(&["template", "validate", "--json", file.to_str().unwrap()]);
+    assert!(
+        !out.status.success(),
+        "an invalid template fails with --json too"
+    );
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&shown["valid"], &shown["step"], &shown["field"]),
+        (&json!(false), &json!("three"), &json!("dependencies")),
+        "{shown}"
+    );
+    std::fs::write(&file, LINEAR).unwrap();
+    let valid = json_of(&run_bin(&[
+        "template",
+        "validate",
+        "--json",
+        file.to_str().unwrap(),
+    ]));
+    assert_eq!(
+        (&valid["valid"], &valid["template"], &valid["steps"]),
+        (&json!(true), &json!("demo/linear@1.0.0"), &json!(4)),
+        "{valid}"
+    );
 
     let engine = Engine::start();
     let (_orchestrator, addr) = engine.orchestrator("3000");
@@ -1162,11 +1185,23 @@ fn identity_strategies_deduplicate_by_context_by_key_or_never() {
         answer(
             &addr,
             "id_caller_provided",
-            json!({"x": 2}),
+            json!({"x": 1}),
             Some("order-7")
         ),
         (200, keyed.clone()),
-        "the key alone names the task"
+        "a retry with the key is answered with the task"
+    );
+    let reused = submit(
+        &addr,
+        "id_caller_provided",
+        json!({"x": 2}),
+        Some("order-7"),
+    );
+    let error = &reused.json()["error"];
+    assert_eq!(
+        (reused.status, &error["code"], &error["task_uuid"]),
+        (409, &json!("idempotency_key_reused"), &keyed),
+        "the key sent again with another context is refused, naming the task: {error}"
     );
     assert_eq!(
         answer(
@@ -1191,8 +1226,18 @@ fn identity_strategies_deduplicate_by_context_by_key_or_never() {
         "a replaying orchestrator knows the identities from the log"
     );
     assert_eq!(
-        answer(&addr, "id_caller_provided", json!({}), Some("order-7")),
+        answer(
+            &addr,
+            "id_caller_provided",
+            json!({"x": 1}),
+            Some("order-7")
+        ),
         (200, keyed)
+    );
+    let not_an_object = submit(&addr, "id_strict", json!([1, 2]), None);
+    assert_eq!(
+        (not_an_object.status, &not_an_object.json()["error"]["code"]),
+        (400, &json!("invalid_context"))
     );
 }
 
@@ -1704,6 +1749,11 @@ fn metrics_count_tasks_and_steps_by_state_step_latency_by_handler_and_queue_lag(
     assert_eq!(
         summary.trim(),
         "tasks: complete 1\nsteps: complete 4\nqueue lag: 0 events"
+    );
+    let summary = json_of(&run_bin(&["task", "stats", "--api", addr, "--json"]));
+    assert_eq!(
+        summary,
+        json!({"tasks": {"complete": 1}, "steps": {"complete": 4}, "queue_lag_events": 0})
     );
 }
 

@@ -208,6 +208,16 @@ impl Api {
             Err(e) => return Reply::error(400, "bad_request", format!("not a task request: {e}")),
         };
         let _ = (&req.initiator, &req.source_system, &req.reason);
+        if !matches!(req.context, Value::Object(_) | Value::Null) {
+            return Reply::error(
+                400,
+                "invalid_context",
+                format!(
+                    "the context must be a JSON object (or left out), not {}",
+                    json_kind(&req.context)
+                ),
+            );
+        }
         let key = TemplateKey {
             namespace: req.namespace.clone(),
             name: req.name.clone(),
@@ -218,6 +228,7 @@ impl Api {
             Err(reply) => return reply,
         };
         let uuid = crate::ids::new_uuid();
+        let (context, key) = (req.context.clone(), req.idempotency_key.clone());
         let event = Event::TaskCreated {
             task: uuid.clone(),
             namespace: req.namespace,
@@ -242,19 +253,18 @@ impl Api {
             .shared
             .wait_for_task(&uuid, Instant::now() + APPLY_TIMEOUT, |s| {
                 if let Some(t) = s.tasks.get(&uuid) {
-                    return Some((201, task_view(t)));
+                    return Some(Reply::ok(201, task_view(t)));
                 }
                 let other = identity.as_ref().and_then(|k| s.idempotency.get(k))?;
-                Some((200, task_view(&s.tasks[other])))
+                Some(duplicate(&s.tasks[other], &context, key.as_deref()))
             });
-        match found {
-            Some((status, view)) => Reply::ok(status, view),
-            None => Reply::error(
+        found.unwrap_or_else(|| {
+            Reply::error(
                 504,
                 "not_applied",
                 "the task was published but not applied in time",
-            ),
-        }
+            )
+        })
     }
 
     /// The template exists, the request has an identity under its strategy, no task
@@ -276,7 +286,12 @@ impl Api {
         let identity = identity(&template, &req.context, req.idempotency_key.as_deref())
             .map_err(|e| Reply::error(400, "idempotency_key_required", e.to_string()))?;
         if let Some(existing) = identity.as_ref().and_then(|k| state.idempotency.get(k)) {
-            return Err(Reply::ok(200, task_view(&state.tasks[existing])));
+            let existing = &state.tasks[existing];
+            return Err(duplicate(
+                existing,
+                &req.context,
+                req.idempotency_key.as_deref(),
+            ));
         }
         self.check_backlog(&state)?;
         drop(state);
@@ -555,6 +570,40 @@ fn conflict(key: &TemplateKey) -> Reply {
         "template_conflict",
         format!("template {key} is registered already with other content; register a new version"),
     )
+}
+
+/// The answer to a request whose identity an earlier task has: that task (200), as a
+/// retry after a lost answer needs its id. A caller's idempotency key sent again with
+/// another context is a mistake the answer must not hide (the key makes the identity, so
+/// the context would be dropped in silence): 409 naming the task. Without a key the
+/// identity is the context itself, so the contexts agree.
+fn duplicate(existing: &crate::state::Task, context: &Value, key: Option<&str>) -> Reply {
+    let Some(key) = key.filter(|_| existing.context != *context) else {
+        return Reply::ok(200, task_view(existing));
+    };
+    let mut reply = Reply::error(
+        409,
+        "idempotency_key_reused",
+        format!(
+            "idempotency key {key:?} was used for task {} with another context; send that \
+             context to get the task, or use a new key for a new task",
+            existing.uuid
+        ),
+    );
+    reply.body["error"]["task_uuid"] = json!(existing.uuid);
+    reply
+}
+
+/// How a JSON value that should have been an object is named in an error.
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
 }
 
 fn closed(t: &crate::state::Task) -> Reply {

@@ -197,6 +197,9 @@ pub enum TaskCommand {
     Stats {
         #[command(flatten)]
         api: ApiArg,
+        /// Print the summary as JSON, for scripts.
+        #[arg(long)]
+        json: bool,
     },
     /// The dead-letter list: failed steps of blocked or failed tasks, with the reason.
     Dlq {
@@ -273,6 +276,10 @@ pub enum TemplateCommand {
         /// Accept any handler name.
         #[arg(long)]
         any_handler: bool,
+        /// Print the outcome as JSON (`valid`, `template`, `steps`, or `error`), for
+        /// scripts; exits non-zero for an invalid template either way.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -451,14 +458,35 @@ pub fn template(cmd: TemplateCommand) -> CliResult {
             say!("{}", shown.trim_end());
             Ok(())
         }
-        TemplateCommand::Validate { file, any_handler } => {
-            let known = Registry::builtin().names();
-            let t = validate::load(&read(&file)?, (!any_handler).then_some(&known))
-                .map_err(|e| e.to_string())?;
-            say!("{} is valid: {} steps", t.key(), t.steps.len());
-            Ok(())
+        TemplateCommand::Validate {
+            file,
+            any_handler,
+            json,
+        } => validate_file(&file, any_handler, json),
+    }
+}
+
+/// `template validate`: the template in `file` loads (and, unless `any_handler`, names
+/// only built-in handlers). With `json`, the outcome is printed as JSON in both cases
+/// and an invalid template still fails the command, so scripts may use either.
+fn validate_file(file: &std::path::Path, any_handler: bool, json: bool) -> CliResult {
+    let known = Registry::builtin().names();
+    let loaded = validate::load(&read(file)?, (!any_handler).then_some(&known));
+    match (loaded, json) {
+        (Ok(t), false) => say!("{} is valid: {} steps", t.key(), t.steps.len()),
+        (Ok(t), true) => say!(
+            "{}",
+            serde_json::json!({"valid": true, "template": t.key().to_string(), "steps": t.steps.len()})
+        ),
+        (Err(e), false) => return Err(e.to_string()),
+        (Err(e), true) => {
+            let shown = serde_json::json!({"valid": false, "error": e.to_string(),
+                "template": e.template, "step": e.step, "field": e.field});
+            say!("{shown}");
+            return Err(e.to_string());
         }
     }
+    Ok(())
 }
 
 /// `task bench`: the measurement, printed for a person or as JSON.
@@ -502,7 +530,7 @@ fn registered_template(api: &str, key: &str) -> Result<Template, String> {
     serde_json::from_value(found).map_err(|e| format!("template {key}: {e}"))
 }
 
-fn read(file: &PathBuf) -> Result<String, String> {
+fn read(file: &std::path::Path) -> Result<String, String> {
     std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))
 }
 

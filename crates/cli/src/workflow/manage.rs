@@ -37,7 +37,7 @@ pub fn run(cmd: TaskCommand) -> CliResult {
             api,
             json,
         } => resolve(api.addr(), &uuid, &reason, by.as_deref(), json),
-        TaskCommand::Stats { api } => print_stats(api.addr()),
+        TaskCommand::Stats { api, json } => print_stats(api.addr(), json),
         TaskCommand::ResetStep {
             uuid,
             step,
@@ -74,20 +74,49 @@ pub fn run(cmd: TaskCommand) -> CliResult {
 pub fn stats(metrics: &str) -> String {
     let mut lines = Vec::new();
     for kind in ["tasks", "steps"] {
-        let prefix = format!("embarcadero_workflow_{kind}{{state=\"");
-        let counts: Vec<String> = metrics
-            .lines()
-            .filter_map(|l| l.strip_prefix(&prefix)?.split_once("\"} "))
-            .filter(|(_, n)| *n != "0")
+        let counts: Vec<String> = state_counts(metrics, kind)
+            .iter()
             .map(|(state, n)| format!("{state} {n}"))
             .collect();
         lines.push(format!("{kind}: {}", counts.join(", ")));
     }
-    let lag = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("embarcadero_workflow_queue_lag_events "));
-    lines.push(format!("queue lag: {} events", lag.unwrap_or("unknown")));
+    let lag = queue_lag(metrics).map_or("unknown".to_string(), |n| n.to_string());
+    lines.push(format!("queue lag: {lag} events"));
     lines.join("\n")
+}
+
+/// `task stats --json`: `{"tasks": {state: count}, "steps": {state: count},
+/// "queue_lag_events": count or null}`, from the same figures as [`stats`].
+pub fn stats_json(metrics: &str) -> Value {
+    let counts = |kind| {
+        let pairs = state_counts(metrics, kind).into_iter();
+        Value::Object(pairs.map(|(state, n)| (state, json!(n))).collect())
+    };
+    json!({
+        "tasks": counts("tasks"),
+        "steps": counts("steps"),
+        "queue_lag_events": queue_lag(metrics),
+    })
+}
+
+/// The orchestrator's `embarcadero_workflow_{kind}{state="S"} N` samples in the order
+/// it exposes them, the states at 0 left out.
+fn state_counts(metrics: &str, kind: &str) -> Vec<(String, u64)> {
+    let prefix = format!("embarcadero_workflow_{kind}{{state=\"");
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix)?.split_once("\"} "))
+        .filter_map(|(state, n)| Some((state.to_string(), n.trim().parse::<u64>().ok()?)))
+        .filter(|(_, n)| *n != 0)
+        .collect()
+}
+
+/// The orchestrator's queue lag in events, if it exposes one.
+fn queue_lag(metrics: &str) -> Option<u64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("embarcadero_workflow_queue_lag_events "))
+        .and_then(|n| n.trim().parse().ok())
 }
 
 /// `DELETE /v1/tasks/{uuid}`: the cancelled task.
@@ -108,9 +137,12 @@ fn resolve(api: &str, uuid: &str, reason: &str, by: Option<&str>, json: bool) ->
 }
 
 /// `GET /v1/workflow/metrics`, summed up by [`stats`].
-fn print_stats(api: &str) -> CliResult {
+fn print_stats(api: &str, json: bool) -> CliResult {
     let metrics = ApiClient::new(api).metrics().map_err(api_error)?;
-    say!("{}", stats(&metrics));
+    match json {
+        true => say!("{}", stats_json(&metrics)),
+        false => say!("{}", stats(&metrics)),
+    }
     Ok(())
 }
 
