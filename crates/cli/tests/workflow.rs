@@ -2252,7 +2252,9 @@ fn a_fresh_orchestrator_and_worker_serve_after_a_memory_only_log_lost_its_events
     // The snapshot's tail and everything before it are gone: it says both.
     assert!(orchestrator.printed("starting without the snapshot"));
     assert!(orchestrator.printed("the events before it are gone"));
-    let (_worker, id) = engine.worker_with("1000", &memory_only);
+    // Asking for another replication factor than the log's is said, not ignored.
+    let (worker, id) = engine.worker_with("1000", &["--rf", "2", "--ack", "1"]);
+    assert!(worker.printed("exists with replication factor 1, not the 2 asked for"));
     let api = ApiClient::new(&addr);
     register(&api, LINEAR);
     let uuid = create(&api, "linear", json!({"even_number": 2}));

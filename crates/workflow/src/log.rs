@@ -49,7 +49,22 @@ pub fn ensure_topic(cfg: &LogConfig) -> Result<u64, Error> {
             "topic {} has order {}; the workflow log needs order 5",
             cfg.topic, info.order
         ))),
-        Ok(info) => Ok(info.next_position),
+        Ok(info) => {
+            if info.replication_factor != cfg.replication_factor {
+                // The flag only applies to a topic the engine creates; an operator who
+                // asked for another durability must hear that the log keeps its own.
+                tracing::warn!(
+                    "topic {} exists with replication factor {}, not the {} asked for: it \
+                     keeps its own (the factor applies only when the engine creates the \
+                     topic; `embarcadero topic delete {}` drops it and every event in it)",
+                    cfg.topic,
+                    info.replication_factor,
+                    cfg.replication_factor,
+                    cfg.topic
+                );
+            }
+            Ok(info.next_position)
+        }
         Err(Error::Admin { status: 404, .. }) => {
             let mut spec = TopicSpec::new(cfg.topic.clone(), 5).replicated(cfg.replication_factor);
             spec.default_ack = cfg.ack;
