@@ -58,7 +58,7 @@ pub struct ControlArg {
 enum Command {
     /// Run the embedded server: control plane, brokers and sequencer in one process.
     Serve(ServeArgs),
-    /// Create, list and describe topics.
+    /// Create, list, describe and delete topics.
     #[command(subcommand)]
     Topic(TopicCommand),
     /// Publish messages: one per line from stdin, or generated load with --count.
@@ -89,10 +89,10 @@ enum Command {
     /// SIGTERM drains it: no new claim, running attempts publish their results; a second
     /// signal exits at once).
     Worker(workflow::WorkerArgs),
-    /// Workflow tasks: create, get, wait, list, cancel, rerun, resolve, steps, reset-step, resolve-step, dlq.
+    /// Workflow tasks: create, get, wait, list, steps, cancel, rerun, resolve, reset-step, resolve-step, dlq, stats, bench.
     #[command(subcommand)]
     Task(workflow::TaskCommand),
-    /// Workflow templates: register, list, validate.
+    /// Workflow templates: register, list, show, validate.
     #[command(subcommand)]
     Template(workflow::TemplateCommand),
 }
