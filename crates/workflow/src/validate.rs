@@ -112,7 +112,7 @@ pub fn check(t: &Template, handlers: KnownHandlers) -> Result<(), TemplateError>
             return Err(err(
                 None,
                 field,
-                format!("`{value}` must be 1-128 letters, digits, '.', '_' or '-'"),
+                format!("`{value}` must be 1-128 ASCII letters, digits, '.', '_' or '-'"),
             ));
         }
     }
@@ -158,7 +158,7 @@ fn check_steps(t: &Template, handlers: KnownHandlers) -> Result<(), StepProblem>
         if !is_identifier(&s.name) {
             return fail(
                 "name",
-                "must be 1-128 letters, digits, '.', '_' or '-'".into(),
+                "must be 1-128 ASCII letters, digits, '.', '_' or '-'".into(),
             );
         }
         if !seen.insert(s.name.as_str()) {
