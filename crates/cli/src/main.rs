@@ -234,19 +234,6 @@ fn main() -> ExitCode {
 
 pub type CliResult = Result<(), String>;
 
-/// Errors that mean the server is (for now) not there, as during a restart: `pub` and
-/// `sub` reconnect after these for `--retry-for` seconds.
-pub fn server_gone(e: &embarcadero_client::Error) -> bool {
-    use embarcadero_client::Error;
-    matches!(
-        e,
-        Error::ConnectionLost { .. }
-            | Error::Connect { .. }
-            | Error::NoLiveBroker
-            | Error::Timeout(_)
-    )
-}
-
 /// A pause between attempts to reach a server that is down, doubling up to 1 s.
 pub fn retry_pause(pause: &mut std::time::Duration) {
     // A retry interval while the server is down, not a wait for an event.

@@ -96,7 +96,7 @@ pub fn run(args: PubArgs) -> CliResult {
         let acked = base + ledger.acked_messages(publisher.acked_prefix());
         match outcome {
             Ok(()) => break,
-            Err(Failure::Server(e)) if crate::server_gone(&e) && args.retry_for > 0 => {
+            Err(Failure::Server(e)) if e.server_gone() && args.retry_for > 0 => {
                 bar.suspend(|| -> CliResult {
                     publisher = reconnect(&args, ack, acked, &e).map_err(|why| {
                         failure_report(&args, &why, acked, base + ledger.published)
@@ -239,7 +239,7 @@ fn publish_from(
             return Ok(());
         };
         publisher.publish(message).map_err(|e| match &e {
-            e if crate::server_gone(e) => Failure::Server(e.clone()),
+            e if e.server_gone() => Failure::Server(e.clone()),
             e if lines => Failure::Other(format!("line {number} was not published: {e}")),
             _ => Failure::Server(e),
         })?;
@@ -280,10 +280,10 @@ fn reconnect(
                 );
                 return Ok(p);
             }
-            Err(e) if crate::server_gone(&e) && Instant::now() < deadline => {
+            Err(e) if e.server_gone() && Instant::now() < deadline => {
                 crate::retry_pause(&mut pause)
             }
-            Err(e) if crate::server_gone(&e) => {
+            Err(e) if e.server_gone() => {
                 return Err(format!(
                     "the server did not come back within {} s ({e})",
                     args.retry_for

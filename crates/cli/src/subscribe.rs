@@ -183,7 +183,7 @@ fn print_messages(args: &SubArgs, sub: &mut Subscriber) -> CliResult {
         });
         let n = match polled {
             Ok(n) => n,
-            Err(e) if crate::server_gone(&e) && args.retry_for > 0 => {
+            Err(e) if e.server_gone() && args.retry_for > 0 => {
                 out.flush().or_else(stdout_failed)?;
                 *sub = reconnect(args, sub, &e)?;
                 continue;
@@ -240,7 +240,7 @@ fn reconnect(
                 eprintln!("note: reconnected; continuing from {}", describe(&from));
                 return Ok(sub);
             }
-            Err(e) if crate::server_gone(&e) => {
+            Err(e) if e.server_gone() => {
                 if Instant::now() >= deadline {
                     return Err(format!(
                         "the server did not come back within {} s ({e}); to continue later: embarcadero sub {} --from {}",

@@ -2,14 +2,19 @@
 //! orchestrator`, and workers either in this process (`embarcadero_workflow::Worker` with
 //! handlers of the test's own, which it can hold and release) or `embarcadero worker`
 //! processes. A draining worker keeps heartbeating until its handlers have returned and
-//! claims nothing more; a result too large for the log fails its step at once.
+//! claims nothing more; a result too large for the log fails its step at once; a stop
+//! during a supervised worker's backoff returns at once.
 
 mod common;
 
 use common::{Proc, Serve};
 use embarcadero_workflow::client::ApiClient;
 use embarcadero_workflow::log::LogConfig;
-use embarcadero_workflow::{Registry, StepContext, StepError, Worker, WorkerConfig};
+use embarcadero_workflow::supervisor::Report;
+use embarcadero_workflow::{
+    Registry, RestartPolicy, StepContext, StepError, SupervisedWorker, Worker, WorkerConfig,
+    WorkerEvent,
+};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -351,4 +356,48 @@ fn sigterm_drains_an_embarcadero_worker_whose_result_is_then_accepted_and_which_
     let after = step(&t, "after");
     accepted_at_attempt_1(after);
     assert_eq!(after["worker"], json!(second_id));
+}
+
+/// A supervised worker whose server is SIGKILLed reports that it lost the log, then waits
+/// out its backoff (here ten minutes, longer than the hang guard: only a stop that does not
+/// wait for it lets the test end); a drain asked meanwhile returns without starting a new
+/// worker, and the supervision has ended for good.
+#[test]
+fn a_stop_during_a_supervised_workers_backoff_returns_at_once_and_starts_no_new_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start_with(dir.path(), &["--brokers", "1"]);
+    let mut log = LogConfig::new(&serve.control, "workflow.events");
+    (log.ack, log.replication_factor) = (2, 2);
+    let cfg = WorkerConfig {
+        log,
+        namespaces: vec!["demo".into()],
+        concurrency: 1,
+        lease_ms: LEASE_MS,
+        run_log: None,
+    };
+    let policy = RestartPolicy {
+        first_backoff: Duration::from_secs(600),
+        max_backoff: Duration::from_secs(600),
+        ..RestartPolicy::default()
+    };
+    let (tx, reports) = std::sync::mpsc::channel::<(&'static str, String)>();
+    let tx = Mutex::new(tx);
+    let report: Report = Arc::new(move |e: &WorkerEvent| {
+        let _ = tx.lock().unwrap().send((e.kind(), e.to_string()));
+    });
+    let mut worker = SupervisedWorker::start(cfg, Registry::builtin(), policy, report).unwrap();
+    let first = worker.id();
+    serve.kill();
+    let (kind, said) = reports.recv_timeout(HANG_GUARD).unwrap();
+    assert_eq!(kind, "failed", "{said}");
+    assert!(
+        said.contains(&first) && said.contains("600000 ms"),
+        "{said}"
+    );
+    assert!(!worker.is_finished(), "a lost log is waited out");
+    worker.stop_and_drain().unwrap();
+    assert!(worker.is_finished());
+    assert_eq!(worker.id(), first, "no new worker");
+    let after: Vec<_> = reports.try_iter().collect();
+    assert!(after.is_empty(), "nothing started or drained: {after:?}");
 }

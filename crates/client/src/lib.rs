@@ -74,6 +74,21 @@ impl Error {
             _ => None,
         }
     }
+
+    /// Whether the server is (for now) not there, as while it restarts: it refused or
+    /// dropped the connection, no broker of it is alive, or it did not answer in time.
+    /// What is worth trying again later, unlike a refusal: `pub` and `sub --retry-for`
+    /// reconnect after these, and the workflow's processes and workers wait them out
+    /// (`embarcadero_workflow::supervisor`).
+    pub fn server_gone(&self) -> bool {
+        matches!(
+            self,
+            Error::ConnectionLost { .. }
+                | Error::Connect { .. }
+                | Error::NoLiveBroker
+                | Error::Timeout(_)
+        )
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,6 +1,7 @@
 //! The workflow engine on the ordered log (see docs/WORKFLOW.md): templates, events,
 //! the fold that turns the event log into the engine's state, the orchestrator's
-//! decisions, Rust step handlers, and the worker and orchestrator that run them.
+//! decisions, Rust step handlers, the worker and orchestrator that run them, and the
+//! supervisor that replaces a worker whose log was lost.
 
 pub mod api;
 pub mod batch;
@@ -25,6 +26,7 @@ pub mod snapshot;
 pub mod staleness;
 pub mod state;
 mod step_events;
+pub mod supervisor;
 pub mod task_events;
 mod task_routes;
 pub mod template;
@@ -40,5 +42,6 @@ pub use handler::{Registry, StepContext, StepError, StepHandler};
 pub use machine::{StepState, TaskState};
 pub use orchestrator::{Orchestrator, OrchestratorConfig};
 pub use state::{Rejected, State, Task};
+pub use supervisor::{RestartPolicy, SupervisedWorker, WorkerEvent};
 pub use template::{Template, TemplateKey};
 pub use worker::{Worker, WorkerConfig};

@@ -1,13 +1,20 @@
 //! `embarcadero orchestrator` (the engine, its API and its `/metrics` on a port of its
 //! own, phase 1) and `embarcadero worker` (the built-in Rust handlers), both until
 //! SIGINT/SIGTERM. Both wait for a server that is not there when they start, as they
-//! ride out one that goes away while they run (`--retry-for` bounds both).
+//! ride out one that goes away while they run (`--retry-for` bounds both; the worker
+//! through `embarcadero_workflow::SupervisedWorker`, the policy the SDK workers share).
 
 use super::LogArgs;
 use crate::CliResult;
 use embarcadero_server::http_server::{HttpServer, Limits, Request, Response, StreamBody};
 use embarcadero_workflow::orchestrator::Engine;
-use embarcadero_workflow::{Api, Orchestrator, OrchestratorConfig, Registry, Worker, WorkerConfig};
+use embarcadero_workflow::supervisor::{
+    log_lost, server_not_there, Backoff, Report, FIRST_BACKOFF, MAX_BACKOFF,
+};
+use embarcadero_workflow::{
+    Api, Orchestrator, OrchestratorConfig, Registry, RestartPolicy, SupervisedWorker, WorkerConfig,
+    WorkerEvent,
+};
 use std::net::TcpListener;
 use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc::RecvTimeoutError;
@@ -180,53 +187,66 @@ pub fn worker(args: WorkerArgs) -> CliResult {
         lease_ms: args.log.lease_ms,
         run_log: args.run_log,
     };
-    let mut backoff = RESTART_FIRST;
-    let started = start_when_served("worker", &args.log, &stop, || start_worker(&config))?;
+    let registry = Registry::builtin();
+    let handlers: Vec<String> = registry.names().into_iter().collect();
+    let handlers = handlers.join(" ");
+    let names = handlers.clone();
+    let policy = RestartPolicy {
+        retry_for: args.log.retry_for(),
+        ..RestartPolicy::default()
+    };
+    let report: Report = Arc::new(move |event: &WorkerEvent| report_worker(event, &names));
+    let started = start_when_served("worker", &args.log, &stop, || {
+        SupervisedWorker::start(config.clone(), registry.clone(), policy, report.clone())
+    })?;
     let Some(mut worker) = started else {
         return Ok(());
     };
-    loop {
-        let started = Instant::now();
-        let ended = wait_for_stop(&stop, || {
-            worker
-                .is_finished()
-                .then(|| "the worker loop ended".to_string())
-        });
-        let why = match ended {
-            Ok(()) => return drain(worker, &stop),
-            Err(ended) => match worker.stop() {
-                Err(why) => format!("{ended}: {why}"),
-                Ok(()) => ended,
-            },
-        };
-        if started.elapsed() > RESTART_CAP * 2 {
-            backoff = RESTART_FIRST;
+    eprintln!(
+        "workflow worker {} is running: handlers {handlers}",
+        worker.id()
+    );
+    let ended = wait_for_stop(&stop, || {
+        worker
+            .is_finished()
+            .then(|| "the worker's supervision ended".to_string())
+    });
+    if ended.is_ok() {
+        return drain(worker, &stop);
+    }
+    match worker.stop() {
+        // Only a lost log that outlasted --retry-for ends it with an error it waits out.
+        Err(e) if log_lost(&e) => Err(format!("no new worker within --retry-for: {e}")),
+        Err(e) => Err(format!("the worker failed: {e}")),
+        Ok(()) => Ok(()),
+    }
+}
+
+/// Prints what the supervised worker reports, as `embarcadero worker` always has
+/// (`handlers`: the names its workers run).
+fn report_worker(event: &WorkerEvent, handlers: &str) {
+    match event {
+        WorkerEvent::Failed {
+            worker,
+            error,
+            retry_in,
+        } => eprintln!(
+            "workflow worker {worker} failed (the worker loop ended: {error}); its attempts go back after their lease; a new worker starts in {} ms",
+            retry_in.as_millis()
+        ),
+        WorkerEvent::StartFailed { error, retry_in } => eprintln!(
+            "cannot start a new worker yet ({error}); trying again in {} ms",
+            retry_in.as_millis()
+        ),
+        WorkerEvent::Restarted { worker, .. } => {
+            eprintln!("workflow worker {worker} is running: handlers {handlers}")
         }
-        // A log that refused or lost the worker (a fenced session, a server restart):
-        // the attempts it held go back after their lease, and a new worker, with a new
-        // session, carries on once the log answers again.
-        eprintln!(
-            "workflow worker {} failed ({why}); its attempts go back after their lease; a new worker starts in {} ms",
-            worker.id,
-            backoff.as_millis()
-        );
-        let lost = Instant::now();
-        worker = loop {
-            if stopped_within(&stop, backoff) {
-                return Ok(());
-            }
-            backoff = (backoff * 2).min(RESTART_CAP);
-            match start_worker(&config) {
-                Ok(w) => break w,
-                Err(e) if args.log.retry_for().is_some_and(|l| lost.elapsed() >= l) => {
-                    return Err(format!("no new worker within --retry-for: {e}"))
-                }
-                Err(e) => eprintln!(
-                    "cannot start a new worker yet ({e}); trying again in {} ms",
-                    backoff.as_millis()
-                ),
-            }
-        };
+        // The process's exit says it, with the error.
+        WorkerEvent::GaveUp { .. } => {}
+        WorkerEvent::Draining { worker, running } => eprintln!(
+            "workflow worker {worker} is draining: it claims nothing more and waits for its \
+             {running} running attempt(s) to publish their results (a second signal exits at once)"
+        ),
     }
 }
 
@@ -241,7 +261,7 @@ fn start_when_served<T>(
     mut start: impl FnMut() -> Result<T, embarcadero_client::Error>,
 ) -> Result<Option<T>, String> {
     let since = Instant::now();
-    let mut pause = RESTART_FIRST;
+    let mut pause = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
     loop {
         let e = match start() {
             Ok(started) => return Ok(Some(started)),
@@ -259,41 +279,22 @@ fn start_when_served<T>(
         eprintln!(
             "waiting for the server at {} ({e}); the {what} starts once it answers; next try in {} ms",
             log.control.control,
-            pause.as_millis()
+            pause.peek().as_millis()
         );
-        if stopped_within(stop, pause) {
+        if stopped_within(stop, pause.take()) {
             return Ok(None);
         }
-        pause = (pause * 2).min(RESTART_CAP);
     }
 }
 
-/// Errors that mean the server is not there, or not ready yet (its control port up
-/// before its brokers): worth waiting for, unlike a refusal such as a topic of the
-/// wrong order.
-fn server_not_there(e: &embarcadero_client::Error) -> bool {
-    crate::server_gone(e)
-        || matches!(
-            e,
-            embarcadero_client::Error::Admin {
-                status: 502..=504,
-                ..
-            }
-        )
-}
-
-/// Stops `worker` on a signal as the SDK workers stop: it claims nothing more and
-/// heartbeats until every attempt it holds has published its result
-/// (`Worker::stop_and_drain`), so that no finished result is lost to a lease expiry. A
-/// second signal exits at once (the attempts still running then go back after their
-/// lease): a handler may run for as long as its step's timeout.
-fn drain(mut worker: Worker, stop: &std::sync::mpsc::Receiver<()>) -> CliResult {
-    let id = worker.id.clone();
-    eprintln!(
-        "workflow worker {id} is draining: it claims nothing more and waits for its {} running \
-         attempt(s) to publish their results (a second signal exits at once)",
-        worker.running()
-    );
+/// Stops `worker` on a signal as the SDK workers stop: no new worker starts, and the
+/// current one claims nothing more and heartbeats until every attempt it holds has
+/// published its result (`SupervisedWorker::stop_and_drain`; the supervisor says it is
+/// draining), so that no finished result is lost to a lease expiry. A second signal
+/// exits at once (the attempts still running then go back after their lease): a
+/// handler may run for as long as its step's timeout.
+fn drain(mut worker: SupervisedWorker, stop: &std::sync::mpsc::Receiver<()>) -> CliResult {
+    let id = worker.id();
     let (tx, drained) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("drain".into())
@@ -318,24 +319,6 @@ fn drain(mut worker: Worker, stop: &std::sync::mpsc::Receiver<()>) -> CliResult 
             Err(RecvTimeoutError::Timeout) => {}
         }
     }
-}
-
-/// The first wait before a failed worker is replaced, doubled after each failure up to
-/// `RESTART_CAP`, and back to the first once a worker ran for twice the cap.
-const RESTART_FIRST: Duration = Duration::from_millis(250);
-const RESTART_CAP: Duration = Duration::from_secs(10);
-
-/// Starts a worker with the built-in handlers and says so.
-fn start_worker(config: &WorkerConfig) -> Result<Worker, embarcadero_client::Error> {
-    let registry = Registry::builtin();
-    let handlers: Vec<String> = registry.names().into_iter().collect();
-    let worker = Worker::start(config.clone(), registry)?;
-    eprintln!(
-        "workflow worker {} is running: handlers {}",
-        worker.id,
-        handlers.join(" ")
-    );
-    Ok(worker)
 }
 
 /// Waits `wait`; whether a stop signal came meanwhile.
