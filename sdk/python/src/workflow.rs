@@ -1,23 +1,26 @@
 //! The native half of `embarcadero.workflow`: Python step handlers run by the engine's own
-//! worker loop (`embarcadero_workflow::Worker`: claims, heartbeats, timeouts, results), so
-//! there is one implementation of the worker protocol. Owns the crossing: a
-//! [`StepHandler`] that calls a Python function with the GIL held only for the call, the
-//! context it is given ([`StepContext`], [`BatchInput`]), and a raised exception turned
-//! into a step failure.
+//! worker loop (`embarcadero_workflow::Worker`: claims, heartbeats, timeouts, results),
+//! restarted by the engine's own supervisor when its log is lost
+//! (`embarcadero_workflow::SupervisedWorker`), so there is one implementation of the
+//! worker protocol and of its restart policy. Owns the crossing: a [`StepHandler`] that
+//! calls a Python function with the GIL held only for the call, the context it is given
+//! ([`StepContext`], [`BatchInput`]), a raised exception turned into a step failure, and
+//! the supervisor's reports handed to Python (which logs them).
 
 use crate::errors::{config, to_py};
 use crate::{to_python, DEFAULT_CONTROL};
 use embarcadero_workflow::event::Checkpoint;
 use embarcadero_workflow::handler::{self, CheckpointSink, Registry, StepError, StepHandler};
 use embarcadero_workflow::log::LogConfig;
-use embarcadero_workflow::worker::DrainSwitch;
-use embarcadero_workflow::{Worker as RustWorker, WorkerConfig};
+use embarcadero_workflow::supervisor::{Report, SupervisorHandle};
+use embarcadero_workflow::{RestartPolicy, SupervisedWorker, WorkerConfig, WorkerEvent};
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::PyDict;
 use serde_json::Value;
 use std::cell::Cell;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 thread_local! {
@@ -205,15 +208,17 @@ fn step_error(py: Python<'_>, e: PyErr) -> StepError {
     ))
 }
 
-/// The engine's worker loop running Python handlers. `embarcadero.workflow.Worker` wraps it.
+/// The engine's worker loop running Python handlers, supervised: a worker whose log is
+/// lost (a server restart) is replaced by a new one with the same handlers
+/// (`SupervisedWorker`). `embarcadero.workflow.Worker` wraps it.
 #[pyclass(module = "embarcadero._native", frozen)]
 pub struct NativeWorker {
-    id: String,
     /// `None` once stopped. Taken only inside `allow_threads`.
-    inner: Mutex<Option<RustWorker>>,
-    /// Begins the drain without `inner`'s lock, which a `stop` from another thread holds
-    /// while it waits for the handlers: a handler calling `stop` must not wait for it.
-    drain: DrainSwitch,
+    inner: Mutex<Option<SupervisedWorker>>,
+    /// The current id, and the drain begun without `inner`'s lock, which a `stop` from
+    /// another thread holds while it waits for the handlers: a handler calling `stop`
+    /// must not wait for it.
+    handle: SupervisorHandle,
 }
 
 #[pymethods]
@@ -221,7 +226,8 @@ impl NativeWorker {
     #[new]
     #[pyo3(signature = (
         handlers, control = DEFAULT_CONTROL, *, namespaces = Vec::new(), concurrency = 32,
-        lease_ms = 3000, topic = "workflow.events", ack = 2, rf = 2,
+        lease_ms = 3000, topic = "workflow.events", ack = 2, rf = 2, retry_for_ms = None,
+        report = None,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one per option
     fn new(
@@ -234,46 +240,38 @@ impl NativeWorker {
         topic: &str,
         ack: u8,
         rf: u8,
+        retry_for_ms: Option<u64>,
+        report: Option<PyObject>,
     ) -> PyResult<Self> {
-        if concurrency == 0 || lease_ms == 0 {
-            return Err(config("concurrency and lease_ms must be at least 1"));
-        }
-        // `embarcadero worker --ack/--rf`: 1 ordered, 2 durable (which needs rf 2).
-        if !(1..=2).contains(&ack) || rf == 0 {
-            return Err(config(format!(
-                "ack must be 1 or 2 and rf at least 1, not ack {ack}, rf {rf}"
-            )));
-        }
+        let cfg = worker_config(control, namespaces, concurrency, lease_ms, topic, ack, rf)?;
+        let policy = RestartPolicy {
+            retry_for: retry_for_ms.map(Duration::from_millis),
+            ..RestartPolicy::default()
+        };
         let mut registry = Registry::new();
         for (name, function) in handlers.iter() {
             registry.register(name.extract::<String>()?, PyHandler(function.unbind()));
         }
-        let mut log = LogConfig::new(control, topic);
-        (log.ack, log.replication_factor) = (ack, rf);
-        let cfg = WorkerConfig {
-            log,
-            namespaces,
-            concurrency,
-            lease_ms,
-            // The chaos test's record of handler runs; `embarcadero worker --run-log` has it.
-            run_log: None,
-        };
-        let worker =
-            crate::gil::released(py, || RustWorker::start(cfg, registry)).map_err(to_py)?;
+        let report = reporter(report);
+        let worker = crate::gil::released(py, || {
+            SupervisedWorker::start(cfg, registry, policy, report)
+        })
+        .map_err(to_py)?;
         Ok(Self {
-            id: worker.id.clone(),
-            drain: worker.drain_switch(),
+            handle: worker.handle(),
             inner: Mutex::new(Some(worker)),
         })
     }
 
-    /// The worker's id, as its claims and results name it in the log.
+    /// The current worker's id, as its claims and results name it in the log; a new one
+    /// after each restart.
     #[getter]
-    fn id(&self) -> &str {
-        &self.id
+    fn id(&self) -> String {
+        self.handle.id()
     }
 
-    /// Waits until the loop has ended (stopped, or failed) or `timeout` seconds have
+    /// Waits until the supervised loop has ended for good (stopped, or failed with an
+    /// error no new worker mends, or a lost log past `retry_for`) or `timeout` seconds have
     /// passed; returns whether it has ended. Ctrl-C interrupts it.
     #[pyo3(signature = (timeout = None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
@@ -285,7 +283,7 @@ impl NativeWorker {
             ),
             None => None,
         };
-        // The Rust worker has no blocking wait but `stop`; waiting in slices lets Python
+        // The supervised worker has no blocking wait but `stop`; waiting in slices lets Python
         // deliver signals (Ctrl-C) within one slice.
         const SLICE: Duration = Duration::from_millis(50);
         loop {
@@ -302,34 +300,92 @@ impl NativeWorker {
         }
     }
 
-    /// Whether the loop has ended.
+    /// Whether the supervised loop has ended for good (not while a worker is replaced).
     fn is_finished(&self, py: Python<'_>) -> bool {
         crate::gil::released(py, || {
             self.inner.lock().as_ref().is_none_or(|w| w.is_finished())
         })
     }
 
-    /// Stops claiming, then waits until every attempt this worker started has published
-    /// its result and the log has acknowledged every event the worker published
-    /// (`Worker::stop_and_drain`, heartbeating meanwhile so that no attempt loses its
-    /// lease): once it returns, the process may exit without losing a finished result.
-    /// Raises the error that ended the loop if one did, else a failed flush's.
+    /// Starts no new worker and stops the current one claiming, then waits until every
+    /// attempt it started has published its result and the log has acknowledged every
+    /// event the worker published (`SupervisedWorker::stop_and_drain`, heartbeating
+    /// meanwhile so that no attempt loses its lease): once it returns, the process may
+    /// exit without losing a finished result. During a restart's backoff it returns at
+    /// once. Raises the error that ended the loop for good if one did, else a failed
+    /// flush's.
     /// Idempotent; a second call waits for the first. Called from inside a handler, it
     /// begins the drain and returns at once (waiting would mean waiting for itself): the
     /// loop ends once every attempt, the caller's among them, has published its result.
     fn stop(&self, py: Python<'_>) -> PyResult<()> {
         if IN_HANDLER.with(Cell::get) {
-            self.drain.begin();
+            self.handle.begin_drain();
             return Ok(());
         }
         crate::gil::released(py, || {
             // Held while draining, so that a second `stop` (and `is_finished`, which
             // `wait` asks) returns only once the first has drained.
             let mut inner = self.inner.lock();
-            let stopped = inner.as_mut().map_or(Ok(()), RustWorker::stop_and_drain);
+            let stopped = inner
+                .as_mut()
+                .map_or(Ok(()), SupervisedWorker::stop_and_drain);
             *inner = None;
             stopped
         })
         .map_err(to_py)
     }
+}
+
+/// The worker's configuration from `NativeWorker`'s arguments, checked.
+fn worker_config(
+    control: &str,
+    namespaces: Vec<String>,
+    concurrency: usize,
+    lease_ms: u64,
+    topic: &str,
+    ack: u8,
+    rf: u8,
+) -> PyResult<WorkerConfig> {
+    if concurrency == 0 || lease_ms == 0 {
+        return Err(config("concurrency and lease_ms must be at least 1"));
+    }
+    // `embarcadero worker --ack/--rf`: 1 ordered, 2 durable (which needs rf 2).
+    if !(1..=2).contains(&ack) || rf == 0 {
+        return Err(config(format!(
+            "ack must be 1 or 2 and rf at least 1, not ack {ack}, rf {rf}"
+        )));
+    }
+    let mut log = LogConfig::new(control, topic);
+    (log.ack, log.replication_factor) = (ack, rf);
+    Ok(WorkerConfig {
+        log,
+        namespaces,
+        concurrency,
+        lease_ms,
+        // The chaos test's record of handler runs; `embarcadero worker --run-log` has it.
+        run_log: None,
+    })
+}
+
+/// What the supervisor reports goes to `report(kind, worker, message)` (workflow.py's,
+/// which logs it), called with the GIL from the supervisor's thread; without one, to
+/// `tracing`. A raised exception is reported as unraisable: the worker goes on.
+fn reporter(report: Option<PyObject>) -> Report {
+    let Some(report) = report else {
+        return Arc::new(embarcadero_workflow::supervisor::trace_event);
+    };
+    Arc::new(move |event: &WorkerEvent| {
+        let worker = match event {
+            WorkerEvent::Failed { worker, .. }
+            | WorkerEvent::Restarted { worker, .. }
+            | WorkerEvent::Draining { worker, .. } => Some(worker.to_string()),
+            _ => None,
+        };
+        let message = event.to_string();
+        crate::gil::attached(|py| {
+            if let Err(e) = report.call1(py, (event.kind(), worker, message)) {
+                e.write_unraisable(py, None);
+            }
+        });
+    })
 }

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -113,6 +114,13 @@ def control_address(line: str) -> str:
     return found.group(1)
 
 
+def free_port() -> int:
+    """A port free now (the kernel's choice), for a server that must come back on it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Server:
     """`embarcadero serve` (control plane, brokers and sequencer in one process)."""
 
@@ -121,11 +129,17 @@ class Server:
         brokers: int = 4,
         env: Optional[Dict[str, str]] = None,
         config: Optional[str] = None,
+        fixed_ports: bool = False,
     ) -> None:
-        """``config``: the text of a configuration file for ``serve --config`` (TOML)."""
+        """``config``: the text of a configuration file for ``serve --config`` (TOML).
+        ``fixed_ports``: ports chosen now (ephemeral ones otherwise), so that
+        :meth:`restart` comes back on the same addresses (one broker only)."""
         self.dir = tempfile.mkdtemp(prefix="embarcadero-py-")
-        args = ["serve", "--base-port", "0", "--control-port", "0", "--data-dir", self.dir]
-        args += ["--brokers", str(brokers)]
+        base, control = (free_port(), free_port()) if fixed_ports else (0, 0)
+        # The ports after the base one are not known to be free.
+        assert brokers == 1 or not fixed_ports, "fixed ports for one broker only"
+        args = ["serve", "--base-port", str(base), "--control-port", str(control)]
+        args += ["--data-dir", self.dir, "--brokers", str(brokers)]
         if config is not None:
             path = os.path.join(self.dir, "serve.toml")
             with open(path, "w") as f:
@@ -133,11 +147,20 @@ class Server:
             args += ["--config", path]
         else:
             env = {**TEST_REGION, **(env or {})}
+        self._args, self._env = args, env
         self.process = Process(args, env)
         self.control = control_address(self.process.wait_line("embarcadero is serving"))
 
     def kill(self) -> None:
         self.process.kill()
+
+    def restart(self) -> None:
+        """Starts `serve` again on the same data directory (and ports: ``fixed_ports``)
+        after :meth:`kill`, and waits until it serves."""
+        assert self.process.proc.poll() is not None, "restart a killed server"
+        self.process = Process(self._args, self._env)
+        restarted = control_address(self.process.wait_line("embarcadero is serving"))
+        assert restarted == self.control, (restarted, self.control)
 
     def stop(self) -> None:
         self.process.stop()

@@ -2,12 +2,14 @@
 `embarcadero serve` and a real `embarcadero orchestrator`, driven through the orchestrator's
 HTTP API (the counterpart of the TypeScript SDK's test/workflow.test.ts): results flow from
 step to step, exceptions become failures retried per the template's policy, StepError
-overrides the policy (not retryable, or its own retry delay), and decision and batch steps
-(with a checkpoint resumed by the next attempt) work."""
+overrides the policy (not retryable, or its own retry delay), decision and batch steps
+(with a checkpoint resumed by the next attempt) work, and the same worker rides out a restart
+of its server (or gives up after its retry_for_ms)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import subprocess
 import sys
@@ -560,3 +562,117 @@ def test_stop_keeps_the_lease_of_a_handler_running_past_two_leases_and_claims_no
         assert first_runs == []
     finally:
         short.stop()
+
+
+class Reports(logging.Handler):
+    """What workers log to the ``embarcadero.workflow`` logger (their supervisor's reports of
+    lost logs and restarts), kept so that a test can wait for one."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: List[logging.LogRecord] = []
+        self._changed = threading.Condition()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self._changed:
+            self.records.append(record)
+            self._changed.notify_all()
+
+    def wait_for(self, event: str, timeout: float = 30.0) -> logging.LogRecord:
+        """The first record of ``event`` (its ``workflow_event``), waiting for it."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for r in self.records:
+                    if getattr(r, "workflow_event", None) == event:
+                        return r
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    seen = [r.getMessage() for r in self.records]
+                    pytest.fail(f"no {event!r} report within {timeout} s: {seen}")
+                self._changed.wait(left)
+
+
+@pytest.fixture
+def reports() -> Iterator[Reports]:
+    handler = Reports()
+    logger = logging.getLogger("embarcadero.workflow")
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+
+
+def run_in_thread(worker: Worker) -> queue.Queue[Optional[BaseException]]:
+    """Runs ``worker.run()`` on a thread; the queue gets what it raised (``None``: nothing)."""
+    ended: queue.Queue[Optional[BaseException]] = queue.Queue()
+
+    def run() -> None:
+        try:
+            worker.run()
+            ended.put(None)
+        except BaseException as e:  # handed to the test, which asserts on it
+            ended.put(e)
+
+    threading.Thread(target=run, daemon=True).start()
+    return ended
+
+
+def test_the_same_worker_rides_out_its_server_killed_and_restarted(reports):
+    """A worker whose server is SIGKILLed logs that it lost the log, starts a new worker (a
+    new id) once the server is back on the same ports and data directory, and the same
+    Worker object, its run() never ended, completes a task created after the restart."""
+    server = Server(brokers=1, fixed_ports=True)
+    engine = Engine(server)
+    try:
+        engine.register(LINEAR)
+        worker = engine.worker({"py.square": square, "py.ancestry": ancestry}, "py_linear")
+        ended = run_in_thread(worker)
+        first = worker.id
+        before = engine.run_task("py_linear", "linear", {"even_number": 2})
+        assert (before["status"], step(before, "four")["worker"]) == ("complete", first)
+
+        server.kill()
+        failed = reports.wait_for("failed")
+        assert (failed.levelno, failed.workflow_worker) == (logging.WARNING, first)
+        assert "a new worker starts in" in failed.getMessage()
+        server.restart()
+        restarted = reports.wait_for("restarted")
+        # The durable log (rf 2) brings the template back; the orchestrator serves again
+        # once it has read the log to its end.
+        engine.orchestrator.wait_line("serving again")
+        after = engine.run_task("py_linear", "linear", {"even_number": 4})
+        assert after["status"] == "complete", after
+        assert step(after, "three")["result"] == {"result": 65536}
+        second = worker.id
+        assert second == restarted.workflow_worker != first
+        assert step(after, "four")["worker"] == second
+        assert ended.empty(), "run() went on through the restart"
+        worker.stop()
+        assert ended.get(timeout=60) is None
+    finally:
+        engine.stop()
+        server.stop()
+
+
+def test_a_retry_for_that_runs_out_while_the_server_is_down_ends_run_with_the_last_error(
+    reports,
+):
+    """With ``retry_for_ms``, a log lost for longer ends run() with the error of the last
+    try to start a new worker (the control plane refuses connections: a ConnectError), and
+    says it gave up."""
+    server = Server(brokers=1)
+    try:
+        worker = Worker(
+            server.control, namespace="py_gone", handlers={"py.square": square}, retry_for_ms=500
+        )
+        ended = run_in_thread(worker)
+        server.kill()
+        error = ended.get(timeout=60)
+        assert isinstance(error, embarcadero.ConnectError), repr(error)
+        assert "cannot reach the control plane" in str(error)
+        gave_up = reports.wait_for("gaveUp")
+        assert "gave up on the log" in gave_up.getMessage()
+        assert reports.wait_for("failed").levelno == logging.WARNING
+        worker.stop()  # already ended: nothing more to raise
+    finally:
+        server.stop()

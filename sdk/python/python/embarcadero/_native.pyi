@@ -377,8 +377,8 @@ class StepContext:
         """For an instance of a batch worker step; else ``None``."""
 
 class NativeWorker:
-    """The engine's worker loop running Python handlers (``embarcadero.workflow.Worker``
-    wraps it)."""
+    """The engine's worker loop running Python handlers, replaced by a new worker when its
+    log is lost (``embarcadero.workflow.Worker`` wraps it)."""
 
     def __init__(
         self,
@@ -391,13 +391,21 @@ class NativeWorker:
         topic: str = "workflow.events",
         ack: int = 2,
         rf: int = 2,
-    ) -> None: ...
+        retry_for_ms: Optional[int] = None,
+        report: Optional[Callable[[str, Optional[str], str], None]] = None,
+    ) -> None:
+        """``retry_for_ms``: how long a lost log is waited for (``None``: for ever);
+        ``report(kind, worker, message)`` is called (from the supervisor's thread) on each
+        failure and restart."""
     @property
-    def id(self) -> str: ...
+    def id(self) -> str:
+        """The current worker's id (a new one after each restart)."""
     def wait(self, timeout: Optional[float] = None) -> bool:
-        """Whether the loop has ended, waiting at most ``timeout`` seconds."""
+        """Whether the supervised loop has ended for good, waiting at most ``timeout``
+        seconds."""
     def is_finished(self) -> bool: ...
     def stop(self) -> None:
         """Stops claiming, waits until every attempt started has published its result and
-        the log acknowledged it (not from inside a handler: there it only stops claiming);
-        raises the error that ended the loop, if one did. Idempotent."""
+        the log acknowledged it (not from inside a handler: there it only stops claiming;
+        during a restart's backoff it returns at once); raises the error that ended the
+        loop for good, if one did. Idempotent."""

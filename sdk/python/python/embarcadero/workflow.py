@@ -16,7 +16,11 @@ lists, strings, numbers, booleans, ``None``). :func:`step_handler` registers one
         worker.run()
 
 The worker is the engine's own (the Rust one ``embarcadero worker`` runs): claims,
-heartbeats, leases, timeouts and retries behave exactly as there. A handler that raises
+heartbeats, leases, timeouts and retries behave exactly as there, and so does riding out a
+server restart: a worker whose log is lost is replaced by a new one (a new :attr:`Worker.id`)
+with the same handlers, with backoff, for as long as it lives or up to ``retry_for_ms``;
+each failure and restart is logged at WARNING to the ``embarcadero.workflow``
+logger. A handler that raises
 fails its attempt: :class:`StepError` says whether to retry and after how long; any other
 exception is a retryable failure with the message ``Type: text``. Whether and when a
 retryable failure is retried is the template's ``retry`` policy.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from types import TracebackType
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Type, TypeVar, Union
 
@@ -45,6 +50,8 @@ Handler = Callable[[StepContext], Any]
 """A step handler: a function (or ``async`` function) of the context, returning JSON."""
 
 H = TypeVar("H", bound=Handler)
+
+_log = logging.getLogger("embarcadero.workflow")
 
 # Handlers registered by `@step_handler`, by callable name: what a Worker runs when it is
 # not given its own.
@@ -98,6 +105,16 @@ def _sync(function: Handler) -> Handler:
     return call
 
 
+def _report(kind: str, worker: Optional[str], message: str) -> None:
+    """Logs what the worker's supervisor reports (from its own thread): a lost log, a new
+    worker that could not start yet, a new worker running, giving up (``kind``:
+    ``failed``, ``startFailed``, ``restarted``, ``gaveUp``) at WARNING, a drain at INFO.
+    ``worker`` (the failed or the new worker's id) and ``kind`` are on the record as
+    ``workflow_worker`` and ``workflow_event``."""
+    level = logging.INFO if kind == "draining" else logging.WARNING
+    _log.log(level, message, extra={"workflow_event": kind, "workflow_worker": worker})
+
+
 class Worker:
     """Runs step handlers for the engine: claims enqueued attempts of its namespaces whose
     handler it has, runs them (at most ``concurrency`` at once, each on a thread of its own
@@ -112,6 +129,18 @@ class Worker:
     of the worker's events (claims, heartbeats, results), as ``embarcadero worker --ack``:
     1 ordered, 2 durable (the default; needs a topic of rf 2); ``rf`` the topic's
     replication factor if the worker creates it (default 2: on disk).
+
+    It rides out a server restart: when its log is lost (the server gone, restarting, or
+    refusing the worker's session), the worker is replaced by a new one with the same
+    handlers, after 250 ms, doubling to 10 s between tries; its attempts go back to the
+    orchestrator a lease later. Each failure and restart is logged at WARNING to the
+    ``embarcadero.workflow`` logger. ``retry_for_ms`` bounds how long a lost log is waited
+    for: then :meth:`run` raises the last error (a
+    :class:`~embarcadero.errors.ConnectError`, say); ``None`` (the default, as
+    ``embarcadero worker``): for as long as it lives. An error no new worker would mend (a
+    topic of the wrong order, an option the server refuses) ends it at once. The first
+    worker starts in the constructor, which raises if it cannot (the server not there
+    included).
     """
 
     def __init__(
@@ -125,6 +154,7 @@ class Worker:
         topic: str = "workflow.events",
         ack: int = 2,
         rf: int = 2,
+        retry_for_ms: Optional[int] = None,
     ) -> None:
         chosen = registered_handlers() if handlers is None else dict(handlers)
         if not chosen:
@@ -144,23 +174,28 @@ class Worker:
             topic=topic,
             ack=ack,
             rf=rf,
+            retry_for_ms=retry_for_ms,
+            report=_report,
         )
 
     @property
     def id(self) -> str:
-        """The worker's id, as its claims and results name it in the log."""
+        """The current worker's id, as its claims and results name it in the log. It
+        changes each time the worker is replaced after losing its log."""
         return self._native.id
 
     def run(self) -> None:
-        """Works until :meth:`stop` is called (from another thread) or the log fails (the
-        error is raised). Ctrl-C raises ``KeyboardInterrupt``; the worker keeps working
-        until stopped (leaving the ``with`` block stops it)."""
+        """Works until :meth:`stop` is called (from another thread), riding out server
+        restarts, or until it fails for good: an error no new worker mends, or a log lost
+        for longer than ``retry_for_ms`` (the error is raised). Ctrl-C raises
+        ``KeyboardInterrupt``; the worker keeps working until stopped (leaving the
+        ``with`` block stops it)."""
         self._native.wait(None)
         self._native.stop()
 
     def run_for(self, seconds: float) -> None:
-        """Works for at most ``seconds`` (less if stopped or the log fails), then returns
-        without stopping: call it again, or :meth:`stop`."""
+        """Works for at most ``seconds`` (less if stopped or it fails for good), then
+        returns without stopping: call it again, or :meth:`stop`."""
         if self._native.wait(seconds):
             self._native.stop()
 
@@ -171,7 +206,8 @@ class Worker:
         however long its handler takes (up to its step's ``timeout_seconds``): once it
         returns, the process may exit without losing a finished result (a handler still
         running when the process exits would leave its step to a lease expiry and a retry
-        elsewhere). Raises the error that ended the loop, if one did. Idempotent; from
+        elsewhere). Between a lost log and its new worker it returns at once, starting
+        none. Raises the error that ended the worker for good, if one did. Idempotent; from
         another thread, a second call waits for the first. Called from inside a handler
         it begins the same drain and returns at once (it would otherwise wait for
         itself): :meth:`run` returns once every attempt has published its result."""
