@@ -12,9 +12,14 @@ pub const MARKER: &str = "embarcadero-error:";
 
 /// The JavaScript error for `e`.
 pub fn to_js(e: Error) -> napi::Error {
-    let mut doc = fields(&e);
+    napi::Error::from_reason(marked(&e))
+}
+
+/// The message of `e`'s JavaScript error: the marker and the document `translate` reads.
+pub fn marked(e: &Error) -> String {
+    let mut doc = fields(e);
     doc["message"] = Value::String(e.to_string());
-    napi::Error::from_reason(format!("{MARKER}{doc}"))
+    format!("{MARKER}{doc}")
 }
 
 /// A configuration error made here (bad argument shapes the Rust types rule out).

@@ -9,14 +9,18 @@
 //! TypeScript layer calls [`NativeWorker::complete`] with the handler's settled value.
 //! Pending calls live in [`Calls`], by a call id, with their checkpoint sink. Everything
 //! that may wait on the network (start, checkpoints, stop) runs on the blocking pool and
-//! answers a Promise.
+//! answers a Promise. The loop is supervised (`embarcadero_workflow::SupervisedWorker`): a
+//! worker whose log is lost is replaced by a new one with the same handlers, and each
+//! failure and restart is handed to JavaScript as a JSON document through a second
+//! `ThreadsafeFunction` ([`report_to`]).
 
 use crate::error::config;
 use crate::{blocking, millis};
 use embarcadero_workflow::event::Checkpoint;
 use embarcadero_workflow::handler::{self, CheckpointSink, Registry, StepError, StepHandler};
 use embarcadero_workflow::log::LogConfig;
-use embarcadero_workflow::{Worker as RustWorker, WorkerConfig};
+use embarcadero_workflow::supervisor::{Report, SupervisorHandle};
+use embarcadero_workflow::{RestartPolicy, SupervisedWorker, WorkerConfig, WorkerEvent};
 use napi::bindgen_prelude::FnArgs;
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi::Status;
@@ -31,6 +35,10 @@ use std::time::{Duration, Instant};
 /// (a throw from a threadsafe call is fatal to the process), which ts/workflow.ts ensures.
 type Dispatch = ThreadsafeFunction<FnArgs<(u32, String)>, (), FnArgs<(u32, String)>, Status, false>;
 
+/// `(eventJson) => void`, called on the JavaScript thread for each failure and restart the
+/// supervisor reports; it must not throw either.
+type ReportFn = ThreadsafeFunction<String, (), String, Status, false>;
+
 /// The worker's options, as JavaScript passes them.
 #[napi(object)]
 pub struct NativeWorkerConfig {
@@ -43,6 +51,9 @@ pub struct NativeWorkerConfig {
     pub ack: u32,
     /// Replication factor of the topic if the worker creates it (`--rf`).
     pub rf: u32,
+    /// How long a lost log is waited for before the worker ends with the last error;
+    /// none: for as long as it lives.
+    pub retry_for_ms: Option<f64>,
 }
 
 /// A handler's failure, as the TypeScript layer reports it.
@@ -203,27 +214,65 @@ fn whole(what: &str, v: f64) -> napi::Result<u64> {
     }
 }
 
-/// The engine's worker loop running JavaScript handlers.
+/// The engine's worker loop running JavaScript handlers, replaced by a new one when its
+/// log is lost.
 #[napi]
 pub struct NativeWorker {
-    id: String,
+    /// The current worker's id, without `inner`'s lock (which a stop holds).
+    handle: SupervisorHandle,
     /// `None` once stopped.
-    inner: Arc<Mutex<Option<RustWorker>>>,
+    inner: Arc<Mutex<Option<SupervisedWorker>>>,
     calls: Arc<Calls>,
 }
 
 /// Starts a worker loop for `callables` (the handlers' names), whose calls go to
-/// `dispatch`; resolves once it has connected to the log.
+/// `dispatch`, supervised: `report` gets each failure and restart ([`report_to`]);
+/// resolves once the first worker has connected to the log.
 #[napi]
-// The threadsafe function's type is spelled out: napi's type generator does not follow
+// The threadsafe functions' types are spelled out: napi's type generator does not follow
 // aliases, and `Dispatch` would reach native.d.ts as an unknown name.
 #[allow(clippy::type_complexity)]
 pub async fn start_worker(
     dispatch: ThreadsafeFunction<FnArgs<(u32, String)>, (), FnArgs<(u32, String)>, Status, false>,
+    report: ThreadsafeFunction<String, (), String, Status, false>,
     callables: Vec<String>,
     control: String,
     options: NativeWorkerConfig,
 ) -> napi::Result<NativeWorker> {
+    let (cfg, policy) = worker_config(&control, options)?;
+    let calls = Arc::new(Calls {
+        state: Mutex::new(CallsState {
+            dispatch: Some(dispatch),
+            pending: HashMap::new(),
+            next_id: 0,
+        }),
+    });
+    let mut registry = Registry::new();
+    for callable in callables {
+        let calls = calls.clone();
+        registry.register(callable.clone(), JsHandler { callable, calls });
+    }
+    let report = report_to(report);
+    let started = blocking(move || SupervisedWorker::start(cfg, registry, policy, report)).await;
+    let worker = match started {
+        Ok(w) => w,
+        Err(e) => {
+            calls.close();
+            return Err(e);
+        }
+    };
+    Ok(NativeWorker {
+        handle: worker.handle(),
+        inner: Arc::new(Mutex::new(Some(worker))),
+        calls,
+    })
+}
+
+/// The worker's configuration and restart policy from JavaScript's options, checked.
+fn worker_config(
+    control: &str,
+    options: NativeWorkerConfig,
+) -> napi::Result<(WorkerConfig, RestartPolicy)> {
     if options.concurrency == 0 || options.lease_ms.is_nan() || options.lease_ms < 1.0 {
         return Err(config("concurrency and leaseMs must be at least 1"));
     }
@@ -237,19 +286,11 @@ pub async fn start_worker(
             )))
         }
     };
-    let calls = Arc::new(Calls {
-        state: Mutex::new(CallsState {
-            dispatch: Some(dispatch),
-            pending: HashMap::new(),
-            next_id: 0,
-        }),
-    });
-    let mut registry = Registry::new();
-    for callable in callables {
-        let calls = calls.clone();
-        registry.register(callable.clone(), JsHandler { callable, calls });
-    }
-    let mut log = LogConfig::new(&control, &options.topic);
+    let retry_for = options
+        .retry_for_ms
+        .map(|ms| whole("retryForMs", ms).map(Duration::from_millis))
+        .transpose()?;
+    let mut log = LogConfig::new(control, &options.topic);
     (log.ack, log.replication_factor) = (ack, rf);
     let cfg = WorkerConfig {
         log,
@@ -258,27 +299,52 @@ pub async fn start_worker(
         lease_ms: millis(options.lease_ms).as_millis() as u64,
         run_log: None,
     };
-    let started = blocking(move || RustWorker::start(cfg, registry)).await;
-    let worker = match started {
-        Ok(w) => w,
-        Err(e) => {
-            calls.close();
-            return Err(e);
-        }
+    let policy = RestartPolicy {
+        retry_for,
+        ..RestartPolicy::default()
     };
-    Ok(NativeWorker {
-        id: worker.id.clone(),
-        inner: Arc::new(Mutex::new(Some(worker))),
-        calls,
+    Ok((cfg, policy))
+}
+
+/// The supervisor's reports as JSON documents queued on the event loop (never waited
+/// for): `kind` (`failed`, `startFailed`, `restarted`, `gaveUp`), `worker` (the failed or
+/// the new worker's id), `message` (the sentence to log), `error` (the error's message as
+/// `translate` reads it), `retryInMs`, `afterMs`. Drains are not reported: `close()`
+/// asked for them. The threadsafe function goes with the supervision, once it ends.
+fn report_to(report: ReportFn) -> Report {
+    Arc::new(move |event: &WorkerEvent| {
+        let (worker, error, retry_in, after) = match event {
+            WorkerEvent::Failed {
+                worker,
+                error,
+                retry_in,
+            } => (Some(*worker), Some(*error), Some(*retry_in), None),
+            WorkerEvent::StartFailed { error, retry_in } => {
+                (None, Some(*error), Some(*retry_in), None)
+            }
+            WorkerEvent::Restarted { worker, after } => (Some(*worker), None, None, Some(*after)),
+            WorkerEvent::GaveUp { error, after } => (None, Some(*error), None, Some(*after)),
+            WorkerEvent::Draining { .. } => return,
+        };
+        let doc = json!({
+            "kind": event.kind(),
+            "worker": worker,
+            "message": event.to_string(),
+            "error": error.map(crate::error::marked),
+            "retryInMs": retry_in.map(|d| d.as_millis() as u64),
+            "afterMs": after.map(|d| d.as_millis() as u64),
+        });
+        report.call(doc.to_string(), ThreadsafeFunctionCallMode::NonBlocking);
     })
 }
 
 #[napi]
 impl NativeWorker {
-    /// The worker's id, as its claims and results name it in the log.
+    /// The current worker's id, as its claims and results name it in the log; a new one
+    /// after each restart.
     #[napi(getter)]
     pub fn id(&self) -> String {
-        self.id.clone()
+        self.handle.id()
     }
 
     /// Ends call `id` with the handler's result (JSON text) or its failure; false if the
@@ -336,12 +402,13 @@ impl NativeWorker {
         .await
     }
 
-    /// Waits at most `timeout_ms` for the loop to end (stopped, or failed); resolves
-    /// whether it has.
+    /// Waits at most `timeout_ms` for the supervised loop to end for good (stopped, or
+    /// failed with an error no new worker mends, or a log lost past `retryForMs`; not
+    /// while a worker is replaced); resolves whether it has.
     #[napi]
     pub async fn wait(&self, timeout_ms: f64) -> napi::Result<bool> {
         let (inner, deadline) = (self.inner.clone(), Instant::now() + millis(timeout_ms));
-        // The Rust worker has no timed join: waiting in short slices on the blocking pool
+        // The supervised worker has no timed join: waiting in short slices on the blocking pool
         // (as the Python binding does) keeps the event loop free.
         const SLICE: Duration = Duration::from_millis(50);
         blocking(move || loop {
@@ -357,10 +424,11 @@ impl NativeWorker {
         .await
     }
 
-    /// Stops claiming, waits until every attempt started has published its result and the
-    /// log acknowledged it (heartbeating meanwhile: `Worker::stop_and_drain`), then
-    /// releases the JavaScript handlers; rejects with the error that ended the loop, if
-    /// one did. Idempotent.
+    /// Starts no new worker and stops the current one claiming, waits until every attempt
+    /// started has published its result and the log acknowledged it (heartbeating
+    /// meanwhile: `SupervisedWorker::stop_and_drain`; during a restart's backoff it returns
+    /// at once), then releases the JavaScript handlers; rejects with the error that ended
+    /// the loop for good, if one did. Idempotent.
     #[napi]
     pub async fn stop(&self) -> napi::Result<()> {
         let (inner, calls) = (self.inner.clone(), self.calls.clone());

@@ -3,6 +3,7 @@
 // Every wait is for a line the process prints or a condition, with a deadline.
 import { ChildProcess, spawn } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { AddressInfo, createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
@@ -91,10 +92,23 @@ function controlAddress(line: string): string {
   return m[1]!;
 }
 
+/** A port free now (the kernel's choice), for a server that must come back on it. */
+async function freePort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as AddressInfo;
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
+}
+
 /** `embarcadero serve` (or a cluster head) with its data directory; `stop` cleans up. */
 export class Server {
+  /** The process's arguments and environment, for `restart`. */
+  #args: string[] = [];
+  #env: Record<string, string> = {};
+
   constructor(
-    readonly proc: Proc,
+    public proc: Proc,
     readonly control: string,
     readonly dataDir: string,
   ) {}
@@ -102,6 +116,23 @@ export class Server {
   /** Starts `embarcadero serve` on ephemeral ports and waits until it serves. */
   static async serve(extra: string[] = []): Promise<Server> {
     return Server.#start(["serve"], extra, {});
+  }
+
+  /**
+   * Starts `embarcadero serve` with one broker on ports chosen now (the ports after the base
+   * one are not known to be free), so that {@link Server.restart} comes back on them.
+   */
+  static async serveOnFixedPorts(): Promise<Server> {
+    const [base, control] = [await freePort(), await freePort()];
+    const ports = ["--base-port", String(base), "--control-port", String(control)];
+    return Server.#start(["serve"], ["--brokers", "1"], {}, ports);
+  }
+
+  /** Starts the server again after `kill`, on the same data directory and arguments. */
+  async restart(): Promise<void> {
+    this.proc = new Proc(this.#args, this.#env);
+    const again = controlAddress(await this.proc.waitLine("embarcadero is serving"));
+    if (again !== this.control) throw new Error(`restarted at ${again}, not ${this.control}`);
   }
 
   /**
@@ -124,14 +155,21 @@ export class Server {
     return Server.#start(["broker", "--head"], ["--brokers", String(brokers)], FAST_CLUSTER);
   }
 
-  static async #start(cmd: string[], extra: string[], env: Record<string, string>): Promise<Server> {
+  static async #start(
+    cmd: string[],
+    extra: string[],
+    env: Record<string, string>,
+    ports = ["--base-port", "0", "--control-port", "0"],
+  ): Promise<Server> {
     const dataDir = mkdtempSync(join(tmpdir(), "embarcadero-ts-"));
-    const args = [...cmd, "--base-port", "0", "--control-port", "0", "--data-dir", dataDir, ...extra];
+    const args = [...cmd, ...ports, "--data-dir", dataDir, ...extra];
     // A test's own config file is taken as it is (the environment would override it).
     const region = extra.includes("--config") ? {} : TEST_REGION;
     const proc = new Proc(args, { ...region, ...env });
     const line = await proc.waitLine("embarcadero is serving");
-    return new Server(proc, controlAddress(line), dataDir);
+    const server = new Server(proc, controlAddress(line), dataDir);
+    [server.#args, server.#env] = [args, { ...region, ...env }];
+    return server;
   }
 
   /** A follower broker process for broker `id` of this head. */

@@ -4,19 +4,23 @@
 // tests/test_workflow.py): results flow from step to step, thrown errors become failures
 // retried per the template's policy or the StepError's delay, a StepError that is not
 // retryable fails the step at once, results that are not JSON fail it for good, decision
-// and batch steps (with a checkpoint resumed by the next attempt) work, and close() waits
-// for a running handler and publishes its result.
+// and batch steps (with a checkpoint resumed by the next attempt) work, close() waits
+// for a running handler and publishes its result, and the same worker rides out a restart
+// of its server (or gives up after its retryForMs).
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import {
   Admin,
   BrokerError,
   ConfigError,
+  ConnectError,
+  EmbarcaderoError,
   Json,
   StepContext,
   StepError,
   StepHandler,
   Worker,
+  WorkerRestart,
   registeredHandlers,
   stepHandler,
 } from "../ts/index";
@@ -114,8 +118,9 @@ class Engine {
     readonly api: string,
   ) {}
 
-  static async start(): Promise<Engine> {
-    const server = await Server.serve();
+  /** On `server` if given (stopped with the engine), else on a server of its own. */
+  static async start(given?: Server): Promise<Engine> {
+    const server = given ?? (await Server.serve());
     const args = ["orchestrator", "--control", server.control, "--listen", "127.0.0.1:0"];
     const orchestrator = new Proc([...args, "--lease-ms", String(LEASE_MS), "--any-handler"]);
     const line = await orchestrator.waitLine("workflow orchestrator is serving");
@@ -452,4 +457,108 @@ test("the worker's ack level and rf reach the log", { timeout: 90_000 }, async (
     Worker.start({ control, handlers, topic: "workflow.memory" }),
     (e: unknown) => e instanceof BrokerError && e.codeName === "AckNotAllowed",
   );
+});
+
+/** The reports a worker gives its `onRestart`, and a wait for the first of a kind. */
+class Restarts {
+  readonly events: WorkerRestart[] = [];
+  #wake: (() => void)[] = [];
+
+  readonly onRestart = (event: WorkerRestart): void => {
+    this.events.push(event);
+    for (const w of this.#wake.splice(0)) w();
+  };
+
+  async first(kind: WorkerRestart["kind"], ms = 30_000): Promise<WorkerRestart> {
+    const deadline = Date.now() + ms;
+    for (;;) {
+      const found = this.events.find((e) => e.kind === kind);
+      if (found !== undefined) return found;
+      const left = deadline - Date.now();
+      if (left <= 0) throw new Error(`no ${kind} report within ${ms} ms: ${JSON.stringify(this.events)}`);
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, left);
+        this.#wake.push(() => {
+          clearTimeout(t);
+          resolve();
+        });
+      });
+    }
+  }
+}
+
+test("the same worker rides out its server killed and restarted, and completes a task created after it", { timeout: 90_000 }, async () => {
+  const server = await Server.serveOnFixedPorts();
+  const own = await Engine.start(server);
+  try {
+    await own.register(LINEAR);
+    const restarts = new Restarts();
+    const handlers = { "ts.square": square, "ts.ancestry": ancestry };
+    const worker = await Worker.start({
+      control: server.control,
+      namespace: "ts_linear",
+      handlers,
+      leaseMs: LEASE_MS,
+      onRestart: restarts.onRestart,
+    });
+    let ended: unknown = "running";
+    const running = worker.run().then(
+      () => (ended = "resolved"),
+      (e: unknown) => (ended = e),
+    );
+    const first = worker.id;
+    const before = await own.runTask("ts_linear", "linear", { even_number: 2 });
+    assert.deepEqual([before.status, step(before, "four").worker], ["complete", first]);
+
+    await server.kill();
+    const failed = await restarts.first("failed");
+    assert.equal(failed.workerId, first);
+    assert.ok(failed.error instanceof EmbarcaderoError, String(failed.error));
+    assert.match(failed.message, /a new worker starts in/);
+    await server.restart();
+    const restarted = await restarts.first("restarted");
+    // The durable log (rf 2) brings the template back; the orchestrator serves again once it
+    // has read the log to its end.
+    await own.orchestrator.waitLine("serving again");
+    const after = await own.runTask("ts_linear", "linear", { even_number: 4 });
+    assert.equal(after.status, "complete", JSON.stringify(after));
+    assert.deepEqual(step(after, "three").result, { result: 65536 });
+    const second = worker.id;
+    assert.notEqual(second, first);
+    assert.deepEqual([step(after, "four").worker, restarted.workerId], [second, second]);
+    assert.equal(ended, "running", "run() went on through the restart");
+    await worker.close();
+    await running;
+    assert.equal(ended, "resolved");
+  } finally {
+    await own.stop();
+  }
+});
+
+test("a retryForMs that runs out while the server is down ends run() with the last error", { timeout: 60_000 }, async () => {
+  const server = await Server.serve(["--brokers", "1"]);
+  try {
+    const restarts = new Restarts();
+    const worker = await Worker.start({
+      control: server.control,
+      namespace: "ts_gone",
+      handlers: { "ts.square": square },
+      retryForMs: 500,
+      onRestart: restarts.onRestart,
+    });
+    const running = worker.run();
+    await server.kill();
+    await assert.rejects(running, (e: unknown) => {
+      assert.ok(e instanceof ConnectError, String(e));
+      assert.match(e.message, /cannot reach the control plane/);
+      return true;
+    });
+    const kinds = restarts.events.map((e) => e.kind);
+    assert.deepEqual([kinds[0], kinds.at(-1)], ["failed", "gaveUp"]);
+    const gaveUp = await restarts.first("gaveUp");
+    assert.ok(gaveUp.error instanceof ConnectError, String(gaveUp.error));
+    await assert.rejects(Worker.start({ handlers: { "ts.square": square }, retryForMs: -1 }), ConfigError);
+  } finally {
+    await server.stop();
+  }
 });

@@ -42,4 +42,5 @@ export type {
   StepErrorOptions,
   StepHandler,
   WorkerOptions,
+  WorkerRestart,
 } from "./workflow";

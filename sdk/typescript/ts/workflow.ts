@@ -2,11 +2,13 @@
 // handler is given (`StepContext`) and may throw (`StepError`), the registry of
 // `stepHandler`, and the `Worker` that runs handlers. The worker is the engine's own Rust
 // loop (src/workflow.rs): claims, heartbeats, leases, timeouts, retries and checkpoints are
-// the code `embarcadero worker` runs. This module only turns a call from that loop (a step's
-// context as JSON, queued on the event loop) into a handler call, and the handler's settled
-// value or thrown error back into the outcome the loop publishes.
+// the code `embarcadero worker` runs, and so is the supervisor that replaces a worker whose
+// log was lost (a server restart). This module only turns a call from that loop (a step's
+// context as JSON, queued on the event loop) into a handler call, the handler's settled
+// value or thrown error back into the outcome the loop publishes, and the supervisor's
+// reports into `onRestart` calls.
 import { defaultControl } from "./admin";
-import { ConfigError, settle } from "./errors";
+import { ConfigError, EmbarcaderoError, settle, translate } from "./errors";
 import { native, Native } from "./native";
 
 /** A JSON value: what task inputs, initializations, results and cursors are. */
@@ -160,6 +162,75 @@ export interface WorkerOptions {
   ack?: number;
   /** Replication factor of the topic if the worker creates it (default 2, on disk), `--rf`. */
   rf?: number;
+  /**
+   * How long, in milliseconds, a lost log (the server gone or restarting) is waited for
+   * before the worker ends: {@link Worker.run} then rejects with the last error (a
+   * `ConnectError`, say). Default: for as long as the worker is open, as `embarcadero worker`.
+   */
+  retryForMs?: number;
+  /**
+   * Called (on the event loop) each time the worker loses its log, a new worker cannot start
+   * yet, a new worker runs, or it gives up (see {@link WorkerRestart}). Default: the event's
+   * `message` through `console.warn`. It must not throw: what it throws is logged with
+   * `console.error` and dropped.
+   */
+  onRestart?: (event: WorkerRestart) => void;
+}
+
+/**
+ * What a worker reports as it rides out a server restart: its log lost, the worker is
+ * replaced by a new one (with a new {@link Worker.id}) with the same handlers, after 250 ms
+ * doubling to 10 s between tries.
+ */
+export interface WorkerRestart {
+  /**
+   * `failed`: the worker's loop ended because its log was lost (its attempts go back to the
+   * orchestrator a lease later); `startFailed`: a new worker could not start yet;
+   * `restarted`: a new worker runs; `gaveUp`: the log stayed lost for `retryForMs`, and
+   * {@link Worker.run} rejects with `error`.
+   */
+  readonly kind: "failed" | "startFailed" | "restarted" | "gaveUp";
+  /** The failed worker's id (`failed`) or the new one's (`restarted`). */
+  readonly workerId: string | undefined;
+  /** What went wrong (`failed`, `startFailed`, `gaveUp`). */
+  readonly error: EmbarcaderoError | undefined;
+  /** When the next try comes (`failed`, `startFailed`). */
+  readonly retryInMs: number | undefined;
+  /** How long after the loss of the log (`restarted`, `gaveUp`). */
+  readonly afterMs: number | undefined;
+  /** A sentence saying all this, as logged by default. */
+  readonly message: string;
+}
+
+/** A report as src/workflow.rs sends it. */
+interface RawRestart {
+  kind: WorkerRestart["kind"];
+  worker: string | null;
+  message: string;
+  error: string | null;
+  retryInMs: number | null;
+  afterMs: number | null;
+}
+
+/** The native report function: hands each report to `onRestart`. Never throws. */
+function reporter(onRestart: (event: WorkerRestart) => void): (text: string) => void {
+  return (text) => {
+    try {
+      const raw = JSON.parse(text) as RawRestart;
+      const error = raw.error === null ? undefined : translate(new Error(raw.error));
+      onRestart({
+        kind: raw.kind,
+        workerId: raw.worker ?? undefined,
+        error: error instanceof EmbarcaderoError ? error : undefined,
+        retryInMs: raw.retryInMs ?? undefined,
+        afterMs: raw.afterMs ?? undefined,
+        message: raw.message,
+      });
+    } catch (e) {
+      // A throw from a threadsafe call would end the process.
+      console.error("embarcadero: the worker's onRestart threw", e);
+    }
+  };
 }
 
 /** The context as src/workflow.rs sends it. */
@@ -303,7 +374,11 @@ export interface RunOptions {
  * handler is awaited there, so handlers may await anything. Nothing blocks the event loop.
  *
  * It works from `start` until {@link Worker.close} (or the end of an `await using` scope).
- * An open worker keeps Node running, as a server does.
+ * An open worker keeps Node running, as a server does. It rides out a server restart: when
+ * its log is lost, it is replaced by a new worker (a new {@link Worker.id}) with the same
+ * handlers, with backoff, for as long as it is open or up to `retryForMs`; each failure and
+ * restart goes to `onRestart` (default: `console.warn`). An error no new worker would mend
+ * ends it at once. `start` itself rejects if the first worker cannot start.
  *
  * ```ts
  * await using worker = await Worker.start({ namespace: "demo" });
@@ -318,7 +393,7 @@ export class Worker {
     this.#native = nativeWorker;
   }
 
-  /** Connects to the log and starts working; resolves once connected. */
+  /** Connects to the log and starts working; resolves once connected (rejects if it cannot). */
   static async start(options: WorkerOptions = {}): Promise<Worker> {
     const given = options.handlers;
     const handlers: Map<string, StepHandler> =
@@ -338,9 +413,12 @@ export class Worker {
     if (!(Number.isFinite(leaseMs) && leaseMs >= 1)) {
       throw new ConfigError(`leaseMs must be at least 1, not ${leaseMs}`);
     }
-    const { ack = 2, rf = 2 } = options;
+    const { ack = 2, rf = 2, retryForMs } = options;
     if (!((ack === 1 || ack === 2) && Number.isSafeInteger(rf) && rf >= 1 && rf < 256)) {
       throw new ConfigError(`ack must be 1 or 2 and rf at least 1, not ack ${ack}, rf ${rf}`);
+    }
+    if (retryForMs !== undefined && !(Number.isSafeInteger(retryForMs) && retryForMs >= 0)) {
+      throw new ConfigError(`retryForMs must be a non-negative integer, not ${retryForMs}`);
     }
     const ns = options.namespace;
     const config: Native.NativeWorkerConfig = {
@@ -350,7 +428,9 @@ export class Worker {
       topic: options.topic ?? "workflow.events",
       ack,
       rf,
+      retryForMs,
     };
+    const report = reporter(options.onRestart ?? ((event) => console.warn(event.message)));
     // Calls can only come once `startWorker` has resolved (the loop claims after its
     // replay), so `started` is assigned by the time `dispatch` runs; it awaits it anyway.
     // `dispatch` must not throw: a throw from a threadsafe call ends the process.
@@ -358,18 +438,23 @@ export class Worker {
       void runCall(handlers, id, text, started);
     };
     const control = options.control ?? defaultControl();
-    const started = settle(native.startWorker(dispatch, [...handlers.keys()], control, config));
+    const started = settle(native.startWorker(dispatch, report, [...handlers.keys()], control, config));
     return new Worker(await started);
   }
 
-  /** The worker's id, as its claims and results name it in the log. */
+  /**
+   * The current worker's id, as its claims and results name it in the log. It changes each
+   * time the worker is replaced after losing its log.
+   */
   get id(): string {
     return this.#native.id;
   }
 
   /**
-   * Waits while the worker works: resolves once it is closed (by {@link Worker.close} or
-   * `signal`), rejects with the error that ended the loop if the log failed.
+   * Waits while the worker works, riding out server restarts: resolves once it is closed
+   * (by {@link Worker.close} or `signal`), rejects with the error that ended it for good:
+   * one no new worker mends (a topic of the wrong order, say), or the last one once the log
+   * stayed lost for `retryForMs`.
    */
   async run(options: RunOptions = {}): Promise<void> {
     const { signal } = options;
@@ -392,8 +477,9 @@ export class Worker {
    * Stops claiming, waits until every attempt already running has finished and its result
    * is acknowledged by the log (a handler that does not settle is given up at its step's
    * `timeout_seconds`), heartbeating meanwhile so that no running attempt loses its lease,
-   * then releases the handlers, so Node may exit. Rejects with the error that ended the
-   * loop, if one did. Idempotent: later calls return the same Promise. Not from inside a
+   * then releases the handlers, so Node may exit. Between a lost log and its new worker it
+   * resolves at once, starting none. Rejects with the error that ended the worker for good,
+   * if one did. Idempotent: later calls return the same Promise. Not from inside a
    * handler that awaits it: the close waits for that handler.
    */
   close(): Promise<void> {
