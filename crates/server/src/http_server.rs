@@ -271,15 +271,18 @@ fn serve_connection(
     let mut idle = false;
     loop {
         let read = read_request(&mut stream, &mut carry, due, limits.keep_alive, idle);
-        let (response, keep) = match read {
-            Ok((request, keep)) => (handler(&request), keep),
+        let (response, keep, refused) = match read {
+            Ok((request, keep)) => (handler(&request), keep, false),
             Err(RequestError::Gone) => break,
-            Err(RequestError::Refused(response)) => (response, false),
+            Err(RequestError::Refused(response)) => (response, false, true),
         };
         let keep = keep && response.stream.is_none() && !stopping.load(Ordering::SeqCst);
         let written = stream.write_all(&encode(&response, keep));
         if let (Ok(()), Some(body)) = (&written, &response.stream) {
             let _ = (body.0)(&mut stream);
+        }
+        if refused && written.is_ok() {
+            linger_after_refusal(&mut stream);
         }
         match (written, limits.keep_alive) {
             (Ok(()), Some(wait)) if keep => (due, idle) = (Instant::now() + wait, true),
@@ -287,6 +290,37 @@ fn serve_connection(
         }
     }
     let _ = stream.shutdown(Shutdown::Both);
+}
+
+/// How long, and how many bytes, a refused request's remaining body is read and thrown
+/// away after the answer (nginx's "lingering close").
+const LINGER_TIME: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 16 << 20;
+
+/// After answering a request that was refused before its body was read (413, 408, a
+/// malformed head), ends the sending side and reads what the client still sends, up to
+/// [`LINGER_TIME`] and [`LINGER_BYTES`]: closing a socket with unread bytes resets the
+/// connection, and the reset can discard the answer before the client reads it, which
+/// left a client sending a large body with a broken pipe instead of the 413.
+fn linger_after_refusal(stream: &mut TcpStream) {
+    if stream.shutdown(Shutdown::Write).is_err() {
+        return;
+    }
+    let until = Instant::now() + LINGER_TIME;
+    let mut scratch = [0u8; 16 << 10];
+    let mut drained = 0;
+    while drained < LINGER_BYTES {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        match stream.read(&mut scratch) {
+            Ok(0) => return,
+            Ok(n) => drained += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
 }
 
 enum RequestError {
@@ -872,6 +906,24 @@ mod tests {
         wait_for(&open, 0);
         let ok = exchange(&server, &[b"GET /healthz HTTP/1.1\r\n\r\n"]);
         assert_eq!(status(&ok), 200, "{ok}");
+    }
+
+    /// A client that sends a body over the limit in full before it reads reads the 413:
+    /// the server reads and drops the rest of the body after answering, instead of
+    /// closing on unread bytes (which reset the connection: a broken pipe, no answer).
+    #[test]
+    fn a_body_over_the_limit_sent_in_full_gets_its_413_not_a_reset() {
+        let server = echo(Limits::default());
+        let mut s = TcpStream::connect(server.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let body = vec![b'x'; 128 * MAX_BODY];
+        let head = format!("POST /x HTTP/1.1\r\nContent-Length: {}\r\n\r\n", body.len());
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(&body)
+            .expect("the whole body is taken, not refused with a reset");
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        assert_eq!(status(&out), 413, "{out}");
     }
 
     #[test]
