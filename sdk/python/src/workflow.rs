@@ -147,11 +147,15 @@ impl StepContext {
 }
 
 /// A Python value as JSON, through `json.dumps` (so what a handler may return is exactly
-/// what the standard library can encode).
+/// what the standard library can encode), without `NaN` and the infinities: `json.dumps`
+/// writes them by default, JSON has no such numbers, and the parse here then failed with
+/// "expected value at line 1 column 1", naming neither the value nor the cause.
 fn to_json(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Value> {
+    let strict = pyo3::types::PyDict::new(py);
+    strict.set_item("allow_nan", false)?;
     let text: String = py
         .import("json")?
-        .call_method1("dumps", (value,))?
+        .call_method("dumps", (value,), Some(&strict))?
         .extract()?;
     serde_json::from_str(&text).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
 }

@@ -414,7 +414,8 @@ def test_async_handlers_and_results_that_are_not_json(engine):
         return square(ctx)
 
     def not_json(ctx: StepContext) -> object:
-        return object()
+        # JSON has no NaN, though json.dumps writes one by default.
+        return {"ratio": float("nan")} if ctx.context.get("nan") else object()
 
     engine.register(LINEAR.replace("linear", "mixed").replace("py.ancestry", "py.not_json"))
     handlers = {"py.square": square_async, "py.not_json": not_json}
@@ -425,6 +426,12 @@ def test_async_handlers_and_results_that_are_not_json(engine):
     last = step(task, "four")
     assert last["attempts"] == 1, "a result that is not JSON is not retried"
     assert "not JSON" in last["last_error"], last
+    with engine.worker(handlers, "py_mixed"):
+        task = engine.run_task("py_mixed", "mixed", {"even_number": 2, "nan": True})
+    last = step(task, "four")
+    # Python's own words ("Out of range float values are not JSON compliant"), not a
+    # parse error at column 1 of text the handler never saw.
+    assert "not JSON" in last["last_error"] and "float" in last["last_error"], last
 
 
 def test_step_handler_registers_for_workers_without_handlers_of_their_own():
