@@ -4,6 +4,7 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { setFlagsFromString } from "node:v8";
+import { spawnSync } from "node:child_process";
 import { inspect } from "node:util";
 import { runInNewContext } from "node:vm";
 import { Admin, Message, Order, Publisher, Subscriber } from "../ts/index";
@@ -118,6 +119,31 @@ for (const [order, acks] of [
     });
   }
 }
+
+test("a program that ends without closing its publisher still publishes what it was given", { timeout: 60_000 }, async () => {
+  const topic = topicName("noclose");
+  await admin.createTopic(topic, { memoryOnly: true });
+  // A separate Node process, as a user's script: awaited publishes, then the end of the
+  // program, with no close(). The SDK closes it on `beforeExit`.
+  const script = `
+    const { Publisher } = require(${JSON.stringify(require.resolve("../ts/index"))});
+    (async () => {
+      const p = await Publisher.connect(${JSON.stringify(topic)}, { control: ${JSON.stringify(server.control)} });
+      for (let i = 0; i < 10; i++) await p.publish("m" + i);
+      await p.publishMany(["m10", "m11"]);
+    })();`;
+  const child = spawnSync(process.execPath, ["-e", script], { encoding: "utf8", timeout: 30_000 });
+  assert.equal(child.status, 0, child.stderr);
+  const sub = await Subscriber.connect(topic, { control: server.control });
+  const got: string[] = [];
+  while (got.length < 12) {
+    const m = await sub.poll(10_000);
+    assert.ok(m, `only ${got.length} of 12 messages arrived: ${got.join(" ")}`);
+    got.push(m.payload.toString());
+  }
+  await sub.close();
+  assert.deepEqual(got, Array.from({ length: 12 }, (_, i) => `m${i}`));
+});
 
 test("two subscribers see one order", { timeout: 60_000 }, async () => {
   const topic = topicName("two");

@@ -195,13 +195,46 @@ function checkedOption(options: PublisherOptions, name: keyof PublisherOptions, 
 const DONE: Promise<void> = Promise.resolve();
 
 /**
+ * Publishers not closed yet. Node ends a process once its event loop is empty, and the
+ * native drain that hands staged messages to the brokers does not keep the loop alive:
+ * a program that published and returned without `close()` lost what was still staged or
+ * unacknowledged, in silence. On `beforeExit` (a natural end; not `process.exit()` or a
+ * signal) every open publisher is closed, which publishes and awaits what is pending,
+ * as the Python SDK does at interpreter exit.
+ */
+const unclosed = new Set<Publisher>();
+
+function closeUnclosedAtExit(): void {
+  const closing = [...unclosed].map((p) =>
+    p.close().catch((e: unknown) => {
+      console.error(`embarcadero: a publisher left open failed to flush at exit: ${String(e)}`);
+    }),
+  );
+  // The promises keep the loop alive; once settled, `beforeExit` comes again and finds none.
+  void Promise.all(closing);
+}
+
+let exitHookInstalled = false;
+
+function track(p: Publisher): Publisher {
+  if (!exitHookInstalled) {
+    process.on("beforeExit", closeUnclosedAtExit);
+    exitHookInstalled = true;
+  }
+  unclosed.add(p);
+  return p;
+}
+
+/**
  * Publishes to one topic through every broker of a cluster. Create it with {@link Publisher.connect};
  * end it with {@link Publisher.close} (or `await using`).
  *
  * Messages are published in the order of the calls. `publish` resolves once the message is
  * accepted (copied into the publisher); `flush` waits until everything so far is acknowledged
  * at the publisher's ack level. Errors of the network side (a lost broker with no failover
- * left, say) are reported by the next call.
+ * left, say) are reported by the next call. A publisher still open when the process ends by
+ * itself is closed on `beforeExit`, so what it accepted is published first; `process.exit()`
+ * and signals skip that: close it yourself there.
  */
 export class Publisher implements AsyncDisposable {
   readonly #native: Native.NativePublisher;
@@ -247,7 +280,7 @@ export class Publisher implements AsyncDisposable {
       transport: options.transport,
     };
     const control = options.control ?? defaultControl();
-    return new Publisher(await settle(() => native.connectPublisher(control, topic, config)));
+    return track(new Publisher(await settle(() => native.connectPublisher(control, topic, config))));
   }
 
   /** This publisher's client id (order 5: its session's id). */
@@ -307,7 +340,9 @@ export class Publisher implements AsyncDisposable {
    * final statistics. Calling it again returns the same result.
    */
   close(): Promise<PublisherStats> {
-    this.#closing ??= settle(() => this.#native.close()).then((v) => stats(v as Json));
+    this.#closing ??= settle(() => this.#native.close())
+      .then((v) => stats(v as Json))
+      .finally(() => unclosed.delete(this));
     return this.#closing;
   }
 
