@@ -326,6 +326,48 @@ fn followers_in_their_own_processes_serve_one_total_order() {
     head.proc.stop();
 }
 
+/// A follower that dies and stays dead is fenced by the head itself: an order-5 topic
+/// (whose publishers fail over without asking the head) goes on for more than a GOI's
+/// length of batches after the death. Before, its logs were fenced only when an order-2
+/// publisher asked or a new process claimed the id, the sequencer waited for the dead
+/// broker to reclaim the batches its GOI slots held, and every publisher of the topic
+/// stalled once the GOI wrapped to them.
+#[test]
+fn a_topic_goes_on_past_a_goi_length_of_batches_after_a_broker_died_for_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("small-goi.toml");
+    std::fs::write(&config, "[region]\ngoi_slots = 1024\n").unwrap();
+    let config = config.display().to_string();
+    let head = start_head_with(3, &["--config", &config]);
+    let control = head.control.clone();
+    let (f1, f2) = (follower(&control, 1), follower(&control, 2));
+    Admin::new(&control)
+        .create_topic(&TopicSpec::new("t", 5))
+        .unwrap();
+    assert_eq!(
+        publish(&control, "t", 0..4000),
+        3,
+        "every broker holds batches"
+    );
+    f2.kill();
+    wait_for("broker 2 declared dead", || {
+        members(&control)
+            .iter()
+            .any(|(id, state)| *id == 2 && state == "dead")
+    });
+    // 100-byte messages in 4 KiB batches: about 36 a batch, so 3 GOIs' length. On its
+    // own thread: a stalled topic blocks `publish` for good once every queue is full.
+    let (done, published) = std::sync::mpsc::channel();
+    let to = control.clone();
+    std::thread::spawn(move || done.send(publish(&to, "t", 4000..120_000)));
+    published
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the topic stalled after broker 2's death");
+    let info = Admin::new(&control).describe_topic("t").unwrap();
+    assert_eq!(info.next_position, 120_000);
+    drop(f1);
+}
+
 /// Topic delete in cluster mode: the follower's broker (another process on the region)
 /// lets go of the topic's log on its own and its segments come back, as do the head's;
 /// the external sequencer drops the topic; the name then makes a new topic that every

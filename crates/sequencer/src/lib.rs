@@ -32,7 +32,7 @@ mod model_tests;
 pub use lease::{Lease, LeaseError, LeaseState};
 
 use embarcadero_region::backoff::Backoff;
-use embarcadero_region::{GoiEntry, Region, TopicMeta};
+use embarcadero_region::{GoiEntry, LogControl, Region, TopicMeta};
 use embarcadero_wire::BatchFlags;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -56,6 +56,10 @@ pub struct SequencerConfig {
     /// epoch's writes once the region's epoch has moved on (a successor took over while
     /// it was paused). `None`: unchecked (tests).
     pub fencing_epoch: Option<u64>,
+    /// A reader whose broker has not beaten its pin for this long holds nothing back
+    /// (the brokers' `reader_stall_timeout`): for the batches of a dead broker, whose
+    /// GOI slots only the readers' pins hold (see `Core::dead_brokers_batch_released`).
+    pub reader_stall_timeout: Duration,
 }
 
 impl Default for SequencerConfig {
@@ -67,6 +71,7 @@ impl Default for SequencerConfig {
             session_lease: Duration::from_secs(30),
             session_idle_evict: Duration::from_secs(600),
             fencing_epoch: None,
+            reader_stall_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -848,7 +853,7 @@ impl Core {
             if !self.below_ceiling(t.tail, &b.entry, ceiling) {
                 break;
             }
-            if !self.goi_slot_free(t.topic, t.tail.committed, goi_slots) {
+            if !self.goi_slot_free(t.topic, t.replicated, t.tail.committed, goi_slots) {
                 self.metrics.goi_full_stalls.fetch_add(1, Ordering::Relaxed);
                 break;
             }
@@ -933,7 +938,7 @@ impl Core {
                     stop = MergeStop::Ceiling;
                     break;
                 }
-                if !self.goi_slot_free(t.topic, t.tail.committed, goi_slots) {
+                if !self.goi_slot_free(t.topic, t.replicated, t.tail.committed, goi_slots) {
                     stop = MergeStop::GoiFull;
                     break;
                 }
@@ -1070,7 +1075,7 @@ impl Core {
 
     /// GOI slot of index `g` may be overwritten only once the batch of its previous
     /// occupant has left memory; otherwise ask that batch's broker to reclaim it.
-    fn goi_slot_free(&self, topic: u32, g: u64, goi_slots: u64) -> bool {
+    fn goi_slot_free(&self, topic: u32, replicated: bool, g: u64, goi_slots: u64) -> bool {
         let Some(old) = g.checked_sub(goi_slots) else {
             return true;
         };
@@ -1081,6 +1086,9 @@ impl Core {
         if log.reclaimed_pbr.load(Ordering::Acquire) > e.pbr_index {
             return true;
         }
+        if self.dead_brokers_batch_released(topic, replicated, &log, &e) {
+            return true;
+        }
         self.region
             .sequencer_line(topic, e.broker_id as u32)
             .reclaim_request
@@ -1088,12 +1096,45 @@ impl Core {
         self.region.broker_bell(e.broker_id as u32).ring();
         false
     }
+
+    /// Whether `e`, a batch of a broker the control plane declared dead (its fence
+    /// holds: the broker did not restart), is needed by no one, so that its GOI slot may
+    /// take a new entry although its log keeps the bytes. A dead broker reclaims
+    /// nothing, so waiting for its `reclaimed_pbr` stalled the topic for good once the
+    /// GOI wrapped to its entries, a GOI's length of batches after its death (found by
+    /// the failover bench running that long). Released means what the broker's own
+    /// reclamation asks, less what only it can do: on every replica's disk (replicated
+    /// topics, whose readers read the disks past memory), or read by every live reader
+    /// (memory-only topics). A reader that starts at an overwritten entry is told the
+    /// position is not retained, as after any reclamation (`subscribe.rs`).
+    fn dead_brokers_batch_released(
+        &self,
+        topic: u32,
+        replicated: bool,
+        log: &LogControl,
+        e: &GoiEntry,
+    ) -> bool {
+        let fence = log.fence_pbr.load(Ordering::Acquire);
+        let dead = fence != 0 && log.resumed_fence.load(Ordering::Acquire) != fence;
+        if !dead {
+            return false;
+        }
+        if replicated {
+            return log.durable_pbr.load(Ordering::Acquire) > e.pbr_index;
+        }
+        let floor = self
+            .region
+            .reader_floor(topic, 0, self.config.reader_stall_timeout);
+        floor >= e.total_order + e.num_msg as u64
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use embarcadero_region::{Capacities, TopicMeta, GOI_SESSION_START, SESSION_SLOTS};
+    use embarcadero_region::{
+        monotonic_ns, Capacities, TopicMeta, GOI_SESSION_START, SESSION_SLOTS,
+    };
     use embarcadero_wire::BatchHeader;
 
     pub(super) fn region(goi_slots: u64) -> (tempfile::TempDir, Arc<Region>) {
@@ -1406,6 +1447,58 @@ mod tests {
         c.seal_all();
         assert_eq!(r.topic_seq(1).committed_seq.load(Ordering::Acquire), 10);
         assert_eq!(r.goi_read(1, 9).unwrap().pbr_index, 9);
+    }
+
+    /// A broker declared dead reclaims nothing, yet its batches stay in the GOI: their
+    /// slots are taken again once no live reader needs them (memory-only), so the
+    /// topic goes on a GOI's length after the death instead of stalling for good.
+    #[test]
+    fn a_dead_brokers_batches_free_their_goi_slots_once_no_reader_needs_them() {
+        let (_d, r) = region(8);
+        // Broker 1 commits two batches (positions 0 and 1), they are ordered, it dies.
+        commit(&r, 1, 0, 1, true);
+        commit(&r, 1, 1, 1, true);
+        let mut c = core(&r);
+        c.scan();
+        c.seal_all();
+        r.control_plane()
+            .fence_pbr(1, 1)
+            .store(2 + 1, Ordering::Release);
+        // A live reader still needs position 1.
+        let pin = r.reader_slot(1, 0);
+        pin.mark_claimed();
+        pin.position(0).store(1, Ordering::Release);
+        pin.heartbeat.store(monotonic_ns(), Ordering::Release);
+        for i in 0..10 {
+            commit(&r, 0, i, 1, true);
+        }
+        let committed = |c: &mut Core| {
+            c.scan();
+            c.seal_all();
+            r.topic_seq(1).committed_seq.load(Ordering::Acquire)
+        };
+        assert_eq!(
+            committed(&mut c),
+            9,
+            "position 0's slot is taken again; position 1 is still read"
+        );
+        assert_eq!(r.log(1, 1).reclaimed_pbr.load(Ordering::Acquire), 0);
+        pin.position(0).store(2, Ordering::Release);
+        assert_eq!(
+            committed(&mut c),
+            10,
+            "then position 1's; broker 0's own batches wait for its reclamation"
+        );
+        r.broker_line(1, 0)
+            .reclaimed_pbr
+            .advance(2, Ordering::Release);
+        assert_eq!(committed(&mut c), 12);
+        // A broker that restarted (its fence lifted) reclaims for itself again.
+        r.broker_line(1, 1)
+            .resumed_fence
+            .store(3, Ordering::Release);
+        let e = r.goi_read(1, 11).unwrap();
+        assert!(!c.dead_brokers_batch_released(1, false, &r.log(1, 1), &e));
     }
 
     #[test]

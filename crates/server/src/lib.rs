@@ -301,6 +301,7 @@ fn watch_membership(inner: &Inner, stop: &std::sync::atomic::AtomicBool) {
                 broker,
                 "broker declared dead (no heartbeat for {death:?}); its subscribers' reader slots are released once they stop beating"
             );
+            fence_declared_dead(inner, broker, incarnation);
             releasing.retain(|r| r.broker != broker);
             releasing.push(Releasing {
                 broker,
@@ -329,6 +330,28 @@ fn watch_membership(inner: &Inner, stop: &std::sync::atomic::AtomicBool) {
         });
         // A period, not a wait for an event: `stop` unparks it.
         std::thread::park_timeout(interval);
+    }
+}
+
+/// Fences the logs of `broker`, just declared dead as process `incarnation` (unless it
+/// rejoined meanwhile). Fencing waited for a publisher's failover to ask about its
+/// batches (order 2), or for a new process to claim the id; a broker that died under
+/// order-5 publishers only, or with none connected, was never fenced, and the sequencer
+/// then waited for it to reclaim its batches before reusing their GOI slots: the topic
+/// stalled for good a GOI's length of batches after the death. A fenced log's batches
+/// free their slots once no one needs them (`Core::dead_brokers_batch_released`).
+fn fence_declared_dead(inner: &Inner, broker: u32, incarnation: u64) {
+    let fenced = inner
+        .membership
+        .fence_if_dead(broker, Some(incarnation), || {
+            crate::failover::fence_broker(&inner.region, broker)
+        });
+    if let Ok(Some(logs @ 1..)) = fenced {
+        tracing::warn!(
+            broker,
+            logs,
+            "dead broker fenced: its uncommitted slots will never be ordered"
+        );
     }
 }
 
@@ -421,6 +444,7 @@ pub(crate) fn sequencer_config_of(
         session_lease: Duration::from_millis(s.session_lease_ms),
         session_idle_evict: Duration::from_secs(s.session_idle_evict_secs),
         fencing_epoch: None,
+        reader_stall_timeout: Duration::from_millis(b.reader_stall_timeout_ms),
     }
 }
 
