@@ -200,6 +200,26 @@ impl Span {
         }
     }
 
+    /// Asks the CPU to fetch, for writing, the cache lines of the span's bytes
+    /// `[offset, offset + len)` (clipped to the span): what its writer fills next. A ring
+    /// line that has left the cache otherwise costs its fetch at the store itself, and the
+    /// publisher's next lock waits for that store to drain (docs/PERFORMANCE.md, session
+    /// 30). A hint only: nothing is read or written, and a span of any state may be asked.
+    pub fn prefetch_for_write(&self, offset: usize, len: usize) {
+        let end = offset.saturating_add(len).min(self.lent.limit);
+        if offset >= end {
+            return;
+        }
+        let ring = self.ring_base();
+        for (at, n) in self.pieces(offset, end - offset) {
+            let mut line = at & !(CACHE_LINE - 1);
+            while line < at + n {
+                prefetch_line_for_write(ring.wrapping_add(line));
+                line += CACHE_LINE;
+            }
+        }
+    }
+
     /// Copies `len` bytes of the span from `offset` out (to resend them elsewhere):
     /// from the ring, or from where the producer copied a committed span when it
     /// needed the room. What another process may have written there is copied as it
@@ -262,4 +282,25 @@ impl Drop for Span {
         }
         // Copied out: the producer let go of it then.
     }
+}
+
+/// The cache line size the prefetch hints step by (x86-64's and most ARM cores').
+const CACHE_LINE: usize = 64;
+
+/// `prefetchw` of the line holding `addr` (a no-op on other architectures, and a NOP on
+/// x86 cores without it).
+#[inline(always)]
+fn prefetch_line_for_write(addr: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `prefetchw` is a hint: it reads and writes no memory, cannot fault whatever
+    // `addr` is, and leaves registers and flags alone; only the cache state changes.
+    unsafe {
+        std::arch::asm!(
+            "prefetchw [{0}]",
+            in(reg) addr,
+            options(nostack, preserves_flags, readonly)
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
 }

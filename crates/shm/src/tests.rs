@@ -348,6 +348,41 @@ fn a_lent_span_is_published_only_when_committed_and_kept_until_dropped() {
     assert_eq!(p.room().unwrap(), cap, "a dropped span frees its bytes");
 }
 
+/// The write prefetch is a hint: asked over a span that wraps the ring's end, past the
+/// span's limit, empty, and before and after a commit, it changes no byte and never
+/// reaches outside the span's pieces (its `pieces` assertion would panic).
+#[test]
+fn a_write_prefetch_of_a_wrapping_span_changes_nothing() {
+    let cap = MIN_DATA_CAPACITY;
+    let (mut p, mut c, _map) = pair(cap);
+    assert_eq!(p.write(&vec![3u8; cap - 100]).unwrap(), cap - 100);
+    p.publish();
+    assert_eq!(drain(&mut c).len(), cap - 100);
+    let mut span = p.lend(1000).unwrap().expect("a consumed ring lends again");
+    let start = span.lent().start as usize % cap;
+    assert!(
+        start + 1000 > cap,
+        "the span wraps: it starts at {start} of {cap}"
+    );
+    let body: Vec<u8> = (0..992u32).map(|i| i as u8).collect();
+    span.write_at(8, &body);
+    for (offset, len) in [
+        (0, 1000),
+        (50, 100),
+        (90, 20),
+        (990, 64),
+        (1000, 64),
+        (5, 0),
+    ] {
+        span.prefetch_for_write(offset, len);
+    }
+    span.prefetch_for_write(usize::MAX - 1, 8);
+    assert!(p.commit(&mut span, 1000, &[1u8; 8]));
+    span.prefetch_for_write(0, 1000);
+    let got = drain(&mut c);
+    assert_eq!((&got[..8], &got[8..]), (&[1u8; 8][..], &body[..]));
+}
+
 #[test]
 fn a_dropped_uncommitted_span_is_cancelled_and_the_ring_moves_on() {
     let (mut p, mut c, _map) = pair(MIN_DATA_CAPACITY);

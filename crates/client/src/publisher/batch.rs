@@ -48,6 +48,12 @@ pub(super) struct RingBatch {
     pub(super) len: usize,
 }
 
+/// Most bytes ahead of the message just written that [`RingBatch::push`] asks the CPU
+/// to fetch for writing: a few lines more than a message of 1 KiB, so that a large
+/// message does not issue a prefetch per line of its successor (the hardware's own
+/// prefetcher follows a long copy).
+const PREFETCH_AHEAD_MAX: usize = 2048;
+
 impl RingBatch {
     /// Appends one message: its encoded header, its payload, zeros up to `stride`.
     fn push(&mut self, header: &[u8; MESSAGE_HEADER_LEN], payload: &[u8], stride: usize) {
@@ -58,6 +64,9 @@ impl RingBatch {
         span.write_at(at + MESSAGE_HEADER_LEN, payload);
         let pad = stride - MESSAGE_HEADER_LEN - payload.len();
         span.write_at(at + MESSAGE_HEADER_LEN + payload.len(), &ZEROS[..pad]);
+        // The next message of this size goes right after: its lines are fetched while
+        // the caller makes it, not at its copy (+19% publish over shm, session 30).
+        span.prefetch_for_write(at + stride, stride.min(PREFETCH_AHEAD_MAX));
         self.len += stride;
     }
 
