@@ -516,12 +516,17 @@ impl Subscriber {
         slf
     }
 
-    /// Blocks until the next message; Ctrl-C interrupts it. Ends once closed.
+    /// Blocks until the next message; Ctrl-C interrupts it. Ends once closed, also by
+    /// a `close` from another thread while this one waits (whose poll then fails with
+    /// ``ClosedError``: for the iterating thread that is the end of the iteration).
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<Message>>> {
         if self.closed() {
             return Ok(None);
         }
-        self.poll(py, None)
+        match self.poll(py, None) {
+            Err(_) if self.closed() => Ok(None),
+            polled => polled,
+        }
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -149,6 +150,32 @@ SIGINT_SCRIPT = textwrap.dedent(
         sys.exit(7)
     """
 )
+
+
+def test_a_close_from_another_thread_ends_a_blocking_iteration(server, topic_name):
+    """The thread in ``for m in sub`` stops iterating when another thread closes the
+    subscriber (it raised ``ClosedError`` from inside the loop)."""
+    Admin(server.control).create_topic(topic_name)
+    sub = Subscriber(server.control, topic_name)
+    got, ended, failed = [], threading.Event(), []
+    first = threading.Event()
+
+    def iterate() -> None:
+        try:
+            for m in sub:
+                got.append(m.payload)
+                first.set()
+        except Exception as e:  # the defect: raised instead of ending
+            failed.append(e)
+        ended.set()
+
+    threading.Thread(target=iterate, daemon=True).start()
+    with Publisher(server.control, topic_name) as p:
+        p.publish(b"one")
+    assert first.wait(30), "the first message never came"
+    sub.close()
+    assert ended.wait(30), "the iteration did not end after close()"
+    assert (got, failed) == ([b"one"], [])
 
 
 def test_ctrl_c_interrupts_a_blocking_iteration(server, topic_name):
