@@ -1119,6 +1119,13 @@ impl Core {
         if !dead {
             return false;
         }
+        // Fences only rise, and nothing at or above one is ever ordered.
+        assert!(
+            e.pbr_index < fence - 1,
+            "topic {topic}: broker {}'s batch at PBR {} is in the GOI above its fence {fence}",
+            e.broker_id,
+            e.pbr_index
+        );
         if replicated {
             return log.durable_pbr.load(Ordering::Acquire) > e.pbr_index;
         }
