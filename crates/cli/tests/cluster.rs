@@ -326,17 +326,20 @@ fn followers_in_their_own_processes_serve_one_total_order() {
     head.proc.stop();
 }
 
-/// A follower that dies and stays dead is fenced by the head itself: an order-5 topic
-/// (whose publishers fail over without asking the head) goes on for more than a GOI's
-/// length of batches after the death. Before, its logs were fenced only when an order-2
-/// publisher asked or a new process claimed the id, the sequencer waited for the dead
-/// broker to reclaim the batches its GOI slots held, and every publisher of the topic
-/// stalled once the GOI wrapped to them.
+/// A follower that dies and stays dead is fenced by the head itself once it has been
+/// dead for the reader stall timeout: an order-5 topic (whose publishers fail over
+/// without asking the head) goes on for more than a GOI's length of batches after the
+/// death. Before, its logs were fenced only when an order-2 publisher asked or a new
+/// process claimed the id, the sequencer waited for the dead broker to reclaim the
+/// batches its GOI slots held, and every publisher of the topic stalled for good once
+/// the GOI wrapped to them.
 #[test]
 fn a_topic_goes_on_past_a_goi_length_of_batches_after_a_broker_died_for_good() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("small-goi.toml");
-    std::fs::write(&config, "[region]\ngoi_slots = 1024\n").unwrap();
+    // A follower dead for the reader stall timeout is fenced: 1 s here, 30 s by default.
+    let toml = "[region]\ngoi_slots = 1024\n[broker]\nreader_stall_timeout_ms = 1000\n";
+    std::fs::write(&config, toml).unwrap();
     let config = config.display().to_string();
     let head = start_head_with(3, &["--config", &config]);
     let control = head.control.clone();

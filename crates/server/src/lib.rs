@@ -286,7 +286,8 @@ fn broker_infos(brokers: &[Broker], advertised: IpAddr) -> Vec<BrokerInfo> {
 /// may still be serving, though (it missed heartbeats under load, then rejoins): only
 /// slots whose own heartbeat has stopped for the death timeout are released, pass after
 /// pass until none of the broker's is left, it is alive again, or the stall timeout has
-/// passed (after which its pins hold nothing anyway).
+/// passed (after which its pins hold nothing anyway). One still dead then is fenced
+/// (`fence_declared_dead`): it had that long to rejoin.
 fn watch_membership(inner: &Inner, stop: &std::sync::atomic::AtomicBool) {
     let cluster = &inner.config.cluster;
     let interval = Duration::from_millis(cluster.heartbeat_interval_ms);
@@ -301,45 +302,58 @@ fn watch_membership(inner: &Inner, stop: &std::sync::atomic::AtomicBool) {
                 broker,
                 "broker declared dead (no heartbeat for {death:?}); its subscribers' reader slots are released once they stop beating"
             );
-            fence_declared_dead(inner, broker, incarnation);
             releasing.retain(|r| r.broker != broker);
             releasing.push(Releasing {
                 broker,
                 incarnation,
                 since: std::time::Instant::now(),
                 claims: Vec::new(),
+                slots_left: true,
             });
         }
         releasing.retain_mut(|r| {
             // Rejoined: the same process serves its subscribers again.
-            let rejoined = inner.membership.is_alive_as(r.broker, r.incarnation);
-            if rejoined || r.since.elapsed() > stall {
+            if inner.membership.is_alive_as(r.broker, r.incarnation) {
                 return false;
             }
-            let pass = inner
-                .region
-                .release_reader_slots(r.broker, death, &mut r.claims);
-            if pass.freed > 0 {
-                tracing::warn!(
-                    broker = r.broker,
-                    released = pass.freed,
-                    "released its subscribers' reader slots (broker declared dead, slots not beaten for {death:?})"
-                );
+            if r.since.elapsed() > stall {
+                fence_declared_dead(inner, r.broker, r.incarnation);
+                return false;
             }
-            pass.live > 0
+            if r.slots_left {
+                r.slots_left = release_slots_of_dead(inner, r, death);
+            }
+            true
         });
         // A period, not a wait for an event: `stop` unparks it.
         std::thread::park_timeout(interval);
     }
 }
 
-/// Fences the logs of `broker`, just declared dead as process `incarnation` (unless it
-/// rejoined meanwhile). Fencing waited for a publisher's failover to ask about its
-/// batches (order 2), or for a new process to claim the id; a broker that died under
-/// order-5 publishers only, or with none connected, was never fenced, and the sequencer
-/// then waited for it to reclaim its batches before reusing their GOI slots: the topic
-/// stalled for good a GOI's length of batches after the death. A fenced log's batches
-/// free their slots once no one needs them (`Core::dead_brokers_batch_released`).
+/// One pass releasing the reader slots of the dead broker `r` not beaten for `death`;
+/// whether some of its slots are still beaten.
+fn release_slots_of_dead(inner: &Inner, r: &mut Releasing, death: Duration) -> bool {
+    let pass = inner
+        .region
+        .release_reader_slots(r.broker, death, &mut r.claims);
+    if pass.freed > 0 {
+        tracing::warn!(
+            broker = r.broker,
+            released = pass.freed,
+            "released its subscribers' reader slots (broker declared dead, slots not beaten for {death:?})"
+        );
+    }
+    pass.live > 0
+}
+
+/// Fences the logs of `broker`, declared dead as process `incarnation` a stall timeout
+/// ago and not back (a fenced follower cannot rejoin: it must restart, and its new
+/// process resumes the logs). Fencing otherwise waits for an order-2 publisher's failover
+/// to ask about its batches, or for a new process to claim the id; a broker that died
+/// under order-5 publishers only, or with none connected, was never fenced, and the
+/// sequencer then waited for it to reclaim its batches before reusing their GOI slots:
+/// the topic stalled for good a GOI's length of batches after the death. A fenced log's
+/// batches free their slots once no one needs them (`Core::dead_brokers_batch_released`).
 fn fence_declared_dead(inner: &Inner, broker: u32, incarnation: u64) {
     let fenced = inner
         .membership
@@ -363,6 +377,8 @@ struct Releasing {
     since: std::time::Instant,
     /// The slots the last pass found being claimed for it.
     claims: Vec<(u32, u32)>,
+    /// Some of its reader slots were still beaten at the last pass.
+    slots_left: bool,
 }
 
 /// Every `positions::CEILING_CHECK`: raises the position ceilings of memory-only topics
