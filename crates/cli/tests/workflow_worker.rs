@@ -91,16 +91,7 @@ impl Engine {
 
     /// A worker in this process running `registry`, one attempt at a time.
     fn worker(&self, registry: Registry) -> Worker {
-        let mut log = LogConfig::new(&self.serve.control, "workflow.events");
-        (log.ack, log.replication_factor) = (2, 2);
-        let cfg = WorkerConfig {
-            log,
-            namespaces: vec!["demo".into()],
-            concurrency: 1,
-            lease_ms: LEASE_MS,
-            run_log: None,
-        };
-        Worker::start(cfg, registry).unwrap()
+        Worker::start(worker_config(&self.serve.control), registry).unwrap()
     }
 
     /// An `embarcadero worker` process (built-in handlers); returns it and its id.
@@ -358,6 +349,20 @@ fn sigterm_drains_an_embarcadero_worker_whose_result_is_then_accepted_and_which_
     assert_eq!(after["worker"], json!(second_id));
 }
 
+/// The configuration of the tests' workers: namespace `demo` on the durable
+/// `workflow.events` of the server at `control`, one attempt at a time.
+fn worker_config(control: &str) -> WorkerConfig {
+    let mut log = LogConfig::new(control, "workflow.events");
+    (log.ack, log.replication_factor) = (2, 2);
+    WorkerConfig {
+        log,
+        namespaces: vec!["demo".into()],
+        concurrency: 1,
+        lease_ms: LEASE_MS,
+        run_log: None,
+    }
+}
+
 /// A supervised worker whose server is SIGKILLed reports that it lost the log, then waits
 /// out its backoff (here ten minutes, longer than the hang guard: only a stop that does not
 /// wait for it lets the test end); a drain asked meanwhile returns without starting a new
@@ -366,15 +371,7 @@ fn sigterm_drains_an_embarcadero_worker_whose_result_is_then_accepted_and_which_
 fn a_stop_during_a_supervised_workers_backoff_returns_at_once_and_starts_no_new_worker() {
     let dir = tempfile::tempdir().unwrap();
     let serve = Serve::start_with(dir.path(), &["--brokers", "1"]);
-    let mut log = LogConfig::new(&serve.control, "workflow.events");
-    (log.ack, log.replication_factor) = (2, 2);
-    let cfg = WorkerConfig {
-        log,
-        namespaces: vec!["demo".into()],
-        concurrency: 1,
-        lease_ms: LEASE_MS,
-        run_log: None,
-    };
+    let cfg = worker_config(&serve.control);
     let policy = RestartPolicy {
         first_backoff: Duration::from_secs(600),
         max_backoff: Duration::from_secs(600),
