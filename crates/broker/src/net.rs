@@ -35,6 +35,8 @@ pub fn tune_socket(stream: &TcpStream) {
 pub struct Refusal {
     pub code: ErrorCode,
     pub batch_seq: u64,
+    /// SessionFenced: the session's current epoch (see [`ErrorFrame::session_epoch`]).
+    pub session_epoch: u64,
     pub message: String,
 }
 
@@ -43,6 +45,7 @@ impl Refusal {
         Self {
             code,
             batch_seq: u64::MAX,
+            session_epoch: 0,
             message: message.into(),
         }
     }
@@ -51,6 +54,7 @@ impl Refusal {
         Self {
             code: ErrorCode::for_wire_error(e),
             batch_seq,
+            session_epoch: 0,
             message: e.to_string(),
         }
     }
@@ -59,6 +63,7 @@ impl Refusal {
         ErrorFrame {
             code: self.code,
             batch_seq: self.batch_seq,
+            session_epoch: self.session_epoch,
             message: self.message.clone(),
         }
         .encode()
@@ -195,6 +200,7 @@ pub fn topic_deleted(name: &str) -> ErrorFrame {
     ErrorFrame {
         code: ErrorCode::TopicDeleted,
         batch_seq: u64::MAX,
+        session_epoch: 0,
         message: format!(
             "topic {name:?} was deleted; the connection is closed (a topic created later with this name is another topic, whose positions start again at 0)"
         ),

@@ -140,8 +140,11 @@ pub(crate) fn run<I: Inbound>(
             return refuse_foreign_key(shared, hello.client_id).into();
         }
         session.touch(&shared.region, unix_ms());
-        if status.fenced {
-            return session::fenced(hello.session_epoch, status.acked_hwm(hello.ack_level)).into();
+        // A publisher that opens an epoch must supersede the session's current one.
+        let opens = hello.flags & embarcadero_wire::PUBLISH_OPENS_EPOCH != 0;
+        if status.fenced || (opens && status.epoch >= hello.session_epoch) {
+            let hwm = status.acked_hwm(hello.ack_level);
+            return session::fenced(hello.session_epoch, hwm, status.epoch).into();
         }
         ok.next_batch_seq = status.acked_hwm(hello.ack_level);
     }
@@ -279,6 +282,7 @@ impl<'a, I: Inbound> Receiver<'a, I> {
             return Err(Refusal {
                 code: ErrorCode::MalformedBatch,
                 batch_seq: header.batch_seq,
+                session_epoch: 0,
                 message: format!(
                     "batch names client {} but the connection belongs to client {}",
                     header.client_id, self.hello.client_id
@@ -321,6 +325,7 @@ impl<'a, I: Inbound> Receiver<'a, I> {
             return Err(Refusal {
                 code: ErrorCode::OutOfSequence,
                 batch_seq: header.batch_seq,
+                session_epoch: 0,
                 message: format!(
                     "batch sequence {} arrived, {} was expected",
                     header.batch_seq, self.expected_seq
@@ -498,6 +503,7 @@ fn slow_payload(header: &BatchHeader, limit: Duration) -> Refusal {
     Refusal {
         code: ErrorCode::SlowPayload,
         batch_seq: header.batch_seq,
+        session_epoch: 0,
         message: format!(
             "the payload of batch {} ({} bytes) did not arrive within {} ms of its \
              header; reconnect and resend it (smaller batches on a slow link)",
@@ -522,6 +528,7 @@ fn refuse_backpressure(
     let frame = ErrorFrame {
         code: ErrorCode::Backpressure,
         batch_seq: header.batch_seq,
+        session_epoch: 0,
         message: format!(
             "broker {} is out of log memory for {} ms; resend from batch {}",
             shared.config.broker_id,
@@ -584,6 +591,7 @@ fn admit_session_batch(
         return Err(Refusal {
             code: ErrorCode::MalformedBatch,
             batch_seq: header.batch_seq,
+            session_epoch: 0,
             message: format!(
                 "batch names session epoch {} but the connection was opened for epoch {}",
                 header.session_epoch, hello.session_epoch
@@ -599,6 +607,7 @@ fn admit_session_batch(
         return Err(session::fenced(
             hello.session_epoch,
             status.acked_hwm(hello.ack_level),
+            status.epoch,
         ));
     }
     if header.batch_seq < status.committed_hwm {
@@ -608,6 +617,7 @@ fn admit_session_batch(
         return Err(Refusal {
             code: ErrorCode::SessionExpired,
             batch_seq: header.batch_seq,
+            session_epoch: 0,
             message: session::expired_message(shared.config.session_idle_evict),
         });
     }
@@ -664,6 +674,7 @@ fn beyond_window(
     Refusal {
         code: ErrorCode::OutOfSequence,
         batch_seq: header.batch_seq,
+        session_epoch: 0,
         message: format!(
             "batch sequence {} is beyond the session window: the session has committed up to {} and accepts at most {window} batches above that; waited {} ms for it to move",
             header.batch_seq,

@@ -782,6 +782,7 @@ fn session_refusal(
         return Some(ErrorFrame {
             code: ErrorCode::SessionExpired,
             batch_seq: status.acked_hwm(conn.ack_level),
+            session_epoch: 0,
             message: crate::session::expired_message(shared.config.session_idle_evict),
         });
     }
@@ -792,6 +793,7 @@ fn session_refusal(
         return Some(ErrorFrame {
             code: refusal.code,
             batch_seq: u64::MAX,
+            session_epoch: 0,
             message: refusal.message,
         });
     }
@@ -801,6 +803,7 @@ fn session_refusal(
         return Some(ErrorFrame::session_fenced(
             conn.session_epoch,
             status.acked_hwm(conn.ack_level),
+            status.epoch,
         ));
     }
     if head.is_none() {
@@ -819,6 +822,7 @@ fn session_refusal(
         return Some(ErrorFrame {
             code: ErrorCode::SessionsExhausted,
             batch_seq: 0,
+            session_epoch: 0,
             message: crate::session::exhausted_message(&name, shared.config.session_idle_evict),
         });
     }

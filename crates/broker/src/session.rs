@@ -29,6 +29,8 @@ pub struct SessionStatus {
     pub durable_hwm: u64,
     /// The connection's epoch was fenced or superseded by a newer one.
     pub fenced: bool,
+    /// The session's current epoch in the table (0: the sequencer has not seen it).
+    pub epoch: u64,
     /// The session ended while this connection was open: it was idle and its slot in
     /// the session table went to another session. Its marks are gone.
     pub expired: bool,
@@ -73,6 +75,7 @@ impl SessionView {
             committed_hwm: 0,
             durable_hwm: 0,
             fenced: false,
+            epoch: 0,
             expired,
             foreign_key: false,
         };
@@ -103,6 +106,7 @@ impl SessionView {
                 .load(std::sync::atomic::Ordering::Acquire),
             fenced: r.session_epoch > self.epoch
                 || (r.session_epoch == self.epoch && r.state == SessionState::Fenced),
+            epoch: r.session_epoch,
             expired: false,
             foreign_key: r.key_hash != 0 && r.key_hash != self.key_hash,
         }
@@ -191,12 +195,14 @@ pub fn foreign_key_message(client_id: u64) -> String {
 }
 
 /// The SessionFenced refusal of `epoch`, carrying the committed high-water mark `hwm`
-/// in the frame's `arg` for the client to resend from.
-pub fn fenced(epoch: u64, hwm: u64) -> crate::net::Refusal {
-    let frame = embarcadero_wire::ErrorFrame::session_fenced(epoch, hwm);
+/// in the frame's `arg` for the client to resend from, and the session's `current`
+/// epoch.
+pub fn fenced(epoch: u64, hwm: u64, current: u64) -> crate::net::Refusal {
+    let frame = embarcadero_wire::ErrorFrame::session_fenced(epoch, hwm, current);
     crate::net::Refusal {
         code: frame.code,
         batch_seq: frame.batch_seq,
+        session_epoch: frame.session_epoch,
         message: frame.message,
     }
 }

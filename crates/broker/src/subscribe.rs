@@ -117,7 +117,7 @@ pub(crate) fn run(
     if let Err(e) = stream.set_stall(stall) {
         return e.into();
     }
-    let from_first = hello.subscribe_flags & SUBSCRIBE_FROM_FIRST_RETAINED != 0;
+    let from_first = hello.flags & SUBSCRIBE_FROM_FIRST_RETAINED != 0;
     let result = if meta.order >= 2 {
         let start = Start {
             position: hello.start_position,

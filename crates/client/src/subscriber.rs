@@ -368,7 +368,7 @@ impl Subscriber {
                 cursor_count: (extra.len() / 8) as u32,
                 topic: self.topic.clone(),
                 session_key: [0; 16],
-                subscribe_flags: if self.from_first_retained {
+                flags: if self.from_first_retained {
                     SUBSCRIBE_FROM_FIRST_RETAINED
                 } else {
                     0

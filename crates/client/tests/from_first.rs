@@ -1,5 +1,5 @@
 //! A subscription that asked for "the beginning" may start at the first retained
-//! position only while it has delivered nothing (PROTOCOL.md, `subscribe_flags` bit 0):
+//! position only while it has delivered nothing (PROTOCOL.md, `flags` bit 0):
 //! once anything is delivered, a reconnection must ask for its exact next position, so
 //! that a reclaimed range is refused (PositionNotRetained), never skipped in silence.
 //! And what it skipped at the start is reported. Against a fake broker that records
@@ -93,7 +93,7 @@ fn after_a_poll_with_delivery_a_reconnection_asks_for_its_exact_position() {
     let mut s = Subscriber::connect_brokers(&[addr], "t", from_the_beginning()).unwrap();
     let first = hellos.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(
-        first.subscribe_flags, SUBSCRIBE_FROM_FIRST_RETAINED,
+        first.flags, SUBSCRIBE_FROM_FIRST_RETAINED,
         "nothing delivered yet: the first retained position will do"
     );
     let mut positions = Vec::new();
@@ -107,7 +107,7 @@ fn after_a_poll_with_delivery_a_reconnection_asks_for_its_exact_position() {
     let again = hellos.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(again.start_position, 1);
     assert_eq!(
-        again.subscribe_flags, 0,
+        again.flags, 0,
         "a subscription that delivered something must hear that its position is gone"
     );
     assert_eq!(s.skipped(), None);
@@ -133,5 +133,5 @@ fn what_a_subscription_from_the_beginning_skipped_is_reported() {
     assert_eq!(s.skipped(), Some((0, 40)));
     let _ = s.poll_shared(Duration::from_millis(500), |_, _| {});
     let again = hellos.recv_timeout(Duration::from_secs(10)).unwrap();
-    assert_eq!((again.start_position, again.subscribe_flags), (41, 0));
+    assert_eq!((again.start_position, again.flags), (41, 0));
 }

@@ -28,7 +28,7 @@ fn hello(topic: &str, role: Role, ack: u8) -> Hello {
         cursor_count: 0,
         topic: topic.into(),
         session_key: [0; 16],
-        subscribe_flags: 0,
+        flags: 0,
     }
 }
 

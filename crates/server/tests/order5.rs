@@ -174,6 +174,89 @@ fn a_fenced_session_reopens_by_itself_and_delivers_exactly_once() {
     );
 }
 
+/// Two publishers share one session (client id and key): the second, a restart of a
+/// program whose first run still lives, opens a newer epoch (not the first's, though
+/// both were configured with epoch 1), and the first then fails with SessionFenced
+/// instead of reopening into the second's epoch, where both would number batches from
+/// one counter and acknowledged batches of each would be dropped as duplicates. Every
+/// acknowledged message is in the log exactly once.
+#[test]
+fn a_second_publisher_of_a_session_takes_it_over_and_the_first_stops() {
+    take_over(1);
+}
+
+/// As above, with the second publisher configured with the epoch the first would
+/// reopen with after a fence: the first must not join it.
+#[test]
+fn a_publisher_fenced_by_a_newer_epoch_it_did_not_open_stops() {
+    take_over(2);
+}
+
+/// A first publisher of session 4242 at epoch 1, then a second one configured with
+/// `second_epoch`; see the tests above.
+fn take_over(second_epoch: u64) {
+    let t = common::start();
+    t.admin()
+        .create_topic(&TopicSpec::new("takeover", 5))
+        .unwrap();
+    let config = PublisherConfig {
+        client_id: Some(4242),
+        session_key: Some(key_of(4242)),
+        ..session_config()
+    };
+    let first = Publisher::connect_brokers(&t.brokers(), "takeover", config.clone()).unwrap();
+    let mut acknowledged = Vec::new();
+    for i in 0..10 {
+        first.publish(format!("first {i}").as_bytes()).unwrap();
+        acknowledged.push(format!("first {i}"));
+    }
+    first.flush().unwrap();
+    let config = PublisherConfig {
+        session_epoch: second_epoch,
+        ..config
+    };
+    let second = Publisher::connect_brokers(&t.brokers(), "takeover", config).unwrap();
+    for i in 0..10 {
+        second.publish(format!("second {i}").as_bytes()).unwrap();
+        acknowledged.push(format!("second {i}"));
+    }
+    second.flush().unwrap();
+    let (_, rec) = t.server.region().session_find(0, 4242).unwrap();
+    assert_eq!(
+        rec.session_epoch, 2,
+        "the second publisher opened a new epoch"
+    );
+    // The second's acknowledged batches moved the session to its epoch: the first's
+    // connections are fenced, and it must not reopen into that epoch.
+    let late: Vec<_> = (0..10)
+        .map(|i| first.publish(format!("late {i}").as_bytes()))
+        .collect();
+    let error = late
+        .into_iter()
+        .find_map(Result::err)
+        .or_else(|| first.flush().err())
+        .expect("the first publisher was taken over: nothing more of it is acknowledged");
+    assert_eq!(error.code(), Some(ErrorCode::SessionFenced), "{error}");
+    assert!(
+        error.to_string().contains("took this order-5 session over"),
+        "{error}"
+    );
+    for i in 10..20 {
+        second.publish(format!("second {i}").as_bytes()).unwrap();
+        acknowledged.push(format!("second {i}"));
+    }
+    second.close().unwrap();
+    let _ = first.close();
+    // Everything acknowledged, once each; of the first's late messages, none was
+    // acknowledged, so none is looked for (none can be in the log either: the broker
+    // refuses a fenced epoch's batches).
+    let got: Vec<String> = read(&t.brokers(), "takeover", acknowledged.len())
+        .into_iter()
+        .map(|m| String::from_utf8(m.payload).unwrap())
+        .collect();
+    assert_eq!(got, acknowledged);
+}
+
 /// The sequencer is stopped and restarted again and again while sessions publish: no
 /// committed batch is lost, reordered or duplicated, and the sessions continue.
 #[test]
@@ -258,7 +341,7 @@ fn raw_session_at(
             cursor_count: 0,
             topic: topic.into(),
             session_key: key_of(client),
-            subscribe_flags: 0,
+            flags: 0,
         }
         .encode(),
     )
@@ -294,7 +377,7 @@ fn raw_keyed(
             cursor_count: 0,
             topic: topic.into(),
             session_key: key,
-            subscribe_flags: 0,
+            flags: 0,
         }
         .encode(),
     )
@@ -410,7 +493,7 @@ fn a_reader_cannot_publish_as_another_clients_session() {
                 cursor_count: 0,
                 topic: "pay".into(),
                 session_key: [0xee; 16],
-                subscribe_flags: 0,
+                flags: 0,
             }
             .encode(),
         )

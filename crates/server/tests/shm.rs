@@ -337,7 +337,7 @@ impl RawChannel {
             cursor_count: 0,
             topic: topic.into(),
             session_key: [0; 16],
-            subscribe_flags: 0,
+            flags: 0,
         };
         socket::send_hello(&sock, &hello.encode(), &fd).unwrap();
         let (h, _) = frame_from(&mut &sock);
@@ -1001,7 +1001,7 @@ impl RawFeed {
             cursor_count: 0,
             topic: topic.into(),
             session_key: [0; 16],
-            subscribe_flags: 0,
+            flags: 0,
         };
         socket::send_hello(&sock, &hello.encode(), &page_fd).unwrap();
         let mut raw = [0u8; 16];

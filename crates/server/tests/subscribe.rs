@@ -301,7 +301,7 @@ fn subscriber_hello(topic: &str) -> Vec<u8> {
         cursor_count: 0,
         topic: topic.into(),
         session_key: [0; 16],
-        subscribe_flags: 0,
+        flags: 0,
     }
     .encode()
     .to_vec()

@@ -42,19 +42,28 @@ pub struct Hello {
     /// hello for a session bound to another key is refused (SessionKeyMismatch). Zero
     /// for other orders.
     pub session_key: [u8; SESSION_KEY_LEN],
-    /// Subscribe: [`SUBSCRIBE_FROM_FIRST_RETAINED`] or 0. Publish: 0.
-    pub subscribe_flags: u8,
+    /// Subscribe: [`SUBSCRIBE_FROM_FIRST_RETAINED`] or 0. Publish: [`PUBLISH_OPENS_EPOCH`]
+    /// or 0.
+    pub flags: u8,
 }
 
-/// [`Hello::subscribe_flags`]: where a start position (or a per-broker cursor) is no
+/// [`Hello::flags`] of an order-5 publish hello: this publisher has not published in the
+/// session yet and opens `session_epoch` as a new epoch of it. The broker refuses the
+/// hello with SessionFenced, carrying the session's current epoch, unless that is below
+/// `session_epoch`: a publisher that takes a session over (a restarted program) must
+/// supersede its previous owner, never join the owner's epoch, or both would number
+/// batches from the same counter and deduplication would drop acknowledged ones.
+pub const PUBLISH_OPENS_EPOCH: u8 = 1;
+
+/// [`Hello::flags`]: where a start position (or a per-broker cursor) is no
 /// longer retained, start at the first retained one instead of refusing with
 /// PositionNotRetained. For a subscriber that has read nothing yet and asked for "the
 /// beginning", which is the oldest message still there; never for one resuming from
 /// where it was, which must learn that it skipped something.
 pub const SUBSCRIBE_FROM_FIRST_RETAINED: u8 = 1;
-/// Offset of [`Hello::subscribe_flags`]: the first byte after the session key.
-pub const HELLO_SUBSCRIBE_FLAGS_OFFSET: usize = HELLO_SESSION_KEY_OFFSET + SESSION_KEY_LEN;
-const _: () = assert!(HELLO_SUBSCRIBE_FLAGS_OFFSET < HELLO_LEN);
+/// Offset of [`Hello::flags`]: the first byte after the session key.
+pub const HELLO_FLAGS_OFFSET: usize = HELLO_SESSION_KEY_OFFSET + SESSION_KEY_LEN;
+const _: () = assert!(HELLO_FLAGS_OFFSET < HELLO_LEN);
 
 /// Offset of [`Hello::session_key`]: after the longest topic name, so it never overlaps it.
 pub const HELLO_SESSION_KEY_OFFSET: usize = 104;
@@ -79,7 +88,7 @@ impl Hello {
         b[41..41 + n].copy_from_slice(&name[..n]);
         b[HELLO_SESSION_KEY_OFFSET..HELLO_SESSION_KEY_OFFSET + SESSION_KEY_LEN]
             .copy_from_slice(&self.session_key);
-        b[HELLO_SUBSCRIBE_FLAGS_OFFSET] = self.subscribe_flags;
+        b[HELLO_FLAGS_OFFSET] = self.flags;
         b
     }
 
@@ -122,15 +131,16 @@ impl Hello {
             .map_err(|_| WireError::InvalidTopicName("topic name is not UTF-8".into()))?
             .to_string();
         validate_topic_name(&topic)?;
-        let subscribe_flags = b[HELLO_SUBSCRIBE_FLAGS_OFFSET];
+        let flags = b[HELLO_FLAGS_OFFSET];
         let allowed = match role {
             Role::Subscribe => SUBSCRIBE_FROM_FIRST_RETAINED,
-            Role::Publish => 0,
+            Role::Publish => PUBLISH_OPENS_EPOCH,
         };
-        if subscribe_flags & !allowed != 0 {
+        let opens_without_session = role == Role::Publish && u64_at(b, 16) == 0 && flags != 0;
+        if flags & !allowed != 0 || opens_without_session {
             return Err(WireError::InvalidField {
-                field: "subscribe_flags",
-                value: subscribe_flags as u64,
+                field: "flags",
+                value: flags as u64,
             });
         }
         Ok(Self {
@@ -145,7 +155,7 @@ impl Hello {
             session_key: b[HELLO_SESSION_KEY_OFFSET..HELLO_SESSION_KEY_OFFSET + SESSION_KEY_LEN]
                 .try_into()
                 .expect("16 bytes"),
-            subscribe_flags,
+            flags,
         })
     }
 }
@@ -424,26 +434,56 @@ impl ErrorCode {
 }
 
 /// Body of a [`FrameKind::Error`] frame: `code u16 | retriable u8 | reserved u8 |
-/// text_len u32 | text (UTF-8)`.
+/// text_len u32 | session_epoch u64 | text (UTF-8)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ErrorFrame {
     pub code: ErrorCode,
     /// The batch sequence number the error concerns, or `u64::MAX`; for SessionFenced,
     /// the session's committed high-water mark (the batch to resend from).
     pub batch_seq: u64,
+    /// SessionFenced: the session's current epoch as the broker read it, the fenced one
+    /// or the newer one that superseded it (a publisher that never opened that newer
+    /// epoch was taken over); 0 otherwise.
+    pub session_epoch: u64,
     pub message: String,
 }
 
+/// Bytes of an Error frame's body before its text.
+const ERROR_PREFIX_LEN: usize = 16;
+
 impl ErrorFrame {
-    /// Order 5: a SessionFenced error for `epoch`, everything below `hwm` committed.
-    pub fn session_fenced(epoch: u64, hwm: u64) -> Self {
+    /// An error of `code` about batch `batch_seq` (or `u64::MAX`), with no session epoch.
+    pub fn new(code: ErrorCode, batch_seq: u64, message: String) -> Self {
+        Self {
+            code,
+            batch_seq,
+            session_epoch: 0,
+            message,
+        }
+    }
+
+    /// Order 5: a SessionFenced error for the connection's `epoch`, everything below
+    /// `hwm` committed, the session now at epoch `current` (at least `epoch`).
+    pub fn session_fenced(epoch: u64, hwm: u64, current: u64) -> Self {
+        assert!(
+            current >= epoch,
+            "a fence reports the session at or past the fenced epoch"
+        );
+        let message = if current > epoch {
+            format!(
+                "session epoch {epoch} is fenced: the session is at epoch {current} now; the publisher that opened epoch {current} reopens with it and resends from batch {hwm}, any other was taken over by that one"
+            )
+        } else {
+            format!(
+                "session epoch {epoch} is fenced: a gap at its head outlived the session lease; reopen with epoch {} and resend from batch {hwm}",
+                epoch + 1
+            )
+        };
         Self {
             code: ErrorCode::SessionFenced,
             batch_seq: hwm,
-            message: format!(
-                "session epoch {epoch} is fenced: a gap at its head outlived the session lease (or a newer epoch exists); reopen with epoch {} and resend from batch {hwm}",
-                epoch + 1
-            ),
+            session_epoch: current,
+            message,
         }
     }
 
@@ -462,7 +502,7 @@ impl ErrorFrame {
             }
             text = &text[..cut];
         }
-        let body_len = 8 + text.len();
+        let body_len = ERROR_PREFIX_LEN + text.len();
         let mut b = Vec::with_capacity(FRAME_HEADER_LEN + body_len);
         b.extend_from_slice(
             &FrameHeader {
@@ -477,19 +517,20 @@ impl ErrorFrame {
         b.push(self.code.is_retriable() as u8);
         b.push(0);
         b.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        b.extend_from_slice(&self.session_epoch.to_le_bytes());
         b.extend_from_slice(text);
         b
     }
 
     pub fn decode(header: &FrameHeader, body: &[u8]) -> Result<Self, WireError> {
-        need(body, 8)?;
+        need(body, ERROR_PREFIX_LEN)?;
         let raw = u16_at(body, 0);
         let code = ErrorCode::from_u16(raw).ok_or(WireError::InvalidField {
             field: "error code",
             value: raw as u64,
         })?;
         let len = u32_at(body, 4) as usize;
-        if len > MAX_ERROR_TEXT_LEN || 8 + len > body.len() {
+        if len > MAX_ERROR_TEXT_LEN || ERROR_PREFIX_LEN + len > body.len() {
             return Err(WireError::InvalidField {
                 field: "error text length",
                 value: len as u64,
@@ -499,7 +540,8 @@ impl ErrorFrame {
         // MAX_ERROR_TEXT_LEN raw bytes could grow past what `encode` writes (found by the
         // wire_frames fuzz target). Cut it there, on a character boundary, so that what a
         // peer decodes is what it would send on.
-        let mut message = String::from_utf8_lossy(&body[8..8 + len]).into_owned();
+        let text = &body[ERROR_PREFIX_LEN..ERROR_PREFIX_LEN + len];
+        let mut message = String::from_utf8_lossy(text).into_owned();
         if message.len() > MAX_ERROR_TEXT_LEN {
             let mut cut = MAX_ERROR_TEXT_LEN;
             while !message.is_char_boundary(cut) {
@@ -510,6 +552,7 @@ impl ErrorFrame {
         Ok(Self {
             code,
             batch_seq: header.arg,
+            session_epoch: u64_at(body, 8),
             message,
         })
     }
@@ -633,7 +676,7 @@ mod tests {
             cursor_count: 0,
             topic: "orders".into(),
             session_key: [0; 16],
-            subscribe_flags: 0,
+            flags: 0,
         }
     }
 
@@ -658,26 +701,53 @@ mod tests {
         let subscriber = Hello {
             role: Role::Subscribe,
             ack_level: 0,
-            subscribe_flags: SUBSCRIBE_FROM_FIRST_RETAINED,
+            flags: SUBSCRIBE_FROM_FIRST_RETAINED,
             ..hello()
         };
         assert_eq!(Hello::decode(&subscriber.encode()).unwrap(), subscriber);
         let publisher = Hello {
-            subscribe_flags: SUBSCRIBE_FROM_FIRST_RETAINED,
+            flags: SUBSCRIBE_FROM_FIRST_RETAINED,
             ..hello()
         };
         let unknown_bit = Hello {
-            subscribe_flags: 2,
+            flags: 2,
             ..subscriber.clone()
         };
         for bad in [publisher, unknown_bit] {
             assert!(matches!(
                 Hello::decode(&bad.encode()),
-                Err(WireError::InvalidField {
-                    field: "subscribe_flags",
-                    ..
-                })
+                Err(WireError::InvalidField { field: "flags", .. })
             ));
+        }
+    }
+
+    #[test]
+    fn only_an_order_5_publisher_may_open_an_epoch() {
+        let opens = Hello {
+            session_epoch: 4,
+            flags: PUBLISH_OPENS_EPOCH,
+            ..hello()
+        };
+        assert_eq!(Hello::decode(&opens.encode()).unwrap(), opens);
+        let no_session = Hello {
+            session_epoch: 0,
+            ..opens
+        };
+        assert!(matches!(
+            Hello::decode(&no_session.encode()),
+            Err(WireError::InvalidField { field: "flags", .. })
+        ));
+    }
+
+    #[test]
+    fn a_fence_carries_the_sessions_current_epoch() {
+        for current in [3, 9] {
+            let fence = ErrorFrame::session_fenced(3, 41, current);
+            let bytes = fence.encode();
+            let h = FrameHeader::decode(&bytes, 1 << 16).unwrap();
+            let back = ErrorFrame::decode(&h, &bytes[FRAME_HEADER_LEN..]).unwrap();
+            assert_eq!((back.fenced_hwm(), back.session_epoch), (Some(41), current));
+            assert_eq!(back, fence);
         }
     }
 
@@ -737,6 +807,7 @@ mod tests {
         let e = ErrorFrame {
             code: ErrorCode::Backpressure,
             batch_seq: 5,
+            session_epoch: 0,
             message: "slow down".into(),
         };
         let bytes = e.encode();
@@ -760,10 +831,11 @@ mod tests {
         let mut frame = ErrorFrame {
             code: ErrorCode::BadMagic,
             batch_seq: 7,
+            session_epoch: 0,
             message: "x".repeat(MAX_ERROR_TEXT_LEN),
         }
         .encode();
-        frame[FRAME_HEADER_LEN + 8..].fill(0xff);
+        frame[FRAME_HEADER_LEN + ERROR_PREFIX_LEN..].fill(0xff);
         let h = FrameHeader::decode(&frame, u32::MAX).unwrap();
         let e = ErrorFrame::decode(&h, &frame[FRAME_HEADER_LEN..]).unwrap();
         assert!(e.message.len() <= MAX_ERROR_TEXT_LEN, "{}", e.message.len());

@@ -16,7 +16,7 @@ mod message;
 pub use batch::{BatchFlags, BatchHeader};
 pub use frames::{
     Ack, BatchOk, DeliveryHeader, ErrorCode, ErrorFrame, FrameHeader, FrameKind, Hello, HelloOk,
-    Role, HELLO_SUBSCRIBE_FLAGS_OFFSET, SUBSCRIBE_FROM_FIRST_RETAINED,
+    Role, HELLO_FLAGS_OFFSET, PUBLISH_OPENS_EPOCH, SUBSCRIBE_FROM_FIRST_RETAINED,
 };
 pub use message::{
     message_stride, validate_batch_payload, BlogMessageHeader, MessageIter, MessageView,

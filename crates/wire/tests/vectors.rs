@@ -48,6 +48,7 @@ const REQUIRED: &[&str] = &[
     "error_unknown_topic",
     "error_position_not_retained",
     "error_session_fenced",
+    "error_session_superseded",
     "delivery_header",
     "delivery",
     "batch_ok",
@@ -280,7 +281,7 @@ const HELLO_LAYOUT: Layout = &[
     ("topic_len", 40, 1),
     ("session_key_lo", 104, 8),
     ("session_key_hi", 112, 8),
-    ("subscribe_flags", 120, 1),
+    ("flags", 120, 1),
 ];
 
 const HELLO_OK_LAYOUT: Layout = &[
@@ -297,7 +298,12 @@ const HELLO_OK_LAYOUT: Layout = &[
     ("first_retained", 32, 8),
 ];
 
-const ERROR_BODY_LAYOUT: Layout = &[("code", 0, 2), ("retriable", 2, 1), ("text_len", 4, 4)];
+const ERROR_BODY_LAYOUT: Layout = &[
+    ("code", 0, 2),
+    ("retriable", 2, 1),
+    ("text_len", 4, 4),
+    ("session_epoch", 8, 8),
+];
 
 const BATCH_HEADER_LAYOUT: Layout = &[
     ("batch_seq", 0, 8),
@@ -419,7 +425,7 @@ fn hello_from(m: &Obj) -> (Hello, Vec<u64>) {
         cursor_count: int(m, "cursor_count"),
         topic,
         session_key: session_key_from(num(m, "session_key_lo"), num(m, "session_key_hi")),
-        subscribe_flags: int(m, "subscribe_flags"),
+        flags: int(m, "flags"),
     };
     (hello, cursors)
 }
@@ -689,7 +695,14 @@ fn check_positive(frame: &str, bytes: &[u8], limits: Limits, f: &Obj) {
             let body = obj(f, "body");
             keys(
                 body,
-                &["code", "code_name", "retriable", "text_len", "text"],
+                &[
+                    "code",
+                    "code_name",
+                    "retriable",
+                    "text_len",
+                    "session_epoch",
+                    "text",
+                ],
                 &[],
             );
             let code = ErrorCode::from_u16(int(body, "code")).expect("known error code");
@@ -705,6 +718,7 @@ fn check_positive(frame: &str, bytes: &[u8], limits: Limits, f: &Obj) {
             let frame = ErrorFrame {
                 code,
                 batch_seq: header.arg,
+                session_epoch: num(body, "session_epoch"),
                 message: text.to_string(),
             };
             assert_bytes("error", &frame.encode(), bytes);
@@ -714,7 +728,7 @@ fn check_positive(frame: &str, bytes: &[u8], limits: Limits, f: &Obj) {
                 &bytes[FRAME_HEADER_LEN..],
                 ERROR_BODY_LAYOUT,
                 body,
-                &[(8, 8 + text.len())],
+                &[(16, 16 + text.len())],
             );
         }
         "delivery_header" | "delivery" => {

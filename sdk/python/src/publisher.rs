@@ -69,7 +69,9 @@ fn refuse_one_message(messages: &Bound<'_, PyAny>) -> PyResult<()> {
 /// ``linger_ms``, ``linger_backstop_ms``, ``threads_per_broker`` (connections per broker),
 /// ``queue_depth``, ``max_inflight_batches``, ``deflect`` (try the next queue when the due
 /// one is full), ``client_id``, ``session_key`` (16 bytes) and ``session_epoch`` (order 5:
-/// pass the same client id and key to resume a session), ``flush_timeout_ms``,
+/// pass the same client id and key to resume a session; the publisher opens an epoch above
+/// the session's current one, at least ``session_epoch``, and the one it supersedes fails
+/// with ``BrokerError`` code ``"SessionFenced"``), ``flush_timeout_ms``,
 /// ``failover`` (move a dead broker's unacknowledged batches to the live ones, resending
 /// exactly those not in the order), ``membership_refresh_ms``, ``max_joined_brokers``,
 /// ``slow_queue`` (fault injection: ``(queue, ms)``), ``transport`` (``"auto"``: shared

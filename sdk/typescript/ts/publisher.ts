@@ -42,7 +42,11 @@ export interface PublisherOptions {
    * resumes a session under the same `clientId` must pass the key it used before.
    */
   sessionKey?: Uint8Array;
-  /** Order 5: the session epoch to open, 1 or more (default: 1 for order-5 topics, else none). */
+  /**
+   * Order 5: the least session epoch to open, 1 or more (default: 1 for order-5 topics, else
+   * none). A publisher always opens an epoch above the session's current one, so resuming a
+   * session supersedes its previous publisher, which then fails with `SessionFenced`.
+   */
   sessionEpoch?: bigint;
   /** Longest `flush` wait (default 60 s). */
   flushTimeoutMs?: number;

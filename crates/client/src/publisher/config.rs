@@ -33,8 +33,11 @@ pub struct PublisherConfig {
     pub session_key: Option<[u8; SESSION_KEY_LEN]>,
     /// Longest `flush` wait.
     pub flush_timeout: Duration,
-    /// Order 5: the session epoch to open, 1 or more; 0 (no session) for other orders.
-    /// [`Publisher::connect`] picks 1 for order-5 topics when this is 0.
+    /// Order 5: the least session epoch to open, 1 or more; 0 (no session) for other
+    /// orders. [`Publisher::connect`] picks 1 for order-5 topics when this is 0. The
+    /// publisher opens an epoch above the session's current one (PROTOCOL.md section 8):
+    /// resuming a session supersedes its previous publisher, which fails with
+    /// SessionFenced instead of publishing beside this one.
     pub session_epoch: u64,
     /// Try the next queue when the round-robin one is full (default). Off: wait for the
     /// round-robin queue, as the original did (for experiments).

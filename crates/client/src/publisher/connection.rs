@@ -43,37 +43,58 @@ impl ConnShared {
     }
 }
 
+/// What opening one broker's connections gave.
+pub(super) enum Opened {
+    /// Its queues (not started yet), each with the broker's HelloOk.
+    Connected(Vec<(Queue, HelloOk)>),
+    /// Order 5, a publisher opening a new epoch: the broker found the session at this
+    /// epoch, not below the one asked for; the publisher must open a newer one.
+    SessionAt(u64),
+}
+
 /// Opens the `threads_per_broker` connections of one broker with the publisher's hello,
-/// the same at start and when a broker joins later: their queues (not started yet), each
-/// with the broker's HelloOk. `session_epoch`: order 5, the epoch the session is at.
+/// the same at start and when a broker joins later. `session_epoch`: order 5, the epoch
+/// the session is at; `opens`: this publisher opens it as a new epoch (at start), so a
+/// broker that finds the session at or past it refuses (see [`Opened::SessionAt`]).
 pub(super) fn connect_broker(
     config: &PublisherConfig,
     client_id: u64,
     topic: &str,
-    session_epoch: u64,
+    (session_epoch, opens): (u64, bool),
     process: Option<BrokerProcess>,
     addr: &str,
-) -> Result<Vec<(Queue, HelloOk)>> {
-    (0..config.threads_per_broker)
-        .map(|connection| {
-            let hello = Hello {
-                role: Role::Publish,
-                ack_level: config.ack_level,
-                client_id,
-                session_epoch,
-                start_position: 0,
-                connection_index: connection as u32,
-                cursor_count: 0,
-                topic: topic.to_string(),
-                session_key: config.session_key.expect("drawn when the publisher starts"),
-                subscribe_flags: 0,
+) -> Result<Opened> {
+    assert!(
+        !opens || session_epoch > 0,
+        "only an order-5 session opens an epoch"
+    );
+    let mut queues = Vec::with_capacity(config.threads_per_broker);
+    for connection in 0..config.threads_per_broker {
+        let hello = Hello {
+            role: Role::Publish,
+            ack_level: config.ack_level,
+            client_id,
+            session_epoch,
+            start_position: 0,
+            connection_index: connection as u32,
+            cursor_count: 0,
+            topic: topic.to_string(),
+            session_key: config.session_key.expect("drawn when the publisher starts"),
+            flags: if opens { PUBLISH_OPENS_EPOCH } else { 0 },
+        };
+        let (stream, ok) =
+            match conn::handshake_link(addr, &hello, config.transport, config.shm_ring_bytes)? {
+                conn::Handshake::Accepted(link, ok) => (link, ok),
+                conn::Handshake::Refused(e) if opens && e.code == ErrorCode::SessionFenced => {
+                    return Ok(Opened::SessionAt(e.session_epoch.max(session_epoch)));
+                }
+                conn::Handshake::Refused(e) => return Err(conn::broker_error(addr, e)),
             };
-            let (stream, ok) = open_link(config, addr, &hello)?;
-            let epoch = if ok.order == 5 { session_epoch } else { 0 };
-            let queue = Queue::new(stream, addr, process, connection, config.queue_depth, epoch);
-            Ok((queue, ok))
-        })
-        .collect()
+        let epoch = if ok.order == 5 { session_epoch } else { 0 };
+        let queue = Queue::new(stream, addr, process, connection, config.queue_depth, epoch);
+        queues.push((queue, ok));
+    }
+    Ok(Opened::Connected(queues))
 }
 
 /// Starts the sender and the ack reader of queue `index`. `first_seq`: its HelloOk's
@@ -96,16 +117,4 @@ pub(super) fn start_connection(
         reader(b, index)
     })?);
     Ok(())
-}
-
-/// Opens one connection over the configured transport; a refusal is an error.
-pub(super) fn open_link(
-    config: &PublisherConfig,
-    addr: &str,
-    hello: &Hello,
-) -> Result<(Link, HelloOk)> {
-    match conn::handshake_link(addr, hello, config.transport, config.shm_ring_bytes)? {
-        conn::Handshake::Accepted(link, ok) => Ok((link, ok)),
-        conn::Handshake::Refused(e) => Err(conn::broker_error(addr, e)),
-    }
 }

@@ -240,14 +240,17 @@ pub(super) fn add_broker(
         ),
         None => (0, inner.config.session_epoch),
     };
-    let connected = connect_broker(
+    let Opened::Connected(connected) = connect_broker(
         &inner.config,
         inner.client_id,
         &inner.topic,
-        session_epoch,
+        (session_epoch, false),
         Some(process),
         addr,
-    )?;
+    )?
+    else {
+        unreachable!("a publisher that joins an epoch is never told to open another");
+    };
     // Batches are sealed for the limits of the brokers found at start.
     if let Some((_, ok)) = connected.iter().find(|(_, ok)| {
         ok.order != inner.order

@@ -18,7 +18,7 @@ use crate::{now_ns, Error, Result};
 use crossbeam_channel::{Receiver, Select, Sender, TryRecvError, TrySendError};
 use embarcadero_wire::{
     message_stride, BatchHeader, BlogMessageHeader, ErrorCode, Hello, HelloOk, Role,
-    BATCH_HEADER_LEN, MESSAGE_HEADER_LEN, SESSION_KEY_LEN,
+    BATCH_HEADER_LEN, MESSAGE_HEADER_LEN, PUBLISH_OPENS_EPOCH, SESSION_KEY_LEN,
 };
 use hdrhistogram::Histogram;
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -151,17 +151,8 @@ impl Publisher {
         if config.session_key.is_none() {
             config.session_key = Some(crate::random_session_key()?);
         }
-        let mut connected = Vec::new();
-        for (process, addr) in brokers {
-            connected.extend(connect_broker(
-                &config,
-                client_id,
-                topic,
-                config.session_epoch,
-                *process,
-                addr,
-            )?);
-        }
+        let connected;
+        (connected, config.session_epoch) = connect_all(&config, client_id, topic, brokers)?;
         let found = Found::of(connected.iter().map(|(_, ok)| ok));
         let first_seqs: Vec<u64> = connected.iter().map(|(_, ok)| ok.next_batch_seq).collect();
         let queues = Queues::new(
@@ -450,6 +441,53 @@ fn check_config(config: &PublisherConfig, brokers: usize, through_head: bool) ->
             ))
         })
 }
+
+/// Opens every broker's connections at start. Order 5: as a new epoch of the session,
+/// above the one the session is at, for a publisher never joins an epoch it did not
+/// open (see [`PUBLISH_OPENS_EPOCH`]); the configured epoch is the least it opens.
+/// Returns the queues with their HelloOks, and the epoch opened.
+fn connect_all(
+    config: &PublisherConfig,
+    client_id: u64,
+    topic: &str,
+    brokers: &[(Option<BrokerProcess>, String)],
+) -> Result<(Vec<(Queue, HelloOk)>, u64)> {
+    let mut epoch = config.session_epoch;
+    for _ in 0..=MAX_EPOCH_OPENS {
+        let mut connected = Vec::new();
+        let mut session_at = None;
+        for (process, addr) in brokers {
+            let opens = epoch > 0;
+            match connect_broker(config, client_id, topic, (epoch, opens), *process, addr)? {
+                Opened::Connected(queues) => connected.extend(queues),
+                Opened::SessionAt(current) => {
+                    session_at = Some(current);
+                    break;
+                }
+            }
+        }
+        let Some(current) = session_at else {
+            return Ok((connected, epoch));
+        };
+        assert!(
+            current >= epoch,
+            "a broker refuses only an epoch not above the session's"
+        );
+        // Dropping `connected` closes what opened: no batch went on them.
+        epoch = current.saturating_add(1);
+    }
+    Err(Error::Broker {
+        broker: brokers.first().map(|(_, a)| a.clone()).unwrap_or_default(),
+        code: ErrorCode::SessionFenced,
+        message: format!(
+            "the order-5 session of client id {client_id} moved to a newer epoch at each of {} opens in a row: other publishers with this client id and session key are opening it too",
+            MAX_EPOCH_OPENS + 1
+        ),
+    })
+}
+
+/// Opens of a new epoch that meet a newer one each time before giving up.
+const MAX_EPOCH_OPENS: usize = 5;
 
 /// What the brokers' HelloOks said, taken together: the order, where an order-5
 /// session stands, and the limits every broker accepts.

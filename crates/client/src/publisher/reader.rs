@@ -25,7 +25,10 @@ pub(super) fn reader(inner: Arc<Inner>, index: usize) {
             Ok(Frame::Error(e))
                 if e.code == ErrorCode::SessionFenced && inner.session.is_some() =>
             {
-                inner.fence(epoch, e.fenced_hwm().expect("a SessionFenced frame"));
+                let hwm = e.fenced_hwm().expect("a SessionFenced frame");
+                if let Err(taken_over) = inner.fence(&q.broker, epoch, hwm, e.session_epoch) {
+                    return inner.fail(conn, taken_over);
+                }
                 match next_stream(&inner, q, generation) {
                     Some((g, ep, s)) => (generation, epoch, stream) = (g, ep, s),
                     None => return inner.fail(conn, conn::broker_error(&q.broker, e)),

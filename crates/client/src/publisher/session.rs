@@ -16,10 +16,27 @@ pub(super) struct Session {
 
 impl Inner {
     /// Order 5: the session's epoch `fenced_epoch` was fenced with everything below `hwm`
-    /// committed. The first report opens the next epoch; every sender then reopens its
-    /// connection and resends what is not committed.
-    pub(super) fn fence(&self, fenced_epoch: u64, hwm: u64) {
-        let Some(session) = &self.session else { return };
+    /// committed, and the broker read the session at epoch `current`. The first report
+    /// opens the next epoch; every sender then reopens its connection and resends what
+    /// is not committed. An epoch beyond any this publisher opened was opened by another
+    /// publisher of the session (one that shares its client id and key, such as a
+    /// restart of this program): that one owns the session now, and this one must stop,
+    /// for two publishers numbering batches in one epoch would have acknowledged batches
+    /// dropped as duplicates. Returns that error.
+    pub(super) fn fence(
+        &self,
+        broker: &str,
+        fenced_epoch: u64,
+        hwm: u64,
+        current: u64,
+    ) -> Result<(), Error> {
+        let Some(session) = &self.session else {
+            return Ok(());
+        };
+        let opened = session.epoch.load(Ordering::Acquire);
+        if current > opened {
+            return Err(self.taken_over(broker, current));
+        }
         session.fenced_hwm.fetch_max(hwm, Ordering::AcqRel);
         if session
             .epoch
@@ -40,6 +57,20 @@ impl Inner {
             session.fences.fetch_add(1, Ordering::AcqRel);
         }
         self.notify_progress();
+        Ok(())
+    }
+
+    /// The error of a publisher whose session another publisher opened epoch `current`
+    /// of, as broker `broker` reported it.
+    fn taken_over(&self, broker: &str, current: u64) -> Error {
+        Error::Broker {
+            broker: broker.to_string(),
+            code: ErrorCode::SessionFenced,
+            message: format!(
+                "another publisher took this order-5 session over: client id {} is at session epoch {current}, which this publisher never opened (two live publishers share the client id and session key, or a restart of this program opened it while this one still ran); this publisher stops, and its batches not yet acknowledged may or may not be in the log",
+                self.client_id
+            ),
+        }
     }
 }
 
@@ -113,7 +144,7 @@ fn open_next_epoch(inner: &Inner, q: &Queue) -> Result<(Link, u64, u64), Error> 
                 .config
                 .session_key
                 .expect("drawn when the publisher starts"),
-            subscribe_flags: 0,
+            flags: 0,
         };
         let (transport, ring) = (inner.config.transport, inner.config.shm_ring_bytes);
         match conn::handshake_link(&q.broker, &hello, transport, ring)? {
@@ -126,7 +157,8 @@ fn open_next_epoch(inner: &Inner, q: &Queue) -> Result<(Link, u64, u64), Error> 
             }
             // Fenced again meanwhile: take the newer epoch and try again.
             conn::Handshake::Refused(e) if e.code == ErrorCode::SessionFenced => {
-                inner.fence(epoch, e.fenced_hwm().expect("a SessionFenced frame"));
+                let hwm = e.fenced_hwm().expect("a SessionFenced frame");
+                inner.fence(&q.broker, epoch, hwm, e.session_epoch)?;
             }
             conn::Handshake::Refused(e) => return Err(conn::broker_error(&q.broker, e)),
         }

@@ -8,8 +8,9 @@
 use super::{vector_dir, DEFAULT_MAX_BATCH, DEFAULT_MAX_MESSAGE};
 use embarcadero_wire::{
     message_stride, BatchFlags, BatchHeader, BatchOk, BlogMessageHeader, DeliveryHeader, ErrorCode,
-    ErrorFrame, FrameHeader, FrameKind, Hello, HelloOk, Role, BATCH_HEADER_LEN, HELLO_OK_LEN,
-    HELLO_SUBSCRIBE_FLAGS_OFFSET, PROTOCOL_MAGIC, PROTOCOL_VERSION, SUBSCRIBE_FROM_FIRST_RETAINED,
+    ErrorFrame, FrameHeader, FrameKind, Hello, HelloOk, Role, BATCH_HEADER_LEN, HELLO_FLAGS_OFFSET,
+    HELLO_OK_LEN, PROTOCOL_MAGIC, PROTOCOL_VERSION, PUBLISH_OPENS_EPOCH,
+    SUBSCRIBE_FROM_FIRST_RETAINED,
 };
 
 /// A JSON value whose objects keep the order their keys were written in.
@@ -106,7 +107,7 @@ fn hello_j(h: &Hello, cursors: &[u64]) -> J {
             "session_key_hi",
             n(u64::from_le_bytes(h.session_key[8..].try_into().unwrap())),
         ),
-        ("subscribe_flags", n(h.subscribe_flags)),
+        ("flags", n(h.flags)),
     ])
 }
 
@@ -345,6 +346,7 @@ fn error_vector(name: &'static str, description: &str, frame: ErrorFrame) -> Vec
                 ("code_name", s(format!("{:?}", frame.code))),
                 ("retriable", n(frame.code.is_retriable() as u8)),
                 ("text_len", n(frame.message.len() as u64)),
+                ("session_epoch", n(frame.session_epoch)),
                 ("text", s(frame.message.clone())),
             ]),
         ),
@@ -366,7 +368,7 @@ fn vectors() -> Vec<Vector> {
         cursor_count: 0,
         topic: "orders".into(),
         session_key: [0; 16],
-        subscribe_flags: 0,
+        flags: 0,
     };
     v.push(positive(
         "hello_publish",
@@ -387,14 +389,16 @@ fn vectors() -> Vec<Vector> {
         cursor_count: 0,
         topic: "payments.eu-west_1".into(),
         session_key: *b"secret-key-16-by",
-        subscribe_flags: 0,
+        flags: PUBLISH_OPENS_EPOCH,
     };
     v.push(positive(
         "hello_publish_session",
         "hello",
         "Publisher hello for an order-5 topic: ack level 2 (durable), session epoch 3, \
          connection index 0, topic \"payments.eu-west_1\" (uses every allowed punctuation), \
-         session key \"secret-key-16-by\" (16 bytes at offset 104; a real client draws it at random).",
+         session key \"secret-key-16-by\" (16 bytes at offset 104; a real client draws it at random), \
+         flags 1 (PUBLISH_OPENS_EPOCH: a publisher's first hello, refused with SessionFenced \
+         unless the session is below epoch 3).",
         None,
         hello_j(&hello_session, &[]),
         &hello_session.encode(),
@@ -409,7 +413,7 @@ fn vectors() -> Vec<Vector> {
         cursor_count: 0,
         topic: "orders".into(),
         session_key: [0; 16],
-        subscribe_flags: 0,
+        flags: 0,
     };
     v.push(positive(
         "hello_subscribe",
@@ -422,14 +426,14 @@ fn vectors() -> Vec<Vector> {
     ));
     let hello_from_first = Hello {
         start_position: 0,
-        subscribe_flags: SUBSCRIBE_FROM_FIRST_RETAINED,
+        flags: SUBSCRIBE_FROM_FIRST_RETAINED,
         ..hello_subscribe.clone()
     };
     v.push(positive(
         "hello_subscribe_from_first",
         "hello",
         "Subscriber hello that asks for the beginning of the topic (position 0) with \
-         subscribe_flags 1 (from first retained): where position 0 is no longer retained, \
+         flags 1 (from first retained): where position 0 is no longer retained, \
          the broker starts at the first retained position instead of refusing with \
          PositionNotRetained.",
         None,
@@ -447,7 +451,7 @@ fn vectors() -> Vec<Vector> {
         cursor_count: cursors.len() as u32,
         topic: "clicks".into(),
         session_key: [0; 16],
-        subscribe_flags: 0,
+        flags: 0,
     };
     let mut bytes = hello_cursors.encode().to_vec();
     for c in cursors {
@@ -560,6 +564,7 @@ fn vectors() -> Vec<Vector> {
         ErrorFrame {
             code: ErrorCode::Backpressure,
             batch_seq: 7,
+            session_epoch: 0,
             message: "broker 2 is out of log memory for 200 ms; resend from batch 7".into(),
         },
     ));
@@ -570,6 +575,7 @@ fn vectors() -> Vec<Vector> {
         ErrorFrame {
             code: ErrorCode::OutOfSequence,
             batch_seq: 9,
+            session_epoch: 0,
             message: "batch sequence 9 arrived, 8 was expected".into(),
         },
     ));
@@ -579,6 +585,7 @@ fn vectors() -> Vec<Vector> {
         ErrorFrame {
             code: ErrorCode::UnknownTopic,
             batch_seq: u64::MAX,
+            session_epoch: 0,
             message: "topic \"nope\" does not exist".into(),
         },
     ));
@@ -586,8 +593,16 @@ fn vectors() -> Vec<Vector> {
         "error_session_fenced",
         "Error frame with code 16 SessionFenced: order-5 session epoch 3 is fenced; arg is \
          the session's committed high-water mark (batch 41): reopen with epoch 4 and resend \
-         from batch 41. The broker closes the connection after it.",
-        ErrorFrame::session_fenced(3, 41),
+         from batch 41. The body's session_epoch (3) is the session's current epoch: the \
+         fenced one. The broker closes the connection after it.",
+        ErrorFrame::session_fenced(3, 41, 3),
+    ));
+    v.push(error_vector(
+        "error_session_superseded",
+        "Error frame with code 16 SessionFenced for a connection of epoch 3 whose session is \
+         at epoch 5 (body session_epoch): the publisher that opened epoch 5 reopens with it \
+         and resends from batch 41; any other publisher was taken over and stops.",
+        ErrorFrame::session_fenced(3, 41, 5),
     ));
     v.push(error_vector(
         "error_position_not_retained",
@@ -596,6 +611,7 @@ fn vectors() -> Vec<Vector> {
         ErrorFrame {
             code: ErrorCode::PositionNotRetained,
             batch_seq: u64::MAX,
+            session_epoch: 0,
             message: "batch at position 1234 was reclaimed while being sent".into(),
         },
     ));
@@ -805,19 +821,17 @@ fn vectors() -> Vec<Vector> {
         &bad_topic.encode(),
     ));
     let mut bytes = hello_publish.encode();
-    bytes[HELLO_SUBSCRIBE_FLAGS_OFFSET] = SUBSCRIBE_FROM_FIRST_RETAINED;
+    bytes[HELLO_FLAGS_OFFSET] = PUBLISH_OPENS_EPOCH;
     v.push(negative(
-        "neg_hello_publish_subscribe_flags",
+        "neg_hello_publish_flags",
         "hello",
-        "hello_publish.json with subscribe_flags 1, which only a subscriber may set: refused \
-         with MalformedBatch (error code 6), naming the field.",
+        "hello_publish.json with flags 1 (for a publisher, PUBLISH_OPENS_EPOCH) but session \
+         epoch 0: only an order-5 session opens an epoch. Refused with MalformedBatch (error \
+         code 6), naming the field.",
         None,
         Expect {
             error: "InvalidField",
-            fields: Some(J::O(vec![
-                ("field", s("subscribe_flags")),
-                ("value", n(1u8)),
-            ])),
+            fields: Some(J::O(vec![("field", s("flags")), ("value", n(1u8))])),
             code: Some(ErrorCode::MalformedBatch),
         },
         &bytes,
@@ -1009,6 +1023,7 @@ fn vectors() -> Vec<Vector> {
     let mut bytes = ErrorFrame {
         code: ErrorCode::Internal,
         batch_seq: u64::MAX,
+        session_epoch: 0,
         message: "?".into(),
     }
     .encode();
