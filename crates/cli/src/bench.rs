@@ -1557,8 +1557,11 @@ fn merge_stats(runs: &[PublisherRun]) -> PublisherStats {
         let _ = appended.add(&r.appended);
     }
     let sum = |f: fn(&PublisherStats) -> u64| runs.iter().map(|r| f(&r.stats)).sum();
+    let first = runs.first().map(|r| &r.stats);
     PublisherStats {
-        client_id: runs.first().map_or(0, |r| r.stats.client_id),
+        client_id: first.map_or(0, |s| s.client_id),
+        ack_level: first.map_or(0, |s| s.ack_level),
+        session_epoch: first.map_or(0, |s| s.session_epoch),
         messages: sum(|s| s.messages),
         bytes: sum(|s| s.bytes),
         batches: sum(|s| s.batches),

@@ -64,7 +64,9 @@ impl Admin {
                     ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns
                 );
                 let hint = if unreachable {
-                    "is `embarcadero serve` running? (set --control or EMBARCADERO_CONTROL)"
+                    "is `embarcadero serve` running? (its control API is the `control API` \
+                     address of its serving line, default 127.0.0.1:12140; the CLI's --control, \
+                     an SDK's control argument or EMBARCADERO_CONTROL name it)"
                 } else {
                     // Connected, but no HTTP answer came back: most often a broker's data
                     // port, else a server too busy to answer in time.
@@ -102,6 +104,18 @@ impl Admin {
     pub fn describe_topic(&self, name: &str) -> Result<TopicInfo> {
         check_topic_name(name)?;
         parse(self.get(&format!("/v1/topics/{}", escape_path_segment(name)))?)
+    }
+
+    /// The acknowledgement level publishers of topic `name` use when they choose none:
+    /// the topic's `default_ack`, as `embarcadero pub` and both SDKs do. 1 for a topic
+    /// the control plane does not know, which the brokers then refuse with UnknownTopic
+    /// (the error every publisher of an unknown topic gets).
+    pub fn default_ack(&self, name: &str) -> Result<u8> {
+        match self.describe_topic(name) {
+            Ok(topic) => Ok(topic.default_ack),
+            Err(Error::Admin { status: 404, .. }) => Ok(1),
+            Err(e) => Err(e),
+        }
     }
 
     /// Deletes a topic: its data, memory and disk replicas go, and its connected

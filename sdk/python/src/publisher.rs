@@ -65,7 +65,8 @@ fn refuse_one_message(messages: &Bound<'_, PyAny>) -> PyResult<()> {
 /// at ``control`` (or, with ``brokers``, straight to those broker addresses, no failover).
 ///
 /// Keyword options, those of the Rust ``PublisherConfig``: ``ack_level`` (0 fire and
-/// forget, 1 acknowledged once ordered, 2 durable: needs rf 2 or more), ``batch_bytes``,
+/// forget, 1 acknowledged once ordered, 2 durable: needs rf 2 or more; default: the
+/// topic's ``default_ack``, or 1 with ``brokers``), ``batch_bytes``,
 /// ``linger_ms``, ``linger_backstop_ms``, ``threads_per_broker`` (connections per broker),
 /// ``queue_depth``, ``max_inflight_batches``, ``deflect`` (try the next queue when the due
 /// one is full), ``client_id``, ``session_key`` (16 bytes) and ``session_epoch`` (order 5:
@@ -176,7 +177,7 @@ impl Publisher {
 #[pymethods]
 impl Publisher {
     #[new]
-    #[pyo3(signature = (control, topic, *, ack_level = 1, batch_bytes = 512 * 1024,
+    #[pyo3(signature = (control, topic, *, ack_level = None, batch_bytes = 512 * 1024,
         linger_ms = 1.0, linger_backstop_ms = 5.0, threads_per_broker = 1, queue_depth = 4,
         max_inflight_batches = 16, client_id = None, session_key = None, session_epoch = 0,
         flush_timeout_ms = 60_000.0, deflect = true, failover = true,
@@ -187,7 +188,7 @@ impl Publisher {
         py: Python<'_>,
         control: &str,
         topic: &str,
-        ack_level: u8,
+        ack_level: Option<u8>,
         batch_bytes: usize,
         linger_ms: f64,
         linger_backstop_ms: f64,
@@ -207,7 +208,7 @@ impl Publisher {
         transport: &str,
     ) -> PyResult<Self> {
         let config = publisher_config(
-            ack_level,
+            ack_level.unwrap_or(1),
             batch_bytes,
             linger_ms,
             linger_backstop_ms,
@@ -227,7 +228,14 @@ impl Publisher {
         )?;
         let publisher = crate::gil::released(py, || match &brokers {
             Some(addrs) => embarcadero_client::Publisher::connect_brokers(addrs, topic, config),
-            None => embarcadero_client::Publisher::connect(control, topic, config),
+            None => {
+                let mut config = config;
+                if ack_level.is_none() {
+                    config.ack_level =
+                        embarcadero_client::Admin::new(control).default_ack(topic)?;
+                }
+                embarcadero_client::Publisher::connect(control, topic, config)
+            }
         })
         .map_err(to_py)?;
         Ok(Self {
@@ -250,9 +258,11 @@ impl Publisher {
 
     /// Publishes every message of ``messages`` (an iterable of ``bytes``, ``bytearray``
     /// or ``str``) in order, crossing into the client once for all of them. Returns how
-    /// many were published. On an error, the messages before the failing one were
-    /// published. A single ``str``, ``bytes`` or ``bytearray`` raises ``TypeError``: it
-    /// is one message (see :meth:`publish`), not an iterable of them.
+    /// many were published. Nothing is published when one of them is larger than
+    /// :attr:`max_message_bytes` (``MessageTooLargeError``); on a later error (the
+    /// publisher failed or was closed meanwhile) the messages before it were published.
+    /// A single ``str``, ``bytes`` or ``bytearray`` raises ``TypeError``: it is one
+    /// message (see :meth:`publish`), not an iterable of them.
     fn publish_many(&self, py: Python<'_>, messages: &Bound<'_, PyAny>) -> PyResult<usize> {
         refuse_one_message(messages)?;
         let payloads: Vec<Payload> = match messages.downcast::<PyList>() {
@@ -265,6 +275,11 @@ impl Publisher {
                 .map(|m| Payload::extract(&m?))
                 .collect(),
         }?;
+        let max = self.max_message_bytes;
+        if let Some(big) = payloads.iter().find(|m| m.as_bytes().len() > max) {
+            let size = big.as_bytes().len();
+            return Err(to_py(Error::MessageTooLarge { size, max }));
+        }
         let payloads = &payloads;
         self.with_open(py, move |p| {
             for m in payloads {

@@ -86,3 +86,12 @@ def test_admin_takes_the_control_address_from_the_environment(server, topic_name
     monkeypatch.setenv("EMBARCADERO_CONTROL", server.control)
     Admin().create_topic(topic_name)
     assert topic_name in [t["name"] for t in Admin().list_topics()]
+
+
+def test_publishers_use_the_topics_default_ack_unless_they_choose_one(server, topic_name):
+    Admin(server.control).create_topic(topic_name, order=2, default_ack=2)
+    with embarcadero.Publisher(server.control, topic_name) as durable:
+        assert durable.stats()["ack_level"] == 2, "as `embarcadero pub` does"
+        durable.publish(b"on every replica's disk when flushed")
+    with embarcadero.Publisher(server.control, topic_name, ack_level=1) as chosen:
+        assert chosen.stats()["ack_level"] == 1

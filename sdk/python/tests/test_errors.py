@@ -50,6 +50,7 @@ def test_a_message_over_the_maximum_is_refused(server, topic_name):
         )
         with pytest.raises(embarcadero.MessageTooLargeError):
             p.publish_many([b"ok", b"x" * (2 << 20)])
+        assert p.stats()["messages"] == 0, "publish_many publishes all or none"
         p.publish(b"x" * p.max_message_bytes)
 
 
@@ -99,6 +100,9 @@ def test_bad_options_raise_config_errors(server, topic_name):
     # None in flight would never send a batch: flush() waited its whole timeout.
     with pytest.raises(embarcadero.ConfigError, match="max_inflight_batches must be at least 1"):
         Publisher(server.control, topic_name, max_inflight_batches=0)
+    # Checked before any request: not a ConnectError from an unreachable control plane.
+    with pytest.raises(embarcadero.ConfigError, match="ack level 7 does not exist"):
+        Publisher("127.0.0.1:1", topic_name, ack_level=7)
 
 
 def test_a_killed_server_makes_the_next_calls_raise_within_a_bounded_time(fresh_server, topic_name):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 import embarcadero
 from embarcadero import Admin, Publisher, Subscriber
 
@@ -51,3 +53,26 @@ def test_order5_sessions_are_fifo_across_brokers(server, topic_name):
         by_session.setdefault(m.client_id, []).append(m.batch_seq)
     for client, batch_seqs in by_session.items():
         assert batch_seqs == sorted(batch_seqs), f"session {client}'s batches in sequence"
+
+
+def test_a_second_publisher_of_a_session_takes_it_over(server, topic_name):
+    """Two publishers with one client id and session key (a restarted program whose first
+    run still lives): the second opens the next epoch, and the first stops with
+    SessionFenced instead of publishing beside it; every acknowledged message is read once."""
+    Admin(server.control).create_topic(topic_name, order=5)
+    key = embarcadero.random_session_key()
+    first = Publisher(server.control, topic_name, client_id=77, session_key=key)
+    first.publish_many([b"first 0", b"first 1"])
+    first.flush()
+    with Publisher(server.control, topic_name, client_id=77, session_key=key) as second:
+        assert (first.stats()["session_epoch"], second.stats()["session_epoch"]) == (1, 2)
+        second.publish(b"second 0")
+        second.flush()
+        with pytest.raises(embarcadero.BrokerError) as taken:
+            first.publish(b"late")
+            first.flush()
+        assert taken.value.code == "SessionFenced"
+        assert "took this order-5 session over" in str(taken.value)
+        second.publish(b"second 1")
+    got = read(Subscriber(server.control, topic_name), 4)
+    assert [m.payload for m in got] == [b"first 0", b"first 1", b"second 0", b"second 1"]

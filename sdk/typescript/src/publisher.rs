@@ -160,10 +160,17 @@ pub async fn connect_publisher(
     topic: String,
     config: NativePublisherConfig,
 ) -> napi::Result<NativePublisher> {
+    let topic_ack = config.ack_level.is_none();
     let (cfg, brokers) = config.into_client()?;
     let publisher = blocking(move || match brokers {
         Some(b) => Publisher::connect_brokers(&b, &topic, cfg),
-        None => Publisher::connect(&control, &topic, cfg),
+        None => {
+            let mut cfg = cfg;
+            if topic_ack {
+                cfg.ack_level = embarcadero_client::Admin::new(&control).default_ack(&topic)?;
+            }
+            Publisher::connect(&control, &topic, cfg)
+        }
     })
     .await?;
     Ok(NativePublisher {
@@ -399,5 +406,6 @@ fn take_sole(shared: &Shared) -> Option<Publisher> {
 fn stats_json(stats: &PublisherStats, client_id: u64) -> Value {
     let mut v = serde_json::to_value(stats).expect("stats serialise");
     v["client_id"] = Value::String(client_id.to_string());
+    v["session_epoch"] = Value::String(stats.session_epoch.to_string());
     v
 }

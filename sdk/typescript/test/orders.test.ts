@@ -7,7 +7,8 @@ import { setFlagsFromString } from "node:v8";
 import { spawnSync } from "node:child_process";
 import { inspect } from "node:util";
 import { runInNewContext } from "node:vm";
-import { Admin, Message, Order, Publisher, Subscriber } from "../ts/index";
+import { randomBytes } from "node:crypto";
+import { Admin, BrokerError, Message, Order, Publisher, Subscriber } from "../ts/index";
 import { Server, topicName } from "./servers";
 
 let server: Server;
@@ -178,6 +179,44 @@ test("order 5: each session's messages keep their order across brokers", { timeo
     assert.deepEqual(ids, [...ids].sort((x, y) => x - y), "publish order within the session");
     assert.ok(new Set(mine.map((m) => m.brokerId)).size > 1, "the session's batches went through several brokers");
   }
+});
+
+test("order 5: a second publisher of a session takes it over and the first stops", { timeout: 60_000 }, async () => {
+  // One client id and session key in two live publishers (a restarted program whose first
+  // run still lives): the second opens the next epoch; the first fails with SessionFenced
+  // instead of publishing beside it. Every acknowledged message is read once.
+  const topic = topicName("o5takeover");
+  await admin.createTopic(topic, { order: 5 });
+  const options = { control: server.control, clientId: 78n, sessionKey: randomBytes(16) };
+  const first = await Publisher.connect(topic, options);
+  await first.publishMany(["first 0", "first 1"]);
+  await first.flush();
+  const second = await Publisher.connect(topic, options);
+  assert.deepEqual([first.stats().sessionEpoch, second.stats().sessionEpoch], [1n, 2n]);
+  await second.publish("second 0");
+  await second.flush();
+  await assert.rejects(
+    first.publish("late").then(() => first.flush()),
+    (e: unknown) => e instanceof BrokerError && /took this order-5 session over/.test(e.message),
+  );
+  await second.publish("second 1");
+  await second.close();
+  await first.close().catch(() => undefined);
+  const sub = await Subscriber.connect(topic, { control: server.control });
+  const got = await read(sub, 4);
+  await sub.close();
+  assert.deepEqual(got.map((m) => m.text()), ["first 0", "first 1", "second 0", "second 1"]);
+});
+
+test("publishers use the topic's default ack unless they choose one", { timeout: 30_000 }, async () => {
+  const topic = topicName("defack");
+  await admin.createTopic(topic, { defaultAck: 2 });
+  const durable = await Publisher.connect(topic, { control: server.control });
+  assert.equal(durable.stats().ackLevel, 2, "as `embarcadero pub` does");
+  await durable.close();
+  const chosen = await Publisher.connect(topic, { control: server.control, ackLevel: 1 });
+  assert.equal(chosen.stats().ackLevel, 1);
+  await chosen.close();
 });
 
 test("order 5: calls made without awaiting keep their order through the stage and its drain", { timeout: 120_000 }, async () => {

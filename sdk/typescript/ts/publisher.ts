@@ -21,7 +21,10 @@ export interface PublisherOptions {
   control?: string;
   /** Publish to these broker data addresses directly, without the control plane (no failover). */
   brokers?: string[];
-  /** 0: fire and forget; 1: ordered and visible (default); 2: durable (needs a replicated topic). */
+  /**
+   * 0: fire and forget; 1: ordered and visible; 2: durable (needs a replicated topic). Default:
+   * the topic's `defaultAck` (as `embarcadero pub`), or 1 with `brokers`.
+   */
   ackLevel?: 0 | 1 | 2;
   /** A batch is sealed once it holds this many bytes of messages (default 512 KiB). */
   batchBytes?: number;
@@ -116,6 +119,10 @@ export interface QueueStats {
 export interface PublisherStats {
   /** The publisher's client id. */
   clientId: bigint;
+  /** The acknowledgement level the publisher waits for (the topic's `defaultAck` unless chosen). */
+  ackLevel: number;
+  /** Order 5: the session epoch the publisher opened and publishes in now; 0 for other orders. */
+  sessionEpoch: bigint;
   /** Messages published. */
   messages: number;
   /** Payload bytes published. */
@@ -148,6 +155,8 @@ function latency(v: Json): LatencySummary {
 function stats(v: Json): PublisherStats {
   return {
     clientId: BigInt(v.client_id as string),
+    ackLevel: Number(v.ack_level),
+    sessionEpoch: BigInt(v.session_epoch as string),
     messages: Number(v.messages),
     bytes: Number(v.bytes),
     batches: Number(v.batches),

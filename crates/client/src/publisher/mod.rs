@@ -104,8 +104,10 @@ pub struct Publisher {
 impl Publisher {
     /// Discovers the brokers from the control plane at `control` and connects.
     pub fn connect(control: &str, topic: &str, config: PublisherConfig) -> Result<Self> {
-        // Before any request, and the same error however the publisher is made.
+        // Before any request, and the same error however the publisher is made: the
+        // topic's name and the settings alone (one broker assumed, no joins counted).
         crate::check_topic_name(topic)?;
+        check_config(&config, 1, false)?;
         let admin = Admin::new(control);
         let cluster = admin.cluster()?;
         let mut config = config;

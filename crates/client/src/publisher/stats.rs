@@ -32,6 +32,11 @@ pub struct QueueStats {
 #[derive(Debug, Clone, Serialize)]
 pub struct PublisherStats {
     pub client_id: u64,
+    /// The acknowledgement level the publisher waits for.
+    pub ack_level: u8,
+    /// Order 5: the session epoch the publisher publishes in now (it opened it; a fence
+    /// moves it on); 0 for other orders.
+    pub session_epoch: u64,
     pub messages: u64,
     pub bytes: u64,
     pub batches: u64,
@@ -80,6 +85,11 @@ impl Publisher {
         };
         PublisherStats {
             client_id: inner.client_id,
+            ack_level: inner.config.ack_level,
+            session_epoch: inner
+                .session
+                .as_ref()
+                .map_or(0, |s| s.epoch.load(Ordering::Acquire)),
             messages,
             bytes,
             batches: inner.batches.load(Ordering::Relaxed),

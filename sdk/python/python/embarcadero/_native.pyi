@@ -114,6 +114,10 @@ class QueueStats(TypedDict):
 
 class PublisherStats(TypedDict):
     client_id: int
+    ack_level: int
+    """The acknowledgement level the publisher waits for."""
+    session_epoch: int
+    """Order 5: the session epoch the publisher opened and publishes in now; else 0."""
     messages: int
     bytes: int
     batches: int
@@ -165,7 +169,8 @@ class Publisher:
     Options (those of the Rust ``PublisherConfig``):
 
     - ``ack_level``: 0 fire and forget, 1 acknowledged once ordered (order 0: written),
-      2 durable (needs a topic with ``rf`` 2 or more).
+      2 durable (needs a topic with ``rf`` 2 or more). Default: the topic's
+      ``default_ack``, as ``embarcadero pub`` (1 with ``brokers``).
     - ``batch_bytes``: a batch is sealed once it holds this many bytes of messages.
     - ``linger_ms``: a non-empty batch is sealed this long after its first message;
       ``linger_backstop_ms``: a backstop thread seals it that much later still when its
@@ -194,7 +199,7 @@ class Publisher:
         control: str,
         topic: str,
         *,
-        ack_level: Literal[0, 1, 2] = 1,
+        ack_level: Optional[Literal[0, 1, 2]] = None,
         batch_bytes: int = 524288,
         linger_ms: float = 1.0,
         linger_backstop_ms: float = 5.0,
@@ -219,7 +224,8 @@ class Publisher:
         once closed."""
     def publish_many(self, messages: Iterable[Payload]) -> int:
         """Publishes every message in order, crossing into the client once; returns how
-        many. On an error, those before the failing one were published. A single
+        many. Nothing is published when one is larger than ``max_message_bytes``
+        (``MessageTooLargeError``); on a later error those before it were published. A single
         ``str``, ``bytes`` or ``bytearray`` is refused with ``TypeError`` (it would be split
         into one message per character or byte): use :meth:`publish` for one message."""
     def flush(self) -> None:
