@@ -8,6 +8,7 @@
 mod admin;
 mod errors;
 mod gil;
+mod options;
 mod publisher;
 mod read_ahead;
 mod subscriber;

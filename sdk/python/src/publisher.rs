@@ -2,6 +2,7 @@
 //! publishing with the GIL released (a publish waits when every queue is full).
 
 use crate::errors::{config, to_py};
+use crate::options::{millis, whole};
 use crate::to_python;
 use embarcadero_client::{Error, PublisherConfig, PublisherStats};
 use embarcadero_wire::SESSION_KEY_LEN;
@@ -10,7 +11,6 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::pybacked::{PyBackedBytes, PyBackedStr};
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyString};
-use std::time::Duration;
 
 /// One message's bytes, borrowed from the Python object where it can be (``bytes``, and
 /// ``str`` once encoded), so nothing is copied before the client's batch buffer.
@@ -92,29 +92,25 @@ pub struct Publisher {
     topic: String,
 }
 
-fn millis(name: &str, ms: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(ms / 1000.0).map_err(|e| config(format!("{name}={ms}: {e}")))
-}
-
 /// Keyword options of `Publisher(...)`, as `PublisherConfig`.
 #[allow(clippy::too_many_arguments)]
 fn publisher_config(
-    ack_level: u8,
-    batch_bytes: usize,
+    ack_level: i128,
+    batch_bytes: i128,
     linger_ms: f64,
     linger_backstop_ms: f64,
-    threads_per_broker: usize,
-    queue_depth: usize,
-    max_inflight_batches: usize,
-    client_id: Option<u64>,
+    threads_per_broker: i128,
+    queue_depth: i128,
+    max_inflight_batches: i128,
+    client_id: Option<i128>,
     session_key: Option<&[u8]>,
-    session_epoch: u64,
+    session_epoch: i128,
     flush_timeout_ms: f64,
     deflect: bool,
     failover: bool,
     membership_refresh_ms: f64,
-    max_joined_brokers: usize,
-    slow_queue: Option<(usize, f64)>,
+    max_joined_brokers: i128,
+    slow_queue: Option<(i128, f64)>,
     transport: &str,
 ) -> PyResult<PublisherConfig> {
     let session_key = match session_key {
@@ -128,25 +124,25 @@ fn publisher_config(
     };
     let slow_queue = match slow_queue {
         None => None,
-        Some((queue, ms)) => Some((queue, millis("slow_queue", ms)?)),
+        Some((queue, ms)) => Some((whole("slow_queue", queue)?, millis("slow_queue", ms)?)),
     };
     Ok(PublisherConfig {
-        ack_level,
-        batch_bytes,
+        ack_level: whole("ack_level", ack_level)?,
+        batch_bytes: whole("batch_bytes", batch_bytes)?,
         linger: millis("linger_ms", linger_ms)?,
         linger_backstop: millis("linger_backstop_ms", linger_backstop_ms)?,
-        threads_per_broker,
-        queue_depth,
-        max_inflight_batches,
-        client_id,
+        threads_per_broker: whole("threads_per_broker", threads_per_broker)?,
+        queue_depth: whole("queue_depth", queue_depth)?,
+        max_inflight_batches: whole("max_inflight_batches", max_inflight_batches)?,
+        client_id: client_id.map(|c| whole("client_id", c)).transpose()?,
         session_key,
         flush_timeout: millis("flush_timeout_ms", flush_timeout_ms)?,
-        session_epoch,
+        session_epoch: whole("session_epoch", session_epoch)?,
         deflect,
         slow_queue,
         failover,
         membership_refresh: millis("membership_refresh_ms", membership_refresh_ms)?,
-        max_joined_brokers,
+        max_joined_brokers: whole("max_joined_brokers", max_joined_brokers)?,
         transport: crate::transport(transport)?,
         // The shared-memory ring's size keeps the Rust client's default.
         ..PublisherConfig::default()
@@ -188,22 +184,22 @@ impl Publisher {
         py: Python<'_>,
         control: &str,
         topic: &str,
-        ack_level: Option<u8>,
-        batch_bytes: usize,
+        ack_level: Option<i128>,
+        batch_bytes: i128,
         linger_ms: f64,
         linger_backstop_ms: f64,
-        threads_per_broker: usize,
-        queue_depth: usize,
-        max_inflight_batches: usize,
-        client_id: Option<u64>,
+        threads_per_broker: i128,
+        queue_depth: i128,
+        max_inflight_batches: i128,
+        client_id: Option<i128>,
         session_key: Option<&[u8]>,
-        session_epoch: u64,
+        session_epoch: i128,
         flush_timeout_ms: f64,
         deflect: bool,
         failover: bool,
         membership_refresh_ms: f64,
-        max_joined_brokers: usize,
-        slow_queue: Option<(usize, f64)>,
+        max_joined_brokers: i128,
+        slow_queue: Option<(i128, f64)>,
         brokers: Option<Vec<String>>,
         transport: &str,
     ) -> PyResult<Self> {

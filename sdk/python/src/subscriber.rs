@@ -6,6 +6,7 @@
 //! straight from its delivery, when its message is taken.
 
 use crate::errors::{config, sub_to_py};
+use crate::options::whole;
 use crate::read_ahead::{Messages, Meta, ReadAhead, POLL_BYTES, READ_AHEAD};
 use embarcadero_client::{Admin, Cursor, Error, SubscriberConfig};
 use parking_lot::Mutex;
@@ -342,8 +343,8 @@ impl Subscriber {
         control: &str,
         topic: &str,
         start: Option<&Bound<'_, PyAny>>,
-        client_id: Option<u64>,
-        max_reconnects: u32,
+        client_id: Option<i128>,
+        max_reconnects: i128,
         brokers: Option<Vec<String>>,
         transport: &str,
     ) -> PyResult<Self> {
@@ -354,8 +355,8 @@ impl Subscriber {
             .filter(|s| !matches!(s, Start::First));
         let config = SubscriberConfig {
             start: None,
-            client_id,
-            max_reconnects,
+            client_id: client_id.map(|c| whole("client_id", c)).transpose()?,
+            max_reconnects: whole("max_reconnects", max_reconnects)?,
             transport: crate::transport(transport)?,
         };
         let sub = crate::gil::released(py, || match &brokers {
@@ -397,8 +398,11 @@ impl Subscriber {
         &self,
         py: Python<'_>,
         timeout: Option<f64>,
-        max_messages: Option<usize>,
+        max_messages: Option<i128>,
     ) -> PyResult<Vec<Py<Message>>> {
+        let max_messages = max_messages
+            .map(|m| whole::<usize>("max_messages", m))
+            .transpose()?;
         let mut out = Vec::new();
         if !self.wait_ready(py, timeout)? {
             return Ok(out);

@@ -8,6 +8,7 @@
 //! the supervisor's reports handed to Python (which logs them).
 
 use crate::errors::{config, to_py};
+use crate::options::whole;
 use crate::{to_python, DEFAULT_CONTROL};
 use embarcadero_workflow::event::Checkpoint;
 use embarcadero_workflow::handler::{self, CheckpointSink, Registry, StepError, StepHandler};
@@ -239,15 +240,26 @@ impl NativeWorker {
         handlers: &Bound<'_, PyDict>,
         control: &str,
         namespaces: Vec<String>,
-        concurrency: usize,
-        lease_ms: u64,
+        concurrency: i128,
+        lease_ms: i128,
         topic: &str,
-        ack: u8,
-        rf: u8,
-        retry_for_ms: Option<u64>,
+        ack: i128,
+        rf: i128,
+        retry_for_ms: Option<i128>,
         report: Option<PyObject>,
     ) -> PyResult<Self> {
-        let cfg = worker_config(control, namespaces, concurrency, lease_ms, topic, ack, rf)?;
+        let cfg = worker_config(
+            control,
+            namespaces,
+            whole("concurrency", concurrency)?,
+            whole("lease_ms", lease_ms)?,
+            topic,
+            whole("ack", ack)?,
+            whole("rf", rf)?,
+        )?;
+        let retry_for_ms = retry_for_ms
+            .map(|ms| whole::<u64>("retry_for_ms", ms))
+            .transpose()?;
         let policy = RestartPolicy {
             retry_for: retry_for_ms.map(Duration::from_millis),
             ..RestartPolicy::default()

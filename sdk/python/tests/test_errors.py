@@ -14,6 +14,7 @@ import time
 import pytest
 
 import embarcadero
+import embarcadero.workflow
 from embarcadero import Admin, Publisher, Subscriber
 
 
@@ -103,6 +104,23 @@ def test_bad_options_raise_config_errors(server, topic_name):
     # Checked before any request: not a ConnectError from an unreachable control plane.
     with pytest.raises(embarcadero.ConfigError, match="ack level 7 does not exist"):
         Publisher("127.0.0.1:1", topic_name, ack_level=7)
+    # Numbers out of an option's range name the option (PyO3 alone raised a bare
+    # OverflowError, "can't convert negative int to unsigned").
+    out_of_range = [
+        ("ack_level", -1),
+        ("threads_per_broker", -1),
+        ("client_id", 2**64),
+        ("batch_bytes", -5),
+        ("session_epoch", -1),
+    ]
+    for option, value in out_of_range:
+        named = f"^invalid configuration: {option}={value}: want a whole number from 0 to"
+        with pytest.raises(embarcadero.ConfigError, match=named):
+            Publisher(server.control, topic_name, **{option: value})
+    with pytest.raises(embarcadero.ConfigError, match="max_reconnects=-1"):
+        Subscriber(server.control, topic_name, max_reconnects=-1)
+    with pytest.raises(embarcadero.ConfigError, match="concurrency=-1"):
+        embarcadero.workflow.Worker(server.control, handlers={"h": lambda c: None}, concurrency=-1)
 
 
 def test_a_killed_server_makes_the_next_calls_raise_within_a_bounded_time(fresh_server, topic_name):

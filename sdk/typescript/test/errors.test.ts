@@ -17,6 +17,7 @@ import {
   Publisher,
   Subscriber,
 } from "../ts/index";
+import type { PublisherOptions, SubscriberOptions } from "../ts/index";
 import { Server, topicName } from "./servers";
 
 let server: Server;
@@ -61,7 +62,7 @@ test("deleteTopic tells a connected subscriber and frees the name", { timeout: 3
   assert.equal((await sub.poll(10_000))?.payload.toString(), "old");
   assert.equal((await admin.deleteTopic(topic)).name, topic);
   await assert.rejects(sub.poll(10_000), (e: unknown) => {
-    assert.ok(e instanceof BrokerError && e.codeName === "TopicDeleted", String(e));
+    assert.ok(e instanceof BrokerError && e.code === "TopicDeleted", String(e));
     return true;
   });
   await assert.rejects(admin.describeTopic(topic), (e: unknown) => {
@@ -91,8 +92,8 @@ test("an existing topic, an unknown topic and a bad name", { timeout: 30_000 }, 
     await assert.rejects(connect(), (e: unknown) => {
       assert.ok(e instanceof BrokerError, String(e));
       assert.equal(e.kind, "Broker");
-      assert.equal(e.codeName, "UnknownTopic");
-      assert.equal(e.code, 3);
+      assert.equal(e.code, "UnknownTopic");
+      assert.equal(e.codeNumber, 3);
       assert.match(e.message, /^broker .* refused: .*\(UnknownTopic\)$/);
       return true;
     });
@@ -185,6 +186,42 @@ test("bad options are refused with a ConfigError", { timeout: 30_000 }, async ()
     Publisher.connect(topic, { control: server.control, maxInflightBatches: 0 }),
     (e: unknown) => e instanceof ConfigError && /maxInflightBatches|max_inflight_batches/.test(e.message),
   );
+  // Values of the wrong type (from JavaScript, or `as` casts) are refused by name too, not
+  // with napi's conversion errors naming Rust types.
+  const wrong: Record<string, unknown>[] = [
+    { ackLevel: "1" },
+    { clientId: "7" },
+    { clientId: -1 },
+    { sessionEpoch: 1.5 },
+    { deflect: "yes" },
+    { transport: "udp" },
+    { sessionKey: "0123456789abcdef" },
+    { flushTimeoutMs: Number.NaN },
+    { brokers: "127.0.0.1:1" },
+  ];
+  for (const bad of wrong) {
+    const name = Object.keys(bad)[0]!;
+    await assert.rejects(
+      Publisher.connect(topic, { control: server.control, ...bad } as PublisherOptions),
+      (e: unknown) => e instanceof ConfigError && e.message.startsWith(`${name} `),
+      name,
+    );
+  }
+  await assert.rejects(
+    Subscriber.connect(topic, { control: server.control, clientId: "x" } as unknown as SubscriberOptions),
+    (e: unknown) => e instanceof ConfigError && e.message.startsWith("clientId "),
+  );
+  // A whole number is as good as a bigint for an id.
+  const p = await Publisher.connect(topic, { control: server.control, clientId: 7 as unknown as bigint });
+  assert.equal(p.clientId, 7n);
+  await assert.rejects(p.publish(42 as unknown as string), TypeError);
+  await p.close();
+  const sub = await Subscriber.connect(topic, { control: server.control });
+  for (const ms of [-1, Number.NaN]) {
+    await assert.rejects(sub.poll(ms), (e: unknown) => e instanceof ConfigError && e.message.startsWith("timeoutMs "));
+    await assert.rejects(sub.pollMany(ms), ConfigError);
+  }
+  await sub.close();
 });
 
 test("waiting on the network leaves the event loop free", { timeout: 30_000 }, async () => {

@@ -455,7 +455,7 @@ test("the worker's ack level and rf reach the log", { timeout: 90_000 }, async (
   assert.deepEqual(await created("workflow.memory", { ack: 1, rf: 1 }), [5, 1]);
   await assert.rejects(
     Worker.start({ control, handlers, topic: "workflow.memory" }),
-    (e: unknown) => e instanceof BrokerError && e.codeName === "AckNotAllowed",
+    (e: unknown) => e instanceof BrokerError && e.code === "AckNotAllowed",
   );
 });
 

@@ -247,7 +247,7 @@ export class Admin {
 
   /**
    * Deletes a topic: its connected publishers and subscribers get a `BrokerError`
-   * with `codeName` `"TopicDeleted"`, its memory and disk logs are freed, and the name can
+   * with `code` `"TopicDeleted"`, its memory and disk logs are freed, and the name can
    * be created again at once (as a new topic, positions from 0).
    * Resolves the topic as it was just before. @throws {@link AdminError} (404) for an unknown topic.
    */

@@ -59,16 +59,19 @@ export class AdminError extends EmbarcaderoError {
 export class BrokerError extends EmbarcaderoError {
   /** The broker's address. */
   readonly broker: string;
+  /**
+   * The error code's name (e.g. "UnknownTopic"): a string, as Node's own `error.code` is, and
+   * the same as Python's `BrokerError.code`.
+   */
+  readonly code: string;
   /** The error code's number on the wire (e.g. 3). */
-  readonly code: number;
-  /** The error code's name (e.g. "UnknownTopic"). */
-  readonly codeName: string;
+  readonly codeNumber: number;
   /** @internal */
-  constructor(message: string, broker: string, code: number, codeName: string) {
+  constructor(message: string, broker: string, code: string, codeNumber: number) {
     super("Broker", message);
     this.broker = broker;
     this.code = code;
-    this.codeName = codeName;
+    this.codeNumber = codeNumber;
   }
 }
 
@@ -171,7 +174,7 @@ function build(f: Fields): EmbarcaderoError {
     case "Admin":
       return new AdminError(m, num(f.status));
     case "Broker":
-      return new BrokerError(m, str(f.broker), num(f.code), str(f.codeName));
+      return new BrokerError(m, str(f.broker), str(f.codeName), num(f.code));
     case "ConnectionLost":
       return new ConnectionLostError(m, str(f.broker));
     case "Protocol":

@@ -4,8 +4,9 @@
 // high-water mark they resolve once it has drained below it, so `await publish(...)` in
 // a loop is paced by the network without ever blocking the event loop.
 import { native, Native } from "./native";
-import { ClosedError, ConfigError, settle, sync, translate } from "./errors";
+import { ClosedError, settle, sync, translate } from "./errors";
 import { defaultControl } from "./admin";
+import * as check from "./options";
 
 /**
  * How a client reaches its brokers: `"auto"` (the default) uses a local shared-memory channel
@@ -14,6 +15,9 @@ import { defaultControl } from "./admin";
  * client's `Transport`, the CLI's `--transport`.
  */
 export type Transport = "auto" | "tcp" | "shm";
+
+/** Every {@link Transport}. */
+export const TRANSPORTS: readonly Transport[] = ["auto", "tcp", "shm"];
 
 /** Every option of the Rust client's `PublisherConfig`, in milliseconds where it is a duration. */
 export interface PublisherOptions {
@@ -185,24 +189,10 @@ export type Payload = Uint8Array | string;
 /** The payload as a Buffer: strings encoded, other byte arrays viewed in place (no copy). */
 function bytes(p: Payload): Buffer {
   if (typeof p === "string") return Buffer.from(p, "utf8");
-  return Buffer.isBuffer(p) ? p : Buffer.from(p.buffer, p.byteOffset, p.byteLength);
-}
-
-/**
- * `options[name]` checked before it reaches native code, which would wrap a negative or
- * oversized number into a different one without a word: counts are whole numbers from
- * `min` to 2^32 - 1, durations (`ms`) finite and not negative.
- */
-function checkedOption(options: PublisherOptions, name: keyof PublisherOptions, kind: "count" | "ms", min = 0): void {
-  const v = options[name];
-  if (v === undefined) return;
-  const ok =
-    typeof v === "number" &&
-    (kind === "ms" ? Number.isFinite(v) && v >= 0 : Number.isInteger(v) && v >= min && v <= 0xffff_ffff);
-  if (!ok) {
-    const want = kind === "ms" ? "a number of milliseconds, 0 or more" : `a whole number from ${min} to 4294967295`;
-    throw new ConfigError(`${name} ${String(v)}: want ${want}`);
+  if (!(p instanceof Uint8Array)) {
+    throw new TypeError(`a message is a string, Buffer or Uint8Array, not ${p === null ? "null" : typeof p}`);
   }
+  return Buffer.isBuffer(p) ? p : Buffer.from(p.buffer, p.byteOffset, p.byteLength);
 }
 
 const DONE: Promise<void> = Promise.resolve();
@@ -265,34 +255,30 @@ export class Publisher implements AsyncDisposable {
    * @throws {@link BrokerError} (`UnknownTopic`) for a topic that does not exist; {@link ConnectError} when nothing answers.
    */
   static async connect(topic: string, options: PublisherOptions = {}): Promise<Publisher> {
-    for (const name of ["batchBytes", "threadsPerBroker", "queueDepth", "maxInflightBatches", "maxJoinedBrokers"] as const) {
-      checkedOption(options, name, "count");
-    }
-    for (const name of ["lingerMs", "lingerBackstopMs", "flushTimeoutMs", "membershipRefreshMs"] as const) {
-      checkedOption(options, name, "ms");
-    }
+    const o = options;
     const config: Native.NativePublisherConfig = {
-      ackLevel: options.ackLevel,
-      batchBytes: options.batchBytes,
-      lingerMs: options.lingerMs,
-      lingerBackstopMs: options.lingerBackstopMs,
-      threadsPerBroker: options.threadsPerBroker,
-      queueDepth: options.queueDepth,
-      maxInflightBatches: options.maxInflightBatches,
-      clientId: options.clientId,
-      sessionKey: options.sessionKey === undefined ? undefined : Buffer.from(options.sessionKey),
-      flushTimeoutMs: options.flushTimeoutMs,
-      sessionEpoch: options.sessionEpoch,
-      deflect: options.deflect,
-      slowQueueIndex: options.slowQueue?.index,
-      slowQueueMs: options.slowQueue?.ms,
-      failover: options.failover,
-      membershipRefreshMs: options.membershipRefreshMs,
-      maxJoinedBrokers: options.maxJoinedBrokers,
-      brokers: options.brokers,
-      transport: options.transport,
+      // Range checked by the native side, whose message names the levels that exist.
+      ackLevel: check.count("ackLevel", o.ackLevel),
+      batchBytes: check.count("batchBytes", o.batchBytes),
+      lingerMs: check.millis("lingerMs", o.lingerMs),
+      lingerBackstopMs: check.millis("lingerBackstopMs", o.lingerBackstopMs),
+      threadsPerBroker: check.count("threadsPerBroker", o.threadsPerBroker),
+      queueDepth: check.count("queueDepth", o.queueDepth),
+      maxInflightBatches: check.count("maxInflightBatches", o.maxInflightBatches),
+      clientId: check.u64("clientId", o.clientId),
+      sessionKey: check.bytes("sessionKey", o.sessionKey, 16),
+      flushTimeoutMs: check.millis("flushTimeoutMs", o.flushTimeoutMs),
+      sessionEpoch: check.u64("sessionEpoch", o.sessionEpoch),
+      deflect: check.flag("deflect", o.deflect),
+      slowQueueIndex: check.count("slowQueue.index", o.slowQueue?.index),
+      slowQueueMs: check.millis("slowQueue.ms", o.slowQueue?.ms),
+      failover: check.flag("failover", o.failover),
+      membershipRefreshMs: check.millis("membershipRefreshMs", o.membershipRefreshMs),
+      maxJoinedBrokers: check.count("maxJoinedBrokers", o.maxJoinedBrokers),
+      brokers: check.texts("brokers", o.brokers),
+      transport: check.oneOf("transport", o.transport, TRANSPORTS),
     };
-    const control = options.control ?? defaultControl();
+    const control = check.text("control", o.control) ?? defaultControl();
     return track(new Publisher(await settle(() => native.connectPublisher(control, topic, config))));
   }
 

@@ -9,7 +9,8 @@
 import { native, Native } from "./native";
 import { ClosedError, ConfigError, settle, sync } from "./errors";
 import { defaultControl, Order } from "./admin";
-import type { Transport } from "./publisher";
+import { TRANSPORTS, type Transport } from "./publisher";
+import * as check from "./options";
 
 /** A position: one global position (orders 2 and 5), or one per broker (orders 0 and 1). */
 export type Position = number | readonly number[];
@@ -275,13 +276,13 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
    * @throws {@link BrokerError} (`UnknownTopic`) for a topic that does not exist.
    */
   static async connect(topic: string, options: SubscriberOptions = {}): Promise<Subscriber> {
-    const control = options.control ?? defaultControl();
+    const control = check.text("control", options.control) ?? defaultControl();
     const config: Native.NativeSubscriberConfig = {
       start: cursorOf(options.from),
-      clientId: options.clientId,
-      maxReconnects: options.maxReconnects,
-      brokers: options.brokers,
-      transport: options.transport,
+      clientId: check.u64("clientId", options.clientId),
+      maxReconnects: check.count("maxReconnects", options.maxReconnects),
+      brokers: check.texts("brokers", options.brokers),
+      transport: check.oneOf("transport", options.transport, TRANSPORTS),
     };
     const n = await settle(() => native.connectSubscriber(control, topic, config));
     return new Subscriber(n, control, topic);
@@ -380,9 +381,12 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
     return new Message(b, this.#run, this.#index++);
   }
 
-  /** The next message, waiting at most `timeoutMs` (default 1000); `null` if none came. */
+  /** The next message, waiting at most `timeoutMs` (default 1000; `Infinity`: no limit); `null` if none came. */
   poll(timeoutMs = 1000): Promise<Message | null> {
-    return this.#serial(async () => this.#take() ?? ((await this.#fill(timeoutMs)) ? this.#take() : null));
+    return this.#serial(async () => {
+      const ms = check.wait("timeoutMs", timeoutMs) ?? 1000;
+      return this.#take() ?? ((await this.#fill(ms)) ? this.#take() : null);
+    });
   }
 
   /**
@@ -391,9 +395,10 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
    */
   pollMany(timeoutMs = 1000): Promise<Message[]> {
     return this.#serial(async () => {
+      const ms = check.wait("timeoutMs", timeoutMs) ?? 1000;
       const b = this.#batch;
       if (b === undefined || this.#index >= b.count) {
-        if (!(await this.#fill(timeoutMs))) return [];
+        if (!(await this.#fill(ms))) return [];
       }
       const out: Message[] = [];
       for (let m = this.#take(); m !== null; m = this.#take()) out.push(m);
