@@ -48,6 +48,12 @@ pub struct SubscriberConfig {
     /// this host that gives one, else TCP (and logs which); `Tcp`; `Shm` (an error
     /// where no feed can be had).
     pub transport: Transport,
+    /// How long to go on reconnecting once the server is gone (see
+    /// [`Error::server_gone`]), counted from the first failed attempt, beyond
+    /// `max_reconnects`: a server that restarts within it is found again (through the
+    /// head) and delivery continues from the position reached. `None`: only
+    /// `max_reconnects` attempts, about half a second.
+    pub retry_for: Option<Duration>,
 }
 
 impl Default for SubscriberConfig {
@@ -57,6 +63,7 @@ impl Default for SubscriberConfig {
             client_id: None,
             max_reconnects: 10,
             transport: Transport::Auto,
+            retry_for: None,
         }
     }
 }
@@ -167,6 +174,8 @@ pub struct Subscriber {
     control: Option<String>,
     /// Reconnections since the last read that succeeded (see `fill`).
     failed_reconnects: u32,
+    /// When the first of those failed: `retry_for` counts from here.
+    lost_since: Option<Instant>,
     topic: String,
     client_id: u64,
     config: SubscriberConfig,
@@ -222,6 +231,7 @@ impl Subscriber {
             brokers: brokers.to_vec(),
             control: control.map(str::to_string),
             failed_reconnects: 0,
+            lost_since: None,
             topic: topic.to_string(),
             client_id,
             next_broker: (client_id as usize) % brokers.len(),
@@ -534,9 +544,10 @@ impl Subscriber {
     }
 
     /// Reads frames until at least one batch is confirmed or `timeout` passes. A lost
-    /// connection, or a broker that does not answer when reconnecting, is retried up to
-    /// `max_reconnects` times in a row (the count survives across calls until a read on
-    /// a connection succeeds), each after a pause growing to 100 ms.
+    /// server (a lost connection, brokers that do not answer when reconnecting) is
+    /// retried up to `max_reconnects` times in a row, and beyond for `retry_for` (the
+    /// count and the clock survive across calls until a read on a connection
+    /// succeeds), each after a pause growing to 100 ms.
     fn fill(&mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         while self.ready.is_empty() {
@@ -545,20 +556,29 @@ impl Subscriber {
                 return Ok(());
             }
             match self.read_one(deadline - now) {
-                Ok(()) => self.failed_reconnects = 0,
-                Err(Error::ConnectionLost { .. } | Error::Connect { .. })
-                    if self.failed_reconnects < self.config.max_reconnects =>
-                {
-                    self.failed_reconnects += 1;
+                Ok(()) => (self.failed_reconnects, self.lost_since) = (0, None),
+                Err(e) if e.server_gone() && self.may_reconnect(now) => {
+                    self.failed_reconnects = self.failed_reconnects.saturating_add(1);
+                    self.lost_since.get_or_insert(now);
                     self.stream = None;
-                    let pause = 10 * self.failed_reconnects.min(10) as u64;
-                    std::thread::sleep(Duration::from_millis(pause));
+                    let pause = Duration::from_millis(10 * self.failed_reconnects.min(10) as u64);
+                    std::thread::sleep(pause.min(deadline.saturating_duration_since(now)));
                     // The next read reconnects.
                 }
                 Err(e) => return Err(e),
             }
         }
         Ok(())
+    }
+
+    /// Whether a lost server is tried again at `now`: within `max_reconnects` failed
+    /// attempts, or within `retry_for` of the first.
+    fn may_reconnect(&self, now: Instant) -> bool {
+        let within_time = self.config.retry_for.is_some_and(|retry_for| {
+            self.lost_since
+                .is_none_or(|since| now.saturating_duration_since(since) < retry_for)
+        });
+        self.failed_reconnects < self.config.max_reconnects || within_time
     }
 
     /// Reads one frame if one starts within `wait`; a broker error ends the connection.
@@ -763,6 +783,7 @@ mod tests {
             brokers: vec!["127.0.0.1:1".into()],
             control: None,
             failed_reconnects: 0,
+            lost_since: None,
             topic: "t".into(),
             client_id: 1,
             config: SubscriberConfig {

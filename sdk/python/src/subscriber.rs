@@ -6,7 +6,7 @@
 //! straight from its delivery, when its message is taken.
 
 use crate::errors::{config, sub_to_py};
-use crate::options::whole;
+use crate::options::{millis, whole};
 use crate::read_ahead::{Messages, Meta, ReadAhead, POLL_BYTES, READ_AHEAD};
 use embarcadero_client::{Admin, Cursor, Error, SubscriberConfig};
 use parking_lot::Mutex;
@@ -336,7 +336,7 @@ impl Subscriber {
 impl Subscriber {
     #[new]
     #[pyo3(signature = (control, topic, *, start = None, client_id = None, max_reconnects = 10,
-                        brokers = None, transport = "auto"))]
+                        brokers = None, transport = "auto", retry_for_ms = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -347,6 +347,7 @@ impl Subscriber {
         max_reconnects: i128,
         brokers: Option<Vec<String>>,
         transport: &str,
+        retry_for_ms: Option<f64>,
     ) -> PyResult<Self> {
         // The beginning (None or "start") is where a new subscriber starts anyway.
         let start = start
@@ -358,6 +359,9 @@ impl Subscriber {
             client_id: client_id.map(|c| whole("client_id", c)).transpose()?,
             max_reconnects: whole("max_reconnects", max_reconnects)?,
             transport: crate::transport(transport)?,
+            retry_for: retry_for_ms
+                .map(|ms| millis("retry_for_ms", ms))
+                .transpose()?,
         };
         let sub = crate::gil::released(py, || match &brokers {
             Some(addrs) => embarcadero_client::Subscriber::connect_brokers(addrs, topic, config),

@@ -4,6 +4,7 @@ the maximum, a closed publisher, a server that is gone, Ctrl-C in a blocking rea
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import pytest
 import embarcadero
 import embarcadero.workflow
 from embarcadero import Admin, Publisher, Subscriber
+
+from conftest import Server
 
 
 def test_an_unknown_topic_is_refused(server, topic_name):
@@ -121,6 +124,43 @@ def test_bad_options_raise_config_errors(server, topic_name):
         Subscriber(server.control, topic_name, max_reconnects=-1)
     with pytest.raises(embarcadero.ConfigError, match="concurrency=-1"):
         embarcadero.workflow.Worker(server.control, handlers={"h": lambda c: None}, concurrency=-1)
+
+
+def test_a_subscriber_with_retry_for_rides_out_a_server_restart(topic_name):
+    """A subscriber given ``retry_for_ms`` keeps reconnecting while its server restarts and
+    continues from where it was; one without gives up (the server stays down until it
+    has), so the first one's tries outlasted the default ones."""
+    server = Server(brokers=1, fixed_ports=True)
+    try:
+        Admin(server.control).create_topic(topic_name, rf=1)
+        with Publisher(server.control, topic_name) as p:
+            p.publish(b"before")
+        riding = Subscriber(server.control, topic_name, retry_for_ms=60_000)
+        giving_up = Subscriber(server.control, topic_name)
+        for sub in (riding, giving_up):
+            assert sub.poll(timeout=30).payload == b"before"
+        got = queue.Queue()
+
+        def read() -> None:
+            try:
+                got.put(riding.poll(timeout=120))
+            except embarcadero.EmbarcaderoError as e:
+                got.put(e)
+
+        reader = threading.Thread(target=read, daemon=True)
+        server.kill()
+        reader.start()
+        with pytest.raises((embarcadero.ConnectionLostError, embarcadero.ConnectError)):
+            giving_up.poll(timeout=60)
+        server.restart()
+        with Publisher(server.control, topic_name) as p:
+            p.publish(b"after")
+        after = got.get(timeout=120)
+        assert not isinstance(after, Exception), after
+        assert after.payload == b"after", "continued after the first message"
+        riding.close()
+    finally:
+        server.stop()
 
 
 def test_a_killed_server_makes_the_next_calls_raise_within_a_bounded_time(fresh_server, topic_name):

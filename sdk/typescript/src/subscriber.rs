@@ -69,6 +69,8 @@ pub struct NativeSubscriberConfig {
     pub start: Option<NativeCursor>,
     pub client_id: Option<BigInt>,
     pub max_reconnects: Option<u32>,
+    /// `SubscriberConfig::retry_for`, in milliseconds.
+    pub retry_for_ms: Option<f64>,
     /// Read from these broker addresses directly instead of asking the control plane.
     pub brokers: Option<Vec<String>>,
     /// `"auto"` (the default), `"tcp"` or `"shm"`: `SubscriberConfig::transport`.
@@ -218,6 +220,7 @@ pub async fn connect_subscriber(
             .max_reconnects
             .unwrap_or(SubscriberConfig::default().max_reconnects),
         transport: crate::transport(config.transport)?,
+        retry_for: config.retry_for_ms.map(crate::millis),
     };
     let brokers = config.brokers;
     let sub = blocking(move || {

@@ -266,6 +266,34 @@ test("a server that is gone: every call rejects, none hangs", { timeout: 60_000 
   await doomed.stop();
 });
 
+test("a subscriber with retryForMs rides out a server restart and continues where it was", { timeout: 90_000 }, async () => {
+  // One without gives up while the server is down (it stays down until then), so the
+  // first one's tries outlast the default ones.
+  const server = await Server.serveOnFixedPorts();
+  try {
+    const topic = topicName("ride");
+    await new Admin(server.control).createTopic(topic, { rf: 1 });
+    const p = await Publisher.connect(topic, { control: server.control });
+    await p.publish("before");
+    await p.close();
+    const riding = await Subscriber.connect(topic, { control: server.control, retryForMs: 60_000 });
+    const givingUp = await Subscriber.connect(topic, { control: server.control });
+    for (const sub of [riding, givingUp]) assert.equal((await sub.poll(10_000))?.text(), "before");
+    await server.kill();
+    const after = riding.poll(60_000);
+    await assert.rejects(givingUp.poll(30_000), EmbarcaderoError);
+    await givingUp.close();
+    await server.restart();
+    const q = await Publisher.connect(topic, { control: server.control });
+    await q.publish("after");
+    await q.close();
+    assert.equal((await after)?.text(), "after", "continued after the first message");
+    await riding.close();
+  } finally {
+    await server.stop();
+  }
+});
+
 test("await using closes the publisher and the subscriber at the end of the scope", { timeout: 30_000 }, async () => {
   const topic = topicName("using");
   await admin.createTopic(topic, { memoryOnly: true });

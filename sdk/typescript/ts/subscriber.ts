@@ -35,6 +35,12 @@ export interface SubscriberOptions {
   /** Reconnections in a row after a lost connection before a poll fails (default 10). */
   maxReconnects?: number;
   /**
+   * How long to go on reconnecting once the server is gone, beyond `maxReconnects` (about
+   * half a second): a server restarted within it is found again and delivery continues
+   * from the position reached, as `embarcadero sub --retry-for` does (default: none).
+   */
+  retryForMs?: number;
+  /**
    * How to reach the brokers (default `"auto"`: a shared-memory feed from a broker on this
    * host that gives one, else TCP; `"shm"` fails to connect where no feed can be had).
    * {@link Subscriber.transport} says what the connection got.
@@ -281,6 +287,7 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
       start: cursorOf(options.from),
       clientId: check.u64("clientId", options.clientId),
       maxReconnects: check.count("maxReconnects", options.maxReconnects),
+      retryForMs: check.millis("retryForMs", options.retryForMs),
       brokers: check.texts("brokers", options.brokers),
       transport: check.oneOf("transport", options.transport, TRANSPORTS),
     };

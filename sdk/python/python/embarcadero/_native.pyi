@@ -276,9 +276,11 @@ class Subscriber:
     from the given ``brokers``). ``start``: ``None`` (the beginning: the first message
     still retained), a position, a list of positions (one per broker, orders 0 and 1) or
     ``"end"``. A lost connection is retried ``max_reconnects`` times in a row before the
-    error is raised. ``transport``: ``"auto"`` (a shared-memory feed from a broker on this
-    host that gives one, else TCP), ``"tcp"``, or ``"shm"`` (``ConnectError`` where no feed
-    can be had)."""
+    error is raised, and for ``retry_for_ms`` more once the server is gone: a server
+    restarted within it is found again and delivery continues from the position reached
+    (as ``embarcadero sub --retry-for``). ``transport``: ``"auto"`` (a shared-memory feed
+    from a broker on this host that gives one, else TCP), ``"tcp"``, or ``"shm"``
+    (``ConnectError`` where no feed can be had)."""
 
     def __init__(
         self,
@@ -290,6 +292,7 @@ class Subscriber:
         max_reconnects: int = 10,
         brokers: Optional[Sequence[str]] = None,
         transport: Transport = "auto",
+        retry_for_ms: Optional[float] = None,
     ) -> None: ...
     def poll(self, timeout: Optional[float] = None) -> Optional[Message]:
         """The next message within ``timeout`` seconds (``None``: wait for one)."""
