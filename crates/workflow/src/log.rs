@@ -50,7 +50,7 @@ pub fn ensure_topic(cfg: &LogConfig) -> Result<u64, Error> {
             cfg.topic, info.order
         ))),
         Ok(info) => {
-            if info.replication_factor != cfg.replication_factor {
+            if info.replication_factor != cfg.replication_factor && first_rf_warning(cfg) {
                 // The flag only applies to a topic the engine creates; an operator who
                 // asked for another durability must hear that the log keeps its own.
                 tracing::warn!(
@@ -79,6 +79,23 @@ pub fn ensure_topic(cfg: &LogConfig) -> Result<u64, Error> {
         }
         Err(e) => Err(e),
     }
+}
+
+/// Whether this is the first time this process finds `cfg`'s topic with another
+/// replication factor than asked for: the warning is said once, not at every supervised
+/// restart of a worker that opens the log again.
+fn first_rf_warning(cfg: &LogConfig) -> bool {
+    static WARNED: std::sync::Mutex<std::collections::BTreeSet<(String, String, u8)>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let key = (
+        cfg.control.clone(),
+        cfg.topic.clone(),
+        cfg.replication_factor,
+    );
+    WARNED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(key)
 }
 
 /// Publishes events, each stamped with the wall clock.
@@ -431,6 +448,14 @@ mod tests {
     const ONE_STEP: &str = "name: one\nnamespace: n\nversion: '1'\nsteps:
   - {name: a, handler: {callable: math.square}}
 ";
+
+    #[test]
+    fn a_replication_factor_mismatch_is_reported_once_per_topic() {
+        let cfg = LogConfig::new("127.0.0.1:1", "rf.once");
+        assert!(first_rf_warning(&cfg), "the first time");
+        assert!(!first_rf_warning(&cfg), "not at a supervised restart");
+        assert!(first_rf_warning(&LogConfig::new("127.0.0.1:1", "rf.other")));
+    }
 
     fn batch(first: u64, events: Vec<Event>) -> Vec<(u64, Result<Envelope, DecodeError>)> {
         let envelope = |event| Envelope {

@@ -307,26 +307,43 @@ impl SupervisedWorker {
         policy: RestartPolicy,
         report: Report,
     ) -> Result<Self, Error> {
-        let first = Worker::start(config.clone(), registry.clone())?;
         let control = Arc::new(Control {
             state: Mutex::new(ControlState {
                 stop: None,
-                id: first.id.clone(),
+                id: String::new(),
             }),
             changed: Condvar::new(),
         });
         let supervision = Supervision {
-            config,
-            registry,
+            config: config.clone(),
+            registry: registry.clone(),
             backoff: Backoff::new(policy.first_backoff, policy.max_backoff),
             policy,
             report,
             control: control.clone(),
         };
+        // The supervising thread first, so that no worker runs unsupervised when it
+        // cannot be had: it waits for the first worker, and ends if none comes.
+        let (hand_over, first_worker) = std::sync::mpsc::sync_channel::<Worker>(1);
         let thread = std::thread::Builder::new()
             .name("worker-supervisor".into())
-            .spawn(move || supervision.run(first))
+            .spawn(move || match first_worker.recv() {
+                Ok(first) => supervision.run(first),
+                Err(_) => Ok(()),
+            })
             .map_err(|e| Error::Config(format!("cannot start the supervisor thread: {e}")))?;
+        let first = match Worker::start(config, registry) {
+            Ok(first) => first,
+            Err(e) => {
+                drop(hand_over);
+                let _ = thread.join();
+                return Err(e);
+            }
+        };
+        control.state.lock().id = first.id.clone();
+        hand_over
+            .send(first)
+            .expect("the supervising thread waits for its first worker");
         Ok(Self {
             control,
             thread: Some(thread),
