@@ -135,18 +135,10 @@ pub(crate) fn run<I: Inbound>(
     };
     let mut session = SessionView::new(topic, hello.client_id, hello.session_epoch, key_hash);
     if meta.order == 5 {
-        let status = session.status(&shared.region);
-        if status.foreign_key {
-            return refuse_foreign_key(shared, hello.client_id).into();
+        match join_session(shared, &hello, &mut session) {
+            Ok(next_batch_seq) => ok.next_batch_seq = next_batch_seq,
+            Err(refusal) => return refusal.into(),
         }
-        session.touch(&shared.region, unix_ms());
-        // A publisher that opens an epoch must supersede the session's current one.
-        let opens = hello.flags & embarcadero_wire::PUBLISH_OPENS_EPOCH != 0;
-        if status.fenced || (opens && status.epoch >= hello.session_epoch) {
-            let hwm = status.acked_hwm(hello.ack_level);
-            return session::fenced(hello.session_epoch, hwm, status.epoch).into();
-        }
-        ok.next_batch_seq = status.acked_hwm(hello.ack_level);
     }
     if let Err(e) = stream.send_hello_ok(&ok) {
         return e.into();
@@ -184,6 +176,24 @@ pub(crate) fn run<I: Inbound>(
         let _ = stream.write_final(&unsent);
     }
     end
+}
+
+/// Order 5: whether the hello's connection may publish in its session, seen through
+/// `session`; if so, marks the session active and returns the batch to resend from (the
+/// HelloOk's `next_batch_seq`). A publisher that opens an epoch must supersede the
+/// session's current one (PROTOCOL.md section 8).
+fn join_session(shared: &Shared, hello: &Hello, session: &mut SessionView) -> Result<u64, Refusal> {
+    let status = session.status(&shared.region);
+    if status.foreign_key {
+        return Err(refuse_foreign_key(shared, hello.client_id));
+    }
+    session.touch(&shared.region, unix_ms());
+    let hwm = status.acked_hwm(hello.ack_level);
+    let opens = hello.flags & embarcadero_wire::PUBLISH_OPENS_EPOCH != 0;
+    if status.fenced || (opens && status.epoch >= hello.session_epoch) {
+        return Err(session::fenced(hello.session_epoch, hwm, status.epoch));
+    }
+    Ok(hwm)
 }
 
 fn receive_batches<I: Inbound>(

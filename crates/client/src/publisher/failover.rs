@@ -222,6 +222,28 @@ pub(super) fn follow_membership(inner: Arc<Inner>, woken: Receiver<()>) -> Vec<J
     }
 }
 
+/// Batches are sealed for the order and limits of the brokers found at start: a broker
+/// that joins must take them.
+fn check_joined_limits(inner: &Inner, connected: &[(Queue, HelloOk)]) -> Result<()> {
+    let Some((_, ok)) = connected.iter().find(|(_, ok)| {
+        ok.order != inner.order
+            || (ok.max_message_bytes as usize) < inner.max_message
+            || (ok.max_batch_bytes as usize) < inner.max_batch
+    }) else {
+        return Ok(());
+    };
+    Err(Error::Config(format!(
+        "order {} and limits of {} / {} bytes (message / batch) do not match this \
+         publisher's order {} and {} / {} bytes",
+        ok.order,
+        ok.max_message_bytes,
+        ok.max_batch_bytes,
+        inner.order,
+        inner.max_message,
+        inner.max_batch
+    )))
+}
+
 /// Connects to a broker that joined after `start` and, once its threads run, dispatches
 /// to it like to any other queue.
 pub(super) fn add_broker(
@@ -251,23 +273,7 @@ pub(super) fn add_broker(
     else {
         unreachable!("a publisher that joins an epoch is never told to open another");
     };
-    // Batches are sealed for the limits of the brokers found at start.
-    if let Some((_, ok)) = connected.iter().find(|(_, ok)| {
-        ok.order != inner.order
-            || (ok.max_message_bytes as usize) < inner.max_message
-            || (ok.max_batch_bytes as usize) < inner.max_batch
-    }) {
-        return Err(Error::Config(format!(
-            "order {} and limits of {} / {} bytes (message / batch) do not match this \
-             publisher's order {} and {} / {} bytes",
-            ok.order,
-            ok.max_message_bytes,
-            ok.max_batch_bytes,
-            inner.order,
-            inner.max_message,
-            inner.max_batch
-        )));
-    }
+    check_joined_limits(inner, &connected)?;
     if inner.order == 5 {
         let acked = session_acked(inner);
         if let Some(Err(error)) = connected
