@@ -1727,6 +1727,8 @@ fn metrics_count_tasks_and_steps_by_state_step_latency_by_handler_and_queue_lag(
     );
     let steps = sample(&text, "embarcadero_workflow_steps{state=\"complete\"}");
     assert_eq!(steps, Some(4.0), "{text}");
+    let unclaimed = sample(&text, "embarcadero_workflow_unclaimed_steps");
+    assert_eq!(unclaimed, Some(0.0), "every step was claimed: {text}");
     let histogram = "embarcadero_workflow_step_duration_seconds";
     let handler = "handler=\"math.square\"";
     let count = sample(&text, &format!("{histogram}_count{{{handler}}}"));

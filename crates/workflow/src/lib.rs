@@ -32,6 +32,7 @@ mod task_routes;
 pub mod template;
 mod threads;
 pub mod trace;
+pub mod unclaimed;
 pub mod validate;
 mod view;
 pub mod worker;

@@ -14,8 +14,9 @@ pub const LATENCY_BUCKETS_S: [f64; 12] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 300.0,
 ];
 
-/// The metrics text; `log_end`: the position after the log's last event, when known.
-pub fn render(state: &State, log_end: Option<u64>) -> String {
+/// The metrics text at `now_ms`; `log_end`: the position after the log's last event,
+/// when known.
+pub fn render(state: &State, log_end: Option<u64>, now_ms: u64) -> String {
     let mut out = String::new();
     let tasks = count_by(state.tasks.values().map(|t| t.state.name()));
     let names: Vec<String> = TaskState::ALL.iter().map(|s| s.name()).collect();
@@ -33,6 +34,7 @@ pub fn render(state: &State, log_end: Option<u64>) -> String {
         &count_by(steps),
     );
     latency_histogram(&mut out, state);
+    unclaimed_gauge(&mut out, state, now_ms);
     let folded = state.next_position;
     family(
         &mut out,
@@ -64,6 +66,15 @@ pub fn render(state: &State, log_end: Option<u64>) -> String {
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP embarcadero_workflow_{name} {help}");
     let _ = writeln!(out, "# TYPE embarcadero_workflow_{name} {kind}");
+}
+
+/// `value` as a label value of the text format: backslash, double quote and line feed
+/// escaped (a handler's name is any string a template gives).
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn count_by(names: impl Iterator<Item = String>) -> BTreeMap<String, u64> {
@@ -110,6 +121,7 @@ fn latency_histogram(out: &mut String, state: &State) {
         "Completed steps' latency, claim to completion, by handler.",
     );
     for (handler, samples) in by_handler {
+        let handler = label(handler);
         for bound in LATENCY_BUCKETS_S {
             let n = samples.iter().filter(|s| **s <= bound).count();
             let _ = writeln!(
@@ -139,4 +151,22 @@ fn step_latency_s(step: &crate::state::Step) -> Option<f64> {
         .rev()
         .find(|t| t.to == StepState::InProgress)?;
     Some(done.ts_ms.saturating_sub(claimed.ts_ms) as f64 / 1000.0)
+}
+/// Enqueued attempts no worker has claimed for a minute, by namespace and handler (0
+/// when there are none: the family is always there, for an alert to watch).
+fn unclaimed_gauge(out: &mut String, state: &State, now_ms: u64) {
+    use crate::unclaimed::{unclaimed, UNCLAIMED_WARN_MS};
+    let help = "Enqueued attempts no worker has claimed for 60 s or more (no worker runs their handler in their namespace?).";
+    family(out, "unclaimed_steps", "gauge", help);
+    let waiting = unclaimed(state, now_ms, UNCLAIMED_WARN_MS);
+    let by = count_by(waiting.iter().map(|u| {
+        let (namespace, handler) = (label(u.namespace), label(u.handler));
+        format!("namespace=\"{namespace}\",handler=\"{handler}\"")
+    }));
+    if by.is_empty() {
+        let _ = writeln!(out, "embarcadero_workflow_unclaimed_steps 0");
+    }
+    for (labels, n) in by {
+        let _ = writeln!(out, "embarcadero_workflow_unclaimed_steps{{{labels}}} {n}");
+    }
 }

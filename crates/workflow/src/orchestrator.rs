@@ -22,9 +22,10 @@ use crate::log::{ensure_topic, Folded, Folder, LogConfig, Shared, Writer};
 use crate::machine::StepState;
 use crate::snapshot::{SnapshotConfig, SnapshotStats, Snapshotter};
 use crate::state::State;
+use crate::unclaimed::UNCLAIMED_WARN_MS;
 use embarcadero_client::Error;
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -158,6 +159,7 @@ impl Orchestrator {
             resumed: false,
             retry_for: cfg.retry_for,
             failover_ms: cfg.failover_ms,
+            warned_unclaimed: HashSet::new(),
         };
         let thread = std::thread::Builder::new()
             .name("orchestrator".into())
@@ -275,7 +277,8 @@ impl Engine {
         let admin = embarcadero_client::Admin::new(&self.log.control);
         let log_end = admin.describe_topic(&self.log.topic).ok();
         let state = self.shared.lock();
-        let mut text = crate::metrics::render(&state, log_end.map(|info| info.next_position));
+        let log_end = log_end.map(|info| info.next_position);
+        let mut text = crate::metrics::render(&state, log_end, now_ms());
         drop(state);
         text.push_str(&self.durability_metrics());
         text
@@ -365,6 +368,8 @@ struct Runtime {
     resumed: bool,
     retry_for: Option<Duration>,
     failover_ms: u64,
+    /// Enqueued attempts whose long wait for a worker was reported (once each).
+    warned_unclaimed: HashSet<StepRef>,
 }
 
 impl Runtime {
@@ -525,6 +530,7 @@ impl Runtime {
             worker_seen: &|w| seen.get(w).copied(),
         };
         let (events, wake) = decide(&self.engine.shared.lock(), &clock);
+        self.warn_unclaimed(now);
         let term = Some(self.engine.role.term.load(Ordering::Acquire));
         self.inflight
             .retain(|_, at| now.saturating_sub(*at) < INFLIGHT_MS);
@@ -536,6 +542,22 @@ impl Runtime {
         self.engine.writer().publish_all(fresh, term)?;
         let until_wake = wake.map_or(IDLE_POLL, |w| Duration::from_millis(w.saturating_sub(now)));
         Ok(until_wake.min(IDLE_POLL))
+    }
+}
+
+impl Runtime {
+    /// Warns once of each enqueued attempt no worker has claimed for
+    /// [`UNCLAIMED_WARN_MS`], and forgets those claimed (or gone) since.
+    fn warn_unclaimed(&mut self, now: u64) {
+        let state = self.engine.shared.lock();
+        let waiting = crate::unclaimed::unclaimed(&state, now, UNCLAIMED_WARN_MS);
+        let still: HashSet<&StepRef> = waiting.iter().map(|u| &u.at).collect();
+        self.warned_unclaimed.retain(|at| still.contains(at));
+        for u in &waiting {
+            if self.warned_unclaimed.insert(u.at.clone()) {
+                tracing::warn!("{}", crate::unclaimed::warning(u));
+            }
+        }
     }
 }
 
