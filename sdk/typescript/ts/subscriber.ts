@@ -413,7 +413,11 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
     });
   }
 
-  /** Continues from `from` (a position; `"start"`, the first message still retained; or `"end"`), discarding anything received and not yet handed out. */
+  /**
+   * Continues from `from` (a position; `"start"`, the first message still retained; or `"end"`),
+   * discarding anything received and not yet handed out. A position past the topic's end is not
+   * an error: delivery starts with the message published there, once it is.
+   */
   seek(from: From): Promise<void> {
     // No position ("start"): the native side goes to the first message still retained.
     const cursor = cursorOf(from) ?? {};

@@ -300,7 +300,11 @@ class Subscriber:
         self, timeout: Optional[float] = None, max_messages: Optional[int] = None
     ) -> List[Message]:
         """Every ready message (at least one unless ``timeout`` runs out)."""
-    def seek(self, position: Union[None, int, Sequence[int], Literal["start", "end"]]) -> None: ...
+    def seek(self, position: Union[None, int, Sequence[int], Literal["start", "end"]]) -> None:
+        """Continues from ``position`` (as ``start``), dropping what was read ahead. A
+        position past the topic's end is not an error: delivery starts with the message
+        published there, once it is. One no longer retained raises ``BrokerError``
+        (``PositionNotRetained``) at the next poll."""
     @property
     def position(self) -> Position:
         """Where the next message :meth:`poll` returns is."""
