@@ -303,8 +303,8 @@ class Subscriber:
     def seek(self, position: Union[None, int, Sequence[int], Literal["start", "end"]]) -> None:
         """Continues from ``position`` (as ``start``), dropping what was read ahead. A
         position past the topic's end is not an error: delivery starts with the message
-        published there, once it is. One no longer retained raises ``BrokerError``
-        (``PositionNotRetained``) at the next poll."""
+        published there, once it is. One no longer retained is a ``BrokerError``
+        (``PositionNotRetained``), naming the first position still there."""
     @property
     def position(self) -> Position:
         """Where the next message :meth:`poll` returns is."""
