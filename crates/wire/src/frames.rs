@@ -434,7 +434,8 @@ impl ErrorCode {
 }
 
 /// Body of a [`FrameKind::Error`] frame: `code u16 | retriable u8 | reserved u8 |
-/// text_len u32 | session_epoch u64 | text (UTF-8)`.
+/// text_len u32 | text (UTF-8) | session_epoch u64`. The trailing epoch came later (a
+/// receiver that reads only up to the text ignores it; a body without it reads 0).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ErrorFrame {
     pub code: ErrorCode,
@@ -449,19 +450,11 @@ pub struct ErrorFrame {
 }
 
 /// Bytes of an Error frame's body before its text.
-const ERROR_PREFIX_LEN: usize = 16;
+const ERROR_PREFIX_LEN: usize = 8;
+/// Bytes of an Error frame's body after its text: the session epoch.
+const ERROR_SUFFIX_LEN: usize = 8;
 
 impl ErrorFrame {
-    /// An error of `code` about batch `batch_seq` (or `u64::MAX`), with no session epoch.
-    pub fn new(code: ErrorCode, batch_seq: u64, message: String) -> Self {
-        Self {
-            code,
-            batch_seq,
-            session_epoch: 0,
-            message,
-        }
-    }
-
     /// Order 5: a SessionFenced error for the connection's `epoch`, everything below
     /// `hwm` committed, the session now at epoch `current` (at least `epoch`).
     pub fn session_fenced(epoch: u64, hwm: u64, current: u64) -> Self {
@@ -502,7 +495,7 @@ impl ErrorFrame {
             }
             text = &text[..cut];
         }
-        let body_len = ERROR_PREFIX_LEN + text.len();
+        let body_len = ERROR_PREFIX_LEN + text.len() + ERROR_SUFFIX_LEN;
         let mut b = Vec::with_capacity(FRAME_HEADER_LEN + body_len);
         b.extend_from_slice(
             &FrameHeader {
@@ -517,8 +510,8 @@ impl ErrorFrame {
         b.push(self.code.is_retriable() as u8);
         b.push(0);
         b.extend_from_slice(&(text.len() as u32).to_le_bytes());
-        b.extend_from_slice(&self.session_epoch.to_le_bytes());
         b.extend_from_slice(text);
+        b.extend_from_slice(&self.session_epoch.to_le_bytes());
         b
     }
 
@@ -549,10 +542,17 @@ impl ErrorFrame {
             }
             message.truncate(cut);
         }
+        // Absent from a broker that predates it: 0, "not said".
+        let after_text = ERROR_PREFIX_LEN + len;
+        let session_epoch = if body.len() >= after_text + ERROR_SUFFIX_LEN {
+            u64_at(body, after_text)
+        } else {
+            0
+        };
         Ok(Self {
             code,
             batch_seq: header.arg,
-            session_epoch: u64_at(body, 8),
+            session_epoch,
             message,
         })
     }
@@ -740,6 +740,25 @@ mod tests {
     }
 
     #[test]
+    fn an_error_body_that_ends_after_its_text_reads_session_epoch_0() {
+        let fence = ErrorFrame::session_fenced(3, 41, 5);
+        let mut bytes = fence.encode();
+        bytes.truncate(bytes.len() - ERROR_SUFFIX_LEN);
+        let body_len = (bytes.len() - FRAME_HEADER_LEN) as u32;
+        bytes[4..8].copy_from_slice(&body_len.to_le_bytes());
+        let h = FrameHeader::decode(&bytes, 1 << 16).unwrap();
+        let old = ErrorFrame::decode(&h, &bytes[FRAME_HEADER_LEN..]).unwrap();
+        assert_eq!(
+            old,
+            ErrorFrame {
+                session_epoch: 0,
+                ..fence
+            },
+            "a broker from before the field"
+        );
+    }
+
+    #[test]
     fn a_fence_carries_the_sessions_current_epoch() {
         for current in [3, 9] {
             let fence = ErrorFrame::session_fenced(3, 41, current);
@@ -835,7 +854,8 @@ mod tests {
             message: "x".repeat(MAX_ERROR_TEXT_LEN),
         }
         .encode();
-        frame[FRAME_HEADER_LEN + ERROR_PREFIX_LEN..].fill(0xff);
+        let text_end = frame.len() - ERROR_SUFFIX_LEN;
+        frame[FRAME_HEADER_LEN + ERROR_PREFIX_LEN..text_end].fill(0xff);
         let h = FrameHeader::decode(&frame, u32::MAX).unwrap();
         let e = ErrorFrame::decode(&h, &frame[FRAME_HEADER_LEN..]).unwrap();
         assert!(e.message.len() <= MAX_ERROR_TEXT_LEN, "{}", e.message.len());

@@ -298,12 +298,8 @@ const HELLO_OK_LAYOUT: Layout = &[
     ("first_retained", 32, 8),
 ];
 
-const ERROR_BODY_LAYOUT: Layout = &[
-    ("code", 0, 2),
-    ("retriable", 2, 1),
-    ("text_len", 4, 4),
-    ("session_epoch", 8, 8),
-];
+/// The Error body's fixed part; `session_epoch` follows the text (checked apart).
+const ERROR_BODY_LAYOUT: Layout = &[("code", 0, 2), ("retriable", 2, 1), ("text_len", 4, 4)];
 
 const BATCH_HEADER_LAYOUT: Layout = &[
     ("batch_seq", 0, 8),
@@ -724,12 +720,21 @@ fn check_positive(frame: &str, bytes: &[u8], limits: Limits, f: &Obj) {
             assert_bytes("error", &frame.encode(), bytes);
             let decoded = ErrorFrame::decode(&header, &bytes[FRAME_HEADER_LEN..]).unwrap();
             assert_eq!(decoded, frame);
-            check_layout(
-                &bytes[FRAME_HEADER_LEN..],
-                ERROR_BODY_LAYOUT,
-                body,
-                &[(16, 16 + text.len())],
+            let body_bytes = &bytes[FRAME_HEADER_LEN..];
+            let after_text = 8 + text.len();
+            let epoch =
+                u64::from_le_bytes(body_bytes[after_text..after_text + 8].try_into().unwrap());
+            assert_eq!(
+                epoch,
+                num(body, "session_epoch"),
+                "session_epoch after the text"
             );
+            assert_eq!(
+                body_bytes.len(),
+                after_text + 8,
+                "nothing after session_epoch"
+            );
+            check_layout(body_bytes, ERROR_BODY_LAYOUT, body, &[(8, after_text + 8)]);
         }
         "delivery_header" | "delivery" => {
             let full = frame == "delivery";

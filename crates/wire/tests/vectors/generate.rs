@@ -346,8 +346,8 @@ fn error_vector(name: &'static str, description: &str, frame: ErrorFrame) -> Vec
                 ("code_name", s(format!("{:?}", frame.code))),
                 ("retriable", n(frame.code.is_retriable() as u8)),
                 ("text_len", n(frame.message.len() as u64)),
-                ("session_epoch", n(frame.session_epoch)),
                 ("text", s(frame.message.clone())),
+                ("session_epoch", n(frame.session_epoch)),
             ]),
         ),
     ]);
