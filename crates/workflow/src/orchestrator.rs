@@ -160,6 +160,7 @@ impl Orchestrator {
             retry_for: cfg.retry_for,
             failover_ms: cfg.failover_ms,
             warned_unclaimed: HashSet::new(),
+            unclaimed_scanned_ms: 0,
         };
         let thread = std::thread::Builder::new()
             .name("orchestrator".into())
@@ -370,6 +371,9 @@ struct Runtime {
     failover_ms: u64,
     /// Enqueued attempts whose long wait for a worker was reported (once each).
     warned_unclaimed: HashSet<StepRef>,
+    /// When open tasks were last scanned for unclaimed attempts (at most once a second:
+    /// the scan walks every open task, as `decide` does, on the orchestrator's loop).
+    unclaimed_scanned_ms: u64,
 }
 
 impl Runtime {
@@ -549,6 +553,10 @@ impl Runtime {
     /// Warns once of each enqueued attempt no worker has claimed for
     /// [`UNCLAIMED_WARN_MS`], and forgets those claimed (or gone) since.
     fn warn_unclaimed(&mut self, now: u64) {
+        if now.saturating_sub(self.unclaimed_scanned_ms) < UNCLAIMED_SCAN_MS {
+            return;
+        }
+        self.unclaimed_scanned_ms = now;
         let state = self.engine.shared.lock();
         let waiting = crate::unclaimed::unclaimed(&state, now, UNCLAIMED_WARN_MS);
         let still: HashSet<&StepRef> = waiting.iter().map(|u| &u.at).collect();
@@ -560,6 +568,9 @@ impl Runtime {
         }
     }
 }
+
+/// How often [`Runtime::warn_unclaimed`] scans the open tasks.
+const UNCLAIMED_SCAN_MS: u64 = 1_000;
 
 /// Keeps the claim times of attempts still in progress only. An attempt leaves the table
 /// when its result, completion or expiry is folded (`observe`); one whose task ended
