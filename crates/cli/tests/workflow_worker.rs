@@ -363,6 +363,22 @@ fn worker_config(control: &str) -> WorkerConfig {
     }
 }
 
+/// A supervised worker stopped while its worker runs drains that worker and names it
+/// (`embarcadero worker` says so on SIGTERM); one stopped during a backoff names none
+/// (below).
+#[test]
+fn a_supervised_worker_stopped_while_it_runs_names_the_worker_it_drained() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start_with(dir.path(), &["--brokers", "1"]);
+    let report: Report = Arc::new(|_: &WorkerEvent| {});
+    let cfg = worker_config(&serve.control);
+    let policy = RestartPolicy::default();
+    let mut worker = SupervisedWorker::start(cfg, Registry::builtin(), policy, report).unwrap();
+    let id = worker.id();
+    worker.stop_and_drain().unwrap();
+    assert_eq!(worker.handle().drained(), Some(id));
+}
+
 /// A supervised worker whose server is SIGKILLed reports that it lost the log, then waits
 /// out its backoff (here ten minutes, longer than the hang guard: only a stop that does not
 /// wait for it lets the test end); a drain asked meanwhile returns without starting a new
@@ -395,6 +411,7 @@ fn a_stop_during_a_supervised_workers_backoff_returns_at_once_and_starts_no_new_
     worker.stop_and_drain().unwrap();
     assert!(worker.is_finished());
     assert_eq!(worker.id(), first, "no new worker");
+    assert_eq!(worker.handle().drained(), None, "no worker ran to drain");
     let after: Vec<_> = reports.try_iter().collect();
     assert!(after.is_empty(), "nothing started or drained: {after:?}");
 }

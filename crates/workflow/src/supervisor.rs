@@ -241,6 +241,9 @@ struct ControlState {
     stop: Option<Stop>,
     /// The current worker's id (the last one's while none runs).
     id: String,
+    /// The worker a drain stopped, once its drain has completed; `None` while none has,
+    /// and for good when the stop came while no worker ran (a restart's backoff).
+    drained: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,6 +264,13 @@ impl SupervisorHandle {
     /// See [`SupervisedWorker::id`].
     pub fn id(&self) -> String {
         self.0.state.lock().id.clone()
+    }
+
+    /// The worker whose drain completed (every result of the attempts it held is in
+    /// the log), if one did: `None` after a stop that came while no worker ran, as
+    /// during a restart's backoff (the lost worker's attempts go back after their lease).
+    pub fn drained(&self) -> Option<String> {
+        self.0.state.lock().drained.clone()
     }
 
     /// Begins the drain without waiting for it: no new worker starts, and the current
@@ -311,6 +321,7 @@ impl SupervisedWorker {
             state: Mutex::new(ControlState {
                 stop: None,
                 id: String::new(),
+                drained: None,
             }),
             changed: Condvar::new(),
         });
@@ -455,7 +466,9 @@ impl Supervision {
                     worker: &worker.id,
                     running: worker.running(),
                 });
-                worker.stop_and_drain()
+                worker.stop_and_drain()?;
+                self.control.state.lock().drained = Some(worker.id.clone());
+                Ok(())
             }
         }
     }

@@ -294,7 +294,7 @@ fn start_when_served<T>(
 /// exits at once (the attempts still running then go back after their lease): a
 /// handler may run for as long as its step's timeout.
 fn drain(mut worker: SupervisedWorker, stop: &std::sync::mpsc::Receiver<()>) -> CliResult {
-    let id = worker.id();
+    let (id, handle) = (worker.id(), worker.handle());
     let (tx, drained) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("drain".into())
@@ -305,7 +305,16 @@ fn drain(mut worker: SupervisedWorker, stop: &std::sync::mpsc::Receiver<()>) -> 
     loop {
         match drained.recv_timeout(Duration::from_millis(100)) {
             Ok(Ok(())) => {
-                eprintln!("workflow worker {id} drained: every result is in the log");
+                match handle.drained() {
+                    Some(id) => {
+                        eprintln!("workflow worker {id} drained: every result is in the log")
+                    }
+                    None => eprintln!(
+                        "workflow worker stopped while it waited to replace {id}, which had lost \
+                         the log: no worker ran to drain (the lost one's attempts go back to other \
+                         workers after their lease)"
+                    ),
+                }
                 return Ok(());
             }
             Ok(Err(e)) => return Err(format!("the worker failed while draining: {e}")),
