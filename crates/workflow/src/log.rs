@@ -136,10 +136,23 @@ impl Writer {
     /// sequencing, one replication, one delivery to each reader) instead of up to one
     /// per event ([`Publisher::publish_all`]). Nothing is published for no events.
     pub fn publish_all(&self, events: Vec<Event>, term: Option<u64>) -> Result<(), Error> {
+        self.publish_all_at(events, term, now_ms())
+    }
+
+    /// As [`Self::publish_all`], stamped `ts_ms`: the orchestrator stamps its decisions
+    /// with the clock it made them by, so that the audit trail's times agree with the
+    /// due times it computed from that clock (a retry `delay` after a failure shows as
+    /// entered `waiting_for_retry` at `t` and `enqueued` at `t + delay` or later, not a
+    /// millisecond early because the stamp was read after the decision).
+    pub fn publish_all_at(
+        &self,
+        events: Vec<Event>,
+        term: Option<u64>,
+        ts_ms: u64,
+    ) -> Result<(), Error> {
         if events.is_empty() {
             return Ok(());
         }
-        let ts_ms = now_ms();
         let encoded: Vec<Vec<u8>> = events
             .into_iter()
             .map(|event| encode(&Envelope { ts_ms, term, event }))

@@ -543,7 +543,7 @@ impl Runtime {
             .into_iter()
             .filter(|e| self.inflight.insert(key(e), now).is_none())
             .collect();
-        self.engine.writer().publish_all(fresh, term)?;
+        self.engine.writer().publish_all_at(fresh, term, now)?;
         let until_wake = wake.map_or(IDLE_POLL, |w| Duration::from_millis(w.saturating_sub(now)));
         Ok(until_wake.min(IDLE_POLL))
     }
