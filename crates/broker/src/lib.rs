@@ -16,6 +16,7 @@
 //! straight into the region), and one service thread that advances frontiers,
 //! reclaims memory and sends acknowledgements.
 
+mod epoch_open;
 mod fault;
 mod log_writer;
 mod net;

@@ -135,7 +135,7 @@ pub(crate) fn run<I: Inbound>(
     };
     let mut session = SessionView::new(topic, hello.client_id, hello.session_epoch, key_hash);
     if meta.order == 5 {
-        match join_session(shared, &hello, &mut session) {
+        match join_session(shared, &hello, topic, &mut session) {
             Ok(next_batch_seq) => ok.next_batch_seq = next_batch_seq,
             Err(refusal) => return refusal.into(),
         }
@@ -180,20 +180,41 @@ pub(crate) fn run<I: Inbound>(
 
 /// Order 5: whether the hello's connection may publish in its session, seen through
 /// `session`; if so, marks the session active and returns the batch to resend from (the
-/// HelloOk's `next_batch_seq`). A publisher that opens an epoch must supersede the
-/// session's current one (PROTOCOL.md section 8).
-fn join_session(shared: &Shared, hello: &Hello, session: &mut SessionView) -> Result<u64, Refusal> {
+/// HelloOk's `next_batch_seq`). A publisher that opens an epoch has the sequencer switch
+/// the session to it first (`epoch_open`); one that joins an epoch must be its opener
+/// (PROTOCOL.md section 8).
+fn join_session(
+    shared: &Shared,
+    hello: &Hello,
+    topic: u32,
+    session: &mut SessionView,
+) -> Result<u64, Refusal> {
+    if hello.session_epoch > u32::MAX as u64 {
+        return Err(Refusal::new(
+            ErrorCode::BadSession,
+            format!(
+                "session epoch {} is above {}, the largest the session table holds",
+                hello.session_epoch,
+                u32::MAX
+            ),
+        ));
+    }
     let status = session.status(&shared.region);
     if status.foreign_key {
         return Err(refuse_foreign_key(shared, hello.client_id));
     }
     session.touch(&shared.region, unix_ms());
-    let hwm = status.acked_hwm(hello.ack_level);
-    let opens = hello.flags & embarcadero_wire::PUBLISH_OPENS_EPOCH != 0;
-    if status.fenced || (opens && status.epoch >= hello.session_epoch) {
+    if hello.flags & embarcadero_wire::PUBLISH_OPENS_EPOCH != 0 {
+        return crate::epoch_open::open(shared, hello, topic, session);
+    }
+    if status.fenced {
+        let hwm = status.acked_hwm(hello.ack_level);
         return Err(session::fenced(hello.session_epoch, hwm, status.epoch));
     }
-    Ok(hwm)
+    if status.epoch == hello.session_epoch && !status.opened_by(hello.opener) {
+        return Err(crate::epoch_open::taken_over(hello, &status));
+    }
+    Ok(status.acked_hwm(hello.ack_level))
 }
 
 fn receive_batches<I: Inbound>(
@@ -718,7 +739,7 @@ pub(crate) fn refuse_foreign_key(shared: &Shared, client_id: u64) -> Refusal {
 /// Waits while the broker is above its high watermark or the log has no room, up to
 /// the backpressure timeout (or, when `may_refuse` is false, until memory frees up).
 /// `None` means the batch must be refused with BACKPRESSURE.
-fn reserve_with_backpressure(
+pub(crate) fn reserve_with_backpressure(
     shared: &Shared,
     writer: &crate::LogWriter,
     len: u64,
@@ -783,7 +804,7 @@ fn commit_void(shared: &Shared, topic: u32, r: &Reservation) {
 /// nothing may reclaim its slot: reclamation stops at the written frontier, which
 /// cannot pass an uncommitted slot. One load of the broker's own line and one of the
 /// slot's token, which the commit writes next.
-fn commit_reserved(shared: &Shared, topic: u32, r: &Reservation, h: &BatchHeader) {
+pub(crate) fn commit_reserved(shared: &Shared, topic: u32, r: &Reservation, h: &BatchHeader) {
     let (region, broker) = (&shared.region, shared.config.broker_id);
     let reclaimed = region
         .log(topic, broker)

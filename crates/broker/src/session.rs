@@ -31,6 +31,10 @@ pub struct SessionStatus {
     pub fenced: bool,
     /// The session's current epoch in the table (0: the sequencer has not seen it).
     pub epoch: u64,
+    /// The opener of `epoch` (`Hello::opener`); 0 when unknown, which matches any.
+    pub opener: u32,
+    /// The table marks `epoch` fenced (a gap at its head outlived the lease).
+    pub epoch_fenced: bool,
     /// The session ended while this connection was open: it was idle and its slot in
     /// the session table went to another session. Its marks are gone.
     pub expired: bool,
@@ -40,6 +44,12 @@ pub struct SessionStatus {
 }
 
 impl SessionStatus {
+    /// Whether `opener` may be the publisher that opened the session's current epoch:
+    /// the table names it, or does not know (0), or the hello does not say (0).
+    pub fn opened_by(&self, opener: u32) -> bool {
+        self.opener == 0 || opener == 0 || self.opener == opener
+    }
+
     /// Batches below this count as acknowledged at `ack_level`: committed, and for
     /// ack 2 also durable. A client resumes (after a fence or a reconnect) from here.
     pub fn acked_hwm(&self, ack_level: u8) -> u64 {
@@ -76,6 +86,8 @@ impl SessionView {
             durable_hwm: 0,
             fenced: false,
             epoch: 0,
+            opener: 0,
+            epoch_fenced: false,
             expired,
             foreign_key: false,
         };
@@ -107,6 +119,8 @@ impl SessionView {
             fenced: r.session_epoch > self.epoch
                 || (r.session_epoch == self.epoch && r.state == SessionState::Fenced),
             epoch: r.session_epoch,
+            opener: r.opener,
+            epoch_fenced: r.state == SessionState::Fenced,
             expired: false,
             foreign_key: r.key_hash != 0 && r.key_hash != self.key_hash,
         }
@@ -233,6 +247,7 @@ mod tests {
             state: SessionState::Open,
             client_id,
             session_epoch: 1,
+            opener: 0,
             committed_hwm,
             last_active_ms,
             opened_at: 0,

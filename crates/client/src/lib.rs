@@ -101,6 +101,20 @@ pub fn random_session_key() -> Result<[u8; embarcadero_wire::SESSION_KEY_LEN]> {
     Ok(key)
 }
 
+/// An order-5 publisher's opener (`Hello::opener`): 32 random bits, never 0 (which
+/// means "unknown" to a broker).
+pub(crate) fn random_opener() -> Result<u32> {
+    let mut bytes = [0u8; 4];
+    loop {
+        getrandom::fill(&mut bytes)
+            .map_err(|e| Error::Config(format!("cannot draw a session opener: {e}")))?;
+        let opener = u32::from_le_bytes(bytes);
+        if opener != 0 {
+            return Ok(opener);
+        }
+    }
+}
+
 /// A client id that is unique with overwhelming probability (time, pid, hasher seed).
 pub fn random_client_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};

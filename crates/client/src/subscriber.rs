@@ -383,6 +383,7 @@ impl Subscriber {
                 } else {
                     0
                 },
+                opener: 0,
             };
             match conn::open_sub(&addr, &hello, &extra, self.config.transport) {
                 Ok((stream, ok)) => {

@@ -195,6 +195,7 @@ const _: () = assert!(READERS_LINE_LEN >= WORD);
 // but for the last-active stamp, which brokers raise too.
 pub(crate) const S_STATE: u64 = 0;
 pub(crate) const S_CLIENT_ID: u64 = 8;
+/// The session epoch in the low 32 bits, the opener of that epoch in the high 32.
 pub(crate) const S_SESSION_EPOCH: u64 = 16;
 pub(crate) const S_COMMITTED_HWM: u64 = 24;
 pub(crate) const S_DURABLE_HWM: u64 = 32;

@@ -18,6 +18,13 @@ impl Region {
     /// one client's id with another's marks when the slot goes to another session.
     pub fn session_write(&self, topic: u32, slot: u32, s: &SessionRecord) {
         assert!(slot < SESSION_SLOTS, "session slot {slot} out of range");
+        // The epoch shares its word with the opener: brokers refuse larger epochs.
+        assert!(
+            s.session_epoch <= u32::MAX as u64,
+            "session epoch {} of client {} does not fit the table's 32 bits",
+            s.session_epoch,
+            s.client_id
+        );
         let base = self.layout.session_slot_off(topic, slot);
         let writes = (self.word(base + S_STATE).load(Ordering::Relaxed) >> 8).wrapping_add(1);
         // State 0 with the count: being rewritten (a free slot's word is all zero).
@@ -27,7 +34,7 @@ impl Region {
         self.word(base + S_CLIENT_ID)
             .store(s.client_id, Ordering::Relaxed);
         self.word(base + S_SESSION_EPOCH)
-            .store(s.session_epoch, Ordering::Relaxed);
+            .store(s.session_epoch | (s.opener as u64) << 32, Ordering::Relaxed);
         self.word(base + S_COMMITTED_HWM)
             .store(s.committed_hwm, Ordering::Relaxed);
         self.word(base + S_LAST_ACTIVE_MS)
@@ -67,10 +74,12 @@ impl Region {
                 std::hint::spin_loop();
                 continue;
             };
+            let epoch_word = self.word(base + S_SESSION_EPOCH).load(Ordering::Acquire);
             let rec = SessionRecord {
                 state,
                 client_id: self.word(base + S_CLIENT_ID).load(Ordering::Acquire),
-                session_epoch: self.word(base + S_SESSION_EPOCH).load(Ordering::Acquire),
+                session_epoch: epoch_word & u32::MAX as u64,
+                opener: (epoch_word >> 32) as u32,
                 committed_hwm: self.word(base + S_COMMITTED_HWM).load(Ordering::Acquire),
                 last_active_ms: self.word(base + S_LAST_ACTIVE_MS).load(Ordering::Acquire),
                 opened_at: self.word(base + S_OPENED_AT).load(Ordering::Acquire),

@@ -156,7 +156,12 @@ impl SessionState {
 pub struct SessionRecord {
     pub state: SessionState,
     pub client_id: u64,
+    /// The session's current epoch; at most `u32::MAX` (it shares its word with `opener`).
     pub session_epoch: u64,
+    /// The opener (`Hello::opener`) of the publisher that opened `session_epoch`
+    /// through an epoch-open slot; 0 when unknown (opened by a batch of an older
+    /// client, or rebuilt from disk), which any publisher of the session matches.
+    pub opener: u32,
     /// Every batch of the session with `batch_seq` below this is in the committed GOI.
     pub committed_hwm: u64,
     /// Wall-clock time (ms since the Unix epoch) the session was last active: raised by

@@ -426,6 +426,7 @@ fn a_session_slot_rewritten_for_another_client_never_reads_torn() {
             state: SessionState::Open,
             client_id: client,
             session_epoch: 10 + client,
+            opener: 0,
             committed_hwm: 100 * client + i,
             last_active_ms: 0,
             opened_at: client,

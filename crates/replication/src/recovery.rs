@@ -396,6 +396,7 @@ fn seed_sessions(region: &Region, topic: u32, replication_factor: u8, resume: &R
                 state: SessionState::Open,
                 client_id: *client_id,
                 session_epoch: m.epoch,
+                opener: 0,
                 committed_hwm: m.hwm,
                 // Not on disk: idle counts from the recovery.
                 last_active_ms: now_ms,

@@ -70,6 +70,7 @@ mod tests {
             state: SessionState::Open,
             client_id,
             session_epoch: 1,
+            opener: 0,
             committed_hwm: 0,
             last_active_ms: 1,
             opened_at: 0,

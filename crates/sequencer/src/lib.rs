@@ -27,13 +27,15 @@ pub mod lease;
 mod sessions;
 
 #[cfg(test)]
+mod epoch_open_tests;
+#[cfg(test)]
 mod model_tests;
 
 pub use lease::{Lease, LeaseError, LeaseState};
 
 use embarcadero_region::backoff::Backoff;
 use embarcadero_region::{GoiEntry, LogControl, Region, TopicMeta};
-use embarcadero_wire::BatchFlags;
+use embarcadero_wire::{BatchFlags, BatchHeader};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -205,6 +207,18 @@ trait Admit {
     /// Takes slot `pbr_index` of `broker` (`entry` is `None` for a void slot). Each
     /// broker's slots come in PBR order, none skipped.
     fn admit(&mut self, region: &Region, broker: u32, pbr_index: u64, entry: Option<GoiEntry>);
+
+    /// Takes slot `pbr_index` of `broker`, an epoch-open slot: void for every mode but
+    /// order 5's sessions.
+    fn open_epoch(
+        &mut self,
+        region: &Region,
+        broker: u32,
+        pbr_index: u64,
+        _open: sessions::EpochOpen,
+    ) {
+        self.admit(region, broker, pbr_index, None);
+    }
 }
 
 /// Order 2: per broker, the slots scanned and not yet sealed, in PBR order; an epoch
@@ -281,6 +295,12 @@ impl Scanner {
     /// Hands the slot at the cursor (`None`: void) to the topic's orderer.
     fn take<A: Admit>(&mut self, region: &Region, orderer: &mut A, entry: Option<GoiEntry>) {
         orderer.admit(region, self.broker, self.cursor, entry);
+        self.cursor += 1;
+    }
+
+    /// Hands the epoch-open slot at the cursor to the topic's orderer.
+    fn take_open<A: Admit>(&mut self, region: &Region, orderer: &mut A, open: sessions::EpochOpen) {
+        orderer.open_epoch(region, self.broker, self.cursor, open);
         self.cursor += 1;
     }
 }
@@ -505,6 +525,31 @@ struct Found {
     committed_ns: u128,
 }
 
+/// The epoch open a void slot flagged `EPOCH_OPEN` asks for, if it is one. Its epoch
+/// must fit the session table's 32 bits (brokers refuse larger ones at the hello): a
+/// slot that says otherwise is void, said in the log.
+fn epoch_open(topic: u32, broker: u32, h: &BatchHeader) -> Option<sessions::EpochOpen> {
+    if h.flags & BatchFlags::EPOCH_OPEN == 0 {
+        return None;
+    }
+    if h.session_epoch == 0 || h.session_epoch > u32::MAX as u64 {
+        tracing::error!(
+            topic,
+            broker,
+            pbr_index = h.pbr_index,
+            epoch = h.session_epoch,
+            "epoch-open slot names an epoch outside 1..=u32::MAX; taken as void"
+        );
+        return None;
+    }
+    Some(sessions::EpochOpen {
+        client_id: h.client_id,
+        epoch: h.session_epoch,
+        opener: h.batch_id as u32,
+        key_hash: h.session_key_hash,
+    })
+}
+
 impl ScanPass<'_> {
     /// Scans every broker's log of one topic into its orderer.
     fn scan_topic<A: Admit>(&mut self, line: &mut TopicLine, orderer: &mut A) {
@@ -540,6 +585,10 @@ impl ScanPass<'_> {
             );
             if valid {
                 self.note_found(h.committed_ns);
+            } else if let Some(open) = epoch_open(topic, s.broker, &h) {
+                s.take_open(region, orderer, open);
+                taken += 1;
+                continue;
             }
             let entry = valid.then_some(GoiEntry {
                 batch_id: h.batch_id,
@@ -1142,7 +1191,6 @@ mod tests {
     use embarcadero_region::{
         monotonic_ns, Capacities, TopicMeta, GOI_SESSION_START, SESSION_SLOTS,
     };
-    use embarcadero_wire::BatchHeader;
 
     pub(super) fn region(goi_slots: u64) -> (tempfile::TempDir, Arc<Region>) {
         let dir = tempfile::tempdir().unwrap();

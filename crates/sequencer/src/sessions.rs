@@ -62,6 +62,11 @@ pub(crate) struct Admitted {
 struct Session {
     slot: u32,
     epoch: u64,
+    /// The opener of `epoch` (`Hello::opener`), 0 when unknown (opened by a batch).
+    opener: u32,
+    /// An epoch opened while batches of the one before were admitted and not yet
+    /// committed: until they are, the table keeps showing the one before.
+    switch: Option<PendingSwitch>,
     /// Next sequence to admit.
     next_expected: u64,
     /// Every batch below this is in the committed GOI (what the table holds).
@@ -90,6 +95,26 @@ struct Session {
     dirty: bool,
 }
 
+/// What the table shows of a session while an epoch switch waits for the batches
+/// admitted before it to commit. A new opener is told the committed mark once the table
+/// holds its epoch, and numbers its batches from there: if the table showed the epoch
+/// before every earlier batch committed, the opener would number batches the old epoch
+/// still commits, and deduplication would drop the opener's as committed.
+#[derive(Debug)]
+struct PendingSwitch {
+    /// The epoch before the switch, its opener and whether it was fenced.
+    epoch: u64,
+    opener: u32,
+    fenced: bool,
+    /// The table shows the new epoch once the committed mark reaches this: the head
+    /// (`next_expected`) at the switch.
+    until: u64,
+    /// Epoch-open slots `(broker, pbr_index)` of the new epoch, kept outstanding until
+    /// the table shows it: their brokers take the ordered frontier passing their slot
+    /// with the table not holding the epoch for a refusal.
+    slots: Vec<(u32, u64)>,
+}
+
 impl Session {
     fn record(&self, client_id: u64) -> SessionRecord {
         // Only admitted batches commit: the durable mark never passes the head.
@@ -99,14 +124,25 @@ impl Session {
             self.committed_hwm,
             self.next_expected
         );
+        let (epoch, opener, fenced) = match &self.switch {
+            Some(p) => {
+                assert!(
+                    self.committed_hwm < p.until,
+                    "client {client_id}: a switch pending past its mark"
+                );
+                (p.epoch, p.opener, p.fenced)
+            }
+            None => (self.epoch, self.opener, self.fenced),
+        };
         SessionRecord {
-            state: if self.fenced {
+            state: if fenced {
                 SessionState::Fenced
             } else {
                 SessionState::Open
             },
             client_id,
-            session_epoch: self.epoch,
+            session_epoch: epoch,
+            opener,
             committed_hwm: self.committed_hwm,
             last_active_ms: self.last_active_ms,
             opened_at: self.opened_at,
@@ -135,6 +171,42 @@ impl Session {
             "admitted a foreign key"
         );
     }
+
+    /// Moves the session to a newer `epoch` opened by `opener` (0: by a batch): it
+    /// continues from the committed mark, its held batches are void (returned, to be
+    /// dropped), and the epoch before stops admitting. The table shows the new epoch
+    /// only once every batch admitted before the switch is committed.
+    fn switch_epoch(&mut self, epoch: u64, opener: u32) -> Vec<Admitted> {
+        assert!(epoch > self.epoch, "a session's epoch only grows");
+        if self.uncommitted > 0 {
+            let until = self.next_expected;
+            let p = self.switch.get_or_insert_with(|| PendingSwitch {
+                epoch: self.epoch,
+                opener: self.opener,
+                fenced: self.fenced,
+                until,
+                slots: Vec::new(),
+            });
+            p.until = until;
+        }
+        self.epoch = epoch;
+        self.opener = opener;
+        self.fenced = false;
+        self.next_expected = self.committed_hwm.max(self.next_expected);
+        self.gap_since = None;
+        self.dirty = true;
+        std::mem::take(&mut self.held).into_values().collect()
+    }
+}
+
+/// An epoch-open PBR slot (`BatchFlags::EPOCH_OPEN`): a broker asks for epoch `epoch`
+/// of `client_id`'s session for the publisher `opener`, presenting `key_hash`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EpochOpen {
+    pub client_id: u64,
+    pub epoch: u64,
+    pub opener: u32,
+    pub key_hash: u64,
 }
 
 /// Logs the 1st, 2nd, 4th, ... dropped batch of another key (`total` so far), so that a
@@ -252,6 +324,15 @@ impl Sessions {
                 !s.fenced || s.held.is_empty(),
                 "client {client}: fenced but holding"
             );
+            debug_assert!(
+                s.switch.as_ref().is_none_or(|p| p.until > s.committed_hwm
+                    && s.uncommitted > 0
+                    && p.epoch < s.epoch
+                    && p.slots
+                        .iter()
+                        .all(|&(b, i)| self.outstanding[b as usize].contains(&i))),
+                "client {client}: an epoch switch pending without batches to wait for: {s:?}"
+            );
             debug_assert_eq!(
                 waiting.remove(&client).unwrap_or(0),
                 s.uncommitted,
@@ -314,6 +395,8 @@ impl Sessions {
             let session = Session {
                 slot,
                 epoch: r.session_epoch,
+                opener: r.opener,
+                switch: None,
                 next_expected: r.committed_hwm,
                 committed_hwm: r.committed_hwm,
                 held: BTreeMap::new(),
@@ -410,7 +493,11 @@ impl Sessions {
             } else {
                 f.hwm.max(session.committed_hwm)
             };
-            session.epoch = session.epoch.max(f.epoch);
+            if f.epoch > session.epoch {
+                // Opened by a batch the table had not caught up with: by whom is unknown.
+                session.epoch = f.epoch;
+                session.opener = 0;
+            }
             if session.key_hash == 0 && f.key_hash != 0 {
                 session.key_hash = f.key_hash;
                 session.dirty = true;
@@ -434,7 +521,12 @@ impl Sessions {
     /// new session at once, with a fresh durable mark, before any of its batches can
     /// commit: a successor sequencer, the replicas' worker and the brokers find it
     /// there, never the session that held the slot before.
-    fn open(&mut self, region: &Region, client_id: u64, epoch: u64) -> Option<&mut Session> {
+    fn open(
+        &mut self,
+        region: &Region,
+        client_id: u64,
+        (epoch, opener): (u64, u32),
+    ) -> Option<&mut Session> {
         assert!(
             !self.by_client.contains_key(&client_id),
             "client {client_id} already has a session"
@@ -454,6 +546,7 @@ impl Sessions {
         );
         let session = self.open_in(client_id, epoch, slot)?;
         session.opened_at = opened_at;
+        session.opener = opener;
         session.starts = true;
         region
             .sequencer_topic(topic)
@@ -473,6 +566,8 @@ impl Sessions {
         Some(self.by_client.entry(client_id).or_insert(Session {
             slot,
             epoch,
+            opener: 0,
+            switch: None,
             next_expected: 0,
             committed_hwm: 0,
             held: BTreeMap::new(),
@@ -633,6 +728,16 @@ impl Sessions {
         s.last_goi = Some(goi);
         s.uncommitted -= 1;
         s.dirty = true;
+        if s.switch
+            .as_ref()
+            .is_some_and(|p| s.committed_hwm >= p.until)
+        {
+            let p = s.switch.take().expect("checked above");
+            for (broker, pbr_index) in p.slots {
+                let was_outstanding = self.outstanding[broker as usize].remove(&pbr_index);
+                assert!(was_outstanding, "an epoch-open slot held for its switch");
+            }
+        }
     }
 
     /// Writes changed sessions to the region's table.
@@ -685,6 +790,15 @@ impl Sessions {
 }
 
 impl crate::Admit for Sessions {
+    fn open_epoch(&mut self, region: &Region, broker: u32, pbr_index: u64, open: EpochOpen) {
+        assert!(
+            pbr_index >= self.last_ordered[broker as usize],
+            "PBR slot {pbr_index} of broker {broker} scanned below its ordered frontier {}",
+            self.last_ordered[broker as usize]
+        );
+        self.take_epoch_open(region, broker, pbr_index, open);
+    }
+
     /// Takes one scanned PBR slot (`entry` is `None` for a void slot).
     fn admit(&mut self, region: &Region, broker: u32, pbr_index: u64, entry: Option<GoiEntry>) {
         let Some(entry) = entry else {
@@ -723,17 +837,7 @@ impl Sessions {
     /// Counts the session active.
     fn admissible(&mut self, region: &Region, b: &Admitted) -> bool {
         let entry = b.entry;
-        if !self.by_client.contains_key(&entry.client_id)
-            && self
-                .open(region, entry.client_id, entry.session_epoch)
-                .is_none()
-        {
-            tracing::error!(
-                topic = self.topic,
-                client = entry.client_id,
-                "all {SESSION_SLOTS} order-5 session slots hold sessions active in the last {} s; batch dropped",
-                self.idle_evict_ms / 1000
-            );
+        if !self.has_or_opens(region, entry.client_id, (entry.session_epoch, 0)) {
             return false;
         }
         let now_ms = self.now_ms;
@@ -752,6 +856,65 @@ impl Sessions {
             || (entry.session_epoch == session.epoch && !session.fenced)
     }
 
+    /// Whether `client_id` has a session, opening it at `(epoch, opener)` if not; a
+    /// session that finds no table slot is refused, said in the log.
+    fn has_or_opens(&mut self, region: &Region, client_id: u64, opening: (u64, u32)) -> bool {
+        if self.by_client.contains_key(&client_id)
+            || self.open(region, client_id, opening).is_some()
+        {
+            return true;
+        }
+        tracing::error!(
+            topic = self.topic,
+            client = client_id,
+            "all {SESSION_SLOTS} order-5 session slots hold sessions active in the last {} s; batch or epoch open dropped",
+            self.idle_evict_ms / 1000
+        );
+        false
+    }
+
+    /// Takes an epoch-open slot: a newer epoch switches the session to it (opening the
+    /// session if it has none), binding an unbound session to the opener's key. The slot
+    /// is void; it stays outstanding while the switch waits for earlier batches to commit,
+    /// and so does one of the same epoch and opener meanwhile (another connection of the
+    /// same publisher), so that no broker takes the frontier passing its slot before the
+    /// table shows the epoch for a refusal. Any other open changes nothing: its broker
+    /// refuses the hello from what the table shows.
+    fn take_epoch_open(&mut self, region: &Region, broker: u32, pbr_index: u64, open: EpochOpen) {
+        self.dirty = true;
+        if !self.has_or_opens(region, open.client_id, (open.epoch, open.opener)) {
+            return;
+        }
+        let session = self
+            .by_client
+            .get_mut(&open.client_id)
+            .expect("opened above");
+        if !session.accepts_key(open.key_hash) {
+            self.key_mismatches += 1;
+            self.key_mismatches_total += 1;
+            return;
+        }
+        session.last_active_ms = self.now_ms;
+        let mut dropped = Vec::new();
+        if open.epoch > session.epoch {
+            dropped = session.switch_epoch(open.epoch, open.opener);
+        }
+        if open.epoch == session.epoch && open.opener == session.opener {
+            session.bind_key(open.key_hash);
+            if let Some(p) = &mut session.switch {
+                p.slots.push((broker, pbr_index));
+                let fresh = self.outstanding[broker as usize].insert(pbr_index);
+                assert!(
+                    fresh,
+                    "PBR slot {pbr_index} of broker {broker} scanned twice"
+                );
+            }
+        }
+        for b in &dropped {
+            self.drop_batch(b);
+        }
+    }
+
     /// Puts an admissible batch in its session's place: admitted to `ready` (with the
     /// held successors it frees) when it is the next one, held when it is ahead within
     /// the window. Returns the batches to drop: `b` itself when it is a duplicate, late
@@ -764,14 +927,8 @@ impl Sessions {
             .expect("admissible: the session exists");
         let mut dropped = Vec::new();
         if b.entry.session_epoch > session.epoch {
-            // The client reopened after a fence: a new epoch continues from the
-            // committed high-water mark; anything held from the old epoch is void.
-            session.epoch = b.entry.session_epoch;
-            session.fenced = false;
-            session.next_expected = session.committed_hwm.max(session.next_expected);
-            dropped.extend(std::mem::take(&mut session.held).into_values());
-            session.gap_since = None;
-            session.dirty = true;
+            // A batch of an epoch no epoch-open slot announced (an older client).
+            dropped.extend(session.switch_epoch(b.entry.session_epoch, 0));
         }
         if seq < session.next_expected
             || seq >= session.next_expected + window

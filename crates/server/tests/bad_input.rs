@@ -29,6 +29,7 @@ fn hello(topic: &str, role: Role, ack: u8) -> Hello {
         topic: topic.into(),
         session_key: [0; 16],
         flags: 0,
+        opener: 0,
     }
 }
 

@@ -7,7 +7,7 @@ use embarcadero_client::{
 };
 use embarcadero_wire::{
     message_stride, BatchHeader, BlogMessageHeader, ErrorCode, ErrorFrame, FrameHeader, FrameKind,
-    Hello, Role,
+    Hello, HelloOk, Role,
 };
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -176,7 +176,7 @@ fn a_fenced_session_reopens_by_itself_and_delivers_exactly_once() {
 
 /// Two publishers share one session (client id and key): the second, a restart of a
 /// program whose first run still lives, opens a newer epoch (not the first's, though
-/// both were configured with epoch 1), and the first then fails with SessionFenced
+/// both were configured with epoch 1), and the first then fails with SessionTakenOver
 /// instead of reopening into the second's epoch, where both would number batches from
 /// one counter and acknowledged batches of each would be dropped as duplicates. Every
 /// acknowledged message is in the log exactly once.
@@ -236,7 +236,7 @@ fn take_over(second_epoch: u64) {
         .find_map(Result::err)
         .or_else(|| first.flush().err())
         .expect("the first publisher was taken over: nothing more of it is acknowledged");
-    assert_eq!(error.code(), Some(ErrorCode::SessionFenced), "{error}");
+    assert_eq!(error.code(), Some(ErrorCode::SessionTakenOver), "{error}");
     assert!(
         error.to_string().contains("took this order-5 session over"),
         "{error}"
@@ -255,6 +255,89 @@ fn take_over(second_epoch: u64) {
         .map(|m| String::from_utf8(m.payload).unwrap())
         .collect();
     assert_eq!(got, acknowledged);
+}
+
+/// Two publishers of one session live at once: the first publishes without pause
+/// while the second opens its epoch and publishes. The second's epoch is switched to
+/// at its hello, after every batch the first had ordered, so no batch of the second
+/// takes a number the first used (which deduplication would drop and acknowledge):
+/// every message either acknowledged is in the log exactly once, in its publisher's
+/// order; of the first's last round (published, not acknowledged when it was taken
+/// over) each is there at most once; nothing else is.
+#[test]
+fn two_live_publishers_of_a_session_lose_no_acknowledged_message() {
+    const ROUND: usize = 4;
+    let t = common::start();
+    t.admin().create_topic(&TopicSpec::new("live", 5)).unwrap();
+    let config = PublisherConfig {
+        client_id: Some(4343),
+        session_key: Some(key_of(4343)),
+        ..session_config()
+    };
+    let (running, started) = std::sync::mpsc::channel();
+    let brokers = t.brokers();
+    let first_config = config.clone();
+    // Rounds of `ROUND` messages, each flushed: a round whose flush returned is
+    // acknowledged; the round that meets the takeover is not.
+    let first = std::thread::spawn(move || {
+        let p = Publisher::connect_brokers(&brokers, "live", first_config).unwrap();
+        let (mut acked, mut unsure) = (Vec::new(), Vec::new());
+        for round in 0..200_000 {
+            let batch: Vec<String> = (0..ROUND).map(|i| format!("first {round} {i}")).collect();
+            let sent = batch.iter().try_for_each(|m| p.publish(m.as_bytes()));
+            if sent.and_then(|()| p.flush()).is_err() {
+                unsure = batch;
+                break;
+            }
+            acked.extend(batch);
+            if round == 20 {
+                running.send(()).unwrap();
+            }
+        }
+        let error = p.close().expect_err("the first publisher was taken over");
+        assert_eq!(error.code(), Some(ErrorCode::SessionTakenOver), "{error}");
+        (acked, unsure)
+    });
+    started.recv().expect("the first publisher runs");
+    let second = Publisher::connect_brokers(&t.brokers(), "live", config).unwrap();
+    let mut second_acked = Vec::new();
+    for round in 0..50 {
+        for i in 0..ROUND {
+            let m = format!("second {round} {i}");
+            second.publish(m.as_bytes()).unwrap();
+            second_acked.push(m);
+        }
+        second.flush().unwrap();
+    }
+    second.close().unwrap();
+    let (first_acked, first_unsure) = first.join().unwrap();
+    let total = t.server.topic("live").unwrap().next_position as usize;
+    let got: Vec<String> = read(&t.brokers(), "live", total)
+        .into_iter()
+        .map(|m| String::from_utf8(m.payload).unwrap())
+        .collect();
+    let of = |prefix: &str| -> Vec<String> {
+        got.iter()
+            .filter(|m| m.starts_with(prefix))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        of("second "),
+        second_acked,
+        "the second publisher's messages"
+    );
+    let first_got = of("first ");
+    assert_eq!(
+        first_got[..first_acked.len().min(first_got.len())],
+        first_acked[..],
+        "the first publisher's acknowledged messages, in order and once each"
+    );
+    let rest = &first_got[first_acked.len()..];
+    assert!(
+        rest.len() <= first_unsure.len() && rest.iter().all(|m| first_unsure.contains(m)),
+        "beyond its acknowledged messages the log holds only the first's last round, once each: {rest:?}"
+    );
 }
 
 /// The sequencer is stopped and restarted again and again while sessions publish: no
@@ -342,6 +425,7 @@ fn raw_session_at(
             topic: topic.into(),
             session_key: key_of(client),
             flags: 0,
+            opener: 0,
         }
         .encode(),
     )
@@ -378,11 +462,83 @@ fn raw_keyed(
             topic: topic.into(),
             session_key: key,
             flags: 0,
+            opener: 0,
         }
         .encode(),
     )
     .unwrap();
     s
+}
+
+/// A publish hello of session `(client, epoch)` of topic "owned" on broker `broker`,
+/// with `flags` and `opener`: the connection and its HelloOk, or the broker's refusal.
+fn raw_open(
+    t: &common::TestServer,
+    broker: usize,
+    (client, epoch): (u64, u64),
+    flags: u8,
+    opener: u32,
+) -> Result<(TcpStream, HelloOk), ErrorFrame> {
+    let mut s = TcpStream::connect(&t.brokers()[broker]).unwrap();
+    let hello = Hello {
+        role: Role::Publish,
+        ack_level: 1,
+        client_id: client,
+        session_epoch: epoch,
+        start_position: 0,
+        connection_index: 0,
+        cursor_count: 0,
+        topic: "owned".into(),
+        session_key: key_of(client),
+        flags,
+        opener,
+    };
+    s.write_all(&hello.encode()).unwrap();
+    let (h, body) = common::next_frame(&mut s);
+    match h.kind {
+        FrameKind::HelloOk => Ok((s, HelloOk::decode(&body).unwrap())),
+        FrameKind::Error => Err(ErrorFrame::decode(&h, &body).unwrap()),
+        other => panic!("a {other:?} frame before the HelloOk"),
+    }
+}
+
+/// An epoch belongs to the publisher that opened it (its opener): the opener's other
+/// connections join it, anyone else's hello for it is refused with SessionTakenOver,
+/// opening or not, so a publisher taken over cannot reopen into its successor's epoch;
+/// a newer epoch opened by another publisher fences the first one's connection.
+#[test]
+fn an_epoch_belongs_to_the_publisher_that_opened_it() {
+    const CLIENT: u64 = 5151;
+    let (first, second) = (0x0000_a11e_u32, 0x0000_b0b0_u32);
+    let opens = embarcadero_wire::PUBLISH_OPENS_EPOCH;
+    let t = common::start();
+    t.admin().create_topic(&TopicSpec::new("owned", 5)).unwrap();
+    let (mut opened, ok) = raw_open(&t, 0, (CLIENT, 1), opens, first).expect("opens epoch 1");
+    assert_eq!(ok.next_batch_seq, 0);
+    let (_, rec) = t.server.region().session_find(0, CLIENT).unwrap();
+    assert_eq!((rec.session_epoch, rec.opener), (1, first), "{rec:?}");
+    raw_open(&t, 1, (CLIENT, 1), opens, first).expect("the opener's other connection joins");
+    let refusal = raw_open(&t, 1, (CLIENT, 1), opens, second).expect_err("another opener");
+    assert_eq!(
+        (refusal.code, refusal.session_epoch),
+        (ErrorCode::SessionTakenOver, 1),
+        "{refusal:?}"
+    );
+    raw_open(&t, 1, (CLIENT, 2), opens, second).expect("the second opens epoch 2");
+    for flags in [0, opens] {
+        let refusal = raw_open(&t, 0, (CLIENT, 2), flags, first).expect_err("not its epoch");
+        assert_eq!(
+            (refusal.code, refusal.session_epoch),
+            (ErrorCode::SessionTakenOver, 2),
+            "flags {flags}: {refusal:?}"
+        );
+    }
+    let fenced = error_frame(&mut opened);
+    assert_eq!(
+        (fenced.code, fenced.session_epoch),
+        (ErrorCode::SessionFenced, 2),
+        "{fenced:?}"
+    );
 }
 
 /// Reads frames until an error frame, which it returns.
@@ -494,6 +650,7 @@ fn a_reader_cannot_publish_as_another_clients_session() {
                 topic: "pay".into(),
                 session_key: [0xee; 16],
                 flags: 0,
+                opener: 0,
             }
             .encode(),
         )

@@ -338,6 +338,7 @@ impl RawChannel {
             topic: topic.into(),
             session_key: [0; 16],
             flags: 0,
+            opener: 0,
         };
         socket::send_hello(&sock, &hello.encode(), &fd).unwrap();
         let (h, _) = frame_from(&mut &sock);
@@ -1002,6 +1003,7 @@ impl RawFeed {
             topic: topic.into(),
             session_key: [0; 16],
             flags: 0,
+            opener: 0,
         };
         socket::send_hello(&sock, &hello.encode(), &page_fd).unwrap();
         let mut raw = [0u8; 16];

@@ -302,6 +302,7 @@ fn subscriber_hello(topic: &str) -> Vec<u8> {
         topic: topic.into(),
         session_key: [0; 16],
         flags: 0,
+        opener: 0,
     }
     .encode()
     .to_vec()

@@ -14,6 +14,12 @@ impl BatchFlags {
     /// The slot was reserved but its batch was abandoned (connection died mid-batch,
     /// backpressure timeout). Readers skip it; it still advances the ring.
     pub const VOID: u16 = 2;
+    /// With [`Self::VOID`]: the slot opens epoch `session_epoch` of client `client_id`'s
+    /// order-5 session for the publisher whose hello's opener is the low 32 bits of
+    /// `batch_id`, presenting `session_key_hash`. The broker writes it for a hello with
+    /// `PUBLISH_OPENS_EPOCH` and waits until the session table holds the epoch; the
+    /// sequencer switches the session on it. Readers skip it as any void slot.
+    pub const EPOCH_OPEN: u16 = 4;
 }
 
 /// Byte offsets inside a [`BatchHeader`]; the PBR accessors in the region crate use

@@ -45,14 +45,23 @@ pub struct Hello {
     /// Subscribe: [`SUBSCRIBE_FROM_FIRST_RETAINED`] or 0. Publish: [`PUBLISH_OPENS_EPOCH`]
     /// or 0.
     pub flags: u8,
+    /// Order-5 publish: 32 random bits the publisher draws when it starts, the same on
+    /// every hello it sends, so that a broker can tell the publisher that opened an
+    /// epoch from another one of the same session (PROTOCOL.md section 8). 0: unknown
+    /// (an older client), which matches any. 0 for other orders and roles.
+    pub opener: u32,
 }
 
-/// [`Hello::flags`] of an order-5 publish hello: this publisher has not published in the
-/// session yet and opens `session_epoch` as a new epoch of it. The broker refuses the
-/// hello with SessionFenced, carrying the session's current epoch, unless that is below
-/// `session_epoch`: a publisher that takes a session over (a restarted program) must
-/// supersede its previous owner, never join the owner's epoch, or both would number
-/// batches from the same counter and deduplication would drop acknowledged ones.
+/// [`Hello::flags`] of an order-5 publish hello: this publisher opens `session_epoch` as
+/// its own epoch of the session, at start or when it reopens after a fence. The broker
+/// has the sequencer switch the session to it (an epoch-open PBR slot) before answering,
+/// so the epoch belongs to one publisher (its [`Hello::opener`]) from the HelloOk on,
+/// whose `next_batch_seq` is then the session's committed mark: where the opener's
+/// numbering starts, past every batch of the epochs before. A session already at a newer
+/// epoch refuses the hello with SessionFenced, one whose `session_epoch` another
+/// publisher opened with SessionTakenOver, each carrying the session's current epoch:
+/// two publishers numbering batches in one epoch would have deduplication drop
+/// acknowledged ones.
 pub const PUBLISH_OPENS_EPOCH: u8 = 1;
 
 /// [`Hello::flags`]: where a start position (or a per-broker cursor) is no
@@ -64,6 +73,9 @@ pub const SUBSCRIBE_FROM_FIRST_RETAINED: u8 = 1;
 /// Offset of [`Hello::flags`]: the first byte after the session key.
 pub const HELLO_FLAGS_OFFSET: usize = HELLO_SESSION_KEY_OFFSET + SESSION_KEY_LEN;
 const _: () = assert!(HELLO_FLAGS_OFFSET < HELLO_LEN);
+/// Offset of [`Hello::opener`]: the last four bytes of the hello.
+pub const HELLO_OPENER_OFFSET: usize = HELLO_LEN - 4;
+const _: () = assert!(HELLO_OPENER_OFFSET > HELLO_FLAGS_OFFSET);
 
 /// Offset of [`Hello::session_key`]: after the longest topic name, so it never overlaps it.
 pub const HELLO_SESSION_KEY_OFFSET: usize = 104;
@@ -89,6 +101,7 @@ impl Hello {
         b[HELLO_SESSION_KEY_OFFSET..HELLO_SESSION_KEY_OFFSET + SESSION_KEY_LEN]
             .copy_from_slice(&self.session_key);
         b[HELLO_FLAGS_OFFSET] = self.flags;
+        put_u32(&mut b, HELLO_OPENER_OFFSET, self.opener);
         b
     }
 
@@ -156,6 +169,7 @@ impl Hello {
                 .try_into()
                 .expect("16 bytes"),
             flags,
+            opener: u32_at(b, HELLO_OPENER_OFFSET),
         })
     }
 }
@@ -372,6 +386,12 @@ pub enum ErrorCode {
     /// a channel the broker maps (unsealed, wrong size or layout). Not retriable over
     /// shared memory; the same client may publish over TCP.
     ShmRefused = 25,
+    /// Order 5: another publisher of the session (same client id and key) opened the
+    /// epoch this hello asked for, or a newer one: it owns the session now. A publisher
+    /// starting up opens the next epoch above it; one that was publishing stops, for two
+    /// publishers numbering batches in one epoch would have acknowledged ones dropped as
+    /// duplicates. The frame's `session_epoch` is the session's current epoch.
+    SessionTakenOver = 26,
 }
 
 impl ErrorCode {
@@ -403,6 +423,7 @@ impl ErrorCode {
             23 => UnexpectedData,
             24 => TopicDeleted,
             25 => ShmRefused,
+            26 => SessionTakenOver,
             _ => return None,
         })
     }
@@ -677,6 +698,7 @@ mod tests {
             topic: "orders".into(),
             session_key: [0; 16],
             flags: 0,
+            opener: 0,
         }
     }
 

@@ -282,6 +282,7 @@ const HELLO_LAYOUT: Layout = &[
     ("session_key_lo", 104, 8),
     ("session_key_hi", 112, 8),
     ("flags", 120, 1),
+    ("opener", 124, 4),
 ];
 
 const HELLO_OK_LAYOUT: Layout = &[
@@ -422,6 +423,7 @@ fn hello_from(m: &Obj) -> (Hello, Vec<u64>) {
         topic,
         session_key: session_key_from(num(m, "session_key_lo"), num(m, "session_key_hi")),
         flags: int(m, "flags"),
+        opener: int(m, "opener"),
     };
     (hello, cursors)
 }

@@ -72,7 +72,7 @@ fn refuse_one_message(messages: &Bound<'_, PyAny>) -> PyResult<()> {
 /// one is full), ``client_id``, ``session_key`` (16 bytes) and ``session_epoch`` (order 5:
 /// pass the same client id and key to resume a session; the publisher opens an epoch above
 /// the session's current one, at least ``session_epoch``, and the one it supersedes fails
-/// with ``BrokerError`` code ``"SessionFenced"``), ``flush_timeout_ms``,
+/// with ``BrokerError`` code ``"SessionTakenOver"``), ``flush_timeout_ms``,
 /// ``failover`` (move a dead broker's unacknowledged batches to the live ones, resending
 /// exactly those not in the order), ``membership_refresh_ms``, ``max_joined_brokers``,
 /// ``slow_queue`` (fault injection: ``(queue, ms)``), ``transport`` (``"auto"``: shared

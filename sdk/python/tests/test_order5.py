@@ -58,7 +58,7 @@ def test_order5_sessions_are_fifo_across_brokers(server, topic_name):
 def test_a_second_publisher_of_a_session_takes_it_over(server, topic_name):
     """Two publishers with one client id and session key (a restarted program whose first
     run still lives): the second opens the next epoch, and the first stops with
-    SessionFenced instead of publishing beside it; every acknowledged message is read once."""
+    SessionTakenOver instead of publishing beside it; every acknowledged message is read once."""
     Admin(server.control).create_topic(topic_name, order=5)
     key = embarcadero.random_session_key()
     first = Publisher(server.control, topic_name, client_id=77, session_key=key)
@@ -71,7 +71,7 @@ def test_a_second_publisher_of_a_session_takes_it_over(server, topic_name):
         with pytest.raises(embarcadero.BrokerError) as taken:
             first.publish(b"late")
             first.flush()
-        assert taken.value.code == "SessionFenced"
+        assert taken.value.code == "SessionTakenOver"
         assert "took this order-5 session over" in str(taken.value)
         second.publish(b"second 1")
     got = read(Subscriber(server.control, topic_name), 4)

@@ -183,7 +183,7 @@ test("order 5: each session's messages keep their order across brokers", { timeo
 
 test("order 5: a second publisher of a session takes it over and the first stops", { timeout: 60_000 }, async () => {
   // One client id and session key in two live publishers (a restarted program whose first
-  // run still lives): the second opens the next epoch; the first fails with SessionFenced
+  // run still lives): the second opens the next epoch; the first fails with SessionTakenOver
   // instead of publishing beside it. Every acknowledged message is read once.
   const topic = topicName("o5takeover");
   await admin.createTopic(topic, { order: 5 });
@@ -197,7 +197,10 @@ test("order 5: a second publisher of a session takes it over and the first stops
   await second.flush();
   await assert.rejects(
     first.publish("late").then(() => first.flush()),
-    (e: unknown) => e instanceof BrokerError && /took this order-5 session over/.test(e.message),
+    (e: unknown) =>
+      e instanceof BrokerError &&
+      e.code === "SessionTakenOver" &&
+      /took this order-5 session over/.test(e.message),
   );
   await second.publish("second 1");
   await second.close();

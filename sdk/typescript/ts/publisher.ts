@@ -52,7 +52,7 @@ export interface PublisherOptions {
   /**
    * Order 5: the least session epoch to open, 1 or more (default: 1 for order-5 topics, else
    * none). A publisher always opens an epoch above the session's current one, so resuming a
-   * session supersedes its previous publisher, which then fails with `SessionFenced`.
+   * session supersedes its previous publisher, which then fails with `SessionTakenOver`.
    */
   sessionEpoch?: bigint;
   /** Longest `flush` wait (default 60 s). */

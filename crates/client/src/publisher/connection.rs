@@ -52,18 +52,33 @@ pub(super) enum Opened {
     SessionAt(u64),
 }
 
+/// Order 5: what a publisher's hello says of its session. Zero for other orders.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SessionHello {
+    /// The epoch the session is at for this publisher.
+    pub epoch: u64,
+    /// This publisher opens `epoch` (at start, or reopening after a fence), so a broker
+    /// that finds the session at or past it refuses (see [`Opened::SessionAt`]).
+    pub opens: bool,
+    /// The publisher's opener (`Hello::opener`).
+    pub opener: u32,
+}
+
 /// Opens the `threads_per_broker` connections of one broker with the publisher's hello,
-/// the same at start and when a broker joins later. `session_epoch`: order 5, the epoch
-/// the session is at; `opens`: this publisher opens it as a new epoch (at start), so a
-/// broker that finds the session at or past it refuses (see [`Opened::SessionAt`]).
+/// the same at start and when a broker joins later.
 pub(super) fn connect_broker(
     config: &PublisherConfig,
     client_id: u64,
     topic: &str,
-    (session_epoch, opens): (u64, bool),
+    session: SessionHello,
     process: Option<BrokerProcess>,
     addr: &str,
 ) -> Result<Opened> {
+    let SessionHello {
+        epoch: session_epoch,
+        opens,
+        opener,
+    } = session;
     assert!(
         !opens || session_epoch > 0,
         "only an order-5 session opens an epoch"
@@ -81,11 +96,18 @@ pub(super) fn connect_broker(
             topic: topic.to_string(),
             session_key: config.session_key.expect("drawn when the publisher starts"),
             flags: if opens { PUBLISH_OPENS_EPOCH } else { 0 },
+            opener,
         };
         let (stream, ok) =
             match conn::handshake_link(addr, &hello, config.transport, config.shm_ring_bytes)? {
                 conn::Handshake::Accepted(link, ok) => (link, ok),
-                conn::Handshake::Refused(e) if opens && e.code == ErrorCode::SessionFenced => {
+                conn::Handshake::Refused(e)
+                    if opens
+                        && matches!(
+                            e.code,
+                            ErrorCode::SessionFenced | ErrorCode::SessionTakenOver
+                        ) =>
+                {
                     return Ok(Opened::SessionAt(e.session_epoch.max(session_epoch)));
                 }
                 conn::Handshake::Refused(e) => return Err(conn::broker_error(addr, e)),

@@ -266,7 +266,11 @@ pub(super) fn add_broker(
         &inner.config,
         inner.client_id,
         &inner.topic,
-        (session_epoch, false),
+        SessionHello {
+            epoch: session_epoch,
+            opens: false,
+            opener: inner.session.as_ref().map_or(0, |s| s.opener),
+        },
         Some(process),
         addr,
     )?

@@ -153,8 +153,10 @@ impl Publisher {
         if config.session_key.is_none() {
             config.session_key = Some(crate::random_session_key()?);
         }
+        let opener = crate::random_opener()?;
         let connected;
-        (connected, config.session_epoch) = connect_all(&config, client_id, topic, brokers)?;
+        (connected, config.session_epoch) =
+            connect_all(&config, (client_id, opener), topic, brokers)?;
         let found = Found::of(connected.iter().map(|(_, ok)| ok));
         let first_seqs: Vec<u64> = connected.iter().map(|(_, ok)| ok.next_batch_seq).collect();
         let queues = Queues::new(
@@ -165,7 +167,7 @@ impl Publisher {
         let (membership_wake, membership_woken) = crossbeam_channel::bounded(1);
         let inner = Arc::new(Inner::new(
             config,
-            client_id,
+            (client_id, opener),
             topic,
             control,
             &found,
@@ -450,7 +452,7 @@ fn check_config(config: &PublisherConfig, brokers: usize, through_head: bool) ->
 /// Returns the queues with their HelloOks, and the epoch opened.
 fn connect_all(
     config: &PublisherConfig,
-    client_id: u64,
+    (client_id, opener): (u64, u32),
     topic: &str,
     brokers: &[(Option<BrokerProcess>, String)],
 ) -> Result<(Vec<(Queue, HelloOk)>, u64)> {
@@ -459,8 +461,12 @@ fn connect_all(
         let mut connected = Vec::new();
         let mut session_at = None;
         for (process, addr) in brokers {
-            let opens = epoch > 0;
-            match connect_broker(config, client_id, topic, (epoch, opens), *process, addr)? {
+            let session = SessionHello {
+                epoch,
+                opens: epoch > 0,
+                opener,
+            };
+            match connect_broker(config, client_id, topic, session, *process, addr)? {
                 Opened::Connected(queues) => connected.extend(queues),
                 Opened::SessionAt(current) => {
                     session_at = Some(current);
@@ -521,7 +527,7 @@ impl Found {
 impl Inner {
     fn new(
         config: PublisherConfig,
-        client_id: u64,
+        (client_id, opener): (u64, u32),
         topic: &str,
         control: Option<String>,
         found: &Found,
@@ -539,6 +545,7 @@ impl Inner {
                 epoch: AtomicU64::new(config.session_epoch),
                 fences: AtomicU64::new(0),
                 fenced_hwm: AtomicU64::new(found.session_start),
+                opener,
             }),
             config: PublisherConfig {
                 batch_bytes,

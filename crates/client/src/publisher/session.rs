@@ -10,8 +10,11 @@ pub(super) struct Session {
     pub(super) epoch: AtomicU64,
     /// Bumped on every fence; each sender reopens its connection when it changes.
     pub(super) fences: AtomicU64,
-    /// The highest committed high-water mark a fence reported.
+    /// The highest acknowledged mark a fence reported (at the publisher's ack level):
+    /// a reopen counts the batches below it as acknowledged.
     pub(super) fenced_hwm: AtomicU64,
+    /// The publisher's opener (`Hello::opener`), on every hello it sends.
+    pub(super) opener: u32,
 }
 
 impl Inner {
@@ -65,7 +68,7 @@ impl Inner {
     fn taken_over(&self, broker: &str, current: u64) -> Error {
         Error::Broker {
             broker: broker.to_string(),
-            code: ErrorCode::SessionFenced,
+            code: ErrorCode::SessionTakenOver,
             message: format!(
                 "another publisher took this order-5 session over: client id {} is at session epoch {current}, which this publisher never opened (two live publishers share the client id and session key, or a restart of this program opened it while this one still ran); this publisher stops, and its batches not yet acknowledged may or may not be in the log",
                 self.client_id
@@ -75,7 +78,7 @@ impl Inner {
 }
 
 /// Order 5, after a fence: opens the connection again with the session's new epoch,
-/// counts what the fence reported committed as acknowledged, and resends the rest of
+/// counts what the fences reported acknowledged as such, and resends the rest of
 /// this connection's unacknowledged batches in order (the sequencer drops any that turn
 /// out to be committed already, so each is delivered exactly once).
 pub(super) fn reopen(inner: &Inner, index: usize) -> Result<Link, Error> {
@@ -124,9 +127,12 @@ pub(super) fn reopen(inner: &Inner, index: usize) -> Result<Link, Error> {
     Ok(stream)
 }
 
-/// Opens queue `q`'s connection with the session's current epoch, taking a newer one
-/// when the broker reports this one fenced meanwhile (a few times at most). Returns the
-/// socket, its epoch and the committed high-water mark to resend from.
+/// Opens queue `q`'s connection with the session's current epoch (as its opener: the
+/// broker has the sequencer switch the session before answering, so no batch of another
+/// publisher can take this epoch's numbers), taking a newer one when the broker reports
+/// this one fenced meanwhile (a few times at most). Returns the socket, its epoch and
+/// the acknowledged mark to resend from. A session another publisher opened this epoch
+/// of, or a newer one, was taken over: that is the error returned.
 fn open_next_epoch(inner: &Inner, q: &Queue) -> Result<(Link, u64, u64), Error> {
     let session = inner.session.as_ref().expect("order-5 publisher");
     for _ in 0..=MAX_REFENCES {
@@ -144,16 +150,19 @@ fn open_next_epoch(inner: &Inner, q: &Queue) -> Result<(Link, u64, u64), Error> 
                 .config
                 .session_key
                 .expect("drawn when the publisher starts"),
-            flags: 0,
+            flags: PUBLISH_OPENS_EPOCH,
+            opener: session.opener,
         };
         let (transport, ring) = (inner.config.transport, inner.config.shm_ring_bytes);
         match conn::handshake_link(&q.broker, &hello, transport, ring)? {
             conn::Handshake::Accepted(stream, ok) => {
                 check_session_marks(inner, &q.broker, q.conn.acked.load(Ordering::Acquire), &ok)?;
-                let hwm = ok
-                    .next_batch_seq
-                    .max(session.fenced_hwm.load(Ordering::Acquire));
-                return Ok((stream, epoch, hwm));
+                // The HelloOk of an opening hello says what is committed, which at ack 2
+                // may be more than is acknowledged: the fences say that.
+                return Ok((stream, epoch, session.fenced_hwm.load(Ordering::Acquire)));
+            }
+            conn::Handshake::Refused(e) if e.code == ErrorCode::SessionTakenOver => {
+                return Err(inner.taken_over(&q.broker, e.session_epoch));
             }
             // Fenced again meanwhile: take the newer epoch and try again.
             conn::Handshake::Refused(e) if e.code == ErrorCode::SessionFenced => {

@@ -108,6 +108,7 @@ fn hello_j(h: &Hello, cursors: &[u64]) -> J {
             n(u64::from_le_bytes(h.session_key[8..].try_into().unwrap())),
         ),
         ("flags", n(h.flags)),
+        ("opener", n(h.opener)),
     ])
 }
 
@@ -369,6 +370,7 @@ fn vectors() -> Vec<Vector> {
         topic: "orders".into(),
         session_key: [0; 16],
         flags: 0,
+        opener: 0,
     };
     v.push(positive(
         "hello_publish",
@@ -390,6 +392,7 @@ fn vectors() -> Vec<Vector> {
         topic: "payments.eu-west_1".into(),
         session_key: *b"secret-key-16-by",
         flags: PUBLISH_OPENS_EPOCH,
+        opener: 0x0a0b_0c0d,
     };
     v.push(positive(
         "hello_publish_session",
@@ -397,8 +400,9 @@ fn vectors() -> Vec<Vector> {
         "Publisher hello for an order-5 topic: ack level 2 (durable), session epoch 3, \
          connection index 0, topic \"payments.eu-west_1\" (uses every allowed punctuation), \
          session key \"secret-key-16-by\" (16 bytes at offset 104; a real client draws it at random), \
-         flags 1 (PUBLISH_OPENS_EPOCH: a publisher's first hello, refused with SessionFenced \
-         unless the session is below epoch 3).",
+         flags 1 (PUBLISH_OPENS_EPOCH: the publisher opens epoch 3; refused with SessionFenced \
+         when the session is past it, SessionTakenOver when another opener holds it), opener \
+         0x0a0b0c0d (the last 4 bytes; drawn at random when the publisher starts).",
         None,
         hello_j(&hello_session, &[]),
         &hello_session.encode(),
@@ -414,6 +418,7 @@ fn vectors() -> Vec<Vector> {
         topic: "orders".into(),
         session_key: [0; 16],
         flags: 0,
+        opener: 0,
     };
     v.push(positive(
         "hello_subscribe",
@@ -452,6 +457,7 @@ fn vectors() -> Vec<Vector> {
         topic: "clicks".into(),
         session_key: [0; 16],
         flags: 0,
+        opener: 0,
     };
     let mut bytes = hello_cursors.encode().to_vec();
     for c in cursors {
