@@ -27,9 +27,11 @@ use std::time::{Duration, Instant};
 const OPEN_WAIT: Duration = Duration::from_secs(5);
 
 /// Opens the hello's epoch of its session, or joins it when this publisher (by its
-/// opener) opened it on another connection. Returns the session's committed mark: the
-/// batch the publisher numbers from. A session at a newer epoch, or at this one opened
-/// by another publisher, refuses the hello (`refusal`).
+/// opener) opened it on another connection. Returns the HelloOk's mark: for an opening
+/// hello the session's committed mark, the batch the publisher numbers from; for one
+/// that only joins (a publisher adding a broker after a fence raised its epoch) the
+/// acknowledged mark, as any join. A session at a newer epoch, or at this one opened by
+/// another publisher, refuses the hello.
 pub(crate) fn open(
     shared: &Shared,
     hello: &Hello,
@@ -54,14 +56,17 @@ fn settled(hello: &Hello, status: &SessionStatus) -> Option<Result<u64, Refusal>
         return None;
     }
     let hwm = status.acked_hwm(hello.ack_level);
+    let opens = hello.flags & embarcadero_wire::PUBLISH_OPENS_EPOCH != 0;
     Some(if status.epoch > epoch {
         Err(session::fenced(epoch, hwm, status.epoch))
     } else if !status.opened_by(hello.opener) {
         Err(taken_over(hello, status))
     } else if status.epoch_fenced {
         Err(session::fenced(epoch, hwm, status.epoch))
-    } else {
+    } else if opens {
         Ok(status.committed_hwm)
+    } else {
+        Ok(hwm)
     })
 }
 

@@ -204,7 +204,10 @@ fn join_session(
         return Err(refuse_foreign_key(shared, hello.client_id));
     }
     session.touch(&shared.region, unix_ms());
-    if hello.flags & embarcadero_wire::PUBLISH_OPENS_EPOCH != 0 {
+    // An epoch the table does not show yet is opened whatever the hello says: one that
+    // joined it unopened could publish beside another publisher that opens it.
+    let opens = hello.flags & embarcadero_wire::PUBLISH_OPENS_EPOCH != 0;
+    if opens || hello.session_epoch > status.epoch {
         return crate::epoch_open::open(shared, hello, topic, session);
     }
     if status.fenced {

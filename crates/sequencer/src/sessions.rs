@@ -874,12 +874,13 @@ impl Sessions {
     }
 
     /// Takes an epoch-open slot: a newer epoch switches the session to it (opening the
-    /// session if it has none), binding an unbound session to the opener's key. The slot
-    /// is void; it stays outstanding while the switch waits for earlier batches to commit,
-    /// and so does one of the same epoch and opener meanwhile (another connection of the
-    /// same publisher), so that no broker takes the frontier passing its slot before the
-    /// table shows the epoch for a refusal. Any other open changes nothing: its broker
-    /// refuses the hello from what the table shows.
+    /// session if it has none). An unbound session stays unbound: as before, the batch
+    /// that fills its head binds it (`bind_key`), so an open binds nothing. Any other
+    /// open changes nothing: its broker refuses the hello (or, for the opener's other
+    /// connections, joins) from what the table shows. The slot is void; while a switch
+    /// waits for earlier batches to commit it stays outstanding, as does every open
+    /// taken meanwhile, so that no broker sees the frontier pass its slot before the
+    /// table is current.
     fn take_epoch_open(&mut self, region: &Region, broker: u32, pbr_index: u64, open: EpochOpen) {
         self.dirty = true;
         if !self.has_or_opens(region, open.client_id, (open.epoch, open.opener)) {
@@ -899,16 +900,15 @@ impl Sessions {
         if open.epoch > session.epoch {
             dropped = session.switch_epoch(open.epoch, open.opener);
         }
-        if open.epoch == session.epoch && open.opener == session.opener {
-            session.bind_key(open.key_hash);
-            if let Some(p) = &mut session.switch {
-                p.slots.push((broker, pbr_index));
-                let fresh = self.outstanding[broker as usize].insert(pbr_index);
-                assert!(
-                    fresh,
-                    "PBR slot {pbr_index} of broker {broker} scanned twice"
-                );
-            }
+        // Held whatever it asked for: its broker answers from the table once the
+        // frontier passes the slot, and the table is not current before the switch is.
+        if let Some(p) = &mut session.switch {
+            p.slots.push((broker, pbr_index));
+            let fresh = self.outstanding[broker as usize].insert(pbr_index);
+            assert!(
+                fresh,
+                "PBR slot {pbr_index} of broker {broker} scanned twice"
+            );
         }
         for b in &dropped {
             self.drop_batch(b);

@@ -544,7 +544,10 @@ impl Inner {
                 next_seq: AtomicU64::new(found.session_start),
                 epoch: AtomicU64::new(config.session_epoch),
                 fences: AtomicU64::new(0),
-                fenced_hwm: AtomicU64::new(found.session_start),
+                // Every batch below the start is another publisher's (or an earlier
+                // run's): none of this one's is acknowledged yet.
+                fenced_hwm: AtomicU64::new(0),
+                opened: AtomicU64::new(config.session_epoch),
                 opener,
             }),
             config: PublisherConfig {

@@ -81,10 +81,11 @@ fn on_ack(inner: &Inner, conn: &ConnShared, count: u64) {
 }
 
 /// Order 5: after a fence the sender replaces the socket; follow it. `None` when there
-/// is no session, or no new socket came within 5 s of stream generation `generation`.
+/// is no session, or no new socket came within `REOPEN_WAIT` of stream generation
+/// `generation`.
 fn next_stream(inner: &Inner, q: &Queue, generation: u64) -> Option<Followed> {
     inner.session.as_ref()?;
-    if !inner.wait_until(Duration::from_secs(5), || {
+    if !inner.wait_until(REOPEN_WAIT, || {
         q.stream_gen.load(Ordering::Acquire) != generation
     }) {
         return None;
@@ -94,6 +95,11 @@ fn next_stream(inner: &Inner, q: &Queue, generation: u64) -> Option<Followed> {
     let stream = q.stream.lock().try_clone().ok()?;
     Some((generation, epoch, stream))
 }
+
+/// How long the ack reader waits for the sender to reopen its connection: a broker may
+/// hold an opening hello up to 5 s while the sequencer switches the session's epoch,
+/// and a reopen may meet a newer fence and open again.
+const REOPEN_WAIT: Duration = Duration::from_secs(20);
 
 /// Reading from the connection failed with `e`: the socket to follow if it was replaced,
 /// else `None` once the reader is done (the publisher closed, a failover started, or

@@ -10,9 +10,13 @@ pub(super) struct Session {
     pub(super) epoch: AtomicU64,
     /// Bumped on every fence; each sender reopens its connection when it changes.
     pub(super) fences: AtomicU64,
-    /// The highest acknowledged mark a fence reported (at the publisher's ack level):
-    /// a reopen counts the batches below it as acknowledged.
+    /// The highest acknowledged mark a fence reported (at the publisher's ack level)
+    /// while the session was at an epoch this publisher opened: a reopen counts the
+    /// batches below it as acknowledged.
     pub(super) fenced_hwm: AtomicU64,
+    /// The newest epoch this publisher has opened (a broker answered its opening
+    /// hello); `epoch` may be one above while a reopen is under way.
+    pub(super) opened: AtomicU64,
     /// The publisher's opener (`Hello::opener`), on every hello it sends.
     pub(super) opener: u32,
 }
@@ -36,11 +40,14 @@ impl Inner {
         let Some(session) = &self.session else {
             return Ok(());
         };
-        let opened = session.epoch.load(Ordering::Acquire);
-        if current > opened {
+        if current > session.epoch.load(Ordering::Acquire) {
             return Err(self.taken_over(broker, current));
         }
-        session.fenced_hwm.fetch_max(hwm, Ordering::AcqRel);
+        // A mark read at an epoch this publisher has not opened (yet) may count another
+        // publisher's batches: only a reopen that succeeds can tell, so it is not kept.
+        if current <= session.opened.load(Ordering::Acquire) {
+            session.fenced_hwm.fetch_max(hwm, Ordering::AcqRel);
+        }
         if session
             .epoch
             .compare_exchange(
@@ -157,6 +164,7 @@ fn open_next_epoch(inner: &Inner, q: &Queue) -> Result<(Link, u64, u64), Error> 
         match conn::handshake_link(&q.broker, &hello, transport, ring)? {
             conn::Handshake::Accepted(stream, ok) => {
                 check_session_marks(inner, &q.broker, q.conn.acked.load(Ordering::Acquire), &ok)?;
+                session.opened.fetch_max(epoch, Ordering::AcqRel);
                 // The HelloOk of an opening hello says what is committed, which at ack 2
                 // may be more than is acknowledged: the fences say that.
                 return Ok((stream, epoch, session.fenced_hwm.load(Ordering::Acquire)));
