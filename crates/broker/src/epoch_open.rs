@@ -57,9 +57,17 @@ fn settled(hello: &Hello, status: &SessionStatus) -> Option<Result<u64, Refusal>
     }
     let hwm = status.acked_hwm(hello.ack_level);
     let opens = hello.flags & embarcadero_wire::PUBLISH_OPENS_EPOCH != 0;
+    // An opening hello joins only its own opener's epoch: one the table does not know
+    // the opener of (opener 0: a restarted server's, or opened by an older client) may
+    // be another live publisher's, so it opens the next one instead.
+    let owner = if opens && hello.opener != 0 {
+        status.opener == hello.opener
+    } else {
+        status.opened_by(hello.opener)
+    };
     Some(if status.epoch > epoch {
         Err(session::fenced(epoch, hwm, status.epoch))
-    } else if !status.opened_by(hello.opener) {
+    } else if !owner {
         Err(taken_over(hello, status))
     } else if status.epoch_fenced {
         Err(session::fenced(epoch, hwm, status.epoch))

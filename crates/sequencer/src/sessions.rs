@@ -874,8 +874,8 @@ impl Sessions {
     }
 
     /// Takes an epoch-open slot: a newer epoch switches the session to it (opening the
-    /// session if it has none). An unbound session stays unbound: as before, the batch
-    /// that fills its head binds it (`bind_key`), so an open binds nothing. Any other
+    /// session if it has none), and an unbound session is bound to its opener's key
+    /// (the batch that fills an unbound head binds it otherwise, `place`). Any other
     /// open changes nothing: its broker refuses the hello (or, for the opener's other
     /// connections, joins) from what the table shows. The slot is void; while a switch
     /// waits for earlier batches to commit it stays outstanding, as does every open
@@ -899,6 +899,11 @@ impl Sessions {
         let mut dropped = Vec::new();
         if open.epoch > session.epoch {
             dropped = session.switch_epoch(open.epoch, open.opener);
+        }
+        if (open.epoch, open.opener) == (session.epoch, session.opener) {
+            // The opener owns the session from its hello: a stranger's batch 0 sent
+            // before the opener's own must not bind the session to the stranger's key.
+            session.bind_key(open.key_hash);
         }
         // Held whatever it asked for: its broker answers from the table once the
         // frontier passes the slot, and the table is not current before the switch is.

@@ -98,8 +98,8 @@ fn next_stream(inner: &Inner, q: &Queue, generation: u64) -> Option<Followed> {
 
 /// How long the ack reader waits for the sender to reopen its connection: a broker may
 /// hold an opening hello up to 5 s while the sequencer switches the session's epoch,
-/// and a reopen may meet a newer fence and open again.
-const REOPEN_WAIT: Duration = Duration::from_secs(20);
+/// and a reopen may meet a newer fence and open again, up to six times.
+const REOPEN_WAIT: Duration = Duration::from_secs(40);
 
 /// Reading from the connection failed with `e`: the socket to follow if it was replaced,
 /// else `None` once the reader is done (the publisher closed, a failover started, or
