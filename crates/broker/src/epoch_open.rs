@@ -32,14 +32,15 @@ const OPEN_WAIT: Duration = Duration::from_secs(5);
 /// that only joins (a publisher adding a broker after a fence raised its epoch) the
 /// acknowledged mark, as any join. A session at a newer epoch, or at this one opened by
 /// another publisher, refuses the hello.
+/// `status`: the session as the hello found it.
 pub(crate) fn open(
     shared: &Shared,
     hello: &Hello,
     topic: u32,
     session: &mut SessionView,
+    status: &SessionStatus,
 ) -> Result<u64, Refusal> {
-    let status = session.status(&shared.region);
-    if let Some(verdict) = settled(hello, &status) {
+    if let Some(verdict) = settled(hello, status) {
         return verdict;
     }
     let slot = commit_open_slot(shared, hello, topic)?;

@@ -208,7 +208,7 @@ fn join_session(
     // joined it unopened could publish beside another publisher that opens it.
     let opens = hello.flags & embarcadero_wire::PUBLISH_OPENS_EPOCH != 0;
     if opens || hello.session_epoch > status.epoch {
-        return crate::epoch_open::open(shared, hello, topic, session);
+        return crate::epoch_open::open(shared, hello, topic, session, &status);
     }
     if status.fenced {
         let hwm = status.acked_hwm(hello.ack_level);

@@ -225,6 +225,14 @@ fn warn_foreign_key(topic: u32, b: &Admitted, total: u64) {
     );
 }
 
+/// Why a batch or an epoch open has no session to join.
+enum NoSession {
+    /// The session table has no slot for a new session.
+    NoSlot,
+    /// The session is bound to another key than the one presented.
+    ForeignKey,
+}
+
 /// What the committed GOI says of one client id's latest session.
 struct Folded {
     hwm: u64,
@@ -837,23 +845,41 @@ impl Sessions {
     /// Counts the session active.
     fn admissible(&mut self, region: &Region, b: &Admitted) -> bool {
         let entry = b.entry;
-        if !self.has_or_opens(region, entry.client_id, (entry.session_epoch, 0)) {
-            return false;
+        let opening = (entry.session_epoch, 0);
+        match self.joinable(region, entry.client_id, opening, entry.session_key_hash) {
+            Ok(session) => {
+                entry.session_epoch > session.epoch
+                    || (entry.session_epoch == session.epoch && !session.fenced)
+            }
+            Err(NoSession::NoSlot) => false,
+            Err(NoSession::ForeignKey) => {
+                warn_foreign_key(self.topic, b, self.key_mismatches_total);
+                false
+            }
         }
-        let now_ms = self.now_ms;
-        let session = self
-            .by_client
-            .get_mut(&entry.client_id)
-            .expect("opened above");
-        if !session.accepts_key(entry.session_key_hash) {
+    }
+
+    /// The session of `client_id`, opened at `opening` (epoch, opener) if it has none,
+    /// when `key_hash` may be its key; counted active. A foreign key is counted in the
+    /// metrics, a missing table slot said in the log.
+    fn joinable(
+        &mut self,
+        region: &Region,
+        client_id: u64,
+        opening: (u64, u32),
+        key_hash: u64,
+    ) -> Result<&mut Session, NoSession> {
+        if !self.has_or_opens(region, client_id, opening) {
+            return Err(NoSession::NoSlot);
+        }
+        let session = self.by_client.get_mut(&client_id).expect("opened above");
+        if !session.accepts_key(key_hash) {
             self.key_mismatches += 1;
             self.key_mismatches_total += 1;
-            warn_foreign_key(self.topic, b, self.key_mismatches_total);
-            return false;
+            return Err(NoSession::ForeignKey);
         }
-        session.last_active_ms = now_ms;
-        entry.session_epoch > session.epoch
-            || (entry.session_epoch == session.epoch && !session.fenced)
+        session.last_active_ms = self.now_ms;
+        Ok(session)
     }
 
     /// Whether `client_id` has a session, opening it at `(epoch, opener)` if not; a
@@ -883,19 +909,10 @@ impl Sessions {
     /// table is current.
     fn take_epoch_open(&mut self, region: &Region, broker: u32, pbr_index: u64, open: EpochOpen) {
         self.dirty = true;
-        if !self.has_or_opens(region, open.client_id, (open.epoch, open.opener)) {
+        let opening = (open.epoch, open.opener);
+        let Ok(session) = self.joinable(region, open.client_id, opening, open.key_hash) else {
             return;
-        }
-        let session = self
-            .by_client
-            .get_mut(&open.client_id)
-            .expect("opened above");
-        if !session.accepts_key(open.key_hash) {
-            self.key_mismatches += 1;
-            self.key_mismatches_total += 1;
-            return;
-        }
-        session.last_active_ms = self.now_ms;
+        };
         let mut dropped = Vec::new();
         if open.epoch > session.epoch {
             dropped = session.switch_epoch(open.epoch, open.opener);
