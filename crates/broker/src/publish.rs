@@ -193,7 +193,7 @@ fn join_session(
         return Err(Refusal::new(
             ErrorCode::BadSession,
             format!(
-                "session epoch {} is above {}, the largest the session table holds",
+                "session epoch {} is above {}, the largest the session table holds; configure a smaller one (a publisher opens an epoch above the session's current one by itself)",
                 hello.session_epoch,
                 u32::MAX
             ),
