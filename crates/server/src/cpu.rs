@@ -100,6 +100,7 @@ mod tests {
         let line = "4242 (pub (send) 1) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 1 0";
         let (name, seconds) = parse_stat(line).unwrap();
         assert_eq!(name, "pub (send) 1");
+        // SAFETY: sysconf only reads a configuration value.
         let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
         assert_eq!(seconds, 300.0 / per_second);
     }
@@ -114,6 +115,7 @@ mod tests {
         let listed = std::thread::Builder::new()
             .name("broker9-probe".into())
             .spawn(|| {
+                // SAFETY: gettid takes nothing and cannot fail.
                 let me = unsafe { libc::gettid() } as u64;
                 thread_cpu_seconds().get(&me).map(|(name, _)| name.clone())
             })
@@ -128,6 +130,7 @@ mod tests {
     #[test]
     fn a_thread_that_ran_a_millisecond_shows_it() {
         let burned = std::thread::spawn(|| {
+            // SAFETY: gettid takes nothing and cannot fail.
             let me = unsafe { libc::gettid() } as u64;
             let before = thread_cpu_seconds()[&me].1;
             let start = std::time::Instant::now();
