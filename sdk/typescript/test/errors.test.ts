@@ -15,7 +15,9 @@ import {
   InvalidNameError,
   MessageTooLargeError,
   Publisher,
+  StepError,
   Subscriber,
+  Worker,
 } from "../ts/index";
 import type { PublisherOptions, SubscriberOptions } from "../ts/index";
 import { Server, topicName } from "./servers";
@@ -50,6 +52,40 @@ test("admin: create, list, describe, cluster, status, with the CLI's defaults", 
   assert.ok(cluster.maxMessageBytes > 0);
   assert.equal(typeof (await admin.status()), "object");
   await assert.rejects(admin.createTopic(topicName("x"), { rf: 2, memoryOnly: true }), ConfigError);
+});
+
+test("a misspelt option is refused by name, never silently ignored", { timeout: 30_000 }, async () => {
+  const topic = topicName("typo");
+  await admin.createTopic(topic, { memoryOnly: true });
+  const misspelt = (what: string, key: string, near: string) => (e: unknown) => {
+    assert.ok(e instanceof ConfigError, String(e));
+    assert.ok(e.message.startsWith(`${what}: unknown option "${key}" (did you mean "${near}"?)`), e.message);
+    return true;
+  };
+  // The durability option misspelt: without the check this publisher acknowledged at ack 1.
+  const typo = { control: server.control, ackLvel: 2 } as unknown as PublisherOptions;
+  await assert.rejects(Publisher.connect(topic, typo), misspelt("Publisher.connect", "ackLvel", "ackLevel"));
+  const slow = { control: server.control, slowQueue: { index: 0, msec: 5 } } as unknown as PublisherOptions;
+  await assert.rejects(Publisher.connect(topic, slow), (e: unknown) => e instanceof ConfigError && /"msec"/.test(e.message));
+  const form = { control: server.control, form: "end" } as unknown as SubscriberOptions;
+  await assert.rejects(Subscriber.connect(topic, form), misspelt("Subscriber.connect", "form", "from"));
+  const oder = { oder: 0 } as unknown as Parameters<Admin["createTopic"]>[1];
+  const notCreated = topicName("typo2");
+  await assert.rejects(admin.createTopic(notCreated, oder), misspelt("createTopic", "oder", "order"));
+  assert.throws(() => new Admin(server.control, { timeout: 5 } as never), misspelt("Admin", "timeout", "timeoutMs"));
+  // A name unlike any option gets the list of options without a guess.
+  await assert.rejects(
+    Publisher.connect(topic, { control: server.control, zzzzzz: 1 } as unknown as PublisherOptions),
+    (e: unknown) => e instanceof ConfigError && !/did you mean/.test(e.message) && /the options are control, /.test(e.message),
+  );
+  // Nothing was created by the refused calls, and correct options still work.
+  assert.throws(() => new StepError("no", { retriable: false } as never), misspelt("StepError", "retriable", "retryable"));
+  const worker = { control: server.control, concurency: 4 } as never;
+  await assert.rejects(Worker.start(worker), misspelt("Worker.start", "concurency", "concurrency"));
+  assert.ok(!(await admin.listTopics()).some((t) => t.name === notCreated));
+  const p = await Publisher.connect(topic, { control: server.control, ackLevel: 1, lingerMs: 0 });
+  await p.publish("ok");
+  await p.close();
 });
 
 test("deleteTopic tells a connected subscriber and frees the name", { timeout: 30_000 }, async () => {

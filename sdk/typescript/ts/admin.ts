@@ -2,6 +2,7 @@
 // (the Rust `Admin`); every request runs off the event loop and answers a Promise.
 import { native, Native } from "./native";
 import { ConfigError, settle } from "./errors";
+import * as check from "./options";
 
 /** The control plane's address when none is given: `EMBARCADERO_CONTROL`, else the server's default. */
 export function defaultControl(): string {
@@ -29,6 +30,24 @@ export interface CreateTopicOptions {
   /** Keep data on disk this many milliseconds (0: no limit; default: the server's). */
   retentionMs?: number;
 }
+
+/** Every name {@link CreateTopicOptions} has: anything else is refused as a misspelling. */
+const CREATE_TOPIC_OPTIONS: check.OptionNames<CreateTopicOptions> = {
+  order: true,
+  rf: true,
+  memoryOnly: true,
+  defaultAck: true,
+  retentionBytes: true,
+  retentionMs: true,
+};
+
+/** Options of the {@link Admin} client. */
+export interface AdminOptions {
+  /** Gives up on a request after this many milliseconds (default 20 s). */
+  timeoutMs?: number;
+}
+
+const ADMIN_OPTIONS: check.OptionNames<AdminOptions> = { timeoutMs: true };
 
 /** A topic as the control plane describes it. */
 export interface TopicInfo {
@@ -208,10 +227,11 @@ export class Admin {
 
   /**
    * @param control - The control plane's `host:port` or `http://` URL (default: `EMBARCADERO_CONTROL`, else `127.0.0.1:12140`).
-   * @param options.timeoutMs - Gives up on a request after this long (default 20 s).
+   * @param options - See {@link AdminOptions}; an unknown option is a {@link ConfigError}.
    */
-  constructor(control: string = defaultControl(), options: { timeoutMs?: number } = {}) {
-    this.#native = new native.NativeAdmin(control, options.timeoutMs);
+  constructor(control: string = defaultControl(), options: AdminOptions = {}) {
+    check.known("Admin", options, ADMIN_OPTIONS);
+    this.#native = new native.NativeAdmin(control, check.millis("timeoutMs", options.timeoutMs));
   }
 
   /**
@@ -219,6 +239,7 @@ export class Admin {
    * @throws {@link InvalidNameError} for a name the server would refuse; {@link AdminError} (409) if it exists.
    */
   async createTopic(name: string, options: CreateTopicOptions = {}): Promise<TopicInfo> {
+    check.known("createTopic", options, CREATE_TOPIC_OPTIONS);
     if (options.rf !== undefined && options.memoryOnly) {
       throw new ConfigError("give rf or memoryOnly, not both");
     }

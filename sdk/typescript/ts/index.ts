@@ -2,6 +2,7 @@
 // Rust client (crates/client). See README.md for a quickstart and the design notes.
 export { Admin, defaultControl, replicationFactor } from "./admin";
 export type {
+  AdminOptions,
   BrokerAddr,
   BrokerLogInfo,
   ClusterInfo,

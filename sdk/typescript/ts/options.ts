@@ -90,3 +90,66 @@ export function bytes(name: string, v: unknown, length: number): Buffer | undefi
   }
   return Buffer.from(v);
 }
+
+/**
+ * Every option name of an options type, written once: a `Record` over `keyof Required<T>`
+ * fails to compile when an option is added to `T` and not here, or named here and not in `T`.
+ */
+export type OptionNames<T> = Record<keyof Required<T>, true>;
+
+/**
+ * Refuses an options object with a key `names` does not list, so that a misspelt option
+ * (`ackLvel: 2`) is a ConfigError naming it and the closest known name, never silently
+ * ignored. `what` names the call in the message. Not an object (`null`, an array): refused.
+ */
+export function known<T>(what: string, options: unknown, names: OptionNames<T>): void {
+  if (options === undefined) return;
+  if (typeof options !== "object" || options === null || Array.isArray(options)) {
+    refuse(`${what} options`, options, "an object of named options");
+  }
+  const allowed = Object.keys(names);
+  for (const key of Object.keys(options)) {
+    if (!Object.hasOwn(names, key)) {
+      const near = closest(key, allowed);
+      const hint = near === undefined ? "" : ` (did you mean ${JSON.stringify(near)}?)`;
+      throw new ConfigError(
+        `${what}: unknown option ${JSON.stringify(key)}${hint}; the options are ${allowed.join(", ")}`,
+      );
+    }
+  }
+}
+
+/** The name in `names` nearest to `key` (case aside, at most a third of it edited), if any. */
+function closest(key: string, names: readonly string[]): string | undefined {
+  let best: string | undefined;
+  let bestDistance = Math.max(1, Math.floor(key.length / 3)) + 1;
+  for (const name of names) {
+    const d = editDistance(key.toLowerCase(), name.toLowerCase());
+    if (d < bestDistance) [best, bestDistance] = [name, d];
+  }
+  return best;
+}
+
+/**
+ * Edit distance counting an insertion, a deletion, a substitution or a swap of two
+ * neighbours (`form` for `from`) as one edit (optimal string alignment).
+ */
+function editDistance(a: string, b: string): number {
+  // `rows[i][j]`: the distance from the first i characters of `a` to the first j of `b`.
+  const rows = Array.from({ length: a.length + 1 }, (_, i) =>
+    Array.from({ length: b.length + 1 }, (_, j) => (i === 0 ? j : j === 0 ? i : 0)),
+  );
+  const at = (i: number, j: number): number => rows[i]?.[j] ?? 0;
+  for (let i = 1; i <= a.length; i++) {
+    const row = rows[i] ?? [];
+    for (let j = 1; j <= b.length; j++) {
+      const same = a[i - 1] === b[j - 1];
+      let d = Math.min(at(i - 1, j) + 1, at(i, j - 1) + 1, at(i - 1, j - 1) + (same ? 0 : 1));
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) {
+        d = Math.min(d, at(i - 2, j - 2) + 1);
+      }
+      row[j] = d;
+    }
+  }
+  return at(a.length, b.length);
+}

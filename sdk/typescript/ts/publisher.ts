@@ -71,6 +71,34 @@ export interface PublisherOptions {
   transport?: Transport;
 }
 
+/** Every name {@link PublisherOptions} has: anything else is refused as a misspelling. */
+const PUBLISHER_OPTIONS: check.OptionNames<PublisherOptions> = {
+  control: true,
+  brokers: true,
+  ackLevel: true,
+  batchBytes: true,
+  lingerMs: true,
+  lingerBackstopMs: true,
+  threadsPerBroker: true,
+  queueDepth: true,
+  maxInflightBatches: true,
+  clientId: true,
+  sessionKey: true,
+  sessionEpoch: true,
+  flushTimeoutMs: true,
+  deflect: true,
+  slowQueue: true,
+  failover: true,
+  membershipRefreshMs: true,
+  maxJoinedBrokers: true,
+  transport: true,
+};
+
+const SLOW_QUEUE_OPTIONS: check.OptionNames<NonNullable<PublisherOptions["slowQueue"]>> = {
+  index: true,
+  ms: true,
+};
+
 /** Summary of a latency histogram, in microseconds. */
 export interface LatencySummary {
   /** Samples. */
@@ -255,6 +283,8 @@ export class Publisher implements AsyncDisposable {
    * @throws {@link BrokerError} (`UnknownTopic`) for a topic that does not exist; {@link ConnectError} when nothing answers.
    */
   static async connect(topic: string, options: PublisherOptions = {}): Promise<Publisher> {
+    check.known("Publisher.connect", options, PUBLISHER_OPTIONS);
+    check.known("Publisher.connect slowQueue", options.slowQueue, SLOW_QUEUE_OPTIONS);
     const o = options;
     const config: Native.NativePublisherConfig = {
       // Range checked by the native side, whose message names the levels that exist.

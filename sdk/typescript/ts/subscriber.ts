@@ -48,6 +48,17 @@ export interface SubscriberOptions {
   transport?: Transport;
 }
 
+/** Every name {@link SubscriberOptions} has: anything else is refused as a misspelling. */
+const SUBSCRIBER_OPTIONS: check.OptionNames<SubscriberOptions> = {
+  control: true,
+  brokers: true,
+  from: true,
+  clientId: true,
+  maxReconnects: true,
+  retryForMs: true,
+  transport: true,
+};
+
 /**
  * Positions `[from, to)` of an ordered topic (orders 2 and 5) that a subscriber asked to start
  * at the beginning found already reclaimed, and so started after (see {@link Subscriber.skipped}).
@@ -282,6 +293,7 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
    * @throws {@link BrokerError} (`UnknownTopic`) for a topic that does not exist.
    */
   static async connect(topic: string, options: SubscriberOptions = {}): Promise<Subscriber> {
+    check.known("Subscriber.connect", options, SUBSCRIBER_OPTIONS);
     const control = check.text("control", options.control) ?? defaultControl();
     const config: Native.NativeSubscriberConfig = {
       start: cursorOf(options.from),

@@ -10,6 +10,7 @@
 import { defaultControl } from "./admin";
 import { ConfigError, EmbarcaderoError, settle, translate } from "./errors";
 import { native, Native } from "./native";
+import * as check from "./options";
 
 /** A JSON value: what task inputs, initializations, results and cursors are. */
 export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
@@ -92,6 +93,12 @@ export interface StepErrorOptions {
   cause?: unknown;
 }
 
+const STEP_ERROR_OPTIONS: check.OptionNames<StepErrorOptions> = {
+  retryable: true,
+  retryAfterMs: true,
+  cause: true,
+};
+
 /**
  * Thrown by a handler to fail its attempt on its own terms: whether to retry, and after how
  * long. Any other thrown value is a retryable failure with the message `Name: message`
@@ -105,6 +112,7 @@ export class StepError extends Error {
   readonly retryAfterMs: number | undefined;
 
   constructor(message: string, options: StepErrorOptions = {}) {
+    check.known("StepError", options, STEP_ERROR_OPTIONS);
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
     const { retryable = true, retryAfterMs } = options;
     if (retryAfterMs !== undefined && !(Number.isSafeInteger(retryAfterMs) && retryAfterMs >= 0)) {
@@ -176,6 +184,19 @@ export interface WorkerOptions {
    */
   onRestart?: (event: WorkerRestart) => void;
 }
+
+const WORKER_OPTIONS: check.OptionNames<WorkerOptions> = {
+  control: true,
+  namespace: true,
+  handlers: true,
+  concurrency: true,
+  leaseMs: true,
+  topic: true,
+  ack: true,
+  rf: true,
+  retryForMs: true,
+  onRestart: true,
+};
 
 /**
  * What a worker reports as it rides out a server restart: its log lost, the worker is
@@ -367,6 +388,8 @@ export interface RunOptions {
   signal?: AbortSignal;
 }
 
+const RUN_OPTIONS: check.OptionNames<RunOptions> = { signal: true };
+
 /**
  * Runs step handlers for the engine: claims enqueued attempts of its namespaces whose
  * handler it has, runs them (at most `concurrency` at once) and publishes their results.
@@ -395,6 +418,7 @@ export class Worker {
 
   /** Connects to the log and starts working; resolves once connected (rejects if it cannot). */
   static async start(options: WorkerOptions = {}): Promise<Worker> {
+    check.known("Worker.start", options, WORKER_OPTIONS);
     const given = options.handlers;
     const handlers: Map<string, StepHandler> =
       given === undefined
@@ -457,6 +481,7 @@ export class Worker {
    * stayed lost for `retryForMs`.
    */
   async run(options: RunOptions = {}): Promise<void> {
+    check.known("Worker.run", options, RUN_OPTIONS);
     const { signal } = options;
     const abort = (): void => {
       this.close().catch(() => {}); // `run` reports the error below
