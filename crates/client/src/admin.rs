@@ -8,11 +8,57 @@ pub use embarcadero_api::{
 };
 use std::time::Duration;
 
+/// The base URL of a control plane given as `host:port`, an `http://` URL, or a bare
+/// port (`12140`: on this host, as `127.0.0.1:12140`; a number alone would otherwise be
+/// read as a host name, an IPv4 address in decimal, and reach some other machine's port
+/// 80). The admin and workflow clients both take their address through it.
+pub fn control_url(control: &str) -> String {
+    let control = control.trim().trim_end_matches('/');
+    if control.starts_with("http://") {
+        control.to_string()
+    } else if !control.is_empty() && control.bytes().all(|b| b.is_ascii_digit()) {
+        format!("http://127.0.0.1:{control}")
+    } else {
+        format!("http://{control}")
+    }
+}
+
 /// Client of the admin API at `host:port` (default `127.0.0.1:12140`).
 #[derive(Debug, Clone)]
 pub struct Admin {
     base: String,
     agent: ureq::Agent,
+}
+
+/// What to do about a request to the control plane that got no HTTP answer.
+pub fn unreachable_hint(e: &ureq::Error) -> &'static str {
+    match e.kind() {
+        ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns => {
+            "is `embarcadero serve` running? (its control API is the `control API` \
+             address of its serving line, default 127.0.0.1:12140; the CLI's --control, \
+             an SDK's control argument or EMBARCADERO_CONTROL name it)"
+        }
+        ureq::ErrorKind::InvalidUrl | ureq::ErrorKind::UnknownScheme => {
+            "give the control API as host:port (default 127.0.0.1:12140), a port on this \
+             host, or an http:// URL"
+        }
+        // Connected, but no HTTP answer came back: most often a broker's data port, else
+        // a server too busy to answer in time.
+        _ => {
+            "no HTTP answer came back: if that is a broker's port, it is not the admin \
+             API; use the control port from the `control API` of the serving line \
+             (default 12140)"
+        }
+    }
+}
+
+/// The message of an HTTP error without Embarcadero's error body: something else
+/// answered at `base`.
+pub fn not_the_admin_api(base: &str) -> String {
+    format!(
+        "no error text: is {base} the admin API of `embarcadero serve`? (the `control API` \
+         address of its serving line, default 127.0.0.1:12140)"
+    )
 }
 
 impl Admin {
@@ -23,11 +69,7 @@ impl Admin {
 
     /// Gives up on a request after `timeout` (the default is 20 s).
     pub fn with_timeout(control: &str, timeout: Duration) -> Self {
-        let base = if control.starts_with("http://") {
-            control.trim_end_matches('/').to_string()
-        } else {
-            format!("http://{}", control.trim_end_matches('/'))
-        };
+        let base = control_url(control);
         let agent = ureq::AgentBuilder::new().timeout(timeout).build();
         Self { base, agent }
     }
@@ -55,31 +97,14 @@ impl Admin {
                     .into_json::<serde_json::Value>()
                     .ok()
                     .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(String::from))
-                    .unwrap_or_else(|| "no error text".into());
+                    .unwrap_or_else(|| not_the_admin_api(&self.base));
                 Err(Error::Admin { status, message })
             }
-            Err(e) => {
-                let unreachable = matches!(
-                    e.kind(),
-                    ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns
-                );
-                let hint = if unreachable {
-                    "is `embarcadero serve` running? (its control API is the `control API` \
-                     address of its serving line, default 127.0.0.1:12140; the CLI's --control, \
-                     an SDK's control argument or EMBARCADERO_CONTROL name it)"
-                } else {
-                    // Connected, but no HTTP answer came back: most often a broker's data
-                    // port, else a server too busy to answer in time.
-                    "no HTTP answer came back: if that is a broker's port, it is not the admin \
-                     API; use the control port from the `control API` of the serving line \
-                     (default 12140)"
-                };
-                Err(Error::Connect {
-                    what: "the control plane",
-                    addr: self.base.clone(),
-                    message: format!("{e}; {hint}"),
-                })
-            }
+            Err(e) => Err(Error::Connect {
+                what: "the control plane",
+                addr: self.base.clone(),
+                message: format!("{e}; {}", unreachable_hint(&e)),
+            }),
         }
     }
 
@@ -237,5 +262,40 @@ mod tests {
             );
         }
         assert!(check_topic_name("orders").is_ok());
+    }
+
+    #[test]
+    fn a_control_address_may_be_host_port_a_url_or_a_port_of_this_host() {
+        assert_eq!(control_url("10.0.0.1:12140"), "http://10.0.0.1:12140");
+        assert_eq!(control_url("http://h:1/"), "http://h:1");
+        assert_eq!(control_url("31140"), "http://127.0.0.1:31140");
+        assert_eq!(control_url(" localhost:5 "), "http://localhost:5");
+    }
+
+    #[test]
+    fn an_http_answer_without_an_error_text_asks_whether_it_is_the_admin_api() {
+        // A plain HTTP server that is not Embarcadero's: a 404 without a JSON body.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let other = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut request = [0u8; 1024];
+            let _ = std::io::Read::read(&mut conn, &mut request);
+            let answer = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n";
+            std::io::Write::write_all(&mut conn, answer).unwrap();
+        });
+        let e = Admin::new(&addr.to_string()).list_topics().unwrap_err();
+        other.join().unwrap();
+        let text = e.to_string();
+        assert!(
+            text.contains("404") && text.contains("the admin API of"),
+            "{text}"
+        );
+        // An address that is no address says how to write one.
+        let e = Admin::new("127.0.0.1:99999").list_topics().unwrap_err();
+        assert!(
+            e.to_string().contains("give the control API as host:port"),
+            "{e}"
+        );
     }
 }

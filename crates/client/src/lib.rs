@@ -16,9 +16,10 @@ mod shm;
 mod subscriber;
 
 pub use admin::{
-    check_topic_name, Admin, BrokerAddr, BrokerLogInfo, BrokerRates, ClusterInfo, LocalBrokerStats,
-    MemberState, MemberView, RatesReport, ReaderLag, ReplicaError, SequencerLease, SequencerStats,
-    ServiceInfo, StatusReport, TopicHealth, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
+    check_topic_name, control_url, not_the_admin_api, unreachable_hint, Admin, BrokerAddr,
+    BrokerLogInfo, BrokerRates, ClusterInfo, LocalBrokerStats, MemberState, MemberView,
+    RatesReport, ReaderLag, ReplicaError, SequencerLease, SequencerStats, ServiceInfo,
+    StatusReport, TopicHealth, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
 };
 pub use cursor_fit::CursorMismatch;
 pub use delivery::SharedBatch;

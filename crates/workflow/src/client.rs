@@ -5,14 +5,25 @@ use embarcadero_client::MAX_REQUEST_BODY;
 use serde_json::{json, Value};
 use std::time::Duration;
 
+/// An answer of the workflow API that is an error, or no answer at all (`status` 0,
+/// `code` `unreachable`: nothing listening, or not the API).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{message} ({code}, HTTP {status})")]
 pub struct ApiError {
     pub status: u16,
     pub code: String,
     pub message: String,
 }
 
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.status {
+            0 => write!(f, "{} ({})", self.message, self.code),
+            status => write!(f, "{} ({}, HTTP {status})", self.message, self.code),
+        }
+    }
+}
+
+#[derive(Clone)]
 pub struct ApiClient {
     base: String,
     agent: ureq::Agent,
@@ -22,11 +33,7 @@ impl ApiClient {
     /// `addr`: host:port of the workflow API (or a full http:// URL): the control port,
     /// which forwards it, or the orchestrator's own.
     pub fn new(addr: &str) -> Self {
-        let base = if addr.starts_with("http://") {
-            addr.trim_end_matches('/').to_string()
-        } else {
-            format!("http://{addr}")
-        };
+        let base = embarcadero_client::control_url(addr);
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(Duration::from_secs(5))
             .build();
@@ -65,7 +72,8 @@ impl ApiClient {
         answer(self.agent.get(&url).call())
     }
 
-    /// `POST /v1/tasks` with Tasker's body.
+    /// `POST /v1/tasks` with Tasker's body: the new task, or the existing one with the
+    /// same identity.
     pub fn create_task(
         &self,
         namespace: &str,
@@ -74,17 +82,33 @@ impl ApiClient {
         context: Value,
         idempotency_key: Option<&str>,
     ) -> Result<Value, ApiError> {
+        self.submit_task(namespace, name, version, context, idempotency_key)
+            .map(|(task, _)| task)
+    }
+
+    /// [`Self::create_task`], and whether the task already existed (the API answers a
+    /// submission with the identity of an existing task with that task, 200, where a new
+    /// one is 201).
+    pub fn submit_task(
+        &self,
+        namespace: &str,
+        name: &str,
+        version: &str,
+        context: Value,
+        idempotency_key: Option<&str>,
+    ) -> Result<(Value, bool), ApiError> {
         let mut body =
             json!({"namespace": namespace, "name": name, "version": version, "context": context});
         if let Some(k) = idempotency_key {
             body["idempotency_key"] = json!(k);
         }
         check_body(body.to_string().len(), "task, with its context,")?;
-        answer(
-            self.agent
-                .post(&format!("{}/v1/tasks", self.base))
-                .send_json(body),
-        )
+        let sent = self
+            .agent
+            .post(&format!("{}/v1/tasks", self.base))
+            .send_json(body);
+        let existing = sent.as_ref().is_ok_and(|r| r.status() == 200);
+        answer(sent).map(|task| (task, existing))
     }
 
     /// `GET /v1/tasks/{uuid}`; with `wait_s` > 0, a long poll that answers once the
@@ -150,23 +174,35 @@ fn answer(r: Result<ureq::Response, ureq::Error>) -> Result<Value, ApiError> {
             .into_json()
             .map_err(|e| transport(format!("unreadable answer: {e}"))),
         Err(ureq::Error::Status(status, resp)) => {
+            let origin = origin(resp.get_url()).to_string();
             let body: Value = resp.into_json().unwrap_or(Value::Null);
-            Err(api_error(status, &body))
+            Err(api_error(status, &body, &origin))
         }
-        Err(e) => Err(transport(e.to_string())),
+        Err(e) => Err(transport(format!(
+            "{e}; {}",
+            embarcadero_client::unreachable_hint(&e)
+        ))),
     }
 }
 
-/// The error of an answer with `status` and `body`: the workflow API's
+/// The error of an answer from `origin` with `status` and `body`: the workflow API's
 /// `{"error":{"code","message"}}`, or the `{"error": message}` the HTTP layer itself
-/// answers with (a body over its limit, a malformed request) before the API sees it.
-fn api_error(status: u16, body: &Value) -> ApiError {
+/// answers with (a body over its limit, a malformed request) before the API sees it, or
+/// neither (something else answered).
+fn api_error(status: u16, body: &Value, origin: &str) -> ApiError {
     let error = &body["error"];
     if let Some(message) = error.as_str() {
         return ApiError {
             status,
             code: format!("http_{status}"),
             message: message.to_string(),
+        };
+    }
+    if !error.is_object() {
+        return ApiError {
+            status,
+            code: format!("http_{status}"),
+            message: embarcadero_client::not_the_admin_api(origin),
         };
     }
     let field = |k: &str| error[k].as_str().unwrap_or("").to_string();
@@ -193,6 +229,15 @@ fn check_body(len: usize, what: &str) -> Result<(), ApiError> {
     })
 }
 
+/// `http://host:port` of a URL (all of it if it has no path).
+fn origin(url: &str) -> &str {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    match url[after_scheme..].find('/') {
+        Some(i) => &url[..after_scheme + i],
+        None => url,
+    }
+}
+
 fn transport(message: String) -> ApiError {
     ApiError {
         status: 0,
@@ -208,15 +253,37 @@ mod tests {
     #[test]
     fn both_shapes_of_error_body_keep_their_message() {
         let api = json!({"error": {"code": "not_found", "message": "no task x"}});
-        let e = api_error(404, &api);
+        let e = api_error(404, &api, "http://h:1");
         assert_eq!(
             (e.code.as_str(), e.message.as_str()),
             ("not_found", "no task x")
         );
         let http = json!({"error": "request body of 70000 bytes; at most 65536 are accepted"});
-        let e = api_error(413, &http);
+        let e = api_error(413, &http, "http://h:1");
         assert_eq!(e.code, "http_413");
         assert!(e.message.contains("at most 65536"), "{e}");
+        // Something else answered (no body, or another shape): say so, naming the address.
+        let e = api_error(404, &Value::Null, "http://h:1");
+        assert_eq!(e.code, "http_404");
+        assert!(e.message.contains("is http://h:1 the admin API"), "{e}");
+    }
+
+    #[test]
+    fn the_origin_of_a_url_is_its_scheme_host_and_port() {
+        assert_eq!(origin("http://h:1/v1/tasks?page=1"), "http://h:1");
+        assert_eq!(origin("http://h:1"), "http://h:1");
+    }
+
+    #[test]
+    fn no_answer_says_so_without_an_http_status() {
+        let e = transport("connection refused".into());
+        assert_eq!(e.to_string(), "connection refused (unreachable)");
+        let e = ApiError {
+            status: 409,
+            code: "conflict".into(),
+            message: "m".into(),
+        };
+        assert_eq!(e.to_string(), "m (conflict, HTTP 409)");
     }
 
     #[test]
