@@ -501,7 +501,33 @@ fn linear_and_diamond_tasks_complete_with_the_right_results() {
         first["task_uuid"], again["task_uuid"],
         "the same idempotency key gives the same task"
     );
+    // The CLI says when a create found an existing task (same template and context).
+    let create = ["task", "create", "--namespace", "demo", "--name", "diamond"];
+    let args = [
+        &create[..],
+        &["--context", r#"{"even_number":8}"#, "--api", addr],
+    ]
+    .concat();
+    let (first, again) = (run_bin(&args), run_bin(&args));
+    assert!(!String::from_utf8_lossy(&first.stderr).contains("already existed"));
+    let note = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        note.contains("already existed") && note.contains("--idempotency-key"),
+        "{note}"
+    );
+    let uuid = |out: &std::process::Output| ok(out).split_whitespace().nth(1).map(str::to_string);
+    assert_eq!(uuid(&first), uuid(&again), "the same task");
     let e = api.get_task("no-such-task", 0).unwrap_err();
+    assert_eq!((e.status, e.code.as_str()), (404, "not_found"));
+    // A long poll for an unknown task is answered before its wait is over: 300 s asked,
+    // a deadline of 60 s (it held the whole wait before).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiting = api.clone();
+    std::thread::spawn(move || tx.send(waiting.get_task("no-such-task", 300)));
+    let answer = rx.recv_timeout(std::time::Duration::from_secs(60));
+    let e = answer
+        .expect("the long poll answered within 60 s")
+        .unwrap_err();
     assert_eq!((e.status, e.code.as_str()), (404, "not_found"));
 }
 
@@ -1643,6 +1669,17 @@ fn reads_back_through_the_cli(addr: &str, uuid: &str, t: &Value) {
         assert!(m["ts_ms"].as_u64() >= Some(created_ms), "timestamped: {m}");
     }
     assert_eq!(&cli_json(&["task", "get", uuid], addr), t);
+    // `task steps` prints each step's result, or its error, as `task get` does (it printed
+    // the last error's `null` for a step that had a result).
+    let printed = ok(&run_bin(&["task", "steps", uuid, "--api", addr]));
+    let with_results = t["steps"].as_array().unwrap().iter();
+    for s in with_results.filter(|s| !s["result"].is_null()) {
+        assert!(
+            printed.contains(&format!("result: {}", s["result"])),
+            "{printed}"
+        );
+    }
+    assert!(!printed.contains("null"), "{printed}");
     let listed = cli_json(&["task", "list", "--status", "complete"], addr);
     assert_eq!(listed["tasks"][0]["task_uuid"], json!(uuid), "{listed:#}");
     assert_eq!(listed["pagination"]["total_count"], 1, "{listed:#}");

@@ -353,16 +353,19 @@ impl Api {
             Some(Err(_)) => return Reply::error(400, "bad_request", "wait must be whole seconds"),
         };
         let deadline = Instant::now() + Duration::from_secs(wait_s);
-        // Only the task's end answers a long poll: woken by nothing before it.
+        // Only the task's end answers a long poll: woken by nothing before it. A task the
+        // orchestrator does not know cannot end: that is answered at once (`Some(None)`),
+        // not once the wait is over (a mistyped id held `task wait` for its whole timeout).
         let found = self
             .engine
             .shared
-            .wait_for_task_finished(uuid, deadline, |s| {
-                let t = s.tasks.get(uuid)?;
-                (wait_s == 0 || t.state.is_terminal()).then(|| task_view(t))
+            .wait_for_task_finished(uuid, deadline, |s| match s.tasks.get(uuid) {
+                None => Some(None),
+                Some(t) => (wait_s == 0 || t.state.is_terminal()).then(|| Some(task_view(t))),
             });
         match found {
-            Some(view) => Reply::ok(200, view),
+            Some(Some(view)) => Reply::ok(200, view),
+            Some(None) => Reply::error(404, "not_found", format!("no task {uuid}")),
             None => match self.engine.shared.lock().tasks.get(uuid) {
                 Some(t) => Reply::ok(200, task_view(t)),
                 None => Reply::error(404, "not_found", format!("no task {uuid}")),

@@ -178,7 +178,7 @@ fn check_steps(t: &Template, handlers: KnownHandlers) -> Result<(), StepProblem>
                 return fail(
                     "handler.callable",
                     format!(
-                        "no handler `{}` is registered (known: {})",
+                        "no handler `{}` is registered (known: {}); handlers of Python or TypeScript workers are not known to the orchestrator: start it with --any-handler to accept any name",
                         s.handler.callable,
                         list.join(", ")
                     ),

@@ -27,7 +27,9 @@ pub enum TaskCommand {
         /// The task's input, a JSON object.
         #[arg(long, default_value = "{}")]
         context: String,
-        /// A second create with the same key returns the first task.
+        /// A second create with the same key returns the first task. Without a key, a
+        /// second create with the same context does (the template's identity_strategy,
+        /// `strict` by default; `always_unique` makes every create a new task).
         #[arg(long)]
         idempotency_key: Option<String>,
         /// Wait up to this many seconds for the task to finish.
@@ -336,8 +338,8 @@ fn create(cmd: TaskCommand) -> CliResult {
     let context = context_object(&context)?;
     let client = ApiClient::new(api.addr());
     let version = version_or_newest(&client, &namespace, &name, version)?;
-    let created = client
-        .create_task(
+    let (created, existing) = client
+        .submit_task(
             &namespace,
             &name,
             &version,
@@ -345,6 +347,13 @@ fn create(cmd: TaskCommand) -> CliResult {
             idempotency_key.as_deref(),
         )
         .map_err(api_error)?;
+    if existing {
+        // Said on stderr, so `--json` stays one document.
+        eprintln!(
+            "note: task {} already existed with this template and context (its template's identity_strategy; use --idempotency-key with a new key, or identity_strategy: always_unique, for a new task)",
+            text(&created["task_uuid"])
+        );
+    }
     let task = match (wait, created["task_uuid"].as_str()) {
         (0, _) | (_, None) => created,
         (s, Some(uuid)) => client.get_task(uuid, s).map_err(api_error)?,
@@ -554,18 +563,24 @@ pub(super) fn show_task(t: &Value, json: bool) {
         percent(&t["completion_percentage"])
     );
     for s in t["steps"].as_array().into_iter().flatten() {
-        let detail = match (&s["result"], &s["last_error"]) {
-            (Value::Null, Value::Null) => String::new(),
-            (Value::Null, e) => format!("error: {}", text(e)),
-            (r, _) => format!("result: {r}"),
-        };
-        say!(
-            "  {:<20} {:<28} attempt {}  {detail}",
-            text(&s["name"]),
-            text(&s["current_state"]),
-            s["attempts"]
-        );
+        say!("  {}", step_line(s));
     }
+}
+
+/// A step as `task get` and `task steps` print it: name, state, attempt, and its result
+/// or its last error (nothing while it has neither).
+pub(super) fn step_line(s: &Value) -> String {
+    let detail = match (&s["result"], &s["last_error"]) {
+        (Value::Null, Value::Null) => String::new(),
+        (Value::Null, e) => format!("error: {}", text(e)),
+        (r, _) => format!("result: {r}"),
+    };
+    format!(
+        "{:<20} {:<28} attempt {}  {detail}",
+        text(&s["name"]),
+        text(&s["current_state"]),
+        s["attempts"]
+    )
 }
 
 /// A completion percentage as a person reads it: `33.3%`, `100%` (the API's number

@@ -1,7 +1,7 @@
 //! `embarcadero task list|cancel|rerun|resolve|steps|reset-step|resolve-step|stats|dlq`: the task
 //! management commands, clients of the workflow API's routes over existing tasks.
 
-use super::commands::{api_error, percent, show_task, text, TaskCommand};
+use super::commands::{api_error, percent, show_task, step_line, text, TaskCommand};
 use crate::CliResult;
 use embarcadero_workflow::client::ApiClient;
 use serde_json::{json, Value};
@@ -275,13 +275,7 @@ fn show_steps(v: &Value, json: bool) {
     let steps = v["steps"].as_array().map_or(&one[..], |s| &s[..]);
     for s in steps {
         if s.get("current_state").is_some() {
-            say!(
-                "{:<20} {:<28} attempt {}  {}",
-                text(&s["name"]),
-                text(&s["current_state"]),
-                s["attempts"],
-                text(&s["last_error"])
-            );
+            say!("{}", step_line(s));
         }
         for t in s["transitions"].as_array().into_iter().flatten() {
             say!(
