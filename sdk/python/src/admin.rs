@@ -109,12 +109,16 @@ impl Admin {
         to_python(py, &status)
     }
 
-    /// Deletes topic ``name`` and returns it as it was just before (with its counters).
-    /// Connected publishers and subscribers get ``BrokerError`` with code
-    /// ``TopicDeleted``; the name can be created again as a new topic at once.
+    /// Deletes topic ``name`` and returns it as it was just before (with its counters),
+    /// with ``"deleted": True``, as the admin API answers. Connected publishers and
+    /// subscribers get ``BrokerError`` with code ``TopicDeleted``; the name can be created
+    /// again as a new topic at once.
     fn delete_topic(&self, py: Python<'_>, name: &str) -> PyResult<PyObject> {
         let info = crate::gil::released(py, || self.inner.delete_topic(name)).map_err(to_py)?;
-        to_python(py, &info)
+        let mut answer = serde_json::to_value(&info)
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+        answer["deleted"] = serde_json::Value::Bool(true);
+        to_python(py, &answer)
     }
 
     fn __repr__(&self) -> String {

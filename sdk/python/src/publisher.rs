@@ -62,7 +62,8 @@ fn refuse_one_message(messages: &Bound<'_, PyAny>) -> PyResult<()> {
 }
 
 /// Publishes to topic ``topic`` through every broker of the cluster whose control plane is
-/// at ``control`` (or, with ``brokers``, straight to those broker addresses, no failover).
+/// at ``control`` (``None``: ``EMBARCADERO_CONTROL``, else ``127.0.0.1:12140``), or, with
+/// ``brokers``, straight to those broker addresses, no failover.
 ///
 /// Keyword options, those of the Rust ``PublisherConfig``: ``ack_level`` (0 fire and
 /// forget, 1 acknowledged once ordered, 2 durable: needs rf 2 or more; default: the
@@ -182,7 +183,7 @@ impl Publisher {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        control: &str,
+        control: Option<&str>,
         topic: &str,
         ack_level: Option<i128>,
         batch_bytes: i128,
@@ -203,6 +204,7 @@ impl Publisher {
         brokers: Option<Vec<String>>,
         transport: &str,
     ) -> PyResult<Self> {
+        let control = &crate::control_or_default(control);
         let config = publisher_config(
             ack_level.unwrap_or(1),
             batch_bytes,

@@ -129,7 +129,8 @@ impl Fields {
 }
 
 /// Reads topic ``topic`` in order from any broker of the cluster whose control plane is at
-/// ``control`` (or from the given ``brokers``).
+/// ``control`` (``None``: ``EMBARCADERO_CONTROL``, else ``127.0.0.1:12140``), or from the
+/// given ``brokers``.
 ///
 /// ``start``: ``None`` (the beginning: the first message still retained), a position, a list with one position per broker
 /// (orders 0 and 1) or ``"end"`` (only what is published from now on). A lost connection
@@ -340,7 +341,7 @@ impl Subscriber {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        control: &str,
+        control: Option<&str>,
         topic: &str,
         start: Option<&Bound<'_, PyAny>>,
         client_id: Option<i128>,
@@ -349,6 +350,7 @@ impl Subscriber {
         transport: &str,
         retry_for_ms: Option<f64>,
     ) -> PyResult<Self> {
+        let control = &crate::control_or_default(control);
         // The beginning (None or "start") is where a new subscriber starts anyway.
         let start = start
             .map(parse_start)

@@ -9,7 +9,7 @@
 
 use crate::errors::{config, to_py};
 use crate::options::whole;
-use crate::{to_python, DEFAULT_CONTROL};
+use crate::to_python;
 use embarcadero_workflow::event::Checkpoint;
 use embarcadero_workflow::handler::{self, CheckpointSink, Registry, StepError, StepHandler};
 use embarcadero_workflow::log::LogConfig;
@@ -230,7 +230,7 @@ pub struct NativeWorker {
 impl NativeWorker {
     #[new]
     #[pyo3(signature = (
-        handlers, control = DEFAULT_CONTROL, *, namespaces = Vec::new(), concurrency = 32,
+        handlers, control = None, *, namespaces = Vec::new(), concurrency = 32,
         lease_ms = 3000, topic = "workflow.events", ack = 2, rf = 2, retry_for_ms = None,
         report = None,
     ))]
@@ -238,7 +238,7 @@ impl NativeWorker {
     fn new(
         py: Python<'_>,
         handlers: &Bound<'_, PyDict>,
-        control: &str,
+        control: Option<&str>,
         namespaces: Vec<String>,
         concurrency: i128,
         lease_ms: i128,
@@ -249,7 +249,7 @@ impl NativeWorker {
         report: Option<PyObject>,
     ) -> PyResult<Self> {
         let cfg = worker_config(
-            control,
+            &crate::control_or_default(control),
             namespaces,
             whole("concurrency", concurrency)?,
             whole("lease_ms", lease_ms)?,

@@ -39,6 +39,7 @@ def test_delete_topic_frees_the_name_and_tells_subscribers(server, topic_name):
     assert subscriber.poll(10.0).payload == b"old"
     deleted = admin.delete_topic(topic_name)
     assert deleted["name"] == topic_name
+    assert deleted["deleted"] is True, "marked deleted, as the admin API answers"
     with pytest.raises(embarcadero.BrokerError) as told:
         subscriber.poll(10.0)
     assert told.value.code == "TopicDeleted"
@@ -86,6 +87,27 @@ def test_admin_takes_the_control_address_from_the_environment(server, topic_name
     monkeypatch.setenv("EMBARCADERO_CONTROL", server.control)
     Admin().create_topic(topic_name)
     assert topic_name in [t["name"] for t in Admin().list_topics()]
+
+
+def test_publishers_subscribers_and_workers_take_the_control_address_from_the_environment(
+    server, topic_name, monkeypatch
+):
+    """``control=None`` is ``EMBARCADERO_CONTROL``, as for ``Admin()``, the CLI and TypeScript."""
+    monkeypatch.setenv("EMBARCADERO_CONTROL", server.control)
+    Admin().create_topic(topic_name)
+    with embarcadero.Publisher(None, topic_name) as p:
+        p.publish(b"found")
+    with embarcadero.Subscriber(None, topic_name) as sub:
+        assert sub.poll(30.0).payload == b"found"
+    # The environment names an address nothing listens on: the failure names that address.
+    monkeypatch.setenv("EMBARCADERO_CONTROL", "127.0.0.1:1")
+    with pytest.raises(embarcadero.ConnectError) as e:
+        embarcadero.Publisher(None, topic_name)
+    assert "127.0.0.1:1" in str(e.value)
+
+
+def test_the_package_has_a_version():
+    assert embarcadero.__version__.split(".")[0].isdigit(), embarcadero.__version__
 
 
 def test_publishers_use_the_topics_default_ack_unless_they_choose_one(server, topic_name):

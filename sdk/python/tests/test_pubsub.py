@@ -189,6 +189,23 @@ def test_a_cancelled_async_read_loses_no_message(server, topic_name):
     assert [parse(m)[1] for m in got] == list(range(10))
 
 
+def test_async_with_flushes_a_publisher_and_closes_a_subscriber(server, topic_name):
+    Admin(server.control).create_topic(topic_name, order=2)
+
+    async def main() -> list:
+        async with Publisher(server.control, topic_name, linger_ms=60_000.0) as p:
+            # A linger longer than the test: only the close at the end of the block sends it.
+            p.publish_many(payload(0, i) for i in range(10))
+        assert p.closed and p.stats()["acked_batches"] >= 1
+        async with Subscriber(server.control, topic_name) as sub:
+            got = [await asyncio.wait_for(sub.__anext__(), 30) for _ in range(10)]
+        assert sub.closed
+        return got
+
+    got = asyncio.run(main())
+    assert [parse(m)[1] for m in got] == list(range(10))
+
+
 def test_a_blocked_poll_lets_other_threads_run(server, topic_name):
     # The poll below waits for ever; were the GIL held while it waits, this thread could
     # never publish the message it waits for.

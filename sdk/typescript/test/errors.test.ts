@@ -96,7 +96,9 @@ test("deleteTopic tells a connected subscriber and frees the name", { timeout: 3
   await p.close();
   const sub = await Subscriber.connect(topic, { control: server.control });
   assert.equal((await sub.poll(10_000))?.payload.toString(), "old");
-  assert.equal((await admin.deleteTopic(topic)).name, topic);
+  const deleted = await admin.deleteTopic(topic);
+  assert.equal(deleted.name, topic);
+  assert.equal(deleted.deleted, true, "marked deleted, as the admin API answers");
   await assert.rejects(sub.poll(10_000), (e: unknown) => {
     assert.ok(e instanceof BrokerError && e.code === "TopicDeleted", String(e));
     return true;

@@ -31,6 +31,9 @@ export interface CreateTopicOptions {
   retentionMs?: number;
 }
 
+/** What {@link Admin.deleteTopic} resolves: the topic as it was just before, marked deleted. */
+export type DeletedTopicInfo = TopicInfo & { deleted: true };
+
 /** Every name {@link CreateTopicOptions} has: anything else is refused as a misspelling. */
 const CREATE_TOPIC_OPTIONS: check.OptionNames<CreateTopicOptions> = {
   order: true,
@@ -270,10 +273,12 @@ export class Admin {
    * Deletes a topic: its connected publishers and subscribers get a `BrokerError`
    * with `code` `"TopicDeleted"`, its memory and disk logs are freed, and the name can
    * be created again at once (as a new topic, positions from 0).
-   * Resolves the topic as it was just before. @throws {@link AdminError} (404) for an unknown topic.
+   * Resolves the topic as it was just before, with `deleted: true` (as the admin API answers).
+   * @throws {@link AdminError} (404) for an unknown topic.
    */
-  async deleteTopic(name: string): Promise<TopicInfo> {
-    return topicInfo((await settle(() => this.#native.deleteTopic(name))) as Json);
+  async deleteTopic(name: string): Promise<DeletedTopicInfo> {
+    const info = topicInfo((await settle(() => this.#native.deleteTopic(name))) as Json);
+    return { ...info, deleted: true };
   }
 
   /** The live brokers and the size limits. */

@@ -7,6 +7,7 @@ export type {
   BrokerLogInfo,
   ClusterInfo,
   CreateTopicOptions,
+  DeletedTopicInfo,
   Order,
   ReaderLag,
   ReplicaError,

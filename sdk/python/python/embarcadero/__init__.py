@@ -16,9 +16,14 @@ Step handlers of the workflow engine are in :mod:`embarcadero.workflow`.
 from __future__ import annotations
 
 import asyncio
+import sys
+from importlib import metadata
+from types import TracebackType
+from typing import TYPE_CHECKING, Optional
 
 from . import errors
-from ._native import DEFAULT_CONTROL, Admin, Message, Publisher, random_session_key
+from ._native import DEFAULT_CONTROL, Admin, Message, random_session_key
+from ._native import Publisher as _NativePublisher
 from ._native import Subscriber as _NativeSubscriber
 from .errors import (
     AdminError,
@@ -43,9 +48,47 @@ TimeoutError = errors.TimeoutError
 _ASYNC_SLICE_S = 0.2
 
 
-class Subscriber(_NativeSubscriber):
+try:
+    __version__ = metadata.version("embarcadero")
+except metadata.PackageNotFoundError:  # imported from a source tree, not installed
+    __version__ = "0.0.0+unknown"
+
+
+if TYPE_CHECKING:
+    if sys.version_info >= (3, 11):
+        from typing import Self
+    else:
+        from typing_extensions import Self
+
+
+class _AsyncClose:
+    """``async with``: leaving the block does what leaving ``with`` does (``__exit__``:
+    close, a publisher flushing first), in the loop's default executor, so the event
+    loop's thread never waits on the network."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool:
+        loop = asyncio.get_running_loop()
+        exit_sync = self.__exit__  # type: ignore[attr-defined]
+        return bool(await loop.run_in_executor(None, exit_sync, exc_type, exc, tb))
+
+
+class Publisher(_AsyncClose, _NativePublisher):
+    """Publishes to a topic: ``with Publisher(...) as p`` or ``async with`` closes it
+    (flushing) at the end of the block. See the native class for every option."""
+
+
+class Subscriber(_AsyncClose, _NativeSubscriber):
     """Reads a topic in order: ``for m in sub`` blocks for each message (Ctrl-C
-    interrupts it), ``async for m in sub`` waits without blocking the event loop.
+    interrupts it), ``async for m in sub`` waits without blocking the event loop;
+    ``with`` or ``async with`` closes it at the end of the block.
     """
 
     def __aiter__(self) -> Subscriber:

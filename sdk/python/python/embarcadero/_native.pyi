@@ -78,6 +78,10 @@ class TopicInfo(TypedDict):
     brokers: List[BrokerLog]
     health: TopicHealth
 
+class DeletedTopicInfo(TopicInfo):
+    """What ``delete_topic`` returns: the topic as it was just before, marked deleted."""
+    deleted: bool
+
 class BrokerAddr(TypedDict):
     id: int
     addr: str
@@ -156,15 +160,16 @@ class Admin:
         """The live brokers and the message and batch size limits."""
     def status(self) -> dict[str, Any]:
         """The raw ``/v1/status`` document (what ``embarcadero status`` prints)."""
-    def delete_topic(self, name: str) -> TopicInfo:
-        """Deletes topic ``name`` and returns it as it was just before. Connected
+    def delete_topic(self, name: str) -> DeletedTopicInfo:
+        """Deletes topic ``name`` and returns it as it was just before, with
+        ``"deleted": True`` (as the admin API answers). Connected
         publishers and subscribers get ``BrokerError`` with code ``TopicDeleted``; the name
         can be created again as a new topic at once. ``AdminError`` (404) if there is none."""
 
 class Publisher:
     """Publishes to topic ``topic`` through every broker of the cluster whose control plane
-    is at ``control`` (or, with ``brokers``, straight to those broker addresses, without
-    failover).
+    is at ``control`` (``None``: ``EMBARCADERO_CONTROL``, else ``127.0.0.1:12140``), or,
+    with ``brokers``, straight to those broker addresses, without failover.
 
     Options (those of the Rust ``PublisherConfig``):
 
@@ -196,7 +201,7 @@ class Publisher:
 
     def __init__(
         self,
-        control: str,
+        control: Optional[str],
         topic: str,
         *,
         ack_level: Optional[Literal[0, 1, 2]] = None,
@@ -272,8 +277,9 @@ class Message:
     payload: bytes
 
 class Subscriber:
-    """Reads topic ``topic`` in order from any broker of the cluster at ``control`` (or
-    from the given ``brokers``). ``start``: ``None`` (the beginning: the first message
+    """Reads topic ``topic`` in order from any broker of the cluster at ``control``
+    (``None``: ``EMBARCADERO_CONTROL``, else ``127.0.0.1:12140``), or from the given
+    ``brokers``. ``start``: ``None`` (the beginning: the first message
     still retained), a position, a list of positions (one per broker, orders 0 and 1) or
     ``"end"``. A lost connection is retried ``max_reconnects`` times in a row before the
     error is raised, and for ``retry_for_ms`` more once the server is gone: a server
@@ -284,7 +290,7 @@ class Subscriber:
 
     def __init__(
         self,
-        control: str,
+        control: Optional[str],
         topic: str,
         *,
         start: Union[None, int, Sequence[int], Literal["start", "end"]] = None,
@@ -396,7 +402,7 @@ class NativeWorker:
     def __init__(
         self,
         handlers: Dict[str, Callable[[StepContext], Any]],
-        control: str = ...,
+        control: Optional[str] = None,
         *,
         namespaces: List[str] = ...,
         concurrency: int = 32,

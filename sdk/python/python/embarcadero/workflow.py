@@ -34,7 +34,7 @@ import logging
 from types import TracebackType
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Type, TypeVar, Union
 
-from ._native import DEFAULT_CONTROL, BatchInput, NativeWorker, StepContext
+from ._native import BatchInput, NativeWorker, StepContext
 
 __all__ = [
     "BatchInput",
@@ -122,7 +122,8 @@ class Worker:
 
     It starts at once; :meth:`run` or :meth:`run_for` wait while it works, :meth:`stop`
     (from any thread) or leaving the ``with`` block ends it, once the attempts it started
-    have published their results. ``handlers`` defaults to those
+    have published their results. ``control``: default ``EMBARCADERO_CONTROL``, else
+    ``127.0.0.1:12140``. ``handlers`` defaults to those
     registered with :func:`step_handler`; ``namespace`` (one or several) to every
     namespace. ``lease_ms`` must be the orchestrator's ``--lease-ms`` (heartbeats go out
     three times per lease); ``topic`` its ``--topic``. ``ack`` is the acknowledgement level
@@ -145,7 +146,7 @@ class Worker:
 
     def __init__(
         self,
-        control: str = DEFAULT_CONTROL,
+        control: Optional[str] = None,
         *,
         namespace: Union[str, Iterable[str], None] = None,
         handlers: Optional[Mapping[str, Handler]] = None,
