@@ -93,11 +93,24 @@ fn setting(ctx: &StepContext, field: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// The batchable step of the CSV batch: `rows` rows (default 1000) split into
-/// `worker_count` (default 5) contiguous ranges, one cursor `{start, end}` each.
+/// Most rows the synthetic CSV batch takes (a context asking for 2^64 - 1 rows wrapped
+/// the cursors' arithmetic and had a worker loop for ever), and most batch workers.
+const MAX_CSV_ROWS: u64 = 1 << 32;
+const MAX_CSV_WORKERS: u64 = 1024;
+
+/// The batchable step of the CSV batch: `rows` rows (default 1000, at most 2^32) split
+/// into `worker_count` (default 5, at most 1024) contiguous ranges, one cursor
+/// `{start, end}` each.
 fn csv_analyze(ctx: &StepContext) -> Result<Value, StepError> {
     let rows = setting(ctx, "rows", 1000);
-    let workers = setting(ctx, "worker_count", 5).clamp(1, rows.max(1));
+    let workers = setting(ctx, "worker_count", 5);
+    if rows > MAX_CSV_ROWS || workers > MAX_CSV_WORKERS {
+        return Err(StepError::permanent(format!(
+            "rows {rows} and worker_count {workers}: at most {MAX_CSV_ROWS} rows and {MAX_CSV_WORKERS} workers"
+        )));
+    }
+    let workers = workers.clamp(1, rows.max(1));
+    // rows * k < 2^42: no overflow below the limits.
     let cursors: Vec<Value> = (0..workers)
         .map(|k| json!({"start": rows * k / workers, "end": rows * (k + 1) / workers}))
         .collect();
@@ -138,6 +151,11 @@ fn csv_process_batch(ctx: &StepContext) -> Result<Value, StepError> {
         ),
         None => (number(&batch.cursor["start"], "cursor.start")? as u64, 0, 0),
     };
+    if row > end || end - row > MAX_CSV_ROWS {
+        return Err(StepError::permanent(format!(
+            "cursor from row {row} to {end}: want start <= end and at most {MAX_CSV_ROWS} rows"
+        )));
+    }
     let resumed_from = batch.resume.as_ref().map(|c| c.cursor.clone());
     let every = setting(ctx, "checkpoint_every", 0);
     let pause = Duration::from_millis(ctx.initialization["pause_ms"].as_u64().unwrap_or(0));
@@ -211,6 +229,27 @@ mod tests {
             json!({"even_number": 3}),
         );
         assert_eq!(square(&after_decision), Ok(json!(9)));
+    }
+
+    #[test]
+    fn the_csv_batch_refuses_sizes_its_arithmetic_cannot_hold() {
+        // 2^64 - 1 rows wrapped the cursors, and a worker looped on one for ever.
+        let huge = ctx(&[], json!({"rows": u64::MAX}));
+        assert!(!csv_analyze(&huge).unwrap_err().retryable);
+        let many = ctx(&[], json!({"worker_count": 5000}));
+        assert!(!csv_analyze(&many).unwrap_err().retryable);
+        let largest = ctx(&[], json!({"rows": MAX_CSV_ROWS, "worker_count": 7}));
+        let cursors = csv_analyze(&largest).unwrap()["cursors"].clone();
+        assert_eq!(cursors[6]["end"], json!(MAX_CSV_ROWS));
+        let mut backwards = ctx(&[], json!({}));
+        backwards.batch = Some(crate::handler::BatchInput {
+            cursor: json!({"start": 9, "end": 3}),
+            index: 0,
+            count: 1,
+            resume: None,
+            checkpoints: crate::handler::CheckpointSink::new(|_| {}),
+        });
+        assert!(!csv_process_batch(&backwards).unwrap_err().retryable);
     }
 
     #[test]

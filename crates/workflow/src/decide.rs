@@ -8,7 +8,7 @@ use crate::batch::FailureStrategy;
 use crate::event::{Event, Expiry, StepRef};
 use crate::machine::{StepState, TaskState};
 use crate::state::{Returned, State, Step, Task};
-use crate::template::{StepTemplate, StepType};
+use crate::template::{StepTemplate, StepType, MAX_RETRY_DELAY_MS};
 use serde_json::Value;
 
 /// Lease losses of one step after which it errors ("worker unavailable").
@@ -94,9 +94,10 @@ fn decide_returned(
     clock: &Clock,
 ) -> Event {
     let here = at(task, i, step.attempt);
+    // A handler's `retry_after_ms` is any u64: capped as the policy's delays are.
     let retry = |delay: u64| Event::RetryScheduled {
         at: here.clone(),
-        due_ms: clock.now_ms + delay,
+        due_ms: clock.now_ms.saturating_add(delay.min(MAX_RETRY_DELAY_MS)),
     };
     let error = |reason: String| Event::StepErrored {
         at: here.clone(),
@@ -172,7 +173,7 @@ fn expiry(
         return Some(Expiry::LeaseLost);
     }
     // The worker reports its own timeout; this is the backstop, a lease later.
-    let limit = spec.timeout_seconds * 1000 + clock.lease_ms;
+    let limit = (spec.timeout().as_millis() as u64).saturating_add(clock.lease_ms);
     (clock.now_ms.saturating_sub(claimed) > limit).then_some(Expiry::Timeout)
 }
 

@@ -136,6 +136,22 @@ fn default_timeout_seconds() -> u64 {
     30
 }
 
+/// The longest `timeout_seconds` a template may give a step: a week. Registration
+/// refuses more; [`StepTemplate::timeout`] clamps a template registered before the limit,
+/// so a deadline computed from it can never overflow a clock.
+pub const MAX_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
+
+/// The longest pause before a retry, whoever asks for it (`backoff_base_ms`,
+/// `max_backoff_ms`, a handler's `retry_after_ms`): a day.
+pub const MAX_RETRY_DELAY_MS: u64 = 24 * 3600 * 1000;
+
+impl StepTemplate {
+    /// How long one attempt may run, at most [`MAX_TIMEOUT_SECONDS`].
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.timeout_seconds.min(MAX_TIMEOUT_SECONDS))
+    }
+}
+
 /// Tasker's step types. Phase 1 executes `standard` only; registration refuses others.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -193,7 +209,7 @@ impl RetryPolicy {
                 self.backoff_base_ms.saturating_mul(1u64 << shift)
             }
         };
-        raw.min(self.max_backoff_ms)
+        raw.min(self.max_backoff_ms).min(MAX_RETRY_DELAY_MS)
     }
 }
 

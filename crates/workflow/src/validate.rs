@@ -3,7 +3,7 @@
 //! the input schema), each failure a [`TemplateError`] naming template, step and field.
 
 use crate::schema::InputSchema;
-use crate::template::{StepTemplate, StepType, Template};
+use crate::template::{StepTemplate, StepType, Template, MAX_RETRY_DELAY_MS, MAX_TIMEOUT_SECONDS};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -191,8 +191,23 @@ fn check_steps(t: &Template, handlers: KnownHandlers) -> Result<(), StepProblem>
                 "must be at least 1 (the first attempt counts)".into(),
             );
         }
-        if s.timeout_seconds == 0 {
-            return fail("timeout_seconds", "must be at least 1".into());
+        if s.timeout_seconds == 0 || s.timeout_seconds > MAX_TIMEOUT_SECONDS {
+            let most = MAX_TIMEOUT_SECONDS;
+            return fail(
+                "timeout_seconds",
+                format!("must be from 1 to {most} (a week)"),
+            );
+        }
+        for (field, ms) in [
+            ("retry.backoff_base_ms", s.retry.backoff_base_ms),
+            ("retry.max_backoff_ms", s.retry.max_backoff_ms),
+        ] {
+            if ms > MAX_RETRY_DELAY_MS {
+                return fail(
+                    field,
+                    format!("must be at most {MAX_RETRY_DELAY_MS} (a day)"),
+                );
+            }
         }
     }
     Ok(())
@@ -346,6 +361,19 @@ mod tests {
             (Some("a"), "handlr"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_timeout_or_a_backoff_no_clock_can_hold_is_refused_at_load() {
+        // A step with timeout_seconds 2^64 - 1 made every worker that claimed it panic
+        // (its deadline overflowed an Instant), and the orchestrator time it out at once.
+        let e = load_err("  - name: a\n    handler: {callable: math.square}\n    timeout_seconds: 18446744073709551615\n");
+        assert_eq!(e.field, "timeout_seconds", "{e}");
+        assert!(e.message.contains("604800"), "{e}");
+        let e = load_err("  - name: a\n    handler: {callable: math.square}\n    retry: {backoff_base_ms: 18446744073709551615}\n");
+        assert_eq!(e.field, "retry.backoff_base_ms", "{e}");
+        let e = load_err("  - name: a\n    handler: {callable: math.square}\n    retry: {max_backoff_ms: 86400001}\n");
+        assert_eq!(e.field, "retry.max_backoff_ms", "{e}");
     }
 
     #[test]

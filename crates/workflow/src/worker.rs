@@ -363,7 +363,7 @@ impl Steps {
         Some(Job {
             at: at.clone(),
             callable: spec.handler.callable.clone(),
-            timeout: Duration::from_secs(spec.timeout_seconds),
+            timeout: spec.timeout(),
             ctx: StepContext {
                 task_uuid: at.task.clone(),
                 step_name: at.step.clone(),
