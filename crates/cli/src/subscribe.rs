@@ -15,8 +15,9 @@ pub struct SubArgs {
     #[command(flatten)]
     pub control: ControlArg,
     /// Start position: a global position (orders 2, 5), one position per broker
-    /// separated by commas (orders 0, 1), or `end` for only the messages published from
-    /// now on. Default: the beginning, that is the first message still retained.
+    /// separated by commas (orders 0, 1), `end` for only the messages published from
+    /// now on, or `start` (the default): the beginning, that is the first message still
+    /// retained.
     #[arg(long, allow_hyphen_values = true)]
     pub from: Option<String>,
     /// Exit after printing this many messages.
@@ -46,6 +47,8 @@ pub struct SubArgs {
 
 /// Where `--from` starts.
 enum Start {
+    /// The first message still retained (`--from start`, as the SDKs' `"start"`).
+    First,
     Position(Cursor),
     /// The end of the topic when the subscriber starts.
     End,
@@ -64,6 +67,9 @@ fn parse_from(from: &str) -> Result<Start, String> {
     if text.eq_ignore_ascii_case("end") {
         return Ok(Start::End);
     }
+    if text.eq_ignore_ascii_case("start") {
+        return Ok(Start::First);
+    }
     if text.starts_with('-') {
         return Err(format!(
             "--from {from}: positions count from 0 at the start of the topic and cannot be negative; to read only messages published from now on, use --from end"
@@ -72,7 +78,7 @@ fn parse_from(from: &str) -> Result<Start, String> {
     let parts: Result<Vec<u64>, _> = text.split(',').map(|p| p.trim().parse::<u64>()).collect();
     let parts = parts.map_err(|e| {
         format!(
-            "--from {from:?}: {e}; give a position like 42, one per broker like 0,0,10,3, or end"
+            "--from {from:?}: {e}; give a position like 42, one per broker like 0,0,10,3, start or end"
         )
     })?;
     Ok(Start::Position(if parts.len() == 1 {
@@ -96,7 +102,7 @@ pub fn run(args: SubArgs) -> CliResult {
     )
     .map_err(|e| e.to_string())?;
     let cursor = match start {
-        None => None,
+        None | Some(Start::First) => None,
         Some(Start::End) => {
             let end = end_of_topic(&args, &sub)?;
             // Says where "now" was: what is published after this line is printed.

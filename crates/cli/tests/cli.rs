@@ -44,6 +44,9 @@ fn quickstart_then_restart_keeps_topics() {
     assert_eq!(seqs, vec![0, 1, 2]);
     let text = ok(&serve.run(&["sub", "orders", "--from", "1", "--count", "2"], None));
     assert_eq!(text, "second\nthird é\n");
+    // `start`, as the SDKs name the beginning, is the default's first retained message.
+    let text = ok(&serve.run(&["sub", "orders", "--from", "start", "--count", "1"], None));
+    assert_eq!(text, "first\n");
     // Positions of the wrong kind are refused with a message that says which kind.
     let out = serve.run(&["sub", "orders", "--from", "1,2"], None);
     assert!(!out.status.success());
@@ -341,6 +344,44 @@ fn config_file_env_and_flags_layer_in_that_order() {
         text.contains("/srv/e/replica-1, /srv/e/replica-2"),
         "{text}"
     );
+}
+
+/// Every setting `serve --print-config` shows has a row in the README's configuration
+/// table (a newcomer found five missing): `section.key`, or `key` in the row of its
+/// section's pair (`broker.high_watermark` / `low_watermark`).
+#[test]
+fn the_readme_documents_every_setting() {
+    let config = ok(&Command::new(BIN)
+        .args(["serve", "--print-config"])
+        .output()
+        .unwrap());
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let rows: Vec<&str> = readme.lines().filter(|l| l.starts_with("| `")).collect();
+    let mut section = String::new();
+    let mut missing = Vec::new();
+    let settings = config
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'));
+    for line in settings {
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = format!("{name}.");
+            continue;
+        }
+        let Some((key, _)) = line.split_once(" = ") else {
+            continue;
+        };
+        let full = format!("`{section}{key}`");
+        let paired = format!("`{key}`");
+        let documented = rows.iter().any(|r| {
+            r.contains(&full) || (r.contains(&paired) && r.starts_with(&format!("| `{section}")))
+        });
+        if !documented {
+            missing.push(format!("{section}{key}"));
+        }
+    }
+    assert!(missing.is_empty(), "not in the README's table: {missing:?}");
 }
 
 #[test]

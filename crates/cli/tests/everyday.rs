@@ -725,6 +725,10 @@ fn topic_delete_frees_memory_and_disk_tells_clients_and_frees_the_name() {
         said.starts_with("deleted topic doomed") && said.lines().count() == 1,
         "{said}"
     );
+    assert!(
+        said.contains("its data, memory and disk replicas are freed"),
+        "{said}"
+    );
     let sub = sub.wait_with_output().unwrap();
     let sub_err = failed(&sub);
     assert!(sub_err.contains("was deleted"), "{sub_err}");
@@ -750,6 +754,10 @@ fn topic_delete_frees_memory_and_disk_tells_clients_and_frees_the_name() {
     let again = failed(&serve.run(&["topic", "delete", "doomed"], None));
     assert!(describe.contains("does not exist"), "{describe}");
     assert!(again.contains("does not exist"), "{again}");
+    assert!(
+        again.contains("nothing was deleted") && !again.contains("create it"),
+        "{again}"
+    );
 
     let made = ok(&serve.run(&["topic", "create", "doomed", "--json"], None));
     let made: serde_json::Value = serde_json::from_str(&made).unwrap();

@@ -1686,6 +1686,8 @@ fn reads_back_through_the_cli(addr: &str, uuid: &str, t: &Value) {
     let templates = ok(&run_bin(&["template", "list", "--api", addr]));
     assert_eq!(templates.trim(), "demo/blocked@1.0.0  5 steps");
     assert_eq!(cli_json(&["task", "dlq"], addr)["entries"], json!([]));
+    let empty = ok(&run_bin(&["task", "dlq", "--api", addr]));
+    assert_eq!(empty, "the dead-letter queue is empty\n");
 }
 
 /// One step in another namespace.

@@ -149,7 +149,8 @@ fn print_stats(api: &str, json: bool) -> CliResult {
 /// `GET /v1/dlq`: one page of the dead-letter list.
 fn dlq(api: &str, [page, per_page]: [usize; 2], json: bool) -> CliResult {
     let list = get(api, &format!("/v1/dlq?page={page}&per_page={per_page}"))?;
-    show_list(&list, "entries", json, |e| {
+    let what = ("entries", "the dead-letter queue is empty");
+    show_list(&list, what, json, |e| {
         format!(
             "{}  step {}  {}: {}",
             text(&e["task_uuid"]),
@@ -188,7 +189,7 @@ fn list(
         }
     }
     let list = get(api, &format!("/v1/tasks{query}"))?;
-    show_list(&list, "tasks", json, |t| {
+    show_list(&list, ("tasks", "no tasks"), json, |t| {
         format!(
             "{}  {}/{}@{}  {}  {}",
             text(&t["task_uuid"]),
@@ -249,7 +250,13 @@ fn act(api: &str, uuid: &str, step: &str, action: Value, json: bool) -> CliResul
     Ok(())
 }
 
-fn show_list(list: &Value, key: &str, json: bool, line: impl Fn(&Value) -> String) {
+/// Prints `list[key]` one `line` each and the page it is, or `nothing` for an empty list.
+fn show_list(
+    list: &Value,
+    (key, nothing): (&str, &str),
+    json: bool,
+    line: impl Fn(&Value) -> String,
+) {
     if json {
         say!("{list}");
         return;
@@ -258,6 +265,10 @@ fn show_list(list: &Value, key: &str, json: bool, line: impl Fn(&Value) -> Strin
         say!("{}", line(item));
     }
     let p = &list["pagination"];
+    if p["total_count"] == 0 {
+        say!("{nothing}");
+        return;
+    }
     say!(
         "page {} of {} ({} in all)",
         p["page"],
