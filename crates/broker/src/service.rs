@@ -50,6 +50,13 @@ struct LogState {
     /// A subscriber is holding back memory its publishers need, and it has been logged
     /// (once per episode: set when logged, cleared when reclamation passes it again).
     held_by_reader: bool,
+    /// The reader floor that holds reclamation back under pressure, and since when
+    /// (`None` while nothing is held): once it has held for a stall timeout the readers
+    /// still at it stop holding memory ([`held_too_long`]).
+    hold: Option<(u64, Instant)>,
+    /// The highest floor passed that way: readers at or below it hold nothing any more
+    /// (only grows; positions are global for orders 2 and 5, this log's for 0 and 1).
+    passed: Option<u64>,
     /// The writer's reserved PBR index when last looked at under pool pressure, and
     /// since when it has stayed there: how long the log has taken no batch.
     quiet_at: u64,
@@ -244,6 +251,8 @@ fn log_state(shared: &Shared, topic: u32) -> Option<LogState> {
         freed_segments_below: log.reclaimed_blog.load(Ordering::Acquire)
             / region.capacities().segment_bytes,
         held_by_reader: false,
+        hold: None,
+        passed: None,
         quiet_at: u64::MAX,
         quiet_since: Instant::now(),
     })
@@ -363,8 +372,15 @@ fn release_unpinned(
     // Memory-only topics: from before the pins are read until the frontiers moved.
     let _pass = (st.replication_factor < 2)
         .then(|| PinnedPass::begin(shared.region.broker_line(topic, shared.config.broker_id)));
-    let target = below_reader_pins(shared, topic, st, wanted);
-    note_reader_hold(shared, topic, st, pressed && target < wanted);
+    let floor = reader_pin_floor(shared, topic, st, st.passed);
+    let mut target = below_floor(shared, topic, st, wanted, floor);
+    let held = pressed && target < wanted;
+    if let Some(passed) = held_too_long(shared, topic, st, held, floor) {
+        st.passed = Some(passed);
+        let floor = reader_pin_floor(shared, topic, st, st.passed);
+        target = below_floor(shared, topic, st, wanted, floor);
+    }
+    note_reader_hold(shared, topic, st, held);
     if target <= st.reclaimed_pbr {
         return false;
     }
@@ -539,20 +555,73 @@ impl Drop for PinnedPass<'_> {
     }
 }
 
-/// `target`, lowered to the first batch a connected subscriber has not read yet
-/// (memory-only topics: a replicated topic's subscribers read from disk once memory
-/// lets go).
-fn below_reader_pins(shared: &Shared, topic: u32, st: &LogState, target: u64) -> u64 {
+/// The first position a connected subscriber of this log has not read yet, not counting
+/// those at or below `passed` (`u64::MAX`: none, or a replicated topic, whose
+/// subscribers read from disk once memory lets go).
+fn reader_pin_floor(shared: &Shared, topic: u32, st: &LogState, passed: Option<u64>) -> u64 {
     if st.replication_factor >= 2 {
+        return u64::MAX;
+    }
+    let broker = shared.config.broker_id;
+    let pin_index = if st.order >= 2 { 0 } else { broker };
+    let stall = shared.config.reader_stall_timeout;
+    shared
+        .region
+        .reader_floor_past(topic, pin_index, stall, passed)
+}
+
+/// A reader floor that has held reclamation back under pressure (`held`) for a whole
+/// stall timeout: returned, so that the readers still at it stop holding memory. Each
+/// reader is dropped after a stall timeout without progress, but readers that attach
+/// at the oldest retained position one after another, each leaving before its own
+/// timeout, would otherwise hold the publishers of a memory-only topic for ever.
+fn held_too_long(
+    shared: &Shared,
+    topic: u32,
+    st: &mut LogState,
+    held: bool,
+    floor: u64,
+) -> Option<u64> {
+    // At or below a floor passed already, only a slot being claimed holds (position 0,
+    // for moments): never passed.
+    if !held || st.passed >= Some(floor) {
+        st.hold = None;
+        return None;
+    }
+    let now = Instant::now();
+    let since = match st.hold {
+        Some((at, since)) if at == floor => since,
+        _ => {
+            st.hold = Some((floor, now));
+            return None;
+        }
+    };
+    let stall = shared.config.reader_stall_timeout;
+    if now.duration_since(since) < stall {
+        return None;
+    }
+    let name = shared
+        .region
+        .topic_meta(topic)
+        .map(|m| m.name)
+        .unwrap_or_default();
+    tracing::warn!(
+        topic = %name,
+        broker = shared.config.broker_id,
+        position = floor,
+        "position {floor} has held publishers back for {stall:?} (broker.reader_stall_timeout_ms): the subscribers still at it stop holding memory, and are told if it is reclaimed before they read it"
+    );
+    st.hold = None;
+    Some(floor)
+}
+
+/// `target`, lowered to the first batch at or above `floor` (a reader pin).
+fn below_floor(shared: &Shared, topic: u32, st: &LogState, target: u64, floor: u64) -> u64 {
+    if floor == u64::MAX {
         return target;
     }
     let region = &shared.region;
     let broker = shared.config.broker_id;
-    let pin_index = if st.order >= 2 { 0 } else { broker };
-    let floor = region.reader_floor(topic, pin_index, shared.config.reader_stall_timeout);
-    if floor == u64::MAX {
-        return target;
-    }
     let mut i = st.reclaimed_pbr;
     while i < target {
         let Some(h) = region.pbr_read(topic, broker, i) else {

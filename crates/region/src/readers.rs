@@ -190,8 +190,28 @@ impl Region {
     /// `u64::MAX` when no reader holds anything. A slot being claimed counts as 0; a
     /// slot whose heartbeat is older than `stall` is ignored.
     pub fn reader_floor(&self, topic: u32, index: u32, stall: std::time::Duration) -> u64 {
-        self.slowest_reader(topic, index, stall)
-            .map_or(u64::MAX, |r| r.position)
+        self.reader_floor_past(topic, index, stall, None)
+    }
+
+    /// [`Region::reader_floor`], not counting the readers (claimed, not being claimed)
+    /// whose position is at or below `passed`: the reclaimer passes a floor that has
+    /// held it back under pressure for a whole stall timeout, which fresh readers would
+    /// otherwise renew for ever by attaching at the oldest position one after another.
+    pub fn reader_floor_past(
+        &self,
+        topic: u32,
+        index: u32,
+        stall: std::time::Duration,
+        passed: Option<u64>,
+    ) -> u64 {
+        let floor = self
+            .slowest_reader_past(topic, index, stall, passed)
+            .map_or(u64::MAX, |r| r.position);
+        assert!(
+            passed.is_none_or(|p| floor > p || floor == 0),
+            "a floor past {passed:?} is above it (or a slot being claimed): {floor}"
+        );
+        floor
     }
 
     /// The live reader of `topic` that holds back the most at `index` (the one
@@ -202,6 +222,18 @@ impl Region {
         topic: u32,
         index: u32,
         stall: std::time::Duration,
+    ) -> Option<SlowestReader> {
+        self.slowest_reader_past(topic, index, stall, None)
+    }
+
+    /// [`Region::slowest_reader`] among the readers above `passed` (and those being
+    /// claimed), see [`Region::reader_floor_past`].
+    fn slowest_reader_past(
+        &self,
+        topic: u32,
+        index: u32,
+        stall: std::time::Duration,
+        passed: Option<u64>,
     ) -> Option<SlowestReader> {
         let now = monotonic_ns();
         let mut slowest: Option<SlowestReader> = None;
@@ -218,6 +250,9 @@ impl Region {
                 self.reader_position(topic, slot, index)
                     .load(Ordering::Acquire)
             };
+            if hb != READER_CLAIMING && passed.is_some_and(|p| position <= p) {
+                continue;
+            }
             if slowest.as_ref().is_some_and(|s| s.position <= position) {
                 continue;
             }

@@ -70,6 +70,25 @@ fn releasing_a_brokers_reader_slots_frees_only_its_own_that_stopped_beating() {
 }
 
 #[test]
+fn a_floor_past_a_position_leaves_out_the_readers_at_or_below_it_but_not_a_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Region::create(&dir.path().join("r"), small()).unwrap();
+    let stall = std::time::Duration::from_secs(30);
+    pin_slot(&r, 0, 0, monotonic_ns());
+    pin_slot(&r, 1, 0, monotonic_ns());
+    r.reader_slot(1, 1).position(0).store(25, Ordering::Release);
+    assert_eq!(r.reader_floor(1, 0, stall), 10);
+    assert_eq!(r.reader_floor_past(1, 0, stall, Some(10)), 25);
+    assert_eq!(r.reader_floor_past(1, 0, stall, Some(25)), u64::MAX);
+    // A slot being claimed holds position 0 whatever was passed: its reader has not
+    // said where it starts yet.
+    let claim = r.reader_slot(1, 2);
+    claim.mark_claimed();
+    claim.heartbeat.store(READER_CLAIMING, Ordering::Release);
+    assert_eq!(r.reader_floor_past(1, 0, stall, Some(25)), 0);
+}
+
+#[test]
 fn a_pin_stored_while_a_reclamation_pass_reads_the_pins_waits_for_the_pass_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let r = Arc::new(Region::create(&dir.path().join("r"), small()).unwrap());

@@ -155,6 +155,47 @@ fn a_subscriber_that_stops_reading_stops_holding_memory() {
     }
 }
 
+/// Subscribers that attach at the oldest retained position one after another, each
+/// leaving before its own stall timeout (an adversarial run held a memory-only topic's
+/// publishers this way for as long as it went on: every reader was fresh), hold
+/// publishers back at most a stall timeout at a time: the reclaimer passes a floor that
+/// has held it back that long.
+#[test]
+fn readers_attaching_in_turn_at_the_oldest_position_do_not_hold_publishers_for_ever() {
+    let t = common::start_with(|c| {
+        tiny(c);
+        c.broker.reader_stall_timeout_ms = 300;
+        // A feed ring smaller than the log, so a reader that does not read pins it.
+        c.broker.shm_feed_bytes = 64 * 1024;
+    });
+    t.create_topic("chain", 2);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (brokers, stopping) = (t.brokers(), stop.clone());
+    let chain = std::thread::spawn(move || {
+        // Two readers alive at any moment, each for 200 ms (< the 300 ms stall timeout),
+        // a new one every 100 ms, none of which reads.
+        let mut alive = std::collections::VecDeque::new();
+        while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+            let sub = Subscriber::connect_brokers(&brokers, "chain", SubscriberConfig::default());
+            alive.push_back(sub.expect("a reader connects"));
+            if alive.len() > 2 {
+                alive.pop_front();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    let p = publisher(&t, "chain");
+    let payload = vec![5u8; 1000];
+    // 40 MB through 4 MiB of log memory: reclamation has to pass the readers ten times.
+    for _ in 0..40_000 {
+        p.publish(&payload).unwrap();
+    }
+    let closed = p.close();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    chain.join().unwrap();
+    closed.expect("every message acknowledged within the flush timeout");
+}
+
 /// Waits (at most 30 s, else fails with `what`) until `done` holds.
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
