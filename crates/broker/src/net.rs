@@ -208,16 +208,38 @@ pub fn topic_deleted(name: &str) -> ErrorFrame {
 }
 
 fn handshake(shared: &Shared, stream: &mut TcpStream) -> Result<Accepted, End> {
-    stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
+    let mut within = ByDeadline {
+        stream,
+        deadline: Instant::now() + HELLO_TIMEOUT,
+    };
     let mut raw = [0u8; HELLO_LEN];
-    stream.read_exact(&mut raw)?;
+    within.read_exact(&mut raw)?;
     let (hello, topic, meta) = accept_hello(shared, &raw)?;
     let cursors = match hello.role {
         Role::Publish => Vec::new(),
-        Role::Subscribe => read_cursors(shared, stream, &hello, &meta)?,
+        Role::Subscribe => read_cursors(shared, &mut within, &hello, &meta)?,
     };
-    stream.set_read_timeout(None)?;
+    within.stream.set_read_timeout(None)?;
     Ok((hello, topic, meta, cursors))
+}
+
+/// A socket read that must be over by `deadline`: the whole hello (and a subscriber's
+/// cursors) within `HELLO_TIMEOUT` of the accept, not each read of it, so a client
+/// that sends a byte every few seconds cannot hold a connection before its hello.
+struct ByDeadline<'a> {
+    stream: &'a mut TcpStream,
+    deadline: Instant,
+}
+
+impl Read for ByDeadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
 }
 
 /// Decodes a hello and finds its topic; a publisher's hello is checked against the

@@ -423,6 +423,37 @@ fn a_client_that_sends_garbage_instead_of_a_hello_is_dropped() {
     by.finish(&t);
 }
 
+/// A hello sent a byte at a time, each byte well within a read's timeout, is cut off
+/// once the whole hello is late (10 s after the accept): a per-read timeout let an
+/// adversarial run hold a connection for 129 s before its hello was whole.
+#[test]
+fn a_hello_trickled_a_byte_at_a_time_is_cut_off_at_the_hello_timeout() {
+    let t = server();
+    let by = Bystander::start(&t);
+    let mut s = TcpStream::connect(&t.brokers()[1]).unwrap();
+    let raw = hello("anything", Role::Publish, 1).encode();
+    let mut trickle = s.try_clone().unwrap();
+    // At one byte per 200 ms, the whole hello would take about 26 s.
+    let trickler = std::thread::spawn(move || {
+        let mut sent = 0;
+        for byte in &raw {
+            if trickle.write_all(std::slice::from_ref(byte)).is_err() {
+                break;
+            }
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        (sent, raw.len())
+    });
+    // The broker closes the connection: the read ends without a frame.
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    drop(s);
+    let (sent, len) = trickler.join().unwrap();
+    assert!(sent < len, "cut off after {sent} of {len} bytes");
+    by.finish(&t);
+}
+
 /// A client that sends a batch's header and then its payload a byte at a time, never
 /// waiting long enough between two bytes for a per-read timeout, is cut off once the
 /// whole payload is late: its reserved place in the log would otherwise hold up every
