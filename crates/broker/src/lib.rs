@@ -39,7 +39,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Settings of one broker.
 #[derive(Debug, Clone)]
@@ -508,7 +508,40 @@ fn start_shm(
     }
 }
 
+/// Failed accepts, logged at most once a second with how many failed meanwhile: out of
+/// file descriptors, every pending connection fails its accept in turn, and one line
+/// each filled the log at 400 lines a second (an adversarial run, session 33).
+struct AcceptFailures {
+    since_logged: u64,
+    logged_at: Option<Instant>,
+}
+
+impl AcceptFailures {
+    fn note(&mut self, broker: u32, e: &std::io::Error) {
+        self.since_logged += 1;
+        let now = Instant::now();
+        if self
+            .logged_at
+            .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1))
+        {
+            return;
+        }
+        let n = std::mem::take(&mut self.since_logged);
+        let hint = if e.raw_os_error() == Some(libc::EMFILE) {
+            "; out of file descriptors: raise the open-files limit (ulimit -Hn, systemd LimitNOFILE=) or lower broker.max_connections"
+        } else {
+            ""
+        };
+        tracing::warn!(broker, failed = n, "accept failed: {e}{hint}");
+        self.logged_at = Some(now);
+    }
+}
+
 fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    let mut failures = AcceptFailures {
+        since_logged: 0,
+        logged_at: None,
+    };
     for stream in listener.incoming() {
         if shared.shutdown.load(Ordering::SeqCst) {
             break;
@@ -516,7 +549,7 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         let stream = match stream {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(broker = shared.config.broker_id, "accept failed: {e}");
+                failures.note(shared.config.broker_id, &e);
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }

@@ -131,6 +131,8 @@ struct MembershipCall {
 
 impl Follower {
     pub fn start(config: FollowerConfig) -> Result<Self, ServerError> {
+        // As `serve` does (`open_files`): a broker's connections each hold descriptors.
+        crate::open_files::raise_open_files_limit();
         let doc = fetch_cluster(&config.head)?;
         let brokers = doc.region.capacities.brokers;
         if config.broker_id >= brokers {

@@ -22,6 +22,7 @@ pub mod health;
 mod http;
 pub mod http_server;
 mod metrics;
+mod open_files;
 pub mod positions;
 mod rates;
 mod reserve;
@@ -122,6 +123,7 @@ pub struct Server {
 impl Server {
     pub fn start(config: ServerConfig) -> Result<Self, ServerError> {
         config.validate()?;
+        open_files::prepare(&config);
         // Refused before anything is touched: clients could not use what it advertises.
         let advertised = config.advertised_ip()?;
         let dir = &config.data_dir;
