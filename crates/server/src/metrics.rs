@@ -439,9 +439,10 @@ fn control_families(inner: &Inner, family: &mut impl FnMut(&str, &str, &str, Vec
     family(
         "workflow_proxy_failures_total",
         "counter",
-        "Workflow API requests the control port could not forward: no orchestrator announced (503), none reachable or its answer unusable (502).",
+        "Workflow API requests the control port could not forward: no orchestrator announced (503), too many in progress (busy, 503), none reachable or its answer unusable (502).",
         [
             ("no_engine", &proxy.no_engine),
+            ("busy", &proxy.busy),
             ("unreachable", &proxy.unreachable),
             ("bad_answer", &proxy.bad_answer),
         ]

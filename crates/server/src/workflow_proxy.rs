@@ -15,7 +15,7 @@ use crate::services::Services;
 use std::borrow::Cow;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,6 +34,12 @@ const BODY_IDLE: Duration = Duration::from_secs(60);
 /// Largest answer head accepted from the orchestrator (its answers' heads are small).
 const MAX_HEAD: usize = 16 * 1024;
 const MAX_HEADERS: usize = 64;
+/// Requests forwarded at once, bodies included: a quarter of the control port's 1024
+/// connections. Each holds its connection for as long as the orchestrator takes (a long
+/// poll up to 300 s, an event stream for the task's life), so without a cap a burst of
+/// long polls took every connection of the control port, and the admin API and every
+/// `pub`/`sub` start with it, for five minutes (an adversarial run, session 33).
+pub const MAX_FORWARDED: usize = 256;
 
 /// What `/metrics` shows of the forwarding.
 #[derive(Debug, Default)]
@@ -46,6 +52,32 @@ pub struct ProxyMetrics {
     pub unreachable: AtomicU64,
     /// Requests answered 502: the orchestrator's answer was cut off, late or malformed.
     pub bad_answer: AtomicU64,
+    /// Requests answered 503 because [`MAX_FORWARDED`] were in progress.
+    pub busy: AtomicU64,
+    /// Requests being forwarded now, until their answer's body has been copied.
+    pub in_flight: Arc<AtomicUsize>,
+}
+
+/// A forwarded request's place in [`ProxyMetrics::in_flight`], given back when dropped:
+/// with the answer's body, which is copied after `forward` returns.
+struct Forwarding(Arc<AtomicUsize>);
+
+impl Forwarding {
+    /// A place, or `None` when [`MAX_FORWARDED`] are taken.
+    fn take(in_flight: &Arc<AtomicUsize>) -> Option<Self> {
+        if in_flight.fetch_add(1, Ordering::AcqRel) >= MAX_FORWARDED {
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Self(in_flight.clone()))
+    }
+}
+
+impl Drop for Forwarding {
+    fn drop(&mut self) {
+        let before = self.0.fetch_sub(1, Ordering::AcqRel);
+        assert!(before > 0, "a forwarding place given back twice");
+    }
 }
 
 /// Whether the control port forwards `path` to the workflow engine.
@@ -62,6 +94,14 @@ pub fn is_workflow_route(path: &str) -> bool {
 /// fails) and returns its answer, the body streamed; 503 `no_workflow_engine` when none
 /// announced itself, 502 when none can be reached or its answer is unusable.
 pub fn forward(services: &Services, metrics: &ProxyMetrics, request: &Request) -> Response {
+    let Some(place) = Forwarding::take(&metrics.in_flight) else {
+        metrics.busy.fetch_add(1, Ordering::Relaxed);
+        return api_error(
+            503,
+            "workflow_proxy_busy",
+            format!("{MAX_FORWARDED} workflow requests (long polls and event streams included) are in progress through this control port, the most it forwards at once so that the admin API stays reachable; retry shortly, or ask the orchestrator at its own address"),
+        );
+    };
     let engines = services.newest_first(KIND);
     if engines.is_empty() {
         metrics.no_engine.fetch_add(1, Ordering::Relaxed);
@@ -87,7 +127,7 @@ pub fn forward(services: &Services, metrics: &ProxyMetrics, request: &Request) -
         Ok((mut response, rest)) => {
             metrics.forwarded.fetch_add(1, Ordering::Relaxed);
             let length = response_length(&response, request);
-            response.stream = Some(copy_body(upstream, rest, length));
+            response.stream = Some(copy_body(upstream, rest, length, place));
             response
         }
         Err(why) => {
@@ -273,11 +313,17 @@ fn response_length(response: &Response, request: &Request) -> Option<u64> {
 
 /// The body as a [`StreamBody`]: `rest` (what came with the head), then whatever the
 /// upstream sends, each read written on at once, until `length` bytes or its end.
-fn copy_body(upstream: TcpStream, rest: Vec<u8>, length: Option<u64>) -> StreamBody {
-    let upstream = parking_lot::Mutex::new(Some((upstream, rest)));
+fn copy_body(
+    upstream: TcpStream,
+    rest: Vec<u8>,
+    length: Option<u64>,
+    place: Forwarding,
+) -> StreamBody {
+    let upstream = parking_lot::Mutex::new(Some((upstream, rest, place)));
     StreamBody(Arc::new(move |out: &mut dyn Write| {
-        // The server runs a stream body once; a second run has nothing to copy.
-        let Some((mut upstream, rest)) = upstream.lock().take() else {
+        // The server runs a stream body once; a second run has nothing to copy. The
+        // place goes back when this run ends (or the answer is dropped unsent).
+        let Some((mut upstream, rest, _place)) = upstream.lock().take() else {
             return Ok(());
         };
         let mut left = length.unwrap_or(u64::MAX);
@@ -362,10 +408,47 @@ mod tests {
         let length = expected.len().to_string();
         assert!(answer.headers.contains(&("Retry-After".into(), "7".into())));
         assert!(answer.headers.contains(&("Content-Length".into(), length)));
+        assert_eq!(
+            metrics.in_flight.load(Ordering::Relaxed),
+            1,
+            "held with its body"
+        );
         let mut body = Vec::new();
         (answer.stream.expect("a streamed body").0)(&mut body).unwrap();
         assert_eq!(String::from_utf8(body).unwrap(), expected);
         assert_eq!(metrics.forwarded.load(Ordering::Relaxed), 1);
+        assert_eq!(metrics.in_flight.load(Ordering::Relaxed), 0, "given back");
+    }
+
+    #[test]
+    fn past_the_most_forwarded_at_once_a_request_is_answered_busy_at_once() {
+        // An address nothing listens on: a request that were forwarded would fail 502.
+        let services = announced("127.0.0.1:1");
+        let metrics = ProxyMetrics::default();
+        metrics.in_flight.store(MAX_FORWARDED, Ordering::Relaxed);
+        let request = Request {
+            method: "GET".into(),
+            url: "/v1/tasks/u?wait=300".into(),
+            body: Vec::new(),
+            last_event_id: None,
+            content_type: None,
+        };
+        let answer = forward(&services, &metrics, &request);
+        assert_eq!(answer.status, 503);
+        assert!(
+            answer.body.contains("workflow_proxy_busy"),
+            "{}",
+            answer.body
+        );
+        assert_eq!(metrics.busy.load(Ordering::Relaxed), 1);
+        assert_eq!(metrics.in_flight.load(Ordering::Relaxed), MAX_FORWARDED);
+        // One place freed: the next request is forwarded (and fails to connect: 502),
+        // and its place is given back with its answer.
+        metrics
+            .in_flight
+            .store(MAX_FORWARDED - 1, Ordering::Relaxed);
+        assert_eq!(forward(&services, &metrics, &request).status, 502);
+        assert_eq!(metrics.in_flight.load(Ordering::Relaxed), MAX_FORWARDED - 1);
     }
 
     #[test]
