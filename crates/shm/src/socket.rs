@@ -201,6 +201,11 @@ pub fn map_client_channel(
     if !seals.contains(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW) {
         return Err("the channel memfd is not sealed against shrinking and growing (F_SEAL_SHRINK | F_SEAL_GROW)".into());
     }
+    // Both ends write the channel: a memfd sealed against writing cannot be mapped
+    // writable (EPERM, which said nothing of why).
+    if seals.intersects(SealFlag::F_SEAL_WRITE | SealFlag::F_SEAL_FUTURE_WRITE) {
+        return Err("the channel memfd is sealed against writing (F_SEAL_WRITE or F_SEAL_FUTURE_WRITE); both ends write a channel, so seal it only against shrinking and growing".into());
+    }
     let size = nix::sys::stat::fstat(fd.as_fd())
         .map_err(|e| format!("fstat of the channel memfd: {e}"))?
         .st_size as u64;

@@ -222,6 +222,16 @@ fn the_broker_refuses_an_unsealed_fd_a_bad_descriptor_and_an_oversized_ring() {
         e.contains("sealable memfd") || e.contains("not sealed"),
         "{e}"
     );
+    // Sealed against writing too: refused naming the seal (mapping it failed with EPERM).
+    use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+    let flags =
+        nix::sys::memfd::MFdFlags::MFD_CLOEXEC | nix::sys::memfd::MFdFlags::MFD_ALLOW_SEALING;
+    let frozen = nix::sys::memfd::memfd_create("t", flags).unwrap();
+    nix::unistd::ftruncate(&frozen, layout::channel_len(MIN_DATA_CAPACITY) as i64).unwrap();
+    let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_FUTURE_WRITE;
+    fcntl(&frozen, FcntlArg::F_ADD_SEALS(seals)).unwrap();
+    let e = map_client_channel(&frozen, 1 << 20).err().unwrap();
+    assert!(e.contains("sealed against writing"), "{e}");
     let (fd, map) = create_channel(MIN_DATA_CAPACITY).unwrap();
     let e = map_client_channel(&fd, MIN_DATA_CAPACITY / 2)
         .err()
