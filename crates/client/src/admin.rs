@@ -23,6 +23,9 @@ pub fn control_url(control: &str) -> String {
     }
 }
 
+/// How long a request answered 503 (the server busy) is retried before the 503 counts.
+pub const BUSY_RETRY_FOR: Duration = Duration::from_secs(3);
+
 /// Client of the admin API at `host:port` (default `127.0.0.1:12140`).
 #[derive(Debug, Clone)]
 pub struct Admin {
@@ -78,15 +81,37 @@ impl Admin {
         &self.base
     }
 
+    /// Sends `req` (with `body`), retrying a 503 for up to [`BUSY_RETRY_FOR`]: the
+    /// server answers 503 only for a request it did not act on (every connection busy, a
+    /// failover query that could not be answered yet), so a retry is always safe, and a
+    /// `pub` or `sub` started during a burst of other clients' requests waits it out.
     fn call(
         &self,
         req: ureq::Request,
         body: Option<serde_json::Value>,
     ) -> Result<serde_json::Value> {
-        let result = match body {
-            Some(b) => req.send_json(b),
-            None => req.call(),
-        };
+        let give_up = std::time::Instant::now() + BUSY_RETRY_FOR;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let result = match &body {
+                Some(b) => req.clone().send_json(b.clone()),
+                None => req.clone().call(),
+            };
+            match result {
+                Err(ureq::Error::Status(503, _)) if std::time::Instant::now() + pause < give_up => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                result => return self.answer(result),
+            }
+        }
+    }
+
+    /// The JSON of an answer, or the error it is.
+    fn answer(
+        &self,
+        result: std::result::Result<ureq::Response, ureq::Error>,
+    ) -> Result<serde_json::Value> {
         match result {
             Ok(resp) => resp.into_json().map_err(|e| Error::Admin {
                 status: 200,
@@ -270,6 +295,39 @@ mod tests {
         assert_eq!(control_url("http://h:1/"), "http://h:1");
         assert_eq!(control_url("31140"), "http://127.0.0.1:31140");
         assert_eq!(control_url(" localhost:5 "), "http://localhost:5");
+    }
+
+    /// Answers each of `answers` (status, body) to one request in turn, then stops.
+    fn answering(answers: Vec<(u16, &'static str)>) -> (String, std::thread::JoinHandle<()>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            for (status, body) in answers {
+                let (mut conn, _) = listener.accept().unwrap();
+                let mut request = [0u8; 4096];
+                let _ = std::io::Read::read(&mut conn, &mut request);
+                let head = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let answer = [head.as_bytes(), body.as_bytes()].concat();
+                std::io::Write::write_all(&mut conn, &answer).unwrap();
+            }
+        });
+        (addr, server)
+    }
+
+    #[test]
+    fn a_busy_server_is_asked_again_and_its_answer_counts() {
+        let busy = (503, r#"{"error":"1024 requests are in progress"}"#);
+        let (addr, server) = answering(vec![busy, busy, (200, r#"{"topics":[]}"#)]);
+        assert_eq!(Admin::new(&addr).list_topics().unwrap(), vec![]);
+        server.join().unwrap();
+        // A refusal other than 503 is the answer at once.
+        let (addr, server) = answering(vec![(409, r#"{"error":"exists"}"#)]);
+        let e = Admin::new(&addr).list_topics().unwrap_err();
+        assert!(e.to_string().contains("exists"), "{e}");
+        server.join().unwrap();
     }
 
     #[test]
