@@ -209,10 +209,17 @@ fn print_messages(args: &SubArgs, sub: &mut Subscriber) -> CliResult {
             unflushed = false;
         } else if let Some(t) = args.idle_timeout_s {
             if last_message.elapsed() >= Duration::from_secs(t) {
+                // Nothing read from the start: the subscriber's cursor is still its
+                // default (0), which is not where the topic continues (a memory-only
+                // topic's positions go on past a restart), so none is named.
+                let from_start = printed == 0 && args.from.is_none();
+                let next = match from_start {
+                    true => "the topic has nothing retained to read yet".to_string(),
+                    false => format!("next {}", describe(&Subscriber::position(sub))),
+                };
                 return Err(format!(
-                    "no message for {t} s after {} (next {})",
+                    "no message for {t} s after {} ({next})",
                     crate::count_of(printed, "message", "messages"),
-                    describe(&Subscriber::position(sub))
                 ));
             }
         }

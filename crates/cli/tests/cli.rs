@@ -73,6 +73,13 @@ fn quickstart_then_restart_keeps_topics() {
         "{err}"
     );
     assert!(err.contains("(next position 50)"), "{err}");
+    // From the start of a topic with nothing in it, no position is named (the cursor's
+    // default 0 is not where a memory-only topic continues after a restart).
+    ok(&serve.run(&["topic", "create", "quiet", "--memory-only"], None));
+    let out = serve.run(&["sub", "quiet", "--idle-timeout-s", "1"], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nothing retained to read yet"), "{err}");
+    ok(&serve.run(&["topic", "delete", "quiet"], None));
     let generated = ok(&serve.run(
         &["pub", "logs", "--count", "5000", "--size", "100", "--json"],
         None,
