@@ -50,12 +50,13 @@ struct LogState {
     /// A subscriber is holding back memory its publishers need, and it has been logged
     /// (once per episode: set when logged, cleared when reclamation passes it again).
     held_by_reader: bool,
-    /// The reader floor that holds reclamation back under pressure, and since when
-    /// (`None` while nothing is held): once it has held for a stall timeout the readers
-    /// still at it stop holding memory ([`held_too_long`]).
+    /// The batch index at which reader pins stop reclamation under pressure, and since
+    /// when (`None` while nothing is held): once it has stayed there for a stall timeout
+    /// the readers below what pressure wants stop holding memory ([`held_too_long`]).
     hold: Option<(u64, Instant)>,
-    /// The highest floor passed that way: readers at or below it hold nothing any more
-    /// (only grows; positions are global for orders 2 and 5, this log's for 0 and 1).
+    /// The highest position passed that way: readers pinned at or below it hold nothing
+    /// any more (only grows; positions are global for orders 2 and 5, this log's for 0
+    /// and 1). A new reader pins where it starts, above what was reclaimed.
     passed: Option<u64>,
     /// The writer's reserved PBR index when last looked at under pool pressure, and
     /// since when it has stayed there: how long the log has taken no batch.
@@ -352,6 +353,10 @@ fn reclaim(shared: &Shared, topic: u32, st: &mut LogState, pressure: PoolPressur
     } else {
         wanted.min(eligible)
     };
+    if wanted <= st.reclaimed_pbr {
+        // Nothing wanted: a hold timed before does not go on counting.
+        st.hold = None;
+    }
     let mut progress =
         wanted > st.reclaimed_pbr && release_unpinned(shared, topic, st, wanted, pressed);
     if retire {
@@ -375,10 +380,12 @@ fn release_unpinned(
     let floor = reader_pin_floor(shared, topic, st, st.passed);
     let mut target = below_floor(shared, topic, st, wanted, floor);
     let held = pressed && target < wanted;
-    if let Some(passed) = held_too_long(shared, topic, st, held, floor) {
-        st.passed = Some(passed);
-        let floor = reader_pin_floor(shared, topic, st, st.passed);
-        target = below_floor(shared, topic, st, wanted, floor);
+    if held_too_long(shared, topic, st, held, target) {
+        if let Some(last) = last_position_below(shared, topic, st, wanted) {
+            st.passed = st.passed.max(Some(last));
+            let floor = reader_pin_floor(shared, topic, st, st.passed);
+            target = below_floor(shared, topic, st, wanted, floor);
+        }
     }
     note_reader_hold(shared, topic, st, held);
     if target <= st.reclaimed_pbr {
@@ -570,35 +577,30 @@ fn reader_pin_floor(shared: &Shared, topic: u32, st: &LogState, passed: Option<u
         .reader_floor_past(topic, pin_index, stall, passed)
 }
 
-/// A reader floor that has held reclamation back under pressure (`held`) for a whole
-/// stall timeout: returned, so that the readers still at it stop holding memory. Each
-/// reader is dropped after a stall timeout without progress, but readers that attach
-/// at the oldest retained position one after another, each leaving before its own
-/// timeout, would otherwise hold the publishers of a memory-only topic for ever.
-fn held_too_long(
-    shared: &Shared,
-    topic: u32,
-    st: &mut LogState,
-    held: bool,
-    floor: u64,
-) -> Option<u64> {
-    // At or below a floor passed already, only a slot being claimed holds (position 0,
-    // for moments): never passed.
-    if !held || st.passed >= Some(floor) {
+/// Whether reader pins have held reclamation back under pressure (`held`) at batch
+/// `target` for a whole stall timeout, so that every reader below what pressure wants
+/// should stop holding memory. Each reader is dropped after a stall timeout without
+/// progress, but readers that attach at old positions one after another, each leaving
+/// before its own timeout (at one position, or at neighbouring ones so that the
+/// lowest pin keeps changing), would otherwise hold a memory-only topic's publishers
+/// for ever. Timed on the batch where reclamation stops, which a reader that reads
+/// moves on (a round at most 2 MiB) and fresh readers at old positions do not.
+fn held_too_long(shared: &Shared, topic: u32, st: &mut LogState, held: bool, target: u64) -> bool {
+    if !held {
         st.hold = None;
-        return None;
+        return false;
     }
     let now = Instant::now();
     let since = match st.hold {
-        Some((at, since)) if at == floor => since,
+        Some((at, since)) if at == target => since,
         _ => {
-            st.hold = Some((floor, now));
-            return None;
+            st.hold = Some((target, now));
+            return false;
         }
     };
     let stall = shared.config.reader_stall_timeout;
     if now.duration_since(since) < stall {
-        return None;
+        return false;
     }
     let name = shared
         .region
@@ -608,11 +610,28 @@ fn held_too_long(
     tracing::warn!(
         topic = %name,
         broker = shared.config.broker_id,
-        position = floor,
-        "position {floor} has held publishers back for {stall:?} (broker.reader_stall_timeout_ms): the subscribers still at it stop holding memory, and are told if it is reclaimed before they read it"
+        "subscribers have held publishers back for {stall:?} (broker.reader_stall_timeout_ms) without reclamation moving: those below what the publishers need stop holding memory, and are told if it is reclaimed before they read it"
     );
     st.hold = None;
-    Some(floor)
+    true
+}
+
+/// The highest position of the valid batches of this log from the reclaimed frontier
+/// to batch index `wanted` (`None` when there is none). Run once per pass of
+/// [`held_too_long`], so a scan of the batches is affordable.
+fn last_position_below(shared: &Shared, topic: u32, st: &LogState, wanted: u64) -> Option<u64> {
+    let broker = shared.config.broker_id;
+    let last_of = |i| {
+        let h = shared.region.pbr_read(topic, broker, i)?;
+        let valid = h.flags & BatchFlags::VALID != 0 && h.num_msg > 0;
+        let first = if st.order >= 2 {
+            h.total_order
+        } else {
+            h.start_logical_offset
+        };
+        valid.then(|| first + h.num_msg as u64 - 1)
+    };
+    (st.reclaimed_pbr..wanted).filter_map(last_of).max()
 }
 
 /// `target`, lowered to the first batch at or above `floor` (a reader pin).

@@ -309,6 +309,16 @@ impl<'a> Pin<'a> {
         Ok(true)
     }
 
+    /// Pins `position` at `index` if it is above what is pinned there: a start from the
+    /// beginning located at the first retained position pins that, not the 0 it asked
+    /// for, so that a reclaimer passing readers stuck at old positions
+    /// (`service::held_too_long`) does not take it for one of them.
+    fn raise(&self, index: u32, position: u64) {
+        if self.positions.borrow()[index as usize] < position {
+            self.set(index, position);
+        }
+    }
+
     /// Pins `position` at `index`; returns what was pinned there before.
     fn set(&self, index: u32, position: u64) -> u64 {
         let previous =
@@ -824,7 +834,11 @@ fn serve_global(
         if cursor.is_none() {
             match locate_start(region, topic, meta, &mut start, disk.as_mut())? {
                 StartAt::Found(at) => cursor = at,
-                StartAt::Moved => continue,
+                StartAt::Moved => {
+                    // Up to the first retained position (`Start::gone` only moves up).
+                    pin.raise(0, start.position);
+                    continue;
+                }
             }
         }
         let readable = readable_seq(region, topic, meta);
@@ -1539,6 +1553,10 @@ fn serve_per_broker(
             from_first,
         };
         let plan = logs.plan_round(&mut cursors, &mut positions, per_broker_limit)?;
+        // A start located higher than asked (the first retained position) is pinned.
+        for (broker, &located) in positions.iter().enumerate() {
+            pin.raise(broker as u32, located);
+        }
         if plan.is_empty() {
             idle.wait(&bell, seen, stream)?;
             continue;

@@ -194,6 +194,32 @@ fn readers_attaching_in_turn_at_the_oldest_position_do_not_hold_publishers_for_e
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     chain.join().unwrap();
     closed.expect("every message acknowledged within the flush timeout");
+    // Readers were passed: one that starts from the beginning now still holds what it
+    // has not read (its pin is where it starts, not the 0 it asked for), and reads
+    // every message from its start on, in order, while 20 MB more go through.
+    let mut reader =
+        Subscriber::connect_brokers(&t.brokers(), "chain", SubscriberConfig::default()).unwrap();
+    let first = reader
+        .poll(Duration::from_secs(10))
+        .unwrap()
+        .expect("retained")
+        .position;
+    let p = publisher(&t, "chain");
+    let writer = std::thread::spawn(move || {
+        for _ in 0..20_000 {
+            p.publish(&[6u8; 1000]).unwrap();
+        }
+        p.close().expect("acknowledged");
+    });
+    for expected in first + 1..40_000 + 20_000 {
+        let m = reader.poll(Duration::from_secs(30)).unwrap();
+        assert_eq!(
+            m.map(|m| m.position),
+            Some(expected),
+            "contiguous from its start"
+        );
+    }
+    writer.join().unwrap();
 }
 
 /// Waits (at most 30 s, else fails with `what`) until `done` holds.
