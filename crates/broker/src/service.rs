@@ -384,7 +384,9 @@ fn release_unpinned(
         if let Some(last) = last_position_below(shared, topic, st, wanted) {
             st.passed = st.passed.max(Some(last));
             let floor = reader_pin_floor(shared, topic, st, st.passed);
+            let before = target;
             target = below_floor(shared, topic, st, wanted, floor);
+            assert!(target >= before, "passing readers never lowers the target");
         }
     }
     note_reader_hold(shared, topic, st, held);
@@ -586,6 +588,11 @@ fn reader_pin_floor(shared: &Shared, topic: u32, st: &LogState, passed: Option<u
 /// for ever. Timed on the batch where reclamation stops, which a reader that reads
 /// moves on (a round at most 2 MiB) and fresh readers at old positions do not.
 fn held_too_long(shared: &Shared, topic: u32, st: &mut LogState, held: bool, target: u64) -> bool {
+    assert!(
+        target >= st.reclaimed_pbr,
+        "pins stop reclamation at or above what it reclaimed: {target} < {}",
+        st.reclaimed_pbr
+    );
     if !held {
         st.hold = None;
         return false;

@@ -317,6 +317,10 @@ impl<'a> Pin<'a> {
         if self.positions.borrow()[index as usize] < position {
             self.set(index, position);
         }
+        assert!(
+            self.positions.borrow()[index as usize] >= position,
+            "a raised pin"
+        );
     }
 
     /// Pins `position` at `index`; returns what was pinned there before.

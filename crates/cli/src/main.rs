@@ -480,13 +480,7 @@ fn topic(cmd: TopicCommand) -> CliResult {
 fn topic_delete(name: &str, control: &ControlArg, json: bool) -> CliResult {
     let t = Admin::new(&control.control)
         .delete_topic(name)
-        .map_err(|e| match e {
-            // The server's text suggests creating it, which is not what a delete wants.
-            embarcadero_client::Error::Admin { status: 404, .. } => format!(
-                "topic {name:?} does not exist, so nothing was deleted; `embarcadero topic list` shows the topics"
-            ),
-            e => e.to_string(),
-        })?;
+        .map_err(|e| e.to_string())?;
     if json {
         let mut v = serde_json::to_value(&t).expect("json");
         v["deleted"] = serde_json::Value::Bool(true);

@@ -115,6 +115,11 @@ fn delete_topic(inner: &Inner, name: &str) -> (u16, &'static str, String) {
             body["deleted"] = json!(true);
             (200, "application/json", body.to_string())
         }
+        // The usual text suggests creating the topic, which is not what a delete wants.
+        Err(TopicError::NotFound(name)) => error(
+            404,
+            format!("topic {name:?} does not exist, so nothing was deleted; `embarcadero topic list` (GET /v1/topics) shows the topics"),
+        ),
         Err(e) => topic_error(e),
     }
 }
