@@ -333,16 +333,8 @@ mod tests {
     #[test]
     fn an_http_answer_without_an_error_text_asks_whether_it_is_the_admin_api() {
         // A plain HTTP server that is not Embarcadero's: a 404 without a JSON body.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let other = std::thread::spawn(move || {
-            let (mut conn, _) = listener.accept().unwrap();
-            let mut request = [0u8; 1024];
-            let _ = std::io::Read::read(&mut conn, &mut request);
-            let answer = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n";
-            std::io::Write::write_all(&mut conn, answer).unwrap();
-        });
-        let e = Admin::new(&addr.to_string()).list_topics().unwrap_err();
+        let (addr, other) = answering(vec![(404, "")]);
+        let e = Admin::new(&addr).list_topics().unwrap_err();
         other.join().unwrap();
         let text = e.to_string();
         assert!(
