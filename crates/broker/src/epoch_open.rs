@@ -18,7 +18,7 @@ use crate::net::Refusal;
 use crate::session::{self, SessionStatus, SessionView};
 use crate::Shared;
 use embarcadero_region::backoff::Backoff;
-use embarcadero_wire::{BatchFlags, BatchHeader, ErrorCode, Hello, MESSAGE_HEADER_LEN};
+use embarcadero_wire::{BatchFlags, BatchHeader, ErrorCode, Hello};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -92,27 +92,20 @@ pub(crate) fn taken_over(hello: &Hello, status: &SessionStatus) -> Refusal {
     }
 }
 
-/// Commits the epoch-open slot (a void slot of one message header's bytes, which no
-/// reader reads) and returns its PBR index.
+/// Commits the epoch-open slot (a void marker slot) and returns its PBR index.
 fn commit_open_slot(shared: &Shared, hello: &Hello, topic: u32) -> Result<u64, Refusal> {
-    let writer = shared.writer(topic);
-    let Some(r) =
-        crate::publish::reserve_with_backpressure(shared, writer, MESSAGE_HEADER_LEN as u64, true)
-    else {
-        return Err(Refusal::new(
-            ErrorCode::Backpressure,
-            "the broker has no room in its log to open the session's epoch; retry",
-        ));
-    };
-    if !shared.owns_logs() {
-        return Err(Refusal::new(
-            ErrorCode::ShuttingDown,
-            "this broker was replaced; connect to its successor",
-        ));
-    }
-    let header = open_slot_header(shared, hello, topic, &r);
-    crate::publish::commit_reserved(shared, topic, &r, &header);
-    Ok(r.pbr_index)
+    use crate::publish::MarkerNotCommitted;
+    crate::publish::commit_marker(shared, topic, |r| open_slot_header(shared, hello, topic, r))
+        .map_err(|why| match why {
+            MarkerNotCommitted::NoRoom => Refusal::new(
+                ErrorCode::Backpressure,
+                "the broker has no room in its log to open the session's epoch; retry",
+            ),
+            MarkerNotCommitted::Replaced => Refusal::new(
+                ErrorCode::ShuttingDown,
+                "this broker was replaced; connect to its successor",
+            ),
+        })
 }
 
 fn open_slot_header(shared: &Shared, hello: &Hello, topic: u32, r: &Reservation) -> BatchHeader {

@@ -25,6 +25,7 @@ mod publish;
 mod resume;
 mod service;
 mod session;
+mod session_end;
 mod shm_conn;
 mod shm_feed;
 mod subscribe;

@@ -3,6 +3,7 @@
 
 use crate::session::{self, SessionView};
 use crate::{publish, subscribe, Shared};
+use embarcadero_region::backoff::Backoff;
 use embarcadero_region::TopicMeta;
 use embarcadero_wire::{
     ErrorCode, ErrorFrame, Hello, HelloOk, Role, WireError, HELLO_LEN, SESSION_KEY_LEN,
@@ -306,10 +307,7 @@ fn check_publish_hello(
         )
         .into());
     }
-    if meta.order == 5
-        && SessionView::new(topic, hello.client_id, hello.session_epoch, 0)
-            .crowded_out(&shared.region, shared.config.session_idle_evict)
-    {
+    if meta.order == 5 && crowded_out(shared, topic, hello) {
         return Err(Refusal::new(
             ErrorCode::SessionsExhausted,
             session::exhausted_message(&meta.name, shared.config.session_idle_evict),
@@ -330,6 +328,28 @@ fn check_publish_hello(
 }
 
 /// Reads a subscriber's per-broker cursors (orders 0 and 1: one per broker, or none).
+/// How long an order-5 hello that finds every session slot taken waits for one to be
+/// given up before it is refused: a publisher that closed just before this one started
+/// has its session's end on its way through the sequencer (one epoch and a scan).
+const CROWDED_WAIT: Duration = Duration::from_millis(50);
+
+/// Order 5: true when the hello's client has no session and, by the table's stamps and
+/// states, none can be made for it, within [`CROWDED_WAIT`]. The hello's early refusal;
+/// the sequencer may still refuse a session for more reasons (see `service`).
+fn crowded_out(shared: &Shared, topic: u32, hello: &Hello) -> bool {
+    let view = SessionView::new(topic, hello.client_id, hello.session_epoch, 0);
+    let idle_evict = shared.config.session_idle_evict;
+    let deadline = Instant::now() + CROWDED_WAIT;
+    let mut backoff = Backoff::new(Duration::from_millis(2));
+    while view.crowded_out(&shared.region, idle_evict) {
+        if Instant::now() >= deadline || shared.shutdown.load(Ordering::Relaxed) {
+            return true;
+        }
+        backoff.idle(None);
+    }
+    false
+}
+
 pub(crate) fn read_cursors(
     shared: &Shared,
     stream: &mut impl Read,

@@ -281,6 +281,10 @@ enum Admitted {
 impl<'a, I: Inbound> Receiver<'a, I> {
     fn next_batch(&mut self) -> Result<(), End> {
         let header = self.read_header()?;
+        if header.ends_session() {
+            return crate::session_end::end(self.shared, self.hello, self.conn, &header)
+                .map_err(End::from);
+        }
         if let Admitted::Done = self.admit(&header)? {
             return Ok(());
         }
@@ -778,6 +782,38 @@ pub(crate) fn reserve_with_backpressure(
         shared.region.broker_bell(shared.config.broker_id).ring();
         backoff.idle(None);
     }
+}
+
+/// Why a marker slot (an epoch open, a session's end) was not committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MarkerNotCommitted {
+    /// The log had no room within the backpressure timeout.
+    NoRoom,
+    /// This broker was replaced: its successor owns the log.
+    Replaced,
+}
+
+/// Commits a void marker slot of `topic` (one message header's bytes, which no reader
+/// reads) whose header `make` writes for its reservation; returns its PBR index.
+pub(crate) fn commit_marker(
+    shared: &Shared,
+    topic: u32,
+    make: impl FnOnce(&Reservation) -> BatchHeader,
+) -> Result<u64, MarkerNotCommitted> {
+    let writer = shared.writer(topic);
+    let len = embarcadero_wire::MESSAGE_HEADER_LEN as u64;
+    let r =
+        reserve_with_backpressure(shared, writer, len, true).ok_or(MarkerNotCommitted::NoRoom)?;
+    if !shared.owns_logs() {
+        return Err(MarkerNotCommitted::Replaced);
+    }
+    let header = make(&r);
+    assert!(
+        header.flags & BatchFlags::VOID != 0 && header.flags & BatchFlags::VALID == 0,
+        "a marker slot is void: no reader reads its bytes"
+    );
+    commit_reserved(shared, topic, &r, &header);
+    Ok(r.pbr_index)
 }
 
 /// Commits a reserved slot as void: its space is skipped by every reader.

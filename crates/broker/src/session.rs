@@ -180,9 +180,11 @@ impl SessionView {
 pub fn exhausted_message(topic: &str, idle_evict: Duration) -> String {
     format!(
         "all {} order-5 session slots of topic {topic:?} hold other clients' sessions, each \
-         active within the last {} s (sequencer.session_idle_evict_secs); retry when one \
-         has been idle that long, publish with a client id that has a session on it, or \
-         use another topic",
+         active within the last {} s (sequencer.session_idle_evict_secs) and not ended by \
+         its publisher (a publisher that closes ends its session; one dropped or killed \
+         without closing holds it until idle that long); retry when one has ended or been \
+         idle that long, publish with a client id that has a session on it, or use \
+         another topic",
         embarcadero_region::SESSION_SLOTS,
         idle_evict.as_secs()
     )

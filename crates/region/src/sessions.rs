@@ -115,13 +115,13 @@ impl Region {
     }
 
     /// True when a new session of `topic` can get a slot: one is free, or held by a
-    /// session idle for at least `idle_ms` at `now_ms` (the sequencer evicts the longest
-    /// idle of those for a new one). Only by the stamps: the sequencer may still find no
+    /// session its publisher ended or idle for at least `idle_ms` at `now_ms` (the
+    /// sequencer ends one of those for a new one). Only by the stamps: the sequencer may still find no
     /// session it can end (batches not yet on the replicas).
     pub fn session_table_has_room(&self, topic: u32, now_ms: u64, idle_ms: u64) -> bool {
         (0..SESSION_SLOTS).any(|slot| {
             self.session_read(topic, slot)
-                .is_none_or(|r| r.idle_at(now_ms, idle_ms))
+                .is_none_or(|r| r.may_end_at(now_ms, idle_ms))
         })
     }
 }

@@ -139,6 +139,10 @@ pub enum SessionState {
     /// A gap at the head outlived the lease; batches of this epoch are refused and the
     /// client must reopen with a higher epoch.
     Fenced = 2,
+    /// Open, but its publisher closed and ended it (a session-end slot) with nothing
+    /// held or still to come: a new session may take the slot at once, without waiting
+    /// for it to be idle. A later batch or epoch open of the session makes it Open again.
+    Ended = 3,
 }
 
 impl SessionState {
@@ -146,6 +150,7 @@ impl SessionState {
         match v {
             1 => Some(Self::Open),
             2 => Some(Self::Fenced),
+            3 => Some(Self::Ended),
             _ => None,
         }
     }
@@ -184,6 +189,12 @@ impl SessionRecord {
     /// True when the session has been idle at least `idle_ms` at `now_ms`.
     pub fn idle_at(&self, now_ms: u64, idle_ms: u64) -> bool {
         session_idle(self.last_active_ms, now_ms, idle_ms)
+    }
+
+    /// True when the sequencer may give the slot to a new session, by the record alone:
+    /// its publisher ended it, or it has been idle at least `idle_ms` at `now_ms`.
+    pub fn may_end_at(&self, now_ms: u64, idle_ms: u64) -> bool {
+        self.state == SessionState::Ended || self.idle_at(now_ms, idle_ms)
     }
 }
 

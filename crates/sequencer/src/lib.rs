@@ -30,6 +30,8 @@ mod sessions;
 mod epoch_open_tests;
 #[cfg(test)]
 mod model_tests;
+#[cfg(test)]
+mod session_end_tests;
 
 pub use lease::{Lease, LeaseError, LeaseState};
 
@@ -219,6 +221,18 @@ trait Admit {
     ) {
         self.admit(region, broker, pbr_index, None);
     }
+
+    /// Takes slot `pbr_index` of `broker`, a session-end slot: void for every mode but
+    /// order 5's sessions.
+    fn end_session(
+        &mut self,
+        region: &Region,
+        broker: u32,
+        pbr_index: u64,
+        _end: sessions::SessionEnd,
+    ) {
+        self.admit(region, broker, pbr_index, None);
+    }
 }
 
 /// Order 2: per broker, the slots scanned and not yet sealed, in PBR order; an epoch
@@ -301,6 +315,12 @@ impl Scanner {
     /// Hands the epoch-open slot at the cursor to the topic's orderer.
     fn take_open<A: Admit>(&mut self, region: &Region, orderer: &mut A, open: sessions::EpochOpen) {
         orderer.open_epoch(region, self.broker, self.cursor, open);
+        self.cursor += 1;
+    }
+
+    /// Hands the session-end slot at the cursor to the topic's orderer.
+    fn take_end<A: Admit>(&mut self, region: &Region, orderer: &mut A, end: sessions::SessionEnd) {
+        orderer.end_session(region, self.broker, self.cursor, end);
         self.cursor += 1;
     }
 }
@@ -550,6 +570,17 @@ fn epoch_open(topic: u32, broker: u32, h: &BatchHeader) -> Option<sessions::Epoc
     })
 }
 
+/// The end of a session a void slot flagged `END_SESSION` asks for, if it is one.
+fn session_end(h: &BatchHeader) -> Option<sessions::SessionEnd> {
+    (h.flags & BatchFlags::END_SESSION != 0).then_some(sessions::SessionEnd {
+        client_id: h.client_id,
+        epoch: h.session_epoch,
+        opener: h.batch_id as u32,
+        key_hash: h.session_key_hash,
+        next_seq: h.batch_seq,
+    })
+}
+
 impl ScanPass<'_> {
     /// Scans every broker's log of one topic into its orderer.
     fn scan_topic<A: Admit>(&mut self, line: &mut TopicLine, orderer: &mut A) {
@@ -587,6 +618,10 @@ impl ScanPass<'_> {
                 self.note_found(h.committed_ns);
             } else if let Some(open) = epoch_open(topic, s.broker, &h) {
                 s.take_open(region, orderer, open);
+                taken += 1;
+                continue;
+            } else if let Some(end) = session_end(&h) {
+                s.take_end(region, orderer, end);
                 taken += 1;
                 continue;
             }
@@ -1759,7 +1794,7 @@ mod tests {
     }
 
     /// Commits a batch of session `client` whose connection presented `key_hash`.
-    fn commit_keyed(
+    pub(super) fn commit_keyed(
         r: &Region,
         broker: u32,
         index: u64,
@@ -1966,7 +2001,7 @@ mod tests {
     }
 
     /// A region with room for more than a full session table of batches.
-    fn wide_session_region(replication_factor: u8) -> (tempfile::TempDir, Arc<Region>) {
+    pub(super) fn wide_session_region(replication_factor: u8) -> (tempfile::TempDir, Arc<Region>) {
         let dir = tempfile::tempdir().unwrap();
         let caps = Capacities {
             max_topics: 1,
@@ -1988,10 +2023,10 @@ mod tests {
         (dir, r)
     }
 
-    const MINUTE_MS: u64 = 60_000;
+    pub(super) const MINUTE_MS: u64 = 60_000;
 
     /// Fills the session table: client `c` (0..256) publishes its batch 0 at `at_ms`.
-    fn fill_session_table(r: &Arc<Region>, c: &mut Core, at_ms: u64) {
+    pub(super) fn fill_session_table(r: &Arc<Region>, c: &mut Core, at_ms: u64) {
         sessions::test_clock::NOW_MS.set(Some(at_ms));
         for client in 0..SESSION_SLOTS as u64 {
             commit_session(r, 0, client, client, 1, 0);
@@ -2001,7 +2036,7 @@ mod tests {
         assert_eq!(goi_sessions(r).len(), SESSION_SLOTS as usize);
     }
 
-    fn idle_core(r: &Arc<Region>) -> Core {
+    pub(super) fn idle_core(r: &Arc<Region>) -> Core {
         let config = SequencerConfig {
             session_idle_evict: Duration::from_secs(600),
             ..SequencerConfig::default()

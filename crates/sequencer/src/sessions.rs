@@ -16,10 +16,11 @@
 //! last. A restarted sequencer rebuilds from the table, reconciled with the GOI tail
 //! (the table is written after `committed_seq`, so it may lag by one epoch).
 //!
-//! Slots are reused: when a new session finds the table full, the session idle longest
+//! Slots are reused: when a new session finds the table full, a session its publisher
+//! ended on closing (a session-end slot, `SessionEnd`), else the session idle longest
 //! (at least `session_idle_evict` by the table's last-active stamp, which brokers keep
-//! fresh while the client is connected; nothing held; every batch on the disk replicas)
-//! ends, and its slot goes to the new one. An ended session is forgotten: a client that
+//! fresh while the client is connected), ends, if it holds nothing and every batch of
+//! it is on the disk replicas; its slot goes to the new one. An ended session is forgotten: a client that
 //! comes back with the same id starts a new session from batch 0, and one that still
 //! holds unacknowledged batches of the old one is told it expired (the broker sees its
 //! slot taken by another client).
@@ -92,6 +93,11 @@ struct Session {
     /// The session key hash it is bound to (`SessionRecord::key_hash`); 0 until a batch
     /// binds it (a session rebuilt from disk). Never changes once set.
     key_hash: u64,
+    /// Its publisher closed and ended it (a session-end slot) with nothing held or still
+    /// to come: its slot may go to a new session without waiting for it to be idle. The
+    /// table shows it (`SessionState::Ended`), so brokers let a new session's hello in.
+    /// Cleared by any later batch or epoch open of the session.
+    released: bool,
     dirty: bool,
 }
 
@@ -137,6 +143,8 @@ impl Session {
         SessionRecord {
             state: if fenced {
                 SessionState::Fenced
+            } else if self.released {
+                SessionState::Ended
             } else {
                 SessionState::Open
             },
@@ -207,6 +215,18 @@ pub(crate) struct EpochOpen {
     pub epoch: u64,
     pub opener: u32,
     pub key_hash: u64,
+}
+
+/// A session-end PBR slot (`BatchFlags::END_SESSION`): the publisher `opener` of epoch
+/// `epoch` of `client_id`'s session, presenting `key_hash`, closed after everything it
+/// sent was acknowledged; `next_seq` is the batch it would have numbered next.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SessionEnd {
+    pub client_id: u64,
+    pub epoch: u64,
+    pub opener: u32,
+    pub key_hash: u64,
+    pub next_seq: u64,
 }
 
 /// Logs the 1st, 2nd, 4th, ... dropped batch of another key (`total` so far), so that a
@@ -333,6 +353,10 @@ impl Sessions {
                 "client {client}: fenced but holding"
             );
             debug_assert!(
+                !s.released || (s.held.is_empty() && s.switch.is_none() && !s.fenced),
+                "client {client}: released with batches held or a switch pending: {s:?}"
+            );
+            debug_assert!(
                 s.switch.as_ref().is_none_or(|p| p.until > s.committed_hwm
                     && s.uncommitted > 0
                     && p.epoch < s.epoch
@@ -420,6 +444,7 @@ impl Sessions {
                 last_goi: None,
                 opened_at: r.opened_at,
                 starts: false,
+                released: r.state == SessionState::Ended,
                 key_hash: r.key_hash,
                 dirty: false,
             };
@@ -501,6 +526,12 @@ impl Sessions {
             } else {
                 f.hwm.max(session.committed_hwm)
             };
+            if (hwm != session.committed_hwm || f.epoch > session.epoch)
+                && std::mem::take(&mut session.released)
+            {
+                // Batches the table had not caught up with came after the end it shows.
+                session.dirty = true;
+            }
             if f.epoch > session.epoch {
                 // Opened by a batch the table had not caught up with: by whom is unknown.
                 session.epoch = f.epoch;
@@ -587,13 +618,15 @@ impl Sessions {
             opened_at: 0,
             starts: false,
             key_hash: 0,
+            released: false,
             dirty: true,
         }))
     }
 
-    /// Ends the session idle longest, if one may end, and returns its slot: idle at
-    /// least `session_idle_evict` by both its last admitted batch and the table's stamp
-    /// (which brokers raise while its client is connected), nothing held or waiting for
+    /// Ends a session, if one may end, and returns its slot: one its publisher ended
+    /// (`released`) first, else the one idle longest, idle at least `session_idle_evict`
+    /// by both its last admitted batch and the table's stamp (which brokers raise while
+    /// its client is connected); either way nothing held or waiting for
     /// the end of the epoch, and every batch on the disk replicas (their worker finds a
     /// session's slot through the table for each of its entries). The clock alone is
     /// not trusted: a jump must not end a session with batches in flight.
@@ -613,8 +646,9 @@ impl Sessions {
                     .map_or(0, |r| r.last_active_ms);
                 (client, s, s.last_active_ms.max(stamp))
             })
-            .filter(|(_, _, last_active)| session_idle(*last_active, now, idle))
-            .min_by_key(|(_, _, last_active)| *last_active)?;
+            .filter(|(_, s, last_active)| s.released || session_idle(*last_active, now, idle))
+            // Released sessions first: their publishers said they will not come back.
+            .min_by_key(|(_, s, last_active)| (!s.released, *last_active))?;
         let s = self.by_client.remove(&client).expect("found above");
         tracing::info!(
             topic,
@@ -622,7 +656,8 @@ impl Sessions {
             epoch = s.epoch,
             committed_hwm = s.committed_hwm,
             idle_s = now.saturating_sub(last_active) / 1000,
-            "order-5 session ended: idle, and its slot went to a new session"
+            ended_by_publisher = s.released,
+            "order-5 session ended (by its publisher, or idle), and its slot went to a new session"
         );
         self.evictions += 1;
         Some(s.slot)
@@ -807,6 +842,11 @@ impl crate::Admit for Sessions {
         self.take_epoch_open(region, broker, pbr_index, open);
     }
 
+    fn end_session(&mut self, region: &Region, broker: u32, pbr_index: u64, end: SessionEnd) {
+        self.admit(region, broker, pbr_index, None);
+        self.take_end(end);
+    }
+
     /// Takes one scanned PBR slot (`entry` is `None` for a void slot).
     fn admit(&mut self, region: &Region, broker: u32, pbr_index: u64, entry: Option<GoiEntry>) {
         let Some(entry) = entry else {
@@ -879,6 +919,9 @@ impl Sessions {
             return Err(NoSession::ForeignKey);
         }
         session.last_active_ms = self.now_ms;
+        if std::mem::take(&mut session.released) {
+            session.dirty = true;
+        }
         Ok(session)
     }
 
@@ -934,6 +977,35 @@ impl Sessions {
         }
         for b in &dropped {
             self.drop_batch(b);
+        }
+    }
+
+    /// Takes a session's end: released when it is the session as it stands (epoch,
+    /// opener, key) and everything its publisher numbered was admitted, none held or
+    /// waiting for an epoch switch. Any other end changes nothing (a late one, after a
+    /// new publisher opened the session; one whose batches are still on their way):
+    /// the session then ends once idle, as if no end had come.
+    fn take_end(&mut self, end: SessionEnd) {
+        let Some(session) = self.by_client.get_mut(&end.client_id) else {
+            return;
+        };
+        let current = session.epoch == end.epoch
+            && session.opener == end.opener
+            && session.key_hash == end.key_hash;
+        let complete = session.next_expected == end.next_seq
+            && session.held.is_empty()
+            && session.switch.is_none()
+            && !session.fenced;
+        if current && complete {
+            session.released = true;
+            session.dirty = true;
+            tracing::debug!(
+                topic = self.topic,
+                client = end.client_id,
+                epoch = end.epoch,
+                next_seq = end.next_seq,
+                "order-5 session ended by its publisher; its slot may go to a new session"
+            );
         }
     }
 

@@ -886,3 +886,99 @@ fn a_new_session_is_refused_with_a_clear_error_once_every_slot_is_taken() {
     assert_eq!((ack.kind, ack.arg), (FrameKind::Ack, 2));
     assert_eq!(t.server.topic("full").unwrap().next_position, 257);
 }
+
+/// A publisher that closes ends its session (PROTOCOL.md section 8, "Ending a session"),
+/// so that its slot goes to a new session at once: a script that runs `embarcadero pub`
+/// in a loop, or a program that makes a publisher per request, used to take every slot
+/// of the topic for `sequencer.session_idle_evict_secs` (600 s) after 256 of them. Over
+/// both transports, each message is delivered once, in publishing order.
+#[test]
+fn publishers_that_close_give_their_session_slots_to_new_ones_at_once() {
+    let t = common::start();
+    t.admin()
+        .create_topic(&TopicSpec::new("closing", 5))
+        .unwrap();
+    const PUBLISHERS: u64 = 300;
+    for i in 0..PUBLISHERS {
+        let config = PublisherConfig {
+            session_epoch: 1,
+            transport: if i % 2 == 0 {
+                embarcadero_client::Transport::Tcp
+            } else {
+                embarcadero_client::Transport::Auto
+            },
+            ..PublisherConfig::default()
+        };
+        let p = Publisher::connect(&t.control(), "closing", config)
+            .unwrap_or_else(|e| panic!("publisher {i}: {e}"));
+        p.publish(&i.to_le_bytes()).unwrap();
+        p.close().unwrap_or_else(|e| panic!("publisher {i}: {e}"));
+    }
+    let got: Vec<u64> = read(&t.brokers(), "closing", PUBLISHERS as usize)
+        .iter()
+        .map(|m| u64::from_le_bytes(m.payload[..8].try_into().unwrap()))
+        .collect();
+    assert_eq!(got, (0..PUBLISHERS).collect::<Vec<_>>());
+    assert_eq!(
+        t.metric_sum("embarcadero_sequencer_sessions_evicted_total"),
+        PUBLISHERS - 256,
+        "each publisher past the 256th took the slot of one that closed"
+    );
+}
+
+/// A session's end names no messages, is taken only on order 5, and can end only the
+/// connection's own session (the broker takes the session from the hello it accepted):
+/// a connection whose end is refused, or a session that did not end (its end named a
+/// batch still to come), keeps its slot, so a full table still refuses a new client.
+#[test]
+fn a_session_end_ends_only_its_own_connections_session() {
+    let t = common::start();
+    t.admin().create_topic(&TopicSpec::new("o2", 2)).unwrap();
+    t.admin().create_topic(&TopicSpec::new("ends", 5)).unwrap();
+    let end = |client: u64, next_seq: u64, num_msg: u32| {
+        BatchHeader {
+            batch_seq: next_seq,
+            client_id: client,
+            num_msg,
+            flags: embarcadero_wire::BatchFlags::END_SESSION,
+            session_epoch: 1,
+            ..Default::default()
+        }
+        .encode()
+    };
+    let refused = |s: &mut TcpStream, what: &str| {
+        let e = error_frame(s);
+        assert_eq!(e.code, ErrorCode::MalformedBatch, "{what}: {}", e.message);
+        e.message
+    };
+    let mut o2 = raw_publish(&t, "o2", 0);
+    o2.write_all(&end(99, 0, 0)).unwrap();
+    assert!(refused(&mut o2, "order 2").contains("order-5"));
+    // Client 0 ends client 1's session, then says its end holds a message.
+    let mut c0 = publish_first_batch(&t, "ends", 0);
+    let c1 = publish_first_batch(&t, "ends", 1);
+    c0.write_all(&end(1, 1, 0)).unwrap();
+    refused(&mut c0, "another client's end");
+    let mut c0 = raw_session(&t, "ends", 0, 1);
+    c0.write_all(&end(0, 1, 1)).unwrap();
+    refused(&mut c0, "an end with a message");
+    // Client 2 ends its session before its batch 1 has come: nothing ends.
+    let mut c2 = publish_first_batch(&t, "ends", 2);
+    c2.write_all(&end(2, 2, 0)).unwrap();
+    drop((c1, c2));
+    for client in 3..256 {
+        drop(publish_first_batch(&t, "ends", client));
+    }
+    let mut late = raw_session(&t, "ends", 5000, 1);
+    let e = error_frame(&mut late);
+    assert_eq!(e.code, ErrorCode::SessionsExhausted, "{}", e.message);
+    // Client 3 ends its session as it stands: client 5000 takes the slot.
+    let mut c3 = raw_session(&t, "ends", 3, 1);
+    assert_eq!(common::next_frame(&mut c3).0.kind, FrameKind::HelloOk);
+    c3.write_all(&end(3, 1, 0)).unwrap();
+    drop(publish_first_batch(&t, "ends", 5000));
+    assert_eq!(
+        t.metric_sum("embarcadero_sequencer_sessions_evicted_total"),
+        1
+    );
+}

@@ -4,7 +4,8 @@
 use crate::le::{put_u16, put_u32, put_u64, u16_at, u32_at, u64_at};
 use crate::{need, WireError, BATCH_HEADER_LEN, MESSAGE_HEADER_LEN};
 
-/// Bits of [`BatchHeader::flags`]. Publishers send 0; the broker sets them in the PBR.
+/// Bits of [`BatchHeader::flags`]. Publishers send 0, or [`Self::END_SESSION`] alone
+/// on a header with no messages; the broker sets the others in the PBR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchFlags;
 
@@ -20,6 +21,14 @@ impl BatchFlags {
     /// `PUBLISH_OPENS_EPOCH` and waits until the session table holds the epoch; the
     /// sequencer switches the session on it. Readers skip it as any void slot.
     pub const EPOCH_OPEN: u16 = 4;
+    /// Sent by an order-5 publisher that closes, on a header with `num_msg` 0 and
+    /// `total_size` 0 whose `batch_seq` is the next one it would have numbered: it is
+    /// done with its session, every batch it sent is acknowledged, and it sends no more
+    /// in this epoch. The broker writes it to the PBR with [`Self::VOID`] and the
+    /// connection's client id, epoch, opener (low 32 bits of `batch_id`) and key hash;
+    /// the sequencer may then give the session's table slot to a new session at once
+    /// instead of after `session_idle_evict`. Readers skip it as any void slot.
+    pub const END_SESSION: u16 = 8;
 }
 
 /// Byte offsets inside a [`BatchHeader`]; the PBR accessors in the region crate use
@@ -136,10 +145,25 @@ impl BatchHeader {
         })
     }
 
+    /// Whether a publisher sent this header to end its order-5 session
+    /// ([`BatchFlags::END_SESSION`]) rather than with a batch.
+    pub fn ends_session(&self) -> bool {
+        self.flags & BatchFlags::END_SESSION != 0
+    }
+
     /// Checks the fields a publisher controls before the broker trusts any of them:
     /// the payload length must be a whole number of 64-byte lines, within the batch
     /// limit, and large enough for `num_msg` message headers.
     pub fn validate_incoming(&self, max_batch_bytes: u64) -> Result<(), WireError> {
+        if self.ends_session() {
+            if self.num_msg != 0 || self.total_size != 0 {
+                return Err(WireError::MalformedBatch(format!(
+                    "a session's end carries no messages, but this one says {} in {} bytes",
+                    self.num_msg, self.total_size
+                )));
+            }
+            return Ok(());
+        }
         if self.num_msg == 0 {
             return Err(WireError::MalformedBatch("batch has zero messages".into()));
         }
@@ -214,6 +238,31 @@ mod tests {
             ok.validate_incoming(64),
             Err(WireError::BatchTooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn a_sessions_end_carries_no_messages() {
+        let end = BatchHeader {
+            batch_seq: 9,
+            flags: BatchFlags::END_SESSION,
+            ..Default::default()
+        };
+        assert!(end.ends_session());
+        assert!(end.validate_incoming(1 << 20).is_ok());
+        for (num_msg, total_size) in [(1, 64), (0, 64), (1, 0)] {
+            let carrying = BatchHeader {
+                num_msg,
+                total_size,
+                ..end
+            };
+            assert!(
+                matches!(
+                    carrying.validate_incoming(1 << 20),
+                    Err(WireError::MalformedBatch(_))
+                ),
+                "{num_msg} messages in {total_size} bytes"
+            );
+        }
     }
 
     #[test]

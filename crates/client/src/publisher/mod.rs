@@ -281,9 +281,16 @@ impl Publisher {
             .unwrap_or_else(|| self.inner.batches.load(Ordering::Acquire))
     }
 
-    /// Flushes, then closes every connection.
+    /// Flushes, then closes every connection. On an order-5 topic, once everything is
+    /// acknowledged, it also ends the session, so that the server can give its slot to a
+    /// new session at once (a publisher dropped without `close`, or whose flush failed,
+    /// holds its slot until the session has been idle for the server's
+    /// `sequencer.session_idle_evict_secs`).
     pub fn close(mut self) -> Result<PublisherStats> {
         let flushed = self.flush();
+        if flushed.is_ok() {
+            self.inner.end_session();
+        }
         let stats = self.stats();
         self.shutdown();
         flushed.map(|_| stats)

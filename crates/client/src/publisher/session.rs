@@ -84,6 +84,42 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Order 5, once everything this publisher sent is acknowledged and it is closing:
+    /// tells one broker it is done with its session (a header of no messages with
+    /// `END_SESSION`, numbered as the next batch would have been), so that the session's
+    /// table slot can go to a new session at once instead of after the server's
+    /// `sequencer.session_idle_evict_secs`. Best effort, nothing is answered: a session
+    /// whose end is lost ends once idle, as before. Taking the queue's hand keeps its
+    /// sender from writing meanwhile (it has nothing to write after a flush).
+    pub(super) fn end_session(&self) {
+        let Some(session) = &self.session else {
+            return;
+        };
+        let Some(q) = self.queues.iter().find(|q| q.is_live()) else {
+            return;
+        };
+        let header = BatchHeader {
+            batch_seq: session.next_seq.load(Ordering::Acquire),
+            client_id: self.client_id,
+            flags: embarcadero_wire::BatchFlags::END_SESSION,
+            epoch_created: now_ns(),
+            session_epoch: q.epoch.load(Ordering::Acquire),
+            ..Default::default()
+        }
+        .encode();
+        let _hand = q.hand.lock();
+        let written = q.stream.lock().write_batch(&header, &[]);
+        if !matches!(written, Ok(Written::Done)) {
+            tracing::debug!(
+                broker = %q.broker,
+                ?written,
+                "the order-5 session's end was not sent; the server ends it once idle"
+            );
+        }
+    }
+}
+
 /// Order 5, after a fence: opens the connection again with the session's new epoch,
 /// counts what the fences reported acknowledged as such, and resends the rest of
 /// this connection's unacknowledged batches in order (the sequencer drops any that turn

@@ -687,6 +687,24 @@ fn vectors() -> Vec<Vector> {
         batch_header_j(&slot),
         &slot.encode(),
     ));
+    let end = BatchHeader {
+        batch_seq: 3,
+        num_msg: 0,
+        flags: BatchFlags::END_SESSION,
+        session_epoch: 1,
+        total_size: 0,
+        ..three_header
+    };
+    v.push(positive(
+        "batch_header_session_end",
+        "batch_header",
+        "An order-5 publisher that closes, after every batch it sent was acknowledged: flags \
+         END_SESSION (8), no messages (num_msg 0, total_size 0), batch_seq 3 the next batch it \
+         would have numbered in epoch 1. No payload follows; the broker sends no answer.",
+        None,
+        batch_header_j(&end),
+        &end.encode(),
+    ));
     let (mh, _) = &three[1];
     v.push(positive(
         "blog_message_header",
@@ -969,6 +987,24 @@ fn vectors() -> Vec<Vector> {
         "neg_batch_header_unaligned",
         "batch_header",
         "A BatchHeader with total_size 200, not a multiple of 64: MalformedBatch.",
+        None,
+        Expect {
+            error: "MalformedBatch",
+            fields: None,
+            code: Some(ErrorCode::MalformedBatch),
+        },
+        &h.encode(),
+    ));
+    let h = BatchHeader {
+        flags: BatchFlags::END_SESSION,
+        session_epoch: 1,
+        ..client_batch_header(0, 1, &single)
+    };
+    v.push(negative(
+        "neg_batch_header_session_end_with_messages",
+        "batch_header",
+        "A session's end (flags END_SESSION) that says it carries one message: an end carries \
+         none. MalformedBatch.",
         None,
         Expect {
             error: "MalformedBatch",
