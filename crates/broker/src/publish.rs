@@ -238,6 +238,7 @@ fn receive_batches<I: Inbound>(
         writer: shared.writer(topic),
         expected_seq: 0,
         discard_until: None,
+        ended: false,
         faults: FaultDice::new(
             shared.config.fault.as_ref(),
             hello.client_id,
@@ -266,6 +267,8 @@ struct Receiver<'a, I: Inbound> {
     expected_seq: u64,
     /// After a BACKPRESSURE error: batches are dropped until this one is resent.
     discard_until: Option<u64>,
+    /// Order 5: the publisher sent its session's end, the last thing it may send.
+    ended: bool,
     faults: FaultDice<'a>,
 }
 
@@ -281,7 +284,18 @@ enum Admitted {
 impl<'a, I: Inbound> Receiver<'a, I> {
     fn next_batch(&mut self) -> Result<(), End> {
         let header = self.read_header()?;
+        if self.ended {
+            return Err(Refusal {
+                code: ErrorCode::MalformedBatch,
+                batch_seq: header.batch_seq,
+                session_epoch: 0,
+                message: "nothing may follow a session's end (flags END_SESSION) on its connection"
+                    .into(),
+            }
+            .into());
+        }
         if header.ends_session() {
+            self.ended = true;
             return crate::session_end::end(self.shared, self.hello, self.conn, &header)
                 .map_err(End::from);
         }

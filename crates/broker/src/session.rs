@@ -194,9 +194,10 @@ pub fn exhausted_message(topic: &str, idle_evict: Duration) -> String {
 pub fn expired_message(idle_evict: Duration) -> String {
     format!(
         "this order-5 session ended while the connection was open: it was idle for more than \
-         {} s (sequencer.session_idle_evict_secs) and its slot in the session table went to \
-         a new session, so its deduplication marks are gone; batches not yet acknowledged \
-         may or may not be in the log: start a new session (a new publisher) and resend them",
+         {} s (sequencer.session_idle_evict_secs), or a publisher of it ended it on closing, \
+         and its slot in the session table went to a new session, so its deduplication marks \
+         are gone; batches not yet acknowledged may or may not be in the log: start a new \
+         session (a new publisher) and resend them",
         idle_evict.as_secs()
     )
 }

@@ -804,6 +804,11 @@ fn an_order5_session_over_shm_fails_over_while_its_rings_hold_batches_built_in_p
         got.windows(2).all(|w| w[0].1 < w[1].1),
         "one session: delivered in publish order"
     );
+    // The failover sent batches a second time: a copy may still sit in the dead
+    // broker's log, and ordered once the session's slot had gone to a new session it
+    // would be taken for that session's batch. So closing did not end the session.
+    let ended = "embarcadero_sequencer_sessions_ended_by_publisher_total";
+    assert_eq!(sample(&scrape(&control), ended), 0);
     f1.stop();
     head.proc.stop();
 }

@@ -125,6 +125,9 @@ pub struct SequencerMetrics {
     pub ceiling_stalls: AtomicU64,
     /// Order-5 sessions that gave up their table slot to a new session.
     pub sessions_evicted: AtomicU64,
+    /// Order-5 sessions their publishers ended on closing (marked Ended in the table;
+    /// their slots go to new sessions first).
+    pub sessions_ended_by_publisher: AtomicU64,
     /// Order-5 batches dropped because they claimed a session bound to another key:
     /// hijack attempts that got past the brokers' hello check.
     pub session_key_mismatches: AtomicU64,
@@ -846,6 +849,10 @@ impl Core {
                     self.metrics
                         .sessions_evicted
                         .fetch_add(std::mem::take(&mut sessions.evictions), Ordering::Relaxed);
+                    self.metrics.sessions_ended_by_publisher.fetch_add(
+                        std::mem::take(&mut sessions.publisher_ends),
+                        Ordering::Relaxed,
+                    );
                     self.metrics.session_key_mismatches.fetch_add(
                         std::mem::take(&mut sessions.key_mismatches),
                         Ordering::Relaxed,

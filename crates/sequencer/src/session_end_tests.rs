@@ -10,7 +10,7 @@ use crate::tests::{
     commit_keyed, commit_session, fill_session_table, goi_sessions, idle_core, wide_session_region,
     MINUTE_MS,
 };
-use embarcadero_region::{Region, SESSION_SLOTS};
+use embarcadero_region::{Region, SessionRecord, SessionState, SESSION_SLOTS};
 use embarcadero_wire::{BatchFlags, BatchHeader};
 use std::sync::atomic::Ordering;
 
@@ -185,5 +185,55 @@ fn an_ended_session_keeps_its_slot_until_the_disk_replicas_have_its_batches() {
     c.scan();
     c.seal_all();
     assert!(has_session(&r, 1000) && !has_session(&r, 9));
+    NOW_MS.set(None);
+}
+
+/// The table keeps a session's end (state Ended), so a restarted sequencer gives that
+/// slot first too; but where the table lags the GOI (the sequencer stopped between
+/// committing a later batch of the session and writing the table), the later batch
+/// makes the session Open again.
+#[test]
+fn a_restarted_sequencer_keeps_an_end_unless_the_goi_shows_a_later_batch() {
+    let (_d, r) = wide_session_region(1);
+    let mut c = idle_core(&r);
+    let t0 = 1_000 * MINUTE_MS;
+    fill_session_table(&r, &mut c, t0);
+    NOW_MS.set(Some(t0 + 1_000));
+    commit_end(&r, 256, 5, end_after(1));
+    commit_end(&r, 257, 6, end_after(1));
+    c.scan();
+    c.seal_all();
+    let state = |client| r.session_find(0, client).unwrap().1.state;
+    assert_eq!(
+        (state(5), state(6)),
+        (SessionState::Ended, SessionState::Ended)
+    );
+    commit_session(&r, 0, 258, 6, 1, 1);
+    c.scan();
+    c.seal_all();
+    assert_eq!(state(6), SessionState::Open, "a later batch undoes the end");
+    // The sequencer dies having committed client 6's batch 1 but not its table record.
+    let (slot_of_6, rec) = r.session_find(0, 6).unwrap();
+    r.session_write(
+        0,
+        slot_of_6,
+        &SessionRecord {
+            state: SessionState::Ended,
+            committed_hwm: 1,
+            ..rec
+        },
+    );
+    drop(c);
+    let mut c = idle_core(&r);
+    commit_session(&r, 0, 259, 1000, 1, 0);
+    commit_session(&r, 0, 260, 1001, 1, 0);
+    c.scan();
+    c.seal_all();
+    assert!(has_session(&r, 1000) && !has_session(&r, 5), "5's slot");
+    assert!(!has_session(&r, 1001) && has_session(&r, 6), "6 is open");
+    assert_eq!(
+        (state(6), r.session_find(0, 6).unwrap().1.committed_hwm),
+        (SessionState::Open, 2)
+    );
     NOW_MS.set(None);
 }

@@ -287,6 +287,8 @@ pub(crate) struct Sessions {
     now_ms: u64,
     /// Sessions that ended to free their slot, not yet counted in the metrics.
     pub evictions: u64,
+    /// Sessions their publishers ended, not yet counted in the metrics.
+    pub publisher_ends: u64,
     /// Batches dropped for a key other than their session's, not yet in the metrics.
     pub key_mismatches: u64,
     /// All batches dropped for another key, for rate-limiting the warning.
@@ -411,6 +413,7 @@ impl Sessions {
             durable_frontier: 0,
             now_ms: wall_clock_ms(),
             evictions: 0,
+            publisher_ends: 0,
             key_mismatches: 0,
             key_mismatches_total: 0,
             dirty: false,
@@ -996,9 +999,10 @@ impl Sessions {
             && session.held.is_empty()
             && session.switch.is_none()
             && !session.fenced;
-        if current && complete {
+        if current && complete && !session.released {
             session.released = true;
             session.dirty = true;
+            self.publisher_ends += 1;
             tracing::debug!(
                 topic = self.topic,
                 client = end.client_id,

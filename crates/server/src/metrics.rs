@@ -288,7 +288,7 @@ fn sequencer_stages(s: &SequencerMetrics) -> Vec<(String, u64)> {
 
 /// The sequencer's own families, the same in the head and in `embarcadero sequencer`.
 fn sequencer_families(families: &mut Families, s: &SequencerMetrics) {
-    let counters: [(&str, &str, &AtomicU64); 8] = [
+    let counters: [(&str, &str, &AtomicU64); 9] = [
         (
             "sequencer_epochs_total",
             "Epochs sealed by the sequencer.",
@@ -321,8 +321,13 @@ fn sequencer_families(families: &mut Families, s: &SequencerMetrics) {
         ),
         (
             "sequencer_sessions_evicted_total",
-            "Idle order-5 sessions that gave up their session-table slot to a new session.",
+            "Order-5 sessions (ended by their publishers, or idle) that gave up their session-table slot to a new session.",
             &s.sessions_evicted,
+        ),
+        (
+            "sequencer_sessions_ended_by_publisher_total",
+            "Order-5 sessions their publishers ended on closing, whose slots go to new sessions first.",
+            &s.sessions_ended_by_publisher,
         ),
         (
             "sequencer_session_key_mismatches_total",

@@ -920,32 +920,38 @@ fn publishers_that_close_give_their_session_slots_to_new_ones_at_once() {
         .collect();
     assert_eq!(got, (0..PUBLISHERS).collect::<Vec<_>>());
     assert_eq!(
+        t.metric_sum("embarcadero_sequencer_sessions_ended_by_publisher_total"),
+        PUBLISHERS
+    );
+    assert_eq!(
         t.metric_sum("embarcadero_sequencer_sessions_evicted_total"),
         PUBLISHERS - 256,
         "each publisher past the 256th took the slot of one that closed"
     );
 }
 
-/// A session's end names no messages, is taken only on order 5, and can end only the
-/// connection's own session (the broker takes the session from the hello it accepted):
-/// a connection whose end is refused, or a session that did not end (its end named a
+/// A session's end names no messages, is taken only on order 5, is the last thing its
+/// connection sends, and can end only the connection's own session (the broker takes
+/// the session from the hello it accepted, whatever epoch the header names): a
+/// connection whose end is refused, or a session that did not end (its end named a
 /// batch still to come), keeps its slot, so a full table still refuses a new client.
 #[test]
 fn a_session_end_ends_only_its_own_connections_session() {
     let t = common::start();
     t.admin().create_topic(&TopicSpec::new("o2", 2)).unwrap();
     t.admin().create_topic(&TopicSpec::new("ends", 5)).unwrap();
-    let end = |client: u64, next_seq: u64, num_msg: u32| {
+    let end_at = |client: u64, next_seq: u64, num_msg: u32, session_epoch: u64| {
         BatchHeader {
             batch_seq: next_seq,
             client_id: client,
             num_msg,
             flags: embarcadero_wire::BatchFlags::END_SESSION,
-            session_epoch: 1,
+            session_epoch,
             ..Default::default()
         }
         .encode()
     };
+    let end = |client: u64, next_seq: u64, num_msg: u32| end_at(client, next_seq, num_msg, 1);
     let refused = |s: &mut TcpStream, what: &str| {
         let e = error_frame(s);
         assert_eq!(e.code, ErrorCode::MalformedBatch, "{what}: {}", e.message);
@@ -972,13 +978,19 @@ fn a_session_end_ends_only_its_own_connections_session() {
     let mut late = raw_session(&t, "ends", 5000, 1);
     let e = error_frame(&mut late);
     assert_eq!(e.code, ErrorCode::SessionsExhausted, "{}", e.message);
-    // Client 3 ends its session as it stands: client 5000 takes the slot.
+    // Client 3 ends its session as it stands (the epoch its header names is not the
+    // connection's, and does not matter): client 5000 takes the slot.
     let mut c3 = raw_session(&t, "ends", 3, 1);
     assert_eq!(common::next_frame(&mut c3).0.kind, FrameKind::HelloOk);
-    c3.write_all(&end(3, 1, 0)).unwrap();
+    c3.write_all(&end_at(3, 1, 0, 9)).unwrap();
+    c3.write_all(&session_batch(3, 1, 1)).unwrap();
+    assert!(refused(&mut c3, "a batch after the end").contains("nothing may follow"));
     drop(publish_first_batch(&t, "ends", 5000));
     assert_eq!(
-        t.metric_sum("embarcadero_sequencer_sessions_evicted_total"),
-        1
+        (
+            t.metric_sum("embarcadero_sequencer_sessions_ended_by_publisher_total"),
+            t.metric_sum("embarcadero_sequencer_sessions_evicted_total")
+        ),
+        (1, 1)
     );
 }

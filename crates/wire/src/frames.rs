@@ -127,7 +127,8 @@ impl Hello {
             }
         };
         let ack_level = b[7];
-        if ack_level > 2 {
+        // A subscriber acknowledges nothing: its level is 0 (PROTOCOL.md section 2.1).
+        if ack_level > 2 || (role == Role::Subscribe && ack_level != 0) {
             return Err(WireError::InvalidField {
                 field: "ack_level",
                 value: ack_level as u64,

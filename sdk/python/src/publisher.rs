@@ -296,6 +296,9 @@ impl Publisher {
 
     /// Flushes, closes every connection and returns the final :meth:`stats`. Closing
     /// again returns them again; other calls (but :meth:`stats`) raise ``ClosedError``.
+    /// On an order-5 topic it also ends the session, so that the server gives its slot to
+    /// a new session at once (a publisher never closed holds it until idle for
+    /// ``sequencer.session_idle_evict_secs``).
     fn close(&self, py: Python<'_>) -> PyResult<PyObject> {
         if let Some(stats) = self.closed_stats(py) {
             return to_python(py, &stats);

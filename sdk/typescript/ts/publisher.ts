@@ -366,7 +366,9 @@ export class Publisher implements AsyncDisposable {
 
   /**
    * Publishes what is pending, waits for its acknowledgements, disconnects and returns the
-   * final statistics. Calling it again returns the same result.
+   * final statistics. Calling it again returns the same result. On an order-5 topic it also
+   * ends the session, so that the server gives its slot to a new session at once (a
+   * publisher never closed holds it until idle for `sequencer.session_idle_evict_secs`).
    */
   close(): Promise<PublisherStats> {
     this.#closing ??= settle(() => this.#native.close())

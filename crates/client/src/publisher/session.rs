@@ -92,10 +92,21 @@ impl Inner {
     /// `sequencer.session_idle_evict_secs`. Best effort, nothing is answered: a session
     /// whose end is lost ends once idle, as before. Taking the queue's hand keeps its
     /// sender from writing meanwhile (it has nothing to write after a flush).
+    ///
+    /// Sent only when every batch went out on one connection and was acknowledged
+    /// there: after a failover or a reopen, a copy of a batch may still sit on the
+    /// connection given up (behind a slot its broker has not finished, or in its socket),
+    /// and ordered after the slot went to another session it would be taken for a new
+    /// session's batch and delivered twice. At ack 0 the flush saw nothing ordered.
     pub(super) fn end_session(&self) {
         let Some(session) = &self.session else {
             return;
         };
+        let resent =
+            session.fences.load(Ordering::Acquire) != 0 || self.queues.iter().any(|q| !q.is_live());
+        if self.config.ack_level == 0 || resent {
+            return;
+        }
         let Some(q) = self.queues.iter().find(|q| q.is_live()) else {
             return;
         };

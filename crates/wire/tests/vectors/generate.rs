@@ -860,6 +860,21 @@ fn vectors() -> Vec<Vector> {
         },
         &bytes,
     ));
+    let mut bytes = hello_subscribe.encode();
+    bytes[7] = 1;
+    v.push(negative(
+        "neg_hello_subscribe_ack_level",
+        "hello",
+        "hello_subscribe.json with ack_level 1: a subscriber acknowledges nothing, so its \
+         level is 0. Refused with MalformedBatch (error code 6), naming the field.",
+        None,
+        Expect {
+            error: "InvalidField",
+            fields: Some(J::O(vec![("field", s("ack_level")), ("value", n(1u8))])),
+            code: Some(ErrorCode::MalformedBatch),
+        },
+        &bytes,
+    ));
     let (_, mut bytes) = hello_ok_frame(&ok_publish);
     bytes[16..18].copy_from_slice(&2u16.to_le_bytes());
     v.push(negative(
