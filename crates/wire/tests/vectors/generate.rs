@@ -866,12 +866,12 @@ fn vectors() -> Vec<Vector> {
         "neg_hello_subscribe_ack_level",
         "hello",
         "hello_subscribe.json with ack_level 1: a subscriber acknowledges nothing, so its \
-         level is 0. Refused with MalformedBatch (error code 6), naming the field.",
+         level is 0. Refused with AckNotAllowed (error code 5), naming the field.",
         None,
         Expect {
             error: "InvalidField",
             fields: Some(J::O(vec![("field", s("ack_level")), ("value", n(1u8))])),
-            code: Some(ErrorCode::MalformedBatch),
+            code: Some(ErrorCode::AckNotAllowed),
         },
         &bytes,
     ));
