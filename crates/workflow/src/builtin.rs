@@ -126,6 +126,9 @@ fn csv_row_value(i: u64) -> u64 {
     price_cents * quantity
 }
 
+/// Rows the CSV batch worker sums between two looks at its deadline.
+const DEADLINE_CHECK_ROWS: u64 = 4096;
+
 /// A batch worker of the CSV batch: sums the inventory value of the rows of its cursor,
 /// from the checkpoint of an earlier attempt if there is one, saving a checkpoint every
 /// `checkpoint_every` rows (0: never) and then pausing `pause_ms` (for tests that kill
@@ -160,6 +163,9 @@ fn csv_process_batch(ctx: &StepContext) -> Result<Value, StepError> {
     let every = setting(ctx, "checkpoint_every", 0);
     let pause = Duration::from_millis(ctx.initialization["pause_ms"].as_u64().unwrap_or(0));
     while row < end {
+        if done % DEADLINE_CHECK_ROWS == 0 && ctx.past_deadline() {
+            return Err(ctx.deadline_error());
+        }
         value += csv_row_value(row);
         (row, done) = (row + 1, done + 1);
         if every > 0 && done % every == 0 && row < end {
@@ -170,7 +176,7 @@ fn csv_process_batch(ctx: &StepContext) -> Result<Value, StepError> {
                 partial,
             };
             batch.checkpoints.save(checkpoint);
-            std::thread::sleep(pause);
+            std::thread::sleep(pause.min(ctx.time_left()));
         }
     }
     Ok(json!({"rows": done, "value": value, "resumed_from": resumed_from}))
@@ -189,10 +195,16 @@ fn csv_aggregate(ctx: &StepContext) -> Result<Value, StepError> {
 }
 
 /// Sleeps `initialization.ms`, then returns the attempt number and its dependencies'
-/// results (so a chain of sleeps still carries data).
+/// results (so a chain of sleeps still carries data). A sleep past the step's deadline
+/// stops there.
 fn sleep(ctx: &StepContext) -> Result<Value, StepError> {
     let ms = ctx.initialization["ms"].as_u64().unwrap_or(0);
-    std::thread::sleep(Duration::from_millis(ms));
+    let (wanted, left) = (Duration::from_millis(ms), ctx.time_left());
+    if wanted > left {
+        std::thread::sleep(left);
+        return Err(ctx.deadline_error());
+    }
+    std::thread::sleep(wanted);
     Ok(json!({"attempt": ctx.attempt, "slept_ms": ms}))
 }
 
@@ -213,6 +225,7 @@ mod tests {
                 .collect(),
             dependencies: deps.iter().map(|(k, _)| k.to_string()).collect(),
             batch: None,
+            deadline: std::time::Instant::now() + Duration::from_secs(3600),
         }
     }
 
@@ -250,6 +263,32 @@ mod tests {
             checkpoints: crate::handler::CheckpointSink::new(|_| {}),
         });
         assert!(!csv_process_batch(&backwards).unwrap_err().retryable);
+    }
+
+    /// A timed-out attempt's thread cannot be stopped from outside: the long built-in
+    /// handlers look at their deadline and stop there rather than run on unwanted.
+    #[test]
+    fn the_long_handlers_stop_at_their_deadline() {
+        let mut sleepy = ctx(&[], json!({}));
+        sleepy.initialization = json!({"ms": 3_600_000});
+        sleepy.deadline = std::time::Instant::now() + Duration::from_millis(20);
+        let e = sleep(&sleepy).unwrap_err();
+        assert!(e.retryable && e.message.contains("deadline"), "{e:?}");
+        let mut rows = ctx(&[], json!({}));
+        rows.deadline = std::time::Instant::now();
+        rows.batch = Some(crate::handler::BatchInput {
+            cursor: json!({"start": 0, "end": MAX_CSV_ROWS}),
+            index: 0,
+            count: 1,
+            resume: None,
+            checkpoints: crate::handler::CheckpointSink::new(|_| {}),
+        });
+        let e = csv_process_batch(&rows).unwrap_err();
+        assert!(e.retryable && e.message.contains("deadline"), "{e:?}");
+        // Within its deadline a sleep finishes.
+        sleepy.initialization = json!({"ms": 1});
+        sleepy.deadline = std::time::Instant::now() + Duration::from_secs(3600);
+        assert_eq!(sleep(&sleepy).unwrap()["slept_ms"], json!(1));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Everything a handler sees of its task.
 #[derive(Debug, Clone)]
@@ -27,6 +28,11 @@ pub struct StepContext {
     pub dependencies: Vec<String>,
     /// For an instance of a batch worker step: its cursor and the checkpoint to resume from.
     pub batch: Option<BatchInput>,
+    /// When the worker reports this attempt timed out (the step's `timeout_seconds` from
+    /// when the attempt started). The handler's thread cannot be stopped from outside: a
+    /// handler that may run long checks [`Self::past_deadline`] and returns, for its
+    /// outcome is dropped from then on.
+    pub deadline: Instant,
 }
 
 /// What a batch worker instance is given.
@@ -67,6 +73,24 @@ impl fmt::Debug for CheckpointSink {
 }
 
 impl StepContext {
+    /// How long until [`Self::deadline`]; zero once it has passed.
+    pub fn time_left(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the attempt has timed out: its outcome is no longer wanted.
+    pub fn past_deadline(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+
+    /// The failure a handler returns when it stops at its deadline.
+    pub fn deadline_error(&self) -> StepError {
+        StepError::retryable(format!(
+            "step {} stopped at its deadline (attempt {})",
+            self.step_name, self.attempt
+        ))
+    }
+
     /// The results of the direct dependencies, in order.
     pub fn dependency_results(&self) -> impl Iterator<Item = &Value> {
         self.dependencies

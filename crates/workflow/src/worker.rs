@@ -225,6 +225,14 @@ struct Running {
     reported: AtomicBool,
 }
 
+impl Running {
+    /// The outcome of an attempt past its deadline: a retryable failure.
+    fn timed_out(&self) -> Outcome {
+        let why = format!("timed out after {} s", self.timeout.as_secs());
+        failure(StepError::retryable(why))
+    }
+}
+
 const POLL: Duration = Duration::from_millis(20);
 /// How long a thread that ran an attempt waits for another before it ends.
 const THREAD_LINGER: Duration = Duration::from_secs(10);
@@ -373,6 +381,8 @@ impl Steps {
                 ancestors,
                 dependencies,
                 batch,
+                // Set again when the attempt starts (`spawn`).
+                deadline: Instant::now() + spec.timeout(),
             },
         })
     }
@@ -394,13 +404,14 @@ impl Steps {
     }
 
     /// Runs a won attempt's handler on a thread of its own (see [`Running`]).
-    fn spawn(this: &Arc<Self>, job: Job) {
+    fn spawn(this: &Arc<Self>, mut job: Job) {
         let Some(handler) = this.registry.get(&job.callable) else {
             return;
         };
+        job.ctx.deadline = Instant::now() + job.timeout;
         let attempt = Arc::new(Running {
             at: job.at.clone(),
-            deadline: Instant::now() + job.timeout,
+            deadline: job.ctx.deadline,
             timeout: job.timeout,
             reported: AtomicBool::new(false),
         });
@@ -415,6 +426,9 @@ impl Steps {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.call(&ctx)));
             let outcome = match r {
                 Ok(Ok(result)) => Outcome::Success { result },
+                // A handler that stopped at its deadline (`StepContext::past_deadline`)
+                // may beat the loop's report of it: the failure says the same either way.
+                Ok(Err(_)) if mine.deadline <= Instant::now() => mine.timed_out(),
                 Ok(Err(e)) => failure(e),
                 Err(_) => failure(StepError::retryable("the handler panicked")),
             };
@@ -452,8 +466,7 @@ impl Steps {
             .cloned()
             .collect();
         for a in overdue {
-            let why = format!("timed out after {} s", a.timeout.as_secs());
-            self.report(&a, failure(StepError::retryable(why)));
+            self.report(&a, a.timed_out());
         }
     }
 

@@ -67,6 +67,25 @@ pub struct StepContext {
     dependency_results: PyObject,
     /// For an instance of a batch worker step, its cursor and checkpoint; else ``None``.
     batch: Option<Py<BatchInput>>,
+    /// When the worker reports this attempt timed out, on the clock of
+    /// :func:`time.monotonic` (the step's ``timeout_seconds`` from when the attempt
+    /// started); its outcome is dropped from then on. See :meth:`time_left`.
+    deadline: f64,
+}
+
+#[pymethods]
+impl StepContext {
+    /// Seconds until :attr:`deadline`, 0.0 once it has passed: a handler that may run long
+    /// checks it (or passes it on as a timeout) and returns, for a timed-out attempt's
+    /// outcome is dropped and its thread cannot be stopped from outside.
+    fn time_left(&self, py: Python<'_>) -> PyResult<f64> {
+        Ok((self.deadline - monotonic(py)?).max(0.0))
+    }
+}
+
+/// Python's `time.monotonic()`.
+fn monotonic(py: Python<'_>) -> PyResult<f64> {
+    py.import("time")?.call_method0("monotonic")?.extract()
 }
 
 /// What an instance of a batch worker step is given.
@@ -143,6 +162,7 @@ impl StepContext {
             dependencies: ctx.dependencies.clone(),
             dependency_results: dependency_results.into_any().unbind(),
             batch,
+            deadline: monotonic(py)? + ctx.time_left().as_secs_f64(),
         })
     }
 }

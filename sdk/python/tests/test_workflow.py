@@ -50,6 +50,16 @@ steps:
     retry: {max_attempts: 3, backoff: linear, backoff_base_ms: 10}
 """
 
+TIMED = """name: timed
+namespace: py_timed
+version: 1.0.0
+steps:
+  - name: overruns
+    handler: {callable: py.overruns}
+    timeout_seconds: 1
+    retry: {max_attempts: 1, backoff: none}
+"""
+
 PERMANENT = """name: permanent
 namespace: py_failing
 version: 1.0.0
@@ -294,6 +304,29 @@ def test_exceptions_are_retried_per_the_policy_and_then_fail_the_task(engine):
     assert (always["current_state"], always["attempts"], always["failures"]) == ("error", 3, 3)
     assert attempts == [1, 2, 3]
     assert always["last_error"] == "max attempts (3) reached: ValueError: no luck on attempt 3"
+
+
+def test_a_handler_sees_its_deadline_and_can_stop_at_it(engine):
+    # A timed-out attempt's thread cannot be stopped from outside: a handler that checks
+    # its deadline stops working when its outcome is no longer wanted.
+    seen: List[float] = []
+    stopped = threading.Event()
+
+    def overruns(ctx: StepContext) -> None:
+        seen.append(ctx.time_left())
+        assert abs(ctx.deadline - time.monotonic() - seen[0]) < 0.5
+        while ctx.time_left() > 0:
+            time.sleep(0.01)
+        stopped.set()
+        raise TimeoutError("stopped at the deadline")
+
+    engine.register(TIMED)
+    with engine.worker({"py.overruns": overruns}, "py_timed"):
+        task = engine.run_task("py_timed", "timed", {})
+        assert stopped.wait(timeout=60), "the handler saw its deadline pass"
+    assert task["status"] == "error", task
+    assert step(task, "overruns")["last_error"] == "max attempts (1) reached: timed out after 1 s"
+    assert 0 < seen[0] <= 1.0
 
 
 def test_a_step_error_that_is_not_retryable_fails_the_step_at_once(engine):

@@ -194,6 +194,7 @@ fn context_json(callable: &str, ctx: &handler::StepContext) -> Value {
         "ancestors": ctx.ancestors,
         "dependencies": ctx.dependencies,
         "batch": batch,
+        "timeLeftMs": u64::try_from(ctx.time_left().as_millis()).unwrap_or(u64::MAX),
     })
 }
 

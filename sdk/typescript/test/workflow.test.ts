@@ -51,6 +51,16 @@ steps:
     retry: {max_attempts: 3, backoff: linear, backoff_base_ms: 10}
 `;
 
+const TIMED = `name: timed
+namespace: ts_timed
+version: 1.0.0
+steps:
+  - name: overruns
+    handler: {callable: ts.overruns}
+    timeout_seconds: 1
+    retry: {max_attempts: 1, backoff: none}
+`;
+
 const BACKOFF = `name: backoff
 namespace: ts_failing
 version: 1.0.0
@@ -280,6 +290,28 @@ test("a retryable StepError is retried after its backoff, or its own delay, and 
     const [first, second] = started[name]!;
     assert.ok(second! - first! >= delay, `${name}: attempt 2 began ${second! - first!} ms after attempt 1`);
   }
+});
+
+test("a handler's signal aborts at its deadline, so a timed-out attempt can stop", { timeout: 90_000 }, async () => {
+  let leftAtStart = -1;
+  let aborted!: () => void;
+  const stopped = new Promise<void>((resolve) => (aborted = resolve));
+  const overruns: StepHandler = async (ctx) => {
+    leftAtStart = ctx.deadline.getTime() - Date.now();
+    await new Promise<void>((resolve) => ctx.signal.addEventListener("abort", () => resolve()));
+    aborted();
+    throw ctx.signal.reason;
+  };
+  await engine.register(TIMED);
+  let task: Task;
+  {
+    await using _ = await engine.worker({ "ts.overruns": overruns }, "ts_timed");
+    task = await engine.runTask("ts_timed", "timed", {});
+    await stopped;
+  }
+  assert.equal(task.status, "error", JSON.stringify(task));
+  assert.equal(step(task, "overruns").last_error, "max attempts (1) reached: timed out after 1 s");
+  assert.ok(leftAtStart > 0 && leftAtStart <= 1000, `${leftAtStart} ms left at the start`);
 });
 
 test("a StepError that is not retryable fails the step at once", { timeout: 90_000 }, async () => {

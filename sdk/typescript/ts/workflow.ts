@@ -71,6 +71,16 @@ export interface StepContext<Input = JsonObject> {
   readonly dependencyResults: Readonly<Record<string, Json>>;
   /** For an instance of a batch worker step, its cursor and checkpoints; else `null`. */
   readonly batch: BatchInput | null;
+  /**
+   * When the worker reports this attempt timed out (the step's `timeout_seconds` from when
+   * the attempt started); its outcome is dropped from then on.
+   */
+  readonly deadline: Date;
+  /**
+   * Aborted at {@link StepContext.deadline}: pass it to `fetch` and other cancellable calls,
+   * or check `signal.aborted` in a long loop, so that a timed-out attempt stops working.
+   */
+  readonly signal: AbortSignal;
 }
 
 /**
@@ -265,6 +275,7 @@ interface RawContext {
   ancestors: Record<string, Json>;
   dependencies: string[];
   batch: { cursor: Json; index: number; count: number; resume: Checkpoint | null } | null;
+  timeLeftMs: number;
 }
 
 /** `value` as JSON text, or a non-retryable StepError: retrying cannot fix a bug in the handler. */
@@ -344,6 +355,8 @@ function contextOf(
     dependencies: raw.dependencies,
     dependencyResults,
     batch,
+    deadline: new Date(Date.now() + raw.timeLeftMs),
+    signal: AbortSignal.timeout(raw.timeLeftMs),
   };
 }
 

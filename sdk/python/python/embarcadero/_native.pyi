@@ -394,6 +394,12 @@ class StepContext:
     @property
     def batch(self) -> Optional[BatchInput]:
         """For an instance of a batch worker step; else ``None``."""
+    @property
+    def deadline(self) -> float:
+        """When the worker reports this attempt timed out, on :func:`time.monotonic`'s clock."""
+    def time_left(self) -> float:
+        """Seconds until :attr:`deadline`, 0.0 once it has passed: a handler that may run
+        long checks it and returns, for a timed-out attempt's outcome is dropped."""
 
 class NativeWorker:
     """The engine's worker loop running Python handlers, replaced by a new worker when its
