@@ -8,6 +8,7 @@ of its server (or gives up after its retry_for_ms)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import queue
@@ -465,6 +466,44 @@ def test_async_handlers_and_results_that_are_not_json(engine):
     # Python's own words ("Out of range float values are not JSON compliant"), not a
     # parse error at column 1 of text the handler never saw.
     assert "not JSON" in last["last_error"] and "float" in last["last_error"], last
+
+
+def test_async_handlers_share_one_event_loop_and_are_cancelled_at_their_deadline(engine):
+    # What an async handler keeps between calls (here a lock, made before any loop runs)
+    # must work from every call: with a loop per call it was "bound to a different event
+    # loop" on the second concurrent task.
+    lock = asyncio.Lock()
+    inside = 0
+    cancelled = threading.Event()
+
+    async def square_locked(ctx: StepContext) -> Dict[str, Any]:
+        nonlocal inside
+        async with lock:
+            inside += 1
+            assert inside == 1, "the lock keeps calls apart"
+            await asyncio.sleep(0.02)
+            inside -= 1
+        return square(ctx)
+
+    async def overruns(ctx: StepContext) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    engine.register(LINEAR.replace("linear", "locked").replace("py.ancestry", "py.square"))
+    engine.register(TIMED.replace("py_timed", "py_locked"))
+    handlers = {"py.square": square_locked, "py.overruns": overruns}
+    with engine.worker(handlers, "py_locked"):
+        uuids = [engine.create("py_locked", "locked", {"even_number": 2}) for _ in range(4)]
+        tasks = [engine.finished(u) for u in uuids]
+        timed = engine.run_task("py_locked", "timed", {})
+        assert cancelled.wait(timeout=60), "the coroutine was cancelled at its deadline"
+    for task in tasks:
+        assert task["status"] == "complete", task
+        assert step(task, "four")["result"] == {"result": 65536}
+    assert step(timed, "overruns")["last_error"] == "max attempts (1) reached: timed out after 1 s"
 
 
 def test_step_handler_registers_for_workers_without_handlers_of_their_own():

@@ -29,8 +29,10 @@ retryable failure is retried is the template's ``retry`` policy.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import logging
+import threading
 from types import TracebackType
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Type, TypeVar, Union
 
@@ -92,15 +94,44 @@ def registered_handlers() -> Dict[str, Handler]:
     return dict(_REGISTERED)
 
 
+# The one event loop every ``async`` handler of this process runs on, in a thread of its
+# own, started by the first such call: objects a handler keeps between calls (a lock, an
+# HTTP session, a connection pool) are bound to the loop they were first used on, so a
+# loop per call broke them ("bound to a different event loop").
+_LOOP: Optional[asyncio.AbstractEventLoop] = None
+_LOOP_LOCK = threading.Lock()
+
+
+def _handler_loop() -> asyncio.AbstractEventLoop:
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(
+                target=loop.run_forever, name="embarcadero-async-handlers", daemon=True
+            )
+            thread.start()
+            _LOOP = loop
+        return _LOOP
+
+
 def _sync(function: Handler) -> Handler:
-    """An ``async`` handler as a plain function: each call runs the coroutine to completion
-    on an event loop of its own (the worker calls handlers on threads of their own, where
-    no loop runs)."""
+    """An ``async`` handler as a plain function for the worker's attempt threads: the
+    coroutine runs on the process's handler loop (:func:`_handler_loop`), alongside every
+    other ``async`` handler, and is cancelled at its deadline (``ctx.deadline``), when the
+    attempt has timed out and its outcome is no longer wanted."""
     if not inspect.iscoroutinefunction(function):
         return function
 
     def call(ctx: StepContext) -> Any:
-        return asyncio.run(function(ctx))
+        future = asyncio.run_coroutine_threadsafe(function(ctx), _handler_loop())
+        try:
+            return future.result(timeout=ctx.time_left())
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(
+                f"step {ctx.step_name} was cancelled at its deadline (attempt {ctx.attempt})"
+            ) from None
 
     return call
 
