@@ -203,6 +203,10 @@ impl Api {
     }
 
     fn create_task(&self, body: &[u8]) -> Reply {
+        if let Some(wide) = crate::wide_ints::first_wide_integer(body) {
+            let message = crate::wide_ints::wide_integer_message("the task request", wide);
+            return Reply::error(400, "integer_too_wide", message);
+        }
         let req: CreateTask = match serde_json::from_slice(body) {
             Ok(r) => r,
             Err(e) => return Reply::error(400, "bad_request", format!("not a task request: {e}")),

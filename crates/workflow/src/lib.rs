@@ -35,6 +35,7 @@ pub mod trace;
 pub mod unclaimed;
 pub mod validate;
 mod view;
+pub mod wide_ints;
 pub mod worker;
 
 pub use api::{Api, Reply};

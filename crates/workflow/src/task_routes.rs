@@ -171,6 +171,10 @@ pub(crate) fn step_action(
     name: &str,
     body: &[u8],
 ) -> Result<Event, Reply> {
+    if let Some(wide) = crate::wide_ints::first_wide_integer(body) {
+        let message = crate::wide_ints::wide_integer_message("the step action", wide);
+        return Err(Reply::error(400, "integer_too_wide", message));
+    }
     let action: StepAction = serde_json::from_slice(body)
         .map_err(|e| Reply::error(400, "bad_request", format!("not a step action: {e}")))?;
     let task = state

@@ -178,6 +178,10 @@ fn to_json(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Value> {
         .import("json")?
         .call_method("dumps", (value,), Some(&strict))?
         .extract()?;
+    if let Some(wide) = embarcadero_workflow::wide_ints::first_wide_integer(text.as_bytes()) {
+        let message = embarcadero_workflow::wide_ints::wide_integer_message("it", wide);
+        return Err(pyo3::exceptions::PyValueError::new_err(message));
+    }
     serde_json::from_str(&text).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
 }
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -448,7 +449,10 @@ def test_async_handlers_and_results_that_are_not_json(engine):
         return square(ctx)
 
     def not_json(ctx: StepContext) -> object:
-        # JSON has no NaN, though json.dumps writes one by default.
+        # JSON has no NaN, though json.dumps writes one by default; an integer past 64 bits
+        # would come back as a float.
+        if ctx.context.get("wide"):
+            return {"id": 2**70}
         return {"ratio": float("nan")} if ctx.context.get("nan") else object()
 
     engine.register(LINEAR.replace("linear", "mixed").replace("py.ancestry", "py.not_json"))
@@ -466,6 +470,16 @@ def test_async_handlers_and_results_that_are_not_json(engine):
     # Python's own words ("Out of range float values are not JSON compliant"), not a
     # parse error at column 1 of text the handler never saw.
     assert "not JSON" in last["last_error"] and "float" in last["last_error"], last
+    with engine.worker(handlers, "py_mixed"):
+        task = engine.run_task("py_mixed", "mixed", {"even_number": 2, "wide": True})
+    last = step(task, "four")
+    assert last["attempts"] == 1 and "1180591620717411303424" in last["last_error"], last
+    assert "wider than 64 bits" in last["last_error"], last
+    # A context with such an integer is refused, not rounded.
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        engine.create("py_mixed", "mixed", {"even_number": 2, "id": 2**70})
+    assert refused.value.code == 400
+    assert json.loads(refused.value.read())["error"]["code"] == "integer_too_wide"
 
 
 def test_async_handlers_share_one_event_loop_and_are_cancelled_at_their_deadline(engine):
