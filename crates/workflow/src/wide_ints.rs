@@ -47,7 +47,7 @@ fn string_end(text: &[u8], mut i: usize) -> usize {
 }
 
 fn is_wide_integer(token: &str) -> bool {
-    let integer = !token.contains(['.', 'e', 'E']) && token.trim_start_matches('-').len() > 0;
+    let integer = !token.contains(['.', 'e', 'E']) && !token.trim_start_matches('-').is_empty();
     integer && token.parse::<i64>().is_err() && token.parse::<u64>().is_err()
 }
 
