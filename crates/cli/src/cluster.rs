@@ -49,10 +49,17 @@ pub struct BrokerArgs {
 
 pub fn broker(args: BrokerArgs) -> CliResult {
     if args.head {
-        let local = args.local_brokers.clone().unwrap_or_else(|| "0".into());
+        let local = args.local_brokers.clone();
         let external = args.external_sequencer;
         let Some(config) = serve_config(args.serve, |c| {
-            c.cluster.local_brokers = local;
+            // The flag, else the file's or the environment's setting, else broker 0.
+            match local {
+                Some(local) => c.cluster.local_brokers = local,
+                None if c.cluster.local_brokers.trim().is_empty() => {
+                    c.cluster.local_brokers = "0".into()
+                }
+                None => {}
+            }
             if external {
                 c.cluster.sequencer = "external".into();
             }
@@ -61,6 +68,18 @@ pub fn broker(args: BrokerArgs) -> CliResult {
             return Ok(());
         };
         return run_server(config);
+    }
+    let ignored = args.serve.head_only_given();
+    if !ignored.is_empty() {
+        let verb = if ignored.len() == 1 {
+            "applies"
+        } else {
+            "apply"
+        };
+        return Err(format!(
+            "{} {verb} to `broker --head` and `serve` only; a follower takes its settings from the head (--head-addr) and its own flags (--broker-id, --port, --metrics-port, --region, --bind, --advertise)",
+            ignored.join(", ")
+        ));
     }
     let bind: IpAddr = args
         .serve
@@ -81,7 +100,7 @@ pub fn broker(args: BrokerArgs) -> CliResult {
         metrics_listen: SocketAddr::new(bind, args.metrics_port),
     })
     .map_err(|e| e.to_string())?;
-    eprintln!(
+    crate::note!(
         "embarcadero follower broker {} is serving at {}  metrics http://{}/metrics",
         follower.id(),
         follower.addr(),
@@ -107,7 +126,7 @@ pub fn broker(args: BrokerArgs) -> CliResult {
             Err(RecvTimeoutError::Timeout) => {}
         }
     }
-    eprintln!("shutting down");
+    crate::note!("shutting down");
     follower.stop();
     Ok(())
 }
@@ -181,7 +200,7 @@ pub fn sequencer(args: SequencerArgs) -> CliResult {
     else {
         return Ok(());
     };
-    eprintln!(
+    crate::note!(
         "embarcadero sequencer is active (fencing epoch {})  metrics http://{}/metrics",
         sequencer.fencing_epoch(),
         sequencer.metrics_addr()
@@ -198,7 +217,7 @@ pub fn sequencer(args: SequencerArgs) -> CliResult {
         std::thread::sleep(Duration::from_millis(50));
     }
     drop(waiter);
-    eprintln!("shutting down");
+    crate::note!("shutting down");
     sequencer.stop();
     Ok(())
 }

@@ -22,6 +22,8 @@ macro_rules! say {
 
 mod bench;
 mod chaos;
+mod logging;
+pub(crate) use logging::{init_logging, note};
 mod cluster;
 mod publish;
 mod show;
@@ -128,6 +130,25 @@ pub struct ServeArgs {
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
+}
+
+impl ServeArgs {
+    /// The options given that only a server or a head reads (a follower takes its
+    /// settings from the head and its own flags), by their flag names.
+    pub fn head_only_given(&self) -> Vec<&'static str> {
+        [
+            ("--config", self.config.is_some()),
+            ("--data-dir", self.data_dir.is_some()),
+            ("--brokers", self.brokers.is_some()),
+            ("--base-port", self.base_port.is_some()),
+            ("--control-port", self.control_port.is_some()),
+            ("--epoch-us", self.epoch_us.is_some()),
+            ("--print-config", self.print_config),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
 }
 
 #[derive(Subcommand)]
@@ -255,17 +276,6 @@ pub fn at_least_one(text: &str) -> Result<usize, String> {
     }
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("EMBARCADERO_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colour only on a terminal: escape codes would clutter a log file.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
-}
-
 fn serve(args: ServeArgs) -> CliResult {
     let Some(config) = serve_config(args, |_| {})? else {
         return Ok(());
@@ -324,6 +334,8 @@ const NON_SERVER_ENV: &[&str] = &[
     "EMBARCADERO_LINGER_US",
     "EMBARCADERO_EPOCH_US",
     "EMBARCADERO_WORKFLOW_API",
+    "EMBARCADERO_WORKFLOW_RUN_LOG",
+    "EMBARCADERO_TRANSPORT",
 ];
 
 /// A misspelt variable would otherwise be ignored without a word.
@@ -350,7 +362,7 @@ pub fn run_server(config: ServerConfig) -> CliResult {
         Ok(ip) => std::net::SocketAddr::new(ip, server.control_addr().port()),
         Err(_) => server.control_addr(),
     };
-    eprintln!(
+    note!(
         "embarcadero is serving: control API http://{control}  brokers {}",
         server
             .broker_addrs()
@@ -374,7 +386,7 @@ pub fn run_server(config: ServerConfig) -> CliResult {
             Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
-    eprintln!("shutting down");
+    note!("shutting down");
     server.stop();
     Ok(())
 }
@@ -544,5 +556,26 @@ mod tests {
         let mut out = Vec::new();
         missing(&cmd, "embarcadero", &mut out);
         assert!(out.is_empty(), "no --help text for: {out:#?}");
+    }
+
+    /// A variable an option reads is never called a misspelt setting (the warning
+    /// `EMBARCADERO_TRANSPORT=tcp` got while `pub` used TCP, an operator's first days).
+    #[test]
+    fn no_variable_an_option_reads_is_warned_about() {
+        fn envs(cmd: &clap::Command, out: &mut Vec<(String, String)>) {
+            for arg in cmd.get_arguments() {
+                if let Some(name) = arg.get_env() {
+                    out.push((name.to_string_lossy().into_owned(), "x".into()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                envs(sub, out);
+            }
+        }
+        let mut read = Vec::new();
+        envs(&Cli::command(), &mut read);
+        assert!(read.iter().any(|(n, _)| n == "EMBARCADERO_TRANSPORT"));
+        let warned = ServerConfig::unknown_env(read, NON_SERVER_ENV);
+        assert!(warned.is_empty(), "warned about: {warned:?}");
     }
 }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{free_port, ok, Proc, Serve, BIN};
+use common::{failed, free_port, ok, Proc, Serve, BIN};
 use std::io::Write;
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
@@ -329,6 +329,37 @@ fn config_file_env_and_flags_layer_in_that_order() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("EMBARCADERO_SEQUENCER_EPOCH_US"));
+    // A value out of its setting's range is the variable's fault, not a file's.
+    let out = Command::new(BIN)
+        .args(["serve", "--print-config"])
+        .env("EMBARCADERO_BASE_PORT", "70000")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("EMBARCADERO_BASE_PORT"), "{err}");
+    assert!(!err.contains("config file"), "{err}");
+    // The head's own default (broker 0) gives way to the file's and the environment's.
+    let head = dir.path().join("head.toml");
+    std::fs::write(&head, "brokers = 3\n[cluster]\nlocal_brokers = \"0,1\"\n").unwrap();
+    let print_head = |env: &[(&str, &str)]| {
+        let out = Command::new(BIN)
+            .args(["broker", "--head", "--print-config", "--config"])
+            .arg(&head)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        ok(&out)
+    };
+    assert!(print_head(&[]).contains("local_brokers = \"0,1\""));
+    let from_env = print_head(&[("EMBARCADERO_CLUSTER_LOCAL_BROKERS", "0,2")]);
+    assert!(from_env.contains("local_brokers = \"0,2\""), "{from_env}");
+    // A follower reads none of it, and says so rather than start.
+    let out = Command::new(BIN)
+        .args(["broker", "--follower", "--head-addr", "127.0.0.1:1", "--broker-id", "1"])
+        .arg("--print-config")
+        .output()
+        .unwrap();
+    assert!(failed(&out).contains("--print-config applies to `broker --head`"));
     // A misspelt variable is named, with the one it most likely meant; the settings left
     // empty are resolved in comments.
     let out = Command::new(BIN)

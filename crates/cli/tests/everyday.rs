@@ -841,3 +841,69 @@ fn an_interrupted_pub_says_where_to_resume() {
     sub.wait().unwrap();
     serve.stop();
 }
+
+/// A server whose log reader went away (`serve 2>&1 | head -3`, a log shipper that
+/// restarted) keeps serving: every log write then failed with EPIPE, the logging library
+/// reported that with a panicking `eprintln!`, and whichever thread logged next died
+/// (the sequencer at a topic's deletion), while `/healthz` still said ok. Here the pipe
+/// is closed right after the serving line, then topics are made and deleted (which the
+/// server logs) and an ordered topic is published to and read back through the
+/// sequencer.
+#[test]
+fn a_server_whose_log_reader_went_away_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Command::new(BIN)
+        .args([
+            "serve",
+            "--base-port",
+            "0",
+            "--control-port",
+            "0",
+            "--data-dir",
+        ])
+        .arg(dir.path().join("d"))
+        .env("EMBARCADERO_REGION_MAX_TOPICS", "64")
+        .env("EMBARCADERO_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(server.stderr.take().unwrap());
+    let serving = wait_for(&lines, "embarcadero is serving");
+    drop(lines); // the reader thread ends at its next line, closing the pipe
+    let control = common::control_address(&serving);
+    let run = |args: &[&str], input: &str| {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .args(["--control", &control])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(input.as_bytes()).unwrap();
+        drop(stdin);
+        common::output_within(child, args, LINE_GUARD)
+    };
+    for name in ["a", "b", "c"] {
+        ok(&run(
+            &["topic", "create", name, "--order", "2", "--memory-only"],
+            "",
+        ));
+    }
+    ok(&run(&["topic", "delete", "b"], ""));
+    ok(&run(&["topic", "delete", "c"], ""));
+    let input: String = (0..1000).map(|i| format!("m{i}\n")).collect();
+    ok(&run(&["pub", "a"], &input));
+    let out = ok(&run(
+        &["sub", "a", "--from", "start", "--count", "1000"],
+        "",
+    ));
+    assert_eq!(out.lines().count(), 1000);
+    assert!(
+        server.try_wait().unwrap().is_none(),
+        "the server still runs"
+    );
+    let _ = server.kill();
+}

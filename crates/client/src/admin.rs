@@ -8,20 +8,27 @@ pub use embarcadero_api::{
 };
 use std::time::Duration;
 
-/// The base URL of a control plane given as `host:port`, an `http://` URL, or a bare
-/// port (`12140`: on this host, as `127.0.0.1:12140`; a number alone would otherwise be
-/// read as a host name, an IPv4 address in decimal, and reach some other machine's port
-/// 80). The admin and workflow clients both take their address through it.
+/// The base URL of a control plane given as `host:port`, an `http://` URL, a bare port
+/// (`12140`: on this host, as `127.0.0.1:12140`; a number alone would otherwise be read
+/// as a host name, an IPv4 address in decimal, and reach some other machine's port 80),
+/// or a host alone (`localhost`: on the default port 12140, not 80). The admin and
+/// workflow clients both take their address through it.
 pub fn control_url(control: &str) -> String {
     let control = control.trim().trim_end_matches('/');
     if control.starts_with("http://") {
         control.to_string()
     } else if !control.is_empty() && control.bytes().all(|b| b.is_ascii_digit()) {
         format!("http://127.0.0.1:{control}")
+    } else if !control.is_empty() && !control.contains(':') {
+        // A host alone: the control API's default port, not HTTP's 80.
+        format!("http://{control}:{DEFAULT_CONTROL_PORT}")
     } else {
         format!("http://{control}")
     }
 }
+
+/// The admin API's port when an address names none (`serve --control-port`'s default).
+pub const DEFAULT_CONTROL_PORT: u16 = 12140;
 
 /// How long a request answered 503 (the server busy) is retried before the 503 counts.
 pub const BUSY_RETRY_FOR: Duration = Duration::from_secs(3);
@@ -295,6 +302,9 @@ mod tests {
         assert_eq!(control_url("http://h:1/"), "http://h:1");
         assert_eq!(control_url("31140"), "http://127.0.0.1:31140");
         assert_eq!(control_url(" localhost:5 "), "http://localhost:5");
+        assert_eq!(control_url("localhost"), "http://localhost:12140");
+        assert_eq!(control_url("10.0.0.1"), "http://10.0.0.1:12140");
+        assert_eq!(control_url("[::1]:7"), "http://[::1]:7");
     }
 
     /// Answers each of `answers` (status, body) to one request in turn, then stops.

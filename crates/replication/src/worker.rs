@@ -403,17 +403,17 @@ impl Worker {
             let mut store = match store {
                 Ok(s) => s,
                 Err(e) => {
-                    tracing::error!(
-                        replica = self.replica,
-                        topic = %meta.name,
-                        "cannot open the replica log: {e}; acknowledgements at level 2 wait until it can be opened"
-                    );
-                    self.open_failed
-                        .insert(topic, Instant::now() + self.config.retry_after_error);
+                    self.note_open_failure(topic, &meta, &e);
                     continue;
                 }
             };
-            self.open_failed.remove(&topic);
+            if self.open_failed.remove(&topic).is_some() {
+                self.region
+                    .replica_line(topic, self.replica)
+                    .error
+                    .store(0, Ordering::Release);
+                tracing::info!(replica = self.replica, topic = %meta.name, "the replica log opened");
+            }
             store.set_fault_flag(self.config.fault_flag.clone());
             store.set_slow_disk_flag(self.config.slow_disk_flag.clone());
             let progress = self.region.replica(topic, self.replica);
@@ -686,6 +686,33 @@ impl Worker {
             );
         }
         Ok(())
+    }
+
+    /// A topic's replica log that cannot be opened: counted and shown as the replica's
+    /// error (so `status` and the metrics say so, as for a failed write), said in the
+    /// log with its directory, and tried again after `retry_after_error`.
+    fn note_open_failure(&mut self, topic: u32, meta: &TopicMeta, e: &std::io::Error) {
+        let metrics = &self.metrics.replicas[self.replica as usize - 1];
+        metrics.disk_errors.fetch_add(1, Ordering::Relaxed);
+        let code = e.raw_os_error().unwrap_or(libc::EIO) as u64;
+        self.region
+            .replica_line(topic, self.replica)
+            .error
+            .store(code, Ordering::Release);
+        let dir = topic_dir(
+            &self.config.dirs[self.replica as usize - 1],
+            &meta.name,
+            meta.created_unix_ms,
+        );
+        tracing::error!(
+            replica = self.replica,
+            topic = %meta.name,
+            dir = %dir.display(),
+            "cannot open the replica log: {e}; nothing of the topic becomes durable (acknowledgements at level 2 wait, and so do readers of a durable topic) until it can be opened: fix the directory (replication.dirs), retrying every {:?}",
+            self.config.retry_after_error
+        );
+        self.open_failed
+            .insert(topic, Instant::now() + self.config.retry_after_error);
     }
 
     fn on_disk_error(&self, t: &mut TopicCopy, e: &std::io::Error) {

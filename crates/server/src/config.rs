@@ -300,6 +300,8 @@ impl ServerConfig {
             })?;
             merge(&mut value, from_file);
         }
+        let before_env = value.clone();
+        let mut applied = Vec::new();
         for (name, raw) in env {
             let Some(slot) = env_slot(&mut value, &name) else {
                 continue;
@@ -309,16 +311,43 @@ impl ServerConfig {
                 value: raw.clone(),
                 message,
             })?;
+            applied.push((name, raw));
         }
-        let config: ServerConfig =
-            value
-                .try_into()
-                .map_err(|e: toml::de::Error| ConfigError::Parse {
-                    path: file.map(Path::to_path_buf).unwrap_or_default(),
-                    message: e.to_string(),
-                })?;
+        let config: ServerConfig = match value.try_into() {
+            Ok(config) => config,
+            Err(e) => return Err(Self::blame(file, before_env, &applied, e)),
+        };
         config.validate()?;
         Ok(config)
+    }
+
+    /// The error of settings that do not make a configuration (a value out of its type's
+    /// range, say): the first environment variable whose value alone breaks what the
+    /// file gave (`before_env`), else the file's.
+    fn blame(
+        file: Option<&Path>,
+        mut before_env: toml::Value,
+        applied: &[(String, String)],
+        e: toml::de::Error,
+    ) -> ConfigError {
+        for (name, raw) in applied {
+            let slot = env_slot(&mut before_env, name).expect("applied above");
+            *slot = parse_like(slot, raw).expect("parsed above");
+            if let Err(e) = before_env.clone().try_into::<ServerConfig>() {
+                return ConfigError::Env {
+                    name: name.clone(),
+                    value: raw.clone(),
+                    message: e.to_string().trim().replace('\n', " "),
+                };
+            }
+        }
+        match file {
+            Some(path) => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            },
+            None => ConfigError::Invalid(e.to_string()),
+        }
     }
 
     /// The `EMBARCADERO_*` names in `env` that name neither a server setting nor one of

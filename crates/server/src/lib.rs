@@ -25,6 +25,7 @@ mod metrics;
 mod open_files;
 pub mod positions;
 mod rates;
+mod replica_dirs;
 mod reserve;
 mod room;
 pub mod sequencer_process;
@@ -55,6 +56,14 @@ pub enum ServerError {
         "cannot use data directory {path}: {source}; choose a writable directory with --data-dir"
     )]
     DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "cannot use the directory of disk replica {replica}, {path}: {source}; topics with disk replicas keep their copies there: fix its path or permissions (replication.dirs, EMBARCADERO_REPLICATION_DIRS)"
+    )]
+    ReplicaDir {
+        replica: u32,
         path: PathBuf,
         source: std::io::Error,
     },
@@ -132,6 +141,7 @@ impl Server {
             source,
         })?;
         let lock = lock_data_dir(dir)?;
+        replica_dirs::check_replica_dirs(&config.replica_dirs())?;
         // Ports before the region: a port in use is refused before a region file of a
         // gigabyte or more is made for nothing (and left behind).
         let ip = bind_ip(&config)?;

@@ -130,13 +130,13 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
     let announcer =
         super::announce::Announcer::start(&args.log.control.control, http.local_addr().to_string())
             .map_err(|e| format!("cannot start the announcer thread: {e}"))?;
-    eprintln!(
+    crate::note!(
         "workflow orchestrator is serving: API http://{}",
         http.local_addr()
     );
     let ended = wait_for_stop(&stop, || orchestrator.engine.failure.lock().clone());
     if ended.is_ok() {
-        eprintln!("workflow orchestrator: stop signal received; stopping");
+        crate::note!("workflow orchestrator: stop signal received; stopping");
     }
     // No new requests; then the engine, which hands its lease over (the announcer's
     // last call could hold that up by a second).
@@ -202,7 +202,7 @@ pub fn worker(args: WorkerArgs) -> CliResult {
     let Some(mut worker) = started else {
         return Ok(());
     };
-    eprintln!(
+    crate::note!(
         "workflow worker {} is running: handlers {handlers}",
         worker.id()
     );
@@ -230,20 +230,20 @@ fn report_worker(event: &WorkerEvent, handlers: &str) {
             worker,
             error,
             retry_in,
-        } => eprintln!(
+        } => crate::note!(
             "workflow worker {worker} failed (the worker loop ended: {error}); its attempts go back after their lease; a new worker starts in {} ms",
             retry_in.as_millis()
         ),
-        WorkerEvent::StartFailed { error, retry_in } => eprintln!(
+        WorkerEvent::StartFailed { error, retry_in } => crate::note!(
             "cannot start a new worker yet ({error}); trying again in {} ms",
             retry_in.as_millis()
         ),
         WorkerEvent::Restarted { worker, .. } => {
-            eprintln!("workflow worker {worker} is running: handlers {handlers}")
+            crate::note!("workflow worker {worker} is running: handlers {handlers}")
         }
         // The process's exit says it, with the error.
         WorkerEvent::GaveUp { .. } => {}
-        WorkerEvent::Draining { worker, running } => eprintln!(
+        WorkerEvent::Draining { worker, running } => crate::note!(
             "workflow worker {worker} is draining: it claims nothing more and waits for its \
              {running} running attempt(s) to publish their results (a second signal exits at once)"
         ),
@@ -276,7 +276,7 @@ fn start_when_served<T>(
                 "cannot start the {what} (no server within --retry-for): {e}"
             ));
         }
-        eprintln!(
+        crate::note!(
             "waiting for the server at {} ({e}); the {what} starts once it answers; next try in {} ms",
             log.control.control,
             pause.peek().as_millis()
@@ -307,9 +307,9 @@ fn drain(mut worker: SupervisedWorker, stop: &std::sync::mpsc::Receiver<()>) -> 
             Ok(Ok(())) => {
                 match handle.drained() {
                     Some(id) => {
-                        eprintln!("workflow worker {id} drained: every result is in the log")
+                        crate::note!("workflow worker {id} drained: every result is in the log")
                     }
-                    None => eprintln!(
+                    None => crate::note!(
                         "workflow worker stopped while it waited to replace {id}, which had lost \
                          the log: no worker ran to drain (the lost one's attempts go back to other \
                          workers after their lease)"
