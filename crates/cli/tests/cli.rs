@@ -336,7 +336,10 @@ fn config_file_env_and_flags_layer_in_that_order() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("EMBARCADERO_BASE_PORT"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("EMBARCADERO_BASE_PORT"),
+        "{err}"
+    );
     assert!(!err.contains("config file"), "{err}");
     // The head's own default (broker 0) gives way to the file's and the environment's.
     let head = dir.path().join("head.toml");
@@ -355,7 +358,14 @@ fn config_file_env_and_flags_layer_in_that_order() {
     assert!(from_env.contains("local_brokers = \"0,2\""), "{from_env}");
     // A follower reads none of it, and says so rather than start.
     let out = Command::new(BIN)
-        .args(["broker", "--follower", "--head-addr", "127.0.0.1:1", "--broker-id", "1"])
+        .args([
+            "broker",
+            "--follower",
+            "--head-addr",
+            "127.0.0.1:1",
+            "--broker-id",
+            "1",
+        ])
         .arg("--print-config")
         .output()
         .unwrap();

@@ -796,6 +796,29 @@ fn a_handler_past_its_timeout_fails_its_attempt_and_its_late_value_is_dropped() 
     );
 }
 
+/// A worker started with a longer lease than the orchestrator's heartbeated too seldom:
+/// every attempt of a step longer than the orchestrator's lease was taken back while it
+/// ran and run again, five times, then the task failed (a newcomer's first hour). The
+/// orchestrator tells its lease in its lease events, and the worker heartbeats by it:
+/// the 1.5 s step (five of the orchestrator's 300 ms leases) runs once.
+#[test]
+fn a_worker_with_a_longer_lease_heartbeats_by_the_orchestrators() {
+    let engine = Engine::start();
+    let (_orchestrator, addr) = engine.orchestrator("300");
+    let (worker, _) = engine.worker("3000");
+    let api = ApiClient::new(&addr);
+    register(&api, SLOW);
+    let t = api.get_task(&create(&api, "slow", json!({})), 60).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+    let nap = step(&t, "nap");
+    assert_eq!(
+        (nap["attempts"].as_u64(), nap["lease_losses"].as_u64()),
+        (Some(1), Some(0)),
+        "{nap:#}"
+    );
+    assert!(worker.printed("heartbeating every 100 ms instead"));
+}
+
 #[test]
 fn a_paused_worker_loses_its_claim_and_its_late_result_is_refused() {
     let mut stack = Stack::start("1000", 1, &[SLOW]);

@@ -141,6 +141,11 @@ pub enum Event {
         #[serde(rename = "lease_term")]
         term: u64,
         holder: String,
+        /// The holder's lease of a worker's claim (its `--lease-ms`): a worker heartbeats
+        /// at least every third of it, whatever its own `lease_ms` says. 0 (absent) from
+        /// an orchestrator from before the field.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        worker_lease_ms: u64,
     },
     /// The holder of term `term` gives its lease up (it is stopping): the term stays
     /// current with no holder, and any candidate may bid for the next one at once
@@ -150,6 +155,11 @@ pub enum Event {
         term: u64,
         holder: String,
     },
+}
+
+/// Whether a number is 0: such a field is left out of an event's JSON.
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// How far a batch worker got: the cursor to resume at, the items done so far and
@@ -307,6 +317,7 @@ mod tests {
             event: Event::OrchestratorLease {
                 term: 3,
                 holder: "o".into(),
+                worker_lease_ms: 3000,
             },
         };
         let decision = Envelope {
@@ -334,5 +345,16 @@ mod tests {
         for e in [lease, decision, release] {
             assert_eq!(decode(&encode(&e)).unwrap(), e);
         }
+        // A lease event from before `worker_lease_ms` reads as 0 (not told).
+        let old = br#"{"ts_ms":1,"kind":"orchestrator_lease","lease_term":2,"holder":"o"}"#;
+        let event = decode(&[&[1u8][..], &old[..]].concat()).unwrap().event;
+        assert!(matches!(
+            event,
+            Event::OrchestratorLease {
+                term: 2,
+                worker_lease_ms: 0,
+                ..
+            }
+        ));
     }
 }

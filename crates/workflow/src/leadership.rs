@@ -123,6 +123,8 @@ pub struct Candidate {
     sent_at: u64,
     /// The term this one bid for and has not yet seen decided.
     bid: Option<u64>,
+    /// Its lease of a worker's claim, told to workers in every lease event (0: not told).
+    worker_lease_ms: u64,
 }
 
 impl Candidate {
@@ -137,7 +139,20 @@ impl Candidate {
             renewed_at: 0,
             sent_at: 0,
             bid: None,
+            worker_lease_ms: 0,
         }
+    }
+
+    /// A fresh candidate with this one's name and leases (the log's terms began again).
+    pub fn starting_over(&self) -> Self {
+        Self::new(self.id.clone(), self.lease_ms).telling_workers(self.worker_lease_ms)
+    }
+
+    /// The same, telling workers its lease of their claims (`--lease-ms`) in its lease
+    /// events, so that a worker configured with a longer one still heartbeats in time.
+    pub fn telling_workers(mut self, worker_lease_ms: u64) -> Self {
+        self.worker_lease_ms = worker_lease_ms;
+        self
     }
 
     /// After the replay: the lease is dated by its holder's last stamp (never later than
@@ -203,6 +218,7 @@ impl Candidate {
         Event::OrchestratorLease {
             term,
             holder: self.id.clone(),
+            worker_lease_ms: self.worker_lease_ms,
         }
     }
 }
@@ -227,6 +243,7 @@ mod tests {
             Event::OrchestratorLease {
                 term,
                 holder: holder.into(),
+                worker_lease_ms: 0,
             },
         )
     }

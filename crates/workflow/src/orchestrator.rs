@@ -152,7 +152,7 @@ impl Orchestrator {
             inflight: HashMap::new(),
             claimed_at: HashMap::new(),
             seen: HashMap::new(),
-            candidate: Candidate::new(id, cfg.failover_ms),
+            candidate: Candidate::new(id, cfg.failover_ms).telling_workers(cfg.lease_ms),
             active: false,
             origin,
             log_id,

@@ -284,7 +284,7 @@ impl State {
                 self.create(new, position, ts)
             }
             Event::Heartbeat { .. } => Ok(()),
-            Event::OrchestratorLease { term, holder } => self.leader.bid(*term, holder, ts),
+            Event::OrchestratorLease { term, holder, .. } => self.leader.bid(*term, holder, ts),
             Event::OrchestratorRelease { term, holder } => self.leader.release(*term, holder, ts),
             Event::TaskCancelled { task, .. } => self.cancel(task, position, ts),
             Event::TaskResolved { task, reason } => self.resolve(task, reason, position, ts),

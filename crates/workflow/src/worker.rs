@@ -106,6 +106,7 @@ impl Worker {
             folder: Folder::open(&cfg.log, &id)?,
             steps: steps.clone(),
             last_heartbeat: 0,
+            lease_ms: cfg.lease_ms,
             replay_end,
             cfg,
         };
@@ -186,6 +187,10 @@ struct Runtime {
     folder: Folder,
     steps: Arc<Steps>,
     last_heartbeat: u64,
+    /// The lease heartbeats keep: the shorter of `cfg.lease_ms` and the one the
+    /// orchestrator tells in its lease events (a worker configured with a longer lease
+    /// heartbeated too seldom, and had its steps taken back and run again while they ran).
+    lease_ms: u64,
     replay_end: u64,
 }
 
@@ -246,6 +251,7 @@ impl Runtime {
             // is then run (see `Worker::stop_and_drain`).
             for f in &folded {
                 self.settle_claim(f);
+                self.learn_lease(f);
             }
             self.steps.time_out_overdue();
             let draining = self.steps.draining.load(Ordering::SeqCst);
@@ -298,6 +304,29 @@ impl Runtime {
         }
     }
 
+    /// The orchestrator tells its lease of a claim in its lease events: a shorter one
+    /// than this worker's is the one heartbeats keep, said once.
+    fn learn_lease(&mut self, f: &Folded) {
+        let Some(Event::OrchestratorLease {
+            worker_lease_ms, ..
+        }) = f.envelope.as_ref().map(|e| &e.event)
+        else {
+            return;
+        };
+        let told = *worker_lease_ms;
+        if f.outcome.is_err() || told == 0 || told >= self.lease_ms {
+            return;
+        }
+        if self.lease_ms == self.cfg.lease_ms {
+            tracing::warn!(
+                "the orchestrator's lease of a claim is {told} ms, below this worker's lease_ms of {} ms: heartbeating every {} ms instead (give the worker the orchestrator's --lease-ms)",
+                self.cfg.lease_ms,
+                told / 3
+            );
+        }
+        self.lease_ms = told;
+    }
+
     fn claim_more(&mut self) -> Result<(), Error> {
         let steps = &self.steps;
         // Under the claims' lock, so that a thread claiming ahead and this loop never
@@ -328,7 +357,7 @@ impl Runtime {
         let now = now_ms();
         let steps = &self.steps;
         let busy = steps.running.load(Ordering::SeqCst) > 0 || !steps.claims.lock().is_empty();
-        if busy && now.saturating_sub(self.last_heartbeat) >= self.cfg.lease_ms / 3 {
+        if busy && now.saturating_sub(self.last_heartbeat) >= self.lease_ms / 3 {
             self.last_heartbeat = now;
             steps.writer.publish(Event::Heartbeat {
                 worker: steps.worker.clone(),

@@ -1246,7 +1246,11 @@ fn with_leases(mut envs: Vec<Envelope>, leases: &[(usize, u64, usize)]) -> Vec<E
     for &(at, term, holder) in leases {
         let name = ["o1", "o2"][holder % 2].to_string();
         let event = match holder {
-            0 | 1 => Event::OrchestratorLease { term, holder: name },
+            0 | 1 => Event::OrchestratorLease {
+                term,
+                holder: name,
+                worker_lease_ms: 0,
+            },
             _ => Event::OrchestratorRelease { term, holder: name },
         };
         let at = at.min(envs.len());

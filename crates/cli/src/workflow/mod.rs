@@ -65,7 +65,9 @@ pub struct LogArgs {
     /// template and task).
     #[arg(long, default_value_t = 2)]
     pub rf: u8,
-    /// A worker not heard from for this many milliseconds loses its claims.
+    /// A worker not heard from for this many milliseconds loses its claims (the
+    /// orchestrator's; it tells workers, and a worker given a longer one heartbeats by
+    /// the orchestrator's).
     #[arg(long, default_value_t = 3000)]
     pub lease_ms: u64,
     /// How long (microseconds) an event the process publishes may wait for others to

@@ -9,7 +9,6 @@
 //! standby takes over at once instead of a lease later.
 
 use super::{identity_of, Runtime, IDLE_POLL};
-use crate::leadership::Candidate;
 use crate::log::{Folder, Writer};
 use crate::state::State;
 use embarcadero_client::{Admin, Error};
@@ -172,7 +171,7 @@ impl Runtime {
         self.claimed_at.clear();
         self.seen.clear();
         // The lease's terms begin again with the log's.
-        self.candidate = Candidate::new(self.candidate.id.clone(), self.failover_ms);
+        self.candidate = self.candidate.starting_over();
     }
 
     /// The fold reached the log's end after an outage: the engine serves again and, if

@@ -156,8 +156,9 @@ class Worker:
     have published their results. ``control``: default ``EMBARCADERO_CONTROL``, else
     ``127.0.0.1:12140``. ``handlers`` defaults to those
     registered with :func:`step_handler`; ``namespace`` (one or several) to every
-    namespace. ``lease_ms`` must be the orchestrator's ``--lease-ms`` (heartbeats go out
-    three times per lease); ``topic`` its ``--topic``. ``ack`` is the acknowledgement level
+    namespace. ``lease_ms`` should be the orchestrator's ``--lease-ms`` (heartbeats go out
+    three times per lease; a longer one gives way to the orchestrator's, which it tells
+    in the log); ``topic`` its ``--topic``. ``ack`` is the acknowledgement level
     of the worker's events (claims, heartbeats, results), as ``embarcadero worker --ack``:
     1 ordered, 2 durable (the default; needs a topic of rf 2); ``rf`` the topic's
     replication factor if the worker creates it (default 2: on disk).
