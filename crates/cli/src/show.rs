@@ -277,7 +277,17 @@ fn problems(s: &StatusReport) -> Vec<String> {
             b.id, b.backpressure_waits_per_s
         ));
     }
+    out.extend(no_sequencer(&s.sequencer, s.cluster.sequencer.as_ref()));
     out
+}
+
+/// An external sequencer's lease that has lapsed: nothing is being ordered, and every
+/// publish to an order 2 or 5 topic waits for its acknowledgement.
+fn no_sequencer(stats: &SequencerStats, lease: Option<&SequencerLease>) -> Option<String> {
+    let lapsed = lease.is_some_and(|l| l.lease_remaining_ms == 0);
+    (matches!(stats, SequencerStats::External) && lapsed).then(|| {
+        "sequencer: no sequencer holds the region's lease, so nothing is ordered and publishes to order 2 and 5 topics wait; start one (`embarcadero sequencer --head-addr HEAD`) or see why the running one stopped".to_string()
+    })
 }
 
 fn topic_problems(t: &TopicInfo) -> Vec<String> {
@@ -396,6 +406,19 @@ mod tests {
             "{text}"
         );
         assert!(topic_problems(&topic(1, 1, json!({"readers": 0}))).is_empty());
+    }
+
+    #[test]
+    fn an_external_sequencer_whose_lease_lapsed_needs_attention() {
+        let lease = |ms| SequencerLease {
+            mode: "external".into(),
+            holder: "s1".into(),
+            fencing_epoch: 3,
+            lease_remaining_ms: ms,
+        };
+        let lapsed = no_sequencer(&SequencerStats::External, Some(&lease(0))).unwrap();
+        assert!(lapsed.contains("embarcadero sequencer --head-addr"), "{lapsed}");
+        assert_eq!(no_sequencer(&SequencerStats::External, Some(&lease(250))), None);
     }
 
     #[test]

@@ -67,6 +67,13 @@ pub enum ServerError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "cannot read the previous region {path}: {source}; it may hold acknowledged messages the disk replicas do not have yet: fix its permissions (or the disk) and start again, or move the file away to start from the disk replicas alone (memory-only topics then start empty)"
+    )]
+    PreviousRegion {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("data directory {0} is in use by another embarcadero server; stop it or choose another --data-dir")]
     Locked(PathBuf),
     #[error(transparent)]
@@ -701,7 +708,7 @@ type Recovered = (Vec<(u32, u8, Resume)>, HashMap<(u32, u32), TopicStore>);
 fn recover(config: &ServerConfig, replica_dirs: &[PathBuf]) -> Result<Recovered, ServerError> {
     let topics = control::load_topics(&config.data_dir)?;
     let path = config.region_path();
-    let old = previous_region(&path);
+    let old = previous_region(&path)?;
     let mut resumes = Vec::new();
     let mut stores = HashMap::new();
     for t in &topics {
@@ -737,10 +744,13 @@ fn recover(config: &ServerConfig, replica_dirs: &[PathBuf]) -> Result<Recovered,
 }
 
 /// The region the previous server left at `path`, retired, if it can be trusted
-/// (created since the last boot); `None` when there is none or it cannot be used, which
-/// leaves the disk replicas alone to recover from.
-fn previous_region(path: &Path) -> Option<Region> {
-    match Region::attach(path, None) {
+/// (created since the last boot); `None` when there is none or it cannot be trusted,
+/// which leaves the disk replicas alone to recover from. A region file that exists but
+/// cannot be read (its permissions, a disk error) is an error: it may hold acknowledged
+/// messages the replicas do not have yet, and replacing it would lose them without a word
+/// beyond a warning (an operator's first days: a region left owned by root).
+fn previous_region(path: &Path) -> Result<Option<Region>, ServerError> {
+    Ok(match Region::attach(path, None) {
         Ok(r) if r.created_this_boot() => {
             // Followers and sequencers of the previous head may still be attached and
             // writing: from here on they acknowledge nothing more, so nothing they
@@ -758,13 +768,19 @@ fn previous_region(path: &Path) -> Option<Region> {
         {
             None
         }
+        Err(embarcadero_region::RegionError::Io { source, .. }) => {
+            return Err(ServerError::PreviousRegion {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
         Err(e) => {
             tracing::warn!(
                 "cannot use the previous region ({e}); recovering from the disk replicas only"
             );
             None
         }
-    }
+    })
 }
 
 /// Opens replicated topic `t`'s replica logs (one directory per replica beyond the
@@ -808,5 +824,26 @@ fn lock_data_dir(dir: &Path) -> Result<File, ServerError> {
             path: dir.to_path_buf(),
             source,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A previous region that exists but cannot be read stops the start, naming it: it
+    /// may hold acknowledged messages the disk replicas lack. (As root, permissions do
+    /// not stop a read, so a directory stands for the unreadable file here.)
+    #[test]
+    fn a_previous_region_that_cannot_be_read_stops_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("region");
+        assert!(previous_region(&path).unwrap().is_none(), "none at all");
+        std::fs::create_dir(&path).unwrap();
+        let e = previous_region(&path).err().expect("refused").to_string();
+        assert!(
+            e.contains(&path.display().to_string()) && e.contains("move the file away"),
+            "{e}"
+        );
     }
 }
