@@ -247,13 +247,25 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("error: {message}");
-            ExitCode::FAILURE
+            logging::note!("error: {message}");
+            ExitCode::from(FAILURE_CODE.load(std::sync::atomic::Ordering::Relaxed))
         }
     }
 }
 
 pub type CliResult = Result<(), String>;
+
+/// The exit code of a failed command: 1, unless the command said otherwise
+/// ([`fail_with`]).
+static FAILURE_CODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(1);
+
+/// A failure that exits with `code` instead of 1 (`task wait`: 2 when the wait ran out
+/// with the task still running, so that a script can tell it from a task that failed).
+pub fn fail_with(code: u8, message: String) -> CliResult {
+    assert!(code > 1, "0 is success and 1 every other failure");
+    FAILURE_CODE.store(code, std::sync::atomic::Ordering::Relaxed);
+    Err(message)
+}
 
 /// A pause between attempts to reach a server that is down, doubling up to 1 s.
 pub fn retry_pause(pause: &mut std::time::Duration) {

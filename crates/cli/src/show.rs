@@ -417,8 +417,14 @@ mod tests {
             lease_remaining_ms: ms,
         };
         let lapsed = no_sequencer(&SequencerStats::External, Some(&lease(0))).unwrap();
-        assert!(lapsed.contains("embarcadero sequencer --head-addr"), "{lapsed}");
-        assert_eq!(no_sequencer(&SequencerStats::External, Some(&lease(250))), None);
+        assert!(
+            lapsed.contains("embarcadero sequencer --head-addr"),
+            "{lapsed}"
+        );
+        assert_eq!(
+            no_sequencer(&SequencerStats::External, Some(&lease(250))),
+            None
+        );
     }
 
     #[test]

@@ -796,6 +796,27 @@ fn a_handler_past_its_timeout_fails_its_attempt_and_its_late_value_is_dropped() 
     );
 }
 
+/// `task wait` tells a script a task still running when the wait ran out (exit 2) from
+/// one that ended without completing (exit 1, in
+/// `a_failed_step_blocks_its_task_and_a_manual_resolution_lets_its_dependents_run`): with no
+/// worker, the task cannot finish.
+#[test]
+fn a_wait_that_runs_out_exits_2() {
+    let stack = Stack::start("3000", 0, &[SLOW]);
+    let uuid = create(&stack.api, "slow", json!({}));
+    let out = run_bin(&[
+        "task",
+        "wait",
+        &uuid,
+        "--timeout",
+        "1",
+        "--api",
+        &stack.addr,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", failed(&out));
+    assert!(failed(&out).contains("the wait ran out"));
+}
+
 /// A worker started with a longer lease than the orchestrator's heartbeated too seldom:
 /// every attempt of a step longer than the orchestrator's lease was taken back while it
 /// ran and run again, five times, then the task failed (a newcomer's first hour). The
@@ -1645,7 +1666,9 @@ fn a_failed_step_blocks_its_task_and_a_manual_resolution_lets_its_dependents_run
         (&entries[0]["step"], &entries[0]["reason"]),
         (&json!("bad"), &json!("permanent_failure"))
     );
-    let waited = failed(&run_bin(&["task", "wait", &uuid, "--api", addr]));
+    let out = run_bin(&["task", "wait", &uuid, "--api", addr]);
+    assert_eq!(out.status.code(), Some(1), "a task that failed");
+    let waited = failed(&out);
     assert!(
         waited.contains(&format!("task {uuid} is error")),
         "{waited}"

@@ -32,7 +32,8 @@ pub enum TaskCommand {
         /// `strict` by default; `always_unique` makes every create a new task).
         #[arg(long)]
         idempotency_key: Option<String>,
-        /// Wait up to this many seconds for the task to finish.
+        /// Wait up to this many seconds for the task to finish (exit codes as `task
+        /// wait`: 2 when still running, 1 when it ended other than complete).
         #[arg(long, default_value_t = 0)]
         wait: u64,
         #[command(flatten)]
@@ -217,7 +218,9 @@ pub enum TaskCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Wait for a task to finish; exits non-zero unless it completed.
+    /// Wait for a task to finish. Exits 0 when it completed, 2 when the wait ran out with
+    /// the task still running, 1 when it ended otherwise (error, cancelled, resolved by
+    /// hand, blocked) or the wait failed.
     Wait {
         /// The task's id, as `task create` printed it.
         uuid: String,
@@ -604,13 +607,16 @@ pub(super) fn finished_ok(t: &Value, must_finish: bool) -> CliResult {
                 "error" | "cancelled" | "resolved_manually" | "blocked_by_failures"
             ) =>
         {
-            Err(format!(
+            crate::fail_with(
+                2,
+                format!(
                 "task {} is {status}: the wait ran out before it finished (`task wait {}` waits \
                  more; `task steps {}` shows which step it waits for)",
                 text(&t["task_uuid"]),
                 text(&t["task_uuid"]),
                 text(&t["task_uuid"])
-            ))
+            ),
+            )
         }
         (true, status) => Err(format!(
             "task {} is {}",

@@ -6,7 +6,7 @@ lists, strings, numbers, booleans, ``None``). :func:`step_handler` registers one
 
     from embarcadero.workflow import Worker, step_handler
 
-    @step_handler("math.square")
+    @step_handler("py.square")
     def square(ctx):
         previous = list(ctx.dependency_results.values())
         value = previous[0]["result"] if previous else ctx.context["even_number"]
