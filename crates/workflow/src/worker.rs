@@ -474,6 +474,20 @@ impl Steps {
         if attempt.reported.swap(true, Ordering::SeqCst) {
             return; // timed out (or finished) first: this outcome is dropped
         }
+        if let Outcome::Failure {
+            message, retryable, ..
+        } = &outcome
+        {
+            // The task keeps only its last error: each failure is in the worker's log.
+            let at = &attempt.at;
+            tracing::warn!(
+                task = %at.task,
+                step = %at.step,
+                attempt = at.attempt,
+                retryable,
+                "attempt failed: {message}"
+            );
+        }
         self.finish(attempt.at.clone(), outcome);
         self.attempts.lock().retain(|a| !Arc::ptr_eq(a, attempt));
         let before = self.running.fetch_sub(1, Ordering::SeqCst);

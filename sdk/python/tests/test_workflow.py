@@ -133,6 +133,21 @@ steps:
 # started and waits for a line on stdin; the main thread calls stop() as soon as the handler
 # has started, says when stop() returned, and exits at once with os._exit: no clean-up,
 # flush or finaliser runs after stop(), so only what stop() waited for reaches the log.
+TERMINATED_WORKER = """
+import sys
+from embarcadero.workflow import Worker
+
+def gated(ctx):
+    print("handler running", flush=True)
+    sys.stdin.readline()
+    return "let through"
+
+with Worker(sys.argv[1], namespace="py_slow", handlers={"py.gated": gated},
+            lease_ms=int(sys.argv[2])) as worker:
+    print("started", flush=True)
+    worker.run()
+"""
+
 STOPPING_WORKER = """
 import os, sys, threading
 from embarcadero.workflow import Worker
@@ -283,7 +298,8 @@ def test_a_linear_task_completes_with_the_python_handlers_results(engine):
     }
 
 
-def test_exceptions_are_retried_per_the_policy_and_then_fail_the_task(engine):
+def test_exceptions_are_retried_per_the_policy_and_then_fail_the_task(engine, caplog):
+    caplog.set_level(logging.WARNING, logger="embarcadero.workflow")
     attempts: List[int] = []
 
     def fail_first(ctx: StepContext) -> str:
@@ -306,6 +322,11 @@ def test_exceptions_are_retried_per_the_policy_and_then_fail_the_task(engine):
     assert (always["current_state"], always["attempts"], always["failures"]) == ("error", 3, 3)
     assert attempts == [1, 2, 3]
     assert always["last_error"] == "max attempts (3) reached: ValueError: no luck on attempt 3"
+    # Each failure is in the worker's log with its traceback, not only the last one's text.
+    raised = [r for r in caplog.records if "py.always_fails (step always" in r.getMessage()]
+    assert [r.exc_info[1].args[0] for r in raised if r.exc_info] == [
+        f"no luck on attempt {n}" for n in (1, 2, 3)
+    ]
 
 
 def test_a_handler_sees_its_deadline_and_can_stop_at_it(engine):
@@ -528,6 +549,35 @@ def test_step_handler_registers_for_workers_without_handlers_of_their_own():
     assert registered_handlers()["py.test.registered"] is registered
     with pytest.raises(ValueError, match="already registered"):
         step_handler("py.test.registered")(square)
+
+
+def test_sigterm_drains_a_worker_run_in_a_with_block(engine):
+    # A service manager stops a worker with SIGTERM: the attempt under way publishes its
+    # result before the process exits (143), as on Ctrl-C; without a handler, SIGTERM
+    # ended the process at once and the step waited for a lease expiry and a retry.
+    engine.register(SLOW)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TERMINATED_WORKER, engine.server.control, LEASE_MS],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        # A context of its own: the same template and context would be the same task.
+        uuid = engine.create("py_slow", "slow", {"stopped_by": "SIGTERM"})
+        assert proc.stdout.readline().strip() == "handler running"
+        proc.terminate()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=60) == 143
+    finally:
+        proc.kill()
+        proc.wait()
+    task = engine.finished(uuid)
+    assert task["status"] == "complete", task
+    assert step(task, "only")["attempts"] == 1, task
 
 
 def test_a_process_that_exits_right_after_stop_loses_no_finished_result(engine):

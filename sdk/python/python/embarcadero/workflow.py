@@ -30,11 +30,24 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import logging
+import signal
 import threading
 from types import TracebackType
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Type, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    Mapping,
+    Optional,
+    Type,
+    TypeVar,
+    Union,
+)
 
 from ._native import BatchInput, NativeWorker, StepContext
 
@@ -136,6 +149,52 @@ def _sync(function: Handler) -> Handler:
     return call
 
 
+def _logged(callable_name: str, function: Handler) -> Handler:
+    """``function``, whose failures are logged at WARNING to ``embarcadero.workflow``
+    (with the traceback, but for a :class:`StepError`, which says what it means): the
+    task's record keeps only the last attempt's error text."""
+
+    def call(ctx: StepContext) -> Any:
+        try:
+            return function(ctx)
+        except StepError as e:
+            _log.warning(
+                "%s (step %s of task %s, attempt %d) failed: %s",
+                callable_name, ctx.step_name, ctx.task_uuid, ctx.attempt, e,
+            )
+            raise
+        except Exception:
+            _log.warning(
+                "%s (step %s of task %s, attempt %d) raised",
+                callable_name, ctx.step_name, ctx.task_uuid, ctx.attempt,
+                exc_info=True,
+            )
+            raise
+
+    return call
+
+
+@contextlib.contextmanager
+def _sigterm_raises_system_exit() -> Iterator[None]:
+    """While in the block on the main thread, SIGTERM raises ``SystemExit(143)`` (128 +
+    SIGTERM, what a process killed by it reports) instead of ending the process at once,
+    so that a ``with Worker`` block drains as on Ctrl-C. A handler the program installed
+    itself is left alone."""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _report(kind: str, worker: Optional[str], message: str) -> None:
     """Logs what the worker's supervisor reports (from its own thread): a lost log, a new
     worker that could not start yet, a new worker running, giving up (``kind``:
@@ -199,7 +258,7 @@ class Worker:
         else:
             namespaces = list(namespace)
         self._native = NativeWorker(
-            {name: _sync(fn) for name, fn in chosen.items()},
+            {name: _logged(name, _sync(fn)) for name, fn in chosen.items()},
             control,
             namespaces=namespaces,
             concurrency=concurrency,
@@ -221,9 +280,12 @@ class Worker:
         """Works until :meth:`stop` is called (from another thread), riding out server
         restarts, or until it fails for good: an error no new worker mends, or a log lost
         for longer than ``retry_for_ms`` (the error is raised). Ctrl-C raises
-        ``KeyboardInterrupt``; the worker keeps working until stopped (leaving the
-        ``with`` block stops it)."""
-        self._native.wait(None)
+        ``KeyboardInterrupt`` and, on the main thread while Python's own handling of it is
+        in place, SIGTERM (a service manager's stop) raises ``SystemExit(143)``; either
+        way the worker keeps working until stopped, and leaving the ``with`` block stops
+        it, publishing the results of the attempts under way first."""
+        with _sigterm_raises_system_exit():
+            self._native.wait(None)
         self._native.stop()
 
     def run_for(self, seconds: float) -> None:
