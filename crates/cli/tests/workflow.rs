@@ -1670,7 +1670,7 @@ fn a_failed_step_blocks_its_task_and_a_manual_resolution_lets_its_dependents_run
     assert_eq!(out.status.code(), Some(1), "a task that failed");
     let waited = failed(&out);
     assert!(
-        waited.contains(&format!("task {uuid} is error")),
+        waited.contains(&format!("task {uuid} ended in error")),
         "{waited}"
     );
 

@@ -437,11 +437,11 @@ pub fn template(cmd: TemplateCommand) -> CliResult {
             for t in list["templates"].as_array().into_iter().flatten() {
                 let steps = t["steps"].as_array().map_or(0, |s| s.len());
                 say!(
-                    "{}/{}@{}  {} steps",
+                    "{}/{}@{}  {}",
                     text(&t["namespace"]),
                     text(&t["name"]),
                     text(&t["version"]),
-                    steps
+                    crate::count_of(steps as u64, "step", "steps")
                 );
             }
             Ok(())
@@ -485,7 +485,11 @@ fn validate_file(file: &std::path::Path, any_handler: bool, json: bool) -> CliRe
     let known = Registry::builtin().names();
     let loaded = validate::load(&read(file)?, (!any_handler).then_some(&known));
     match (loaded, json) {
-        (Ok(t), false) => say!("{} is valid: {} steps", t.key(), t.steps.len()),
+        (Ok(t), false) => say!(
+            "{} is valid: {}",
+            t.key(),
+            crate::count_of(t.steps.len() as u64, "step", "steps")
+        ),
         (Ok(t), true) => say!(
             "{}",
             serde_json::json!({"valid": true, "template": t.key().to_string(), "steps": t.steps.len()})
@@ -619,9 +623,15 @@ pub(super) fn finished_ok(t: &Value, must_finish: bool) -> CliResult {
             )
         }
         (true, status) => Err(format!(
-            "task {} is {}",
+            "task {} ended {}",
             text(&t["task_uuid"]),
-            status.unwrap_or("?")
+            match status {
+                Some("error") => "in error",
+                Some("resolved_manually") => "resolved by hand",
+                Some("blocked_by_failures") => "blocked by failures",
+                Some(other) => other,
+                None => "in a state the answer did not give",
+            }
         )),
     }
 }
@@ -647,7 +657,10 @@ mod tests {
             "{e}"
         );
         let failed = json!({"task_uuid": "t1", "status": "error"});
-        assert_eq!(finished_ok(&failed, true).unwrap_err(), "task t1 is error");
+        assert_eq!(
+            finished_ok(&failed, true).unwrap_err(),
+            "task t1 ended in error"
+        );
         let done = json!({"task_uuid": "t1", "status": "complete"});
         assert!(finished_ok(&done, true).is_ok() && finished_ok(&open, false).is_ok());
     }

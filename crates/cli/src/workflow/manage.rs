@@ -80,8 +80,10 @@ pub fn stats(metrics: &str) -> String {
             .collect();
         lines.push(format!("{kind}: {}", counts.join(", ")));
     }
-    let lag = queue_lag(metrics).map_or("unknown".to_string(), |n| n.to_string());
-    lines.push(format!("queue lag: {lag} events"));
+    let lag = queue_lag(metrics).map_or("unknown".to_string(), |n| {
+        crate::count_of(n, "event", "events")
+    });
+    lines.push(format!("queue lag: {lag}"));
     lines.join("\n")
 }
 
