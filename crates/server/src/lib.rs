@@ -53,7 +53,7 @@ pub enum ServerError {
     #[error(transparent)]
     Config(#[from] config::ConfigError),
     #[error(
-        "cannot use data directory {path}: {source}; choose a writable directory with --data-dir"
+        "cannot use the data directory ({path}): {source}; make it writable by this user, or choose another with --data-dir"
     )]
     DataDir {
         path: PathBuf,
@@ -812,9 +812,11 @@ fn recover_replicated_topic(
 }
 
 fn lock_data_dir(dir: &Path) -> Result<File, ServerError> {
+    // The lock file itself is named: a directory that can be written may still hold a
+    // LOCK another user owns (a first run as root).
     let path = dir.join("LOCK");
     let file = File::create(&path).map_err(|source| ServerError::DataDir {
-        path: dir.to_path_buf(),
+        path: path.clone(),
         source,
     })?;
     match file.try_lock() {
