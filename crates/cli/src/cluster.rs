@@ -49,26 +49,37 @@ pub struct BrokerArgs {
 
 pub fn broker(args: BrokerArgs) -> CliResult {
     if args.head {
-        let local = args.local_brokers.clone();
-        let external = args.external_sequencer;
-        let Some(config) = serve_config(args.serve, |c| {
-            // The flag, else the file's or the environment's setting, else broker 0.
-            match local {
-                Some(local) => c.cluster.local_brokers = local,
-                None if c.cluster.local_brokers.trim().is_empty() => {
-                    c.cluster.local_brokers = "0".into()
-                }
-                None => {}
-            }
-            if external {
-                c.cluster.sequencer = "external".into();
-            }
-        })?
-        else {
-            return Ok(());
-        };
-        return run_server(config);
+        head(args)
+    } else {
+        follower(args)
     }
+}
+
+/// `broker --head`: the embedded server with the head's defaults.
+fn head(args: BrokerArgs) -> CliResult {
+    let local = args.local_brokers.clone();
+    let external = args.external_sequencer;
+    let Some(config) = serve_config(args.serve, |c| {
+        // The flag, else the file's or the environment's setting, else broker 0.
+        match local {
+            Some(local) => c.cluster.local_brokers = local,
+            None if c.cluster.local_brokers.trim().is_empty() => {
+                c.cluster.local_brokers = "0".into()
+            }
+            None => {}
+        }
+        if external {
+            c.cluster.sequencer = "external".into();
+        }
+    })?
+    else {
+        return Ok(());
+    };
+    run_server(config)
+}
+
+/// `broker --follower`: one broker attached to the head's region, until a stop signal.
+fn follower(args: BrokerArgs) -> CliResult {
     let ignored = args.serve.head_only_given();
     if !ignored.is_empty() {
         let verb = if ignored.len() == 1 {
@@ -91,7 +102,7 @@ pub fn broker(args: BrokerArgs) -> CliResult {
     let advertise = follower_advertise(args.serve.advertise.as_deref(), bind)?;
     init_logging();
     let stop = stop_signal()?;
-    let mut follower = Follower::start(FollowerConfig {
+    let follower = Follower::start(FollowerConfig {
         head: args.head_addr.expect("required for --follower"),
         broker_id: args.broker_id.expect("required for --follower"),
         listen: SocketAddr::new(bind, args.port),
@@ -106,6 +117,11 @@ pub fn broker(args: BrokerArgs) -> CliResult {
         follower.addr(),
         follower.metrics_addr()
     );
+    serve_follower(follower, &stop)
+}
+
+/// Serves until `stop`, or until the head gives the broker away or replaces the region.
+fn serve_follower(mut follower: Follower, stop: &std::sync::mpsc::Receiver<()>) -> CliResult {
     loop {
         match stop.recv_timeout(Duration::from_millis(100)) {
             Ok(()) | Err(RecvTimeoutError::Disconnected) => break,

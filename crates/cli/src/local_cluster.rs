@@ -146,7 +146,12 @@ impl ChildProcess {
         std::thread::spawn(move || {
             for line in BufReader::new(pipe).lines().map_while(Result::ok) {
                 if echo == Echo::ToStderr {
-                    eprintln!("  {who} | {line}");
+                    // Dropped if our stderr is gone: this thread must go on draining the
+                    // child's pipe, or the child blocks on a full one.
+                    let _ = std::io::Write::write_fmt(
+                        &mut std::io::stderr(),
+                        format_args!("  {who} | {line}\n"),
+                    );
                 }
                 filled.push(line);
             }

@@ -259,7 +259,7 @@ pub type CliResult = Result<(), String>;
 /// ([`fail_with`]).
 static FAILURE_CODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(1);
 
-/// A failure that exits with `code` instead of 1 (`task wait`: 2 when the wait ran out
+/// A failure that exits with `code` instead of 1 (`task wait`: 124 when the wait ran out
 /// with the task still running, so that a script can tell it from a task that failed).
 pub fn fail_with(code: u8, message: String) -> CliResult {
     assert!(code > 1, "0 is success and 1 every other failure");

@@ -341,6 +341,20 @@ fn config_file_env_and_flags_layer_in_that_order() {
         "{err}"
     );
     assert!(!err.contains("config file"), "{err}");
+    // ...and a file's is the file's, whatever variables are set beside it.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "base_port = 70000\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--print-config", "--config"])
+        .arg(&bad)
+        .env("EMBARCADERO_BROKERS", "4")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.toml") && !err.contains("EMBARCADERO_BROKERS"),
+        "{err}"
+    );
     // The head's own default (broker 0) gives way to the file's and the environment's.
     let head = dir.path().join("head.toml");
     std::fs::write(&head, "brokers = 3\n[cluster]\nlocal_brokers = \"0,1\"\n").unwrap();

@@ -796,12 +796,13 @@ fn a_handler_past_its_timeout_fails_its_attempt_and_its_late_value_is_dropped() 
     );
 }
 
-/// `task wait` tells a script a task still running when the wait ran out (exit 2) from
+/// `task wait` tells a script a task still running when the wait ran out (exit 124, as
+/// `timeout`; 2 is a usage error) from
 /// one that ended without completing (exit 1, in
 /// `a_failed_step_blocks_its_task_and_a_manual_resolution_lets_its_dependents_run`): with no
 /// worker, the task cannot finish.
 #[test]
-fn a_wait_that_runs_out_exits_2() {
+fn a_wait_that_runs_out_exits_124() {
     let stack = Stack::start("3000", 0, &[SLOW]);
     let uuid = create(&stack.api, "slow", json!({}));
     let out = run_bin(&[
@@ -813,7 +814,7 @@ fn a_wait_that_runs_out_exits_2() {
         "--api",
         &stack.addr,
     ]);
-    assert_eq!(out.status.code(), Some(2), "{}", failed(&out));
+    assert_eq!(out.status.code(), Some(124), "{}", failed(&out));
     assert!(failed(&out).contains("the wait ran out"));
 }
 

@@ -322,15 +322,16 @@ impl ServerConfig {
     }
 
     /// The error of settings that do not make a configuration (a value out of its type's
-    /// range, say): the first environment variable whose value alone breaks what the
-    /// file gave (`before_env`), else the file's.
+    /// range, say): the file's when what it gave (`before_env`) is wrong already, else
+    /// that of the first environment variable that breaks it.
     fn blame(
         file: Option<&Path>,
         mut before_env: toml::Value,
         applied: &[(String, String)],
         e: toml::de::Error,
     ) -> ConfigError {
-        for (name, raw) in applied {
+        let file_alone = before_env.clone().try_into::<ServerConfig>().err();
+        for (name, raw) in applied.iter().filter(|_| file_alone.is_none()) {
             let slot = env_slot(&mut before_env, name).expect("applied above");
             *slot = parse_like(slot, raw).expect("parsed above");
             if let Err(e) = before_env.clone().try_into::<ServerConfig>() {
@@ -341,6 +342,7 @@ impl ServerConfig {
                 };
             }
         }
+        let e = file_alone.unwrap_or(e);
         match file {
             Some(path) => ConfigError::Parse {
                 path: path.to_path_buf(),

@@ -745,10 +745,11 @@ fn recover(config: &ServerConfig, replica_dirs: &[PathBuf]) -> Result<Recovered,
 
 /// The region the previous server left at `path`, retired, if it can be trusted
 /// (created since the last boot); `None` when there is none or it cannot be trusted,
-/// which leaves the disk replicas alone to recover from. A region file that exists but
-/// cannot be read (its permissions, a disk error) is an error: it may hold acknowledged
-/// messages the replicas do not have yet, and replacing it would lose them without a word
-/// beyond a warning (an operator's first days: a region left owned by root).
+/// which leaves the disk replicas alone to recover from. A region file written since the
+/// boot that cannot be read (its permissions, a disk error) is an error: it may hold
+/// acknowledged messages the replicas do not have yet, and replacing it would lose them
+/// without a word beyond a warning (an operator's first days: a region left owned by
+/// root).
 fn previous_region(path: &Path) -> Result<Option<Region>, ServerError> {
     Ok(match Region::attach(path, None) {
         Ok(r) if r.created_this_boot() => {
@@ -768,7 +769,7 @@ fn previous_region(path: &Path) -> Result<Option<Region>, ServerError> {
         {
             None
         }
-        Err(embarcadero_region::RegionError::Io { source, .. }) => {
+        Err(embarcadero_region::RegionError::Io { source, .. }) if !predates_boot(path) => {
             return Err(ServerError::PreviousRegion {
                 path: path.to_path_buf(),
                 source,
@@ -781,6 +782,20 @@ fn previous_region(path: &Path) -> Result<Option<Region>, ServerError> {
             None
         }
     })
+}
+
+/// Whether the file at `path` was last written before this machine booted (by its
+/// modification time against `/proc/stat`'s `btime`): a region that old could not be
+/// trusted even if it could be read, so one that cannot be read loses nothing. False
+/// when either cannot be read.
+fn predates_boot(path: &Path) -> bool {
+    let booted = std::fs::read_to_string("/proc/stat").ok().and_then(|stat| {
+        let secs = stat.lines().find_map(|l| l.strip_prefix("btime "))?;
+        let secs: u64 = secs.trim().parse().ok()?;
+        Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+    });
+    let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    matches!((modified, booted), (Some(m), Some(b)) if m < b)
 }
 
 /// Opens replicated topic `t`'s replica logs (one directory per replica beyond the
@@ -847,5 +862,9 @@ mod tests {
             e.contains(&path.display().to_string()) && e.contains("move the file away"),
             "{e}"
         );
+        // One last written before the boot could not be trusted anyway: passed over.
+        let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1);
+        File::open(&path).unwrap().set_modified(old).unwrap();
+        assert!(previous_region(&path).unwrap().is_none());
     }
 }

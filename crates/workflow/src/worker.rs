@@ -304,8 +304,10 @@ impl Runtime {
         }
     }
 
-    /// The orchestrator tells its lease of a claim in its lease events: a shorter one
-    /// than this worker's is the one heartbeats keep, said once.
+    /// The orchestrator tells its lease of a claim in its lease events (those the log
+    /// accepted: the current term's bid and renewals): heartbeats keep the shorter of it
+    /// and this worker's own, following the current orchestrator (a later one with a
+    /// longer lease lengthens it again, up to the worker's own); a shortening is said.
     fn learn_lease(&mut self, f: &Folded) {
         let Some(Event::OrchestratorLease {
             worker_lease_ms, ..
@@ -314,17 +316,18 @@ impl Runtime {
             return;
         };
         let told = *worker_lease_ms;
-        if f.outcome.is_err() || told == 0 || told >= self.lease_ms {
+        if f.outcome.is_err() || told == 0 {
             return;
         }
-        if self.lease_ms == self.cfg.lease_ms {
+        let lease = told.min(self.cfg.lease_ms);
+        if lease < self.cfg.lease_ms && lease != self.lease_ms {
             tracing::warn!(
                 "the orchestrator's lease of a claim is {told} ms, below this worker's lease_ms of {} ms: heartbeating every {} ms instead (give the worker the orchestrator's --lease-ms)",
                 self.cfg.lease_ms,
                 told / 3
             );
         }
-        self.lease_ms = told;
+        self.lease_ms = lease;
     }
 
     fn claim_more(&mut self) -> Result<(), Error> {

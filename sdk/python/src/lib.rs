@@ -53,6 +53,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<workflow::StepContext>()?;
     m.add_class::<workflow::BatchInput>()?;
     m.add_function(wrap_pyfunction!(random_session_key, m)?)?;
+    m.add_function(wrap_pyfunction!(workflow::mark_handler_thread, m)?)?;
     gil::register_exit_hook(m)?;
     Ok(())
 }

@@ -17,6 +17,7 @@ use embarcadero_workflow::supervisor::{Report, SupervisorHandle};
 use embarcadero_workflow::{RestartPolicy, SupervisedWorker, WorkerConfig, WorkerEvent};
 use parking_lot::Mutex;
 use pyo3::prelude::*;
+use pyo3::prelude::pyfunction;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::PyDict;
 use serde_json::Value;
@@ -28,6 +29,15 @@ thread_local! {
     /// Set on a thread while it runs a Python handler: `stop` there must not wait for the
     /// attempts to end, one of which is the caller's own.
     static IN_HANDLER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread, for good, as one that runs handlers: the process's event loop
+/// of `async` handlers (`embarcadero.workflow`), whose coroutines run there while their
+/// attempt threads wait, so that a `stop` from one of them begins the drain and returns
+/// instead of waiting for its own attempt until the step's deadline.
+#[pyfunction]
+pub fn mark_handler_thread() {
+    IN_HANDLER.with(|h| h.set(true));
 }
 
 /// Marks the current thread as running a handler until dropped.

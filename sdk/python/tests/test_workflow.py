@@ -504,15 +504,17 @@ def test_async_handlers_and_results_that_are_not_json(engine):
 
 
 def test_async_handlers_share_one_event_loop_and_are_cancelled_at_their_deadline(engine):
-    # What an async handler keeps between calls (here a lock, made before any loop runs)
-    # must work from every call: with a loop per call it was "bound to a different event
-    # loop" on the second concurrent task.
-    lock = asyncio.Lock()
+    # What an async handler keeps between calls (here a lock, made by the first call, as
+    # Python 3.9 needs) must work from every call: with a loop per call it was "bound to
+    # a different event loop" on the second concurrent task.
+    lock: Optional[asyncio.Lock] = None
     inside = 0
     cancelled = threading.Event()
 
     async def square_locked(ctx: StepContext) -> Dict[str, Any]:
-        nonlocal inside
+        nonlocal inside, lock
+        if lock is None:
+            lock = asyncio.Lock()
         async with lock:
             inside += 1
             assert inside == 1, "the lock keeps calls apart"
@@ -539,6 +541,26 @@ def test_async_handlers_share_one_event_loop_and_are_cancelled_at_their_deadline
         assert task["status"] == "complete", task
         assert step(task, "four")["result"] == {"result": 65536}
     assert step(timed, "overruns")["last_error"] == "max attempts (1) reached: timed out after 1 s"
+
+
+def test_stop_from_an_async_handler_begins_the_drain_and_returns(engine):
+    # As from a sync handler: waiting there would wait for the handler's own attempt
+    # (until the step's deadline, which then failed it).
+    engine.register(LINEAR.replace("linear", "stopping").replace("py.ancestry", "py.square"))
+    box: Dict[str, Worker] = {}
+
+    async def stops_its_worker(ctx: StepContext) -> Dict[str, Any]:
+        if ctx.step_name == "two":
+            box["w"].stop()
+        return square(ctx)
+
+    with engine.worker({"py.square": stops_its_worker}, "py_stopping") as w:
+        box["w"] = w
+        uuid = engine.create("py_stopping", "stopping", {"even_number": 2})
+        w.run()  # returns once the drain is over
+    task = engine.request("GET", f"/v1/tasks/{uuid}")
+    two = step(task, "two")
+    assert (two["current_state"], two["attempts"], two["result"]) == ("complete", 1, {"result": 16})
 
 
 def test_step_handler_registers_for_workers_without_handlers_of_their_own():

@@ -170,6 +170,14 @@ impl StepHandler for JsHandler {
     }
 }
 
+/// When `left` from now is, in milliseconds since the Unix epoch (JavaScript's clock).
+fn deadline_unix_ms(left: Duration) -> f64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (now + left).as_millis() as f64
+}
+
 /// What a handler is given, as ts/workflow.ts reads it.
 fn context_json(callable: &str, ctx: &handler::StepContext) -> Value {
     let batch = ctx.batch.as_ref().map(|b| {
@@ -194,7 +202,9 @@ fn context_json(callable: &str, ctx: &handler::StepContext) -> Value {
         "ancestors": ctx.ancestors,
         "dependencies": ctx.dependencies,
         "batch": batch,
-        "timeLeftMs": u64::try_from(ctx.time_left().as_millis()).unwrap_or(u64::MAX),
+        // A wall-clock time, not a duration: the call waits its turn on the JavaScript
+        // thread, and a duration would start late by that wait.
+        "deadlineUnixMs": deadline_unix_ms(ctx.time_left()),
     })
 }
 

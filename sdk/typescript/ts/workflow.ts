@@ -275,7 +275,7 @@ interface RawContext {
   ancestors: Record<string, Json>;
   dependencies: string[];
   batch: { cursor: Json; index: number; count: number; resume: Checkpoint | null } | null;
-  timeLeftMs: number;
+  deadlineUnixMs: number;
 }
 
 /** `value` as JSON text, or a non-retryable StepError: retrying cannot fix a bug in the handler. */
@@ -355,8 +355,8 @@ function contextOf(
     dependencies: raw.dependencies,
     dependencyResults,
     batch,
-    deadline: new Date(Date.now() + raw.timeLeftMs),
-    signal: AbortSignal.timeout(raw.timeLeftMs),
+    deadline: new Date(raw.deadlineUnixMs),
+    signal: AbortSignal.timeout(Math.max(0, raw.deadlineUnixMs - Date.now())),
   };
 }
 

@@ -33,7 +33,7 @@ pub enum TaskCommand {
         #[arg(long)]
         idempotency_key: Option<String>,
         /// Wait up to this many seconds for the task to finish (exit codes as `task
-        /// wait`: 2 when still running, 1 when it ended other than complete).
+        /// wait`: 124 when still running, 1 when it ended other than complete).
         #[arg(long, default_value_t = 0)]
         wait: u64,
         #[command(flatten)]
@@ -218,9 +218,9 @@ pub enum TaskCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Wait for a task to finish. Exits 0 when it completed, 2 when the wait ran out with
-    /// the task still running, 1 when it ended otherwise (error, cancelled, resolved by
-    /// hand, blocked) or the wait failed.
+    /// Wait for a task to finish. Exits 0 when it completed, 124 (as `timeout` does) when
+    /// the wait ran out with the task still running, 1 when it ended otherwise (error,
+    /// cancelled, resolved by hand, blocked) or the wait failed.
     Wait {
         /// The task's id, as `task create` printed it.
         uuid: String,
@@ -600,6 +600,10 @@ pub(super) fn percent(v: &Value) -> String {
     }
 }
 
+/// The exit code of a wait that ran out with its task still running: `timeout`'s
+/// (2 is clap's for a usage error, which a script must not take for "still running").
+pub(super) const STILL_RUNNING: u8 = 124;
+
 /// With `must_finish`, a task that did not complete is a failure of the command.
 pub(super) fn finished_ok(t: &Value, must_finish: bool) -> CliResult {
     match (must_finish, t["status"].as_str()) {
@@ -612,7 +616,7 @@ pub(super) fn finished_ok(t: &Value, must_finish: bool) -> CliResult {
             ) =>
         {
             crate::fail_with(
-                2,
+                STILL_RUNNING,
                 format!(
                 "task {} is {status}: the wait ran out before it finished (`task wait {}` waits \
                  more; `task steps {}` shows which step it waits for)",

@@ -556,6 +556,7 @@ impl Inner {
                 fenced_hwm: AtomicU64::new(0),
                 opened: AtomicU64::new(config.session_epoch),
                 opener,
+                own_id: config.client_id.is_none(),
             }),
             config: PublisherConfig {
                 batch_bytes,

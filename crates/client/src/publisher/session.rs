@@ -19,6 +19,9 @@ pub(super) struct Session {
     pub(super) opened: AtomicU64,
     /// The publisher's opener (`Hello::opener`), on every hello it sends.
     pub(super) opener: u32,
+    /// The publisher drew its client id: no other process ever used the session, so
+    /// no copy of a batch of it can sit anywhere this publisher does not know of.
+    pub(super) own_id: bool,
 }
 
 impl Inner {
@@ -97,14 +100,16 @@ impl Inner {
     /// there: after a failover or a reopen, a copy of a batch may still sit on the
     /// connection given up (behind a slot its broker has not finished, or in its socket),
     /// and ordered after the slot went to another session it would be taken for a new
-    /// session's batch and delivered twice. At ack 0 the flush saw nothing ordered.
+    /// session's batch and delivered twice. For the same reason not by a publisher given
+    /// its client id: an earlier process with that id (a restart resuming the session)
+    /// may have left such copies. At ack 0 the flush saw nothing ordered.
     pub(super) fn end_session(&self) {
         let Some(session) = &self.session else {
             return;
         };
         let resent =
             session.fences.load(Ordering::Acquire) != 0 || self.queues.iter().any(|q| !q.is_live());
-        if self.config.ack_level == 0 || resent {
+        if self.config.ack_level == 0 || resent || !session.own_id {
             return;
         }
         let Some(q) = self.queues.iter().find(|q| q.is_live()) else {

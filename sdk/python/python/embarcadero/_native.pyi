@@ -434,3 +434,9 @@ class NativeWorker:
         the log acknowledged it (not from inside a handler: there it only stops claiming;
         during a restart's backoff it returns at once); raises the error that ended the
         loop for good, if one did. Idempotent."""
+
+
+def mark_handler_thread() -> None:
+    """Marks the calling thread, for good, as one that runs step handlers (the process's
+    event loop of ``async`` handlers): :meth:`NativeWorker.stop` from it begins the drain
+    and returns."""

@@ -33,6 +33,7 @@ import concurrent.futures
 import contextlib
 import inspect
 import logging
+import os
 import signal
 import threading
 from types import TracebackType
@@ -49,7 +50,7 @@ from typing import (
     Union,
 )
 
-from ._native import BatchInput, NativeWorker, StepContext
+from ._native import BatchInput, NativeWorker, StepContext, mark_handler_thread
 
 __all__ = [
     "BatchInput",
@@ -115,13 +116,34 @@ _LOOP: Optional[asyncio.AbstractEventLoop] = None
 _LOOP_LOCK = threading.Lock()
 
 
+def _forget_loop_in_child() -> None:
+    # A forked child has the loop object but not its thread: it makes its own.
+    global _LOOP, _LOOP_LOCK
+    _LOOP, _LOOP_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_loop_in_child)
+
+
+def _run_handler_loop(loop: asyncio.AbstractEventLoop) -> None:
+    # Worker.stop() from a coroutine here begins the drain and returns, as from a sync
+    # handler's thread, instead of waiting for its own attempt.
+    mark_handler_thread()
+    asyncio.set_event_loop(loop)
+    loop.run_forever()
+
+
 def _handler_loop() -> asyncio.AbstractEventLoop:
     global _LOOP
     with _LOOP_LOCK:
         if _LOOP is None:
             loop = asyncio.new_event_loop()
             thread = threading.Thread(
-                target=loop.run_forever, name="embarcadero-async-handlers", daemon=True
+                target=_run_handler_loop,
+                args=(loop,),
+                name="embarcadero-async-handlers",
+                daemon=True,
             )
             thread.start()
             _LOOP = loop
@@ -138,13 +160,15 @@ def _sync(function: Handler) -> Handler:
 
     def call(ctx: StepContext) -> Any:
         future = asyncio.run_coroutine_threadsafe(function(ctx), _handler_loop())
-        try:
-            return future.result(timeout=ctx.time_left())
-        except concurrent.futures.TimeoutError:
+        # Waited for apart from its result: on Python 3.11+ `concurrent.futures`'s
+        # TimeoutError is the builtin one, which the handler's own timeouts raise too.
+        concurrent.futures.wait([future], timeout=ctx.time_left())
+        if not future.done():
             future.cancel()
             raise TimeoutError(
                 f"step {ctx.step_name} was cancelled at its deadline (attempt {ctx.attempt})"
-            ) from None
+            )
+        return future.result()
 
     return call
 
