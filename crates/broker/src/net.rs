@@ -327,7 +327,6 @@ fn check_publish_hello(
     Ok(())
 }
 
-/// Reads a subscriber's per-broker cursors (orders 0 and 1: one per broker, or none).
 /// How long an order-5 hello that finds every session slot taken waits for one to be
 /// given up before it is refused: a publisher that closed just before this one started
 /// has its session's end on its way through the sequencer (one epoch and a scan).
@@ -350,6 +349,7 @@ fn crowded_out(shared: &Shared, topic: u32, hello: &Hello) -> bool {
     false
 }
 
+/// Reads a subscriber's per-broker cursors (orders 0 and 1: one per broker, or none).
 pub(crate) fn read_cursors(
     shared: &Shared,
     stream: &mut impl Read,

@@ -20,10 +20,10 @@
 //! ended on closing (a session-end slot, `SessionEnd`), else the session idle longest
 //! (at least `session_idle_evict` by the table's last-active stamp, which brokers keep
 //! fresh while the client is connected), ends, if it holds nothing and every batch of
-//! it is on the disk replicas; its slot goes to the new one. An ended session is forgotten: a client that
-//! comes back with the same id starts a new session from batch 0, and one that still
-//! holds unacknowledged batches of the old one is told it expired (the broker sees its
-//! slot taken by another client).
+//! it is on the disk replicas; its slot goes to the new one. An ended session is
+//! forgotten: a client that comes back with the same id starts a new session from batch
+//! 0, and one that still holds unacknowledged batches of the old one is told it expired
+//! (the broker sees its slot taken by another client).
 
 use crate::SequencerConfig;
 use embarcadero_region::{

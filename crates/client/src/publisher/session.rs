@@ -85,9 +85,7 @@ impl Inner {
             ),
         }
     }
-}
 
-impl Inner {
     /// Order 5, once everything this publisher sent is acknowledged and it is closing:
     /// tells one broker it is done with its session (a header of no messages with
     /// `END_SESSION`, numbered as the next batch would have been), so that the session's
