@@ -872,20 +872,7 @@ fn a_server_whose_log_reader_went_away_keeps_serving() {
     let serving = wait_for(&lines, "embarcadero is serving");
     drop(lines); // the reader thread ends at its next line, closing the pipe
     let control = common::control_address(&serving);
-    let run = |args: &[&str], input: &str| {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .args(["--control", &control])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(input.as_bytes()).unwrap();
-        drop(stdin);
-        common::output_within(child, args, LINE_GUARD)
-    };
+    let run = |args: &[&str], input: &str| common::run_against(&control, args, Some(input));
     for name in ["a", "b", "c"] {
         ok(&run(
             &["topic", "create", name, "--order", "2", "--memory-only"],

@@ -186,26 +186,7 @@ impl Serve {
     }
 
     pub fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .args(["--control", &self.control])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut input = child.stdin.take().unwrap();
-        if let Some(text) = stdin {
-            // A command that fails early (a `pub` to a missing topic) may exit before it
-            // reads its input; the write then meets a closed pipe, which is its answer,
-            // not the test's failure. The exit status and stderr below are checked.
-            match input.write_all(text.as_bytes()) {
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-                other => other.unwrap(),
-            }
-        }
-        drop(input);
-        output_within(child, args, RUN_GUARD)
+        run_against(&self.control, args, stdin)
     }
 
     pub fn stop(self) {
@@ -215,6 +196,31 @@ impl Serve {
     pub fn kill(self) {
         self.proc.kill();
     }
+}
+
+/// `embarcadero ARGS --control CONTROL` with `stdin` as its input, within [`RUN_GUARD`]:
+/// a client command against a server the test started (a [`Serve`], or its own).
+pub fn run_against(control: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .args(["--control", control])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(text) = stdin {
+        // A command that fails early (a `pub` to a missing topic) may exit before it
+        // reads its input; the write then meets a closed pipe, which is its answer,
+        // not the test's failure. The exit status and stderr below are checked.
+        match input.write_all(text.as_bytes()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            other => other.unwrap(),
+        }
+    }
+    drop(input);
+    output_within(child, args, RUN_GUARD)
 }
 
 /// Longest a client command of a test may run before the test fails: a hang guard far
