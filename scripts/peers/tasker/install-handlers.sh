@@ -3,9 +3,8 @@
 # package registries, into TASKER_CACHE (outside the repository) except our TypeScript SDK's
 # build outputs (sdk/typescript/build, native/: git-ignored):
 # - Tasker's Python worker, tasker-py (PyPI, its prebuilt wheel), and our Python SDK
-#   (sdk/python, `maturin develop`: the binding unoptimised, every dependency, the Rust client
-#   and workflow crate among them, at opt-level 2, as its test.sh builds it) in one virtual
-#   environment, $TASKER_CACHE/handlers-venv;
+#   (sdk/python, `maturin develop --release`: the test build of its test.sh is unoptimised)
+#   in one virtual environment, $TASKER_CACHE/handlers-venv;
 # - our TypeScript SDK built in place with its release addon. Tasker has no TypeScript worker
 #   to install: @tasker-systems/tasker, the name its release script publishes, is not on the
 #   npm registry (404; docs/BENCHMARKS.md).
@@ -22,9 +21,10 @@ python_handlers() {
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "tasker-py==$TASKER_PY_VERSION" \
     "maturin>=1.5,<2"
-  # Our SDK's own build command (sdk/python/test.sh), into the same environment.
+  # Our SDK, optimised (the measurement compares its cost with Rust handlers'), into the
+  # same environment.
   VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" CARGO_TARGET_DIR="$REPO/target" \
-    "${NICE[@]}" maturin develop -q -m "$REPO/sdk/python/Cargo.toml"
+    "${NICE[@]}" maturin develop --release -q -m "$REPO/sdk/python/Cargo.toml"
   "$venv/bin/python" -c 'import tasker_core, embarcadero.workflow'
 }
 
