@@ -13,6 +13,7 @@
 use crate::{Cursor, Error, MessageRef, SharedBatch, Subscriber};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -81,8 +82,9 @@ struct Shared<C> {
     status: Mutex<SubscriberStatus>,
     /// Most polls waiting to be taken.
     depth: usize,
-    /// Most bytes of batches one poll lends (whole batches; at least one).
-    poll_bytes: usize,
+    /// Most bytes of batches one poll lends (whole batches; at least one); the caller may
+    /// change it between polls ([`ReadAhead::set_poll_bytes`]). Never 0.
+    poll_bytes: AtomicUsize,
 }
 
 /// A subscriber and the thread that reads ahead from it (started by the first
@@ -104,10 +106,17 @@ impl<C: Collect> ReadAhead<C> {
                 queue: Mutex::default(),
                 changed: Condvar::new(),
                 depth,
-                poll_bytes,
+                poll_bytes: AtomicUsize::new(poll_bytes),
             }),
             thread: Mutex::new(None),
         }
+    }
+
+    /// From the next poll on, polls lend at most `poll_bytes` (whole batches; at least
+    /// one). Polls already read keep their size.
+    pub fn set_poll_bytes(&self, poll_bytes: usize) {
+        assert!(poll_bytes > 0, "room for at least one batch");
+        self.shared.poll_bytes.store(poll_bytes, Ordering::Relaxed);
     }
 
     /// Runs `f` on the subscriber while the thread is not polling.
@@ -253,7 +262,8 @@ fn read<C: Collect>(shared: &Shared<C>) {
             return;
         };
         let mut messages = C::default();
-        let result = s.poll_shared_upto(POLL, shared.poll_bytes, |b, m| messages.collect(b, m));
+        let poll_bytes = shared.poll_bytes.load(Ordering::Relaxed);
+        let result = s.poll_shared_upto(POLL, poll_bytes, |b, m| messages.collect(b, m));
         *shared.status.lock() = SubscriberStatus::of(s);
         let mut queue = shared.queue.lock();
         match result {

@@ -606,3 +606,41 @@ fn a_read_ahead_says_its_subscribers_status_without_waiting_for_a_poll() {
     assert_eq!(reader.status(), status);
     reader.close();
 }
+
+/// The TypeScript binding sizes its polls by how JavaScript reads (`readBatches`): a size
+/// set after the read-ahead was made bounds every poll read from then on. With at most one
+/// byte per poll, each poll lends exactly one batch (whole batches, at least one), so it
+/// holds no more messages than a batch can; every message still comes, once, in order.
+#[test]
+fn a_read_ahead_bounds_its_polls_by_the_size_set_last() {
+    use embarcadero_client::ReadAhead;
+    let t = common::start();
+    t.create_topic("sized", 2);
+    const BATCH_BYTES: usize = 2048;
+    publish(&t, "sized", 0, 3000, BATCH_BYTES);
+    let sub =
+        Subscriber::connect_brokers(&t.brokers(), "sized", SubscriberConfig::default()).unwrap();
+    let reader = ReadAhead::<Count>::new(sub, 2, 1 << 20);
+    reader.set_poll_bytes(1);
+    // Every message takes at least its 64-byte header of its batch's bytes.
+    let most_per_batch = BATCH_BYTES / embarcadero_wire::MESSAGE_HEADER_LEN;
+    let (mut read, mut polls) = (0, 0);
+    while read < 3000 {
+        let polled = reader
+            .next_poll(Duration::from_secs(10))
+            .expect("messages come");
+        let n = polled.unwrap().messages.0;
+        assert!(
+            n <= most_per_batch,
+            "a poll of one batch holds {n} messages"
+        );
+        read += n;
+        polls += 1;
+    }
+    assert_eq!(read, 3000);
+    assert!(
+        polls >= 3000 / most_per_batch,
+        "{polls} polls of one batch each"
+    );
+    reader.close();
+}
