@@ -108,17 +108,25 @@ def refuse_skipped(sub: Subscriber) -> None:
 
 
 def subscribe(
-    control: str, topic: str, count: int, many: bool, perf: Optional[str] = None
+    control: str, topic: str, count: int, how: str, perf: Optional[str] = None
 ) -> Timed:
-    """One subscriber reading `count` messages from position 0 (`for m in sub`, or
-    `poll_many` with `many`), touching each payload's length; profiled into `perf`."""
+    """One subscriber reading `count` messages from position 0: `for m in sub` (`how`
+    "each"), `poll_many` ("many"), each touching its payload's length; or `poll_batch`
+    ("batch"), which sums the batch's payload lengths in native code (one per message, as
+    the Rust reader's callback counts each message) and makes no `Message`. Profiled into
+    `perf`."""
     with Subscriber(control, topic) as sub, Perf(perf), Timed() as timed:
-        received = 0
+        received = payload_bytes = 0
         checked = False
-        if many:
+        if how != "each":
             while received < count:
-                for m in sub.poll_many(timeout=30):
-                    received += len(m.payload) > 0
+                if how == "many":
+                    for m in sub.poll_many(timeout=30):
+                        received += len(m.payload) > 0
+                else:
+                    batch = sub.poll_batch(timeout=30)
+                    received += len(batch)
+                    payload_bytes += batch.payload_bytes
                 if received and not checked:
                     # Once: `skipped` waits for the read-ahead thread's poll.
                     refuse_skipped(sub)
@@ -162,9 +170,12 @@ def measure(args: argparse.Namespace, count: int) -> List[Tuple[str, Timed]]:
         if args.only != "subscribe":
             measured.append(("publish_many", many))
         if args.only != "publish_many":
-            each = subscribe(args.control, topic, count, False, args.perf)
+            each = subscribe(args.control, topic, count, "each", args.perf)
             measured.append(("subscribe (for m in sub)", each))
-            measured.append(("subscribe (poll_many)", subscribe(args.control, topic, count, True)))
+            many = subscribe(args.control, topic, count, "many")
+            measured.append(("subscribe (poll_many)", many))
+            batch = subscribe(args.control, topic, count, "batch")
+            measured.append(("subscribe (poll_batch)", batch))
     if args.only in (None, "publish"):
         topic = new_topic(args.control, "each")
         measured.append(("publish", publish_each(args.control, topic, count, args.size)))
@@ -221,6 +232,7 @@ def main() -> None:
             ("publish", "rust publish"),
             ("subscribe (for m in sub)", "rust subscribe"),
             ("subscribe (poll_many)", "rust subscribe"),
+            ("subscribe (poll_batch)", "rust subscribe"),
         ]:
             ratios = ", ".join(f"{r[name] / r[base]:.0%}" for r in rows)
             print(f"{name}: {ratios} of the Rust client's MB/s")

@@ -6,6 +6,7 @@
 //! errors into exceptions.
 
 mod admin;
+mod batch;
 mod errors;
 mod gil;
 mod options;
@@ -49,6 +50,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<publisher::Publisher>()?;
     m.add_class::<subscriber::Subscriber>()?;
     m.add_class::<subscriber::Message>()?;
+    m.add_class::<batch::MessageBatch>()?;
     m.add_class::<workflow::NativeWorker>()?;
     m.add_class::<workflow::StepContext>()?;
     m.add_class::<workflow::BatchInput>()?;

@@ -5,6 +5,7 @@
 //! (one reference per delivery, none per message); each payload becomes a `bytes`, copied
 //! straight from its delivery, when its message is taken.
 
+use crate::batch::MessageBatch;
 use crate::errors::{config, sub_to_py};
 use crate::options::{millis, whole};
 use crate::read_ahead::{Messages, Meta, ReadAhead, POLL_BYTES, READ_AHEAD};
@@ -103,10 +104,16 @@ impl Ready {
         }
         Some((fields, payload))
     }
+
+    /// The front poll, with how many of its messages were taken already.
+    fn take_rest(&mut self) -> Option<(Messages, usize)> {
+        let poll = self.polls.pop_front()?;
+        Some((poll, std::mem::take(&mut self.taken)))
+    }
 }
 
 /// A message's fields, copied out of the queue so the `Message` is built without its lock.
-struct Fields {
+pub(crate) struct Fields {
     position: u64,
     broker_id: u16,
     client_id: u64,
@@ -116,7 +123,7 @@ struct Fields {
 }
 
 impl Fields {
-    fn of(m: &Meta) -> Self {
+    pub(crate) fn of(m: &Meta) -> Self {
         Self {
             position: m.position,
             broker_id: m.broker_id,
@@ -126,6 +133,28 @@ impl Fields {
             publish_ts_ns: m.publish_ts_ns,
         }
     }
+}
+
+/// A `Message` of a topic of order `order`, with `payload` (already copied).
+pub(crate) fn new_message(
+    py: Python<'_>,
+    order: u8,
+    meta: Fields,
+    payload: Bound<'_, PyBytes>,
+) -> PyResult<Py<Message>> {
+    let ordered = order >= 2;
+    let message = Message {
+        position: meta.position,
+        global_seq: ordered.then_some(meta.position),
+        broker_id: meta.broker_id,
+        broker_seq: (!ordered).then_some(meta.position),
+        client_id: meta.client_id,
+        batch_seq: meta.batch_seq,
+        index_in_batch: meta.index_in_batch,
+        publish_ts_ns: meta.publish_ts_ns,
+        payload: payload.unbind(),
+    };
+    Py::new(py, message)
 }
 
 /// Reads topic ``topic`` in order from any broker of the cluster whose control plane is at
@@ -259,23 +288,16 @@ impl Subscriber {
 
     /// The next ready message, without waiting.
     fn take_one(&self, py: Python<'_>) -> PyResult<Option<Py<Message>>> {
-        let Some((meta, payload)) = self.ready.lock().take(py) else {
+        let Some((fields, payload)) = self.ready.lock().take(py) else {
             return Ok(None);
         };
-        let payload = payload.unbind();
-        let ordered = self.order >= 2;
-        let message = Message {
-            position: meta.position,
-            global_seq: ordered.then_some(meta.position),
-            broker_id: meta.broker_id,
-            broker_seq: (!ordered).then_some(meta.position),
-            client_id: meta.client_id,
-            batch_seq: meta.batch_seq,
-            index_in_batch: meta.index_in_batch,
-            publish_ts_ns: meta.publish_ts_ns,
-            payload,
-        };
-        Py::new(py, message).map(Some)
+        new_message(py, self.order, fields, payload).map(Some)
+    }
+
+    /// The rest of the next ready poll as one batch, without waiting.
+    fn take_batch(&self) -> Option<MessageBatch> {
+        let (messages, first) = self.ready.lock().take_rest()?;
+        Some(MessageBatch::new(messages, first, self.order))
     }
 
     fn broker_count(&self, py: Python<'_>) -> PyResult<usize> {
@@ -422,6 +444,20 @@ impl Subscriber {
         Ok(out)
     }
 
+    /// The messages of the next poll as one :class:`MessageBatch`, waiting at most
+    /// ``timeout`` seconds (``None``: until one comes; 0: only what has already arrived);
+    /// an empty batch when the time runs out. A poll brings up to about 1 MiB of messages
+    /// (those left of one :meth:`poll` or ``for m in sub`` took from, if any). Nothing is
+    /// made per message until asked for: the cheapest way to read a stream.
+    #[pyo3(signature = (timeout = None))]
+    fn poll_batch(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<MessageBatch> {
+        let taken = match self.wait_ready(py, timeout)? {
+            true => self.take_batch(),
+            false => None,
+        };
+        Ok(taken.unwrap_or_else(|| MessageBatch::empty(self.order)))
+    }
+
     /// Continues from ``position``: an int (orders 2 and 5; 0 also for 0 and 1), a list
     /// with one position per broker (orders 0 and 1), ``None`` or ``"start"`` (the first
     /// message still retained), or ``"end"`` (only messages published from now on).
@@ -520,6 +556,13 @@ impl Subscriber {
     /// For ``async for``: the next ready message, never waiting.
     fn _take(&self, py: Python<'_>) -> PyResult<Option<Py<Message>>> {
         self.take_one(py)
+    }
+
+    /// For ``poll_batch_async``: the rest of the next ready poll, never waiting (an
+    /// empty batch when none is ready).
+    fn _take_batch(&self) -> MessageBatch {
+        self.take_batch()
+            .unwrap_or_else(|| MessageBatch::empty(self.order))
     }
 
     fn __iter__(slf: Py<Self>) -> Py<Self> {

@@ -7,7 +7,8 @@ sessions, failover and acknowledgements behave exactly as there. Three classes:
 - :class:`Publisher` publishes to a topic (``publish``, ``publish_many``, ``flush``,
   ``close``; a context manager);
 - :class:`Subscriber` reads a topic in order (``for m in sub``, ``async for m in sub``,
-  ``poll``, ``seek``, ``position``), yielding :class:`Message` objects.
+  ``poll``, ``seek``, ``position``), yielding :class:`Message` objects, or a poll at a
+  time as a :class:`MessageBatch` (``poll_batch``: the cheapest way to read a stream).
 
 Errors are :class:`EmbarcaderoError` subclasses (see :mod:`embarcadero.errors`).
 Step handlers of the workflow engine are in :mod:`embarcadero.workflow`.
@@ -22,7 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Optional
 
 from . import errors
-from ._native import DEFAULT_CONTROL, Admin, Message, random_session_key
+from ._native import DEFAULT_CONTROL, Admin, Message, MessageBatch, random_session_key
 from ._native import Publisher as _NativePublisher
 from ._native import Subscriber as _NativeSubscriber
 from .errors import (
@@ -109,6 +110,22 @@ class Subscriber(_AsyncClose, _NativeSubscriber):
             except ClosedError:
                 raise StopAsyncIteration from None
 
+    async def poll_batch_async(self, timeout: Optional[float] = None) -> MessageBatch:
+        """:meth:`poll_batch` for asyncio: waits in the loop's default executor, so the
+        event loop's thread never waits on the network. Cancelled, it loses nothing: what
+        its poll read stays for the next call."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        filled = False
+        while True:
+            batch = self._take_batch()
+            left = _ASYNC_SLICE_S if deadline is None else deadline - loop.time()
+            # At least one poll: what the read-ahead holds counts as arrived (timeout 0).
+            if batch or (filled and left <= 0):
+                return batch
+            await loop.run_in_executor(None, self._fill, max(0.0, min(left, _ASYNC_SLICE_S)))
+            filled = True
+
 
 __all__ = [
     "DEFAULT_CONTROL",
@@ -122,6 +139,7 @@ __all__ = [
     "EmbarcaderoError",
     "InvalidNameError",
     "Message",
+    "MessageBatch",
     "MessageTooLargeError",
     "NoLiveBrokerError",
     "ProtocolError",

@@ -276,6 +276,28 @@ class Message:
     """When the publisher appended it, nanoseconds since the Unix epoch."""
     payload: bytes
 
+class MessageBatch:
+    """Messages delivered together (one poll), in order: ``len(batch)``, ``batch[i]``
+    (negative indexes count from the end), ``for m in batch``; and without making a
+    :class:`Message`: :meth:`size`, :meth:`payload`, :meth:`payloads`, :attr:`payload_bytes`.
+    The subscriber's position is already past all of them. Holding a batch keeps its
+    deliveries' memory (about 1 MiB at most) in use."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> Message:
+        """Message ``index`` (its payload copied into a new ``bytes``); ``IndexError``
+        outside the batch."""
+    def __iter__(self) -> Iterator[Message]: ...
+    def payload(self, index: int) -> bytes:
+        """The payload of message ``index``, copied into a new ``bytes``."""
+    def size(self, index: int) -> int:
+        """The payload length of message ``index`` (nothing copied)."""
+    def payloads(self) -> List[bytes]:
+        """Every payload in order, each a new ``bytes``; no :class:`Message` made."""
+    @property
+    def payload_bytes(self) -> int:
+        """The payload bytes of all the messages together."""
+
 class Subscriber:
     """Reads topic ``topic`` in order from any broker of the cluster at ``control``
     (``None``: ``EMBARCADERO_CONTROL``, else ``127.0.0.1:12140``), or from the given
@@ -306,6 +328,10 @@ class Subscriber:
         self, timeout: Optional[float] = None, max_messages: Optional[int] = None
     ) -> List[Message]:
         """Every ready message (at least one unless ``timeout`` runs out)."""
+    def poll_batch(self, timeout: Optional[float] = None) -> MessageBatch:
+        """The next poll's messages (up to about 1 MiB) as one batch, within ``timeout``
+        seconds (``None``: wait for one); empty when the time runs out. Nothing is made
+        per message until asked for: the cheapest way to read a stream."""
     def seek(self, position: Union[None, int, Sequence[int], Literal["start", "end"]]) -> None:
         """Continues from ``position`` (as ``start``), dropping what was read ahead. A
         position past the topic's end is not an error: delivery starts with the message
@@ -334,6 +360,7 @@ class Subscriber:
     def close(self) -> None: ...
     def _fill(self, timeout: float) -> bool: ...
     def _take(self) -> Optional[Message]: ...
+    def _take_batch(self) -> MessageBatch: ...
     def __iter__(self) -> Iterator[Message]: ...
     def __next__(self) -> Message: ...
     def __enter__(self) -> Subscriber: ...
