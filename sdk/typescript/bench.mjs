@@ -14,8 +14,11 @@
 //                from its first poll to the last message (as `bench --mode subscribe`
 //                times it). A memory-only topic keeps only about the region's log memory:
 //                keep --sub-mb below that (256 is);
-//   pollMany:    the same topic read again, by a subscriber looping over `pollMany()`.
-// --only runs one of publishMany, publish or subscribe (the last with both readers);
+//   pollMany:    the same topic read again, by a subscriber looping over `pollMany()`;
+//   pollBatch:   read again, a `MessageBatch` at a time (`pollBatch()`), taking each
+//                message's payload length (`batch.size(i)`) without making a `Message`,
+//                then `release()`s it.
+// --only runs one of publishMany, publish or subscribe (the last with the three readers);
 // --json prints one JSON object of MB/s per figure instead of the lines
 // (scripts/sdk-bench.py runs it that way, interleaved with the Rust client).
 // Run `npm run build:native:release && npm run build:ts` first (`npm run bench` does).
@@ -145,6 +148,25 @@ async function subscribeMany(name, count) {
   report("pollMany", bytes, seconds, "", used);
 }
 
+async function subscribeBatches(name, count) {
+  const sub = await Subscriber.connect(name, { control });
+  const cpu = process.cpuUsage();
+  const start = process.hrtime.bigint();
+  let bytes = 0;
+  let n = 0;
+  while (n < count) {
+    const batch = await sub.pollBatch();
+    for (let i = 0; i < batch.length; i++) bytes += batch.size(i);
+    n += batch.length;
+    batch.release();
+    if (n > 0 && n === batch.length) refuseSkipped(sub); // once, on the first batch
+  }
+  const seconds = Number(process.hrtime.bigint() - start) / 1e9;
+  const used = cpuSince(cpu);
+  await sub.close();
+  report("pollBatch", bytes, seconds, "", used);
+}
+
 if (!json) console.log(`TypeScript client: ${count} messages of ${size} bytes, order ${order}, ack ${ackLevel}, server ${control}`);
 if (only === "" || only === "publishMany") await publishMany(count);
 if (only === "" || only === "publish") await publishOne();
@@ -152,5 +174,6 @@ if (only === "" || only === "subscribe") {
   const subTopic = await publishMany(subCount, "sub", true);
   await subscribe(subTopic, subCount);
   await subscribeMany(subTopic, subCount);
+  await subscribeBatches(subTopic, subCount);
 }
 if (json) console.log(JSON.stringify(figures));

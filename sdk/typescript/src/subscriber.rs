@@ -18,7 +18,8 @@ use embarcadero_client::{
 };
 use embarcadero_wire::MESSAGE_HEADER_LEN;
 use napi::bindgen_prelude::{
-    BigInt, BigUint64Array, BufferSlice, Float64Array, JsValue, ToNapiValue, TypeName, Uint32Array,
+    ArrayBuffer, BigInt, BigUint64Array, BufferSlice, Float64Array, JsValue, ToNapiValue, TypeName,
+    Uint32Array,
 };
 use napi::{sys, Env, ValueType};
 use napi_derive::napi;
@@ -51,6 +52,10 @@ pub const PUBLISH_TS_FROM_PAYLOAD: i32 = 8 - MESSAGE_HEADER_LEN as i32;
 /// poll cut faults per MB from 76-78 to 17-18 and CPU per GB by about a fifth
 /// (docs/PERFORMANCE.md, "Session 22"); the crossing it adds per 512 KiB costs less.
 const GATHER_BYTES: usize = 512 << 10;
+/// The poll size while JavaScript reads by `pollBatch`: a `MessageBatch` that is released
+/// gives its deliveries back at once, so larger polls cost no promotion, and they halve
+/// the crossings and hand-offs per GB (PERFORMANCE.md, "Session 35").
+const BATCH_GATHER_BYTES: usize = 1 << 20;
 /// Polls the thread reads ahead before it waits for JavaScript to take one (4 MiB of the
 /// usual deliveries, held by the read-ahead, away from the subscriber's buffer reuse).
 const READ_AHEAD: usize = 8;
@@ -283,6 +288,18 @@ impl NativeSubscriber {
         self.reader.status().transport
     }
 
+    /// Whether JavaScript reads by batches (`pollBatch`): the polls read from now on are
+    /// sized for it (`BATCH_GATHER_BYTES`) or for messages one at a time (`GATHER_BYTES`).
+    #[napi]
+    pub fn read_batches(&self, batches: bool) {
+        let bytes = if batches {
+            BATCH_GATHER_BYTES
+        } else {
+            GATHER_BYTES
+        };
+        self.reader.set_poll_bytes(bytes);
+    }
+
     /// The next poll's messages if one has been read ahead, without waiting: `None` when
     /// none is ready yet (then `poll_batch` waits for one off the JS thread).
     #[napi]
@@ -474,6 +491,21 @@ impl ToNapiValue for LentBuffers {
         }
         Ok(array)
     }
+}
+
+/// Detaches each of `deliveries` (the `ArrayBuffer`s of delivery `Buffer`s this module
+/// made): every view of one then has length 0, and Node frees its memory at once rather
+/// than when a garbage collection finds it unreferenced, so the finalizer below drops the
+/// Rust owner within the event loop's turn and the subscriber reuses the buffer while it
+/// is still in the cache (`MessageBatch.release`). One already detached is left as it is.
+#[napi(ts_args_type = "deliveries: ArrayBuffer[]")]
+pub fn detach_deliveries(deliveries: Vec<ArrayBuffer<'_>>) -> napi::Result<()> {
+    for delivery in deliveries {
+        if !delivery.is_detached()? {
+            delivery.detach()?;
+        }
+    }
+    Ok(())
 }
 
 /// A `Buffer` viewing `batch`'s bytes, which it owns: its finalizer drops `batch`.

@@ -16,7 +16,8 @@ export type {
 } from "./admin";
 export { Publisher } from "./publisher";
 export type { LatencySummary, Payload, PublisherOptions, PublisherStats, QueueStats, Transport } from "./publisher";
-export { Message, Subscriber } from "./subscriber";
+export { Message, MessageBatch } from "./message";
+export { Subscriber } from "./subscriber";
 export type { From, Position, Skipped, SubscriberOptions } from "./subscriber";
 export {
   AdminError,

@@ -7,6 +7,7 @@
 // from another, and the counter and publish time from the message's header in the
 // delivery (see src/subscriber.rs for the layout).
 import { native, Native } from "./native";
+import { Message, MessageBatch, NO_MESSAGES, Polled, polledOf, RUN, runEnd } from "./message";
 import { ClosedError, ConfigError, settle, sync } from "./errors";
 import { defaultControl, Order } from "./admin";
 import { TRANSPORTS, type Transport } from "./publisher";
@@ -70,174 +71,6 @@ export interface Skipped {
   readonly to: number;
 }
 
-const SPAN = 2; // per message: payload offset, payload length (bytes, in its delivery)
-const RUN = 6; // per run: delivery, first message, first position, broker id, batch seq, first index in batch
-/** Where the counter and publish time lie in a message header, from its payload's start. */
-const COUNTER_AT = native.COUNTER_FROM_PAYLOAD;
-const PUBLISH_TS_AT = native.PUBLISH_TS_FROM_PAYLOAD;
-
-/**
- * One poll's messages as native code packed them, with each delivery's `ArrayBuffer` and
- * offset in it read once per poll: `Buffer.buffer` and `byteOffset` are calls into C++
- * that cost more than the payload view made from them.
- */
-interface Polled {
-  readonly count: number;
-  readonly data: Buffer[];
-  readonly buffers: ArrayBuffer[];
-  readonly offsets: number[];
-  readonly spans: Uint32Array;
-  readonly runs: Float64Array;
-  readonly clients: BigUint64Array;
-  readonly order: Order;
-}
-
-function polledOf(batch: Native.NativeBatch, order: Order): Polled {
-  return {
-    count: batch.count,
-    data: batch.data,
-    buffers: batch.data.map((d) => d.buffer as ArrayBuffer),
-    offsets: batch.data.map((d) => d.byteOffset),
-    spans: batch.spans,
-    runs: batch.runs,
-    clients: batch.clients,
-    order,
-  };
-}
-
-/** The first message of the run after `run` (the poll's count after the last run). */
-function runEnd(p: Polled, run: number): number {
-  const next = (run + 1) * RUN;
-  return next < p.runs.length ? p.runs[next + 1]! : p.count;
-}
-
-/**
- * The class of payload views: a `Uint8Array` subclass whose prototype chain runs through
- * `Buffer.prototype`, so that each view is a `Buffer` (`instanceof Buffer`, `Buffer.isBuffer`,
- * every `Buffer` method; `subarray` makes another) made by one typed-array construction, as
- * Node makes its own (its internal `FastBuffer`), without `Buffer.from`'s checks of its
- * argument, one of which calls into C++ (scripts/probes/payload-view.mjs).
- */
-class PayloadBuffer extends Uint8Array {
-  constructor(buffer: ArrayBuffer, offset: number, length: number) {
-    super(buffer, offset, length);
-  }
-}
-Object.setPrototypeOf(PayloadBuffer.prototype, Buffer.prototype);
-// Printed as a Buffer too (`util.inspect` names the constructor).
-Object.defineProperty(PayloadBuffer, "name", { value: "Buffer" });
-
-/** One delivered message. Its `payload` is a view into the buffer of the delivery it came in. */
-export class Message {
-  readonly #p: Polled;
-  readonly #run: number;
-  readonly #i: number;
-  #payload: Buffer | undefined;
-
-  /** @internal */
-  constructor(polled: Polled, run: number, index: number) {
-    this.#p = polled;
-    this.#run = run;
-    this.#i = index;
-  }
-
-  /** Field `k` of this message's run. */
-  #runField(k: number): number {
-    return this.#p.runs[this.#run * RUN + k]!;
-  }
-
-  /** How far this message is into its run. */
-  #step(): number {
-    return this.#i - this.#runField(1);
-  }
-
-  /** Global position (orders 2 and 5) or position in its broker's log (orders 0 and 1). */
-  get position(): number {
-    return this.#runField(2) + this.#step();
-  }
-
-  /** Orders 2 and 5: the global position (the message's sequence number in the total order). */
-  get globalSeq(): number | undefined {
-    return this.#p.order >= 2 ? this.position : undefined;
-  }
-
-  /** Orders 0 and 1: the position within its broker's log. */
-  get brokerSeq(): number | undefined {
-    return this.#p.order < 2 ? this.position : undefined;
-  }
-
-  /** The broker whose log the message was written to. */
-  get brokerId(): number {
-    return this.#runField(3);
-  }
-
-  /** The publisher's client id (order 5: its session). */
-  get clientId(): bigint {
-    return this.#p.clients[this.#run]!;
-  }
-
-  /** The sequence number of its batch among the publisher's batches to that broker. */
-  get batchSeq(): number {
-    return this.#runField(4);
-  }
-
-  /** Its index within its batch. */
-  get indexInBatch(): number {
-    return this.#runField(5) + this.#step();
-  }
-
-  /** The publisher's per-client message counter. */
-  get counter(): number {
-    const at = this.#offset() + COUNTER_AT;
-    const d = this.#delivery();
-    return d.readUInt32LE(at) + d.readUInt32LE(at + 4) * 2 ** 32;
-  }
-
-  /** When its batch was opened by the publisher, in nanoseconds since the Unix epoch. */
-  get publishTsNs(): bigint {
-    return this.#delivery().readBigUInt64LE(this.#offset() + PUBLISH_TS_AT);
-  }
-
-  /**
-   * The payload: a view into the buffer of the delivery it came in (made on first use,
-   * the same `Buffer` after), which stays valid (and the delivery's memory in use) as long
-   * as any of its messages' payloads is referenced; copy it (`Buffer.from(m.payload)`) to
-   * keep it without the rest of the delivery. Treat it as read-only: writing it changes
-   * only this message's bytes, but they are the subscriber's, not a copy.
-   */
-  get payload(): Buffer {
-    if (this.#payload === undefined) {
-      const p = this.#p;
-      const d = this.#runField(0);
-      // One typed-array construction (see PayloadBuffer); `subarray` would first look up
-      // the species constructor, and `Buffer.from` check its argument in C++.
-      const at = p.offsets[d]! + p.spans[this.#i * SPAN]!;
-      this.#payload = new PayloadBuffer(p.buffers[d]!, at, p.spans[this.#i * SPAN + 1]!) as unknown as Buffer;
-    }
-    return this.#payload;
-  }
-
-  /** The payload's length in bytes (without making the payload's view). */
-  get size(): number {
-    return this.#p.spans[this.#i * SPAN + 1]!;
-  }
-
-  /** The payload decoded as UTF-8. */
-  text(): string {
-    const offset = this.#offset();
-    return this.#delivery().toString("utf8", offset, offset + this.size);
-  }
-
-  /** Where the payload starts in its delivery. */
-  #offset(): number {
-    return this.#p.spans[this.#i * SPAN]!;
-  }
-
-  #delivery(): Buffer {
-    return this.#p.data[this.#runField(0)]!;
-  }
-}
-
 function cursorOf(from: From | undefined): Native.NativeCursor | undefined {
   if (from === undefined || from === "start") return undefined;
   if (from === "end") return { end: true };
@@ -279,6 +112,8 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   /** Calls run one at a time, in the order they were made. */
   #tail: Promise<unknown> = Promise.resolve();
   #closed = false;
+  /** Whether the native polls are sized for `pollBatch` (the last read was one). */
+  #readBatches = false;
 
   private constructor(n: Native.NativeSubscriber, control: string, topic: string) {
     this.#native = n;
@@ -363,13 +198,19 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   }
 
   /**
-   * Fetches the next batch from native code, waiting at most `timeoutMs`; false if none came.
+   * Fetches the next batch from native code, waiting at most `timeoutMs`; false if none came
+   * (`batches`: for `pollBatch`, which the native polls are then sized for).
    * A thread of the native subscriber reads ahead while JavaScript handles the messages
    * already here, so a batch is usually ready: taken then without leaving this thread (no
    * promise, no thread hand-off); only when none is does it wait on the blocking pool. All
    * takes run one at a time (`#serial`), so batches are taken in the order they were read.
    */
-  async #fill(timeoutMs: number): Promise<boolean> {
+  async #fill(timeoutMs: number, batches: boolean): Promise<boolean> {
+    if (batches !== this.#readBatches) {
+      // Polls sized for what this caller reads by (src/subscriber.rs, `read_batches`).
+      this.#native.readBatches(batches);
+      this.#readBatches = batches;
+    }
     const deadline = Date.now() + timeoutMs;
     for (;;) {
       if (this.#closed) throw new ClosedError("the subscriber is closed");
@@ -404,7 +245,7 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   poll(timeoutMs = 1000): Promise<Message | null> {
     return this.#serial(async () => {
       const ms = check.wait("timeoutMs", timeoutMs) ?? 1000;
-      return this.#take() ?? ((await this.#fill(ms)) ? this.#take() : null);
+      return this.#take() ?? ((await this.#fill(ms, false)) ? this.#take() : null);
     });
   }
 
@@ -417,11 +258,32 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
       const ms = check.wait("timeoutMs", timeoutMs) ?? 1000;
       const b = this.#batch;
       if (b === undefined || this.#index >= b.count) {
-        if (!(await this.#fill(ms))) return [];
+        if (!(await this.#fill(ms, false))) return [];
       }
       const out: Message[] = [];
       for (let m = this.#take(); m !== null; m = this.#take()) out.push(m);
       return out;
+    });
+  }
+
+  /**
+   * The messages of the next poll as one {@link MessageBatch} (up to about 512 KiB of them;
+   * those left of a poll that {@link Subscriber.poll} or `for await` took from, if any),
+   * waiting at most `timeoutMs` (default 1000); empty if none came. Nothing is made per
+   * message until asked for: the cheapest way to read a stream.
+   */
+  pollBatch(timeoutMs = 1000): Promise<MessageBatch> {
+    return this.#serial(async () => {
+      const ms = check.wait("timeoutMs", timeoutMs) ?? 1000;
+      const b = this.#batch;
+      if (b === undefined || this.#index >= b.count) {
+        if (!(await this.#fill(ms, true))) return new MessageBatch(NO_MESSAGES, 0);
+      }
+      const polled = this.#batch!;
+      if (this.#closed) throw new ClosedError("the subscriber is closed");
+      const batch = new MessageBatch(polled, this.#index);
+      this.#index = polled.count;
+      return batch;
     });
   }
 
@@ -470,7 +332,7 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
         if (m !== null) return { value: m, done: false };
         if (this.#closed) return done;
         try {
-          await this.#serial(() => this.#fill(SLICE_MS * 4));
+          await this.#serial(() => this.#fill(SLICE_MS * 4, false));
         } catch (e) {
           if (this.#closed && e instanceof ClosedError) return done;
           throw e;
