@@ -114,14 +114,18 @@ RATIOS = [
     ("py publish", "rust publish"),
     ("ts subscribe", "rust subscribe"),
     ("ts pollMany", "rust subscribe"),
+    ("ts pollBatch", "rust subscribe"),
     ("base ts publishMany", "rust publish"),
     ("base ts publish", "rust publish"),
     ("base ts subscribe", "rust subscribe"),
     ("base ts pollMany", "rust subscribe"),
+    ("base ts pollBatch", "rust subscribe"),
     ("py subscribe (for m in sub)", "rust subscribe"),
     ("py subscribe (poll_many)", "rust subscribe"),
+    ("py subscribe (poll_batch)", "rust subscribe"),
     ("base py subscribe (for m in sub)", "rust subscribe"),
     ("base py subscribe (poll_many)", "rust subscribe"),
+    ("base py subscribe (poll_batch)", "rust subscribe"),
 ]
 
 
