@@ -56,8 +56,9 @@ impl Message {
     }
 }
 
-/// Messages polled and not yet taken by Python. Locked only with the GIL held, and only
-/// for moments that run no Python code, so it never waits.
+/// Messages polled and not yet taken by Python. Locked only for moments that run no Python
+/// code and wait for nothing (a fill queues a poll into it with the GIL released), so it
+/// never waits long.
 #[derive(Default)]
 struct Ready {
     /// Oldest first; none is empty (a poll leaves once its last message is taken).
@@ -173,6 +174,9 @@ pub struct Subscriber {
     /// Used only with the GIL released (its calls wait for the reading thread).
     reader: ReadAhead,
     ready: Mutex<Ready>,
+    /// Held (GIL released) by a fill from taking a poll until it is in `ready`, and by a
+    /// seek: polls reach `ready` in the order they were read.
+    filling: Mutex<()>,
     /// Set by `close`: checked on every `__next__` without waiting for the reader.
     closed: AtomicBool,
     control: Option<String>,
@@ -251,14 +255,24 @@ impl Subscriber {
 
     /// Waits up to `wait` (GIL released) for the next poll and appends its messages to
     /// `ready`.
+    ///
+    /// One fill at a time (`filling`), taking a poll and queueing it in one step: fills run
+    /// on several threads at once (an `async` read cancelled while its fill still runs in
+    /// the executor, then called again), and a poll taken first but queued second would
+    /// hand its messages out of order.
     fn fill(&self, py: Python<'_>, wait: Duration) -> PyResult<()> {
-        let polled = match crate::gil::released(py, || self.reader.next_poll(wait)) {
-            None => return Ok(()),
-            Some(polled) => polled.map_err(sub_to_py)?,
-        };
-        // After any messages another thread's poll left that are not taken yet.
-        self.ready.lock().push(polled.messages);
-        Ok(())
+        crate::gil::released(py, || {
+            let _one_at_a_time = self.filling.lock();
+            match self.reader.next_poll(wait) {
+                None => Ok(()),
+                Some(polled) => {
+                    // After any messages of earlier polls that are not taken yet.
+                    self.ready.lock().push(polled?.messages);
+                    Ok(())
+                }
+            }
+        })
+        .map_err(sub_to_py)
     }
 
     /// Polls in slices until a message is ready or `timeout` seconds pass (`None`: for
@@ -343,12 +357,17 @@ impl Subscriber {
             Start::End => Some(self.end_of_topic(py)?),
             Start::At(c) => Some(self.fitted(py, c)?),
         };
-        self.ready.lock().clear();
         self.from_beginning
             .store(cursor.is_none(), Ordering::Release);
-        crate::gil::released(py, || match cursor {
-            Some(cursor) => self.reader.seek(cursor),
-            None => self.reader.seek_start(),
+        // No fill between taking a poll and queueing it: one from before the seek would
+        // be queued after the clear.
+        crate::gil::released(py, || {
+            let _no_fill = self.filling.lock();
+            self.ready.lock().clear();
+            match cursor {
+                Some(cursor) => self.reader.seek(cursor),
+                None => self.reader.seek_start(),
+            }
         })
         .map(|_| ())
         .map_err(sub_to_py)
@@ -396,6 +415,7 @@ impl Subscriber {
             order: sub.order(),
             reader: ReadAhead::new(sub, READ_AHEAD, POLL_BYTES),
             ready: Mutex::default(),
+            filling: Mutex::new(()),
             closed: AtomicBool::new(false),
             control: brokers.is_none().then(|| control.to_string()),
             topic: topic.to_string(),

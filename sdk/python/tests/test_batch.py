@@ -7,7 +7,7 @@ from typing import List
 
 import pytest
 
-from embarcadero import Admin, ClosedError, MessageBatch, Publisher, Subscriber
+from embarcadero import Admin, ClosedError, ConfigError, MessageBatch, Publisher, Subscriber
 
 from helpers import parse, payload, read
 
@@ -107,7 +107,7 @@ def test_an_empty_batch_when_the_time_runs_out_and_bad_indexes_are_index_errors(
         sub.poll_batch(timeout=0.1)
 
 
-def test_poll_batch_async_waits_without_blocking_the_loop_and_loses_nothing_when_cancelled(
+def test_poll_batch_async_waits_without_blocking_the_loop_and_reads_on_after_a_cancel(
     server, topic_name
 ):
     Admin(server.control).create_topic(topic_name, order=2)
@@ -140,3 +140,36 @@ def test_poll_batch_async_waits_without_blocking_the_loop_and_loses_nothing_when
         return seqs
 
     assert asyncio.run(main()) == list(range(400))
+
+
+def test_poll_batch_async_cancelled_again_and_again_keeps_the_order(server, topic_name):
+    # Everything is published first; then each read is cancelled after half a millisecond,
+    # so most are cancelled while their poll still runs in the executor, and the next call
+    # polls beside it. The messages still come once each, in the topic's order.
+    Admin(server.control).create_topic(topic_name, order=2)
+    count = 100_000
+    with Publisher(server.control, topic_name) as p:
+        p.publish_many([payload(0, i, size=256) for i in range(count)])
+    sub = Subscriber(server.control, topic_name)
+
+    async def main() -> List[int]:
+        seqs: List[int] = []
+        while len(seqs) < count:
+            try:
+                batch = await asyncio.wait_for(sub.poll_batch_async(timeout=5), 0.0005)
+            except asyncio.TimeoutError:
+                continue
+            seqs.extend(m.global_seq for m in batch)
+        return seqs
+
+    assert asyncio.run(asyncio.wait_for(main(), 120)) == list(range(count))
+
+
+def test_poll_batch_async_refuses_the_timeouts_poll_batch_refuses(server, topic_name):
+    Admin(server.control).create_topic(topic_name, order=2)
+    sub = Subscriber(server.control, topic_name)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ConfigError):
+            sub.poll_batch(timeout=bad)
+        with pytest.raises(ConfigError):
+            asyncio.run(sub.poll_batch_async(timeout=bad))

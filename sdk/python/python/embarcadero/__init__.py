@@ -17,6 +17,7 @@ Step handlers of the workflow engine are in :mod:`embarcadero.workflow`.
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 from importlib import metadata
 from types import TracebackType
@@ -114,6 +115,9 @@ class Subscriber(_AsyncClose, _NativeSubscriber):
         """:meth:`poll_batch` for asyncio: waits in the loop's default executor, so the
         event loop's thread never waits on the network. Cancelled, it loses nothing: what
         its poll read stays for the next call."""
+        if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
+            # As poll_batch refuses it (a wait of NaN seconds would never end).
+            raise ConfigError(f"timeout {timeout}: give seconds, 0 or more, or None")
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         filled = False
