@@ -57,9 +57,16 @@ pub struct Polled<C> {
     pub next: Cursor,
 }
 
+/// Called once, by the reading thread and outside every lock, when the next poll (or its
+/// error) is queued or the read-ahead stops ([`ReadAhead::wake_when_ready`]).
+type Wake = Box<dyn FnOnce() + Send>;
+
 struct Queue<C> {
     polls: VecDeque<Result<Polled<C>, Error>>,
     stop: bool,
+    /// Set by a caller that found nothing to take and waits without blocking; taken (and
+    /// called) by whoever queues the next poll or stops the read-ahead.
+    wake: Option<Wake>,
 }
 
 impl<C> Default for Queue<C> {
@@ -67,6 +74,7 @@ impl<C> Default for Queue<C> {
         Self {
             polls: VecDeque::new(),
             stop: false,
+            wake: None,
         }
     }
 }
@@ -202,6 +210,21 @@ impl<C: Collect> ReadAhead<C> {
         self.pop(&mut queue)
     }
 
+    /// Has `wake` called (once, on the reading thread, outside every lock) when the next
+    /// poll or its error is queued, or when the read-ahead stops; a `wake` set before and
+    /// not called yet is dropped uncalled. Returns false, keeping nothing, when a poll is
+    /// ready already or the read-ahead stopped: take it ([`Self::try_next`]) instead. For a
+    /// caller on an event loop, which must not block to wait ([`Self::next_poll`] does).
+    pub fn wake_when_ready(&self, wake: impl FnOnce() + Send + 'static) -> bool {
+        self.start();
+        let mut queue = self.shared.queue.lock();
+        if queue.stop || !queue.polls.is_empty() {
+            return false;
+        }
+        queue.wake = Some(Box::new(wake));
+        true
+    }
+
     fn pop(&self, queue: &mut Queue<C>) -> Option<Result<Polled<C>, Error>> {
         let next = queue.polls.pop_front();
         if next.is_some() {
@@ -233,8 +256,15 @@ impl<C: Collect> ReadAhead<C> {
     }
 
     fn stop(&self) {
-        self.shared.queue.lock().stop = true;
+        let wake = {
+            let mut queue = self.shared.queue.lock();
+            queue.stop = true;
+            queue.wake.take()
+        };
         self.shared.changed.notify_all();
+        if let Some(wake) = wake {
+            wake();
+        }
     }
 }
 
@@ -266,17 +296,25 @@ fn read<C: Collect>(shared: &Shared<C>) {
         let result = s.poll_shared_upto(POLL, poll_bytes, |b, m| messages.collect(b, m));
         *shared.status.lock() = SubscriberStatus::of(s);
         let mut queue = shared.queue.lock();
-        match result {
-            Ok(_) if messages.count() == 0 => {}
+        let queued = match result {
+            Ok(_) if messages.count() == 0 => false,
             Ok(_) => {
                 let next = Subscriber::position(s);
                 queue.polls.push_back(Ok(Polled { messages, next }));
+                true
             }
-            Err(e) => queue.polls.push_back(Err(e)),
-        }
+            Err(e) => {
+                queue.polls.push_back(Err(e));
+                true
+            }
+        };
         assert!(queue.polls.len() <= shared.depth, "the queue stays bounded");
+        let wake = if queued { queue.wake.take() } else { None };
         drop(queue);
         drop(sub);
         shared.changed.notify_all();
+        if let Some(wake) = wake {
+            wake();
+        }
     }
 }

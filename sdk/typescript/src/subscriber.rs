@@ -1,7 +1,7 @@
 //! `NativeSubscriber`: a Rust `Subscriber` that a thread of its own polls ahead
 //! (`embarcadero_client::ReadAhead`), one poll of messages per crossing: JavaScript takes a
-//! poll that is ready without leaving its thread (`takeBatch`), and waits on the blocking
-//! pool only when none is (`pollBatch`). No payload is copied: each delivery buffer the
+//! poll that is ready without leaving its thread (`takeBatch`), and when none is, waits on a
+//! promise the reading thread resolves (`wakeWhenReady`). No payload is copied: each delivery buffer the
 //! Rust subscriber lends (`Subscriber::poll_shared`) becomes a Node `Buffer` that views it and keeps it
 //! alive (its finalizer drops the Rust owner, after which the subscriber reuses the
 //! buffer). What JavaScript needs to find each message is packed compactly: per message
@@ -21,7 +21,8 @@ use napi::bindgen_prelude::{
     ArrayBuffer, BigInt, BigUint64Array, BufferSlice, Float64Array, JsValue, ToNapiValue, TypeName,
     Uint32Array,
 };
-use napi::{sys, Env, ValueType};
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use napi::{sys, Env, Status, ValueType};
 use napi_derive::napi;
 use std::sync::Arc;
 
@@ -188,7 +189,13 @@ pub struct NativeSubscriber {
     reader: Arc<ReadAhead<Packed>>,
     order: u8,
     start: Cursor,
+    /// The JavaScript function `wake_when_ready` has the reading thread call (`set_waker`).
+    waker: parking_lot::Mutex<Option<Arc<Waker>>>,
 }
+
+/// A function on the event loop's thread that JavaScript gives once: weak, so a subscriber
+/// nobody waits on does not keep the process alive (a waiting caller's timer does).
+type Waker = ThreadsafeFunction<(), (), (), Status, false, true>;
 
 /// The skipped range `[from, to)` as JavaScript gets it.
 #[napi(object)]
@@ -248,6 +255,7 @@ pub async fn connect_subscriber(
     })
     .await?;
     Ok(NativeSubscriber {
+        waker: parking_lot::Mutex::new(None),
         order: sub.order(),
         start: Subscriber::position(&sub),
         reader: Arc::new(ReadAhead::new(sub, READ_AHEAD, GATHER_BYTES)),
@@ -310,16 +318,29 @@ impl NativeSubscriber {
         }
     }
 
-    /// Waits up to `timeout_ms` for messages; `None` when none came.
+    /// The function `wake_when_ready` calls (on the event loop's thread, with no
+    /// arguments) once a poll can be taken.
+    // The type is spelled out: napi's type generator does not follow aliases.
     #[napi]
-    pub async fn poll_batch(&self, timeout_ms: f64) -> napi::Result<Option<NativeBatch>> {
-        let reader = self.reader.clone();
-        let timeout = crate::millis(timeout_ms);
-        blocking(move || match reader.next_poll(timeout) {
-            None => Ok(None),
-            Some(polled) => taken(polled),
+    #[allow(clippy::type_complexity)]
+    pub fn set_waker(&self, waker: ThreadsafeFunction<(), (), (), Status, false, true>) {
+        *self.waker.lock() = Some(Arc::new(waker));
+    }
+
+    /// When `take_batch` found nothing: has the reading thread call the waker once the next
+    /// poll (or its error) is queued, or the subscriber stops. False when one is ready
+    /// already (take it), or when no waker was set. JavaScript then waits on a promise,
+    /// not on a thread of the blocking pool: one wake-up per poll instead of two, and no
+    /// pool thread (PERFORMANCE.md, "Session 35").
+    #[napi]
+    pub fn wake_when_ready(&self) -> bool {
+        let Some(waker) = self.waker.lock().clone() else {
+            return false;
+        };
+        self.reader.wake_when_ready(move || {
+            // NonBlocking: the queue is unbounded, and this thread must not wait on JavaScript.
+            waker.call((), ThreadsafeFunctionCallMode::NonBlocking);
         })
-        .await
     }
 
     /// Continues from `cursor` (`end`: the end of the topic now), dropping what was read
@@ -349,8 +370,11 @@ impl NativeSubscriber {
     #[napi]
     pub async fn close(&self) -> napi::Result<()> {
         let reader = self.reader.clone();
+        // The waker goes after the close has called any wake pending (which holds a clone).
+        let waker = self.waker.lock().take();
         blocking(move || {
             reader.close();
+            drop(waker);
             Ok(())
         })
         .await

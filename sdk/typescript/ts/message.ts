@@ -198,8 +198,8 @@ export const NO_MESSAGES: Polled = {
  * {@link MessageBatch.payload} and {@link MessageBatch.payloadBytes}. The subscriber's
  * position is already past every message of it. A payload view keeps its delivery's memory
  * in use, as a {@link Message}'s does, until a garbage collection finds it unreferenced;
- * {@link MessageBatch.release} (or `using batch = await sub.pollBatch()`) gives it back at
- * once.
+ * {@link MessageBatch.release} (or `using batch = await sub.pollBatch()`) gives back at once
+ * the deliveries of a batch from which no view or `Message` was taken.
  */
 export class MessageBatch implements Iterable<Message>, Disposable {
   readonly #p: Polled;
@@ -207,8 +207,11 @@ export class MessageBatch implements Iterable<Message>, Disposable {
   readonly #first: number;
   /** How many messages: the poll's from `#first` to its end. */
   readonly length: number;
-  /** Set by `release`: the payloads are gone. */
+  /** Set by `release`: the batch is done with. */
   #released = false;
+  /** Set once a payload view or a `Message` was taken from the batch: code outside may then
+   * hold views of its deliveries, which only the garbage collector can see go. */
+  #handedOut = false;
 
   /** @internal */
   constructor(polled: Polled, first: number) {
@@ -226,15 +229,18 @@ export class MessageBatch implements Iterable<Message>, Disposable {
     return this.#first + i;
   }
 
-  #present(): void {
-    if (this.#released) throw new ClosedError("the batch was released: its payloads and messages are gone");
+  /** Before a view or a `Message` is taken: refused once released, and noted. */
+  #handOut(): void {
+    if (this.#released) throw new ClosedError("the batch was released: its payloads and messages are no longer handed out");
+    this.#handedOut = true;
   }
 
   /** Message `i` (negative: from the end), or `undefined` outside the batch, as `Array.at`. */
   at(i: number): Message | undefined {
-    this.#present();
-    const k = i < 0 ? this.length + i : i;
-    if (!Number.isInteger(k) || k < 0 || k >= this.length) return undefined;
+    this.#handOut();
+    const whole = Math.trunc(i) || 0; // as Array.at: NaN is 0, fractions are cut
+    const k = whole < 0 ? this.length + whole : whole;
+    if (k < 0 || k >= this.length) return undefined;
     const m = this.#first + k;
     return new Message(this.#p, runOf(this.#p, m), m);
   }
@@ -249,7 +255,7 @@ export class MessageBatch implements Iterable<Message>, Disposable {
    * copy; treat it as read-only). Throws a RangeError outside the batch.
    */
   payload(i: number): Buffer {
-    this.#present();
+    this.#handOut();
     const m = this.#index(i);
     return payloadView(this.#p, this.#p.runs[runOf(this.#p, m) * RUN]!, m);
   }
@@ -263,20 +269,21 @@ export class MessageBatch implements Iterable<Message>, Disposable {
   }
 
   /**
-   * Gives the memory of the batch's deliveries back to the subscriber now, rather than when
-   * a garbage collection finds them unreferenced: a reader that makes few objects (as one
-   * that reads sizes and payloads of a batch at a time) otherwise waits for full
-   * collections, and the subscriber reads meanwhile into fresh memory. Call it once done
-   * with the batch and with every payload view and `Message` taken from it: afterwards
-   * those views are empty (their bytes are the subscriber's again), `payload`, `at` and
-   * iterating throw a {@link ClosedError}, and `length`, `size` and `payloadBytes` still
-   * answer. A delivery that also holds messages taken one at a time before the batch (by
-   * `poll` or `for await`) is left to the collector. Calling it again does nothing.
+   * Says the batch is done with. If no payload view and no `Message` was taken from it (a
+   * reader of `size`, `payloadBytes` and `length` only), nothing outside can reach its
+   * deliveries, so they go back to the subscriber now (Node frees them and the subscriber
+   * reuses them, still in the cache) rather than at a later garbage collection: a reader
+   * that makes no objects gives V8 no reason to collect, and the subscriber would read
+   * meanwhile into fresh memory. Deliveries a view was taken from are left to the
+   * collector, since a view may still be in use (a stream still writing it); so is one that
+   * also holds messages taken one at a time before the batch. Afterwards `payload`, `at`
+   * and iterating throw a {@link ClosedError}; `length`, `size` and `payloadBytes` still
+   * answer. Calling it again does nothing.
    */
   release(): void {
     if (this.#released) return;
     this.#released = true;
-    native.detachDeliveries(deliveriesFrom(this.#p, this.#first));
+    if (!this.#handedOut) native.detachDeliveries(deliveriesFrom(this.#p, this.#first));
   }
 
   /** `using batch = await sub.pollBatch()` releases it at the end of the scope. */
@@ -285,16 +292,20 @@ export class MessageBatch implements Iterable<Message>, Disposable {
   }
 
   /** The messages in order. */
-  *[Symbol.iterator](): IterableIterator<Message> {
-    this.#present();
-    const p = this.#p;
-    if (this.length === 0) return;
-    let run = runOf(p, this.#first);
-    let end = runEnd(p, run);
-    for (let m = this.#first; m < p.count; m++) {
-      while (m >= end) end = runEnd(p, ++run);
-      yield new Message(p, run, m);
-    }
+  [Symbol.iterator](): IterableIterator<Message> {
+    this.#handOut();
+    return messagesOf(this.#p, this.#first);
+  }
+}
+
+/** The messages of `p` from `first` on. */
+function* messagesOf(p: Polled, first: number): IterableIterator<Message> {
+  if (first >= p.count) return;
+  let run = runOf(p, first);
+  let end = runEnd(p, run);
+  for (let m = first; m < p.count; m++) {
+    while (m >= end) end = runEnd(p, ++run);
+    yield new Message(p, run, m);
   }
 }
 

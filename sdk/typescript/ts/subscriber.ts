@@ -112,6 +112,8 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   /** Calls run one at a time, in the order they were made. */
   #tail: Promise<unknown> = Promise.resolve();
   #closed = false;
+  /** Ends the current wait for a poll (`#woken`), if any. */
+  #wake: (() => void) | undefined;
   /** Whether the native polls are sized for `pollBatch` (the last read was one). */
   #readBatches = false;
 
@@ -121,6 +123,14 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
     this.#topic = topic;
     this.#order = n.order as Order;
     this.#next = positionOf(n.start);
+    // Called on this thread by the native reading thread when a poll waited for is ready.
+    // Through a WeakRef: the native side holds the function as a root, and a subscriber
+    // dropped without `close()` must still be collected (and its connection closed).
+    const self = new WeakRef(this);
+    n.setWaker(() => {
+      const sub = self.deref();
+      if (sub !== undefined) sub.#wake?.();
+    });
   }
 
   /**
@@ -202,7 +212,8 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
    * (`batches`: for `pollBatch`, which the native polls are then sized for).
    * A thread of the native subscriber reads ahead while JavaScript handles the messages
    * already here, so a batch is usually ready: taken then without leaving this thread (no
-   * promise, no thread hand-off); only when none is does it wait on the blocking pool. All
+   * promise, no thread hand-off); only when none is does it wait, on a promise that the
+   * reading thread resolves once it has queued one (`wakeWhenReady`) or a timer ends. All
    * takes run one at a time (`#serial`), so batches are taken in the order they were read.
    */
   async #fill(timeoutMs: number, batches: boolean): Promise<boolean> {
@@ -214,12 +225,17 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
       if (this.#closed) throw new ClosedError("the subscriber is closed");
-      let batch = sync(() => this.#native.takeBatch());
+      const batch = sync(() => this.#native.takeBatch());
       if (batch === null) {
-        const wait = Math.max(0, Math.min(SLICE_MS, deadline - Date.now()));
-        batch = await settle(() => this.#native.pollBatch(wait));
+        const wait = Math.min(SLICE_MS, deadline - Date.now());
+        if (wait <= 0) return false;
+        // Woken by the reading thread once a poll is queued (false: one already is).
+        if (this.#native.wakeWhenReady()) await this.#woken(wait);
+        continue;
       }
       if (batch) {
+        // Closed while waiting: the poll is not kept (its deliveries go with it).
+        if (this.#closed) throw new ClosedError("the subscriber is closed");
         const b = polledOf(batch, this.#order);
         this.#batch = b;
         this.#index = 0;
@@ -230,6 +246,19 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
       }
       if (Date.now() >= deadline) return false;
     }
+  }
+
+  /** Resolves when the native waker is called, or after `ms`, whichever comes first. */
+  #woken(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const done = (): void => {
+        clearTimeout(timer);
+        if (this.#wake === done) this.#wake = undefined;
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      this.#wake = done;
+    });
   }
 
   #take(): Message | null {
@@ -267,7 +296,7 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   }
 
   /**
-   * The messages of the next poll as one {@link MessageBatch} (up to about 512 KiB of them;
+   * The messages of the next poll as one {@link MessageBatch} (about 1 MiB of them;
    * those left of a poll that {@link Subscriber.poll} or `for await` took from, if any),
    * waiting at most `timeoutMs` (default 1000); empty if none came. Nothing is made per
    * message until asked for: the cheapest way to read a stream.
