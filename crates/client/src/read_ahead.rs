@@ -57,8 +57,9 @@ pub struct Polled<C> {
     pub next: Cursor,
 }
 
-/// Called once, by the reading thread and outside every lock, when the next poll (or its
-/// error) is queued or the read-ahead stops ([`ReadAhead::wake_when_ready`]).
+/// Called once, outside every lock, when the next poll (or its error) is queued (by the
+/// reading thread) or the read-ahead stops (by the thread that stops it: `close`, or a
+/// drop) ([`ReadAhead::wake_when_ready`]).
 type Wake = Box<dyn FnOnce() + Send>;
 
 struct Queue<C> {
@@ -199,6 +200,19 @@ impl<C: Collect> ReadAhead<C> {
         self.pop(&mut queue)
     }
 
+    /// Waits at most `wait` for a poll (or its error) to be queued, or for the read-ahead to
+    /// stop; takes nothing. Whether there is one to take (or it stopped). For callers that
+    /// take under a lock of their own: they wait without it, then take with
+    /// [`Self::try_next`], which may find the poll gone to another caller.
+    pub fn wait_until_ready(&self, wait: Duration) -> bool {
+        self.start();
+        let mut queue = self.shared.queue.lock();
+        if queue.polls.is_empty() && !queue.stop {
+            self.shared.changed.wait_for(&mut queue, wait);
+        }
+        queue.stop || !queue.polls.is_empty()
+    }
+
     /// The next poll's messages (or its error) if one is ready now; never waits (but for
     /// the queue's lock, which nobody holds across a poll).
     pub fn try_next(&self) -> Option<Result<Polled<C>, Error>> {
@@ -210,8 +224,8 @@ impl<C: Collect> ReadAhead<C> {
         self.pop(&mut queue)
     }
 
-    /// Has `wake` called (once, on the reading thread, outside every lock) when the next
-    /// poll or its error is queued, or when the read-ahead stops; a `wake` set before and
+    /// Has `wake` called (once, outside every lock) when the next poll or its error is
+    /// queued (on the reading thread), or when the read-ahead stops (on the stopping one); a `wake` set before and
     /// not called yet is dropped uncalled. Returns false, keeping nothing, when a poll is
     /// ready already or the read-ahead stopped: take it ([`Self::try_next`]) instead. For a
     /// caller on an event loop, which must not block to wait ([`Self::next_poll`] does).

@@ -256,40 +256,52 @@ impl Subscriber {
     /// Waits up to `wait` (GIL released) for the next poll and appends its messages to
     /// `ready`.
     ///
-    /// One fill at a time (`filling`), taking a poll and queueing it in one step: fills run
-    /// on several threads at once (an `async` read cancelled while its fill still runs in
-    /// the executor, then called again), and a poll taken first but queued second would
-    /// hand its messages out of order.
+    /// The wait holds no lock of ours; taking the poll and queueing it is one step under
+    /// `filling`, so that fills on several threads at once (an `async` read cancelled while
+    /// its fill still runs in the executor, then called again) queue polls in the order they
+    /// were read. Nothing is queued once the subscriber is closed.
     fn fill(&self, py: Python<'_>, wait: Duration) -> PyResult<()> {
         crate::gil::released(py, || {
-            let _one_at_a_time = self.filling.lock();
-            match self.reader.next_poll(wait) {
-                None => Ok(()),
-                Some(polled) => {
-                    // After any messages of earlier polls that are not taken yet.
-                    self.ready.lock().push(polled?.messages);
-                    Ok(())
-                }
+            if !self.reader.wait_until_ready(wait) {
+                return Ok(());
             }
+            let _one_at_a_time = self.filling.lock();
+            let Some(polled) = self.reader.try_next() else {
+                return Ok(()); // Another fill took it.
+            };
+            let messages = polled?.messages;
+            let mut ready = self.ready.lock();
+            if !self.closed.load(Ordering::Acquire) {
+                // After any messages of earlier polls that are not taken yet.
+                ready.push(messages);
+            }
+            Ok(())
         })
         .map_err(sub_to_py)
     }
 
-    /// Polls in slices until a message is ready or `timeout` seconds pass (`None`: for
-    /// ever), checking for signals between slices. Whether a message is ready.
-    fn wait_ready(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+    /// Takes with `take` (the check and the take are one step, so a seek or another
+    /// reader between them cannot make a wait without a deadline come back empty), polling
+    /// in slices until it gives something or `timeout` seconds pass (`None`: for ever),
+    /// checking for signals between slices.
+    fn wait_take<R>(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+        mut take: impl FnMut(&Self, Python<'_>) -> PyResult<Option<R>>,
+    ) -> PyResult<Option<R>> {
         let deadline = deadline(timeout)?;
         let mut first = true;
         loop {
-            if !self.ready.lock().is_empty() {
-                return Ok(true);
+            if let Some(taken) = take(self, py)? {
+                return Ok(Some(taken));
             }
             let wait = match deadline {
                 None => SLICE,
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() && !first {
-                        return Ok(false);
+                        return Ok(None);
                     }
                     left.clamp(MIN_WAIT, SLICE)
                 }
@@ -431,11 +443,7 @@ impl Subscriber {
     /// 0: only what has already arrived). ``None`` when the time runs out.
     #[pyo3(signature = (timeout = None))]
     fn poll(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Py<Message>>> {
-        if self.wait_ready(py, timeout)? {
-            self.take_one(py)
-        } else {
-            Ok(None)
-        }
+        self.wait_take(py, timeout, |s, py| s.take_one(py))
     }
 
     /// Every message that is ready (at most ``max_messages``), waiting at most ``timeout``
@@ -451,11 +459,15 @@ impl Subscriber {
         let max_messages = max_messages
             .map(|m| whole::<usize>("max_messages", m))
             .transpose()?;
-        let mut out = Vec::new();
-        if !self.wait_ready(py, timeout)? {
-            return Ok(out);
+        let max_messages = max_messages.unwrap_or(usize::MAX);
+        if max_messages == 0 {
+            return Ok(Vec::new());
         }
-        while out.len() < max_messages.unwrap_or(usize::MAX) {
+        let Some(first) = self.wait_take(py, timeout, |s, py| s.take_one(py))? else {
+            return Ok(Vec::new());
+        };
+        let mut out = vec![first];
+        while out.len() < max_messages {
             match self.take_one(py)? {
                 Some(m) => out.push(m),
                 None => break,
@@ -471,10 +483,7 @@ impl Subscriber {
     /// made per message until asked for: the cheapest way to read a stream.
     #[pyo3(signature = (timeout = None))]
     fn poll_batch(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<MessageBatch> {
-        let taken = match self.wait_ready(py, timeout)? {
-            true => self.take_batch(),
-            false => None,
-        };
+        let taken = self.wait_take(py, timeout, |s, _| Ok(s.take_batch()))?;
         Ok(taken.unwrap_or_else(|| MessageBatch::empty(self.order)))
     }
 
@@ -493,14 +502,16 @@ impl Subscriber {
     #[getter]
     fn position(&self, py: Python<'_>) -> PyResult<PyObject> {
         // Messages polled but not taken yet (in `ready`, then read ahead) come before the
-        // Rust subscriber's cursor.
+        // Rust subscriber's cursor. The read-ahead first, `ready` second: a poll a fill
+        // moves from one to the other between the two reads is then seen twice (harmless
+        // to a minimum), never missed.
+        let (cursor, ahead) =
+            crate::gil::released(py, || self.reader.position()).map_err(sub_to_py)?;
         let mut pending: Vec<(u16, u64)> = {
             let ready = self.ready.lock();
             let taken = ready.pending();
             taken.map(|m| (m.broker_id, m.position)).collect()
         };
-        let (cursor, ahead) =
-            crate::gil::released(py, || self.reader.position()).map_err(sub_to_py)?;
         pending.extend(ahead);
         match cursor {
             Cursor::Global(p) => {

@@ -173,3 +173,4 @@ def test_poll_batch_async_refuses_the_timeouts_poll_batch_refuses(server, topic_
             sub.poll_batch(timeout=bad)
         with pytest.raises(ConfigError):
             asyncio.run(sub.poll_batch_async(timeout=bad))
+

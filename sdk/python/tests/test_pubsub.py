@@ -296,3 +296,33 @@ def test_a_break_or_a_seek_inside_a_poll_neither_skips_nor_repeats_a_message(ser
     sub.seek(400)
     assert [m.global_seq for m in read(sub, 100)] == list(range(400, 500))
     assert sub.poll(timeout=0.1) is None and sub.position == 500
+
+
+def test_seeks_from_another_thread_never_end_an_iteration(server, topic_name):
+    # A seek clears what was polled and not taken; a reader between its wait and its take
+    # must then wait again, not come back empty (which ends `for m in sub`).
+    Admin(server.control).create_topic(topic_name, order=2)
+    with Publisher(server.control, topic_name) as p:
+        p.publish_many([payload(0, i) for i in range(2000)])
+    sub = Subscriber(server.control, topic_name)
+    ended = {"by": "the iteration ending"}
+    reading = threading.Event()
+
+    def read_until_the_last() -> None:
+        for m in sub:
+            reading.set()
+            if parse(m)[0] == 1:
+                ended["by"] = "the last message"
+                break
+
+    reader = threading.Thread(target=read_until_the_last, daemon=True)
+    reader.start()
+    assert reading.wait(30)
+    for _ in range(300):
+        sub.seek(0)
+    with Publisher(server.control, topic_name) as p:
+        p.publish(payload(1, 0))
+    reader.join(60)
+    assert not reader.is_alive()
+    assert ended["by"] == "the last message"
+    sub.close()

@@ -237,10 +237,12 @@ export class MessageBatch implements Iterable<Message>, Disposable {
 
   /** Message `i` (negative: from the end), or `undefined` outside the batch, as `Array.at`. */
   at(i: number): Message | undefined {
-    this.#handOut();
     const whole = Math.trunc(i) || 0; // as Array.at: NaN is 0, fractions are cut
     const k = whole < 0 ? this.length + whole : whole;
-    if (k < 0 || k >= this.length) return undefined;
+    const inside = k >= 0 && k < this.length;
+    // Refused once released, even outside; noted only when a message is handed out.
+    if (inside || this.#released) this.#handOut();
+    if (!inside) return undefined;
     const m = this.#first + k;
     return new Message(this.#p, runOf(this.#p, m), m);
   }
@@ -255,8 +257,8 @@ export class MessageBatch implements Iterable<Message>, Disposable {
    * copy; treat it as read-only). Throws a RangeError outside the batch.
    */
   payload(i: number): Buffer {
-    this.#handOut();
     const m = this.#index(i);
+    this.#handOut();
     return payloadView(this.#p, this.#p.runs[runOf(this.#p, m) * RUN]!, m);
   }
 
@@ -277,8 +279,9 @@ export class MessageBatch implements Iterable<Message>, Disposable {
    * meanwhile into fresh memory. Deliveries a view was taken from are left to the
    * collector, since a view may still be in use (a stream still writing it); so is one that
    * also holds messages taken one at a time before the batch. Afterwards `payload`, `at`
-   * and iterating throw a {@link ClosedError}; `length`, `size` and `payloadBytes` still
-   * answer. Calling it again does nothing.
+   * and a new iteration throw a {@link ClosedError} (an iterator made before goes on: its
+   * batch had handed out, so nothing was detached); `length`, `size` and `payloadBytes`
+   * still answer. Calling it again does nothing.
    */
   release(): void {
     if (this.#released) return;
