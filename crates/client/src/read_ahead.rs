@@ -225,10 +225,11 @@ impl<C: Collect> ReadAhead<C> {
     }
 
     /// Has `wake` called (once, outside every lock) when the next poll or its error is
-    /// queued (on the reading thread), or when the read-ahead stops (on the stopping one); a `wake` set before and
-    /// not called yet is dropped uncalled. Returns false, keeping nothing, when a poll is
-    /// ready already or the read-ahead stopped: take it ([`Self::try_next`]) instead. For a
-    /// caller on an event loop, which must not block to wait ([`Self::next_poll`] does).
+    /// queued (on the reading thread), or when the read-ahead stops (on the stopping one);
+    /// a `wake` set before and not called yet is dropped uncalled. Returns false, keeping
+    /// nothing, when a poll is ready already or the read-ahead stopped: take it
+    /// ([`Self::try_next`]) instead. For a caller on an event loop, which must not block to
+    /// wait ([`Self::next_poll`] does).
     pub fn wake_when_ready(&self, wake: impl FnOnce() + Send + 'static) -> bool {
         self.start();
         let mut queue = self.shared.queue.lock();
