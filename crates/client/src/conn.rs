@@ -159,6 +159,17 @@ impl SubStream {
         }
     }
 
+    /// Whether the first byte of a frame is here, without waiting or a system call: a
+    /// shared-memory feed's published bytes; always `Ok(false)` over TCP, where reading a
+    /// frame that has only begun to arrive waits on the network (see
+    /// `Subscriber::poll_shared_now`).
+    pub fn frame_started(&mut self) -> std::io::Result<bool> {
+        match self {
+            SubStream::Shm(feed) => feed.has_bytes().map_err(tagged),
+            SubStream::Tcp(_) => Ok(false),
+        }
+    }
+
     /// Waits up to `wait` for the first byte of a frame: `Ok(false)` when none came, an
     /// error once the broker has closed the connection.
     pub fn wait_readable(&mut self, wait: Duration) -> std::io::Result<bool> {

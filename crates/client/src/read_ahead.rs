@@ -1,7 +1,11 @@
 //! Reading ahead for the language bindings: a thread of its own polls a [`Subscriber`]
 //! while the caller (Python, JavaScript) handles the messages of an earlier poll, so the
 //! network read and the per-message work in the other language overlap instead of adding
-//! up, and a caller that finds a poll ready takes it without waiting for any thread.
+//! up, and a caller that finds a poll ready takes it without waiting for any thread. A
+//! caller that does little per message (the TypeScript `pollBatch`) may instead read on its
+//! own thread what a shared-memory feed already holds ([`ReadAhead::try_read_here`]); the
+//! thread then polls only for a caller that waits, so a busy reader runs on one thread, as
+//! a Rust reader does.
 //!
 //! Owns the subscriber while it reads ahead, and the queue of what it read: at most
 //! `depth` polls wait; then the thread waits for the caller to take one. Each poll lends
@@ -13,7 +17,7 @@
 use crate::{Cursor, Error, MessageRef, SharedBatch, Subscriber};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -94,6 +98,11 @@ struct Shared<C> {
     /// Most bytes of batches one poll lends (whole batches; at least one); the caller may
     /// change it between polls ([`ReadAhead::set_poll_bytes`]). Never 0.
     poll_bytes: AtomicUsize,
+    /// Set while the caller reads on its own thread ([`ReadAhead::try_read_here`]): over a
+    /// shared-memory feed the thread then polls only for a caller waiting to be woken
+    /// ([`ReadAhead::wake_when_ready`]); over TCP, where the caller reads nothing, it
+    /// still reads ahead.
+    caller_reads: AtomicBool,
 }
 
 /// A subscriber and the thread that reads ahead from it (started by the first
@@ -116,6 +125,7 @@ impl<C: Collect> ReadAhead<C> {
                 changed: Condvar::new(),
                 depth,
                 poll_bytes: AtomicUsize::new(poll_bytes),
+                caller_reads: AtomicBool::new(false),
             }),
             thread: Mutex::new(None),
         }
@@ -126,6 +136,54 @@ impl<C: Collect> ReadAhead<C> {
     pub fn set_poll_bytes(&self, poll_bytes: usize) {
         assert!(poll_bytes > 0, "room for at least one batch");
         self.shared.poll_bytes.store(poll_bytes, Ordering::Relaxed);
+    }
+
+    /// Whether the caller reads on its own thread ([`Self::try_read_here`]): over a
+    /// shared-memory feed the thread then reads ahead no more, and polls only for a caller
+    /// that waits to be woken.
+    pub fn set_caller_reads(&self, on: bool) {
+        self.shared.caller_reads.store(on, Ordering::Relaxed);
+        // Taken under the queue's lock, so that the thread cannot miss the change between
+        // looking at the flag and waiting.
+        drop(self.shared.queue.lock());
+        self.shared.changed.notify_all();
+    }
+
+    /// The next poll: one read ahead if there is one, else what the subscriber holds
+    /// already, read on this thread without waiting ([`Subscriber::poll_shared_now`]: over
+    /// a shared-memory feed only). `None` when nothing is there, when the thread is polling,
+    /// or while callers hold more than `max_held` bytes of earlier polls: a caller that
+    /// keeps them (and, on an event loop, never yields to let them go) then waits for the
+    /// thread's polls instead of making the subscriber read into ever more new buffers.
+    /// Never blocks but for the queue's and status' locks, which nobody holds across a poll.
+    pub fn try_read_here(&self, max_held: usize) -> Option<Result<Polled<C>, Error>> {
+        self.start();
+        // The thread queues polls holding `sub`: while this holds it, nothing is queued,
+        // so what is read here comes after everything queued before.
+        let Some(mut sub) = self.shared.sub.try_lock() else {
+            return self.try_next();
+        };
+        if let Some(queued) = self.try_next() {
+            return Some(queued);
+        }
+        let Some(s) = sub.as_mut() else {
+            return Some(Err(Error::Closed));
+        };
+        if s.lent_bytes() > max_held {
+            return None;
+        }
+        let mut messages = C::default();
+        let poll_bytes = self.shared.poll_bytes.load(Ordering::Relaxed);
+        let result = s.poll_shared_now(poll_bytes, |b, m| messages.collect(b, m));
+        *self.shared.status.lock() = SubscriberStatus::of(s);
+        match result {
+            Ok(_) if messages.count() == 0 => None,
+            Ok(_) => {
+                let next = Subscriber::position(s);
+                Some(Ok(Polled { messages, next }))
+            }
+            Err(e) => Some(Err(e)),
+        }
     }
 
     /// Runs `f` on the subscriber while the thread is not polling.
@@ -237,6 +295,9 @@ impl<C: Collect> ReadAhead<C> {
             return false;
         }
         queue.wake = Some(Box::new(wake));
+        drop(queue);
+        // A thread that polls only for waiting callers may be waiting for this one.
+        self.shared.changed.notify_all();
         true
     }
 
@@ -290,12 +351,22 @@ impl<C: Collect> Drop for ReadAhead<C> {
     }
 }
 
+/// Whether the thread should poll now: there is room in the queue, and while the caller
+/// reads on its own thread (which it can over a shared-memory feed only), a caller waits
+/// to be woken by the next poll.
+fn wanted<C>(shared: &Shared<C>, queue: &Queue<C>) -> bool {
+    let room = queue.polls.len() < shared.depth;
+    let caller_reads =
+        shared.caller_reads.load(Ordering::Relaxed) && shared.status.lock().transport == "shm";
+    room && (queue.wake.is_some() || !caller_reads)
+}
+
 /// The thread: polls while there is room in the queue, until stopped or closed.
 fn read<C: Collect>(shared: &Shared<C>) {
     loop {
         {
             let mut queue = shared.queue.lock();
-            while !queue.stop && queue.polls.len() >= shared.depth {
+            while !queue.stop && !wanted(shared, &queue) {
                 shared.changed.wait(&mut queue);
             }
             if queue.stop {

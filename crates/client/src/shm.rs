@@ -371,6 +371,12 @@ impl ShmFeed {
         }
     }
 
+    /// Whether the broker has published bytes not read yet; never waits. A broker gone
+    /// is not seen here: the next wait sees it.
+    pub fn has_bytes(&mut self) -> io::Result<bool> {
+        Ok(self.ring.available()? > 0)
+    }
+
     /// Waits up to `wait` for the next byte: `Ok(false)` when none came, an error
     /// (`UnexpectedEof`) once the broker has gone and the ring is empty.
     pub fn wait_readable(&mut self, wait: Duration) -> io::Result<bool> {

@@ -466,11 +466,38 @@ impl Subscriber {
         &mut self,
         timeout: Duration,
         max_bytes: usize,
-        mut f: impl FnMut(&SharedBatch, MessageRef<'_>),
+        f: impl FnMut(&SharedBatch, MessageRef<'_>),
     ) -> Result<usize> {
         if self.ready.is_empty() {
             self.fill(timeout)?;
         }
+        self.lend_ready(max_bytes, f)
+    }
+
+    /// As [`Self::poll_shared_upto`], but never waits: it reads only the frames a
+    /// shared-memory feed holds already (the rest of a frame the broker is copying in comes
+    /// at the speed of its copy), and reads nothing over TCP, between connections or once
+    /// the connection is lost, leaving waiting and reconnecting to the waiting polls. For a
+    /// caller on an event loop, which may copy what has arrived but must not wait on the
+    /// network (the Node SDK's `pollBatch`, docs/DESIGN.md "Reading on the caller's thread").
+    pub fn poll_shared_now(
+        &mut self,
+        max_bytes: usize,
+        f: impl FnMut(&SharedBatch, MessageRef<'_>),
+    ) -> Result<usize> {
+        if self.ready.is_empty() {
+            self.fill_now()?;
+        }
+        self.lend_ready(max_bytes, f)
+    }
+
+    /// Lends ready batches until they hold `max_bytes` or more (whole batches), handing
+    /// `f` each of their wanted messages in order.
+    fn lend_ready(
+        &mut self,
+        max_bytes: usize,
+        mut f: impl FnMut(&SharedBatch, MessageRef<'_>),
+    ) -> Result<usize> {
         let (mut delivered, mut lent_bytes) = (0, 0usize);
         while lent_bytes < max_bytes {
             let Some(mut batch) = self.ready.pop_front() else {
@@ -488,6 +515,13 @@ impl Subscriber {
             self.lend(shared.0);
         }
         Ok(delivered)
+    }
+
+    /// Bytes of the batches lent by the `poll_shared` calls that a caller still holds
+    /// (of the most recent [`LENT_WATCHED`]).
+    pub fn lent_bytes(&self) -> usize {
+        let held = self.lent.iter().filter(|b| Arc::strong_count(b) > 1);
+        held.map(|b| b.len()).sum()
     }
 
     fn lend(&mut self, buffer: Arc<DeliveryBuf>) {
@@ -572,6 +606,44 @@ impl Subscriber {
         Ok(())
     }
 
+    /// Reads the frames a shared-memory feed holds already, until a round is confirmed or
+    /// no frame has started (see [`Self::poll_shared_now`]). A lost connection is let go
+    /// of, without an error: the next waiting poll reconnects, or says it cannot.
+    fn fill_now(&mut self) -> Result<()> {
+        while self.ready.is_empty() {
+            let Some((stream, addr)) = self.stream.as_mut() else {
+                return Ok(());
+            };
+            match stream.frame_started() {
+                Ok(true) => {}
+                Ok(false) => return Ok(()),
+                Err(e) => {
+                    let e = lost_or_broken(addr, e);
+                    return self.let_go_if_lost(e);
+                }
+            }
+            let read = self.read_started_frame();
+            if matches!(read, Err(Error::Broker { .. })) {
+                self.stream = None;
+            }
+            match read {
+                Ok(()) => (self.failed_reconnects, self.lost_since) = (0, None),
+                Err(e) => return self.let_go_if_lost(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// After a read failed without waiting: a lost server is no error yet (the
+    /// connection is dropped for the next waiting poll to reconnect); anything else is.
+    fn let_go_if_lost(&mut self, e: Error) -> Result<()> {
+        if !e.server_gone() {
+            return Err(e);
+        }
+        self.stream = None;
+        Ok(())
+    }
+
     /// Whether a lost server is tried again at `now`: within `max_reconnects` failed
     /// attempts, or within `retry_for` of the first.
     fn may_reconnect(&self, now: Instant) -> bool {
@@ -596,11 +668,19 @@ impl Subscriber {
             self.reconnect()?;
         }
         let (stream, addr) = self.stream.as_mut().expect("connected");
-        let lost = |e: std::io::Error| lost_or_broken(addr, e);
         // Wait for the start of a frame with a timeout, then read it whole, blocking.
-        if !stream.wait_readable(wait).map_err(lost)? {
+        if !stream
+            .wait_readable(wait)
+            .map_err(|e| lost_or_broken(addr, e))?
+        {
             return Ok(());
         }
+        self.read_started_frame()
+    }
+
+    /// Reads the frame whose first byte has come, whole (blocking for the rest).
+    fn read_started_frame(&mut self) -> Result<()> {
+        let (stream, addr) = self.stream.as_mut().expect("connected");
         let frame = conn::read_frame(stream, addr, 64).map_err(|e| match e {
             // A feed's ring positions out of range: the broker broke the protocol.
             Error::ConnectionLost { message, .. } if message.starts_with(conn::RING_VIOLATION) => {

@@ -18,12 +18,13 @@ use embarcadero_client::{
 };
 use embarcadero_wire::MESSAGE_HEADER_LEN;
 use napi::bindgen_prelude::{
-    ArrayBuffer, BigInt, BigUint64Array, BufferSlice, Float64Array, JsValue, ToNapiValue, TypeName,
-    Uint32Array,
+    ArrayBuffer, BigInt, BigUint64Array, BufferSlice, External, Float64Array, JsValue, ToNapiValue,
+    TypeName, Uint32Array,
 };
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi::{sys, Env, Status, ValueType};
 use napi_derive::napi;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Numbers per message in `NativeBatch::spans`: payload offset and payload length, in
@@ -60,6 +61,12 @@ const BATCH_GATHER_BYTES: usize = 1 << 20;
 /// Polls the thread reads ahead before it waits for JavaScript to take one (4 MiB of the
 /// usual deliveries, held by the read-ahead, away from the subscriber's buffer reuse).
 const READ_AHEAD: usize = 8;
+/// While JavaScript reads by batches on its own thread, it does so only while it holds at
+/// most this many bytes of earlier polls; past that, it waits for the reading thread's
+/// polls, and so for the event loop, which is where Node runs the finalizers that give
+/// deliveries back. Without it, a caller that keeps its batches (no `release`) in a loop
+/// that never yields would have the subscriber read into new buffers without end.
+const MAX_HELD_READING_HERE: usize = 32 << 20;
 
 /// A position in a topic as JavaScript passes it: one global position (orders 2, 5),
 /// one per broker (orders 0, 1), or the end of the topic when the call is made.
@@ -90,6 +97,9 @@ pub struct NativeBatch {
     /// The deliveries the messages are in, each viewed without a copy.
     #[napi(ts_type = "Buffer[]")]
     pub data: LentBuffers,
+    /// The Rust owners of `data`'s deliveries, for `detach_deliveries`.
+    #[napi(ts_type = "ExternalObject<'Lease'>")]
+    pub lease: External<Lease>,
     /// `SPAN_FIELDS` per message.
     pub spans: Uint32Array,
     /// `RUN_FIELDS` per run of messages, in order.
@@ -191,6 +201,9 @@ pub struct NativeSubscriber {
     start: Cursor,
     /// The JavaScript function `wake_when_ready` has the reading thread call (`set_waker`).
     waker: parking_lot::Mutex<Option<Arc<Waker>>>,
+    /// Whether JavaScript reads by batches (`read_batches`): `take_batch` then reads on the
+    /// JavaScript thread what has arrived (`ReadAhead::try_read_here`).
+    batches: AtomicBool,
 }
 
 /// A function on the event loop's thread that JavaScript gives once: weak, so a subscriber
@@ -256,6 +269,7 @@ pub async fn connect_subscriber(
     .await?;
     Ok(NativeSubscriber {
         waker: parking_lot::Mutex::new(None),
+        batches: AtomicBool::new(false),
         order: sub.order(),
         start: Subscriber::position(&sub),
         reader: Arc::new(ReadAhead::new(sub, READ_AHEAD, GATHER_BYTES)),
@@ -297,7 +311,10 @@ impl NativeSubscriber {
     }
 
     /// Whether JavaScript reads by batches (`pollBatch`): the polls read from now on are
-    /// sized for it (`BATCH_GATHER_BYTES`) or for messages one at a time (`GATHER_BYTES`).
+    /// sized for it (`BATCH_GATHER_BYTES`) or for messages one at a time (`GATHER_BYTES`),
+    /// and by batches `take_batch` reads on the JavaScript thread what a shared-memory feed
+    /// holds already, where one at a time the thread reads ahead (docs/DESIGN.md, "Reading
+    /// on the caller's thread").
     #[napi]
     pub fn read_batches(&self, batches: bool) {
         let bytes = if batches {
@@ -306,13 +323,21 @@ impl NativeSubscriber {
             GATHER_BYTES
         };
         self.reader.set_poll_bytes(bytes);
+        self.batches.store(batches, Ordering::Relaxed);
+        self.reader.set_caller_reads(batches);
     }
 
-    /// The next poll's messages if one has been read ahead, without waiting: `None` when
-    /// none is ready yet (then `poll_batch` waits for one off the JS thread).
+    /// The next poll's messages if one has been read ahead or, reading by batches, has
+    /// arrived; never waits: `None` when none is ready yet (JavaScript then waits for the
+    /// reading thread, `wake_when_ready`).
     #[napi]
     pub fn take_batch(&self) -> napi::Result<Option<NativeBatch>> {
-        match self.reader.try_next() {
+        let polled = if self.batches.load(Ordering::Relaxed) {
+            self.reader.try_read_here(MAX_HELD_READING_HERE)
+        } else {
+            self.reader.try_next()
+        };
+        match polled {
             None => Ok(None),
             Some(polled) => taken(polled).map_err(crate::error::to_js),
         }
@@ -473,9 +498,11 @@ impl Packed {
         }
         assert_eq!(self.spans.len(), self.count * SPAN_FIELDS);
         assert_eq!(self.runs.len(), self.clients.len() * RUN_FIELDS);
+        let lent: Vec<Arc<Lent>> = self.batches.into_iter().map(Lent::new).collect();
         Some(NativeBatch {
             count: self.count as u32,
-            data: LentBuffers(self.batches),
+            data: LentBuffers(lent.clone()),
+            lease: External::new(Lease(lent)),
             spans: self.spans.into(),
             runs: self.runs.into(),
             clients: self.clients.into(),
@@ -484,9 +511,31 @@ impl Packed {
     }
 }
 
+/// A delivery lent to JavaScript: its `Buffer`'s finalizer owns it, and so does the poll's
+/// [`Lease`], through which `detach_deliveries` gives it back as soon as it has detached
+/// that `Buffer` (the finalizer runs only at a later turn of the event loop).
+pub struct Lent {
+    /// Where its bytes start: how `detach_deliveries` knows an `ArrayBuffer` for it.
+    at: usize,
+    /// `None` once given back.
+    batch: parking_lot::Mutex<Option<SharedBatch>>,
+}
+
+impl Lent {
+    fn new(batch: SharedBatch) -> Arc<Self> {
+        Arc::new(Self {
+            at: batch.as_mut_ptr() as usize,
+            batch: parking_lot::Mutex::new(Some(batch)),
+        })
+    }
+}
+
+/// The deliveries of one poll, as JavaScript holds them beside their `Buffer`s.
+pub struct Lease(Vec<Arc<Lent>>);
+
 /// Delivery buffers lent by the Rust subscriber, on their way to JavaScript: each
 /// becomes a `Buffer` over its bytes that owns it until JavaScript lets go.
-pub struct LentBuffers(Vec<SharedBatch>);
+pub struct LentBuffers(Vec<Arc<Lent>>);
 
 impl TypeName for LentBuffers {
     fn type_name() -> &'static str {
@@ -517,30 +566,57 @@ impl ToNapiValue for LentBuffers {
     }
 }
 
-/// Detaches each of `deliveries` (the `ArrayBuffer`s of delivery `Buffer`s this module
-/// made): every view of one then has length 0, and Node frees its memory at once rather
-/// than when a garbage collection finds it unreferenced, so the finalizer below drops the
-/// Rust owner within the event loop's turn and the subscriber reuses the buffer while it
-/// is still in the cache (`MessageBatch.release`). One already detached is left as it is.
-#[napi(ts_args_type = "deliveries: ArrayBuffer[]")]
-pub fn detach_deliveries(deliveries: Vec<ArrayBuffer<'_>>) -> napi::Result<()> {
-    for delivery in deliveries {
-        if !delivery.is_detached()? {
-            delivery.detach()?;
+/// Detaches each of `deliveries` (the `ArrayBuffer`s of delivery `Buffer`s of the poll
+/// `lease` came with), then gives its Rust owner back: every view of one has length 0
+/// from then on, so nothing can read the bytes, and the subscriber reuses the buffer at
+/// its next read, while it is still in the cache (`MessageBatch.release`), rather than
+/// after the finalizer, which Node runs at a later turn of the event loop (a caller that
+/// reads without yielding would never let it run). One already detached is left as it
+/// is; one not of this lease is refused before anything is detached.
+#[napi(ts_args_type = "deliveries: ArrayBuffer[], lease: ExternalObject<'Lease'>")]
+pub fn detach_deliveries(
+    deliveries: Vec<ArrayBuffer<'_>>,
+    lease: &External<Lease>,
+) -> napi::Result<()> {
+    let mut owners = Vec::with_capacity(deliveries.len());
+    for delivery in &deliveries {
+        if delivery.is_detached()? {
+            owners.push(None);
+            continue;
         }
+        let at = delivery.as_ptr() as usize;
+        let Some(lent) = lease.0.iter().find(|l| l.at == at) else {
+            return Err(napi::Error::new(
+                Status::InvalidArg,
+                "a delivery of another poll was given to detach_deliveries",
+            ));
+        };
+        owners.push(Some(lent));
+    }
+    for (delivery, owner) in deliveries.into_iter().zip(owners) {
+        let Some(lent) = owner else { continue };
+        delivery.detach()?;
+        // Detached: no view of these bytes is left in JavaScript, so they may be reused.
+        drop(lent.batch.lock().take());
     }
     Ok(())
 }
 
-/// A `Buffer` viewing `batch`'s bytes, which it owns: its finalizer drops `batch`.
-fn external_buffer(env: &Env, batch: SharedBatch) -> napi::Result<sys::napi_value> {
-    let len = batch.len();
+/// A `Buffer` viewing `lent`'s bytes, which it owns: its finalizer drops `lent`.
+fn external_buffer(env: &Env, lent: Arc<Lent>) -> napi::Result<sys::napi_value> {
+    let (data, len) = {
+        let batch = lent.batch.lock();
+        let batch = batch
+            .as_ref()
+            .expect("a delivery is given back only once detached");
+        // A pointer that may be written through: JavaScript can write into any `Buffer`.
+        (batch.as_mut_ptr(), batch.len())
+    };
     assert!(len > 0, "a delivery with messages has bytes");
-    // A pointer that may be written through: JavaScript can write into any `Buffer`.
-    let data = batch.as_mut_ptr();
-    // SAFETY: `data..data + len` is the heap buffer of `batch`, which the finalizer owns
-    // and drops only when the `Buffer` is collected, so the memory outlives every view of
-    // it. JavaScript may write it (the README asks it not to; nothing stops it), which
+    // SAFETY: `data..data + len` is the heap buffer of `lent`'s batch, which lives until
+    // the finalizer drops `lent` (when the `Buffer` is collected) or `detach_deliveries`
+    // takes it (once it has detached this `Buffer`'s `ArrayBuffer`, after which no view
+    // can reach the bytes), so the memory outlives every view of it. JavaScript may write it (the README asks it not to; nothing stops it), which
     // `SharedBatch::as_mut_ptr` allows because the bytes are in `UnsafeCell`s, on its
     // conditions: the `poll_shared` that lent the batch has returned (this runs after
     // the poll, on the JavaScript thread); no Rust code reads these bytes while the
@@ -549,8 +625,7 @@ fn external_buffer(env: &Env, batch: SharedBatch) -> napi::Result<sys::napi_valu
     // and only the JavaScript thread touches them, so nothing races. The subscriber
     // reuses the buffer only once the finalizer has dropped the last clone. Where external
     // buffers are not allowed napi-rs copies instead and drops `batch` at once.
-    let buffer =
-        unsafe { BufferSlice::from_external(env, data, len, batch, |_, batch| drop(batch)) }?;
+    let buffer = unsafe { BufferSlice::from_external(env, data, len, lent, |_, lent| drop(lent)) }?;
     // No `napi_adjust_external_memory`: V8 counts an external `ArrayBuffer`'s bytes as
     // external memory by itself (`process.memoryUsage().external` shows them without it),
     // so telling it again counted every delivery twice, and its full collections, which

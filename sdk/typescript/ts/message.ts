@@ -24,6 +24,8 @@ export interface Polled {
   readonly count: number;
   readonly data: Buffer[];
   readonly buffers: ArrayBuffer[];
+  /** The native owners of `data`, through which `release` gives deliveries back (none for no messages). */
+  readonly lease: Native.NativeBatch["lease"] | undefined;
   readonly offsets: number[];
   readonly spans: Uint32Array;
   readonly runs: Float64Array;
@@ -36,6 +38,7 @@ export function polledOf(batch: Native.NativeBatch, order: Order): Polled {
     count: batch.count,
     data: batch.data,
     buffers: batch.data.map((d) => d.buffer as ArrayBuffer),
+    lease: batch.lease,
     offsets: batch.data.map((d) => d.byteOffset),
     spans: batch.spans,
     runs: batch.runs,
@@ -184,6 +187,7 @@ export const NO_MESSAGES: Polled = {
   count: 0,
   data: [],
   buffers: [],
+  lease: undefined,
   offsets: [],
   spans: new Uint32Array(0),
   runs: new Float64Array(0),
@@ -286,7 +290,8 @@ export class MessageBatch implements Iterable<Message>, Disposable {
   release(): void {
     if (this.#released) return;
     this.#released = true;
-    if (!this.#handedOut) native.detachDeliveries(deliveriesFrom(this.#p, this.#first));
+    const lease = this.#p.lease;
+    if (!this.#handedOut && lease !== undefined) native.detachDeliveries(deliveriesFrom(this.#p, this.#first), lease);
   }
 
   /** `using batch = await sub.pollBatch()` releases it at the end of the scope. */

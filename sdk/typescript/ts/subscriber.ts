@@ -1,6 +1,7 @@
 // The subscriber: reads a topic in order (the Rust `Subscriber`), one batch of messages
 // per crossing into native code, while a native thread reads the next polls ahead
-// (read-ahead), so a ready batch is taken without leaving the event loop's thread. Each
+// (read-ahead), so a ready batch is taken without leaving the event loop's thread; while
+// reading by `pollBatch`, what a shared-memory feed holds is read on this thread. Each
 // delivery arrives as a Buffer over the Rust subscriber's own buffer (no copy at all) and each `Message`'s payload is a view of
 // it, made on first use; its fields are read lazily: where its payload lies from one
 // typed array (two numbers per message), what a run of messages of one delivery shares
@@ -299,7 +300,9 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
    * The messages of the next poll as one {@link MessageBatch} (about 1 MiB of them;
    * those left of a poll that {@link Subscriber.poll} or `for await` took from, if any),
    * waiting at most `timeoutMs` (default 1000); empty if none came. Nothing is made per
-   * message until asked for: the cheapest way to read a stream.
+   * message until asked for: the cheapest way to read a stream. Over a shared-memory feed
+   * what has arrived is read on this thread (a copy, never a wait for the network); release
+   * each batch ({@link MessageBatch.release}, or `using`) so that its memory is reused at once.
    */
   pollBatch(timeoutMs = 1000): Promise<MessageBatch> {
     return this.#serial(async () => {
