@@ -159,13 +159,12 @@ impl SubStream {
         }
     }
 
-    /// Whether the first byte of a frame is here, without waiting or a system call: a
-    /// shared-memory feed's published bytes; always `Ok(false)` over TCP, where reading a
-    /// frame that has only begun to arrive waits on the network (see
-    /// `Subscriber::poll_shared_now`).
-    pub fn frame_started(&mut self) -> std::io::Result<bool> {
+    /// Whether a whole frame is here to read without waiting, found without a system
+    /// call: in a shared-memory feed (`ShmFeed::whole_frame_here`); never over TCP, where
+    /// seeing that would take a system call per look (see `Subscriber::poll_shared_now`).
+    pub fn whole_frame_here(&mut self) -> std::io::Result<bool> {
         match self {
-            SubStream::Shm(feed) => feed.has_bytes().map_err(tagged),
+            SubStream::Shm(feed) => feed.whole_frame_here().map_err(tagged),
             SubStream::Tcp(_) => Ok(false),
         }
     }

@@ -371,10 +371,23 @@ impl ShmFeed {
         }
     }
 
-    /// Whether the broker has published bytes not read yet; never waits. A broker gone
-    /// is not seen here: the next wait sees it.
-    pub fn has_bytes(&mut self) -> io::Result<bool> {
-        Ok(self.ring.available()? > 0)
+    /// Whether a whole frame, header and body, is published and not read yet, so that
+    /// reading it waits for nothing (not even for a broker stopped half-way through
+    /// writing it); never waits itself. A header that does not decode counts as whole: the
+    /// read that follows reports it. A frame larger than the ring never is: a waiting
+    /// read takes it as it streams through. A broker gone is not seen here: the next wait
+    /// sees it.
+    pub fn whole_frame_here(&mut self) -> io::Result<bool> {
+        let available = self.ring.available()?;
+        if available < FRAME_HEADER_LEN {
+            return Ok(false);
+        }
+        let mut raw = [0u8; FRAME_HEADER_LEN];
+        self.ring.copy_out(&mut raw);
+        let Ok(header) = FrameHeader::decode(&raw, u32::MAX) else {
+            return Ok(true);
+        };
+        Ok(available as u64 >= FRAME_HEADER_LEN as u64 + u64::from(header.body_len))
     }
 
     /// Waits up to `wait` for the next byte: `Ok(false)` when none came, an error

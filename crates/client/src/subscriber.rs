@@ -474,12 +474,11 @@ impl Subscriber {
         self.lend_ready(max_bytes, f)
     }
 
-    /// As [`Self::poll_shared_upto`], but never waits: it reads only the frames a
-    /// shared-memory feed holds already (the rest of a frame the broker is copying in comes
-    /// at the speed of its copy), and reads nothing over TCP, between connections or once
-    /// the connection is lost, leaving waiting and reconnecting to the waiting polls. For a
-    /// caller on an event loop, which may copy what has arrived but must not wait on the
-    /// network (the Node SDK's `pollBatch`, docs/DESIGN.md "Reading on the caller's thread").
+    /// As [`Self::poll_shared_upto`], but never waits: it reads only whole frames a
+    /// shared-memory feed holds already, and reads nothing over TCP, between connections
+    /// or once the connection is lost, leaving waiting and reconnecting to the waiting
+    /// polls. For a caller on an event loop, which may copy what has arrived but must not
+    /// wait (the Node SDK's `pollBatch`, docs/DESIGN.md "Reading on the caller's thread").
     pub fn poll_shared_now(
         &mut self,
         max_bytes: usize,
@@ -606,15 +605,15 @@ impl Subscriber {
         Ok(())
     }
 
-    /// Reads the frames a shared-memory feed holds already, until a round is confirmed or
-    /// no frame has started (see [`Self::poll_shared_now`]). A lost connection is let go
+    /// Reads the whole frames a shared-memory feed holds already, until a round is
+    /// confirmed or none is left (see [`Self::poll_shared_now`]). A lost connection is let go
     /// of, without an error: the next waiting poll reconnects, or says it cannot.
     fn fill_now(&mut self) -> Result<()> {
         while self.ready.is_empty() {
             let Some((stream, addr)) = self.stream.as_mut() else {
                 return Ok(());
             };
-            match stream.frame_started() {
+            match stream.whole_frame_here() {
                 Ok(true) => {}
                 Ok(false) => return Ok(()),
                 Err(e) => {
@@ -945,6 +944,50 @@ mod tests {
             assert_eq!((m.position, m.client_id, m.payload.len()), (i, 7, 3));
         }
         assert_eq!(s.transport(), "shm");
+    }
+
+    /// What an event loop's read (`poll_shared_now`) takes: only whole frames, so that it
+    /// never waits, even for a broker stopped half-way through a frame; confirmed rounds,
+    /// as every poll; and garbage is the same error as for a waiting poll. It runs on a
+    /// thread of its own, so that a read that waited fails the test instead of hanging it.
+    #[test]
+    fn a_read_that_never_waits_takes_only_whole_frames_of_a_feed() {
+        let (s, mut broker, _map, _sock) = over_feed();
+        let (h, payload) = delivery(3);
+        let frame = h.frame_header().encode();
+        let ok = BatchOk {
+            count: 1,
+            discard_rest: false,
+        }
+        .encode();
+        let (to_reader, steps) = std::sync::mpsc::channel::<u8>();
+        let (to_test, read) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut s = s;
+            while steps.recv().is_ok() {
+                to_test
+                    .send(s.poll_shared_now(usize::MAX, |_, _| {}))
+                    .unwrap();
+            }
+        });
+        let read_now = || {
+            to_reader.send(0).unwrap();
+            // A hang guard, not a timing: a read that waited for the rest never answers.
+            read.recv_timeout(Duration::from_secs(60))
+                .expect("a read that never waits answered")
+        };
+        send(&mut broker, &[&frame[..], &h.encode()[..]]);
+        assert_eq!(read_now().unwrap(), 0, "half a delivery");
+        send(&mut broker, &[&payload[..]]);
+        assert_eq!(read_now().unwrap(), 0, "a whole delivery, not confirmed");
+        send(&mut broker, &[&ok[..4]]);
+        assert_eq!(read_now().unwrap(), 0, "half a confirmation");
+        send(&mut broker, &[&ok[4..]]);
+        assert_eq!(read_now().unwrap(), 3, "the confirmed round");
+        send(&mut broker, &[&[0xee; 16][..]]);
+        assert!(matches!(read_now(), Err(Error::Protocol { .. })));
+        drop(to_reader);
+        reader.join().unwrap();
     }
 
     /// Garbage a broker (a bug, or a hostile process of the broker's uid) can put into

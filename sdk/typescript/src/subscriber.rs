@@ -572,29 +572,21 @@ impl ToNapiValue for LentBuffers {
 /// its next read, while it is still in the cache (`MessageBatch.release`), rather than
 /// after the finalizer, which Node runs at a later turn of the event loop (a caller that
 /// reads without yielding would never let it run). One already detached is left as it
-/// is; one not of this lease is refused before anything is detached.
+/// is; one whose bytes are not a delivery of this lease (a copy) is left to the collector.
 #[napi(ts_args_type = "deliveries: ArrayBuffer[], lease: ExternalObject<'Lease'>")]
 pub fn detach_deliveries(
     deliveries: Vec<ArrayBuffer<'_>>,
     lease: &External<Lease>,
 ) -> napi::Result<()> {
-    let mut owners = Vec::with_capacity(deliveries.len());
-    for delivery in &deliveries {
+    for delivery in deliveries {
         if delivery.is_detached()? {
-            owners.push(None);
             continue;
         }
+        // None for a copy napi-rs made (its owner was given back when it was made).
         let at = delivery.as_ptr() as usize;
         let Some(lent) = lease.0.iter().find(|l| l.at == at) else {
-            return Err(napi::Error::new(
-                Status::InvalidArg,
-                "a delivery of another poll was given to detach_deliveries",
-            ));
+            continue;
         };
-        owners.push(Some(lent));
-    }
-    for (delivery, owner) in deliveries.into_iter().zip(owners) {
-        let Some(lent) = owner else { continue };
         delivery.detach()?;
         // Detached: no view of these bytes is left in JavaScript, so they may be reused.
         drop(lent.batch.lock().take());
@@ -614,18 +606,24 @@ fn external_buffer(env: &Env, lent: Arc<Lent>) -> napi::Result<sys::napi_value> 
     };
     assert!(len > 0, "a delivery with messages has bytes");
     // SAFETY: `data..data + len` is the heap buffer of `lent`'s batch, which lives until
-    // the finalizer drops `lent` (when the `Buffer` is collected) or `detach_deliveries`
-    // takes it (once it has detached this `Buffer`'s `ArrayBuffer`, after which no view
-    // can reach the bytes), so the memory outlives every view of it. JavaScript may write it (the README asks it not to; nothing stops it), which
-    // `SharedBatch::as_mut_ptr` allows because the bytes are in `UnsafeCell`s, on its
-    // conditions: the `poll_shared` that lent the batch has returned (this runs after
-    // the poll, on the JavaScript thread); no Rust code reads these bytes while the
-    // `Buffer` lives (this binding keeps no other clone, and the subscriber keeps one only
-    // to see when it is dropped, reading nothing; the finalizer only drops it);
-    // and only the JavaScript thread touches them, so nothing races. The subscriber
-    // reuses the buffer only once the finalizer has dropped the last clone. Where external
-    // buffers are not allowed napi-rs copies instead and drops `batch` at once.
-    let buffer = unsafe { BufferSlice::from_external(env, data, len, lent, |_, lent| drop(lent)) }?;
+    // the finalizer drops its clone of `lent` (when the `Buffer` is collected) and the
+    // lease's goes or is emptied by `detach_deliveries` (only once it has detached this
+    // `Buffer`'s `ArrayBuffer`, after which no view can reach the bytes), so the memory
+    // outlives every view of it. JavaScript may write it (the README asks it not to;
+    // nothing stops it), which `SharedBatch::as_mut_ptr` allows because the bytes are in
+    // `UnsafeCell`s, on its conditions: the `poll_shared` that lent the batch has returned
+    // (this runs after the poll, on the JavaScript thread); no Rust code reads these bytes
+    // while the `Buffer` lives (the lease and the finalizer only drop their holds, and the
+    // subscriber keeps a clone only to see when it is dropped, reading nothing); and only the JavaScript thread touches them, so nothing races. The subscriber
+    // reuses the buffer only once the last clone is dropped.
+    let owner = lent.clone();
+    let buffer =
+        unsafe { BufferSlice::from_external(env, data, len, owner, |_, owner| drop(owner)) }?;
+    if buffer.as_ptr() != data.cast_const() {
+        // External buffers not allowed (some runtimes): napi-rs copied the bytes and dropped
+        // the `Buffer`'s owner already; the lease's is not needed either.
+        drop(lent.batch.lock().take());
+    }
     // No `napi_adjust_external_memory`: V8 counts an external `ArrayBuffer`'s bytes as
     // external memory by itself (`process.memoryUsage().external` shows them without it),
     // so telling it again counted every delivery twice, and its full collections, which

@@ -13,6 +13,7 @@ import { ClosedError, ConfigError, settle, sync } from "./errors";
 import { defaultControl, Order } from "./admin";
 import { TRANSPORTS, type Transport } from "./publisher";
 import * as check from "./options";
+import { setImmediate as nextTurn } from "node:timers/promises";
 
 /** A position: one global position (orders 2 and 5), or one per broker (orders 0 and 1). */
 export type Position = number | readonly number[];
@@ -94,6 +95,14 @@ function positionOf(c: Native.NativeCursor): Position {
 const SLICE_MS = 250;
 
 /**
+ * Longest a `pollBatch` reader reads on the event loop's thread before it lets the loop turn
+ * once (timers, I/O, other subscribers' and publishers' callbacks, the finalizers that give
+ * deliveries back): reading what a feed already holds never waits, so a loop of `pollBatch`
+ * calls over a backlog would otherwise hold the event loop until the backlog ran out.
+ */
+const TURN_EVERY_MS = 4;
+
+/**
  * Reads a topic in order. Iterate it with `for await (const m of sub)`, or call
  * {@link Subscriber.poll}; start from any position or the end, and {@link Subscriber.seek}.
  */
@@ -117,6 +126,8 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   #wake: (() => void) | undefined;
   /** Whether the native polls are sized for `pollBatch` (the last read was one). */
   #readBatches = false;
+  /** When this subscriber last let the event loop turn (`performance.now()`), for `TURN_EVERY_MS`. */
+  #turnedAt = performance.now();
 
   private constructor(n: Native.NativeSubscriber, control: string, topic: string) {
     this.#native = n;
@@ -225,13 +236,20 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
     }
     const deadline = Date.now() + timeoutMs;
     for (;;) {
+      if (batches && performance.now() - this.#turnedAt >= TURN_EVERY_MS) {
+        await nextTurn();
+        this.#turnedAt = performance.now();
+      }
       if (this.#closed) throw new ClosedError("the subscriber is closed");
       const batch = sync(() => this.#native.takeBatch());
       if (batch === null) {
         const wait = Math.min(SLICE_MS, deadline - Date.now());
         if (wait <= 0) return false;
         // Woken by the reading thread once a poll is queued (false: one already is).
-        if (this.#native.wakeWhenReady()) await this.#woken(wait);
+        if (this.#native.wakeWhenReady()) {
+          await this.#woken(wait);
+          this.#turnedAt = performance.now();
+        }
         continue;
       }
       if (batch) {
