@@ -1,6 +1,7 @@
-//! `NativePublisher`: a Rust `Publisher` fed from a staging area so that `publish` never
-//! waits on the JavaScript thread. [`stage_one`] and [`stage_many`] copy messages into
-//! one byte buffer (the only work done on the event loop) and start a drain job on the
+//! `NativePublisher`: a Rust `Publisher` fed so that `publish` never waits on the
+//! JavaScript thread. [`stage_one`] and [`stage_many`] append on the event loop what the
+//! publisher takes without waiting (`Publisher::try_publish_all`, when nothing is staged
+//! before them), and copy the rest into one byte buffer and start a drain job on the
 //! blocking pool, which hands them, in order, to `Publisher::publish_all` (that is where
 //! batching, queueing, deflect-when-full and backpressure happen, and where it may
 //! block). Staging tells the caller when the staging area is above its high-water mark,
@@ -123,6 +124,9 @@ struct Stage {
     ends: Vec<usize>,
     /// A drain job is running (at most one: it keeps the messages in order).
     draining: bool,
+    /// The drain is handing a chunk it took to the Rust publisher (set and cleared under
+    /// this lock): until it is done, nothing may be appended before its messages.
+    publishing: bool,
     /// `close` has begun: nothing more is staged.
     closed: bool,
     /// Callers waiting for the drain to stop (`flush`, `close`): it does not linger then.
@@ -214,10 +218,21 @@ fn stage_all<'a>(
     if let Some(p) = payloads.clone().find(|p| p.len() > max) {
         return Err(to_js(Error::MessageTooLarge { size: p.len(), max }));
     }
-    for p in payloads {
+    // Nothing staged and no chunk being published: everything before is in the Rust
+    // publisher, so this thread appends what it can without waiting, and stages only the
+    // rest (one copy, where staging copies twice, and no thread in between).
+    let appended = if st.ends.is_empty() && !st.publishing {
+        append_here(shared, payloads.clone())?
+    } else {
+        0
+    };
+    for p in payloads.skip(appended) {
         st.bytes.extend_from_slice(p);
         let end = st.bytes.len();
         st.ends.push(end);
+    }
+    if st.ends.is_empty() {
+        return Ok(false);
     }
     if st.draining {
         shared.staged.notify_one();
@@ -313,6 +328,19 @@ impl NativePublisher {
     }
 }
 
+/// Appends on this thread what the Rust publisher takes without waiting
+/// (`Publisher::try_publish_all`); how many.
+fn append_here<'a>(
+    shared: &Shared,
+    payloads: impl Iterator<Item = &'a [u8]>,
+) -> napi::Result<usize> {
+    let Some(publisher) = shared.publisher.lock().clone() else {
+        return Ok(0);
+    };
+    let payloads: Vec<&[u8]> = payloads.collect();
+    publisher.try_publish_all(&payloads).map_err(to_js)
+}
+
 fn check_open(st: &Stage) -> Result<(), Error> {
     if let Some(e) = &st.error {
         return Err(e.clone());
@@ -345,9 +373,12 @@ fn drain(shared: &Shared) {
             chunk.1.clear();
             std::mem::swap(&mut st.bytes, &mut chunk.0);
             std::mem::swap(&mut st.ends, &mut chunk.1);
+            st.publishing = true;
             shared.progress.notify_all();
         }
-        if let Err(e) = publish_chunk(shared, &chunk.0, &chunk.1) {
+        let published = publish_chunk(shared, &chunk.0, &chunk.1);
+        shared.stage.lock().publishing = false;
+        if let Err(e) = published {
             let mut st = shared.stage.lock();
             st.error.get_or_insert(e);
             st.bytes.clear();

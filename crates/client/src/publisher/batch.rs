@@ -214,6 +214,31 @@ impl Publisher {
         }
         Ok(())
     }
+
+    /// As [`Self::append_all`], but never waits: appends `payloads` in order until the
+    /// next would have to wait (for a queue with room to seal the full open batch into,
+    /// or for the builder, which a thread sealing may hold while it waits), and returns
+    /// how many it appended; the caller hands the rest to a call that may wait. For an
+    /// event loop (the Node binding's `publish` and `publishMany`): it copies messages
+    /// into their batch itself instead of into a staging area for a thread to copy again.
+    pub(super) fn try_append_all(&self, payloads: &[&[u8]]) -> Result<usize> {
+        let inner = &self.inner;
+        for payload in payloads {
+            inner.check_append(payload)?;
+        }
+        let Some(mut b) = inner.builder.try_lock() else {
+            return Ok(0);
+        };
+        let mut appended = 0;
+        for payload in payloads {
+            if !inner.try_append_locked(&mut b, payload)? {
+                break;
+            }
+            appended += 1;
+        }
+        assert!(appended <= payloads.len());
+        Ok(appended)
+    }
 }
 
 impl Inner {
@@ -241,8 +266,53 @@ impl Inner {
             self.seal(b)?;
         }
         if b.num_msg == 0 {
-            self.open_new_batch(b, stride, due);
+            b.ring = self.lend_for(&mut b.round_robin, stride);
+            self.mark_opened(b, due);
         }
+        self.write_message(b, payload, stride, due)?;
+        if b.len() >= self.config.batch_bytes {
+            self.seal(b)?;
+        }
+        Ok(())
+    }
+
+    /// As [`Inner::append_locked`] (no schedule), but never waits: `false`, appending
+    /// nothing, when the open batch is due to be sealed and no queue it may go to has room
+    /// now. A batch is opened in a span only if one is lent at once, else in a buffer; one
+    /// that reaches its size while no queue has room stays open for the next append (or
+    /// its sender's linger) to seal.
+    fn try_append_locked(&self, b: &mut Builder, payload: &[u8]) -> Result<bool> {
+        let stride = message_stride(payload.len() as u64) as usize;
+        let full =
+            b.len() >= self.config.batch_bytes || b.len() + stride > b.capacity(self.max_batch);
+        if b.num_msg > 0 && full {
+            if !self.may_dispatch_now(b.round_robin) {
+                return Ok(false);
+            }
+            self.seal(b)?;
+        }
+        if b.num_msg == 0 {
+            let payload_room = self.max_batch.min(self.config.batch_bytes + LEND_SLACK);
+            b.ring = (self.config.transport != Transport::Tcp && stride <= payload_room)
+                .then(|| self.lend_round(&mut b.round_robin, payload_room).ok())
+                .flatten();
+            self.mark_opened(b, None);
+        }
+        self.write_message(b, payload, stride, None)?;
+        if b.len() >= self.config.batch_bytes && self.may_dispatch_now(b.round_robin) {
+            self.seal(b)?;
+        }
+        Ok(true)
+    }
+
+    /// Writes one message (header and payload) into the open batch.
+    fn write_message(
+        &self,
+        b: &mut Builder,
+        payload: &[u8],
+        stride: usize,
+        due: Option<Instant>,
+    ) -> Result<()> {
         let header = BlogMessageHeader {
             size: payload.len() as u32,
             publish_ts_ns: publish_ts_ns(b, due),
@@ -260,20 +330,14 @@ impl Inner {
         track_due(b, due);
         b.messages += 1;
         b.bytes += payload.len() as u64;
-        if b.len() >= self.config.batch_bytes {
-            self.seal(b)?;
-        }
         Ok(())
     }
 
-    /// Opens a batch for a first message of `stride` bytes: in a span of a channel's
-    /// ring if one is lent, and with the opening time every message of it carries.
+    /// A batch was opened (in the span `b.ring` if one was lent): the opening time every
+    /// message of it carries.
     #[inline]
-    fn open_new_batch(&self, b: &mut Builder, stride: usize, due: Option<Instant>) {
-        debug_assert!(b.ring.is_none() && b.buf.is_empty());
-        let mut queue = b.round_robin;
-        b.ring = self.lend_for(&mut queue, stride);
-        b.round_robin = queue;
+    fn mark_opened(&self, b: &mut Builder, due: Option<Instant>) {
+        debug_assert!(b.buf.is_empty() && b.num_msg == 0);
         // One clock read per batch, not per message: a read costs 100+ ns where the
         // kernel cannot serve it from the vDSO (this project's VMs), which was 9% of
         // a publish-only run. Every message carries its batch's opening time, which

@@ -220,6 +220,15 @@ impl Publisher {
         self.append_all(payloads)
     }
 
+    /// As [`Publisher::publish_all`], but never waits: appends the payloads in order until
+    /// the next would have to wait (for room in a queue to seal a full batch into, or for
+    /// a thread sealing one), and returns how many it appended. For a caller on an event
+    /// loop, which hands the rest to a thread that may wait (the Node SDK). Nothing is
+    /// appended if any payload is too large (or the publisher is closed or failed).
+    pub fn try_publish_all(&self, payloads: &[&[u8]]) -> Result<usize> {
+        self.try_append_all(payloads)
+    }
+
     /// Like [`Publisher::publish`], for a message that was due at `due` (a load generator
     /// on a fixed schedule): its append-to-ack and end-to-end latencies are counted from
     /// `due` instead of from now, so time the caller spent behind its schedule (or

@@ -230,6 +230,22 @@ impl Inner {
         Err(Error::NoLiveBroker)
     }
 
+    /// Whether [`Self::dispatch`] would hand a batch due on queue `due` over at once: the
+    /// queue it goes to (the first live one from `due`, or deflecting any live one after)
+    /// has room. Only the builder's holder dispatches new batches, so room seen under the
+    /// builder's lock stays, but for a failover moving a batch into that queue meanwhile
+    /// (dispatch then waits for its sender to take one).
+    pub(super) fn may_dispatch_now(&self, due: usize) -> bool {
+        let Some(due) = self.live_queue_from(due) else {
+            return false;
+        };
+        let n = self.queues.len();
+        let tries = if self.config.deflect { n } else { 1 };
+        (0..tries)
+            .map(|i| &self.queues[(due + i) % n])
+            .any(|q| q.is_live() && !q.tx.is_full())
+    }
+
     /// Hands a sealed batch to queue `due` or, deflecting, the next live one with room;
     /// blocks only when every live queue is full (see [`Self::live_queue_or_fail`] for
     /// none live).
