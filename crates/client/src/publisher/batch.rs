@@ -266,8 +266,8 @@ impl Inner {
             self.seal(b)?;
         }
         if b.num_msg == 0 {
-            b.ring = self.lend_for(&mut b.round_robin, stride);
-            self.mark_opened(b, due);
+            let ring = self.lend_for(&mut b.round_robin, stride);
+            self.start_batch(b, ring, due);
         }
         self.write_message(b, payload, stride, due)?;
         if b.len() >= self.config.batch_bytes {
@@ -293,10 +293,10 @@ impl Inner {
         }
         if b.num_msg == 0 {
             let payload_room = self.max_batch.min(self.config.batch_bytes + LEND_SLACK);
-            b.ring = (self.config.transport != Transport::Tcp && stride <= payload_room)
+            let ring = (self.config.transport != Transport::Tcp && stride <= payload_room)
                 .then(|| self.lend_round(&mut b.round_robin, payload_room).ok())
                 .flatten();
-            self.mark_opened(b, None);
+            self.start_batch(b, ring, None);
         }
         self.write_message(b, payload, stride, None)?;
         if b.len() >= self.config.batch_bytes && self.may_dispatch_now(b.round_robin) {
@@ -333,11 +333,12 @@ impl Inner {
         Ok(())
     }
 
-    /// A batch was opened (in the span `b.ring` if one was lent): the opening time every
-    /// message of it carries.
+    /// Opens a batch for a first message: in `ring`, a span of a channel's ring, if one
+    /// was lent, and with the opening time every message of it carries.
     #[inline]
-    fn mark_opened(&self, b: &mut Builder, due: Option<Instant>) {
-        debug_assert!(b.buf.is_empty() && b.num_msg == 0);
+    fn start_batch(&self, b: &mut Builder, ring: Option<Box<RingBatch>>, due: Option<Instant>) {
+        debug_assert!(b.ring.is_none() && b.buf.is_empty() && b.num_msg == 0);
+        b.ring = ring;
         // One clock read per batch, not per message: a read costs 100+ ns where the
         // kernel cannot serve it from the vDSO (this project's VMs), which was 9% of
         // a publish-only run. Every message carries its batch's opening time, which
