@@ -19,11 +19,13 @@ fn index_of(payload: &[u8]) -> u64 {
     text[1..text.find(':').unwrap()].parse().unwrap()
 }
 
-/// Queue 0 sends a batch every `pause` and holds at most one more: batches are due on it
-/// in turn (no deflection), so sealing one of them soon has to wait. Batches are sealed
-/// by size only, on the publishing thread (no linger runs out during a test).
-fn slow_queue_0(pause: Duration) -> PublisherConfig {
-    PublisherConfig {
+/// An order-5 topic `topic` and its publisher, whose queue 0 sends a batch every `pause`
+/// and holds at most one more: batches are due on it in turn (no deflection), so sealing
+/// one of them soon has to wait. Batches are sealed by size only, on the publishing
+/// thread (no linger runs out during a test).
+fn slow_queue_0(t: &common::TestServer, topic: &str, pause: Duration) -> Publisher {
+    t.create_topic(topic, 5);
+    let config = PublisherConfig {
         batch_bytes: 4096,
         queue_depth: 1,
         deflect: false,
@@ -32,7 +34,8 @@ fn slow_queue_0(pause: Duration) -> PublisherConfig {
         linger_backstop: Duration::from_secs(600),
         session_epoch: 1,
         ..PublisherConfig::default()
-    }
+    };
+    Publisher::connect_brokers(&t.brokers(), topic, config).unwrap()
 }
 
 /// Calls `try_publish_all` with chunks of 64 messages from `next` on until one appends
@@ -57,9 +60,7 @@ fn until_one_stops(p: &Publisher, next: &mut u64) -> Option<(Vec<Vec<u8>>, usize
 #[test]
 fn a_publish_that_never_waits_returns_while_the_queue_it_needs_stays_full() {
     let t = common::start();
-    t.create_topic("full", 5);
-    let config = slow_queue_0(Duration::from_secs(3600));
-    let p = Publisher::connect_brokers(&t.brokers(), "full", config).unwrap();
+    let p = slow_queue_0(&t, "full", Duration::from_secs(3600));
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut next = 0;
@@ -78,9 +79,7 @@ fn a_publish_that_never_waits_returns_while_the_queue_it_needs_stays_full() {
 #[test]
 fn what_follows_a_publish_that_stopped_keeps_the_order() {
     let t = common::start();
-    t.create_topic("here", 5);
-    let config = slow_queue_0(Duration::from_millis(200));
-    let p = Publisher::connect_brokers(&t.brokers(), "here", config).unwrap();
+    let p = slow_queue_0(&t, "here", Duration::from_millis(200));
     let mut next = 0;
     let (chunk, appended) = until_one_stops(&p, &mut next).expect("a call stopped");
     // The rest through a call that waits, right after: it comes next.

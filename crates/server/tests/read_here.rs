@@ -89,21 +89,24 @@ fn next(reader: &ReadAhead<Kept>, max_held: usize) -> (Kept, bool) {
     (polled.unwrap().messages, false)
 }
 
-/// Reads `n` messages; their indexes and positions, and how many polls were read here.
-fn read_all(reader: &ReadAhead<Kept>, n: usize) -> (Vec<u64>, Vec<u64>, usize) {
+/// Takes polls from `next` until they hold `n` messages, and checks that those are the
+/// messages published, each once, in position order; how many polls were read here.
+fn read_once_in_order(n: u64, mut next: impl FnMut() -> (Kept, bool)) -> usize {
     let (mut indexes, mut positions, mut here) = (Vec::new(), Vec::new(), 0);
-    while indexes.len() < n {
-        let (kept, read_here) = next(reader, usize::MAX);
+    while (indexes.len() as u64) < n {
+        let (kept, read_here) = next();
         here += usize::from(read_here);
         indexes.extend(kept.indexes);
         positions.extend(kept.positions.iter().map(|&(_, p)| p));
     }
-    (indexes, positions, here)
-}
-
-fn sorted(mut v: Vec<u64>) -> Vec<u64> {
-    v.sort_unstable();
-    v
+    assert_eq!(
+        positions,
+        (0..n).collect::<Vec<_>>(),
+        "in order, none missed"
+    );
+    indexes.sort_unstable();
+    assert_eq!(indexes, (0..n).collect::<Vec<_>>(), "once each");
+    here
 }
 
 #[test]
@@ -112,13 +115,7 @@ fn over_a_feed_the_caller_reads_what_has_arrived_and_every_message_comes_once_in
     t.create_topic("here", 2);
     publish(&t, "here", 3000, 2048);
     let reader = reading_here(&t, "here", Transport::Shm);
-    let (indexes, positions, here) = read_all(&reader, 3000);
-    assert_eq!(
-        positions,
-        (0..3000).collect::<Vec<_>>(),
-        "in order, none missed"
-    );
-    assert_eq!(sorted(indexes), (0..3000).collect::<Vec<_>>(), "once each");
+    let here = read_once_in_order(3000, || next(&reader, usize::MAX));
     // The thread's poll for the first waiting caller lends one batch of a round of many;
     // the rest of the round is the subscriber's already, so at least that is read here.
     assert!(here > 0, "nothing was read on the caller's thread");
@@ -147,19 +144,10 @@ fn over_tcp_the_caller_reads_no_frame_and_the_thread_still_reads_ahead() {
         reader.wait_until_ready(Duration::from_secs(60)),
         "no read-ahead"
     );
-    let (mut indexes, mut positions) = (Vec::new(), Vec::new());
-    while indexes.len() < 1000 {
+    read_once_in_order(1000, || {
         let polled = reader.next_poll(Duration::from_secs(60)).expect("a poll");
-        let kept = polled.unwrap().messages;
-        indexes.extend(kept.indexes);
-        positions.extend(kept.positions.iter().map(|&(_, p)| p));
-    }
-    assert_eq!(
-        positions,
-        (0..1000).collect::<Vec<_>>(),
-        "in order, none missed"
-    );
-    assert_eq!(sorted(indexes), (0..1000).collect::<Vec<_>>(), "once each");
+        (polled.unwrap().messages, false)
+    });
     reader.close();
 }
 
