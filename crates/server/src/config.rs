@@ -458,6 +458,10 @@ impl ServerConfig {
                 self.sequencer.epoch_us
             ));
         }
+        // No batch of a session could ever be ordered: every order-5 publisher would stall.
+        if self.sequencer.session_window == 0 {
+            return Err("sequencer.session_window must be at least 1 (batches a session may have in flight; default 4096)".into());
+        }
         // A broker raises a connected session's stamp once a second: a shorter threshold
         // would end sessions whose clients are connected.
         if self.sequencer.session_idle_evict_secs < 2 {
@@ -923,6 +927,15 @@ mod tests {
         assert!(
             e.to_string()
                 .contains("session_idle_evict_secs must be at least 2"),
+            "{e}"
+        );
+        let e = ServerConfig::load_with_env(
+            None,
+            env(&[("EMBARCADERO_SEQUENCER_SESSION_WINDOW", "0")]),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("session_window must be at least 1"),
             "{e}"
         );
         let dir = tempfile::tempdir().unwrap();
