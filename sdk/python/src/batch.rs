@@ -9,13 +9,14 @@
 
 use crate::read_ahead::{Messages, Meta};
 use crate::subscriber::{new_message, Fields, Message};
-use pyo3::exceptions::PyIndexError;
+use pyo3::exceptions::{PyIndexError, PyOverflowError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList, PySlice};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Messages delivered together, in order: ``len(batch)``, ``batch[i]`` (a :class:`Message`,
-/// negative indexes count from the end), ``for m in batch``, and without making a
+/// negative indexes count from the end; a slice gives a ``list``), ``for m in batch``, and
+/// without making a
 /// ``Message``: ``batch.size(i)``, ``batch.payload(i)``, ``batch.payloads()`` and
 /// ``batch.payload_bytes``. The subscriber's position is already past every message of
 /// it. Holding a batch keeps its deliveries' memory in use (about 1 MiB at most).
@@ -74,15 +75,37 @@ impl MessageBatch {
     }
 }
 
+/// An index as Python gives one (any integer, or an object with `__index__`): one too
+/// large for any sequence is an IndexError, as a list says, not an OverflowError.
+fn index_of(key: &Bound<'_, PyAny>) -> PyResult<isize> {
+    key.extract::<isize>().map_err(|e| {
+        if e.is_instance_of::<PyOverflowError>(key.py()) {
+            PyIndexError::new_err(format!("cannot fit {key} into an index-sized integer"))
+        } else {
+            e
+        }
+    })
+}
+
 #[pymethods]
 impl MessageBatch {
     fn __len__(&self) -> usize {
         self.metas().len()
     }
 
-    /// Message ``index`` (its payload copied into a new ``bytes``).
-    fn __getitem__(&self, py: Python<'_>, index: isize) -> PyResult<Py<Message>> {
-        self.message_at(py, self.meta(index)?)
+    /// Message ``index`` (its payload copied into a new ``bytes``), or for a slice a
+    /// ``list`` of those messages, as a ``list`` slices.
+    fn __getitem__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<PyObject> {
+        if let Ok(slice) = key.downcast::<PySlice>() {
+            let at = slice.indices(self.metas().len() as isize)?;
+            let picked = (0..at.slicelength as isize).map(|k| at.start + k * at.step);
+            let messages: PyResult<Vec<Py<Message>>> = picked
+                .map(|i| self.message_at(py, &self.metas()[i as usize]))
+                .collect();
+            return Ok(PyList::new(py, messages?)?.into_any().unbind());
+        }
+        let meta = self.meta(index_of(key)?)?;
+        Ok(self.message_at(py, meta)?.into_any())
     }
 
     fn __iter__(slf: Py<Self>) -> BatchIter {
@@ -93,14 +116,18 @@ impl MessageBatch {
     }
 
     /// The payload of message ``index``, copied into a new ``bytes``.
-    fn payload<'py>(&self, py: Python<'py>, index: isize) -> PyResult<Bound<'py, PyBytes>> {
-        let meta = self.meta(index)?;
+    fn payload<'py>(
+        &self,
+        py: Python<'py>,
+        index: &Bound<'_, PyAny>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let meta = self.meta(index_of(index)?)?;
         Ok(PyBytes::new(py, self.messages.payload(meta)))
     }
 
     /// The payload length of message ``index``, in bytes (nothing copied).
-    fn size(&self, index: isize) -> PyResult<usize> {
-        Ok(self.messages.payload(self.meta(index)?).len())
+    fn size(&self, index: &Bound<'_, PyAny>) -> PyResult<usize> {
+        Ok(self.messages.payload(self.meta(index_of(index)?)?).len())
     }
 
     /// Every payload, in order, each copied into a new ``bytes``: no ``Message`` made.

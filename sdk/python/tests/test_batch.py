@@ -43,6 +43,10 @@ def test_batches_hold_every_message_once_in_the_order_poll_gives(server, topic_n
         assert [b.payload(i) for i in range(len(b))] == b.payloads()
         assert b.payload_bytes == sum(len(p) for p in b.payloads())
         assert b[-1].position == b[len(b) - 1].position and b[0].position == next(iter(b)).position
+        # Slices as a list's: messages with the same fields as those iterated.
+        listed = [(m.position, m.payload) for m in b]
+        for cut in (slice(None), slice(1, 3), slice(None, None, -2), slice(-3, None), slice(5, 2)):
+            assert [(m.position, m.payload) for m in b[cut]] == listed[cut]
     assert sorted(parse(m) for m in messages) == [(0, i) for i in range(count)]
 
 
@@ -101,6 +105,12 @@ def test_an_empty_batch_when_the_time_runs_out_and_bad_indexes_are_index_errors(
             last[bad]
         with pytest.raises(IndexError):
             last.size(bad)
+    # Past any length, as a list says; not an index at all, a TypeError.
+    for call in (lambda: last[2**70], lambda: last.size(2**70), lambda: last.payload(-(2**70))):
+        with pytest.raises(IndexError, match="index-sized integer"):
+            call()
+    with pytest.raises(TypeError):
+        last["0"]
     assert "MessageBatch(" in repr(last)
     sub.close()
     with pytest.raises(ClosedError):

@@ -16,6 +16,7 @@ from typing import (
     Tuple,
     TypedDict,
     Union,
+    overload,
 )
 
 from typing_extensions import TypeAlias
@@ -278,15 +279,19 @@ class Message:
 
 class MessageBatch:
     """Messages delivered together (one poll), in order: ``len(batch)``, ``batch[i]``
-    (negative indexes count from the end), ``for m in batch``; and without making a
+    (negative indexes count from the end; a slice gives a ``list``), ``for m in batch``; and
+    without making a
     :class:`Message`: :meth:`size`, :meth:`payload`, :meth:`payloads`, :attr:`payload_bytes`.
     The subscriber's position is already past all of them. Holding a batch keeps its
     deliveries' memory (about 1 MiB at most) in use."""
 
     def __len__(self) -> int: ...
+    @overload
     def __getitem__(self, index: int) -> Message:
         """Message ``index`` (its payload copied into a new ``bytes``); ``IndexError``
         outside the batch."""
+    @overload
+    def __getitem__(self, index: slice) -> List[Message]: ...
     def __iter__(self) -> Iterator[Message]: ...
     def payload(self, index: int) -> bytes:
         """The payload of message ``index``, copied into a new ``bytes``."""
