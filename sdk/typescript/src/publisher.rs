@@ -127,11 +127,6 @@ struct Stage {
     /// The drain is handing a chunk it took to the Rust publisher (set and cleared under
     /// this lock): until it is done, nothing may be appended before its messages.
     publishing: bool,
-    /// A call staged what the publisher would not take without waiting (a queue was full):
-    /// `wait_room` then waits until everything staged is in the publisher, so that the
-    /// caller's next call finds nothing staged and appends on its own thread again, instead
-    /// of staging behind a drain that a faster producer would keep busy for good.
-    until_handed: bool,
     /// `close` has begun: nothing more is staged.
     closed: bool,
     /// Callers waiting for the drain to stop (`flush`, `close`): it does not linger then.
@@ -226,10 +221,7 @@ fn stage_all<'a>(
     // Nothing staged and no chunk being published: everything before is in the Rust
     // publisher, so this thread appends what it can without waiting, and stages only the
     // rest (one copy, where staging copies twice, and no thread in between).
-    let here = st.ends.is_empty() && !st.publishing;
-    // Everything staged before is in the publisher.
-    st.until_handed &= !here;
-    let appended = if here {
+    let appended = if st.ends.is_empty() && !st.publishing {
         append_here(shared, payloads.clone())?
     } else {
         0
@@ -242,7 +234,6 @@ fn stage_all<'a>(
     if st.ends.is_empty() {
         return Ok(false);
     }
-    st.until_handed |= here;
     if st.draining {
         shared.staged.notify_one();
     } else if !st.ends.is_empty() {
@@ -250,7 +241,7 @@ fn stage_all<'a>(
         let shared = shared.clone();
         napi::bindgen_prelude::spawn_blocking(move || drain(&shared));
     }
-    Ok(st.until_handed || st.bytes.len() >= HIGH_WATER)
+    Ok(st.bytes.len() >= HIGH_WATER)
 }
 
 #[napi]
@@ -261,21 +252,13 @@ impl NativePublisher {
         External::new(Staging(self.shared.clone()))
     }
 
-    /// Resolves once the staging area is below its high-water mark again and, after a call
-    /// staged what the publisher would not take at once (`Stage::until_handed`), once
-    /// everything staged is in the publisher.
+    /// Resolves once the staging area is below its high-water mark again.
     #[napi]
     pub async fn wait_room(&self) -> napi::Result<()> {
         let shared = self.shared.clone();
         blocking(move || {
             let mut st = shared.stage.lock();
-            loop {
-                let handed = st.ends.is_empty() && !st.publishing;
-                st.until_handed &= !handed;
-                let behind = st.bytes.len() >= HIGH_WATER || st.until_handed;
-                if !(st.draining && st.error.is_none() && behind) {
-                    break;
-                }
+            while st.draining && st.error.is_none() && st.bytes.len() >= HIGH_WATER {
                 shared.progress.wait(&mut st);
             }
             st.error.clone().map_or(Ok(()), Err)
@@ -395,7 +378,6 @@ fn drain(shared: &Shared) {
         }
         let published = publish_chunk(shared, &chunk.0, &chunk.1);
         shared.stage.lock().publishing = false;
-        shared.progress.notify_all();
         if let Err(e) = published {
             let mut st = shared.stage.lock();
             st.error.get_or_insert(e);
