@@ -256,6 +256,33 @@ test("order 5: calls made without awaiting keep their order through the stage an
   assert.ok(ids.every((id, i) => id === i), "every message once, in the order of the calls");
 });
 
+test("calls made without awaiting while the stage is full share one wait for room, and every message arrives", { timeout: 120_000 }, async () => {
+  // Each native wait for room holds a thread of the blocking pool (512 at most): calls made
+  // without awaiting, each with a wait of its own, could hold them all ahead of the drain they
+  // wait for. Each call here stages more than the high-water mark (4 MiB) by itself: queue 0
+  // sends a batch every 10 ms and holds one more (no deflection), so a call appends little
+  // before it has to stage, and the calls after it stage everything behind it.
+  const topic = topicName("room");
+  await admin.createTopic(topic, { order: 2 });
+  const p = await Publisher.connect(topic, {
+    control: server.control,
+    batchBytes: 65536,
+    queueDepth: 1,
+    deflect: false,
+    slowQueue: { index: 0, ms: 10 },
+  });
+  const chunk = Array.from({ length: 576 }, (_, i) => Buffer.alloc(8192, i)); // 4.5 MiB
+  const calls = Array.from({ length: 10 }, () => p.publishMany(chunk));
+  assert.ok(calls.every((call) => call === calls[0]), "one wait, shared by every call that waits");
+  await Promise.all(calls);
+  await p.close();
+  const sub = await Subscriber.connect(topic, { control: server.control });
+  const got = await read(sub, 5760);
+  await sub.close();
+  assert.equal(got.length, 5760);
+  assert.ok(got.every((m) => m.payload.length === 8192));
+});
+
 test("position, seek and starting from a position or the end", { timeout: 60_000 }, async () => {
   const topic = topicName("seek");
   await admin.createTopic(topic, { order: 2, memoryOnly: true });

@@ -271,6 +271,8 @@ export class Publisher implements AsyncDisposable {
   readonly #native: Native.NativePublisher;
   /** The native staging area: `stageOne` and `stageMany` take it (see src/publisher.rs). */
   readonly #staging: Native.ExternalObject<"Staging">;
+  /** The wait for room under way, if any (`#waitRoom`). */
+  #room: Promise<void> | undefined;
   #closing: Promise<PublisherStats> | undefined;
 
   private constructor(n: Native.NativePublisher) {
@@ -348,8 +350,17 @@ export class Publisher implements AsyncDisposable {
     }
   }
 
+  /**
+   * Resolves once the staging area is below its high-water mark. One wait at a time, shared
+   * by every call that asks meanwhile: each native wait holds a thread of the blocking pool
+   * (at most 512), and calls made without awaiting could otherwise take them all, ahead of the
+   * drain job they wait for, which would then never run.
+   */
   #waitRoom(): Promise<void> {
-    return settle(() => this.#native.waitRoom());
+    this.#room ??= settle(() => this.#native.waitRoom()).finally(() => {
+      this.#room = undefined;
+    });
+    return this.#room;
   }
 
   /** Waits until everything published so far is acknowledged at the ack level (ack 0: written to the sockets). */

@@ -232,9 +232,9 @@ impl Inner {
 
     /// Whether [`Self::dispatch`] would hand a batch due on queue `due` over at once: the
     /// queue it goes to (the first live one from `due`, or deflecting any live one after)
-    /// has room. Only the builder's holder dispatches new batches, so room seen under the
-    /// builder's lock stays, but for a failover moving a batch into that queue meanwhile
-    /// (dispatch then waits for its sender to take one).
+    /// has room. Only the builder's holder sends into the queues (a failover moves batches
+    /// aside), so room seen under the builder's lock stays, but for the queue being marked
+    /// dead meanwhile: dispatch then turns to the next live one, which may be full.
     pub(super) fn may_dispatch_now(&self, due: usize) -> bool {
         let Some(due) = self.live_queue_from(due) else {
             return false;
