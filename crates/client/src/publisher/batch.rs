@@ -330,6 +330,9 @@ impl Inner {
         track_due(b, due);
         b.messages += 1;
         b.bytes += payload.len() as u64;
+        // One writer (the builder's holder): plain stores, read by `stats`.
+        self.appended[0].store(b.messages, Ordering::Relaxed);
+        self.appended[1].store(b.bytes, Ordering::Relaxed);
         Ok(())
     }
 

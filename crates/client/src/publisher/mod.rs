@@ -63,6 +63,11 @@ struct Inner {
     /// The open batch's linger deadline and the queue it is due on, for the senders to
     /// read without the builder's lock (see [`OpenBatch`]); 0: none open.
     open_batch: AtomicU64,
+    /// Messages and payload bytes appended so far (the builder's counts): written only by
+    /// the builder's holder, after each append, so they only grow; read by `stats` without
+    /// the builder's lock, which a thread sealing may hold while it waits for room (an
+    /// event loop asking for statistics must not wait with it).
+    appended: [AtomicU64; 2],
     /// Where [`OpenBatch`] deadlines count from.
     created: Instant,
     /// The open batch's sender cannot take it (it waits at the in-flight limit): the
@@ -581,6 +586,7 @@ impl Inner {
             max_batch: found.max_batch,
             backstop_wake: Condvar::new(),
             open_batch: AtomicU64::new(0),
+            appended: [AtomicU64::new(0), AtomicU64::new(0)],
             created: Instant::now(),
             backstop_armed: AtomicBool::new(false),
             queues,

@@ -79,10 +79,8 @@ impl Publisher {
     pub fn stats(&self) -> PublisherStats {
         let inner = &self.inner;
         let (all, appended) = self.latency_histograms();
-        let (messages, bytes) = {
-            let b = inner.builder.lock();
-            (b.messages, b.bytes)
-        };
+        let messages = inner.appended[0].load(Ordering::Relaxed);
+        let bytes = inner.appended[1].load(Ordering::Relaxed);
         PublisherStats {
             client_id: inner.client_id,
             ack_level: inner.config.ack_level,
