@@ -236,7 +236,7 @@ fn stage_all<'a>(
     }
     if st.draining {
         shared.staged.notify_one();
-    } else if !st.ends.is_empty() {
+    } else {
         st.draining = true;
         let shared = shared.clone();
         napi::bindgen_prelude::spawn_blocking(move || drain(&shared));
