@@ -16,6 +16,12 @@ def payload(source: int, seq: int, size: int = 64) -> bytes:
     return HEADER.pack(source, seq) + b"x" * (size - HEADER.size)
 
 
+def publish_numbered(control: str, topic: str, count: int, size: int = 64) -> None:
+    """Publishes `payload(0, i, size)` for i in 0..count, in one `publish_many`, and closes."""
+    with embarcadero.Publisher(control, topic) as p:
+        p.publish_many([payload(0, i, size) for i in range(count)])
+
+
 def parse(message: embarcadero.Message) -> Tuple[int, int]:
     return HEADER.unpack_from(message.payload)
 

@@ -9,7 +9,7 @@ import pytest
 
 from embarcadero import Admin, ClosedError, ConfigError, MessageBatch, Publisher, Subscriber
 
-from helpers import parse, payload, read
+from helpers import parse, payload, publish_numbered, read
 
 
 def batches(sub: Subscriber, count: int, timeout: float = 30.0) -> List[MessageBatch]:
@@ -54,8 +54,7 @@ def test_a_batch_is_the_rest_of_a_poll_partly_taken_and_moves_the_position(serve
     # Messages taken one at a time first: the batch starts with the next, none skipped or
     # repeated, and the position is past the batch as soon as it is taken.
     Admin(server.control).create_topic(topic_name, order=2)
-    with Publisher(server.control, topic_name) as p:
-        p.publish_many([payload(0, i) for i in range(300)])
+    publish_numbered(server.control, topic_name, 300)
     sub = Subscriber(server.control, topic_name)
     assert [m.global_seq for m in read(sub, 3)] == [0, 1, 2]
     seen = 3
@@ -73,8 +72,7 @@ def test_a_batch_outlives_later_polls_and_its_subscriber(server, topic_name):
     # payloads are still those published.
     Admin(server.control).create_topic(topic_name, order=2)
     count = 20_000
-    with Publisher(server.control, topic_name) as p:
-        p.publish_many([payload(0, i, size=1024) for i in range(count)])
+    publish_numbered(server.control, topic_name, count, size=1024)
     sub = Subscriber(server.control, topic_name)
     first = sub.poll_batch(timeout=30)
     # What the batch read when it came (the total order interleaves the publisher's
@@ -96,8 +94,7 @@ def test_an_empty_batch_when_the_time_runs_out_and_bad_indexes_are_index_errors(
     sub = Subscriber(server.control, topic_name)
     empty = sub.poll_batch(timeout=0.05)
     assert len(empty) == 0 and not empty and list(empty) == [] and empty.payload_bytes == 0
-    with Publisher(server.control, topic_name) as p:
-        p.publish_many([payload(0, i) for i in range(5)])
+    publish_numbered(server.control, topic_name, 5)
     got = batches(sub, 5)
     last = got[-1]
     for bad in (len(last), -len(last) - 1, 10**6):
@@ -158,8 +155,7 @@ def test_poll_batch_async_cancelled_again_and_again_keeps_the_order(server, topi
     # polls beside it. The messages still come once each, in the topic's order.
     Admin(server.control).create_topic(topic_name, order=2)
     count = 100_000
-    with Publisher(server.control, topic_name) as p:
-        p.publish_many([payload(0, i, size=256) for i in range(count)])
+    publish_numbered(server.control, topic_name, count, size=256)
     sub = Subscriber(server.control, topic_name)
 
     async def main() -> List[int]:

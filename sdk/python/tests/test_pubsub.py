@@ -10,7 +10,7 @@ import pytest
 import embarcadero
 from embarcadero import Admin, Publisher, Subscriber
 
-from helpers import parse, payload, read
+from helpers import parse, payload, publish_numbered, read
 
 COUNT = 2000
 
@@ -247,8 +247,7 @@ def test_payloads_kept_from_early_polls_survive_later_polls(server, topic_name):
     # their messages are taken.
     Admin(server.control).create_topic(topic_name, order=2)
     count = 20_000
-    with Publisher(server.control, topic_name) as p:
-        p.publish_many([payload(0, i, size=1024) for i in range(count)])
+    publish_numbered(server.control, topic_name, count, size=1024)
     sub = Subscriber(server.control, topic_name)
     kept = read(sub, 100)
     rest = read(sub, count - 100)
@@ -263,8 +262,7 @@ def test_position_is_the_next_message_wherever_it_lies_in_a_poll(server, topic_n
     # a poll partly taken or at its edge, and the messages come in order across polls.
     Admin(server.control).create_topic(topic_name, order=2)
     count = 3000
-    with Publisher(server.control, topic_name) as p:
-        p.publish_many([payload(0, i, size=512) for i in range(count)])
+    publish_numbered(server.control, topic_name, count, size=512)
     sub = Subscriber(server.control, topic_name)
     taken, seen = 0, []
     for stop in [1, 5, 999, 1000, 1001, 2500, count]:
@@ -282,8 +280,7 @@ def test_a_break_or_a_seek_inside_a_poll_neither_skips_nor_repeats_a_message(ser
     # One poll brings many messages; those polled and not taken when a `break` out of `for`
     # comes are the next ones, and a `seek` drops them: none is skipped or repeated.
     Admin(server.control).create_topic(topic_name, order=2)
-    with Publisher(server.control, topic_name) as p:
-        p.publish_many([payload(0, i) for i in range(500)])
+    publish_numbered(server.control, topic_name, 500)
     sub = Subscriber(server.control, topic_name)
     for m in sub:
         if m.global_seq == 9:
@@ -302,8 +299,7 @@ def test_seeks_from_another_thread_never_end_an_iteration(server, topic_name):
     # A seek clears what was polled and not taken; a reader between its wait and its take
     # must then wait again, not come back empty (which ends `for m in sub`).
     Admin(server.control).create_topic(topic_name, order=2)
-    with Publisher(server.control, topic_name) as p:
-        p.publish_many([payload(0, i) for i in range(2000)])
+    publish_numbered(server.control, topic_name, 2000)
     sub = Subscriber(server.control, topic_name)
     ended = {"by": "the iteration ending"}
     reading = threading.Event()
