@@ -1,21 +1,16 @@
 // `Subscriber.pollBatch`: a poll's messages handed over whole, against a real server.
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
 import { Admin, ClosedError, Message, MessageBatch, Order, Publisher, Subscriber } from "../ts/index";
-import { Server, topicName } from "./servers";
+import { Server, serveForThisFile, topicName } from "./servers";
 
 let server: Server;
 let admin: Admin;
-
-before(async () => {
-  server = await Server.serve();
-  admin = new Admin(server.control);
-});
-
-after(async () => {
-  await server.stop();
+serveForThisFile((s, a) => {
+  server = s;
+  admin = a;
 });
 
 /** Payload `i`: its number, then filler of a length that changes from message to message. */

@@ -2,7 +2,7 @@
 // never hangs (each test has a deadline): unknown topic, bad names, a message over the
 // maximum, a closed publisher, and a server that is gone (SIGKILLed). Also: waiting on
 // the network never blocks the event loop.
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
   Admin,
@@ -20,18 +20,13 @@ import {
   Worker,
 } from "../ts/index";
 import type { PublisherOptions, SubscriberOptions } from "../ts/index";
-import { Server, topicName } from "./servers";
+import { Server, serveForThisFile, topicName } from "./servers";
 
 let server: Server;
 let admin: Admin;
-
-before(async () => {
-  server = await Server.serve();
-  admin = new Admin(server.control);
-});
-
-after(async () => {
-  await server.stop();
+serveForThisFile((s, a) => {
+  server = s;
+  admin = a;
 });
 
 test("admin: create, list, describe, cluster, status, with the CLI's defaults", { timeout: 30_000 }, async () => {

@@ -1,7 +1,7 @@
 // Every order level with every ack level it allows, publish and publishMany, read back
 // in full by a subscriber; two subscribers see one order; order-5 sessions keep their
 // FIFO order across brokers; positions, seek and "end".
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import { setFlagsFromString } from "node:v8";
 import { spawnSync } from "node:child_process";
@@ -9,18 +9,13 @@ import { inspect } from "node:util";
 import { runInNewContext } from "node:vm";
 import { randomBytes } from "node:crypto";
 import { Admin, BrokerError, Message, Order, Publisher, Subscriber } from "../ts/index";
-import { Server, topicName } from "./servers";
+import { Server, serveForThisFile, topicName } from "./servers";
 
 let server: Server;
 let admin: Admin;
-
-before(async () => {
-  server = await Server.serve();
-  admin = new Admin(server.control);
-});
-
-after(async () => {
-  await server.stop();
+serveForThisFile((s, a) => {
+  server = s;
+  admin = a;
 });
 
 /** Reads exactly `count` messages (failing if fewer come within the test's time). */

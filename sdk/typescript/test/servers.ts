@@ -7,6 +7,8 @@ import { AddressInfo, createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
+import { after, before } from "node:test";
+import { Admin } from "../ts/index";
 
 const BIN = process.env.EMBARCADERO_BIN ?? "embarcadero";
 
@@ -205,4 +207,19 @@ let topics = 0;
 export function topicName(prefix: string): string {
   topics += 1;
   return `${prefix}-${process.pid}-${topics}`;
+}
+
+/**
+ * One server for the tests of the calling file: started before them, stopped after; `set`
+ * receives it and an `Admin` of it once it is up.
+ */
+export function serveForThisFile(set: (server: Server, admin: Admin) => void): void {
+  let server: Server | undefined;
+  before(async () => {
+    server = await Server.serve();
+    set(server, new Admin(server.control));
+  });
+  after(async () => {
+    await server?.stop();
+  });
 }

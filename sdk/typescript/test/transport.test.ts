@@ -3,24 +3,19 @@
 // shared memory where the server offers it, "tcp" never does, "auto" takes shared memory
 // when offered and falls back to TCP when not (where "shm" is refused); and a subscriber
 // from the beginning of a topic whose start was reclaimed is told what it skipped.
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Admin, BrokerError, ConfigError, ConnectError, Message, Publisher, Subscriber, Transport } from "../ts/index";
-import { Server, topicName } from "./servers";
+import { Server, serveForThisFile, topicName } from "./servers";
 
 // Shared-memory channels need Linux (memfd, futex); elsewhere the server offers none.
 const SHM = process.platform === "linux";
 
 let server: Server;
 let admin: Admin;
-
-before(async () => {
-  server = await Server.serve();
-  admin = new Admin(server.control);
-});
-
-after(async () => {
-  await server.stop();
+serveForThisFile((s, a) => {
+  server = s;
+  admin = a;
 });
 
 async function read(sub: Subscriber, count: number): Promise<Message[]> {
