@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
 from typing import List, Tuple
@@ -37,3 +38,21 @@ def read(
         assert left > 0, f"only {len(got)} of {count} messages arrived within {timeout} s"
         got.extend(sub.poll_many(timeout=min(left, 1.0), max_messages=count - len(got)))
     return got
+
+
+class LoopTicker:
+    """Counts turns of the running asyncio loop, one every 10 ms, while a test awaits
+    something else: a call that blocked the loop would let none through. Make it inside a
+    coroutine; `cancel` it at the end."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            self.ticks += 1
+            await asyncio.sleep(0.01)
+
+    def cancel(self) -> None:
+        self._task.cancel()

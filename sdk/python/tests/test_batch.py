@@ -9,7 +9,7 @@ import pytest
 
 from embarcadero import Admin, ClosedError, ConfigError, MessageBatch, Publisher, Subscriber
 
-from helpers import parse, payload, publish_numbered, read
+from helpers import LoopTicker, parse, payload, publish_numbered, read
 
 
 def batches(sub: Subscriber, count: int, timeout: float = 30.0) -> List[MessageBatch]:
@@ -121,21 +121,13 @@ def test_poll_batch_async_waits_without_blocking_the_loop_and_reads_on_after_a_c
     sub = Subscriber(server.control, topic_name)
 
     async def main() -> List[int]:
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.01)
-
-        tick_task = asyncio.create_task(ticker())
+        ticker = LoopTicker()
         # Nothing published yet: a cancelled wait, then an empty batch at its timeout,
         # while the loop's other task runs on.
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(sub.poll_batch_async(), 0.05)
         assert len(await sub.poll_batch_async(timeout=0.05)) == 0
-        assert ticks >= 3
+        assert ticker.ticks >= 3
         with Publisher(server.control, topic_name) as p:
             p.publish_many(payload(0, i) for i in range(400))
         seqs: List[int] = []
@@ -143,7 +135,7 @@ def test_poll_batch_async_waits_without_blocking_the_loop_and_reads_on_after_a_c
             batch = await asyncio.wait_for(sub.poll_batch_async(timeout=30), 60)
             assert len(batch) > 0
             seqs.extend(parse(m)[1] for m in batch)
-        tick_task.cancel()
+        ticker.cancel()
         return seqs
 
     assert asyncio.run(main()) == list(range(400))

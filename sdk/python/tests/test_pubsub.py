@@ -10,7 +10,7 @@ import pytest
 import embarcadero
 from embarcadero import Admin, Publisher, Subscriber
 
-from helpers import parse, payload, publish_numbered, read
+from helpers import LoopTicker, parse, payload, publish_numbered, read
 
 COUNT = 2000
 
@@ -142,15 +142,7 @@ def test_async_for_reads_in_order_without_blocking_the_loop(server, topic_name):
     Admin(server.control).create_topic(topic_name, order=2)
 
     async def main() -> list:
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.01)
-
-        tick_task = asyncio.create_task(ticker())
+        ticker = LoopTicker()
         sub = Subscriber(server.control, topic_name)
         got = []
 
@@ -162,12 +154,12 @@ def test_async_for_reads_in_order_without_blocking_the_loop(server, topic_name):
 
         consumer = asyncio.create_task(consume())
         # The loop keeps running (the ticker ticks) while the subscriber waits for data.
-        while ticks < 5:
+        while ticker.ticks < 5:
             await asyncio.sleep(0.01)
         with Publisher(server.control, topic_name) as p:
             p.publish_many(payload(0, i) for i in range(500))
         await asyncio.wait_for(consumer, timeout=60)
-        tick_task.cancel()
+        ticker.cancel()
         return got
 
     got = asyncio.run(main())
