@@ -1,5 +1,5 @@
 //! `NativePublisher`: a Rust `Publisher` fed so that `publish` never waits on the
-//! JavaScript thread. [`stage_one`] and [`stage_many`] append on the event loop what the
+//! JavaScript thread. `stage` and `stageArray` append on the event loop what the
 //! publisher takes without waiting (`Publisher::try_publish_all`, when nothing is staged
 //! before them), and copy the rest into one byte buffer and start a drain job on the
 //! blocking pool, which hands them, in order, to `Publisher::publish_all` (that is where
@@ -13,7 +13,8 @@ use crate::error::{config, to_js};
 use crate::{blocking, millis};
 use embarcadero_client::{Error, Publisher, PublisherConfig, PublisherStats};
 use embarcadero_wire::SESSION_KEY_LEN;
-use napi::bindgen_prelude::{BigInt, Buffer, BufferSlice, External};
+use napi::bindgen_prelude::{BigInt, Buffer, BufferSlice, Function};
+use napi::Env;
 use napi_derive::napi;
 use parking_lot::{Condvar, Mutex};
 use serde_json::Value;
@@ -190,24 +191,9 @@ pub async fn connect_publisher(
     })
 }
 
-/// A publisher's staging area as JavaScript holds it (`NativePublisher.staging`), for
-/// [`stage_one`] and [`stage_many`]. They are plain functions, not methods, because
-/// napi-rs unwraps and registers a borrow of a method's `this` on every call: for one
-/// 1 KiB message that was three quarters of the call (docs/PERFORMANCE.md, session 26).
-pub struct Staging(Arc<Shared>);
-
-/// Stages one message; true when the caller should `waitRoom` before staging more.
-#[napi(ts_args_type = "staging: ExternalObject<'Staging'>, payload: Buffer")]
-pub fn stage_one(staging: &External<Staging>, payload: BufferSlice) -> napi::Result<bool> {
-    stage_all(&staging.0, std::iter::once(&payload[..]))
-}
-
-/// Stages many messages in one crossing, all or none.
-#[napi(ts_args_type = "staging: ExternalObject<'Staging'>, payloads: Array<Buffer>")]
-pub fn stage_many(staging: &External<Staging>, payloads: Vec<BufferSlice>) -> napi::Result<bool> {
-    stage_all(&staging.0, payloads.iter().map(|p| &p[..]))
-}
-
+/// Stages `payloads` (all or none, so a too-large one refuses them all): appends here
+/// what the publisher takes without waiting, copies the rest for the drain job. True when
+/// the caller should `waitRoom` before staging more.
 fn stage_all<'a>(
     shared: &Arc<Shared>,
     payloads: impl Iterator<Item = &'a [u8]> + Clone,
@@ -246,10 +232,32 @@ fn stage_all<'a>(
 
 #[napi]
 impl NativePublisher {
-    /// The staging area, for `stageOne` and `stageMany` (read once per publisher).
-    #[napi(getter, ts_return_type = "ExternalObject<'Staging'>")]
-    pub fn staging(&self) -> External<Staging> {
-        External::new(Staging(self.shared.clone()))
+    /// A function that stages its arguments (each a Buffer) in one crossing, all or none,
+    /// and returns true when the caller should `waitRoom` before staging more. Read once
+    /// per publisher. Arguments, not an array: napi reads an array's elements one
+    /// `napi_get_element` at a time, a generic property lookup that was about 10% of the
+    /// JavaScript thread's time in a `publishMany` loop, where a call's arguments come in
+    /// one `napi_get_cb_info` (docs/PERFORMANCE.md, "Session 37"). And a bound function,
+    /// not a method: napi-rs unwraps and registers a borrow of a method's `this` on every
+    /// call, three quarters of a 1 KiB `publish` (session 26).
+    #[napi(getter, ts_return_type = "(...payloads: Buffer[]) => boolean")]
+    pub fn stage<'e>(&self, env: &'e Env) -> napi::Result<Function<'e, (), bool>> {
+        let shared = self.shared.clone();
+        env.create_function_from_closure("stage", move |call| {
+            let payloads = call.arguments::<BufferSlice>()?;
+            stage_all(&shared, payloads.iter().map(|p| &p[..]))
+        })
+    }
+
+    /// As [`NativePublisher::stage`], for an array too long to pass as arguments (each
+    /// takes a slot of the JavaScript stack).
+    #[napi(getter, ts_return_type = "(payloads: Buffer[]) => boolean")]
+    pub fn stage_array<'e>(&self, env: &'e Env) -> napi::Result<Function<'e, (), bool>> {
+        let shared = self.shared.clone();
+        env.create_function_from_closure("stageArray", move |call| {
+            let payloads = call.first_arg::<Vec<BufferSlice>>()?;
+            stage_all(&shared, payloads.iter().map(|p| &p[..]))
+        })
     }
 
     /// Resolves once the staging area is below its high-water mark again.

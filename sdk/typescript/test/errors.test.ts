@@ -173,6 +173,9 @@ test("a message over the maximum, and a closed publisher", { timeout: 30_000 }, 
   });
   // All or none: the good message before the large one is not published either.
   await assert.rejects(p.publishMany(["ok", Buffer.alloc(max + 1)]), MessageTooLargeError);
+  // Likewise for an array too long to go as arguments (passed whole).
+  const long = Array.from({ length: 5_000 }, () => "ok");
+  await assert.rejects(p.publishMany([...long, Buffer.alloc(max + 1)]), MessageTooLargeError);
   await p.publish(Buffer.alloc(max)); // exactly the maximum is fine
   const stats = await p.close();
   assert.equal(stats.messages, 1);

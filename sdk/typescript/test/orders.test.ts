@@ -38,19 +38,26 @@ async function publishIds(p: Publisher, from: number, count: number): Promise<vo
 }
 
 const COUNT = 2000;
+/** More messages than `publishMany` passes as arguments (ts/publisher.ts, MOST_ARGUMENTS). */
+const LONG = 5000;
 
 test("every field of a message reads as published: counter, publish time, batch, index and size", { timeout: 60_000 }, async () => {
   const topic = topicName("fields");
   await admin.createTopic(topic, { order: 2 });
   const before = BigInt(Date.now() - 1000) * 1_000_000n;
   const p = await Publisher.connect(topic, { control: server.control, ackLevel: 1, batchBytes: 4096 });
-  // Payloads of growing sizes, so that a message read at the wrong offset shows.
-  await p.publishMany(Array.from({ length: COUNT }, (_, i) => Buffer.from(`m${i}:${"x".repeat(i % 97)}`)));
+  // Payloads of growing sizes, so that a message read at the wrong offset shows; the
+  // second call's array is too long to go as arguments, so it is passed whole.
+  const payload = (i: number) => Buffer.from(`m${i}:${"x".repeat(i % 97)}`);
+  await p.publishMany(Array.from({ length: COUNT }, (_, i) => payload(i)));
+  await p.publishMany(Array.from({ length: LONG }, (_, i) => payload(COUNT + i)));
   await p.close();
   const after = BigInt(Date.now() + 1000) * 1_000_000n;
   const sub = await Subscriber.connect(topic, { control: server.control });
-  const got = await read(sub, COUNT);
+  const got = await read(sub, COUNT + LONG);
   await sub.close();
+  const ids = got.map((m) => Number(m.text().split(":")[0]!.slice(1))).sort((a, b) => a - b);
+  assert.deepEqual(ids, Array.from({ length: COUNT + LONG }, (_, i) => i), "every message once");
   const firstOfBatch = new Map<string, number>();
   for (const m of got) {
     const id = Number(m.text().split(":")[0]!.slice(1));
