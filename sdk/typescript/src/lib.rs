@@ -19,6 +19,14 @@ mod subscriber;
 mod workflow;
 
 use embarcadero_client::Error;
+use napi::threadsafe_function::ThreadsafeFunction;
+
+/// A function on the event loop's thread that JavaScript gives a native object once, for
+/// its threads to end a wait with (`ThreadsafeFunctionCallMode::NonBlocking`): weak, so an
+/// object nobody waits on does not keep the process alive (a waiting caller's timer does;
+/// `ts/wake.ts`). The type is spelled out where napi reads it: its type generator does
+/// not follow aliases.
+pub(crate) type Waker = ThreadsafeFunction<(), (), (), napi::Status, false, true>;
 
 /// Runs `f` on the blocking pool of napi's tokio runtime and waits for it there, so
 /// the JavaScript thread only ever awaits a Promise.

@@ -4,25 +4,23 @@
 //! before them), and copy the rest into one byte buffer and start a drain job on the
 //! blocking pool, which hands them, in order, to `Publisher::publish_all` (that is where
 //! batching, queueing, deflect-when-full and backpressure happen, and where it may
-//! block). Staging tells the caller when the staging area is above its high-water mark,
-//! and the TypeScript layer then awaits `wait_room` instead of staging more: memory
-//! stays bounded and a fast producer is paced by the network, not by a blocked event
-//! loop.
+//! block). Staging tells the caller when it left messages staged, and the TypeScript
+//! layer then waits (`wake_when_handed`) until the drain has handed them over before
+//! its promise resolves: memory stays bounded and a producer that awaits is paced by the
+//! network, not by a blocked event loop.
 
 use crate::error::{config, to_js};
-use crate::{blocking, millis};
+use crate::{blocking, millis, Waker};
 use embarcadero_client::{Error, Publisher, PublisherConfig, PublisherStats};
 use embarcadero_wire::SESSION_KEY_LEN;
 use napi::bindgen_prelude::{BigInt, Buffer, BufferSlice, Function};
-use napi::Env;
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use napi::{Env, Status};
 use napi_derive::napi;
 use parking_lot::{Condvar, Mutex};
 use serde_json::Value;
 use std::sync::Arc;
 
-/// Staged bytes above which staging asks the caller to wait: a few batches' worth, so
-/// the drain always has the next chunk ready while the JavaScript thread fills another.
-const HIGH_WATER: usize = 4 << 20;
 /// Messages the drain hands to the Rust publisher per call (`publish_all`: one lock of
 /// its batch builder for them all, where `publish` takes it per message). The linger
 /// timer needs the same lock: it waits for one group's copy, 64 KiB of 1 KiB messages
@@ -132,6 +130,9 @@ struct Stage {
     closed: bool,
     /// Callers waiting for the drain to stop (`flush`, `close`): it does not linger then.
     awaiting_drain: usize,
+    /// JavaScript waits until everything staged is in the publisher (`wake_when_handed`):
+    /// the drain calls the waker once it is, or on an error, or when it stops.
+    handed_wanted: bool,
     /// The first error a drain met; every later call reports it, as the Rust
     /// publisher reports its first error.
     error: Option<Error>,
@@ -147,6 +148,8 @@ struct Shared {
     /// drain lingering on an empty stage.
     staged: Condvar,
     max_message: usize,
+    /// What `wake_when_handed` has the drain call (`set_waker`); taken by `close`.
+    waker: Mutex<Option<Waker>>,
 }
 
 #[napi]
@@ -186,6 +189,7 @@ pub async fn connect_publisher(
             stage: Mutex::new(Stage::default()),
             progress: Condvar::new(),
             staged: Condvar::new(),
+            waker: Mutex::new(None),
         }),
         final_stats: Arc::default(),
     })
@@ -193,7 +197,10 @@ pub async fn connect_publisher(
 
 /// Stages `payloads` (all or none, so a too-large one refuses them all): appends here
 /// what the publisher takes without waiting, copies the rest for the drain job. True when
-/// the caller should `waitRoom` before staging more.
+/// anything is left staged: the caller then waits until the drain has handed it to the
+/// publisher (`wake_when_handed`), as a blocking `publish` waits for room, so that its
+/// next call finds the stage empty and appends here again (PERFORMANCE "Session 37":
+/// a caller that went on staging kept the drain busy copying, its copies the slowest).
 fn stage_all<'a>(
     shared: &Arc<Shared>,
     payloads: impl Iterator<Item = &'a [u8]> + Clone,
@@ -227,7 +234,7 @@ fn stage_all<'a>(
         let shared = shared.clone();
         napi::bindgen_prelude::spawn_blocking(move || drain(&shared));
     }
-    Ok(st.bytes.len() >= HIGH_WATER)
+    Ok(true)
 }
 
 #[napi]
@@ -260,18 +267,31 @@ impl NativePublisher {
         })
     }
 
-    /// Resolves once the staging area is below its high-water mark again.
+    /// The function `wake_when_handed` has the drain call (on the event loop's thread,
+    /// with no arguments).
     #[napi]
-    pub async fn wait_room(&self) -> napi::Result<()> {
-        let shared = self.shared.clone();
-        blocking(move || {
-            let mut st = shared.stage.lock();
-            while st.draining && st.error.is_none() && st.bytes.len() >= HIGH_WATER {
-                shared.progress.wait(&mut st);
-            }
-            st.error.clone().map_or(Ok(()), Err)
-        })
-        .await
+    pub fn set_waker(&self, waker: ThreadsafeFunction<(), (), (), Status, false, true>) {
+        *self.shared.waker.lock() = Some(waker);
+    }
+
+    /// Whether something staged is not yet in the Rust publisher: then the drain calls the
+    /// waker once it all is, or on an error, or when it stops, and JavaScript waits on a
+    /// promise, holding no thread (a wait on the blocking pool held one, and 512 waiting
+    /// publishers would have held them all, their drains queued behind). Throws the error
+    /// a drain met.
+    #[napi]
+    pub fn wake_when_handed(&self) -> napi::Result<bool> {
+        let mut st = self.shared.stage.lock();
+        if let Some(e) = &st.error {
+            return Err(to_js(e.clone()));
+        }
+        let pending = !st.ends.is_empty() || st.publishing;
+        assert!(
+            !pending || st.draining,
+            "staged messages without a drain job"
+        );
+        st.handed_wanted |= pending;
+        Ok(pending)
     }
 
     /// Everything published so far handed to the Rust publisher, then its `flush`.
@@ -302,6 +322,8 @@ impl NativePublisher {
         let client_id = self.client_id;
         blocking(move || {
             let drained = wait_drained(&shared);
+            // After the drain's last wake (queued under the stage's lock before it stopped).
+            drop(shared.waker.lock().take());
             let publisher = take_sole(&shared).ok_or(Error::Closed)?;
             let stats = publisher.close()?;
             drained?;
@@ -366,14 +388,15 @@ fn drain(shared: &Shared) {
         {
             let mut st = shared.stage.lock();
             if st.ends.is_empty() && !st.closed && st.awaiting_drain == 0 {
-                // A drain that stops is started again by the next call, a hop through the
-                // blocking pool each time; a `publishMany` loop stages every few hundred
-                // microseconds, so a short wait keeps the drain running between calls.
+                // A drain that stops is started again by the next call that stages, a hop
+                // through the blocking pool; a caller whose queues are still full stages
+                // again within a millisecond, so a short wait keeps the drain for it.
                 shared.staged.wait_for(&mut st, DRAIN_LINGER);
             }
             if st.ends.is_empty() {
                 st.draining = false;
                 shared.progress.notify_all();
+                wake_if_handed(shared, &mut st);
                 return;
             }
             // Swap in the emptied buffers of the previous chunk (no new allocation).
@@ -385,15 +408,30 @@ fn drain(shared: &Shared) {
             shared.progress.notify_all();
         }
         let published = publish_chunk(shared, &chunk.0, &chunk.1);
-        shared.stage.lock().publishing = false;
+        let mut st = shared.stage.lock();
+        st.publishing = false;
         if let Err(e) = published {
-            let mut st = shared.stage.lock();
             st.error.get_or_insert(e);
             st.bytes.clear();
             st.ends.clear();
             st.draining = false;
             shared.progress.notify_all();
+            wake_if_handed(shared, &mut st);
             return;
+        }
+        wake_if_handed(shared, &mut st);
+    }
+}
+
+/// Calls the waker if JavaScript waits for everything staged to be in the publisher and
+/// it is, or the drain failed or stops (`wake_when_handed`). Under the stage's lock, so a
+/// wait asked for is never missed; the call only queues.
+fn wake_if_handed(shared: &Shared, st: &mut Stage) {
+    let handed = st.ends.is_empty() && !st.publishing;
+    if st.handed_wanted && (handed || st.error.is_some() || !st.draining) {
+        st.handed_wanted = false;
+        if let Some(waker) = shared.waker.lock().as_ref() {
+            waker.call((), ThreadsafeFunctionCallMode::NonBlocking);
         }
     }
 }

@@ -10,8 +10,8 @@
 //! publish time stay in the message headers inside the delivery, where the TypeScript
 //! layer reads them when asked. It builds `Message` objects over these lazily.
 
-use crate::blocking;
 use crate::error::config;
+use crate::{blocking, Waker};
 use embarcadero_client::{
     Admin, Collect, Cursor, Error, MessageRef, Polled, ReadAhead, SharedBatch, Subscriber,
     SubscriberConfig,
@@ -205,10 +205,6 @@ pub struct NativeSubscriber {
     /// JavaScript thread what has arrived (`ReadAhead::try_read_here`).
     batches: AtomicBool,
 }
-
-/// A function on the event loop's thread that JavaScript gives once: weak, so a subscriber
-/// nobody waits on does not keep the process alive (a waiting caller's timer does).
-type Waker = ThreadsafeFunction<(), (), (), Status, false, true>;
 
 /// The skipped range `[from, to)` as JavaScript gets it.
 #[napi(object)]

@@ -225,9 +225,10 @@ test("publishers use the topic's default ack unless they choose one", { timeout:
 });
 
 test("order 5: calls made without awaiting keep their order through the stage and its drain", { timeout: 120_000 }, async () => {
-  // Each call stages its messages at once and a drain hands them on (src/publisher.rs);
-  // 30 MB of calls that are not awaited one by one fill the stage past its high-water
-  // mark again and again, so drains start, linger, stop and start while calls go on.
+  // Each call appends what the publisher has room for and stages the rest, which a drain
+  // hands on (src/publisher.rs); 30 MB of calls that are not awaited one by one stage
+  // behind each other again and again, so drains start, linger, stop and start while
+  // calls go on.
   const topic = topicName("o5mixed");
   await admin.createTopic(topic, { order: 5 });
   const p = await Publisher.connect(topic, { control: server.control });
@@ -258,12 +259,11 @@ test("order 5: calls made without awaiting keep their order through the stage an
   assert.ok(ids.every((id, i) => id === i), "every message once, in the order of the calls");
 });
 
-test("calls made without awaiting while the stage is full share one wait for room, and every message arrives", { timeout: 120_000 }, async () => {
-  // Each native wait for room holds a thread of the blocking pool (512 at most): calls made
-  // without awaiting, each with a wait of its own, could hold them all ahead of the drain they
-  // wait for. Each call here stages more than the high-water mark (4 MiB) by itself: queue 0
-  // sends a batch every 10 ms and holds one more (no deflection), so a call appends little
-  // before it has to stage, and the calls after it stage everything behind it.
+test("calls made without awaiting while messages are staged share one wait, and every message arrives", { timeout: 120_000 }, async () => {
+  // A call that leaves messages staged waits until the drain has handed them over; calls
+  // made without awaiting meanwhile get the same wait, not one each. Queue 0 sends a batch
+  // every 10 ms and holds one more (no deflection), so a call appends little before it has
+  // to stage, and the calls after it stage everything behind it.
   const topic = topicName("room");
   await admin.createTopic(topic, { order: 2 });
   const p = await Publisher.connect(topic, {
@@ -283,6 +283,40 @@ test("calls made without awaiting while the stage is full share one wait for roo
   await sub.close();
   assert.equal(got.length, 5760);
   assert.ok(got.every((m) => m.payload.length === 8192));
+});
+
+test("a call that leaves messages staged resolves once they are in the publisher, the event loop turning meanwhile", { timeout: 120_000 }, async () => {
+  // Without the wait the call would resolve at once and the next would stage behind it
+  // (a drain copying every message twice, PERFORMANCE.md "Session 37").
+  const topic = topicName("handed");
+  await admin.createTopic(topic, { order: 2 });
+  const p = await Publisher.connect(topic, {
+    control: server.control,
+    batchBytes: 65536,
+    queueDepth: 1,
+    deflect: false,
+    slowQueue: { index: 0, ms: 10 },
+  });
+  const chunk = Array.from({ length: 64 }, (_, i) => Buffer.alloc(8192, i)); // 512 KiB
+  let ticks = 0;
+  const ticker = setInterval(() => (ticks += 1), 1);
+  let sent = 0;
+  let turnedWhileWaiting = 0;
+  for (let call = 0; call < 20; call++) {
+    const before = ticks;
+    await p.publishMany(chunk);
+    sent += chunk.length;
+    if (ticks > before) turnedWhileWaiting += 1;
+    assert.equal(p.stats().messages, sent, `call ${call} resolved with all its messages in the publisher`);
+  }
+  clearInterval(ticker);
+  // A queue that sends every 10 ms makes calls stage: some waited, and timers ran meanwhile.
+  assert.ok(turnedWhileWaiting > 0, "no call waited: nothing was staged, the test saw nothing");
+  await p.close();
+  const sub = await Subscriber.connect(topic, { control: server.control });
+  const got = await read(sub, sent);
+  await sub.close();
+  assert.equal(got.length, sent);
 });
 
 test("position, seek and starting from a position or the end", { timeout: 60_000 }, async () => {

@@ -1,12 +1,14 @@
 // The publisher: a Rust `Publisher` behind a staging area (see src/publisher.rs).
-// `publish` and `publishMany` copy the payloads into native memory on the calling
-// thread and resolve at once while there is room; when the staging area is above its
-// high-water mark they resolve once it has drained below it, so `await publish(...)` in
-// a loop is paced by the network without ever blocking the event loop.
+// `publish` and `publishMany` append the payloads to the Rust publisher's batches on the
+// calling thread and resolve at once while it has room; what it has no room for is copied
+// into native memory, and the call resolves once that has been handed to the publisher, so
+// `await publish(...)` in a loop is paced by the network without ever blocking the event
+// loop.
 import { native, Native } from "./native";
 import { ClosedError, settle, sync, translate } from "./errors";
 import { defaultControl } from "./admin";
 import * as check from "./options";
+import { Wake } from "./wake";
 
 /**
  * How a client reaches its brokers: `"auto"` (the default) uses a local shared-memory channel
@@ -232,6 +234,9 @@ const DONE: Promise<void> = Promise.resolve();
  */
 const MOST_ARGUMENTS = 4096;
 
+/** How long a wait for the drain lasts before it looks again (a wake is never missed; this bounds one that would be). */
+const LOOK_AGAIN_MS = 250;
+
 /**
  * Publishers not closed yet. Node ends a process once its event loop is empty, and the
  * native drain that hands staged messages to the brokers does not keep the loop alive:
@@ -276,10 +281,12 @@ function track(p: Publisher): Publisher {
  */
 export class Publisher implements AsyncDisposable {
   readonly #native: Native.NativePublisher;
-  /** Stages its arguments natively; true: wait for room before more (see src/publisher.rs). */
+  /** Stages its arguments natively; true: some are left staged, wait until handed over (src/publisher.rs). */
   readonly #stage: (...payloads: Buffer[]) => boolean;
   /** `#stage` for an array longer than {@link MOST_ARGUMENTS}. */
   readonly #stageArray: (payloads: Buffer[]) => boolean;
+  /** The wait for the staged messages under way, which the native drain ends. */
+  readonly #handed = new Wake();
   /** The wait for room under way, if any (`#waitRoom`). */
   #room: Promise<void> | undefined;
   #closing: Promise<PublisherStats> | undefined;
@@ -288,6 +295,13 @@ export class Publisher implements AsyncDisposable {
     this.#native = n;
     this.#stage = n.stage;
     this.#stageArray = n.stageArray;
+    // Through a WeakRef: the native side holds the function as a root, and a publisher
+    // dropped without `close()` must still be collected.
+    const self = new WeakRef(this);
+    n.setWaker(() => {
+      const p = self.deref();
+      if (p !== undefined) p.#handed.wake();
+    });
   }
 
   /**
@@ -362,16 +376,19 @@ export class Publisher implements AsyncDisposable {
   }
 
   /**
-   * Resolves once the staging area is below its high-water mark. One wait at a time, shared
-   * by every call that asks meanwhile: each native wait holds a thread of the blocking pool
-   * (at most 512), and calls made without awaiting could otherwise take them all, ahead of the
-   * drain job they wait for, which would then never run.
+   * Resolves once everything staged is in the Rust publisher (or rejects with the error its
+   * drain met). One wait at a time, shared by every call that asks meanwhile; it holds no
+   * thread: the drain calls the waker (`#handed`) once it has handed the staged messages over.
    */
   #waitRoom(): Promise<void> {
-    this.#room ??= settle(() => this.#native.waitRoom()).finally(() => {
+    this.#room ??= this.#untilHanded().finally(() => {
       this.#room = undefined;
     });
     return this.#room;
+  }
+
+  async #untilHanded(): Promise<void> {
+    while (sync(() => this.#native.wakeWhenHanded())) await this.#handed.until(LOOK_AGAIN_MS);
   }
 
   /** Waits until everything published so far is acknowledged at the ack level (ack 0: written to the sockets). */

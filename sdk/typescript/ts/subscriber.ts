@@ -14,6 +14,7 @@ import { defaultControl, Order } from "./admin";
 import { TRANSPORTS, type Transport } from "./publisher";
 import * as check from "./options";
 import { setImmediate as nextTurn } from "node:timers/promises";
+import { Wake } from "./wake";
 
 /** A position: one global position (orders 2 and 5), or one per broker (orders 0 and 1). */
 export type Position = number | readonly number[];
@@ -122,8 +123,8 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
   /** Calls run one at a time, in the order they were made. */
   #tail: Promise<unknown> = Promise.resolve();
   #closed = false;
-  /** Ends the current wait for a poll (`#woken`), if any. */
-  #wake: (() => void) | undefined;
+  /** The wait for a poll under way, which the native reading thread ends. */
+  readonly #wake = new Wake();
   /** Whether the native polls are sized for `pollBatch` (the last read was one). */
   #readBatches = false;
   /** When this subscriber last let the event loop turn (`performance.now()`), for `TURN_EVERY_MS`. */
@@ -141,7 +142,7 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
     const self = new WeakRef(this);
     n.setWaker(() => {
       const sub = self.deref();
-      if (sub !== undefined) sub.#wake?.();
+      if (sub !== undefined) sub.#wake.wake();
     });
   }
 
@@ -247,7 +248,7 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
         if (wait <= 0) return false;
         // Woken by the reading thread once a poll is queued (false: one already is).
         if (this.#native.wakeWhenReady()) {
-          await this.#woken(wait);
+          await this.#wake.until(wait);
           this.#turnedAt = performance.now();
         }
         continue;
@@ -265,19 +266,6 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
       }
       if (Date.now() >= deadline) return false;
     }
-  }
-
-  /** Resolves when the native waker is called, or after `ms`, whichever comes first. */
-  #woken(ms: number): Promise<void> {
-    return new Promise((resolve) => {
-      const done = (): void => {
-        clearTimeout(timer);
-        if (this.#wake === done) this.#wake = undefined;
-        resolve();
-      };
-      const timer = setTimeout(done, ms);
-      this.#wake = done;
-    });
   }
 
   #take(): Message | null {

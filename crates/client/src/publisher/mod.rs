@@ -255,7 +255,6 @@ impl Publisher {
         let deadline = Instant::now() + inner.config.flush_timeout;
         loop {
             inner.first_error()?;
-            // A dead broker's batches count where the failover moved them.
             // A dead broker's batches count where the failover moved them, once moved.
             let done = inner.failovers.load(Ordering::Acquire) == 0
                 && inner.queues.iter().all(|q| {
