@@ -240,7 +240,8 @@ fn stage_all<'a>(
 #[napi]
 impl NativePublisher {
     /// A function that stages its arguments (each a Buffer) in one crossing, all or none,
-    /// and returns true when the caller should `waitRoom` before staging more. Read once
+    /// and returns true when some are left staged (the caller then waits until they are
+    /// handed over: `wake_when_handed`). Read once
     /// per publisher. Arguments, not an array: napi reads an array's elements one
     /// `napi_get_element` at a time, a generic property lookup that was about 10% of the
     /// JavaScript thread's time in a `publishMany` loop, where a call's arguments come in
@@ -286,10 +287,13 @@ impl NativePublisher {
             return Err(to_js(e.clone()));
         }
         let pending = !st.ends.is_empty() || st.publishing;
-        assert!(
-            !pending || st.draining,
-            "staged messages without a drain job"
-        );
+        // An error, not an assertion: a panic here would abort the user's process (napi-rs
+        // catches none in a synchronous method), and a wait for no drain would never end.
+        if pending && !st.draining {
+            return Err(napi::Error::from_reason(
+                "internal error: messages staged without a drain job",
+            ));
+        }
         st.handed_wanted |= pending;
         Ok(pending)
     }

@@ -287,16 +287,16 @@ export class Publisher implements AsyncDisposable {
   readonly #stageArray: (payloads: Buffer[]) => boolean;
   /** The wait for the staged messages under way, which the native drain ends. */
   readonly #handed = new Wake();
-  /** The wait for room under way, if any (`#waitRoom`). */
-  #room: Promise<void> | undefined;
+  /** The wait for the staged messages under way, if any (`#waitHanded`). */
+  #handing: Promise<void> | undefined;
   #closing: Promise<PublisherStats> | undefined;
 
   private constructor(n: Native.NativePublisher) {
     this.#native = n;
     this.#stage = n.stage;
     this.#stageArray = n.stageArray;
-    // Through a WeakRef: the native side holds the function as a root, and a publisher
-    // dropped without `close()` must still be collected.
+    // Through a WeakRef: the native side holds the function as a root until `close()`, and
+    // the function must not keep the publisher reachable by itself.
     const self = new WeakRef(this);
     n.setWaker(() => {
       const p = self.deref();
@@ -355,7 +355,7 @@ export class Publisher implements AsyncDisposable {
    */
   publish(payload: Payload): Promise<void> {
     try {
-      return this.#stage(bytes(payload)) ? this.#waitRoom() : DONE;
+      return this.#stage(bytes(payload)) ? this.#waitHanded() : DONE;
     } catch (e) {
       return Promise.reject(translate(e));
     }
@@ -369,7 +369,7 @@ export class Publisher implements AsyncDisposable {
     try {
       const all = payloads.map(bytes);
       const more = all.length <= MOST_ARGUMENTS ? this.#stage(...all) : this.#stageArray(all);
-      return more ? this.#waitRoom() : DONE;
+      return more ? this.#waitHanded() : DONE;
     } catch (e) {
       return Promise.reject(translate(e));
     }
@@ -380,15 +380,26 @@ export class Publisher implements AsyncDisposable {
    * drain met). One wait at a time, shared by every call that asks meanwhile; it holds no
    * thread: the drain calls the waker (`#handed`) once it has handed the staged messages over.
    */
-  #waitRoom(): Promise<void> {
-    this.#room ??= this.#untilHanded().finally(() => {
-      this.#room = undefined;
-    });
-    return this.#room;
+  #waitHanded(): Promise<void> {
+    if (this.#handing === undefined) {
+      if (!sync(() => this.#native.wakeWhenHanded())) return DONE;
+      this.#handing = this.#untilHanded();
+    }
+    return this.#handing;
   }
 
+  /**
+   * The wait `#waitHanded` starts. It begins with an await, so its `finally` never runs before
+   * `#handing` is set, and clears it in the turn of the look that ends the wait: a call made
+   * after that look starts a wait of its own.
+   */
   async #untilHanded(): Promise<void> {
-    while (sync(() => this.#native.wakeWhenHanded())) await this.#handed.until(LOOK_AGAIN_MS);
+    try {
+      do await this.#handed.until(LOOK_AGAIN_MS);
+      while (sync(() => this.#native.wakeWhenHanded()));
+    } finally {
+      this.#handing = undefined;
+    }
   }
 
   /** Waits until everything published so far is acknowledged at the ack level (ack 0: written to the sockets). */
