@@ -241,13 +241,13 @@ fn stage_all<'a>(
 impl NativePublisher {
     /// A function that stages its arguments (each a Buffer) in one crossing, all or none,
     /// and returns true when some are left staged (the caller then waits until they are
-    /// handed over: `wake_when_handed`). Read once
-    /// per publisher. Arguments, not an array: napi reads an array's elements one
-    /// `napi_get_element` at a time, a generic property lookup that was about 10% of the
-    /// JavaScript thread's time in a `publishMany` loop, where a call's arguments come in
-    /// one `napi_get_cb_info` (docs/PERFORMANCE.md, "Session 37"). And a bound function,
-    /// not a method: napi-rs unwraps and registers a borrow of a method's `this` on every
-    /// call, three quarters of a 1 KiB `publish` (session 26).
+    /// handed over: `wake_when_handed`). Read once per publisher. Arguments, not an array:
+    /// napi reads an array's elements one `napi_get_element` at a time, a generic property
+    /// lookup; with the buffer lookups the array's conversion was about 23% of the
+    /// JavaScript thread's time in a `publishMany` loop, the arguments' 12% (a call's
+    /// arguments come in one `napi_get_cb_info`; docs/PERFORMANCE.md, "Session 37"). And a
+    /// bound function, not a method: napi-rs unwraps and registers a borrow of a method's
+    /// `this` on every call, three quarters of a 1 KiB `publish` (session 26).
     #[napi(getter, ts_return_type = "(...payloads: Buffer[]) => boolean")]
     pub fn stage<'e>(&self, env: &'e Env) -> napi::Result<Function<'e, (), bool>> {
         let shared = self.shared.clone();

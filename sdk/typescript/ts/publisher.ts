@@ -285,7 +285,7 @@ export class Publisher implements AsyncDisposable {
   readonly #stage: (...payloads: Buffer[]) => boolean;
   /** `#stage` for an array longer than {@link MOST_ARGUMENTS}. */
   readonly #stageArray: (payloads: Buffer[]) => boolean;
-  /** The wait for the staged messages under way, which the native drain ends. */
+  /** Woken by the native drain (through the waker) once it has handed the staged messages over. */
   readonly #handed = new Wake();
   /** The wait for the staged messages under way, if any (`#waitHanded`). */
   #handing: Promise<void> | undefined;
