@@ -259,12 +259,12 @@ test("order 5: calls made without awaiting keep their order through the stage an
   assert.ok(ids.every((id, i) => id === i), "every message once, in the order of the calls");
 });
 
-test("calls made without awaiting while messages are staged share one wait, and every message arrives", { timeout: 120_000 }, async () => {
-  // A call that leaves messages staged waits until the drain has handed them over; calls
-  // made without awaiting meanwhile get the same wait, not one each. Queue 0 sends a batch
-  // every 10 ms and holds one more (no deflection), so a call appends little before it has
-  // to stage, and the calls after it stage everything behind it.
-  const topic = topicName("room");
+/**
+ * A publisher on a new order-2 topic whose queue 0 sends a batch every 10 ms and holds one
+ * more (no deflection): a call appends little before it has to stage the rest.
+ */
+async function publisherThatStages(name: string): Promise<{ topic: string; p: Publisher }> {
+  const topic = topicName(name);
   await admin.createTopic(topic, { order: 2 });
   const p = await Publisher.connect(topic, {
     control: server.control,
@@ -273,7 +273,20 @@ test("calls made without awaiting while messages are staged share one wait, and 
     deflect: false,
     slowQueue: { index: 0, ms: 10 },
   });
-  const chunk = Array.from({ length: 576 }, (_, i) => Buffer.alloc(8192, i)); // 4.5 MiB
+  return { topic, p };
+}
+
+/** `count` payloads of 8 KiB, each filled with its index. */
+function payloadsOf8KiB(count: number): Buffer[] {
+  return Array.from({ length: count }, (_, i) => Buffer.alloc(8192, i));
+}
+
+test("calls made without awaiting while messages are staged share one wait, and every message arrives", { timeout: 120_000 }, async () => {
+  // A call that leaves messages staged waits until the drain has handed them over; calls
+  // made without awaiting meanwhile get the same wait, not one each, and stage everything
+  // behind it.
+  const { topic, p } = await publisherThatStages("room");
+  const chunk = payloadsOf8KiB(576); // 4.5 MiB
   const calls = Array.from({ length: 10 }, () => p.publishMany(chunk));
   assert.ok(calls.every((call) => call === calls[0]), "one wait, shared by every call that waits");
   await Promise.all(calls);
@@ -288,16 +301,8 @@ test("calls made without awaiting while messages are staged share one wait, and 
 test("a call that leaves messages staged resolves once they are in the publisher, the event loop turning meanwhile", { timeout: 120_000 }, async () => {
   // Without the wait the call would resolve at once and the next would stage behind it
   // (a drain copying every message twice, PERFORMANCE.md "Session 37").
-  const topic = topicName("handed");
-  await admin.createTopic(topic, { order: 2 });
-  const p = await Publisher.connect(topic, {
-    control: server.control,
-    batchBytes: 65536,
-    queueDepth: 1,
-    deflect: false,
-    slowQueue: { index: 0, ms: 10 },
-  });
-  const chunk = Array.from({ length: 64 }, (_, i) => Buffer.alloc(8192, i)); // 512 KiB
+  const { topic, p } = await publisherThatStages("handed");
+  const chunk = payloadsOf8KiB(64); // 512 KiB
   let ticks = 0;
   const ticker = setInterval(() => (ticks += 1), 1);
   let sent = 0;
