@@ -8,7 +8,7 @@ import { native, Native } from "./native";
 import { ClosedError, settle, sync, translate } from "./errors";
 import { defaultControl } from "./admin";
 import * as check from "./options";
-import { Wake } from "./wake";
+import { Wake, wakerOf } from "./wake";
 
 /**
  * How a client reaches its brokers: `"auto"` (the default) uses a local shared-memory channel
@@ -295,13 +295,7 @@ export class Publisher implements AsyncDisposable {
     this.#native = n;
     this.#stage = n.stage;
     this.#stageArray = n.stageArray;
-    // Through a WeakRef: the native side holds the function as a root until `close()`, and
-    // the function must not keep the publisher reachable by itself.
-    const self = new WeakRef(this);
-    n.setWaker(() => {
-      const p = self.deref();
-      if (p !== undefined) p.#handed.wake();
-    });
+    n.setWaker(wakerOf(this, (p) => p.#handed));
   }
 
   /**

@@ -14,7 +14,7 @@ import { defaultControl, Order } from "./admin";
 import { TRANSPORTS, type Transport } from "./publisher";
 import * as check from "./options";
 import { setImmediate as nextTurn } from "node:timers/promises";
-import { Wake } from "./wake";
+import { Wake, wakerOf } from "./wake";
 
 /** A position: one global position (orders 2 and 5), or one per broker (orders 0 and 1). */
 export type Position = number | readonly number[];
@@ -137,13 +137,7 @@ export class Subscriber implements AsyncIterable<Message>, AsyncDisposable {
     this.#order = n.order as Order;
     this.#next = positionOf(n.start);
     // Called on this thread by the native reading thread when a poll waited for is ready.
-    // Through a WeakRef: the native side holds the function as a root, and a subscriber
-    // dropped without `close()` must still be collected (and its connection closed).
-    const self = new WeakRef(this);
-    n.setWaker(() => {
-      const sub = self.deref();
-      if (sub !== undefined) sub.#wake.wake();
-    });
+    n.setWaker(wakerOf(this, (sub) => sub.#wake));
   }
 
   /**

@@ -31,3 +31,17 @@ export class Wake {
     });
   }
 }
+
+/**
+ * The function to give a native object's `setWaker`: it wakes `wakeOf(owner)`. It reaches the
+ * owner through a WeakRef: the native side holds the function as a root, and the function must
+ * not keep its owner reachable by itself (a subscriber dropped without `close()` must still be
+ * collected, and its connection closed).
+ */
+export function wakerOf<T extends object>(owner: T, wakeOf: (owner: T) => Wake): () => void {
+  const self = new WeakRef(owner);
+  return () => {
+    const o = self.deref();
+    if (o !== undefined) wakeOf(o).wake();
+  };
+}
