@@ -1,6 +1,8 @@
 //! A client of the workflow API (what the CLI and the tests use): each call returns
 //! the JSON document, or the API's `{"error":{"code","message"}}` as [`ApiError`].
 
+use crate::api::MAX_WAIT_S;
+use crate::machine::TaskState;
 use embarcadero_client::MAX_REQUEST_BODY;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -38,6 +40,22 @@ impl ApiClient {
             .timeout_connect(Duration::from_secs(5))
             .build();
         Self { base, agent }
+    }
+
+    /// [`Self::new`], each request waiting at most `timeout` for its answer (a long poll
+    /// of [`Self::get_task`] sets its own, by its wait).
+    pub fn with_timeout(addr: &str, timeout: Duration) -> Self {
+        let base = embarcadero_client::control_url(addr);
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(5).min(timeout))
+            .timeout(timeout)
+            .build();
+        Self { base, agent }
+    }
+
+    /// The API's base URL (`http://host:port`).
+    pub fn base_url(&self) -> &str {
+        &self.base
     }
 
     pub fn register_template(&self, yaml: &str) -> Result<Value, ApiError> {
@@ -121,6 +139,60 @@ impl ApiClient {
             .timeout(Duration::from_secs(wait_s + 30));
         answer(req.call())
     }
+}
+
+impl ApiClient {
+    /// The newest registered version of template `namespace/name` (by the API's
+    /// version order), for a task created without naming one.
+    pub fn newest_version(&self, namespace: &str, name: &str) -> Result<String, ApiError> {
+        let template = self.get_template(namespace, name, None)?;
+        match template["version"].as_str() {
+            Some(v) => Ok(v.to_string()),
+            None => Err(ApiError {
+                status: 200,
+                code: "no_version".into(),
+                message: format!(
+                    "the API described template {namespace}/{name} without a version; name the version"
+                ),
+            }),
+        }
+    }
+
+    /// The task once it is finished (complete, error, cancelled or resolved by hand), or
+    /// as it stands when `timeout` (none: no limit) is over: one long poll after
+    /// another, each at most the API's [`MAX_WAIT_S`], the last rounded up to a second.
+    /// The caller tells the two apart by [`task_is_finished`].
+    pub fn wait_task(&self, uuid: &str, timeout: Option<Duration>) -> Result<Value, ApiError> {
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            let (wait_s, last) = next_long_poll(left);
+            let task = self.get_task(uuid, wait_s)?;
+            if last || task_is_finished(&task) {
+                return Ok(task);
+            }
+        }
+    }
+}
+
+/// The next long poll of a wait with `left` to go (none: no limit): its `?wait=` in
+/// whole seconds (rounded up, at most [`MAX_WAIT_S`]), and whether it is the last.
+fn next_long_poll(left: Option<Duration>) -> (u64, bool) {
+    match left {
+        None => (MAX_WAIT_S, false),
+        Some(l) => {
+            let s = l.as_secs_f64().ceil() as u64;
+            (s.min(MAX_WAIT_S), s <= MAX_WAIT_S)
+        }
+    }
+}
+
+/// Whether a task document of the API is in a state it never leaves by itself
+/// (`complete`, `error`, `cancelled`, `resolved_manually`; an operator may still reopen
+/// a failed one). A task `blocked_by_failures` is not: it waits for an operator or a
+/// retry.
+pub fn task_is_finished(task: &Value) -> bool {
+    serde_json::from_value::<TaskState>(task["status"].clone()).is_ok_and(TaskState::is_terminal)
 }
 
 impl ApiClient {
@@ -266,6 +338,26 @@ mod tests {
         let e = api_error(404, &Value::Null, "http://h:1");
         assert_eq!(e.code, "http_404");
         assert!(e.message.contains("is http://h:1 the admin API"), "{e}");
+    }
+
+    #[test]
+    fn a_wait_is_long_polls_of_at_most_the_apis_longest_the_last_rounded_up() {
+        assert_eq!(next_long_poll(None), (MAX_WAIT_S, false));
+        let secs = |s: f64| Some(Duration::from_secs_f64(s));
+        assert_eq!(next_long_poll(secs(1000.0)), (MAX_WAIT_S, false));
+        assert_eq!(next_long_poll(secs(MAX_WAIT_S as f64)), (MAX_WAIT_S, true));
+        assert_eq!(next_long_poll(secs(2.5)), (3, true));
+        assert_eq!(next_long_poll(secs(0.0)), (0, true));
+    }
+
+    #[test]
+    fn only_the_states_a_task_never_leaves_by_itself_are_finished() {
+        for state in TaskState::ALL {
+            let task = json!({ "status": state });
+            assert_eq!(task_is_finished(&task), state.is_terminal(), "{state:?}");
+        }
+        assert!(!task_is_finished(&json!({ "status": "no_such_state" })));
+        assert!(!task_is_finished(&json!({})));
     }
 
     #[test]

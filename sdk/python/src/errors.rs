@@ -35,6 +35,19 @@ pub fn sub_to_py(e: Error) -> PyErr {
     }
 }
 
+/// The exception for an error answer of the workflow API (or none at all: status 0,
+/// code ``unreachable``): a `WorkflowApiError` with the API's status and code.
+pub fn api_to_py(e: embarcadero_workflow::client::ApiError) -> PyErr {
+    Python::with_gil(|py| {
+        let kw = PyDict::new(py);
+        kw.set_item("status", e.status)?;
+        kw.set_item("code", &e.code)?;
+        let value = class(py, "WorkflowApiError")?.call((e.to_string(),), Some(&kw))?;
+        Ok(PyErr::from_value(value))
+    })
+    .unwrap_or_else(|failed: PyErr| failed)
+}
+
 /// A `ConfigError` (an argument the binding itself refuses) with `message`.
 pub fn config(message: impl Into<String>) -> PyErr {
     to_py(Error::Config(message.into()))

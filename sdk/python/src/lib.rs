@@ -13,6 +13,7 @@ mod options;
 mod publisher;
 mod read_ahead;
 mod subscriber;
+mod tasks;
 mod workflow;
 
 use pyo3::prelude::*;
@@ -51,6 +52,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<subscriber::Subscriber>()?;
     m.add_class::<subscriber::Message>()?;
     m.add_class::<batch::MessageBatch>()?;
+    m.add_class::<tasks::NativeTaskClient>()?;
     m.add_class::<workflow::NativeWorker>()?;
     m.add_class::<workflow::StepContext>()?;
     m.add_class::<workflow::BatchInput>()?;

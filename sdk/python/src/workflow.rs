@@ -181,7 +181,7 @@ impl StepContext {
 /// what the standard library can encode), without `NaN` and the infinities: `json.dumps`
 /// writes them by default, JSON has no such numbers, and the parse here then failed with
 /// "expected value at line 1 column 1", naming neither the value nor the cause.
-fn to_json(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Value> {
+pub(crate) fn to_json(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Value> {
     let strict = pyo3::types::PyDict::new(py);
     strict.set_item("allow_nan", false)?;
     let text: String = py

@@ -22,6 +22,18 @@ pub fn marked(e: &Error) -> String {
     format!("{MARKER}{doc}")
 }
 
+/// The JavaScript error for an error answer of the workflow API (or none: status 0,
+/// code `unreachable`), which `translate` makes a `WorkflowApiError`.
+pub fn api_to_js(e: embarcadero_workflow::client::ApiError) -> napi::Error {
+    let doc = json!({
+        "kind": "WorkflowApi",
+        "status": e.status,
+        "code": e.code,
+        "message": e.to_string(),
+    });
+    napi::Error::from_reason(format!("{MARKER}{doc}"))
+}
+
 /// A configuration error made here (bad argument shapes the Rust types rule out).
 pub fn config(message: impl Into<String>) -> napi::Error {
     to_js(Error::Config(message.into()))

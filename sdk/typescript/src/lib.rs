@@ -16,6 +16,7 @@ mod admin;
 mod error;
 mod publisher;
 mod subscriber;
+mod tasks;
 mod workflow;
 
 use embarcadero_client::Error;

@@ -15,7 +15,8 @@ export type ErrorKind =
   | "InvalidName"
   | "Timeout"
   | "Closed"
-  | "NoLiveBroker";
+  | "NoLiveBroker"
+  | "WorkflowApi";
 
 /** Every error this library raises for a failed operation. Check `kind` or use `instanceof` on a subclass. */
 export class EmbarcaderoError extends Error {
@@ -154,6 +155,25 @@ export class NoLiveBrokerError extends EmbarcaderoError {
   }
 }
 
+/**
+ * The workflow engine's API answered with an error, or nothing answered: `status` is the HTTP
+ * status (0 when nothing answered), `code` the API's error code (`"not_found"`,
+ * `"template_not_found"`, `"task_closed"`, `"backpressure"`, `"invalid_template"`...;
+ * `"unreachable"` when nothing answered). docs/WORKFLOW.md lists each route's codes.
+ */
+export class WorkflowApiError extends EmbarcaderoError {
+  /** The HTTP status of the answer, 0 when nothing answered. */
+  readonly status: number;
+  /** The API's error code. */
+  readonly code: string;
+  /** @internal */
+  constructor(message: string, status: number, code: string) {
+    super("WorkflowApi", message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
 const MARKER = "embarcadero-error:";
 
 type Fields = Record<string, unknown> & { kind: ErrorKind; message: string };
@@ -191,6 +211,8 @@ function build(f: Fields): EmbarcaderoError {
       return new ClosedError(m);
     case "NoLiveBroker":
       return new NoLiveBrokerError(m);
+    case "WorkflowApi":
+      return new WorkflowApiError(m, num(f.status), str(f.code));
   }
 }
 

@@ -32,9 +32,22 @@ export {
   NoLiveBrokerError,
   ProtocolError,
   TimeoutError,
+  WorkflowApiError,
 } from "./errors";
 export type { ErrorKind } from "./errors";
 export { StepError, Worker, registeredHandlers, stepHandler } from "./workflow";
+export { TaskClient } from "./tasks";
+export type {
+  CreateTaskOptions,
+  DeadLetters,
+  StepActionOptions,
+  Task,
+  TaskClientOptions,
+  TaskList,
+  TaskListOptions,
+  TaskStatus,
+  TaskStep,
+} from "./tasks";
 export type {
   BatchInput,
   Checkpoint,

@@ -9,6 +9,7 @@ use embarcadero_workflow::client::{ApiClient, ApiError};
 use embarcadero_workflow::{validate, Registry, Template};
 use serde_json::Value;
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Subcommand)]
 pub enum TaskCommand {
@@ -308,17 +309,9 @@ fn version_or_newest(
     name: &str,
     version: Option<String>,
 ) -> Result<String, String> {
-    if let Some(v) = version {
-        return Ok(v);
-    }
-    let template = client
-        .get_template(namespace, name, None)
-        .map_err(api_error)?;
-    match template["version"].as_str() {
-        Some(v) => Ok(v.to_string()),
-        None => Err(format!(
-            "the API described template {namespace}/{name} without a version; give --version"
-        )),
+    match version {
+        Some(v) => Ok(v),
+        None => client.newest_version(namespace, name).map_err(api_error),
     }
 }
 
@@ -359,7 +352,9 @@ fn create(cmd: TaskCommand) -> CliResult {
     }
     let task = match (wait, created["task_uuid"].as_str()) {
         (0, _) | (_, None) => created,
-        (s, Some(uuid)) => client.get_task(uuid, s).map_err(api_error)?,
+        (s, Some(uuid)) => client
+            .wait_task(uuid, Some(Duration::from_secs(s)))
+            .map_err(api_error)?,
     };
     show_task(&task, json);
     finished_ok(&task, wait > 0)
@@ -400,7 +395,7 @@ pub fn task(cmd: TaskCommand) -> CliResult {
             json,
         } => {
             let task = ApiClient::new(api.addr())
-                .get_task(&uuid, timeout)
+                .wait_task(&uuid, Some(Duration::from_secs(timeout)))
                 .map_err(api_error)?;
             show_task(&task, json);
             finished_ok(&task, true)

@@ -472,3 +472,25 @@ def mark_handler_thread() -> None:
     """Marks the calling thread, for good, as one that runs step handlers (the process's
     event loop of ``async`` handlers): :meth:`NativeWorker.stop` from it begins the drain
     and returns."""
+
+class NativeTaskClient:
+    """The workflow API through the Rust ``ApiClient`` (``embarcadero.workflow.TaskClient``
+    wraps it); errors are ``WorkflowApiError``."""
+
+    def __init__(self, control: Optional[str] = None, timeout: float = 20.0) -> None: ...
+    @property
+    def url(self) -> str: ...
+    def register_template(self, yaml: str) -> Any: ...
+    def newest_version(self, namespace: str, name: str) -> str: ...
+    def create_task(
+        self,
+        namespace: str,
+        name: str,
+        version: str,
+        context: Any,
+        idempotency_key: Optional[str] = None,
+    ) -> Tuple[Any, bool]:
+        """The task, and whether it existed already (same identity)."""
+    def wait_task(self, uuid: str, timeout: Optional[float] = None) -> Tuple[Any, bool]:
+        """The task once finished or after ``timeout`` seconds, and whether it finished."""
+    def request(self, method: str, path: str, body: Any = None) -> Any: ...

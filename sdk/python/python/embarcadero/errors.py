@@ -102,6 +102,21 @@ class NoLiveBrokerError(EmbarcaderoError):
     """No live broker is left to publish to."""
 
 
+class WorkflowApiError(EmbarcaderoError):
+    """The workflow engine's API answered with an error, or nothing answered.
+
+    ``status`` is the HTTP status (0 when nothing answered), ``code`` the API's error code
+    (``"not_found"``, ``"template_not_found"``, ``"task_closed"``, ``"backpressure"``,
+    ``"invalid_template"``...; ``"unreachable"`` when nothing answered). ``docs/WORKFLOW.md``
+    lists each route's codes.
+    """
+
+    def __init__(self, message: str, *, status: int = 0, code: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
 __all__ = [
     "AdminError",
     "BrokerError",
@@ -115,4 +130,5 @@ __all__ = [
     "NoLiveBrokerError",
     "ProtocolError",
     "TimeoutError",
+    "WorkflowApiError",
 ]

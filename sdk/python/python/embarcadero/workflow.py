@@ -51,12 +51,15 @@ from typing import (
 )
 
 from ._native import BatchInput, NativeWorker, StepContext, mark_handler_thread
+from .tasks import AsyncTaskClient, TaskClient
 
 __all__ = [
+    "AsyncTaskClient",
     "BatchInput",
     "Handler",
     "StepContext",
     "StepError",
+    "TaskClient",
     "Worker",
     "registered_handlers",
     "step_handler",

@@ -1,0 +1,164 @@
+"""The task client (embarcadero.workflow.TaskClient, AsyncTaskClient) against a real
+`embarcadero serve` and a real `embarcadero orchestrator`, through the control port that
+forwards the workflow API: templates registered, tasks started (of the newest version when
+none is named) and waited for by long polls, a wait that runs out, a cancelled task, a
+failed step completed by hand, and every error typed with the API's status and code."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+from typing import Any, Dict, Iterator
+
+import pytest
+from test_workflow import Engine, step
+
+import embarcadero
+from embarcadero.errors import WorkflowApiError
+from embarcadero.workflow import AsyncTaskClient, StepContext, StepError, TaskClient
+
+SQUARES = """name: squares
+namespace: py_tasks
+version: {version}
+steps:
+  - {{name: first, handler: {{callable: py.tasks_square}}}}
+  - {{name: second, dependencies: [first], handler: {{callable: py.tasks_square}}}}
+"""
+
+UNSERVED = """name: unserved
+namespace: py_tasks_unserved
+version: 1.0.0
+steps:
+  - {name: only, handler: {callable: py.nobody_serves_this}}
+"""
+
+REFUSED = """name: refused
+namespace: py_tasks
+version: 1.0.0
+steps:
+  - name: refuses
+    handler: {callable: py.tasks_refuses}
+    retry: {max_attempts: 1}
+  - {name: after, dependencies: [refuses], handler: {callable: py.tasks_square}}
+"""
+
+
+def tasks_square(ctx: StepContext) -> Dict[str, Any]:
+    previous = list(ctx.dependency_results.values())
+    n = previous[0]["n"] if previous else ctx.context["n"]
+    return {"n": n * n}
+
+
+def tasks_refuses(ctx: StepContext) -> None:
+    raise StepError("refused on purpose", retryable=False)
+
+
+HANDLERS = {"py.tasks_square": tasks_square, "py.tasks_refuses": tasks_refuses}
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    e = Engine()
+    yield e
+    e.stop()
+
+
+@pytest.fixture(scope="module")
+def client(engine: Engine) -> TaskClient:
+    # The control port, which forwards the API to the orchestrator that announced itself.
+    return TaskClient(engine.server.control)
+
+
+def test_a_task_runs_to_completion_of_the_newest_version_and_is_found_again(engine, client):
+    for version in ("1.0.0", "1.10.0", "1.9.0"):
+        registered = client.register_template(SQUARES.format(version=version))
+        assert registered["version"] == version, registered
+    assert client.template("py_tasks", "squares")["version"] == "1.10.0"
+    with engine.worker(HANDLERS, "py_tasks"):
+        task = client.run_task("py_tasks", "squares", {"n": 3}, timeout=60)
+    assert (task["status"], task["version"]) == ("complete", "1.10.0"), task
+    assert [step(task, s)["result"] for s in ("first", "second")] == [{"n": 9}, {"n": 81}]
+    uuid = task["task_uuid"]
+    assert client.task(uuid)["status"] == "complete"
+    # The same context again is the same task (identity_strategy strict); a new
+    # idempotency key is a new one.
+    assert client.create_task("py_tasks", "squares", {"n": 3})["task_uuid"] == uuid
+    other = client.create_task("py_tasks", "squares", {"n": 3}, idempotency_key="k2")
+    assert other["task_uuid"] != uuid
+    listed = client.tasks(namespace="py_tasks", name="squares", status="complete")
+    assert uuid in [t["task_uuid"] for t in listed["tasks"]], listed
+    assert [s["name"] for s in client.steps(uuid)["steps"]] == ["first", "second"]
+    assert client.step(uuid, "second")["result"] == {"n": 81}
+
+
+def test_a_wait_that_runs_out_raises_and_a_cancelled_task_is_finished(client):
+    client.register_template(UNSERVED)
+    task = client.create_task("py_tasks_unserved", "unserved", {})
+    uuid = task["task_uuid"]
+    with pytest.raises(embarcadero.TimeoutError) as raised:
+        client.wait(uuid, timeout=1)
+    assert isinstance(raised.value, builtins.TimeoutError)
+    assert raised.value.timeout == 1 and uuid in str(raised.value)
+    assert client.cancel_task(uuid)["status"] == "cancelled"
+    # Finished now: the wait answers at once, whatever its timeout.
+    assert client.wait(uuid, timeout=300)["status"] == "cancelled"
+    with pytest.raises(WorkflowApiError) as closed:
+        client.cancel_task(uuid)
+    assert (closed.value.status, closed.value.code) == (409, "task_closed")
+
+
+def test_a_failed_step_completed_by_hand_lets_its_task_complete(engine, client):
+    client.register_template(REFUSED)
+    with engine.worker(HANDLERS, "py_tasks"):
+        failed = client.run_task("py_tasks", "refused", {"n": 2}, timeout=60)
+        assert failed["status"] == "error", failed
+        uuid = failed["task_uuid"]
+        dead = client.dead_letters()["entries"]
+        assert [(e["task_uuid"], e["step"]) for e in dead] == [(uuid, "refuses")], dead
+        done = client.complete_step(uuid, "refuses", {"n": 5}, reason="by hand", by="test")
+        assert done["current_state"] == "complete", done
+        task = client.wait(uuid, timeout=60)
+    assert task["status"] == "complete", task
+    assert step(task, "after")["result"] == {"n": 25}
+    assert client.dead_letters()["entries"] == []
+
+
+def test_errors_carry_the_apis_status_and_code(client):
+    cases = [
+        (lambda: client.task("no-such-task"), 404, "not_found"),
+        (lambda: client.create_task("py_tasks", "no_such_template"), 404, "template_not_found"),
+        (lambda: client.register_template("name: x\n"), 400, "invalid_template"),
+        (lambda: TaskClient("127.0.0.1:1").templates(), 0, "unreachable"),
+    ]
+    for call, status, code in cases:
+        with pytest.raises(WorkflowApiError) as raised:
+            call()
+        assert (raised.value.status, raised.value.code) == (status, code), raised.value
+        assert isinstance(raised.value, embarcadero.EmbarcaderoError)
+    # A context that JSON cannot carry is refused before anything is sent.
+    with pytest.raises(ValueError):
+        client.create_task("py_tasks", "squares", {"n": float("nan")}, version="1.0.0")
+
+
+def test_the_async_client_waits_without_holding_the_event_loop(engine, client):
+    async def main() -> list:
+        tasks = AsyncTaskClient(engine.server.control)
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.ensure_future(tick())
+        done = await asyncio.gather(
+            *(tasks.run_task("py_tasks", "squares", {"n": n}, timeout=60) for n in (4, 5))
+        )
+        ticker.cancel()
+        assert ticks > 0, "the event loop turned while the tasks ran"
+        return done
+
+    with engine.worker(HANDLERS, "py_tasks"):
+        done = asyncio.run(main())
+    assert [step(t, "second")["result"] for t in done] == [{"n": 256}, {"n": 625}]
