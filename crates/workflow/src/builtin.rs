@@ -163,8 +163,8 @@ fn csv_process_batch(ctx: &StepContext) -> Result<Value, StepError> {
     let every = setting(ctx, "checkpoint_every", 0);
     let pause = Duration::from_millis(ctx.initialization["pause_ms"].as_u64().unwrap_or(0));
     while row < end {
-        if done % DEADLINE_CHECK_ROWS == 0 && ctx.past_deadline() {
-            return Err(ctx.deadline_error());
+        if done % DEADLINE_CHECK_ROWS == 0 && ctx.should_stop() {
+            return Err(ctx.stop_error());
         }
         value += csv_row_value(row);
         (row, done) = (row + 1, done + 1);
@@ -176,7 +176,7 @@ fn csv_process_batch(ctx: &StepContext) -> Result<Value, StepError> {
                 partial,
             };
             batch.checkpoints.save(checkpoint);
-            std::thread::sleep(pause.min(ctx.time_left()));
+            ctx.cancellation.sleep(pause.min(ctx.time_left()));
         }
     }
     Ok(json!({"rows": done, "value": value, "resumed_from": resumed_from}))
@@ -196,15 +196,16 @@ fn csv_aggregate(ctx: &StepContext) -> Result<Value, StepError> {
 
 /// Sleeps `initialization.ms`, then returns the attempt number and its dependencies'
 /// results (so a chain of sleeps still carries data). A sleep past the step's deadline
-/// stops there.
+/// stops there, and a sleep called off (its task cancelled) at once.
 fn sleep(ctx: &StepContext) -> Result<Value, StepError> {
     let ms = ctx.initialization["ms"].as_u64().unwrap_or(0);
     let (wanted, left) = (Duration::from_millis(ms), ctx.time_left());
+    if ctx.cancellation.sleep(wanted.min(left)) {
+        return Err(ctx.cancelled_error());
+    }
     if wanted > left {
-        std::thread::sleep(left);
         return Err(ctx.deadline_error());
     }
-    std::thread::sleep(wanted);
     Ok(json!({"attempt": ctx.attempt, "slept_ms": ms}))
 }
 
@@ -226,6 +227,7 @@ mod tests {
             dependencies: deps.iter().map(|(k, _)| k.to_string()).collect(),
             batch: None,
             deadline: std::time::Instant::now() + Duration::from_secs(3600),
+            cancellation: Default::default(),
         }
     }
 

@@ -21,7 +21,7 @@
 
 use crate::event::Envelope;
 use crate::event::{Event, Outcome, StepRef};
-use crate::handler::{BatchInput, CheckpointSink, Registry, StepContext, StepError};
+use crate::handler::{BatchInput, Cancellation, CheckpointSink, Registry, StepContext, StepError};
 use crate::ids::{new_uuid, now_ms};
 use crate::log::{ensure_topic, Folded, Folder, LogConfig, Shared, Writer};
 use crate::machine::StepState;
@@ -228,6 +228,8 @@ struct Running {
     deadline: Instant,
     timeout: Duration,
     reported: AtomicBool,
+    /// The handler's [`Cancellation`], set when the log no longer wants the outcome.
+    cancellation: Cancellation,
 }
 
 impl Running {
@@ -254,6 +256,9 @@ impl Runtime {
                 self.learn_lease(f);
             }
             self.steps.time_out_overdue();
+            if !folded.is_empty() {
+                self.steps.call_off_unwanted();
+            }
             let draining = self.steps.draining.load(Ordering::SeqCst);
             if draining && self.drained(*drain_began.get_or_insert_with(Instant::now)) {
                 return Ok(());
@@ -415,6 +420,7 @@ impl Steps {
                 batch,
                 // Set again when the attempt starts (`spawn`).
                 deadline: Instant::now() + spec.timeout(),
+                cancellation: Default::default(),
             },
         })
     }
@@ -446,6 +452,7 @@ impl Steps {
             deadline: job.ctx.deadline,
             timeout: job.timeout,
             reported: AtomicBool::new(false),
+            cancellation: job.ctx.cancellation.clone(),
         });
         this.running.fetch_add(1, Ordering::SeqCst);
         this.attempts.lock().push(attempt.clone());
@@ -492,11 +499,61 @@ impl Steps {
             );
         }
         self.finish(attempt.at.clone(), outcome);
+        self.release(attempt);
+    }
+
+    /// Frees an ended attempt's slot (its outcome published, or not wanted).
+    fn release(&self, attempt: &Arc<Running>) {
         self.attempts.lock().retain(|a| !Arc::ptr_eq(a, attempt));
         let before = self.running.fetch_sub(1, Ordering::SeqCst);
         assert!(before > 0, "an attempt ended that was never started");
         let _ended = self.ended_lock.lock();
         self.ended.notify_all();
+    }
+
+    /// Calls off every running attempt whose outcome the log no longer wants: its step is
+    /// not in progress under this attempt of this worker any more (the task was cancelled
+    /// or resolved by hand, or the attempt was taken back after a lost lease). Its
+    /// handler is told ([`Cancellation`]) and its slot freed at once, as for a timeout
+    /// (the thread is left to finish); nothing is published for it, since the fold
+    /// would refuse it. Called by the loop after each batch of events it folded.
+    fn call_off_unwanted(&self) {
+        let running: Vec<Arc<Running>> = self.attempts.lock().clone();
+        let unwanted: Vec<Arc<Running>> = {
+            let state = self.shared.lock();
+            running
+                .into_iter()
+                .filter(|a| !self.still_wanted(&state, &a.at))
+                .collect()
+        };
+        for a in unwanted {
+            if a.reported.swap(true, Ordering::SeqCst) {
+                continue; // its outcome went out first: the fold has moved past it
+            }
+            tracing::info!(
+                task = %a.at.task,
+                step = %a.at.step,
+                attempt = a.at.attempt,
+                "attempt called off: the log no longer wants its outcome"
+            );
+            a.cancellation.cancel();
+            self.release(&a);
+        }
+    }
+
+    /// Whether the fold still has attempt `at` in progress under this worker's claim. A
+    /// task or step the fold does not know is left running (it cannot be told apart
+    /// from one not folded yet).
+    fn still_wanted(&self, state: &State, at: &StepRef) -> bool {
+        let Some(task) = state.tasks.get(&at.task) else {
+            return true;
+        };
+        let Some(step) = task.index_of(&at.step).map(|i| &task.steps[i]) else {
+            return true;
+        };
+        step.attempt == at.attempt
+            && step.state == StepState::InProgress
+            && step.worker.as_deref() == Some(self.worker.as_str())
     }
 
     /// Reports every attempt past its deadline as a retryable failure. Called by the

@@ -57,30 +57,42 @@ impl Drop for InHandler {
 }
 
 /// What a Python handler is given: the same as a Rust handler's `StepContext`.
-#[pyclass(module = "embarcadero._native", frozen, get_all)]
+#[pyclass(module = "embarcadero._native", frozen)]
 pub struct StepContext {
     /// The task's id.
+    #[pyo3(get)]
     task_uuid: String,
     /// This step's name (a batch worker instance's: ``process_001``...).
+    #[pyo3(get)]
     step_name: String,
     /// 1 for the first attempt.
+    #[pyo3(get)]
     attempt: u32,
     /// The task's input.
+    #[pyo3(get)]
     context: PyObject,
     /// The step's ``handler.initialization`` (``None`` when absent).
+    #[pyo3(get)]
     initialization: PyObject,
     /// The results of every ancestor step (direct and indirect), by step name.
+    #[pyo3(get)]
     ancestors: PyObject,
     /// The step's direct dependencies that exist, in the template's order.
+    #[pyo3(get)]
     dependencies: Vec<String>,
     /// The results of the direct dependencies, by step name, in that order.
+    #[pyo3(get)]
     dependency_results: PyObject,
     /// For an instance of a batch worker step, its cursor and checkpoint; else ``None``.
+    #[pyo3(get)]
     batch: Option<Py<BatchInput>>,
     /// When the worker reports this attempt timed out, on the clock of
     /// :func:`time.monotonic` (the step's ``timeout_seconds`` from when the attempt
     /// started); its outcome is dropped from then on. See :meth:`time_left`.
+    #[pyo3(get)]
     deadline: f64,
+    /// Set by the worker when the attempt is called off before its deadline.
+    cancellation: handler::Cancellation,
 }
 
 #[pymethods]
@@ -90,6 +102,20 @@ impl StepContext {
     /// outcome is dropped and its thread cannot be stopped from outside.
     fn time_left(&self, py: Python<'_>) -> PyResult<f64> {
         Ok((self.deadline - monotonic(py)?).max(0.0))
+    }
+
+    /// Whether the attempt was called off before its deadline: its task was cancelled or
+    /// resolved by hand, or the attempt was taken back. Its outcome is no longer wanted
+    /// (nothing publishes it), so a handler that may run long checks it too and returns.
+    /// An ``async`` handler is cancelled by the worker then.
+    #[getter]
+    fn cancelled(&self) -> bool {
+        self.cancellation.is_cancelled()
+    }
+
+    /// Whether the handler should stop: past its deadline, or :attr:`cancelled`.
+    fn should_stop(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.cancelled() || self.time_left(py)? <= 0.0)
     }
 }
 
@@ -173,6 +199,7 @@ impl StepContext {
             dependency_results: dependency_results.into_any().unbind(),
             batch,
             deadline: monotonic(py)? + ctx.time_left().as_secs_f64(),
+            cancellation: ctx.cancellation.clone(),
         })
     }
 }

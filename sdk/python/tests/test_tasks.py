@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from typing import Any, Dict, Iterator
+import threading
+import time
+from typing import Any, Dict, Iterator, List
 
 import pytest
 from test_workflow import Engine, step
@@ -40,6 +42,15 @@ steps:
     handler: {callable: py.tasks_refuses}
     retry: {max_attempts: 1}
   - {name: after, dependencies: [refuses], handler: {callable: py.tasks_square}}
+"""
+
+
+CALLED_OFF = """name: called_off
+namespace: py_tasks
+version: 1.0.0
+steps:
+  - {name: loops, timeout_seconds: 600, handler: {callable: py.tasks_loops}}
+  - {name: awaits, timeout_seconds: 600, handler: {callable: py.tasks_awaits}}
 """
 
 
@@ -162,3 +173,37 @@ def test_the_async_client_waits_without_holding_the_event_loop(engine, client):
     with engine.worker(HANDLERS, "py_tasks"):
         done = asyncio.run(main())
     assert [step(t, "second")["result"] for t in done] == [{"n": 256}, {"n": 625}]
+
+
+def test_a_cancelled_task_calls_off_its_running_handlers_sync_and_async(engine, client):
+    started = {"loops": threading.Event(), "awaits": threading.Event()}
+    stopped: Dict[str, threading.Event] = {k: threading.Event() for k in started}
+    seen: List[Any] = []
+
+    def loops(ctx: StepContext) -> None:
+        started["loops"].set()
+        while not ctx.should_stop():
+            time.sleep(0.01)
+        seen.append(("loops", ctx.cancelled, ctx.time_left() > 0))
+        stopped["loops"].set()
+
+    async def awaits(ctx: StepContext) -> None:
+        started["awaits"].set()
+        try:
+            await asyncio.sleep(600)
+        except asyncio.CancelledError:
+            seen.append(("awaits", ctx.cancelled))
+            stopped["awaits"].set()
+            raise
+
+    client.register_template(CALLED_OFF)
+    handlers = {"py.tasks_loops": loops, "py.tasks_awaits": awaits}
+    with engine.worker(handlers, "py_tasks"):
+        uuid = client.create_task("py_tasks", "called_off")["task_uuid"]
+        assert all(e.wait(60) for e in started.values()), "both handlers started"
+        assert client.cancel_task(uuid)["status"] == "cancelled"
+        assert all(e.wait(30) for e in stopped.values()), f"both handlers told: {seen}"
+    # Called off, not timed out: the deadline (10 minutes away) was not what stopped them.
+    assert sorted(seen) == [("awaits", True), ("loops", True, True)]
+    task = client.task(uuid)
+    assert [step(task, s)["current_state"] for s in ("loops", "awaits")] == ["cancelled"] * 2

@@ -39,6 +39,11 @@ type Dispatch = ThreadsafeFunction<FnArgs<(u32, String)>, (), FnArgs<(u32, Strin
 /// supervisor reports; it must not throw either.
 type ReportFn = ThreadsafeFunction<String, (), String, Status, false>;
 
+/// `(callId) => void`, called on the JavaScript thread when a pending call's attempt is
+/// called off (its task cancelled, say): ts/workflow.ts aborts the call's `signal`. It
+/// must not throw either.
+type CallOffFn = ThreadsafeFunction<u32, (), u32, Status, false>;
+
 /// The worker's options, as JavaScript passes them.
 #[napi(object)]
 pub struct NativeWorkerConfig {
@@ -66,6 +71,8 @@ pub struct NativeStepError {
 
 /// A call handed to JavaScript and not yet completed.
 struct Pending {
+    /// Which call this is, across the wrap of the 32-bit ids ([`Calls::call_off`]).
+    serial: u64,
     reply: mpsc::SyncSender<Result<Value, StepError>>,
     /// The attempt's checkpoint sink (batch worker instances only).
     checkpoints: Option<CheckpointSink>,
@@ -79,8 +86,19 @@ struct Calls {
 
 struct CallsState {
     dispatch: Option<Dispatch>,
+    /// `None` once the worker is closed, as `dispatch`.
+    call_off: Option<CallOffFn>,
     pending: HashMap<u32, Pending>,
     next_id: u32,
+    /// Calls started so far: the next call's `serial`.
+    started: u64,
+}
+
+/// A call handed to JavaScript: its id there, its serial, and where its outcome comes.
+struct Started {
+    id: u32,
+    serial: u64,
+    outcome: mpsc::Receiver<Result<Value, StepError>>,
 }
 
 impl Calls {
@@ -90,12 +108,14 @@ impl Calls {
         &self,
         ctx_json: String,
         checkpoints: Option<CheckpointSink>,
-    ) -> Result<mpsc::Receiver<Result<Value, StepError>>, StepError> {
+    ) -> Result<Started, StepError> {
         let mut st = self.state.lock();
         let CallsState {
             dispatch,
             pending,
             next_id,
+            started,
+            ..
         } = &mut *st;
         let Some(dispatch) = dispatch.as_ref() else {
             return Err(StepError::retryable("the worker is closed"));
@@ -117,8 +137,31 @@ impl Calls {
                 "cannot call into JavaScript ({status})"
             )));
         }
-        pending.insert(id, Pending { reply, checkpoints });
-        Ok(outcome)
+        let serial = *started;
+        *started += 1;
+        let call = Pending {
+            serial,
+            reply,
+            checkpoints,
+        };
+        pending.insert(id, call);
+        Ok(Started {
+            id,
+            serial,
+            outcome,
+        })
+    }
+
+    /// Tells JavaScript that call `id` (the one numbered `serial`, not a later call that
+    /// reuses the id) was called off, if it is still pending.
+    fn call_off(&self, id: u32, serial: u64) {
+        let st = self.state.lock();
+        let (Some(f), Some(p)) = (st.call_off.as_ref(), st.pending.get(&id)) else {
+            return;
+        };
+        if p.serial == serial {
+            f.call(id, ThreadsafeFunctionCallMode::NonBlocking);
+        }
     }
 
     /// Ends the call `id` with `outcome`; false if it is not pending (already completed,
@@ -147,6 +190,7 @@ impl Calls {
     fn close(&self) {
         let mut st = self.state.lock();
         st.dispatch = None;
+        st.call_off = None;
         st.pending.clear();
     }
 }
@@ -163,8 +207,13 @@ impl StepHandler for JsHandler {
         // claims and heartbeats nor the JavaScript thread.
         let text = context_json(&self.callable, ctx).to_string();
         let sink = ctx.batch.as_ref().map(|b| b.checkpoints.clone());
-        let outcome = self.calls.start(text, sink)?;
-        outcome
+        let call = self.calls.start(text, sink)?;
+        // Runs on the worker loop's thread, at once if already called off: only queues
+        // a call into JavaScript, which aborts the handler's `signal`.
+        let (calls, id, serial) = (self.calls.clone(), call.id, call.serial);
+        ctx.cancellation
+            .on_cancel(move || calls.call_off(id, serial));
+        call.outcome
             .recv()
             .unwrap_or_else(|_| Err(StepError::retryable("the worker closed during the step")))
     }
@@ -237,8 +286,9 @@ pub struct NativeWorker {
 }
 
 /// Starts a worker loop for `callables` (the handlers' names), whose calls go to
-/// `dispatch`, supervised: `report` gets each failure and restart ([`report_to`]);
-/// resolves once the first worker has connected to the log.
+/// `dispatch` (and word of a call called off to `call_off`), supervised: `report` gets
+/// each failure and restart ([`report_to`]); resolves once the first worker has
+/// connected to the log.
 #[napi]
 // The threadsafe functions' types are spelled out: napi's type generator does not follow
 // aliases, and `Dispatch` would reach native.d.ts as an unknown name.
@@ -246,6 +296,7 @@ pub struct NativeWorker {
 pub async fn start_worker(
     dispatch: ThreadsafeFunction<FnArgs<(u32, String)>, (), FnArgs<(u32, String)>, Status, false>,
     report: ThreadsafeFunction<String, (), String, Status, false>,
+    call_off: ThreadsafeFunction<u32, (), u32, Status, false>,
     callables: Vec<String>,
     control: String,
     options: NativeWorkerConfig,
@@ -254,8 +305,10 @@ pub async fn start_worker(
     let calls = Arc::new(Calls {
         state: Mutex::new(CallsState {
             dispatch: Some(dispatch),
+            call_off: Some(call_off),
             pending: HashMap::new(),
             next_id: 0,
+            started: 0,
         }),
     });
     let mut registry = Registry::new();

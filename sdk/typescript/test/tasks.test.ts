@@ -42,6 +42,13 @@ steps:
   - {name: after, dependencies: [refuses], handler: {callable: ts.tasks_square}}
 `;
 
+const CALLED_OFF = `name: called_off
+namespace: ts_tasks
+version: 1.0.0
+steps:
+  - {name: waits, timeout_seconds: 600, handler: {callable: ts.tasks_waits}}
+`;
+
 const square: StepHandler<{ n: number }> = (ctx) => {
   const previous = Object.values(ctx.dependencyResults) as { n: number }[];
   const n = previous.length > 0 ? previous[0]!.n : ctx.context.n;
@@ -149,4 +156,27 @@ test("errors carry the API's status and code", { timeout: 60_000 }, async () => 
   // A misspelt option is refused before anything is sent.
   assert.throws(() => new TaskClient(engine.server.control, { timeoutMS: 5 } as never), ConfigError);
   await assert.rejects(client.createTask("ts_tasks", "squares", {}, { versoin: "1" } as never), ConfigError);
+});
+
+test("a cancelled task aborts its running handler's signal", { timeout: 90_000 }, async () => {
+  let started!: () => void;
+  const running = new Promise<void>((resolve) => (started = resolve));
+  let stopped!: (why: string) => void;
+  const told = new Promise<string>((resolve) => (stopped = resolve));
+  const waits: StepHandler = (ctx) =>
+    new Promise((_resolve, reject) => {
+      ctx.signal.addEventListener("abort", () => {
+        stopped((ctx.signal.reason as DOMException).name);
+        reject(ctx.signal.reason);
+      });
+      started();
+    });
+  await client.registerTemplate(CALLED_OFF);
+  await using _worker = await engine.worker({ "ts.tasks_waits": waits }, "ts_tasks");
+  const uuid = (await client.createTask("ts_tasks", "called_off")).task_uuid;
+  await running;
+  assert.equal((await client.cancelTask(uuid)).status, "cancelled");
+  // Called off, not timed out: the deadline is ten minutes away.
+  assert.equal(await told, "AbortError");
+  assert.equal(step(await client.task(uuid), "waits").current_state, "cancelled");
 });

@@ -77,8 +77,11 @@ export interface StepContext<Input = JsonObject> {
    */
   readonly deadline: Date;
   /**
-   * Aborted at {@link StepContext.deadline}: pass it to `fetch` and other cancellable calls,
-   * or check `signal.aborted` in a long loop, so that a timed-out attempt stops working.
+   * Aborted once the attempt's outcome is no longer wanted: at {@link StepContext.deadline}
+   * (`signal.reason` a `DOMException` named `"TimeoutError"`), or when the attempt is called
+   * off before it (its task cancelled or resolved by hand, or the attempt taken back; a
+   * `DOMException` named `"AbortError"`). Pass it to `fetch` and other cancellable calls, or
+   * check `signal.aborted` in a long loop, so that the handler stops working.
    */
   readonly signal: AbortSignal;
 }
@@ -320,6 +323,7 @@ function contextOf(
   id: number,
   started: Promise<Native.NativeWorker>,
   checkpoints: Promise<void>[],
+  signal: AbortSignal,
 ): StepContext {
   const dependencyResults: Record<string, Json> = {};
   for (const name of raw.dependencies) dependencyResults[name] = raw.ancestors[name] ?? null;
@@ -356,13 +360,39 @@ function contextOf(
     dependencyResults,
     batch,
     deadline: new Date(raw.deadlineUnixMs),
-    signal: AbortSignal.timeout(Math.max(0, raw.deadlineUnixMs - Date.now())),
+    signal,
+  };
+}
+
+/** The calls whose handler runs, by call id: what aborts each one's `signal`. */
+type Running = Map<number, AbortController>;
+
+/**
+ * The `signal` of a call: aborted at `deadlineUnixMs` or when the native worker calls the
+ * attempt off ({@link callOffOf}). Its timer keeps Node alive no more than
+ * `AbortSignal.timeout`'s does, and is cleared once the signal aborts or the call ends.
+ */
+function attemptSignal(deadlineUnixMs: number, controller: AbortController): () => void {
+  const timer = setTimeout(
+    () => controller.abort(new DOMException("the step's deadline passed", "TimeoutError")),
+    Math.max(0, deadlineUnixMs - Date.now()),
+  );
+  timer.unref();
+  return () => clearTimeout(timer);
+}
+
+/** The native worker's word that call `id` was called off: aborts its signal. Never throws. */
+function callOffOf(running: Running): (id: number) => void {
+  return (id) => {
+    const why = "the attempt was called off: its task was cancelled or resolved, or the attempt was taken back";
+    running.get(id)?.abort(new DOMException(why, "AbortError"));
   };
 }
 
 /** Runs the handler of one call from the loop and reports its outcome. Never rejects. */
 async function runCall(
   handlers: ReadonlyMap<string, StepHandler>,
+  running: Running,
   id: number,
   text: string,
   started: Promise<Native.NativeWorker>,
@@ -370,13 +400,20 @@ async function runCall(
   let result: string | undefined;
   let failure: Native.NativeStepError | undefined;
   const checkpoints: Promise<void>[] = [];
+  const controller = new AbortController();
+  running.set(id, controller);
+  let clearTimer = (): void => {};
   try {
     const raw = JSON.parse(text) as RawContext;
+    clearTimer = attemptSignal(raw.deadlineUnixMs, controller);
     const handler = handlers.get(raw.callable);
     if (handler === undefined) throw new StepError(`no handler for ${raw.callable}`, { retryable: false });
-    result = resultJson(await handler(contextOf(raw, id, started, checkpoints)));
+    result = resultJson(await handler(contextOf(raw, id, started, checkpoints, controller.signal)));
   } catch (e) {
     failure = failureOf(e);
+  } finally {
+    clearTimer();
+    running.delete(id);
   }
   // A checkpoint's own failure is the handler's to see (its Promise rejects); here it only
   // has to be out of the way before the result.
@@ -471,11 +508,13 @@ export class Worker {
     // Calls can only come once `startWorker` has resolved (the loop claims after its
     // replay), so `started` is assigned by the time `dispatch` runs; it awaits it anyway.
     // `dispatch` must not throw: a throw from a threadsafe call ends the process.
+    const running: Running = new Map();
     const dispatch = (id: number, text: string): void => {
-      void runCall(handlers, id, text, started);
+      void runCall(handlers, running, id, text, started);
     };
     const control = options.control ?? defaultControl();
-    const started = settle(native.startWorker(dispatch, report, [...handlers.keys()], control, config));
+    const callOff = callOffOf(running);
+    const started = settle(native.startWorker(dispatch, report, callOff, [...handlers.keys()], control, config));
     return new Worker(await started);
   }
 

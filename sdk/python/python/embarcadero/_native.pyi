@@ -432,6 +432,12 @@ class StepContext:
     def time_left(self) -> float:
         """Seconds until :attr:`deadline`, 0.0 once it has passed: a handler that may run
         long checks it and returns, for a timed-out attempt's outcome is dropped."""
+    @property
+    def cancelled(self) -> bool:
+        """Whether the attempt was called off before its deadline (its task cancelled or
+        resolved by hand, or the attempt taken back): its outcome is no longer wanted."""
+    def should_stop(self) -> bool:
+        """Whether the handler should stop: past its deadline, or :attr:`cancelled`."""
 
 class NativeWorker:
     """The engine's worker loop running Python handlers, replaced by a new worker when its

@@ -153,11 +153,17 @@ def _handler_loop() -> asyncio.AbstractEventLoop:
         return _LOOP
 
 
+# How often the thread waiting for an ``async`` handler looks whether its attempt was
+# called off (``ctx.cancelled``): the longest a called-off coroutine runs on.
+_CANCEL_LOOK_S = 0.1
+
+
 def _sync(function: Handler) -> Handler:
     """An ``async`` handler as a plain function for the worker's attempt threads: the
     coroutine runs on the process's handler loop (:func:`_handler_loop`), alongside every
-    other ``async`` handler, and is cancelled at its deadline (``ctx.deadline``), when the
-    attempt has timed out and its outcome is no longer wanted."""
+    other ``async`` handler, and is cancelled when its outcome is no longer wanted: at its
+    deadline (``ctx.deadline``), or once the attempt is called off (``ctx.cancelled``: its
+    task cancelled or resolved by hand, or the attempt taken back)."""
     if not inspect.iscoroutinefunction(function):
         return function
 
@@ -165,13 +171,16 @@ def _sync(function: Handler) -> Handler:
         future = asyncio.run_coroutine_threadsafe(function(ctx), _handler_loop())
         # Waited for apart from its result: on Python 3.11+ `concurrent.futures`'s
         # TimeoutError is the builtin one, which the handler's own timeouts raise too.
-        concurrent.futures.wait([future], timeout=ctx.time_left())
-        if not future.done():
-            future.cancel()
-            raise TimeoutError(
-                f"step {ctx.step_name} was cancelled at its deadline (attempt {ctx.attempt})"
-            )
-        return future.result()
+        while not future.done() and not ctx.should_stop():
+            concurrent.futures.wait([future], timeout=min(ctx.time_left(), _CANCEL_LOOK_S))
+        if future.done():
+            return future.result()
+        future.cancel()
+        if ctx.cancelled:
+            raise StepError(f"step {ctx.step_name} was called off (attempt {ctx.attempt})")
+        raise TimeoutError(
+            f"step {ctx.step_name} was cancelled at its deadline (attempt {ctx.attempt})"
+        )
 
     return call
 
