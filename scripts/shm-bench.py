@@ -156,7 +156,12 @@ BARS = [
 
 
 def one_round(args: argparse.Namespace, index: int) -> Dict[str, float]:
-    steps = publish_steps(args) + [
+    publish = publish_steps(args)
+    # The three orders in a rotated order from round to round: one run of each swings by a
+    # third, and the order that runs first after the others' runs should not always be the
+    # same one (PERFORMANCE.md, session 38).
+    turn = index % len(publish)
+    steps = publish[turn:] + publish[:turn] + [
         lambda: e2e_step(args),
         lambda: latency_step(args),
         cpu_step(args, "tcp"),
