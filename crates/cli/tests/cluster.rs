@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{control_address, free_port, run_bin, Proc};
+use common::{control_address, free_port, run_bin, sample, scrape, Proc};
 use embarcadero_client::{
     Admin, Cursor, Publisher, PublisherConfig, Subscriber, SubscriberConfig, TopicSpec, Transport,
 };
@@ -100,16 +100,6 @@ fn metrics_address(serving: &str) -> String {
         .to_string()
 }
 
-/// GET /metrics from `addr`: the text.
-fn scrape(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    text
-}
-
 fn sequencer(control: &str) -> Proc {
     sequencer_with_metrics(control).0
 }
@@ -122,15 +112,6 @@ fn sequencer_with_metrics(control: &str) -> (Proc, String) {
         "sequencer is active",
     );
     (proc, metrics_address(&line))
-}
-
-/// The value of the sample `name` (labels included) in a /metrics text.
-fn sample(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no sample {name} in:\n{text}"))
-        .parse()
-        .unwrap()
 }
 
 /// (id, state) of every member, from the head's status document.

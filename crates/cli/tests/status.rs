@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{ok, Serve, BIN};
+use common::{ok, sample, scrape, Serve, BIN};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -124,6 +124,14 @@ fn a_subscriber_that_does_not_read_is_named_and_its_publisher_warns() {
     let t = json(&serve, &["topic", "describe", "held"]);
     let slowest = &t["health"]["slowest_reader"];
     assert!(slowest["behind"].as_u64().unwrap() > 0, "{t}");
+    // The same for an alert: /metrics has the subscriber and its lag.
+    let metrics = scrape(&serve.control);
+    assert_eq!(
+        sample(&metrics, "embarcadero_topic_readers{topic=\"held\"}"),
+        1
+    );
+    let lag = "embarcadero_topic_reader_lag_messages{topic=\"held\"}";
+    assert!(sample(&metrics, lag) > 0, "{metrics}");
     let status = eventually("status names the subscriber", || {
         let s = ok(&serve.run(&["status"], None));
         s.contains("needs attention").then_some(s)

@@ -405,6 +405,7 @@ fn topic_families(
             .map(|t| (format!("{{topic=\"{}\"}}", t.name), t.next_position))
             .collect(),
     );
+    topic_reader_families(topics, family);
     family(
         "topic_broker_messages",
         "gauge",
@@ -418,6 +419,36 @@ fn topic_families(
                         b.messages,
                     )
                 })
+            })
+            .collect(),
+    );
+}
+
+/// Per topic: its live subscribers and how far the slowest is behind (consumer lag, for
+/// an alert: 0 with none), as `topic describe`'s `health` tells them.
+fn topic_reader_families(
+    topics: &[crate::TopicInfo],
+    family: &mut impl FnMut(&str, &str, &str, Vec<(String, u64)>),
+) {
+    let labels = |t: &crate::TopicInfo| format!("{{topic=\"{}\"}}", t.name);
+    family(
+        "topic_readers",
+        "gauge",
+        "Subscribers of the topic that are live (their broker beat for them within the stall timeout).",
+        topics
+            .iter()
+            .map(|t| (labels(t), u64::from(t.health.readers)))
+            .collect(),
+    );
+    family(
+        "topic_reader_lag_messages",
+        "gauge",
+        "Messages written that the topic's slowest live subscriber has not been sent yet (orders 0 and 1: in the broker log where it is furthest behind); 0 with no subscriber.",
+        topics
+            .iter()
+            .map(|t| {
+                let behind = t.health.slowest_reader.as_ref().map_or(0, |r| r.behind);
+                (labels(t), behind)
             })
             .collect(),
     );

@@ -282,3 +282,22 @@ pub fn control_address(line: &str) -> String {
         .unwrap_or_else(|| panic!("no control address in {line:?}"))
         .to_string()
 }
+
+/// GET /metrics from `addr`: the text.
+pub fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text
+}
+
+/// The value of the sample `name` (labels included) in a /metrics text.
+pub fn sample(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no sample {name} in:\n{text}"))
+        .parse()
+        .unwrap()
+}
