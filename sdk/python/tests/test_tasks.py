@@ -207,3 +207,16 @@ def test_a_cancelled_task_calls_off_its_running_handlers_sync_and_async(engine, 
     assert sorted(seen) == [("awaits", True), ("loops", True, True)]
     task = client.task(uuid)
     assert [step(task, s)["current_state"] for s in ("loops", "awaits")] == ["cancelled"] * 2
+
+
+def test_a_worker_is_an_async_context_manager_that_drains_off_the_event_loop(engine):
+    async def main() -> Dict[str, Any]:
+        tasks = AsyncTaskClient(engine.server.control)
+        async with engine.worker(HANDLERS, "py_tasks") as worker:
+            task = await tasks.run_task("py_tasks", "squares", {"n": 6}, timeout=60)
+        return {"task": task, "finished": worker._native.is_finished()}
+
+    done = asyncio.run(main())
+    assert done["task"]["status"] == "complete", done
+    assert step(done["task"], "second")["result"] == {"n": 1296}
+    assert done["finished"], "leaving the block stopped the worker"

@@ -50,6 +50,7 @@ from typing import (
     Union,
 )
 
+from . import _AsyncClose
 from ._native import BatchInput, NativeWorker, StepContext, mark_handler_thread
 from .tasks import AsyncTaskClient, TaskClient
 
@@ -241,15 +242,16 @@ def _report(kind: str, worker: Optional[str], message: str) -> None:
     _log.log(level, message, extra={"workflow_event": kind, "workflow_worker": worker})
 
 
-class Worker:
+class Worker(_AsyncClose):
     """Runs step handlers for the engine: claims enqueued attempts of its namespaces whose
     handler it has, runs them (at most ``concurrency`` at once, each on a thread of its own
     with the step's ``timeout_seconds``) and publishes their results.
 
     It starts at once; :meth:`run` or :meth:`run_for` wait while it works, :meth:`stop`
     (from any thread) or leaving the ``with`` block ends it, once the attempts it started
-    have published their results. ``control``: default ``EMBARCADERO_CONTROL``, else
-    ``127.0.0.1:12140``. ``handlers`` defaults to those
+    have published their results. ``async with`` works too: leaving the block stops it in
+    the loop's default executor, so the event loop goes on while it drains. ``control``:
+    default ``EMBARCADERO_CONTROL``, else ``127.0.0.1:12140``. ``handlers`` defaults to those
     registered with :func:`step_handler`; ``namespace`` (one or several) to every
     namespace. ``lease_ms`` should be the orchestrator's ``--lease-ms`` (heartbeats go out
     three times per lease; a longer one gives way to the orchestrator's, which it tells
