@@ -5,7 +5,7 @@ use crate::api::MAX_WAIT_S;
 use crate::machine::TaskState;
 use embarcadero_client::MAX_REQUEST_BODY;
 use serde_json::{json, Value};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// An answer of the workflow API that is an error, or no answer at all (`status` 0,
 /// `code` `unreachable`: nothing listening, or not the API).
@@ -29,6 +29,33 @@ impl std::fmt::Display for ApiError {
 pub struct ApiClient {
     base: String,
     agent: ureq::Agent,
+    /// How long a request waits for its answer (a long poll: on top of its wait).
+    answer_within: Duration,
+}
+
+/// What [`ApiClient::new`] waits for an answer beyond a long poll's own wait.
+const DEFAULT_ANSWER_WITHIN: Duration = Duration::from_secs(30);
+
+/// Characters a path segment keeps as they are (RFC 3986's unreserved ones); every other
+/// byte is percent-encoded, so an id or a name stays one segment (`/`, `?` and `#`
+/// included).
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `value` as one path segment of a route: escaped; an empty one is refused (it would
+/// name another route: `/v1/tasks/` is the task list).
+fn segment(what: &str, value: &str) -> Result<String, ApiError> {
+    if value.is_empty() {
+        return Err(ApiError {
+            status: 400,
+            code: "bad_request".into(),
+            message: format!("an empty {what}: give the {what}"),
+        });
+    }
+    Ok(percent_encoding::utf8_percent_encode(value, SEGMENT).to_string())
 }
 
 impl ApiClient {
@@ -39,18 +66,28 @@ impl ApiClient {
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(Duration::from_secs(5))
             .build();
-        Self { base, agent }
+        Self {
+            base,
+            agent,
+            answer_within: DEFAULT_ANSWER_WITHIN,
+        }
     }
 
     /// [`Self::new`], each request waiting at most `timeout` for its answer (a long poll
-    /// of [`Self::get_task`] sets its own, by its wait).
+    /// of [`Self::get_task`]: its wait, then `timeout`). At least a millisecond; at most
+    /// a day, which is no limit in practice and keeps the clock arithmetic in range.
     pub fn with_timeout(addr: &str, timeout: Duration) -> Self {
+        let timeout = timeout.clamp(Duration::from_millis(1), Duration::from_secs(86_400));
         let base = embarcadero_client::control_url(addr);
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(Duration::from_secs(5).min(timeout))
             .timeout(timeout)
             .build();
-        Self { base, agent }
+        Self {
+            base,
+            agent,
+            answer_within: timeout,
+        }
     }
 
     /// The API's base URL (`http://host:port`).
@@ -83,9 +120,10 @@ impl ApiClient {
         name: &str,
         version: Option<&str>,
     ) -> Result<Value, ApiError> {
-        let mut url = format!("{}/v1/templates/{namespace}/{name}", self.base);
+        let (ns, name) = (segment("namespace", namespace)?, segment("name", name)?);
+        let mut url = format!("{}/v1/templates/{ns}/{name}", self.base);
         if let Some(v) = version {
-            url = format!("{url}/{v}");
+            url = format!("{url}/{}", segment("version", v)?);
         }
         answer(self.agent.get(&url).call())
     }
@@ -131,13 +169,19 @@ impl ApiClient {
 
     /// `GET /v1/tasks/{uuid}`; with `wait_s` > 0, a long poll that answers once the
     /// task is finished or the wait is over.
+    /// The answer must be a task: anything else is an error (code `not_a_task`).
     pub fn get_task(&self, uuid: &str, wait_s: u64) -> Result<Value, ApiError> {
-        let url = format!("{}/v1/tasks/{uuid}?wait={wait_s}", self.base);
-        let req = self
-            .agent
-            .get(&url)
-            .timeout(Duration::from_secs(wait_s + 30));
-        answer(req.call())
+        let url = format!("{}/v1/tasks/{}?wait={wait_s}", self.base, segment("task id", uuid)?);
+        let within = Duration::from_secs(wait_s) + self.answer_within;
+        let task = answer(self.agent.get(&url).timeout(within).call())?;
+        if task["task_uuid"].as_str() != Some(uuid) || !task["status"].is_string() {
+            return Err(ApiError {
+                status: 200,
+                code: "not_a_task".into(),
+                message: format!("{} answered GET {url} with something that is not task {uuid}: is it the workflow API?", self.base),
+            });
+        }
+        Ok(task)
     }
 }
 
@@ -163,17 +207,28 @@ impl ApiClient {
     /// another, each at most the API's [`MAX_WAIT_S`], the last rounded up to a second.
     /// The caller tells the two apart by [`task_is_finished`].
     pub fn wait_task(&self, uuid: &str, timeout: Option<Duration>) -> Result<Value, ApiError> {
-        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        // A limit past the clock's range is none.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
-            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             let (wait_s, last) = next_long_poll(left);
+            let asked = Instant::now();
             let task = self.get_task(uuid, wait_s)?;
             if last || task_is_finished(&task) {
                 return Ok(task);
             }
+            // The API answers a long poll early only for a finished task; should one
+            // answer early anyway, the next poll waits a little rather than spin.
+            if asked.elapsed() < Duration::from_secs(wait_s) / 2 {
+                std::thread::sleep(EARLY_ANSWER_PAUSE);
+            }
         }
     }
 }
+
+/// How long [`ApiClient::wait_task`] pauses after a long poll answered early with a task
+/// not finished (which the API does not do): a bound on its rate, not a wait for anything.
+const EARLY_ANSWER_PAUSE: Duration = Duration::from_millis(100);
 
 /// The next long poll of a wait with `left` to go (none: no limit): its `?wait=` in
 /// whole seconds (rounded up, at most [`MAX_WAIT_S`]), and whether it is the last.
@@ -227,11 +282,13 @@ impl ApiClient {
 
     /// `DELETE /v1/tasks/{uuid}`.
     pub fn cancel_task(&self, uuid: &str) -> Result<Value, ApiError> {
+        let uuid = segment("task id", uuid)?;
         self.request("DELETE", &format!("/v1/tasks/{uuid}"), None)
     }
 
     /// `PATCH /v1/tasks/{uuid}/workflow_steps/{step}` with Tasker's action body.
     pub fn step_action(&self, uuid: &str, step: &str, action: Value) -> Result<Value, ApiError> {
+        let (uuid, step) = (segment("task id", uuid)?, segment("step name", step)?);
         self.request(
             "PATCH",
             &format!("/v1/tasks/{uuid}/workflow_steps/{step}"),
@@ -250,11 +307,33 @@ fn answer(r: Result<ureq::Response, ureq::Error>) -> Result<Value, ApiError> {
             let body: Value = resp.into_json().unwrap_or(Value::Null);
             Err(api_error(status, &body, &origin))
         }
+        Err(e) if timed_out(&e) => Err(ApiError {
+            status: 0,
+            code: "timeout".into(),
+            message: format!(
+                "no answer in time ({e}): the request may still have been carried out; look before repeating it"
+            ),
+        }),
         Err(e) => Err(transport(format!(
             "{e}; {}",
             embarcadero_client::unreachable_hint(&e)
         ))),
     }
+}
+
+/// Whether a request failed because its answer did not come in time (it was sent, so it
+/// may have been acted on), not because nothing could be reached.
+fn timed_out(e: &ureq::Error) -> bool {
+    let ureq::Error::Transport(t) = e else {
+        return false;
+    };
+    let io = std::error::Error::source(t).and_then(|s| s.downcast_ref::<std::io::Error>());
+    io.is_some_and(|io| {
+        matches!(
+            io.kind(),
+            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+        )
+    })
 }
 
 /// The error of an answer from `origin` with `status` and `body`: the workflow API's
@@ -358,6 +437,63 @@ mod tests {
         }
         assert!(!task_is_finished(&json!({ "status": "no_such_state" })));
         assert!(!task_is_finished(&json!({})));
+    }
+
+    #[test]
+    fn ids_and_names_stay_one_path_segment_and_an_empty_one_is_refused() {
+        assert_eq!(segment("task id", "a-b_c.d~e").unwrap(), "a-b_c.d~e");
+        assert_eq!(segment("task id", "a/b?c#d e").unwrap(), "a%2Fb%3Fc%23d%20e");
+        let e = segment("task id", "").unwrap_err();
+        assert_eq!((e.status, e.code.as_str()), (400, "bad_request"));
+        // Refused before anything is sent: an address nobody listens on is never tried.
+        let client = ApiClient::new("127.0.0.1:1");
+        assert_eq!(client.get_task("", 0).unwrap_err().code, "bad_request");
+        assert_eq!(client.wait_task("", None).unwrap_err().code, "bad_request");
+    }
+
+    /// A listener that answers each of `answers` connections with `body` (200, JSON).
+    fn answering(body: &'static str, answers: usize) -> String {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().take(answers) {
+                let mut stream = stream.unwrap();
+                let mut request = [0u8; 4096];
+                let _ = stream.read(&mut request);
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(head.as_bytes());
+                let _ = stream.write_all(body.as_bytes());
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn an_answer_that_is_not_the_task_asked_for_is_an_error_not_a_task_left_unfinished() {
+        // The task list (what `/v1/tasks/` names) has no status: a wait that took it for
+        // an unfinished task polled again at once, for ever.
+        let addr = answering(r#"{"tasks": [], "pagination": {}}"#, 2);
+        let client = ApiClient::new(&addr);
+        assert_eq!(client.get_task("t1", 0).unwrap_err().code, "not_a_task");
+        // A limit past the clock's range is no limit, not a panic.
+        let e = client.wait_task("t1", Some(Duration::MAX)).unwrap_err();
+        assert_eq!(e.code, "not_a_task");
+    }
+
+    #[test]
+    fn a_request_whose_answer_does_not_come_in_time_says_so_not_unreachable() {
+        // Connections complete in the listener's backlog; nothing ever answers.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let client = ApiClient::with_timeout(&addr, Duration::from_millis(200));
+        let e = client.get_task("t1", 0).unwrap_err();
+        assert_eq!((e.status, e.code.as_str()), (0, "timeout"), "{e}");
+        assert!(e.message.contains("may still have been carried out"), "{e}");
+        drop(listener);
     }
 
     #[test]

@@ -30,6 +30,11 @@ impl NativeTaskClient {
     #[pyo3(signature = (control = None, timeout = 20.0))]
     fn new(control: Option<&str>, timeout: f64) -> PyResult<Self> {
         let control = crate::control_or_default(control);
+        if !(timeout > 0.0) {
+            return Err(config(format!(
+                "timeout {timeout}: want seconds above 0 (each request's longest wait for its answer)"
+            )));
+        }
         let timeout = seconds("timeout", timeout)?;
         Ok(Self {
             client: ApiClient::with_timeout(&control, timeout),
@@ -75,7 +80,8 @@ impl NativeTaskClient {
     }
 
     /// The task once finished, or as it stands after ``timeout`` seconds (``None``: no
-    /// limit), and whether it finished.
+    /// limit; rounded up to whole seconds), and whether it finished. ``TaskClient.wait``
+    /// calls it for a second at a time, so that Ctrl-C and cancellation come through.
     #[pyo3(signature = (uuid, timeout = None))]
     fn wait_task(
         &self,

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, Dict, Iterator, List
@@ -18,6 +21,8 @@ from test_workflow import Engine, step
 import embarcadero
 from embarcadero.errors import WorkflowApiError
 from embarcadero.workflow import AsyncTaskClient, StepContext, StepError, TaskClient
+
+from conftest import wait_for
 
 SQUARES = """name: squares
 namespace: py_tasks
@@ -74,10 +79,24 @@ def engine() -> Iterator[Engine]:
     e.stop()
 
 
+def forwards(client: TaskClient) -> bool:
+    """Whether the control port forwards the API yet: the orchestrator announces itself
+    to the head within a second of serving, and until then the port answers 503."""
+    try:
+        client.templates()
+        return True
+    except WorkflowApiError as e:
+        if e.code != "no_workflow_engine":
+            raise
+        return False
+
+
 @pytest.fixture(scope="module")
 def client(engine: Engine) -> TaskClient:
     # The control port, which forwards the API to the orchestrator that announced itself.
-    return TaskClient(engine.server.control)
+    c = TaskClient(engine.server.control)
+    wait_for("the orchestrator to announce itself to the head", lambda: forwards(c))
+    return c
 
 
 def test_a_task_runs_to_completion_of_the_newest_version_and_is_found_again(engine, client):
@@ -116,6 +135,10 @@ def test_a_wait_that_runs_out_raises_and_a_cancelled_task_is_finished(client):
     with pytest.raises(WorkflowApiError) as closed:
         client.cancel_task(uuid)
     assert (closed.value.status, closed.value.code) == (409, "task_closed")
+    other = client.create_task("py_tasks_unserved", "unserved", {"case": "resolved"})["task_uuid"]
+    resolved = client.resolve_task(other, reason="not needed", by="test")
+    assert resolved["status"] == "resolved_manually", resolved
+    assert client.wait(other, timeout=0)["status"] == "resolved_manually"
 
 
 def test_a_failed_step_completed_by_hand_lets_its_task_complete(engine, client):
@@ -126,6 +149,13 @@ def test_a_failed_step_completed_by_hand_lets_its_task_complete(engine, client):
         uuid = failed["task_uuid"]
         dead = client.dead_letters()["entries"]
         assert [(e["task_uuid"], e["step"]) for e in dead] == [(uuid, "refuses")], dead
+        # Run again by hand, then as a rerun of the task: it fails each time.
+        reset = client.reset_step(uuid, "refuses", reason="try again", by="test")
+        assert reset["current_state"] in ("pending", "enqueued", "in_progress", "error"), reset
+        assert client.wait(uuid, timeout=60)["status"] == "error"
+        assert client.rerun_task(uuid, reason="once more")["status"] != "error"
+        again = client.wait(uuid, timeout=60)
+        assert (again["status"], step(again, "refuses")["attempts"]) == ("error", 3), again
         done = client.complete_step(uuid, "refuses", {"n": 5}, reason="by hand", by="test")
         assert done["current_state"] == "complete", done
         task = client.wait(uuid, timeout=60)
@@ -146,33 +176,46 @@ def test_errors_carry_the_apis_status_and_code(client):
             call()
         assert (raised.value.status, raised.value.code) == (status, code), raised.value
         assert isinstance(raised.value, embarcadero.EmbarcaderoError)
+    # An empty id (which would name the task list) and a client that would wait no time
+    # at all are refused before anything is sent.
+    with pytest.raises(embarcadero.ConfigError):
+        client.wait("")
+    with pytest.raises(embarcadero.ConfigError):
+        TaskClient(client.url, timeout=0)
+    assert embarcadero.WorkflowApiError is WorkflowApiError
     # A context that JSON cannot carry is refused before anything is sent.
     with pytest.raises(ValueError):
         client.create_task("py_tasks", "squares", {"n": float("nan")}, version="1.0.0")
 
 
-def test_the_async_client_waits_without_holding_the_event_loop(engine, client):
-    async def main() -> list:
-        tasks = AsyncTaskClient(engine.server.control)
-        ticks = 0
+def test_the_async_client_waits_without_holding_the_event_loop(client):
+    async def main() -> Dict[str, Any]:
+        tasks = AsyncTaskClient(client.url)
+        uuid = (await tasks.create_task("py_tasks_unserved", "unserved", {"case": "async"}))[
+            "task_uuid"
+        ]
+        waiting = asyncio.ensure_future(tasks.wait(uuid, timeout=60))
+        await asyncio.sleep(0)  # let the wait begin
+        # Nobody serves the step: the wait can only end by the cancel the loop sends now.
+        assert not waiting.done()
+        cancelled = await tasks.cancel_task(uuid)
+        return {"cancelled": cancelled, "waited": await waiting}
 
-        async def tick() -> None:
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
+    done = asyncio.run(main())
+    assert done["cancelled"]["status"] == "cancelled"
+    assert done["waited"]["status"] == "cancelled"
 
-        ticker = asyncio.ensure_future(tick())
-        done = await asyncio.gather(
-            *(tasks.run_task("py_tasks", "squares", {"n": n}, timeout=60) for n in (4, 5))
-        )
-        ticker.cancel()
-        assert ticks > 0, "the event loop turned while the tasks ran"
-        return done
 
-    with engine.worker(HANDLERS, "py_tasks"):
-        done = asyncio.run(main())
-    assert [step(t, "second")["result"] for t in done] == [{"n": 256}, {"n": 625}]
+def test_a_cancelled_async_wait_stops_and_lets_the_program_end(client):
+    async def main() -> None:
+        tasks = AsyncTaskClient(client.url)
+        created = await tasks.create_task("py_tasks_unserved", "unserved", {"case": "abandoned"})
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(tasks.wait(created["task_uuid"]), 0.5)
+        await tasks.cancel_task(created["task_uuid"])
+
+    # Returns (the wait it abandoned ends within its one-second slice) rather than hang.
+    asyncio.run(main())
 
 
 def test_a_cancelled_task_calls_off_its_running_handlers_sync_and_async(engine, client):
@@ -220,3 +263,26 @@ def test_a_worker_is_an_async_context_manager_that_drains_off_the_event_loop(eng
     assert done["task"]["status"] == "complete", done
     assert step(done["task"], "second")["result"] == {"n": 1296}
     assert done["finished"], "leaving the block stopped the worker"
+
+
+def test_ctrl_c_ends_a_wait(client):
+    uuid = client.create_task("py_tasks_unserved", "unserved", {"case": "ctrl-c"})["task_uuid"]
+    script = (
+        "import sys\n"
+        "from embarcadero.workflow import TaskClient\n"
+        f"tasks = TaskClient({client.url!r})\n"
+        "print('waiting', flush=True)\n"
+        "try:\n"
+        f"    tasks.wait({uuid!r})\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n"
+        "    sys.exit(3)\n"
+    )
+    waiter = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert waiter.stdout is not None
+    assert waiter.stdout.readline().strip() == "waiting"
+    waiter.send_signal(signal.SIGINT)
+    # Nobody serves the step: only Ctrl-C can end the wait (which had no time limit).
+    assert waiter.wait(timeout=60) == 3
+    assert waiter.stdout.read().strip() == "interrupted"
+    client.cancel_task(uuid)

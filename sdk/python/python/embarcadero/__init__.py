@@ -39,6 +39,7 @@ from .errors import (
     MessageTooLargeError,
     NoLiveBrokerError,
     ProtocolError,
+    WorkflowApiError,
 )
 
 # `embarcadero.TimeoutError` (a subclass of the built-in one); left out of `__all__` so a
@@ -149,6 +150,7 @@ __all__ = [
     "ProtocolError",
     "Publisher",
     "Subscriber",
+    "WorkflowApiError",
     "errors",
     "random_session_key",
 ]

@@ -17,8 +17,10 @@ answer or none::
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
-from typing import Any, Dict, Optional
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
 from urllib.parse import quote, urlencode
 
 from . import errors
@@ -30,9 +32,45 @@ Json = Any
 """A JSON value as the standard library decodes it."""
 
 
+# The longest one request of a wait waits (a long poll of one second), so that Ctrl-C, and
+# the cancellation of an AsyncTaskClient's wait, come through within about that long.
+_WAIT_SLICE_S = 1.0
+
+
 def _part(value: str) -> str:
-    """One path segment: a uuid, name or version, escaped so it stays one segment."""
+    """One path segment: a uuid, name or version, escaped so it stays one segment; an
+    empty one would name another route (``/v1/tasks/`` is the task list)."""
+    if not value:
+        raise errors.ConfigError("an empty id or name: give one")
     return quote(value, safe="")
+
+
+def _slices(uuid: str, timeout: Optional[float]) -> Callable[[], Optional[float]]:
+    """The next slice of a wait for task ``uuid`` (seconds), or ``None`` once it is over."""
+    _part(uuid)  # refuses an empty id
+    if timeout is not None and not timeout >= 0:
+        raise errors.ConfigError(f"timeout {timeout}: want seconds, 0 or more (None: no limit)")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    first = [True]
+
+    def next_slice() -> Optional[float]:
+        if deadline is None:
+            return _WAIT_SLICE_S
+        left = deadline - time.monotonic()
+        if left <= 0 and not first[0]:
+            return None
+        first[0] = False
+        return min(max(left, 0.0), _WAIT_SLICE_S)
+
+    return next_slice
+
+
+def _still_running(uuid: str, task: Dict[str, Any], timeout: Optional[float]) -> Exception:
+    return errors.TimeoutError(
+        f"task {uuid} is still {task.get('status')} after {timeout} s "
+        "(wait again, or see which step it waits for with steps())",
+        timeout=timeout,
+    )
 
 
 class TaskClient:
@@ -102,18 +140,18 @@ class TaskClient:
 
     def wait(self, uuid: str, timeout: Optional[float] = None) -> Dict[str, Json]:
         """Task ``uuid`` once it is finished: ``complete``, ``error``, ``cancelled`` or
-        ``resolved_manually`` (check ``status``). Waits by long polls, so it costs the
-        engine nothing meanwhile; ``timeout`` in seconds (``None``: for as long as it
-        takes), after which :class:`embarcadero.TimeoutError` is raised. A task
-        ``blocked_by_failures`` is not finished: it waits for an operator or a retry."""
-        task, finished = self._native.wait_task(uuid, timeout)
-        if not finished:
-            raise errors.TimeoutError(
-                f"task {uuid} is still {task.get('status')} after {timeout} s "
-                "(wait again, or see which step it waits for with steps())",
-                timeout=timeout,
-            )
-        return task
+        ``resolved_manually`` (check ``status``). Waits by long polls of a second each (so
+        Ctrl-C comes through), which cost the engine nothing meanwhile; ``timeout`` in
+        seconds (``None``: for as long as it takes; the API counts whole seconds, so a
+        wait is at least one), after which :class:`embarcadero.TimeoutError` is raised. A
+        task ``blocked_by_failures`` is not finished: it waits for an operator or a retry."""
+        next_slice = _slices(uuid, timeout)
+        task: Dict[str, Json] = {}
+        while (wait_s := next_slice()) is not None:
+            task, finished = self._native.wait_task(uuid, wait_s)
+            if finished:
+                return task
+        raise _still_running(uuid, task, timeout)
 
     def run_task(
         self,
@@ -214,23 +252,61 @@ class TaskClient:
         return self._native.request(method, path, body)
 
 
+# The threads every AsyncTaskClient's requests run on: their own, so that waits do not
+# take the event loop's default executor from other work.
+_EXECUTOR = concurrent.futures.ThreadPoolExecutor(
+    max_workers=32, thread_name_prefix="embarcadero-tasks"
+)
+
+
 def _in_thread(method: Any) -> Any:
     """The coroutine twin of a :class:`TaskClient` method, run in a worker thread."""
 
     @functools.wraps(method)
     async def call(self: AsyncTaskClient, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(method, self._blocking, *args, **kwargs)
+        blocking = functools.partial(method, self._blocking, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, blocking)
 
     return call
 
 
 class AsyncTaskClient:
     """:class:`TaskClient` for ``asyncio``: every method is a coroutine with the same
-    arguments and result, run in a worker thread (the event loop goes on meanwhile, a
-    long :meth:`wait` included)."""
+    arguments and result, run on threads of the client's own (the event loop goes on
+    meanwhile). :meth:`wait` waits a second at a time, so a cancelled wait stops within
+    about a second."""
 
     def __init__(self, control: Optional[str] = None, *, timeout: float = 20.0) -> None:
         self._blocking = TaskClient(control, timeout=timeout)
+
+    async def wait(self, uuid: str, timeout: Optional[float] = None) -> Dict[str, Json]:
+        """As :meth:`TaskClient.wait`."""
+        loop = asyncio.get_running_loop()
+        next_slice = _slices(uuid, timeout)
+        task: Dict[str, Json] = {}
+        while (wait_s := next_slice()) is not None:
+            one = functools.partial(self._blocking._native.wait_task, uuid, wait_s)
+            answer: Tuple[Dict[str, Json], bool] = await loop.run_in_executor(_EXECUTOR, one)
+            task, finished = answer
+            if finished:
+                return task
+        raise _still_running(uuid, task, timeout)
+
+    async def run_task(
+        self,
+        namespace: str,
+        name: str,
+        context: Optional[Dict[str, Json]] = None,
+        *,
+        version: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ) -> Dict[str, Json]:
+        """As :meth:`TaskClient.run_task`."""
+        task = await self.create_task(
+            namespace, name, context, version=version, idempotency_key=idempotency_key
+        )
+        return await self.wait(task["task_uuid"], timeout)
 
     @property
     def url(self) -> str:
@@ -245,8 +321,6 @@ class AsyncTaskClient:
     template = _in_thread(TaskClient.template)
     create_task = _in_thread(TaskClient.create_task)
     task = _in_thread(TaskClient.task)
-    wait = _in_thread(TaskClient.wait)
-    run_task = _in_thread(TaskClient.run_task)
     tasks = _in_thread(TaskClient.tasks)
     cancel_task = _in_thread(TaskClient.cancel_task)
     resolve_task = _in_thread(TaskClient.resolve_task)
