@@ -171,7 +171,11 @@ impl ApiClient {
     /// task is finished or the wait is over.
     /// The answer must be a task: anything else is an error (code `not_a_task`).
     pub fn get_task(&self, uuid: &str, wait_s: u64) -> Result<Value, ApiError> {
-        let url = format!("{}/v1/tasks/{}?wait={wait_s}", self.base, segment("task id", uuid)?);
+        let url = format!(
+            "{}/v1/tasks/{}?wait={wait_s}",
+            self.base,
+            segment("task id", uuid)?
+        );
         let within = Duration::from_secs(wait_s) + self.answer_within;
         let task = answer(self.agent.get(&url).timeout(within).call())?;
         if task["task_uuid"].as_str() != Some(uuid) || !task["status"].is_string() {
@@ -442,7 +446,10 @@ mod tests {
     #[test]
     fn ids_and_names_stay_one_path_segment_and_an_empty_one_is_refused() {
         assert_eq!(segment("task id", "a-b_c.d~e").unwrap(), "a-b_c.d~e");
-        assert_eq!(segment("task id", "a/b?c#d e").unwrap(), "a%2Fb%3Fc%23d%20e");
+        assert_eq!(
+            segment("task id", "a/b?c#d e").unwrap(),
+            "a%2Fb%3Fc%23d%20e"
+        );
         let e = segment("task id", "").unwrap_err();
         assert_eq!((e.status, e.code.as_str()), (400, "bad_request"));
         // Refused before anything is sent: an address nobody listens on is never tried.

@@ -30,7 +30,7 @@ impl NativeTaskClient {
     #[pyo3(signature = (control = None, timeout = 20.0))]
     fn new(control: Option<&str>, timeout: f64) -> PyResult<Self> {
         let control = crate::control_or_default(control);
-        if !(timeout > 0.0) {
+        if timeout.is_nan() || timeout <= 0.0 {
             return Err(config(format!(
                 "timeout {timeout}: want seconds above 0 (each request's longest wait for its answer)"
             )));

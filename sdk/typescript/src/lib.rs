@@ -52,9 +52,11 @@ pub(crate) fn transport(name: Option<String>) -> napi::Result<embarcadero_client
 
 /// Milliseconds from JavaScript (a number) as a duration; negative or NaN is zero.
 pub(crate) fn millis(ms: f64) -> std::time::Duration {
-    std::time::Duration::from_secs_f64(if ms.is_finite() && ms > 0.0 {
-        ms / 1e3
-    } else {
-        0.0
-    })
+    // At most a century: a longer one is no limit in practice, and an `Instant` plus it
+    // stays in range (a huge `timeoutMs` panicked here, which aborts Node).
+    const LONGEST: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
+    if !(ms.is_finite() && ms > 0.0) {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::try_from_secs_f64(ms / 1e3).map_or(LONGEST, |d| d.min(LONGEST))
 }

@@ -16,6 +16,7 @@ import {
   WorkflowApiError,
 } from "../ts/index";
 import { Engine, step } from "./engine";
+import { waitFor } from "./servers";
 
 const SQUARES = (version: string): string => `name: squares
 namespace: ts_tasks
@@ -65,10 +66,22 @@ const HANDLERS: Record<string, StepHandler> = {
 let engine: Engine;
 let client: TaskClient;
 
+/** Whether the control port forwards the API yet (the orchestrator announces itself within a second of serving). */
+async function forwards(c: TaskClient): Promise<boolean> {
+  try {
+    await c.templates();
+    return true;
+  } catch (e) {
+    if (e instanceof WorkflowApiError && e.code === "no_workflow_engine") return false;
+    throw e;
+  }
+}
+
 before(async () => {
   engine = await Engine.start();
   // The control port, which forwards the API to the orchestrator that announced itself.
   client = new TaskClient(engine.server.control);
+  await waitFor("the orchestrator to announce itself to the head", () => forwards(client));
 });
 
 after(async () => {
@@ -113,6 +126,11 @@ test("a wait that runs out rejects, and a cancelled task is finished", { timeout
   assert.ok(ranOut instanceof TimeoutError, String(ranOut));
   assert.equal(ranOut.timeoutMs, 1000);
   assert.match(ranOut.message, new RegExp(uuid));
+  // A wait given up by its signal ends with the signal's reason.
+  const giveUp = new AbortController();
+  const abandoned = client.wait(uuid, { signal: giveUp.signal }).catch((e: unknown) => e);
+  giveUp.abort(new Error("given up"));
+  assert.equal(((await abandoned) as Error).message, "given up");
   assert.equal((await client.cancelTask(uuid)).status, "cancelled");
   // Finished now: the wait answers at once, whatever its limit.
   assert.equal((await client.wait(uuid, { timeoutMs: 300_000 })).status, "cancelled");
@@ -153,7 +171,10 @@ test("errors carry the API's status and code", { timeout: 60_000 }, async () => 
       return true;
     });
   }
-  // A misspelt option is refused before anything is sent.
+  // An empty id (which would name the task list) and a client that would wait no time
+  // at all are refused before anything is sent, as is a misspelt option.
+  await assert.rejects(client.wait(""), ConfigError);
+  assert.throws(() => new TaskClient(engine.server.control, { timeoutMs: 0 }), ConfigError);
   assert.throws(() => new TaskClient(engine.server.control, { timeoutMS: 5 } as never), ConfigError);
   await assert.rejects(client.createTask("ts_tasks", "squares", {}, { versoin: "1" } as never), ConfigError);
 });

@@ -47,6 +47,7 @@ export type {
   TaskListOptions,
   TaskStatus,
   TaskStep,
+  WaitOptions,
 } from "./tasks";
 export type {
   BatchInput,

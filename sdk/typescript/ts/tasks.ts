@@ -3,7 +3,7 @@
 // the CLI uses, off the event loop; documents are the API's own (Tasker's snake_case
 // field names), and errors are `WorkflowApiError`s with the API's status and code.
 import { native, Native } from "./native";
-import { settle, TimeoutError } from "./errors";
+import { ConfigError, settle, TimeoutError } from "./errors";
 import { defaultControl } from "./admin";
 import type { Json, JsonObject } from "./workflow";
 import * as check from "./options";
@@ -97,8 +97,25 @@ const LIST_OPTIONS: check.OptionNames<TaskListOptions> = {
 };
 const ACTION_OPTIONS: check.OptionNames<StepActionOptions> = { reason: true, by: true };
 
-/** One path segment: a uuid, name or version, escaped so it stays one segment. */
-const part = encodeURIComponent;
+/**
+ * One path segment: a uuid, name or version, escaped so it stays one segment; an empty one
+ * would name another route (`/v1/tasks/` is the task list).
+ */
+function part(value: string): string {
+  if (typeof value !== "string" || value === "") throw new ConfigError(`an id or name must be a non-empty string, not ${JSON.stringify(value)}`);
+  return encodeURIComponent(value);
+}
+
+/** The longest one request of a wait waits (a long poll of a second), so that an abort comes through within about that long. */
+const WAIT_SLICE_MS = 1000;
+
+/** Options of {@link TaskClient.wait}. */
+export interface WaitOptions {
+  /** Give up (with a {@link TimeoutError}) after this many milliseconds; default: no limit. The API counts whole seconds, so a wait is at least one. */
+  timeoutMs?: number;
+  /** Aborting it ends the wait within about a second, rejecting with its reason. */
+  signal?: AbortSignal;
+}
 
 /**
  * Client of the workflow engine's API: register templates, start tasks and wait for
@@ -121,6 +138,7 @@ export class TaskClient {
   constructor(control: string = defaultControl(), options: TaskClientOptions = {}) {
     check.known("TaskClient", options, CLIENT_OPTIONS);
     const timeoutMs = check.millis("timeoutMs", options.timeoutMs) ?? 20_000;
+    if (timeoutMs < 1) throw new ConfigError(`timeoutMs ${timeoutMs}: want at least 1 (each request's longest wait for its answer)`);
     this.#native = new native.NativeTaskClient(control, timeoutMs);
   }
 
@@ -171,21 +189,28 @@ export class TaskClient {
 
   /**
    * Task `uuid` once it is finished: `complete`, `error`, `cancelled` or `resolved_manually`
-   * (check `status`). Waits by long polls, which cost the engine nothing meanwhile. Rejects
-   * with {@link TimeoutError} once `timeoutMs` (default: no limit) has passed with the task
-   * unfinished; a task `blocked_by_failures` is not finished (it waits for an operator or a retry).
+   * (check `status`). Waits by long polls of a second each, which cost the engine nothing
+   * meanwhile. Rejects with {@link TimeoutError} once `timeoutMs` (default: no limit) has
+   * passed with the task unfinished, or with the `signal`'s reason once it aborts; a task
+   * `blocked_by_failures` is not finished (it waits for an operator or a retry).
    */
-  async wait(uuid: string, options: { timeoutMs?: number } = {}): Promise<Task> {
-    check.known("wait", options, { timeoutMs: true });
+  async wait(uuid: string, options: WaitOptions = {}): Promise<Task> {
+    check.known("wait", options, { timeoutMs: true, signal: true });
+    part(uuid);
     const limit = check.wait("timeoutMs", options.timeoutMs);
-    const timeoutMs = limit === Infinity ? undefined : limit;
-    const answer = await settle(() => this.#native.waitTask(uuid, timeoutMs));
-    const task = answer.task as Task;
-    if (!answer.flag) {
-      const what = `task ${uuid} is still ${task.status} after ${timeoutMs} ms`;
-      throw new TimeoutError(`${what} (wait again, or see which step it waits for with steps())`, timeoutMs ?? 0);
+    const deadline = limit === undefined || limit === Infinity ? Infinity : Date.now() + limit;
+    const { signal } = options;
+    let task: Task | undefined;
+    for (let first = true; first || Date.now() < deadline; first = false) {
+      signal?.throwIfAborted();
+      const slice = Math.min(WAIT_SLICE_MS, Math.max(0, deadline - Date.now()));
+      const answer = await settle(() => this.#native.waitTask(uuid, slice));
+      task = answer.task as Task;
+      if (answer.flag) return task;
     }
-    return task;
+    signal?.throwIfAborted();
+    const what = `task ${uuid} is still ${task?.status} after ${limit} ms`;
+    throw new TimeoutError(`${what} (wait again, or see which step it waits for with steps())`, limit ?? 0);
   }
 
   /** {@link createTask}, then {@link wait}: the finished task. */
@@ -193,11 +218,11 @@ export class TaskClient {
     namespace: string,
     name: string,
     context: JsonObject = {},
-    options: CreateTaskOptions & { timeoutMs?: number } = {},
+    options: CreateTaskOptions & WaitOptions = {},
   ): Promise<Task> {
-    const { timeoutMs, ...create } = options;
+    const { timeoutMs, signal, ...create } = options;
     const task = await this.createTask(namespace, name, context, create);
-    return this.wait(task.task_uuid, { timeoutMs });
+    return this.wait(task.task_uuid, { timeoutMs, signal });
   }
 
   /** One page of tasks, oldest first, filtered by template and status. */
