@@ -19,7 +19,7 @@ pub use admin::{
     check_topic_name, control_url, not_the_admin_api, unreachable_hint, Admin, BrokerAddr,
     BrokerLogInfo, BrokerRates, ClusterInfo, LocalBrokerStats, MemberState, MemberView,
     RatesReport, ReaderLag, ReplicaError, SequencerLease, SequencerStats, ServiceInfo,
-    StatusReport, TopicHealth, TopicInfo, TopicSpec, TOPIC_NAME_RULES,
+    StatusReport, TopicHealth, TopicInfo, TopicSpec, BUSY_RETRY_FOR, TOPIC_NAME_RULES,
 };
 pub use cursor_fit::CursorMismatch;
 pub use delivery::SharedBatch;

@@ -3,7 +3,7 @@
 
 use crate::api::MAX_WAIT_S;
 use crate::machine::TaskState;
-use embarcadero_client::MAX_REQUEST_BODY;
+use embarcadero_client::{BUSY_RETRY_FOR, MAX_REQUEST_BODY};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -98,18 +98,12 @@ impl ApiClient {
     pub fn register_template(&self, yaml: &str) -> Result<Value, ApiError> {
         check_body(yaml.len(), "template")?;
         let req = self.agent.post(&format!("{}/v1/templates", self.base));
-        answer(
-            req.set("Content-Type", "application/yaml")
-                .send_string(yaml),
-        )
+        self.send(req, Body::Yaml(yaml))
     }
 
     pub fn list_templates(&self) -> Result<Value, ApiError> {
-        answer(
-            self.agent
-                .get(&format!("{}/v1/templates", self.base))
-                .call(),
-        )
+        let req = self.agent.get(&format!("{}/v1/templates", self.base));
+        self.send(req, Body::Empty)
     }
 
     /// The whole registered template `namespace/name` at `version`, or its newest
@@ -125,7 +119,7 @@ impl ApiClient {
         if let Some(v) = version {
             url = format!("{url}/{}", segment("version", v)?);
         }
-        answer(self.agent.get(&url).call())
+        self.send(self.agent.get(&url), Body::Empty)
     }
 
     /// `POST /v1/tasks` with Tasker's body: the new task, or the existing one with the
@@ -159,12 +153,9 @@ impl ApiClient {
             body["idempotency_key"] = json!(k);
         }
         check_body(body.to_string().len(), "task, with its context,")?;
-        let sent = self
-            .agent
-            .post(&format!("{}/v1/tasks", self.base))
-            .send_json(body);
-        let existing = sent.as_ref().is_ok_and(|r| r.status() == 200);
-        answer(sent).map(|task| (task, existing))
+        let req = self.agent.post(&format!("{}/v1/tasks", self.base));
+        let (status, task) = self.send_for_status(req, Body::Json(&body))?;
+        Ok((task, status == 200))
     }
 
     /// `GET /v1/tasks/{uuid}`; with `wait_s` > 0, a long poll that answers once the
@@ -177,7 +168,7 @@ impl ApiClient {
             segment("task id", uuid)?
         );
         let within = Duration::from_secs(wait_s) + self.answer_within;
-        let task = answer(self.agent.get(&url).timeout(within).call())?;
+        let task = self.send(self.agent.get(&url).timeout(within), Body::Empty)?;
         if task["task_uuid"].as_str() != Some(uuid) || !task["status"].is_string() {
             return Err(ApiError {
                 status: 200,
@@ -266,10 +257,7 @@ impl ApiClient {
             check_body(b.to_string().len(), "request")?;
         }
         let req = self.agent.request(method, &format!("{}{path}", self.base));
-        answer(match body {
-            Some(b) => req.send_json(b),
-            None => req.call(),
-        })
+        self.send(req, body.as_ref().map_or(Body::Empty, Body::Json))
     }
 
     /// `GET /v1/workflow/metrics`: the engine's Prometheus text (its `/metrics`, under a
@@ -301,11 +289,79 @@ impl ApiClient {
     }
 }
 
-fn answer(r: Result<ureq::Response, ureq::Error>) -> Result<Value, ApiError> {
+impl ApiClient {
+    /// The JSON answer to `req` with `body`, retried as [`Self::send_for_status`] says.
+    fn send(&self, req: ureq::Request, body: Body) -> Result<Value, ApiError> {
+        self.send_for_status(req, body).map(|(_, answer)| answer)
+    }
+
+    /// The status and JSON of the answer to `req` with `body`. An answer saying the
+    /// head did not forward it (no orchestrator announced itself yet, none could be
+    /// reached, every forwarding place or connection busy) is retried for up to
+    /// [`BUSY_RETRY_FOR`], as the admin client retries a 503: nothing acted on it, and an
+    /// orchestrator announces itself within a second of serving (a task created right
+    /// after `embarcadero orchestrator` started got 503), a standby takes over within its
+    /// failover time.
+    fn send_for_status(&self, req: ureq::Request, body: Body) -> Result<(u16, Value), ApiError> {
+        let give_up = Instant::now() + BUSY_RETRY_FOR;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let sent = match body {
+                Body::Empty => req.clone().call(),
+                Body::Json(v) => req.clone().send_json(v),
+                Body::Yaml(text) => req
+                    .clone()
+                    .set("Content-Type", "application/yaml")
+                    .send_string(text),
+            };
+            match answer_with_status(sent) {
+                Err(e) if not_forwarded(&e) && Instant::now() + pause < give_up => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                answered => return answered,
+            }
+        }
+    }
+}
+
+/// A request as ureq sends it.
+type Sent = Result<ureq::Response, ureq::Error>;
+
+/// What a request carries.
+#[derive(Clone, Copy)]
+enum Body<'a> {
+    Empty,
+    Json(&'a Value),
+    Yaml(&'a str),
+}
+
+/// Whether the head answered without forwarding the request to an orchestrator (its
+/// proxy's refusals, and its HTTP layer's when every connection is taken): a retry is
+/// safe.
+fn not_forwarded(e: &ApiError) -> bool {
+    matches!(
+        (e.status, e.code.as_str()),
+        (
+            503,
+            "no_workflow_engine" | "workflow_proxy_busy" | "http_503"
+        ) | (502, "workflow_engine_unreachable")
+    )
+}
+
+fn answer(r: Sent) -> Result<Value, ApiError> {
+    answer_with_status(r).map(|(_, body)| body)
+}
+
+fn answer_with_status(r: Sent) -> Result<(u16, Value), ApiError> {
     match r {
-        Ok(resp) => resp
-            .into_json()
-            .map_err(|e| transport(format!("unreadable answer: {e}"))),
+        Ok(resp) => {
+            let status = resp.status();
+            let body = resp
+                .into_json()
+                .map_err(|e| transport(format!("unreadable answer: {e}")))?;
+            Ok((status, body))
+        }
         Err(ureq::Error::Status(status, resp)) => {
             let origin = origin(resp.get_url()).to_string();
             let body: Value = resp.into_json().unwrap_or(Value::Null);
@@ -460,16 +516,21 @@ mod tests {
 
     /// A listener that answers each of `answers` connections with `body` (200, JSON).
     fn answering(body: &'static str, answers: usize) -> String {
+        answering_in_turn(vec![(200, body); answers])
+    }
+
+    /// A listener that answers its connections with `answers` in turn (status, JSON).
+    fn answering_in_turn(answers: Vec<(u16, &'static str)>) -> String {
         use std::io::{Read, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         std::thread::spawn(move || {
-            for stream in listener.incoming().take(answers) {
+            for ((status, body), stream) in answers.into_iter().zip(listener.incoming()) {
                 let mut stream = stream.unwrap();
                 let mut request = [0u8; 4096];
                 let _ = stream.read(&mut request);
                 let head = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                     body.len()
                 );
                 let _ = stream.write_all(head.as_bytes());
@@ -477,6 +538,21 @@ mod tests {
             }
         });
         addr
+    }
+
+    #[test]
+    fn a_request_the_head_did_not_forward_is_retried_and_one_the_engine_refused_is_not() {
+        let no_engine = r#"{"error": {"code": "no_workflow_engine", "message": "none yet"}}"#;
+        let busy = r#"{"error": {"code": "workflow_proxy_busy", "message": "busy"}}"#;
+        let listed = r#"{"templates": []}"#;
+        let addr = answering_in_turn(vec![(503, no_engine), (503, busy), (200, listed)]);
+        let templates = ApiClient::new(&addr).list_templates().unwrap();
+        assert_eq!(templates, json!({"templates": []}));
+        // The engine's own 503 (it may have acted, or it is the caller's to wait out).
+        let backpressure = r#"{"error": {"code": "backpressure", "message": "full"}}"#;
+        let addr = answering_in_turn(vec![(503, backpressure), (200, listed)]);
+        let e = ApiClient::new(&addr).list_templates().unwrap_err();
+        assert_eq!((e.status, e.code.as_str()), (503, "backpressure"));
     }
 
     #[test]
