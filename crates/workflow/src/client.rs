@@ -62,15 +62,8 @@ impl ApiClient {
     /// `addr`: host:port of the workflow API (or a full http:// URL): the control port,
     /// which forwards it, or the orchestrator's own.
     pub fn new(addr: &str) -> Self {
-        let base = embarcadero_client::control_url(addr);
-        let agent = ureq::AgentBuilder::new()
-            .timeout_connect(Duration::from_secs(5))
-            .build();
-        Self {
-            base,
-            agent,
-            answer_within: DEFAULT_ANSWER_WITHIN,
-        }
+        let agent = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(5));
+        Self::with_agent(addr, agent, DEFAULT_ANSWER_WITHIN)
     }
 
     /// [`Self::new`], each request waiting at most `timeout` for its answer (a long poll
@@ -78,15 +71,17 @@ impl ApiClient {
     /// a day, which is no limit in practice and keeps the clock arithmetic in range.
     pub fn with_timeout(addr: &str, timeout: Duration) -> Self {
         let timeout = timeout.clamp(Duration::from_millis(1), Duration::from_secs(86_400));
-        let base = embarcadero_client::control_url(addr);
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(Duration::from_secs(5).min(timeout))
-            .timeout(timeout)
-            .build();
+            .timeout(timeout);
+        Self::with_agent(addr, agent, timeout)
+    }
+
+    fn with_agent(addr: &str, agent: ureq::AgentBuilder, answer_within: Duration) -> Self {
         Self {
-            base,
-            agent,
-            answer_within: timeout,
+            base: embarcadero_client::control_url(addr),
+            agent: agent.build(),
+            answer_within,
         }
     }
 
@@ -159,8 +154,7 @@ impl ApiClient {
     }
 
     /// `GET /v1/tasks/{uuid}`; with `wait_s` > 0, a long poll that answers once the
-    /// task is finished or the wait is over.
-    /// The answer must be a task: anything else is an error (code `not_a_task`).
+    /// task is finished or the wait is over. The answer must be a task: anything else is an error (code `not_a_task`).
     pub fn get_task(&self, uuid: &str, wait_s: u64) -> Result<Value, ApiError> {
         let url = format!(
             "{}/v1/tasks/{}?wait={wait_s}",

@@ -36,10 +36,21 @@ where
     T: Send + 'static,
     F: FnOnce() -> Result<T, Error> + Send + 'static,
 {
+    blocking_as(f, error::to_js).await
+}
+
+/// [`blocking`] for a call whose error is not the client's: `to_js` makes it the
+/// JavaScript error (the workflow API client's `ApiError`, say).
+pub(crate) async fn blocking_as<T, E, F>(f: F, to_js: fn(E) -> napi::Error) -> napi::Result<T>
+where
+    T: Send + 'static,
+    E: Send + 'static,
+    F: FnOnce() -> Result<T, E> + Send + 'static,
+{
     napi::bindgen_prelude::spawn_blocking(f)
         .await
         .map_err(|e| error::to_js(Error::Config(format!("the worker thread failed: {e}"))))?
-        .map_err(error::to_js)
+        .map_err(to_js)
 }
 
 /// A transport as JavaScript names it (`"auto"`, `"tcp"` or `"shm"`; none: auto, the Rust

@@ -28,10 +28,7 @@ where
     T: Send + 'static,
     F: FnOnce() -> Result<T, ApiError> + Send + 'static,
 {
-    napi::bindgen_prelude::spawn_blocking(f)
-        .await
-        .map_err(|e| napi::Error::from_reason(format!("the worker thread failed: {e}")))?
-        .map_err(api_to_js)
+    crate::blocking_as(f, api_to_js).await
 }
 
 #[napi]

@@ -20,7 +20,7 @@ import asyncio
 import concurrent.futures
 import functools
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 from urllib.parse import quote, urlencode
 
 from . import errors
@@ -45,24 +45,27 @@ def _part(value: str) -> str:
     return quote(value, safe="")
 
 
-def _slices(uuid: str, timeout: Optional[float]) -> Callable[[], Optional[float]]:
-    """The next slice of a wait for task ``uuid`` (seconds), or ``None`` once it is over."""
+def _slices(uuid: str, timeout: Optional[float]) -> Iterator[float]:
+    """The long polls of a wait for task ``uuid``, in seconds: one at least, each at most
+    :data:`_WAIT_SLICE_S`, until ``timeout`` (``None``: for ever). The arguments are
+    checked at the call, not at the first poll."""
     _part(uuid)  # refuses an empty id
     if timeout is not None and not timeout >= 0:
         raise errors.ConfigError(f"timeout {timeout}: want seconds, 0 or more (None: no limit)")
-    deadline = None if timeout is None else time.monotonic() + timeout
-    first = [True]
 
-    def next_slice() -> Optional[float]:
-        if deadline is None:
-            return _WAIT_SLICE_S
-        left = deadline - time.monotonic()
-        if left <= 0 and not first[0]:
-            return None
-        first[0] = False
-        return min(max(left, 0.0), _WAIT_SLICE_S)
+    def slices() -> Iterator[float]:
+        if timeout is None:
+            while True:
+                yield _WAIT_SLICE_S
+        deadline = time.monotonic() + timeout
+        left = timeout
+        while True:
+            yield min(left, _WAIT_SLICE_S)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
 
-    return next_slice
+    return slices()
 
 
 def _still_running(uuid: str, task: Dict[str, Any], timeout: Optional[float]) -> Exception:
@@ -145,9 +148,8 @@ class TaskClient:
         seconds (``None``: for as long as it takes; the API counts whole seconds, so a
         wait is at least one), after which :class:`embarcadero.TimeoutError` is raised. A
         task ``blocked_by_failures`` is not finished: it waits for an operator or a retry."""
-        next_slice = _slices(uuid, timeout)
         task: Dict[str, Json] = {}
-        while (wait_s := next_slice()) is not None:
+        for wait_s in _slices(uuid, timeout):
             task, finished = self._native.wait_task(uuid, wait_s)
             if finished:
                 return task
@@ -282,9 +284,9 @@ class AsyncTaskClient:
     async def wait(self, uuid: str, timeout: Optional[float] = None) -> Dict[str, Json]:
         """As :meth:`TaskClient.wait`."""
         loop = asyncio.get_running_loop()
-        next_slice = _slices(uuid, timeout)
+        slices = _slices(uuid, timeout)
         task: Dict[str, Json] = {}
-        while (wait_s := next_slice()) is not None:
+        for wait_s in slices:
             one = functools.partial(self._blocking._native.wait_task, uuid, wait_s)
             answer: Tuple[Dict[str, Json], bool] = await loop.run_in_executor(_EXECUTOR, one)
             task, finished = answer
