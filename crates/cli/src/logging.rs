@@ -1,6 +1,7 @@
 //! The log of the long-running commands (`serve`, `broker`, `sequencer`, `orchestrator`,
 //! `worker`): `tracing` to stderr, filtered by `EMBARCADERO_LOG`, and the lifecycle lines
-//! they print for people (`note!`).
+//! they print for people (`note!`). `--log-format json` (`EMBARCADERO_LOG_FORMAT`) makes
+//! every line, the lifecycle lines too, one JSON object for a log shipper.
 //!
 //! Nothing a log writes may stop the program. A log piped into a reader that went away
 //! (`serve 2>&1 | head`, a log shipper restarting) made every write fail with EPIPE;
@@ -9,9 +10,38 @@
 //! `/healthz` still answered ok (an operator's first days, session 34). Lines that cannot
 //! be written are dropped instead.
 //!
-//! Owns: the subscriber's set-up and its writer. Touches stderr only.
+//! Owns: the subscriber's set-up, its writer and the chosen format. Touches stderr only.
 
 use std::io::{self, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Lines for people: time, level, target, message.
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `target`, `fields.message`, and
+    /// the event's other fields), lifecycle lines included.
+    Json,
+}
+
+/// Set once, by `main`, before any command runs.
+static FORMAT: OnceLock<LogFormat> = OnceLock::new();
+
+/// Chooses the format for the rest of the process (the first choice stands).
+pub fn set_log_format(format: LogFormat) {
+    let _ = FORMAT.set(format);
+}
+
+fn log_format() -> LogFormat {
+    FORMAT.get().copied().unwrap_or_default()
+}
+
+/// `init_logging` ran: only then do lifecycle lines go through the log (a short command
+/// such as `topic create` has no log, and its error line stays text).
+static LOGGING: AtomicBool = AtomicBool::new(false);
 
 /// Writes to stderr; a failed write drops the line instead of returning the error, which
 /// `tracing-subscriber` would report with a panicking `eprintln!`.
@@ -39,12 +69,17 @@ pub fn init_logging() {
             Err(e) => (tracing_subscriber::EnvFilter::new("info"), Some((text, e))),
         },
     };
-    // Colour only on a terminal: escape codes would clutter a log file.
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(|| LossyStderr)
-        .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
-        .try_init();
+        .with_writer(|| LossyStderr);
+    let _ = match log_format() {
+        // Colour only on a terminal: escape codes would clutter a log file.
+        LogFormat::Text => builder
+            .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
+            .try_init(),
+        LogFormat::Json => builder.json().with_current_span(false).try_init(),
+    };
+    LOGGING.store(true, Ordering::Release);
     if let Some((text, e)) = bad {
         tracing::warn!(
             "EMBARCADERO_LOG={text:?} is not a log filter ({e}); logging at info. Write a level \
@@ -54,14 +89,23 @@ pub fn init_logging() {
 }
 
 /// `eprintln!` for a lifecycle line meant for people ("serving", "shutting down"): a
-/// stderr that cannot take it drops it rather than panic.
+/// stderr that cannot take it drops it rather than panic. In the JSON format it is an
+/// `info` event of target `embarcadero`, so a log stays one object per line.
 macro_rules! note {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
+    ($($arg:tt)*) => {
+        $crate::logging::note_line(format_args!($($arg)*))
+    };
 }
 pub(crate) use note;
+
+/// What `note!` writes.
+pub fn note_line(line: std::fmt::Arguments<'_>) {
+    if log_format() == LogFormat::Json && LOGGING.load(Ordering::Acquire) {
+        tracing::info!(target: "embarcadero", "{line}");
+    } else {
+        let _ = writeln!(io::stderr(), "{line}");
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -46,6 +46,10 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How the long-running commands (serve, broker, sequencer, orchestrator, worker)
+    /// write their log to stderr: text for people, or one JSON object per line.
+    #[arg(long, global = true, env = "EMBARCADERO_LOG_FORMAT", value_enum, default_value_t = logging::LogFormat::Text)]
+    log_format: logging::LogFormat,
 }
 
 /// Where the control plane is; shared by the client subcommands.
@@ -221,6 +225,7 @@ enum TopicCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    logging::set_log_format(cli.log_format);
     // A misspelt variable (EMBARCADERO_CONTROLL) would otherwise be ignored without a
     // word; `serve` and `broker --head` warn while loading their configuration.
     if matches!(
@@ -339,6 +344,7 @@ pub fn serve_config(
 const NON_SERVER_ENV: &[&str] = &[
     "EMBARCADERO_CONTROL",
     "EMBARCADERO_LOG",
+    "EMBARCADERO_LOG_FORMAT",
     "EMBARCADERO_ETCD",
     "EMBARCADERO_SLOW_CONSUMER_QUEUE",
     "EMBARCADERO_SLOW_CONSUMER_MS",
@@ -364,7 +370,7 @@ fn warn_about_unknown_env() {
     }
 }
 
-/// Runs a server until SIGINT or SIGTERM.
+/// Runs a server until SIGINT, SIGTERM or SIGHUP.
 pub fn run_server(config: ServerConfig) -> CliResult {
     init_logging();
     let stop = stop_signal()?;
@@ -403,7 +409,8 @@ pub fn run_server(config: ServerConfig) -> CliResult {
     Ok(())
 }
 
-/// A channel that receives once SIGINT or SIGTERM arrives.
+/// A channel that receives once SIGINT, SIGTERM or SIGHUP arrives (`ctrlc`'s
+/// `termination` feature): each stops a long-running command gracefully.
 pub fn stop_signal() -> Result<std::sync::mpsc::Receiver<()>, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     ctrlc::set_handler(move || {

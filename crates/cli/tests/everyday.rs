@@ -894,3 +894,51 @@ fn a_server_whose_log_reader_went_away_keeps_serving() {
     );
     let _ = server.kill();
 }
+
+/// `--log-format json` (a log shipper's format) makes every line the server writes one
+/// JSON object, the lifecycle lines for people ("serving", "shutting down") included,
+/// from start to a graceful stop; the flag works after the subcommand.
+#[test]
+fn a_json_log_is_one_object_per_line_from_start_to_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Command::new(BIN)
+        .args(["serve", "--log-format", "json", "--base-port", "0"])
+        .args(["--control-port", "0", "--data-dir"])
+        .arg(dir.path().join("d"))
+        .env("EMBARCADERO_REGION_MAX_TOPICS", "64")
+        .env("EMBARCADERO_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(server.stderr.take().unwrap());
+    let serving = wait_for(&lines, "embarcadero is serving");
+    let control = common::control_address(&serving);
+    let run = |args: &[&str]| common::run_against(&control, args, None);
+    ok(&run(&["topic", "create", "j", "--order", "2"]));
+    ok(&run(&["topic", "delete", "j"]));
+    // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped; it
+    // touches no memory of ours.
+    assert_eq!(unsafe { libc::kill(server.id() as i32, libc::SIGTERM) }, 0);
+    assert!(server.wait().unwrap().success(), "a graceful stop exits 0");
+    let mut all: Vec<String> = vec![serving];
+    all.extend(lines.iter());
+    let objects: Vec<serde_json::Value> = all
+        .iter()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect();
+    for o in &objects {
+        assert!(o["level"].is_string() && o["target"].is_string(), "{o}");
+        assert!(o["fields"]["message"].is_string(), "{o}");
+    }
+    let said = |text: &str| {
+        objects.iter().any(|o| {
+            o["target"] == "embarcadero" && o["fields"]["message"].as_str().unwrap().contains(text)
+        })
+    };
+    assert!(said("embarcadero is serving") && said("shutting down"));
+    assert!(
+        objects.len() > 3,
+        "the debug log has more than the lifecycle lines"
+    );
+}
