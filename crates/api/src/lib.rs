@@ -12,7 +12,7 @@ mod status;
 mod topics;
 
 pub use cluster::{BrokerAddr, ClusterInfo, MemberState, MemberView, RegionInfo, SequencerLease};
-pub use services::{ServiceAnnounce, ServiceInfo};
+pub use services::{ServiceAnnounce, ServiceInfo, ServiceLog};
 pub use status::{BrokerRates, LocalBrokerStats, RatesReport, SequencerStats, StatusReport};
 pub use topics::{BrokerLogInfo, ReaderLag, ReplicaError, TopicHealth, TopicInfo, TopicSpec};
 

@@ -14,6 +14,20 @@ pub struct ServiceAnnounce {
     pub addr: String,
     /// How long the head keeps the entry without a new announcement (100 ms to 60 s).
     pub ttl_ms: u64,
+    /// The log the service folds, if it folds one: the head refuses the announcement
+    /// (409) unless it has that very topic, so a service of another cluster (a stale
+    /// process pointed at a port this head now has) is never listed or forwarded to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<ServiceLog>,
+}
+
+/// A topic as it was created: its name and creation time, which together tell it apart
+/// from a topic of the same name in another cluster or one deleted and made again.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceLog {
+    pub topic: String,
+    pub created_unix_ms: u64,
 }
 
 /// One live service, as `GET /v1/services` and `/v1/status` list it.

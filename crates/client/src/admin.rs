@@ -4,7 +4,7 @@ use crate::{Error, Result};
 pub use embarcadero_api::{
     BrokerAddr, BrokerLogInfo, BrokerRates, ClusterInfo, LocalBrokerStats, MemberState, MemberView,
     RatesReport, ReaderLag, ReplicaError, SequencerLease, SequencerStats, ServiceAnnounce,
-    ServiceInfo, StatusReport, TopicHealth, TopicInfo, TopicSpec,
+    ServiceInfo, ServiceLog, StatusReport, TopicHealth, TopicInfo, TopicSpec,
 };
 use std::time::Duration;
 
@@ -216,12 +216,20 @@ impl Admin {
     }
 
     /// Tells the head that a `kind` service serves at `addr` (`POST /v1/services`);
-    /// the head forgets it after `ttl` without another announcement.
-    pub fn announce_service(&self, kind: &str, addr: &str, ttl: Duration) -> Result<()> {
+    /// the head forgets it after `ttl` without another announcement. A service that
+    /// folds a topic names it (`log`): a head without that very topic refuses (409).
+    pub fn announce_service(
+        &self,
+        kind: &str,
+        addr: &str,
+        ttl: Duration,
+        log: Option<ServiceLog>,
+    ) -> Result<()> {
         let announce = ServiceAnnounce {
             kind: kind.into(),
             addr: addr.into(),
             ttl_ms: ttl.as_millis() as u64,
+            log,
         };
         let body = serde_json::to_value(announce).expect("serialisable");
         self.call(

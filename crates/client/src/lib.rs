@@ -18,7 +18,7 @@ mod subscriber;
 pub use admin::{
     check_topic_name, control_url, not_the_admin_api, unreachable_hint, Admin, BrokerAddr,
     BrokerLogInfo, BrokerRates, ClusterInfo, LocalBrokerStats, MemberState, MemberView,
-    RatesReport, ReaderLag, ReplicaError, SequencerLease, SequencerStats, ServiceInfo,
+    RatesReport, ReaderLag, ReplicaError, SequencerLease, SequencerStats, ServiceInfo, ServiceLog,
     StatusReport, TopicHealth, TopicInfo, TopicSpec, BUSY_RETRY_FOR, TOPIC_NAME_RULES,
 };
 pub use cursor_fit::CursorMismatch;

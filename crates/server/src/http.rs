@@ -425,19 +425,43 @@ fn status(inner: &Inner) -> StatusReport<SharedConfig, Capacities> {
     }
 }
 
-/// `POST /v1/services`: `{"kind", "addr", "ttl_ms"}`; 400 for a bad field, 507 when the
-/// registry is full.
+/// `POST /v1/services`: `{"kind", "addr", "ttl_ms", "log"?}`; 400 for a bad field, 409
+/// for a log this head does not have, 507 when the registry is full.
 fn announce_call(inner: &Inner, request: &Request) -> (u16, &'static str, String) {
     let example = r#"{"kind": "workflow", "addr": "127.0.0.1:7411", "ttl_ms": 3000}"#;
     let announce: embarcadero_api::ServiceAnnounce = match read_json(request, example) {
         Ok(a) => a,
         Err(e) => return e,
     };
+    if let Err(e) = crate::services::validate(&announce) {
+        return error(400, e.to_string());
+    }
+    if let Some(log) = &announce.log {
+        let here = inner.control.describe(&log.topic).ok();
+        if here.as_ref().map(|t| t.created_unix_ms) != Some(log.created_unix_ms) {
+            return error(409, foreign_log(log, here.is_some()));
+        }
+    }
     match inner.services.announce(announce) {
         Ok(()) => (200, "application/json", "{}".into()),
         Err(e @ crate::services::ServiceError::Invalid(_)) => error(400, e.to_string()),
         Err(e @ crate::services::ServiceError::Full) => error(507, e.to_string()),
     }
+}
+
+/// Why a service's announcement names a log this head does not have.
+fn foreign_log(log: &embarcadero_api::ServiceLog, name_known: bool) -> String {
+    let what = if name_known {
+        "a topic of that name created at another time"
+    } else {
+        "no topic of that name"
+    };
+    format!(
+        "this head has {what}, not the topic {:?} created at unix ms {} that the service folds: \
+         it belongs to another cluster or its topic was deleted; point the service at its \
+         own cluster's head (--control), or restart it",
+        log.topic, log.created_unix_ms
+    )
 }
 
 fn local_broker_stats(b: &crate::BrokerInfo) -> LocalBrokerStats {

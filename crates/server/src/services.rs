@@ -125,6 +125,10 @@ pub(crate) fn validate(a: &ServiceAnnounce) -> Result<(), ServiceError> {
             TTL_MS.end()
         )));
     }
+    if let Some(log) = &a.log {
+        embarcadero_wire::validate_topic_name(&log.topic)
+            .map_err(|e| ServiceError::Invalid(format!("the service's log: {e}")))?;
+    }
     Ok(())
 }
 
@@ -137,6 +141,7 @@ mod tests {
             kind: "workflow".into(),
             addr: addr.into(),
             ttl_ms,
+            log: None,
         }
     }
 
@@ -207,5 +212,13 @@ mod tests {
             s.announce(workflow("h:1", 60_001)),
             Err(ServiceError::Invalid(_))
         ));
+        let bad_log = ServiceAnnounce {
+            log: Some(embarcadero_api::ServiceLog {
+                topic: "x".repeat(10_000),
+                created_unix_ms: 1,
+            }),
+            ..workflow("h:1", 1000)
+        };
+        assert!(matches!(s.announce(bad_log), Err(ServiceError::Invalid(_))));
     }
 }

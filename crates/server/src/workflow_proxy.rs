@@ -365,6 +365,7 @@ mod tests {
             kind: KIND.into(),
             addr: addr.into(),
             ttl_ms: 60_000,
+            log: None,
         };
         services.announce(announce).unwrap();
         services

@@ -85,3 +85,52 @@ fn a_start_on_ports_in_use_is_refused_before_the_region_is_made() {
         assert!(!region.exists(), "{what}: no region file was made");
     }
 }
+
+/// A service that names the log it folds is listed only by a head that has that very
+/// topic: one naming a topic this head lacks, or a topic of the same name created at
+/// another time (another cluster's, or one deleted and made again), is refused with 409
+/// and never listed, so the control port cannot forward the workflow API to it.
+#[test]
+fn a_service_naming_a_log_this_head_lacks_is_refused_and_not_listed() {
+    use embarcadero_client::ServiceLog;
+    let t = common::start();
+    t.create_topic("wf", 5);
+    let admin = t.admin();
+    let info = admin.describe_topic("wf").unwrap();
+    let ttl = Duration::from_secs(60);
+    let log = |topic: &str, created_unix_ms| {
+        Some(ServiceLog {
+            topic: topic.into(),
+            created_unix_ms,
+        })
+    };
+    let refused = |addr: &str, l| {
+        let e = admin
+            .announce_service("workflow", addr, ttl, l)
+            .unwrap_err();
+        assert!(e.to_string().contains("409"), "{e}");
+        assert!(e.to_string().contains("another cluster"), "{e}");
+    };
+    refused("127.0.0.1:1", log("elsewhere", info.created_unix_ms));
+    refused("127.0.0.1:2", log("wf", info.created_unix_ms + 1));
+    admin
+        .announce_service(
+            "workflow",
+            "127.0.0.1:3",
+            ttl,
+            log("wf", info.created_unix_ms),
+        )
+        .unwrap();
+    // One that names no log is taken as before (a service that folds none).
+    admin
+        .announce_service("other", "127.0.0.1:4", ttl, None)
+        .unwrap();
+    let listed: Vec<String> = admin
+        .status()
+        .unwrap()
+        .services
+        .into_iter()
+        .map(|s| s.addr)
+        .collect();
+    assert_eq!(listed, ["127.0.0.1:3", "127.0.0.1:4"]);
+}

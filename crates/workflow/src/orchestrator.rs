@@ -99,6 +99,9 @@ pub struct Engine {
 
 pub struct Orchestrator {
     pub engine: Arc<Engine>,
+    /// The topic this engine folds, as it found it at start: what it tells the head it
+    /// serves, so a head without that very topic refuses to list it.
+    pub folds: embarcadero_client::ServiceLog,
     thread: Option<JoinHandle<()>>,
     // Stopped after the engine thread (field order is drop order; `stop` joins first).
     _snapshotter: Option<Snapshotter>,
@@ -112,7 +115,13 @@ const INFLIGHT_MS: u64 = 5_000;
 impl Orchestrator {
     pub fn start(cfg: OrchestratorConfig) -> Result<Self, Error> {
         let replay_end = ensure_topic(&cfg.log)?;
-        let log_id = log_identity(&cfg.log)?;
+        let info =
+            embarcadero_client::Admin::new(&cfg.log.control).describe_topic(&cfg.log.topic)?;
+        let log_id = identity_of(&info);
+        let folds = embarcadero_client::ServiceLog {
+            topic: info.name,
+            created_unix_ms: info.created_unix_ms,
+        };
         let (state, folder) = open_fold(&cfg, &log_id, replay_end)?;
         let from = state.next_position;
         assert!(
@@ -168,6 +177,7 @@ impl Orchestrator {
             .map_err(|e| Error::Config(format!("cannot start the orchestrator thread: {e}")))?;
         Ok(Self {
             engine,
+            folds,
             thread: Some(thread),
             _snapshotter: snapshotter,
         })
@@ -207,11 +217,6 @@ fn start_snapshots(
 
 /// What names this log in snapshots: the topic and its creation time (a topic deleted and
 /// created again under the same name is another log, whose positions mean other events).
-fn log_identity(cfg: &LogConfig) -> Result<String, Error> {
-    let info = embarcadero_client::Admin::new(&cfg.control).describe_topic(&cfg.topic)?;
-    Ok(identity_of(&info))
-}
-
 fn identity_of(info: &embarcadero_client::TopicInfo) -> String {
     format!("{}@{}", info.name, info.created_unix_ms)
 }
@@ -363,7 +368,7 @@ struct Runtime {
     /// Where the state's events begin in the log: if the log no longer holds them, a
     /// reader starting now could not have them ([`continuity`]).
     origin: u64,
-    /// The log's identity on start ([`log_identity`]).
+    /// The log's identity on start ([`identity_of`]).
     log_id: String,
     /// Catching up with the log's end after an outage, not replaying on start.
     resumed: bool,

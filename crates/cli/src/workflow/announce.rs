@@ -5,7 +5,7 @@
 //! A failed announcement is logged once per run of failures and retried: the engine
 //! works without the head knowing it, only `status` loses sight of it.
 
-use embarcadero_client::Admin;
+use embarcadero_client::{Admin, ServiceLog};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -23,14 +23,15 @@ pub struct Announcer {
 }
 
 impl Announcer {
-    /// Starts announcing that the engine's API serves at `addr` to the head at `control`.
-    pub fn start(control: &str, addr: String) -> std::io::Result<Self> {
+    /// Starts announcing to the head at `control` that the engine folding `log` serves
+    /// its API at `addr`.
+    pub fn start(control: &str, addr: String, log: ServiceLog) -> std::io::Result<Self> {
         let admin = Admin::with_timeout(control, EVERY);
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
         let thread = std::thread::Builder::new()
             .name("announce".into())
-            .spawn(move || announce_until(&admin, &addr, &stopping))?;
+            .spawn(move || announce_until(&admin, &addr, &log, &stopping))?;
         Ok(Self {
             stop,
             thread: Some(thread),
@@ -38,10 +39,10 @@ impl Announcer {
     }
 }
 
-fn announce_until(admin: &Admin, addr: &str, stop: &AtomicBool) {
+fn announce_until(admin: &Admin, addr: &str, log: &ServiceLog, stop: &AtomicBool) {
     let mut failing = false;
     while !stop.load(Ordering::Acquire) {
-        match admin.announce_service(KIND, addr, TTL) {
+        match admin.announce_service(KIND, addr, TTL, Some(log.clone())) {
             Ok(()) if failing => {
                 tracing::info!("the head at {} knows the engine again", admin.control_url());
                 failing = false;

@@ -127,9 +127,12 @@ pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
         handler,
     )
     .map_err(|e| format!("cannot serve the API: {e}"))?;
-    let announcer =
-        super::announce::Announcer::start(&args.log.control.control, http.local_addr().to_string())
-            .map_err(|e| format!("cannot start the announcer thread: {e}"))?;
+    let announcer = super::announce::Announcer::start(
+        &args.log.control.control,
+        http.local_addr().to_string(),
+        orchestrator.folds.clone(),
+    )
+    .map_err(|e| format!("cannot start the announcer thread: {e}"))?;
     crate::note!(
         "workflow orchestrator is serving: API http://{}",
         http.local_addr()
