@@ -13,13 +13,22 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// The largest integer every JSON reader keeps exact (2^53 - 1: JavaScript's numbers,
+/// jq 1.6). Incarnations are shown as JSON numbers (`/v1/cluster`, `/v1/status`, the
+/// TypeScript admin client's `incarnation: number`), so they stay at or below it.
+pub const MAX_JSON_SAFE: u64 = (1 << 53) - 1;
+
 /// A fresh, non-zero incarnation number for a process taking over a part of the
-/// region (a broker id's logs, the sequencer lease).
+/// region (a broker id's logs, the sequencer lease): the clock's nanoseconds mixed with
+/// the pid (bits 32 and up, so two processes starting in the same nanosecond differ),
+/// kept to 53 bits.
 pub fn new_incarnation() -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    ((std::process::id() as u64) << 40 ^ nanos) | 1
+    let incarnation = (((std::process::id() as u64) << 32 ^ nanos) & MAX_JSON_SAFE) | 1;
+    assert!(incarnation != 0 && incarnation <= MAX_JSON_SAFE);
+    incarnation
 }
 
 /// A process, identified across PID reuse: the host's boot id (first word), the pid
@@ -170,6 +179,15 @@ impl OwnerRecord<'_> {
 mod tests {
     use super::*;
     use std::process::{Command, Stdio};
+
+    #[test]
+    fn incarnations_are_non_zero_and_survive_a_javascript_number() {
+        for _ in 0..10_000 {
+            let n = new_incarnation();
+            assert!(n != 0 && n <= MAX_JSON_SAFE, "{n}");
+            assert_eq!(n as f64 as u64, n, "a double carries {n} exactly");
+        }
+    }
 
     #[test]
     fn the_current_process_is_running_and_is_not_killed() {
