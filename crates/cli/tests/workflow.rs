@@ -2174,14 +2174,22 @@ fn a_restart_loads_the_newest_snapshot_and_replays_only_the_log_after_it() {
     let api = ApiClient::new(&addr);
     let (_worker, _) = engine.worker("3000");
     register(&api, LINEAR);
-    let tasks: Vec<String> = (0..6)
-        .map(|i| create(&api, "linear", json!({"even_number": 2 * i})))
-        .collect();
-    for uuid in &tasks {
-        let t = api.get_task(uuid, 30).unwrap();
+    // Tasks until a snapshot covers 60 events: the log grows by what they write (a
+    // quiet orchestrator renews its lease only every few seconds).
+    let mut tasks = Vec::new();
+    while gauge(&api, "snapshot_position") < 60.0 {
+        assert!(
+            tasks.len() < 40,
+            "no snapshot past position 60 after 40 tasks"
+        );
+        // Contexts differ: a task like one made before is that task (its identity).
+        let n = tasks.len();
+        let uuid = create(&api, "linear", json!({"even_number": 2 * (n % 6), "n": n}));
+        let t = api.get_task(&uuid, 30).unwrap();
         assert_eq!(t["status"], "complete", "{t:#}");
+        tasks.push(uuid);
     }
-    let written = gauge_until(&api, "snapshot_position", |v| v >= 60.0) as u64;
+    let written = gauge(&api, "snapshot_position") as u64;
     let before: Vec<Value> = tasks.iter().map(|u| api.get_task(u, 0).unwrap()).collect();
     first.kill();
     // The newest file is the one the restart must start from.

@@ -146,6 +146,12 @@ pub enum Event {
         /// an orchestrator from before the field.
         #[serde(default, skip_serializing_if = "is_zero")]
         worker_lease_ms: u64,
+        /// A renewal written with no task open: the lease it renews runs this long (the
+        /// holder renews every third of it), unless another event follows it in the
+        /// log, from which a standby counts the normal lease again. 0 (absent): the
+        /// normal lease ([`crate::leadership`], "Quiet renewals").
+        #[serde(default, skip_serializing_if = "is_zero")]
+        quiet_lease_ms: u64,
     },
     /// The holder of term `term` gives its lease up (it is stopping): the term stays
     /// current with no holder, and any candidate may bid for the next one at once
@@ -318,6 +324,7 @@ mod tests {
                 term: 3,
                 holder: "o".into(),
                 worker_lease_ms: 3000,
+                quiet_lease_ms: 30_000,
             },
         };
         let decision = Envelope {
@@ -353,6 +360,7 @@ mod tests {
             Event::OrchestratorLease {
                 term: 2,
                 worker_lease_ms: 0,
+                quiet_lease_ms: 0,
                 ..
             }
         ));

@@ -21,6 +21,17 @@
 //! current, and only decisions stamped with it apply, so a paused or partitioned
 //! orchestrator that wakes up after a takeover has every decision refused. Clocks only
 //! decide liveness: when a standby considers the lease lapsed and bids.
+//!
+//! **Quiet renewals.** A renewal every third of the lease is an event a second at the
+//! default lease, for ever, into a log that keeps everything: an engine with nothing to do
+//! wrote 86,400 events a day. While no task is open the holder renews every third of a
+//! quiet lease (`QUIET_LEASES` leases) instead, and says so in the renewal. The log then
+//! decides when that long lease is cut short: any other event after the renewal (a task
+//! created, a template registered) restarts the normal lease for the standbys from the
+//! moment they read it, and the holder, reading the same event, is back to renewing every
+//! third of a normal lease. So a holder that died quiet is replaced a normal lease after
+//! the first thing there is to decide, as before, and a quiet engine writes a tenth of
+//! the renewals.
 
 use crate::event::{Envelope, Event};
 use crate::state::Rejected;
@@ -36,12 +47,21 @@ pub struct Leader {
     /// The holder's wall clock at its last accepted bid or renewal, as stamped in the
     /// event (so every reader has the same value); dates the lease after a replay.
     pub renewed_ts_ms: u64,
+    /// That renewal's quiet lease (0: the normal one); see "Quiet renewals".
+    #[serde(default)]
+    pub quiet_lease_ms: u64,
 }
 
 impl Leader {
     /// A bid (term one above the current, from anyone: the first in log order wins) or
     /// a renewal (the current term, from its holder). Anything else is refused.
-    pub(crate) fn bid(&mut self, term: u64, holder: &str, ts_ms: u64) -> Result<(), Rejected> {
+    pub(crate) fn bid(
+        &mut self,
+        term: u64,
+        holder: &str,
+        ts_ms: u64,
+        quiet_lease_ms: u64,
+    ) -> Result<(), Rejected> {
         let renewal = term > 0 && term == self.term && holder == self.holder;
         let takeover = Some(term) == self.term.checked_add(1);
         if !(renewal || takeover) || holder.is_empty() {
@@ -57,6 +77,7 @@ impl Leader {
         }
         self.term = term;
         self.renewed_ts_ms = ts_ms;
+        self.quiet_lease_ms = quiet_lease_ms;
         debug_assert!(self.term > 0 && !self.holder.is_empty());
         Ok(())
     }
@@ -76,6 +97,7 @@ impl Leader {
         }
         self.holder.clear();
         self.renewed_ts_ms = ts_ms;
+        self.quiet_lease_ms = 0;
         Ok(())
     }
 
@@ -110,6 +132,8 @@ pub fn is_decision(event: &Event) -> bool {
 
 /// Renewals per lease (as the sequencer's renewer: every third of the lease).
 const RENEWALS_PER_LEASE: u64 = 3;
+/// A quiet renewal's lease, in normal leases (30 s, a renewal every 10 s, at the default).
+pub const QUIET_LEASES: u64 = 10;
 
 /// One orchestrator's side of the lease, by its own clock (milliseconds).
 #[derive(Debug)]
@@ -119,8 +143,17 @@ pub struct Candidate {
     lease_ms: u64,
     /// When the current term was last bid for or renewed, as far as this one read.
     renewed_at: u64,
+    /// That renewal's quiet lease (0: the normal one).
+    quiet_lease_ms: u64,
+    /// When this one first read another event after that renewal: a quiet lease then
+    /// ends a normal lease later at the latest.
+    stirred_at: Option<u64>,
     /// When this one last published a renewal or a bid.
     sent_at: u64,
+    /// Its last renewal was a quiet one, and nothing was read since it was sent: the
+    /// next is due a third of the quiet lease later. Cleared by any other event, which
+    /// makes a renewal due at once.
+    sent_quiet: bool,
     /// The term this one bid for and has not yet seen decided.
     bid: Option<u64>,
     /// Its lease of a worker's claim, told to workers in every lease event (0: not told).
@@ -137,7 +170,10 @@ impl Candidate {
             id,
             lease_ms,
             renewed_at: 0,
+            quiet_lease_ms: 0,
+            stirred_at: None,
             sent_at: 0,
+            sent_quiet: false,
             bid: None,
             worker_lease_ms: 0,
         }
@@ -157,15 +193,41 @@ impl Candidate {
 
     /// After the replay: the lease is dated by its holder's last stamp (never later than
     /// now), so a restart after the holder died waits only what is left of its lease.
-    pub fn replayed(&mut self, leader: &Leader, now_ms: u64) {
+    /// A task open at the replay's end was opened after a quiet renewal (none was open
+    /// at it), so the normal lease applies.
+    pub fn replayed(&mut self, leader: &Leader, now_ms: u64, tasks_open: bool) {
         self.renewed_at = leader.renewed_ts_ms.min(now_ms);
+        self.quiet_lease_ms = if tasks_open { 0 } else { leader.quiet_lease_ms };
+        self.stirred_at = None;
     }
 
     /// A lease event was read and accepted (by anyone): the lease runs from now.
     pub fn renewed(&mut self, leader: &Leader, now_ms: u64) {
         self.renewed_at = now_ms;
+        self.quiet_lease_ms = leader.quiet_lease_ms;
+        self.stirred_at = None;
         if self.bid.is_some_and(|t| t <= leader.term) {
             self.bid = None;
+        }
+    }
+
+    /// An event other than a lease event was read: a quiet lease ends a normal lease
+    /// from now at the latest, and a quiet holder renews at once.
+    pub fn stirred(&mut self, now_ms: u64) {
+        self.stirred_at.get_or_insert(now_ms);
+        self.sent_quiet = false;
+    }
+
+    /// When the current lease lapses, by this one's clock.
+    fn lapses_at(&self) -> u64 {
+        let normal = self.renewed_at + self.lease_ms;
+        if self.quiet_lease_ms <= self.lease_ms {
+            return normal;
+        }
+        let quiet = self.renewed_at + self.quiet_lease_ms;
+        match self.stirred_at {
+            Some(at) => quiet.min(at.max(self.renewed_at) + self.lease_ms),
+            None => quiet,
         }
     }
 
@@ -173,29 +235,41 @@ impl Candidate {
         leader.term > 0 && leader.holder == self.id
     }
 
-    /// What to publish now: the holder's renewal every third of a lease; a bid for the
-    /// next term once the current one lapsed (or none was ever taken), unless a bid of
-    /// this one is still on its way through the log (for up to a lease).
-    pub fn due(&mut self, leader: &Leader, now_ms: u64) -> Option<Event> {
+    /// What to publish now: the holder's renewal every third of a lease (of the quiet
+    /// lease while `quiet`, no task open, and nothing else was read since its last quiet
+    /// renewal); a bid for the next term once the current one lapsed (or none was ever
+    /// taken), unless a bid of this one is still on its way through the log (for up to a
+    /// lease).
+    pub fn due(&mut self, leader: &Leader, now_ms: u64, quiet: bool) -> Option<Event> {
         let since_sent = now_ms.saturating_sub(self.sent_at);
         if self.is_active(leader) {
-            if since_sent < self.lease_ms / RENEWALS_PER_LEASE {
+            let lease = if self.sent_quiet {
+                self.quiet_lease()
+            } else {
+                self.lease_ms
+            };
+            if since_sent < lease / RENEWALS_PER_LEASE {
                 return None;
             }
             self.sent_at = now_ms;
-            return Some(self.lease_event(leader.term));
+            self.sent_quiet = quiet;
+            let quiet_lease_ms = if quiet { self.quiet_lease() } else { 0 };
+            return Some(self.lease_event(leader.term, quiet_lease_ms));
         }
         // A released term (no holder) is lapsed at once: its holder stopped.
-        let lapsed = leader.term == 0
-            || leader.holder.is_empty()
-            || now_ms.saturating_sub(self.renewed_at) >= self.lease_ms;
+        let lapsed = leader.term == 0 || leader.holder.is_empty() || now_ms >= self.lapses_at();
         let pending = self.bid == Some(leader.term + 1) && since_sent < self.lease_ms;
         if !lapsed || pending {
             return None;
         }
         self.bid = Some(leader.term + 1);
         self.sent_at = now_ms;
-        Some(self.lease_event(leader.term + 1))
+        self.sent_quiet = false;
+        Some(self.lease_event(leader.term + 1, 0))
+    }
+
+    fn quiet_lease(&self) -> u64 {
+        self.lease_ms * QUIET_LEASES
     }
 
     /// What the holder publishes when it stops ([`Leader::release`]); `None` when this
@@ -212,13 +286,19 @@ impl Candidate {
     /// instead of being deposed by a standby that came back a moment earlier.
     pub fn resumed(&mut self, now_ms: u64) {
         self.renewed_at = now_ms;
+        self.quiet_lease_ms = 0;
+        self.stirred_at = None;
+        // A quiet holder renews within a normal third, before a standby that came back
+        // with the log counts its normal lease out.
+        self.sent_quiet = false;
     }
 
-    fn lease_event(&self, term: u64) -> Event {
+    fn lease_event(&self, term: u64, quiet_lease_ms: u64) -> Event {
         Event::OrchestratorLease {
             term,
             holder: self.id.clone(),
             worker_lease_ms: self.worker_lease_ms,
+            quiet_lease_ms,
         }
     }
 }
@@ -244,6 +324,7 @@ mod tests {
                 term,
                 holder: holder.into(),
                 worker_lease_ms: 0,
+                quiet_lease_ms: 0,
             },
         )
     }
@@ -423,10 +504,10 @@ mod tests {
             Candidate::new("a".into(), 300),
             Candidate::new("b".into(), 300),
         );
-        leader.bid(1, "a", 1000).unwrap();
+        leader.bid(1, "a", 1000, 0).unwrap();
         a.renewed(&leader, 1000);
         b.renewed(&leader, 1000);
-        assert!(b.due(&leader, 1010).is_none(), "the lease runs");
+        assert!(b.due(&leader, 1010, false).is_none(), "the lease runs");
         assert!(b.release(&leader).is_none(), "only the holder releases");
         let Some(Event::OrchestratorRelease { term: 1, holder }) = a.release(&leader) else {
             panic!("the holder releases its term");
@@ -434,16 +515,16 @@ mod tests {
         leader.release(1, &holder, 1011).unwrap();
         assert!(!a.is_active(&leader));
         assert!(matches!(
-            b.due(&leader, 1012),
+            b.due(&leader, 1012, false),
             Some(Event::OrchestratorLease { term: 2, .. })
         ));
         // Back from an outage: the lease runs from the log's return, not from the last
         // renewal read before it.
-        leader.bid(2, "b", 1013).unwrap();
+        leader.bid(2, "b", 1013, 0).unwrap();
         a.renewed(&leader, 1013);
         a.resumed(5000);
-        assert!(a.due(&leader, 5299).is_none());
-        assert!(a.due(&leader, 5300).is_some());
+        assert!(a.due(&leader, 5299, false).is_none());
+        assert!(a.due(&leader, 5300, false).is_some());
     }
 
     #[test]
@@ -453,40 +534,143 @@ mod tests {
         let mut b = Candidate::new("b".into(), 300);
         // Nobody ever held it: both bid at once; the log picks one.
         assert!(matches!(
-            a.due(&leader, 1000),
+            a.due(&leader, 1000, false),
             Some(Event::OrchestratorLease { term: 1, .. })
         ));
-        assert!(b.due(&leader, 1000).is_some());
+        assert!(b.due(&leader, 1000, false).is_some());
         assert!(
-            a.due(&leader, 1001).is_none(),
+            a.due(&leader, 1001, false).is_none(),
             "a bid on its way is not repeated"
         );
-        leader.bid(1, "a", 1000).unwrap();
+        leader.bid(1, "a", 1000, 0).unwrap();
         a.renewed(&leader, 1002);
         b.renewed(&leader, 1002);
         assert!(a.is_active(&leader) && !b.is_active(&leader));
         assert!(
-            a.due(&leader, 1050).is_none(),
+            a.due(&leader, 1050, false).is_none(),
             "renewed less than a third ago"
         );
         assert!(matches!(
-            a.due(&leader, 1100),
+            a.due(&leader, 1100, false),
             Some(Event::OrchestratorLease { term: 1, .. })
         ));
-        assert!(b.due(&leader, 1301).is_none(), "a lease not yet lapsed");
+        assert!(
+            b.due(&leader, 1301, false).is_none(),
+            "a lease not yet lapsed"
+        );
         assert!(matches!(
-            b.due(&leader, 1302),
+            b.due(&leader, 1302, false),
             Some(Event::OrchestratorLease { term: 2, .. })
         ));
         // A restart dates the lease by the holder's stamp (1000 here)...
         let mut c = Candidate::new("c".into(), 300);
-        c.replayed(&leader, 1100);
-        assert!(c.due(&leader, 1299).is_none());
-        assert!(c.due(&leader, 1300).is_some());
+        c.replayed(&leader, 1100, false);
+        assert!(c.due(&leader, 1299, false).is_none());
+        assert!(c.due(&leader, 1300, false).is_some());
         // ... never later than its own now (a clock behind the holder's).
         let mut d = Candidate::new("d".into(), 300);
-        d.replayed(&leader, 900);
-        assert!(d.due(&leader, 1199).is_none());
-        assert!(d.due(&leader, 1200).is_some());
+        d.replayed(&leader, 900, false);
+        assert!(d.due(&leader, 1199, false).is_none());
+        assert!(d.due(&leader, 1200, false).is_some());
+    }
+
+    /// The quiet lease of a renewal (`Leader::bid` keeps it), as a standby reads it.
+    fn quiet_renewal(leader: &mut Leader, ts: u64, quiet_lease_ms: u64) {
+        leader.bid(1, "a", ts, quiet_lease_ms).unwrap();
+    }
+
+    #[test]
+    fn a_holder_with_no_task_open_renews_a_tenth_as_often_and_says_so() {
+        let mut leader = Leader::default();
+        let mut a = Candidate::new("a".into(), 300);
+        leader.bid(1, "a", 1000, 0).unwrap();
+        a.renewed(&leader, 1000);
+        a.sent_at = 1000;
+        // Busy: every third of the lease, a normal renewal.
+        let Some(Event::OrchestratorLease { quiet_lease_ms, .. }) = a.due(&leader, 1100, false)
+        else {
+            panic!("a renewal every third of the lease");
+        };
+        assert_eq!(quiet_lease_ms, 0);
+        // Quiet: the next says its lease is ten leases, and the one after waits a third
+        // of that.
+        let Some(Event::OrchestratorLease { quiet_lease_ms, .. }) = a.due(&leader, 1200, true)
+        else {
+            panic!("a renewal every third of the lease");
+        };
+        assert_eq!(quiet_lease_ms, 300 * QUIET_LEASES);
+        assert!(a.due(&leader, 1200 + 999, true).is_none());
+        assert!(a.due(&leader, 1200 + 1000, true).is_some());
+        // Another event read: back to a third of the normal lease after the last one.
+        a.stirred(2250);
+        assert!(a.due(&leader, 2299, false).is_none());
+        let Some(Event::OrchestratorLease { quiet_lease_ms, .. }) = a.due(&leader, 2300, false)
+        else {
+            panic!("a normal third after the last renewal");
+        };
+        assert_eq!(quiet_lease_ms, 0);
+    }
+
+    #[test]
+    fn a_standby_waits_out_a_quiet_lease_unless_another_event_follows_the_renewal() {
+        let mut leader = Leader::default();
+        quiet_renewal(&mut leader, 1000, 3000);
+        let mut b = Candidate::new("b".into(), 300);
+        b.renewed(&leader, 1000);
+        assert!(b.due(&leader, 1300, false).is_none(), "a quiet lease runs");
+        assert!(b.due(&leader, 3999, false).is_none());
+        assert!(b.due(&leader, 4000, false).is_some(), "lapsed after it");
+        // Something else in the log at 1500: the normal lease from then.
+        let mut c = Candidate::new("c".into(), 300);
+        c.renewed(&leader, 1000);
+        c.stirred(1500);
+        c.stirred(1700); // the first such event counts
+        assert!(c.due(&leader, 1799, false).is_none());
+        assert!(c.due(&leader, 1800, false).is_some());
+        // The holder's renewal read after it: the lease it states runs from then.
+        let mut d = Candidate::new("d".into(), 300);
+        d.renewed(&leader, 1000);
+        d.stirred(1500);
+        quiet_renewal(&mut leader, 1600, 0);
+        d.renewed(&leader, 1600);
+        assert!(d.due(&leader, 1899, false).is_none());
+        assert!(d.due(&leader, 1900, false).is_some());
+        // A quiet lease shorter than the standby's own lease is not a shorter lease.
+        let mut e = Candidate::new("e".into(), 5000);
+        quiet_renewal(&mut leader, 1000, 3000);
+        e.renewed(&leader, 1000);
+        assert!(e.due(&leader, 5999, false).is_none());
+    }
+
+    #[test]
+    fn a_restart_keeps_a_quiet_lease_only_while_no_task_is_open() {
+        let mut leader = Leader::default();
+        quiet_renewal(&mut leader, 1000, 3000);
+        let mut quiet = Candidate::new("q".into(), 300);
+        quiet.replayed(&leader, 1100, false);
+        assert!(quiet.due(&leader, 3999, false).is_none());
+        assert!(quiet.due(&leader, 4000, false).is_some());
+        let mut busy = Candidate::new("b".into(), 300);
+        busy.replayed(&leader, 1100, true);
+        assert!(busy.due(&leader, 1299, false).is_none());
+        assert!(busy.due(&leader, 1300, false).is_some());
+        // A release ends a quiet lease at once, as any other.
+        leader.release(1, "a", 1200).unwrap();
+        assert_eq!(leader.quiet_lease_ms, 0);
+        let mut r = Candidate::new("r".into(), 300);
+        r.renewed(&leader, 1200);
+        assert!(r.due(&leader, 1201, false).is_some());
+    }
+
+    #[test]
+    fn a_quiet_holder_back_from_an_outage_renews_within_a_normal_third() {
+        let mut leader = Leader::default();
+        let mut a = Candidate::new("a".into(), 300);
+        leader.bid(1, "a", 1000, 0).unwrap();
+        a.renewed(&leader, 1000);
+        assert!(a.due(&leader, 1100, true).is_some(), "a quiet renewal");
+        a.resumed(1150);
+        assert!(a.due(&leader, 1199, true).is_none());
+        assert!(a.due(&leader, 1200, true).is_some());
     }
 }

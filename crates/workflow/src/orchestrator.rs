@@ -445,8 +445,10 @@ impl Runtime {
             r.from,
             r.to
         );
+        let state = self.engine.shared.lock();
         self.candidate
-            .replayed(&self.engine.shared.lock().leader, now);
+            .replayed(&state.leader, now, state.open_tasks() > 0);
+        drop(state);
         self.engine.caught_up.store(true, Ordering::SeqCst);
     }
 
@@ -454,7 +456,10 @@ impl Runtime {
     /// becoming active it gives every attempt in progress a fresh lease (as after a
     /// replay) and forgets decisions in flight (the predecessor's are not its own).
     fn lead(&mut self, now: u64) -> Result<bool, Error> {
-        let leader = self.engine.shared.lock().leader.clone();
+        let (leader, quiet) = {
+            let state = self.engine.shared.lock();
+            (state.leader.clone(), state.open_tasks() == 0)
+        };
         let active = self.candidate.is_active(&leader);
         if active != self.active {
             if active {
@@ -469,7 +474,7 @@ impl Runtime {
         let role = &self.engine.role;
         role.active.store(active, Ordering::Release);
         role.term.store(leader.term, Ordering::Release);
-        if let Some(e) = self.candidate.due(&leader, now) {
+        if let Some(e) = self.candidate.due(&leader, now, quiet) {
             self.engine.writer().publish(e)?;
         }
         Ok(active)
@@ -502,6 +507,9 @@ impl Runtime {
         // no key to build then.
         if !self.inflight.is_empty() {
             self.inflight.remove(&key(&env.event));
+        }
+        if !matches!(env.event, Event::OrchestratorLease { .. }) {
+            self.candidate.stirred(now);
         }
         match &env.event {
             Event::OrchestratorLease { .. } if f.outcome.is_ok() => {

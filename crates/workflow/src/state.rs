@@ -284,7 +284,12 @@ impl State {
                 self.create(new, position, ts)
             }
             Event::Heartbeat { .. } => Ok(()),
-            Event::OrchestratorLease { term, holder, .. } => self.leader.bid(*term, holder, ts),
+            Event::OrchestratorLease {
+                term,
+                holder,
+                quiet_lease_ms,
+                ..
+            } => self.leader.bid(*term, holder, ts, *quiet_lease_ms),
             Event::OrchestratorRelease { term, holder } => self.leader.release(*term, holder, ts),
             Event::TaskCancelled { task, .. } => self.cancel(task, position, ts),
             Event::TaskResolved { task, reason } => self.resolve(task, reason, position, ts),

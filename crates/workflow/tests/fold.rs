@@ -1250,6 +1250,7 @@ fn with_leases(mut envs: Vec<Envelope>, leases: &[(usize, u64, usize)]) -> Vec<E
                 term,
                 holder: name,
                 worker_lease_ms: 0,
+                quiet_lease_ms: if term % 2 == 0 { 30_000 } else { 0 },
             },
             _ => Event::OrchestratorRelease { term, holder: name },
         };
