@@ -2116,6 +2116,24 @@ fn a_standby_orchestrator_takes_over_from_a_killed_one_and_every_step_is_accepte
     each_step_accepted_once(&standby_api, &tasks, &runs);
 }
 
+/// With no task open the holder renews quietly (a lease ten times `--failover-ms`, here
+/// 50 s); killed then, it is replaced once a task is created, `--failover-ms` later: within
+/// the 30 s this test waits, which the quiet lease alone would outlast. (The task itself
+/// runs without an orchestrator: its workers enqueue and claim its steps.)
+#[test]
+fn a_quiet_holder_that_died_is_replaced_once_there_is_a_task() {
+    let engine = Engine::start();
+    let [(active, _), (_standby, standby_api)] = two_orchestrators_with(&engine, "5000");
+    let (_worker, _) = engine.worker("3000");
+    register(&standby_api, CHAIN);
+    gauge_until(&standby_api, "orchestrator_lease_quiet", |v| v == 1.0);
+    active.kill();
+    let uuid = create(&standby_api, "chain", json!({}));
+    gauge_until(&standby_api, "orchestrator_active", |v| v == 1.0);
+    let t = standby_api.get_task(&uuid, 30).unwrap();
+    assert_eq!(t["status"], "complete", "{t:#}");
+}
+
 #[test]
 fn a_paused_orchestrator_is_deposed_and_follows_once_it_resumes() {
     let engine = Engine::start();

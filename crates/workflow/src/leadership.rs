@@ -218,6 +218,11 @@ impl Candidate {
         self.sent_quiet = false;
     }
 
+    /// The current lease, as this one read it, is a quiet one not cut short yet.
+    pub fn is_quiet(&self) -> bool {
+        self.quiet_lease_ms > self.lease_ms && self.stirred_at.is_none()
+    }
+
     /// When the current lease lapses, by this one's clock.
     fn lapses_at(&self) -> u64 {
         let normal = self.renewed_at + self.lease_ms;
@@ -617,6 +622,7 @@ mod tests {
         quiet_renewal(&mut leader, 1000, 3000);
         let mut b = Candidate::new("b".into(), 300);
         b.renewed(&leader, 1000);
+        assert!(b.is_quiet());
         assert!(b.due(&leader, 1300, false).is_none(), "a quiet lease runs");
         assert!(b.due(&leader, 3999, false).is_none());
         assert!(b.due(&leader, 4000, false).is_some(), "lapsed after it");
@@ -625,6 +631,7 @@ mod tests {
         c.renewed(&leader, 1000);
         c.stirred(1500);
         c.stirred(1700); // the first such event counts
+        assert!(!c.is_quiet());
         assert!(c.due(&leader, 1799, false).is_none());
         assert!(c.due(&leader, 1800, false).is_some());
         // The holder's renewal read after it: the lease it states runs from then.

@@ -68,6 +68,8 @@ pub struct Role {
     pub active: AtomicBool,
     /// The current term, whoever holds it.
     pub term: AtomicU64,
+    /// The lease as this one last read it is a quiet one ([`crate::leadership`]).
+    pub quiet: AtomicBool,
 }
 
 /// What the API and the CLI see of a running orchestrator.
@@ -319,6 +321,11 @@ impl Engine {
                 "the current orchestrator term in the log",
                 self.role.term.load(Ordering::Acquire),
             ),
+            (
+                "orchestrator_lease_quiet",
+                "1 while the lease runs quiet: renewed with no task open, nothing since",
+                self.role.quiet.load(Ordering::Acquire) as u64,
+            ),
         ];
         if let Some(s) = &self.snapshots {
             gauges.push((
@@ -474,6 +481,8 @@ impl Runtime {
         let role = &self.engine.role;
         role.active.store(active, Ordering::Release);
         role.term.store(leader.term, Ordering::Release);
+        role.quiet
+            .store(self.candidate.is_quiet(), Ordering::Release);
         if let Some(e) = self.candidate.due(&leader, now, quiet) {
             self.engine.writer().publish(e)?;
         }
