@@ -195,7 +195,7 @@ enum TopicCommand {
     List {
         #[command(flatten)]
         control: ControlArg,
-        /// Print the result as JSON on stdout.
+        /// Print the API's document, `{"topics": [...]}`, as JSON on stdout.
         #[arg(long)]
         json: bool,
     },
@@ -479,7 +479,10 @@ fn topic(cmd: TopicCommand) -> CliResult {
                 .list_topics()
                 .map_err(|e| e.to_string())?;
             if json {
-                say!("{}", serde_json::to_string_pretty(&topics).expect("json"));
+                // The document `GET /v1/topics` answers, as `template list --json` and
+                // `status --json` print theirs: an object a later field can join.
+                let document = serde_json::json!({ "topics": topics });
+                say!("{}", serde_json::to_string_pretty(&document).expect("json"));
             } else {
                 say!("{}", show::topic_table(&topics, None).trim_end());
             }

@@ -136,7 +136,7 @@ fn quickstart_then_restart_keeps_topics() {
     let serve = Serve::start(&data);
     let topics: serde_json::Value =
         serde_json::from_str(&ok(&serve.run(&["topic", "list", "--json"], None))).unwrap();
-    let mut names: Vec<&str> = topics
+    let mut names: Vec<&str> = topics["topics"]
         .as_array()
         .unwrap()
         .iter()
