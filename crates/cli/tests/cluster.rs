@@ -314,6 +314,33 @@ fn followers_in_their_own_processes_serve_one_total_order() {
 /// process claimed the id, the sequencer waited for the dead broker to reclaim the
 /// batches its GOI slots held, and every publisher of the topic stalled for good once
 /// the GOI wrapped to them.
+/// A head that did not run for five death timeouts (stopped here; a paused VM or a head
+/// starved of CPU alike) finds its follower alive when it runs again: the heartbeats that
+/// waited in its sockets are taken, and the follower is neither told it was declared dead
+/// nor made to rejoin (its clients would have failed over away from it for nothing).
+#[test]
+fn a_head_stopped_past_the_death_timeout_declares_no_follower_dead() {
+    let head = start_head_with(2, &[]);
+    let mut follower = follower(&head.control, 1);
+    assert_eq!(members(&head.control)[1], (1, "alive".into()));
+    head.proc.signal("STOP");
+    // The stimulus, not a wait for an event: five death timeouts (3 x 100 ms) stopped.
+    std::thread::sleep(Duration::from_millis(1500));
+    head.proc.signal("CONT");
+    follower.wait_line("the head answers heartbeats again");
+    assert!(
+        !follower.printed("declared this broker dead"),
+        "the follower was told it was dead"
+    );
+    let status = Admin::new(&head.control).status().unwrap();
+    let member = &status.cluster.members[1];
+    assert_eq!(
+        (member.state, member.joins),
+        (embarcadero_client::MemberState::Alive, 1),
+        "alive, never rejoined"
+    );
+}
+
 #[test]
 fn a_topic_goes_on_past_a_goi_length_of_batches_after_a_broker_died_for_good() {
     let dir = tempfile::tempdir().unwrap();

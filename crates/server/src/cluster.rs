@@ -9,11 +9,14 @@
 //!
 //! Membership is control-plane state, not data-path state: publishers and subscribers
 //! learn the live brokers from `/v1/cluster` and nothing on the data path waits on it.
+//! Heartbeats are timed on the head's [`RunningClock`], so a head that was not running
+//! (stopped, paused, starved) holds none of that time against its followers.
 
+use crate::running_clock::RunningClock;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub use embarcadero_api::{MemberState, MemberView};
 
@@ -32,13 +35,13 @@ pub enum JoinError {
 }
 
 impl JoinError {
-    fn taken(id: u32, holder: &Member, now: Instant) -> Self {
+    fn taken(id: u32, holder: &Member, now: Duration) -> Self {
         Self::Taken {
             id,
             addr: holder.addr.map(|a| a.to_string()).unwrap_or_default(),
             ago_ms: holder
                 .last_heartbeat
-                .map_or(0, |t| now.duration_since(t).as_millis() as u64),
+                .map_or(0, |t| now.saturating_sub(t).as_millis() as u64),
         }
     }
 }
@@ -64,7 +67,8 @@ struct Member {
     incarnation: u64,
     /// Earlier incarnations of this id that this head saw replaced.
     replaced: VecDeque<u64>,
-    last_heartbeat: Option<Instant>,
+    /// On the membership's running clock.
+    last_heartbeat: Option<Duration>,
     joins: u64,
     /// Its current death was reported by `newly_dead`.
     death_reported: bool,
@@ -87,6 +91,8 @@ pub struct Membership {
     members: Mutex<Vec<Member>>,
     /// A follower is dead after this long without a heartbeat.
     timeout: Duration,
+    /// What heartbeats are timed on: steps of at most half the timeout.
+    clock: RunningClock,
 }
 
 impl Membership {
@@ -110,13 +116,14 @@ impl Membership {
         Self {
             members: Mutex::new(members),
             timeout,
+            clock: RunningClock::new(timeout / 2),
         }
     }
 
-    fn alive(&self, m: &Member, now: Instant) -> bool {
+    fn alive(&self, m: &Member, now: Duration) -> bool {
         m.local
             || m.last_heartbeat
-                .is_some_and(|t| now.duration_since(t) <= self.timeout)
+                .is_some_and(|t| now.saturating_sub(t) <= self.timeout)
     }
 
     /// Claims `id`. `is_fenced` is asked under the membership lock, so a broker cannot
@@ -130,7 +137,7 @@ impl Membership {
     ) -> Result<(), JoinError> {
         let mut members = self.members.lock();
         let brokers = members.len() as u32;
-        let now = Instant::now();
+        let now = self.clock.now();
         let alive = match members.get(id as usize) {
             None => return Err(JoinError::OutOfRange { id, brokers }),
             Some(m) if m.local => return Err(JoinError::Local { id }),
@@ -155,12 +162,12 @@ impl Membership {
 
     pub fn heartbeat(&self, id: u32, incarnation: u64) -> Result<(), JoinError> {
         let mut members = self.members.lock();
-        let now = Instant::now();
+        let now = self.clock.now();
         match members.get_mut(id as usize) {
             Some(m) if !m.local && m.incarnation == incarnation && m.last_heartbeat.is_some() => {
                 // A heartbeat after the timeout revives nothing: the follower was
                 // declared dead (clients stopped using it) and must join again.
-                if now.duration_since(m.last_heartbeat.expect("checked")) > self.timeout {
+                if now.saturating_sub(m.last_heartbeat.expect("checked")) > self.timeout {
                     return Err(JoinError::NotMember { id, incarnation });
                 }
                 m.last_heartbeat = Some(now);
@@ -183,7 +190,7 @@ impl Membership {
     ) -> Result<usize, JoinError> {
         let mut members = self.members.lock();
         let brokers = members.len() as u32;
-        let now = Instant::now();
+        let now = self.clock.now();
         let Some(m) = members.get_mut(id as usize) else {
             return Err(JoinError::OutOfRange { id, brokers });
         };
@@ -219,7 +226,7 @@ impl Membership {
         let Some(m) = members.get(id as usize) else {
             return Err(FenceRefusal::NotDead(MemberState::Absent));
         };
-        let now = Instant::now();
+        let now = self.clock.now();
         if let Some(i) = incarnation.filter(|&i| i != m.incarnation) {
             return if m.replaced.contains(&i) {
                 Ok(None)
@@ -248,14 +255,14 @@ impl Membership {
         let members = self.members.lock();
         members
             .get(id as usize)
-            .is_some_and(|m| m.incarnation == incarnation && self.alive(m, Instant::now()))
+            .is_some_and(|m| m.incarnation == incarnation && self.alive(m, self.clock.now()))
     }
 
     /// Followers that have died since the last call, each death reported once with the
     /// incarnation that died: what they held for their subscribers can be released.
     pub fn newly_dead(&self) -> Vec<(u32, u64)> {
         let mut members = self.members.lock();
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut dead = Vec::new();
         for (id, m) in members.iter_mut().enumerate() {
             let died = !m.local && m.last_heartbeat.is_some() && !self.alive(m, now);
@@ -269,7 +276,7 @@ impl Membership {
 
     pub fn view(&self) -> Vec<MemberView> {
         let members = self.members.lock();
-        let now = Instant::now();
+        let now = self.clock.now();
         members
             .iter()
             .enumerate()
@@ -289,7 +296,7 @@ impl Membership {
                 },
                 last_heartbeat_ms: m
                     .last_heartbeat
-                    .map(|t| now.duration_since(t).as_millis() as u64),
+                    .map(|t| now.saturating_sub(t).as_millis() as u64),
                 incarnation: m.incarnation,
                 joins: m.joins,
             })
@@ -303,6 +310,34 @@ mod tests {
 
     fn addr(port: u16) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    /// Lets more than `d` of running time pass: the head looks at its clock all along,
+    /// as a running head does.
+    fn running_past(m: &Membership, d: Duration) {
+        let start = m.clock.now();
+        while m.clock.now() - start <= d {
+            std::hint::spin_loop();
+        }
+    }
+
+    #[test]
+    fn a_head_that_did_not_run_for_longer_than_the_timeout_declares_no_one_dead() {
+        let timeout = Duration::from_millis(600);
+        let m = Membership::new(2, &[], timeout);
+        m.join(1, addr(2), 7, || false).unwrap();
+        // Stopped for five timeouts: the heartbeat waiting in its socket is taken.
+        m.clock.stall(timeout * 5);
+        assert_eq!(m.heartbeat(1, 7), Ok(()));
+        m.clock.stall(timeout * 5);
+        assert!(
+            m.newly_dead().is_empty(),
+            "no death found by the watcher either"
+        );
+        assert_eq!(m.view()[1].state, MemberState::Alive);
+        // A follower that really went silent is dead once the head has run a timeout.
+        running_past(&m, timeout);
+        assert_eq!(m.newly_dead(), [(1, 7)]);
     }
 
     #[test]
@@ -346,10 +381,7 @@ mod tests {
         let timeout = Duration::from_millis(20);
         let m = Membership::new(2, &[], timeout);
         m.join(1, addr(2), 7, || false).unwrap();
-        let start = Instant::now();
-        while start.elapsed() <= timeout {
-            std::hint::spin_loop();
-        }
+        running_past(&m, timeout);
         assert_eq!(m.view()[1].state, MemberState::Dead);
         assert_eq!(m.newly_dead(), [(1, 7)]);
         assert!(m.newly_dead().is_empty(), "each death is reported once");
@@ -387,10 +419,7 @@ mod tests {
             matches!(m.claim(1, 8, || 1), Err(JoinError::Taken { id: 1, .. })),
             "not while the old process is alive"
         );
-        let start = Instant::now();
-        while start.elapsed() <= timeout {
-            std::hint::spin_loop();
-        }
+        running_past(&m, timeout);
         let mut fenced_under_claim = false;
         assert_eq!(
             m.claim(1, 8, || {

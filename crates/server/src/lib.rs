@@ -28,6 +28,7 @@ mod rates;
 mod replica_dirs;
 mod reserve;
 mod room;
+mod running_clock;
 pub mod sequencer_process;
 mod services;
 mod sigbus;
