@@ -438,6 +438,21 @@ fn replication_factor(order: u8, rf: Option<u8>, memory_only: bool) -> u8 {
     }
 }
 
+fn topic_list(control: &ControlArg, json: bool) -> CliResult {
+    let topics = Admin::new(&control.control)
+        .list_topics()
+        .map_err(|e| e.to_string())?;
+    if json {
+        // The document `GET /v1/topics` answers, as `template list --json` and
+        // `status --json` print theirs: an object a later field can join.
+        let document = serde_json::json!({ "topics": topics });
+        say!("{}", serde_json::to_string_pretty(&document).expect("json"));
+    } else {
+        say!("{}", show::topic_table(&topics, None).trim_end());
+    }
+    Ok(())
+}
+
 fn topic(cmd: TopicCommand) -> CliResult {
     match cmd {
         TopicCommand::Create {
@@ -474,19 +489,7 @@ fn topic(cmd: TopicCommand) -> CliResult {
                 );
             }
         }
-        TopicCommand::List { control, json } => {
-            let topics = Admin::new(&control.control)
-                .list_topics()
-                .map_err(|e| e.to_string())?;
-            if json {
-                // The document `GET /v1/topics` answers, as `template list --json` and
-                // `status --json` print theirs: an object a later field can join.
-                let document = serde_json::json!({ "topics": topics });
-                say!("{}", serde_json::to_string_pretty(&document).expect("json"));
-            } else {
-                say!("{}", show::topic_table(&topics, None).trim_end());
-            }
-        }
+        TopicCommand::List { control, json } => topic_list(&control, json)?,
         TopicCommand::Delete {
             name,
             control,
