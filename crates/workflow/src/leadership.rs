@@ -24,14 +24,15 @@
 //!
 //! **Quiet renewals.** A renewal every third of the lease is an event a second at the
 //! default lease, for ever, into a log that keeps everything: an engine with nothing to do
-//! wrote 86,400 events a day. While no task is open the holder renews every third of a
-//! quiet lease (`QUIET_LEASES` leases) instead, and says so in the renewal. The log then
+//! wrote 86,400 events a day. While no task is open the holder's renewals say so (a quiet
+//! lease of `QUIET_LEASES` leases; the fold keeps it only if no task is open at the
+//! renewal's position), and once it read one back it renews every third of that. The log
 //! decides when that long lease is cut short: any other event after the renewal (a task
 //! created, a template registered) restarts the normal lease for the standbys from the
 //! moment they read it, and the holder, reading the same event, is back to renewing every
 //! third of a normal lease. So a holder that died quiet is replaced a normal lease after
 //! the first thing there is to decide, as before, and a quiet engine writes a tenth of
-//! the renewals.
+//! the renewals (docs/WORKFLOW.md "Quiet renewals" has every rule).
 
 use crate::event::{Envelope, Event};
 use crate::state::Rejected;
@@ -150,10 +151,11 @@ pub struct Candidate {
     stirred_at: Option<u64>,
     /// When this one last published a renewal or a bid.
     sent_at: u64,
-    /// Its last renewal was a quiet one, and nothing was read since it was sent: the
-    /// next is due a third of the quiet lease later. Cleared by any other event, which
-    /// makes a renewal due at once.
-    sent_quiet: bool,
+    /// The holder read its own quiet renewal back, and nothing else since: its next
+    /// renewal is due a third of the quiet lease after the last it sent. Set only by
+    /// reading, so a quiet renewal lost on its way leaves the normal cadence (which the
+    /// standbys are still counting); cleared by any other event.
+    quiet_read: bool,
     /// The term this one bid for and has not yet seen decided.
     bid: Option<u64>,
     /// Its lease of a worker's claim, told to workers in every lease event (0: not told).
@@ -173,7 +175,7 @@ impl Candidate {
             quiet_lease_ms: 0,
             stirred_at: None,
             sent_at: 0,
-            sent_quiet: false,
+            quiet_read: false,
             bid: None,
             worker_lease_ms: 0,
         }
@@ -197,25 +199,38 @@ impl Candidate {
     /// at it), so the normal lease applies.
     pub fn replayed(&mut self, leader: &Leader, now_ms: u64, tasks_open: bool) {
         self.renewed_at = leader.renewed_ts_ms.min(now_ms);
-        self.quiet_lease_ms = if tasks_open { 0 } else { leader.quiet_lease_ms };
+        self.quiet_lease_ms = if tasks_open {
+            0
+        } else {
+            self.quiet_lease_of(leader)
+        };
         self.stirred_at = None;
+        self.quiet_read = false;
     }
 
     /// A lease event was read and accepted (by anyone): the lease runs from now.
     pub fn renewed(&mut self, leader: &Leader, now_ms: u64) {
         self.renewed_at = now_ms;
-        self.quiet_lease_ms = leader.quiet_lease_ms;
+        self.quiet_lease_ms = self.quiet_lease_of(leader);
         self.stirred_at = None;
+        self.quiet_read = leader.holder == self.id && self.quiet_lease_ms > self.lease_ms;
         if self.bid.is_some_and(|t| t <= leader.term) {
             self.bid = None;
         }
     }
 
-    /// An event other than a lease event was read: a quiet lease ends a normal lease
-    /// from now at the latest, and a quiet holder renews at once.
+    /// An event other than a lease event (or one that does not decode) was read: a
+    /// quiet lease ends a normal lease from now at the latest, and a quiet holder is
+    /// back to renewing every third of a normal lease.
     pub fn stirred(&mut self, now_ms: u64) {
         self.stirred_at.get_or_insert(now_ms);
-        self.sent_quiet = false;
+        self.quiet_read = false;
+    }
+
+    /// The leader's quiet lease as this one counts it: never longer than its own quiet
+    /// lease, whatever a lease event in the log says.
+    fn quiet_lease_of(&self, leader: &Leader) -> u64 {
+        leader.quiet_lease_ms.min(self.quiet_lease())
     }
 
     /// The current lease, as this one read it, is a quiet one not cut short yet.
@@ -225,13 +240,13 @@ impl Candidate {
 
     /// When the current lease lapses, by this one's clock.
     fn lapses_at(&self) -> u64 {
-        let normal = self.renewed_at + self.lease_ms;
+        let normal = self.renewed_at.saturating_add(self.lease_ms);
         if self.quiet_lease_ms <= self.lease_ms {
             return normal;
         }
-        let quiet = self.renewed_at + self.quiet_lease_ms;
+        let quiet = self.renewed_at.saturating_add(self.quiet_lease_ms);
         match self.stirred_at {
-            Some(at) => quiet.min(at.max(self.renewed_at) + self.lease_ms),
+            Some(at) => quiet.min(at.max(self.renewed_at).saturating_add(self.lease_ms)),
             None => quiet,
         }
     }
@@ -241,14 +256,14 @@ impl Candidate {
     }
 
     /// What to publish now: the holder's renewal every third of a lease (of the quiet
-    /// lease while `quiet`, no task open, and nothing else was read since its last quiet
-    /// renewal); a bid for the next term once the current one lapsed (or none was ever
-    /// taken), unless a bid of this one is still on its way through the log (for up to a
-    /// lease).
+    /// lease once it read its own quiet renewal back and nothing since), quiet when
+    /// `quiet` (no task open; the fold checks that again at the renewal's position); a
+    /// bid for the next term once the current one lapsed (or none was ever taken),
+    /// unless a bid of this one is still on its way through the log (for up to a lease).
     pub fn due(&mut self, leader: &Leader, now_ms: u64, quiet: bool) -> Option<Event> {
         let since_sent = now_ms.saturating_sub(self.sent_at);
         if self.is_active(leader) {
-            let lease = if self.sent_quiet {
+            let lease = if self.quiet_read {
                 self.quiet_lease()
             } else {
                 self.lease_ms
@@ -257,7 +272,6 @@ impl Candidate {
                 return None;
             }
             self.sent_at = now_ms;
-            self.sent_quiet = quiet;
             let quiet_lease_ms = if quiet { self.quiet_lease() } else { 0 };
             return Some(self.lease_event(leader.term, quiet_lease_ms));
         }
@@ -269,12 +283,11 @@ impl Candidate {
         }
         self.bid = Some(leader.term + 1);
         self.sent_at = now_ms;
-        self.sent_quiet = false;
         Some(self.lease_event(leader.term + 1, 0))
     }
 
     fn quiet_lease(&self) -> u64 {
-        self.lease_ms * QUIET_LEASES
+        self.lease_ms.saturating_mul(QUIET_LEASES)
     }
 
     /// What the holder publishes when it stops ([`Leader::release`]); `None` when this
@@ -288,14 +301,16 @@ impl Candidate {
 
     /// After the log was out of reach (a server restart): nobody could renew meanwhile,
     /// so the lease runs from now, and a holder that comes back with the log keeps it
-    /// instead of being deposed by a standby that came back a moment earlier.
+    /// instead of being deposed by a standby that came back a moment earlier. A quiet
+    /// lease stays quiet (the outage may have been this one's alone, the holder still on
+    /// its quiet cadence), and an event read before the outage counts from now; a quiet
+    /// holder renews within a normal third.
     pub fn resumed(&mut self, now_ms: u64) {
         self.renewed_at = now_ms;
-        self.quiet_lease_ms = 0;
-        self.stirred_at = None;
-        // A quiet holder renews within a normal third, before a standby that came back
-        // with the log counts its normal lease out.
-        self.sent_quiet = false;
+        if self.stirred_at.is_some() {
+            self.stirred_at = Some(now_ms);
+        }
+        self.quiet_read = false;
     }
 
     fn lease_event(&self, term: u64, quiet_lease_ms: u64) -> Event {
@@ -585,7 +600,7 @@ mod tests {
     }
 
     #[test]
-    fn a_holder_with_no_task_open_renews_a_tenth_as_often_and_says_so() {
+    fn a_holder_with_no_task_open_renews_a_tenth_as_often_once_it_read_that_back() {
         let mut leader = Leader::default();
         let mut a = Candidate::new("a".into(), 300);
         leader.bid(1, "a", 1000, 0).unwrap();
@@ -597,19 +612,27 @@ mod tests {
             panic!("a renewal every third of the lease");
         };
         assert_eq!(quiet_lease_ms, 0);
-        // Quiet: the next says its lease is ten leases, and the one after waits a third
-        // of that.
+        // Quiet: the next says its lease is ten leases...
         let Some(Event::OrchestratorLease { quiet_lease_ms, .. }) = a.due(&leader, 1200, true)
         else {
             panic!("a renewal every third of the lease");
         };
         assert_eq!(quiet_lease_ms, 300 * QUIET_LEASES);
-        assert!(a.due(&leader, 1200 + 999, true).is_none());
-        assert!(a.due(&leader, 1200 + 1000, true).is_some());
+        // ... but until it is read back the standbys count the normal lease: the normal
+        // cadence goes on (a quiet renewal lost on its way costs nothing).
+        assert!(a.due(&leader, 1300, true).is_some());
+        quiet_renewal(&mut leader, 1300, 3000);
+        a.renewed(&leader, 1310);
+        assert!(a.is_quiet());
+        // Read back: the next waits a third of the quiet lease after the last sent.
+        assert!(a.due(&leader, 1300 + 999, true).is_none());
+        assert!(a.due(&leader, 1300 + 1000, true).is_some());
+        quiet_renewal(&mut leader, 2300, 3000);
+        a.renewed(&leader, 2300);
         // Another event read: back to a third of the normal lease after the last one.
-        a.stirred(2250);
-        assert!(a.due(&leader, 2299, false).is_none());
-        let Some(Event::OrchestratorLease { quiet_lease_ms, .. }) = a.due(&leader, 2300, false)
+        a.stirred(2350);
+        assert!(a.due(&leader, 2399, false).is_none());
+        let Some(Event::OrchestratorLease { quiet_lease_ms, .. }) = a.due(&leader, 2400, false)
         else {
             panic!("a normal third after the last renewal");
         };
@@ -634,19 +657,67 @@ mod tests {
         assert!(!c.is_quiet());
         assert!(c.due(&leader, 1799, false).is_none());
         assert!(c.due(&leader, 1800, false).is_some());
-        // The holder's renewal read after it: the lease it states runs from then.
+        // A quiet renewal read after such an event starts a quiet lease again (the fold
+        // made it quiet only because no task was open at its position).
         let mut d = Candidate::new("d".into(), 300);
         d.renewed(&leader, 1000);
         d.stirred(1500);
-        quiet_renewal(&mut leader, 1600, 0);
+        quiet_renewal(&mut leader, 1600, 3000);
         d.renewed(&leader, 1600);
-        assert!(d.due(&leader, 1899, false).is_none());
-        assert!(d.due(&leader, 1900, false).is_some());
-        // A quiet lease shorter than the standby's own lease is not a shorter lease.
+        assert!(d.is_quiet());
+        assert!(d.due(&leader, 4599, false).is_none());
+        assert!(d.due(&leader, 4600, false).is_some());
+        // A quiet lease shorter than the standby's own lease is not a shorter lease, and
+        // one longer than the standby's own quiet lease is cut to it.
         let mut e = Candidate::new("e".into(), 5000);
         quiet_renewal(&mut leader, 1000, 3000);
         e.renewed(&leader, 1000);
         assert!(e.due(&leader, 5999, false).is_none());
+        let mut f = Candidate::new("f".into(), 300);
+        quiet_renewal(&mut leader, 1000, u64::MAX);
+        f.renewed(&leader, 1000);
+        assert!(f.due(&leader, 3999, false).is_none());
+        assert!(f.due(&leader, 4000, false).is_some());
+    }
+
+    #[test]
+    fn a_renewal_is_quiet_in_the_fold_only_if_no_task_is_open_at_its_position() {
+        let quiet = |holder: &str| Envelope {
+            ts_ms: 1,
+            term: None,
+            event: Event::OrchestratorLease {
+                term: 1,
+                holder: holder.into(),
+                worker_lease_ms: 0,
+                quiet_lease_ms: 3000,
+            },
+        };
+        let yaml = "name: one\nnamespace: n\nversion: '1'\nsteps:\n  - {name: s, handler: {callable: x}}\n";
+        let template = crate::validate::load(yaml, None).unwrap();
+        let mut s = State::default();
+        s.apply(0, &quiet("a")).unwrap();
+        assert_eq!(s.leader.quiet_lease_ms, 3000, "nothing open: quiet");
+        s.apply(1, &env(None, Event::TemplateRegistered { template }))
+            .unwrap();
+        let created = Event::TaskCreated {
+            task: "t".into(),
+            namespace: "n".into(),
+            name: "one".into(),
+            version: "1".into(),
+            context: serde_json::json!({}),
+            idempotency_key: None,
+            identity: None,
+            protocol: None,
+        };
+        // The holder wrote its renewal before it read the task: the log has the task
+        // first, so the renewal renews a normal lease.
+        s.apply(2, &env(None, created)).unwrap();
+        s.apply(3, &quiet("a")).unwrap();
+        assert_eq!(s.leader.quiet_lease_ms, 0, "a task open: the normal lease");
+        let mut standby = Candidate::new("b".into(), 300);
+        standby.renewed(&s.leader, 1000);
+        assert!(!standby.is_quiet());
+        assert!(standby.due(&s.leader, 1300, false).is_some());
     }
 
     #[test]
@@ -661,23 +732,36 @@ mod tests {
         busy.replayed(&leader, 1100, true);
         assert!(busy.due(&leader, 1299, false).is_none());
         assert!(busy.due(&leader, 1300, false).is_some());
-        // A release ends a quiet lease at once, as any other.
+        // A release forgets the quiet lease (a bid for the next term is due at once).
         leader.release(1, "a", 1200).unwrap();
         assert_eq!(leader.quiet_lease_ms, 0);
-        let mut r = Candidate::new("r".into(), 300);
-        r.renewed(&leader, 1200);
-        assert!(r.due(&leader, 1201, false).is_some());
     }
 
     #[test]
-    fn a_quiet_holder_back_from_an_outage_renews_within_a_normal_third() {
+    fn an_outage_keeps_a_quiet_lease_and_a_quiet_holder_renews_within_a_normal_third() {
         let mut leader = Leader::default();
         let mut a = Candidate::new("a".into(), 300);
         leader.bid(1, "a", 1000, 0).unwrap();
         a.renewed(&leader, 1000);
         assert!(a.due(&leader, 1100, true).is_some(), "a quiet renewal");
+        quiet_renewal(&mut leader, 1100, 3000);
+        a.renewed(&leader, 1100);
         a.resumed(1150);
         assert!(a.due(&leader, 1199, true).is_none());
         assert!(a.due(&leader, 1200, true).is_some());
+        // A standby whose own outage ended: the holder may still be on its quiet
+        // cadence, so the quiet lease runs from its return...
+        let mut b = Candidate::new("b".into(), 300);
+        b.renewed(&leader, 1100);
+        b.resumed(2000);
+        assert!(b.due(&leader, 4999, false).is_none());
+        assert!(b.due(&leader, 5000, false).is_some());
+        // ... and an event it read before the outage counts from its return.
+        let mut c = Candidate::new("c".into(), 300);
+        c.renewed(&leader, 1100);
+        c.stirred(1200);
+        c.resumed(2000);
+        assert!(c.due(&leader, 2299, false).is_none());
+        assert!(c.due(&leader, 2300, false).is_some());
     }
 }

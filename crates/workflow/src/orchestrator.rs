@@ -511,7 +511,12 @@ impl Runtime {
 
     /// Notes what the lease checks need and which of its own decisions came back.
     fn observe(&mut self, f: &Folded, now: u64) {
-        let Some(env) = &f.envelope else { return };
+        // Every position but a lease event's stirs a quiet lease, one that does not
+        // decode too (a newer writer's event: a newer standby reads it as activity).
+        let Some(env) = &f.envelope else {
+            self.candidate.stirred(now);
+            return;
+        };
         // Most events are not its own (none are, for a running task of protocol 2):
         // no key to build then.
         if !self.inflight.is_empty() {

@@ -289,7 +289,16 @@ impl State {
                 holder,
                 quiet_lease_ms,
                 ..
-            } => self.leader.bid(*term, holder, ts, *quiet_lease_ms),
+            } => {
+                // Quiet only if no task is open at this position, whatever the holder
+                // saw when it wrote the renewal ([`crate::leadership`]).
+                let quiet = if self.open.is_empty() {
+                    *quiet_lease_ms
+                } else {
+                    0
+                };
+                self.leader.bid(*term, holder, ts, quiet)
+            }
             Event::OrchestratorRelease { term, holder } => self.leader.release(*term, holder, ts),
             Event::TaskCancelled { task, .. } => self.cancel(task, position, ts),
             Event::TaskResolved { task, reason } => self.resolve(task, reason, position, ts),
