@@ -89,22 +89,39 @@ pub fn init_logging() {
 }
 
 /// `eprintln!` for a lifecycle line meant for people ("serving", "shutting down"): a
-/// stderr that cannot take it drops it rather than panic. In the JSON format it is an
-/// `info` event of target `embarcadero`, so a log stays one object per line.
+/// stderr that cannot take it drops it rather than panic. In the JSON format it is one
+/// object of level `INFO` and target `embarcadero`, so a log stays one object per line.
+/// Neither format filters it: `EMBARCADERO_LOG=warn` still shows that a server started.
 macro_rules! note {
     ($($arg:tt)*) => {
-        $crate::logging::note_line(format_args!($($arg)*))
+        $crate::logging::note_line("INFO", format_args!($($arg)*))
     };
 }
 pub(crate) use note;
 
-/// What `note!` writes.
-pub fn note_line(line: std::fmt::Arguments<'_>) {
+/// What `note!` writes, at `level` in the JSON format (a command's last word, the error
+/// it exits with, is `ERROR`).
+pub fn note_line(level: &str, line: std::fmt::Arguments<'_>) {
     if log_format() == LogFormat::Json && LOGGING.load(Ordering::Acquire) {
-        tracing::info!(target: "embarcadero", "{line}");
+        let _ = writeln!(LossyStderr, "{}", json_line(level, &line.to_string()));
     } else {
         let _ = writeln!(io::stderr(), "{line}");
     }
+}
+
+/// One line as `tracing-subscriber`'s JSON format writes an event: the same fields, the
+/// same timestamp format.
+fn json_line(level: &str, message: &str) -> String {
+    use tracing_subscriber::fmt::{format::Writer, time::FormatTime};
+    let mut timestamp = String::new();
+    let _ = tracing_subscriber::fmt::time::SystemTime.format_time(&mut Writer::new(&mut timestamp));
+    serde_json::json!({
+        "timestamp": timestamp,
+        "level": level,
+        "fields": { "message": message },
+        "target": "embarcadero",
+    })
+    .to_string()
 }
 
 #[cfg(test)]
@@ -118,5 +135,19 @@ mod tests {
         let mut w = LossyStderr;
         assert_eq!(w.write(b"a line\n").unwrap(), 7);
         assert!(w.flush().is_ok());
+    }
+
+    #[test]
+    fn a_json_lifecycle_line_has_the_fields_of_a_logged_event() {
+        let line: serde_json::Value =
+            serde_json::from_str(&json_line("ERROR", "error: \"quoted\"\nline")).unwrap();
+        assert_eq!(line["level"], "ERROR");
+        assert_eq!(line["target"], "embarcadero");
+        assert_eq!(line["fields"]["message"], "error: \"quoted\"\nline");
+        let timestamp = line["timestamp"].as_str().unwrap();
+        assert!(
+            timestamp.len() >= 20 && timestamp.ends_with('Z'),
+            "{timestamp}"
+        );
     }
 }

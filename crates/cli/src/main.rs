@@ -48,7 +48,7 @@ struct Cli {
     command: Command,
     /// How the long-running commands (serve, broker, sequencer, orchestrator, worker)
     /// write their log to stderr: text for people, or one JSON object per line.
-    #[arg(long, global = true, env = "EMBARCADERO_LOG_FORMAT", value_enum, default_value_t = logging::LogFormat::Text)]
+    #[arg(long, global = true, env = "EMBARCADERO_LOG_FORMAT", value_enum, ignore_case = true, default_value_t = logging::LogFormat::Text)]
     log_format: logging::LogFormat,
 }
 
@@ -252,7 +252,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            logging::note!("error: {message}");
+            logging::note_line("ERROR", format_args!("error: {message}"));
             ExitCode::from(FAILURE_CODE.load(std::sync::atomic::Ordering::Relaxed))
         }
     }

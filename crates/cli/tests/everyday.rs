@@ -942,3 +942,37 @@ fn a_json_log_is_one_object_per_line_from_start_to_stop() {
         "the debug log has more than the lifecycle lines"
     );
 }
+
+/// The lifecycle lines are not filtered out with the rest of a JSON log: a server run at
+/// `EMBARCADERO_LOG=warn` still says, as one object, that it serves; the format's name
+/// is taken in any case.
+#[test]
+fn a_json_log_filtered_to_warnings_still_says_the_server_is_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Command::new(BIN)
+        .args([
+            "serve",
+            "--base-port",
+            "0",
+            "--control-port",
+            "0",
+            "--data-dir",
+        ])
+        .arg(dir.path().join("d"))
+        .env("EMBARCADERO_REGION_MAX_TOPICS", "64")
+        .env("EMBARCADERO_LOG", "warn")
+        .env("EMBARCADERO_LOG_FORMAT", "JSON")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(server.stderr.take().unwrap());
+    let serving = wait_for(&lines, "embarcadero is serving");
+    let object: serde_json::Value = serde_json::from_str(&serving).unwrap();
+    assert_eq!(
+        (&object["level"], &object["target"]),
+        (&"INFO".into(), &"embarcadero".into())
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+}

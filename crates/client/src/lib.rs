@@ -18,8 +18,9 @@ mod subscriber;
 pub use admin::{
     check_topic_name, control_url, not_the_admin_api, unreachable_hint, Admin, BrokerAddr,
     BrokerLogInfo, BrokerRates, ClusterInfo, LocalBrokerStats, MemberState, MemberView,
-    RatesReport, ReaderLag, ReplicaError, SequencerLease, SequencerStats, ServiceInfo, ServiceLog,
-    StatusReport, TopicHealth, TopicInfo, TopicSpec, BUSY_RETRY_FOR, TOPIC_NAME_RULES,
+    RatesReport, ReaderLag, ReplicaError, SequencerLease, SequencerStats, ServiceAnnounce,
+    ServiceInfo, ServiceLog, StatusReport, TopicHealth, TopicInfo, TopicSpec, BUSY_RETRY_FOR,
+    TOPIC_NAME_RULES,
 };
 pub use cursor_fit::CursorMismatch;
 pub use delivery::SharedBatch;

@@ -20,13 +20,13 @@ pub const MAX_JSON_SAFE: u64 = (1 << 53) - 1;
 
 /// A fresh, non-zero incarnation number for a process taking over a part of the
 /// region (a broker id's logs, the sequencer lease): the clock's nanoseconds mixed with
-/// the pid (bits 32 and up, so two processes starting in the same nanosecond differ),
-/// kept to 53 bits.
+/// the pid (bits 31 to 52: every pid Linux gives, up to 2^22, so two processes starting
+/// in the same nanosecond differ), kept to 53 bits. Only ever compared for equality.
 pub fn new_incarnation() -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let incarnation = (((std::process::id() as u64) << 32 ^ nanos) & MAX_JSON_SAFE) | 1;
+    let incarnation = (((std::process::id() as u64) << 31 ^ nanos) & MAX_JSON_SAFE) | 1;
     assert!(incarnation != 0 && incarnation <= MAX_JSON_SAFE);
     incarnation
 }
