@@ -324,6 +324,10 @@ impl Candidate {
 }
 
 #[cfg(test)]
+#[path = "leadership_model.rs"]
+mod model;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::event::StepRef;
