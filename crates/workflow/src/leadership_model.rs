@@ -29,7 +29,7 @@ enum Client {
 
 #[derive(Clone, Debug)]
 enum Entry {
-    Lease(Event),
+    Lease(Box<Event>),
     Client(Client),
 }
 
@@ -60,18 +60,21 @@ impl Reader {
             }
             self.read += 1;
             match entry {
-                Entry::Lease(Event::OrchestratorLease {
-                    term,
-                    holder,
-                    quiet_lease_ms,
-                    ..
-                }) => {
+                Entry::Lease(lease) => {
+                    let Event::OrchestratorLease {
+                        term,
+                        holder,
+                        quiet_lease_ms,
+                        ..
+                    } = &**lease
+                    else {
+                        unreachable!("only lease events are published")
+                    };
                     let quiet = if self.open == 0 { *quiet_lease_ms } else { 0 };
                     if self.leader.bid(*term, holder, *at, quiet).is_ok() {
                         self.candidate.renewed(&self.leader, now);
                     }
                 }
-                Entry::Lease(_) => unreachable!("only lease events are published"),
                 Entry::Client(c) => {
                     match c {
                         Client::OpenTask => self.open += 1,
@@ -112,7 +115,7 @@ fn run(delays: (u64, u64), clients: &[(u64, Client)], death: Option<u64>) -> Run
             reader.fold(&log, now);
             let quiet = reader.open == 0;
             if let Some(e) = reader.candidate.due(&reader.leader, now, quiet) {
-                log.push((now, Entry::Lease(e)));
+                log.push((now, Entry::Lease(Box::new(e))));
             }
         }
         now += TICK;
@@ -125,14 +128,16 @@ fn run(delays: (u64, u64), clients: &[(u64, Client)], death: Option<u64>) -> Run
 fn first_accepted_bid_of(log: &[(u64, Entry)], holder: &str, term: u64) -> Option<u64> {
     let mut leader = Leader::default();
     for (at, entry) in log {
-        if let Entry::Lease(Event::OrchestratorLease {
+        let Entry::Lease(lease) = entry else { continue };
+        let Event::OrchestratorLease {
             term: t, holder: h, ..
-        }) = entry
-        {
-            let accepted = leader.bid(*t, h, *at, 0).is_ok();
-            if accepted && *t == term && h == holder {
-                return Some(*at);
-            }
+        } = &**lease
+        else {
+            continue;
+        };
+        let accepted = leader.bid(*t, h, *at, 0).is_ok();
+        if accepted && *t == term && h == holder {
+            return Some(*at);
         }
     }
     None
@@ -171,7 +176,7 @@ proptest! {
         // With no task ever opened, the holder went quiet.
         let quiet_renewals = r.log.iter().filter(|(_, e)| matches!(
             e,
-            Entry::Lease(Event::OrchestratorLease { quiet_lease_ms, .. }) if *quiet_lease_ms > 0
+            Entry::Lease(l) if matches!(**l, Event::OrchestratorLease { quiet_lease_ms, .. } if quiet_lease_ms > 0)
         )).count();
         let opened = clients.iter().any(|c| matches!(c.1, Client::OpenTask));
         prop_assert!(opened || quiet_renewals > 0);
