@@ -842,6 +842,28 @@ fn an_interrupted_pub_says_where_to_resume() {
     serve.stop();
 }
 
+/// `embarcadero serve ARGS` on free ports with its data under `dir`, the test region and
+/// `env`, and the lines of its stderr as they come.
+fn serve_with_log(
+    dir: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Child, Receiver<String>) {
+    let mut server = Command::new(BIN)
+        .arg("serve")
+        .args(args)
+        .args(["--base-port", "0", "--control-port", "0", "--data-dir"])
+        .arg(dir.join("d"))
+        .env("EMBARCADERO_REGION_MAX_TOPICS", "64")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(server.stderr.take().unwrap());
+    (server, lines)
+}
+
 /// A server whose log reader went away (`serve 2>&1 | head -3`, a log shipper that
 /// restarted) keeps serving: every log write then failed with EPIPE, the logging library
 /// reported that with a panicking `eprintln!`, and whichever thread logged next died
@@ -852,23 +874,7 @@ fn an_interrupted_pub_says_where_to_resume() {
 #[test]
 fn a_server_whose_log_reader_went_away_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Command::new(BIN)
-        .args([
-            "serve",
-            "--base-port",
-            "0",
-            "--control-port",
-            "0",
-            "--data-dir",
-        ])
-        .arg(dir.path().join("d"))
-        .env("EMBARCADERO_REGION_MAX_TOPICS", "64")
-        .env("EMBARCADERO_LOG", "debug")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = lines_of(server.stderr.take().unwrap());
+    let (mut server, lines) = serve_with_log(dir.path(), &[], &[("EMBARCADERO_LOG", "debug")]);
     let serving = wait_for(&lines, "embarcadero is serving");
     drop(lines); // the reader thread ends at its next line, closing the pipe
     let control = common::control_address(&serving);
@@ -901,17 +907,8 @@ fn a_server_whose_log_reader_went_away_keeps_serving() {
 #[test]
 fn a_json_log_is_one_object_per_line_from_start_to_stop() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Command::new(BIN)
-        .args(["serve", "--log-format", "json", "--base-port", "0"])
-        .args(["--control-port", "0", "--data-dir"])
-        .arg(dir.path().join("d"))
-        .env("EMBARCADERO_REGION_MAX_TOPICS", "64")
-        .env("EMBARCADERO_LOG", "debug")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = lines_of(server.stderr.take().unwrap());
+    let args = ["--log-format", "json"];
+    let (mut server, lines) = serve_with_log(dir.path(), &args, &[("EMBARCADERO_LOG", "debug")]);
     let serving = wait_for(&lines, "embarcadero is serving");
     let control = common::control_address(&serving);
     let run = |args: &[&str]| common::run_against(&control, args, None);
@@ -949,24 +946,11 @@ fn a_json_log_is_one_object_per_line_from_start_to_stop() {
 #[test]
 fn a_json_log_filtered_to_warnings_still_says_the_server_is_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Command::new(BIN)
-        .args([
-            "serve",
-            "--base-port",
-            "0",
-            "--control-port",
-            "0",
-            "--data-dir",
-        ])
-        .arg(dir.path().join("d"))
-        .env("EMBARCADERO_REGION_MAX_TOPICS", "64")
-        .env("EMBARCADERO_LOG", "warn")
-        .env("EMBARCADERO_LOG_FORMAT", "JSON")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = lines_of(server.stderr.take().unwrap());
+    let env = [
+        ("EMBARCADERO_LOG", "warn"),
+        ("EMBARCADERO_LOG_FORMAT", "JSON"),
+    ];
+    let (mut server, lines) = serve_with_log(dir.path(), &[], &env);
     let serving = wait_for(&lines, "embarcadero is serving");
     let object: serde_json::Value = serde_json::from_str(&serving).unwrap();
     assert_eq!(

@@ -435,21 +435,11 @@ mod tests {
 
     #[test]
     fn a_fenced_decision_is_recorded_in_its_steps_audit_trail_and_changes_nothing_else() {
-        let yaml = "name: one\nnamespace: n\nversion: '1'\nsteps:\n  - {name: s, handler: {callable: x}}\n";
-        let template = crate::validate::load(yaml, None).unwrap();
+        let template = crate::fixtures::one_step_template();
         let mut s = State::default();
         s.apply(0, &env(None, Event::TemplateRegistered { template }))
             .unwrap();
-        let created = Event::TaskCreated {
-            task: "t".into(),
-            namespace: "n".into(),
-            name: "one".into(),
-            version: "1".into(),
-            context: serde_json::json!({}),
-            idempotency_key: None,
-            identity: None,
-            protocol: None,
-        };
+        let created = crate::fixtures::task_created("t", None);
         s.apply(1, &env(None, created)).unwrap();
         s.apply(2, &lease(1, "a")).unwrap();
         s.apply(3, &lease(2, "b")).unwrap();
@@ -696,23 +686,13 @@ mod tests {
                 quiet_lease_ms: 3000,
             },
         };
-        let yaml = "name: one\nnamespace: n\nversion: '1'\nsteps:\n  - {name: s, handler: {callable: x}}\n";
-        let template = crate::validate::load(yaml, None).unwrap();
+        let template = crate::fixtures::one_step_template();
         let mut s = State::default();
         s.apply(0, &quiet("a")).unwrap();
         assert_eq!(s.leader.quiet_lease_ms, 3000, "nothing open: quiet");
         s.apply(1, &env(None, Event::TemplateRegistered { template }))
             .unwrap();
-        let created = Event::TaskCreated {
-            task: "t".into(),
-            namespace: "n".into(),
-            name: "one".into(),
-            version: "1".into(),
-            context: serde_json::json!({}),
-            idempotency_key: None,
-            identity: None,
-            protocol: None,
-        };
+        let created = crate::fixtures::task_created("t", None);
         // The holder wrote its renewal before it read the task: the log has the task
         // first, so the renewal renews a normal lease.
         s.apply(2, &env(None, created)).unwrap();

@@ -10,6 +10,8 @@ mod builtin;
 pub mod client;
 pub mod decide;
 pub mod event;
+#[cfg(test)]
+mod fixtures;
 pub mod handler;
 pub mod identity;
 pub mod ids;

@@ -485,16 +485,7 @@ mod tests {
     fn a_wait_for_a_tasks_end_is_woken_by_its_end_and_by_no_step_before_it() {
         let shared = Arc::new(Shared::default());
         let template = crate::validate::load(ONE_STEP, None).unwrap();
-        let created = Event::TaskCreated {
-            task: "t".into(),
-            namespace: "n".into(),
-            name: "one".into(),
-            version: "1".into(),
-            context: serde_json::json!({}),
-            idempotency_key: None,
-            identity: None,
-            protocol: Some(2),
-        };
+        let created = crate::fixtures::task_created("t", Some(2));
         shared.fold_batch(batch(
             0,
             vec![Event::TemplateRegistered { template }, created],
