@@ -38,4 +38,7 @@ pub struct ServiceInfo {
     /// Milliseconds since its last announcement.
     pub last_seen_ms: u64,
     pub ttl_ms: u64,
+    /// The topic it folds, as its announcement named it (checked by the head).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<ServiceLog>,
 }

@@ -1911,7 +1911,7 @@ fn status_shows_the_engine_that_announced_itself_and_forgets_it_once_silent() {
     } = Stack::start("3000", 1, &[LINEAR]);
     let uuid = create(&api, "linear", json!({"even_number": 2}));
     assert_eq!(api.get_task(&uuid, 30).unwrap()["status"], "complete");
-    let line = format!("workflow engine   API http://{addr}");
+    let line = format!("workflow engine   API http://{addr}   log workflow.events");
     let text = status_until(&engine.serve, "the engine in status", |t| {
         t.contains(&line) && t.contains("tasks: complete 1")
     });
@@ -1921,9 +1921,9 @@ fn status_shows_the_engine_that_announced_itself_and_forgets_it_once_silent() {
         serde_json::from_str(&ok(&engine.serve.run(&["status", "--json"], None))).unwrap();
     let services = json["services"].as_array().unwrap();
     assert!(
-        services
-            .iter()
-            .any(|s| s["kind"] == "workflow" && s["addr"] == addr.as_str()),
+        services.iter().any(|s| s["kind"] == "workflow"
+            && s["addr"] == addr.as_str()
+            && s["log"]["topic"] == "workflow.events"),
         "{json}"
     );
 

@@ -80,6 +80,7 @@ impl Services {
                 addr: e.announce.addr.clone(),
                 last_seen_ms: now.duration_since(e.last_seen).as_millis() as u64,
                 ttl_ms: e.announce.ttl_ms,
+                log: e.announce.log.clone(),
             })
             .collect()
     }

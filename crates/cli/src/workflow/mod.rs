@@ -16,7 +16,12 @@ pub use serve::{orchestrator, worker, OrchestratorArgs, WorkerArgs};
 pub fn engines_text(services: &[embarcadero_client::ServiceInfo]) -> String {
     let mut out = String::new();
     for s in services.iter().filter(|s| s.kind == announce::KIND) {
-        out.push_str(&format!("workflow engine   API http://{}\n", s.addr));
+        let log = s.log.as_ref().map(|l| format!("   log {}", l.topic));
+        out.push_str(&format!(
+            "workflow engine   API http://{}{}\n",
+            s.addr,
+            log.unwrap_or_default()
+        ));
         let client = embarcadero_workflow::client::ApiClient::new(&s.addr);
         let summary = match client.metrics() {
             Ok(metrics) => manage::stats(&metrics),
