@@ -103,7 +103,10 @@ pub(crate) use note;
 /// it exits with, is `ERROR`).
 pub fn note_line(level: &str, line: std::fmt::Arguments<'_>) {
     if log_format() == LogFormat::Json && LOGGING.load(Ordering::Acquire) {
-        let _ = writeln!(LossyStderr, "{}", json_line(level, &line.to_string()));
+        // One write of the whole line: `writeln!` would write the object and its newline
+        // separately, and another thread's event could land between them.
+        let whole = json_line(level, &line.to_string()) + "\n";
+        let _ = LossyStderr.write(whole.as_bytes());
     } else {
         let _ = writeln!(io::stderr(), "{line}");
     }

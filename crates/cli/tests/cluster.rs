@@ -307,31 +307,33 @@ fn followers_in_their_own_processes_serve_one_total_order() {
     head.proc.stop();
 }
 
-/// A follower that dies and stays dead is fenced by the head itself once it has been
-/// dead for the reader stall timeout: an order-5 topic (whose publishers fail over
-/// without asking the head) goes on for more than a GOI's length of batches after the
-/// death. Before, its logs were fenced only when an order-2 publisher asked or a new
-/// process claimed the id, the sequencer waited for the dead broker to reclaim the
-/// batches its GOI slots held, and every publisher of the topic stalled for good once
-/// the GOI wrapped to them.
 /// A head that did not run for five death timeouts (stopped here; a paused VM or a head
-/// starved of CPU alike) finds its follower alive when it runs again: the heartbeats that
-/// waited in its sockets are taken, and the follower is neither told it was declared dead
-/// nor made to rejoin (its clients would have failed over away from it for nothing).
+/// starved of CPU alike) finds its live follower alive when it runs again: the heartbeats
+/// that waited in its sockets are taken, and the follower is neither told it was declared
+/// dead nor made to rejoin (its clients would have failed over away from it for nothing).
+/// A follower killed during the pause is still declared dead once the head runs again.
 #[test]
 fn a_head_stopped_past_the_death_timeout_declares_no_follower_dead() {
-    let head = start_head_with(2, &[]);
-    let mut follower = follower(&head.control, 1);
-    assert_eq!(members(&head.control)[1], (1, "alive".into()));
+    let head = start_head_with(3, &[]);
+    let mut live = follower(&head.control, 1);
+    let dying = follower(&head.control, 2);
+    wait_for("both followers alive", || {
+        members(&head.control)[1..] == [(1, "alive".into()), (2, "alive".into())]
+    });
     head.proc.signal("STOP");
+    // Follower 2 dies while the head is stopped: the pause must not hide its death.
+    dying.kill();
     // The stimulus, not a wait for an event: five death timeouts (3 x 100 ms) stopped.
     std::thread::sleep(Duration::from_millis(1500));
     head.proc.signal("CONT");
-    follower.wait_line("the head answers heartbeats again");
+    live.wait_line("the head answers heartbeats again");
     assert!(
-        !follower.printed("declared this broker dead"),
-        "the follower was told it was dead"
+        !live.printed("declared this broker dead"),
+        "the live follower was told it was dead"
     );
+    wait_for("the killed follower declared dead", || {
+        members(&head.control)[2] == (2, "dead".into())
+    });
     let status = Admin::new(&head.control).status().unwrap();
     let member = &status.cluster.members[1];
     assert_eq!(
@@ -341,6 +343,13 @@ fn a_head_stopped_past_the_death_timeout_declares_no_follower_dead() {
     );
 }
 
+/// A follower that dies and stays dead is fenced by the head itself once it has been
+/// dead for the reader stall timeout: an order-5 topic (whose publishers fail over
+/// without asking the head) goes on for more than a GOI's length of batches after the
+/// death. Before, its logs were fenced only when an order-2 publisher asked or a new
+/// process claimed the id, the sequencer waited for the dead broker to reclaim the
+/// batches its GOI slots held, and every publisher of the topic stalled for good once
+/// the GOI wrapped to them.
 #[test]
 fn a_topic_goes_on_past_a_goi_length_of_batches_after_a_broker_died_for_good() {
     let dir = tempfile::tempdir().unwrap();

@@ -120,6 +120,12 @@ impl Membership {
         }
     }
 
+    /// The running time now (see [`RunningClock`]): what the head's other timers of
+    /// membership, such as the fence of a broker declared dead, are measured on.
+    pub fn running_now(&self) -> Duration {
+        self.clock.now()
+    }
+
     fn alive(&self, m: &Member, now: Duration) -> bool {
         m.local
             || m.last_heartbeat

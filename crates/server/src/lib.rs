@@ -312,6 +312,10 @@ fn watch_membership(inner: &Inner, stop: &std::sync::atomic::AtomicBool) {
     let cluster = &inner.config.cluster;
     let interval = Duration::from_millis(cluster.heartbeat_interval_ms);
     let death = interval * cluster.heartbeat_misses;
+    // The membership's running clock counts at most half the death timeout per look:
+    // looking at least every quarter of it keeps that clock at the wall's pace while
+    // the head runs, whatever `heartbeat_misses` is (1 makes the interval the timeout).
+    let look = interval.min(death / 4);
     let stall = Duration::from_millis(inner.config.broker.reader_stall_timeout_ms);
     // Brokers whose slots are being released: the incarnation declared dead, when, and
     // the slots the last pass found being claimed.
@@ -326,7 +330,7 @@ fn watch_membership(inner: &Inner, stop: &std::sync::atomic::AtomicBool) {
             releasing.push(Releasing {
                 broker,
                 incarnation,
-                since: std::time::Instant::now(),
+                since: inner.membership.running_now(),
                 claims: Vec::new(),
                 slots_left: true,
             });
@@ -336,7 +340,7 @@ fn watch_membership(inner: &Inner, stop: &std::sync::atomic::AtomicBool) {
             if inner.membership.is_alive_as(r.broker, r.incarnation) {
                 return false;
             }
-            if r.since.elapsed() > stall {
+            if inner.membership.running_now().saturating_sub(r.since) > stall {
                 fence_declared_dead(inner, r.broker, r.incarnation);
                 return false;
             }
@@ -346,7 +350,7 @@ fn watch_membership(inner: &Inner, stop: &std::sync::atomic::AtomicBool) {
             true
         });
         // A period, not a wait for an event: `stop` unparks it.
-        std::thread::park_timeout(interval);
+        std::thread::park_timeout(look);
     }
 }
 
@@ -394,7 +398,9 @@ struct Releasing {
     broker: u32,
     /// The follower process declared dead: if it rejoins, its slots are its own again.
     incarnation: u64,
-    since: std::time::Instant,
+    /// When it was declared dead, on the membership's running clock (a head that did not
+    /// run meanwhile does not fence a follower whose rejoin waits in its socket).
+    since: Duration,
     /// The slots the last pass found being claimed for it.
     claims: Vec<(u32, u32)>,
     /// Some of its reader slots were still beaten at the last pass.

@@ -9,8 +9,8 @@
 //! its clients failed over for nothing. This clock counts the time between two looks, but
 //! at most `max_step` of it: a gap that long is time nobody in this process looked, so
 //! none of it is held against the followers. The head looks often when it runs (every
-//! heartbeat it handles, and its membership watcher every heartbeat interval), so a step
-//! of half the death timeout loses nothing while it runs.
+//! heartbeat it handles, and its membership watcher at least every quarter of the death
+//! timeout), so a step of half the death timeout loses nothing while it runs.
 //!
 //! Owns its last look; touches nothing else.
 

@@ -5,8 +5,13 @@
 //! [`Candidate::due`] returns. The fold's rule (a renewal is quiet only with no task open
 //! at its position) is applied as `State::apply` applies it.
 //!
+//! Some of the holder's renewals are lost on their way (never two in a row, which no
+//! lease survives): a quiet renewal lost must leave the holder on the cadence the standby
+//! is still counting.
+//!
 //! What it checks, for delays under a third of a lease minus a tick:
-//! - a live holder is never deposed, quiet or not;
+//! - a live holder is never deposed, quiet or not, and with nothing happening it renews
+//!   at the quiet cadence;
 //! - a holder that died is replaced within a quiet lease of its death, within a normal
 //!   lease of its death if a task was open then, and within a normal lease of the first
 //!   event written after its death.
@@ -93,15 +98,35 @@ impl Reader {
 struct Run {
     log: Vec<(u64, Entry)>,
     takeover: Option<u64>,
+    /// The holder's renewals written, and those lost.
+    renewals: usize,
+    lost: usize,
 }
 
-fn run(delays: (u64, u64), clients: &[(u64, Client)], death: Option<u64>) -> Run {
+/// One run: the readers' delays, the clients' events, when the holder dies (if it does),
+/// and which of the holder's publications after its first are lost (cycled; a loss right
+/// after a loss is not made).
+struct Scenario<'a> {
+    delays: (u64, u64),
+    clients: &'a [(u64, Client)],
+    death: Option<u64>,
+    losses: &'a [bool],
+}
+
+fn run(sc: Scenario<'_>) -> Run {
+    let Scenario {
+        delays,
+        clients,
+        death,
+        losses,
+    } = sc;
     let horizon = LAST_EVENT + QUIET + 2 * LEASE;
     let (mut holder, mut standby) = (Reader::new("a", delays.0), Reader::new("b", delays.1));
     let mut log: Vec<(u64, Entry)> = Vec::new();
     let mut pending = clients.to_vec();
     pending.sort_by_key(|c| c.0);
     let mut pending = pending.into_iter().peekable();
+    let (mut published, mut renewals, mut lost, mut lost_last) = (0usize, 0, 0, false);
     let mut now = 0;
     while now <= horizon {
         while let Some((_, c)) = pending.next_if(|c| c.0 <= now) {
@@ -114,14 +139,33 @@ fn run(delays: (u64, u64), clients: &[(u64, Client)], death: Option<u64>) -> Run
             }
             reader.fold(&log, now);
             let quiet = reader.open == 0;
-            if let Some(e) = reader.candidate.due(&reader.leader, now, quiet) {
-                log.push((now, Entry::Lease(Box::new(e))));
+            let Some(e) = reader.candidate.due(&reader.leader, now, quiet) else {
+                continue;
+            };
+            if reader.candidate.id == "a" {
+                published += 1;
+                let lose = published > 1
+                    && !lost_last
+                    && !losses.is_empty()
+                    && losses[published % losses.len()];
+                lost_last = lose;
+                if lose {
+                    lost += 1;
+                    continue;
+                }
+                renewals += 1;
             }
+            log.push((now, Entry::Lease(Box::new(e))));
         }
         now += TICK;
     }
     let takeover = first_accepted_bid_of(&log, "b", 2);
-    Run { log, takeover }
+    Run {
+        log,
+        takeover,
+        renewals,
+        lost,
+    }
 }
 
 /// When the log accepted `holder`'s bid for `term` (folded without delay).
@@ -170,16 +214,18 @@ proptest! {
     fn a_live_holder_is_never_deposed_quiet_or_not(
         delays in (0..=MAX_DELAY, 0..=MAX_DELAY),
         clients in prop::collection::vec(client(), 0..12),
+        losses in prop::collection::vec(any::<bool>(), 0..8),
     ) {
-        let r = run(delays, &clients, None);
+        let sc = Scenario { delays, clients: &clients, death: None, losses: &losses };
+        let r = run(sc);
         prop_assert_eq!(r.takeover, None);
-        // With no task ever opened, the holder went quiet.
-        let quiet_renewals = r.log.iter().filter(|(_, e)| matches!(
-            e,
-            Entry::Lease(l) if matches!(**l, Event::OrchestratorLease { quiet_lease_ms, .. } if quiet_lease_ms > 0)
-        )).count();
-        let opened = clients.iter().any(|c| matches!(c.1, Client::OpenTask));
-        prop_assert!(opened || quiet_renewals > 0);
+        // With nothing happening, the quiet cadence: a renewal a third of a quiet lease,
+        // plus one normal renewal for each lost quiet one and a few to get there.
+        if clients.is_empty() {
+            let horizon = LAST_EVENT + QUIET + 2 * LEASE;
+            let bound = (horizon / (QUIET / RENEWALS_PER_LEASE)) as usize + r.lost + 4;
+            prop_assert!(r.renewals <= bound, "{} renewals, bound {}", r.renewals, bound);
+        }
     }
 
     #[test]
@@ -187,8 +233,10 @@ proptest! {
         delays in (0..=MAX_DELAY, 0..=MAX_DELAY),
         clients in prop::collection::vec(client(), 0..12),
         death in (1..LAST_EVENT / TICK).prop_map(|t| t * TICK),
+        losses in prop::collection::vec(any::<bool>(), 0..8),
     ) {
-        let r = run(delays, &clients, Some(death));
+        let sc = Scenario { delays, clients: &clients, death: Some(death), losses: &losses };
+        let r = run(sc);
         let takeover = r.takeover;
         prop_assert!(takeover.is_some(), "never replaced");
         let takeover = takeover.unwrap();

@@ -62,6 +62,11 @@ fn announce_until(admin: &Admin, addr: &str, log: &ServiceLog, stop: &AtomicBool
             }
             Err(_) => {}
         }
+        // A head that went away may come back upgraded, or another on its port: name the
+        // log again until a head refuses it again.
+        if failing {
+            naming = Some(log.clone());
+        }
         // A period, not a wait for an event: `drop` unparks it.
         std::thread::park_timeout(EVERY);
     }
