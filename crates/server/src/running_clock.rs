@@ -40,7 +40,7 @@ impl RunningClock {
         let real = Instant::now();
         let step = real.saturating_duration_since(last.0).min(self.max_step);
         let running = last.1 + step;
-        debug_assert!(running >= last.1, "the running time only grows");
+        assert!(running >= last.1, "the running time only grows");
         *last = (real, running);
         running
     }

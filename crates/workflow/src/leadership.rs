@@ -245,10 +245,12 @@ impl Candidate {
             return normal;
         }
         let quiet = self.renewed_at.saturating_add(self.quiet_lease_ms);
-        match self.stirred_at {
+        let lapses = match self.stirred_at {
             Some(at) => quiet.min(at.max(self.renewed_at).saturating_add(self.lease_ms)),
             None => quiet,
-        }
+        };
+        assert!(lapses >= normal, "a quiet lease is never shorter than a normal one");
+        lapses
     }
 
     pub fn is_active(&self, leader: &Leader) -> bool {
