@@ -249,7 +249,10 @@ impl Candidate {
             Some(at) => quiet.min(at.max(self.renewed_at).saturating_add(self.lease_ms)),
             None => quiet,
         };
-        assert!(lapses >= normal, "a quiet lease is never shorter than a normal one");
+        assert!(
+            lapses >= normal,
+            "a quiet lease is never shorter than a normal one"
+        );
         lapses
     }
 

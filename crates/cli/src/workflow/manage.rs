@@ -78,7 +78,11 @@ pub fn stats(metrics: &str) -> String {
             .iter()
             .map(|(state, n)| format!("{state} {n}"))
             .collect();
-        lines.push(format!("{kind}: {}", counts.join(", ")));
+        let counts = match counts.is_empty() {
+            true => "none yet".to_string(),
+            false => counts.join(", "),
+        };
+        lines.push(format!("{kind}: {counts}"));
     }
     let lag = queue_lag(metrics).map_or("unknown".to_string(), |n| {
         crate::count_of(n, "event", "events")
@@ -302,5 +306,19 @@ fn show_steps(v: &Value, json: bool) {
         for r in s["refused_events"].as_array().into_iter().flatten() {
             say!("  refused: {}", text(r));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_with_nothing_yet_says_so_rather_than_print_empty_counts() {
+        let metrics = "embarcadero_workflow_tasks{state=\"complete\"} 0\n";
+        assert_eq!(
+            stats(metrics),
+            "tasks: none yet\nsteps: none yet\nqueue lag: unknown"
+        );
     }
 }
