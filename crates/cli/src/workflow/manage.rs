@@ -88,6 +88,15 @@ pub fn stats(metrics: &str) -> String {
         crate::count_of(n, "event", "events")
     });
     lines.push(format!("queue lag: {lag}"));
+    if let Some((active, term, quiet)) = role(metrics) {
+        let role = if active { "active" } else { "standby" };
+        let quiet = if quiet {
+            ", lease quiet (no task open)"
+        } else {
+            ""
+        };
+        lines.push(format!("orchestrator: {role} (term {term}){quiet}"));
+    }
     lines.join("\n")
 }
 
@@ -98,10 +107,14 @@ pub fn stats_json(metrics: &str) -> Value {
         let pairs = state_counts(metrics, kind).into_iter();
         Value::Object(pairs.map(|(state, n)| (state, json!(n))).collect())
     };
+    let role = role(metrics).map(
+        |(active, term, quiet)| json!({ "active": active, "term": term, "lease_quiet": quiet }),
+    );
     json!({
         "tasks": counts("tasks"),
         "steps": counts("steps"),
         "queue_lag_events": queue_lag(metrics),
+        "orchestrator": role,
     })
 }
 
@@ -119,9 +132,24 @@ fn state_counts(metrics: &str, kind: &str) -> Vec<(String, u64)> {
 
 /// The orchestrator's queue lag in events, if it exposes one.
 fn queue_lag(metrics: &str) -> Option<u64> {
+    gauge(metrics, "queue_lag_events")
+}
+
+/// Whether the orchestrator decides, the current term, and whether its lease runs quiet
+/// (docs/WORKFLOW.md "Quiet renewals"); `None` from an orchestrator without the gauges.
+fn role(metrics: &str) -> Option<(bool, u64, bool)> {
+    let active = gauge(metrics, "orchestrator_active")? == 1;
+    let term = gauge(metrics, "orchestrator_term")?;
+    let quiet = gauge(metrics, "orchestrator_lease_quiet") == Some(1);
+    Some((active, term, quiet))
+}
+
+/// The value of the gauge `embarcadero_workflow_{name}` (no labels).
+fn gauge(metrics: &str, name: &str) -> Option<u64> {
+    let prefix = format!("embarcadero_workflow_{name} ");
     metrics
         .lines()
-        .find_map(|l| l.strip_prefix("embarcadero_workflow_queue_lag_events "))
+        .find_map(|l| l.strip_prefix(&prefix))
         .and_then(|n| n.trim().parse().ok())
 }
 
@@ -312,6 +340,23 @@ fn show_steps(v: &Value, json: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_orchestrators_role_and_quiet_lease_are_shown_when_it_reports_them() {
+        let metrics = "embarcadero_workflow_orchestrator_active 1\n\
+                       embarcadero_workflow_orchestrator_term 3\n\
+                       embarcadero_workflow_orchestrator_lease_quiet 1\n";
+        assert!(
+            stats(metrics).ends_with("\norchestrator: active (term 3), lease quiet (no task open)")
+        );
+        let standby = "embarcadero_workflow_orchestrator_active 0\n\
+                       embarcadero_workflow_orchestrator_term 4\n";
+        assert!(stats(standby).ends_with("\norchestrator: standby (term 4)"));
+        assert_eq!(
+            stats_json(standby)["orchestrator"],
+            json!({"active": false, "term": 4, "lease_quiet": false})
+        );
+    }
 
     #[test]
     fn an_engine_with_nothing_yet_says_so_rather_than_print_empty_counts() {
