@@ -219,12 +219,14 @@ impl StepHandler for JsHandler {
     }
 }
 
-/// When `left` from now is, in milliseconds since the Unix epoch (JavaScript's clock).
+/// When `left` from now is, in milliseconds since the Unix epoch (JavaScript's clock),
+/// rounded up: the handler's signal must not abort before the worker's deadline, or the
+/// handler's rejection would be reported instead of the worker's timeout.
 fn deadline_unix_ms(left: Duration) -> f64 {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    (now + left).as_millis() as f64
+    ((now + left).as_micros().div_ceil(1000)) as f64
 }
 
 /// What a handler is given, as ts/workflow.ts reads it.

@@ -371,12 +371,24 @@ type Running = Map<number, AbortController>;
  * The `signal` of a call: aborted at `deadlineUnixMs` or when the native worker calls the
  * attempt off ({@link callOffOf}). Its timer keeps Node alive no more than
  * `AbortSignal.timeout`'s does, and is cleared once the signal aborts or the call ends.
+ *
+ * Never before the deadline: a Node timer counts from the event loop's cached time, so it
+ * can fire early by however long the loop had been busy; one that fires early is set again
+ * for what is left. (A handler that rejected at an early abort was reported with its own
+ * error instead of the worker's "timed out after N s".)
  */
 function attemptSignal(deadlineUnixMs: number, controller: AbortController): () => void {
-  const timer = setTimeout(
-    () => controller.abort(new DOMException("the step's deadline passed", "TimeoutError")),
-    Math.max(0, deadlineUnixMs - Date.now()),
-  );
+  let timer: NodeJS.Timeout;
+  const arm = (): void => {
+    const left = deadlineUnixMs - Date.now();
+    if (left > 0) {
+      timer = setTimeout(arm, left);
+      timer.unref();
+      return;
+    }
+    controller.abort(new DOMException("the step's deadline passed", "TimeoutError"));
+  };
+  timer = setTimeout(arm, Math.max(0, deadlineUnixMs - Date.now()));
   timer.unref();
   return () => clearTimeout(timer);
 }
