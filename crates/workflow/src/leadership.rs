@@ -195,16 +195,17 @@ impl Candidate {
 
     /// After the replay: the lease is dated by its holder's last stamp (never later than
     /// now), so a restart after the holder died waits only what is left of its lease.
-    /// A task open at the replay's end was opened after a quiet renewal (none was open
-    /// at it), so the normal lease applies.
+    /// If anything came after a quiet renewal (read during the replay, or a task open at
+    /// its end, which was opened after it: none was open at it), the quiet lease ends a
+    /// normal lease from now at the latest, as if this one had just read that event. Not
+    /// from the stamp: a live holder renews only a third of a normal lease after reading
+    /// the event, so a restart in between would find a normal lease from the quiet
+    /// renewal long lapsed and depose it.
     pub fn replayed(&mut self, leader: &Leader, now_ms: u64, tasks_open: bool) {
+        let stirred = self.stirred_at.is_some() || tasks_open;
         self.renewed_at = leader.renewed_ts_ms.min(now_ms);
-        self.quiet_lease_ms = if tasks_open {
-            0
-        } else {
-            self.quiet_lease_of(leader)
-        };
-        self.stirred_at = None;
+        self.quiet_lease_ms = self.quiet_lease_of(leader);
+        self.stirred_at = stirred.then_some(now_ms);
         self.quiet_read = false;
     }
 
@@ -717,10 +718,25 @@ mod tests {
         quiet.replayed(&leader, 1100, false);
         assert!(quiet.due(&leader, 3999, false).is_none());
         assert!(quiet.due(&leader, 4000, false).is_some());
+        // A task open at the replay's end: a normal lease from the replay's end.
         let mut busy = Candidate::new("b".into(), 300);
         busy.replayed(&leader, 1100, true);
-        assert!(busy.due(&leader, 1299, false).is_none());
-        assert!(busy.due(&leader, 1300, false).is_some());
+        assert!(busy.due(&leader, 1399, false).is_none());
+        assert!(busy.due(&leader, 1400, false).is_some());
+        // Not from the quiet renewal's stamp: the holder renews a third of a normal lease
+        // after it read the task, and a replay may end before that renewal is in the log
+        // (the lease model found this one deposing a live holder).
+        let mut late = Candidate::new("l".into(), 300);
+        late.replayed(&leader, 1900, true);
+        assert!(late.due(&leader, 2199, false).is_none());
+        assert!(late.due(&leader, 2200, false).is_some());
+        // Anything read after the quiet renewal counts as well, with no task open.
+        let mut stirred = Candidate::new("s".into(), 300);
+        stirred.renewed(&leader, 1050);
+        stirred.stirred(1060);
+        stirred.replayed(&leader, 1900, false);
+        assert!(stirred.due(&leader, 2199, false).is_none());
+        assert!(stirred.due(&leader, 2200, false).is_some());
         // A release forgets the quiet lease (a bid for the next term is due at once).
         leader.release(1, "a", 1200).unwrap();
         assert_eq!(leader.quiet_lease_ms, 0);

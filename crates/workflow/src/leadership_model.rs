@@ -9,12 +9,19 @@
 //! lease survives): a quiet renewal lost must leave the holder on the cadence the standby
 //! is still counting.
 //!
+//! Besides death, one disturbance per run ([`Disturbance`]): the holder releases its
+//! term and stops; the standby restarts (a new process: it replays the log and dates the
+//! lease by the holder's stamp, [`Candidate::replayed`]); or the server is out (nobody
+//! reads or writes for a while, and each comes back on its own delay,
+//! [`Candidate::resumed`]).
+//!
 //! What it checks, for delays under a third of a lease minus a tick:
-//! - a live holder is never deposed, quiet or not, and with nothing happening it renews
-//!   at the quiet cadence;
+//! - a live holder is never deposed, quiet or not, across a standby's restart or an
+//!   outage, and with nothing happening it renews at the quiet cadence;
 //! - a holder that died is replaced within a quiet lease of its death, within a normal
 //!   lease of its death if a task was open then, and within a normal lease of the first
-//!   event written after its death.
+//!   event written after its death;
+//! - a holder that released its term is replaced as soon as the standby reads the release.
 
 use super::*;
 use proptest::prelude::*;
@@ -65,21 +72,7 @@ impl Reader {
             }
             self.read += 1;
             match entry {
-                Entry::Lease(lease) => {
-                    let Event::OrchestratorLease {
-                        term,
-                        holder,
-                        quiet_lease_ms,
-                        ..
-                    } = &**lease
-                    else {
-                        unreachable!("only lease events are published")
-                    };
-                    let quiet = if self.open == 0 { *quiet_lease_ms } else { 0 };
-                    if self.leader.bid(*term, holder, *at, quiet).is_ok() {
-                        self.candidate.renewed(&self.leader, now);
-                    }
-                }
+                Entry::Lease(lease) => self.fold_lease(lease, *at, now),
                 Entry::Client(c) => {
                     match c {
                         Client::OpenTask => self.open += 1,
@@ -93,6 +86,40 @@ impl Reader {
     }
 }
 
+impl Reader {
+    /// As the orchestrator observes a lease event: a renewal or bid accepted restarts the
+    /// lease; a release (not a lease event) stirs it, and leaves the term without holder.
+    fn fold_lease(&mut self, lease: &Event, at: u64, now: u64) {
+        match lease {
+            Event::OrchestratorLease {
+                term,
+                holder,
+                quiet_lease_ms,
+                ..
+            } => {
+                let quiet = if self.open == 0 { *quiet_lease_ms } else { 0 };
+                if self.leader.bid(*term, holder, at, quiet).is_ok() {
+                    self.candidate.renewed(&self.leader, now);
+                }
+            }
+            Event::OrchestratorRelease { term, holder } => {
+                let _ = self.leader.release(*term, holder, at);
+                self.candidate.stirred(now);
+            }
+            _ => unreachable!("only lease events are published"),
+        }
+    }
+
+    /// A new process in this one's place: it replays the log as it reaches it now.
+    fn restarted(&self, id: &str, now: u64, log: &[(u64, Entry)]) -> Self {
+        let mut fresh = Reader::new(id, self.delay);
+        fresh.fold(log, now);
+        let open = fresh.open > 0;
+        fresh.candidate.replayed(&fresh.leader, now, open);
+        fresh
+    }
+}
+
 /// What a run's log shows: when the standby's bid for term 2 was written (if ever), and
 /// the open tasks at each moment (by the log without delay).
 struct Run {
@@ -103,84 +130,157 @@ struct Run {
     lost: usize,
 }
 
+/// What else happens in a run, besides the holder's death.
+#[derive(Clone, Copy, Debug)]
+enum Disturbance {
+    None,
+    /// The holder publishes its release at this time and stops.
+    Release(u64),
+    /// The standby's process is replaced at this time by one that replays the log.
+    Restart(u64),
+    /// From the first time to the second nobody reads or writes the log (a server
+    /// restart); clients' events meanwhile are lost, and each reader comes back its
+    /// delay after the end.
+    Outage(u64, u64),
+}
+
+impl Disturbance {
+    fn log_out(self, now: u64) -> bool {
+        matches!(self, Disturbance::Outage(a, b) if (a..b).contains(&now))
+    }
+
+    /// Whether a reader with `delay` is still away at `now`, and whether `now` is the
+    /// tick it comes back at (it folds the backlog, then resumes).
+    fn away(self, delay: u64, now: u64) -> (bool, bool) {
+        match self {
+            Disturbance::Outage(a, b) => {
+                let back = b + delay;
+                (now >= a && now < back, now >= back && now < back + TICK)
+            }
+            _ => (false, false),
+        }
+    }
+}
+
 /// One run: the readers' delays, the clients' events, when the holder dies (if it does),
-/// and which of the holder's publications after its first are lost (cycled; a loss right
-/// after a loss is not made).
+/// what else happens, and which of the holder's publications after its first are lost
+/// (cycled; a loss right after a loss is not made).
 struct Scenario<'a> {
     delays: (u64, u64),
     clients: &'a [(u64, Client)],
     death: Option<u64>,
+    disturbance: Disturbance,
     losses: &'a [bool],
 }
 
-fn run(sc: Scenario<'_>) -> Run {
-    let Scenario {
-        delays,
-        clients,
-        death,
-        losses,
-    } = sc;
-    let horizon = LAST_EVENT + QUIET + 2 * LEASE;
-    let (mut holder, mut standby) = (Reader::new("a", delays.0), Reader::new("b", delays.1));
-    let mut log: Vec<(u64, Entry)> = Vec::new();
-    let mut pending = clients.to_vec();
-    pending.sort_by_key(|c| c.0);
-    let mut pending = pending.into_iter().peekable();
-    let (mut published, mut renewals, mut lost, mut lost_last) = (0usize, 0, 0, false);
-    let mut now = 0;
-    while now <= horizon {
-        while let Some((_, c)) = pending.next_if(|c| c.0 <= now) {
-            log.push((now, Entry::Client(c)));
-        }
-        let holder_alive = death.is_none_or(|d| now < d);
-        for (reader, acts) in [(&mut holder, holder_alive), (&mut standby, true)] {
-            if !acts {
-                continue;
-            }
-            reader.fold(&log, now);
-            let quiet = reader.open == 0;
-            let Some(e) = reader.candidate.due(&reader.leader, now, quiet) else {
-                continue;
-            };
-            if reader.candidate.id == "a" {
-                published += 1;
-                let lose = published > 1
-                    && !lost_last
-                    && !losses.is_empty()
-                    && losses[published % losses.len()];
-                lost_last = lose;
-                if lose {
-                    lost += 1;
-                    continue;
-                }
-                renewals += 1;
-            }
-            log.push((now, Entry::Lease(Box::new(e))));
-        }
-        now += TICK;
-    }
-    let takeover = first_accepted_bid_of(&log, "b", 2);
-    Run {
-        log,
-        takeover,
-        renewals,
-        lost,
+/// Which of the holder's publications are lost on their way.
+struct Losses<'a> {
+    pattern: &'a [bool],
+    published: usize,
+    lost: usize,
+    lost_last: bool,
+}
+
+impl Losses<'_> {
+    fn lose_next(&mut self) -> bool {
+        self.published += 1;
+        let lose = self.published > 1
+            && !self.lost_last
+            && !self.pattern.is_empty()
+            && self.pattern[self.published % self.pattern.len()];
+        self.lost_last = lose;
+        self.lost += usize::from(lose);
+        lose
     }
 }
 
-/// When the log accepted `holder`'s bid for `term` (folded without delay).
-fn first_accepted_bid_of(log: &[(u64, Entry)], holder: &str, term: u64) -> Option<u64> {
+fn run(sc: Scenario<'_>) -> Run {
+    let horizon = LAST_EVENT + QUIET + 2 * LEASE;
+    let mut readers = [Reader::new("a", sc.delays.0), Reader::new("b", sc.delays.1)];
+    let mut log: Vec<(u64, Entry)> = Vec::new();
+    let mut pending = sc.clients.to_vec();
+    pending.sort_by_key(|c| c.0);
+    let mut pending = pending.into_iter().peekable();
+    let mut losses = Losses {
+        pattern: sc.losses,
+        published: 0,
+        lost: 0,
+        lost_last: false,
+    };
+    let mut now = 0;
+    while now <= horizon {
+        while let Some((_, c)) = pending.next_if(|c| c.0 <= now) {
+            if !sc.disturbance.log_out(now) {
+                log.push((now, Entry::Client(c)));
+            }
+        }
+        if matches!(sc.disturbance, Disturbance::Restart(t) if (t..t + TICK).contains(&now)) {
+            readers[1] = readers[1].restarted("c", now, &log);
+        }
+        let holder_acts = sc.death.is_none_or(|d| now < d)
+            && !matches!(sc.disturbance, Disturbance::Release(r) if now > r);
+        for (i, reader) in readers.iter_mut().enumerate() {
+            let acts = i == 1 || holder_acts;
+            if let Some(e) = step(reader, acts, &sc, &log, now) {
+                let release = matches!(e, Event::OrchestratorRelease { .. });
+                if i == 0 && !release && losses.lose_next() {
+                    continue;
+                }
+                log.push((now, Entry::Lease(Box::new(e))));
+            }
+        }
+        now += TICK;
+    }
+    let takeover = first_accepted_bid(&log, 2);
+    Run {
+        log,
+        takeover,
+        renewals: losses.published - losses.lost,
+        lost: losses.lost,
+    }
+}
+
+/// One reader's tick: what it publishes, if anything.
+fn step(
+    reader: &mut Reader,
+    acts: bool,
+    sc: &Scenario<'_>,
+    log: &[(u64, Entry)],
+    now: u64,
+) -> Option<Event> {
+    let (away, back) = sc.disturbance.away(reader.delay, now);
+    if !acts || away {
+        return None;
+    }
+    reader.fold(log, now);
+    if back {
+        reader.candidate.resumed(now);
+    }
+    if matches!(sc.disturbance, Disturbance::Release(r) if (r..r + TICK).contains(&now)) {
+        if let Some(e) = reader.candidate.release(&reader.leader) {
+            return Some(e);
+        }
+    }
+    let quiet = reader.open == 0;
+    reader.candidate.due(&reader.leader, now, quiet)
+}
+
+/// When the log accepted a bid for `term` (folded without delay), by anyone.
+fn first_accepted_bid(log: &[(u64, Entry)], term: u64) -> Option<u64> {
     let mut leader = Leader::default();
     for (at, entry) in log {
         let Entry::Lease(lease) = entry else { continue };
-        let Event::OrchestratorLease {
-            term: t, holder: h, ..
-        } = &**lease
-        else {
-            continue;
+        let accepted = match &**lease {
+            Event::OrchestratorLease {
+                term: t, holder: h, ..
+            } => leader.bid(*t, h, *at, 0).is_ok() && *t == term,
+            Event::OrchestratorRelease { term: t, holder: h } => {
+                let _ = leader.release(*t, h, *at);
+                false
+            }
+            _ => false,
         };
-        let accepted = leader.bid(*t, h, *at, 0).is_ok();
-        if accepted && *t == term && h == holder {
+        if accepted {
             return Some(*at);
         }
     }
@@ -207,21 +307,36 @@ fn client() -> impl Strategy<Value = (u64, Client)> {
     ((0..LAST_EVENT / TICK).prop_map(|t| t * TICK), kind)
 }
 
+fn at_tick(range: std::ops::Range<u64>) -> impl Strategy<Value = u64> {
+    (range.start / TICK..range.end / TICK).prop_map(|t| t * TICK)
+}
+
+/// A standby's restart or a server outage (up to two leases long), or neither.
+fn survivable() -> impl Strategy<Value = Disturbance> {
+    prop_oneof![
+        Just(Disturbance::None),
+        at_tick(0..LAST_EVENT).prop_map(Disturbance::Restart),
+        (at_tick(0..LAST_EVENT), at_tick(TICK..2 * LEASE))
+            .prop_map(|(a, len)| Disturbance::Outage(a, a + len)),
+    ]
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
+    #![proptest_config(ProptestConfig::with_cases(2000))]
 
     #[test]
     fn a_live_holder_is_never_deposed_quiet_or_not(
         delays in (0..=MAX_DELAY, 0..=MAX_DELAY),
         clients in prop::collection::vec(client(), 0..12),
+        disturbance in survivable(),
         losses in prop::collection::vec(any::<bool>(), 0..8),
     ) {
-        let sc = Scenario { delays, clients: &clients, death: None, losses: &losses };
+        let sc = Scenario { delays, clients: &clients, death: None, disturbance, losses: &losses };
         let r = run(sc);
         prop_assert_eq!(r.takeover, None);
         // With nothing happening, the quiet cadence: a renewal a third of a quiet lease,
         // plus one normal renewal for each lost quiet one and a few to get there.
-        if clients.is_empty() {
+        if clients.is_empty() && matches!(disturbance, Disturbance::None) {
             let horizon = LAST_EVENT + QUIET + 2 * LEASE;
             let bound = (horizon / (QUIET / RENEWALS_PER_LEASE)) as usize + r.lost + 4;
             prop_assert!(r.renewals <= bound, "{} renewals, bound {}", r.renewals, bound);
@@ -232,22 +347,47 @@ proptest! {
     fn a_dead_holder_is_replaced_within_a_normal_lease_of_anything_to_decide(
         delays in (0..=MAX_DELAY, 0..=MAX_DELAY),
         clients in prop::collection::vec(client(), 0..12),
-        death in (1..LAST_EVENT / TICK).prop_map(|t| t * TICK),
+        death in at_tick(TICK..LAST_EVENT),
+        // The standby's restart after the death, within the quiet lease it may wait.
+        restart_after in prop::option::of(at_tick(0..QUIET)),
         losses in prop::collection::vec(any::<bool>(), 0..8),
     ) {
-        let sc = Scenario { delays, clients: &clients, death: Some(death), losses: &losses };
+        let restart = restart_after.map(|after| death + after);
+        let disturbance = restart.map_or(Disturbance::None, Disturbance::Restart);
+        let sc = Scenario { delays, clients: &clients, death: Some(death), disturbance, losses: &losses };
         let r = run(sc);
         let takeover = r.takeover;
         prop_assert!(takeover.is_some(), "never replaced");
         let takeover = takeover.unwrap();
         let slack = delays.1 + 2 * TICK;
+        // A standby restarted after an event counts its normal lease from its replay.
+        let replay = restart.unwrap_or(0);
         prop_assert!(takeover <= death + QUIET + slack, "later than a quiet lease: {}", takeover);
         if open_before(&r.log, death) > 0 {
-            prop_assert!(takeover <= death + LEASE + slack, "a task was open: {}", takeover);
+            let bound = death.max(replay) + LEASE + slack;
+            prop_assert!(takeover <= bound, "a task was open: {}", takeover);
         }
         let first_after = r.log.iter().find(|(t, e)| *t >= death && matches!(e, Entry::Client(_)));
         if let Some((at, _)) = first_after {
-            prop_assert!(takeover <= at + LEASE + slack, "event at {}: {}", at, takeover);
+            let bound = (*at).max(replay) + LEASE + slack;
+            prop_assert!(takeover <= bound, "event at {}: {}", at, takeover);
         }
+    }
+
+    #[test]
+    fn a_released_term_is_taken_as_soon_as_the_standby_reads_the_release(
+        delays in (0..=MAX_DELAY, 0..=MAX_DELAY),
+        clients in prop::collection::vec(client(), 0..12),
+        release in at_tick(LEASE..LAST_EVENT),
+        losses in prop::collection::vec(any::<bool>(), 0..8),
+    ) {
+        let disturbance = Disturbance::Release(release);
+        let sc = Scenario { delays, clients: &clients, death: None, disturbance, losses: &losses };
+        let r = run(sc);
+        let takeover = r.takeover;
+        prop_assert!(takeover.is_some(), "never replaced");
+        let takeover = takeover.unwrap();
+        prop_assert!(takeover >= release, "deposed before the release: {}", takeover);
+        prop_assert!(takeover <= release + delays.1 + TICK, "taken at {}", takeover);
     }
 }
