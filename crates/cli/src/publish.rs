@@ -7,8 +7,8 @@ use embarcadero_client::{Admin, Publisher, PublisherConfig, PublisherStats, Topi
 use indicatif::{ProgressBar, ProgressState, ProgressStyle};
 use source::Source;
 use std::io::IsTerminal;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Clone)]
@@ -77,13 +77,7 @@ pub fn run(args: PubArgs) -> CliResult {
     let mut publisher =
         Publisher::connect(&args.control.control, &args.topic, config_of(&args, ack))
             .map_err(|e| e.to_string())?;
-    let mut source = match args.count {
-        Some(count) => {
-            check_size(args.size, publisher.max_message_bytes())?;
-            Source::generated(args.size, count)
-        }
-        None => Source::lines(Box::new(std::io::stdin().lock())),
-    };
+    let mut source = source_of(&args, &publisher)?;
     let start = Instant::now();
     let bar = progress(args.count);
     let tally = Arc::new(Tally::default());
@@ -94,6 +88,12 @@ pub fn run(args: PubArgs) -> CliResult {
         let mut ledger = AckLedger::default();
         let outcome = publish_all(&publisher, &mut source, &bar, &mut ledger, &tally, ack);
         let acked = base + ledger.acked_messages(publisher.acked_prefix());
+        if tally.interrupted() {
+            let published = base + ledger.published;
+            let acked = if outcome.is_ok() { published } else { acked };
+            bar.finish_and_clear();
+            tally.exit_interrupted(&args, acked, published);
+        }
         match outcome {
             Ok(()) => break,
             Err(Failure::Server(e)) if e.server_gone() && args.retry_for > 0 => {
@@ -131,6 +131,22 @@ pub fn run(args: PubArgs) -> CliResult {
         reconnects,
     );
     Ok(())
+}
+
+/// What `pub` publishes: `--count` generated messages, else the lines of stdin.
+fn source_of(args: &PubArgs, publisher: &Publisher) -> Result<Source, String> {
+    Ok(match args.count {
+        Some(count) => {
+            check_size(args.size, publisher.max_message_bytes())?;
+            Source::generated(args.size, count)
+        }
+        None => {
+            if std::io::stdin().is_terminal() {
+                eprintln!("reading messages from the terminal, one per line; Ctrl-D ends");
+            }
+            Source::lines(Box::new(std::io::stdin().lock()))
+        }
+    })
 }
 
 /// Prints the summary of a publish that ended well: `stats` of the last connection,
@@ -180,23 +196,66 @@ impl std::fmt::Display for Failure {
 /// Everything published before a failure is still waited for (a bad line fails only
 /// itself), so that the count of acknowledged messages is as high as it truly is.
 /// What `pub` has acknowledged and appended so far, kept for the report a SIGINT or
-/// SIGTERM prints (the acknowledged count may be up to a batch low, as a failure's is).
+/// SIGTERM prints (the acknowledged count may be up to a batch low, as a failure's is),
+/// and whether it was interrupted.
 #[derive(Default)]
 struct Tally {
     acked: AtomicU64,
     published: AtomicU64,
+    /// Set by the first SIGINT or SIGTERM: read no more input, wait for what was sent.
+    interrupted: AtomicBool,
+    /// Held while the one report of an interrupted run is printed and the process exits
+    /// (by the main thread once everything sent is acknowledged, or by the handler).
+    exiting: Mutex<()>,
 }
 
-/// On SIGINT or SIGTERM, `pub` says what a failure says (how many messages are
-/// acknowledged, the line to resume from) and exits 130, rather than vanishing.
+impl Tally {
+    fn interrupted(&self) -> bool {
+        self.interrupted.load(Ordering::Acquire)
+    }
+
+    /// Prints the report of an interrupted run and exits 130.
+    fn exit_interrupted(&self, args: &PubArgs, acked: u64, published: u64) -> ! {
+        let _one = self.exiting.lock().unwrap_or_else(|p| p.into_inner());
+        let text = failure_report(args, "interrupted", acked, published.max(acked));
+        crate::logging::note_line("ERROR", format_args!("error: {text}"));
+        std::process::exit(130);
+    }
+}
+
+/// How long an interrupted `pub` waits for the acknowledgements of what it sent.
+const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
+
+/// On the first SIGINT or SIGTERM `pub` reads no more input and waits (up to
+/// [`INTERRUPT_GRACE`]) for the acknowledgements of what it sent, so that the line to
+/// resume from is exact and a resume repeats nothing; the main thread then reports and
+/// exits 130. If that takes longer (a server gone, a read of input that waits), on a
+/// second signal, or reading a terminal, it says what it knows at once (the count may
+/// then be a batch low) and exits 130, rather than vanishing.
 fn report_when_interrupted(args: &PubArgs, tally: Arc<Tally>) -> CliResult {
     let args = args.clone();
+    // Someone typing at a terminal has nothing in flight, and `pub` waits in its read.
+    let at_once = args.count.is_none() && std::io::stdin().is_terminal();
     ctrlc::set_handler(move || {
-        let acked = tally.acked.load(Ordering::Acquire);
-        let published = tally.published.load(Ordering::Acquire).max(acked);
-        let text = failure_report(&args, "interrupted", acked, published);
-        eprintln!("error: {text}");
-        std::process::exit(130);
+        let now = || {
+            let acked = tally.acked.load(Ordering::Acquire);
+            (acked, tally.published.load(Ordering::Acquire))
+        };
+        if tally.interrupted.swap(true, Ordering::AcqRel) || at_once {
+            let (acked, published) = now();
+            tally.exit_interrupted(&args, acked, published);
+        }
+        eprintln!(
+            "interrupted: waiting up to {} s for the acknowledgements of what was sent (again to stop now)",
+            INTERRUPT_GRACE.as_secs()
+        );
+        let (args, tally) = (args.clone(), tally.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(INTERRUPT_GRACE);
+            let acked = tally.acked.load(Ordering::Acquire);
+            let published = tally.published.load(Ordering::Acquire);
+            tally.exit_interrupted(&args, acked, published);
+        });
     })
     .map_err(|e| format!("cannot install the signal handler: {e}"))
 }
@@ -234,6 +293,9 @@ fn publish_from(
 ) -> Result<(), Failure> {
     let lines = source.is_lines();
     loop {
+        if tally.interrupted() {
+            return Ok(());
+        }
         let number = source.position() + 1;
         let Some(message) = source.next().map_err(Failure::Other)? else {
             return Ok(());

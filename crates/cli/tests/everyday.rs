@@ -842,6 +842,63 @@ fn an_interrupted_pub_says_where_to_resume() {
     serve.stop();
 }
 
+/// SIGINT while `pub` publishes a stream it reads as fast as it comes: it stops reading
+/// and waits for the acknowledgements of what it sent, so the count it reports is the
+/// topic's whole content and a resume from the line it names repeats nothing (before,
+/// it exited at once, a batch or more of sent messages unacknowledged and uncounted, and
+/// a resume repeated them).
+#[test]
+fn an_interrupted_pub_waits_for_what_it_sent_so_a_resume_repeats_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(&dir.path().join("d"));
+    ok(&serve.run(&["topic", "create", "drain", "--order", "2"], None));
+    let mut publisher = spawn(&serve, &["pub", "drain", "--json"]);
+    let mut stdin = publisher.stdin.take().unwrap();
+    let (written_tx, written) = std::sync::mpsc::channel();
+    // Lines until the pipe breaks: `pub` never waits for input while interrupted.
+    let writer = std::thread::spawn(move || {
+        for i in 1u64.. {
+            if writeln!(stdin, "line-{i}").is_err() {
+                return;
+            }
+            if i == 50_000 {
+                let _ = written_tx.send(());
+            }
+        }
+    });
+    written
+        .recv_timeout(LINE_GUARD)
+        .expect("50,000 lines written");
+    let kill = Command::new("kill")
+        .args(["-INT", &publisher.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let out = publisher.wait_with_output().unwrap();
+    writer.join().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let acked = report["acked_messages"].as_u64().unwrap();
+    assert_eq!(report["resume_line"].as_u64(), Some(acked + 1), "{report}");
+    assert_eq!(
+        report["published_messages"].as_u64(),
+        Some(acked),
+        "{report}"
+    );
+    assert!(acked >= 1, "{report}");
+    let described: serde_json::Value = serde_json::from_str(&ok(
+        &serve.run(&["topic", "describe", "drain", "--json"], None)
+    ))
+    .unwrap();
+    assert_eq!(
+        described["next_position"].as_u64(),
+        Some(acked),
+        "the topic holds exactly what was reported acknowledged: {report}"
+    );
+    serve.stop();
+}
+
 /// `embarcadero serve ARGS` on free ports with its data under `dir`, the test region and
 /// `env`, and the lines of its stderr as they come.
 fn serve_with_log(
