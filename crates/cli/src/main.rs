@@ -161,7 +161,8 @@ enum TopicCommand {
     Create {
         /// Topic name: 1 to 63 letters, digits, '.', '_' or '-', not starting with '.' or '-'.
         name: String,
-        /// 0: no order; 1: FIFO per broker; 2: total order; 5: total order + per-session FIFO.
+        /// 0: no order; 1: FIFO per broker; 2: total order (the same for every subscriber,
+        /// not necessarily a publisher's own); 5: total order keeping each publisher's order.
         #[arg(long, default_value_t = 2)]
         order: u8,
         /// Replication factor, counting the in-memory copy. Default: 2 (one disk replica:
