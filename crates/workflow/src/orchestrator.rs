@@ -17,7 +17,7 @@ mod continuity;
 use crate::decide::{decide, Clock};
 use crate::event::{Event, StepRef};
 use crate::ids::now_ms;
-use crate::leadership::Candidate;
+use crate::leadership::{Candidate, Leader};
 use crate::log::{ensure_topic, Folded, Folder, LogConfig, Shared, Writer};
 use crate::machine::StepState;
 use crate::snapshot::{SnapshotConfig, SnapshotStats, Snapshotter};
@@ -165,6 +165,7 @@ impl Orchestrator {
             seen: HashMap::new(),
             candidate: Candidate::new(id, cfg.failover_ms).telling_workers(cfg.lease_ms),
             active: false,
+            standby_said: 0,
             origin,
             log_id,
             resumed: false,
@@ -372,6 +373,8 @@ struct Runtime {
     candidate: Candidate,
     /// Whether this one held the current term when it last decided.
     active: bool,
+    /// The last term whose holder this one, a standby, named in its log (0: none).
+    standby_said: u64,
     /// Where the state's events begin in the log: if the log no longer holds them, a
     /// reader starting now could not have them ([`continuity`]).
     origin: u64,
@@ -475,9 +478,11 @@ impl Runtime {
                 self.start_leases(now);
             } else {
                 tracing::warn!(term = leader.term, holder = %leader.holder, "orchestrator standby: another holds the lease");
+                self.standby_said = leader.term;
             }
             self.active = active;
         }
+        self.say_standby(&leader);
         let role = &self.engine.role;
         role.active.store(active, Ordering::Release);
         role.term.store(leader.term, Ordering::Release);
@@ -487,6 +492,21 @@ impl Runtime {
             self.engine.writer().publish(e)?;
         }
         Ok(active)
+    }
+
+    /// A standby says so once per term it sees another hold (a fresh one found the lease
+    /// taken; another took over from the holder it knew).
+    fn say_standby(&mut self, leader: &Leader) {
+        let held = leader.term > 0 && !leader.holder.is_empty();
+        if self.active || !held || self.standby_said == leader.term {
+            return;
+        }
+        tracing::info!(
+            term = leader.term,
+            holder = %leader.holder,
+            "orchestrator standby: another holds the lease; this one decides if that lease lapses (after the first thing to decide, when the holder renews quietly)"
+        );
+        self.standby_said = leader.term;
     }
 
     /// After the replay: every attempt in progress gets a lease from now (its worker,

@@ -70,7 +70,12 @@ pub(crate) fn list_tasks(state: &State, query: &[(String, String)]) -> Reply {
     let status = find(query, "status").or_else(|| find(query, "state"));
     if let Some(s) = status {
         if serde_json::from_value::<TaskState>(json!(s)).is_err() {
-            return Reply::error(400, "bad_request", format!("no task state `{s}`"));
+            let states: Vec<String> = TaskState::ALL.iter().map(|t| t.name()).collect();
+            return Reply::error(
+                400,
+                "bad_request",
+                format!("no task state `{s}`; the states are {}", states.join(", ")),
+            );
         }
     }
     let wanted = |t: &&Task| {

@@ -599,6 +599,38 @@ pub(super) fn percent(v: &Value) -> String {
 /// (2 is clap's for a usage error, which a script must not take for "still running").
 pub(super) const STILL_RUNNING: u8 = 124;
 
+/// What a wait that ran out adds when steps wait for a worker none has claimed them for
+/// (a handler no running worker serves, a misspelt one under `--any-handler`).
+fn unclaimed_hint(t: &Value) -> String {
+    let unclaimed: Vec<&str> = t["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["current_state"] == "enqueued" && s["worker"].is_null())
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    if unclaimed.is_empty() {
+        return String::new();
+    }
+    format!(
+        "; no worker has claimed {} {} yet: is a worker running that serves {} handler in \
+         namespace {}? (`template show` names the handlers; the orchestrator warns of an \
+         attempt left unclaimed for a minute)",
+        if unclaimed.len() == 1 {
+            "step"
+        } else {
+            "steps"
+        },
+        unclaimed.join(", "),
+        if unclaimed.len() == 1 {
+            "its"
+        } else {
+            "each one's"
+        },
+        text(&t["namespace"])
+    )
+}
+
 /// With `must_finish`, a task that did not complete is a failure of the command.
 pub(super) fn finished_ok(t: &Value, must_finish: bool) -> CliResult {
     match (must_finish, t["status"].as_str()) {
@@ -614,10 +646,11 @@ pub(super) fn finished_ok(t: &Value, must_finish: bool) -> CliResult {
                 STILL_RUNNING,
                 format!(
                 "task {} is {status}: the wait ran out before it finished (`task wait {}` waits \
-                 more; `task steps {}` shows which step it waits for)",
+                 more; `task steps {}` shows which step it waits for){}",
                 text(&t["task_uuid"]),
                 text(&t["task_uuid"]),
-                text(&t["task_uuid"])
+                text(&t["task_uuid"]),
+                unclaimed_hint(t)
             ),
             )
         }
@@ -655,6 +688,15 @@ mod tests {
             e.contains("the wait ran out") && e.contains("task wait t1"),
             "{e}"
         );
+        let waiting = json!({"task_uuid": "t1", "status": "steps_in_process", "namespace": "demo",
+            "steps": [{"name": "one", "current_state": "enqueued", "worker": null},
+                      {"name": "two", "current_state": "in_progress", "worker": "w"}]});
+        let e = finished_ok(&waiting, true).unwrap_err();
+        assert!(
+            e.contains("no worker has claimed step one yet") && e.contains("namespace demo"),
+            "{e}"
+        );
+        assert!(!e.contains("two"), "{e}");
         let failed = json!({"task_uuid": "t1", "status": "error"});
         assert_eq!(
             finished_ok(&failed, true).unwrap_err(),

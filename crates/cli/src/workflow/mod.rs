@@ -25,6 +25,12 @@ pub fn engines_text(services: &[embarcadero_client::ServiceInfo]) -> String {
         let client = embarcadero_workflow::client::ApiClient::new(&s.addr);
         let summary = match client.metrics() {
             Ok(metrics) => manage::stats(&metrics),
+            // Not the server's hint: this address is the orchestrator's own.
+            Err(e) if e.code == "unreachable" => format!(
+                "unreachable: nothing answers at {}: the orchestrator that announced itself \
+                 there has stopped (start it again, `embarcadero orchestrator`) or is starting",
+                s.addr
+            ),
             Err(e) => format!("unreachable: {e}"),
         };
         for line in summary.lines() {
@@ -92,11 +98,17 @@ impl LogArgs {
         self.retry_for.map(std::time::Duration::from_secs)
     }
 
-    fn log_config(&self) -> embarcadero_workflow::log::LogConfig {
+    fn log_config(&self) -> Result<embarcadero_workflow::log::LogConfig, String> {
+        if self.ack == 2 && self.rf < 2 {
+            return Err(format!(
+                "--rf {} keeps the event log in memory only, and --ack 2 (durable, the default) needs it on disk (--rf 2 or more): add --ack 1 to keep it in memory (a server restart then loses every template and task), or leave --rf at 2",
+                self.rf
+            ));
+        }
         let mut c = embarcadero_workflow::log::LogConfig::new(&self.control.control, &self.topic);
         c.ack = self.ack;
         c.replication_factor = self.rf;
         c.linger = std::time::Duration::from_micros(self.linger_us);
-        c
+        Ok(c)
     }
 }

@@ -26,8 +26,10 @@ pub struct OrchestratorArgs {
     #[command(flatten)]
     log: LogArgs,
     /// Address the API listens on (port 0: an ephemeral one, named in the "serving" line).
-    #[arg(long, default_value = "127.0.0.1:12150")]
-    listen: String,
+    /// [default: 127.0.0.1:12150, or an ephemeral port when another orchestrator has it:
+    /// a standby started the same way; the head forwards the API to whichever decides]
+    #[arg(long)]
+    listen: Option<String>,
     /// Accept templates naming any handler (default: only the built-in handlers that
     /// `embarcadero worker` runs).
     #[arg(long)]
@@ -76,16 +78,40 @@ const _: () = assert!(
     embarcadero_server::workflow_proxy::MAX_WAIT_S == embarcadero_workflow::api::MAX_WAIT_S
 );
 
+/// Where the API listens by default.
+const DEFAULT_LISTEN: &str = "127.0.0.1:12150";
+
+/// The API's listener: on `--listen`; else on the default port, or, when another process
+/// (most often the active orchestrator, this one being its standby) has it, on an
+/// ephemeral port of the same host, said in the log.
+fn listen(given: Option<&str>) -> Result<TcpListener, String> {
+    let addr = given.unwrap_or(DEFAULT_LISTEN);
+    match TcpListener::bind(addr) {
+        Ok(listener) => Ok(listener),
+        Err(e) if given.is_none() && e.kind() == std::io::ErrorKind::AddrInUse => {
+            let listener = TcpListener::bind("127.0.0.1:0")
+                .map_err(|e| format!("cannot listen on 127.0.0.1:0: {e}"))?;
+            tracing::info!(
+                taken = DEFAULT_LISTEN,
+                "the default API port is taken (another orchestrator: this one is its standby), so the API listens on an ephemeral port; `--listen` names one"
+            );
+            Ok(listener)
+        }
+        Err(e) => Err(format!(
+            "cannot listen on {addr}: {e} (`--listen HOST:PORT` names another; port 0 an ephemeral one)"
+        )),
+    }
+}
+
 /// How long a kept-alive API connection waits for its next request.
 const KEEP_ALIVE: Duration = Duration::from_secs(30);
 
 pub fn orchestrator(args: OrchestratorArgs) -> CliResult {
     crate::init_logging();
     let stop = crate::stop_signal()?;
-    let listener = TcpListener::bind(&args.listen)
-        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let listener = listen(args.listen.as_deref())?;
     let config = OrchestratorConfig {
-        log: args.log.log_config(),
+        log: args.log.log_config()?,
         lease_ms: args.log.lease_ms,
         max_open_tasks: args.max_open_tasks,
         task_protocol: args.task_protocol,
@@ -184,7 +210,7 @@ pub fn worker(args: WorkerArgs) -> CliResult {
     crate::init_logging();
     let stop = crate::stop_signal()?;
     let config = WorkerConfig {
-        log: args.log.log_config(),
+        log: args.log.log_config()?,
         namespaces: args.namespaces,
         concurrency: args.concurrency,
         lease_ms: args.log.lease_ms,
