@@ -13,10 +13,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// The largest integer every JSON reader keeps exact (2^53 - 1: JavaScript's numbers,
-/// jq 1.6). Incarnations are shown as JSON numbers (`/v1/cluster`, `/v1/status`, the
-/// TypeScript admin client's `incarnation: number`), so they stay at or below it.
-pub const MAX_JSON_SAFE: u64 = (1 << 53) - 1;
+/// Incarnations are shown as JSON numbers (`/v1/cluster`, `/v1/status`, the TypeScript
+/// admin client's `incarnation: number`), so they stay at or below this.
+pub use embarcadero_wire::MAX_JSON_SAFE;
 
 /// A fresh, non-zero incarnation number for a process taking over a part of the
 /// region (a broker id's logs, the sequencer lease): the clock's nanoseconds mixed with

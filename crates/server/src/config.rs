@@ -370,13 +370,8 @@ impl ServerConfig {
             .filter(|name| !also_known.contains(&name.as_str()))
             .filter(|name| env_slot(&mut defaults, name).is_none())
             .map(|name| {
-                let closest = known
-                    .iter()
-                    .map(|k| (edit_distance(k, &name), k))
-                    .min()
-                    .filter(|(d, _)| *d <= 3)
-                    .map(|(_, k)| k.clone());
-                (name, closest)
+                let closest = closest(&name, known.iter().map(String::as_str), 3);
+                (name, closest.map(str::to_string))
             })
             .collect()
     }
@@ -697,7 +692,21 @@ fn env_names(config: &toml::Value) -> Vec<String> {
     names
 }
 
-/// Levenshtein distance, for suggesting the variable a misspelt one meant.
+/// The candidate nearest to `word` within `max` edits (the first of equals), for
+/// suggesting what a misspelt name meant (a variable, a topic).
+pub(crate) fn closest<'a>(
+    word: &str,
+    candidates: impl Iterator<Item = &'a str>,
+    max: usize,
+) -> Option<&'a str> {
+    candidates
+        .map(|c| (edit_distance(c, word), c))
+        .min()
+        .filter(|(d, _)| *d <= max)
+        .map(|(_, c)| c)
+}
+
+/// Levenshtein distance.
 fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();

@@ -54,14 +54,31 @@ pub(crate) fn load_topics(data_dir: &Path) -> Result<Vec<PersistedTopic>, TopicE
     }
 }
 
+/// What to do about a topic that does not exist: the one meant, if a topic's name is
+/// within two edits of it (`ordres`), else how to create it.
+fn not_found_hint(name: &str, meant: Option<&str>) -> String {
+    match meant {
+        Some(meant) => format!(
+            "did you mean {meant:?}? (`embarcadero topic list` shows the topics; `embarcadero topic create {name}` makes this one)"
+        ),
+        None => format!("create it with `embarcadero topic create {name} --order 2`"),
+    }
+}
+
+fn not_found(topics: &[PersistedTopic], name: &str) -> TopicError {
+    let names = topics.iter().map(|t| t.spec.name.as_str());
+    let meant = crate::config::closest(name, names, 2).map(str::to_string);
+    TopicError::NotFound(name.to_string(), meant)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TopicError {
     #[error("{0}")]
     Invalid(String),
     #[error("topic {0:?} already exists")]
     Exists(String),
-    #[error("topic {0:?} does not exist; create it with `embarcadero topic create {0} --order 2`")]
-    NotFound(String),
+    #[error("topic {0:?} does not exist; {hint}", hint = not_found_hint(.0, .1.as_deref()))]
+    NotFound(String, Option<String>),
     #[error("all {0} topic slots are in use; raise region.max_topics (EMBARCADERO_REGION_MAX_TOPICS) and restart the server (the data dir and its topics are kept)")]
     Full(u32),
     #[error("all {max} topic slots are in use, {deleted} of them by deleted topics, whose slots come free at the next start of the server; restart it, or raise region.max_topics (EMBARCADERO_REGION_MAX_TOPICS) and restart (the data dir and its topics are kept)")]
@@ -219,7 +236,7 @@ impl ControlPlane {
         let i = topics
             .iter()
             .position(|t| t.spec.name == name)
-            .ok_or_else(|| TopicError::NotFound(name.to_string()))?;
+            .ok_or_else(|| not_found(&topics, name))?;
         let mut next = topics.clone();
         let gone = next.remove(i);
         let info = self.info(&gone);
@@ -242,7 +259,7 @@ impl ControlPlane {
             .iter()
             .find(|t| t.spec.name == name)
             .map(|t| self.info(t))
-            .ok_or_else(|| TopicError::NotFound(name.to_string()))
+            .ok_or_else(|| not_found(&topics, name))
     }
 
     fn info(&self, t: &PersistedTopic) -> TopicInfo {
@@ -365,4 +382,22 @@ fn save(path: &Path, topics: &[PersistedTopic]) -> Result<(), TopicError> {
             .map_err(io)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_topic_names_the_one_within_two_edits_else_says_how_to_create_it() {
+        let names = ["orders", "payments"];
+        let near = |word| crate::config::closest(word, names.iter().copied(), 2);
+        assert_eq!(near("ordres"), Some("orders"));
+        assert_eq!(near("payment"), Some("payments"));
+        assert_eq!(near("invoices"), None);
+        let meant = TopicError::NotFound("ordres".into(), Some("orders".into())).to_string();
+        assert!(meant.contains("did you mean \"orders\"?"), "{meant}");
+        let none = TopicError::NotFound("invoices".into(), None).to_string();
+        assert!(none.contains("create it with"), "{none}");
+    }
 }

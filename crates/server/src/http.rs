@@ -116,7 +116,7 @@ fn delete_topic(inner: &Inner, name: &str) -> (u16, &'static str, String) {
             (200, "application/json", body.to_string())
         }
         // The usual text suggests creating the topic, which is not what a delete wants.
-        Err(TopicError::NotFound(name)) => error(
+        Err(TopicError::NotFound(name, _)) => error(
             404,
             format!("topic {name:?} does not exist, so nothing was deleted; `embarcadero topic list` (GET /v1/topics) shows the topics"),
         ),
@@ -135,7 +135,7 @@ fn error(status: u16, message: String) -> (u16, &'static str, String) {
 fn topic_error(e: TopicError) -> (u16, &'static str, String) {
     let status = match &e {
         TopicError::Invalid(_) => 400,
-        TopicError::NotFound(_) => 404,
+        TopicError::NotFound(..) => 404,
         TopicError::Exists(_) => 409,
         TopicError::Full(_) | TopicError::FullOfDeleted { .. } => 507,
         TopicError::NoRoom(e) if e.is_no_room() => 507,

@@ -764,7 +764,7 @@ fn previous_region(path: &Path) -> Result<Option<Region>, ServerError> {
             // writing: from here on they acknowledge nothing more, so nothing they
             // acknowledge can be missing from what the recovery then reads from it.
             r.retire();
-            tracing::info!(region = %path.display(), "retired the previous region: processes still attached to it stop; recovering from it");
+            tracing::info!(region = %path.display(), "recovering from the previous server's region (retired first: a process of that server still attached to it, if any, acknowledges nothing more)");
             Some(r)
         }
         Ok(_) => {

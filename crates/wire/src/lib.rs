@@ -30,6 +30,11 @@ pub const PROTOCOL_VERSION: u16 = 1;
 pub const BATCH_HEADER_LEN: usize = 128;
 /// Size of a [`BlogMessageHeader`].
 pub const MESSAGE_HEADER_LEN: usize = 64;
+
+/// The largest integer every JSON reader keeps exact (2^53 - 1: JavaScript's numbers,
+/// jq 1.6). Identifiers drawn at random that are shown as JSON numbers (incarnations,
+/// client ids) are drawn at or below it.
+pub const MAX_JSON_SAFE: u64 = (1 << 53) - 1;
 /// Size of a [`Hello`] frame.
 pub const HELLO_LEN: usize = 128;
 /// Size of a [`FrameHeader`].
