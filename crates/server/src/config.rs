@@ -388,10 +388,38 @@ impl ServerConfig {
         self.check_sequencer().map_err(ConfigError::Invalid)?;
         self.check_replication().map_err(ConfigError::Invalid)?;
         self.check_cluster().map_err(ConfigError::Invalid)?;
-        self.local_broker_ids()?;
+        let local = self.local_broker_ids()?;
+        self.check_ports(&local).map_err(ConfigError::Invalid)?;
         self.capacities()
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))
+    }
+
+    /// That the local brokers' ports (`base_port + id`) exist and leave the control port
+    /// alone: a clash would fail at start as 'is another server running?'.
+    fn check_ports(&self, local: &[u32]) -> Result<(), String> {
+        if self.base_port == 0 {
+            return Ok(());
+        }
+        for &id in local {
+            let port = u32::from(self.base_port) + id;
+            if port > u32::from(u16::MAX) {
+                return Err(format!(
+                    "broker {id} would listen on port {port} (base_port {} + {id}), past 65535: lower base_port",
+                    self.base_port
+                ));
+            }
+            if port == u32::from(self.control_port) {
+                return Err(format!(
+                    "control_port {} is broker {id}'s port (base_port {} + {id}): choose a control port outside {}..={}",
+                    self.control_port,
+                    self.base_port,
+                    self.base_port,
+                    u32::from(self.base_port) + local.iter().max().copied().unwrap_or(0)
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The `[broker]` settings, and that a batch fits in a region segment: what is
@@ -787,6 +815,25 @@ mod tests {
             let again = ServerConfig::load_with_env(Some(&path), Vec::new()).unwrap();
             assert_eq!(again, config, "{data_dir:?}");
         }
+    }
+
+    #[test]
+    fn a_control_port_among_the_brokers_ports_or_a_port_past_65535_is_refused() {
+        let with = |base_port, control_port| ServerConfig {
+            base_port,
+            control_port,
+            ..Default::default()
+        };
+        let clash = with(43300, 43302).validate().unwrap_err().to_string();
+        assert!(
+            clash.contains("control_port 43302 is broker 2's port"),
+            "{clash}"
+        );
+        assert!(clash.contains("outside 43300..=43303"), "{clash}");
+        let past = with(65534, 1).validate().unwrap_err().to_string();
+        assert!(past.contains("port 65536"), "{past}");
+        assert!(with(43300, 43304).validate().is_ok());
+        assert!(with(0, 0).validate().is_ok(), "ephemeral ports never clash");
     }
 
     #[test]

@@ -7,7 +7,11 @@ use std::time::Duration;
 
 /// `ms` milliseconds of option `name` as a duration (finite, 0 or more).
 pub(crate) fn millis(name: &str, ms: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(ms / 1000.0).map_err(|e| config(format!("{name}={ms}: {e}")))
+    Duration::try_from_secs_f64(ms / 1000.0).map_err(|_| {
+        config(format!(
+            "{name}={ms}: expected milliseconds, a finite number 0 or more"
+        ))
+    })
 }
 
 /// An unsigned integer type a keyword option converts to, with its largest value.
