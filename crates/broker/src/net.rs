@@ -214,7 +214,12 @@ fn handshake(shared: &Shared, stream: &mut TcpStream) -> Result<Accepted, End> {
         deadline: Instant::now() + HELLO_TIMEOUT,
     };
     let mut raw = [0u8; HELLO_LEN];
-    within.read_exact(&mut raw)?;
+    within.read_exact(&mut raw[..HTTP_PREFIX])?;
+    if looks_like_http(&raw[..HTTP_PREFIX]) {
+        answer_http(shared, within.stream);
+        return Err(End::Gone);
+    }
+    within.read_exact(&mut raw[HTTP_PREFIX..])?;
     let (hello, topic, meta) = accept_hello(shared, &raw)?;
     let cursors = match hello.role {
         Role::Publish => Vec::new(),
@@ -222,6 +227,37 @@ fn handshake(shared: &Shared, stream: &mut TcpStream) -> Result<Accepted, End> {
     };
     within.stream.set_read_timeout(None)?;
     Ok((hello, topic, meta, cursors))
+}
+
+/// Bytes read before deciding whether a connection speaks HTTP instead of the protocol.
+const HTTP_PREFIX: usize = 4;
+
+/// The first bytes of an HTTP request (a method and its space), which no hello starts
+/// with (a hello starts with the protocol's magic, `EMBD`).
+fn looks_like_http(first: &[u8]) -> bool {
+    const METHODS: [&[u8; 4]; 7] = [
+        b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC",
+    ];
+    const _: () = assert!(embarcadero_wire::PROTOCOL_MAGIC.len() == HTTP_PREFIX);
+    METHODS.iter().any(|m| first == &m[..])
+}
+
+/// Someone pointed an HTTP client (`curl`, `--control`, an SDK's control address) at a
+/// broker's data port: it is told at once, in the admin API's error shape, instead of
+/// waiting out the hello timeout. Best effort; the connection closes after.
+fn answer_http(shared: &Shared, stream: &mut TcpStream) {
+    // No character of the text needs escaping in JSON.
+    let body = format!(
+        "{{\"error\":\"this is broker {}'s data port, not the admin API: use the control port (the `control API` address of the server's serving line, default 127.0.0.1:12140)\"}}",
+        shared.config.broker_id
+    );
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.set_write_timeout(Some(HELLO_TIMEOUT));
+    let _ = stream.write_all(answer.as_bytes());
+    let _ = stream.shutdown(std::net::Shutdown::Write);
 }
 
 /// A socket read that must be over by `deadline`: the whole hello (and a subscriber's

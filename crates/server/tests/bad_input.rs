@@ -162,6 +162,31 @@ fn wrong_magic_and_version_are_refused() {
     by.finish(&t);
 }
 
+/// An HTTP request on a data port (`curl`, `--control` given a broker's address) is
+/// answered at once with what to use instead, in the admin API's error shape, rather
+/// than after the hello timeout; others carry on.
+#[test]
+fn an_http_request_on_a_data_port_is_told_it_is_not_the_admin_api() {
+    let t = server();
+    let by = Bystander::start(&t);
+    let mut s = TcpStream::connect(&t.brokers()[1]).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    s.write_all(b"GET /v1/status HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    let body: serde_json::Value =
+        serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error.contains("broker 1's data port, not the admin API"),
+        "{error}"
+    );
+    by.finish(&t);
+}
+
 #[test]
 fn unknown_topic_invalid_name_and_ack_2_without_replicas_are_refused() {
     let t = server();
