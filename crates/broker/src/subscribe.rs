@@ -526,7 +526,7 @@ fn not_retained(position: u64, first: Option<u64>) -> End {
             "position {position} is no longer retained; the first available position is {first}; subscribe again with --from {first}"
         ),
         None => format!(
-            "the subscriber fell behind: batch at position {position} was reclaimed while being sent; resubscribe from a later position"
+            "the subscriber fell behind: batch at position {position} was reclaimed while being sent; subscribe again from the first message still retained (`--from start`, the SDKs' \"start\") or a later position"
         ),
     };
     Refusal::new(ErrorCode::PositionNotRetained, message).into()

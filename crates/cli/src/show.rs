@@ -194,6 +194,9 @@ pub fn topic_text(t: &TopicInfo) -> String {
     }
     let _ = writeln!(out, "{:<16}{}", "readers", readers_line(&t.health));
     out.push('\n');
+    // The brokers' logs are the region's, which each start of the server begins again
+    // (the totals above carry over from the disk replicas).
+    out.push_str("broker logs since the server started:\n");
     out.push_str(&log_table(t));
     for p in topic_problems(t) {
         let _ = writeln!(out, "needs attention: {p}");
