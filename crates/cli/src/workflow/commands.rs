@@ -570,11 +570,13 @@ pub(super) fn show_task(t: &Value, json: bool) {
 }
 
 /// A step as `task get` and `task steps` print it: name, state, attempt, and its result
-/// or its last error (nothing while it has neither).
+/// or its last error (nothing while it has neither): `error:` in state error, `last
+/// error:` while it runs again (retried, or enqueued again by a rerun or a reset).
 pub(super) fn step_line(s: &Value) -> String {
     let detail = match (&s["result"], &s["last_error"]) {
         (Value::Null, Value::Null) => String::new(),
-        (Value::Null, e) => format!("error: {}", text(e)),
+        (Value::Null, e) if s["current_state"] == "error" => format!("error: {}", text(e)),
+        (Value::Null, e) => format!("last error: {}", text(e)),
         (r, _) => format!("result: {r}"),
     };
     format!(
@@ -678,6 +680,16 @@ mod tests {
         assert_eq!(percent(&json!(33.333333333333336)), "33.3%");
         assert_eq!(percent(&json!(100.0)), "100%");
         assert_eq!(percent(&json!(0)), "0%");
+    }
+
+    #[test]
+    fn a_step_running_again_shows_its_previous_error_as_the_last_one() {
+        let failed = json!({"name": "one", "current_state": "error", "attempts": 3,
+            "result": null, "last_error": "ValueError: no luck"});
+        assert!(step_line(&failed).ends_with("  error: ValueError: no luck"));
+        let again = json!({"name": "one", "current_state": "enqueued", "attempts": 4,
+            "result": null, "last_error": "ValueError: no luck"});
+        assert!(step_line(&again).ends_with("  last error: ValueError: no luck"));
     }
 
     #[test]
