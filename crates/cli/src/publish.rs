@@ -31,7 +31,8 @@ pub struct PubArgs {
     /// Connections (and publishing queues) per broker.
     #[arg(long, default_value_t = 1, value_parser = crate::at_least_one)]
     pub threads_per_broker: usize,
-    /// Generate this many messages instead of reading stdin.
+    /// Generate this many messages instead of reading stdin (a load run: its summary adds
+    /// the latencies and how the queues fared).
     #[arg(long)]
     pub count: Option<u64>,
     /// Payload size of generated messages, in bytes.
@@ -166,7 +167,11 @@ fn summarise(
         say!("{}", serde_json::to_string_pretty(&v).expect("json"));
         return;
     }
-    report(stats, elapsed, false, ack);
+    // Lines piped in get the headline; a load run (`--count`) its latencies and queues.
+    match args.count {
+        Some(_) => report(stats, elapsed, false, ack),
+        None => headline(stats, elapsed),
+    }
     if reconnects > 0 {
         say!(
             "{} acknowledged in all; reconnected {} after losing the server, and the figures above count from the last reconnection",
@@ -527,21 +532,12 @@ fn summary_json(stats: &PublisherStats, elapsed: Duration, ack: u8) -> serde_jso
 }
 
 pub fn report(stats: &PublisherStats, elapsed: Duration, json: bool, ack: u8) {
-    let secs = elapsed.as_secs_f64();
-    let mb_s = stats.bytes as f64 / secs / 1e6;
     if json {
         let v = summary_json(stats, elapsed, ack);
         say!("{}", serde_json::to_string_pretty(&v).expect("json"));
         return;
     }
-    say!(
-        "published {}, {} bytes in {:.3} s: {:.1} MB/s, {:.0} msg/s",
-        crate::count_of(stats.messages, "message", "messages"),
-        stats.bytes,
-        secs,
-        mb_s,
-        stats.messages as f64 / secs
-    );
+    headline(stats, elapsed);
     if ack > 0 {
         say!(
             "ack latency (seal to ack): p50 {} us, p99 {} us, max {} us over {}",
@@ -556,6 +552,19 @@ pub fn report(stats: &PublisherStats, elapsed: Duration, json: bool, ack: u8) {
         );
     }
     report_queues(stats);
+}
+
+/// The first line of a summary: what was published, how fast.
+fn headline(stats: &PublisherStats, elapsed: Duration) {
+    let secs = elapsed.as_secs_f64();
+    say!(
+        "published {}, {} bytes in {:.3} s: {:.1} MB/s, {:.0} msg/s",
+        crate::count_of(stats.messages, "message", "messages"),
+        stats.bytes,
+        secs,
+        stats.bytes as f64 / secs / 1e6,
+        stats.messages as f64 / secs
+    );
 }
 
 /// How the publisher's queues fared: producer waits and deflections in all, batches

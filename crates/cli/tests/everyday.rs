@@ -343,6 +343,10 @@ fn small_rough_edges_are_smoothed() {
     // One message is "1 message".
     let out = ok(&serve.run(&["pub", "o2"], Some("only\n")));
     assert!(out.contains("published 1 message,"), "{out}");
+    // Piped lines get one line of summary; latencies are a load run's (`--count`).
+    assert_eq!(out.lines().count(), 1, "{out}");
+    let load = ok(&serve.run(&["pub", "o2", "--count", "10"], None));
+    assert!(load.contains("append to ack"), "{load}");
     // A misspelt variable is named by client commands too.
     let out = Command::new(BIN)
         .args(["status", "--control", &serve.control])
