@@ -5,7 +5,6 @@ use crate::errors::{config, to_py};
 use crate::to_python;
 use embarcadero_client::TopicSpec;
 use pyo3::prelude::*;
-use std::time::Duration;
 
 /// Client of the admin API of the control plane at ``control`` (``host:port``).
 ///
@@ -35,8 +34,7 @@ impl Admin {
     #[new]
     #[pyo3(signature = (control = None, *, timeout = 20.0))]
     fn new(control: Option<&str>, timeout: f64) -> PyResult<Self> {
-        let timeout = Duration::try_from_secs_f64(timeout)
-            .map_err(|e| config(format!("timeout {timeout}: {e}")))?;
+        let timeout = crate::options::seconds("timeout", timeout)?;
         let control = crate::control_or_default(control);
         Ok(Self {
             inner: embarcadero_client::Admin::with_timeout(&control, timeout),

@@ -14,6 +14,15 @@ pub(crate) fn millis(name: &str, ms: f64) -> PyResult<Duration> {
     })
 }
 
+/// `value` seconds of a timeout `name` as a duration (finite, 0 or more).
+pub(crate) fn seconds(name: &str, value: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(value).map_err(|_| {
+        config(format!(
+            "{name} {value}: give seconds, a finite number 0 or more"
+        ))
+    })
+}
+
 /// An unsigned integer type a keyword option converts to, with its largest value.
 pub(crate) trait Unsigned: TryFrom<i128> {
     const MAX: u128;

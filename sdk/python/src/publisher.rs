@@ -150,6 +150,36 @@ fn publisher_config(
     })
 }
 
+/// A publisher collected without `close()` (a function's local, a `del`): what it had
+/// accepted is still sent, flushed and closed with the GIL released, as a buffered file is
+/// flushed when collected, and a warning names the fix. Before, the Rust client's drop
+/// discarded what `publish` had accepted and not yet sealed, without a word.
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        let Some(publisher) = self.inner.get_mut().take() else {
+            return;
+        };
+        let topic = self.topic.clone();
+        Python::with_gil(|py| {
+            let closed = py.allow_threads(move || publisher.close());
+            let (kind, text) = match closed {
+                Ok(_) => (
+                    py.get_type::<pyo3::exceptions::PyResourceWarning>(),
+                    format!("Publisher of topic {topic:?} was collected open: flushed and closed then; use `with Publisher(...)` or call close()"),
+                ),
+                Err(e) => (
+                    py.get_type::<pyo3::exceptions::PyRuntimeWarning>(),
+                    format!("Publisher of topic {topic:?} was collected open, and flushing it then failed ({e}): messages it had accepted may be lost; use `with Publisher(...)` or call close()"),
+                ),
+            };
+            let text = std::ffi::CString::new(text.replace('\0', " ")).expect("no NUL left");
+            if let Err(e) = PyErr::warn(py, &kind, &text, 1) {
+                e.write_unraisable(py, None);
+            }
+        });
+    }
+}
+
 impl Publisher {
     /// The final statistics once closed; `None` while open (or when the close failed).
     fn closed_stats(&self, py: Python<'_>) -> Option<embarcadero_client::PublisherStats> {

@@ -235,11 +235,7 @@ fn parse_start(start: &Bound<'_, PyAny>) -> PyResult<Start> {
 /// A deadline `timeout` seconds from now; `None` waits for ever.
 fn deadline(timeout: Option<f64>) -> PyResult<Option<Instant>> {
     timeout
-        .map(|t| {
-            Duration::try_from_secs_f64(t)
-                .map(|d| Instant::now() + d)
-                .map_err(|e| config(format!("timeout {t}: {e}")))
-        })
+        .map(|t| crate::options::seconds("timeout", t).map(|d| Instant::now() + d))
         .transpose()
 }
 
@@ -577,8 +573,7 @@ impl Subscriber {
     /// loop's thread). Whether a message is ready for :meth:`_take`.
     fn _fill(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
         if self.ready.lock().is_empty() {
-            let wait = Duration::try_from_secs_f64(timeout)
-                .map_err(|e| config(format!("timeout {timeout}: {e}")))?;
+            let wait = crate::options::seconds("timeout", timeout)?;
             self.fill(py, wait.max(MIN_WAIT))?;
         }
         Ok(!self.ready.lock().is_empty())

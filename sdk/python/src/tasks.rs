@@ -10,7 +10,6 @@ use crate::workflow::to_json;
 use embarcadero_workflow::client::{task_is_finished, ApiClient};
 use pyo3::prelude::*;
 use serde_json::Value;
-use std::time::Duration;
 
 /// A client of the workflow API at ``control`` (the control port, which forwards it,
 /// or an orchestrator's own address). Each request waits at most ``timeout`` seconds
@@ -20,9 +19,7 @@ pub struct NativeTaskClient {
     client: ApiClient,
 }
 
-fn seconds(name: &str, value: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(value).map_err(|e| config(format!("{name} {value}: {e}")))
-}
+use crate::options::seconds;
 
 #[pymethods]
 impl NativeTaskClient {

@@ -353,11 +353,7 @@ impl NativeWorker {
     #[pyo3(signature = (timeout = None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         let deadline = match timeout {
-            Some(t) => Some(
-                Instant::now()
-                    + Duration::try_from_secs_f64(t)
-                        .map_err(|e| config(format!("timeout {t}: {e}")))?,
-            ),
+            Some(t) => Some(Instant::now() + crate::options::seconds("timeout", t)?),
             None => None,
         };
         // The supervised worker has no blocking wait but `stop`; waiting in slices lets Python

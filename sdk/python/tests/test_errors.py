@@ -104,6 +104,10 @@ def test_bad_options_raise_config_errors(server, topic_name):
     # None in flight would never send a batch: flush() waited its whole timeout.
     with pytest.raises(embarcadero.ConfigError, match="max_inflight_batches must be at least 1"):
         Publisher(server.control, topic_name, max_inflight_batches=0)
+    # A timeout in seconds says so, in the SDK's words (not Rust's Duration's).
+    with Subscriber(server.control, topic_name) as sub:
+        with pytest.raises(embarcadero.ConfigError, match="timeout -1: give seconds"):
+            sub.poll(-1)
     # Checked before any request: not a ConnectError from an unreachable control plane.
     with pytest.raises(embarcadero.ConfigError, match="ack level 7 does not exist"):
         Publisher("127.0.0.1:1", topic_name, ack_level=7)

@@ -314,3 +314,19 @@ def test_seeks_from_another_thread_never_end_an_iteration(server, topic_name):
     assert not reader.is_alive()
     assert ended["by"] == "the last message"
     sub.close()
+
+
+def test_a_publisher_collected_open_still_sends_what_it_accepted_and_warns(server, topic_name):
+    # `del` right after publishing: nothing is sealed yet (the linger is long), so before
+    # the fix the collection discarded every message without a word.
+    admin = Admin(server.control)
+    admin.create_topic(topic_name, order=2)
+
+    def publish_and_forget() -> None:
+        p = Publisher(server.control, topic_name, linger_ms=60_000.0)
+        assert p.publish_many(payload(0, i) for i in range(1000)) == 1000
+
+    with pytest.warns(ResourceWarning, match="collected open: flushed and closed"):
+        publish_and_forget()
+    # The collection flushed and closed it before returning: every message is ordered.
+    assert admin.describe_topic(topic_name)["next_position"] == 1000

@@ -21,7 +21,7 @@ import math
 import sys
 from importlib import metadata
 from types import TracebackType
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Literal, Optional
 
 from . import errors
 from ._native import DEFAULT_CONTROL, Admin, Message, MessageBatch, random_session_key
@@ -77,10 +77,11 @@ class _AsyncClose:
         exc_type: Optional[type[BaseException]],
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
-    ) -> bool:
+    ) -> Literal[False]:
         loop = asyncio.get_running_loop()
         exit_sync = self.__exit__  # type: ignore[attr-defined]
-        return bool(await loop.run_in_executor(None, exit_sync, exc_type, exc, tb))
+        await loop.run_in_executor(None, exit_sync, exc_type, exc, tb)
+        return False  # never swallows the block's exception (nor does ``__exit__``)
 
 
 class Publisher(_AsyncClose, _NativePublisher):
