@@ -192,7 +192,7 @@ type Accepted = (Hello, u32, TopicMeta, Vec<u64>);
 pub(crate) fn unknown_topic(name: &str) -> Refusal {
     Refusal::new(
         ErrorCode::UnknownTopic,
-        format!("topic {name:?} does not exist; create it with `embarcadero topic create {name} --order 2`"),
+        format!("topic {name:?} does not exist; create it with `embarcadero topic create {name} --order 2` (an SDK's Admin create_topic / createTopic)"),
     )
 }
 
@@ -354,7 +354,7 @@ fn check_publish_hello(
         return Err(Refusal::new(
             ErrorCode::AckNotAllowed,
             format!(
-                "ack level 2 needs a replicated topic, but {:?} has replication factor {}; publish with --ack 1 or use a topic created with --rf 2 or more",
+                "ack level 2 needs a replicated topic, but {:?} has replication factor {}; publish with ack 1 (`pub --ack 1`, the SDKs' ack_level=1 / ackLevel: 1) or to a topic created with rf 2 or more (`topic create --rf 2`, create_topic(rf=2))",
                 meta.name, meta.replication_factor
             ),
         )

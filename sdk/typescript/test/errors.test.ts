@@ -177,6 +177,11 @@ test("a message over the maximum, and a closed publisher", { timeout: 30_000 }, 
   const long = Array.from({ length: 5_000 }, () => "ok");
   await assert.rejects(p.publishMany([...long, Buffer.alloc(max + 1)]), MessageTooLargeError);
   await p.publish(Buffer.alloc(max)); // exactly the maximum is fine
+  // A caller without types passing one string is told what to call instead.
+  await assert.rejects(
+    p.publishMany("abc" as unknown as string[]),
+    (e: unknown) => e instanceof TypeError && /not one string: use publish\(message\)/.test(e.message),
+  );
   const stats = await p.close();
   assert.equal(stats.messages, 1);
   assert.deepEqual(await p.close(), stats, "close again: the same result");

@@ -361,6 +361,12 @@ export class Publisher implements AsyncDisposable {
    */
   publishMany(payloads: readonly Payload[]): Promise<void> {
     try {
+      if (!Array.isArray(payloads)) {
+        // Untyped callers: a string here was `payloads.map is not a function`.
+        throw new TypeError(
+          `publishMany takes an array of messages, not ${typeof payloads === "string" ? "one string" : typeof payloads}: use publish(message), or publishMany([message])`,
+        );
+      }
       const all = payloads.map(bytes);
       const more = all.length <= MOST_ARGUMENTS ? this.#stage(...all) : this.#stageArray(all);
       return more ? this.#waitHanded() : DONE;
