@@ -195,6 +195,14 @@ def _logged(callable_name: str, function: Handler) -> Handler:
         try:
             return function(ctx)
         except StepError as e:
+            if ctx.cancelled:
+                # Called off (its task cancelled or resolved, the attempt taken back):
+                # what was asked for, not a failure; nothing of it is published.
+                _log.info(
+                    "%s (step %s of task %s, attempt %d) called off",
+                    callable_name, ctx.step_name, ctx.task_uuid, ctx.attempt,
+                )
+                raise
             _log.warning(
                 "%s (step %s of task %s, attempt %d) failed: %s",
                 callable_name, ctx.step_name, ctx.task_uuid, ctx.attempt, e,
