@@ -184,8 +184,12 @@ fn outcome(ok: bool, i: usize) -> Outcome {
     match ok {
         true => Outcome::Success { result: result(i) },
         false => Outcome::Failure {
-            message: if i % 2 == 0 { "no".into() } else { huge() },
-            retryable: i % 3 != 0,
+            message: if i.is_multiple_of(2) {
+                "no".into()
+            } else {
+                huge()
+            },
+            retryable: !i.is_multiple_of(3),
             retry_after_ms: [None, Some(0), Some(u64::MAX)][i % 3],
         },
     }
@@ -363,7 +367,7 @@ fn raw_event(kind: u8, p: &Pick) -> Event {
             at,
             reason: reason(p),
             complete: p.ok,
-            result: (p.n % 2 == 0).then(|| result(p.n)),
+            result: p.n.is_multiple_of(2).then(|| result(p.n)),
         },
         20 => Event::OrchestratorRelease {
             term: [0, 1, u64::MAX][p.n % 3],
@@ -410,11 +414,11 @@ fn follow(state: &State, p: &Pick) -> Option<Event> {
     let worker = step
         .worker
         .clone()
-        .filter(|_| p.n % 8 != 0)
+        .filter(|_| !p.n.is_multiple_of(8))
         .unwrap_or_else(|| WORKERS[p.worker].to_string());
     let kind = match step.state {
         StepState::Enqueued => 0,
-        StepState::InProgress => 1 + (p.n % 5 == 0) as usize,
+        StepState::InProgress => 1 + p.n.is_multiple_of(5) as usize,
         StepState::Error => 3 + p.n % 3,
         _ => p.n % 3,
     };
@@ -425,13 +429,13 @@ fn follow(state: &State, p: &Pick) -> Option<Event> {
             at,
             reason,
             complete: kind == 4,
-            result: (p.n % 2 == 0).then(|| result(p.n)),
+            result: p.n.is_multiple_of(2).then(|| result(p.n)),
         },
         0 => Event::StepClaimed { at, worker },
         1 => Event::StepResult {
             at,
             worker,
-            outcome: outcome(p.n % 4 != 0, p.n),
+            outcome: outcome(!p.n.is_multiple_of(4), p.n),
         },
         _ => Event::StepCheckpoint {
             at,
