@@ -290,13 +290,18 @@ impl Log {
     /// Runs every task to its end: the orchestrator's decisions (in term 1), a worker's
     /// claim and the handler's outcome for every attempt enqueued.
     fn run(&mut self, outcome: impl Fn(&StepRef) -> Outcome) {
+        self.run_at(2000, 40, outcome);
+    }
+
+    /// The same at `now_ms` (the events are stamped from 1000 on), for `rounds` rounds.
+    fn run_at(&mut self, now_ms: u64, rounds: usize, outcome: impl Fn(&StepRef) -> Outcome) {
         let clock = Clock {
-            now_ms: 2000,
+            now_ms,
             lease_ms: 3000,
-            claimed_at: &|_| Some(2000),
-            worker_seen: &|_| Some(2000),
+            claimed_at: &|_| Some(now_ms),
+            worker_seen: &|_| Some(now_ms),
         };
-        for _ in 0..40 {
+        for _ in 0..rounds {
             for event in decide(&self.state, &clock).0 {
                 self.push(event, Some(1));
             }
@@ -359,6 +364,14 @@ fn workflow(out: &Out) {
         _ => success(serde_json::json!({"ok": true})),
     });
     out.put("workflow_events", "decision_and_batch", &branches.lines);
+
+    // The conditional task's `lifecycle` (5 minutes) runs out after its first step:
+    // the orchestrator fails what is left with `step_stale` events.
+    let mut stale = Log::new();
+    stale.task(CONDITIONAL, "t6", None);
+    stale.run_at(2000, 1, |at| success(serde_json::json!(at.attempt)));
+    stale.run_at(1_000_000, 2, |at| success(serde_json::json!(at.attempt)));
+    out.put("workflow_events", "stale", &stale.lines);
 
     let mut operator = Log::new();
     operator.task(DIAMOND, "t4", Some(2));
