@@ -3,10 +3,12 @@
 //! holds no raw line break), folded in order into one `State` as `log::fold_batch` does
 //! (a message that does not decode is refused and counted), then the orchestrator's
 //! decisions on the result applied as it would publish them (three rounds). Asserts
-//! that nothing panics and that a refused event changes nothing but the count and audit
-//! of refusals.
+//! that nothing panics, that a refused event changes nothing but the count and audit of
+//! refusals, and that a snapshot of the final state decodes to the same state (an
+//! orchestrator restarted from it folds on from where a replay would be).
 use embarcadero_workflow::decide::{decide, Clock};
 use embarcadero_workflow::event::{decode, Envelope};
+use embarcadero_workflow::snapshot;
 use embarcadero_workflow::{State, Task};
 use std::sync::Arc;
 
@@ -87,5 +89,11 @@ fn main() {
             }
         }
         decide_rounds(&mut state, last_ts.saturating_add(1000), 3);
+        let snapshot = snapshot::encode("wf", state.clone());
+        let restored = snapshot::decode(&snapshot, "wf");
+        assert!(
+            restored.as_ref() == Ok(&state),
+            "a snapshot decodes to its state"
+        );
     });
 }
