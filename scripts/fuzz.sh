@@ -26,7 +26,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 TARGETS=(wire_hello wire_frames wire_batch region_header replication_segment
-    http_request admin_json config_toml)
+    http_request admin_json config_toml workflow_events workflow_template)
 
 usage() {
     echo "usage: $0 TARGET|all SECONDS   (targets: ${TARGETS[*]})" >&2

@@ -79,6 +79,31 @@ pub fn batch_cursors(result: &Value) -> Result<Vec<Value>, String> {
     Ok(cursors.clone())
 }
 
+/// The cursors batchable step `parent`'s result asks for, checked against its task: as
+/// [`batch_cursors`], and at most [`MAX_BATCH_WORKERS`] instances in all over the batch
+/// worker steps after it (each gets one instance per cursor). Without that bound a template
+/// with thousands of worker steps made one result create millions of steps, in every
+/// reader of the log (memory, and minutes of folding, at each replay).
+pub fn instance_cursors(task: &Task, parent: usize, result: &Value) -> Result<Vec<Value>, String> {
+    let cursors = batch_cursors(result)?;
+    let workers = worker_steps(task, parent).count();
+    let instances = cursors.len().saturating_mul(workers);
+    if instances > MAX_BATCH_WORKERS {
+        return Err(format!(
+            "{} cursors for {workers} batch_worker steps make {instances} instances; at most {MAX_BATCH_WORKERS}",
+            cursors.len()
+        ));
+    }
+    Ok(cursors)
+}
+
+/// The batch worker steps whose instances batchable step `parent` creates.
+fn worker_steps(task: &Task, parent: usize) -> impl Iterator<Item = usize> + '_ {
+    (0..task.steps.len()).filter(move |&w| {
+        task.spec(w).step_type == StepType::BatchWorker && task.deps[w] == [parent]
+    })
+}
+
 /// The name of instance `index` (1-based) of batch worker step `worker`.
 pub fn instance_name(worker: &str, index: usize) -> String {
     format!("{worker}_{index:03}")
@@ -88,14 +113,13 @@ pub fn instance_name(worker: &str, index: usize) -> String {
 /// step depending on it, and makes every step depending on a worker step depend on
 /// its instances.
 pub(crate) fn create_instances(task: &mut Task, parent: usize) {
+    // A result the orchestrator's check refuses (a completion forged past it) creates none.
     let cursors = task.steps[parent]
         .result
         .as_ref()
-        .and_then(|r| batch_cursors(r).ok())
+        .and_then(|r| instance_cursors(task, parent, r).ok())
         .unwrap_or_default();
-    let workers: Vec<usize> = (0..task.steps.len())
-        .filter(|&w| task.spec(w).step_type == StepType::BatchWorker && task.deps[w] == [parent])
-        .collect();
+    let workers: Vec<usize> = worker_steps(task, parent).collect();
     for w in workers {
         let first = task.steps.len();
         for (k, cursor) in cursors.iter().enumerate() {
@@ -144,5 +168,114 @@ pub(crate) fn on_error(task: &mut Task, i: usize, position: u64, ts: u64) {
         if sibling && !s.state.is_terminal() {
             s.enter(StepState::Cancelled, position, ts);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::decide::{decide, Clock};
+    use crate::event::{Envelope, Event, Outcome, StepRef};
+    use crate::machine::StepState;
+    use crate::state::State;
+    use serde_json::json;
+
+    /// A batchable step `an` and three batch worker steps after it.
+    const THREE_WORKERS: &str = "name: three\nnamespace: p\nversion: '1'\nsteps:
+  - {name: an, type: batchable, handler: {callable: x}}
+  - {name: w1, type: batch_worker, dependencies: [an], handler: {callable: x}}
+  - {name: w2, type: batch_worker, dependencies: [an], handler: {callable: x}}
+  - {name: w3, type: batch_worker, dependencies: [an], handler: {callable: x}}
+";
+
+    fn apply(s: &mut State, event: Event) -> bool {
+        let env = Envelope {
+            ts_ms: 1,
+            term: None,
+            event,
+        };
+        s.apply(s.next_position, &env).is_ok()
+    }
+
+    /// Task `t` (under `protocol`) whose `an` returned `cursors` cursors.
+    fn returned(protocol: u8, cursors: usize) -> State {
+        let mut s = State::default();
+        let template = crate::validate::load(THREE_WORKERS, None).unwrap();
+        assert!(apply(&mut s, Event::TemplateRegistered { template }));
+        let created = Event::TaskCreated {
+            task: "t".into(),
+            namespace: "p".into(),
+            name: "three".into(),
+            version: "1".into(),
+            context: json!({}),
+            idempotency_key: None,
+            identity: None,
+            protocol: Some(protocol),
+        };
+        assert!(apply(&mut s, created));
+        let at = StepRef {
+            task: "t".into(),
+            step: "an".into(),
+            attempt: 1,
+        };
+        if protocol == 1 {
+            assert!(apply(&mut s, Event::StepEnqueued(at.clone())));
+        }
+        let worker = "w".to_string();
+        let claim = Event::StepClaimed {
+            at: at.clone(),
+            worker: worker.clone(),
+        };
+        assert!(apply(&mut s, claim));
+        let result = json!({ "cursors": vec![0; cursors] });
+        let outcome = Outcome::Success { result };
+        assert!(apply(
+            &mut s,
+            Event::StepResult {
+                at,
+                worker,
+                outcome
+            }
+        ));
+        s
+    }
+
+    #[test]
+    fn a_batch_result_making_more_than_1000_instances_over_its_worker_steps_creates_none() {
+        // 334 cursors (fewer than 1000) for three worker steps made 1002 instances: with
+        // thousands of worker steps, millions of steps from one result, in every reader.
+        let s = returned(2, 333);
+        assert_eq!(
+            s.tasks["t"].steps.len(),
+            4 + 999,
+            "999 instances are allowed"
+        );
+        let s = returned(2, 334);
+        let an = s.tasks["t"].step("an").unwrap();
+        assert_eq!(
+            an.state,
+            StepState::EnqueuedForOrchestration,
+            "not completed"
+        );
+        assert_eq!(s.tasks["t"].steps.len(), 4);
+        let clock = Clock {
+            now_ms: 1,
+            lease_ms: 100,
+            claimed_at: &|_| Some(1),
+            worker_seen: &|_| Some(1),
+        };
+        let decided = decide(&s, &clock).0;
+        assert!(
+            matches!(&decided[..], [Event::StepErrored { reason, .. }] if reason.contains("1002 instances; at most 1000")),
+            "{decided:?}"
+        );
+        // A completion written anyway (protocol 1: the orchestrator's event) creates none.
+        let mut s = returned(1, 334);
+        let at = StepRef {
+            task: "t".into(),
+            step: "an".into(),
+            attempt: 1,
+        };
+        assert!(apply(&mut s, Event::StepCompleted(at)));
+        assert_eq!(s.tasks["t"].steps.len(), 4);
     }
 }

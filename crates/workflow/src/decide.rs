@@ -148,7 +148,7 @@ pub(crate) fn check_result(
 ) -> Result<(), String> {
     match spec.step_type {
         StepType::Decision => crate::branch::check_decision(task, i, result),
-        StepType::Batchable => crate::batch::batch_cursors(result).map(|_| ()),
+        StepType::Batchable => crate::batch::instance_cursors(task, i, result).map(|_| ()),
         _ => Ok(()),
     }
 }

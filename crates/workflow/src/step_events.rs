@@ -131,6 +131,12 @@ fn stale(
     reason: &str,
     at: &At,
 ) -> Result<(), Rejected> {
+    // Staleness fails unfinished steps only (`staleness::stale_steps` names no other
+    // state): a `step_stale` naming the finished state its step is in would move it
+    // out of it, along no legal edge (the fold asserted, and panicked, on it).
+    if seen.is_terminal() {
+        return Err(superseded(step, r, "staleness of a finished step"));
+    }
     expect(step, r, "staleness", seen)?;
     step.returned = None;
     step.retry_due_ms = None;
@@ -205,5 +211,46 @@ fn lost(step: &Step, r: &StepRef, worker: &str) -> Rejected {
         at: r.clone(),
         worker: worker.to_string(),
         winner: step.worker.clone().unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stale_event_naming_a_finished_state_is_refused_and_leaves_the_step_as_it_was() {
+        // A `step_stale` seeing its step `complete` at its current attempt passed the
+        // check of state and attempt, and the move complete -> error panicked the fold:
+        // a poison event for every reader of the log.
+        for &finished in StepState::ALL.iter().filter(|s| s.is_terminal()) {
+            let mut step = Step::new("a", 0);
+            step.created = true;
+            step.attempt = 1;
+            step.state = finished;
+            let before = step.clone();
+            let r = StepRef {
+                task: "t".into(),
+                step: "a".into(),
+                attempt: 1,
+            };
+            let event = Event::StepStale {
+                at: r,
+                state: finished,
+                reason: "stale: forged".into(),
+            };
+            let at = At {
+                ready: true,
+                timeout_s: 30,
+                position: 9,
+                ts: 9,
+            };
+            let refused = apply(&mut step, &event, at).unwrap_err();
+            assert!(
+                refused.to_string().contains("staleness of a finished step"),
+                "{refused}"
+            );
+            assert_eq!(step, before, "{finished:?}");
+        }
     }
 }

@@ -33,8 +33,26 @@ impl std::error::Error for TemplateError {}
 /// deployment whose workers register handlers it does not link).
 pub type KnownHandlers<'a> = Option<&'a BTreeSet<String>>;
 
+/// The most `{` and `[` a template's text may hold. libyaml's scanner takes time
+/// quadratic in the depth of nested flow collections (`{{{{...`, `[{a: [...`): a 64 KiB
+/// `POST /v1/templates` body of them took 6 s of CPU to refuse (found by the fuzz target
+/// `workflow_template`). Depth cannot be bounded before parsing (a bracket inside a quoted
+/// string does not count, and quoting is YAML's to decide), their number can: 4096 of
+/// them cost at most a few hundred milliseconds, and a template of the API's 64 KiB holds
+/// well under 4096 (one per 25-50 bytes in YAML and JSON alike).
+pub const MAX_BRACKETS: usize = 4096;
+
 /// Parses YAML (or JSON, which is YAML) and checks the result.
 pub fn load(text: &str, handlers: KnownHandlers) -> Result<Template, TemplateError> {
+    let brackets = text.bytes().filter(|b| matches!(b, b'{' | b'[')).count();
+    if brackets > MAX_BRACKETS {
+        return Err(TemplateError {
+            template: "?".into(),
+            step: None,
+            field: "(document)".into(),
+            message: format!("{brackets} `{{` and `[`; a template may hold at most {MAX_BRACKETS}"),
+        });
+    }
     let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).map_err(|e| TemplateError {
         template: "?".into(),
         step: None,
@@ -400,6 +418,28 @@ mod tests {
             (Some("j"), "dependencies"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_document_of_more_than_4096_brackets_is_refused_before_it_is_parsed() {
+        // 60,000 `[` after `retry: ` took libyaml 6 s (release) to refuse as too deep.
+        let deep = format!(
+            "{BASE}  - {{name: a, handler: {{callable: x}}, retry: {}}}\n",
+            "[".repeat(60_000)
+        );
+        let started = std::time::Instant::now();
+        let e = load(&deep, None).unwrap_err();
+        assert!(
+            started.elapsed() < std::time::Duration::from_millis(500),
+            "{e}"
+        );
+        assert_eq!(e.field, "(document)", "{e}");
+        assert!(e.message.contains("at most 4096"), "{e}");
+        let wide = (0..MAX_BRACKETS / 2 - 1)
+            .map(|i| format!("  - {{name: s{i}, handler: {{callable: x}}}}\n"))
+            .collect::<String>();
+        let t = load(&format!("{BASE}{wide}"), None).unwrap();
+        assert_eq!(t.steps.len(), MAX_BRACKETS / 2 - 1, "4094 brackets load");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Writes the starting corpus of every target: `seeds TESTDATA_WIRE_DIR OUT_DIR`.
 //! Wire frames come from the test vectors (hex in `testdata/wire/*.json`); the other
 //! targets get hand-made seeds built with the real encoders (a region header from
-//! `Region::create`, segment files from `TopicStore`, the default configuration).
+//! `Region::create`, segment files from `TopicStore`, the default configuration, workflow
+//! logs from `event::encode` of a fold's events and the orchestrator's decisions).
 //! Not a fuzz target.
 use embarcadero_region::{Capacities, Region, GOI_SESSION_START};
 use embarcadero_replication::record::RecordHeader;
@@ -9,6 +10,9 @@ use embarcadero_replication::store::list_segments;
 use embarcadero_replication::TopicStore;
 use embarcadero_server::fuzzing::BODY_ENDPOINTS;
 use embarcadero_server::ServerConfig;
+use embarcadero_workflow::decide::{decide, Clock};
+use embarcadero_workflow::event::{encode, Envelope};
+use embarcadero_workflow::{Event, Outcome, State, StepRef, StepState};
 use std::path::{Path, PathBuf};
 
 fn hex(s: &str) -> Vec<u8> {
@@ -210,6 +214,256 @@ fn config(out: &Out) {
     );
 }
 
+const DIAMOND: &str = "name: diamond\nnamespace: p\nversion: '1'\nsteps:
+  - {name: a, handler: {callable: x}, retry: {max_attempts: 2, backoff: none}}
+  - {name: b, dependencies: [a], handler: {callable: x}}
+  - {name: c, dependencies: [a], handler: {callable: x}}
+  - {name: d, dependencies: [b, c], handler: {callable: x}}
+";
+const CONDITIONAL: &str = "name: cond\nnamespace: p\nversion: '1'\nsteps:
+  - {name: a, handler: {callable: x}}
+  - {name: d, type: decision, dependencies: [a], handler: {callable: x}}
+  - {name: b1, dependencies: [d], handler: {callable: x}}
+  - {name: b2, dependencies: [d], handler: {callable: x}}
+  - {name: j, type: deferred_convergence, dependencies: [b1, b2], handler: {callable: x}}
+lifecycle: {max_duration_minutes: 5}
+";
+const BATCH: &str = "name: batch\nnamespace: p\nversion: '1'\nsteps:
+  - {name: an, type: batchable, handler: {callable: x}, batch_config: {failure_strategy: fail_fast}}
+  - {name: w, type: batch_worker, dependencies: [an], handler: {callable: x}, retry: {max_attempts: 1}}
+  - {name: agg, type: deferred_convergence, dependencies: [w], handler: {callable: x}}
+input_schema: {type: object, properties: {n: {type: integer, minimum: 0}}, required: [n]}
+";
+
+/// A workflow log being written: each event applied to the state as the fold would, and
+/// kept encoded, one message per line.
+struct Log {
+    state: State,
+    lines: Vec<u8>,
+}
+
+impl Log {
+    fn new() -> Self {
+        let mut log = Self {
+            state: State::default(),
+            lines: Vec::new(),
+        };
+        let lease = Event::OrchestratorLease {
+            term: 1,
+            holder: "o1".into(),
+            worker_lease_ms: 3000,
+            quiet_lease_ms: 0,
+        };
+        log.push(lease, None);
+        log
+    }
+
+    fn push(&mut self, event: Event, term: Option<u64>) {
+        let env = Envelope {
+            ts_ms: 1000 + self.state.next_position,
+            term,
+            event,
+        };
+        let _ = self.state.apply(self.state.next_position, &env);
+        if !self.lines.is_empty() {
+            self.lines.push(b'\n');
+        }
+        self.lines.extend_from_slice(&encode(&env));
+    }
+
+    fn task(&mut self, yaml: &str, task: &str, protocol: Option<u8>) {
+        let template = embarcadero_workflow::validate::load(yaml, None).unwrap();
+        let created = Event::TaskCreated {
+            task: task.into(),
+            namespace: template.namespace.clone(),
+            name: template.name.clone(),
+            version: template.version.clone(),
+            context: serde_json::json!({"n": 3}),
+            idempotency_key: Some(format!("key-{task}")),
+            identity: None,
+            protocol,
+        };
+        self.push(Event::TemplateRegistered { template }, None);
+        self.push(created, None);
+    }
+
+    /// Runs every task to its end: the orchestrator's decisions (in term 1), a worker's
+    /// claim and the handler's outcome for every attempt enqueued.
+    fn run(&mut self, outcome: impl Fn(&StepRef) -> Outcome) {
+        self.run_at(2000, 40, outcome);
+    }
+
+    /// The same at `now_ms` (the events are stamped from 1000 on), for `rounds` rounds.
+    fn run_at(&mut self, now_ms: u64, rounds: usize, outcome: impl Fn(&StepRef) -> Outcome) {
+        let clock = Clock {
+            now_ms,
+            lease_ms: 3000,
+            claimed_at: &|_| Some(now_ms),
+            worker_seen: &|_| Some(now_ms),
+        };
+        for _ in 0..rounds {
+            for event in decide(&self.state, &clock).0 {
+                self.push(event, Some(1));
+            }
+            let enqueued: Vec<StepRef> = (self.state.tasks.values())
+                .flat_map(|t| t.steps.iter().map(move |s| (t, s)))
+                .filter(|(_, s)| s.created && s.state == StepState::Enqueued)
+                .map(|(t, s)| StepRef {
+                    task: t.uuid.clone(),
+                    step: s.name.clone(),
+                    attempt: s.attempt,
+                })
+                .collect();
+            for at in enqueued {
+                let worker = "w1".to_string();
+                let claim = Event::StepClaimed {
+                    at: at.clone(),
+                    worker: worker.clone(),
+                };
+                self.push(claim, None);
+                let outcome = outcome(&at);
+                self.push(
+                    Event::StepResult {
+                        at,
+                        worker,
+                        outcome,
+                    },
+                    None,
+                );
+            }
+        }
+    }
+}
+
+fn success(result: serde_json::Value) -> Outcome {
+    Outcome::Success { result }
+}
+
+/// Workflow logs written by the real encoders: whole lives of tasks (a diamond whose
+/// first step fails once, a decision, a batch, under protocols 1 and 2), an operator's
+/// interventions, lease changes and messages that do not decode; and templates.
+fn workflow(out: &Out) {
+    let mut life = Log::new();
+    life.task(DIAMOND, "t1", None);
+    life.run(|at| match at.step.as_str() {
+        "a" if at.attempt == 1 => Outcome::Failure {
+            message: "busy".into(),
+            retryable: true,
+            retry_after_ms: Some(0),
+        },
+        _ => success(serde_json::json!(at.attempt)),
+    });
+    out.put("workflow_events", "diamond_life", &life.lines);
+
+    let mut branches = Log::new();
+    branches.task(CONDITIONAL, "t2", Some(2));
+    branches.task(BATCH, "t3", None);
+    branches.run(|at| match at.step.as_str() {
+        "d" => success(serde_json::json!({"step_names": ["b1"]})),
+        "an" => success(serde_json::json!({"cursors": [0, 10], "worker_count": 2})),
+        _ => success(serde_json::json!({"ok": true})),
+    });
+    out.put("workflow_events", "decision_and_batch", &branches.lines);
+
+    // The conditional task's `lifecycle` (5 minutes) runs out after its first step:
+    // the orchestrator fails what is left with `step_stale` events.
+    let mut stale = Log::new();
+    stale.task(CONDITIONAL, "t6", None);
+    stale.run_at(2000, 1, |at| success(serde_json::json!(at.attempt)));
+    stale.run_at(1_000_000, 2, |at| success(serde_json::json!(at.attempt)));
+    out.put("workflow_events", "stale", &stale.lines);
+
+    let mut operator = Log::new();
+    operator.task(DIAMOND, "t4", Some(2));
+    operator.task(DIAMOND, "t5", None);
+    let fail = |_: &StepRef| Outcome::Failure {
+        message: "no".into(),
+        retryable: false,
+        retry_after_ms: None,
+    };
+    operator.run(fail);
+    let at = |task: &str| StepRef {
+        task: task.into(),
+        step: "a".into(),
+        attempt: 1,
+    };
+    let reason = || "operator".to_string();
+    operator.push(
+        Event::StepReset {
+            at: at("t4"),
+            reason: reason(),
+        },
+        None,
+    );
+    operator.push(
+        Event::StepResolved {
+            at: at("t5"),
+            reason: reason(),
+            complete: true,
+            result: Some(serde_json::json!(1)),
+        },
+        None,
+    );
+    operator.push(
+        Event::TaskRerun {
+            task: "t4".into(),
+            reason: reason(),
+        },
+        None,
+    );
+    operator.push(
+        Event::TaskCancelled {
+            task: "t4".into(),
+            reason: reason(),
+        },
+        None,
+    );
+    operator.push(
+        Event::TaskResolved {
+            task: "t5".into(),
+            reason: reason(),
+        },
+        None,
+    );
+    operator.push(
+        Event::Heartbeat {
+            worker: "w1".into(),
+        },
+        None,
+    );
+    let release = Event::OrchestratorRelease {
+        term: 1,
+        holder: "o1".into(),
+    };
+    operator.push(release, None);
+    let bid = Event::OrchestratorLease {
+        term: 2,
+        holder: "o2".into(),
+        worker_lease_ms: 0,
+        quiet_lease_ms: 30_000,
+    };
+    operator.push(bid, None);
+    operator
+        .lines
+        .extend_from_slice(b"\n\x02{}\n\x01{\"kind\":\"nope\"}\n");
+    out.put("workflow_events", "operator_and_leases", &operator.lines);
+
+    for (name, text) in [
+        ("diamond", DIAMOND),
+        ("conditional", CONDITIONAL),
+        ("batch", BATCH),
+    ] {
+        out.put(
+            "workflow_template",
+            &format!("{name}_yaml"),
+            text.as_bytes(),
+        );
+        let t = embarcadero_workflow::validate::load(text, None).unwrap();
+        let json = serde_json::to_vec(&t).unwrap();
+        out.put("workflow_template", &format!("{name}_json"), &json);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let [_, vectors, out] = &args[..] else {
@@ -222,4 +476,5 @@ fn main() {
     replication(&out);
     admin(&out);
     config(&out);
+    workflow(&out);
 }
