@@ -805,6 +805,15 @@ fn pub_publishes_and_sub_reads_over_either_transport() {
     serve.stop();
 }
 
+/// Sends `child` SIGINT, as Ctrl-C does.
+fn interrupt(child: &Child) {
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+}
+
 /// SIGINT (Ctrl-C) while `pub` reads stdin: it says, as a failure does, how many
 /// messages are acknowledged and the line to resume from, and exits 130, rather than
 /// vanishing without a word. The resume line skips nothing: it is at most one past the
@@ -822,11 +831,7 @@ fn an_interrupted_pub_says_where_to_resume() {
         write_line(&stdin, &format!("line-{i}"));
         wait_for(&printed, &format!("line-{i}"));
     }
-    let kill = Command::new("kill")
-        .args(["-INT", &publisher.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    interrupt(&publisher);
     let out = publisher.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{err}");
@@ -873,11 +878,7 @@ fn an_interrupted_pub_waits_for_what_it_sent_so_a_resume_repeats_nothing() {
     written
         .recv_timeout(LINE_GUARD)
         .expect("50,000 lines written");
-    let kill = Command::new("kill")
-        .args(["-INT", &publisher.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    interrupt(&publisher);
     let out = publisher.wait_with_output().unwrap();
     writer.join().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

@@ -2,6 +2,8 @@
 //! expiries, decisions, with stale attempts and rival workers mixed in, and the
 //! orchestrator's own decisions interleaved) against the invariants of the design.
 
+mod common;
+use common::{without_audit, without_refusals};
 use embarcadero_workflow::decide::{decide, Clock};
 use embarcadero_workflow::event::Expiry;
 use embarcadero_workflow::machine::{legal_step, legal_task};
@@ -472,20 +474,6 @@ proptest! {
     }
 }
 
-/// A state without what a refusal may change: the rejection count, the next position
-/// and the steps' audit of refused events.
-fn without_audit(s: &State) -> State {
-    let mut s = s.clone();
-    s.rejected = 0;
-    s.next_position = 0;
-    let tasks = s
-        .tasks
-        .iter()
-        .map(|(uuid, t)| (uuid.clone(), std::sync::Arc::new(without_refusals(t))));
-    s.tasks = tasks.collect();
-    s
-}
-
 /// The rules of decisions and deferred convergence, on one folded task: a step not
 /// created never moved; a step that was enqueued had every dependency complete, but
 /// a convergence's dependencies that were never created; the branches created are
@@ -614,16 +602,6 @@ fn check_checkpoint(before: &State, env: &Envelope) -> Result<(), TestCaseError>
         );
     }
     Ok(())
-}
-
-/// A task without its steps' audit of refused events (which a finished task keeps
-/// collecting: late results are recorded, not applied).
-fn without_refusals(t: &embarcadero_workflow::Task) -> embarcadero_workflow::Task {
-    let mut t = t.clone();
-    for s in &mut t.steps {
-        s.refused.clear();
-    }
-    t
 }
 
 #[test]

@@ -10,6 +10,8 @@
 //! of refusals, and the promises of the fold's own comments after every event; and that
 //! a snapshot of whatever state such a log folds to decodes to the same state.
 
+mod common;
+use common::{without_audit, without_refusals};
 use embarcadero_workflow::decide::{decide, Clock};
 use embarcadero_workflow::event::{self, Checkpoint, Expiry};
 use embarcadero_workflow::machine::{legal_step, legal_task};
@@ -20,7 +22,7 @@ use embarcadero_workflow::{Envelope, Event, Outcome, State, StepRef, StepState, 
 use embarcadero_workflow::{Rejected, TaskState};
 use proptest::prelude::*;
 use serde_json::{json, Value};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 /// A string longer than any field is meant to hold.
 fn huge() -> String {
@@ -486,28 +488,6 @@ fn op_events(state: &State, op: &Op) -> Vec<(Event, Term)> {
             vec![(lease, Term::Absent)]
         }
     }
-}
-
-/// A state without what a refusal may change: the rejection count, the next position
-/// and the steps' audit of refused events.
-fn without_audit(s: &State) -> State {
-    let mut s = s.clone();
-    s.rejected = 0;
-    s.next_position = 0;
-    let tasks = s
-        .tasks
-        .iter()
-        .map(|(uuid, t)| (uuid.clone(), Arc::new(without_refusals(t))));
-    s.tasks = tasks.collect();
-    s
-}
-
-fn without_refusals(t: &Task) -> Task {
-    let mut t = t.clone();
-    for s in &mut t.steps {
-        s.refused.clear();
-    }
-    t
 }
 
 /// What holds after any event, refused or not, given the state before it.
