@@ -219,6 +219,13 @@ impl Tally {
         self.interrupted.load(Ordering::Acquire)
     }
 
+    /// Exits as [`Self::exit_interrupted`] with the counts as last recorded (the
+    /// acknowledged one may be a batch low).
+    fn exit_as_recorded(&self, args: &PubArgs) -> ! {
+        let acked = self.acked.load(Ordering::Acquire);
+        self.exit_interrupted(args, acked, self.published.load(Ordering::Acquire))
+    }
+
     /// Prints the report of an interrupted run and exits 130.
     fn exit_interrupted(&self, args: &PubArgs, acked: u64, published: u64) -> ! {
         let _one = self.exiting.lock().unwrap_or_else(|p| p.into_inner());
@@ -242,13 +249,8 @@ fn report_when_interrupted(args: &PubArgs, tally: Arc<Tally>) -> CliResult {
     // Someone typing at a terminal has nothing in flight, and `pub` waits in its read.
     let at_once = args.count.is_none() && std::io::stdin().is_terminal();
     ctrlc::set_handler(move || {
-        let now = || {
-            let acked = tally.acked.load(Ordering::Acquire);
-            (acked, tally.published.load(Ordering::Acquire))
-        };
         if tally.interrupted.swap(true, Ordering::AcqRel) || at_once {
-            let (acked, published) = now();
-            tally.exit_interrupted(&args, acked, published);
+            tally.exit_as_recorded(&args);
         }
         eprintln!(
             "interrupted: waiting up to {} s for the acknowledgements of what was sent (again to stop now)",
@@ -257,9 +259,7 @@ fn report_when_interrupted(args: &PubArgs, tally: Arc<Tally>) -> CliResult {
         let (args, tally) = (args.clone(), tally.clone());
         std::thread::spawn(move || {
             std::thread::sleep(INTERRUPT_GRACE);
-            let acked = tally.acked.load(Ordering::Acquire);
-            let published = tally.published.load(Ordering::Acquire);
-            tally.exit_interrupted(&args, acked, published);
+            tally.exit_as_recorded(&args);
         });
     })
     .map_err(|e| format!("cannot install the signal handler: {e}"))

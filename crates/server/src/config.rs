@@ -720,7 +720,8 @@ fn env_names(config: &toml::Value) -> Vec<String> {
     names
 }
 
-/// The candidate nearest to `word` within `max` edits (the first of equals), for
+/// The candidate nearest to `word` within `max` edits (of equals, the one that sorts
+/// first), for
 /// suggesting what a misspelt name meant (a variable, a topic).
 pub(crate) fn closest<'a>(
     word: &str,
