@@ -1,15 +1,16 @@
 //! A publisher made through the head follows membership: a fake head (test double)
 //! serves `/v1/cluster`, fake brokers acknowledge every batch, and brokers are listed
-//! after the publisher connected.
+//! after the publisher connected. Order 5: a broker that joins reports the session's
+//! mark as it read it when the hello came.
 
 mod common;
 
 use embarcadero_client::{Publisher, PublisherConfig, PublisherStats};
-use embarcadero_wire::{Ack, BatchHeader, BATCH_HEADER_LEN};
+use embarcadero_wire::{Ack, BatchHeader, HelloOk, BATCH_HEADER_LEN};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// An order-2 broker that acknowledges each batch once it has read it.
@@ -258,5 +259,88 @@ fn max_joined_brokers_bounds_what_a_publisher_adds() {
         c.connections(),
         0,
         "past max_joined_brokers, no more brokers"
+    );
+}
+
+/// Order 5: the session's committed mark as the region's table holds it, shared by the
+/// fake session brokers: each ack carries it, each HelloOk reports it.
+type SessionMark = Arc<AtomicU64>;
+
+/// A hello held by a fake session broker: it sends the mark it read when the hello came,
+/// then answers once the test sends on the second channel.
+type HeldHello = (mpsc::Sender<u64>, mpsc::Receiver<()>);
+
+/// An order-5 broker for one connection that acknowledges each batch once read, with
+/// the session's mark; `held`: its hello is answered when the test says.
+fn session_broker(mark: SessionMark, held: Option<HeldHello>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let hello = common::read_hello(&mut s).unwrap();
+        let at_hello = mark.load(Ordering::Acquire);
+        if let Some((told, go)) = held {
+            told.send(at_hello).unwrap();
+            go.recv().unwrap();
+        }
+        let ok = HelloOk {
+            next_batch_seq: at_hello,
+            ..common::hello_ok(&hello, 5, 1 << 20)
+        };
+        s.write_all(&ok.encode_frame()).unwrap();
+        loop {
+            let mut raw = [0u8; BATCH_HEADER_LEN];
+            if s.read_exact(&mut raw).is_err() {
+                return;
+            }
+            let h = BatchHeader::decode(&raw).unwrap();
+            let mut payload = vec![0u8; h.total_size as usize];
+            if s.read_exact(&mut payload).is_err() {
+                return;
+            }
+            let count = mark
+                .fetch_max(h.batch_seq + 1, Ordering::AcqRel)
+                .max(h.batch_seq + 1);
+            let ack = Ack {
+                level: hello.ack_level,
+                count,
+            };
+            if s.write_all(&ack.encode()).is_err() {
+                return;
+            }
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_joining_brokers_session_mark_is_held_to_the_acks_from_before_its_hello() {
+    let mark = SessionMark::default();
+    let a = session_broker(mark.clone(), None);
+    let head = FakeHead::start(vec![(0, a.clone(), 0)]);
+    let p = Publisher::connect(&head.addr, "t", config(8)).unwrap();
+    publish_until(&p, "a batch through the first broker", |s| {
+        s.acked_batches > 0
+    });
+
+    let (told, hello_came) = mpsc::channel();
+    let (answer, go) = mpsc::channel();
+    let b = session_broker(mark.clone(), Some((told, go)));
+    head.list(vec![(0, a.clone(), 0), (1, b.clone(), 1)]);
+    let at_hello = hello_came.recv_timeout(Duration::from_secs(20)).unwrap();
+    // While broker 1's answer is on its way, broker 0 acknowledges more of the session.
+    publish_until(&p, "acks past the joining broker's mark", |_| {
+        mark.load(Ordering::Acquire) > at_hello
+    });
+    answer.send(()).unwrap();
+    publish_until(&p, "a batch through the joined broker", |s| {
+        s.queues
+            .iter()
+            .any(|q| q.broker == b && q.acked_batches > 0)
+    });
+    let stats = p.close().unwrap();
+    assert_eq!(
+        stats.acked_batches, stats.batches,
+        "every batch acknowledged"
     );
 }

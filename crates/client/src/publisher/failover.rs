@@ -262,6 +262,11 @@ pub(super) fn add_broker(
         ),
         None => (0, inner.config.session_epoch),
     };
+    // Read before the hello: the broker answers with the session's mark as it reads it
+    // then, while the other brokers go on acknowledging. Every ack read here came from
+    // the table before the hello, and the table's mark only grows, so the answer is at
+    // least this; an ack that arrives during the handshake may be past it.
+    let acked_before = session_acked(inner);
     let Opened::Connected(connected) = connect_broker(
         &inner.config,
         inner.client_id,
@@ -279,10 +284,9 @@ pub(super) fn add_broker(
     };
     check_joined_limits(inner, &connected)?;
     if inner.order == 5 {
-        let acked = session_acked(inner);
         if let Some(Err(error)) = connected
             .iter()
-            .map(|(_, ok)| super::session::check_session_marks(inner, addr, acked, ok))
+            .map(|(_, ok)| super::session::check_session_marks(inner, addr, acked_before, ok))
             .find(Result::is_err)
         {
             // Its next batches could never be ordered: the session would wait for ever on

@@ -211,9 +211,11 @@ fn open_next_epoch(inner: &Inner, q: &Queue) -> Result<(Link, u64, u64), Error> 
             opener: session.opener,
         };
         let (transport, ring) = (inner.config.transport, inner.config.shm_ring_bytes);
+        // Read before the hello, which the broker answers with the mark it reads then.
+        let acked_before = q.conn.acked.load(Ordering::Acquire);
         match conn::handshake_link(&q.broker, &hello, transport, ring)? {
             conn::Handshake::Accepted(stream, ok) => {
-                check_session_marks(inner, &q.broker, q.conn.acked.load(Ordering::Acquire), &ok)?;
+                check_session_marks(inner, &q.broker, acked_before, &ok)?;
                 session.opened.fetch_max(epoch, Ordering::AcqRel);
                 // The HelloOk of an opening hello says what is committed, which at ack 2
                 // may be more than is acknowledged: the fences say that.
@@ -245,10 +247,11 @@ const MAX_REFENCES: usize = 5;
 
 /// Order 5: whether broker `broker`'s record of the session (`ok`) can be this
 /// publisher's: it must not expect a batch below `acked` (what this connection, or for
-/// a broker that joins, the session, was told is acknowledged) nor beyond what was
-/// sent. Otherwise the session ended while idle (its slot given away), or acknowledged
-/// batches were lost with the server's region (ack 1): its next batches could never be
-/// ordered.
+/// a broker that joins, the session, was told is acknowledged before the hello was
+/// sent: the answer is the table's mark when the broker read it, which later acks
+/// may pass) nor beyond what was sent. Otherwise the session ended while idle (its
+/// slot given away), or acknowledged batches were lost with the server's region
+/// (ack 1): its next batches could never be ordered.
 pub(super) fn check_session_marks(
     inner: &Inner,
     broker: &str,

@@ -70,20 +70,28 @@ pub fn fake_broker(when: AckWhen) -> String {
 /// The broker side of the hello handshake, as an order-2 broker with one broker and
 /// batches of up to `max_batch_bytes`: reads the client's hello and answers HelloOk.
 pub fn answer_hello(s: &mut TcpStream, max_batch_bytes: u32) -> std::io::Result<Hello> {
+    let hello = read_hello(s)?;
+    s.write_all(&hello_ok(&hello, 2, max_batch_bytes).encode_frame())?;
+    Ok(hello)
+}
+
+/// Reads a client's hello.
+pub fn read_hello(s: &mut TcpStream) -> std::io::Result<Hello> {
     let mut raw = [0u8; HELLO_LEN];
     s.read_exact(&mut raw)?;
-    let hello = Hello::decode(&raw).expect("a valid hello");
-    let frame = HelloOk {
-        order: 2,
+    Ok(Hello::decode(&raw).expect("a valid hello"))
+}
+
+/// The HelloOk a one-broker topic of `order` answers `hello` with.
+pub fn hello_ok(hello: &Hello, order: u8, max_batch_bytes: u32) -> HelloOk {
+    HelloOk {
+        order,
         ack_level: hello.ack_level,
         num_brokers: 1,
         max_message_bytes: 1 << 20,
         max_batch_bytes,
         ..Default::default()
     }
-    .encode_frame();
-    s.write_all(&frame)?;
-    Ok(hello)
 }
 
 /// Polls `cond` until it holds; fails the test after 10 s.
