@@ -59,6 +59,24 @@ fn clean_up_on_signal() {
     });
 }
 
+/// A child's stderr line by line until it closes. Not `BufRead::lines`: a line that is
+/// not UTF-8 would end it, leaving the child to block on a full pipe and a waiter to
+/// take it for an exit.
+fn lossy_lines(pipe: impl std::io::Read) -> impl Iterator<Item = String> {
+    let mut reader = BufReader::new(pipe);
+    std::iter::from_fn(move || {
+        let mut raw = Vec::new();
+        match reader.read_until(b'\n', &mut raw) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => {
+                let end = raw.strip_suffix(b"\n").unwrap_or(&raw);
+                let end = end.strip_suffix(b"\r").unwrap_or(end);
+                Some(String::from_utf8_lossy(end).into_owned())
+            }
+        }
+    })
+}
+
 /// Paths removed already (or about to be): no longer for the signal handler.
 fn forget_paths(paths: &[&Path]) {
     leftovers().paths.retain(|p| !paths.contains(&p.as_path()));
@@ -144,7 +162,7 @@ impl ChildProcess {
         let filled = stderr.clone();
         let who = name.to_string();
         std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            for line in lossy_lines(pipe) {
                 if echo == Echo::ToStderr {
                     // Dropped if our stderr is gone: this thread must go on draining the
                     // child's pipe, or the child blocks on a full one.
@@ -198,7 +216,11 @@ impl ChildProcess {
             self.next_line = end;
             if printed.ended {
                 drop(printed);
-                return Err(self.failure(&format!("exited before printing {marker:?}")));
+                let how = match self.exit_status_after_eof() {
+                    Some(status) => format!("exited ({status})"),
+                    None => "closed its stderr".to_string(),
+                };
+                return Err(self.failure(&format!("{how} before printing {marker:?}")));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -211,6 +233,22 @@ impl ChildProcess {
                 .wait_timeout(printed, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+        }
+    }
+
+    /// Its exit status once its stderr closed: the kernel closes a dying process's
+    /// files a moment before it can be reaped, so this waits for that moment (at most
+    /// a second: a child may close its stderr and go on).
+    fn exit_status_after_eof(&mut self) -> Option<ExitStatus> {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                _ => return None,
+            }
         }
     }
 
@@ -698,9 +736,21 @@ mod tests {
     fn an_exit_ends_the_wait_with_the_last_lines() {
         let mut p = shell("echo starting >&2; echo cannot bind >&2; exit 3");
         let err = p.wait_line("serving", Duration::from_secs(30)).unwrap_err();
-        assert!(err.contains("exited before printing"), "{err}");
+        assert!(
+            err.contains("exited (exit status: 3) before printing"),
+            "{err}"
+        );
         assert!(err.contains("cannot bind"), "{err}");
         assert_eq!(p.wait().unwrap().code(), Some(3));
+    }
+
+    #[test]
+    fn a_line_that_is_not_utf8_is_kept_and_the_lines_after_it_are_read() {
+        let mut p = shell("printf 'bad \\377 byte\\n' >&2; echo serving >&2; sleep 30");
+        let line = p.wait_line("serving", Duration::from_secs(30)).unwrap();
+        assert_eq!(line, "serving");
+        assert!(p.printed("bad \u{FFFD} byte"), "kept, with a replacement");
+        p.kill().unwrap();
     }
 
     #[test]
