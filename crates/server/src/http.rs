@@ -36,8 +36,37 @@ pub fn respond(inner: &Inner, request: &Request) -> Response {
     if crate::workflow_proxy::is_workflow_route(request.path()) {
         return crate::workflow_proxy::forward(&inner.services, &inner.workflow_proxy, request);
     }
+    if let Some(allowed) = methods_other_than(request) {
+        let mut response = Response::error(
+            405,
+            format!(
+                "{} does not take {}; it takes {allowed}",
+                request.path(),
+                request.method
+            ),
+        );
+        response.headers.push(("Allow".into(), allowed.to_string()));
+        return response;
+    }
     let (status, content_type, body) = route(inner, request);
     Response::new(status, content_type, body)
+}
+
+/// The methods the request's path takes, when it is one of the API's paths and they do
+/// not include the request's method (a 405 rather than a 404: the path is right).
+fn methods_other_than(request: &Request) -> Option<&'static str> {
+    let path = request.path();
+    let allowed = match path {
+        "/healthz" | "/metrics" | "/v1/cluster" | "/v1/status" => "GET",
+        "/v1/cluster/claim" | "/v1/cluster/join" | "/v1/cluster/heartbeat" | "/v1/failover" => {
+            "POST"
+        }
+        "/v1/services" | "/v1/topics" => "GET, POST",
+        _ if path.len() > "/v1/topics/".len() && path.starts_with("/v1/topics/") => "GET, DELETE",
+        _ => return None,
+    };
+    let method = request.method.as_str();
+    (!allowed.split(", ").any(|m| m == method)).then_some(allowed)
 }
 
 fn route(inner: &Inner, request: &Request) -> (u16, &'static str, String) {

@@ -411,14 +411,40 @@ fn unknown_fields_of_every_admin_call_are_refused_and_named() {
     }
 }
 
+/// A path of the API asked with a method it does not take is a 405 that lists the ones
+/// it takes (in `Allow` too); a path the API does not have stays a 404.
+#[test]
+fn a_method_a_path_does_not_take_is_a_405_that_names_the_ones_it_does() {
+    let t = server();
+    for (method, path, allowed) in [
+        ("PUT", "/v1/topics/t", "GET, DELETE"),
+        ("DELETE", "/v1/topics", "GET, POST"),
+        ("GET", "/v1/cluster/join", "POST"),
+        ("POST", "/v1/status", "GET"),
+    ] {
+        let (status, head, body) = http_call(&t.control(), method, path, "{}");
+        assert_eq!(status, 405, "{method} {path}: {body}");
+        assert!(head.contains(&format!("Allow: {allowed}\r\n")), "{head}");
+        assert!(body.contains(&format!("it takes {allowed}")), "{body}");
+    }
+    let (status, _, body) = http_call(&t.control(), "PUT", "/v1/nothing", "{}");
+    assert_eq!(status, 404, "{body}");
+}
+
 /// One admin API request as any HTTP client sends it; returns the status and body.
 fn post_json(control: &str, path: &str, body: &str) -> (u16, String) {
+    let (status, _, body) = http_call(control, "POST", path, body);
+    (status, body)
+}
+
+/// One request with a JSON body; returns the status, the head and the body.
+fn http_call(control: &str, method: &str, path: &str, body: &str) -> (u16, String, String) {
     let mut s = TcpStream::connect(control).unwrap();
     s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
         .unwrap();
     write!(
         s,
-        "POST {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -429,11 +455,8 @@ fn post_json(control: &str, path: &str, body: &str) -> (u16, String) {
         .nth(1)
         .and_then(|code| code.parse().ok())
         .unwrap_or_else(|| panic!("no status in {response:?}"));
-    let body = response
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (status, body)
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    (status, format!("{head}\r\n"), body.to_string())
 }
 
 #[test]
