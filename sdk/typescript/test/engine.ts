@@ -1,7 +1,7 @@
 // A server and a workflow orchestrator on it for the workflow tests (workflow.test.ts,
 // tasks.test.ts), with a client of the orchestrator's API over plain `fetch`.
 import assert from "node:assert/strict";
-import { Json, StepHandler, Worker } from "../ts/index";
+import { Json, StepHandler, Worker, WorkerOptions } from "../ts/index";
 import { Proc, Server } from "./servers";
 
 export const LEASE_MS = 3000;
@@ -53,8 +53,8 @@ export class Engine {
     return this.finished(await this.create(namespace, name, context));
   }
 
-  worker(handlers: Record<string, StepHandler>, namespace: string): Promise<Worker> {
-    return Worker.start({ control: this.server.control, namespace, handlers, leaseMs: LEASE_MS });
+  worker(handlers: Record<string, StepHandler>, namespace: string, options: WorkerOptions = {}): Promise<Worker> {
+    return Worker.start({ control: this.server.control, namespace, handlers, leaseMs: LEASE_MS, ...options });
   }
 
   async stop(): Promise<void> {

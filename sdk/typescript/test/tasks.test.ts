@@ -10,6 +10,7 @@ import {
   ConfigError,
   EmbarcaderoError,
   StepError,
+  HandlerFailure,
   StepHandler,
   TaskClient,
   TimeoutError,
@@ -192,12 +193,19 @@ test("a cancelled task aborts its running handler's signal", { timeout: 90_000 }
       });
       started();
     });
+  let toldFailure!: (failure: HandlerFailure) => void;
+  const failure = new Promise<HandlerFailure>((resolve) => (toldFailure = resolve));
   await client.registerTemplate(CALLED_OFF);
-  await using _worker = await engine.worker({ "ts.tasks_waits": waits }, "ts_tasks");
+  const handlers = { "ts.tasks_waits": waits };
+  await using _worker = await engine.worker(handlers, "ts_tasks", { onHandlerFailure: toldFailure });
   const uuid = (await client.createTask("ts_tasks", "called_off")).task_uuid;
   await running;
   assert.equal((await client.cancelTask(uuid)).status, "cancelled");
   // Called off, not timed out: the deadline is ten minutes away.
   assert.equal(await told, "AbortError");
   assert.equal(step(await client.task(uuid), "waits").current_state, "cancelled");
+  // The rejection it ended with is told as called off, which the default does not warn of.
+  const f = await failure;
+  assert.deepEqual([f.stepName, f.taskUuid, f.calledOff], ["waits", uuid, true]);
+  assert.equal(f.message, `ts.tasks_waits (step waits of task ${uuid}, attempt 1) called off`);
 });

@@ -15,6 +15,7 @@ import {
   ConfigError,
   ConnectError,
   EmbarcaderoError,
+  HandlerFailure,
   Json,
   StepContext,
   StepError,
@@ -181,8 +182,13 @@ test("thrown errors are retried per the policy and then fail the task", { timeou
   };
   await engine.register(FAILING);
   let task: Task;
+  const failures: HandlerFailure[] = [];
   {
-    await using _ = await engine.worker({ "ts.fail_first": failFirst, "ts.always_fails": alwaysFails }, "ts_failing");
+    const handlers = { "ts.fail_first": failFirst, "ts.always_fails": alwaysFails };
+    const onHandlerFailure = (f: HandlerFailure): void => {
+      failures.push(f);
+    };
+    await using _ = await engine.worker(handlers, "ts_failing", { onHandlerFailure });
     task = await engine.runTask("ts_failing", "failing", {});
   }
   assert.equal(task.status, "error", JSON.stringify(task));
@@ -192,6 +198,19 @@ test("thrown errors are retried per the policy and then fail the task", { timeou
   assert.deepEqual([always.current_state, always.attempts, always.failures], ["error", 3, 3]);
   assert.deepEqual(attempts, [1, 2, 3]);
   assert.equal(always.last_error, "max attempts (3) reached: RangeError: no luck on attempt 3");
+  // Every attempt's failure was told, each with what was thrown.
+  const told = failures.map((f) => [f.stepName, f.attempt, f.calledOff, f.taskUuid === task.task_uuid]);
+  assert.deepEqual(told, [
+    ["once", 1, false, true],
+    ["always", 1, false, true],
+    ["always", 2, false, true],
+    ["always", 3, false, true],
+  ]);
+  assert.ok(failures[3]!.error instanceof RangeError);
+  assert.equal(
+    failures[3]!.message,
+    `ts.always_fails (step always of task ${task.task_uuid}, attempt 3) failed: RangeError: no luck on attempt 3`,
+  );
 });
 
 test("a retryable StepError is retried after its backoff, or its own delay, and then succeeds", { timeout: 90_000 }, async () => {

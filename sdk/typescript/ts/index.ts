@@ -60,4 +60,5 @@ export type {
   StepHandler,
   WorkerOptions,
   WorkerRestart,
+  HandlerFailure,
 } from "./workflow";

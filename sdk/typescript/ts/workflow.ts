@@ -196,6 +196,64 @@ export interface WorkerOptions {
    * `console.error` and dropped.
    */
   onRestart?: (event: WorkerRestart) => void;
+  /**
+   * Called (on the event loop) when a handler throws or rejects, before the failure is
+   * published: the task's record keeps only the last attempt's error text, so this is where
+   * each attempt's error, with its stack, can be seen. Default: `console.warn` of the
+   * failure's `message` and, but for a {@link StepError} (which says what it means), the
+   * error itself; nothing for an attempt that was called off. It must not throw: what it
+   * throws is logged with `console.error` and dropped.
+   */
+  onHandlerFailure?: (failure: HandlerFailure) => void;
+}
+
+/** A handler's failure, as {@link WorkerOptions.onHandlerFailure} is told it. */
+export interface HandlerFailure {
+  /** The step's callable (the handler's name). */
+  readonly callable: string;
+  readonly taskUuid: string;
+  readonly stepName: string;
+  readonly attempt: number;
+  /** What the handler threw or rejected with. */
+  readonly error: unknown;
+  /**
+   * The attempt was called off (its task cancelled or resolved, the attempt taken back) and
+   * the handler ended on its aborted `signal`: what was asked for, not a failure; nothing of
+   * it is published.
+   */
+  readonly calledOff: boolean;
+  /** A sentence saying which attempt failed and why. */
+  readonly message: string;
+}
+
+/** The default {@link WorkerOptions.onHandlerFailure}, as the Python worker logs. */
+function warnOfFailure(failure: HandlerFailure): void {
+  if (failure.calledOff) return;
+  if (failure.error instanceof StepError) console.warn(failure.message);
+  else console.warn(failure.message, failure.error);
+}
+
+/** `failure` handed to `onFailure`, which must not throw. Never throws. */
+function tell(onFailure: (failure: HandlerFailure) => void, failure: HandlerFailure): void {
+  try {
+    onFailure(failure);
+  } catch (e) {
+    console.error("embarcadero: the worker's onHandlerFailure threw", e);
+  }
+}
+
+/** The failure of the attempt `raw` describes, for `onHandlerFailure`. */
+function handlerFailure(raw: RawContext, error: unknown, calledOff: boolean): HandlerFailure {
+  const { callable, taskUuid, stepName, attempt } = raw;
+  const which = `${callable} (step ${stepName} of task ${taskUuid}, attempt ${attempt})`;
+  const why =
+    error instanceof StepError
+      ? error.message
+      : error instanceof Error
+        ? `${error.name}: ${error.message}`
+        : String(error);
+  const message = calledOff ? `${which} called off` : `${which} failed: ${why}`;
+  return { callable, taskUuid, stepName, attempt, error, calledOff, message };
 }
 
 const WORKER_OPTIONS: check.OptionNames<WorkerOptions> = {
@@ -209,6 +267,7 @@ const WORKER_OPTIONS: check.OptionNames<WorkerOptions> = {
   rf: true,
   retryForMs: true,
   onRestart: true,
+  onHandlerFailure: true,
 };
 
 /**
@@ -393,6 +452,11 @@ function attemptSignal(deadlineUnixMs: number, controller: AbortController): () 
   return () => clearTimeout(timer);
 }
 
+/** Whether `signal` was aborted by the worker calling the attempt off (not by its deadline). */
+function calledOff(signal: AbortSignal): boolean {
+  return signal.aborted && signal.reason instanceof DOMException && signal.reason.name === "AbortError";
+}
+
 /** The native worker's word that call `id` was called off: aborts its signal. Never throws. */
 function callOffOf(running: Running): (id: number) => void {
   return (id) => {
@@ -408,6 +472,7 @@ async function runCall(
   id: number,
   text: string,
   started: Promise<Native.NativeWorker>,
+  onFailure: (failure: HandlerFailure) => void,
 ): Promise<void> {
   let result: string | undefined;
   let failure: Native.NativeStepError | undefined;
@@ -415,14 +480,16 @@ async function runCall(
   const controller = new AbortController();
   running.set(id, controller);
   let clearTimer = (): void => {};
+  let raw: RawContext | undefined;
   try {
-    const raw = JSON.parse(text) as RawContext;
+    raw = JSON.parse(text) as RawContext;
     clearTimer = attemptSignal(raw.deadlineUnixMs, controller);
     const handler = handlers.get(raw.callable);
     if (handler === undefined) throw new StepError(`no handler for ${raw.callable}`, { retryable: false });
     result = resultJson(await handler(contextOf(raw, id, started, checkpoints, controller.signal)));
   } catch (e) {
     failure = failureOf(e);
+    if (raw !== undefined) tell(onFailure, handlerFailure(raw, e, calledOff(controller.signal)));
   } finally {
     clearTimer();
     running.delete(id);
@@ -521,8 +588,9 @@ export class Worker {
     // replay), so `started` is assigned by the time `dispatch` runs; it awaits it anyway.
     // `dispatch` must not throw: a throw from a threadsafe call ends the process.
     const running: Running = new Map();
+    const onFailure = options.onHandlerFailure ?? warnOfFailure;
     const dispatch = (id: number, text: string): void => {
-      void runCall(handlers, running, id, text, started);
+      void runCall(handlers, running, id, text, started, onFailure);
     };
     const control = options.control ?? defaultControl();
     const callOff = callOffOf(running);
