@@ -55,6 +55,15 @@ fn serve_publisher(mut s: TcpStream, batches: &AtomicU64) {
     let Ok(hello) = common::answer_hello(&mut s, 1 << 20) else {
         return;
     };
+    ack_each_batch(s, hello.ack_level, |h| {
+        batches.fetch_add(1, Ordering::AcqRel);
+        h.batch_seq + 1
+    });
+}
+
+/// Reads batches until the client goes, acknowledging each, once read whole, up to what
+/// `count` says of it.
+fn ack_each_batch(mut s: TcpStream, level: u8, mut count: impl FnMut(&BatchHeader) -> u64) {
     loop {
         let mut raw = [0u8; BATCH_HEADER_LEN];
         if s.read_exact(&mut raw).is_err() {
@@ -65,10 +74,9 @@ fn serve_publisher(mut s: TcpStream, batches: &AtomicU64) {
         if s.read_exact(&mut payload).is_err() {
             return;
         }
-        batches.fetch_add(1, Ordering::AcqRel);
         let ack = Ack {
-            level: hello.ack_level,
-            count: h.batch_seq + 1,
+            level,
+            count: count(&h),
         };
         if s.write_all(&ack.encode()).is_err() {
             return;
@@ -288,27 +296,10 @@ fn session_broker(mark: SessionMark, held: Option<HeldHello>) -> String {
             ..common::hello_ok(&hello, 5, 1 << 20)
         };
         s.write_all(&ok.encode_frame()).unwrap();
-        loop {
-            let mut raw = [0u8; BATCH_HEADER_LEN];
-            if s.read_exact(&mut raw).is_err() {
-                return;
-            }
-            let h = BatchHeader::decode(&raw).unwrap();
-            let mut payload = vec![0u8; h.total_size as usize];
-            if s.read_exact(&mut payload).is_err() {
-                return;
-            }
-            let count = mark
-                .fetch_max(h.batch_seq + 1, Ordering::AcqRel)
-                .max(h.batch_seq + 1);
-            let ack = Ack {
-                level: hello.ack_level,
-                count,
-            };
-            if s.write_all(&ack.encode()).is_err() {
-                return;
-            }
-        }
+        ack_each_batch(s, hello.ack_level, |h| {
+            let next = h.batch_seq + 1;
+            mark.fetch_max(next, Ordering::AcqRel).max(next)
+        });
     });
     addr
 }
