@@ -2,7 +2,8 @@
 //! server: every order and ack level delivers exactly once in order; order-5 sessions
 //! are fenced and reopen over them; a client that writes garbage into its live channel
 //! is refused with an error while another publisher of the same broker carries on;
-//! another uid is refused unless the operator allows it; `auto` falls back to TCP.
+//! another uid is refused unless the operator allows it; `auto` falls back to TCP; a
+//! batch due on a full queue is deflected to another.
 //! Subscribers read feeds: exactly once in one order, the same order as a TCP
 //! subscriber, from a position and with PositionNotRetained as over TCP; a SIGKILLed
 //! one releases its reader pin within the stall timeout; a feed is read-only to its
@@ -211,6 +212,54 @@ fn a_batch_in_the_senders_hands_is_written_before_a_span_lent_after_it() {
         misplaced.map(|(m, _)| m.counter),
         misplaced.map(|(_, i)| i),
     );
+}
+
+/// Deflect-when-full over shared memory: with one queue's sender slowed to a batch every
+/// 200 ms and room for one batch, the batches due on it go to the other queues (counted
+/// as deflected on the queue they were due on), and every message arrives exactly once;
+/// order 5 also keeps the publish order.
+#[test]
+fn batches_due_on_a_full_shm_queue_are_deflected_and_arrive_exactly_once() {
+    let t = common::start();
+    const N: u64 = 4000;
+    for (topic, order) in [("o2-deflect", 2), ("o5-deflect", 5)] {
+        t.create_topic(topic, order);
+        let config = PublisherConfig {
+            batch_bytes: 4096,
+            queue_depth: 1,
+            slow_queue: Some((0, Duration::from_millis(200))),
+            session_epoch: u64::from(order == 5),
+            ..shm_config(1)
+        };
+        let p = Publisher::connect_brokers(&t.brokers(), topic, config).unwrap();
+        for i in 0..N {
+            p.publish(format!("{i}:{}", "x".repeat(100)).as_bytes())
+                .unwrap();
+        }
+        let stats = p.close().unwrap();
+        assert_eq!(stats.messages, N);
+        assert!(stats.queues.iter().all(|q| q.transport == "shm"), "{topic}");
+        let deflected: Vec<u64> = stats.queues.iter().map(|q| q.deflected).collect();
+        assert!(
+            deflected[0] > 0,
+            "{topic}: none went past the full queue: {deflected:?}"
+        );
+        let got = read_all(&t.brokers(), topic, N as usize);
+        let mut counters: Vec<u64> = got.iter().map(|m| m.counter).collect();
+        if order == 5 {
+            assert_eq!(
+                counters,
+                (0..N).collect::<Vec<_>>(),
+                "{topic}: publish order"
+            );
+        }
+        counters.sort_unstable();
+        assert_eq!(
+            counters,
+            (0..N).collect::<Vec<_>>(),
+            "{topic}: exactly once"
+        );
+    }
 }
 
 /// A server with 1 MiB of log per broker (four 256 KiB segments) and batches of at most
