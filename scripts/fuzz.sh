@@ -23,8 +23,11 @@
 # again), FUZZ_MEM_MB (2048, more is an out-of-memory crash),
 # CARGO_TARGET_DIR (default fuzz/target). Not part of `cargo test` or CI.
 set -euo pipefail
+# Paths given relative (CARGO_TARGET_DIR, FUZZ_OUT) are relative to where it was run.
+CALLED_FROM=$(pwd)
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
+absolute() { (cd "$CALLED_FROM" && realpath -m "$1"); }
 TARGETS=(wire_hello wire_frames wire_batch region_header replication_segment
     http_request admin_json config_toml workflow_events workflow_template)
 
@@ -44,8 +47,10 @@ else
 fi
 
 NICE=${FUZZ_NICE:-15}
-OUT=${FUZZ_OUT:-$ROOT/fuzz/out}
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/fuzz/target}
+OUT=$(absolute "${FUZZ_OUT:-$ROOT/fuzz/out}")
+# Absolute: the build below runs in fuzz/, the targets are run from here.
+CARGO_TARGET_DIR=$(absolute "${CARGO_TARGET_DIR:-$ROOT/fuzz/target}")
+export CARGO_TARGET_DIR
 
 if ! command -v cargo-afl >/dev/null 2>&1; then
     echo "== installing cargo-afl (builds AFL++)"
