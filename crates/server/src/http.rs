@@ -36,7 +36,9 @@ pub fn respond(inner: &Inner, request: &Request) -> Response {
     if crate::workflow_proxy::is_workflow_route(request.path()) {
         return crate::workflow_proxy::forward(&inner.services, &inner.workflow_proxy, request);
     }
-    if let Some(allowed) = methods_other_than(request) {
+    let (status, content_type, body) = route(inner, request);
+    // Only where no route answered: a route added for a new method is never shadowed.
+    if let Some(allowed) = methods_other_than(request).filter(|_| status == 404) {
         let mut response = Response::error(
             405,
             format!(
@@ -48,12 +50,12 @@ pub fn respond(inner: &Inner, request: &Request) -> Response {
         response.headers.push(("Allow".into(), allowed.to_string()));
         return response;
     }
-    let (status, content_type, body) = route(inner, request);
     Response::new(status, content_type, body)
 }
 
 /// The methods the request's path takes, when it is one of the API's paths and they do
-/// not include the request's method (a 405 rather than a 404: the path is right).
+/// not include the request's method (a 405 rather than the fallback's 404: the path is
+/// right). A 404 of a route that took the method (no such topic) is left as it is.
 fn methods_other_than(request: &Request) -> Option<&'static str> {
     let path = request.path();
     let allowed = match path {
