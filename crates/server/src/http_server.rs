@@ -553,25 +553,7 @@ fn body_length(value: &str) -> Result<usize, Response> {
 
 /// The response's bytes; `keep`: the connection stays open for another request.
 fn encode(response: &Response, keep: bool) -> Vec<u8> {
-    let reason = match response.status {
-        200 => "OK",
-        201 => "Created",
-        202 => "Accepted",
-        204 => "No Content",
-        400 => "Bad Request",
-        404 => "Not Found",
-        408 => "Request Timeout",
-        409 => "Conflict",
-        410 => "Gone",
-        411 => "Length Required",
-        413 => "Content Too Large",
-        431 => "Request Header Fields Too Large",
-        500 => "Internal Server Error",
-        502 => "Bad Gateway",
-        503 => "Service Unavailable",
-        507 => "Insufficient Storage",
-        _ => "",
-    };
+    let reason = reason_phrase(response.status);
     let connection = if keep { "keep-alive" } else { "close" };
     let mut out = format!(
         "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nConnection: {connection}\r\n",
@@ -587,6 +569,32 @@ fn encode(response: &Response, keep: bool) -> Vec<u8> {
     let mut out = out.into_bytes();
     out.extend_from_slice(response.body.as_bytes());
     out
+}
+
+/// The reason phrase of a status the admin and workflow APIs answer; empty for others
+/// (a client reads the code).
+fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        204 => "No Content",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        410 => "Gone",
+        411 => "Length Required",
+        413 => "Content Too Large",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        507 => "Insufficient Storage",
+        _ => "",
+    }
 }
 
 #[cfg(test)]
