@@ -424,7 +424,10 @@ fn a_method_a_path_does_not_take_is_a_405_that_names_the_ones_it_does() {
     ] {
         let (status, head, body) = http_call(&t.control(), method, path, "{}");
         assert_eq!(status, 405, "{method} {path}: {body}");
-        assert!(head.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"), "{head}");
+        assert!(
+            head.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"),
+            "{head}"
+        );
         assert!(head.contains(&format!("Allow: {allowed}\r\n")), "{head}");
         assert!(body.contains(&format!("it takes {allowed}")), "{body}");
     }
