@@ -143,11 +143,24 @@ impl Server {
         open_files::prepare(&config);
         // Refused before anything is touched: clients could not use what it advertises.
         let advertised = config.advertised_ip()?;
-        let dir = &config.data_dir;
-        std::fs::create_dir_all(dir).map_err(|source| ServerError::DataDir {
+        let dir = config.data_dir.clone();
+        // A start that fails in a data directory it made leaves none behind (a taken
+        // port would otherwise leave a directory of a lock file and empty replica ones).
+        let fresh = !dir.exists();
+        std::fs::create_dir_all(&dir).map_err(|source| ServerError::DataDir {
             path: dir.clone(),
             source,
         })?;
+        Self::start_in(config, advertised).inspect_err(|_| {
+            if fresh {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        })
+    }
+
+    /// The rest of [`Self::start`], once the data directory exists.
+    fn start_in(config: ServerConfig, advertised: IpAddr) -> Result<Self, ServerError> {
+        let dir = &config.data_dir;
         let lock = lock_data_dir(dir)?;
         replica_dirs::check_replica_dirs(&config.replica_dirs())?;
         // Ports before the region: a port in use is refused before a region file of a

@@ -63,7 +63,8 @@ fn metrics_count_bytes_batches_and_time_per_stage() {
 
 /// A start whose control port or broker ports are taken is refused before its region
 /// file is made: a failed start used to leave a fresh region behind (2.9 GiB apparent,
-/// its log segments written) for the next start to retire.
+/// its log segments written) for the next start to retire. A data directory the failed
+/// start made is gone with it; one that was there stays.
 #[test]
 fn a_start_on_ports_in_use_is_refused_before_the_region_is_made() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -83,6 +84,15 @@ fn a_start_on_ports_in_use_is_refused_before_the_region_is_made() {
             .unwrap_or_else(|| panic!("a start on a taken {what} is refused"));
         assert!(err.to_string().contains(what), "{err}");
         assert!(!region.exists(), "{what}: no region file was made");
+        assert!(
+            dir.path().exists(),
+            "{what}: a data directory that was there stays"
+        );
+        let mut c = common::config(&dir.path().join("fresh"));
+        tweak(&mut c, port);
+        assert!(embarcadero_server::Server::start(c).is_err());
+        let left = dir.path().join("fresh");
+        assert!(!left.exists(), "{what}: the data directory it made is gone");
     }
 }
 
