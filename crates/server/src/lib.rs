@@ -144,24 +144,30 @@ impl Server {
         // Refused before anything is touched: clients could not use what it advertises.
         let advertised = config.advertised_ip()?;
         let dir = config.data_dir.clone();
-        // A start that fails in a data directory it made leaves none behind (a taken
-        // port would otherwise leave a directory of a lock file and empty replica ones).
         let fresh = !dir.exists();
         std::fs::create_dir_all(&dir).map_err(|source| ServerError::DataDir {
             path: dir.clone(),
             source,
         })?;
-        Self::start_in(config, advertised).inspect_err(|_| {
-            if fresh {
-                let _ = std::fs::remove_dir_all(&dir);
-            }
-        })
+        let mut lock = Some(lock_data_dir(&dir)?);
+        let started = Self::start_locked(config, advertised, &mut lock);
+        // A start that fails in a data directory it made leaves none behind (a taken
+        // port would otherwise leave a lock file and empty replica directories). Only
+        // while it holds the lock: another start racing it for the new directory, which
+        // lost the lock or takes it next, must not see its directory removed.
+        if started.is_err() && fresh {
+            assert!(lock.is_some(), "a failed start still holds the lock");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        started
     }
 
-    /// The rest of [`Self::start`], once the data directory exists.
-    fn start_in(config: ServerConfig, advertised: IpAddr) -> Result<Self, ServerError> {
-        let dir = &config.data_dir;
-        let lock = lock_data_dir(dir)?;
+    /// The rest of [`Self::start`]: takes the data directory's `lock` once started.
+    fn start_locked(
+        config: ServerConfig,
+        advertised: IpAddr,
+        lock: &mut Option<File>,
+    ) -> Result<Self, ServerError> {
         replica_dirs::check_replica_dirs(&config.replica_dirs())?;
         // Ports before the region: a port in use is refused before a region file of a
         // gigabyte or more is made for nothing (and left behind).
@@ -213,7 +219,7 @@ impl Server {
             control_addr,
             monitors,
             monitor_stop,
-            _lock: lock,
+            _lock: lock.take().expect("held until the start succeeds"),
         })
     }
 
