@@ -49,6 +49,9 @@ steps:
     dependencies: [once]
     handler: {callable: ts.always_fails}
     retry: {max_attempts: 3, backoff: linear, backoff_base_ms: 10}
+  - name: odd
+    handler: {callable: ts.throws_odd}
+    retry: {max_attempts: 2, backoff: none}
 `;
 
 const TIMED = `name: timed
@@ -184,7 +187,12 @@ test("thrown errors are retried per the policy and then fail the task", { timeou
   let task: Task;
   const failures: HandlerFailure[] = [];
   {
-    const handlers = { "ts.fail_first": failFirst, "ts.always_fails": alwaysFails };
+    // What no `String()` can print: the worker must still report it.
+    const throwsOdd = (ctx: StepContext): string => {
+      if (ctx.attempt === 1) throw Object.create(null);
+      return "fine";
+    };
+    const handlers = { "ts.fail_first": failFirst, "ts.always_fails": alwaysFails, "ts.throws_odd": throwsOdd };
     const onHandlerFailure = (f: HandlerFailure): void => {
       failures.push(f);
     };
@@ -198,19 +206,25 @@ test("thrown errors are retried per the policy and then fail the task", { timeou
   assert.deepEqual([always.current_state, always.attempts, always.failures], ["error", 3, 3]);
   assert.deepEqual(attempts, [1, 2, 3]);
   assert.equal(always.last_error, "max attempts (3) reached: RangeError: no luck on attempt 3");
+  const odd = step(task, "odd");
+  assert.deepEqual([odd.current_state, odd.attempts, odd.result], ["complete", 2, "fine"]);
   // Every attempt's failure was told, each with what was thrown.
-  const told = failures.map((f) => [f.stepName, f.attempt, f.calledOff, f.taskUuid === task.task_uuid]);
-  assert.deepEqual(told, [
-    ["once", 1, false, true],
-    ["always", 1, false, true],
-    ["always", 2, false, true],
-    ["always", 3, false, true],
+  const told = failures.map((f) => `${f.stepName} ${f.attempt} ${f.calledOff} ${f.taskUuid === task.task_uuid}`);
+  assert.deepEqual(told.sort(), [
+    "always 1 false true",
+    "always 2 false true",
+    "always 3 false true",
+    "odd 1 false true",
+    "once 1 false true",
   ]);
-  assert.ok(failures[3]!.error instanceof RangeError);
+  const last = failures.find((f) => f.stepName === "always" && f.attempt === 3)!;
+  assert.ok(last.error instanceof RangeError);
   assert.equal(
-    failures[3]!.message,
+    last.message,
     `ts.always_fails (step always of task ${task.task_uuid}, attempt 3) failed: RangeError: no luck on attempt 3`,
   );
+  const oddFailure = failures.find((f) => f.stepName === "odd")!;
+  assert.equal(oddFailure.message, `ts.throws_odd (step odd of task ${task.task_uuid}, attempt 1) failed: [object Object]`);
 });
 
 test("a retryable StepError is retried after its backoff, or its own delay, and then succeeds", { timeout: 90_000 }, async () => {

@@ -218,8 +218,8 @@ export interface HandlerFailure {
   readonly error: unknown;
   /**
    * The attempt was called off (its task cancelled or resolved, the attempt taken back) and
-   * the handler ended on its aborted `signal`: what was asked for, not a failure; nothing of
-   * it is published.
+   * the handler ended on it, throwing its `signal`'s reason or an `AbortError`: what was
+   * asked for, not a failure; nothing of it is published.
    */
   readonly calledOff: boolean;
   /** A sentence saying which attempt failed and why. */
@@ -233,10 +233,10 @@ function warnOfFailure(failure: HandlerFailure): void {
   else console.warn(failure.message, failure.error);
 }
 
-/** `failure` handed to `onFailure`, which must not throw. Never throws. */
-function tell(onFailure: (failure: HandlerFailure) => void, failure: HandlerFailure): void {
+/** The failure `failure` makes, handed to `onFailure`, which must not throw. Never throws. */
+function tell(onFailure: (failure: HandlerFailure) => void, failure: () => HandlerFailure): void {
   try {
-    onFailure(failure);
+    onFailure(failure());
   } catch (e) {
     console.error("embarcadero: the worker's onHandlerFailure threw", e);
   }
@@ -246,12 +246,7 @@ function tell(onFailure: (failure: HandlerFailure) => void, failure: HandlerFail
 function handlerFailure(raw: RawContext, error: unknown, calledOff: boolean): HandlerFailure {
   const { callable, taskUuid, stepName, attempt } = raw;
   const which = `${callable} (step ${stepName} of task ${taskUuid}, attempt ${attempt})`;
-  const why =
-    error instanceof StepError
-      ? error.message
-      : error instanceof Error
-        ? `${error.name}: ${error.message}`
-        : String(error);
+  const why = error instanceof StepError ? error.message : describe(error);
   const message = calledOff ? `${which} called off` : `${which} failed: ${why}`;
   return { callable, taskUuid, stepName, attempt, error, calledOff, message };
 }
@@ -363,13 +358,24 @@ function argJson(what: string, value: Json): string {
   return text;
 }
 
-/** A thrown value as the failure the worker loop publishes. */
+/** A thrown value as the failure the worker loop publishes. Never throws. */
 function failureOf(e: unknown): Native.NativeStepError {
   if (e instanceof StepError) {
     return { message: e.message, retryable: e.retryable, retryAfterMs: e.retryAfterMs };
   }
-  const message = e instanceof Error ? `${e.name}: ${e.message}` : String(e);
-  return { message, retryable: true };
+  return { message: describe(e), retryable: true };
+}
+
+/**
+ * A thrown value in words: `Name: message` for an `Error`. Never throws, whatever was thrown
+ * (`String(Object.create(null))` does, and so may a `message` getter).
+ */
+function describe(e: unknown): string {
+  try {
+    return e instanceof Error ? `${e.name}: ${e.message}` : String(e);
+  } catch {
+    return Object.prototype.toString.call(e);
+  }
 }
 
 /**
@@ -452,9 +458,15 @@ function attemptSignal(deadlineUnixMs: number, controller: AbortController): () 
   return () => clearTimeout(timer);
 }
 
-/** Whether `signal` was aborted by the worker calling the attempt off (not by its deadline). */
-function calledOff(signal: AbortSignal): boolean {
-  return signal.aborted && signal.reason instanceof DOMException && signal.reason.name === "AbortError";
+/**
+ * Whether the handler ended with `error` because the worker called the attempt off: `signal`
+ * was aborted for that (not at its deadline) and the handler threw its reason or an
+ * `AbortError` (what `fetch` and friends throw on it). Any other error is a failure.
+ */
+function calledOff(signal: AbortSignal, error: unknown): boolean {
+  const reason: unknown = signal.reason;
+  if (!(signal.aborted && reason instanceof DOMException && reason.name === "AbortError")) return false;
+  return error === reason || (error instanceof Error && error.name === "AbortError");
 }
 
 /** The native worker's word that call `id` was called off: aborts its signal. Never throws. */
@@ -489,7 +501,8 @@ async function runCall(
     result = resultJson(await handler(contextOf(raw, id, started, checkpoints, controller.signal)));
   } catch (e) {
     failure = failureOf(e);
-    if (raw !== undefined) tell(onFailure, handlerFailure(raw, e, calledOff(controller.signal)));
+    const context = raw;
+    if (context !== undefined) tell(onFailure, () => handlerFailure(context, e, calledOff(controller.signal, e)));
   } finally {
     clearTimer();
     running.delete(id);
