@@ -63,10 +63,13 @@ fn clean_up_on_signal() {
 /// not UTF-8 would end it, leaving the child to block on a full pipe and a waiter to
 /// take it for an exit.
 fn lossy_lines(pipe: impl std::io::Read) -> impl Iterator<Item = String> {
+    use std::io::Read;
+    /// A longer line is kept in pieces of this size (a child may print without newlines).
+    const MAX_LINE: u64 = 64 * 1024;
     let mut reader = BufReader::new(pipe);
     std::iter::from_fn(move || {
         let mut raw = Vec::new();
-        match reader.read_until(b'\n', &mut raw) {
+        match reader.by_ref().take(MAX_LINE).read_until(b'\n', &mut raw) {
             Ok(0) | Err(_) => None,
             Ok(_) => {
                 let end = raw.strip_suffix(b"\n").unwrap_or(&raw);
@@ -242,13 +245,13 @@ impl ChildProcess {
     fn exit_status_after_eof(&mut self) -> Option<ExitStatus> {
         let deadline = Instant::now() + Duration::from_secs(1);
         loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => return Some(status),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                _ => return None,
+            if let Some(status) = self.reaped() {
+                return Some(status);
             }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
@@ -281,13 +284,22 @@ impl ChildProcess {
 
     /// Whether the process has exited (reaped here if so).
     pub fn exited(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(Some(_)))
+        self.reaped().is_some()
+    }
+
+    /// Its exit status if it has exited, reaped now: its pid may then be reused, so it
+    /// is no longer the signal handler's to kill.
+    fn reaped(&mut self) -> Option<ExitStatus> {
+        let status = self.child.try_wait().ok().flatten()?;
+        let pid = self.child.id();
+        leftovers().pids.retain(|&p| p != pid);
+        Some(status)
     }
 
     /// SIGKILL, as a crash would: no chance to flush or say goodbye. Returns the instant
     /// the signal went out (where a failover clock starts), after the process is gone.
     pub fn kill(&mut self) -> Result<Instant, String> {
-        if let Ok(Some(status)) = self.child.try_wait() {
+        if let Some(status) = self.reaped() {
             return Err(self.failure(&format!("had already exited ({status})")));
         }
         self.child
