@@ -67,7 +67,11 @@ fn methods_other_than(request: &Request) -> Option<&'static str> {
         _ if path.len() > "/v1/topics/".len() && path.starts_with("/v1/topics/") => "GET, DELETE",
         _ => return None,
     };
-    let method = request.method.as_str();
+    // HEAD goes wherever GET does (RFC 9110): not a 405 on a path GET takes.
+    let method = match request.method.as_str() {
+        "HEAD" => "GET",
+        other => other,
+    };
     (!allowed.split(", ").any(|m| m == method)).then_some(allowed)
 }
 

@@ -433,6 +433,9 @@ fn a_method_a_path_does_not_take_is_a_405_that_names_the_ones_it_does() {
     }
     let (status, _, body) = http_call(&t.control(), "PUT", "/v1/nothing", "{}");
     assert_eq!(status, 404, "{body}");
+    // HEAD goes wherever GET does: never a 405 there.
+    let (status, _, body) = http_call(&t.control(), "HEAD", "/v1/cluster", "");
+    assert_ne!(status, 405, "{body}");
 }
 
 /// One admin API request as any HTTP client sends it; returns the status and body.
